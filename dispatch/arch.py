@@ -1,0 +1,63 @@
+"""Which machine are we on? Resolved once per device, with an env override.
+
+Nothing here runs at import time: `resolve_arch()` is called lazily (by the dispatcher on the first op call,
+or by `python -m dispatch`). `LOWBIT_ARCH=sm_100` makes a CPU machine *describe* itself as that GPU (to
+print its table or compile CuTe kernels for it); it never changes where tensors live.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+ARCH_ENV = "LOWBIT_ARCH"
+
+# Every arch the table knows about, oldest first. "cpu" is a pseudo-arch: tensors on the host.
+KNOWN_ARCHS = ("cpu", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103", "sm_120")
+GPU_ARCHS = KNOWN_ARCHS[1:]
+
+
+def normalize_arch(name: str) -> str:
+    """'sm_90a' / 'SM90' / '90' -> 'sm_90'. The 'a' (arch-specific features) is a compile-target detail."""
+    s = name.strip().lower()
+    if s == "cpu":
+        return s
+    s = s.removeprefix("sm_").removeprefix("sm").rstrip("af")
+    if not s.isdigit():
+        raise ValueError(f"{ARCH_ENV}: cannot parse arch {name!r}; expected e.g. 'cpu', 'sm_90', 'sm_100a'")
+    return f"sm_{s}"
+
+
+def arch_at_least(arch: str, minimum: str) -> bool:
+    if arch == "cpu" or minimum == "cpu":
+        return arch == minimum
+    return int(arch[3:]) >= int(minimum[3:])
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_arch(index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
+
+
+def arch_of(device: torch.device) -> str:
+    """The arch that runs work on `device`. The env override applies to CUDA devices and to the
+    machine description (`resolve_arch`), never to host tensors."""
+    if device.type != "cuda":
+        return "cpu"
+    override = os.environ.get(ARCH_ENV)
+    if override:
+        return normalize_arch(override)
+    return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def resolve_arch() -> str:
+    """This machine's arch: the override, else the current CUDA device, else 'cpu'."""
+    override = os.environ.get(ARCH_ENV)
+    if override:
+        return normalize_arch(override)
+    if torch.cuda.is_available():
+        return _cuda_arch(torch.cuda.current_device())
+    return "cpu"

@@ -1,0 +1,326 @@
+"""Quantization ops: torch.library registration (namespace `lowbit`), fakes, and the typed public API.
+
+Each op: checks (shared by the real and fake impl, so errors surface at trace time too) -> custom op whose
+impl asks the dispatch table for a backend -> fake impl (shapes only) -> typed wrapper.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .. import checks as C
+from ..reference.formats import round_up
+from ..reference.quant import MX_ROUNDINGS, MXFP4_BLOCK, NVFP4_BLOCK, fp8_scale_storage
+from ._common import run
+
+ScaleLayout = Literal["linear", "swizzled"]
+OUT_DTYPES = C.FLOAT_INPUTS
+
+
+def _layout_flag(op: str, scale_layout: str) -> bool:
+    if scale_layout not in ("linear", "swizzled"):
+        C.fail(op, "scale_layout", f"{scale_layout!r} is not 'linear' or 'swizzled'")
+    return scale_layout == "swizzled"
+
+
+def _check_quant_input(op: str, x: Tensor, block: int, what: str) -> None:
+    C.check_tensor(op, "x", x)
+    C.check_dtype(op, "x", x, C.FLOAT_INPUTS)
+    C.check_min_dims(op, "x", x, 1)
+    C.check_last_dim_multiple(op, "x", x, block, what)
+    C.rows_view(op, "x", x)
+
+
+def _scales_shape(lead: tuple, k: int, block: int, swizzle: bool) -> tuple:
+    if swizzle:
+        rows = 1
+        for d in lead:
+            rows *= d
+        return (round_up(rows, 128), round_up(k // block, 4))
+    return (*lead, k // block)
+
+
+def _check_fp4_dequant(op: str, codes: Tensor, scales: Tensor, block: int, scale_dtype, swizzle: bool,
+                       out_dtype) -> None:
+    C.check_tensor(op, "codes", codes)
+    C.check_dtype(op, "codes", codes, (torch.uint8,))
+    C.check_min_dims(op, "codes", codes, 1)
+    k = codes.shape[-1] * 2
+    if k % block:
+        C.fail(op, "codes", f"last dim {codes.shape[-1]} holds {k} values, not a multiple of the block {block}")
+    C.check_dtype(op, "scales", scales, (scale_dtype,))
+    C.check_same_device(op, "codes", codes, "scales", scales)
+    want = _scales_shape(tuple(codes.shape[:-1]), k, block, swizzle)
+    if swizzle and scales.numel() != want[0] * want[1]:
+        C.fail(op, "scales", f"swizzled scales for codes {tuple(codes.shape)} need {want[0]}x{want[1]} "
+                             f"elements, got shape {tuple(scales.shape)}")
+    if not swizzle and tuple(scales.shape) != want:
+        C.fail(op, "scales", f"expected shape {want} for codes {tuple(codes.shape)}, got {tuple(scales.shape)}")
+    if out_dtype not in OUT_DTYPES:
+        C.fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")
+
+
+# ------------------------------------------------------------------------------------------------ NVFP4
+
+
+def _check_nvfp4_quantize(x, global_scale):
+    op = "nvfp4_quantize"
+    _check_quant_input(op, x, NVFP4_BLOCK, "NVFP4 blocks are 16 elements")
+    if global_scale is not None:
+        C.check_tensor(op, "global_scale", global_scale)
+        C.check_scalar_tensor(op, "global_scale", global_scale)
+        C.check_same_device(op, "x", x, "global_scale", global_scale)
+
+
+@torch.library.custom_op("lowbit::nvfp4_quantize", mutates_args=())
+def _nvfp4_quantize(x: Tensor, global_scale: Tensor | None, swizzle: bool, backend: str) -> tuple[
+        Tensor, Tensor, Tensor]:
+    _check_nvfp4_quantize(x, global_scale)
+    return run("nvfp4_quantize", backend, x, global_scale, swizzle)
+
+
+@_nvfp4_quantize.register_fake
+def _(x, global_scale, swizzle, backend):
+    _check_nvfp4_quantize(x, global_scale)
+    lead, k = tuple(x.shape[:-1]), x.shape[-1]
+    return (x.new_empty(*lead, k // 2, dtype=torch.uint8),
+            x.new_empty(_scales_shape(lead, k, NVFP4_BLOCK, swizzle), dtype=torch.float8_e4m3fn),
+            x.new_empty((), dtype=torch.float32))
+
+
+@torch.library.custom_op("lowbit::nvfp4_dequantize", mutates_args=())
+def _nvfp4_dequantize(codes: Tensor, scales: Tensor, global_scale: Tensor, swizzle: bool,
+                      out_dtype: torch.dtype, backend: str) -> Tensor:
+    _check_fp4_dequant("nvfp4_dequantize", codes, scales, NVFP4_BLOCK, torch.float8_e4m3fn, swizzle, out_dtype)
+    C.check_scalar_tensor("nvfp4_dequantize", "global_scale", global_scale)
+    return run("nvfp4_dequantize", backend, codes, scales, global_scale, swizzle, out_dtype)
+
+
+@_nvfp4_dequantize.register_fake
+def _(codes, scales, global_scale, swizzle, out_dtype, backend):
+    _check_fp4_dequant("nvfp4_dequantize", codes, scales, NVFP4_BLOCK, torch.float8_e4m3fn, swizzle, out_dtype)
+    return codes.new_empty(*codes.shape[:-1], codes.shape[-1] * 2, dtype=out_dtype)
+
+
+class NVFP4Quantized(NamedTuple):
+    codes: Tensor  # uint8 [..., K/2]; element 2i in the low nibble
+    scales: Tensor  # float8_e4m3fn [..., K/16] (linear) or [round_up(M,128), round_up(K/16,4)] (swizzled)
+    global_scale: Tensor  # fp32 0-dim, decode form: value = e2m1 * scale * global_scale
+
+
+def nvfp4_quantize(x: Tensor, global_scale: Tensor | None = None, *, scale_layout: ScaleLayout = "linear",
+                   backend: str = "auto") -> NVFP4Quantized:
+    """Quantize x to NVFP4 along its last dim (16-element blocks).
+
+    global_scale: decode-form fp32 device tensor (`amax / (448*6)`); None computes it on the device from
+    amax(|x|) without a host sync (one extra pass). Convert an encode-form scale (vLLM/FlashInfer
+    `448*6/amax`) with `nvfp4_decode_global_scale`.
+    """
+    swizzle = _layout_flag("nvfp4_quantize", scale_layout)
+    return NVFP4Quantized(*torch.ops.lowbit.nvfp4_quantize(x, global_scale, swizzle, backend))
+
+
+def nvfp4_dequantize(codes: Tensor, scales: Tensor, global_scale: Tensor, *, scale_layout: ScaleLayout = "linear",
+                     out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
+    """value = (e2m1(code) * fp32(scale)) * global_scale, rounded once to out_dtype."""
+    swizzle = _layout_flag("nvfp4_dequantize", scale_layout)
+    return torch.ops.lowbit.nvfp4_dequantize(codes, scales, global_scale, swizzle, out_dtype, backend)
+
+
+def nvfp4_global_scale_from_amax(amax: Tensor) -> Tensor:
+    """Decode-form global scale (lowbit's convention) from a tensor amax: amax / (448 * 6)."""
+    return amax.float() / (448.0 * 6.0)
+
+
+def nvfp4_encode_global_scale(global_scale: Tensor) -> Tensor:
+    """lowbit (decode form, amax/2688) -> vLLM/FlashInfer encode form (2688/amax): the reciprocal."""
+    return 1.0 / global_scale.float()
+
+
+def nvfp4_decode_global_scale(encode_scale: Tensor) -> Tensor:
+    """vLLM/FlashInfer encode form (2688/amax) -> lowbit decode form: the reciprocal. Note 1/(1/g) may
+    differ from g in the last bit; pass the decode form through unchanged where you have it."""
+    return 1.0 / encode_scale.float()
+
+
+# ------------------------------------------------------------------------------------------------ MXFP4
+
+
+def _check_mxfp4_quantize(x, rounding):
+    _check_quant_input("mxfp4_quantize", x, MXFP4_BLOCK, "MXFP4 blocks are 32 elements")
+    if rounding not in MX_ROUNDINGS:
+        C.fail("mxfp4_quantize", "rounding", f"{rounding!r} is not one of {', '.join(MX_ROUNDINGS)}")
+
+
+@torch.library.custom_op("lowbit::mxfp4_quantize", mutates_args=())
+def _mxfp4_quantize(x: Tensor, rounding: str, swizzle: bool, backend: str) -> tuple[Tensor, Tensor]:
+    _check_mxfp4_quantize(x, rounding)
+    return run("mxfp4_quantize", backend, x, rounding, swizzle)
+
+
+@_mxfp4_quantize.register_fake
+def _(x, rounding, swizzle, backend):
+    _check_mxfp4_quantize(x, rounding)
+    lead, k = tuple(x.shape[:-1]), x.shape[-1]
+    return (x.new_empty(*lead, k // 2, dtype=torch.uint8),
+            x.new_empty(_scales_shape(lead, k, MXFP4_BLOCK, swizzle), dtype=torch.uint8))
+
+
+@torch.library.custom_op("lowbit::mxfp4_dequantize", mutates_args=())
+def _mxfp4_dequantize(codes: Tensor, scales: Tensor, swizzle: bool, out_dtype: torch.dtype,
+                      backend: str) -> Tensor:
+    _check_fp4_dequant("mxfp4_dequantize", codes, scales, MXFP4_BLOCK, torch.uint8, swizzle, out_dtype)
+    return run("mxfp4_dequantize", backend, codes, scales, swizzle, out_dtype)
+
+
+@_mxfp4_dequantize.register_fake
+def _(codes, scales, swizzle, out_dtype, backend):
+    _check_fp4_dequant("mxfp4_dequantize", codes, scales, MXFP4_BLOCK, torch.uint8, swizzle, out_dtype)
+    return codes.new_empty(*codes.shape[:-1], codes.shape[-1] * 2, dtype=out_dtype)
+
+
+class MXFP4Quantized(NamedTuple):
+    codes: Tensor  # uint8 [..., K/2]; element 2i in the low nibble
+    scales: Tensor  # uint8 E8M0 (byte = exponent + 127, 0xFF = NaN); [..., K/32] or swizzled 128x4
+
+
+def mxfp4_quantize(x: Tensor, *, rounding: Literal["floor", "rceil"] = "floor",
+                   scale_layout: ScaleLayout = "linear", backend: str = "auto") -> MXFP4Quantized:
+    """Quantize x to MXFP4 (OCP MX): 32-element blocks, E8M0 scales.
+
+    rounding="floor": scale 2^(floor(log2 amax) - 2) (OCP spec, torchao default); values above 6 saturate.
+    rounding="rceil": scale 2^ceil(log2(amax / 6)) (cuBLAS / NVIDIA recipe); never saturates.
+    """
+    swizzle = _layout_flag("mxfp4_quantize", scale_layout)
+    return MXFP4Quantized(*torch.ops.lowbit.mxfp4_quantize(x, rounding, swizzle, backend))
+
+
+def mxfp4_dequantize(codes: Tensor, scales: Tensor, *, scale_layout: ScaleLayout = "linear",
+                     out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
+    swizzle = _layout_flag("mxfp4_dequantize", scale_layout)
+    return torch.ops.lowbit.mxfp4_dequantize(codes, scales, swizzle, out_dtype, backend)
+
+
+# ------------------------------------------------------------------------------------------ FP8 groups
+
+
+def _check_fp8_group_quantize(x, group_size, eps):
+    op = "fp8_group_quantize"
+    if group_size <= 0:
+        C.fail(op, "group_size", f"must be positive, got {group_size}")
+    _check_quant_input(op, x, group_size, f"group_size={group_size}")
+    if not eps > 0:
+        C.fail(op, "eps", f"must be > 0 (it keeps all-zero groups finite), got {eps}")
+
+
+@torch.library.custom_op("lowbit::fp8_group_quantize", mutates_args=())
+def _fp8_group_quantize(x: Tensor, group_size: int, eps: float, ue8m0: bool, column_major: bool,
+                        backend: str) -> tuple[Tensor, Tensor]:
+    _check_fp8_group_quantize(x, group_size, eps)
+    return run("fp8_group_quantize", backend, x, group_size, eps, ue8m0, column_major)
+
+
+@_fp8_group_quantize.register_fake
+def _(x, group_size, eps, ue8m0, column_major, backend):
+    _check_fp8_group_quantize(x, group_size, eps)
+    lead = tuple(x.shape[:-1])
+    return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
+            fp8_scale_storage(lead, x.shape[-1] // group_size, column_major, x.device))
+
+
+def _check_fp8_group_dequantize(codes, scales, group_size, out_dtype):
+    op = "fp8_group_dequantize"
+    C.check_tensor(op, "codes", codes)
+    C.check_dtype(op, "codes", codes, (torch.float8_e4m3fn,))
+    C.check_min_dims(op, "codes", codes, 1)
+    if group_size <= 0:
+        C.fail(op, "group_size", f"must be positive, got {group_size}")
+    C.check_last_dim_multiple(op, "codes", codes, group_size, f"group_size={group_size}")
+    C.check_dtype(op, "scales", scales, (torch.float32,))
+    C.check_same_device(op, "codes", codes, "scales", scales)
+    want = (*codes.shape[:-1], codes.shape[-1] // group_size)
+    if tuple(scales.shape) != want:
+        C.fail(op, "scales", f"expected shape {want}, got {tuple(scales.shape)}")
+    if out_dtype not in OUT_DTYPES:
+        C.fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")
+
+
+@torch.library.custom_op("lowbit::fp8_group_dequantize", mutates_args=())
+def _fp8_group_dequantize(codes: Tensor, scales: Tensor, group_size: int, out_dtype: torch.dtype,
+                          backend: str) -> Tensor:
+    _check_fp8_group_dequantize(codes, scales, group_size, out_dtype)
+    return run("fp8_group_dequantize", backend, codes, scales, group_size, out_dtype)
+
+
+@_fp8_group_dequantize.register_fake
+def _(codes, scales, group_size, out_dtype, backend):
+    _check_fp8_group_dequantize(codes, scales, group_size, out_dtype)
+    return codes.new_empty(codes.shape, dtype=out_dtype)
+
+
+class FP8GroupQuantized(NamedTuple):
+    codes: Tensor  # float8_e4m3fn, same shape as x
+    scales: Tensor  # fp32 [..., K/group_size]; column-major TMA-aligned storage when asked
+
+
+def fp8_group_quantize(x: Tensor, group_size: int = 128, *, eps: float = 1e-10, ue8m0: bool = False,
+                       column_major_scales: bool = False, backend: str = "auto") -> FP8GroupQuantized:
+    """FP8 E4M3 per-token-group quantization (DeepSeek 1x128 activations).
+
+    scale = max(amax_group, eps) / 448, rounded up to a power of two when ue8m0; code = e4m3(x / scale).
+    column_major_scales: DeepGEMM's MN-major layout, storage [K/group, round_up(M, 4)] (16-byte aligned
+    columns), returned as a [..., K/group] view of it.
+    """
+    return FP8GroupQuantized(*torch.ops.lowbit.fp8_group_quantize(
+        x, group_size, float(eps), ue8m0, column_major_scales, backend))
+
+
+def fp8_group_dequantize(codes: Tensor, scales: Tensor, group_size: int = 128, *,
+                         out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
+    return torch.ops.lowbit.fp8_group_dequantize(codes, scales, group_size, out_dtype, backend)
+
+
+# ---------------------------------------------------------------------------------------- scale layout
+
+
+def _check_swizzle(scales):
+    C.check_tensor("swizzle_scales_128x4", "scales", scales)
+    if scales.dim() != 2:
+        C.fail("swizzle_scales_128x4", "scales", f"expected [M, S], got shape {tuple(scales.shape)}")
+
+
+@torch.library.custom_op("lowbit::swizzle_scales_128x4", mutates_args=())
+def _swizzle_scales_128x4(scales: Tensor, backend: str) -> Tensor:
+    _check_swizzle(scales)
+    return run("swizzle_scales_128x4", backend, scales)
+
+
+@_swizzle_scales_128x4.register_fake
+def _(scales, backend):
+    _check_swizzle(scales)
+    return scales.new_empty(round_up(scales.shape[0], 128), round_up(scales.shape[1], 4))
+
+
+@torch.library.custom_op("lowbit::unswizzle_scales_128x4", mutates_args=())
+def _unswizzle_scales_128x4(swizzled: Tensor, rows: int, cols: int, backend: str) -> Tensor:
+    if swizzled.numel() != round_up(rows, 128) * round_up(cols, 4):
+        C.fail("unswizzle_scales_128x4", "swizzled", f"holds {swizzled.numel()} elements, expected "
+               f"{round_up(rows, 128)}x{round_up(cols, 4)} for rows={rows}, cols={cols}")
+    return run("unswizzle_scales_128x4", backend, swizzled, rows, cols)
+
+
+@_unswizzle_scales_128x4.register_fake
+def _(swizzled, rows, cols, backend):
+    return swizzled.new_empty(rows, cols)
+
+
+def swizzle_scales_128x4(scales: Tensor, *, backend: str = "auto") -> Tensor:
+    """Linear [M, S] block scales -> the 128x4 blocked layout block-scaled GEMMs read (zero padded)."""
+    return torch.ops.lowbit.swizzle_scales_128x4(scales, backend)
+
+
+def unswizzle_scales_128x4(swizzled: Tensor, rows: int, cols: int, *, backend: str = "auto") -> Tensor:
+    return torch.ops.lowbit.unswizzle_scales_128x4(swizzled, rows, cols, backend)

@@ -1,0 +1,1 @@
+"""Triton kernels. Import is cheap (no GPU query); kernels compile on first call."""

@@ -1,0 +1,46 @@
+"""Launcher helpers shared by the Triton op modules."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from dispatch.arch import arch_at_least, arch_of
+
+TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def emulate_formats(device: torch.device) -> bool:
+    """True where fp8 / bf16 casts must be emulated: the interpreter (host tensors), and GPUs without
+    hardware E4M3 conversion (before sm_89)."""
+    arch = arch_of(device)
+    return arch == "cpu" or not arch_at_least(arch, "sm_89")
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """A 2-D tile of a [rows, K] problem handled by one program."""
+
+    block_m: int  # rows per program
+    block_k: int  # columns per program (a multiple of the format's block)
+    num_warps: int  # warps per program (GPU only; ignored by the interpreter)
+
+
+def pick_tile(rows: int, k: int, device: torch.device, *, min_block_k: int,
+              target_elems: int = 8192, max_block_k: int = 512) -> TileConfig:
+    """Analytical tile choice for streaming quant kernels.
+
+    GPU: ~8K elements per program (16 KB of bf16 in flight with 4 warps = 16 B per thread per load,
+    several loads per thread) and a K tile of at most 512 so wide rows spread over many programs.
+    Interpreter: the cost is per program, so take the largest tiles that keep numpy arrays small.
+    min_block_k is the format block times 4, so one program owns whole 4-column groups of swizzled scales.
+    """
+    if device.type == "cpu":
+        target_elems, max_block_k = 32768, 2048
+    block_k = max(min_block_k, min(triton.next_power_of_2(max(k, 1)), max_block_k))
+    block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), target_elems // block_k))
+    num_warps = 8 if block_m * block_k >= 8192 else 4
+    return TileConfig(block_m, block_k, num_warps)

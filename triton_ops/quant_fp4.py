@@ -1,0 +1,251 @@
+"""NVFP4 and MXFP4 quantize / dequantize (Triton).
+
+One quantize kernel serves both formats (constexpr IS_MX): they share loading, E2M1 rounding, packing and
+the scale layouts, and differ only in how a block's scale is chosen. The contract (bytes) is
+dispatch/reference/quant.py; tests compare the two on every drawn input.
+
+Anatomy: kernels -> launchers -> tile choice (triton_ops._launch.pick_tile) -> checks (supports_*)
+-> registration (dispatch/table.py names the functions below).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dispatch.checks import rows_view
+from dispatch.reference.formats import round_up
+from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_AMAX_TO_SCALE, NVFP4_BLOCK
+
+from ._formats import (
+    cast_out,
+    e2m1_decode,
+    e2m1_encode,
+    e4m3_decode,
+    e4m3_encode_emulated,
+    abs_bits,
+    amax_nan,
+    pack_nibbles,
+    swizzled_offset_128x4,
+    unpack_nibbles,
+)
+from ._launch import TL_DTYPE, emulate_formats, pick_tile
+
+GS_NONE, GS_GIVEN, GS_FROM_PARTIALS = 0, 1, 2
+MAX_AMAX_PARTIALS = 256  # partial maxima the amax pass leaves for the quantize kernel to fold
+
+
+@triton.jit
+def _amax_partials_kernel(x_ptr, partials_ptr, M, K, stride_xm, rows_per_prog,
+                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """partials[pid] = max |x| over rows [pid*rows_per_prog, ...), NaN-propagating."""
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.int32)
+    row0 = pid.to(tl.int64) * rows_per_prog
+    for m0 in range(0, rows_per_prog, BLOCK_M):
+        rows = row0 + m0 + tl.arange(0, BLOCK_M)
+        rmask = (rows < M) & (m0 + tl.arange(0, BLOCK_M) < rows_per_prog)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            mask = rmask[:, None] & (cols < K)[None, :]
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+            acc = tl.maximum(acc, abs_bits(x.to(tl.float32)))
+    tl.store(partials_ptr + pid, tl.max(tl.reshape(acc, [BLOCK_M * BLOCK_K]), 0).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _fp4_quantize_kernel(
+    x_ptr, codes_ptr, scales_ptr, gs_in_ptr, gs_out_ptr,
+    M, K, stride_xm, grid_rows, scale_cols_bound, scale_cols_padded, n_partials,
+    IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, GS_MODE: tl.constexpr, SWIZZLE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
+):
+    SB: tl.constexpr = 32 if IS_MX else 16
+    NB: tl.constexpr = BLOCK_K // SB
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows < M)[:, None] & (cols < K)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    xb = tl.reshape(x, [BLOCK_M, NB, SB])
+    amax = amax_nan(xb, 2)  # [BLOCK_M, NB]
+
+    if IS_MX:
+        abits = amax.to(tl.uint32, bitcast=True)
+        if MX_RCEIL:
+            t = tl.math.div_rn(amax, 6.0)
+            tbits = t.to(tl.uint32, bitcast=True)
+            field = ((tbits >> 23) & 0xFF).to(tl.int32)
+            mant = tbits & 0x7FFFFF
+            e = tl.where(field == 0, tl.where(mant > (1 << 22), -126, -127), field - 127 + (mant != 0).to(tl.int32))
+        else:
+            e = ((abits >> 23) & 0xFF).to(tl.int32) - 129
+        e = tl.minimum(tl.maximum(e, -127), 127)
+        finite = (abits & 0x7F800000) != 0x7F800000
+        inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+        inv = tl.where(finite, inv, float("nan"))
+        q = xb * inv[:, :, None]
+        sbyte = tl.where(finite, e + 127, 255).to(tl.uint8)
+    else:
+        if GS_MODE == 1:
+            gs = tl.load(gs_in_ptr)
+        else:
+            pofs = tl.arange(0, PARTIALS_BLOCK)
+            partials = tl.load(gs_in_ptr + pofs, mask=pofs < n_partials, other=0.0)
+            gs = tl.math.div_rn(amax_nan(partials, 0), 2688.0)
+        if (pid_m == 0) & (pid_k == 0):
+            tl.store(gs_out_ptr, gs)
+        s = tl.where(gs == 0, 0.0, tl.math.div_rn(tl.math.div_rn(amax, 6.0), gs))
+        sbyte = e4m3_encode_emulated(s)
+        denom = e4m3_decode(sbyte) * gs
+        denom3 = denom[:, :, None]
+        q = tl.where(denom3 == 0, 0.0, tl.math.div_rn(xb, denom3))
+
+    codes = e2m1_encode(tl.reshape(q, [BLOCK_M, BLOCK_K]))
+    packed = pack_nibbles(codes, BLOCK_M, BLOCK_K)
+    pcols = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    pmask = (rows < M)[:, None] & (pcols < K // 2)[None, :]
+    tl.store(codes_ptr + rows[:, None] * (K // 2) + pcols[None, :], packed, mask=pmask)
+
+    # Scales: the swizzled layout's padding rows/cols are written too, forced to 0 (GEMMs read them;
+    # a NaN global scale would otherwise make them NaN).
+    scols = pid_k * NB + tl.arange(0, NB)
+    smask = (rows < grid_rows)[:, None] & (scols < scale_cols_bound)[None, :]
+    if SWIZZLE:
+        sofs = swizzled_offset_128x4(rows[:, None], scols[None, :], scale_cols_padded)
+        valid = (rows < M)[:, None] & (scols < K // SB)[None, :]
+        sbyte = tl.where(valid, sbyte, 0).to(tl.uint8)
+    else:
+        sofs = rows[:, None] * (K // SB) + scols[None, :]
+    tl.store(scales_ptr + sofs, sbyte, mask=smask)
+
+
+@triton.jit
+def _fp4_dequantize_kernel(
+    codes_ptr, scales_ptr, gs_ptr, out_ptr, M, K, scale_cols_padded,
+    IS_MX: tl.constexpr, SWIZZLE: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    SB: tl.constexpr = 32 if IS_MX else 16
+    NB: tl.constexpr = BLOCK_K // SB
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_k = tl.program_id(1)
+    pcols = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
+    pmask = (rows < M)[:, None] & (pcols < K // 2)[None, :]
+    packed = tl.load(codes_ptr + rows[:, None] * (K // 2) + pcols[None, :], mask=pmask, other=0)
+    vals = e2m1_decode(unpack_nibbles(packed, BLOCK_M, BLOCK_K))
+
+    scols = pid_k * NB + tl.arange(0, NB)
+    smask = (rows < M)[:, None] & (scols < K // SB)[None, :]
+    if SWIZZLE:
+        sofs = swizzled_offset_128x4(rows[:, None], scols[None, :], scale_cols_padded)
+    else:
+        sofs = rows[:, None] * (K // SB) + scols[None, :]
+    sbyte = tl.load(scales_ptr + sofs, mask=smask, other=0)
+    if IS_MX:
+        b = sbyte.to(tl.uint32)
+        s = (tl.maximum(b, 1) << 23).to(tl.float32, bitcast=True)
+        s = tl.where(b == 0, 5.877471754111438e-39, s)  # 2^-127 (fp32 subnormal)
+        s = tl.where(b == 255, float("nan"), s)
+    else:
+        s = e4m3_decode(sbyte)
+    out = tl.reshape(vals, [BLOCK_M, NB, SB]) * s[:, :, None]
+    if not IS_MX:
+        out = out * tl.load(gs_ptr)
+    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    omask = (rows < M)[:, None] & (cols < K)[None, :]
+    y = cast_out(tl.reshape(out, [BLOCK_M, BLOCK_K]), OUT_DTYPE, EMULATE)
+    tl.store(out_ptr + rows[:, None] * K + cols[None, :], y, mask=omask)
+
+
+# ------------------------------------------------------------------------------------------ launchers
+
+
+def _scales_out(x2: torch.Tensor, lead: tuple, k: int, block: int, swizzle: bool, dtype: torch.dtype):
+    rows = x2.shape[0]
+    if swizzle:
+        return torch.empty(round_up(rows, 128), round_up(k // block, 4), dtype=dtype, device=x2.device)
+    return torch.empty(*lead, k // block, dtype=dtype, device=x2.device)
+
+
+def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bool = False,
+              global_scale: torch.Tensor | None = None):
+    lead, k = tuple(x.shape[:-1]), x.shape[-1]
+    block = MXFP4_BLOCK if is_mx else NVFP4_BLOCK
+    x2 = rows_view(op, "x", x)
+    rows = x2.shape[0]
+    codes = torch.empty(*lead, k // 2, dtype=torch.uint8, device=x.device)
+    scales = _scales_out(x2, lead, k, block, swizzle, torch.uint8 if is_mx else torch.float8_e4m3fn)
+    gs_out = torch.empty((), dtype=torch.float32, device=x.device)
+    if scales.numel() == 0 or k == 0:
+        if not is_mx:
+            gs_out.copy_(global_scale.reshape(()) if global_scale is not None else gs_out.new_zeros(()))
+        scales.view(torch.uint8).zero_()
+        return codes, scales, gs_out
+    cfg = pick_tile(rows, k, x.device, min_block_k=4 * block)
+    grid_rows = scales.shape[0] if swizzle else rows
+    scale_cols_padded = round_up(k // block, 4)
+    gs_mode, gs_in, n_partials, partials_block = GS_NONE, gs_out, 1, 1
+    if not is_mx and global_scale is not None:
+        gs_mode, gs_in = GS_GIVEN, global_scale
+    elif not is_mx:
+        gs_mode = GS_FROM_PARTIALS
+        rows_per_prog = max(cfg.block_m, triton.cdiv(rows, MAX_AMAX_PARTIALS))
+        n_partials = triton.cdiv(rows, rows_per_prog)
+        partials_block = triton.next_power_of_2(n_partials)
+        gs_in = torch.empty(n_partials, dtype=torch.float32, device=x.device)
+        amax_k = min(cfg.block_k, 1024)
+        _amax_partials_kernel[(n_partials,)](
+            x2, gs_in, rows, k, x2.stride(0), rows_per_prog,
+            BLOCK_M=max(1, min(cfg.block_m, 8192 // amax_k)), BLOCK_K=amax_k, num_warps=cfg.num_warps)
+    grid = (triton.cdiv(grid_rows, cfg.block_m), triton.cdiv(k, cfg.block_k))
+    _fp4_quantize_kernel[grid](
+        x2, codes, scales.view(torch.uint8), gs_in, gs_out,
+        rows, k, x2.stride(0), grid_rows, scale_cols_padded if swizzle else k // block, scale_cols_padded,
+        n_partials,
+        IS_MX=is_mx, MX_RCEIL=rceil, GS_MODE=gs_mode, SWIZZLE=swizzle,
+        BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, PARTIALS_BLOCK=partials_block, num_warps=cfg.num_warps)
+    return codes, scales, gs_out
+
+
+def _dequantize(codes, scales, gs, *, is_mx: bool, swizzle: bool, out_dtype: torch.dtype):
+    lead, k = tuple(codes.shape[:-1]), codes.shape[-1] * 2
+    out = torch.empty(*lead, k, dtype=out_dtype, device=codes.device)
+    if out.numel() == 0:
+        return out
+    rows = out.numel() // k
+    block = MXFP4_BLOCK if is_mx else NVFP4_BLOCK
+    cfg = pick_tile(rows, k, codes.device, min_block_k=4 * block)
+    grid = (triton.cdiv(rows, cfg.block_m), triton.cdiv(k, cfg.block_k))
+    _fp4_dequantize_kernel[grid](
+        codes, scales.view(torch.uint8), gs if gs is not None else codes, out, rows, k, round_up(k // block, 4),
+        IS_MX=is_mx, SWIZZLE=swizzle, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(codes.device),
+        BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps)
+    return out
+
+
+# ------------------------------------------------------------------------------- backend entry points
+
+
+def nvfp4_quantize(x, global_scale, swizzle):
+    return _quantize(x, "nvfp4_quantize", is_mx=False, swizzle=swizzle, global_scale=global_scale)
+
+
+def nvfp4_dequantize(codes, scales, global_scale, swizzle, out_dtype):
+    return _dequantize(codes.contiguous(), scales.contiguous(), global_scale, is_mx=False, swizzle=swizzle,
+                       out_dtype=out_dtype)
+
+
+def mxfp4_quantize(x, rounding, swizzle):
+    codes, scales, _ = _quantize(x, "mxfp4_quantize", is_mx=True, swizzle=swizzle, rceil=rounding == "rceil")
+    return codes, scales
+
+
+def mxfp4_dequantize(codes, scales, swizzle, out_dtype):
+    return _dequantize(codes.contiguous(), scales.contiguous(), None, is_mx=True, swizzle=swizzle,
+                       out_dtype=out_dtype)
+
+
+assert NVFP4_AMAX_TO_SCALE == 2688.0  # the kernel's literal
