@@ -184,8 +184,8 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
             gs_out.copy_(global_scale.reshape(()) if global_scale is not None else gs_out.new_zeros(()))
         scales.view(torch.uint8).zero_()
         return codes, scales, gs_out
-    cfg = pick_tile(rows, k, x.device, min_block_k=4 * block)
-    grid_rows = scales.shape[0] if swizzle else rows
+    grid_rows = scales.shape[0] if swizzle else rows  # swizzled: programs also cover the padding rows
+    cfg = pick_tile(grid_rows, k, x.device, min_block_k=4 * block)
     scale_cols_padded = round_up(k // block, 4)
     gs_mode, gs_in, n_partials, partials_block = GS_NONE, gs_out, 1, 1
     if not is_mx and global_scale is not None:

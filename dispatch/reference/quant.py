@@ -109,7 +109,7 @@ def nvfp4_dequantize(codes, scales, global_scale, swizzle: bool, out_dtype: torc
     lead, k = codes.shape[:-1], codes.shape[-1] * 2
     rows = _rows(codes)
     s = _linear_scales(scales, rows, k // NVFP4_BLOCK, swizzle).float()
-    vals = e2m1_decode(unpack_nibbles(codes.reshape(rows, k // 2))).reshape(rows, -1, NVFP4_BLOCK)
+    vals = e2m1_decode(unpack_nibbles(codes.reshape(rows, k // 2))).reshape(rows, k // NVFP4_BLOCK, NVFP4_BLOCK)
     out = (vals * s[..., None]) * global_scale.reshape(()).float()
     return out.reshape(*lead, k).to(out_dtype)
 
@@ -166,7 +166,7 @@ def mxfp4_dequantize(codes, scales, swizzle: bool, out_dtype: torch.dtype):
     lead, k = codes.shape[:-1], codes.shape[-1] * 2
     rows = _rows(codes)
     s = e8m0_decode(_linear_scales(scales, rows, k // MXFP4_BLOCK, swizzle))
-    vals = e2m1_decode(unpack_nibbles(codes.reshape(rows, k // 2))).reshape(rows, -1, MXFP4_BLOCK)
+    vals = e2m1_decode(unpack_nibbles(codes.reshape(rows, k // 2))).reshape(rows, k // MXFP4_BLOCK, MXFP4_BLOCK)
     return (vals * s[..., None]).reshape(*lead, k).to(out_dtype)
 
 

@@ -1,0 +1,39 @@
+"""`python -m dispatch [--arch sm_100] [--markdown]`: print the dispatch table.
+`python -m dispatch check [--quick]`: the self-check (every op through auto dispatch vs the reference)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dispatch", description=__doc__)
+    parser.add_argument("command", nargs="?", default="table", choices=("table", "check"))
+    parser.add_argument("--arch", help="describe another arch (e.g. sm_100); default: this machine")
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    parser.add_argument("--json", help="check: also write results as JSON to this path")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if args.command == "check":
+        if not torch.cuda.is_available():
+            # Must be set before any Triton kernel module is imported (triton.jit reads it then).
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        from .selfcheck import run_selfcheck
+
+        return run_selfcheck(json_path=args.json)
+
+    from .arch import normalize_arch, resolve_arch
+    from .describe import format_table
+
+    arch = normalize_arch(args.arch) if args.arch else resolve_arch()
+    print(f"lowbit dispatch table for {arch}  (AUTO = what backend='auto' picks when the input is supported)")
+    print(format_table(arch, markdown=args.markdown))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

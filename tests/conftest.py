@@ -1,0 +1,49 @@
+"""Test configuration shared by every op family.
+
+* No GPU: Triton kernels run under the interpreter (TRITON_INTERPRET=1, set here before any kernel module
+  is imported). Tests parametrized over `DEVICES` run on "cpu" by default; the "cuda" params carry the
+  `gpu` marker (run them on the device machine with `-m gpu`).
+* Hypothesis profiles: "ci" (default; derandomized, sized for 2 CPU cores), "gpu" (more and larger
+  examples), "dev" (random, for local bug hunting). Select with HYPOTHESIS_PROFILE.
+* Poison: every test runs with torch's fill_uninitialized_memory on, so torch.empty outputs start as NaN
+  (floats) or the max integer: an output element a kernel forgets to write cannot look right.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+               print_blob=True)
+settings.register_profile("ci", max_examples=25, derandomize=True, **_common)
+settings.register_profile("gpu", max_examples=150, derandomize=True, **_common)
+settings.register_profile("dev", max_examples=200, **_common)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True)
+def poison_uninitialized_memory():
+    """torch.empty -> NaN / max-int filled (torch.utils.deterministic.fill_uninitialized_memory)."""
+    prev = torch.are_deterministic_algorithms_enabled()
+    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m gpu on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

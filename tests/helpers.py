@@ -1,0 +1,82 @@
+"""Helpers shared by the op test files: devices, value strategies, byte comparison, tolerances."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import strategies as st
+
+ON_GPU = torch.cuda.is_available()
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+# Under the interpreter the Triton backend is the one to test; on a GPU, auto must pick it too.
+FLOAT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+DISTRIBUTIONS = ("normal", "heavy_tail", "subnormal", "zero_blocks", "mixed_scale", "ties")
+
+
+def make_values(rows: int, k: int, dist: str, seed: int, block: int = 16) -> torch.Tensor:
+    """fp32 [rows, k] drawn from a named distribution (never all zeros unless the dist says so)."""
+    g = np.random.default_rng(seed)
+    if dist == "normal":
+        x = g.standard_normal((rows, k))
+    elif dist == "heavy_tail":  # student-t with 1.5 dof: rare huge outliers inside ordinary blocks
+        x = g.standard_t(1.5, (rows, k)) * 3
+    elif dist == "subnormal":  # values near and below the fp16/bf16/e4m3 subnormal ranges
+        x = g.standard_normal((rows, k)) * 10.0 ** g.uniform(-42, -3, (rows, 1))
+    elif dist == "zero_blocks":  # some whole blocks zero, some single nonzero elements
+        x = g.standard_normal((rows, k))
+        nb = k // block
+        zero = g.random((rows, nb)) < 0.4
+        x = x.reshape(rows, nb, block)
+        x[zero] = 0.0
+        x = x.reshape(rows, k)
+    elif dist == "mixed_scale":  # every row at its own magnitude, 1e-6 .. 1e4
+        x = g.standard_normal((rows, k)) * 10.0 ** g.uniform(-6, 4, (rows, 1))
+    elif dist == "ties":  # exact E2M1 / E4M3 midpoints and grid values after scaling
+        grid = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.5, 1.0, 3.0, 4.0, 0.0, 7.0])
+        x = g.choice(grid, (rows, k)) * g.choice([-1.0, 1.0], (rows, k))
+        x[:, ::block] = 6.0  # pin the block amax so the scale is exact and midpoints stay midpoints
+    else:
+        raise ValueError(dist)
+    return torch.from_numpy(x.astype(np.float32))
+
+
+@st.composite
+def float_inputs(draw, *, block: int, max_rows: int = 40, k_choices=(1, 2, 3, 4, 5, 8, 13), strided=True):
+    """(x, description): x on CPU in a drawn float dtype, shape [*lead, K], possibly a strided view."""
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    k = block * draw(st.sampled_from(k_choices))
+    lead = draw(st.sampled_from([(), (0,), (1,), (3,), (2, 5), (max_rows,), (2, 3, 4)]))
+    rows = int(np.prod(lead)) if lead else 1
+    dist = draw(st.sampled_from(DISTRIBUTIONS))
+    seed = draw(st.integers(0, 2**31 - 1))
+    layout = draw(st.sampled_from(["contiguous", "row_slice", "row_step"] if strided else ["contiguous"]))
+    vals = make_values(rows, k, dist, seed, block)
+    if layout == "row_slice":  # x = wide[:, :k] of a wider buffer
+        wide = make_values(rows, k + 2 * block, "normal", seed + 1, block)
+        wide[:, :k] = vals
+        x = wide.to(dtype)[:, :k]
+    elif layout == "row_step":  # every other row of a taller buffer
+        tall = make_values(2 * rows, k, "normal", seed + 1, block)
+        tall[::2] = vals
+        x = tall.to(dtype)[::2]
+    else:
+        x = vals.to(dtype)
+    x = x.reshape(*lead, k) if lead else x.reshape(k)
+    return x, f"{dtype} {tuple(x.shape)} {dist} {layout}"
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().contiguous().reshape(-1)
+    return t.view(torch.uint8).cpu()
+
+
+def assert_same_bytes(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    a, b = as_bytes(got), as_bytes(want)
+    bad = (a != b).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        raise AssertionError(f"{what}: {len(bad)}/{a.numel()} bytes differ; first at flat byte {i}: "
+                             f"got {int(a[i]):#04x}, want {int(b[i]):#04x}")
