@@ -11,7 +11,7 @@ import functools
 import importlib
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def unavailable_reason() -> str | None:
     try:
         importlib.import_module("cutlass")

@@ -36,7 +36,7 @@ def arch_at_least(arch: str, minimum: str) -> bool:
     return int(arch[3:]) >= int(minimum[3:])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_arch(index: int) -> str:
     major, minor = torch.cuda.get_device_capability(index)
     return f"sm_{major}{minor}"

@@ -64,7 +64,7 @@ class Entry:
         return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(path: str) -> Callable:
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
@@ -85,7 +85,7 @@ def backend_unavailable(backend: str, arch: str) -> str | None:
     return f"unknown backend {backend!r}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _import_failure(module: str) -> str | None:
     try:
         importlib.import_module(module)

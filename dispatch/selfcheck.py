@@ -8,6 +8,8 @@ check forces the Triton backend under the interpreter (small shapes) wherever th
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import json
 import statistics
 import time
@@ -46,67 +48,24 @@ class Case:
     label: str = ""
 
 
-def _x(device, small, dtype=torch.bfloat16, k=None):
-    m, k = (8, k or 256) if small else (4096, k or 7168)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(m, k, generator=g) * torch.exp(torch.randn(m, 1, generator=g))
-    return x.to(device=device, dtype=dtype)
-
-
-def _quant_cases() -> list[Case]:
-    from . import ops
-
-    def nvq(dev, small):
-        x = _x(dev, small)
-        return (x, None, True)
-
-    def nvq_given(dev, small):
-        x = _x(dev, small)
-        return (x, ops.nvfp4_global_scale_from_amax(x.float().abs().amax()), False)
-
-    def nvdq(dev, small):
-        q = ops.nvfp4_quantize(_x(dev, small), scale_layout="swizzled", backend="torch")
-        return (q.codes, q.scales, q.global_scale, True, torch.bfloat16)
-
-    def mxq(dev, small):
-        return (_x(dev, small), "rceil", True)
-
-    def mxdq(dev, small):
-        q = ops.mxfp4_quantize(_x(dev, small), backend="torch")
-        return (q.codes, q.scales, False, torch.bfloat16)
-
-    def fp8q(dev, small):
-        return (_x(dev, small), 128, 1e-10, False, True)
-
-    def fp8dq(dev, small):
-        q = ops.fp8_group_quantize(_x(dev, small), 128, ue8m0=True, backend="torch")
-        return (q.codes, q.scales, 128, torch.bfloat16)
-
-    def swz(dev, small):
-        return (torch.randint(0, 255, (300, 56), dtype=torch.uint8).to(dev),)
-
-    def unswz(dev, small):
-        return (torch.randint(0, 255, (384, 56), dtype=torch.uint8).to(dev), 300, 53)
-
-    return [
-        Case("nvfp4_quantize", nvq, label="computed global scale, swizzled"),
-        Case("nvfp4_quantize", nvq_given, label="given global scale, linear"),
-        Case("nvfp4_dequantize", nvdq, label="swizzled -> bf16"),
-        Case("mxfp4_quantize", mxq, label="rceil, swizzled"),
-        Case("mxfp4_dequantize", mxdq, label="linear -> bf16"),
-        Case("fp8_group_quantize", fp8q, label="g128, column-major scales"),
-        Case("fp8_group_dequantize", fp8dq, label="g128 ue8m0 -> bf16"),
-        Case("swizzle_scales_128x4", swz),
-        Case("unswizzle_scales_128x4", unswz),
-    ]
+# Each op family's registration module defines `self_check_cases() -> list[Case]`. Add yours here.
+FAMILIES = ("dispatch.ops.quant",)
 
 
 def all_cases() -> list[Case]:
-    cases = _quant_cases()
+    cases = [c for fam in FAMILIES for c in importlib.import_module(fam).self_check_cases()]
     missing = set(TABLE) - {c.op for c in cases}
     if missing:
         raise AssertionError(f"ops without a self-check case: {sorted(missing)}")
     return cases
+
+
+def sample_activations(device, small: bool, dtype=torch.bfloat16, k: int | None = None) -> torch.Tensor:
+    """Deterministic activation-like data: Gaussian rows at log-normal magnitudes (never zeros)."""
+    m, k = (8, k or 256) if small else (4096, k or 7168)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(m, k, generator=g) * torch.exp(torch.randn(m, 1, generator=g))
+    return x.to(device=device, dtype=dtype)
 
 
 def _time_call(fn, device, reps: int) -> float:
@@ -146,7 +105,7 @@ def run_selfcheck(json_path: str | None = None) -> int:
         try:
             out = op(*args, requested)
             ok, err = case.compare(out, op(*args, "torch"))
-            ms = _time_call(lambda: op(*args, requested), device, 3 if small else 20)
+            ms = _time_call(functools.partial(op, *args, requested), device, 3 if small else 20)
         except Exception as exc:  # report every op, then fail
             ok, err, ms = False, f"{type(exc).__name__}: {exc}"[:60], float("nan")
         failures += not ok

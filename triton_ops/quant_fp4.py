@@ -19,13 +19,13 @@ from dispatch.reference.formats import round_up
 from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_AMAX_TO_SCALE, NVFP4_BLOCK
 
 from ._formats import (
+    abs_bits,
+    amax_nan,
     cast_out,
     e2m1_decode,
     e2m1_encode,
     e4m3_decode,
     e4m3_encode_emulated,
-    abs_bits,
-    amax_nan,
     pack_nibbles,
     swizzled_offset_128x4,
     unpack_nibbles,

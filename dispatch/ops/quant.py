@@ -324,3 +324,57 @@ def swizzle_scales_128x4(scales: Tensor, *, backend: str = "auto") -> Tensor:
 
 def unswizzle_scales_128x4(swizzled: Tensor, rows: int, cols: int, *, backend: str = "auto") -> Tensor:
     return torch.ops.lowbit.unswizzle_scales_128x4(swizzled, rows, cols, backend)
+
+
+# ------------------------------------------------------------------------------------------ self-check
+
+
+def self_check_cases() -> list:
+    """Cases for `python -m dispatch check` (see dispatch/selfcheck.py)."""
+    from .. import ops
+    from ..selfcheck import Case
+    from ..selfcheck import sample_activations as _x
+
+    def nvq(dev, small):
+        x = _x(dev, small)
+        return (x, None, True)
+
+    def nvq_given(dev, small):
+        x = _x(dev, small)
+        return (x, ops.nvfp4_global_scale_from_amax(x.float().abs().amax()), False)
+
+    def nvdq(dev, small):
+        q = ops.nvfp4_quantize(_x(dev, small), scale_layout="swizzled", backend="torch")
+        return (q.codes, q.scales, q.global_scale, True, torch.bfloat16)
+
+    def mxq(dev, small):
+        return (_x(dev, small), "rceil", True)
+
+    def mxdq(dev, small):
+        q = ops.mxfp4_quantize(_x(dev, small), backend="torch")
+        return (q.codes, q.scales, False, torch.bfloat16)
+
+    def fp8q(dev, small):
+        return (_x(dev, small), 128, 1e-10, False, True)
+
+    def fp8dq(dev, small):
+        q = ops.fp8_group_quantize(_x(dev, small), 128, ue8m0=True, backend="torch")
+        return (q.codes, q.scales, 128, torch.bfloat16)
+
+    def swz(dev, small):
+        return (torch.randint(0, 255, (300, 56), dtype=torch.uint8).to(dev),)
+
+    def unswz(dev, small):
+        return (torch.randint(0, 255, (384, 56), dtype=torch.uint8).to(dev), 300, 53)
+
+    return [
+        Case("nvfp4_quantize", nvq, label="computed global scale, swizzled"),
+        Case("nvfp4_quantize", nvq_given, label="given global scale, linear"),
+        Case("nvfp4_dequantize", nvdq, label="swizzled -> bf16"),
+        Case("mxfp4_quantize", mxq, label="rceil, swizzled"),
+        Case("mxfp4_dequantize", mxdq, label="linear -> bf16"),
+        Case("fp8_group_quantize", fp8q, label="g128, column-major scales"),
+        Case("fp8_group_dequantize", fp8dq, label="g128 ue8m0 -> bf16"),
+        Case("swizzle_scales_128x4", swz),
+        Case("unswizzle_scales_128x4", unswz),
+    ]

@@ -1,0 +1,32 @@
+"""The contract between op families and the benchmark runner.
+
+An op family describes *what* to measure (inputs, the lowbit call, the reference, peers, bytes and flops);
+the runner (perf/runner.py) decides *how* (CUDA-event timing, L2-rotating input copies, CUDA-graph replay
+for decode cases, verification before timing, roofline fractions, JSONL records).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Inputs = dict[str, Any]  # whatever make() returns; passed to every callable below
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchCase:
+    op: str  # dispatch table op name, e.g. "nvfp4_quantize"
+    label: str  # short and unique within the op, e.g. "M=8192 K=8192 bf16 given-gs"
+    bucket: str  # "decode" (M <= 64 tokens) or "prefill" (throughput, M >= 4096)
+    params: dict  # the case parameters as data (M, K, dtype, ...) for the results record
+    make: Callable[[torch.device], Inputs]  # fresh random inputs on the device (never zeros)
+    lowbit: Callable[[Inputs, str], Any]  # (inputs, backend) -> output, through the public op
+    reference: Callable[[Inputs], Any]  # torch eager reference: a peer, and torch.compile'd as another
+    check: Callable[[Any, Any], None]  # (lowbit output, reference output) -> raises if wrong
+    bytes_moved: int  # bytes read + written once (the roofline count)
+    flops: int = 0  # useful floating-point operations, where the op has a matmul-like cost
+    peers: dict[str, Callable[[Inputs], Any]] = dataclasses.field(default_factory=dict)  # e.g. {"liger": fn}
+    compile_reference: bool = True  # also time torch.compile(reference)
