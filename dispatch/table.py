@@ -50,4 +50,15 @@ TABLE: dict[str, list[Entry]] = {
         Entry("unswizzle_scales_128x4", "torch", ALL, f"{_REF}:unswizzle_scales_128x4", TORCH_REF,
               "one permute+copy; nothing to fuse"),
     ],
+    # RoPE + paged KV-cache FP8 (docs/rope.md, docs/kv_cache_layouts.md): one Triton pass per call.
+    **{op: [
+        Entry(op, "triton", SM80_PLUS, f"triton_ops.{fam}:{op}", TRITON_GPU,
+              "one fused pass; bytes equal the reference"),
+        Entry(op, "triton", ("cpu",), f"triton_ops.{fam}:{op}", TRITON_INTERPRETER,
+              "TRITON_INTERPRET=1: for tests, never auto"),
+        Entry(op, "torch", ALL, f"dispatch.reference.{fam}:{op}", TORCH_REF,
+              "pure-torch reference (test oracle, CPU backend)"),
+    ] for op, fam in (("rope", "rope"), ("rope_", "rope"), ("paged_kv_write_fp8", "kv_cache"),
+                      ("paged_kv_gather_fp8", "kv_cache"), ("ds_kv_write", "kv_cache"), ("ds_kv_gather", "kv_cache"),
+                      ("ds_rope_quant_append", "kv_cache"))},
 }

@@ -30,3 +30,9 @@ class BenchCase:
     flops: int = 0  # useful floating-point operations, where the op has a matmul-like cost
     peers: dict[str, Callable[[Inputs], Any]] = dataclasses.field(default_factory=dict)  # e.g. {"liger": fn}
     compile_reference: bool = True  # also time torch.compile(reference)
+    # Optional fields (added by the perf layer; all defaulted, so existing cases need no change):
+    tier: str = "full"  # "full": full runs (and, if the op has no "quick" case, its smallest case in --quick);
+    #                     "quick": only in --quick runs (tiny shapes for the CPU interpreter / CI); "both"
+    flops_dtype: str = "bf16"  # which measured compute roof `flops` is held against: "bf16" or "fp8"
+    max_copies: int | None = None  # cap on L2-rotation copies of make()'s inputs (None: runner decides)
+    graph: bool | None = None  # also time under CUDA-graph replay (None: yes for the decode bucket)

@@ -1,0 +1,213 @@
+"""Reference paged KV-cache FP8 writes and gathers: generic E4M3 and the two DeepSeek byte layouts.
+
+These functions are the contract (docs/kv_cache_layouts.md draws the bytes). Conventions shared by all:
+
+* slot_mapping[t] = block * block_size + offset is where token t goes; slot -1 means "skip" (vLLM).
+  Slots >= num_blocks * block_size are skipped too (no out-of-bounds write); `LOWBIT_CHECK_INDICES=1`
+  turns both that and out-of-range positions into a host-side error (one sync, for debugging).
+* Gathers read given slots back; slot -1 returns a row of zeros, other out-of-range slots a row of NaN.
+* E4M3 codes: RNE, saturating at +-448, NaN -> 0x7F (dispatch/reference/formats.py e4m3_encode), of
+  x / scale computed as one IEEE fp32 division.
+
+Scales:
+* generic static: one fp32 per tensor given by the caller (decode form: value = code * scale).
+* generic dynamic: per token per head, s = max(amax, 1e-10) / 448 (fp32), stored in a [NB, BS, H] cache.
+* DeepSeek (V3.2 and V4): per tile, s = pow2_ceil(max(amax / 448, 1e-4)) (FlashMLA tests/quant.py: its
+  1e-4 floor and round-up to a power of two; lowbit rounds up exactly on the bits instead of via log2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .formats import E4M3_MAX, e4m3_encode, exponent_field, pow2_ceil
+from .rope import cos_sin_at, rotate
+
+DYNAMIC_EPS = 1e-10
+DS_SCALE_FLOOR = 1e-4
+DS_ROPE = 64
+
+
+def e4m3_decode_table(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 E4M3 bytes -> fp32 values (exact; 0x7F/0xFF -> NaN)."""
+    return codes.contiguous().view(torch.float8_e4m3fn).float()
+
+
+class DSLayout:
+    """Byte geometry of one DeepSeek FP8 KV-cache layout (see docs/kv_cache_layouts.md)."""
+
+    def __init__(self, name, d_nope, tile, token_bytes, nope_at, scale_at, rope_at, scale_bytes, blocked):
+        self.name, self.d_nope, self.tile = name, d_nope, tile
+        self.num_tiles = d_nope // tile
+        self.d = d_nope + DS_ROPE
+        self.token_bytes = token_bytes  # bytes per token, including this layout's padding
+        self.nope_at, self.scale_at, self.rope_at = nope_at, scale_at, rope_at
+        self.scale_bytes = scale_bytes  # 4 (fp32) or 1 (E8M0)
+        self.blocked = blocked  # V4: [block_size x 576 data][block_size x 8 scales] inside each block
+
+    def min_block_bytes(self, block_size: int) -> int:
+        return block_size * self.token_bytes
+
+    def padded_block_bytes(self, block_size: int) -> int:
+        """What FlashMLA allocates per block: V4 rounds each block up to a multiple of 576 bytes."""
+        b = self.min_block_bytes(block_size)
+        return (b + 575) // 576 * 576 if self.blocked else b
+
+
+DS_LAYOUTS = {
+    # 512 E4M3 | 4 x fp32 scale | 64 x bf16 rope, per token (656 B).
+    "v32": DSLayout("v32", 512, 128, 656, nope_at=0, scale_at=512, rope_at=528, scale_bytes=4, blocked=False),
+    # per token in the data part: 448 E4M3 | 64 x bf16 rope (576 B); scales part: 7 x E8M0 | 1 pad (8 B).
+    "v4": DSLayout("v4", 448, 64, 584, nope_at=0, scale_at=None, rope_at=448, scale_bytes=1, blocked=True),
+}
+
+
+# ------------------------------------------------------------------------------------------ generic
+
+
+def _slot_parts(slot_mapping: torch.Tensor, num_blocks: int, block_size: int):
+    s = slot_mapping.long()
+    valid = (s >= 0) & (s < num_blocks * block_size)
+    s = s.clamp(0, max(num_blocks * block_size - 1, 0))
+    return valid, s // block_size, s % block_size
+
+
+def dynamic_scales(x: torch.Tensor) -> torch.Tensor:
+    """fp32 [T, H]: max(amax over D, 1e-10) / 448."""
+    return torch.clamp_min(x.float().abs().amax(-1), DYNAMIC_EPS) / E4M3_MAX
+
+
+def paged_kv_write_fp8(x, slot_mapping, cache, scale, scale_cache):
+    """x [T, H, D] -> cache [NB, BS, H, D] (E4M3 bytes) at the slots; scale: static fp32 scalar tensor, or
+    None for dynamic per-(token, head) scales written to scale_cache [NB, BS, H]."""
+    nb, bs = cache.shape[0], cache.shape[1]
+    valid, blk, off = _slot_parts(slot_mapping, nb, bs)
+    if not bool(valid.any()):
+        return
+    xv = x[valid].float()
+    s = scale.float().reshape(()) if scale is not None else dynamic_scales(xv)
+    codes = e4m3_encode(xv / (s if scale is not None else s[..., None]))
+    cache.view(torch.float8_e4m3fn)[blk[valid], off[valid]] = codes
+    if scale is None:
+        scale_cache[blk[valid], off[valid]] = s
+
+
+def paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype):
+    """[N, H, D] out_dtype: e4m3 value * scale (fp32), one rounding. Slot -1 -> zeros, other bad slots -> NaN."""
+    nb, bs = cache.shape[0], cache.shape[1]
+    valid, blk, off = _slot_parts(slots, nb, bs)
+    vals = e4m3_decode_table(cache.view(torch.uint8)[blk, off])
+    s = scale.float().reshape(()) if scale is not None else scale_cache[blk, off].float()[..., None]
+    out = vals * s
+    pad = torch.where(slots.long() == -1, 0.0, float("nan")).to(out)
+    out = torch.where(valid[:, None, None], out, pad[:, None, None])
+    return out.to(out_dtype)
+
+
+# ----------------------------------------------------------------------------------------- DeepSeek
+
+
+def ds_tile_scales(nope: torch.Tensor, tile: int) -> torch.Tensor:
+    """fp32 [T, tiles]: pow2_ceil(max(amax_tile / 448, 1e-4)); NaN stays NaN, Inf stays Inf."""
+    t = nope.shape[0]
+    amax = nope.float().reshape(t, -1, tile).abs().amax(-1)
+    return pow2_ceil(torch.clamp_min(amax / E4M3_MAX, DS_SCALE_FLOOR))
+
+
+def ds_token_bytes(kv: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data bytes [T, ...], scale bytes [T, ...]) of each token, in the layout's order.
+    kv: [T, d] with the rope part already rotated (or not), any float dtype."""
+    L = DS_LAYOUTS[layout]
+    t = kv.shape[0]
+    nope, rope = kv[:, : L.d_nope].float(), kv[:, L.d_nope:]
+    s = ds_tile_scales(nope, L.tile)
+    codes = e4m3_encode((nope.reshape(t, L.num_tiles, L.tile) / s[..., None]).reshape(t, L.d_nope))
+    code_b = codes.view(torch.uint8)
+    rope_b = rope.to(torch.bfloat16).contiguous().view(torch.uint8).reshape(t, 2 * DS_ROPE)
+    if layout == "v32":
+        scale_b = s.contiguous().view(torch.uint8).reshape(t, 4 * L.num_tiles)
+        return torch.cat([code_b, scale_b, rope_b], 1), scale_b.new_empty(t, 0)
+    e8m0 = exponent_field(s).to(torch.uint8)  # power of two -> its biased exponent; NaN/Inf -> 0xFF
+    return torch.cat([code_b, rope_b], 1), torch.cat([e8m0, e8m0.new_zeros(t, 1)], 1)
+
+
+def _raw_bytes(cache: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view over every byte the cache tensor spans (it may be a strided view of a bigger buffer)."""
+    c = cache.view(torch.uint8)
+    span = 1 + sum((n - 1) * st for n, st in zip(c.shape, c.stride(), strict=True)) if c.numel() else 0
+    return c.as_strided((span,), (1,))
+
+
+def ds_cache_geometry(cache: torch.Tensor) -> tuple[int, int, int]:
+    """(num_blocks, block_size, block stride in bytes) of a [NB, BS, (1,) token_bytes] cache."""
+    return cache.shape[0], cache.shape[1], cache.view(torch.uint8).stride(0)
+
+
+def ds_offsets(layout: str, blk, off, block_size: int, block_stride: int):
+    """Flat byte offsets (data [T, n_data], scales [T, n_scale]) of the given (block, offset) pairs."""
+    L = DS_LAYOUTS[layout]
+    base = blk * block_stride
+    if layout == "v32":
+        data = base[:, None] + off[:, None] * L.token_bytes + torch.arange(L.token_bytes, device=blk.device)
+        return data, data[:, :0]
+    per = L.d_nope + 2 * DS_ROPE
+    data = base[:, None] + off[:, None] * per + torch.arange(per, device=blk.device)
+    scales = base[:, None] + block_size * per + off[:, None] * 8 + torch.arange(8, device=blk.device)
+    return data, scales
+
+
+def ds_kv_write(kv, slot_mapping, cache, layout):
+    """kv [T, d] (d = 576 for v32, 512 for v4) -> the paged DeepSeek cache at the slots."""
+    nb, bs, stride = ds_cache_geometry(cache)
+    valid, blk, off = _slot_parts(slot_mapping, nb, bs)
+    if not bool(valid.any()):
+        return
+    data_b, scale_b = ds_token_bytes(kv[valid], layout)
+    d_off, s_off = ds_offsets(layout, blk[valid], off[valid], bs, stride)
+    raw = _raw_bytes(cache)
+    raw[d_off.reshape(-1)] = data_b.reshape(-1)
+    raw[s_off.reshape(-1)] = scale_b.reshape(-1)
+
+
+def ds_rope_quant_append(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, is_neox):
+    """Fused op's contract: rotate the last 64 dims of kv (and of q, in place, when given), then ds_kv_write.
+    The rotated kv rope values are rounded once, to bf16, for the cache (never to kv's dtype first)."""
+    cos, sin = cos_sin_at(cos_sin_cache, positions)
+    L = DS_LAYOUTS[layout]
+    rope = rotate(kv[:, None, L.d_nope:].float(), cos, sin, is_neox, False)[:, 0]
+    ds_kv_write(torch.cat([kv[:, : L.d_nope].float(), rope], 1), slot_mapping, cache, layout)
+    if q is not None:
+        qo = q.shape[-1] - DS_ROPE
+        q[..., qo:] = rotate(q[..., qo:].float(), cos, sin, is_neox, False).to(q.dtype)
+
+
+def ds_kv_gather(cache, slots, layout, out_dtype):
+    """[N, d] out_dtype from the DeepSeek cache: e4m3 * tile scale (fp32) for NoPE, bf16 RoPE as is."""
+    L = DS_LAYOUTS[layout]
+    nb, bs, stride = ds_cache_geometry(cache)
+    valid, blk, off = _slot_parts(slots, nb, bs)
+    n = slots.shape[0]
+    d_off, s_off = ds_offsets(layout, blk, off, bs, stride)
+    raw = _raw_bytes(cache)
+    data = raw[d_off.reshape(-1)].reshape(n, -1)
+    codes = e4m3_decode_table(data[:, L.nope_at: L.nope_at + L.d_nope])
+    rope = data[:, L.rope_at: L.rope_at + 2 * DS_ROPE].contiguous().view(torch.bfloat16).float()
+    if layout == "v32":
+        s = data[:, L.scale_at: L.scale_at + 4 * L.num_tiles].contiguous().view(torch.float32)
+    else:
+        e = raw[s_off.reshape(-1)].reshape(n, 8)[:, : L.num_tiles].to(torch.int32)
+        s = torch.where(e == 0xFF, float("nan"), torch.ldexp(torch.ones_like(e, dtype=torch.float32), e - 127))
+    nope = (codes.reshape(n, L.num_tiles, L.tile) * s[..., None]).reshape(n, L.d_nope)
+    out = torch.cat([nope, rope], 1)
+    pad = torch.where(slots.long() == -1, 0.0, float("nan")).to(out)
+    return torch.where(valid[:, None], out, pad[:, None]).to(out_dtype)
+
+
+def ds_kv_cache_empty(num_blocks: int, block_size: int, layout: str, device=None) -> torch.Tensor:
+    """A zeroed uint8 cache [NB, BS, 1, token_bytes] shaped like FlashMLA's (V4: each block padded to a
+    multiple of 576 bytes, so the block stride exceeds BS * 584). View it as float8_e4m3fn if a kernel
+    wants that dtype; the bytes are the same."""
+    L = DS_LAYOUTS[layout]
+    per_block = L.padded_block_bytes(block_size)
+    buf = torch.zeros(num_blocks, per_block, dtype=torch.uint8, device=device)
+    return buf[:, : block_size * L.token_bytes].view(num_blocks, block_size, 1, L.token_bytes)

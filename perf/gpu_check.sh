@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Every GPU check lowbit owes, in ONE device call (device time is scarce):
+#   env facts -> GPU tests (-m gpu) -> compute-sanitizer on a few cases -> self-check -> benchmarks.
+# Writes JSON/logs under $OUT (at most 8 files come back) and prints a short table last.
+# Usage (device tool, repo root):  bash perf/gpu_check.sh [tests|sanitize|selfcheck|bench|all]...
+# Optional: .whl/ (carried) holds extra wheels (e.g. liger-kernel), installed to /tmp/site first;
+#           .carry/env.sh (carried) puts CuTeDSL on the path.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/lowbit-out}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu}
+stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(all)
+want() { for s in "${stages[@]}"; do if [ "$s" = all ] || [ "$s" = "$1" ]; then return 0; fi; done; return 1; }
+summary="$OUT/summary.txt"; : > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+# shellcheck disable=SC1091
+[ -f .carry/env.sh ] && source .carry/env.sh
+
+python3 - > "$OUT/env.json" <<'PY'
+import datetime, json, subprocess
+import torch, triton
+try:
+    import cutlass
+    dsl = getattr(cutlass, "__version__", "installed")
+except Exception:
+    dsl = None
+commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                        capture_output=True, text=True).stdout.strip()
+print(json.dumps(dict(device=torch.cuda.get_device_name(), capability=torch.cuda.get_device_capability(),
+                      torch=torch.__version__, triton=triton.__version__, cutlass_dsl=dsl, commit=commit,
+                      driver=driver, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
+                 indent=1))
+PY
+note "env: $(python3 -c "import json; d = json.load(open('$OUT/env.json')); print(d['device'], 'torch', d['torch'], 'triton', d['triton'], 'cutlass-dsl', d['cutlass_dsl'])")"
+
+if want tests; then
+  timeout 420 python3 -m pytest tests -m gpu -q -p no:warnings --maxfail=30 --no-header -rfE \
+      --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
+  note "gpu tests (rc=$?): $(tail -n 1 "$OUT/pytest.log")"
+fi
+
+if want sanitize; then
+  # memcheck + racecheck over every Triton kernel family at the self-check's small shapes.
+  : > "$OUT/sanitizer.log"
+  for tool in memcheck racecheck; do
+    LOWBIT_SELFCHECK_SMALL=1 timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      python3 -m dispatch check >> "$OUT/sanitizer.log" 2>&1
+    note "compute-sanitizer $tool (rc=$?): $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -n 1)"
+  done
+fi
+
+if want selfcheck; then
+  python3 -m dispatch check --json "$OUT/selfcheck.json" > "$OUT/selfcheck.log" 2>&1
+  note "self-check (rc=$?): $(tail -n 1 "$OUT/selfcheck.log")"
+fi
+
+if want bench; then
+  if python3 -c "import perf.runner" 2>/dev/null; then
+    timeout 540 python3 -m perf run --out "$OUT/bench.jsonl" > "$OUT/bench.log" 2>&1
+    note "benchmarks (rc=$?): $(wc -l < "$OUT/bench.jsonl" 2>/dev/null) records"
+  fi
+  if [ -f scratch/probe.py ]; then timeout 300 python3 scratch/probe.py "$OUT/probe.json" 2>&1 | tee -a "$summary"; fi
+fi
+echo; echo "==== summary ===="; cat "$summary"
+if [ -f "$OUT/selfcheck.log" ]; then tail -n 14 "$OUT/selfcheck.log"; fi
+grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" 2>/dev/null | head -30
+exit 0

@@ -1,0 +1,147 @@
+"""The dispatch table and its mechanism: arch resolution, auto choice, forcing, errors, logging, CLI."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dispatch
+from dispatch import BackendError, ops, registry, use_backend
+from dispatch.arch import arch_of, normalize_arch, resolve_arch
+from dispatch.checks import LowbitInputError
+from dispatch.ops._common import backend_for
+from dispatch.registry import Entry, parse_backend_env, select
+from dispatch.table import TABLE
+
+
+def test_normalize_arch():
+    assert normalize_arch("sm_90a") == "sm_90"
+    assert normalize_arch("SM100") == "sm_100"
+    assert normalize_arch("100a") == "sm_100"
+    assert normalize_arch("cpu") == "cpu"
+    with pytest.raises(ValueError, match="LOWBIT_ARCH"):
+        normalize_arch("hopper")
+
+
+def test_arch_override(monkeypatch):
+    monkeypatch.setenv("LOWBIT_ARCH", "sm_100a")
+    assert resolve_arch() == "sm_100"
+    assert arch_of(torch.device("cpu")) == "cpu"  # host tensors are always the cpu arch
+
+
+def test_every_op_is_a_torch_op_with_a_reference():
+    for op, entries in TABLE.items():
+        assert hasattr(torch.ops.lowbit, op), op
+        assert any(e.backend == "torch" for e in entries), f"{op} has no torch reference entry"
+        for e in entries:
+            assert e.op == op and e.backend in registry.BACKENDS
+            e.resolve_impl()  # every impl path imports
+
+
+def test_auto_on_cpu_picks_reference_and_logs_skips(caplog):
+    x = torch.randn(4, 64)
+    with caplog.at_level(logging.DEBUG, logger="lowbit.dispatch"):
+        assert backend_for("nvfp4_quantize", x, None, False) == "torch"
+    assert "skipped triton" in caplog.text or "chose torch" in caplog.text
+
+
+def test_forced_backend_and_scopes(monkeypatch):
+    x = torch.randn(4, 64)
+    assert backend_for("nvfp4_quantize", x, None, False, backend="triton") == "triton"  # interpreter is on
+    with use_backend("torch"):
+        assert backend_for("nvfp4_quantize", x, None, False) == "torch"
+        with use_backend("triton", ops="nvfp4_quantize"):
+            assert backend_for("nvfp4_quantize", x, None, False) == "triton"
+            assert backend_for("mxfp4_quantize", x, "floor", False) == "torch"
+    monkeypatch.setenv("LOWBIT_BACKEND", "mxfp4_quantize=triton")
+    assert backend_for("mxfp4_quantize", x, "floor", False) == "triton"
+    assert backend_for("nvfp4_quantize", x, None, False) == "torch"
+    # an explicit argument beats the env
+    assert backend_for("mxfp4_quantize", x, "floor", False, backend="torch") == "torch"
+
+
+def test_parse_backend_env():
+    assert parse_backend_env("torch") == {None: "torch"}
+    assert parse_backend_env("a=triton, *=torch") == {"a": "triton", None: "torch"}
+    with pytest.raises(ValueError, match="unknown backend"):
+        parse_backend_env("a=cuda")
+
+
+def test_forced_unsupported_backend_lists_candidates(monkeypatch):
+    x = torch.randn(4, 96)
+    with pytest.raises(BackendError) as err:
+        ops.fp8_group_quantize(x, 48, backend="triton")  # group 48: not a power of two
+    msg = str(err.value)
+    assert "lowbit.fp8_group_quantize" in msg and "group_size=48" in msg and "triton" in msg
+    with pytest.raises(BackendError, match="cute"):
+        ops.nvfp4_quantize(x, backend="cute")
+    assert ops.fp8_group_quantize(x, 48).scales.shape == (4, 2)  # auto falls through to the reference
+    monkeypatch.delenv("TRITON_INTERPRET")
+    registry._import_failure.cache_clear()
+    with pytest.raises(BackendError, match="TRITON_INTERPRET=1"):
+        ops.nvfp4_quantize(x, backend="triton")
+
+
+def test_auto_skips_unsupported_entry(caplog):
+    """A preferred entry whose predicate refuses is skipped (logged with its reason); the next one runs."""
+    fast = Entry("fp8_group_quantize", "triton", ("cpu",), "triton_ops.quant_fp8:fp8_group_quantize", 50,
+                 "test", "triton_ops.quant_fp8:supports_quantize")
+    slow = Entry("fp8_group_quantize", "torch", ("cpu",), "dispatch.reference.quant:fp8_group_quantize", 1, "ref")
+    args = (torch.randn(2, 96), 96, 1e-10, False, False)
+    with caplog.at_level(logging.DEBUG, logger="lowbit.dispatch"):
+        assert select([fast, slow], "fp8_group_quantize", "auto", args, {}).backend == "torch"
+    assert "group_size=96 is not a power of two" in caplog.text
+    assert select([fast, slow], "fp8_group_quantize", "auto", (args[0][:, :64], 64, *args[2:]), {}) is fast
+
+
+def test_select_prefers_priority_and_errors_on_unknown():
+    lo = Entry("t", "torch", ("cpu",), "dispatch.reference.quant:nvfp4_quantize", 1, "low")
+    hi = Entry("t", "triton", ("cpu",), "triton_ops.quant_fp4:nvfp4_quantize", 5, "high")
+    x = torch.randn(2, 16)
+    assert select([lo, hi], "t", "auto", (x,), {}).backend == "triton"
+    with pytest.raises(ValueError, match="unknown backend"):
+        select([lo, hi], "t", "gpu", (x,), {})
+
+
+def test_bad_inputs_name_op_and_argument():
+    cases = [
+        (lambda: ops.nvfp4_quantize(torch.randn(4, 20)), "nvfp4_quantize", "'x'", "multiple of 16"),
+        (lambda: ops.nvfp4_quantize(torch.randint(0, 3, (4, 32))), "nvfp4_quantize", "'x'", "dtype"),
+        (lambda: ops.nvfp4_quantize(torch.randn(4, 32), torch.tensor([1.0, 2.0])), "nvfp4_quantize",
+         "'global_scale'", "one-element"),
+        (lambda: ops.nvfp4_quantize(torch.randn(4, 32), scale_layout="tiled"), "nvfp4_quantize",
+         "'scale_layout'", "linear"),
+        (lambda: ops.nvfp4_quantize(torch.randn(32, 4).t()), "nvfp4_quantize", "'x'", "contiguous"),
+        (lambda: ops.nvfp4_quantize(torch.randn(4, 6, 64)[:, ::2, :32].transpose(0, 1)), "nvfp4_quantize",
+         "'x'", "collapse"),
+        (lambda: ops.mxfp4_quantize(torch.randn(4, 48)), "mxfp4_quantize", "'x'", "multiple of 32"),
+        (lambda: ops.mxfp4_quantize(torch.randn(4, 64), rounding="even"), "mxfp4_quantize", "'rounding'", "floor"),
+        (lambda: ops.fp8_group_quantize(torch.randn(4, 64), 128), "fp8_group_quantize", "'x'", "group_size=128"),
+        (lambda: ops.fp8_group_quantize(torch.randn(4, 128), eps=0.0), "fp8_group_quantize", "'eps'", "> 0"),
+        (lambda: ops.fp8_group_dequantize(torch.zeros(4, 128, dtype=torch.float8_e4m3fn), torch.ones(4, 2)),
+         "fp8_group_dequantize", "'scales'", "expected shape"),
+        (lambda: ops.nvfp4_dequantize(torch.zeros(4, 8, dtype=torch.uint8), torch.zeros(4, 2),
+                                      torch.tensor(1.0)), "nvfp4_dequantize", "'scales'", "dtype"),
+    ]
+    for fn, op, arg, text in cases:
+        with pytest.raises(LowbitInputError) as err:
+            fn()
+        msg = str(err.value)
+        assert f"lowbit.{op}" in msg and arg in msg and text in msg, msg
+
+
+def test_cli_prints_table():
+    out = subprocess.run([sys.executable, "-m", "dispatch", "--arch", "sm_90a"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "table for sm_90" in out
+    for op in TABLE:
+        assert op in out
+    assert "AUTO" in out
+
+
+def test_package_exports():
+    assert dispatch.ops is ops and callable(dispatch.use_backend)

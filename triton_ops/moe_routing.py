@@ -1,0 +1,172 @@
+"""MoE router (Triton): logits [T, E] -> top-k expert ids + weights, one launch.
+
+One program owns BLOCK_T whole rows (all E experts of a token in registers), so selection needs no
+cross-program step: k rounds of (row max, lowest index holding it), grouped top-k first when asked.
+Contract: dispatch/reference/moe.py (moe_route, moe_hash_route).
+
+Small-M: the grid is cdiv(T, BLOCK_T) and never depends on E; at decode (T <= 64) BLOCK_T covers T in
+1..4 programs, each a single CTA doing its reductions along the row only (no cross-CTA reduction).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+SCORING_CODE = {"softmax": 0, "sigmoid": 1, "sqrt_softplus": 2}
+BIG = 1 << 30
+
+
+@triton.jit
+def _log1p(u):
+    """log(1 + u) accurate for small u without a log1p instruction (Goldberg's trick): the rounding error
+    of 1 + u is divided back out. Exact 0 for u = 0."""
+    w = 1.0 + u
+    return tl.where(w == 1.0, u, tl.log(w) * tl.math.div_rn(u, w - 1.0))
+
+
+@triton.jit
+def _scores(x, valid, SCORING: tl.constexpr):
+    """fp32 scores of fp32 logits (invalid lanes hold -inf and score 0)."""
+    if SCORING == 0:
+        m = tl.max(x, 1)
+        ex = tl.exp(x - m[:, None])
+        ex = tl.where(valid, ex, 0.0)
+        s = tl.math.div_rn(ex, tl.sum(ex, 1)[:, None])
+    elif SCORING == 1:
+        s = tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + tl.exp(-x))
+    else:
+        # torch softplus: x above 20 passes through; else log1p(exp(x)), written stably as
+        # max(x, 0) + log1p(exp(-|x|)).
+        sp = tl.maximum(x, 0.0) + _log1p(tl.exp(-tl.abs(x)))
+        s = tl.sqrt_rn(tl.where(x > 20.0, x, sp))
+    return tl.where(valid, s, 0.0)
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr, bias_ptr, tok_ptr, table_ptr, ids_ptr, w_ptr,
+    T, E, stride_l, group_size, scaling,
+    K: tl.constexpr, KP: tl.constexpr, SCORING: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr,
+    HASH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, TOPG: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_E)
+    rmask = rows < T
+    valid = rmask[:, None] & (cols < E)[None, :]
+    x = tl.load(logits_ptr + rows.to(tl.int64)[:, None] * stride_l + cols[None, :], mask=valid,
+                other=float("-inf")).to(tl.float32)
+    s = _scores(x, valid, SCORING)
+    kcols = tl.arange(0, KP)
+    ids = tl.zeros([BLOCK_T, KP], tl.int32)
+    ws = tl.zeros([BLOCK_T, KP], tl.float32)
+    if HASH:
+        tok = tl.load(tok_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        for j in tl.static_range(K):
+            idx = tl.load(table_ptr + tok * K + j, mask=rmask, other=0).to(tl.int32)
+            w = tl.sum(tl.where(cols[None, :] == idx[:, None], s, 0.0), 1)
+            ids = tl.where(kcols[None, :] == j, idx[:, None], ids)
+            ws = tl.where(kcols[None, :] == j, w[:, None], ws)
+    else:
+        if HAS_BIAS:
+            b = tl.load(bias_ptr + cols, mask=cols < E, other=0.0).to(tl.float32)
+            key = s + b[None, :]
+        else:
+            key = x  # every scoring is monotone in the logit: select on it (exact, no rounding ties)
+        key = tl.where(key != key, float("-inf"), key)
+        avail = valid
+        if G > 1:
+            grp = cols // group_size
+            gcols = tl.arange(0, GP)
+            gscore = tl.full([BLOCK_T, GP], float("-inf"), tl.float32)
+            for g in tl.static_range(G):
+                in_g = valid & (grp == g)[None, :]
+                m1 = tl.max(tl.where(in_g, key, float("-inf")), 1)
+                if HAS_BIAS:  # top-2 sum: drop the first (lowest-index) max, take the max again
+                    i1 = tl.min(tl.where(in_g & (key == m1[:, None]), cols[None, :], BIG), 1)
+                    m2 = tl.max(tl.where(in_g & (cols[None, :] != i1[:, None]), key, float("-inf")), 1)
+                    m1 = m1 + m2
+                gscore = tl.where(gcols[None, :] == g, m1[:, None], gscore)
+            gavail = (gcols < G)[None, :] & rmask[:, None]
+            chosen = tl.zeros([BLOCK_T, BLOCK_E], tl.int1)
+            for _ in tl.static_range(TOPG):
+                m = tl.max(tl.where(gavail, gscore, float("-inf")), 1)
+                gi = tl.min(tl.where(gavail & (gscore == m[:, None]), gcols[None, :], BIG), 1)
+                gavail = gavail & (gcols[None, :] != gi[:, None])
+                chosen = chosen | (grp[None, :] == gi[:, None])
+            avail = avail & chosen
+        for j in tl.static_range(K):
+            m = tl.max(tl.where(avail, key, float("-inf")), 1)
+            idx = tl.min(tl.where(avail & (key == m[:, None]), cols[None, :], BIG), 1)
+            hit = cols[None, :] == idx[:, None]
+            w = tl.sum(tl.where(hit, s, 0.0), 1)
+            avail = avail & (~hit)
+            ids = tl.where(kcols[None, :] == j, idx[:, None], ids)
+            ws = tl.where(kcols[None, :] == j, w[:, None], ws)
+    if RENORM:
+        ws = tl.math.div_rn(ws, tl.sum(ws, 1)[:, None])
+    ws = ws * scaling
+    omask = rmask[:, None] & (kcols < K)[None, :]
+    out = rows.to(tl.int64)[:, None] * K + kcols[None, :]
+    tl.store(ids_ptr + out, ids, mask=omask)
+    tl.store(w_ptr + out, ws, mask=omask)
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteConfig:
+    block_t: int  # tokens (rows) per program; each program holds BLOCK_T x BLOCK_E logits in registers
+    num_warps: int
+
+
+def pick_route_config(t: int, e: int, device: torch.device) -> RouteConfig:
+    """~4K fp32 logits per program (32 per thread at 4 warps) keeps the k selection rounds in registers;
+    T <= 64 at E = 256 is then 4 programs (16 rows each). The interpreter pays per program: one for T <= 64."""
+    block_e = triton.next_power_of_2(max(e, 1))
+    if device.type == "cpu":
+        return RouteConfig(min(64, triton.next_power_of_2(max(t, 1))), 4)
+    block_t = max(1, min(triton.next_power_of_2(max(t, 1)), 4096 // block_e))
+    return RouteConfig(block_t, 4 if block_t * block_e <= 4096 else 8)
+
+
+def supports_route(logits, *args) -> str | None:
+    if logits.shape[-1] > 4096:
+        return f"E={logits.shape[-1]} > 4096 experts does not fit one program's registers"
+    return None
+
+
+def _launch(logits, bias, tok, table, top_k, scoring, renormalize, routed_scaling, num_groups, topk_groups,
+            config: RouteConfig | None = None):
+    t, e = logits.shape
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=logits.device)
+    w = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
+    if t == 0:
+        return ids, w
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    cfg = config or pick_route_config(t, e, logits.device)
+    dummy = ids  # never read when the matching constexpr flag is off
+    grid = (triton.cdiv(t, cfg.block_t),)
+    _route_kernel[grid](
+        logits, dummy if bias is None else bias, dummy if tok is None else tok,
+        dummy if table is None else table, ids, w,
+        t, e, logits.stride(0), e // max(num_groups, 1), float(routed_scaling),
+        K=top_k, KP=triton.next_power_of_2(top_k), SCORING=SCORING_CODE[scoring], HAS_BIAS=bias is not None,
+        RENORM=renormalize, HASH=table is not None, G=num_groups, GP=triton.next_power_of_2(max(num_groups, 1)),
+        TOPG=topk_groups, BLOCK_T=cfg.block_t, BLOCK_E=triton.next_power_of_2(e), num_warps=cfg.num_warps)
+    return ids, w
+
+
+def moe_route(logits, bias, top_k, scoring, renormalize, routed_scaling, num_groups, topk_groups,
+              config: RouteConfig | None = None):
+    return _launch(logits, bias, None, None, top_k, scoring, renormalize, routed_scaling, num_groups,
+                   topk_groups, config)
+
+
+def moe_hash_route(logits, token_ids, table, scoring, renormalize, routed_scaling):
+    table = table.contiguous()
+    return _launch(logits, None, token_ids.contiguous(), table, table.shape[1], scoring, renormalize,
+                   routed_scaling, 1, 1)
