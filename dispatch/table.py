@@ -33,9 +33,9 @@ def _family(op: str, triton_module: str, triton_supports: str | None = None) -> 
 
 
 TABLE: dict[str, list[Entry]] = {
-    "nvfp4_quantize": _family("nvfp4_quantize", "triton_ops.quant_fp4"),
+    "nvfp4_quantize": _family("nvfp4_quantize", "triton_ops.quant_fp4", "triton_ops.quant_fp4:supports_nvfp4_quantize"),
     "nvfp4_dequantize": _family("nvfp4_dequantize", "triton_ops.quant_fp4"),
-    "mxfp4_quantize": _family("mxfp4_quantize", "triton_ops.quant_fp4"),
+    "mxfp4_quantize": _family("mxfp4_quantize", "triton_ops.quant_fp4", "triton_ops.quant_fp4:supports_mxfp4_quantize"),
     "mxfp4_dequantize": _family("mxfp4_dequantize", "triton_ops.quant_fp4"),
     "fp8_group_quantize": _family("fp8_group_quantize", "triton_ops.quant_fp8",
                                   "triton_ops.quant_fp8:supports_quantize"),
@@ -61,4 +61,46 @@ TABLE: dict[str, list[Entry]] = {
     ] for op, fam in (("rope", "rope"), ("rope_", "rope"), ("paged_kv_write_fp8", "kv_cache"),
                       ("paged_kv_gather_fp8", "kv_cache"), ("ds_kv_write", "kv_cache"), ("ds_kv_gather", "kv_cache"),
                       ("ds_rope_quant_append", "kv_cache"))},
+    # MoE routing plumbing (docs/moe_layouts.md): router, align, gather, combine; Triton on GPUs.
+    **{op: [
+        Entry(op, "triton", SM80_PLUS, f"triton_ops.{mod}:{op}", TRITON_GPU,
+              "one launch at decode (align: 3 at T*k > 1024); no atomics, deterministic", sup),
+        Entry(op, "triton", ("cpu",), f"triton_ops.{mod}:{op}", TRITON_INTERPRETER,
+              "TRITON_INTERPRET=1: for tests, never auto", sup),
+        Entry(op, "torch", ALL, f"dispatch.reference.moe:{op}", TORCH_REF,
+              "pure-torch reference (test oracle, CPU backend)"),
+    ] for op, mod, sup in (("moe_route", "moe_routing", "triton_ops.moe_routing:supports_route"),
+                           ("moe_hash_route", "moe_routing", "triton_ops.moe_routing:supports_route"),
+                           ("moe_align", "moe_align", "triton_ops.moe_align:supports_align"),
+                           ("moe_masked_layout", "moe_align", "triton_ops.moe_align:supports_align"),
+                           ("moe_gather", "moe_align", None), ("moe_combine", "moe_align", None))},
+    # RMSNorm (+ residual) and SwiGLU with plain / FP8-group / MXFP4 / NVFP4 outputs (docs/norm_act.md).
+    **{op: [
+        Entry(op, "triton", SM80_PLUS, f"triton_ops.{mod}:{op}", TRITON_GPU,
+              "one fused pass (NVFP4 with computed global scale: 2); bytes = reference composition", sup),
+        Entry(op, "triton", ("cpu",), f"triton_ops.{mod}:{op}", TRITON_INTERPRETER,
+              "TRITON_INTERPRET=1: for tests, never auto", sup),
+        Entry(op, "torch", ALL, f"dispatch.reference.{mod}:{ref}", TORCH_REF,
+              "pure-torch reference (test oracle, CPU backend)"),
+    ] for op, mod, ref, sup in (
+        ("rms_norm", "rmsnorm", "rms_norm_op", "triton_ops.rmsnorm:supports_rms_norm"),
+        ("rms_norm_fp8_group", "rmsnorm", "rms_norm_fp8_group", "triton_ops.rmsnorm:supports_rms_norm_fp8_group"),
+        ("rms_norm_mxfp4", "rmsnorm", "rms_norm_mxfp4", "triton_ops.rmsnorm:supports_rms_norm"),
+        ("rms_norm_nvfp4", "rmsnorm", "rms_norm_nvfp4", "triton_ops.rmsnorm:supports_rms_norm"),
+        ("swiglu", "swiglu", "swiglu_op", "triton_ops.swiglu:supports_swiglu"),
+        ("swiglu_fp8_group", "swiglu", "swiglu_fp8_group", "triton_ops.swiglu:supports_swiglu_fp8_group"),
+        ("swiglu_mxfp4", "swiglu", "swiglu_mxfp4", "triton_ops.swiglu:supports_swiglu"),
+        ("swiglu_nvfp4", "swiglu", "swiglu_nvfp4", "triton_ops.swiglu:supports_swiglu"))},
 }
+
+# CuTeDSL escape hatch (cute_ops/, docs/cute.md): the same RMSNorm ops as extra rows. Ranked below Triton
+# (15 < 20) until the committed GPU benchmarks show it faster for an arch + shape bucket; refuses (with the
+# reason) host tensors, unaligned rows and NVFP4 without a given global scale, and is unavailable (with the
+# reason) when nvidia-cutlass-dsl is not installed.
+CUTE_UNMEASURED = 15
+CUTE_ARCHS = ("sm_90", "sm_100", "sm_103")
+for _op in ("rms_norm", "rms_norm_fp8_group", "rms_norm_nvfp4"):
+    TABLE[_op].append(Entry(_op, "cute", CUTE_ARCHS, f"cute_ops.rmsnorm:{_op}", CUTE_UNMEASURED,
+                            "CuTeDSL, bytes = reference; below triton until perf/results rank it",
+                            f"cute_ops.rmsnorm:supports_{_op}"))
+del _op

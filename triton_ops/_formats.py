@@ -27,22 +27,45 @@ def amax_nan(x, axis: tl.constexpr):
 
 
 @triton.jit
+def with_sign(mag, sign_bit):
+    """Set the sign bit of non-negative fp32 `mag`. Not `-mag`: Triton lowers unary minus to 0 - x, which
+    turns -0.0 into +0.0 (and the formats have negative zero codes)."""
+    return (mag.to(tl.uint32, bitcast=True) | (sign_bit.to(tl.uint32) << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def e2m1_encode(q):
     """fp32 -> E2M1 code in uint8 (0..15): RNE, saturate at +-6, NaN -> 0, sign kept (-0.1 -> 0x8).
-    Magnitude = thresholds passed; '>=' where the tie rounds up to the even code."""
-    a = tl.abs(q)
-    mag = (
-        (a > 0.25).to(tl.uint8)
-        + (a >= 0.75).to(tl.uint8)
-        + (a > 1.25).to(tl.uint8)
-        + (a >= 1.75).to(tl.uint8)
-        + (a > 2.5).to(tl.uint8)
-        + (a >= 3.5).to(tl.uint8)
-        + (a > 5.0).to(tl.uint8)
-    )
-    sign = (q.to(tl.uint32, bitcast=True) >> 31).to(tl.uint8)
-    sign = tl.where(q != q, 0, sign).to(tl.uint8)
-    return mag | (sign << 3)
+
+    One fp32 add does the rounding: with a = min(|q|, 6) in binade e (e = 0 for a < 2), C = 2^(e + 22) has
+    an ulp equal to the E2M1 step there (0.5, 1, 2), so S = a + C rounds a to the grid with ties to even,
+    exactly as the format asks; S's low mantissa bits then count grid steps above C, and the code is that
+    count plus 2e. Full-rate fp32 work plus a few integer ops (INT32 runs at half rate on Hopper)."""
+    sign = (q.to(tl.uint32, bitcast=True) >> 31) << 3
+    a = tl.minimum(tl.abs(q), 6.0)
+    eb = tl.maximum(a, 1.0).to(tl.uint32, bitcast=True) & 0x7F800000  # exponent bits of max(a, 1)
+    c = (eb + (22 << 23)).to(tl.float32, bitcast=True)
+    steps = (a + c).to(tl.uint32, bitcast=True) & 0xF
+    code = (steps + (eb >> 22) - 254) | sign
+    return tl.where(q != q, 0, code).to(tl.uint8)
+
+
+@triton.jit
+def split_pairs(w, IN_KIND: tl.constexpr):
+    """Two adjacent inputs packed in one machine word -> (even element, odd element) as fp32.
+    IN_KIND 0: bf16 pairs in int32, 1: fp16 pairs in int32, 2: fp32 pairs in int64. Loading words
+    keeps 16-byte vector loads and hands each thread whole (2i, 2i+1) pairs, so FP4 packing needs no
+    reshape/split (which cost layout shuffles)."""
+    if IN_KIND == 0:
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)
+    elif IN_KIND == 1:
+        lo = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        lo = w.to(tl.int32).to(tl.float32, bitcast=True)
+        hi = (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    return lo, hi
 
 
 @triton.jit
@@ -53,7 +76,7 @@ def e2m1_decode(code):
     m = (c & 1).to(tl.float32)
     # e == 0: m * 0.5 (0 or 0.5); else (1 + m/2) * 2^(e-1)
     mag = tl.where(e == 0, m * 0.5, (1.0 + m * 0.5) * (1 << e).to(tl.float32) * 0.5)
-    return tl.where((c & 8) != 0, -mag, mag)
+    return with_sign(mag, (c >> 3) & 1)
 
 
 @triton.jit
@@ -104,7 +127,7 @@ def e4m3_decode(byte):
     sub = man.to(tl.float32) * 0.001953125  # 2^-9
     mag = tl.where(exp == 0, sub, normal)
     mag = tl.where((b & 0x7F) == 0x7F, float("nan"), mag)
-    return tl.where((b & 0x80) != 0, -mag, mag)
+    return with_sign(mag, b >> 7)
 
 
 @triton.jit
@@ -126,6 +149,49 @@ def cast_out(x, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
         return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         return x.to(OUT_DTYPE)
+
+
+# ------------------------------------------------------------------------------ per-block scale rules
+# One definition each, used by every kernel that emits these formats (the bytes are the contract in
+# dispatch/reference/quant.py). Each returns what the element loop needs: the scale to store and the exact
+# reciprocal to multiply by.
+
+
+@triton.jit
+def fp8_group_scale(amax, eps, UE8M0: tl.constexpr):
+    """(scale, 1/scale) for an FP8 E4M3 group: max(amax, eps) / 448, rounded up to a power of two if UE8M0."""
+    s = tl.math.div_rn(tl.maximum(amax, eps, propagate_nan=tl.PropagateNan.ALL), 448.0)
+    if UE8M0:
+        b = s.to(tl.uint32, bitcast=True)
+        up = ((b + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
+        s = tl.where((b & 0x7F800000) == 0x7F800000, s, up)  # non-finite scales stay as they are
+    return s, tl.math.div_rn(1.0, s)
+
+
+@triton.jit
+def nvfp4_block_scale(amax, gs):
+    """(E4M3 scale byte, 1/(fp32(scale) * gs)) for an NVFP4 block with decode-form global scale gs."""
+    s = tl.where(gs == 0, 0.0, tl.math.div_rn(tl.math.div_rn(amax, 6.0), gs))
+    sbyte = e4m3_encode_emulated(s)
+    denom = e4m3_decode(sbyte) * gs
+    return sbyte, tl.where(denom == 0, 0.0, tl.math.div_rn(1.0, denom))
+
+
+@triton.jit
+def mxfp4_block_scale(amax, RCEIL: tl.constexpr):
+    """(E8M0 scale byte, 2^-exponent) for an MXFP4 block; byte 0xFF and NaN for a NaN/Inf block."""
+    abits = amax.to(tl.uint32, bitcast=True)
+    if RCEIL:  # ceil(log2(amax / 6)), exactly, from the bits of fp32(amax / 6)
+        tbits = tl.math.div_rn(amax, 6.0).to(tl.uint32, bitcast=True)
+        field = ((tbits >> 23) & 0xFF).to(tl.int32)
+        mant = tbits & 0x7FFFFF
+        e = tl.where(field == 0, tl.where(mant > (1 << 22), -126, -127), field - 127 + (mant != 0).to(tl.int32))
+    else:  # floor(log2(amax)) - 2 (OCP)
+        e = ((abits >> 23) & 0xFF).to(tl.int32) - 129
+    e = tl.minimum(tl.maximum(e, -127), 127)
+    finite = (abits & 0x7F800000) != 0x7F800000
+    inv = tl.where(finite, ((127 - e) << 23).to(tl.float32, bitcast=True), float("nan"))
+    return tl.where(finite, e + 127, 255).to(tl.uint8), inv
 
 
 @triton.jit

@@ -29,18 +29,19 @@ class TileConfig:
     num_warps: int  # warps per program (GPU only; ignored by the interpreter)
 
 
-def pick_tile(rows: int, k: int, device: torch.device, *, min_block_k: int,
-              target_elems: int = 8192, max_block_k: int = 512) -> TileConfig:
-    """Analytical tile choice for streaming quant kernels.
+def pick_tile(rows: int, k: int, device: torch.device, *, min_block_k: int) -> TileConfig:
+    """Analytical tile choice for the streaming quant kernels.
 
-    GPU: ~8K elements per program (16 KB of bf16 in flight with 4 warps = 16 B per thread per load,
-    several loads per thread) and a K tile of at most 512 so wide rows spread over many programs.
+    GPU: 4096 elements and 4 warps per program (the best of a 13-config sweep on an H200 for NVFP4, MXFP4
+    and FP8 at 8192x8192; scratch numbers in perf/NOTES.md), as wide as 2048 columns for long-row batches;
+    short batches (decode) take 512-column tiles so a single row still spreads over several SMs.
     Interpreter: the cost is per program, so take the largest tiles that keep numpy arrays small.
     min_block_k is the format block times 4, so one program owns whole 4-column groups of swizzled scales.
     """
     if device.type == "cpu":
         target_elems, max_block_k = 32768, 2048
+    else:
+        target_elems, max_block_k = 4096, (2048 if rows >= 64 else 512)
     block_k = max(min_block_k, min(triton.next_power_of_2(max(k, 1)), max_block_k))
     block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), target_elems // block_k))
-    num_warps = 8 if block_m * block_k >= 8192 else 4
-    return TileConfig(block_m, block_k, num_warps)
+    return TileConfig(block_m, block_k, num_warps=4)

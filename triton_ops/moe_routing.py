@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 SCORING_CODE = {"softmax": 0, "sigmoid": 1, "sqrt_softplus": 2}
-BIG = 1 << 30
+BIG = tl.constexpr(1 << 30)  # globals used inside @triton.jit must be constexpr (compiled mode rejects plain ints)
 
 
 @triton.jit

@@ -25,14 +25,16 @@ from ._formats import (
     e2m1_decode,
     e2m1_encode,
     e4m3_decode,
-    e4m3_encode_emulated,
-    pack_nibbles,
+    mxfp4_block_scale,
+    nvfp4_block_scale,
+    split_pairs,
     swizzled_offset_128x4,
     unpack_nibbles,
 )
 from ._launch import TL_DTYPE, emulate_formats, pick_tile
 
 GS_NONE, GS_GIVEN, GS_FROM_PARTIALS = 0, 1, 2
+IN_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # see _formats.split_pairs
 MAX_AMAX_PARTIALS = 256  # partial maxima the amax pass leaves for the quantize kernel to fold
 
 
@@ -56,38 +58,28 @@ def _amax_partials_kernel(x_ptr, partials_ptr, M, K, stride_xm, rows_per_prog,
 
 @triton.jit
 def _fp4_quantize_kernel(
-    x_ptr, codes_ptr, scales_ptr, gs_in_ptr, gs_out_ptr,
-    M, K, stride_xm, grid_rows, scale_cols_bound, scale_cols_padded, n_partials,
+    words_ptr, codes_ptr, scales_ptr, gs_in_ptr, gs_out_ptr,
+    M, K, stride_wm, grid_rows, scale_cols_bound, scale_cols_padded, n_partials,
     IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, GS_MODE: tl.constexpr, SWIZZLE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
+    IN_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
 ):
+    """One program: BLOCK_M rows x BLOCK_K columns, held as [BLOCK_M, blocks, pairs per block] words.
+    Pair p of a row is output byte p (element 2p -> low nibble), so no reshapes are needed anywhere."""
     SB: tl.constexpr = 32 if IS_MX else 16
     NB: tl.constexpr = BLOCK_K // SB
+    HP: tl.constexpr = SB // 2
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (rows < M)[:, None] & (cols < K)[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    xb = tl.reshape(x, [BLOCK_M, NB, SB])
-    amax = amax_nan(xb, 2)  # [BLOCK_M, NB]
+    r3 = rows[:, None, None]
+    pcol = (pid_k * (BLOCK_K // 2) + tl.arange(0, NB)[None, :, None] * HP + tl.arange(0, HP)[None, None, :])
+    mask = (r3 < M) & (pcol < K // 2)
+    w = tl.load(words_ptr + r3 * stride_wm + pcol, mask=mask, other=0)
+    lo, hi = split_pairs(w, IN_KIND)
+    amax = tl.max(tl.maximum(abs_bits(lo), abs_bits(hi)), 2).to(tl.float32, bitcast=True)  # [BLOCK_M, NB]
 
     if IS_MX:
-        abits = amax.to(tl.uint32, bitcast=True)
-        if MX_RCEIL:
-            t = tl.math.div_rn(amax, 6.0)
-            tbits = t.to(tl.uint32, bitcast=True)
-            field = ((tbits >> 23) & 0xFF).to(tl.int32)
-            mant = tbits & 0x7FFFFF
-            e = tl.where(field == 0, tl.where(mant > (1 << 22), -126, -127), field - 127 + (mant != 0).to(tl.int32))
-        else:
-            e = ((abits >> 23) & 0xFF).to(tl.int32) - 129
-        e = tl.minimum(tl.maximum(e, -127), 127)
-        finite = (abits & 0x7F800000) != 0x7F800000
-        inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
-        inv = tl.where(finite, inv, float("nan"))
-        q = xb * inv[:, :, None]
-        sbyte = tl.where(finite, e + 127, 255).to(tl.uint8)
+        sbyte, inv = mxfp4_block_scale(amax, MX_RCEIL)
     else:
         if GS_MODE == 1:
             gs = tl.load(gs_in_ptr)
@@ -97,17 +89,12 @@ def _fp4_quantize_kernel(
             gs = tl.math.div_rn(amax_nan(partials, 0), 2688.0)
         if (pid_m == 0) & (pid_k == 0):
             tl.store(gs_out_ptr, gs)
-        s = tl.where(gs == 0, 0.0, tl.math.div_rn(tl.math.div_rn(amax, 6.0), gs))
-        sbyte = e4m3_encode_emulated(s)
-        denom = e4m3_decode(sbyte) * gs
-        denom3 = denom[:, :, None]
-        q = tl.where(denom3 == 0, 0.0, tl.math.div_rn(xb, denom3))
-
-    codes = e2m1_encode(tl.reshape(q, [BLOCK_M, BLOCK_K]))
-    packed = pack_nibbles(codes, BLOCK_M, BLOCK_K)
-    pcols = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-    pmask = (rows < M)[:, None] & (pcols < K // 2)[None, :]
-    tl.store(codes_ptr + rows[:, None] * (K // 2) + pcols[None, :], packed, mask=pmask)
+        sbyte, inv = nvfp4_block_scale(amax, gs)
+    inv3 = inv[:, :, None]
+    q_lo = lo * inv3
+    q_hi = hi * inv3
+    packed = e2m1_encode(q_lo) | (e2m1_encode(q_hi) << 4)
+    tl.store(codes_ptr + r3 * (K // 2) + pcol, packed, mask=mask)
 
     # Scales: the swizzled layout's padding rows/cols are written too, forced to 0 (GEMMs read them;
     # a NaN global scale would otherwise make them NaN).
@@ -200,12 +187,13 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
         _amax_partials_kernel[(n_partials,)](
             x2, gs_in, rows, k, x2.stride(0), rows_per_prog,
             BLOCK_M=max(1, min(cfg.block_m, 8192 // amax_k)), BLOCK_K=amax_k, num_warps=cfg.num_warps)
+    words = x2.view(torch.int64 if x.dtype == torch.float32 else torch.int32)
     grid = (triton.cdiv(grid_rows, cfg.block_m), triton.cdiv(k, cfg.block_k))
     _fp4_quantize_kernel[grid](
-        x2, codes, scales.view(torch.uint8), gs_in, gs_out,
-        rows, k, x2.stride(0), grid_rows, scale_cols_padded if swizzle else k // block, scale_cols_padded,
+        words, codes, scales.view(torch.uint8), gs_in, gs_out,
+        rows, k, words.stride(0), grid_rows, scale_cols_padded if swizzle else k // block, scale_cols_padded,
         n_partials,
-        IS_MX=is_mx, MX_RCEIL=rceil, GS_MODE=gs_mode, SWIZZLE=swizzle,
+        IS_MX=is_mx, MX_RCEIL=rceil, GS_MODE=gs_mode, SWIZZLE=swizzle, IN_KIND=IN_KIND[x.dtype],
         BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, PARTIALS_BLOCK=partials_block, num_warps=cfg.num_warps)
     return codes, scales, gs_out
 
@@ -224,6 +212,28 @@ def _dequantize(codes, scales, gs, *, is_mx: bool, swizzle: bool, out_dtype: tor
         IS_MX=is_mx, SWIZZLE=swizzle, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(codes.device),
         BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps)
     return out
+
+
+# ------------------------------------------------------------------------------- checks
+
+
+def _pair_stride_refusal(x) -> str | None:
+    """The kernel reads element pairs as one word, so rows must start on a pair boundary."""
+    if x.dim() >= 2 and x.numel() and x.shape[0] > 1 and rows_stride(x) % 2:
+        return f"row stride {rows_stride(x)} is odd (rows must start at an even element)"
+    return None
+
+
+def rows_stride(x) -> int:
+    return x.reshape(-1, x.shape[-1]).stride(0) if x.numel() else 0
+
+
+def supports_nvfp4_quantize(x, global_scale, swizzle) -> str | None:
+    return _pair_stride_refusal(x)
+
+
+def supports_mxfp4_quantize(x, rounding, swizzle) -> str | None:
+    return _pair_stride_refusal(x)
 
 
 # ------------------------------------------------------------------------------- backend entry points

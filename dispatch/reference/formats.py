@@ -48,9 +48,18 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 def e4m3_encode(v: torch.Tensor) -> torch.Tensor:
     """fp32 -> E4M3 (float8_e4m3fn): RNE, saturating to +-448, NaN -> 0x7F (canonical)."""
-    out = v.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    nan = torch.full_like(out.view(torch.uint8), E4M3_NAN).view(torch.float8_e4m3fn)
-    return torch.where(torch.isnan(v), nan, out)
+    out = v.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    out = torch.where(torch.isnan(v), E4M3_NAN, out).to(torch.uint8)  # fixed in the byte domain (compilable)
+    return out.view(torch.float8_e4m3fn)
+
+
+def div_rn(a: torch.Tensor, b) -> torch.Tensor:
+    """Correctly rounded a / b on any device. torch on CUDA divides by a Python (or host) scalar as
+    a * (1/b), which is not the IEEE quotient; dividing by a device tensor is. The fill is a device kernel:
+    no host transfer, so this stays CUDA-graph capturable."""
+    if not isinstance(b, torch.Tensor) or b.device != a.device:
+        b = torch.full((), float(b), dtype=a.dtype, device=a.device)
+    return torch.div(a, b)
 
 
 def float_bits(x: torch.Tensor) -> torch.Tensor:
@@ -75,3 +84,8 @@ def pow2_ceil(s: torch.Tensor) -> torch.Tensor:
 
 def round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
+
+
+def reciprocal_rn(d: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded 1 / d (tensor / tensor division is IEEE on CPU and CUDA)."""
+    return torch.div(torch.ones_like(d), d)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .formats import E4M3_MAX, e4m3_encode, exponent_field, pow2_ceil
+from .formats import E4M3_MAX, div_rn, e4m3_encode, exponent_field, pow2_ceil
 from .rope import cos_sin_at, rotate
 
 DYNAMIC_EPS = 1e-10
@@ -74,7 +74,7 @@ def _slot_parts(slot_mapping: torch.Tensor, num_blocks: int, block_size: int):
 
 def dynamic_scales(x: torch.Tensor) -> torch.Tensor:
     """fp32 [T, H]: max(amax over D, 1e-10) / 448."""
-    return torch.clamp_min(x.float().abs().amax(-1), DYNAMIC_EPS) / E4M3_MAX
+    return div_rn(torch.clamp_min(x.float().abs().amax(-1), DYNAMIC_EPS), E4M3_MAX)
 
 
 def paged_kv_write_fp8(x, slot_mapping, cache, scale, scale_cache):
@@ -111,7 +111,7 @@ def ds_tile_scales(nope: torch.Tensor, tile: int) -> torch.Tensor:
     """fp32 [T, tiles]: pow2_ceil(max(amax_tile / 448, 1e-4)); NaN stays NaN, Inf stays Inf."""
     t = nope.shape[0]
     amax = nope.float().reshape(t, -1, tile).abs().amax(-1)
-    return pow2_ceil(torch.clamp_min(amax / E4M3_MAX, DS_SCALE_FLOOR))
+    return pow2_ceil(torch.clamp_min(div_rn(amax, E4M3_MAX), DS_SCALE_FLOOR))
 
 
 def ds_token_bytes(kv: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,7 +189,7 @@ def ds_kv_gather(cache, slots, layout, out_dtype):
     n = slots.shape[0]
     d_off, s_off = ds_offsets(layout, blk, off, bs, stride)
     raw = _raw_bytes(cache)
-    data = raw[d_off.reshape(-1)].reshape(n, -1)
+    data = raw[d_off.reshape(-1)].reshape(d_off.shape)
     codes = e4m3_decode_table(data[:, L.nope_at: L.nope_at + L.d_nope])
     rope = data[:, L.rope_at: L.rope_at + 2 * DS_ROPE].contiguous().view(torch.bfloat16).float()
     if layout == "v32":

@@ -14,6 +14,8 @@ from .formats import (
     E4M3_MAX,
     E8M0_NAN,
     bits_float,
+    div_rn,
+    reciprocal_rn,
     e2m1_decode,
     e2m1_encode,
     e4m3_encode,
@@ -75,23 +77,28 @@ def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
     """Decode-form global scale amax(|x|) / (448*6) as a 0-dim fp32 tensor (0 for empty or all-zero x)."""
     if x.numel() == 0:
         return torch.zeros((), dtype=torch.float32, device=x.device)
-    return x.float().abs().amax() / NVFP4_AMAX_TO_SCALE
+    return div_rn(x.float().abs().amax(), NVFP4_AMAX_TO_SCALE)
 
 
 def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor | None, swizzle: bool):
     """NVFP4: 16-element blocks along the last dim, E4M3 block scales, fp32 decode-form global scale.
 
     block scale s = e4m3(min((amax_b / 6) / gs, 448))      (gs == 0 -> s = 0)
-    code        = e2m1((x / (fp32(s) * gs)))              (denominator 0 -> code 0)
+    inverse     r = 1 / (fp32(s) * gs)                     (one IEEE division per block; 0 if s * gs == 0)
+    code        = e2m1(x * r)
+    Multiplying by a per-block reciprocal (as DeepGEMM/FlashInfer/vLLM kernels do) instead of dividing each
+    element keeps the kernels memory-bound; it can differ from x / (s * gs) in the last bit of the scaled
+    value, so in rare threshold cases from a library that divides (torchao's Python reference).
     """
     lead, k = x.shape[:-1], x.shape[-1]
     gs = nvfp4_global_scale(x) if global_scale is None else global_scale.reshape(()).float()
     xb = _blocks(x, NVFP4_BLOCK)
     amax = _amax(xb)
-    s = torch.where(gs == 0, torch.zeros_like(amax), (amax / 6.0) / gs)
+    s = torch.where(gs == 0, torch.zeros_like(amax), div_rn(div_rn(amax, 6.0), gs))
     s8 = e4m3_encode(s)
     denom = s8.float() * gs
-    q = torch.where(denom[..., None] == 0, torch.zeros_like(xb), xb / denom[..., None])
+    inv = torch.where(denom == 0, torch.zeros_like(denom), reciprocal_rn(denom))
+    q = xb * inv[..., None]
     codes = pack_nibbles(e2m1_encode(q)).reshape(*lead, k // 2)
     scales = swizzle_scales_128x4(s8.view(torch.uint8)).view(torch.float8_e4m3fn) if swizzle else s8.reshape(
         *lead, k // NVFP4_BLOCK)
@@ -129,7 +136,7 @@ def mxfp4_scale_exponent(amax: torch.Tensor, rounding: str) -> torch.Tensor:
     if rounding == "floor":
         e = exponent_field(amax) - 127 - 2
     else:
-        t = amax / 6.0
+        t = div_rn(amax, 6.0)
         field, mant = exponent_field(t), float_bits(t) & 0x7FFFFF
         normal = field - 127 + (mant != 0).to(torch.int32)
         subnormal = torch.where(mant > (1 << 22), -126, -127).to(torch.int32)
@@ -185,13 +192,14 @@ def fp8_scale_storage(lead: tuple, groups: int, column_major: bool, device) -> t
 
 def fp8_group_quantize(x: torch.Tensor, group_size: int, eps: float, ue8m0: bool, column_major: bool):
     """FP8 E4M3 per-token-group: s = max(amax_g, eps) / 448 (rounded up to a power of two if ue8m0);
-    code = e4m3(x / s) with saturation at +-448."""
+    code = e4m3(x * (1 / s)) with saturation at +-448; 1 / s is one IEEE division per group (for ue8m0
+    scales, a power of two, this equals x / s exactly)."""
     lead, k = x.shape[:-1], x.shape[-1]
     xb = _blocks(x, group_size)
-    s = _amax(xb).clamp(min=eps) / E4M3_MAX
+    s = div_rn(_amax(xb).clamp(min=eps), E4M3_MAX)
     if ue8m0:
         s = pow2_ceil(s)
-    codes = e4m3_encode(xb / s[..., None]).reshape(*lead, k)
+    codes = e4m3_encode(xb * reciprocal_rn(s)[..., None]).reshape(*lead, k)
     scales = fp8_scale_storage(tuple(lead), k // group_size, column_major, x.device)
     scales.copy_(s.reshape(*lead, k // group_size))
     return codes, scales

@@ -1,19 +1,18 @@
 """Reference RMSNorm (optionally with a fused residual add and a quantized output). This is the contract.
 
-Math, in this order (every op is IEEE round-to-nearest, so any backend can reproduce it bit for bit):
+Math, in this order:
 
     h    = dtype(fp32(x) + fp32(residual))          (only with a residual; h is also the new residual)
     ss   = sum over the row of fp64(h)^2             (fp64: squares of bf16/fp16/fp32 values are exact there)
-    ms   = fp32(ss / N)                              (fp64 division, one rounding to fp32)
-    rstd = 1 / sqrt(ms + fp32(eps))                  (fp32 IEEE sqrt, then fp32 IEEE division)
-    y    = dtype((fp32(h) * rstd) * (fp32(w) + fp32(weight_offset)))
+    rstd = fp32(1 / sqrt(ss / N + fp32(eps)))        (evaluated in fp64, ONE rounding to fp32)
+    y    = dtype((fp32(h) * rstd) * (fp32(w) + fp32(weight_offset)))     (fp32 IEEE multiplies)
 
-Why fp64 for the sum of squares: a fp32 sum depends on the reduction order (torch CPU, torch CUDA and a
-Triton tree all differ), which moves `ms` by an ulp or two and flips roughly one bf16 output in 10^4.
-In fp64 the sum is exact or off by < 2^-53 relative, so the fp32 `ms` is the same for every order except
-when the exact sum sits within ~N*2^-53 of an fp32 rounding boundary (probability ~N*2^-29 per row, and
-even then y changes only if it also sits on a bf16 boundary). Why not `torch.rsqrt`: CUDA's rsqrtf is
-approximate (~2 ulp), so 1/sqrt with IEEE ops is the only definition a CPU and a GPU agree on.
+Why fp64 up to rstd: a fp32 sum depends on the reduction order (torch CPU, torch CUDA and a Triton tree all
+differ), and fp32 sqrt / rsqrt are not correctly rounded everywhere (CUDA's rsqrtf is ~2 ulp; torch's CPU
+sqrt was measured 0.6 ulp off). Evaluated in fp64, every backend's value sits within a few fp64 ulps of
+the exact one, so its fp32 rounding is the same on all of them unless the exact value lies within ~2^-50
+(relative) of an fp32 rounding boundary: about one row in 10^8, and even then y changes only where it also
+sits on an output-dtype boundary. Tests compare bytes exactly.
 
 The quantized variants are the foundation primitives (dispatch/reference/quant.py) applied to y *after*
 it is rounded to x.dtype: fused bytes == unfused `rms_norm` then quantize, exactly.
@@ -42,8 +41,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = No
     if n == 0 or h.numel() == 0:
         return torch.empty_like(x), new_residual
     ss = h.double().square().sum(-1, keepdim=True)
-    ms = (ss / n).float()
-    rstd = 1.0 / torch.sqrt(ms + eps)
+    eps32 = float(torch.tensor(eps, dtype=torch.float32))  # kernels receive eps as an fp32 scalar
+    rstd = (1.0 / torch.sqrt(ss / n + eps32)).float()
     w = weight.float() + weight_offset
     y = ((hf * rstd) * w).to(x.dtype)
     return y, new_residual
@@ -54,7 +53,7 @@ def rms_norm_quant(x: Tensor, weight: Tensor, eps: float, residual: Tensor | Non
     """rms_norm then the foundation quantizer on the rounded y; returns (*quantized outputs, new_residual).
 
     quant="none":      (y, new_residual)
-    quant="fp8_group": (codes, scales, new_residual)          kwargs: group_size, eps, ue8m0, column_major
+    quant="fp8_group": (codes, scales, new_residual)          kwargs: group_size, quant_eps, ue8m0, column_major
     quant="mxfp4":     (codes, scales, new_residual)          kwargs: rounding, swizzle
     quant="nvfp4":     (codes, scales, global_scale, new_residual)  kwargs: global_scale (None = amax of y
                        over the whole tensor / 2688), swizzle
@@ -68,7 +67,7 @@ def rms_norm_quant(x: Tensor, weight: Tensor, eps: float, residual: Tensor | Non
 def quantize_output(y: Tensor, quant: str, **kw) -> tuple:
     """The foundation reference quantizer for `quant`, with lowbit's argument conventions."""
     if quant == "fp8_group":
-        return Q.fp8_group_quantize(y, kw.get("group_size", 128), kw.get("eps", 1e-10), kw.get("ue8m0", False),
+        return Q.fp8_group_quantize(y, kw.get("group_size", 128), kw.get("quant_eps", 1e-10), kw.get("ue8m0", False),
                                     kw.get("column_major", False))
     if quant == "mxfp4":
         return Q.mxfp4_quantize(y, kw.get("rounding", "floor"), kw.get("swizzle", False))
@@ -88,7 +87,7 @@ def rms_norm_op(x, weight, residual, eps, weight_offset):
 
 def rms_norm_fp8_group(x, weight, residual, eps, weight_offset, group_size, quant_eps, ue8m0, column_major):
     c, s, r = rms_norm_quant(x, weight, eps, residual, weight_offset, "fp8_group", group_size=group_size,
-                             eps=quant_eps, ue8m0=ue8m0, column_major=column_major)
+                             quant_eps=quant_eps, ue8m0=ue8m0, column_major=column_major)
     return c, s, (r if r is not None else x.new_empty(0))
 
 

@@ -102,7 +102,8 @@ def nvfp4_per_group(y: Tensor, global_scale: Tensor, groups: Tensor, swizzle: bo
         c, s, _ = Q.nvfp4_quantize(y2[sel], gs[e if gs.numel() > 1 else 0], False)
         codes[sel], scales[sel] = c, s.view(torch.uint8)
     scales = Q.swizzle_scales_128x4(scales) if swizzle else scales.reshape(*lead, k // Q.NVFP4_BLOCK)
-    return codes.reshape(*lead, k // 2), scales.view(torch.float8_e4m3fn), global_scale.float().clone()
+    gs_out = global_scale.float().reshape(()) if global_scale.numel() == 1 else global_scale.float().reshape(-1)
+    return codes.reshape(*lead, k // 2), scales.view(torch.float8_e4m3fn), gs_out.clone()
 
 
 def swiglu_quant(x: Tensor, interleave: int, activation: str, alpha: float, limit: float | None,
@@ -133,7 +134,7 @@ def swiglu_op(x, interleave, activation, alpha, limit, expert_ids, masked_m, out
 def swiglu_fp8_group(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, group_size,
                      quant_eps, ue8m0, column_major):
     return swiglu_quant(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, "fp8_group",
-                        group_size=group_size, eps=quant_eps, ue8m0=ue8m0, column_major=column_major)
+                        group_size=group_size, quant_eps=quant_eps, ue8m0=ue8m0, column_major=column_major)
 
 
 def swiglu_mxfp4(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, rounding, swizzle):

@@ -9,7 +9,7 @@ from dispatch.reference import quant as ref
 from perf.cases.base import BenchCase
 
 SHAPES = [  # (bucket, M, K)
-    ("decode", 1, 7168), ("decode", 16, 7168), ("decode", 64, 2880),
+    ("decode", 1, 7168), ("decode", 16, 7168),
     ("prefill", 4096, 7168), ("prefill", 8192, 8192), ("prefill", 16384, 2880),
 ]
 
@@ -54,4 +54,60 @@ def cases() -> list[BenchCase]:
                       lambda i: ref.fp8_group_quantize(i["x"], 128, 1e-10, False, False), _bytes_equal,
                       bytes_moved=x_bytes + m * k + m * k // 128 * 4),
         ]
+        if (m, k) not in ((16, 7168), (8192, 8192)):  # dequantize: one decode and one throughput shape
+            continue
+        out += _dequant_cases(bucket, m, k, p, x_bytes)
+    out += _swizzle_cases()
     return out
+
+
+def _quantized(m, k, kind):
+    """Inputs for a dequantize case: the reference's quantization of random activations."""
+    def make(device):
+        x = _x(m, k)(device)["x"]
+        if kind == "nvfp4":
+            return {"q": tuple(ops.nvfp4_quantize(x, scale_layout="swizzled", backend="torch"))}
+        if kind == "mxfp4":
+            return {"q": tuple(ops.mxfp4_quantize(x, backend="torch"))}
+        return {"q": tuple(ops.fp8_group_quantize(x, 128, backend="torch"))}
+    return make
+
+
+def _dequant_cases(bucket, m, k, p, out_bytes):
+    eq = lambda got, want: _bytes_equal((got,), (want,))  # noqa: E731
+    return [
+        BenchCase("nvfp4_dequantize", f"M={m} K={k} swizzled -> bf16", bucket, p, _quantized(m, k, "nvfp4"),
+                  lambda i, b: ops.nvfp4_dequantize(*i["q"], scale_layout="swizzled", backend=b),
+                  lambda i: ref.nvfp4_dequantize(*i["q"], True, torch.bfloat16), eq,
+                  bytes_moved=out_bytes + m * k // 2 + m * k // 16),
+        BenchCase("mxfp4_dequantize", f"M={m} K={k} linear -> bf16", bucket, p, _quantized(m, k, "mxfp4"),
+                  lambda i, b: ops.mxfp4_dequantize(*i["q"], backend=b),
+                  lambda i: ref.mxfp4_dequantize(*i["q"], False, torch.bfloat16), eq,
+                  bytes_moved=out_bytes + m * k // 2 + m * k // 32),
+        BenchCase("fp8_group_dequantize", f"M={m} K={k} g128 -> bf16", bucket, p, _quantized(m, k, "fp8"),
+                  lambda i, b: ops.fp8_group_dequantize(*i["q"], 128, backend=b),
+                  lambda i: ref.fp8_group_dequantize(*i["q"], 128, torch.bfloat16), eq,
+                  bytes_moved=out_bytes + m * k + m * k // 128 * 4),
+    ]
+
+
+def _swizzle_cases():
+    """Scale-layout conversion of an NVFP4 scale matrix for M=16384 x K=7168 (448 scale columns)."""
+    m, s = 16384, 7168 // 16
+    eq = lambda got, want: _bytes_equal((got,), (want,))  # noqa: E731
+
+    def lin(device):
+        return {"s": torch.randint(0, 255, (m, s), dtype=torch.uint8, device=device)}
+
+    def swz(device):
+        return {"s": ref.swizzle_scales_128x4(lin(device)["s"])}
+
+    p = dict(M=m, S=s)
+    return [
+        BenchCase("swizzle_scales_128x4", f"M={m} S={s}", "prefill", p, lin,
+                  lambda i, b: ops.swizzle_scales_128x4(i["s"], backend=b),
+                  lambda i: ref.swizzle_scales_128x4(i["s"]), eq, bytes_moved=2 * m * s),
+        BenchCase("unswizzle_scales_128x4", f"M={m} S={s}", "prefill", p, swz,
+                  lambda i, b: ops.unswizzle_scales_128x4(i["s"], m, s, backend=b),
+                  lambda i: ref.unswizzle_scales_128x4(i["s"], m, s), eq, bytes_moved=2 * m * s),
+    ]
