@@ -27,8 +27,9 @@ def _as_tuple(out):
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous().reshape(-1)
-    return t.view(torch.uint8) if t.numel() else t.to(torch.uint8)
+    flat = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+    flat.copy_(t.reshape(-1))
+    return flat.view(torch.uint8)
 
 
 def exact(out, ref) -> tuple[bool, str]:
@@ -50,7 +51,8 @@ class Case:
 
 
 # Each op family's registration module defines `self_check_cases() -> list[Case]`. Add yours here.
-FAMILIES = ("dispatch.ops.quant",)
+FAMILIES = ("dispatch.ops.quant", "dispatch.ops.rope", "dispatch.ops.kv_cache", "dispatch.ops.moe",
+            "dispatch.ops.norm_act",)
 
 
 def all_cases() -> list[Case]:

@@ -5,10 +5,14 @@
 # Usage (device tool, repo root):  bash perf/gpu_check.sh [tests|sanitize|selfcheck|bench|all]...
 # Optional: .whl/ (carried) holds extra wheels (e.g. liger-kernel), installed to /tmp/site first;
 #           .carry/env.sh (carried) puts CuTeDSL on the path.
+# Knobs (env): TEST_TIME, SANITIZE_TIME, SANITIZERS ("memcheck racecheck"), BENCH_TIME, BENCH_ARGS,
+#              HYPOTHESIS_PROFILE (default gpu), LOWBIT_GIT_COMMIT.
+# A full run takes longer than one 10-minute device call: split it, e.g. `tests sanitize selfcheck`, then `bench`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lowbit-out}
 mkdir -p "$OUT"
+# The GPU copy of the tree has no .git: pass the measured commit in LOWBIT_GIT_COMMIT (results records carry it).
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu}
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(all)
 want() { for s in "${stages[@]}"; do if [ "$s" = all ] || [ "$s" = "$1" ]; then return 0; fi; done; return 1; }
@@ -30,7 +34,9 @@ try:
     dsl = getattr(cutlass, "__version__", "installed")
 except Exception:
     dsl = None
-commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+import os
+commit = os.environ.get("LOWBIT_GIT_COMMIT") or subprocess.run(
+    ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
 driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                         capture_output=True, text=True).stdout.strip()
 print(json.dumps(dict(device=torch.cuda.get_device_name(), capability=torch.cuda.get_device_capability(),
@@ -41,7 +47,7 @@ PY
 note "env: $(python3 -c "import json; d = json.load(open('$OUT/env.json')); print(d['device'], 'torch', d['torch'], 'triton', d['triton'], 'cutlass-dsl', d['cutlass_dsl'])")"
 
 if want tests; then
-  timeout 420 python3 -m pytest tests -m gpu -q -p no:warnings --maxfail=30 --no-header -rfE \
+  timeout "${TEST_TIME:-420}" python3 -m pytest tests -m gpu -q -p no:warnings --maxfail=30 --no-header -rfE \
       --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
   note "gpu tests (rc=$?): $(tail -n 1 "$OUT/pytest.log")"
 fi
@@ -49,8 +55,8 @@ fi
 if want sanitize; then
   # memcheck + racecheck over every Triton kernel family at the self-check's small shapes.
   : > "$OUT/sanitizer.log"
-  for tool in memcheck racecheck; do
-    LOWBIT_SELFCHECK_SMALL=1 timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+  for tool in ${SANITIZERS:-memcheck racecheck}; do
+    LOWBIT_SELFCHECK_SMALL=1 timeout "${SANITIZE_TIME:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
       python3 -m dispatch check >> "$OUT/sanitizer.log" 2>&1
     note "compute-sanitizer $tool (rc=$?): $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -n 1)"
   done
@@ -62,11 +68,12 @@ if want selfcheck; then
 fi
 
 if want bench; then
-  if python3 -c "import perf.runner" 2>/dev/null; then
-    timeout 540 python3 -m perf run --out "$OUT/bench.jsonl" > "$OUT/bench.log" 2>&1
-    note "benchmarks (rc=$?): $(wc -l < "$OUT/bench.jsonl" 2>/dev/null) records"
-  fi
-  if [ -f scratch/probe.py ]; then timeout 300 python3 scratch/probe.py "$OUT/probe.json" 2>&1 | tee -a "$summary"; fi
+  # BENCH_ARGS: extra `python -m perf run` arguments (e.g. --ops ...); BENCH_TIME: seconds before no new case starts.
+  # shellcheck disable=SC2086
+  timeout $(( ${BENCH_TIME:-420} + 120 )) python3 -m perf run --time-limit "${BENCH_TIME:-420}" \
+      --out "$OUT/bench.jsonl" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  note "benchmarks (rc=$?): $(wc -l < "$OUT/bench.jsonl" 2>/dev/null) records"
+  tail -n 40 "$OUT/bench.log"
 fi
 echo; echo "==== summary ===="; cat "$summary"
 if [ -f "$OUT/selfcheck.log" ]; then tail -n 14 "$OUT/selfcheck.log"; fi

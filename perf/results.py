@@ -217,8 +217,9 @@ def compare(base: list[dict], new: list[dict], threshold: float = 0.05, noise_fl
     return out
 
 
-def print_compare(changes: list[Change], threshold: float, file=sys.stdout) -> int:
+def print_compare(changes: list[Change], threshold: float, file=None) -> int:
     """Print the table; return the exit code: 1 if anything is slower or broken, 2 if nothing matched."""
+    file = file or sys.stdout
     matched = [c for c in changes if c.verdict not in ("new", "gone")]
     w = max((len(c.label) for c in changes), default=10)
     print(f"{'case':<{w}}  {'base us':>10}  {'new us':>10}  {'new/base':>8}  verdict", file=file)

@@ -40,7 +40,7 @@ L2_TARGET_BYTES = 192 << 20  # input copies per pass: > 3x the 50-60 MB L2 of H1
 MAX_COPIES = 1024
 GPU_BUDGET_S = 0.12  # per provider and timing mode: samples = budget / sample time, clamped below
 GPU_SAMPLES = (10, 60)
-CPU_SAMPLES = (3, 7)
+CPU_SAMPLES = (2, 7)  # the interpreter takes seconds per call: 2 passes in --quick
 CPU_BUDGET_S = 0.5
 
 
@@ -274,14 +274,24 @@ def select_cases(all_cases: list[BenchCase], quick: bool) -> list[BenchCase]:
     return out
 
 
+LOAD_ERRORS: dict[str, str] = {}  # family module -> why its cases could not be built (the run then fails)
+
+
 def load_cases(ops: list[str] | None = None) -> list[BenchCase]:
+    """Every family's cases (filtered to `ops`). A family that fails to import is reported loudly on stderr and
+    in LOAD_ERRORS (`python -m perf run` then exits non-zero) but does not stop the other families."""
     import importlib
+    import sys
 
     from perf.cases import FAMILIES
 
     cases: list[BenchCase] = []
     for fam in FAMILIES:
-        cases += importlib.import_module(fam).cases()
+        try:
+            cases += importlib.import_module(fam).cases()
+        except Exception as exc:
+            LOAD_ERRORS[fam] = _short(exc)
+            print(f"perf: ERROR: cannot build the cases of {fam}: {_short(exc)}", file=sys.stderr)
     if ops:
         unknown = set(ops) - {c.op for c in cases}
         if unknown:
@@ -371,6 +381,11 @@ def run_case(case: BenchCase, device: torch.device, roof: Roofline, quick: bool,
                 with torch.no_grad():
                     t = time_passes(fn, arg_sets, device, graph=(timing == "cuda-graph"))
             except Exception as exc:
+                if device.type == "cuda":
+                    try:  # a failed capture must not poison the next measurements
+                        torch.cuda.synchronize(device)
+                    except Exception as exc2:
+                        log(f"  CUDA state after the failure: {_short(exc2)}")
                 log(f"  {case.op} [{case.label}] {p.name} {timing}: timing failed: {_short(exc)}")
                 yield rec(p, timing, "error", error=_short(exc), verified=verified)
                 continue

@@ -19,10 +19,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
+# No "explain" phase: it re-runs a failing example under a line tracer, which makes the Triton
+# interpreter take many minutes; the shrunk example and its reproduce blob are enough.
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-               print_blob=True)
+               print_blob=True, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
 settings.register_profile("ci", max_examples=25, derandomize=True, **_common)
 settings.register_profile("gpu", max_examples=150, derandomize=True, **_common)
 settings.register_profile("dev", max_examples=200, **_common)

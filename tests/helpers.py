@@ -67,8 +67,10 @@ def float_inputs(draw, *, block: int, max_rows: int = 40, k_choices=(1, 2, 3, 4,
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach().contiguous().reshape(-1)
-    return t.view(torch.uint8).cpu()
+    """The tensor's values as bytes in logical (row-major) order, whatever its strides."""
+    flat = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+    flat.copy_(t.detach().reshape(-1))
+    return flat.view(torch.uint8).cpu()
 
 
 def assert_same_bytes(got: torch.Tensor, want: torch.Tensor, what: str) -> None:

@@ -119,6 +119,7 @@ def test_cuda_graph_capture_and_replay(rows):
 @pytest.mark.gpu
 def test_decode_shapes_are_one_launch():
     """Decode (M <= 16) with a given global scale: exactly one kernel per quantize call."""
+    torch.utils.deterministic.fill_uninitialized_memory = False  # the poison fills are kernels too
     x = _x(rows=16, k=7168, device="cuda")
     gs = ops.nvfp4_global_scale_from_amax(x.float().abs().amax())
     calls = {

@@ -27,7 +27,6 @@ from ._launch import TL_DTYPE, emulate_formats
 
 SMALL_ENTRIES = 1024  # T*k at or below this takes the single-launch path
 CH = tl.constexpr(32)  # entries per one-hot tile
-FILL_ROWS = tl.constexpr(256)  # rows per fill program
 CHUNK = 1024  # entries per program on the large path
 
 
@@ -74,7 +73,7 @@ def _scatter(ids_ptr, map_ptr, sorted_ptr, inv_ptr, lo, hi, E, E_GLOBAL, base_ra
 
 @triton.jit
 def _fill(sorted_ptr, mind_ptr, eids_ptr, pid, cap, N, E, start, counts, padded, max_m,
-          MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr):
+          MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr, FILL_ROWS: tl.constexpr):
     """Rows [pid*FILL_ROWS, +FILL_ROWS): sentinel N on padding rows (real rows belong to the scatter),
     and for the contiguous layout m_indices per row and expert_ids per block."""
     ecols = tl.arange(0, BLOCK_E)
@@ -127,7 +126,8 @@ def _write_expert_tensors(counts, start, padded, cnt_ptr, mm_ptr, off_ptr, tot_p
 @triton.jit
 def _align_small_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_ptr, cnt_ptr, mm_ptr, off_ptr,
                         tot_ptr, N, E, E_GLOBAL, cap, max_m,
-                        HAS_MAP: tl.constexpr, MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr):
+                        HAS_MAP: tl.constexpr, MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr,
+                        FILL_ROWS: tl.constexpr):
     pid = tl.program_id(0)
     counts = _count(ids_ptr, map_ptr, 0, N, E, E_GLOBAL, HAS_MAP, BLOCK_E)
     start, padded = _offsets(counts, max_m, MASKED, BM, BLOCK_E)
@@ -136,7 +136,8 @@ def _align_small_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_pt
         limit = max_m if MASKED else N + 1
         _scatter(ids_ptr, map_ptr, sorted_ptr, inv_ptr, 0, N, E, E_GLOBAL, counts * 0, start, limit,
                  HAS_MAP, BLOCK_E)
-    _fill(sorted_ptr, mind_ptr, eids_ptr, pid, cap, N, E, start, counts, padded, max_m, MASKED, BM, BLOCK_E)
+    _fill(sorted_ptr, mind_ptr, eids_ptr, pid, cap, N, E, start, counts, padded, max_m, MASKED, BM, BLOCK_E,
+          FILL_ROWS)
 
 
 @triton.jit
@@ -168,7 +169,7 @@ def _align_scan_kernel(part_ptr, base_ptr, cnt_ptr, mm_ptr, off_ptr, tot_ptr, st
 def _align_scatter_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_ptr, base_ptr, start_ptr,
                           N, E, E_GLOBAL, cap, max_m, n_chunks,
                           HAS_MAP: tl.constexpr, MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr,
-                          CHUNK_: tl.constexpr):
+                          CHUNK_: tl.constexpr, FILL_ROWS: tl.constexpr):
     pid = tl.program_id(0)
     ecols = tl.arange(0, BLOCK_E)
     start = tl.load(start_ptr + ecols)
@@ -182,7 +183,7 @@ def _align_scatter_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_
         counts = tl.load(start_ptr + BLOCK_E + ecols)
         padded = tl.load(start_ptr + 2 * BLOCK_E + ecols)
         _fill(sorted_ptr, mind_ptr, eids_ptr, pid - n_chunks, cap, N, E, start, counts, padded, max_m, MASKED,
-              BM, BLOCK_E)
+              BM, BLOCK_E, FILL_ROWS)
 
 
 def _align(topk_ids, expert_map, num_experts, bm, max_m, masked):
@@ -203,8 +204,15 @@ def _align(topk_ids, expert_map, num_experts, bm, max_m, masked):
     emap = ids if expert_map is None else expert_map.contiguous()
     e_global = 0 if expert_map is None else expert_map.numel()
     block_e = triton.next_power_of_2(max(e, 1))
-    n_fill = triton.cdiv(cap, FILL_ROWS.value)
-    flags = dict(HAS_MAP=expert_map is not None, MASKED=masked, BM=bm, BLOCK_E=block_e)
+    # fill tiles are [FILL_ROWS, BLOCK_E]: 16K elements over 8 warps on a GPU; under the interpreter, where
+    # each program costs a recount, few large ones
+    if dev.type == "cpu":
+        fill_rows = max(16, min(triton.next_power_of_2(max(cap, 1)), (1 << 19) // block_e))
+    else:
+        fill_rows = max(16, 16384 // block_e)
+    n_fill = triton.cdiv(cap, fill_rows)
+    flags = dict(HAS_MAP=expert_map is not None, MASKED=masked, BM=bm, BLOCK_E=block_e, FILL_ROWS=fill_rows,
+                 num_warps=8)
     if n <= SMALL_ENTRIES:
         _align_small_kernel[(max(n_fill, 1),)](ids, emap, sorted_ids, m_ind, eids, inv, counts, mm, offs, tot,
                                                 n, e, e_global, cap, max_m, **flags)
@@ -324,3 +332,9 @@ def moe_combine(expert_out, inv_rows, weights, shared, out_dtype):
                           OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(expert_out.device),
                           BLOCK_T=br, BLOCK_N=bn, num_warps=warps)
     return out
+
+
+def supports_align(topk_ids, expert_map, num_experts, *args) -> str | None:
+    if num_experts > 1024:
+        return f"num_experts={num_experts} > 1024: the per-expert one-hot tiles would not fit registers"
+    return None

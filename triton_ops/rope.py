@@ -19,6 +19,17 @@ from ._launch import TL_DTYPE, emulate_formats
 
 
 @triton.jit
+def load_f32(ptrs, mask, EMULATE: tl.constexpr):
+    """Masked load as fp32 (0 where masked). The interpreter's bf16 -> fp32 conversion flushes or garbles
+    bf16 subnormals (-3.7e-40 -> -0.0), so on the emulated path bf16 is widened from its bits instead."""
+    if EMULATE and ptrs.dtype.element_ty == tl.bfloat16:
+        b = tl.load(ptrs.to(tl.pointer_type(tl.uint16), bitcast=True), mask=mask, other=0)
+        return (b.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def rope_pairs(x1, x2, c, s, INVERSE: tl.constexpr):
     """Rotate pairs (x1, x2) by the angle whose (cos, sin) is (c, s); by minus that angle if INVERSE.
     Negating s is exact, so the inverse rounds exactly as the reference's x1*c + x2*s."""
@@ -67,8 +78,8 @@ def _rope_block(src, dst, pos_ptr, cs_ptr, rb, T, H, max_pos, s_t, s_h, d_t, d_h
     c, s = load_cos_sin(cs_ptr, pos, ok, HALF, HALF_P)
     o1, o2 = pair_offsets(rot_offset, HALF, HALF_P, IS_NEOX)
     m = rmask[:, None] & (tl.arange(0, HALF_P) < HALF)[None, :]
-    x1 = tl.load(src_row + o1[None, :], mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(src_row + o2[None, :], mask=m, other=0.0).to(tl.float32)
+    x1 = load_f32(src_row + o1[None, :], m, EMULATE)
+    x2 = load_f32(src_row + o2[None, :], m, EMULATE)
     y1, y2 = rope_pairs(x1, x2, c, s, INVERSE)
     tl.store(dst_row + o1[None, :], cast_out(y1, OUT_DTYPE, EMULATE), mask=m)
     tl.store(dst_row + o2[None, :], cast_out(y2, OUT_DTYPE, EMULATE), mask=m)

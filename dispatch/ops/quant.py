@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .. import checks as C
-from ..reference.formats import round_up
+from ..reference.formats import div_rn, round_up
 from ..reference.quant import MX_ROUNDINGS, MXFP4_BLOCK, NVFP4_BLOCK, fp8_scale_storage
 from ._common import run
 
@@ -132,7 +132,7 @@ def nvfp4_dequantize(codes: Tensor, scales: Tensor, global_scale: Tensor, *, sca
 
 def nvfp4_global_scale_from_amax(amax: Tensor) -> Tensor:
     """Decode-form global scale (lowbit's convention) from a tensor amax: amax / (448 * 6)."""
-    return amax.float() / (448.0 * 6.0)
+    return div_rn(amax.float(), 448.0 * 6.0)
 
 
 def nvfp4_encode_global_scale(global_scale: Tensor) -> Tensor:

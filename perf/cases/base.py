@@ -3,6 +3,12 @@
 An op family describes *what* to measure (inputs, the lowbit call, the reference, peers, bytes and flops);
 the runner (perf/runner.py) decides *how* (CUDA-event timing, L2-rotating input copies, CUDA-graph replay
 for decode cases, verification before timing, roofline fractions, JSONL records).
+
+What the runner does with a case: make(device) once, `reference` and every lowbit backend on *clones* of
+those inputs (so ops that write into their inputs see the same state), `check(lowbit_out, reference_out)`
+(an AssertionError marks the backend "wrong" and it is not timed), then times each provider on up to ~1000
+independently made copies (L2 rotation; `max_copies` caps it). Peers are timed but not checked (their
+contracts differ in detail; wrap one yourself to check it). Helpers for Liger peers: perf/peers.py.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ from dispatch.reference import quant as ref
 from perf.cases.base import BenchCase
 
 SHAPES = [  # (bucket, M, K)
-    ("decode", 1, 7168), ("decode", 16, 7168),
-    ("prefill", 4096, 7168), ("prefill", 8192, 8192), ("prefill", 16384, 2880),
+    ("decode", 16, 7168), ("prefill", 4096, 7168), ("prefill", 8192, 8192),
 ]
 
 

@@ -1,0 +1,304 @@
+"""Paged KV-cache FP8 ops: registration, fakes, typed public API. Contract: dispatch/reference/kv_cache.py;
+byte layouts: docs/kv_cache_layouts.md.
+
+Writes mutate the caller's cache (declared in mutates_args) and return nothing; gathers return fresh tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import checks as C
+from ..reference.kv_cache import DS_LAYOUTS, DS_ROPE, ds_kv_cache_empty
+from ._common import run
+from .rope import INDEX_DTYPES, check_heads, check_positions, debug_checks
+
+CACHE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
+
+
+def _check_slots(op: str, arg: str, slots: Tensor, n: int, n_slots: int, ref: Tensor, *, sync_check: bool):
+    C.check_tensor(op, arg, slots)
+    C.check_dtype(op, arg, slots, INDEX_DTYPES)
+    if slots.dim() != 1 or slots.shape[0] != n:
+        C.fail(op, arg, f"expected shape ({n},) (one slot per token), got {tuple(slots.shape)}")
+    C.check_same_device(op, "cache", ref, arg, slots)
+    if sync_check and debug_checks() and slots.numel():
+        lo, hi = int(slots.min()), int(slots.max())
+        if lo < -1 or hi >= n_slots:
+            C.fail(op, arg, f"values span [{lo}, {hi}] but the cache has {n_slots} slots (-1 = skip) "
+                            "(LOWBIT_CHECK_INDICES=1 check)")
+
+
+# ------------------------------------------------------------------------------------------ generic
+
+
+def _check_generic_cache(op, cache, scale, scale_cache, h=None, d=None):
+    C.check_tensor(op, "cache", cache)
+    C.check_dtype(op, "cache", cache, CACHE_DTYPES)
+    if cache.dim() != 4:
+        C.fail(op, "cache", f"expected [num_blocks, block_size, heads, head_dim], got shape {tuple(cache.shape)}")
+    if cache.shape[-1] > 1 and cache.stride(-1) != 1:
+        C.fail(op, "cache", f"the head dim must be contiguous, got strides {cache.stride()}")
+    if h is not None and tuple(cache.shape[2:]) != (h, d):
+        C.fail(op, "cache", f"heads x head_dim {tuple(cache.shape[2:])} != the input's {(h, d)}")
+    if (scale is None) == (scale_cache is None):
+        C.fail(op, "scale", "pass exactly one of scale (static per-tensor) and scale_cache (dynamic per token/head)")
+    if scale is not None:
+        C.check_scalar_tensor(op, "scale", scale)
+        C.check_same_device(op, "cache", cache, "scale", scale)
+    else:
+        C.check_dtype(op, "scale_cache", scale_cache, (torch.float32,))
+        if tuple(scale_cache.shape) != tuple(cache.shape[:3]):
+            C.fail(op, "scale_cache", f"expected shape {tuple(cache.shape[:3])} (num_blocks, block_size, heads), "
+                                      f"got {tuple(scale_cache.shape)}")
+        C.check_same_device(op, "cache", cache, "scale_cache", scale_cache)
+
+
+def _check_paged_write(x, slot_mapping, cache, scale, scale_cache, sync_check=True):
+    op = "paged_kv_write_fp8"
+    check_heads(op, "x", x)
+    _check_generic_cache(op, cache, scale, scale_cache, x.shape[1], x.shape[2])
+    C.check_same_device(op, "cache", cache, "x", x)
+    _check_slots(op, "slot_mapping", slot_mapping, x.shape[0], cache.shape[0] * cache.shape[1], cache,
+                 sync_check=sync_check)
+
+
+@torch.library.custom_op("lowbit::paged_kv_write_fp8", mutates_args=("cache", "scale_cache"))
+def _paged_kv_write_fp8(x: Tensor, slot_mapping: Tensor, cache: Tensor, scale: Tensor | None,
+                        scale_cache: Tensor | None, backend: str) -> None:
+    _check_paged_write(x, slot_mapping, cache, scale, scale_cache)
+    run("paged_kv_write_fp8", backend, x, slot_mapping, cache, scale, scale_cache)
+
+
+@_paged_kv_write_fp8.register_fake
+def _(x, slot_mapping, cache, scale, scale_cache, backend):
+    _check_paged_write(x, slot_mapping, cache, scale, scale_cache, sync_check=False)
+
+
+def _check_paged_gather(cache, slots, scale, scale_cache, out_dtype, sync_check=True):
+    op = "paged_kv_gather_fp8"
+    _check_generic_cache(op, cache, scale, scale_cache)
+    _check_slots(op, "slots", slots, slots.shape[0] if slots.dim() == 1 else -1, cache.shape[0] * cache.shape[1],
+                 cache, sync_check=sync_check)
+    if out_dtype not in C.FLOAT_INPUTS:
+        C.fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")
+
+
+@torch.library.custom_op("lowbit::paged_kv_gather_fp8", mutates_args=())
+def _paged_kv_gather_fp8(cache: Tensor, slots: Tensor, scale: Tensor | None, scale_cache: Tensor | None,
+                         out_dtype: torch.dtype, backend: str) -> Tensor:
+    _check_paged_gather(cache, slots, scale, scale_cache, out_dtype)
+    return run("paged_kv_gather_fp8", backend, cache, slots, scale, scale_cache, out_dtype)
+
+
+@_paged_kv_gather_fp8.register_fake
+def _(cache, slots, scale, scale_cache, out_dtype, backend):
+    _check_paged_gather(cache, slots, scale, scale_cache, out_dtype, sync_check=False)
+    return cache.new_empty(slots.shape[0], cache.shape[2], cache.shape[3], dtype=out_dtype)
+
+
+def paged_kv_write_fp8(x: Tensor, slot_mapping: Tensor, cache: Tensor, *, scale: Tensor | None = None,
+                       scale_cache: Tensor | None = None, backend: str = "auto") -> None:
+    """Quantize x [T, H, D] to E4M3 and write token t into cache [NB, BS, H, D] at slot_mapping[t]
+    (block = slot // BS, offset = slot % BS; -1 skips). scale: static fp32 per-tensor scale (decode form:
+    value = code * scale); or scale_cache [NB, BS, H] fp32 to receive dynamic per-(token, head) scales
+    max(amax, 1e-10) / 448. x may be a strided view (heads of a fused qkv buffer)."""
+    torch.ops.lowbit.paged_kv_write_fp8(x, slot_mapping, cache, scale, scale_cache, backend)
+
+
+def paged_kv_gather_fp8(cache: Tensor, slots: Tensor, *, scale: Tensor | None = None,
+                        scale_cache: Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                        backend: str = "auto") -> Tensor:
+    """Read slots [N] back as [N, H, D] out_dtype (code * scale in fp32, one rounding). Slot -1 -> zeros."""
+    return torch.ops.lowbit.paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype, backend)
+
+
+# ----------------------------------------------------------------------------------------- DeepSeek
+
+
+def _check_layout(op, layout):
+    if layout not in DS_LAYOUTS:
+        C.fail(op, "layout", f"{layout!r} is not one of {', '.join(DS_LAYOUTS)}")
+
+
+def _check_ds_cache(op, cache, layout):
+    L = DS_LAYOUTS[layout]
+    C.check_tensor(op, "cache", cache)
+    C.check_dtype(op, "cache", cache, CACHE_DTYPES)
+    if cache.dim() not in (3, 4) or cache.shape[-1] != L.token_bytes or (cache.dim() == 4 and cache.shape[2] != 1):
+        C.fail(op, "cache", f"expected [num_blocks, block_size, (1,) {L.token_bytes}] bytes for layout {layout}, "
+                            f"got shape {tuple(cache.shape)}")
+    bs = cache.shape[1]
+    st = cache.stride()
+    if st[-1] != 1 or st[1] != L.token_bytes:
+        C.fail(op, "cache", f"each block's bytes must be contiguous (strides (*, {L.token_bytes}, ..., 1)), got {st}")
+    align = 4 if layout == "v32" else 2
+    if cache.shape[0] > 1 and (st[0] < bs * L.token_bytes or st[0] % align):
+        C.fail(op, "cache", f"block stride {st[0]} must be >= {bs * L.token_bytes} and a multiple of {align}")
+    if cache.storage_offset() % align:
+        C.fail(op, "cache", f"storage offset {cache.storage_offset()} must be a multiple of {align}")
+
+
+def _check_ds_kv(op, kv, layout):
+    L = DS_LAYOUTS[layout]
+    C.check_tensor(op, "kv", kv)
+    C.check_dtype(op, "kv", kv, C.FLOAT_INPUTS)
+    if kv.dim() != 2 or kv.shape[1] != L.d:
+        C.fail(op, "kv", f"expected [tokens, {L.d}] ({L.d_nope} NoPE + {DS_ROPE} RoPE) for layout {layout}, "
+                         f"got shape {tuple(kv.shape)}")
+    if kv.stride(-1) != 1:
+        C.fail(op, "kv", f"the last dim must be contiguous, got strides {kv.stride()}")
+
+
+def _check_ds_write(op, kv, slot_mapping, cache, layout, sync_check=True):
+    _check_layout(op, layout)
+    _check_ds_kv(op, kv, layout)
+    _check_ds_cache(op, cache, layout)
+    C.check_same_device(op, "cache", cache, "kv", kv)
+    _check_slots(op, "slot_mapping", slot_mapping, kv.shape[0], cache.shape[0] * cache.shape[1], cache,
+                 sync_check=sync_check)
+
+
+@torch.library.custom_op("lowbit::ds_kv_write", mutates_args=("cache",))
+def _ds_kv_write(kv: Tensor, slot_mapping: Tensor, cache: Tensor, layout: str, backend: str) -> None:
+    _check_ds_write("ds_kv_write", kv, slot_mapping, cache, layout)
+    run("ds_kv_write", backend, kv, slot_mapping, cache, layout)
+
+
+@_ds_kv_write.register_fake
+def _(kv, slot_mapping, cache, layout, backend):
+    _check_ds_write("ds_kv_write", kv, slot_mapping, cache, layout, sync_check=False)
+
+
+def _check_ds_gather(cache, slots, layout, out_dtype, sync_check=True):
+    op = "ds_kv_gather"
+    _check_layout(op, layout)
+    _check_ds_cache(op, cache, layout)
+    _check_slots(op, "slots", slots, slots.shape[0] if slots.dim() == 1 else -1, cache.shape[0] * cache.shape[1],
+                 cache, sync_check=sync_check)
+    if out_dtype not in C.FLOAT_INPUTS:
+        C.fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")
+
+
+@torch.library.custom_op("lowbit::ds_kv_gather", mutates_args=())
+def _ds_kv_gather(cache: Tensor, slots: Tensor, layout: str, out_dtype: torch.dtype, backend: str) -> Tensor:
+    _check_ds_gather(cache, slots, layout, out_dtype)
+    return run("ds_kv_gather", backend, cache, slots, layout, out_dtype)
+
+
+@_ds_kv_gather.register_fake
+def _(cache, slots, layout, out_dtype, backend):
+    _check_ds_gather(cache, slots, layout, out_dtype, sync_check=False)
+    return cache.new_empty(slots.shape[0], DS_LAYOUTS[layout].d, dtype=out_dtype)
+
+
+def _check_fused(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, sync_check=True):
+    op = "ds_rope_quant_append"
+    _check_ds_write(op, kv, slot_mapping, cache, layout, sync_check=sync_check)
+    check_positions(op, positions, kv.shape[0], cos_sin_cache, sync_check=sync_check)
+    C.check_same_device(op, "kv", kv, "positions", positions)
+    if cos_sin_cache.shape[1] != DS_ROPE:
+        C.fail(op, "cos_sin_cache", f"the DeepSeek RoPE part is {DS_ROPE} wide, got rot {cos_sin_cache.shape[1]}")
+    if q is not None:
+        check_heads(op, "q", q)
+        C.check_same_device(op, "kv", kv, "q", q)
+        if q.shape[0] != kv.shape[0] or q.shape[-1] < DS_ROPE:
+            C.fail(op, "q", f"expected [{kv.shape[0]}, heads, >= {DS_ROPE}] (RoPE = the last {DS_ROPE} dims), "
+                            f"got {tuple(q.shape)}")
+
+
+@torch.library.custom_op("lowbit::ds_rope_quant_append", mutates_args=("cache", "q"))
+def _ds_rope_quant_append(kv: Tensor, positions: Tensor, cos_sin_cache: Tensor, slot_mapping: Tensor,
+                          cache: Tensor, layout: str, q: Tensor | None, is_neox: bool, backend: str) -> None:
+    _check_fused(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q)
+    run("ds_rope_quant_append", backend, kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, is_neox)
+
+
+@_ds_rope_quant_append.register_fake
+def _(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, is_neox, backend):
+    _check_fused(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, sync_check=False)
+
+
+def ds_kv_write(kv: Tensor, slot_mapping: Tensor, cache: Tensor, *, layout: str = "v32",
+                backend: str = "auto") -> None:
+    """Write kv [T, d] (NoPE | 64 RoPE; d = 576 for "v32", 512 for "v4") into a DeepSeek FP8 cache
+    (see ds_kv_cache_empty and docs/kv_cache_layouts.md) at slot_mapping (-1 skips)."""
+    torch.ops.lowbit.ds_kv_write(kv, slot_mapping, cache, layout, backend)
+
+
+def ds_kv_gather(cache: Tensor, slots: Tensor, *, layout: str = "v32", out_dtype: torch.dtype = torch.bfloat16,
+                 backend: str = "auto") -> Tensor:
+    """Read slots [N] of a DeepSeek cache back as [N, d] (slot -1 -> zeros)."""
+    return torch.ops.lowbit.ds_kv_gather(cache, slots, layout, out_dtype, backend)
+
+
+def ds_rope_quant_append(kv: Tensor, positions: Tensor, cos_sin_cache: Tensor, slot_mapping: Tensor,
+                         cache: Tensor, *, layout: str = "v32", q: Tensor | None = None, is_neox: bool = False,
+                         backend: str = "auto") -> None:
+    """One launch: RoPE (forward, cos_sin_cache [max_pos, 64]) on kv's last 64 dims, FP8 quantization of its
+    NoPE part, paged append into the DeepSeek cache; and, when q [T, H, dq] is given, RoPE of q's last 64 dims
+    in place. is_neox=False (GPT-J pairs) is what DeepSeek uses. kv itself is not modified."""
+    torch.ops.lowbit.ds_rope_quant_append(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q,
+                                          bool(is_neox), backend)
+
+
+# ------------------------------------------------------------------------------------------ self-check
+
+
+def self_check_cases() -> list:
+    from ..reference.rope import rope_cos_sin_cache
+    from ..selfcheck import Case, sample_activations
+
+    def slots_for(t, nb, bs, dev):
+        g = torch.Generator().manual_seed(1)
+        s = torch.randperm(nb * bs, generator=g)[:t]
+        s[::7] = -1
+        return s.to(dev)
+
+    def mutated(out, ref):  # writes return nothing; the tests compare the cache bytes
+        return True, "mutation (see tests)"
+
+    def pw(dev, small):
+        t, h, d = (8, 2, 128) if small else (4096, 8, 128)
+        x = sample_activations(dev, small, k=h * d)[:t].reshape(t, h, d)
+        cache = torch.zeros(t // 4 + 2, 16, h, d, dtype=torch.float8_e4m3fn, device=dev)
+        sc = torch.zeros(cache.shape[:3], device=dev)
+        return (x, slots_for(t, cache.shape[0], 16, dev), cache, None, sc)
+
+    def pg(dev, small):
+        x, slots, cache, _, sc = pw(dev, small)
+        paged_kv_write_fp8(x, slots, cache, scale_cache=sc, backend="torch")
+        return (cache, slots, None, sc, torch.bfloat16)
+
+    def dsw(layout):
+        def make(dev, small):
+            t = 8 if small else 4096
+            d = DS_LAYOUTS[layout].d
+            kv = sample_activations(dev, small, k=d)[:t]
+            return (kv, slots_for(t, t // 64 + 1, 64, dev), ds_kv_cache_empty(t // 64 + 1, 64, layout, dev), layout)
+        return make
+
+    def dsg(layout):
+        def make(dev, small):
+            kv, slots, cache, _ = dsw(layout)(dev, small)
+            ds_kv_write(kv, slots, cache, layout=layout, backend="torch")
+            return (cache, slots, layout, torch.bfloat16)
+        return make
+
+    def fused(dev, small):
+        kv, slots, cache, layout = dsw("v4")(dev, small)
+        t = kv.shape[0]
+        pos = torch.arange(t, device=dev)
+        q = sample_activations(dev, small, k=4 * 512)[:t].reshape(t, 4, 512)
+        return (kv, pos, rope_cos_sin_cache(max(t, 1), 64, device=dev), slots, cache, layout, q, False)
+
+    return [
+        Case("paged_kv_write_fp8", pw, compare=mutated, label="dynamic per-token-head scales"),
+        Case("paged_kv_gather_fp8", pg, label="dynamic scales -> bf16"),
+        Case("ds_kv_write", dsw("v32"), compare=mutated, label="V3.2 656 B/token"),
+        Case("ds_kv_write", dsw("v4"), compare=mutated, label="V4 584 B/token"),
+        Case("ds_kv_gather", dsg("v32"), label="V3.2 -> bf16"),
+        Case("ds_kv_gather", dsg("v4"), label="V4 -> bf16"),
+        Case("ds_rope_quant_append", fused, compare=mutated, label="V4 + q rope"),
+    ]

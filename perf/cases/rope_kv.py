@@ -1,0 +1,157 @@
+"""Benchmark cases: RoPE (Llama NeoX full head, DeepSeek-V4 GPT-J last 64 of 512 inverse), the fused DeepSeek
+RoPE + FP8 quant + paged append (V3.2 and V4 layouts, q's RoPE in the same launch), and the generic paged FP8
+write (GPT-OSS kv heads). Decode cases (T <= 64) are also timed under CUDA-graph replay by the runner."""
+
+from __future__ import annotations
+
+import torch
+
+from dispatch import ops
+from dispatch.reference import kv_cache as kref
+from dispatch.reference import rope as rref
+from perf import peers
+from perf.cases.base import BenchCase
+
+
+def _same(got, want):
+    got, want = got.contiguous().reshape(-1), want.contiguous().reshape(-1)
+    if got.dtype in (torch.uint8, torch.float8_e4m3fn):
+        bad = int((got.view(torch.uint8) != want.view(torch.uint8)).sum())
+    else:  # floats: the reference may be torch.compile'd (FMA contraction): allow 1 ulp-ish
+        bad = int((~torch.isclose(got.float(), want.float(), rtol=1e-2, atol=1e-5)).sum())
+    if bad:
+        raise AssertionError(f"{bad} elements differ from the reference")
+
+
+def _check_tuple(got, want):
+    for g, w in zip(got, want, strict=True):
+        _same(g, w)
+
+
+# --------------------------------------------------------------------------------------------- RoPE
+
+
+def _rope_inputs(t, hq, hk, d, rot, max_pos=16384):
+    def make(device):
+        qkv = torch.randn(t, hq + 2 * hk, d, device=device, dtype=torch.bfloat16)
+        pos = torch.randint(0, max_pos, (t,), device=device)
+        cs = rref.rope_cos_sin_cache(max_pos, rot, device=device)
+        cos, sin = cs[:, : rot // 2][pos], cs[:, rot // 2:][pos]
+        return {"q": qkv[:, :hq].contiguous(), "k": qkv[:, hq:hq + hk].contiguous(), "pos": pos, "cs": cs,
+                "cos": cos, "sin": sin}
+    return make
+
+
+def _rope_cases(bucket, t, hq, hk, d):
+    p = dict(T=t, Hq=hq, Hk=hk, D=d, dtype="bf16", style="neox")
+    liger = peers.liger_rope()
+    peer = {} if liger is None else {
+        "liger": lambda i: liger(i["q"], i["k"], i["cos"], i["sin"], rotary_dim=d)}
+    return BenchCase(
+        "rope", f"T={t} Hq={hq} Hk={hk} D={d} NeoX out-of-place", bucket, p, _rope_inputs(t, hq, hk, d, d),
+        lambda i, b: ops.rope(i["q"], i["k"], i["pos"], i["cs"], backend=b),
+        lambda i: rref.rope(i["q"], i["k"], i["pos"], i["cs"], 0, True, False), _check_tuple,
+        bytes_moved=2 * t * (hq + hk) * d * 2, peers=peer)
+
+
+def _rope_dsv4(bucket, t, h):
+    p = dict(T=t, H=h, D=512, rot=64, dtype="bf16", style="gptj", inverse=True, inplace=True)
+
+    def lowbit(i, b):
+        ops.rope_(i["q"], None, i["pos"], i["cs"], rot_offset=448, is_neox=False, inverse=True, backend=b)
+        return i["q"]
+
+    def reference(i):
+        rref.rope_(i["q"], None, i["pos"], i["cs"], 448, False, True)
+        return i["q"]
+
+    return BenchCase("rope_", f"T={t} H={h} D=512 GPT-J last-64 inverse in-place", bucket, p,
+                     _rope_inputs(t, h, 0, 512, 64), lowbit, reference, _same,
+                     bytes_moved=2 * t * h * 64 * 2)
+
+
+# ------------------------------------------------------------------------------------- fused DeepSeek
+
+
+def _ds_inputs(t, hq, layout, block_size=64):
+    L = kref.DS_LAYOUTS[layout]
+
+    def make(device):
+        nb = -(-t // block_size) + 1
+        return {"kv": torch.randn(t, L.d, device=device, dtype=torch.bfloat16),
+                "q": torch.randn(t, hq, L.d, device=device, dtype=torch.bfloat16),
+                "pos": torch.randint(0, 16384, (t,), device=device),
+                "cs": rref.rope_cos_sin_cache(16384, 64, device=device),
+                "slots": torch.randperm(nb * block_size, device=device)[:t],
+                "cache": kref.ds_kv_cache_empty(nb, block_size, layout, device)}
+    return make
+
+
+def _fused_case(bucket, t, hq, layout):
+    L = kref.DS_LAYOUTS[layout]
+    p = dict(T=t, Hq=hq, layout=layout, d=L.d, dtype="bf16")
+
+    def lowbit(i, b):
+        ops.ds_rope_quant_append(i["kv"], i["pos"], i["cs"], i["slots"], i["cache"], layout=layout, q=i["q"],
+                                 backend=b)
+        return i["cache"]
+
+    def reference(i):  # the unfused torch reference: rope, then quantize + scatter
+        kref.ds_rope_quant_append(i["kv"], i["pos"], i["cs"], i["slots"], i["cache"], layout, i["q"], False)
+        return i["cache"]
+
+    moved = t * L.d * 2 + t * L.token_bytes + 2 * t * hq * 64 * 2 + t * 8 * 2
+    return BenchCase("ds_rope_quant_append", f"T={t} Hq={hq} {layout} +q rope", bucket, p, _ds_inputs(t, hq, layout),
+                     lowbit, reference, _same, bytes_moved=moved)
+
+
+def _ds_write_case(bucket, t, layout):
+    L = kref.DS_LAYOUTS[layout]
+    p = dict(T=t, layout=layout, d=L.d, dtype="bf16")
+
+    def lowbit(i, b):
+        ops.ds_kv_write(i["kv"], i["slots"], i["cache"], layout=layout, backend=b)
+        return i["cache"]
+
+    def reference(i):
+        kref.ds_kv_write(i["kv"], i["slots"], i["cache"], layout)
+        return i["cache"]
+
+    return BenchCase("ds_kv_write", f"T={t} {layout}", bucket, p, _ds_inputs(t, 0, layout), lowbit, reference, _same,
+                     bytes_moved=t * L.d * 2 + t * L.token_bytes + t * 8)
+
+
+# ------------------------------------------------------------------------------------------ generic
+
+
+def _paged_case(bucket, t, h, d):
+    p = dict(T=t, H=h, D=d, dtype="bf16", scales="dynamic")
+
+    def make(device):
+        nb = -(-t // 16) + 1
+        return {"x": torch.randn(t, h, d, device=device, dtype=torch.bfloat16),
+                "slots": torch.randperm(nb * 16, device=device)[:t],
+                "cache": torch.zeros(nb, 16, h, d, device=device, dtype=torch.uint8),
+                "sc": torch.zeros(nb, 16, h, device=device)}
+
+    def lowbit(i, b):
+        ops.paged_kv_write_fp8(i["x"], i["slots"], i["cache"], scale_cache=i["sc"], backend=b)
+        return i["cache"]
+
+    def reference(i):
+        kref.paged_kv_write_fp8(i["x"], i["slots"], i["cache"], None, i["sc"])
+        return i["cache"]
+
+    return BenchCase("paged_kv_write_fp8", f"T={t} H={h} D={d} dynamic", bucket, p, make, lowbit, reference, _same,
+                     bytes_moved=t * h * d * 3 + t * h * 4 + t * 8)
+
+
+def cases() -> list[BenchCase]:
+    out = []
+    for bucket, t in (("decode", 64), ("prefill", 16384)):  # representative shapes (perf/NOTES.md: device budget)
+        out += [_rope_cases(bucket, t, 32, 8, 128), _rope_dsv4(bucket, t, 64)]
+        for layout in ("v32", "v4"):
+            out += [_fused_case(bucket, t, 16 if bucket == "decode" else 64, layout), _ds_write_case(bucket, t, layout)]
+        out.append(_paged_case(bucket, t, 8, 64))
+    out.append(_rope_cases("prefill", 16384, 64, 8, 128))  # the anchors' 16384x64x128 shape
+    return out

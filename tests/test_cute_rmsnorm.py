@@ -1,0 +1,340 @@
+"""CuTeDSL RMSNorm (+ FP8 group / NVFP4 quant) backend: compile-only SASS checks on CPU, bytes on the GPU.
+
+CPU (CI): the kernels compile for sm_90a and sm_100a without a GPU (`--gpu-arch`), and the SASS is checked
+(16-byte global loads, the E4M3 conversion, NaN-propagating max, IEEE sqrt/div in the PTX). The compile cache
+is checked cold -> warm and under two concurrent processes. Skipped, with the reason, when
+nvidia-cutlass-dsl is not installed.
+GPU (`-m gpu`): bit-exact vs the CPU reference (and vs the triton backend), CUDA graph capture,
+torch.compile(fullgraph), and the per-call host overhead printed next to a Triton launch of the same op.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from cute_ops import unavailable_reason
+
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=f"cute backend: {unavailable_reason()}")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cfg(mode, k, arch, *, x=torch.bfloat16, w=torch.bfloat16, residual=True, swizzle=False, group=None):
+    from cute_ops.rmsnorm import pick_config
+
+    group = group or (128 if mode == "fp8" else 16)
+    return pick_config(x, w, k, mode, residual, 0.0, group, False, swizzle, arch)
+
+
+# --------------------------------------------------------------------------------------- CPU: SASS
+
+
+def test_sm90_bf16_sass_uses_16_byte_loads_and_ieee_math():
+    from cute_ops.rmsnorm import dump
+
+    cfg = _cfg("none", 7168, "sm_90a")
+    d = dump(cfg)
+    per_thread = cfg.iters
+    # x and residual: one 16-byte load per vector; weight too; y and the new residual: 16-byte stores
+    assert d.count("LDG.E.128") >= 3 * per_thread, d.opcodes()
+    assert d.count("STG.E.128") >= 2 * per_thread, d.opcodes()
+    assert d.count("LDG.E") == d.count("LDG.E.128"), f"narrow global loads: {d.opcodes()}"
+    assert "sqrt.rn.f32" in d.ptx and "rcp.rn.f32" in d.ptx  # 1/sqrt with IEEE ops, as the reference
+    assert "rsqrt.approx" not in d.ptx and "sqrt.approx" not in d.ptx
+    assert "div.rn.f64" in d.ptx  # ms = fp32(fp64 sum / K)
+    assert d.count("DADD") + d.count("DFMA") > 0  # fp64 sum of squares
+
+
+def test_sm90_fp8_group_sass():
+    from cute_ops.rmsnorm import dump
+
+    cfg = _cfg("fp8", 7168, "sm_90a", residual=False)
+    d = dump(cfg)
+    assert d.count("LDG.E.128") >= 2 * cfg.iters, d.opcodes()
+    assert d.count("F2FP.SATFINITE.E4M3") >= cfg.iters * cfg.vec // 2, d.opcodes()  # cvt.rn.satfinite.e4m3x2
+    assert d.count("STG.E.64") >= cfg.iters, d.opcodes()  # 8 codes per thread per vector: one 8-byte store
+    assert d.count("FMNMX.NAN") > 0  # NaN-propagating amax (max.NaN.f32)
+    assert "div.rn.f32" in d.ptx  # code = e4m3(y / s) with IEEE division, as the reference
+
+
+def test_sm100_nvfp4_swizzled_sass():
+    from cute_ops.rmsnorm import dump
+
+    cfg = _cfg("nvfp4", 2880, "sm_100a", swizzle=True)  # 2880: predicated tail columns
+    d = dump(cfg)
+    assert "sm_100a" in d.ptx.split(".target", 1)[1][:40]
+    assert d.count("LDG.E.128") >= 2 * cfg.iters, d.opcodes()
+    assert d.count("F2FP.SATFINITE.E4M3") >= cfg.iters  # block scales
+    assert d.count("FMNMX") + d.count("FMNMX3") > 0
+    assert d.count("STG.E.U8") >= cfg.iters  # one scale byte per 16-element block (lane pairs)
+
+
+# ---------------------------------------------------------------------------------- CPU: the cache
+
+
+def test_disk_cache_cold_then_warm(tmp_path, monkeypatch, capsys):
+    from cute_ops import _compile
+    from cute_ops.rmsnorm import compiled
+
+    monkeypatch.setenv("LOWBIT_CUTE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LOWBIT_CUTE_DISK_CACHE", "1")
+    cfg = _cfg("none", 1024, "sm_90a", residual=False)
+    before = (_compile.STATS.compiles, _compile.STATS.disk_loads)
+    compiled(cfg)
+    assert _compile.STATS.compiles == before[0] + 1
+    assert _compile.object_path(cfg.key()).is_file()
+    _compile.clear_memory()
+    compiled(cfg)
+    assert _compile.STATS.compiles == before[0] + 1  # no second compile: loaded from disk
+    assert _compile.STATS.disk_loads == before[1] + 1
+    compiled(cfg)  # in-memory hit
+    with capsys.disabled():
+        print(f"\n[cute cache] cold compile+export {_compile.STATS.compile_s[-1]:.2f}s, "
+              f"warm load {_compile.STATS.load_s[-1] * 1e3:.1f}ms")
+
+
+_WORKER = """
+import json, sys, torch
+sys.path.insert(0, {root!r})
+from cute_ops import _compile
+from cute_ops.rmsnorm import compiled, pick_config
+compiled(pick_config(torch.bfloat16, torch.bfloat16, 512, "none", False, 0.0, 16, False, False, "sm_90a"))
+print(json.dumps({{"compiles": _compile.STATS.compiles, "loads": _compile.STATS.disk_loads}}))
+"""
+
+
+def test_disk_cache_two_processes_compile_once(tmp_path):
+    env = dict(os.environ, LOWBIT_CUTE_CACHE_DIR=str(tmp_path), LOWBIT_CUTE_DISK_CACHE="1")
+    code = _WORKER.format(root=ROOT)
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    assert sorted(o["compiles"] for o in outs) == [0, 1], outs  # the loser of the lock race loads the object
+    assert sorted(o["loads"] for o in outs) == [0, 1], outs
+    assert len(list(tmp_path.rglob("*.o"))) == 1
+
+
+def test_fingerprint_tracks_sources_and_versions():
+    import cutlass
+
+    from cute_ops import _compile
+
+    fp = _compile.fingerprint()
+    assert len(fp) == 24 and cutlass.__version__  # a hash of cute_ops/*.py + cutlass/tvm-ffi/python versions
+    assert _compile.object_path(("k", 1)).parent.name == fp
+
+
+def test_table_rows_and_cpu_refusal():
+    from dispatch.registry import select
+    from dispatch.table import TABLE
+
+    for op in ("rms_norm", "rms_norm_fp8_group", "rms_norm_nvfp4"):
+        cute = [e for e in TABLE[op] if e.backend == "cute"]
+        assert len(cute) == 1 and {"sm_90", "sm_100"} <= set(cute[0].archs)
+        triton_gpu = max(e.priority for e in TABLE[op] if e.backend == "triton")
+        assert cute[0].priority < triton_gpu  # until committed benchmarks say otherwise
+    x = torch.randn(4, 64)
+    with pytest.raises(Exception, match="arch cpu not in sm_90"):
+        select(TABLE["rms_norm"], "rms_norm", "cute", (x, torch.ones(64), None, 1e-6, 0.0), {})
+
+
+def test_unavailable_reason_without_the_dsl():
+    code = (f"import sys; sys.modules['cutlass'] = None; sys.path.insert(0, {ROOT!r}); "
+            "from cute_ops import unavailable_reason as u; print(u())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "nvidia-cutlass-dsl not importable" in out and "pip install" in out
+
+
+# ------------------------------------------------------------------------------------------- GPU
+
+
+def _gpu_inputs(m, k, dtype=torch.bfloat16, w_dtype=None, seed=0, residual=True):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * 3).to(dtype)
+    w = (torch.randn(k, generator=g) * 0.5 + 1).to(w_dtype or dtype)
+    r = (torch.randn(m, k, generator=g)).to(dtype) if residual else None
+    return x, w, r
+
+
+def _same(got, want, what):
+    from helpers import assert_same_bytes
+
+    assert_same_bytes(got.cpu(), want.cpu(), what)
+
+
+SHAPES = [(1, 4096), (7, 2880), (64, 7168), (300, 2880), (513, 1024)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k", SHAPES)
+@pytest.mark.parametrize("variant", ["plain", "residual", "fp32_weight_offset", "fp16"])
+def test_gpu_rms_norm_bit_exact(m, k, variant):
+    from dispatch import ops
+
+    dtype = torch.float16 if variant == "fp16" else torch.bfloat16
+    w_dtype = torch.float32 if variant == "fp32_weight_offset" else None
+    off = 1.0 if variant == "fp32_weight_offset" else 0.0
+    x, w, r = _gpu_inputs(m, k, dtype, w_dtype, residual=variant == "residual")
+    want = ops.rms_norm(x, w, 1e-6, residual=r, weight_offset=off, backend="torch")
+    got = ops.rms_norm(x.cuda(), w.cuda(), 1e-6, residual=None if r is None else r.cuda(), weight_offset=off,
+                       backend="cute")
+    _same(got.out, want.out, "y")
+    if r is not None:
+        _same(got.residual, want.residual, "new residual")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k", SHAPES)
+@pytest.mark.parametrize("ue8m0,column_major", [(False, False), (True, True)])
+def test_gpu_rms_norm_fp8_group_bit_exact(m, k, ue8m0, column_major):
+    from dispatch import ops
+
+    x, w, r = _gpu_inputs(m, k, seed=1)
+    kw = dict(residual=r, ue8m0=ue8m0, column_major_scales=column_major)
+    want = ops.rms_norm_fp8_group(x, w, 1e-6, backend="torch", **kw)
+    kw["residual"] = r.cuda()
+    got = ops.rms_norm_fp8_group(x.cuda(), w.cuda(), 1e-6, backend="cute", **kw)
+    _same(got.quantized.codes, want.quantized.codes, "codes")
+    _same(got.quantized.scales, want.quantized.scales, "scales")
+    _same(got.residual, want.residual, "new residual")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k", SHAPES)
+@pytest.mark.parametrize("layout", ["linear", "swizzled"])
+def test_gpu_rms_norm_nvfp4_bit_exact(m, k, layout):
+    from dispatch import ops
+
+    x, w, r = _gpu_inputs(m, k, seed=2)
+    y = ops.rms_norm(x, w, 1e-6, residual=r, backend="torch").out
+    gs = ops.nvfp4_global_scale_from_amax(y.float().abs().amax())
+    want = ops.rms_norm_nvfp4(x, w, 1e-6, residual=r, global_scale=gs, scale_layout=layout, backend="torch")
+    got = ops.rms_norm_nvfp4(x.cuda(), w.cuda(), 1e-6, residual=r.cuda(), global_scale=gs.cuda(),
+                             scale_layout=layout, backend="cute")
+    _same(got.quantized.codes, want.quantized.codes, "codes")
+    _same(got.quantized.scales.view(torch.uint8), want.quantized.scales.view(torch.uint8), "scales")
+    _same(got.residual, want.residual, "new residual")
+
+
+@pytest.mark.gpu
+def test_gpu_nan_and_zero_rows():
+    from dispatch import ops
+
+    x, w, _ = _gpu_inputs(4, 1024, residual=False)
+    x[1] = 0
+    x[2, 5] = float("nan")
+    want = ops.rms_norm_fp8_group(x, w, 1e-6, backend="torch")
+    got = ops.rms_norm_fp8_group(x.cuda(), w.cuda(), 1e-6, backend="cute")
+    _same(got.quantized.codes, want.quantized.codes, "codes")
+    _same(got.quantized.scales, want.quantized.scales, "scales")
+
+
+@pytest.mark.gpu
+def test_gpu_matches_triton_backend():
+    from dispatch import ops
+
+    x, w, r = _gpu_inputs(128, 7168, seed=3)
+    x, w, r = x.cuda(), w.cuda(), r.cuda()
+    a = ops.rms_norm_fp8_group(x, w, 1e-6, residual=r, backend="cute")
+    b = ops.rms_norm_fp8_group(x, w, 1e-6, residual=r, backend="triton")
+    _same(a.quantized.codes, b.quantized.codes, "codes cute vs triton")
+    _same(a.quantized.scales, b.quantized.scales, "scales cute vs triton")
+
+
+@pytest.mark.gpu
+def test_gpu_new_batch_size_does_not_recompile():
+    from cute_ops import _compile
+    from dispatch import ops
+
+    x, w, _ = _gpu_inputs(1, 4096, residual=False)
+    ops.rms_norm(x.cuda(), w.cuda(), backend="cute")
+    n = _compile.STATS.compiles + _compile.STATS.disk_loads
+    for m in (2, 3, 17, 1000):
+        ops.rms_norm(torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16), w.cuda(), backend="cute")
+    assert _compile.STATS.compiles + _compile.STATS.disk_loads == n
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture():
+    from dispatch import ops
+
+    x, w, r = (t.cuda() for t in _gpu_inputs(16, 4096, seed=4))
+    ops.rms_norm(x, w, residual=r, backend="cute")  # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g):
+            out = ops.rms_norm(x, w, residual=r, backend="cute")
+    torch.cuda.current_stream().wait_stream(s)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    want = ops.rms_norm(x.cpu(), w.cpu(), residual=r.cpu(), backend="torch")
+    _same(out.out, want.out, "graph replay y")
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_fullgraph():
+    from dispatch import ops
+
+    x, w, r = (t.cuda() for t in _gpu_inputs(32, 2880, seed=5))
+
+    @torch.compile(fullgraph=True)
+    def f(x, w, r):
+        return ops.rms_norm_fp8_group(x * 1, w, 1e-6, residual=r, backend="cute")
+
+    got = f(x, w, r)
+    want = ops.rms_norm_fp8_group(x, w, 1e-6, residual=r, backend="cute")
+    _same(got.quantized.codes, want.quantized.codes, "compiled codes")
+
+
+@pytest.mark.gpu
+def test_gpu_call_overhead_report(capsys):
+    """Host cost per eager call (M=1 decode; printed, not asserted): raw TVM-FFI callable, the cute backend
+    entry, the public op with backend='cute', and the same for triton."""
+    from cute_ops import _compile, rmsnorm
+    from dispatch import ops
+
+    x, w, _ = (t.cuda() if t is not None else None for t in _gpu_inputs(1, 4096, residual=False))
+    cfg = rmsnorm.pick_config(x.dtype, w.dtype, 4096, "none", False, 0.0, 16, False, False,
+                              _compile.target_arch())
+    fn = rmsnorm.compiled(cfg)
+    y = torch.empty_like(x)
+
+    def per_call(f, n=2000):
+        for _ in range(50):
+            f()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            f()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        return (t1 - t0) / n * 1e6
+
+    import triton_ops.rmsnorm as tr
+
+    rows = {
+        "cute raw TVM-FFI call": per_call(lambda: fn(x, w, None, None, y, None, None, None, 1e-6, 1e-10)),
+        "cute backend entry": per_call(lambda: rmsnorm.rms_norm(x, w, None, 1e-6, 0.0)),
+        "triton backend entry": per_call(lambda: tr.rms_norm(x, w, None, 1e-6, 0.0)),
+        "ops.rms_norm backend=cute": per_call(lambda: ops.rms_norm(x, w, backend="cute")),
+        "ops.rms_norm backend=triton": per_call(lambda: ops.rms_norm(x, w, backend="triton")),
+    }
+    with capsys.disabled():
+        print("\n[cute call overhead, us/call, M=1 K=4096 bf16]")
+        for name, us in rows.items():
+            print(f"  {name:32s} {us:7.2f}")
+        print(f"  cache: {_compile.STATS}")

@@ -1,0 +1,307 @@
+"""Paged KV-cache FP8 writes and gathers (Triton): generic E4M3 caches and the DeepSeek V3.2 / V4 byte
+layouts, plus the fused RoPE + quantize + paged append for DeepSeek caches (q's RoPE in the same launch).
+
+Contract: dispatch/reference/kv_cache.py; byte pictures: docs/kv_cache_layouts.md. The DeepSeek caches
+are uint8 buffers; the kernels take typed views of the same storage (int16 for the bf16 RoPE part, int32
+for V3.2's fp32 scales) so every store is a natural-width store, with byte offsets divided by the width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from dispatch.reference.kv_cache import DS_LAYOUTS, DS_ROPE, DS_SCALE_FLOOR, DYNAMIC_EPS
+
+from ._formats import amax_nan, cast_out, e4m3_decode, e4m3_encode
+from ._launch import TL_DTYPE, emulate_formats
+from .rope import _rope_block, load_cos_sin, load_f32, pair_offsets, rope_pairs
+
+ROPE: tl.constexpr = tl.constexpr(DS_ROPE)  # jit code reads module globals only as constexprs
+SCALE_FLOOR: tl.constexpr = tl.constexpr(DS_SCALE_FLOOR)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsConfig:
+    block_r: int  # rows (tokens, or (token, head) pairs) per program
+    num_warps: int
+
+
+def rows_config(rows: int, row_elems: int, device: torch.device) -> RowsConfig:
+    """~4K elements per program on the GPU (8 KB of bf16 in flight at 4 warps); the interpreter pays per
+    program, so up to 32K there."""
+    target = 32768 if device.type == "cpu" else 4096
+    block_r = max(1, min(triton.next_power_of_2(max(rows, 1)), target // triton.next_power_of_2(row_elems)))
+    return RowsConfig(block_r, 4 if block_r * row_elems <= 4096 else 8)
+
+
+# ------------------------------------------------------------------------------------------ generic
+
+
+@triton.jit
+def _paged_write_kernel(x_ptr, slot_ptr, cache_ptr, scale_ptr, scache_ptr, T, H, D, n_slots, BS,
+                        x_st, x_sh, c_sb, c_so, c_sh, s_sb, s_so, s_sh, eps,
+                        DYNAMIC: tl.constexpr, D_P: tl.constexpr, BLOCK_R: tl.constexpr, EMULATE: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < T * H
+    t = rows // H
+    h = rows % H
+    slot = tl.load(slot_ptr + t, mask=rmask, other=-1).to(tl.int64)
+    ok = rmask & (slot >= 0) & (slot < n_slots)  # -1 (and anything past the cache) is skipped
+    blk = slot // BS
+    off = slot % BS
+    d = tl.arange(0, D_P)
+    m = ok[:, None] & (d < D)[None, :]
+    x = load_f32(x_ptr + (t * x_st + h * x_sh)[:, None] + d[None, :], m, EMULATE)
+    if DYNAMIC:
+        s = tl.math.div_rn(tl.maximum(amax_nan(x, 1), eps, propagate_nan=tl.PropagateNan.ALL), 448.0)
+        tl.store(scache_ptr + blk * s_sb + off * s_so + h * s_sh, s, mask=ok)
+        q = tl.math.div_rn(x, s[:, None])
+    else:
+        q = tl.math.div_rn(x, tl.load(scale_ptr))
+    dst = cache_ptr + (blk * c_sb + off * c_so + h * c_sh)[:, None] + d[None, :]
+    tl.store(dst, e4m3_encode(q, EMULATE), mask=m)
+
+
+@triton.jit
+def _paged_gather_kernel(cache_ptr, slot_ptr, scale_ptr, scache_ptr, out_ptr, N, H, D, n_slots, BS,
+                         c_sb, c_so, c_sh, s_sb, s_so, s_sh,
+                         DYNAMIC: tl.constexpr, D_P: tl.constexpr, BLOCK_R: tl.constexpr,
+                         OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < N * H
+    n = rows // H
+    h = rows % H
+    slot = tl.load(slot_ptr + n, mask=rmask, other=-1).to(tl.int64)
+    ok = rmask & (slot >= 0) & (slot < n_slots)
+    blk = slot // BS
+    off = slot % BS
+    d = tl.arange(0, D_P)
+    m = ok[:, None] & (d < D)[None, :]
+    codes = tl.load(cache_ptr + (blk * c_sb + off * c_so + h * c_sh)[:, None] + d[None, :], mask=m, other=0)
+    if DYNAMIC:
+        s = tl.load(scache_ptr + blk * s_sb + off * s_so + h * s_sh, mask=ok, other=0.0)[:, None]
+    else:
+        s = tl.load(scale_ptr)
+    v = e4m3_decode(codes) * s
+    pad = tl.where(slot == -1, 0.0, float("nan"))  # padding slots read as zeros, bad slots as NaN
+    v = tl.where(ok[:, None], v, pad[:, None])
+    om = rmask[:, None] & (d < D)[None, :]
+    tl.store(out_ptr + rows[:, None] * D + d[None, :], cast_out(v, OUT_DTYPE, EMULATE), mask=om)
+
+
+def _cache_slots(cache) -> int:
+    return cache.shape[0] * cache.shape[1]
+
+
+def paged_kv_write_fp8(x, slot_mapping, cache, scale, scale_cache):
+    t, h, d = x.shape
+    if t == 0 or h == 0 or d == 0:
+        return
+    c = cache.view(torch.uint8)
+    dynamic = scale is None
+    sc = scale_cache if dynamic else c  # unused pointer when static
+    cfg = rows_config(t * h, d, x.device)
+    _paged_write_kernel[(triton.cdiv(t * h, cfg.block_r),)](
+        x, slot_mapping, c, scale if scale is not None else x, sc, t, h, d, _cache_slots(cache), cache.shape[1],
+        x.stride(0), x.stride(1), c.stride(0), c.stride(1), c.stride(2),
+        *(scale_cache.stride() if dynamic else (0, 0, 0)), DYNAMIC_EPS,
+        DYNAMIC=dynamic, D_P=triton.next_power_of_2(d), BLOCK_R=cfg.block_r, EMULATE=emulate_formats(x.device),
+        num_warps=cfg.num_warps)
+
+
+def paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype):
+    n = slots.shape[0]
+    _, _, h, d = cache.shape
+    out = torch.empty(n, h, d, dtype=out_dtype, device=cache.device)
+    if out.numel() == 0:
+        return out
+    c = cache.view(torch.uint8)
+    dynamic = scale is None
+    cfg = rows_config(n * h, d, cache.device)
+    _paged_gather_kernel[(triton.cdiv(n * h, cfg.block_r),)](
+        c, slots, scale if scale is not None else out, scale_cache if dynamic else out, out, n, h, d,
+        _cache_slots(cache), cache.shape[1], c.stride(0), c.stride(1), c.stride(2),
+        *(scale_cache.stride() if dynamic else (0, 0, 0)),
+        DYNAMIC=dynamic, D_P=triton.next_power_of_2(d), BLOCK_R=cfg.block_r, OUT_DTYPE=TL_DTYPE[out_dtype],
+        EMULATE=emulate_formats(cache.device), num_warps=cfg.num_warps)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- DeepSeek
+
+
+@triton.jit
+def _ds_token_block(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, pid, T, n_slots, BS, block_stride, kv_st,
+                    max_pos, D_NOPE: tl.constexpr, TILE: tl.constexpr, NT: tl.constexpr, NT_P: tl.constexpr,
+                    V4: tl.constexpr, ROTATE: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr,
+                    EMULATE: tl.constexpr):
+    """Quantize + write BLOCK_T tokens of kv [T, D_NOPE + 64] into a DeepSeek cache (optionally rotating
+    the RoPE part first). All offsets in bytes, int64."""
+    HALF: tl.constexpr = ROPE // 2
+    tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = tok < T
+    slot = tl.load(slot_ptr + tok, mask=tmask, other=-1).to(tl.int64)
+    ok = tmask & (slot >= 0) & (slot < n_slots)
+    blk = slot // BS
+    off = slot % BS
+    if V4:  # per block: BS tokens x (448 E4M3 | 64 bf16), then BS x (7 E8M0 | 1 pad)
+        data = blk * block_stride + off * (D_NOPE + 2 * ROPE)
+        scale_at = blk * block_stride + BS * (D_NOPE + 2 * ROPE) + off * 8
+        rope_at = data + D_NOPE
+    else:  # per token: 512 E4M3 | 4 fp32 | 64 bf16
+        data = blk * block_stride + off * (D_NOPE + 4 * NT + 2 * ROPE)
+        scale_at = data + D_NOPE
+        rope_at = scale_at + 4 * NT
+
+    # NoPE: per-tile power-of-two scales, E4M3 codes
+    j = tl.arange(0, NT_P)
+    e = tl.arange(0, TILE)
+    col = j[:, None] * TILE + e[None, :]
+    nm = ok[:, None, None] & (j < NT)[None, :, None] & (e < TILE)[None, None, :]
+    x = load_f32(kv_ptr + tok[:, None, None] * kv_st + col[None, :, :], nm, EMULATE)
+    s = tl.maximum(tl.math.div_rn(amax_nan(x, 2), 448.0), SCALE_FLOOR, propagate_nan=tl.PropagateNan.ALL)
+    b = s.to(tl.uint32, bitcast=True)
+    finite = (b & 0x7F800000) != 0x7F800000
+    b = tl.where(finite, (b + 0x7FFFFF) & 0x7F800000, b)  # round up to a power of two; NaN/Inf kept
+    s = b.to(tl.float32, bitcast=True)
+    codes = e4m3_encode(tl.math.div_rn(x, s[:, :, None]), EMULATE)
+    tl.store(c8 + data[:, None, None] + col[None, :, :], codes, mask=nm)
+    if V4:
+        e8m0 = tl.where((j < NT)[None, :], (b >> 23) & 0xFF, 0).to(tl.uint8)
+        sm = ok[:, None] & (j < 8)[None, :]
+        tl.store(c8 + scale_at[:, None] + j[None, :], e8m0, mask=sm)
+    else:
+        sm = ok[:, None] & (j < NT)[None, :]
+        tl.store(c32 + (scale_at // 4)[:, None] + j[None, :], b.to(tl.int32, bitcast=True), mask=sm)
+
+    # RoPE part: bf16, rotated first when fused
+    o1, o2 = pair_offsets(0, HALF, HALF, IS_NEOX)
+    rm = ok[:, None] & (o1 < ROPE)[None, :]
+    src = kv_ptr + tok[:, None] * kv_st + D_NOPE
+    x1 = load_f32(src + o1[None, :], rm, EMULATE)
+    x2 = load_f32(src + o2[None, :], rm, EMULATE)
+    if ROTATE:
+        pos = tl.load(pos_ptr + tok, mask=tmask, other=0).to(tl.int64)
+        c, sn = load_cos_sin(cs_ptr, pos, tmask & (pos >= 0) & (pos < max_pos), HALF, HALF)
+        x1, x2 = rope_pairs(x1, x2, c, sn, False)
+    y1 = cast_out(x1, tl.bfloat16, EMULATE).to(tl.int16, bitcast=True)
+    y2 = cast_out(x2, tl.bfloat16, EMULATE).to(tl.int16, bitcast=True)
+    r16 = c16 + (rope_at // 2)[:, None]
+    tl.store(r16 + o1[None, :], y1, mask=rm)
+    tl.store(r16 + o2[None, :], y2, mask=rm)
+
+
+@triton.jit
+def _ds_write_kernel(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, q_ptr, T, n_slots, BS, block_stride, kv_st,
+                     max_pos, HQ, q_st, q_sh, q_rope_at, n_kv_progs,
+                     D_NOPE: tl.constexpr, TILE: tl.constexpr, NT: tl.constexpr, NT_P: tl.constexpr,
+                     V4: tl.constexpr, ROTATE: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr,
+                     BLOCK_Q: tl.constexpr, Q_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    # Programs [0, n_kv_progs) write the cache; the rest (fused op with q only) rotate q's RoPE in place.
+    pid = tl.program_id(0)
+    if pid < n_kv_progs:
+        _ds_token_block(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, pid, T, n_slots, BS, block_stride, kv_st,
+                        max_pos, D_NOPE, TILE, NT, NT_P, V4, ROTATE, IS_NEOX, BLOCK_T, EMULATE)
+    else:
+        _rope_block(q_ptr, q_ptr, pos_ptr, cs_ptr, pid - n_kv_progs, T, HQ, max_pos, q_st, q_sh, q_st, q_sh,
+                    q_rope_at, 0, ROPE // 2, ROPE // 2, 1, BLOCK_Q, IS_NEOX, False, False, Q_DTYPE, EMULATE)
+
+
+def _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_neox):
+    t = kv.shape[0]
+    L = DS_LAYOUTS[layout]
+    c8 = cache.view(torch.uint8)
+    # typed views of the same bytes (the op checks guarantee the alignment these need)
+    c16 = c8.view(torch.int16)
+    c32 = c8.view(torch.int32) if layout == "v32" else c16
+    rotate = positions is not None
+    hq = 0 if q is None else q.shape[1]
+    if t == 0:
+        return
+    cfg = rows_config(t, L.d, kv.device)
+    n_kv = triton.cdiv(t, cfg.block_r)
+    qcfg = rows_config(t * hq, DS_ROPE, kv.device)
+    n_q = triton.cdiv(t * hq, qcfg.block_r) if hq else 0
+    q_arg = q if q is not None else kv
+    _ds_write_kernel[(n_kv + n_q,)](
+        kv, slot_mapping, c8, c16, c32, positions if rotate else slot_mapping,
+        cos_sin_cache if rotate else kv, q_arg, t, cache.shape[0] * cache.shape[1], cache.shape[1], c8.stride(0),
+        kv.stride(0), cos_sin_cache.shape[0] if rotate else 0, hq,
+        q_arg.stride(0), q_arg.stride(1) if q is not None else 0, (q.shape[-1] - DS_ROPE) if q is not None else 0,
+        n_kv, D_NOPE=L.d_nope, TILE=L.tile, NT=L.num_tiles, NT_P=triton.next_power_of_2(L.num_tiles),
+        V4=layout == "v4", ROTATE=rotate, IS_NEOX=is_neox, BLOCK_T=cfg.block_r, BLOCK_Q=qcfg.block_r,
+        Q_DTYPE=TL_DTYPE[q_arg.dtype], EMULATE=emulate_formats(kv.device), num_warps=cfg.num_warps,
+        enable_fp_fusion=False)
+
+
+def ds_kv_write(kv, slot_mapping, cache, layout):
+    _ds_launch(kv, slot_mapping, cache, layout, None, None, None, False)
+
+
+def ds_rope_quant_append(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, is_neox):
+    _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_neox)
+
+
+@triton.jit
+def _ds_gather_kernel(c8, c16, c32, slot_ptr, out_ptr, N, n_slots, BS, block_stride,
+                      D_NOPE: tl.constexpr, TILE: tl.constexpr, NT: tl.constexpr, NT_P: tl.constexpr,
+                      V4: tl.constexpr, BLOCK_T: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    D: tl.constexpr = D_NOPE + ROPE
+    tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = tok < N
+    slot = tl.load(slot_ptr + tok, mask=tmask, other=-1).to(tl.int64)
+    ok = tmask & (slot >= 0) & (slot < n_slots)
+    pad = tl.where(slot == -1, 0.0, float("nan"))
+    blk = slot // BS
+    off = slot % BS
+    if V4:
+        data = blk * block_stride + off * (D_NOPE + 2 * ROPE)
+        scale_at = blk * block_stride + BS * (D_NOPE + 2 * ROPE) + off * 8
+        rope_at = data + D_NOPE
+    else:
+        data = blk * block_stride + off * (D_NOPE + 4 * NT + 2 * ROPE)
+        scale_at = data + D_NOPE
+        rope_at = scale_at + 4 * NT
+    j = tl.arange(0, NT_P)
+    e = tl.arange(0, TILE)
+    col = j[:, None] * TILE + e[None, :]
+    sm = ok[:, None] & (j < NT)[None, :]
+    if V4:
+        eb = tl.load(c8 + scale_at[:, None] + j[None, :], mask=sm, other=127).to(tl.uint32)
+        s = tl.where(eb == 0xFF, 0x7FC00000, eb << 23).to(tl.float32, bitcast=True)
+    else:
+        s = tl.load(c32 + (scale_at // 4)[:, None] + j[None, :], mask=sm, other=0).to(tl.float32, bitcast=True)
+    nm = sm[:, :, None] & (e < TILE)[None, None, :]
+    codes = tl.load(c8 + data[:, None, None] + col[None, :, :], mask=nm, other=0)
+    v = e4m3_decode(codes) * s[:, :, None]
+    v = tl.where(ok[:, None, None], v, pad[:, None, None])
+    om = tmask[:, None, None] & (j < NT)[None, :, None] & (e < TILE)[None, None, :]
+    tl.store(out_ptr + tok[:, None, None] * D + col[None, :, :], cast_out(v, OUT_DTYPE, EMULATE), mask=om)
+    r = tl.arange(0, ROPE)
+    rm = ok[:, None] & (r < ROPE)[None, :]
+    rb = tl.load(c16 + (rope_at // 2)[:, None] + r[None, :], mask=rm, other=0).to(tl.bfloat16, bitcast=True)
+    rv = tl.where(ok[:, None], rb.to(tl.float32), pad[:, None])
+    tl.store(out_ptr + tok[:, None] * D + D_NOPE + r[None, :], cast_out(rv, OUT_DTYPE, EMULATE),
+             mask=tmask[:, None] & (r < ROPE)[None, :])
+
+
+def ds_kv_gather(cache, slots, layout, out_dtype):
+    L = DS_LAYOUTS[layout]
+    n = slots.shape[0]
+    out = torch.empty(n, L.d, dtype=out_dtype, device=cache.device)
+    if n == 0:
+        return out
+    c8 = cache.view(torch.uint8)
+    c16 = c8.view(torch.int16)
+    c32 = c8.view(torch.int32) if layout == "v32" else c16
+    cfg = rows_config(n, L.d, cache.device)
+    _ds_gather_kernel[(triton.cdiv(n, cfg.block_r),)](
+        c8, c16, c32, slots, out, n, cache.shape[0] * cache.shape[1], cache.shape[1], c8.stride(0),
+        D_NOPE=L.d_nope, TILE=L.tile, NT=L.num_tiles, NT_P=triton.next_power_of_2(L.num_tiles), V4=layout == "v4",
+        BLOCK_T=cfg.block_r, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(cache.device),
+        num_warps=cfg.num_warps)
+    return out

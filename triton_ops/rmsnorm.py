@@ -1,0 +1,318 @@
+"""Fused RMSNorm (+ residual add) with a bf16/fp16/fp32 or quantized output (Triton).
+
+Also home of `quant_epilogue`, the store stage shared with triton_ops/swiglu.py: it rounds an fp32 tile to
+the output dtype and writes it either as is or quantized (FP8 1xG groups, MXFP4, NVFP4) with exactly the
+math of the foundation kernels (triton_ops/quant_fp4.py, quant_fp8.py), so fused bytes equal
+"round to dtype, then quantize" byte for byte.
+
+Design: one program owns BLOCK_M whole rows (BLOCK_N = next_pow2(N) columns held in registers; loads are
+16-byte vectors because rows are contiguous and Triton specializes 16-divisible strides). The sum of
+squares and rstd are evaluated in fp64 and rounded once to fp32 (see dispatch/reference/rmsnorm.py: this
+makes the result independent of the reduction order and of fp32 sqrt/rsqrt accuracy).
+NVFP4 with a computed global scale takes two launches: an amax pass (which also writes the new residual)
+leaves <= MAX_PARTIALS partial maxima, and the quantize pass folds them on every program (no host sync,
+CUDA-graph safe).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from dispatch.checks import rows_view
+from dispatch.reference.formats import round_up
+from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_BLOCK, fp8_scale_storage
+
+from ._formats import (
+    abs_bits,
+    amax_nan,
+    cast_out,
+    e2m1_encode,
+    e4m3_encode,
+    fp8_group_scale,
+    mxfp4_block_scale,
+    nvfp4_block_scale,
+    pack_nibbles,
+    swizzled_offset_128x4,
+)
+from ._launch import TL_DTYPE, emulate_formats
+
+FMT_NONE, FMT_FP8, FMT_MX, FMT_NV = 0, 1, 2, 3
+GS_NONE, GS_GIVEN, GS_PER_GROUP, GS_FROM_PARTIALS = 0, 1, 2, 3
+PASS_SINGLE, PASS_AMAX, PASS_QUANT = 0, 1, 2
+MAX_PARTIALS = 512  # amax partials per two-pass call; every quantize program folds them (2 KB from L2)
+MAX_TRITON_N = 65536  # rows wider than this would not fit in registers: the torch backend takes them
+
+
+# ------------------------------------------------------------------------------ shared store epilogue
+
+
+@triton.jit
+def fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK: tl.constexpr):
+    """Decode-form NVFP4 global scale amax / 2688 from the amax pass's partial maxima."""
+    pofs = tl.arange(0, PARTIALS_BLOCK)
+    partials = tl.load(partial_ptr + pofs, mask=pofs < n_partials, other=0.0)
+    return tl.math.div_rn(amax_nan(partials, 0), 2688.0)
+
+
+@triton.jit
+def tile_amax_bits(y, mask, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    """Per-row max |dtype(y)| as int bits (NaN-propagating), masked lanes excluded: [BLOCK_M] int32."""
+    yr = cast_out(y, OUT_DTYPE, EMULATE).to(tl.float32)
+    return tl.max(tl.where(mask, abs_bits(yr), 0), 1)
+
+
+@triton.jit
+def quant_epilogue(
+    y, rows, row_in, col0, K, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs,
+    scale_rows_bound, scale_cols_bound, scale_cols_padded, fp8_eps,
+    FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, MX_RCEIL: tl.constexpr,
+    SWIZZLE: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Round y (fp32 [BLOCK_M, BLOCK_N]) to OUT_DTYPE and store it, plain or quantized.
+
+    rows (int64) / row_in: the tile's rows and which of them exist (< M); col0: the tile's first column of
+    a K-wide output row (a multiple of BLOCK_N). gs: fp32 [BLOCK_M] NVFP4 global scale per row.
+    Swizzled scales: programs also cover the padding rows up to scale_rows_bound and the padding columns up
+    to scale_cols_padded, writing zero bytes there (GEMMs read them).
+    """
+    cols = col0 + tl.arange(0, BLOCK_N)
+    yr = cast_out(y, OUT_DTYPE, EMULATE)
+    mask = row_in[:, None] & (cols < K)[None, :]
+    if FMT == 0:
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], yr, mask=mask)
+    elif FMT == 1:
+        NG: tl.constexpr = BLOCK_N // GROUP
+        yg = tl.reshape(yr.to(tl.float32), [BLOCK_M, NG, GROUP])
+        amax = amax_nan(yg, 2)
+        s, inv = fp8_group_scale(amax, fp8_eps, UE8M0)  # the foundation's rule (triton_ops/_formats.py)
+        q = yg * inv[:, :, None]
+        codes = e4m3_encode(tl.reshape(q, [BLOCK_M, BLOCK_N]), EMULATE)
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], codes, mask=mask)
+        groups = col0 // GROUP + tl.arange(0, NG)
+        smask = row_in[:, None] & (groups < K // GROUP)[None, :]
+        tl.store(scale_ptr + rows[:, None] * stride_sm + groups[None, :] * stride_sg, s, mask=smask)
+    else:
+        SB: tl.constexpr = 32 if FMT == 2 else 16
+        NB: tl.constexpr = BLOCK_N // SB
+        yb = tl.reshape(yr.to(tl.float32), [BLOCK_M, NB, SB])
+        amax = amax_nan(yb, 2)
+        if FMT == 2:
+            sbyte, inv = mxfp4_block_scale(amax, MX_RCEIL)  # the foundation's rules (triton_ops/_formats.py)
+        else:
+            sbyte, inv = nvfp4_block_scale(amax, gs[:, None])
+        q = yb * inv[:, :, None]
+        packed = pack_nibbles(e2m1_encode(tl.reshape(q, [BLOCK_M, BLOCK_N])), BLOCK_M, BLOCK_N)
+        pcols = col0 // 2 + tl.arange(0, BLOCK_N // 2)
+        pmask = row_in[:, None] & (pcols < K // 2)[None, :]
+        tl.store(out_ptr + rows[:, None] * stride_om + pcols[None, :], packed, mask=pmask)
+        scols = col0 // SB + tl.arange(0, NB)
+        if SWIZZLE:
+            smask = (rows < scale_rows_bound)[:, None] & (scols < scale_cols_padded)[None, :]
+            valid = row_in[:, None] & (scols < K // SB)[None, :]
+            sofs = swizzled_offset_128x4(rows[:, None], scols[None, :], scale_cols_padded)
+            tl.store(scale_ptr + sofs, tl.where(valid, sbyte, 0).to(tl.uint8), mask=smask)
+        else:
+            smask = row_in[:, None] & (scols < K // SB)[None, :]
+            tl.store(scale_ptr + rows[:, None] * stride_sm + scols[None, :], sbyte, mask=smask)
+
+
+# ---------------------------------------------------------------------------------------------- kernel
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr,
+    M, N, stride_xm, stride_rm, stride_hm, stride_om, stride_sm, stride_sg,
+    eps, w_offset, fp8_eps, rows_per_prog, scale_rows_bound, scale_cols_bound, scale_cols_padded, n_partials,
+    HAS_RES: tl.constexpr, PASS: tl.constexpr, GS_MODE: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
+    OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) + w_offset
+    gs = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if GS_MODE == 1:
+        gs += tl.load(gs_ptr)
+    if GS_MODE == 3:
+        gs += fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK)
+        if pid == 0:
+            tl.store(gs_out_ptr, tl.max(gs, 0))
+    acc = tl.zeros([BLOCK_M], dtype=tl.int32)
+    row0 = pid.to(tl.int64) * rows_per_prog
+    for m0 in range(0, rows_per_prog, BLOCK_M):
+        rows = row0 + m0 + tl.arange(0, BLOCK_M)
+        row_in = rows < M
+        mask = row_in[:, None] & cmask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+        if HAS_RES:
+            r = tl.load(r_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0)
+            h = cast_out(x.to(tl.float32) + r.to(tl.float32), OUT_DTYPE, EMULATE)
+            tl.store(h_ptr + rows[:, None] * stride_hm + cols[None, :], h, mask=mask)
+            hf = h.to(tl.float32)
+        else:
+            hf = x.to(tl.float32)
+        h64 = hf.to(tl.float64)
+        ss = tl.sum(h64 * h64, 1)
+        # fp64 '/' and sqrt are IEEE (div.rn.f64 / sqrt.rn.f64) on the GPU; only fp32 ones are approximate.
+        rstd = (1.0 / tl.sqrt(ss / (tl.zeros([BLOCK_M], dtype=tl.float64) + N) + eps)).to(tl.float32)
+        y = (hf * rstd[:, None]) * w[None, :]
+        if PASS == 1:
+            acc = tl.maximum(acc, tile_amax_bits(y, mask, OUT_DTYPE, EMULATE))
+        else:
+            quant_epilogue(y, rows, row_in, 0, N, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs,
+                           scale_rows_bound, scale_cols_bound, scale_cols_padded, fp8_eps,
+                           FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
+    if PASS == 1:
+        tl.store(partial_ptr + pid, tl.max(acc, 0).to(tl.float32, bitcast=True))
+
+
+# -------------------------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True)
+class RowConfig:
+    """Whole-row tiles: BLOCK_N covers the row, BLOCK_M rows per program."""
+
+    block_m: int  # rows per program (several for narrow rows, so a program moves >= ~8 KB)
+    block_n: int  # next_pow2(N), at least the quant block * 4 (swizzled scale columns come in 4s)
+    num_warps: int  # ~16 fp32 elements per thread: the row stays in registers, loads are 16-byte vectors
+
+
+def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int) -> RowConfig:
+    block_n = max(triton.next_power_of_2(max(n, 1)), min_block_n)
+    target = 32768 if device.type == "cpu" else 4096  # interpreter: cost is per program; take big tiles
+    block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), target // block_n))
+    elems = block_m * block_n
+    num_warps = min(32, max(4, elems // 512))
+    return RowConfig(block_m, block_n, num_warps)
+
+
+def _min_block(fmt: int, group: int) -> int:
+    return {FMT_NONE: 16, FMT_FP8: group, FMT_MX: 4 * MXFP4_BLOCK, FMT_NV: 4 * NVFP4_BLOCK}[fmt]
+
+
+def supports_rms_norm(x, weight, residual, eps, weight_offset, *rest) -> str | None:
+    if x.shape[-1] > MAX_TRITON_N:
+        return f"row length {x.shape[-1]} > {MAX_TRITON_N} does not fit one program's registers"
+    return None
+
+
+def supports_rms_norm_fp8_group(x, weight, residual, eps, weight_offset, group_size, *rest) -> str | None:
+    if group_size < 16 or group_size & (group_size - 1):
+        return f"group_size={group_size} is not a power of two >= 16"
+    return supports_rms_norm(x, weight, residual, eps, weight_offset)
+
+
+# ------------------------------------------------------------------------------------------- launcher
+
+
+def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_eps=1e-10, ue8m0=False,
+              column_major=False, rounding="floor", swizzle=False, global_scale=None):
+    op = "rms_norm"
+    lead, n = tuple(x.shape[:-1]), x.shape[-1]
+    x2 = rows_view(op, "x", x)
+    rows = x2.shape[0]
+    dev = x.device
+    new_res = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None \
+        else x.new_empty(0)
+    gs_out = torch.empty((), dtype=torch.float32, device=dev)
+    sb = {FMT_MX: MXFP4_BLOCK, FMT_NV: NVFP4_BLOCK}.get(fmt, 1)
+    scale_cols_padded = round_up(n // sb, 4) if fmt in (FMT_MX, FMT_NV) else 0
+    if fmt == FMT_NONE:
+        out = torch.empty(*lead, n, dtype=x.dtype, device=dev)
+        scales = out
+    elif fmt == FMT_FP8:
+        out = torch.empty(*lead, n, dtype=torch.float8_e4m3fn, device=dev)
+        scales = fp8_scale_storage(lead, n // group, column_major, dev)
+    else:
+        out = torch.empty(*lead, n // 2, dtype=torch.uint8, device=dev)
+        sdt = torch.uint8 if fmt == FMT_MX else torch.float8_e4m3fn
+        scales = (torch.empty(round_up(rows, 128), scale_cols_padded, dtype=sdt, device=dev) if swizzle
+                  else torch.empty(*lead, n // sb, dtype=sdt, device=dev))
+    results = _results(fmt, out, scales, gs_out, new_res)
+    if fmt == FMT_NV and global_scale is not None:
+        gs_out.copy_(global_scale.reshape(()))
+    if rows == 0 or n == 0:
+        if fmt in (FMT_MX, FMT_NV):
+            scales.view(torch.uint8).zero_()
+        if fmt == FMT_NV and global_scale is None:
+            gs_out.zero_()
+        if residual is not None:
+            new_res.copy_((x.float() + residual.float()).to(x.dtype))
+        return results
+    r2 = rows_view(op, "residual", residual) if residual is not None else x2
+    h2 = new_res.view(-1, n) if residual is not None else x2
+    out2 = out.view(-1, out.shape[-1])
+    if fmt == FMT_FP8:
+        stride_sm, stride_sg = scales.view(rows, n // group).stride()
+    else:
+        stride_sm, stride_sg = (n // sb if fmt in (FMT_MX, FMT_NV) else 0), 1
+    grid_rows = round_up(rows, 128) if swizzle and fmt in (FMT_MX, FMT_NV) else rows
+    cfg = pick_row_config(grid_rows, n, dev, _min_block(fmt, group))
+    emulate = emulate_formats(dev)
+    common = dict(FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
+                  OUT_DTYPE=TL_DTYPE[x.dtype], EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                  num_warps=cfg.num_warps)
+    scale_arg = scales.view(torch.uint8) if fmt in (FMT_MX, FMT_NV) else scales
+    out_arg = out2.view(torch.uint8) if fmt == FMT_FP8 else out2
+    w = weight.contiguous()
+    if fmt == FMT_NV and global_scale is None:
+        # Pass 1: new residual + partial amax of y; pass 2 reads the rounded h (or x) back and quantizes.
+        rows_per_prog = round_up(max(cfg.block_m, triton.cdiv(rows, MAX_PARTIALS)), cfg.block_m)
+        n_partials = triton.cdiv(rows, rows_per_prog)
+        partials = torch.empty(n_partials, dtype=torch.float32, device=dev)
+        _rms_norm_kernel[(n_partials,)](
+            x2, r2, w, h2, out_arg, scale_arg, gs_out, gs_out, partials,
+            rows, n, x2.stride(0), r2.stride(0), h2.stride(0), 0, 0, 0,
+            float(eps), float(weight_offset), 0.0, rows_per_prog, grid_rows, 0, scale_cols_padded, n_partials,
+            HAS_RES=residual is not None, PASS=PASS_AMAX, GS_MODE=GS_NONE, PARTIALS_BLOCK=1, **common)
+        src = h2
+        gs_mode, has_res, partials_block = GS_FROM_PARTIALS, False, triton.next_power_of_2(n_partials)
+    else:
+        src, partials, n_partials, partials_block = x2, gs_out, 1, 1
+        gs_mode = GS_GIVEN if fmt == FMT_NV else GS_NONE
+        has_res = residual is not None
+    _rms_norm_kernel[(triton.cdiv(grid_rows, cfg.block_m),)](
+        src, r2, w, h2, out_arg, scale_arg, global_scale if global_scale is not None else gs_out, gs_out,
+        partials, rows, n, src.stride(0), r2.stride(0), h2.stride(0), out2.stride(0), stride_sm, stride_sg,
+        float(eps), float(weight_offset), float(quant_eps), cfg.block_m, grid_rows, 0, scale_cols_padded,
+        n_partials, HAS_RES=has_res, PASS=PASS_QUANT if gs_mode == GS_FROM_PARTIALS else PASS_SINGLE,
+        GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block, **common)
+    return results
+
+
+def _results(fmt, out, scales, gs_out, new_res):
+    if fmt == FMT_NONE:
+        return out, new_res
+    if fmt == FMT_NV:
+        return out, scales, gs_out, new_res
+    return out, scales, new_res
+
+
+# ------------------------------------------------------------------------------- backend entry points
+
+
+def rms_norm(x, weight, residual, eps, weight_offset):
+    return _rms_norm(x, weight, residual, eps, weight_offset, fmt=FMT_NONE)
+
+
+def rms_norm_fp8_group(x, weight, residual, eps, weight_offset, group_size, quant_eps, ue8m0, column_major):
+    return _rms_norm(x, weight, residual, eps, weight_offset, fmt=FMT_FP8, group=group_size, quant_eps=quant_eps,
+                     ue8m0=ue8m0, column_major=column_major)
+
+
+def rms_norm_mxfp4(x, weight, residual, eps, weight_offset, rounding, swizzle):
+    return _rms_norm(x, weight, residual, eps, weight_offset, fmt=FMT_MX, rounding=rounding, swizzle=swizzle)
+
+
+def rms_norm_nvfp4(x, weight, residual, eps, weight_offset, global_scale, swizzle):
+    return _rms_norm(x, weight, residual, eps, weight_offset, fmt=FMT_NV, swizzle=swizzle,
+                     global_scale=global_scale)

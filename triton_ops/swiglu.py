@@ -1,0 +1,253 @@
+"""Fused SwiGLU (plain / clamped / GPT-OSS; concatenated or interleaved gate|up; dense or MoE rows) with a
+bf16/fp16 or quantized output (Triton). Contract: dispatch/reference/swiglu.py.
+
+A program owns a BLOCK_M x BLOCK_N tile of the [rows, I] output. Concatenated input: two 16-byte-vector
+loads (gate at c, up at I + c). Interleaved at granularity g: one contiguous load of the 2*BLOCK_N input
+columns, then reshape [.., BLOCK_N/g, 2, g] -> permute -> split, so loads stay fully vectorized.
+MoE padding rows (expert id -1, or m >= masked_m[g]) are not read; their outputs are the quantizer's bytes
+for zeros. The quantized store is triton_ops/rmsnorm.py:quant_epilogue (the foundation's math).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from dispatch.checks import rows_view
+from dispatch.reference.formats import round_up
+from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_BLOCK, fp8_scale_storage
+
+from ._launch import TL_DTYPE, emulate_formats
+from .rmsnorm import (
+    FMT_FP8,
+    FMT_MX,
+    FMT_NONE,
+    FMT_NV,
+    GS_FROM_PARTIALS,
+    GS_GIVEN,
+    GS_NONE,
+    GS_PER_GROUP,
+    MAX_PARTIALS,
+    PASS_AMAX,
+    PASS_QUANT,
+    PASS_SINGLE,
+    fold_partials,
+    quant_epilogue,
+    tile_amax_bits,
+)
+
+MOE_NONE, MOE_CONTIGUOUS, MOE_MASKED = 0, 1, 2
+
+
+@triton.jit
+def _swiglu_kernel(
+    x_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr, eid_ptr, mm_ptr,
+    M, I, stride_xm, stride_om, stride_sm, stride_sg, alpha, limit, fp8_eps, max_m, rows_per_prog,
+    scale_rows_bound, scale_cols_padded, n_partials, n_gs,
+    INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, MOE: tl.constexpr,
+    PASS: tl.constexpr, GS_MODE: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
+    OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    col0 = pid_n * BLOCK_N
+    cols = col0 + tl.arange(0, BLOCK_N)
+    cmask = cols < I
+    gs_all = 0.0
+    if GS_MODE == 1:
+        gs_all = tl.load(gs_ptr)
+    if GS_MODE == 3:
+        gs_all = fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK)
+        if (pid_m == 0) & (pid_n == 0):
+            tl.store(gs_out_ptr, gs_all)
+    acc = tl.zeros([BLOCK_M], dtype=tl.int32)
+    row0 = pid_m.to(tl.int64) * rows_per_prog
+    for m0 in range(0, rows_per_prog, BLOCK_M):
+        rows = row0 + m0 + tl.arange(0, BLOCK_M)
+        row_in = rows < M
+        if MOE == 1:
+            grp = tl.load(eid_ptr + rows, mask=row_in, other=-1).to(tl.int32)
+            tok = grp >= 0
+        elif MOE == 2:
+            grp = (rows // max_m).to(tl.int32)
+            valid_m = tl.load(mm_ptr + grp, mask=row_in, other=0)
+            tok = row_in & ((rows % max_m) < valid_m)
+        else:
+            grp = tl.zeros([BLOCK_M], dtype=tl.int32)
+            tok = row_in
+        if INTERLEAVE == 0:
+            mask = tok[:, None] & cmask[None, :]
+            base = x_ptr + rows[:, None] * stride_xm + cols[None, :]
+            g = tl.load(base, mask=mask, other=0.0).to(tl.float32)
+            u = tl.load(base + I, mask=mask, other=0.0).to(tl.float32)
+        else:
+            c2 = 2 * col0 + tl.arange(0, 2 * BLOCK_N)
+            mask2 = tok[:, None] & (c2 < 2 * I)[None, :]
+            both = tl.load(x_ptr + rows[:, None] * stride_xm + c2[None, :], mask=mask2, other=0.0).to(tl.float32)
+            if INTERLEAVE == 1:
+                pairs = tl.reshape(both, [BLOCK_M, BLOCK_N, 2])
+            else:
+                chunks = tl.reshape(both, [BLOCK_M, BLOCK_N // INTERLEAVE, 2, INTERLEAVE])
+                pairs = tl.reshape(tl.permute(chunks, (0, 1, 3, 2)), [BLOCK_M, BLOCK_N, 2])
+            g, u = tl.split(pairs)
+        if CLAMP:
+            g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
+            u = tl.minimum(tl.maximum(u, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
+                           propagate_nan=tl.PropagateNan.ALL)
+        if GPTOSS:
+            y = tl.math.div_rn(g, 1.0 + tl.exp(-(alpha * g))) * (u + 1.0)
+        else:
+            y = tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u
+        if PASS == 1:
+            acc = tl.maximum(acc, tile_amax_bits(y, tok[:, None] & cmask[None, :], OUT_DTYPE, EMULATE))
+        else:
+            if GS_MODE == 2:  # one global scale per expert / group; 0 on padding rows -> zero scale bytes
+                gidx = tl.minimum(tl.maximum(grp, 0), n_gs - 1)
+                gs = tl.load(gs_ptr + gidx, mask=tok, other=0.0)
+            else:
+                gs = tl.zeros([BLOCK_M], dtype=tl.float32) + gs_all
+            quant_epilogue(y, rows, row_in, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs,
+                           scale_rows_bound, 0, scale_cols_padded, fp8_eps,
+                           FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
+    if PASS == 1:
+        tl.store(partial_ptr + pid_m * tl.num_programs(1) + pid_n, tl.max(acc, 0).to(tl.float32, bitcast=True))
+
+
+# -------------------------------------------------------------------------------------------- config
+
+
+@dataclasses.dataclass(frozen=True)
+class SwigluConfig:
+    block_m: int  # rows per program
+    block_n: int  # output columns per program: a power of two >= the quant block * 4 and >= interleave
+    num_warps: int
+
+
+def pick_swiglu_config(rows: int, i: int, device: torch.device, min_block_n: int) -> SwigluConfig:
+    """GPU: ~4K outputs per program (8 warps, 16-byte loads, ~16 values per thread in flight); columns up to
+    1024 so wide rows still give many programs. Interpreter: big tiles (cost is per program)."""
+    target, max_n = (32768, 4096) if device.type == "cpu" else (4096, 1024)
+    block_n = max(min_block_n, min(triton.next_power_of_2(max(i, 1)), max_n))
+    block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), target // block_n))
+    num_warps = 8 if block_m * block_n >= 4096 else 4
+    return SwigluConfig(block_m, block_n, num_warps)
+
+
+def supports_swiglu(x, interleave, *rest) -> str | None:
+    if interleave > 0 and interleave & (interleave - 1):
+        return f"interleave={interleave} is not a power of two (Triton reshapes by it)"
+    return None
+
+
+def supports_swiglu_fp8_group(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype,
+                              group_size, *rest) -> str | None:
+    if group_size < 16 or group_size & (group_size - 1):
+        return f"group_size={group_size} is not a power of two >= 16"
+    return supports_swiglu(x, interleave)
+
+
+# ------------------------------------------------------------------------------------------- launcher
+
+
+def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, *, fmt, group=128,
+            quant_eps=1e-10, ue8m0=False, column_major=False, rounding="floor", swizzle=False, global_scale=None):
+    op = "swiglu"
+    out_dtype = out_dtype or x.dtype
+    lead, i = tuple(x.shape[:-1]), x.shape[-1] // 2
+    x2 = rows_view(op, "x", x)
+    rows = x2.shape[0]
+    dev = x.device
+    sb = {FMT_MX: MXFP4_BLOCK, FMT_NV: NVFP4_BLOCK}.get(fmt, 1)
+    scale_cols_padded = round_up(i // sb, 4) if fmt in (FMT_MX, FMT_NV) else 0
+    gs_given_shape = () if global_scale is None or global_scale.numel() == 1 else (global_scale.numel(),)
+    gs_out = torch.empty(gs_given_shape, dtype=torch.float32, device=dev)
+    if fmt == FMT_NONE:
+        out = scales = torch.empty(*lead, i, dtype=out_dtype, device=dev)
+    elif fmt == FMT_FP8:
+        out = torch.empty(*lead, i, dtype=torch.float8_e4m3fn, device=dev)
+        scales = fp8_scale_storage(lead, i // group, column_major, dev)
+    else:
+        out = torch.empty(*lead, i // 2, dtype=torch.uint8, device=dev)
+        sdt = torch.uint8 if fmt == FMT_MX else torch.float8_e4m3fn
+        scales = (torch.empty(round_up(rows, 128), scale_cols_padded, dtype=sdt, device=dev) if swizzle
+                  else torch.empty(*lead, i // sb, dtype=sdt, device=dev))
+    results = out if fmt == FMT_NONE else ((out, scales, gs_out) if fmt == FMT_NV else (out, scales))
+    if fmt == FMT_NV and global_scale is not None:
+        gs_out.copy_(global_scale.reshape(gs_given_shape))
+    if rows == 0 or i == 0:
+        if fmt in (FMT_MX, FMT_NV):
+            scales.view(torch.uint8).zero_()
+        if fmt == FMT_NV and global_scale is None:
+            gs_out.zero_()
+        return results
+    out2 = out.view(-1, out.shape[-1])
+    if fmt == FMT_FP8:
+        stride_sm, stride_sg = scales.view(rows, i // group).stride()
+    else:
+        stride_sm, stride_sg = (i // sb if fmt in (FMT_MX, FMT_NV) else 0), 1
+    grid_rows = round_up(rows, 128) if swizzle and fmt in (FMT_MX, FMT_NV) else rows
+    min_n = {FMT_NONE: 16, FMT_FP8: group, FMT_MX: 4 * MXFP4_BLOCK, FMT_NV: 4 * NVFP4_BLOCK}[fmt]
+    cfg = pick_swiglu_config(grid_rows, i, dev, max(min_n, interleave))
+    moe = MOE_CONTIGUOUS if expert_ids is not None else (MOE_MASKED if masked_m is not None else MOE_NONE)
+    eid = expert_ids.reshape(-1) if expert_ids is not None else x2
+    mm = masked_m if masked_m is not None else x2
+    max_m = x.shape[1] if masked_m is not None else 1
+    common = dict(INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None, MOE=moe,
+                  FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
+                  OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(dev), BLOCK_M=cfg.block_m,
+                  BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    scale_arg = scales.view(torch.uint8) if fmt in (FMT_MX, FMT_NV) else scales
+    out_arg = out2.view(torch.uint8) if fmt == FMT_FP8 else out2
+    scalars = (float(alpha), float(limit if limit is not None else 0.0), float(quant_eps), max_m)
+    n_col = triton.cdiv(i, cfg.block_n)
+    n_gs = global_scale.numel() if global_scale is not None else 1
+    if fmt == FMT_NV and global_scale is None:
+        row_progs = max(1, MAX_PARTIALS // n_col)
+        rows_per_prog = round_up(max(cfg.block_m, triton.cdiv(rows, row_progs)), cfg.block_m)
+        n_row = triton.cdiv(rows, rows_per_prog)
+        n_partials = n_row * n_col
+        partials = torch.empty(n_partials, dtype=torch.float32, device=dev)
+        _swiglu_kernel[(n_row, n_col)](
+            x2, out_arg, scale_arg, gs_out, gs_out, partials, eid, mm, rows, i, x2.stride(0), 0, 0, 0,
+            *scalars, rows_per_prog, grid_rows, scale_cols_padded, n_partials, 1,
+            PASS=PASS_AMAX, GS_MODE=GS_NONE, PARTIALS_BLOCK=1, **common)
+        gs_mode, pass_, partials_block = GS_FROM_PARTIALS, PASS_QUANT, triton.next_power_of_2(n_partials)
+    else:
+        partials, n_partials, partials_block, pass_ = gs_out, 1, 1, PASS_SINGLE
+        gs_mode = GS_NONE
+        if fmt == FMT_NV:
+            gs_mode = GS_PER_GROUP if (moe != MOE_NONE or n_gs > 1) else GS_GIVEN
+    _swiglu_kernel[(triton.cdiv(grid_rows, cfg.block_m), n_col)](
+        x2, out_arg, scale_arg, global_scale if global_scale is not None else gs_out, gs_out, partials, eid, mm,
+        rows, i, x2.stride(0), out2.stride(0), stride_sm, stride_sg, *scalars, cfg.block_m, grid_rows,
+        scale_cols_padded, n_partials, n_gs, PASS=pass_, GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block, **common)
+    return results
+
+
+# ------------------------------------------------------------------------------- backend entry points
+
+
+def swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype):
+    return _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, fmt=FMT_NONE)
+
+
+def swiglu_fp8_group(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, group_size,
+                     quant_eps, ue8m0, column_major):
+    return _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, fmt=FMT_FP8,
+                   group=group_size, quant_eps=quant_eps, ue8m0=ue8m0, column_major=column_major)
+
+
+def swiglu_mxfp4(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, rounding, swizzle):
+    return _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, fmt=FMT_MX,
+                   rounding=rounding, swizzle=swizzle)
+
+
+def swiglu_nvfp4(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, global_scale,
+                 swizzle):
+    return _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, fmt=FMT_NV,
+                   swizzle=swizzle, global_scale=global_scale)
