@@ -200,8 +200,9 @@ class RMSNormKernel:
             for w in cutlass.range_constexpr(warps_per_row):
                 total += buf[tr, w]
             ss = total
-        ms = Float32(ss / Float64(k))  # fp64 division, one rounding to fp32
-        rstd = Float32(1.0) / cute.math.sqrt(ms + eps)  # sqrt.rn + div.rn (never MUFU.RSQ)
+        # As the reference: 1 / sqrt(ss / N + fp32(eps)) evaluated in fp64 and rounded to fp32 ONCE. (The first
+        # hardware run rounded ss/N to fp32 first: a double rounding that moved rstd by an ulp on some rows.)
+        rstd = Float32(Float64(1.0) / cute.math.sqrt(ss / Float64(k) + Float64(eps)))
 
         w = tXrW.load().to(Float32)
         if const_expr(cfg.weight_offset != 0.0):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import os
+
 import torch
 
 from dispatch.checks import rows_view
@@ -150,7 +152,16 @@ def _aligned(t: torch.Tensor, nbytes: int) -> bool:
     return t.data_ptr() % nbytes == 0
 
 
+UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
+HARDWARE_STATUS = (
+    "not bit-exact on hardware yet (H200 run 2026-11-21: 1-ulp rstd differences, since fixed but not re-run; "
+    f"NVFP4 codes not written); set {UNVERIFIED_ENV}=1 to run it anyway")
+
+
 def _supports(x, weight, residual, mode: str, group_size: int = 16) -> str | None:
+    # A backend known to give wrong bytes is not offered, not even when forced (docs/cute.md).
+    if os.environ.get(UNVERIFIED_ENV) != "1":
+        return HARDWARE_STATUS
     if x.device.type != "cuda":
         return "the cute backend runs on CUDA tensors only"
     if x.dtype not in _TORCH_TO_NAME or weight.dtype not in _TORCH_TO_NAME:

@@ -67,9 +67,15 @@ def float_inputs(draw, *, block: int, max_rows: int = 40, k_choices=(1, 2, 3, 4,
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's values as bytes in logical (row-major) order, whatever its strides."""
+    """The tensor's values as bytes in logical (row-major) order, whatever its strides.
+
+    NaNs of 16/32-bit float dtypes are canonicalized first: a NaN's payload is not part of any lowbit contract
+    (the GPU's arithmetic makes 0x7FFFFFFF, x86 keeps 0x7FC00000). FP8 NaN bytes are compared as they are
+    (lowbit defines them: 0x7F)."""
     flat = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
     flat.copy_(t.detach().reshape(-1))
+    if flat.is_floating_point() and flat.element_size() > 1:
+        flat = torch.where(torch.isnan(flat), torch.full_like(flat, float("nan")), flat)
     return flat.view(torch.uint8).cpu()
 
 

@@ -23,6 +23,22 @@ from cute_ops import unavailable_reason
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=f"cute backend: {unavailable_reason()}")
 
+
+@pytest.fixture(autouse=True)
+def _allow_unverified_cute(monkeypatch):
+    """These tests exercise the kernel itself; the dispatch gate (cute_ops.rmsnorm.HARDWARE_STATUS) keeps it
+    away from users until a GPU run shows it bit-exact."""
+    monkeypatch.setenv("LOWBIT_CUTE_UNVERIFIED", "1")
+
+
+def test_unverified_backend_is_refused_with_the_reason(monkeypatch):
+    from cute_ops.rmsnorm import HARDWARE_STATUS, supports_rms_norm
+
+    monkeypatch.delenv("LOWBIT_CUTE_UNVERIFIED")
+    x, w = torch.randn(2, 64), torch.ones(64)
+    assert supports_rms_norm(x, w, None, 1e-6, 0.0) == HARDWARE_STATUS
+    assert "not bit-exact on hardware" in HARDWARE_STATUS
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -46,9 +62,9 @@ def test_sm90_bf16_sass_uses_16_byte_loads_and_ieee_math():
     assert d.count("LDG.E.128") >= 3 * per_thread, d.opcodes()
     assert d.count("STG.E.128") >= 2 * per_thread, d.opcodes()
     assert d.count("LDG.E") == d.count("LDG.E.128"), f"narrow global loads: {d.opcodes()}"
-    assert "sqrt.rn.f32" in d.ptx and "rcp.rn.f32" in d.ptx  # 1/sqrt with IEEE ops, as the reference
+    assert "sqrt.rn.f64" in d.ptx and "rcp.rn.f64" in d.ptx  # rstd = 1/sqrt(ss/K + eps) in fp64, as the reference
     assert "rsqrt.approx" not in d.ptx and "sqrt.approx" not in d.ptx
-    assert "div.rn.f64" in d.ptx  # ms = fp32(fp64 sum / K)
+    assert "div.rn.f64" in d.ptx  # ss / K in fp64
     assert d.count("DADD") + d.count("DFMA") > 0  # fp64 sum of squares
 
 
@@ -168,7 +184,7 @@ def _gpu_inputs(m, k, dtype=torch.bfloat16, w_dtype=None, seed=0, residual=True)
 
 
 def _same(got, want, what):
-    from helpers import assert_same_bytes
+    from tests.helpers import assert_same_bytes
 
     assert_same_bytes(got.cpu(), want.cpu(), what)
 

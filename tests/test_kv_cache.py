@@ -42,7 +42,8 @@ def test_paged_write_gather_bytes(device, dtype, t, h, d, static, dist, seed):
     wide = make_values(max(t, 1) * (h + 1), d, dist, seed, block=16)[: t * (h + 1)].reshape(t, h + 1, d).to(dtype)
     x = wide[:, 1:]  # a strided view (k of a fused kv buffer)
     slots = _slots(g, t, nb * bs)
-    scale = torch.tensor(float(x.float().abs().amax()) / 448 + 1e-3) if static else None
+    amax = float(x.float().abs().amax()) if x.numel() else 0.0
+    scale = torch.tensor(amax / 448 + 1e-3) if static else None
     outs = []
     for dev, backend in ((device, "triton"), ("cpu", "torch")):
         cache = torch.full((nb, bs, h, d), 0xAB, dtype=torch.uint8).view(torch.float8_e4m3fn).to(dev)

@@ -245,6 +245,9 @@ def test_rms_norm_cuda_graph():
         g.replay()
         torch.cuda.synchronize()
         for a, b in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(eager), strict=True):
+            if a is None or b is None:  # no residual -> no new residual
+                assert a is None and b is None
+                continue
             assert_same_bytes(a, b, "graph replay")
 
 
