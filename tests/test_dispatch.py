@@ -145,3 +145,16 @@ def test_cli_prints_table():
 
 def test_package_exports():
     assert dispatch.ops is ops and callable(dispatch.use_backend)
+
+
+def test_public_wrappers_route_through_the_op_under_dispatch_modes():
+    """Eager public calls skip the dispatcher's Python layers, but with a dispatch mode active (FakeTensorMode,
+    as torch.compile and export use) they must still reach the registered op and its fake impl."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, 64)
+        q = ops.nvfp4_quantize(x, scale_layout="swizzled")
+        f8 = ops.fp8_group_quantize(x, 64, column_major_scales=True)
+    assert q.codes.shape == (4, 32) and q.scales.shape == (128, 4)
+    assert f8.scales.stride() == (1, 4)

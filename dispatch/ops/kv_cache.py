@@ -11,7 +11,7 @@ from torch import Tensor
 
 from .. import checks as C
 from ..reference.kv_cache import DS_LAYOUTS, DS_ROPE, ds_kv_cache_empty
-from ._common import run
+from ._common import call, lowbit_op, run
 from .rope import INDEX_DTYPES, check_heads, check_positions, debug_checks
 
 CACHE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
@@ -64,7 +64,7 @@ def _check_paged_write(x, slot_mapping, cache, scale, scale_cache, sync_check=Tr
                  sync_check=sync_check)
 
 
-@torch.library.custom_op("lowbit::paged_kv_write_fp8", mutates_args=("cache", "scale_cache"))
+@lowbit_op("paged_kv_write_fp8", mutates_args=("cache", "scale_cache"))
 def _paged_kv_write_fp8(x: Tensor, slot_mapping: Tensor, cache: Tensor, scale: Tensor | None,
                         scale_cache: Tensor | None, backend: str) -> None:
     _check_paged_write(x, slot_mapping, cache, scale, scale_cache)
@@ -85,7 +85,7 @@ def _check_paged_gather(cache, slots, scale, scale_cache, out_dtype, sync_check=
         C.fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")
 
 
-@torch.library.custom_op("lowbit::paged_kv_gather_fp8", mutates_args=())
+@lowbit_op("paged_kv_gather_fp8", mutates_args=())
 def _paged_kv_gather_fp8(cache: Tensor, slots: Tensor, scale: Tensor | None, scale_cache: Tensor | None,
                          out_dtype: torch.dtype, backend: str) -> Tensor:
     _check_paged_gather(cache, slots, scale, scale_cache, out_dtype)
@@ -104,14 +104,14 @@ def paged_kv_write_fp8(x: Tensor, slot_mapping: Tensor, cache: Tensor, *, scale:
     (block = slot // BS, offset = slot % BS; -1 skips). scale: static fp32 per-tensor scale (decode form:
     value = code * scale); or scale_cache [NB, BS, H] fp32 to receive dynamic per-(token, head) scales
     max(amax, 1e-10) / 448. x may be a strided view (heads of a fused qkv buffer)."""
-    torch.ops.lowbit.paged_kv_write_fp8(x, slot_mapping, cache, scale, scale_cache, backend)
+    call("paged_kv_write_fp8", x, slot_mapping, cache, scale, scale_cache, backend)
 
 
 def paged_kv_gather_fp8(cache: Tensor, slots: Tensor, *, scale: Tensor | None = None,
                         scale_cache: Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
                         backend: str = "auto") -> Tensor:
     """Read slots [N] back as [N, H, D] out_dtype (code * scale in fp32, one rounding). Slot -1 -> zeros."""
-    return torch.ops.lowbit.paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype, backend)
+    return call("paged_kv_gather_fp8", cache, slots, scale, scale_cache, out_dtype, backend)
 
 
 # ----------------------------------------------------------------------------------------- DeepSeek
@@ -160,7 +160,7 @@ def _check_ds_write(op, kv, slot_mapping, cache, layout, sync_check=True):
                  sync_check=sync_check)
 
 
-@torch.library.custom_op("lowbit::ds_kv_write", mutates_args=("cache",))
+@lowbit_op("ds_kv_write", mutates_args=("cache",))
 def _ds_kv_write(kv: Tensor, slot_mapping: Tensor, cache: Tensor, layout: str, backend: str) -> None:
     _check_ds_write("ds_kv_write", kv, slot_mapping, cache, layout)
     run("ds_kv_write", backend, kv, slot_mapping, cache, layout)
@@ -181,7 +181,7 @@ def _check_ds_gather(cache, slots, layout, out_dtype, sync_check=True):
         C.fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")
 
 
-@torch.library.custom_op("lowbit::ds_kv_gather", mutates_args=())
+@lowbit_op("ds_kv_gather", mutates_args=())
 def _ds_kv_gather(cache: Tensor, slots: Tensor, layout: str, out_dtype: torch.dtype, backend: str) -> Tensor:
     _check_ds_gather(cache, slots, layout, out_dtype)
     return run("ds_kv_gather", backend, cache, slots, layout, out_dtype)
@@ -208,7 +208,7 @@ def _check_fused(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, s
                             f"got {tuple(q.shape)}")
 
 
-@torch.library.custom_op("lowbit::ds_rope_quant_append", mutates_args=("cache", "q"))
+@lowbit_op("ds_rope_quant_append", mutates_args=("cache", "q"))
 def _ds_rope_quant_append(kv: Tensor, positions: Tensor, cos_sin_cache: Tensor, slot_mapping: Tensor,
                           cache: Tensor, layout: str, q: Tensor | None, is_neox: bool, backend: str) -> None:
     _check_fused(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q)
@@ -224,13 +224,13 @@ def ds_kv_write(kv: Tensor, slot_mapping: Tensor, cache: Tensor, *, layout: str 
                 backend: str = "auto") -> None:
     """Write kv [T, d] (NoPE | 64 RoPE; d = 576 for "v32", 512 for "v4") into a DeepSeek FP8 cache
     (see ds_kv_cache_empty and docs/kv_cache_layouts.md) at slot_mapping (-1 skips)."""
-    torch.ops.lowbit.ds_kv_write(kv, slot_mapping, cache, layout, backend)
+    call("ds_kv_write", kv, slot_mapping, cache, layout, backend)
 
 
 def ds_kv_gather(cache: Tensor, slots: Tensor, *, layout: str = "v32", out_dtype: torch.dtype = torch.bfloat16,
                  backend: str = "auto") -> Tensor:
     """Read slots [N] of a DeepSeek cache back as [N, d] (slot -1 -> zeros)."""
-    return torch.ops.lowbit.ds_kv_gather(cache, slots, layout, out_dtype, backend)
+    return call("ds_kv_gather", cache, slots, layout, out_dtype, backend)
 
 
 def ds_rope_quant_append(kv: Tensor, positions: Tensor, cos_sin_cache: Tensor, slot_mapping: Tensor,
@@ -239,7 +239,7 @@ def ds_rope_quant_append(kv: Tensor, positions: Tensor, cos_sin_cache: Tensor, s
     """One launch: RoPE (forward, cos_sin_cache [max_pos, 64]) on kv's last 64 dims, FP8 quantization of its
     NoPE part, paged append into the DeepSeek cache; and, when q [T, H, dq] is given, RoPE of q's last 64 dims
     in place. is_neox=False (GPT-J pairs) is what DeepSeek uses. kv itself is not modified."""
-    torch.ops.lowbit.ds_rope_quant_append(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q,
+    call("ds_rope_quant_append", kv, positions, cos_sin_cache, slot_mapping, cache, layout, q,
                                           bool(is_neox), backend)
 
 

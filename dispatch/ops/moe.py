@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .. import checks as C
 from ..reference.moe import SCORINGS, contiguous_capacity
-from ._common import run
+from ._common import call, lowbit_op, run
 
 Scoring = Literal["softmax", "sigmoid", "sqrt_softplus"]
 ID_DTYPES = (torch.int32, torch.int64)
@@ -139,7 +139,7 @@ def _check_combine(expert_out, inv_rows, weights, shared, out_dtype):
 # ---------------------------------------------------------------------------------------------- router
 
 
-@torch.library.custom_op("lowbit::moe_route", mutates_args=())
+@lowbit_op("moe_route", mutates_args=())
 def _moe_route(logits: Tensor, bias: Tensor | None, top_k: int, scoring: str, renormalize: bool,
                routed_scaling: float, num_groups: int, topk_groups: int, backend: str) -> tuple[Tensor, Tensor]:
     _check_route(logits, bias, top_k, scoring, routed_scaling, num_groups, topk_groups)
@@ -154,7 +154,7 @@ def _(logits, bias, top_k, scoring, renormalize, routed_scaling, num_groups, top
     return logits.new_empty(t, top_k, dtype=I32), logits.new_empty(t, top_k, dtype=torch.float32)
 
 
-@torch.library.custom_op("lowbit::moe_hash_route", mutates_args=())
+@lowbit_op("moe_hash_route", mutates_args=())
 def _moe_hash_route(logits: Tensor, token_ids: Tensor, table: Tensor, scoring: str, renormalize: bool,
                     routed_scaling: float, backend: str) -> tuple[Tensor, Tensor]:
     _check_hash_route(logits, token_ids, table, scoring, routed_scaling)
@@ -181,7 +181,7 @@ def moe_route(logits: Tensor, top_k: int, *, scoring: Scoring = "softmax", bias:
     Presets: GPT-OSS softmax+renormalize (= softmax over the top-k logits); DeepSeek-V3 sigmoid + bias +
     groups 8/4 + renormalize + routed_scaling 2.5; DeepSeek-V4 sqrt_softplus + bias + renormalize.
     """
-    return Routing(*torch.ops.lowbit.moe_route(logits, bias, top_k, scoring, renormalize, float(routed_scaling),
+    return Routing(*call("moe_route", logits, bias, top_k, scoring, renormalize, float(routed_scaling),
                                                num_groups, topk_groups, backend))
 
 
@@ -189,14 +189,14 @@ def moe_hash_route(logits: Tensor, token_ids: Tensor, table: Tensor, *, scoring:
                    renormalize: bool = True, routed_scaling: float = 1.0, backend: str = "auto") -> Routing:
     """Hash routing: ids = table[token_ids] (int [vocab, k]); weights = scores of those experts. token_ids
     must be in [0, vocab) (not checked: that would need a host sync)."""
-    return Routing(*torch.ops.lowbit.moe_hash_route(logits, token_ids, table, scoring, renormalize,
+    return Routing(*call("moe_hash_route", logits, token_ids, table, scoring, renormalize,
                                                     float(routed_scaling), backend))
 
 
 # ---------------------------------------------------------------------------------------------- align
 
 
-@torch.library.custom_op("lowbit::moe_align", mutates_args=())
+@lowbit_op("moe_align", mutates_args=())
 def _moe_align(topk_ids: Tensor, expert_map: Tensor | None, num_experts: int, block_m: int,
                backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     _check_align(topk_ids, expert_map, num_experts, block_m)
@@ -227,10 +227,10 @@ def moe_align(topk_ids: Tensor, num_experts: int, block_m: int, *, expert_map: T
     """Contiguous grouped-GEMM layout: rows sorted by (expert, token, slot), each expert padded to block_m.
     P = round_up(T*k + min(E, T*k) * (block_m - 1), block_m) (static). expert_map: [E_global] global ->
     local id, -1 = not on this rank; num_experts is the local count. See docs/moe_layouts.md."""
-    return ContiguousLayout(*torch.ops.lowbit.moe_align(topk_ids, expert_map, num_experts, block_m, backend))
+    return ContiguousLayout(*call("moe_align", topk_ids, expert_map, num_experts, block_m, backend))
 
 
-@torch.library.custom_op("lowbit::moe_masked_layout", mutates_args=())
+@lowbit_op("moe_masked_layout", mutates_args=())
 def _moe_masked_layout(topk_ids: Tensor, expert_map: Tensor | None, num_experts: int, max_m: int,
                        backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     _check_masked(topk_ids, expert_map, num_experts, max_m)
@@ -254,13 +254,13 @@ class MaskedLayout(NamedTuple):
 def moe_masked_layout(topk_ids: Tensor, num_experts: int, max_m: int, *, expert_map: Tensor | None = None,
                       backend: str = "auto") -> MaskedLayout:
     """Masked grouped-GEMM layout [E, max_m, K] (decode, CUDA graphs). See docs/moe_layouts.md."""
-    return MaskedLayout(*torch.ops.lowbit.moe_masked_layout(topk_ids, expert_map, num_experts, max_m, backend))
+    return MaskedLayout(*call("moe_masked_layout", topk_ids, expert_map, num_experts, max_m, backend))
 
 
 # ------------------------------------------------------------------------------------------ gather/combine
 
 
-@torch.library.custom_op("lowbit::moe_gather", mutates_args=())
+@lowbit_op("moe_gather", mutates_args=())
 def _moe_gather(x: Tensor, src_rows: Tensor, top_k: int, backend: str) -> Tensor:
     _check_gather(x, src_rows, top_k)
     return run("moe_gather", backend, x, src_rows, top_k)
@@ -275,7 +275,7 @@ def _(x, src_rows, top_k, backend):
 def moe_gather(x: Tensor, src_rows: Tensor, top_k: int, *, backend: str = "auto") -> Tensor:
     """out[r] = x[src_rows[r] // top_k] (any dtype, bytes copied), zero rows where src_rows[r] is not in
     [0, T*top_k). Pass sorted_token_ids (contiguous) or src_rows (masked; out is [E, max_m, K])."""
-    return torch.ops.lowbit.moe_gather(x, src_rows, top_k, backend)
+    return call("moe_gather", x, src_rows, top_k, backend)
 
 
 class GatheredFP8(NamedTuple):
@@ -294,7 +294,7 @@ def moe_gather_fp8(x: Tensor, src_rows: Tensor, top_k: int, group_size: int = 12
                        moe_gather(q.scales, src_rows, top_k, backend=backend))
 
 
-@torch.library.custom_op("lowbit::moe_combine", mutates_args=())
+@lowbit_op("moe_combine", mutates_args=())
 def _moe_combine(expert_out: Tensor, inv_rows: Tensor, weights: Tensor, shared: Tensor | None,
                  out_dtype: torch.dtype, backend: str) -> Tensor:
     _check_combine(expert_out, inv_rows, weights, shared, out_dtype)
@@ -311,7 +311,7 @@ def moe_combine(expert_out: Tensor, inv_rows: Tensor, weights: Tensor, *, shared
                 out_dtype: torch.dtype | None = None, backend: str = "auto") -> Tensor:
     """y[t] = sum_j weights[t,j] * expert_out[inv_rows[t,j]] (+ shared[t]); fp32, slot order, no atomics.
     expert_out: [P, N] (contiguous layout) or [E, max_m, N] (masked). out_dtype defaults to expert_out's."""
-    return torch.ops.lowbit.moe_combine(expert_out, inv_rows, weights, shared,
+    return call("moe_combine", expert_out, inv_rows, weights, shared,
                                         out_dtype or expert_out.dtype, backend)
 
 

@@ -20,7 +20,7 @@ from .. import checks as C
 from ..reference.formats import round_up
 from ..reference.quant import MX_ROUNDINGS, MXFP4_BLOCK, NVFP4_BLOCK, fp8_scale_storage
 from ..reference.swiglu import ACTIVATIONS
-from ._common import run
+from ._common import call, lowbit_op, run
 from .quant import FP8GroupQuantized, MXFP4Quantized, NVFP4Quantized, ScaleLayout, _layout_flag
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -165,7 +165,7 @@ def _fake_res(x, residual):
 # ------------------------------------------------------------------------------------------ RMSNorm ops
 
 
-@torch.library.custom_op("lowbit::rms_norm", mutates_args=())
+@lowbit_op("rms_norm", mutates_args=())
 def _rms_norm(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float, weight_offset: float,
               backend: str) -> tuple[Tensor, Tensor]:
     _check_rms("rms_norm", x, weight, residual, eps, weight_offset)
@@ -178,7 +178,7 @@ def _(x, weight, residual, eps, weight_offset, backend):
     return x.new_empty(x.shape), _fake_res(x, residual)
 
 
-@torch.library.custom_op("lowbit::rms_norm_fp8_group", mutates_args=())
+@lowbit_op("rms_norm_fp8_group", mutates_args=())
 def _rms_norm_fp8_group(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float, weight_offset: float,
                         group_size: int, quant_eps: float, ue8m0: bool, column_major: bool,
                         backend: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -194,7 +194,7 @@ def _(x, weight, residual, eps, weight_offset, group_size, quant_eps, ue8m0, col
     return (*_fake_quant(x, tuple(x.shape[:-1]), x.shape[-1], "fp8_group", q), _fake_res(x, residual))
 
 
-@torch.library.custom_op("lowbit::rms_norm_mxfp4", mutates_args=())
+@lowbit_op("rms_norm_mxfp4", mutates_args=())
 def _rms_norm_mxfp4(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float, weight_offset: float,
                     rounding: str, swizzle: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
     _check_rms("rms_norm_mxfp4", x, weight, residual, eps, weight_offset, "mxfp4", (rounding, swizzle))
@@ -208,7 +208,7 @@ def _(x, weight, residual, eps, weight_offset, rounding, swizzle, backend):
             _fake_res(x, residual))
 
 
-@torch.library.custom_op("lowbit::rms_norm_nvfp4", mutates_args=())
+@lowbit_op("rms_norm_nvfp4", mutates_args=())
 def _rms_norm_nvfp4(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float, weight_offset: float,
                     global_scale: Tensor | None, swizzle: bool, backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     _check_rms("rms_norm_nvfp4", x, weight, residual, eps, weight_offset, "nvfp4", (global_scale, swizzle))
@@ -241,7 +241,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, *, residual: Tensor |
     """y = x * rsqrt(mean(x^2) + eps) * (weight + weight_offset) over the last dim (fp32 math, exact IEEE
     ops, fp64 sum of squares: see docs/norm_act.md). With `residual`, normalizes h = x + residual and also
     returns h (the new residual). weight_offset=1.0 is Gemma's (1 + w)."""
-    y, r = torch.ops.lowbit.rms_norm(x, weight, residual, float(eps), float(weight_offset), backend)
+    y, r = call("rms_norm", x, weight, residual, float(eps), float(weight_offset), backend)
     return RMSNormOutput(y, _res(r, residual))
 
 
@@ -250,7 +250,7 @@ def rms_norm_fp8_group(x: Tensor, weight: Tensor, eps: float = 1e-6, *, residual
                        ue8m0: bool = False, column_major_scales: bool = False,
                        backend: str = "auto") -> RMSNormQuantOutput:
     """rms_norm, rounded to x.dtype, then FP8 per-token-group quantized (ops.fp8_group_quantize), one pass."""
-    c, s, r = torch.ops.lowbit.rms_norm_fp8_group(x, weight, residual, float(eps), float(weight_offset),
+    c, s, r = call("rms_norm_fp8_group", x, weight, residual, float(eps), float(weight_offset),
                                                   group_size, float(quant_eps), ue8m0, column_major_scales, backend)
     return RMSNormQuantOutput(FP8GroupQuantized(c, s), _res(r, residual))
 
@@ -260,7 +260,7 @@ def rms_norm_mxfp4(x: Tensor, weight: Tensor, eps: float = 1e-6, *, residual: Te
                    scale_layout: ScaleLayout = "linear", backend: str = "auto") -> RMSNormQuantOutput:
     """rms_norm, rounded to x.dtype, then MXFP4 quantized (ops.mxfp4_quantize), one pass."""
     swizzle = _layout_flag("rms_norm_mxfp4", scale_layout)
-    c, s, r = torch.ops.lowbit.rms_norm_mxfp4(x, weight, residual, float(eps), float(weight_offset), rounding,
+    c, s, r = call("rms_norm_mxfp4", x, weight, residual, float(eps), float(weight_offset), rounding,
                                               swizzle, backend)
     return RMSNormQuantOutput(MXFP4Quantized(c, s), _res(r, residual))
 
@@ -271,7 +271,7 @@ def rms_norm_nvfp4(x: Tensor, weight: Tensor, eps: float = 1e-6, *, residual: Te
     """rms_norm, rounded to x.dtype, then NVFP4 quantized (ops.nvfp4_quantize). global_scale=None computes
     amax(y)/2688 on the device: two launches (amax pass, then norm+quantize), no host sync."""
     swizzle = _layout_flag("rms_norm_nvfp4", scale_layout)
-    c, s, g, r = torch.ops.lowbit.rms_norm_nvfp4(x, weight, residual, float(eps), float(weight_offset),
+    c, s, g, r = call("rms_norm_nvfp4", x, weight, residual, float(eps), float(weight_offset),
                                                  global_scale, swizzle, backend)
     return RMSNormQuantOutput(NVFP4Quantized(c, s, g), _res(r, residual))
 
@@ -283,7 +283,7 @@ def _fake_swiglu_lead(x):
     return tuple(x.shape[:-1]), x.shape[-1] // 2
 
 
-@torch.library.custom_op("lowbit::swiglu", mutates_args=())
+@lowbit_op("swiglu", mutates_args=())
 def _swiglu(x: Tensor, interleave: int, activation: str, alpha: float, limit: float | None,
             expert_ids: Tensor | None, masked_m: Tensor | None, out_dtype: torch.dtype | None,
             backend: str) -> Tensor:
@@ -299,7 +299,7 @@ def _(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, 
     return x.new_empty(*lead, i, dtype=out_dtype or x.dtype)
 
 
-@torch.library.custom_op("lowbit::swiglu_fp8_group", mutates_args=())
+@lowbit_op("swiglu_fp8_group", mutates_args=())
 def _swiglu_fp8_group(x: Tensor, interleave: int, activation: str, alpha: float, limit: float | None,
                       expert_ids: Tensor | None, masked_m: Tensor | None, out_dtype: torch.dtype | None,
                       group_size: int, quant_eps: float, ue8m0: bool, column_major: bool,
@@ -319,7 +319,7 @@ def _(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, 
     return _fake_quant(x, *_fake_swiglu_lead(x), "fp8_group", q)
 
 
-@torch.library.custom_op("lowbit::swiglu_mxfp4", mutates_args=())
+@lowbit_op("swiglu_mxfp4", mutates_args=())
 def _swiglu_mxfp4(x: Tensor, interleave: int, activation: str, alpha: float, limit: float | None,
                   expert_ids: Tensor | None, masked_m: Tensor | None, out_dtype: torch.dtype | None,
                   rounding: str, swizzle: bool, backend: str) -> tuple[Tensor, Tensor]:
@@ -335,7 +335,7 @@ def _(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, 
     return _fake_quant(x, *_fake_swiglu_lead(x), "mxfp4", (rounding, swizzle))
 
 
-@torch.library.custom_op("lowbit::swiglu_nvfp4", mutates_args=())
+@lowbit_op("swiglu_nvfp4", mutates_args=())
 def _swiglu_nvfp4(x: Tensor, interleave: int, activation: str, alpha: float, limit: float | None,
                   expert_ids: Tensor | None, masked_m: Tensor | None, out_dtype: torch.dtype | None,
                   global_scale: Tensor | None, swizzle: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
@@ -367,7 +367,7 @@ def swiglu(x: Tensor, *, interleave: int = 0, activation: Literal["silu", "gptos
     expert_ids [M] int32 (-1 = padding row) or masked_m [G] int32 (x [G, max_M, 2I]): MoE layouts; padding
     rows are not read and come out as zeros.
     """
-    return torch.ops.lowbit.swiglu(*_sw_args(x, interleave, activation, alpha, limit, expert_ids, masked_m,
+    return call("swiglu", *_sw_args(x, interleave, activation, alpha, limit, expert_ids, masked_m,
                                              out_dtype), backend)
 
 
@@ -377,7 +377,7 @@ def swiglu_fp8_group(x: Tensor, *, interleave: int = 0, activation: Literal["sil
                      quant_eps: float = 1e-10, ue8m0: bool = False, column_major_scales: bool = False,
                      backend: str = "auto") -> FP8GroupQuantized:
     """swiglu (rounded to out_dtype, default x.dtype) then FP8 per-token-group quantized, one pass."""
-    return FP8GroupQuantized(*torch.ops.lowbit.swiglu_fp8_group(
+    return FP8GroupQuantized(*call("swiglu_fp8_group",
         *_sw_args(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype), group_size,
         float(quant_eps), ue8m0, column_major_scales, backend))
 
@@ -389,7 +389,7 @@ def swiglu_mxfp4(x: Tensor, *, interleave: int = 0, activation: Literal["silu", 
                  backend: str = "auto") -> MXFP4Quantized:
     """swiglu (rounded to out_dtype) then MXFP4 quantized, one pass."""
     swizzle = _layout_flag("swiglu_mxfp4", scale_layout)
-    return MXFP4Quantized(*torch.ops.lowbit.swiglu_mxfp4(
+    return MXFP4Quantized(*call("swiglu_mxfp4",
         *_sw_args(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype), rounding, swizzle,
         backend))
 
@@ -403,7 +403,7 @@ def swiglu_nvfp4(x: Tensor, *, interleave: int = 0, activation: Literal["silu", 
     2688, computed on the device in a first pass), a scalar, or with expert_ids / masked_m one per expert
     [E] (ids must index it: a precondition, like DeepGEMM's m_indices)."""
     swizzle = _layout_flag("swiglu_nvfp4", scale_layout)
-    return NVFP4Quantized(*torch.ops.lowbit.swiglu_nvfp4(
+    return NVFP4Quantized(*call("swiglu_nvfp4",
         *_sw_args(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype), global_scale, swizzle,
         backend))
 

@@ -14,7 +14,7 @@ from torch import Tensor
 from .. import checks as C
 from ..reference.formats import div_rn, round_up
 from ..reference.quant import MX_ROUNDINGS, MXFP4_BLOCK, NVFP4_BLOCK, fp8_scale_storage
-from ._common import run
+from ._common import call, lowbit_op, run
 
 ScaleLayout = Literal["linear", "swizzled"]
 OUT_DTYPES = C.FLOAT_INPUTS
@@ -75,7 +75,7 @@ def _check_nvfp4_quantize(x, global_scale):
         C.check_same_device(op, "x", x, "global_scale", global_scale)
 
 
-@torch.library.custom_op("lowbit::nvfp4_quantize", mutates_args=())
+@lowbit_op("nvfp4_quantize", mutates_args=())
 def _nvfp4_quantize(x: Tensor, global_scale: Tensor | None, swizzle: bool, backend: str) -> tuple[
         Tensor, Tensor, Tensor]:
     _check_nvfp4_quantize(x, global_scale)
@@ -91,7 +91,7 @@ def _(x, global_scale, swizzle, backend):
             x.new_empty((), dtype=torch.float32))
 
 
-@torch.library.custom_op("lowbit::nvfp4_dequantize", mutates_args=())
+@lowbit_op("nvfp4_dequantize", mutates_args=())
 def _nvfp4_dequantize(codes: Tensor, scales: Tensor, global_scale: Tensor, swizzle: bool,
                       out_dtype: torch.dtype, backend: str) -> Tensor:
     _check_fp4_dequant("nvfp4_dequantize", codes, scales, NVFP4_BLOCK, torch.float8_e4m3fn, swizzle, out_dtype)
@@ -120,14 +120,14 @@ def nvfp4_quantize(x: Tensor, global_scale: Tensor | None = None, *, scale_layou
     `448*6/amax`) with `nvfp4_decode_global_scale`.
     """
     swizzle = _layout_flag("nvfp4_quantize", scale_layout)
-    return NVFP4Quantized(*torch.ops.lowbit.nvfp4_quantize(x, global_scale, swizzle, backend))
+    return NVFP4Quantized(*call("nvfp4_quantize", x, global_scale, swizzle, backend))
 
 
 def nvfp4_dequantize(codes: Tensor, scales: Tensor, global_scale: Tensor, *, scale_layout: ScaleLayout = "linear",
                      out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
     """value = (e2m1(code) * fp32(scale)) * global_scale, rounded once to out_dtype."""
     swizzle = _layout_flag("nvfp4_dequantize", scale_layout)
-    return torch.ops.lowbit.nvfp4_dequantize(codes, scales, global_scale, swizzle, out_dtype, backend)
+    return call("nvfp4_dequantize", codes, scales, global_scale, swizzle, out_dtype, backend)
 
 
 def nvfp4_global_scale_from_amax(amax: Tensor) -> Tensor:
@@ -155,7 +155,7 @@ def _check_mxfp4_quantize(x, rounding):
         C.fail("mxfp4_quantize", "rounding", f"{rounding!r} is not one of {', '.join(MX_ROUNDINGS)}")
 
 
-@torch.library.custom_op("lowbit::mxfp4_quantize", mutates_args=())
+@lowbit_op("mxfp4_quantize", mutates_args=())
 def _mxfp4_quantize(x: Tensor, rounding: str, swizzle: bool, backend: str) -> tuple[Tensor, Tensor]:
     _check_mxfp4_quantize(x, rounding)
     return run("mxfp4_quantize", backend, x, rounding, swizzle)
@@ -169,7 +169,7 @@ def _(x, rounding, swizzle, backend):
             x.new_empty(_scales_shape(lead, k, MXFP4_BLOCK, swizzle), dtype=torch.uint8))
 
 
-@torch.library.custom_op("lowbit::mxfp4_dequantize", mutates_args=())
+@lowbit_op("mxfp4_dequantize", mutates_args=())
 def _mxfp4_dequantize(codes: Tensor, scales: Tensor, swizzle: bool, out_dtype: torch.dtype,
                       backend: str) -> Tensor:
     _check_fp4_dequant("mxfp4_dequantize", codes, scales, MXFP4_BLOCK, torch.uint8, swizzle, out_dtype)
@@ -195,13 +195,13 @@ def mxfp4_quantize(x: Tensor, *, rounding: Literal["floor", "rceil"] = "floor",
     rounding="rceil": scale 2^ceil(log2(amax / 6)) (cuBLAS / NVIDIA recipe); never saturates.
     """
     swizzle = _layout_flag("mxfp4_quantize", scale_layout)
-    return MXFP4Quantized(*torch.ops.lowbit.mxfp4_quantize(x, rounding, swizzle, backend))
+    return MXFP4Quantized(*call("mxfp4_quantize", x, rounding, swizzle, backend))
 
 
 def mxfp4_dequantize(codes: Tensor, scales: Tensor, *, scale_layout: ScaleLayout = "linear",
                      out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
     swizzle = _layout_flag("mxfp4_dequantize", scale_layout)
-    return torch.ops.lowbit.mxfp4_dequantize(codes, scales, swizzle, out_dtype, backend)
+    return call("mxfp4_dequantize", codes, scales, swizzle, out_dtype, backend)
 
 
 # ------------------------------------------------------------------------------------------ FP8 groups
@@ -216,7 +216,7 @@ def _check_fp8_group_quantize(x, group_size, eps):
         C.fail(op, "eps", f"must be > 0 (it keeps all-zero groups finite), got {eps}")
 
 
-@torch.library.custom_op("lowbit::fp8_group_quantize", mutates_args=())
+@lowbit_op("fp8_group_quantize", mutates_args=())
 def _fp8_group_quantize(x: Tensor, group_size: int, eps: float, ue8m0: bool, column_major: bool,
                         backend: str) -> tuple[Tensor, Tensor]:
     _check_fp8_group_quantize(x, group_size, eps)
@@ -248,7 +248,7 @@ def _check_fp8_group_dequantize(codes, scales, group_size, out_dtype):
         C.fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")
 
 
-@torch.library.custom_op("lowbit::fp8_group_dequantize", mutates_args=())
+@lowbit_op("fp8_group_dequantize", mutates_args=())
 def _fp8_group_dequantize(codes: Tensor, scales: Tensor, group_size: int, out_dtype: torch.dtype,
                           backend: str) -> Tensor:
     _check_fp8_group_dequantize(codes, scales, group_size, out_dtype)
@@ -274,13 +274,13 @@ def fp8_group_quantize(x: Tensor, group_size: int = 128, *, eps: float = 1e-10, 
     column_major_scales: DeepGEMM's MN-major layout, storage [K/group, round_up(M, 4)] (16-byte aligned
     columns), returned as a [..., K/group] view of it.
     """
-    return FP8GroupQuantized(*torch.ops.lowbit.fp8_group_quantize(
+    return FP8GroupQuantized(*call("fp8_group_quantize",
         x, group_size, float(eps), ue8m0, column_major_scales, backend))
 
 
 def fp8_group_dequantize(codes: Tensor, scales: Tensor, group_size: int = 128, *,
                          out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
-    return torch.ops.lowbit.fp8_group_dequantize(codes, scales, group_size, out_dtype, backend)
+    return call("fp8_group_dequantize", codes, scales, group_size, out_dtype, backend)
 
 
 # ---------------------------------------------------------------------------------------- scale layout
@@ -292,7 +292,7 @@ def _check_swizzle(scales):
         C.fail("swizzle_scales_128x4", "scales", f"expected [M, S], got shape {tuple(scales.shape)}")
 
 
-@torch.library.custom_op("lowbit::swizzle_scales_128x4", mutates_args=())
+@lowbit_op("swizzle_scales_128x4", mutates_args=())
 def _swizzle_scales_128x4(scales: Tensor, backend: str) -> Tensor:
     _check_swizzle(scales)
     return run("swizzle_scales_128x4", backend, scales)
@@ -304,7 +304,7 @@ def _(scales, backend):
     return scales.new_empty(round_up(scales.shape[0], 128), round_up(scales.shape[1], 4))
 
 
-@torch.library.custom_op("lowbit::unswizzle_scales_128x4", mutates_args=())
+@lowbit_op("unswizzle_scales_128x4", mutates_args=())
 def _unswizzle_scales_128x4(swizzled: Tensor, rows: int, cols: int, backend: str) -> Tensor:
     if swizzled.numel() != round_up(rows, 128) * round_up(cols, 4):
         C.fail("unswizzle_scales_128x4", "swizzled", f"holds {swizzled.numel()} elements, expected "
@@ -319,11 +319,11 @@ def _(swizzled, rows, cols, backend):
 
 def swizzle_scales_128x4(scales: Tensor, *, backend: str = "auto") -> Tensor:
     """Linear [M, S] block scales -> the 128x4 blocked layout block-scaled GEMMs read (zero padded)."""
-    return torch.ops.lowbit.swizzle_scales_128x4(scales, backend)
+    return call("swizzle_scales_128x4", scales, backend)
 
 
 def unswizzle_scales_128x4(swizzled: Tensor, rows: int, cols: int, *, backend: str = "auto") -> Tensor:
-    return torch.ops.lowbit.unswizzle_scales_128x4(swizzled, rows, cols, backend)
+    return call("unswizzle_scales_128x4", swizzled, rows, cols, backend)
 
 
 # ------------------------------------------------------------------------------------------ self-check

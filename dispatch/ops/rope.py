@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .. import checks as C
 from ..reference.rope import rope_cos_sin_cache
-from ._common import run
+from ._common import call, lowbit_op, run
 
 CHECK_ENV = "LOWBIT_CHECK_INDICES"
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -73,7 +73,7 @@ def _check_rope(op, q, k, positions, cos_sin_cache, rot_offset, sync_check=True)
                                  f"{q.shape[-1]} (rot = cos_sin_cache.shape[1] = {rot})")
 
 
-@torch.library.custom_op("lowbit::rope", mutates_args=())
+@lowbit_op("rope", mutates_args=())
 def _rope(q: Tensor, k: Tensor, positions: Tensor, cos_sin_cache: Tensor, rot_offset: int, is_neox: bool,
           inverse: bool, backend: str) -> tuple[Tensor, Tensor]:
     _check_rope("rope", q, k, positions, cos_sin_cache, rot_offset)
@@ -86,7 +86,7 @@ def _(q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse, backend):
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
-@torch.library.custom_op("lowbit::rope_", mutates_args=("q", "k"))
+@lowbit_op("rope_", mutates_args=("q", "k"))
 def _rope_(q: Tensor, k: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, rot_offset: int,
            is_neox: bool, inverse: bool, backend: str) -> None:
     _check_rope("rope_", q, k, positions, cos_sin_cache, rot_offset)
@@ -109,7 +109,7 @@ def rope(q: Tensor, k: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, 
     rotate, rot = cos_sin_cache.shape[1]; is_neox=False is GPT-J (interleaved pairs); inverse rotates
     by minus the angle (DeepSeek-V4 applies it to the attention output). Outputs are fresh, contiguous."""
     k_in = q[:, :0] if k is None else k
-    qo, ko = torch.ops.lowbit.rope(q, k_in, positions, cos_sin_cache, int(rot_offset), bool(is_neox),
+    qo, ko = call("rope", q, k_in, positions, cos_sin_cache, int(rot_offset), bool(is_neox),
                                    bool(inverse), backend)
     return RopeOutput(qo, None if k is None else ko)
 
@@ -117,7 +117,7 @@ def rope(q: Tensor, k: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, 
 def rope_(q: Tensor, k: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, *, rot_offset: int = 0,
           is_neox: bool = True, inverse: bool = False, backend: str = "auto") -> None:
     """In-place RoPE of q and k (k may be None); same math as `rope`."""
-    torch.ops.lowbit.rope_(q, k, positions, cos_sin_cache, int(rot_offset), bool(is_neox), bool(inverse),
+    call("rope_", q, k, positions, cos_sin_cache, int(rot_offset), bool(is_neox), bool(inverse),
                            backend)
 
 

@@ -15,7 +15,6 @@ from .formats import (
     E8M0_NAN,
     bits_float,
     div_rn,
-    reciprocal_rn,
     e2m1_decode,
     e2m1_encode,
     e4m3_encode,
@@ -23,6 +22,7 @@ from .formats import (
     float_bits,
     pack_nibbles,
     pow2_ceil,
+    reciprocal_rn,
     round_up,
     unpack_nibbles,
 )
