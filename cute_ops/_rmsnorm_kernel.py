@@ -266,8 +266,8 @@ class RMSNormKernel:
             amax = _group_max(_amax_nan(v, vec), lanes)
             s = (amax / Float32(6.0)) / gs if gs != Float32(0.0) else Float32(0.0)
             sbits = _e4m3_bits(s)
-            denom = _e4m3_value(sbits) * gs
-            inv = Float32(1.0) / denom if denom != Float32(0.0) else Float32(0.0)  # per block, as the reference
+            s32 = _e4m3_value(sbits)
+            inv = (Float32(1.0) / gs) / s32 if s32 != Float32(0.0) else Float32(0.0)  # per block, as the reference
             for j in cutlass.range_constexpr(half):
                 lo = _e2m1_code(v[2 * j] * inv)
                 hi = _e2m1_code(v[2 * j + 1] * inv)

@@ -170,11 +170,12 @@ def fp8_group_scale(amax, eps, UE8M0: tl.constexpr):
 
 @triton.jit
 def nvfp4_block_scale(amax, gs):
-    """(E4M3 scale byte, 1/(fp32(scale) * gs)) for an NVFP4 block with decode-form global scale gs."""
+    """(E4M3 scale byte, (1/gs) / fp32(scale)) for an NVFP4 block with decode-form global scale gs (the
+    reciprocal formed as torchao / MSLK form it, so bytes match theirs)."""
     s = tl.where(gs == 0, 0.0, tl.math.div_rn(tl.math.div_rn(amax, 6.0), gs))
     sbyte = e4m3_encode_emulated(s)
-    denom = e4m3_decode(sbyte) * gs
-    return sbyte, tl.where(denom == 0, 0.0, tl.math.div_rn(1.0, denom))
+    s32 = e4m3_decode(sbyte)
+    return sbyte, tl.where(s32 == 0, 0.0, tl.math.div_rn(tl.math.div_rn(1.0, gs), s32))
 
 
 @triton.jit

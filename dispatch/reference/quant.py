@@ -84,11 +84,11 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor | None, swizzle: 
     """NVFP4: 16-element blocks along the last dim, E4M3 block scales, fp32 decode-form global scale.
 
     block scale s = e4m3(min((amax_b / 6) / gs, 448))      (gs == 0 -> s = 0)
-    inverse     r = 1 / (fp32(s) * gs)                     (one IEEE division per block; 0 if s * gs == 0)
+    inverse     r = (1 / gs) / fp32(s)                     (one IEEE division per block; 0 where s == 0)
     code        = e2m1(x * r)
-    Multiplying by a per-block reciprocal (as DeepGEMM/FlashInfer/vLLM kernels do) instead of dividing each
-    element keeps the kernels memory-bound; it can differ from x / (s * gs) in the last bit of the scaled
-    value, so in rare threshold cases from a library that divides (torchao's Python reference).
+    Multiplying by a per-block reciprocal instead of dividing each element keeps the kernels memory-bound. The
+    reciprocal is formed exactly as torchao's nvfp4_quantize (0.18) and the MSLK Triton kernel form it, so the
+    bytes equal theirs wherever the conventions agree (tests/test_quant_interop.py).
     """
     lead, k = x.shape[:-1], x.shape[-1]
     gs = nvfp4_global_scale(x) if global_scale is None else global_scale.reshape(()).float()
@@ -96,8 +96,8 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor | None, swizzle: 
     amax = _amax(xb)
     s = torch.where(gs == 0, torch.zeros_like(amax), div_rn(div_rn(amax, 6.0), gs))
     s8 = e4m3_encode(s)
-    denom = s8.float() * gs
-    inv = torch.where(denom == 0, torch.zeros_like(denom), reciprocal_rn(denom))
+    s32 = s8.float()
+    inv = torch.where(s32 == 0, torch.zeros_like(s32), torch.div(reciprocal_rn(gs), s32))
     q = xb * inv[..., None]
     codes = pack_nibbles(e2m1_encode(q)).reshape(*lead, k // 2)
     scales = swizzle_scales_128x4(s8.view(torch.uint8)).view(torch.float8_e4m3fn) if swizzle else s8.reshape(
