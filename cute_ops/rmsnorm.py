@@ -16,7 +16,6 @@ Importing this module needs nvidia-cutlass-dsl; the dispatch table only imports 
 from __future__ import annotations
 
 import dataclasses
-
 import os
 
 import torch
