@@ -58,6 +58,21 @@ def fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK: tl.constexpr):
     return tl.math.div_rn(amax_nan(partials, 0), 2688.0)
 
 
+def alloc_epilogue_outputs(fmt, lead, n, rows, out_dtype, group, column_major, swizzle, device):
+    """(out, scales) tensors that quant_epilogue fills for an n-wide output row (scales is out for FMT_NONE)."""
+    if fmt == FMT_NONE:
+        out = torch.empty(*lead, n, dtype=out_dtype, device=device)
+        return out, out
+    if fmt == FMT_FP8:
+        return (torch.empty(*lead, n, dtype=torch.float8_e4m3fn, device=device),
+                fp8_scale_storage(lead, n // group, column_major, device))
+    sb = MXFP4_BLOCK if fmt == FMT_MX else NVFP4_BLOCK
+    sdt = torch.uint8 if fmt == FMT_MX else torch.float8_e4m3fn
+    scales = (torch.empty(round_up(rows, 128), round_up(n // sb, 4), dtype=sdt, device=device) if swizzle
+              else torch.empty(*lead, n // sb, dtype=sdt, device=device))
+    return torch.empty(*lead, n // 2, dtype=torch.uint8, device=device), scales
+
+
 @triton.jit
 def tile_amax_bits(y, mask, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
     """Per-row max |dtype(y)| as int bits (NaN-propagating), masked lanes excluded: [BLOCK_M] int32."""
@@ -226,17 +241,7 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     gs_out = torch.empty((), dtype=torch.float32, device=dev)
     sb = {FMT_MX: MXFP4_BLOCK, FMT_NV: NVFP4_BLOCK}.get(fmt, 1)
     scale_cols_padded = round_up(n // sb, 4) if fmt in (FMT_MX, FMT_NV) else 0
-    if fmt == FMT_NONE:
-        out = torch.empty(*lead, n, dtype=x.dtype, device=dev)
-        scales = out
-    elif fmt == FMT_FP8:
-        out = torch.empty(*lead, n, dtype=torch.float8_e4m3fn, device=dev)
-        scales = fp8_scale_storage(lead, n // group, column_major, dev)
-    else:
-        out = torch.empty(*lead, n // 2, dtype=torch.uint8, device=dev)
-        sdt = torch.uint8 if fmt == FMT_MX else torch.float8_e4m3fn
-        scales = (torch.empty(round_up(rows, 128), scale_cols_padded, dtype=sdt, device=dev) if swizzle
-                  else torch.empty(*lead, n // sb, dtype=sdt, device=dev))
+    out, scales = alloc_epilogue_outputs(fmt, lead, n, rows, x.dtype, group, column_major, swizzle, dev)
     results = _results(fmt, out, scales, gs_out, new_res)
     if fmt == FMT_NV and global_scale is not None:
         gs_out.copy_(global_scale.reshape(()))

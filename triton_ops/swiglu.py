@@ -18,7 +18,7 @@ import triton.language as tl
 
 from dispatch.checks import rows_view
 from dispatch.reference.formats import round_up
-from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_BLOCK, fp8_scale_storage
+from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_BLOCK
 
 from ._launch import TL_DTYPE, emulate_formats
 from .rmsnorm import (
@@ -34,6 +34,7 @@ from .rmsnorm import (
     PASS_AMAX,
     PASS_QUANT,
     PASS_SINGLE,
+    alloc_epilogue_outputs,
     fold_partials,
     quant_epilogue,
     tile_amax_bits,
@@ -166,16 +167,7 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
     scale_cols_padded = round_up(i // sb, 4) if fmt in (FMT_MX, FMT_NV) else 0
     gs_given_shape = () if global_scale is None or global_scale.numel() == 1 else (global_scale.numel(),)
     gs_out = torch.empty(gs_given_shape, dtype=torch.float32, device=dev)
-    if fmt == FMT_NONE:
-        out = scales = torch.empty(*lead, i, dtype=out_dtype, device=dev)
-    elif fmt == FMT_FP8:
-        out = torch.empty(*lead, i, dtype=torch.float8_e4m3fn, device=dev)
-        scales = fp8_scale_storage(lead, i // group, column_major, dev)
-    else:
-        out = torch.empty(*lead, i // 2, dtype=torch.uint8, device=dev)
-        sdt = torch.uint8 if fmt == FMT_MX else torch.float8_e4m3fn
-        scales = (torch.empty(round_up(rows, 128), scale_cols_padded, dtype=sdt, device=dev) if swizzle
-                  else torch.empty(*lead, i // sb, dtype=sdt, device=dev))
+    out, scales = alloc_epilogue_outputs(fmt, lead, i, rows, out_dtype, group, column_major, swizzle, dev)
     results = out if fmt == FMT_NONE else ((out, scales, gs_out) if fmt == FMT_NV else (out, scales))
     if fmt == FMT_NV and global_scale is not None:
         gs_out.copy_(global_scale.reshape(gs_given_shape))
