@@ -339,7 +339,10 @@ def run_case(case: BenchCase, device: torch.device, roof: Roofline, quick: bool,
     try:
         with torch.no_grad():
             first = case.make(device)
-            want = case.reference(clone_inputs(first))
+            # Verification inputs stay pristine: `first` is also a timing input, and in-place ops (rope_, cache
+            # writes) mutate it on every timed call, which made later providers look wrong.
+            pristine = clone_inputs(first)
+            want = case.reference(clone_inputs(pristine))
             _sync(device)
     except Exception as exc:
         log(f"  {case.op} [{case.label}]: make/reference failed: {exc}")
@@ -369,7 +372,7 @@ def run_case(case: BenchCase, device: torch.device, roof: Roofline, quick: bool,
                 if p.kind == "compiled":
                     fn = _compile(case.reference)
                 if p.kind in ("lowbit", "compiled"):
-                    got = fn(clone_inputs(first)) if p.kind == "compiled" else p.fn(clone_inputs(first))
+                    got = fn(clone_inputs(pristine)) if p.kind == "compiled" else p.fn(clone_inputs(pristine))
                     _sync(device)
                     try:
                         case.check(got, want)

@@ -193,6 +193,32 @@ def test_runner_rejects_a_fast_wrong_answer():
     assert low["status"] == "wrong" and low.get("median_us") is None
 
 
+def test_runner_verifies_in_place_ops_on_pristine_inputs():
+    """Timing mutates the inputs of in-place ops; each provider must still be verified on unmutated ones
+    (the first H200 run flagged the second provider of rope_ as wrong because of this)."""
+    import dataclasses
+
+    from perf.cases.base import BenchCase
+
+    def make(device):
+        return {"x": torch.arange(8.0, device=device)}
+
+    def bump(i, backend="torch"):
+        i["x"].add_(1)  # an in-place op
+        return i["x"]
+
+    def check(got, want):
+        assert torch.equal(got, want), (got, want)
+
+    case = BenchCase("rope_", "in-place toy", "decode", {}, make, bump, bump, check, bytes_moved=64)
+    case = dataclasses.replace(case, compile_reference=False)
+    recs = list(runner.run_case(case, torch.device("cpu"), runner.Roofline(10.0, 0.1, None, "t"), True,
+                                lambda p: p in ("lowbit:torch", "lowbit:triton", "torch"), lambda m: None))
+    verified = [r for r in recs if r["provider"].startswith("lowbit:")]
+    assert {r["provider"] for r in verified} == {"lowbit:torch", "lowbit:triton"}
+    assert all(r["status"] == "ok" for r in recs), [(r["provider"], r["status"], r.get("error")) for r in recs]
+
+
 def test_time_passes_quantiles_cpu():
     x = torch.randn(1000)
     t = runner.time_passes(lambda a: a.sum(), [x, x.clone()], torch.device("cpu"), budget_s=0.01)
