@@ -127,12 +127,17 @@ def test_triton_e4m3_emulation_matches_reference():
 # --------------------------------------------------------------------------------- pinned format cases
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_nvfp4_ties_and_codes_pinned(backend):
+BACKEND_DEVICES = [pytest.param("torch", "cpu", id="torch"), pytest.param("triton", "cpu", id="triton-cpu"),
+                   pytest.param("triton", "cuda", id="triton-cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
+def test_nvfp4_ties_and_codes_pinned(backend, device):
     # gs = 1 and a block amax of 6 make the block scale exactly 1, so x is its own scaled value.
     vals = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, 0.1, -0.1, 4.0, -3.0, 0.0, -0.0]
-    x = torch.tensor([vals])
-    q = ops.nvfp4_quantize(x, torch.tensor(1.0), backend=backend)
+    x = torch.tensor([vals], device=device)
+    q = ops.nvfp4_quantize(x, torch.tensor(1.0, device=device), backend=backend)
+    q = type(q)(*(t.cpu() for t in q))
     # expected codes: 6->7, .25->0, .75->2, 1.25->2, 1.75->4, 2.5->4, 3.5->6, 5->6, -.25->8, -.75->0xA,
     # .1->0, -.1->8 (sign kept), 4->6, -3->0xD, 0->0, -0->8
     want = [7, 0, 2, 2, 4, 4, 6, 6, 8, 0xA, 0, 8, 6, 0xD, 0, 8]
@@ -157,24 +162,26 @@ def test_all_zero_blocks(backend):
     assert f8.codes.view(torch.uint8).count_nonzero() == 0 and (f8.scales == 1e-10 / 448).all()
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_nan_inf_contract(backend):
-    """Documented in README: a NaN poisons its block's scale; Inf saturates (given finite global scale)."""
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICES)
+def test_nan_inf_contract(backend, device):
+    """Documented in docs/quant.md: a NaN poisons its block's scale; Inf saturates (given finite global scale)."""
     x = torch.randn(2, 64)
     x[0, 3] = float("nan")
     x[1, 40] = float("inf")
-    gs = torch.tensor(0.01)
+    x = x.to(device)
+    gs = torch.tensor(0.01, device=device)
     nv = ops.nvfp4_quantize(x, gs, backend=backend)
+    nv = type(nv)(*(t.cpu() for t in nv))
     s = nv.scales.view(torch.uint8)
     assert s[0, 0] == 0x7F and (s[0, 1:] != 0x7F).all()  # NaN block scale; other blocks normal
     assert s[1, 2] == 0x7E  # Inf block: scale saturates to 448
     assert fmt.unpack_nibbles(nv.codes)[1, 40] == 7  # and the Inf element to +6
     assert fmt.unpack_nibbles(nv.codes)[0, :16].eq(0).sum() >= 1
-    deq = ops.nvfp4_dequantize(*nv, out_dtype=torch.float32, backend=backend)
+    deq = ops.nvfp4_dequantize(*(t.to(device) for t in nv), out_dtype=torch.float32, backend=backend).cpu()
     assert torch.isnan(deq[0, :16]).all() and torch.isfinite(deq[0, 16:]).all()
-    mx = ops.mxfp4_quantize(x, backend=backend)
+    mx = type(q := ops.mxfp4_quantize(x, backend=backend))(*(t.cpu() for t in q))
     assert mx.scales[0, 0] == 0xFF and mx.scales[1, 1] == 0xFF and mx.scales[0, 1] != 0xFF
-    f8 = ops.fp8_group_quantize(x, 32, backend=backend)
+    f8 = type(q := ops.fp8_group_quantize(x, 32, backend=backend))(*(t.cpu() for t in q))
     assert torch.isnan(f8.scales[0, 0]) and torch.isinf(f8.scales[1, 1])
     assert (f8.codes.view(torch.uint8)[0, :32] == 0x7F).all()
 
@@ -215,3 +222,17 @@ def test_roundtrip_accuracy():
     f8 = ops.fp8_group_quantize(x)
     err8 = (ops.fp8_group_dequantize(*f8, out_dtype=torch.float32) - x).norm() / x.norm()
     assert err8 < 0.03
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_computed_global_scale_sees_every_k_tile(device):
+    """The amax pass splits K across programs when rows are few (decode): the maximum, and a NaN, in the last
+    K tile must still reach the global scale."""
+    x = make_values(3, 4096, "normal", 11)
+    x[2, 4000] = 50.0
+    got = ops.nvfp4_quantize(x.to(device), backend="triton")
+    want = ops.nvfp4_quantize(x, backend="torch")
+    assert got.global_scale.item() == want.global_scale.item() == pytest.approx(50.0 / 2688)
+    assert_same_bytes(got.codes, want.codes, "codes")
+    x[1, 4090] = float("nan")
+    assert torch.isnan(ops.nvfp4_quantize(x.to(device), backend="triton").global_scale).item()

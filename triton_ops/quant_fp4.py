@@ -39,21 +39,25 @@ MAX_AMAX_PARTIALS = 256  # partial maxima the amax pass leaves for the quantize 
 
 
 @triton.jit
-def _amax_partials_kernel(x_ptr, partials_ptr, M, K, stride_xm, rows_per_prog,
+def _amax_partials_kernel(x_ptr, partials_ptr, M, K, stride_xm, rows_per_prog, cols_per_prog,
                           BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """partials[pid] = max |x| over rows [pid*rows_per_prog, ...), NaN-propagating."""
-    pid = tl.program_id(0)
+    """partials[pid_m * n_k + pid_k] = max |x| over a (rows_per_prog x cols_per_prog) tile, NaN-propagating.
+    Tiles split K too, so short batches (decode) still spread over many programs."""
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
     acc = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.int32)
-    row0 = pid.to(tl.int64) * rows_per_prog
+    row0 = pid_m.to(tl.int64) * rows_per_prog
+    col0 = pid_k * cols_per_prog
     for m0 in range(0, rows_per_prog, BLOCK_M):
         rows = row0 + m0 + tl.arange(0, BLOCK_M)
         rmask = (rows < M) & (m0 + tl.arange(0, BLOCK_M) < rows_per_prog)
-        for k0 in range(0, K, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            mask = rmask[:, None] & (cols < K)[None, :]
+        for k0 in range(0, cols_per_prog, BLOCK_K):
+            cols = col0 + k0 + tl.arange(0, BLOCK_K)
+            mask = rmask[:, None] & ((cols < K) & (k0 + tl.arange(0, BLOCK_K) < cols_per_prog))[None, :]
             x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
             acc = tl.maximum(acc, abs_bits(x.to(tl.float32)))
-    tl.store(partials_ptr + pid, tl.max(tl.reshape(acc, [BLOCK_M * BLOCK_K]), 0).to(tl.float32, bitcast=True))
+    amax = tl.max(tl.reshape(acc, [BLOCK_M * BLOCK_K]), 0).to(tl.float32, bitcast=True)
+    tl.store(partials_ptr + pid_m * tl.num_programs(1) + pid_k, amax)
 
 
 @triton.jit
@@ -179,13 +183,17 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
         gs_mode, gs_in = GS_GIVEN, global_scale
     elif not is_mx:
         gs_mode = GS_FROM_PARTIALS
+        amax_k = min(cfg.block_k, 1024)
         rows_per_prog = max(cfg.block_m, triton.cdiv(rows, MAX_AMAX_PARTIALS))
-        n_partials = triton.cdiv(rows, rows_per_prog)
+        n_m = triton.cdiv(rows, rows_per_prog)
+        n_k = min(triton.cdiv(k, amax_k), max(1, MAX_AMAX_PARTIALS // n_m))  # split K when rows are few
+        cols_per_prog = amax_k * triton.cdiv(triton.cdiv(k, amax_k), n_k)
+        n_k = triton.cdiv(k, cols_per_prog)
+        n_partials = n_m * n_k
         partials_block = triton.next_power_of_2(n_partials)
         gs_in = torch.empty(n_partials, dtype=torch.float32, device=x.device)
-        amax_k = min(cfg.block_k, 1024)
-        _amax_partials_kernel[(n_partials,)](
-            x2, gs_in, rows, k, x2.stride(0), rows_per_prog,
+        _amax_partials_kernel[(n_m, n_k)](
+            x2, gs_in, rows, k, x2.stride(0), rows_per_prog, cols_per_prog,
             BLOCK_M=max(1, min(cfg.block_m, 8192 // amax_k)), BLOCK_K=amax_k, num_warps=cfg.num_warps)
     words = x2.view(torch.int64 if x.dtype == torch.float32 else torch.int32)
     grid = (triton.cdiv(grid_rows, cfg.block_m), triton.cdiv(k, cfg.block_k))
