@@ -16,7 +16,7 @@ import triton.language as tl
 
 from dispatch.checks import rows_view
 from dispatch.reference.formats import round_up
-from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_AMAX_TO_SCALE, NVFP4_BLOCK
+from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_AMAX_TO_SCALE, NVFP4_BLOCK, fp4_scales_shape
 
 from ._formats import (
     abs_bits,
@@ -154,13 +154,6 @@ def _fp4_dequantize_kernel(
 # ------------------------------------------------------------------------------------------ launchers
 
 
-def _scales_out(x2: torch.Tensor, lead: tuple, k: int, block: int, swizzle: bool, dtype: torch.dtype):
-    rows = x2.shape[0]
-    if swizzle:
-        return torch.empty(round_up(rows, 128), round_up(k // block, 4), dtype=dtype, device=x2.device)
-    return torch.empty(*lead, k // block, dtype=dtype, device=x2.device)
-
-
 def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bool = False,
               global_scale: torch.Tensor | None = None):
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
@@ -168,7 +161,8 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
     x2 = rows_view(op, "x", x)
     rows = x2.shape[0]
     codes = torch.empty(*lead, k // 2, dtype=torch.uint8, device=x.device)
-    scales = _scales_out(x2, lead, k, block, swizzle, torch.uint8 if is_mx else torch.float8_e4m3fn)
+    scales = torch.empty(fp4_scales_shape(lead, k, block, swizzle), device=x.device,
+                         dtype=torch.uint8 if is_mx else torch.float8_e4m3fn)
     gs_out = torch.empty((), dtype=torch.float32, device=x.device)
     if scales.numel() == 0 or k == 0:
         if not is_mx:

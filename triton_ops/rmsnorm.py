@@ -24,7 +24,7 @@ import triton.language as tl
 
 from dispatch.checks import rows_view
 from dispatch.reference.formats import round_up
-from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_BLOCK, fp8_scale_storage
+from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_BLOCK, fp4_scales_shape, fp8_scale_storage
 
 from ._formats import (
     abs_bits,
@@ -58,7 +58,7 @@ def fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK: tl.constexpr):
     return tl.math.div_rn(amax_nan(partials, 0), 2688.0)
 
 
-def alloc_epilogue_outputs(fmt, lead, n, rows, out_dtype, group, column_major, swizzle, device):
+def alloc_epilogue_outputs(fmt, lead, n, out_dtype, group, column_major, swizzle, device):
     """(out, scales) tensors that quant_epilogue fills for an n-wide output row (scales is out for FMT_NONE)."""
     if fmt == FMT_NONE:
         out = torch.empty(*lead, n, dtype=out_dtype, device=device)
@@ -68,8 +68,7 @@ def alloc_epilogue_outputs(fmt, lead, n, rows, out_dtype, group, column_major, s
                 fp8_scale_storage(lead, n // group, column_major, device))
     sb = MXFP4_BLOCK if fmt == FMT_MX else NVFP4_BLOCK
     sdt = torch.uint8 if fmt == FMT_MX else torch.float8_e4m3fn
-    scales = (torch.empty(round_up(rows, 128), round_up(n // sb, 4), dtype=sdt, device=device) if swizzle
-              else torch.empty(*lead, n // sb, dtype=sdt, device=device))
+    scales = torch.empty(fp4_scales_shape(lead, n, sb, swizzle), dtype=sdt, device=device)
     return torch.empty(*lead, n // 2, dtype=torch.uint8, device=device), scales
 
 
@@ -241,7 +240,7 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     gs_out = torch.empty((), dtype=torch.float32, device=dev)
     sb = {FMT_MX: MXFP4_BLOCK, FMT_NV: NVFP4_BLOCK}.get(fmt, 1)
     scale_cols_padded = round_up(n // sb, 4) if fmt in (FMT_MX, FMT_NV) else 0
-    out, scales = alloc_epilogue_outputs(fmt, lead, n, rows, x.dtype, group, column_major, swizzle, dev)
+    out, scales = alloc_epilogue_outputs(fmt, lead, n, x.dtype, group, column_major, swizzle, dev)
     results = _results(fmt, out, scales, gs_out, new_res)
     if fmt == FMT_NV and global_scale is not None:
         gs_out.copy_(global_scale.reshape(()))

@@ -167,7 +167,7 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
     scale_cols_padded = round_up(i // sb, 4) if fmt in (FMT_MX, FMT_NV) else 0
     gs_given_shape = () if global_scale is None or global_scale.numel() == 1 else (global_scale.numel(),)
     gs_out = torch.empty(gs_given_shape, dtype=torch.float32, device=dev)
-    out, scales = alloc_epilogue_outputs(fmt, lead, i, rows, out_dtype, group, column_major, swizzle, dev)
+    out, scales = alloc_epilogue_outputs(fmt, lead, i, out_dtype, group, column_major, swizzle, dev)
     results = out if fmt == FMT_NONE else ((out, scales, gs_out) if fmt == FMT_NV else (out, scales))
     if fmt == FMT_NV and global_scale is not None:
         gs_out.copy_(global_scale.reshape(gs_given_shape))

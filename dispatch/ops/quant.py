@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .. import checks as C
 from ..reference.formats import div_rn, round_up
-from ..reference.quant import MX_ROUNDINGS, MXFP4_BLOCK, NVFP4_BLOCK, fp8_scale_storage
+from ..reference.quant import MX_ROUNDINGS, MXFP4_BLOCK, NVFP4_BLOCK, fp4_scales_shape, fp8_scale_storage
 from ._common import call, lowbit_op, run
 
 ScaleLayout = Literal["linear", "swizzled"]
@@ -34,15 +34,6 @@ def _check_quant_input(op: str, x: Tensor, block: int, what: str) -> None:
     C.rows_view(op, "x", x)
 
 
-def _scales_shape(lead: tuple, k: int, block: int, swizzle: bool) -> tuple:
-    if swizzle:
-        rows = 1
-        for d in lead:
-            rows *= d
-        return (round_up(rows, 128), round_up(k // block, 4))
-    return (*lead, k // block)
-
-
 def _check_fp4_dequant(op: str, codes: Tensor, scales: Tensor, block: int, scale_dtype, swizzle: bool,
                        out_dtype) -> None:
     C.check_tensor(op, "codes", codes)
@@ -53,7 +44,7 @@ def _check_fp4_dequant(op: str, codes: Tensor, scales: Tensor, block: int, scale
         C.fail(op, "codes", f"last dim {codes.shape[-1]} holds {k} values, not a multiple of the block {block}")
     C.check_dtype(op, "scales", scales, (scale_dtype,))
     C.check_same_device(op, "codes", codes, "scales", scales)
-    want = _scales_shape(tuple(codes.shape[:-1]), k, block, swizzle)
+    want = fp4_scales_shape(tuple(codes.shape[:-1]), k, block, swizzle)
     if swizzle and scales.numel() != want[0] * want[1]:
         C.fail(op, "scales", f"swizzled scales for codes {tuple(codes.shape)} need {want[0]}x{want[1]} "
                              f"elements, got shape {tuple(scales.shape)}")
@@ -87,7 +78,7 @@ def _(x, global_scale, swizzle, backend):
     _check_nvfp4_quantize(x, global_scale)
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
     return (x.new_empty(*lead, k // 2, dtype=torch.uint8),
-            x.new_empty(_scales_shape(lead, k, NVFP4_BLOCK, swizzle), dtype=torch.float8_e4m3fn),
+            x.new_empty(fp4_scales_shape(lead, k, NVFP4_BLOCK, swizzle), dtype=torch.float8_e4m3fn),
             x.new_empty((), dtype=torch.float32))
 
 
@@ -166,7 +157,7 @@ def _(x, rounding, swizzle, backend):
     _check_mxfp4_quantize(x, rounding)
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
     return (x.new_empty(*lead, k // 2, dtype=torch.uint8),
-            x.new_empty(_scales_shape(lead, k, MXFP4_BLOCK, swizzle), dtype=torch.uint8))
+            x.new_empty(fp4_scales_shape(lead, k, MXFP4_BLOCK, swizzle), dtype=torch.uint8))
 
 
 @lowbit_op("mxfp4_dequantize", mutates_args=())

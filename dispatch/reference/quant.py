@@ -101,7 +101,7 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor | None, swizzle: 
     q = xb * inv[..., None]
     codes = pack_nibbles(e2m1_encode(q)).reshape(*lead, k // 2)
     scales = swizzle_scales_128x4(s8.view(torch.uint8)).view(torch.float8_e4m3fn) if swizzle else s8.reshape(
-        *lead, k // NVFP4_BLOCK)
+        fp4_scales_shape(lead, k, NVFP4_BLOCK, False))
     return codes, scales, gs.reshape(()).clone()
 
 
@@ -178,6 +178,13 @@ def mxfp4_dequantize(codes, scales, swizzle: bool, out_dtype: torch.dtype):
 
 
 # ------------------------------------------------------------------------------------------ FP8 groups
+
+
+def fp4_scales_shape(lead: tuple, k: int, block: int, swizzle: bool) -> tuple:
+    """Shape of an FP4 block-scale tensor: [*lead, k/block] linear, or the padded 128x4 container."""
+    if swizzle:
+        return (round_up(math.prod(lead), 128), round_up(k // block, 4))
+    return (*lead, k // block)
 
 
 def fp8_scale_storage(lead: tuple, groups: int, column_major: bool, device) -> torch.Tensor:
