@@ -7,6 +7,8 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
+from dispatch.selfcheck import logical_bytes
+
 ON_GPU = torch.cuda.is_available()
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 # Under the interpreter the Triton backend is the one to test; on a GPU, auto must pick it too.
@@ -67,16 +69,8 @@ def float_inputs(draw, *, block: int, max_rows: int = 40, k_choices=(1, 2, 3, 4,
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's values as bytes in logical (row-major) order, whatever its strides.
-
-    NaNs of 16/32-bit float dtypes are canonicalized first: a NaN's payload is not part of any lowbit contract
-    (the GPU's arithmetic makes 0x7FFFFFFF, x86 keeps 0x7FC00000). FP8 NaN bytes are compared as they are
-    (lowbit defines them: 0x7F)."""
-    flat = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
-    flat.copy_(t.detach().reshape(-1))
-    if flat.is_floating_point() and flat.element_size() > 1:
-        flat = torch.where(torch.isnan(flat), torch.full_like(flat, float("nan")), flat)
-    return flat.view(torch.uint8).cpu()
+    """Logical-order bytes on the CPU (NaN payloads canonicalized: dispatch.selfcheck.logical_bytes)."""
+    return logical_bytes(t).cpu()
 
 
 def assert_same_bytes(got: torch.Tensor, want: torch.Tensor, what: str) -> None:

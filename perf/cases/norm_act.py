@@ -15,6 +15,7 @@ import torch
 from dispatch import ops
 from dispatch.reference import rmsnorm as rref
 from dispatch.reference import swiglu as sref
+from dispatch.selfcheck import byte_mismatches
 from perf import peers as P
 from perf.cases.base import BenchCase
 
@@ -37,8 +38,8 @@ def _exact(got, want):
     for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True):
         if g is None:
             continue
-        if not torch.equal(_bytes(g), _bytes(w)):
-            raise AssertionError(f"{int((_bytes(g) != _bytes(w)).sum())} bytes differ from the reference")
+        if bad := byte_mismatches(g, w):
+            raise AssertionError(f"{bad} bytes differ from the reference")
 
 
 def _close_bytes(got, want):

@@ -6,6 +6,7 @@ import torch
 
 from dispatch import ops
 from dispatch.reference import quant as ref
+from dispatch.selfcheck import byte_mismatches
 from perf.cases.base import BenchCase
 
 SHAPES = [  # (bucket, M, K)
@@ -15,11 +16,8 @@ SHAPES = [  # (bucket, M, K)
 
 def _bytes_equal(got, want):
     for g, w in zip(got, want, strict=True):
-        g, w = g.contiguous().reshape(-1), w.contiguous().reshape(-1)
-        if g.dtype != torch.float32:
-            g, w = g.view(torch.uint8), w.view(torch.uint8)
-        if not torch.equal(g, w):
-            raise AssertionError(f"{int((g != w).sum())} elements differ from the reference")
+        if bad := byte_mismatches(g, w):
+            raise AssertionError(f"{bad} bytes differ from the reference")
 
 
 def _x(m, k, dtype=torch.bfloat16):

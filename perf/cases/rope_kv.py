@@ -9,14 +9,14 @@ import torch
 from dispatch import ops
 from dispatch.reference import kv_cache as kref
 from dispatch.reference import rope as rref
+from dispatch.selfcheck import byte_mismatches
 from perf import peers
 from perf.cases.base import BenchCase
 
 
 def _same(got, want):
-    got, want = got.contiguous().reshape(-1), want.contiguous().reshape(-1)
     if got.dtype in (torch.uint8, torch.float8_e4m3fn):
-        bad = int((got.view(torch.uint8) != want.view(torch.uint8)).sum())
+        bad = byte_mismatches(got, want)
     else:  # floats: the reference may be torch.compile'd (FMA contraction): allow 1 ulp-ish
         bad = int((~torch.isclose(got.float(), want.float(), rtol=1e-2, atol=1e-5)).sum())
     if bad:
