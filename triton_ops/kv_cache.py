@@ -135,6 +135,24 @@ def paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype):
 
 
 @triton.jit
+def _ds_token_offsets(slot, BS, block_stride, D_NOPE: tl.constexpr, NT: tl.constexpr, V4: tl.constexpr):
+    """Byte offsets of a token's NoPE codes, scales and RoPE part (docs/kv_cache_layouts.md), int64.
+    V4, per block: BS tokens x (448 E4M3 | 64 bf16), then BS x (7 E8M0 | 1 pad).
+    V3.2, per token: 512 E4M3 | 4 fp32 | 64 bf16."""
+    blk = slot // BS
+    off = slot % BS
+    if V4:
+        data = blk * block_stride + off * (D_NOPE + 2 * ROPE)
+        scale_at = blk * block_stride + BS * (D_NOPE + 2 * ROPE) + off * 8
+        rope_at = data + D_NOPE
+    else:
+        data = blk * block_stride + off * (D_NOPE + 4 * NT + 2 * ROPE)
+        scale_at = data + D_NOPE
+        rope_at = scale_at + 4 * NT
+    return data, scale_at, rope_at
+
+
+@triton.jit
 def _ds_token_block(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, pid, T, n_slots, BS, block_stride, kv_st,
                     max_pos, D_NOPE: tl.constexpr, TILE: tl.constexpr, NT: tl.constexpr, NT_P: tl.constexpr,
                     V4: tl.constexpr, ROTATE: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -146,16 +164,7 @@ def _ds_token_block(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, pid, T, n_s
     tmask = tok < T
     slot = tl.load(slot_ptr + tok, mask=tmask, other=-1).to(tl.int64)
     ok = tmask & (slot >= 0) & (slot < n_slots)
-    blk = slot // BS
-    off = slot % BS
-    if V4:  # per block: BS tokens x (448 E4M3 | 64 bf16), then BS x (7 E8M0 | 1 pad)
-        data = blk * block_stride + off * (D_NOPE + 2 * ROPE)
-        scale_at = blk * block_stride + BS * (D_NOPE + 2 * ROPE) + off * 8
-        rope_at = data + D_NOPE
-    else:  # per token: 512 E4M3 | 4 fp32 | 64 bf16
-        data = blk * block_stride + off * (D_NOPE + 4 * NT + 2 * ROPE)
-        scale_at = data + D_NOPE
-        rope_at = scale_at + 4 * NT
+    data, scale_at, rope_at = _ds_token_offsets(slot, BS, block_stride, D_NOPE, NT, V4)
 
     # NoPE: per-tile power-of-two scales, E4M3 codes
     j = tl.arange(0, NT_P)
@@ -256,16 +265,7 @@ def _ds_gather_kernel(c8, c16, c32, slot_ptr, out_ptr, N, n_slots, BS, block_str
     slot = tl.load(slot_ptr + tok, mask=tmask, other=-1).to(tl.int64)
     ok = tmask & (slot >= 0) & (slot < n_slots)
     pad = tl.where(slot == -1, 0.0, float("nan"))
-    blk = slot // BS
-    off = slot % BS
-    if V4:
-        data = blk * block_stride + off * (D_NOPE + 2 * ROPE)
-        scale_at = blk * block_stride + BS * (D_NOPE + 2 * ROPE) + off * 8
-        rope_at = data + D_NOPE
-    else:
-        data = blk * block_stride + off * (D_NOPE + 4 * NT + 2 * ROPE)
-        scale_at = data + D_NOPE
-        rope_at = scale_at + 4 * NT
+    data, scale_at, rope_at = _ds_token_offsets(slot, BS, block_stride, D_NOPE, NT, V4)
     j = tl.arange(0, NT_P)
     e = tl.arange(0, TILE)
     col = j[:, None] * TILE + e[None, :]
