@@ -158,3 +158,12 @@ def test_public_wrappers_route_through_the_op_under_dispatch_modes():
         f8 = ops.fp8_group_quantize(x, 64, column_major_scales=True)
     assert q.codes.shape == (4, 32) and q.scales.shape == (128, 4)
     assert f8.scales.stride() == (1, 4)
+
+
+def test_fp4_triton_refuses_odd_row_stride_with_leading_one():
+    """Pair-word loads need even row strides; a [1, M, K] view with an odd row stride must be refused with the
+    reason (auto then uses the reference), not fail inside the launcher."""
+    x = torch.randn(1, 6, 33)[..., :32]
+    with pytest.raises(BackendError, match="row stride 33 is odd"):
+        ops.nvfp4_quantize(x, backend="triton")
+    assert ops.nvfp4_quantize(x).codes.shape == (1, 6, 16)
