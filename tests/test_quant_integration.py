@@ -55,6 +55,11 @@ def test_opcheck(backend):
     torch.library.opcheck(torch.ops.lowbit.unswizzle_scales_128x4, (ops.swizzle_scales_128x4(s), 130, 5, "auto"))
 
 
+def _assert_pipelines_equal(got, want, what):
+    for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True):
+        assert_same_bytes(g, w, what)
+
+
 def _pipeline(x, gs):
     nv = ops.nvfp4_quantize(x, gs, scale_layout="swizzled")
     mx = ops.mxfp4_quantize(x * 2, rounding="rceil")
@@ -67,10 +72,7 @@ def test_torch_compile_fullgraph_cpu():
     x = _x(rows=5, k=256)
     gs = ops.nvfp4_global_scale_from_amax(x.float().abs().amax())
     compiled = torch.compile(_pipeline, fullgraph=True, backend="aot_eager", dynamic=True)
-    for got, want in zip(compiled(x, gs), _pipeline(x, gs), strict=True):
-        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,),
-                        strict=True):
-            assert_same_bytes(g, w, "compiled vs eager")
+    _assert_pipelines_equal(compiled(x, gs), _pipeline(x, gs), "compiled vs eager")
     compiled(_x(rows=9, k=256), gs)  # a new batch size under dynamic=True: no error, no graph break
 
 
@@ -89,10 +91,7 @@ def test_torch_compile_inductor_gpu():
     x = _x(rows=300, k=2048, device="cuda")
     gs = ops.nvfp4_global_scale_from_amax(x.float().abs().amax())
     compiled = torch.compile(_pipeline, fullgraph=True)
-    for got, want in zip(compiled(x, gs), _pipeline(x, gs), strict=True):
-        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,),
-                        strict=True):
-            assert_same_bytes(g, w, "inductor vs eager")
+    _assert_pipelines_equal(compiled(x, gs), _pipeline(x, gs), "inductor vs eager")
 
 
 @pytest.mark.gpu
@@ -110,10 +109,7 @@ def test_cuda_graph_capture_and_replay(rows):
     static_x.copy_(new_x)
     graph.replay()
     torch.cuda.synchronize()
-    for got, want in zip(outs, _pipeline(new_x, gs), strict=True):
-        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,),
-                        strict=True):
-            assert_same_bytes(g, w, "graph replay vs eager")
+    _assert_pipelines_equal(outs, _pipeline(new_x, gs), "graph replay vs eager")
 
 
 @pytest.mark.gpu
