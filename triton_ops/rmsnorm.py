@@ -72,6 +72,26 @@ def alloc_epilogue_outputs(fmt, lead, n, out_dtype, group, column_major, swizzle
     return torch.empty(*lead, n // 2, dtype=torch.uint8, device=device), scales
 
 
+@dataclasses.dataclass(frozen=True)
+class EpilogueGeometry:
+    """Where quant_epilogue writes scales, for an n-wide output row of `rows` rows."""
+
+    stride_sm: int  # scale row stride (elements)
+    stride_sg: int  # scale column stride
+    scale_cols_padded: int  # FP4 swizzled: scale columns rounded up to 4 (0 otherwise)
+    grid_rows: int  # rows the programs cover (swizzled FP4: padded to 128, padding scales written as 0)
+
+
+def epilogue_geometry(fmt, scales, rows, n, group, swizzle) -> EpilogueGeometry:
+    if fmt == FMT_FP8:
+        stride_sm, stride_sg = scales.view(rows, n // group).stride()
+        return EpilogueGeometry(stride_sm, stride_sg, 0, rows)
+    if fmt in (FMT_MX, FMT_NV):
+        sb = MXFP4_BLOCK if fmt == FMT_MX else NVFP4_BLOCK
+        return EpilogueGeometry(n // sb, 1, round_up(n // sb, 4), round_up(rows, 128) if swizzle else rows)
+    return EpilogueGeometry(0, 1, 0, rows)
+
+
 @triton.jit
 def tile_amax_bits(y, mask, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
     """Per-row max |dtype(y)| as int bits (NaN-propagating), masked lanes excluded: [BLOCK_M] int32."""
@@ -209,7 +229,8 @@ def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int) -
     return RowConfig(block_m, block_n, num_warps)
 
 
-def _min_block(fmt: int, group: int) -> int:
+def min_block(fmt: int, group: int) -> int:
+    """Smallest column tile for a format: one FP8 group, or four FP4 blocks (whole swizzled 4-column groups)."""
     return {FMT_NONE: 16, FMT_FP8: group, FMT_MX: 4 * MXFP4_BLOCK, FMT_NV: 4 * NVFP4_BLOCK}[fmt]
 
 
@@ -238,8 +259,6 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     new_res = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None \
         else x.new_empty(0)
     gs_out = torch.empty((), dtype=torch.float32, device=dev)
-    sb = {FMT_MX: MXFP4_BLOCK, FMT_NV: NVFP4_BLOCK}.get(fmt, 1)
-    scale_cols_padded = round_up(n // sb, 4) if fmt in (FMT_MX, FMT_NV) else 0
     out, scales = alloc_epilogue_outputs(fmt, lead, n, x.dtype, group, column_major, swizzle, dev)
     results = _results(fmt, out, scales, gs_out, new_res)
     if fmt == FMT_NV and global_scale is not None:
@@ -255,12 +274,10 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     r2 = rows_view(op, "residual", residual) if residual is not None else x2
     h2 = new_res.view(-1, n) if residual is not None else x2
     out2 = out.view(-1, out.shape[-1])
-    if fmt == FMT_FP8:
-        stride_sm, stride_sg = scales.view(rows, n // group).stride()
-    else:
-        stride_sm, stride_sg = (n // sb if fmt in (FMT_MX, FMT_NV) else 0), 1
-    grid_rows = round_up(rows, 128) if swizzle and fmt in (FMT_MX, FMT_NV) else rows
-    cfg = pick_row_config(grid_rows, n, dev, _min_block(fmt, group))
+    geo = epilogue_geometry(fmt, scales, rows, n, group, swizzle)
+    stride_sm, stride_sg, scale_cols_padded, grid_rows = geo.stride_sm, geo.stride_sg, geo.scale_cols_padded, \
+        geo.grid_rows
+    cfg = pick_row_config(grid_rows, n, dev, min_block(fmt, group))
     emulate = emulate_formats(dev)
     common = dict(FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
                   OUT_DTYPE=TL_DTYPE[x.dtype], EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,

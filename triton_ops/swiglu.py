@@ -18,7 +18,6 @@ import triton.language as tl
 
 from dispatch.checks import rows_view
 from dispatch.reference.formats import round_up
-from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_BLOCK
 
 from ._launch import TL_DTYPE, emulate_formats
 from .rmsnorm import (
@@ -35,7 +34,9 @@ from .rmsnorm import (
     PASS_QUANT,
     PASS_SINGLE,
     alloc_epilogue_outputs,
+    epilogue_geometry,
     fold_partials,
+    min_block,
     quant_epilogue,
     tile_amax_bits,
 )
@@ -163,8 +164,6 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
     x2 = rows_view(op, "x", x)
     rows = x2.shape[0]
     dev = x.device
-    sb = {FMT_MX: MXFP4_BLOCK, FMT_NV: NVFP4_BLOCK}.get(fmt, 1)
-    scale_cols_padded = round_up(i // sb, 4) if fmt in (FMT_MX, FMT_NV) else 0
     gs_given_shape = () if global_scale is None or global_scale.numel() == 1 else (global_scale.numel(),)
     gs_out = torch.empty(gs_given_shape, dtype=torch.float32, device=dev)
     out, scales = alloc_epilogue_outputs(fmt, lead, i, out_dtype, group, column_major, swizzle, dev)
@@ -178,13 +177,10 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
             gs_out.zero_()
         return results
     out2 = out.view(-1, out.shape[-1])
-    if fmt == FMT_FP8:
-        stride_sm, stride_sg = scales.view(rows, i // group).stride()
-    else:
-        stride_sm, stride_sg = (i // sb if fmt in (FMT_MX, FMT_NV) else 0), 1
-    grid_rows = round_up(rows, 128) if swizzle and fmt in (FMT_MX, FMT_NV) else rows
-    min_n = {FMT_NONE: 16, FMT_FP8: group, FMT_MX: 4 * MXFP4_BLOCK, FMT_NV: 4 * NVFP4_BLOCK}[fmt]
-    cfg = pick_swiglu_config(grid_rows, i, dev, max(min_n, interleave))
+    geo = epilogue_geometry(fmt, scales, rows, i, group, swizzle)
+    stride_sm, stride_sg, scale_cols_padded, grid_rows = geo.stride_sm, geo.stride_sg, geo.scale_cols_padded, \
+        geo.grid_rows
+    cfg = pick_swiglu_config(grid_rows, i, dev, max(min_block(fmt, group), interleave))
     moe = MOE_CONTIGUOUS if expert_ids is not None else (MOE_MASKED if masked_m is not None else MOE_NONE)
     eid = expert_ids.reshape(-1) if expert_ids is not None else x2
     mm = masked_m if masked_m is not None else x2
