@@ -154,6 +154,17 @@ def _device_of(args: tuple) -> torch.device:
     return torch.device("cpu")
 
 
+_RANKED: dict[int, tuple[list[Entry], list[Entry]]] = {}
+
+
+def _ranked(entries: list[Entry]) -> list[Entry]:
+    """`entries` by descending priority, sorted once per table list (select runs on every eager call)."""
+    hit = _RANKED.get(id(entries))
+    if hit is None or hit[0] is not entries or len(hit[1]) != len(entries):
+        hit = _RANKED[id(entries)] = (entries, sorted(entries, key=lambda e: -e.priority))
+    return hit[1]
+
+
 def select(entries: list[Entry], op: str, backend: str, args: tuple, kwargs: dict) -> Entry:
     """Pick the entry that runs this call (see module docstring for the rules)."""
     _check_backend_name(backend)
@@ -163,7 +174,7 @@ def select(entries: list[Entry], op: str, backend: str, args: tuple, kwargs: dic
         if forced is not None:
             backend, source = forced
     arch = arch_of(_device_of(args))
-    ranked = sorted(entries, key=lambda e: -e.priority)
+    ranked = _ranked(entries)
     refusals: list[str] = []
     for entry in ranked:
         if backend != "auto" and entry.backend != backend:

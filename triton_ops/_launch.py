@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
-import triton
 import triton.language as tl
 
 from dispatch.arch import arch_at_least, arch_of
@@ -20,6 +20,17 @@ def emulate_formats(device: torch.device) -> bool:
     return arch == "cpu" or not arch_at_least(arch, "sm_89")
 
 
+def cdiv(a: int, b: int) -> int:
+    """Host-side ceil division. (`triton.cdiv` is a constexpr function object in newer Triton and costs a few
+    microseconds per call from Python; launchers call it several times per op, on the eager hot path.)"""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1); host-side, see `cdiv`."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
     """A 2-D tile of a [rows, K] problem handled by one program."""
@@ -30,6 +41,11 @@ class TileConfig:
 
 
 def pick_tile(rows: int, k: int, device: torch.device, *, min_block_k: int) -> TileConfig:
+    return _pick_tile(rows, k, device.type == "cpu", min_block_k)
+
+
+@functools.lru_cache(maxsize=4096)  # called on every eager launch; the answer depends only on the sizes
+def _pick_tile(rows: int, k: int, interpreter: bool, min_block_k: int) -> TileConfig:
     """Analytical tile choice for the streaming quant kernels.
 
     GPU: 4096 elements and 4 warps per program (the best of a 13-config sweep on an H200 for NVFP4, MXFP4
@@ -38,10 +54,10 @@ def pick_tile(rows: int, k: int, device: torch.device, *, min_block_k: int) -> T
     Interpreter: the cost is per program, so take the largest tiles that keep numpy arrays small.
     min_block_k is the format block times 4, so one program owns whole 4-column groups of swizzled scales.
     """
-    if device.type == "cpu":
+    if interpreter:
         target_elems, max_block_k = 32768, 2048
     else:
         target_elems, max_block_k = 4096, (2048 if rows >= 64 else 512)
-    block_k = max(min_block_k, min(triton.next_power_of_2(max(k, 1)), max_block_k))
-    block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), target_elems // block_k))
+    block_k = max(min_block_k, min(next_pow2(k), max_block_k))
+    block_m = max(1, min(next_pow2(rows), target_elems // block_k))
     return TileConfig(block_m, block_k, num_warps=4)
