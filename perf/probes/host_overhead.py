@@ -5,9 +5,9 @@ prepares the next. This probe times, per call and on the CPU clock (GPU work is 
 host time), the layers one at a time for a few ops:
 
   torch.empty            the allocations an op needs
-  triton launch          `kernel[grid](...)` of the op's own kernel with prepared arguments
-  compiled.run           the same kernel through the CompiledKernel launcher directly (what a launch cache
-                         that skips JITFunction.run's binder/key would cost)
+  triton launch          `kernel[grid](...)` of a kernel shaped like the quantize kernels, prepared arguments
+  cached launch          the same kernel through triton_ops._launch.FastLaunchKernel (repeat launches call
+                         the CompiledKernel's launcher directly), and a check that both write the same bytes
   launcher               triton_ops.<family>.<op>(...) (allocation + tile choice + launch)
   public op              dispatch.ops.<op>(...) (checks + table choice + launcher)
 
@@ -34,6 +34,22 @@ def per_call_us(fn, n: int = 3000) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def _probe_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(a, b, c, d, e, M, K, stride, n4, n5, n6, n7, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
+               C4: tl.constexpr, C5: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, C8: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask = (rows < M)[:, None] & (cols < K)[None, :]
+        offs = rows[:, None] * stride + cols[None, :]
+        tl.store(b + offs, tl.load(a + offs, mask=mask) * 2.0, mask=mask)
+
+    return kernel
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
@@ -56,31 +72,25 @@ def main() -> None:
                                                   torch.empty(128, 448, dtype=torch.uint8, device=dev),
                                                   torch.empty((), dtype=torch.float32, device=dev)))
 
-    # The op's own kernel with prepared arguments: plain launch vs the compiled launcher.
-    codes = torch.empty(16, 3584, dtype=torch.uint8, device=dev)
-    scales = torch.empty(128, 448, dtype=torch.uint8, device=dev)
-    gs_out = torch.empty((), dtype=torch.float32, device=dev)
-    words = x.view(torch.int32)
-    kargs = (words, codes, scales, gs, gs_out, 16, 7168, words.stride(0), 128, 448, 448, 1)
-    consts = dict(IS_MX=False, MX_RCEIL=False, GS_MODE=1, SWIZZLE=True, IN_KIND=0, BLOCK_M=8, BLOCK_K=512,
-                  PARTIALS_BLOCK=1, num_warps=4)
-    grid = (16, 14)
-    kernel = fp4._fp4_quantize_kernel
-    rows["triton launch kernel[grid]"] = per_call_us(lambda: kernel[grid](*kargs, **consts))
-    compiled = kernel[grid](*kargs, **consts)
-    try:
-        from triton import knobs
+    # A kernel shaped like the quantize kernels (5 pointers, 7 ints, 8 constexprs): plain vs cached launch.
+    from triton_ops._launch import FastLaunchKernel
 
-        stream = torch.cuda.current_stream().cuda_stream
-
-        def direct():
-            compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None,
-                         knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *kargs)
-
-        direct()
-        rows["compiled.run (no binder)"] = per_call_us(direct)
-    except Exception as exc:  # the launcher ABI differs between Triton versions: report, do not guess
-        rows["compiled.run (no binder)"] = f"failed: {type(exc).__name__}: {exc}"[:160]
+    src = torch.randn(16, 7168, device=dev)
+    dst = torch.empty_like(src)
+    kargs = (src, dst, src, dst, src, 16, 7168, 7168, 128, 448, 448, 1)
+    consts = dict(C1=False, C2=False, C3=1, C4=True, C5=0, BLOCK_M=8, BLOCK_K=512, C8=1, num_warps=4)
+    grid = (2, 14)
+    jit_fn = _probe_kernel()
+    rows["triton launch kernel[grid]"] = per_call_us(lambda: jit_fn[grid](*kargs, **consts))
+    fast = FastLaunchKernel(jit_fn)
+    rows["cached launch (FastLaunchKernel)"] = per_call_us(lambda: fast[grid](*kargs, **consts))
+    outs = []
+    for launcher in (jit_fn, fast, fast):  # the second `fast` call is the cached one
+        dst.fill_(float("nan"))
+        launcher[grid](*kargs, **consts)
+        torch.cuda.synchronize()
+        outs.append(dst.clone())
+    rows["cached launch writes the same bytes"] = str(all(torch.equal(outs[0], o) for o in outs[1:]))
 
     rows["launcher nvfp4_quantize"] = per_call_us(lambda: fp4.nvfp4_quantize(x, gs, True))
     rows["public nvfp4_quantize"] = per_call_us(lambda: ops.nvfp4_quantize(x, gs, scale_layout="swizzled"))
