@@ -56,6 +56,13 @@ def target_arch(device_index: int | None = None) -> str:
     env = os.environ.get(ARCH_ENV)
     if env:
         return env.strip().lower()
+    # None = the current device, which can change: only explicit indices are cached
+    return _device_arch(device_index) if device_index is not None else _device_arch.__wrapped__(None)
+
+
+@functools.cache
+def _device_arch(device_index: int | None) -> str:
+    # cached: every eager launch asks (the capability query cost ~2 us per call)
     import torch
 
     if not torch.cuda.is_available():

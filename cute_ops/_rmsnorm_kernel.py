@@ -12,12 +12,13 @@ threads_per_row * vec); rows past M are skipped (M is symbolic: one compile serv
 
 Math, in this order (the contract of dispatch/reference/rmsnorm.py):
   h = round_to_x_dtype(x + residual)            (fp32 add; h is the new residual)
-  ms = fp32(sum(fp64(h)^2) / K)                 (fp64 sum and division)
-  rstd = 1 / sqrt(ms + eps)                      (sqrt.rn, div.rn: IEEE, never the MUFU approximations)
-  y = round_to_x_dtype((h * rstd) * (w + weight_offset))
-then FP8 group / NVFP4 quantization of y with the foundation quantizers' exact formulas. The only
-difference from the reference is the summation order of the fp64 sum (see the reference's docstring for
-why that cannot change the fp32 `ms` except on a ~N*2^-29 per-row event).
+  ss = sum(fp64(h)^2)                           (fp64: the squares are exact)
+  rstd = fp32(1 / sqrt(ss / K + fp32(eps)))     (all in fp64: sqrt.rn.f64, rcp/div.rn.f64; ONE rounding to fp32)
+  y = round_to_x_dtype((h * rstd) * (w + weight_offset))     (fp32 multiplies, no FMA: nothing is added)
+then FP8 group / NVFP4 quantization of the ROUNDED y (the same intermediate as the reference) with the
+foundation quantizers' exact formulas. The only difference from the reference is the summation order of the
+fp64 sum (the reference's docstring says why that cannot change the fp32 rstd except on a ~2^-50-wide
+boundary event; an exact-sum vs torch-sum comparison over 15930 test rows found no difference).
 """
 
 from __future__ import annotations
@@ -68,11 +69,14 @@ def _e4m3_bits(v: Float32, *, loc=None, ip=None) -> Uint32:
 
 @cute.jit
 def _e4m3_value(byte: Uint32) -> Float32:
-    """E4M3 byte (finite, non-negative: a block scale) -> fp32, exactly, with integer ops."""
+    """E4M3 byte (non-negative: a block scale) -> fp32, exactly, with integer ops; 0x7F (the NaN a NaN block's
+    amax encodes to) -> NaN, as the reference's s8.float(): the block's inverse scale is then NaN and every code
+    of the block is 0 (e2m1(NaN) = 0), not just the NaN element's (triton_ops/_formats.py e4m3_decode)."""
     e = (byte >> Uint32(3)) & Uint32(0xF)
     m = byte & Uint32(0x7)
     # normal: 2^(e-7) * (1 + m/8) -> fp32 bits ((e - 7 + 127) << 23) | (m << 20); subnormal (e == 0): m * 2^-9.
     normal = ((e + Uint32(120)) << Uint32(23)) | (m << Uint32(20))
+    normal = normal if (byte & Uint32(0x7F)) != Uint32(0x7F) else Uint32(0x7FC00000)
     sub = Float32(m.to(Int32)) * Float32(1.0 / 512.0)
     return Float32(normal.bitcast(Float32)) if e != Uint32(0) else sub
 
@@ -182,8 +186,8 @@ class RMSNormKernel:
                             cute.copy(tc, hr[None, None, i], tXgRO[None, None, i])
         x.store(h)
 
-        # ---- row reduction in fp64 (the contract: squares of 16-bit values are exact there, so the sum is
-        # order-independent up to 2^-53 and ms = fp32(ss / K) matches the reference bit for bit):
+        # ---- row reduction in fp64 (the contract: squares of bf16/fp16/fp32 values are exact there, so the sum
+        # is order-independent up to ~2^-53 and the fp32 rstd matches the reference bit for bit):
         # thread partial -> warp butterfly -> (if the row spans warps) smem, read in the same order by all.
         h64 = h.to(Float64)
         ss = (h64 * h64).reduce(cute.ReductionOp.ADD, init_val=Float64(0.0), reduction_profile=0)
@@ -227,8 +231,10 @@ class RMSNormKernel:
         cfg = self.cfg
         vec, iters = self.vec, self.iters
         lanes = cfg.group_size // vec
-        tq = _copy(Uint8, self.rows, self.tpr, vec)  # codes travel as bytes (mQ is a uint8 view)
-        tXgQ = thr.partition_D(cute.local_tile(mQ, tiler, (bidx, 0)))
+        # codes travel as bytes (mQ is a uint8 view), one per element: the codes' own slice has the same
+        # element-indexed layout as `thr` (same thread and value layouts), only the atom width differs
+        tq = _copy(Uint8, self.rows, self.tpr, vec)
+        tXgQ = tq.get_slice(cute.arch.thread_idx()[0]).partition_D(cute.local_tile(mQ, tiler, (bidx, 0)))
         tXrQ = cute.make_rmem_tensor_like(tXgQ)
         lane = cute.arch.lane_idx()
         for i in cutlass.range_constexpr(iters):
@@ -254,9 +260,13 @@ class RMSNormKernel:
         vec, iters = self.vec, self.iters
         lanes = 16 // vec
         half = vec // 2
+        # Codes are packed bytes: vector i of a thread (elements (i * tpr + t) * vec ...) owns code bytes
+        # (i * tpr + t) * half ... . They need their OWN TiledCopy slice over the half-width byte tile: the
+        # element-indexed `thr` applied to mQ (the first hardware run) put thread t at byte t * vec with a
+        # 2x stride and only iters / 2 fragments, so most code bytes were never written.
         tq = _copy(Uint8, self.rows, self.tpr, half)
         qtiler = (tiler[0], tiler[1] // 2)
-        tXgQ = thr.partition_D(cute.local_tile(mQ, qtiler, (bidx, 0)))
+        tXgQ = tq.get_slice(cute.arch.thread_idx()[0]).partition_D(cute.local_tile(mQ, qtiler, (bidx, 0)))
         tXrQ = cute.make_rmem_tensor_like(tXgQ)
         gs = mGs[0]
         lane = cute.arch.lane_idx()

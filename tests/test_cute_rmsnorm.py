@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -76,8 +77,31 @@ def test_sm90_fp8_group_sass():
     assert d.count("LDG.E.128") >= 2 * cfg.iters, d.opcodes()
     assert d.count("F2FP.SATFINITE.E4M3") >= cfg.iters * cfg.vec // 2, d.opcodes()  # cvt.rn.satfinite.e4m3x2
     assert d.count("STG.E.64") >= cfg.iters, d.opcodes()  # 8 codes per thread per vector: one 8-byte store
+    stores = _store_offsets(d.ptx, "st.global.v2.b32")  # ...at every vector the thread owns
+    assert sorted(o for _, o in stores) == [i * cfg.threads_per_row * cfg.vec for i in range(cfg.iters)], stores
     assert d.count("FMNMX.NAN") > 0  # NaN-propagating amax (max.NaN.f32)
     assert "div.rn.f32" in d.ptx  # code = e4m3(y / s) with IEEE division, as the reference
+
+
+def _store_offsets(ptx: str, op: str) -> list[tuple[str, int]]:
+    """(base register, immediate byte offset) of every `op` (e.g. 'st.global.b32') in the PTX."""
+    return [(b, int(o or 0)) for b, o in re.findall(rf"\t{re.escape(op)}\s+\[(%rd\d+)(?:\+(\d+))?\]", ptx)]
+
+
+def test_sm90_nvfp4_code_stores_cover_every_vector():
+    """Each thread stores the packed codes of every vector it owns: iters 4-byte stores, lanes tpr * 4 bytes apart.
+
+    The first H200 run wrote iters / 2 stores, tpr * 8 bytes apart (the codes were partitioned with the
+    element-indexed input copy, not a copy of the half-width byte tile), so most code bytes kept the poison."""
+    from cute_ops.rmsnorm import dump
+
+    cfg = _cfg("nvfp4", 4096, "sm_90a")  # the tile covers K exactly: no predication, one base register
+    d = dump(cfg)
+    half = cfg.vec // 2  # 8 bf16 elements -> 4 code bytes
+    stores = _store_offsets(d.ptx, "st.global.b32")  # codes (new residual: v4; scales: b8; nothing else is b32)
+    assert len({b for b, _ in stores}) == 1, stores
+    assert sorted(o for _, o in stores) == [i * cfg.threads_per_row * half for i in range(cfg.iters)], stores
+    assert d.count("STG.E") - d.count("STG.E.128") - d.count("STG.E.U8") == cfg.iters, d.opcodes()
 
 
 def test_sm100_nvfp4_swizzled_sass():
@@ -90,6 +114,7 @@ def test_sm100_nvfp4_swizzled_sass():
     assert d.count("F2FP.SATFINITE.E4M3") >= cfg.iters  # block scales
     assert d.count("FMNMX") + d.count("FMNMX3") > 0
     assert d.count("STG.E.U8") >= cfg.iters  # one scale byte per 16-element block (lane pairs)
+    assert len(_store_offsets(d.ptx, "st.global.b32")) == cfg.iters  # packed codes: every vector (predicated)
 
 
 # ---------------------------------------------------------------------------------- CPU: the cache
@@ -192,6 +217,11 @@ def _same(got, want, what):
 SHAPES = [(1, 4096), (7, 2880), (64, 7168), (300, 2880), (513, 1024)]
 
 
+def _fp8_group(k):
+    """128 where it divides K; 64 for GPT-OSS's 2880 (= 22.5 x 128: the op rightly refuses group 128 there)."""
+    return 128 if k % 128 == 0 else 64
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,k", SHAPES)
 @pytest.mark.parametrize("variant", ["plain", "residual", "fp32_weight_offset", "fp16"])
@@ -217,7 +247,7 @@ def test_gpu_rms_norm_fp8_group_bit_exact(m, k, ue8m0, column_major):
     from dispatch import ops
 
     x, w, r = _gpu_inputs(m, k, seed=1)
-    kw = dict(residual=r, ue8m0=ue8m0, column_major_scales=column_major)
+    kw = dict(residual=r, ue8m0=ue8m0, column_major_scales=column_major, group_size=_fp8_group(k))
     want = ops.rms_norm_fp8_group(x, w, 1e-6, backend="torch", **kw)
     kw["residual"] = r.cuda()
     got = ops.rms_norm_fp8_group(x.cuda(), w.cuda(), 1e-6, backend="cute", **kw)
@@ -241,6 +271,27 @@ def test_gpu_rms_norm_nvfp4_bit_exact(m, k, layout):
     _same(got.quantized.codes, want.quantized.codes, "codes")
     _same(got.quantized.scales.view(torch.uint8), want.quantized.scales.view(torch.uint8), "scales")
     _same(got.residual, want.residual, "new residual")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_rms_norm_nvfp4_nan_block_zero_row(dtype):
+    """A NaN weight column makes one NaN per row: that block's scale is 0x7F and ALL its codes are 0 (the
+    reference's inverse scale is NaN there); a zero row. fp32 x also runs the 4-element-vector path."""
+    from dispatch import ops
+
+    x, w, _ = _gpu_inputs(6, 1024, dtype, seed=6, residual=False)
+    x[1] = 0
+    w[37] = float("nan")
+    y = ops.rms_norm(x, w, 1e-6, backend="torch").out
+    gs = ops.nvfp4_global_scale_from_amax(y.float().abs().nan_to_num(0.0).amax())
+    for layout in ("linear", "swizzled"):
+        want = ops.rms_norm_nvfp4(x, w, 1e-6, global_scale=gs, scale_layout=layout, backend="torch")
+        got = ops.rms_norm_nvfp4(x.cuda(), w.cuda(), 1e-6, global_scale=gs.cuda(), scale_layout=layout,
+                                 backend="cute")
+        _same(got.quantized.codes, want.quantized.codes, f"{layout} codes")
+        _same(got.quantized.scales.view(torch.uint8), want.quantized.scales.view(torch.uint8), f"{layout} scales")
+    assert int(want.quantized.codes[:, 16:24].view(torch.uint8).abs().sum()) == 0  # the NaN block (cols 32-47)
 
 
 @pytest.mark.gpu
@@ -305,15 +356,18 @@ def test_gpu_cuda_graph_capture():
 def test_gpu_torch_compile_fullgraph():
     from dispatch import ops
 
-    x, w, r = (t.cuda() for t in _gpu_inputs(32, 2880, seed=5))
+    x, w, r = _gpu_inputs(32, 2880, seed=5)
+    g = _fp8_group(2880)
 
     @torch.compile(fullgraph=True)
     def f(x, w, r):
-        return ops.rms_norm_fp8_group(x * 1, w, 1e-6, residual=r, backend="cute")
+        return ops.rms_norm_fp8_group(x * 1, w, 1e-6, residual=r, group_size=g, backend="cute")
 
-    got = f(x, w, r)
-    want = ops.rms_norm_fp8_group(x, w, 1e-6, residual=r, backend="cute")
+    got = f(x.cuda(), w.cuda(), r.cuda())
+    want = ops.rms_norm_fp8_group(x, w, 1e-6, residual=r, group_size=g, backend="torch")
     _same(got.quantized.codes, want.quantized.codes, "compiled codes")
+    _same(got.quantized.scales, want.quantized.scales, "compiled scales")
+    _same(got.residual, want.residual, "compiled new residual")
 
 
 @pytest.mark.gpu

@@ -159,6 +159,18 @@ def quant_epilogue(
 
 
 @triton.jit
+def _load_row_block(x_ptr, r_ptr, rows, M, cols, cmask, stride_xm, stride_rm, HAS_RES: tl.constexpr):
+    """x (and residual) of rows [BLOCK_M] (int64); rows >= M are not read (zeros)."""
+    mask = (rows < M)[:, None] & cmask[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(r_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0)
+    else:
+        r = x
+    return x, r
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr,
     M, N, stride_xm, stride_rm, stride_hm, stride_om, stride_sm, stride_sg,
@@ -171,7 +183,6 @@ def _rms_norm_kernel(
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) + w_offset
     gs = tl.zeros([BLOCK_M], dtype=tl.float32)
     if GS_MODE == 1:
         gs += tl.load(gs_ptr)
@@ -181,13 +192,18 @@ def _rms_norm_kernel(
             tl.store(gs_out_ptr, tl.max(gs, 0))
     acc = tl.zeros([BLOCK_M], dtype=tl.int32)
     row0 = pid.to(tl.int64) * rows_per_prog
+    # Software prefetch: the next BLOCK_M rows are loaded before this block's reduction, fp64 rstd tail and
+    # stores, so a program keeps two row blocks of loads in flight (one row per program leaves the SM idle
+    # between its load and its store; see perf/NOTES.md "Session 2: RMSNorm/SwiGLU").
+    x, r = _load_row_block(x_ptr, r_ptr, row0 + tl.arange(0, BLOCK_M), M, cols, cmask, stride_xm, stride_rm,
+                           HAS_RES)
     for m0 in range(0, rows_per_prog, BLOCK_M):
         rows = row0 + m0 + tl.arange(0, BLOCK_M)
         row_in = rows < M
         mask = row_in[:, None] & cmask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+        nxt = tl.where(m0 + BLOCK_M < rows_per_prog, rows + BLOCK_M, M)  # past the program's rows: no load
+        x_next, r_next = _load_row_block(x_ptr, r_ptr, nxt, M, cols, cmask, stride_xm, stride_rm, HAS_RES)
         if HAS_RES:
-            r = tl.load(r_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0)
             h = cast_out(x.to(tl.float32) + r.to(tl.float32), OUT_DTYPE, EMULATE)
             tl.store(h_ptr + rows[:, None] * stride_hm + cols[None, :], h, mask=mask)
             hf = h.to(tl.float32)
@@ -197,6 +213,9 @@ def _rms_norm_kernel(
         ss = tl.sum(h64 * h64, 1)
         # fp64 '/' and sqrt are IEEE (div.rn.f64 / sqrt.rn.f64) on the GPU; only fp32 ones are approximate.
         rstd = (1.0 / tl.sqrt(ss / (tl.zeros([BLOCK_M], dtype=tl.float64) + N) + eps)).to(tl.float32)
+        # w is re-read per block (an L1 hit) rather than held: holding it as fp32 across the loop costs 16
+        # registers a thread, and registers bound how many row blocks an SM keeps in flight.
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) + w_offset
         y = (hf * rstd[:, None]) * w[None, :]
         if PASS == 1:
             acc = tl.maximum(acc, tile_amax_bits(y, mask, OUT_DTYPE, EMULATE))
@@ -204,6 +223,8 @@ def _rms_norm_kernel(
             quant_epilogue(y, rows, row_in, 0, N, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs,
                            scale_rows_bound, scale_cols_bound, scale_cols_padded, fp8_eps,
                            FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
+        x = x_next
+        r = r_next
     if PASS == 1:
         tl.store(partial_ptr + pid, tl.max(acc, 0).to(tl.float32, bitcast=True))
 
@@ -213,11 +234,12 @@ def _rms_norm_kernel(
 
 @dataclasses.dataclass(frozen=True)
 class RowConfig:
-    """Whole-row tiles: BLOCK_N covers the row, BLOCK_M rows per program."""
+    """Whole-row tiles: BLOCK_N covers the row, BLOCK_M rows per block, row_blocks blocks per program."""
 
-    block_m: int  # rows per program (several for narrow rows, so a program moves >= ~8 KB)
+    block_m: int  # rows per block (several for narrow rows, so a block moves >= ~8 KB)
     block_n: int  # next_pow2(N), at least the quant block * 4 (swizzled scale columns come in 4s)
     num_warps: int  # ~16 fp32 elements per thread: the row stays in registers, loads are 16-byte vectors
+    row_blocks: int = 1  # blocks per program, walked with a one-block prefetch (1 at decode: more programs)
 
 
 def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int) -> RowConfig:
@@ -226,7 +248,11 @@ def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int) -
     block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), target // block_n))
     elems = block_m * block_n
     num_warps = min(32, max(4, elems // 512))
-    return RowConfig(block_m, block_n, num_warps)
+    # Prefetching needs >= 2 blocks per program; keep >= ~8 programs per SM (132 on H200) so the tail wave
+    # stays short. Interpreter: one block per program (the prefetch is only a second masked load there).
+    blocks = triton.cdiv(rows, block_m)
+    row_blocks = 1 if device.type == "cpu" else (4 if blocks >= 8192 else 2 if blocks >= 2048 else 1)
+    return RowConfig(block_m, block_n, num_warps, row_blocks)
 
 
 def min_block(fmt: int, group: int) -> int:
@@ -250,7 +276,7 @@ def supports_rms_norm_fp8_group(x, weight, residual, eps, weight_offset, group_s
 
 
 def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_eps=1e-10, ue8m0=False,
-              column_major=False, rounding="floor", swizzle=False, global_scale=None):
+              column_major=False, rounding="floor", swizzle=False, global_scale=None, cfg=None):
     op = "rms_norm"
     lead, n = tuple(x.shape[:-1]), x.shape[-1]
     x2 = rows_view(op, "x", x)
@@ -277,7 +303,7 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     geo = epilogue_geometry(fmt, scales, rows, n, group, swizzle)
     stride_sm, stride_sg, scale_cols_padded, grid_rows = geo.stride_sm, geo.stride_sg, geo.scale_cols_padded, \
         geo.grid_rows
-    cfg = pick_row_config(grid_rows, n, dev, min_block(fmt, group))
+    cfg = cfg or pick_row_config(grid_rows, n, dev, min_block(fmt, group))  # cfg: probes pass one
     emulate = emulate_formats(dev)
     common = dict(FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
                   OUT_DTYPE=TL_DTYPE[x.dtype], EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -301,10 +327,11 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
         src, partials, n_partials, partials_block = x2, gs_out, 1, 1
         gs_mode = GS_GIVEN if fmt == FMT_NV else GS_NONE
         has_res = residual is not None
-    _rms_norm_kernel[(triton.cdiv(grid_rows, cfg.block_m),)](
+    rows_per_prog = cfg.block_m * cfg.row_blocks
+    _rms_norm_kernel[(triton.cdiv(grid_rows, rows_per_prog),)](
         src, r2, w, h2, out_arg, scale_arg, global_scale if global_scale is not None else gs_out, gs_out,
         partials, rows, n, src.stride(0), r2.stride(0), h2.stride(0), out2.stride(0), stride_sm, stride_sg,
-        float(eps), float(weight_offset), float(quant_eps), cfg.block_m, grid_rows, 0, scale_cols_padded,
+        float(eps), float(weight_offset), float(quant_eps), rows_per_prog, grid_rows, 0, scale_cols_padded,
         n_partials, HAS_RES=has_res, PASS=PASS_QUANT if gs_mode == GS_FROM_PARTIALS else PASS_SINGLE,
         GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block, **common)
     return results

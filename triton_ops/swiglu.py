@@ -19,6 +19,7 @@ import triton.language as tl
 from dispatch.checks import rows_view
 from dispatch.reference.formats import round_up
 
+from ._formats import split_pairs
 from ._launch import TL_DTYPE, emulate_formats
 from .rmsnorm import (
     FMT_FP8,
@@ -42,6 +43,44 @@ from .rmsnorm import (
 )
 
 MOE_NONE, MOE_CONTIGUOUS, MOE_MASKED = 0, 1, 2
+IN_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # see _formats.split_pairs
+IN_WORD = {torch.bfloat16: torch.int32, torch.float16: torch.int32, torch.float32: torch.int64}
+
+
+@triton.jit
+def _load_tile(x_ptr, eid_ptr, mm_ptr, rows, M, I, cols, cmask, stride_xm, max_m,
+               INTERLEAVE: tl.constexpr, PAIR_WORDS: tl.constexpr, MOE: tl.constexpr):
+    """Raw gate/up inputs of a [BLOCK_M, BLOCK_N] output tile (rows int64), its rows' expert/group ids and
+    which rows hold tokens (MoE padding rows and rows >= M are not read)."""
+    row_in = rows < M
+    if MOE == 1:
+        grp = tl.load(eid_ptr + rows, mask=row_in, other=-1).to(tl.int32)
+        tok = grp >= 0
+    elif MOE == 2:
+        grp = (rows // max_m).to(tl.int32)
+        valid_m = tl.load(mm_ptr + grp, mask=row_in, other=0)
+        tok = row_in & ((rows % max_m) < valid_m)
+    else:
+        grp = tl.zeros(rows.shape, dtype=tl.int32)
+        tok = row_in
+    mask = tok[:, None] & cmask[None, :]
+    if INTERLEAVE == 0:
+        base = x_ptr + rows[:, None] * stride_xm + cols[None, :]
+        a = tl.load(base, mask=mask, other=0.0)
+        b = tl.load(base + I, mask=mask, other=0.0)
+    elif PAIR_WORDS:
+        # GPT-OSS even/odd (g = 1): x_ptr is a word view (bf16/fp16 pairs in int32, fp32 pairs in int64), so
+        # word c is (gate c, up c): one 16-byte vector load, split in registers (no reshape/split shuffles).
+        a = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0)
+        b = a
+    else:
+        # Chunks of g: gate column (c // g) * 2g + c % g, up g further. Triton's axis analysis sees runs of g
+        # contiguous columns, so g >= 8 (16-bit) keeps 16-byte loads; no permute through shared memory.
+        gcol = (cols // INTERLEAVE) * (2 * INTERLEAVE) + cols % INTERLEAVE
+        base = x_ptr + rows[:, None] * stride_xm + gcol[None, :]
+        a = tl.load(base, mask=mask, other=0.0)
+        b = tl.load(base + INTERLEAVE, mask=mask, other=0.0)
+    return a, b, grp, tok
 
 
 @triton.jit
@@ -49,7 +88,8 @@ def _swiglu_kernel(
     x_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr, eid_ptr, mm_ptr,
     M, I, stride_xm, stride_om, stride_sm, stride_sg, alpha, limit, fp8_eps, max_m, rows_per_prog,
     scale_rows_bound, scale_cols_padded, n_partials, n_gs,
-    INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, MOE: tl.constexpr,
+    INTERLEAVE: tl.constexpr, PAIR_WORDS: tl.constexpr, IN_KIND: tl.constexpr,
+    GPTOSS: tl.constexpr, CLAMP: tl.constexpr, MOE: tl.constexpr,
     PASS: tl.constexpr, GS_MODE: tl.constexpr,
     FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
     OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
@@ -69,42 +109,33 @@ def _swiglu_kernel(
             tl.store(gs_out_ptr, gs_all)
     acc = tl.zeros([BLOCK_M], dtype=tl.int32)
     row0 = pid_m.to(tl.int64) * rows_per_prog
+    # Software prefetch (as in rmsnorm.py): the next row block's gate/up are loaded before this block's math
+    # and stores. Matters for the NVFP4 amax pass, whose <= MAX_PARTIALS programs each walk many rows.
+    a, b, grp, tok = _load_tile(x_ptr, eid_ptr, mm_ptr, row0 + tl.arange(0, BLOCK_M), M, I, cols, cmask, stride_xm,
+                                max_m, INTERLEAVE, PAIR_WORDS, MOE)
     for m0 in range(0, rows_per_prog, BLOCK_M):
         rows = row0 + m0 + tl.arange(0, BLOCK_M)
         row_in = rows < M
-        if MOE == 1:
-            grp = tl.load(eid_ptr + rows, mask=row_in, other=-1).to(tl.int32)
-            tok = grp >= 0
-        elif MOE == 2:
-            grp = (rows // max_m).to(tl.int32)
-            valid_m = tl.load(mm_ptr + grp, mask=row_in, other=0)
-            tok = row_in & ((rows % max_m) < valid_m)
+        nxt = tl.where(m0 + BLOCK_M < rows_per_prog, rows + BLOCK_M, M)  # past the program's rows: no load
+        a_next, b_next, grp_next, tok_next = _load_tile(x_ptr, eid_ptr, mm_ptr, nxt, M, I, cols, cmask, stride_xm,
+                                                        max_m, INTERLEAVE, PAIR_WORDS, MOE)
+        if PAIR_WORDS:
+            g, u = split_pairs(a, IN_KIND)
         else:
-            grp = tl.zeros([BLOCK_M], dtype=tl.int32)
-            tok = row_in
-        if INTERLEAVE == 0:
-            mask = tok[:, None] & cmask[None, :]
-            base = x_ptr + rows[:, None] * stride_xm + cols[None, :]
-            g = tl.load(base, mask=mask, other=0.0).to(tl.float32)
-            u = tl.load(base + I, mask=mask, other=0.0).to(tl.float32)
-        else:
-            c2 = 2 * col0 + tl.arange(0, 2 * BLOCK_N)
-            mask2 = tok[:, None] & (c2 < 2 * I)[None, :]
-            both = tl.load(x_ptr + rows[:, None] * stride_xm + c2[None, :], mask=mask2, other=0.0).to(tl.float32)
-            if INTERLEAVE == 1:
-                pairs = tl.reshape(both, [BLOCK_M, BLOCK_N, 2])
-            else:
-                chunks = tl.reshape(both, [BLOCK_M, BLOCK_N // INTERLEAVE, 2, INTERLEAVE])
-                pairs = tl.reshape(tl.permute(chunks, (0, 1, 3, 2)), [BLOCK_M, BLOCK_N, 2])
-            g, u = tl.split(pairs)
+            g = a.to(tl.float32)
+            u = b.to(tl.float32)
         if CLAMP:
             g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
             u = tl.minimum(tl.maximum(u, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
                            propagate_nan=tl.PropagateNan.ALL)
+        # '/' is div.full.f32 (<= 2 ulp, full range: an Inf denominator gives 0) where div_rn cost ~8 more
+        # instructions and a branch per element; exp is ex2.approx anyway, and the float output is a 1-ulp
+        # tolerance contract (docs/norm_act.md). Float and fused kernels share this line, so the fused bytes
+        # still equal the quantizer applied to the float kernel's y.
         if GPTOSS:
-            y = tl.math.div_rn(g, 1.0 + tl.exp(-(alpha * g))) * (u + 1.0)
+            y = (g / (1.0 + tl.exp(-(alpha * g)))) * (u + 1.0)
         else:
-            y = tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u
+            y = (g / (1.0 + tl.exp(-g))) * u
         if PASS == 1:
             acc = tl.maximum(acc, tile_amax_bits(y, tok[:, None] & cmask[None, :], OUT_DTYPE, EMULATE))
         else:
@@ -116,6 +147,10 @@ def _swiglu_kernel(
             quant_epilogue(y, rows, row_in, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs,
                            scale_rows_bound, 0, scale_cols_padded, fp8_eps,
                            FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
+        a = a_next
+        b = b_next
+        grp = grp_next
+        tok = tok_next
     if PASS == 1:
         tl.store(partial_ptr + pid_m * tl.num_programs(1) + pid_n, tl.max(acc, 0).to(tl.float32, bitcast=True))
 
@@ -185,7 +220,11 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
     eid = expert_ids.reshape(-1) if expert_ids is not None else x2
     mm = masked_m if masked_m is not None else x2
     max_m = x.shape[1] if masked_m is not None else 1
-    common = dict(INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None, MOE=moe,
+    # g = 1: read (gate, up) pairs as one word each (needs an even row stride and offset for the word view)
+    pair_words = interleave == 1 and x2.stride(0) % 2 == 0 and x2.storage_offset() % 2 == 0
+    xs = x2.view(IN_WORD[x.dtype]) if pair_words else x2
+    common = dict(INTERLEAVE=interleave, PAIR_WORDS=pair_words, IN_KIND=IN_KIND[x.dtype],
+                  GPTOSS=activation == "gptoss", CLAMP=limit is not None, MOE=moe,
                   FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
                   OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(dev), BLOCK_M=cfg.block_m,
                   BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
@@ -201,7 +240,7 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
         n_partials = n_row * n_col
         partials = torch.empty(n_partials, dtype=torch.float32, device=dev)
         _swiglu_kernel[(n_row, n_col)](
-            x2, out_arg, scale_arg, gs_out, gs_out, partials, eid, mm, rows, i, x2.stride(0), 0, 0, 0,
+            xs, out_arg, scale_arg, gs_out, gs_out, partials, eid, mm, rows, i, xs.stride(0), 0, 0, 0,
             *scalars, rows_per_prog, grid_rows, scale_cols_padded, n_partials, 1,
             PASS=PASS_AMAX, GS_MODE=GS_NONE, PARTIALS_BLOCK=1, **common)
         gs_mode, pass_, partials_block = GS_FROM_PARTIALS, PASS_QUANT, triton.next_power_of_2(n_partials)
@@ -211,8 +250,8 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
         if fmt == FMT_NV:
             gs_mode = GS_PER_GROUP if (moe != MOE_NONE or n_gs > 1) else GS_GIVEN
     _swiglu_kernel[(triton.cdiv(grid_rows, cfg.block_m), n_col)](
-        x2, out_arg, scale_arg, global_scale if global_scale is not None else gs_out, gs_out, partials, eid, mm,
-        rows, i, x2.stride(0), out2.stride(0), stride_sm, stride_sg, *scalars, cfg.block_m, grid_rows,
+        xs, out_arg, scale_arg, global_scale if global_scale is not None else gs_out, gs_out, partials, eid, mm,
+        rows, i, xs.stride(0), out2.stride(0), stride_sm, stride_sg, *scalars, cfg.block_m, grid_rows,
         scale_cols_padded, n_partials, n_gs, PASS=pass_, GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block, **common)
     return results
 
