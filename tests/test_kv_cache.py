@@ -187,12 +187,49 @@ def test_fused_rope_quant_append_bytes(device, case, with_q, is_neox, bad_pos):
         assert_same_bytes(outs[1][0], cache, f"fused vs composed [{desc}]")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["v32", "v4"])
+def test_ds_unaligned_cache_and_rows(device, layout):
+    """The kernels take 16-byte-store and word-pair fast paths only when the cache base / block stride are
+    16-byte aligned and kv / q rows start on whole pairs; caches with a 4 (V3.2) or 2 (V4) byte block padding
+    and storage offset, kv rows with an odd stride and q's RoPE slice at an odd offset take the general
+    paths, with the same bytes."""
+    L = DS_LAYOUTS[layout]
+    t, bs, nb, pad = 13, 4, 5, 4 if layout == "v32" else 2
+    g = torch.Generator().manual_seed(3)
+    kv = torch.as_strided(torch.randn(t, L.d + 3, generator=g).bfloat16() * 3, (t, L.d), (L.d + 3, 1), 1)
+    q = torch.randn(t, 3, L.d + 16, generator=g).bfloat16()[:, :, 3:]  # RoPE slice at an odd offset
+    slots = torch.randperm(nb * bs, generator=g)[:t]
+    slots[2] = -1
+    pos = torch.randint(0, 40, (t,), generator=g)
+    cs = rope_cos_sin_cache(40, 64)
+    for is_neox in (False, True):
+        outs = []
+        for dev, backend in ((device, "triton"), ("cpu", "torch")):
+            stride = L.padded_block_bytes(bs) + pad
+            buf = torch.full((nb * stride + 2 * pad,), 0xAB, dtype=torch.uint8, device=dev)
+            cache = buf[pad:pad + nb * stride].view(nb, stride)[:, : bs * L.token_bytes].view(nb, bs, 1, -1)
+            qd = q.to(dev).clone()
+            ops.ds_rope_quant_append(kv.to(dev), pos.to(dev), cs.to(dev), slots.to(dev), cache, layout=layout, q=qd,
+                                     is_neox=is_neox, backend=backend)
+            outs.append((buf, qd))
+        assert_same_bytes(outs[0][0], outs[1][0], f"{layout} neox={is_neox} cache")
+        assert_same_floats(outs[0][1], outs[1][1], f"{layout} neox={is_neox} q")
+
+
 # ------------------------------------------------------------------------------------------ accuracy
 
 
 def _cos(a, b):
     a, b = a.double().flatten(), b.double().flatten()
     return float(a @ b / (a.norm() * b.norm()))
+
+
+def _e4m3_relative_floor(x: torch.Tensor) -> torch.Tensor:
+    """Each value rounded to E4M3's 3 mantissa bits at its own binade (a per-element power-of-two scale:
+    no saturation, no subnormals), the best any E4M3 code + scale scheme can do on normal values."""
+    e = torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(1e-30))))
+    return (x / e).to(torch.float8_e4m3fn).float() * e
 
 
 @pytest.mark.parametrize("dist", ["normal", "heavy_tail"])
@@ -207,6 +244,10 @@ def test_roundtrip_cosine(dist):
         back = ops.ds_kv_gather(cache, torch.arange(256), layout=layout, out_dtype=torch.float32, backend="triton")
         assert _cos(back, kv.float()) >= 0.9996, layout
         assert torch.equal(back[:, L.d_nope:], kv[:, L.d_nope:].float())  # RoPE part kept in bf16
+        if dist == "normal":  # at E4M3's floor: no quantizer of these NoPE values into E4M3 codes does better
+            nope = kv[:, : L.d_nope].float()
+            floor = _cos(_e4m3_relative_floor(nope), nope)  # ~0.99965: 3 mantissa bits, no range limits
+            assert 1 - _cos(back[:, : L.d_nope], nope) <= 1.01 * (1 - floor), layout
     x = make_values(256, 8 * 128, dist, 7).bfloat16().reshape(256, 8, 128)
     cache = torch.empty(16, 16, 8, 128, dtype=torch.float8_e4m3fn)
     sc = torch.empty(16, 16, 8)

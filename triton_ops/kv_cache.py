@@ -16,9 +16,20 @@ import triton.language as tl
 
 from dispatch.reference.kv_cache import DS_LAYOUTS, DS_ROPE, DS_SCALE_FLOOR, DYNAMIC_EPS
 
-from ._formats import amax_nan, cast_out, e4m3_decode, e4m3_encode
-from ._launch import TL_DTYPE, emulate_formats
-from .rope import _rope_block, load_cos_sin, load_f32, pair_offsets, rope_pairs
+from ._formats import amax_nan, cast_out, e4m3_decode, e4m3_encode, split_pairs
+from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
+from .rope import (
+    PAIR_KIND,
+    _rope_tile,
+    bits16,
+    join_pairs,
+    load_cos_sin,
+    load_f32,
+    pair_offsets,
+    pairs_as_words,
+    rope_pairs,
+    word_ptr,
+)
 
 ROPE: tl.constexpr = tl.constexpr(DS_ROPE)  # jit code reads module globals only as constexprs
 SCALE_FLOOR: tl.constexpr = tl.constexpr(DS_SCALE_FLOOR)
@@ -44,25 +55,28 @@ def rows_config(rows: int, row_elems: int, device: torch.device) -> RowsConfig:
 @triton.jit
 def _paged_write_kernel(x_ptr, slot_ptr, cache_ptr, scale_ptr, scache_ptr, T, H, D, n_slots, BS,
                         x_st, x_sh, c_sb, c_so, c_sh, s_sb, s_so, s_sh, eps,
-                        DYNAMIC: tl.constexpr, D_P: tl.constexpr, BLOCK_R: tl.constexpr, EMULATE: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rows < T * H
-    t = rows // H
-    h = rows % H
-    slot = tl.load(slot_ptr + t, mask=rmask, other=-1).to(tl.int64)
-    ok = rmask & (slot >= 0) & (slot < n_slots)  # -1 (and anything past the cache) is skipped
-    blk = slot // BS
-    off = slot % BS
+                        DYNAMIC: tl.constexpr, D_P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                        EMULATE: tl.constexpr):
+    # grid (token blocks, head blocks): (token, head) from the program ids, the slot split once per token in
+    # 32 bits (launcher: < 2^31 slots), so no per-row 64-bit division.
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    tmask = t < T
+    slot = tl.load(slot_ptr + t, mask=tmask, other=-1).to(tl.int64)
+    ok = (tmask & (slot >= 0) & (slot < n_slots))[:, None] & (h < H)[None, :]  # -1 / past the cache: skipped
+    s32 = slot.to(tl.int32)
+    blk = (s32 // BS).to(tl.int64)
+    off = (s32 % BS).to(tl.int64)
     d = tl.arange(0, D_P)
-    m = ok[:, None] & (d < D)[None, :]
-    x = load_f32(x_ptr + (t * x_st + h * x_sh)[:, None] + d[None, :], m, EMULATE)
+    m = ok[:, :, None] & (d < D)[None, None, :]
+    x = load_f32(x_ptr + (t * x_st)[:, None, None] + (h * x_sh)[None, :, None] + d[None, None, :], m, EMULATE)
     if DYNAMIC:
-        s = tl.math.div_rn(tl.maximum(amax_nan(x, 1), eps, propagate_nan=tl.PropagateNan.ALL), 448.0)
-        tl.store(scache_ptr + blk * s_sb + off * s_so + h * s_sh, s, mask=ok)
-        q = tl.math.div_rn(x, s[:, None])
+        s = tl.math.div_rn(tl.maximum(amax_nan(x, 2), eps, propagate_nan=tl.PropagateNan.ALL), 448.0)
+        tl.store(scache_ptr + (blk * s_sb + off * s_so)[:, None] + (h * s_sh)[None, :], s, mask=ok)
+        q = tl.math.div_rn(x, s[:, :, None])  # s is not a power of two: a true IEEE division
     else:
         q = tl.math.div_rn(x, tl.load(scale_ptr))
-    dst = cache_ptr + (blk * c_sb + off * c_so + h * c_sh)[:, None] + d[None, :]
+    dst = cache_ptr + (blk * c_sb + off * c_so)[:, None, None] + (h * c_sh)[None, :, None] + d[None, None, :]
     tl.store(dst, e4m3_encode(q, EMULATE), mask=m)
 
 
@@ -101,16 +115,23 @@ def paged_kv_write_fp8(x, slot_mapping, cache, scale, scale_cache):
     t, h, d = x.shape
     if t == 0 or h == 0 or d == 0:
         return
+    if _cache_slots(cache) >= 2**31:
+        raise ValueError("lowbit.paged_kv_write_fp8: argument 'cache': the kernel splits slots in 32 bits "
+                         "(< 2^31 slots)")
     c = cache.view(torch.uint8)
     dynamic = scale is None
     sc = scale_cache if dynamic else c  # unused pointer when static
-    cfg = rows_config(t * h, d, x.device)
-    _paged_write_kernel[(triton.cdiv(t * h, cfg.block_r),)](
+    d_p = next_pow2(d)
+    # GPU: ~4K elements per program, one token per program for short (decode) batches; interpreter: 32K
+    target = 32768 if x.device.type == "cpu" else 4096
+    block_h = min(next_pow2(h), max(1, target // d_p))
+    block_t = 1 if (x.device.type != "cpu" and t <= 256) else max(1, min(next_pow2(t), target // (d_p * block_h)))
+    _paged_write_kernel[(cdiv(t, block_t), cdiv(h, block_h))](
         x, slot_mapping, c, scale if scale is not None else x, sc, t, h, d, _cache_slots(cache), cache.shape[1],
         x.stride(0), x.stride(1), c.stride(0), c.stride(1), c.stride(2),
         *(scale_cache.stride() if dynamic else (0, 0, 0)), DYNAMIC_EPS,
-        DYNAMIC=dynamic, D_P=triton.next_power_of_2(d), BLOCK_R=cfg.block_r, EMULATE=emulate_formats(x.device),
-        num_warps=cfg.num_warps)
+        DYNAMIC=dynamic, D_P=d_p, BLOCK_T=block_t, BLOCK_H=block_h, EMULATE=emulate_formats(x.device),
+        num_warps=4 if block_t * block_h * d_p <= 4096 else 8)
 
 
 def paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype):
@@ -138,9 +159,12 @@ def paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype):
 def _ds_token_offsets(slot, BS, block_stride, D_NOPE: tl.constexpr, NT: tl.constexpr, V4: tl.constexpr):
     """Byte offsets of a token's NoPE codes, scales and RoPE part (docs/kv_cache_layouts.md), int64.
     V4, per block: BS tokens x (448 E4M3 | 64 bf16), then BS x (7 E8M0 | 1 pad).
-    V3.2, per token: 512 E4M3 | 4 fp32 | 64 bf16."""
-    blk = slot // BS
-    off = slot % BS
+    V3.2, per token: 512 E4M3 | 4 fp32 | 64 bf16.
+    The launchers guarantee num_blocks * block_size < 2^31, so the slot splits with a 32-bit division (a
+    64-bit one is a ~70-instruction subroutine call); only masked-off lanes can hold larger values."""
+    s32 = slot.to(tl.int32)
+    blk = (s32 // BS).to(tl.int64)
+    off = (s32 % BS).to(tl.int64)
     if V4:
         data = blk * block_stride + off * (D_NOPE + 2 * ROPE)
         scale_at = blk * block_stride + BS * (D_NOPE + 2 * ROPE) + off * 8
@@ -153,98 +177,139 @@ def _ds_token_offsets(slot, BS, block_stride, D_NOPE: tl.constexpr, NT: tl.const
 
 
 @triton.jit
-def _ds_token_block(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, pid, T, n_slots, BS, block_stride, kv_st,
-                    max_pos, D_NOPE: tl.constexpr, TILE: tl.constexpr, NT: tl.constexpr, NT_P: tl.constexpr,
-                    V4: tl.constexpr, ROTATE: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr,
-                    EMULATE: tl.constexpr):
+def _ds_kv_tile(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, tb, T, n_slots, BS, block_stride, kv_st,
+                max_pos, D_NOPE: tl.constexpr, TILE: tl.constexpr, NT: tl.constexpr, NT_P: tl.constexpr,
+                V4: tl.constexpr, ROTATE: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr,
+                ALIGNED: tl.constexpr, KV_WORDS: tl.constexpr, KV_KIND: tl.constexpr, EMULATE: tl.constexpr):
     """Quantize + write BLOCK_T tokens of kv [T, D_NOPE + 64] into a DeepSeek cache (optionally rotating
-    the RoPE part first). All offsets in bytes, int64."""
+    the RoPE part first). Cache offsets in bytes, int64.
+
+    ALIGNED: the cache base and block stride are multiples of 16 bytes. Every token record then starts
+    16-byte aligned (656, 576, 528, 448 and 512 are multiples of 16; V4 scale rows of 8 bytes are 8-aligned),
+    which the compiler cannot see through the slot gather; the hints let it emit 16-byte stores (the
+    codes) instead of one store per byte, and the bf16 RoPE pairs go out as 32-bit words.
+    KV_WORDS: GPT-J kv pairs can be loaded as words (even row stride, aligned base)."""
     HALF: tl.constexpr = ROPE // 2
-    tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = tok < T
     slot = tl.load(slot_ptr + tok, mask=tmask, other=-1).to(tl.int64)
     ok = tmask & (slot >= 0) & (slot < n_slots)
     data, scale_at, rope_at = _ds_token_offsets(slot, BS, block_stride, D_NOPE, NT, V4)
+    if ALIGNED:
+        data = tl.multiple_of(data, 16)
+        rope_at = tl.multiple_of(rope_at, 16)
+        scale_at = tl.multiple_of(scale_at, 8 if V4 else 16)
 
     # NoPE: per-tile power-of-two scales, E4M3 codes
     j = tl.arange(0, NT_P)
     e = tl.arange(0, TILE)
     col = j[:, None] * TILE + e[None, :]
-    nm = ok[:, None, None] & (j < NT)[None, :, None] & (e < TILE)[None, None, :]
-    x = load_f32(kv_ptr + tok[:, None, None] * kv_st + col[None, :, :], nm, EMULATE)
+    tile_ok = ok[:, None] & (j < NT)[None, :]
+    x = load_f32(kv_ptr + (tok * kv_st)[:, None, None] + col[None, :, :], tile_ok[:, :, None], EMULATE)
     s = tl.maximum(tl.math.div_rn(amax_nan(x, 2), 448.0), SCALE_FLOOR, propagate_nan=tl.PropagateNan.ALL)
     b = s.to(tl.uint32, bitcast=True)
     finite = (b & 0x7F800000) != 0x7F800000
     b = tl.where(finite, (b + 0x7FFFFF) & 0x7F800000, b)  # round up to a power of two; NaN/Inf kept
-    s = b.to(tl.float32, bitcast=True)
-    codes = e4m3_encode(tl.math.div_rn(x, s[:, :, None]), EMULATE)
-    tl.store(c8 + data[:, None, None] + col[None, :, :], codes, mask=nm)
+    # s is a power of two in [2^-13, 2^120] (or Inf/NaN), so 1/s is exact and x * (1/s) rounds exactly as
+    # the reference's x / s (Inf: both give +-0 or NaN; NaN: NaN): one multiply instead of an IEEE division.
+    inv = tl.math.div_rn(1.0, b.to(tl.float32, bitcast=True))
+    codes = e4m3_encode(x * inv[:, :, None], EMULATE)
+    tl.store(c8 + data[:, None, None] + col[None, :, :], codes, mask=tile_ok[:, :, None])
     if V4:
-        e8m0 = tl.where((j < NT)[None, :], (b >> 23) & 0xFF, 0).to(tl.uint8)
-        sm = ok[:, None] & (j < 8)[None, :]
-        tl.store(c8 + scale_at[:, None] + j[None, :], e8m0, mask=sm)
+        e8m0 = tl.where((j < NT)[None, :], (b >> 23) & 0xFF, 0).to(tl.uint8)  # 7 exponents + the zero pad
+        tl.store(c8 + scale_at[:, None] + j[None, :], e8m0, mask=ok[:, None])
     else:
-        sm = ok[:, None] & (j < NT)[None, :]
-        tl.store(c32 + (scale_at // 4)[:, None] + j[None, :], b.to(tl.int32, bitcast=True), mask=sm)
+        tl.store(c32 + (scale_at >> 2)[:, None] + j[None, :], b.to(tl.int32, bitcast=True), mask=tile_ok)
 
     # RoPE part: bf16, rotated first when fused
-    o1, o2 = pair_offsets(0, HALF, HALF, IS_NEOX)
-    rm = ok[:, None] & (o1 < ROPE)[None, :]
-    src = kv_ptr + tok[:, None] * kv_st + D_NOPE
-    x1 = load_f32(src + o1[None, :], rm, EMULATE)
-    x2 = load_f32(src + o2[None, :], rm, EMULATE)
+    i = tl.arange(0, HALF)
+    rm = ok[:, None]
+    src = (tok * kv_st + D_NOPE)[:, None]  # element offsets of the RoPE part
+    if IS_NEOX:
+        x1 = load_f32(kv_ptr + src + i[None, :], rm, EMULATE)
+        x2 = load_f32(kv_ptr + src + HALF + i[None, :], rm, EMULATE)
+    elif KV_WORDS:
+        x1, x2 = split_pairs(tl.load(word_ptr(kv_ptr, KV_KIND) + (src >> 1) + i[None, :], mask=rm, other=0), KV_KIND)
+    else:
+        x1 = load_f32(kv_ptr + src + 2 * i[None, :], rm, EMULATE)
+        x2 = load_f32(kv_ptr + src + 2 * i[None, :] + 1, rm, EMULATE)
     if ROTATE:
         pos = tl.load(pos_ptr + tok, mask=tmask, other=0).to(tl.int64)
         c, sn = load_cos_sin(cs_ptr, pos, tmask & (pos >= 0) & (pos < max_pos), HALF, HALF)
         x1, x2 = rope_pairs(x1, x2, c, sn, False)
-    y1 = cast_out(x1, tl.bfloat16, EMULATE).to(tl.int16, bitcast=True)
-    y2 = cast_out(x2, tl.bfloat16, EMULATE).to(tl.int16, bitcast=True)
-    r16 = c16 + (rope_at // 2)[:, None]
-    tl.store(r16 + o1[None, :], y1, mask=rm)
-    tl.store(r16 + o2[None, :], y2, mask=rm)
+    if ALIGNED and not IS_NEOX:
+        r32 = tl.multiple_of(rope_at >> 2, 4)
+        tl.store(c32 + r32[:, None] + i[None, :], join_pairs(x1, x2, 0, EMULATE), mask=rm)
+    else:
+        o1, o2 = pair_offsets(0, HALF, HALF, IS_NEOX)
+        r16 = rope_at >> 1
+        if ALIGNED:
+            r16 = tl.multiple_of(r16, 8)
+        tl.store(c16 + r16[:, None] + o1[None, :], bits16(x1, tl.bfloat16, EMULATE).to(tl.int16), mask=rm)
+        tl.store(c16 + r16[:, None] + o2[None, :], bits16(x2, tl.bfloat16, EMULATE).to(tl.int16), mask=rm)
 
 
 @triton.jit
 def _ds_write_kernel(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, q_ptr, T, n_slots, BS, block_stride, kv_st,
-                     max_pos, HQ, q_st, q_sh, q_rope_at, n_kv_progs,
+                     max_pos, HQ, q_st, q_sh, q_rope_at,
                      D_NOPE: tl.constexpr, TILE: tl.constexpr, NT: tl.constexpr, NT_P: tl.constexpr,
                      V4: tl.constexpr, ROTATE: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr,
-                     BLOCK_Q: tl.constexpr, Q_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
-    # Programs [0, n_kv_progs) write the cache; the rest (fused op with q only) rotate q's RoPE in place.
-    pid = tl.program_id(0)
-    if pid < n_kv_progs:
-        _ds_token_block(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, pid, T, n_slots, BS, block_stride, kv_st,
-                        max_pos, D_NOPE, TILE, NT, NT_P, V4, ROTATE, IS_NEOX, BLOCK_T, EMULATE)
+                     BLOCK_H: tl.constexpr, ALIGNED: tl.constexpr, KV_WORDS: tl.constexpr, KV_KIND: tl.constexpr,
+                     Q_WORDS: tl.constexpr, Q_KIND: tl.constexpr, Q_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    # grid (token blocks, 1 + q head blocks): column 0 writes the cache, the others (fused op with q) rotate
+    # BLOCK_T tokens x BLOCK_H heads of q's RoPE part in place, so q's heads spread over many programs.
+    tb = tl.program_id(0)
+    hb = tl.program_id(1)
+    if hb == 0:
+        _ds_kv_tile(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, tb, T, n_slots, BS, block_stride, kv_st,
+                    max_pos, D_NOPE, TILE, NT, NT_P, V4, ROTATE, IS_NEOX, BLOCK_T, ALIGNED, KV_WORDS, KV_KIND,
+                    EMULATE)
     else:
-        _rope_block(q_ptr, q_ptr, pos_ptr, cs_ptr, pid - n_kv_progs, T, HQ, max_pos, q_st, q_sh, q_st, q_sh,
-                    q_rope_at, 0, ROPE // 2, ROPE // 2, 1, BLOCK_Q, IS_NEOX, False, False, Q_DTYPE, EMULATE)
+        _rope_tile(q_ptr, q_ptr, pos_ptr, cs_ptr, tb, hb - 1, T, HQ, max_pos, q_st, q_sh, q_st, q_sh, q_rope_at, 0,
+                   ROPE // 2, ROPE // 2, 1, BLOCK_T, BLOCK_H, IS_NEOX, False, False, Q_WORDS, Q_KIND, Q_DTYPE,
+                   EMULATE)
+
+
+def ds_config(t: int, device: torch.device) -> tuple[int, int]:
+    """(tokens per program, q heads per program). GPU: 4 tokens (~2.3K kv elements) and 16 q heads
+    (4 x 16 x 64 = 4K RoPE elements) per program; one token per program for short (decode) batches so the
+    work spreads over the SMs. Interpreter: big tiles (it pays per program)."""
+    if device.type == "cpu":
+        return 32, 16
+    return (1 if t <= 256 else 4), 16
 
 
 def _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_neox):
     t = kv.shape[0]
-    L = DS_LAYOUTS[layout]
-    c8 = cache.view(torch.uint8)
-    # typed views of the same bytes (the op checks guarantee the alignment these need)
-    c16 = c8.view(torch.int16)
-    c32 = c8.view(torch.int32) if layout == "v32" else c16
-    rotate = positions is not None
-    hq = 0 if q is None else q.shape[1]
     if t == 0:
         return
-    cfg = rows_config(t, L.d, kv.device)
-    n_kv = triton.cdiv(t, cfg.block_r)
-    qcfg = rows_config(t * hq, DS_ROPE, kv.device)
-    n_q = triton.cdiv(t * hq, qcfg.block_r) if hq else 0
+    L = DS_LAYOUTS[layout]
+    c8 = cache.view(torch.uint8)
+    n_slots = cache.shape[0] * cache.shape[1]
+    if n_slots >= 2**31:
+        raise ValueError(f"lowbit.{'ds_kv_write' if positions is None else 'ds_rope_quant_append'}: argument "
+                         f"'cache': {n_slots} slots; the kernel splits slots in 32 bits (< 2^31 slots)")
+    # typed views of the same bytes (the op checks guarantee the alignment these need)
+    aligned = c8.data_ptr() % 16 == 0 and (cache.shape[0] == 1 or c8.stride(0) % 16 == 0)
+    c16 = c8.view(torch.int16)
+    c32 = c8.view(torch.int32) if layout == "v32" or aligned else c16
+    rotate = positions is not None
+    hq = 0 if q is None else q.shape[1]
+    block_t, block_h = ds_config(t, kv.device)
+    n_q = cdiv(hq, block_h) if hq else 0
     q_arg = q if q is not None else kv
-    _ds_write_kernel[(n_kv + n_q,)](
+    q_rope_at = (q.shape[-1] - DS_ROPE) if q is not None else 0
+    q_words = q is not None and pairs_as_words(is_neox, q_rope_at, q)
+    kv_words = not is_neox and kv.stride(0) % 2 == 0 and kv.data_ptr() % (2 * kv.element_size()) == 0
+    _ds_write_kernel[(cdiv(t, block_t), 1 + n_q)](
         kv, slot_mapping, c8, c16, c32, positions if rotate else slot_mapping,
-        cos_sin_cache if rotate else kv, q_arg, t, cache.shape[0] * cache.shape[1], cache.shape[1], c8.stride(0),
+        cos_sin_cache if rotate else kv, q_arg, t, n_slots, cache.shape[1], c8.stride(0),
         kv.stride(0), cos_sin_cache.shape[0] if rotate else 0, hq,
-        q_arg.stride(0), q_arg.stride(1) if q is not None else 0, (q.shape[-1] - DS_ROPE) if q is not None else 0,
-        n_kv, D_NOPE=L.d_nope, TILE=L.tile, NT=L.num_tiles, NT_P=triton.next_power_of_2(L.num_tiles),
-        V4=layout == "v4", ROTATE=rotate, IS_NEOX=is_neox, BLOCK_T=cfg.block_r, BLOCK_Q=qcfg.block_r,
-        Q_DTYPE=TL_DTYPE[q_arg.dtype], EMULATE=emulate_formats(kv.device), num_warps=cfg.num_warps,
-        enable_fp_fusion=False)
+        q_arg.stride(0), q_arg.stride(1) if q is not None else 0, q_rope_at,
+        D_NOPE=L.d_nope, TILE=L.tile, NT=L.num_tiles, NT_P=next_pow2(L.num_tiles),
+        V4=layout == "v4", ROTATE=rotate, IS_NEOX=is_neox, BLOCK_T=block_t, BLOCK_H=block_h, ALIGNED=aligned,
+        KV_WORDS=kv_words, KV_KIND=PAIR_KIND[kv.dtype], Q_WORDS=q_words, Q_KIND=PAIR_KIND[q_arg.dtype],
+        Q_DTYPE=TL_DTYPE[q_arg.dtype], EMULATE=emulate_formats(kv.device), num_warps=4, enable_fp_fusion=False)
 
 
 def ds_kv_write(kv, slot_mapping, cache, layout):
@@ -298,8 +363,10 @@ def ds_kv_gather(cache, slots, layout, out_dtype):
     c8 = cache.view(torch.uint8)
     c16 = c8.view(torch.int16)
     c32 = c8.view(torch.int32) if layout == "v32" else c16
+    if cache.shape[0] * cache.shape[1] >= 2**31:
+        raise ValueError("lowbit.ds_kv_gather: argument 'cache': the kernel splits slots in 32 bits (< 2^31 slots)")
     cfg = rows_config(n, L.d, cache.device)
-    _ds_gather_kernel[(triton.cdiv(n, cfg.block_r),)](
+    _ds_gather_kernel[(cdiv(n, cfg.block_r),)](
         c8, c16, c32, slots, out, n, cache.shape[0] * cache.shape[1], cache.shape[1], c8.stride(0),
         D_NOPE=L.d_nope, TILE=L.tile, NT=L.num_tiles, NT_P=triton.next_power_of_2(L.num_tiles), V4=layout == "v4",
         BLOCK_T=cfg.block_r, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(cache.device),

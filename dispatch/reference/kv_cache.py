@@ -131,11 +131,13 @@ def ds_token_bytes(kv: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.T
     return torch.cat([code_b, rope_b], 1), torch.cat([e8m0, e8m0.new_zeros(t, 1)], 1)
 
 
-def _raw_bytes(cache: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 view over every byte the cache tensor spans (it may be a strided view of a bigger buffer)."""
+def _block_bytes(cache: torch.Tensor) -> torch.Tensor:
+    """uint8 view [num_blocks, block_size * token_bytes] of a [NB, BS, (1,) token_bytes] cache: each block's
+    bytes are contiguous (the ops check it), only the block stride is free. Indexing this view (instead of an
+    as_strided flat view, which torch.compile cannot functionalize when written through) keeps the reference
+    compilable by inductor."""
     c = cache.view(torch.uint8)
-    span = 1 + sum((n - 1) * st for n, st in zip(c.shape, c.stride(), strict=True)) if c.numel() else 0
-    return c.as_strided((span,), (1,))
+    return c.view(c.shape[0], c.shape[1] * c.shape[-1])
 
 
 def ds_cache_geometry(cache: torch.Tensor) -> tuple[int, int, int]:
@@ -143,30 +145,30 @@ def ds_cache_geometry(cache: torch.Tensor) -> tuple[int, int, int]:
     return cache.shape[0], cache.shape[1], cache.view(torch.uint8).stride(0)
 
 
-def ds_offsets(layout: str, blk, off, block_size: int, block_stride: int):
-    """Flat byte offsets (data [T, n_data], scales [T, n_scale]) of the given (block, offset) pairs."""
+def ds_offsets(layout: str, off, block_size: int):
+    """Byte offsets inside the block (data [T, n_data], scales [T, n_scale]) of tokens at the given offsets."""
     L = DS_LAYOUTS[layout]
-    base = blk * block_stride
     if layout == "v32":
-        data = base[:, None] + off[:, None] * L.token_bytes + torch.arange(L.token_bytes, device=blk.device)
+        data = off[:, None] * L.token_bytes + torch.arange(L.token_bytes, device=off.device)
         return data, data[:, :0]
     per = L.d_nope + 2 * DS_ROPE
-    data = base[:, None] + off[:, None] * per + torch.arange(per, device=blk.device)
-    scales = base[:, None] + block_size * per + off[:, None] * 8 + torch.arange(8, device=blk.device)
+    data = off[:, None] * per + torch.arange(per, device=off.device)
+    scales = block_size * per + off[:, None] * 8 + torch.arange(8, device=off.device)
     return data, scales
 
 
 def ds_kv_write(kv, slot_mapping, cache, layout):
     """kv [T, d] (d = 576 for v32, 512 for v4) -> the paged DeepSeek cache at the slots."""
-    nb, bs, stride = ds_cache_geometry(cache)
+    nb, bs, _ = ds_cache_geometry(cache)
     valid, blk, off = _slot_parts(slot_mapping, nb, bs)
     if not bool(valid.any()):
         return
     data_b, scale_b = ds_token_bytes(kv[valid], layout)
-    d_off, s_off = ds_offsets(layout, blk[valid], off[valid], bs, stride)
-    raw = _raw_bytes(cache)
-    raw[d_off.reshape(-1)] = data_b.reshape(-1)
-    raw[s_off.reshape(-1)] = scale_b.reshape(-1)
+    blk = blk[valid][:, None]
+    d_off, s_off = ds_offsets(layout, off[valid], bs)
+    raw = _block_bytes(cache)
+    raw[blk, d_off] = data_b
+    raw[blk, s_off] = scale_b
 
 
 def ds_rope_quant_append(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, is_neox):
@@ -184,18 +186,18 @@ def ds_rope_quant_append(kv, positions, cos_sin_cache, slot_mapping, cache, layo
 def ds_kv_gather(cache, slots, layout, out_dtype):
     """[N, d] out_dtype from the DeepSeek cache: e4m3 * tile scale (fp32) for NoPE, bf16 RoPE as is."""
     L = DS_LAYOUTS[layout]
-    nb, bs, stride = ds_cache_geometry(cache)
+    nb, bs, _ = ds_cache_geometry(cache)
     valid, blk, off = _slot_parts(slots, nb, bs)
     n = slots.shape[0]
-    d_off, s_off = ds_offsets(layout, blk, off, bs, stride)
-    raw = _raw_bytes(cache)
-    data = raw[d_off.reshape(-1)].reshape(d_off.shape)
+    d_off, s_off = ds_offsets(layout, off, bs)
+    raw = _block_bytes(cache)
+    data = raw[blk[:, None], d_off]
     codes = e4m3_decode_table(data[:, L.nope_at: L.nope_at + L.d_nope])
     rope = data[:, L.rope_at: L.rope_at + 2 * DS_ROPE].contiguous().view(torch.bfloat16).float()
     if layout == "v32":
         s = data[:, L.scale_at: L.scale_at + 4 * L.num_tiles].contiguous().view(torch.float32)
     else:
-        e = raw[s_off.reshape(-1)].reshape(n, 8)[:, : L.num_tiles].to(torch.int32)
+        e = raw[blk[:, None], s_off][:, : L.num_tiles].to(torch.int32)
         s = torch.where(e == 0xFF, float("nan"), torch.ldexp(torch.ones_like(e, dtype=torch.float32), e - 127))
     nope = (codes.reshape(n, L.num_tiles, L.tile) * s[..., None]).reshape(n, L.d_nope)
     out = torch.cat([nope, rope], 1)

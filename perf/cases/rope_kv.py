@@ -31,6 +31,13 @@ def _check_tuple(got, want):
 # --------------------------------------------------------------------------------------------- RoPE
 
 
+def _per_token_rope_bytes(t, rot):
+    """What every RoPE implementation reads once per token besides the heads: its int64 position and its
+    fp32 (cos, sin) row. In-place rope_ on a slice counts only the slice's bytes (read + write), never the
+    untouched rest of the head."""
+    return t * (8 + rot * 4)
+
+
 def _rope_inputs(t, hq, hk, d, rot, max_pos=16384):
     def make(device):
         qkv = torch.randn(t, hq + 2 * hk, d, device=device, dtype=torch.bfloat16)
@@ -51,7 +58,7 @@ def _rope_cases(bucket, t, hq, hk, d):
         "rope", f"T={t} Hq={hq} Hk={hk} D={d} NeoX out-of-place", bucket, p, _rope_inputs(t, hq, hk, d, d),
         lambda i, b: ops.rope(i["q"], i["k"], i["pos"], i["cs"], backend=b),
         lambda i: rref.rope(i["q"], i["k"], i["pos"], i["cs"], 0, True, False), _check_tuple,
-        bytes_moved=2 * t * (hq + hk) * d * 2, peers=peer)
+        bytes_moved=2 * t * (hq + hk) * d * 2 + _per_token_rope_bytes(t, d), peers=peer)
 
 
 def _rope_dsv4(bucket, t, h):
@@ -67,7 +74,7 @@ def _rope_dsv4(bucket, t, h):
 
     return BenchCase("rope_", f"T={t} H={h} D=512 GPT-J last-64 inverse in-place", bucket, p,
                      _rope_inputs(t, h, 0, 512, 64), lowbit, reference, _same,
-                     bytes_moved=2 * t * h * 64 * 2)
+                     bytes_moved=2 * t * h * 64 * 2 + _per_token_rope_bytes(t, 64))
 
 
 # ------------------------------------------------------------------------------------- fused DeepSeek
@@ -100,7 +107,8 @@ def _fused_case(bucket, t, hq, layout):
         kref.ds_rope_quant_append(i["kv"], i["pos"], i["cs"], i["slots"], i["cache"], layout, i["q"], False)
         return i["cache"]
 
-    moved = t * L.d * 2 + t * L.token_bytes + 2 * t * hq * 64 * 2 + t * 8 * 2
+    # kv read, cache records written, q's RoPE slice read + written, slots, and positions + cos/sin rows
+    moved = t * L.d * 2 + t * L.token_bytes + 2 * t * hq * 64 * 2 + t * 8 + _per_token_rope_bytes(t, 64)
     return BenchCase("ds_rope_quant_append", f"T={t} Hq={hq} {layout} +q rope", bucket, p, _ds_inputs(t, hq, layout),
                      lowbit, reference, _same, bytes_moved=moved)
 
