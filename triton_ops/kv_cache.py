@@ -17,7 +17,7 @@ import triton.language as tl
 from dispatch.reference.kv_cache import DS_LAYOUTS, DS_ROPE, DS_SCALE_FLOOR, DYNAMIC_EPS
 
 from ._formats import amax_nan, cast_out, e4m3_decode, e4m3_encode, split_pairs
-from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
+from ._launch import TL_DTYPE, cdiv, emulate_formats, fast_launch, next_pow2
 from .rope import (
     PAIR_KIND,
     _rope_tile,
@@ -45,13 +45,14 @@ def rows_config(rows: int, row_elems: int, device: torch.device) -> RowsConfig:
     """~4K elements per program on the GPU (8 KB of bf16 in flight at 4 warps); the interpreter pays per
     program, so up to 32K there."""
     target = 32768 if device.type == "cpu" else 4096
-    block_r = max(1, min(triton.next_power_of_2(max(rows, 1)), target // triton.next_power_of_2(row_elems)))
+    block_r = max(1, min(next_pow2(max(rows, 1)), target // next_pow2(row_elems)))
     return RowsConfig(block_r, 4 if block_r * row_elems <= 4096 else 8)
 
 
 # ------------------------------------------------------------------------------------------ generic
 
 
+@fast_launch
 @triton.jit
 def _paged_write_kernel(x_ptr, slot_ptr, cache_ptr, scale_ptr, scache_ptr, T, H, D, n_slots, BS,
                         x_st, x_sh, c_sb, c_so, c_sh, s_sb, s_so, s_sh, eps,
@@ -80,6 +81,7 @@ def _paged_write_kernel(x_ptr, slot_ptr, cache_ptr, scale_ptr, scache_ptr, T, H,
     tl.store(dst, e4m3_encode(q, EMULATE), mask=m)
 
 
+@fast_launch
 @triton.jit
 def _paged_gather_kernel(cache_ptr, slot_ptr, scale_ptr, scache_ptr, out_ptr, N, H, D, n_slots, BS,
                          c_sb, c_so, c_sh, s_sb, s_so, s_sh,
@@ -143,11 +145,11 @@ def paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype):
     c = cache.view(torch.uint8)
     dynamic = scale is None
     cfg = rows_config(n * h, d, cache.device)
-    _paged_gather_kernel[(triton.cdiv(n * h, cfg.block_r),)](
+    _paged_gather_kernel[(cdiv(n * h, cfg.block_r),)](
         c, slots, scale if scale is not None else out, scale_cache if dynamic else out, out, n, h, d,
         _cache_slots(cache), cache.shape[1], c.stride(0), c.stride(1), c.stride(2),
         *(scale_cache.stride() if dynamic else (0, 0, 0)),
-        DYNAMIC=dynamic, D_P=triton.next_power_of_2(d), BLOCK_R=cfg.block_r, OUT_DTYPE=TL_DTYPE[out_dtype],
+        DYNAMIC=dynamic, D_P=next_pow2(d), BLOCK_R=cfg.block_r, OUT_DTYPE=TL_DTYPE[out_dtype],
         EMULATE=emulate_formats(cache.device), num_warps=cfg.num_warps)
     return out
 
@@ -249,6 +251,7 @@ def _ds_kv_tile(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, tb, T, n_slots,
         tl.store(c16 + r16[:, None] + o2[None, :], bits16(x2, tl.bfloat16, EMULATE).to(tl.int16), mask=rm)
 
 
+@fast_launch
 @triton.jit
 def _ds_write_kernel(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, q_ptr, T, n_slots, BS, block_stride, kv_st,
                      max_pos, HQ, q_st, q_sh, q_rope_at,
@@ -320,6 +323,7 @@ def ds_rope_quant_append(kv, positions, cos_sin_cache, slot_mapping, cache, layo
     _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_neox)
 
 
+@fast_launch
 @triton.jit
 def _ds_gather_kernel(c8, c16, c32, slot_ptr, out_ptr, N, n_slots, BS, block_stride,
                       D_NOPE: tl.constexpr, TILE: tl.constexpr, NT: tl.constexpr, NT_P: tl.constexpr,
@@ -368,7 +372,7 @@ def ds_kv_gather(cache, slots, layout, out_dtype):
     cfg = rows_config(n, L.d, cache.device)
     _ds_gather_kernel[(cdiv(n, cfg.block_r),)](
         c8, c16, c32, slots, out, n, cache.shape[0] * cache.shape[1], cache.shape[1], c8.stride(0),
-        D_NOPE=L.d_nope, TILE=L.tile, NT=L.num_tiles, NT_P=triton.next_power_of_2(L.num_tiles), V4=layout == "v4",
+        D_NOPE=L.d_nope, TILE=L.tile, NT=L.num_tiles, NT_P=next_pow2(L.num_tiles), V4=layout == "v4",
         BLOCK_T=cfg.block_r, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(cache.device),
         num_warps=cfg.num_warps)
     return out

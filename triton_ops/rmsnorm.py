@@ -38,7 +38,7 @@ from ._formats import (
     pack_nibbles,
     swizzled_offset_128x4,
 )
-from ._launch import TL_DTYPE, emulate_formats
+from ._launch import TL_DTYPE, cdiv, emulate_formats, fast_launch, next_pow2
 
 FMT_NONE, FMT_FP8, FMT_MX, FMT_NV = 0, 1, 2, 3
 GS_NONE, GS_GIVEN, GS_PER_GROUP, GS_FROM_PARTIALS = 0, 1, 2, 3
@@ -170,6 +170,7 @@ def _load_row_block(x_ptr, r_ptr, rows, M, cols, cmask, stride_xm, stride_rm, HA
     return x, r
 
 
+@fast_launch
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr,
@@ -243,14 +244,14 @@ class RowConfig:
 
 
 def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int) -> RowConfig:
-    block_n = max(triton.next_power_of_2(max(n, 1)), min_block_n)
+    block_n = max(next_pow2(max(n, 1)), min_block_n)
     target = 32768 if device.type == "cpu" else 4096  # interpreter: cost is per program; take big tiles
-    block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), target // block_n))
+    block_m = max(1, min(next_pow2(max(rows, 1)), target // block_n))
     elems = block_m * block_n
     num_warps = min(32, max(4, elems // 512))
     # Prefetching needs >= 2 blocks per program; keep >= ~8 programs per SM (132 on H200) so the tail wave
     # stays short. Interpreter: one block per program (the prefetch is only a second masked load there).
-    blocks = triton.cdiv(rows, block_m)
+    blocks = cdiv(rows, block_m)
     row_blocks = 1 if device.type == "cpu" else (4 if blocks >= 8192 else 2 if blocks >= 2048 else 1)
     return RowConfig(block_m, block_n, num_warps, row_blocks)
 
@@ -313,8 +314,8 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     w = weight.contiguous()
     if fmt == FMT_NV and global_scale is None:
         # Pass 1: new residual + partial amax of y; pass 2 reads the rounded h (or x) back and quantizes.
-        rows_per_prog = round_up(max(cfg.block_m, triton.cdiv(rows, MAX_PARTIALS)), cfg.block_m)
-        n_partials = triton.cdiv(rows, rows_per_prog)
+        rows_per_prog = round_up(max(cfg.block_m, cdiv(rows, MAX_PARTIALS)), cfg.block_m)
+        n_partials = cdiv(rows, rows_per_prog)
         partials = torch.empty(n_partials, dtype=torch.float32, device=dev)
         _rms_norm_kernel[(n_partials,)](
             x2, r2, w, h2, out_arg, scale_arg, gs_out, gs_out, partials,
@@ -322,13 +323,13 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
             float(eps), float(weight_offset), 0.0, rows_per_prog, grid_rows, 0, scale_cols_padded, n_partials,
             HAS_RES=residual is not None, PASS=PASS_AMAX, GS_MODE=GS_NONE, PARTIALS_BLOCK=1, **common)
         src = h2
-        gs_mode, has_res, partials_block = GS_FROM_PARTIALS, False, triton.next_power_of_2(n_partials)
+        gs_mode, has_res, partials_block = GS_FROM_PARTIALS, False, next_pow2(n_partials)
     else:
         src, partials, n_partials, partials_block = x2, gs_out, 1, 1
         gs_mode = GS_GIVEN if fmt == FMT_NV else GS_NONE
         has_res = residual is not None
     rows_per_prog = cfg.block_m * cfg.row_blocks
-    _rms_norm_kernel[(triton.cdiv(grid_rows, rows_per_prog),)](
+    _rms_norm_kernel[(cdiv(grid_rows, rows_per_prog),)](
         src, r2, w, h2, out_arg, scale_arg, global_scale if global_scale is not None else gs_out, gs_out,
         partials, rows, n, src.stride(0), r2.stride(0), h2.stride(0), out2.stride(0), stride_sm, stride_sg,
         float(eps), float(weight_offset), float(quant_eps), rows_per_prog, grid_rows, 0, scale_cols_padded,

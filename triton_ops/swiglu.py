@@ -20,7 +20,7 @@ from dispatch.checks import rows_view
 from dispatch.reference.formats import round_up
 
 from ._formats import split_pairs
-from ._launch import TL_DTYPE, emulate_formats
+from ._launch import TL_DTYPE, cdiv, emulate_formats, fast_launch, next_pow2
 from .rmsnorm import (
     FMT_FP8,
     FMT_MX,
@@ -83,6 +83,7 @@ def _load_tile(x_ptr, eid_ptr, mm_ptr, rows, M, I, cols, cmask, stride_xm, max_m
     return a, b, grp, tok
 
 
+@fast_launch
 @triton.jit
 def _swiglu_kernel(
     x_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr, eid_ptr, mm_ptr,
@@ -169,8 +170,8 @@ def pick_swiglu_config(rows: int, i: int, device: torch.device, min_block_n: int
     """GPU: ~4K outputs per program (8 warps, 16-byte loads, ~16 values per thread in flight); columns up to
     1024 so wide rows still give many programs. Interpreter: big tiles (cost is per program)."""
     target, max_n = (32768, 4096) if device.type == "cpu" else (4096, 1024)
-    block_n = max(min_block_n, min(triton.next_power_of_2(max(i, 1)), max_n))
-    block_m = max(1, min(triton.next_power_of_2(max(rows, 1)), target // block_n))
+    block_n = max(min_block_n, min(next_pow2(max(i, 1)), max_n))
+    block_m = max(1, min(next_pow2(max(rows, 1)), target // block_n))
     num_warps = 8 if block_m * block_n >= 4096 else 4
     return SwigluConfig(block_m, block_n, num_warps)
 
@@ -231,25 +232,25 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
     scale_arg = scales.view(torch.uint8) if fmt in (FMT_MX, FMT_NV) else scales
     out_arg = out2.view(torch.uint8) if fmt == FMT_FP8 else out2
     scalars = (float(alpha), float(limit if limit is not None else 0.0), float(quant_eps), max_m)
-    n_col = triton.cdiv(i, cfg.block_n)
+    n_col = cdiv(i, cfg.block_n)
     n_gs = global_scale.numel() if global_scale is not None else 1
     if fmt == FMT_NV and global_scale is None:
         row_progs = max(1, MAX_PARTIALS // n_col)
-        rows_per_prog = round_up(max(cfg.block_m, triton.cdiv(rows, row_progs)), cfg.block_m)
-        n_row = triton.cdiv(rows, rows_per_prog)
+        rows_per_prog = round_up(max(cfg.block_m, cdiv(rows, row_progs)), cfg.block_m)
+        n_row = cdiv(rows, rows_per_prog)
         n_partials = n_row * n_col
         partials = torch.empty(n_partials, dtype=torch.float32, device=dev)
         _swiglu_kernel[(n_row, n_col)](
             xs, out_arg, scale_arg, gs_out, gs_out, partials, eid, mm, rows, i, xs.stride(0), 0, 0, 0,
             *scalars, rows_per_prog, grid_rows, scale_cols_padded, n_partials, 1,
             PASS=PASS_AMAX, GS_MODE=GS_NONE, PARTIALS_BLOCK=1, **common)
-        gs_mode, pass_, partials_block = GS_FROM_PARTIALS, PASS_QUANT, triton.next_power_of_2(n_partials)
+        gs_mode, pass_, partials_block = GS_FROM_PARTIALS, PASS_QUANT, next_pow2(n_partials)
     else:
         partials, n_partials, partials_block, pass_ = gs_out, 1, 1, PASS_SINGLE
         gs_mode = GS_NONE
         if fmt == FMT_NV:
             gs_mode = GS_PER_GROUP if (moe != MOE_NONE or n_gs > 1) else GS_GIVEN
-    _swiglu_kernel[(triton.cdiv(grid_rows, cfg.block_m), n_col)](
+    _swiglu_kernel[(cdiv(grid_rows, cfg.block_m), n_col)](
         xs, out_arg, scale_arg, global_scale if global_scale is not None else gs_out, gs_out, partials, eid, mm,
         rows, i, xs.stride(0), out2.stride(0), stride_sm, stride_sg, *scalars, cfg.block_m, grid_rows,
         scale_cols_padded, n_partials, n_gs, PASS=pass_, GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block, **common)
