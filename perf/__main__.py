@@ -34,6 +34,11 @@ def cmd_run(a: argparse.Namespace) -> int:
     cases = runner.select_cases(runner.load_cases(_split(a.ops)), a.quick)
     if a.case:
         cases = [c for c in cases if c.label in a.case]
+    if a.bucket:
+        cases = [c for c in cases if c.bucket == a.bucket]
+    if a.ops:  # run in the order asked (a time-limited run measures the first ops first)
+        order = {op: i for i, op in enumerate(_split(a.ops))}
+        cases.sort(key=lambda c: order[c.op])
     if not cases:
         print("perf run: no case selected", file=sys.stderr)
         return 2
@@ -152,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="benchmark cases, append JSONL records")
     r.add_argument("--ops", nargs="+", help="op names (space or comma separated); default: all")
     r.add_argument("--case", action="append", help="exact case label (repeatable)")
+    r.add_argument("--bucket", choices=("decode", "prefill"), help="only this bucket's cases")
     r.add_argument("--providers", nargs="+", help="provider names; 'lowbit' = every lowbit backend")
     r.add_argument("--exclude-providers", nargs="+", help="e.g. torch.compile")
     r.add_argument("--quick", action="store_true", help="tiny shapes, few samples (CI; the CPU interpreter)")

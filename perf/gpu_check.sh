@@ -2,7 +2,7 @@
 # Every GPU check lowbit owes, in ONE device call (device time is scarce):
 #   env facts -> GPU tests (-m gpu) -> compute-sanitizer on a few cases -> self-check -> benchmarks.
 # Writes JSON/logs under $OUT (at most 8 files come back) and prints a short table last.
-# Usage (device tool, repo root):  bash perf/gpu_check.sh [tests|sanitize|selfcheck|bench|all]...
+# Usage (device tool, repo root):  bash perf/gpu_check.sh [tests|sanitize|selfcheck|probes|bench|all]...
 # Optional: .whl/ (carried) holds extra wheels (e.g. liger-kernel), installed to /tmp/site first;
 #           .carry/env.sh (carried) puts CuTeDSL on the path.
 # Knobs (env): TEST_TIME, SANITIZE_TIME, SANITIZERS ("memcheck racecheck"), BENCH_TIME, BENCH_ARGS,
@@ -65,6 +65,14 @@ fi
 if want selfcheck; then
   python3 -m dispatch check --json "$OUT/selfcheck.json" > "$OUT/selfcheck.log" 2>&1
   note "self-check (rc=$?): $(tail -n 1 "$OUT/selfcheck.log")"
+fi
+
+if want probes; then
+  # PROBES: probe scripts under perf/probes to run (default: the host-overhead split); each writes one JSON.
+  for probe in ${PROBES:-host_overhead}; do
+    timeout 120 python3 "perf/probes/$probe.py" --json "$OUT/probe-$probe.json" > "$OUT/probe-$probe.log" 2>&1
+    note "probe $probe (rc=$?)"; tail -n 20 "$OUT/probe-$probe.log"
+  done
 fi
 
 if want bench; then
