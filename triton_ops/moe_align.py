@@ -23,7 +23,7 @@ import triton.language as tl
 from dispatch.reference.moe import contiguous_capacity
 
 from ._formats import cast_out
-from ._launch import TL_DTYPE, emulate_formats
+from ._launch import TL_DTYPE, cdiv, emulate_formats, fast_launch, next_pow2
 
 SMALL_ENTRIES = 1024  # T*k at or below this takes the single-launch path
 CH = tl.constexpr(32)  # entries per one-hot tile
@@ -43,12 +43,14 @@ def _local(ids_ptr, map_ptr, offs, hi, E, E_GLOBAL, HAS_MAP: tl.constexpr):
 
 @triton.jit
 def _count(ids_ptr, map_ptr, lo, hi, E, E_GLOBAL, HAS_MAP: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Per-expert counts of entries [lo, hi). The one-hot tiles are summed elementwise and reduced across the
+    CH entries once at the end (one cross-thread reduction instead of one per tile)."""
     ecols = tl.arange(0, BLOCK_E)
-    counts = tl.zeros([BLOCK_E], tl.int32)
+    acc = tl.zeros([CH, BLOCK_E], tl.int32)
     for c0 in range(lo, hi, CH):
         e = _local(ids_ptr, map_ptr, c0 + tl.arange(0, CH), hi, E, E_GLOBAL, HAS_MAP)
-        counts += tl.sum((e[:, None] == ecols[None, :]).to(tl.int32), 0)
-    return counts
+        acc += (e[:, None] == ecols[None, :]).to(tl.int32)
+    return tl.sum(acc, 0)
 
 
 @triton.jit
@@ -72,29 +74,33 @@ def _scatter(ids_ptr, map_ptr, sorted_ptr, inv_ptr, lo, hi, E, E_GLOBAL, base_ra
 
 
 @triton.jit
-def _fill(sorted_ptr, mind_ptr, eids_ptr, pid, cap, N, E, start, counts, padded, max_m,
-          MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr, FILL_ROWS: tl.constexpr):
-    """Rows [pid*FILL_ROWS, +FILL_ROWS): sentinel N on padding rows (real rows belong to the scatter),
-    and for the contiguous layout m_indices per row and expert_ids per block."""
+def _fill(sorted_ptr, mind_ptr, eids_ptr, pid, cap, N, E, start, counts, padded, unit,
+          MASKED: tl.constexpr, NU: tl.constexpr, UNITP: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Units [pid*NU, +NU) as a [NU, UNITP] row tile: sentinel N on padding rows (real rows belong to the
+    scatter), and for the contiguous layout m_indices per row and expert_ids per block.
+    A unit is one block of `unit` = block_m rows (contiguous: every block holds one expert) or one expert's
+    `unit` = max_m rows (masked), so the expert search is per unit ([NU, E]), not per row ([rows, E])."""
     ecols = tl.arange(0, BLOCK_E)
-    rows = pid * FILL_ROWS + tl.arange(0, FILL_ROWS)
-    inr = rows < cap
+    u = pid * NU + tl.arange(0, NU)
+    i = tl.arange(0, UNITP)
+    rows = u[:, None] * unit + i[None, :]
+    inr = (i < unit)[None, :] & (rows < cap)
     if MASKED:
-        e_r = rows // max_m
-        cnt = tl.sum(tl.where(ecols[None, :] == e_r[:, None], counts[None, :], 0), 1)
-        real = (rows % max_m) < tl.minimum(cnt, max_m)
-        tl.store(sorted_ptr + rows, tl.full([FILL_ROWS], 0, tl.int32) + N, mask=inr & ~real)
+        e_u = u
     else:
         ends = start + padded
-        e_r = tl.sum(((ends[None, :] <= rows[:, None]) & (ecols < E)[None, :]).to(tl.int32), 1)
-        hit = ecols[None, :] == e_r[:, None]
+        e_u = tl.sum(((ends[None, :] <= (u * unit)[:, None]) & (ecols < E)[None, :]).to(tl.int32), 1)
+    hit = ecols[None, :] == e_u[:, None]
+    cnt = tl.sum(tl.where(hit, counts[None, :], 0), 1)
+    if MASKED:
+        real = i[None, :] < tl.minimum(cnt, unit)[:, None]
+        tl.store(sorted_ptr + rows, tl.full([NU, UNITP], 0, tl.int32) + N, mask=inr & ~real)
+    else:
         st = tl.sum(tl.where(hit, start[None, :], 0), 1)
-        cnt = tl.sum(tl.where(hit, counts[None, :], 0), 1)
-        real = (e_r < E) & (rows - st < cnt)
-        tl.store(sorted_ptr + rows, tl.full([FILL_ROWS], 0, tl.int32) + N, mask=inr & ~real)
-        tl.store(mind_ptr + rows, tl.where(real, e_r, -1), mask=inr)
-        blk = inr & (rows % BM == 0)
-        tl.store(eids_ptr + rows // BM, tl.where(e_r < E, e_r, -1), mask=blk)
+        real = (e_u < E)[:, None] & (rows - st[:, None] < cnt[:, None])
+        tl.store(sorted_ptr + rows, tl.full([NU, UNITP], 0, tl.int32) + N, mask=inr & ~real)
+        tl.store(mind_ptr + rows, tl.where(real, e_u[:, None], -1), mask=inr)
+        tl.store(eids_ptr + u, tl.where(e_u < E, e_u, -1), mask=u * unit < cap)
 
 
 @triton.jit
@@ -123,11 +129,12 @@ def _write_expert_tensors(counts, start, padded, cnt_ptr, mm_ptr, off_ptr, tot_p
         tl.store(tot_ptr, total)
 
 
+@fast_launch
 @triton.jit
 def _align_small_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_ptr, cnt_ptr, mm_ptr, off_ptr,
-                        tot_ptr, N, E, E_GLOBAL, cap, max_m,
+                        tot_ptr, N, E, E_GLOBAL, cap, max_m, unit,
                         HAS_MAP: tl.constexpr, MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr,
-                        FILL_ROWS: tl.constexpr):
+                        NU: tl.constexpr, UNITP: tl.constexpr):
     pid = tl.program_id(0)
     counts = _count(ids_ptr, map_ptr, 0, N, E, E_GLOBAL, HAS_MAP, BLOCK_E)
     start, padded = _offsets(counts, max_m, MASKED, BM, BLOCK_E)
@@ -136,10 +143,10 @@ def _align_small_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_pt
         limit = max_m if MASKED else N + 1
         _scatter(ids_ptr, map_ptr, sorted_ptr, inv_ptr, 0, N, E, E_GLOBAL, counts * 0, start, limit,
                  HAS_MAP, BLOCK_E)
-    _fill(sorted_ptr, mind_ptr, eids_ptr, pid, cap, N, E, start, counts, padded, max_m, MASKED, BM, BLOCK_E,
-          FILL_ROWS)
+    _fill(sorted_ptr, mind_ptr, eids_ptr, pid, cap, N, E, start, counts, padded, unit, MASKED, NU, UNITP, BLOCK_E)
 
 
+@fast_launch
 @triton.jit
 def _align_count_kernel(ids_ptr, map_ptr, part_ptr, N, E, E_GLOBAL,
                         HAS_MAP: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_: tl.constexpr):
@@ -150,6 +157,7 @@ def _align_count_kernel(ids_ptr, map_ptr, part_ptr, N, E, E_GLOBAL,
     tl.store(part_ptr + pid * BLOCK_E + ecols, counts)
 
 
+@fast_launch
 @triton.jit
 def _align_scan_kernel(part_ptr, base_ptr, cnt_ptr, mm_ptr, off_ptr, tot_ptr, start_ptr, n_chunks, E, max_m,
                        MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr):
@@ -165,11 +173,12 @@ def _align_scan_kernel(part_ptr, base_ptr, cnt_ptr, mm_ptr, off_ptr, tot_ptr, st
     tl.store(start_ptr + 2 * BLOCK_E + ecols, padded)
 
 
+@fast_launch
 @triton.jit
 def _align_scatter_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_ptr, base_ptr, start_ptr,
-                          N, E, E_GLOBAL, cap, max_m, n_chunks,
+                          N, E, E_GLOBAL, cap, max_m, unit, n_chunks,
                           HAS_MAP: tl.constexpr, MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr,
-                          CHUNK_: tl.constexpr, FILL_ROWS: tl.constexpr):
+                          CHUNK_: tl.constexpr, NU: tl.constexpr, UNITP: tl.constexpr):
     pid = tl.program_id(0)
     ecols = tl.arange(0, BLOCK_E)
     start = tl.load(start_ptr + ecols)
@@ -182,11 +191,11 @@ def _align_scatter_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_
     else:
         counts = tl.load(start_ptr + BLOCK_E + ecols)
         padded = tl.load(start_ptr + 2 * BLOCK_E + ecols)
-        _fill(sorted_ptr, mind_ptr, eids_ptr, pid - n_chunks, cap, N, E, start, counts, padded, max_m, MASKED,
-              BM, BLOCK_E, FILL_ROWS)
+        _fill(sorted_ptr, mind_ptr, eids_ptr, pid - n_chunks, cap, N, E, start, counts, padded, unit, MASKED,
+              NU, UNITP, BLOCK_E)
 
 
-def _align(topk_ids, expert_map, num_experts, bm, max_m, masked):
+def _align(topk_ids, expert_map, num_experts, bm, max_m, masked, path="auto"):
     t, k = topk_ids.shape
     n, dev = t * k, topk_ids.device
     e = num_experts
@@ -203,21 +212,26 @@ def _align(topk_ids, expert_map, num_experts, bm, max_m, masked):
     ids = topk_ids.contiguous()
     emap = ids if expert_map is None else expert_map.contiguous()
     e_global = 0 if expert_map is None else expert_map.numel()
-    block_e = triton.next_power_of_2(max(e, 1))
-    # fill tiles are [FILL_ROWS, BLOCK_E]: 16K elements over 8 warps on a GPU; under the interpreter, where
-    # each program costs a recount, few large ones
-    if dev.type == "cpu":
-        fill_rows = max(16, min(triton.next_power_of_2(max(cap, 1)), (1 << 19) // block_e))
-    else:
-        fill_rows = max(16, 16384 // block_e)
-    n_fill = triton.cdiv(cap, fill_rows)
-    flags = dict(HAS_MAP=expert_map is not None, MASKED=masked, BM=bm, BLOCK_E=block_e, FILL_ROWS=fill_rows,
+    block_e = next_pow2(max(e, 1))
+    # fill tiles: NU units (blocks of block_m rows, or experts of max_m rows) per program, [NU, UNITP] rows and
+    # an [NU, BLOCK_E] expert search; GPU: <= 8K rows and <= 16K search elements (8 warps), so the decode
+    # grid stays at a few programs (each of which recounts the ids on the single-launch path). Interpreter:
+    # few large programs (its cost is per program).
+    unit = max_m if masked else bm
+    n_units = e if masked else cap // bm
+    unitp = next_pow2(unit)
+    lim = (1 << 18) if dev.type == "cpu" else (1 << 13)
+    nu = max(1, min(next_pow2(max(n_units, 1)), max(1, lim // unitp), max(1, 2 * lim // block_e)))
+    n_fill = cdiv(n_units, nu)
+    flags = dict(HAS_MAP=expert_map is not None, MASKED=masked, BM=bm, BLOCK_E=block_e, NU=nu, UNITP=unitp,
                  num_warps=8)
-    if n <= SMALL_ENTRIES:
+    if path not in ("auto", "single", "general"):
+        raise ValueError(f"moe_align: path must be 'auto', 'single' or 'general', got {path!r}")
+    if path == "single" or (path == "auto" and n <= SMALL_ENTRIES):
         _align_small_kernel[(max(n_fill, 1),)](ids, emap, sorted_ids, m_ind, eids, inv, counts, mm, offs, tot,
-                                                n, e, e_global, cap, max_m, **flags)
+                                                n, e, e_global, cap, max_m, unit, **flags)
     else:
-        n_chunks = triton.cdiv(n, CHUNK)
+        n_chunks = max(cdiv(n, CHUNK), 1)
         part = torch.empty(n_chunks, block_e, **i32)
         base = torch.empty(n_chunks, block_e, **i32)
         scratch = torch.empty(3, block_e, **i32)
@@ -226,23 +240,28 @@ def _align(topk_ids, expert_map, num_experts, bm, max_m, masked):
         _align_scan_kernel[(1,)](part, base, counts, mm, offs, tot, scratch, n_chunks, e, max_m,
                                  MASKED=masked, BM=bm, BLOCK_E=block_e)
         _align_scatter_kernel[(n_chunks + n_fill,)](ids, emap, sorted_ids, m_ind, eids, inv, base, scratch,
-                                                    n, e, e_global, cap, max_m, n_chunks, CHUNK_=CHUNK, **flags)
+                                                    n, e, e_global, cap, max_m, unit, n_chunks, CHUNK_=CHUNK,
+                                                    **flags)
     return sorted_ids, m_ind, eids, inv.view(t, k), counts, mm, offs, tot
 
 
-def moe_align(topk_ids, expert_map, num_experts, block_m):
-    s, m_ind, eids, inv, counts, _, offs, tot = _align(topk_ids, expert_map, num_experts, block_m, 1, False)
+def moe_align(topk_ids, expert_map, num_experts, block_m, path: str = "auto"):
+    """path (benchmarks / probes only; the dispatcher uses "auto"): "single" forces the one-launch path,
+    "general" the three-launch path; "auto" takes the single launch for T*k <= SMALL_ENTRIES."""
+    s, m_ind, eids, inv, counts, _, offs, tot = _align(topk_ids, expert_map, num_experts, block_m, 1, False,
+                                                       path)
     return s, eids, m_ind, tot, offs, counts, inv
 
 
-def moe_masked_layout(topk_ids, expert_map, num_experts, max_m):
-    s, _, _, inv, counts, mm, _, _ = _align(topk_ids, expert_map, num_experts, 1, max_m, True)
+def moe_masked_layout(topk_ids, expert_map, num_experts, max_m, path: str = "auto"):
+    s, _, _, inv, counts, mm, _, _ = _align(topk_ids, expert_map, num_experts, 1, max_m, True, path)
     return s.view(num_experts, max_m), mm, counts, inv
 
 
 # ---------------------------------------------------------------------------------------------- gather
 
 
+@fast_launch
 @triton.jit
 def _gather_kernel(x_ptr, src_ptr, out_ptr, R, K, N, TOPK, stride_x,
                    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -258,12 +277,13 @@ def _gather_kernel(x_ptr, src_ptr, out_ptr, R, K, N, TOPK, stride_x,
 
 def _row_tile(rows: int, width: int, elems: int) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_K, warps) for a [rows, width] streaming tile of about `elems` elements."""
-    block_k = min(triton.next_power_of_2(max(width, 1)), elems)
-    block_r = max(1, min(triton.next_power_of_2(max(rows, 1)), elems // block_k))
+    block_k = min(next_pow2(max(width, 1)), elems)
+    block_r = max(1, min(next_pow2(max(rows, 1)), elems // block_k))
     return block_r, block_k, 8 if block_r * block_k >= 8192 else 4
 
 
-def moe_gather(x, src_rows, top_k):
+def moe_gather(x, src_rows, top_k, tile: tuple[int, int, int] | None = None):
+    """tile: (BLOCK_R, BLOCK_K, warps) override for probes; default _row_tile over ~16 KB per program."""
     t, kdim = x.shape
     src = src_rows.reshape(-1)
     out = torch.empty(src.numel(), kdim, dtype=x.dtype, device=x.device)
@@ -275,8 +295,8 @@ def moe_gather(x, src_rows, top_k):
     xv, ov = (x.view(torch.uint8), out.view(torch.uint8)) if x.element_size() == 1 else (x, out)
     # 16 KB per program on a GPU; whole problems per program under the interpreter (its cost is per program)
     elems = (1 << 16 if x.device.type == "cpu" else 16384) // x.element_size()
-    br, bk, warps = _row_tile(src.numel(), kdim, elems)
-    grid = (triton.cdiv(src.numel(), br), triton.cdiv(kdim, bk))
+    br, bk, warps = tile or _row_tile(src.numel(), kdim, elems)
+    grid = (cdiv(src.numel(), br), cdiv(kdim, bk))
     _gather_kernel[grid](xv, src.contiguous(), ov, src.numel(), kdim, t * top_k, top_k, x.stride(0),
                          BLOCK_R=br, BLOCK_K=bk, num_warps=warps)
     return out.view(*src_rows.shape, kdim)
@@ -285,30 +305,48 @@ def moe_gather(x, src_rows, top_k):
 # ---------------------------------------------------------------------------------------------- combine
 
 
+@fast_launch
 @triton.jit
 def _combine_kernel(eo_ptr, inv_ptr, w_ptr, sh_ptr, out_ptr, T, N, stride_eo, stride_sh,
                     K: tl.constexpr, HAS_SHARED: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
-                    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
-    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    tmask = toks < T
-    cmask = (cols < N)[None, :]
-    acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
+                    BLOCK_N: tl.constexpr):
+    """One token x BLOCK_N columns per program (grid: N tiles fastest, so the programs of a token run together).
+    Row ids and weights are scalars (one broadcast load each per slot), each slot's row is one [BLOCK_N] load:
+    8 columns = 16 bytes per thread per slot, and the K loads are independent so all of them can be in
+    flight at once. acc = ((0 + w0*v0) + w1*v1) + ...: the reference's order; the launch disables FMA
+    contraction, so the GPU rounds w*v and the sum separately like torch (bytes equal the reference)."""
+    nt = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    tok = pid // nt
+    cols = (pid % nt) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    acc = tl.zeros([BLOCK_N], tl.float32)
     for j in tl.static_range(K):
-        r = tl.load(inv_ptr + toks * K + j, mask=tmask, other=-1)
-        ok = r >= 0
-        w = tl.where(ok, tl.load(w_ptr + toks * K + j, mask=tmask, other=0.0).to(tl.float32), 0.0)
-        v = tl.load(eo_ptr + r.to(tl.int64)[:, None] * stride_eo + cols[None, :], mask=ok[:, None] & cmask,
-                    other=0.0).to(tl.float32)
-        acc += w[:, None] * v
+        r = tl.load(inv_ptr + tok * K + j)
+        w = tl.load(w_ptr + tok * K + j).to(tl.float32)
+        w = tl.where(r >= 0, w, 0.0)
+        ok = cmask & ((cols * 0 + r) >= 0)  # a vector mask (the interpreter rejects scalar & vector masks)
+        v = tl.load(eo_ptr + r.to(tl.int64) * stride_eo + cols, mask=ok, other=0.0).to(tl.float32)
+        acc += w * v
+    row = tok.to(tl.int64)
     if HAS_SHARED:
-        acc += tl.load(sh_ptr + toks.to(tl.int64)[:, None] * stride_sh + cols[None, :],
-                       mask=tmask[:, None] & cmask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + toks.to(tl.int64)[:, None] * N + cols[None, :], cast_out(acc, OUT_DTYPE, EMULATE),
-             mask=tmask[:, None] & cmask)
+        acc += tl.load(sh_ptr + row * stride_sh + cols, mask=cmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * N + cols, cast_out(acc, OUT_DTYPE, EMULATE), mask=cmask)
 
 
-def moe_combine(expert_out, inv_rows, weights, shared, out_dtype):
+def combine_block_n(t: int, n: int, device: torch.device) -> int:
+    """Columns per program. GPU: 1024 (4 warps x 8 columns x 16 bytes per slot), down to 256 while the grid
+    would be under 2 programs per SM (decode: a single token still spreads over N/256 programs).
+    Interpreter: the whole row (its cost is per program)."""
+    if device.type == "cpu":
+        return next_pow2(n)
+    bn = 1024
+    while bn > 256 and t * cdiv(n, bn) < 264:
+        bn //= 2
+    return bn
+
+
+def moe_combine(expert_out, inv_rows, weights, shared, out_dtype, block_n: int | None = None):
     n = expert_out.shape[-1]
     eo = expert_out.reshape(-1, n)
     t, k = inv_rows.shape
@@ -318,19 +356,12 @@ def moe_combine(expert_out, inv_rows, weights, shared, out_dtype):
     if eo.stride(-1) != 1:
         eo = eo.contiguous()
     sh = None if shared is None else (shared if shared.stride(-1) == 1 else shared.contiguous())
-    # GPU: N tiles of <= 1024 so a decode token (T = 1) still spreads over N/1024 programs; 4K fp32
-    # accumulators per program at large T. Interpreter: large tiles (its cost is per program).
-    if expert_out.device.type == "cpu":
-        br, bn, warps = _row_tile(t, n, 1 << 15)
-    else:
-        bn = min(triton.next_power_of_2(n), 1024)
-        br = max(1, min(triton.next_power_of_2(t), 4096 // bn))
-        warps = 4
-    grid = (triton.cdiv(t, br), triton.cdiv(n, bn))
+    bn = block_n or combine_block_n(t, n, expert_out.device)
+    grid = (t * cdiv(n, bn),)
     _combine_kernel[grid](eo, inv_rows.contiguous(), weights.contiguous(), out if sh is None else sh, out, t, n,
                           eo.stride(0), 0 if sh is None else sh.stride(0), K=k, HAS_SHARED=sh is not None,
                           OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(expert_out.device),
-                          BLOCK_T=br, BLOCK_N=bn, num_warps=warps)
+                          BLOCK_N=bn, num_warps=max(1, min(8, bn // 256)), enable_fp_fusion=False)
     return out
 
 

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launch import cdiv, fast_launch, next_pow2
+
 SCORING_CODE = {"softmax": 0, "sigmoid": 1, "sqrt_softplus": 2}
 BIG = tl.constexpr(1 << 30)  # globals used inside @triton.jit must be constexpr (compiled mode rejects plain ints)
 
@@ -46,6 +48,7 @@ def _scores(x, valid, SCORING: tl.constexpr):
     return tl.where(valid, s, 0.0)
 
 
+@fast_launch
 @triton.jit
 def _route_kernel(
     logits_ptr, bias_ptr, tok_ptr, table_ptr, ids_ptr, w_ptr,
@@ -125,10 +128,10 @@ class RouteConfig:
 def pick_route_config(t: int, e: int, device: torch.device) -> RouteConfig:
     """~4K fp32 logits per program (32 per thread at 4 warps) keeps the k selection rounds in registers;
     T <= 64 at E = 256 is then 4 programs (16 rows each). The interpreter pays per program: one for T <= 64."""
-    block_e = triton.next_power_of_2(max(e, 1))
+    block_e = next_pow2(max(e, 1))
     if device.type == "cpu":
-        return RouteConfig(min(64, triton.next_power_of_2(max(t, 1))), 4)
-    block_t = max(1, min(triton.next_power_of_2(max(t, 1)), 4096 // block_e))
+        return RouteConfig(min(64, next_pow2(max(t, 1))), 4)
+    block_t = max(1, min(next_pow2(max(t, 1)), 4096 // block_e))
     return RouteConfig(block_t, 4 if block_t * block_e <= 4096 else 8)
 
 
@@ -149,14 +152,14 @@ def _launch(logits, bias, tok, table, top_k, scoring, renormalize, routed_scalin
         logits = logits.contiguous()
     cfg = config or pick_route_config(t, e, logits.device)
     dummy = ids  # never read when the matching constexpr flag is off
-    grid = (triton.cdiv(t, cfg.block_t),)
+    grid = (cdiv(t, cfg.block_t),)
     _route_kernel[grid](
         logits, dummy if bias is None else bias, dummy if tok is None else tok,
         dummy if table is None else table, ids, w,
         t, e, logits.stride(0), e // max(num_groups, 1), float(routed_scaling),
-        K=top_k, KP=triton.next_power_of_2(top_k), SCORING=SCORING_CODE[scoring], HAS_BIAS=bias is not None,
-        RENORM=renormalize, HASH=table is not None, G=num_groups, GP=triton.next_power_of_2(max(num_groups, 1)),
-        TOPG=topk_groups, BLOCK_T=cfg.block_t, BLOCK_E=triton.next_power_of_2(e), num_warps=cfg.num_warps)
+        K=top_k, KP=next_pow2(top_k), SCORING=SCORING_CODE[scoring], HAS_BIAS=bias is not None,
+        RENORM=renormalize, HASH=table is not None, G=num_groups, GP=next_pow2(max(num_groups, 1)),
+        TOPG=topk_groups, BLOCK_T=cfg.block_t, BLOCK_E=next_pow2(e), num_warps=cfg.num_warps)
     return ids, w
 
 

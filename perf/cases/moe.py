@@ -1,10 +1,23 @@
 """Benchmark cases for MoE routing plumbing: router, align (contiguous / masked), gather, combine.
 
-Decode (T = 1..64, E = 256, k = 8): one launch per op; the runner times eager and CUDA-graph replay, and
-the torch reference (topk + sort + scatter) eager and torch.compile'd. Router decode cases also time two
-fixed Triton configs as peers ("1cta": all T rows in one program; "row": one row per program) next to the
-heuristic, to show where the single-CTA specialisation wins.
-Throughput (T = 4096..32768): gather / combine against the measured copy bandwidth (roofline_frac).
+Decode (T = 1, 16, 64; E = 256, k = 8): one launch per op; the runner times eager and CUDA-graph replay, and
+the torch reference (topk + sort + scatter) eager and torch.compile'd. Two peers per decode case show where
+the small-M specialisations win (they call the Triton launchers directly, not through the dispatcher):
+* moe_route: "triton-1cta" (all T rows in one program) and "triton-row" (one row per program) next to the
+  heuristic (16 rows per program at E = 256);
+* moe_align / moe_masked_layout: "triton-general" forces the three-launch path (per-chunk counts -> scan ->
+  scatter + fill) that large T takes, next to the single-launch decode path the dispatcher picks.
+Throughput (T = 8192, 32768): gather / combine at DeepSeek-V4 (hidden 7168, E = 256, k = 8) and GPT-OSS-120B
+(hidden 2880, E = 128, k = 4) against the measured copy bandwidth (roofline_frac).
+
+Bytes models (what each op must move, read + written once):
+* router: logits T*E fp32 (+ bias E fp32) in; ids + weights T*k*(4 + 4) out.
+* align: ids T*k int32 in; inv_rows T*k int32, sorted_token_ids + m_indices cap*4 each, expert_ids cap/bm*4,
+  offsets (E+1)*4, counts E*4, total 4 out. masked: ids in; inv_rows, src_rows E*max_m*4, masked_m + counts out.
+* gather: every real entry reads its token row (T*k rows, once per (token, slot)); every one of the cap output
+  rows is written (padding rows are zero by contract); the cap row ids are read.
+* combine: T*k expert-output rows read (the rows inv_rows points at), T*k weights + T*k row ids read, T rows
+  written (out dtype).
 """
 
 from __future__ import annotations
@@ -16,14 +29,20 @@ from dispatch.reference import moe as ref
 from perf.cases.base import BenchCase
 
 E, K = 256, 8
-DECODE_T = (1, 64)  # representative shapes: a session has ~7 device-minutes for the whole suite
-PREFILL_T = (8192,)
-ROUTERS = {  # label: (E, k, moe_route kwargs)
+DECODE_T = (1, 16, 64)
+PREFILL_T = (8192, 32768)
+MAX_M = 64  # masked layout rows per expert at decode (>= T: nothing is dropped)
+ROUTERS = {  # label: (E, k, moe_route kwargs); the decode bucket only
     "dsv3 sigmoid+bias g8/4": (256, 8, dict(scoring="sigmoid", renormalize=True, routed_scaling=2.5,
                                             num_groups=8, topk_groups=4)),
     "dsv4 sqrt_softplus+bias": (256, 8, dict(scoring="sqrt_softplus", renormalize=True, routed_scaling=1.5)),
-    "gpt-oss softmax renorm": (128, 4, dict(scoring="softmax", renormalize=True)),
 }
+ROUTER_T = {"dsv3 sigmoid+bias g8/4": DECODE_T, "dsv4 sqrt_softplus+bias": (64,)}
+MODELS = {  # gather / combine prefill shapes: label -> (hidden, E, k)
+    "dsv4": (7168, 256, 8),
+    "gpt-oss": (2880, 128, 4),
+}
+ALIGN_BM = 128  # DeepGEMM m-grouped contiguous block (the layout gather / combine use)
 
 
 def _route_ids(t, e, k, device):
@@ -42,8 +61,25 @@ def _route_check(got, want):
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-12)
 
 
-def _close(got, want):
-    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-5)
+def router_bytes(t: int, e: int, k: int, bias: bool) -> int:
+    return t * e * 4 + (e * 4 if bias else 0) + t * k * 8
+
+
+def align_bytes(t: int, e: int, k: int, bm: int) -> int:
+    cap = ref.contiguous_capacity(t * k, e, bm)
+    return t * k * 4 * 2 + cap * 4 * 2 + cap // bm * 4 + (e + 1) * 4 + e * 4 + 4
+
+
+def masked_bytes(t: int, e: int, k: int, max_m: int) -> int:
+    return t * k * 4 * 2 + e * max_m * 4 + e * 4 * 2
+
+
+def gather_bytes(t: int, k: int, hidden: int, cap: int, elem: int) -> int:
+    return t * k * hidden * elem + cap * hidden * elem + cap * 4
+
+
+def combine_bytes(t: int, k: int, n: int, elem: int, out_elem: int) -> int:
+    return t * k * n * elem + t * n * out_elem + t * k * (4 + 4)
 
 
 def _router_cases() -> list[BenchCase]:
@@ -53,9 +89,7 @@ def _router_cases() -> list[BenchCase]:
     out = []
     for label, (e, k, kw) in ROUTERS.items():
         bias = "bias" in label
-        for t in DECODE_T + PREFILL_T:
-            bucket = "decode" if t <= 64 else "prefill"
-
+        for t in ROUTER_T[label]:
             def make(device, t=t, e=e, bias=bias):
                 return {"x": torch.randn(t, e, device=device) * 2,
                         "bias": torch.randn(e, device=device) * 0.1 if bias else None}
@@ -63,70 +97,82 @@ def _router_cases() -> list[BenchCase]:
             args = lambda i, k=k, kw=kw: (i["x"], i["bias"], k, kw["scoring"], kw["renormalize"],  # noqa: E731
                                           kw.get("routed_scaling", 1.0), kw.get("num_groups", 1),
                                           kw.get("topk_groups", 1))
-            peers = {}
-            if bucket == "decode":
-                tp = 1 << (t - 1).bit_length()
-                peers = {"triton-1cta": lambda i, a=args, tp=tp: triton_route(*a(i), config=RouteConfig(tp, 8)),
-                         "triton-row": lambda i, a=args: triton_route(*a(i), config=RouteConfig(1, 4))}
+            tp = 1 << (t - 1).bit_length()
+            peers = {"triton-1cta": lambda i, a=args, tp=tp: triton_route(*a(i), config=RouteConfig(tp, 8)),
+                     "triton-row": lambda i, a=args: triton_route(*a(i), config=RouteConfig(1, 4))}
             out.append(BenchCase(
-                "moe_route", f"T={t} E={e} k={k} {label}", bucket, dict(T=t, E=e, k=k, **kw), make,
+                "moe_route", f"T={t} E={e} k={k} {label}", "decode", dict(T=t, E=e, k=k, **kw), make,
                 lambda i, b, kw=kw, k=k: tuple(ops.moe_route(i["x"], k, bias=i["bias"], backend=b, **kw)),
                 lambda i, a=args: ref.moe_route(*a(i)), _route_check,
-                bytes_moved=t * e * 4 + t * k * 8, peers=peers))
+                bytes_moved=router_bytes(t, e, k, bias), peers=peers))
     return out
 
 
 def _align_cases() -> list[BenchCase]:
+    from triton_ops import moe_align as tri
+
     out = []
-    for t in DECODE_T + PREFILL_T:
-        bucket = "decode" if t <= 64 else "prefill"
+    for t in DECODE_T:
         make = lambda device, t=t: {"ids": _route_ids(t, E, K, device)}  # noqa: E731
-        for bm in (16, 128):  # vLLM fused_moe-like block, DeepGEMM contiguous block
-            cap = ref.contiguous_capacity(t * K, E, bm)
-            out.append(BenchCase(
-                "moe_align", f"T={t} E={E} k={K} block_m={bm}", bucket, dict(T=t, E=E, k=K, block_m=bm), make,
-                lambda i, b, bm=bm: tuple(ops.moe_align(i["ids"], E, bm, backend=b)),
-                lambda i, bm=bm: ref.moe_align(i["ids"], None, E, bm), _exact,
-                bytes_moved=t * K * 4 * 2 + cap * 8 + cap // bm * 4))
-        if bucket == "decode":
-            out.append(BenchCase(
-                "moe_masked_layout", f"T={t} E={E} k={K} max_m=64", bucket, dict(T=t, E=E, k=K, max_m=64), make,
-                lambda i, b: tuple(ops.moe_masked_layout(i["ids"], E, 64, backend=b)),
-                lambda i: ref.moe_masked_layout(i["ids"], None, E, 64), _exact,
-                bytes_moved=t * K * 4 * 2 + E * 64 * 4))
+        bm = ALIGN_BM
+        out.append(BenchCase(
+            "moe_align", f"T={t} E={E} k={K} block_m={bm}", "decode", dict(T=t, E=E, k=K, block_m=bm), make,
+            lambda i, b, bm=bm: tuple(ops.moe_align(i["ids"], E, bm, backend=b)),
+            lambda i, bm=bm: ref.moe_align(i["ids"], None, E, bm), _exact,
+            bytes_moved=align_bytes(t, E, K, bm),
+            peers={"triton-general": lambda i, bm=bm: tri.moe_align(i["ids"], None, E, bm, path="general")}))
+        out.append(BenchCase(
+            "moe_masked_layout", f"T={t} E={E} k={K} max_m={MAX_M}", "decode", dict(T=t, E=E, k=K, max_m=MAX_M),
+            make, lambda i, b: tuple(ops.moe_masked_layout(i["ids"], E, MAX_M, backend=b)),
+            lambda i: ref.moe_masked_layout(i["ids"], None, E, MAX_M), _exact,
+            bytes_moved=masked_bytes(t, E, K, MAX_M),
+            peers={"triton-general": lambda i: tri.moe_masked_layout(i["ids"], None, E, MAX_M, path="general")}))
     return out
 
 
-def _gather_combine_cases() -> list[BenchCase]:
+def _gather_make(t, hidden, e, k, bm):
+    def make(device):
+        lay = ref.moe_align(_route_ids(t, e, k, device), None, e, bm)
+        return {"x": torch.randn(t, hidden, device=device, dtype=torch.bfloat16), "src": lay[0]}
+    return make
+
+
+def _combine_make(t, hidden, e, k, bm):
+    def make(device):
+        lay = ref.moe_align(_route_ids(t, e, k, device), None, e, bm)
+        return {"eo": torch.randn(lay[0].numel(), hidden, device=device, dtype=torch.bfloat16), "inv": lay[6],
+                "w": torch.rand(t, k, device=device)}
+    return make
+
+
+def gather_combine_cases(shapes=None, tier: str = "full") -> list[BenchCase]:
+    """shapes: (T, model label) pairs; default every PREFILL_T x MODELS. torch.compile of the reference is timed
+    at T = 8192 only (its compile costs ~10 s of the suite's budget per case; 32768 adds no new comparison)."""
     out = []
-    shapes = [("decode", t, 7168, 256, 8) for t in DECODE_T] + \
-        [("prefill", t, 7168, 256, 8) for t in PREFILL_T]
-    for bucket, t, hdim, e, k in shapes:
-        bm = 128
-
-        def make(device, t=t, hdim=hdim, e=e, k=k, bm=bm):
-            ids = _route_ids(t, e, k, device)
-            lay = ref.moe_align(ids, None, e, bm)
-            return {"x": torch.randn(t, hdim, device=device, dtype=torch.bfloat16), "src": lay[0], "inv": lay[6],
-                    "eo": torch.randn(lay[0].numel(), hdim, device=device, dtype=torch.bfloat16),
-                    "w": torch.rand(t, k, device=device)}
-
+    shapes = shapes or [(t, m) for m in MODELS for t in PREFILL_T]
+    for t, model in shapes:
+        extra = dict(tier=tier, compile_reference=t < 32768, max_copies=4)
+        hidden, e, k = MODELS[model]
+        bm = ALIGN_BM
+        bucket = "decode" if t <= 64 else "prefill"
         cap = ref.contiguous_capacity(t * k, e, bm)
-        p = dict(T=t, K=hdim, E=e, k=k, block_m=bm, dtype="bf16")
-        # gather: reads T*k rows, writes all cap rows (padding rows are written as zeros by contract)
+        p = dict(T=t, K=hidden, E=e, k=k, block_m=bm, dtype="bf16", model=model)
         out.append(BenchCase(
-            "moe_gather", f"T={t} K={hdim} k={k} bf16 contiguous bm={bm}", bucket, p, make,
+            "moe_gather", f"T={t} K={hidden} E={e} k={k} bf16 contiguous bm={bm} {model}", bucket, p,
+            _gather_make(t, hidden, e, k, bm),
             lambda i, b, k=k: ops.moe_gather(i["x"], i["src"], k, backend=b),
             lambda i, k=k: ref.moe_gather(i["x"], i["src"], k), lambda g, w: _exact((g,), (w,)),
-            bytes_moved=(t * k + cap) * hdim * 2 + cap * 4, max_copies=8 if bucket == "prefill" else None))
-        # combine: reads T*k expert rows + weights + row ids, writes T rows
+            bytes_moved=gather_bytes(t, k, hidden, cap, 2), **extra))
         out.append(BenchCase(
-            "moe_combine", f"T={t} N={hdim} k={k} bf16", bucket, p, make,
+            "moe_combine", f"T={t} N={hidden} E={e} k={k} bf16 {model}", bucket, p, _combine_make(t, hidden, e, k, bm),
             lambda i, b: ops.moe_combine(i["eo"], i["inv"], i["w"], backend=b),
-            lambda i: ref.moe_combine(i["eo"], i["inv"], i["w"], None, torch.bfloat16), _close,
-            bytes_moved=t * k * hdim * 2 + t * hdim * 2 + t * k * 8, max_copies=8 if bucket == "prefill" else None))
+            lambda i: ref.moe_combine(i["eo"], i["inv"], i["w"], None, torch.bfloat16),
+            lambda g, w: _exact((g,), (w,)),  # fixed-order fp32 sums, no FMA contraction: bytes equal
+            bytes_moved=combine_bytes(t, k, hidden, 2, 2), **extra))
     return out
 
 
 def cases() -> list[BenchCase]:
-    return _router_cases() + _align_cases() + _gather_combine_cases()
+    # quick tier: the same cases at T = 1 (the CPU interpreter; --quick otherwise picks the smallest prefill)
+    return _router_cases() + _align_cases() + gather_combine_cases() + \
+        gather_combine_cases([(1, "dsv4")], tier="quick")
