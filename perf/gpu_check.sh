@@ -5,7 +5,7 @@
 # Usage (device tool, repo root):  bash perf/gpu_check.sh [tests|sanitize|selfcheck|probes|bench|all]...
 # Optional: .whl/ (carried) holds extra wheels (e.g. liger-kernel), installed to /tmp/site first;
 #           .carry/env.sh (carried) puts CuTeDSL on the path.
-# Knobs (env): TEST_TIME, SANITIZE_TIME, SANITIZERS ("memcheck racecheck"), BENCH_TIME, BENCH_ARGS,
+# Knobs (env): TEST_TIME, TEST_ARGS (default: tests), SANITIZE_TIME, SANITIZERS ("memcheck racecheck"), BENCH_TIME, BENCH_ARGS,
 #              HYPOTHESIS_PROFILE (default gpu), LOWBIT_GIT_COMMIT.
 # A full run takes longer than one 10-minute device call: split it, e.g. `tests sanitize selfcheck`, then `bench`.
 set -uo pipefail
@@ -47,7 +47,8 @@ PY
 note "env: $(python3 -c "import json; d = json.load(open('$OUT/env.json')); print(d['device'], 'torch', d['torch'], 'triton', d['triton'], 'cutlass-dsl', d['cutlass_dsl'])")"
 
 if want tests; then
-  timeout "${TEST_TIME:-420}" python3 -m pytest tests -m gpu -q -p no:warnings --maxfail=30 --no-header -rfE \
+  # shellcheck disable=SC2086
+  timeout "${TEST_TIME:-420}" python3 -m pytest ${TEST_ARGS:-tests} -m gpu -q -p no:warnings --maxfail=30 --no-header -rfE \
       --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
   note "gpu tests (rc=$?): $(tail -n 1 "$OUT/pytest.log")"
 fi
