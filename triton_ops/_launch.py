@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
-import os
 
 import torch
-import triton
 import triton.language as tl
 
 from dispatch.arch import arch_at_least, arch_of
@@ -65,85 +62,3 @@ def _pick_tile(rows: int, k: int, interpreter: bool, min_block_k: int) -> TileCo
     block_m = max(1, min(next_pow2(rows), target_elems // block_k))
     return TileConfig(block_m, block_k, num_warps=4)
 
-
-# --------------------------------------------------------------------------------------- cached launches
-
-
-class FastLaunchKernel:
-    """A `@triton.jit` kernel whose repeat launches skip `JITFunction.run`.
-
-    Why: on the H200 host, `kernel[grid](...)` costs ~30 us of Python per launch (argument binding,
-    specialization, cache key, launch metadata: perf/probes/host_overhead.py), more than most decode kernels
-    run and about the time of an 8192x8192 FP8 quantize. Eager callers feel it directly.
-
-    How: the first launch for a given argument *signature* goes through Triton as usual and returns the
-    CompiledKernel; later launches with the same signature call its launcher directly. The signature is a
-    refinement of Triton's own specialization key (per tensor: dtype and 16-byte alignment; per int: Python
-    type, ==1, %16 == 0 and its 32/64-bit range; per other arg: type and value; all constexprs and launch
-    options by value; the device), so a cached kernel is exactly the one Triton would have picked.
-    Launch hooks (profilers), the interpreter, or a launcher ABI this code does not know fall back to the
-    normal path; the last case is logged once (never silent).
-    """
-
-    def __init__(self, jit_fn):
-        self.jit_fn = jit_fn
-        self.arg_names = tuple(getattr(jit_fn, "arg_names", ()))
-        self._compiled: dict = {}
-
-    def __getattr__(self, name):  # SASS tooling and probes reach the JITFunction's attributes through us
-        return getattr(self.jit_fn, name)
-
-    def __getitem__(self, grid):
-        return functools.partial(self._launch, grid)
-
-    def _launch(self, grid, *args, **kwargs):
-        if not _FAST_LAUNCH["enabled"] or not args or not isinstance(args[0], torch.Tensor) \
-                or args[0].device.type != "cuda" or callable(grid):
-            return self.jit_fn[grid](*args, **kwargs)
-        names = self.arg_names[len(args):]
-        try:
-            full = args + tuple(kwargs[n] for n in names)
-        except KeyError:  # a parameter left to its default: let Triton bind it
-            return self.jit_fn[grid](*args, **kwargs)
-        device = args[0].device.index
-        key = (device, tuple(map(_signature_of, args)), tuple(kwargs.items()))
-        compiled = self._compiled.get(key)
-        if compiled is None or _hooks_set():
-            compiled = self.jit_fn[grid](*args, **kwargs)
-            self._compiled[key] = compiled
-            return compiled
-        if len(grid) < 3:
-            grid = tuple(grid) + (1,) * (3 - len(grid))
-        stream = torch._C._cuda_getCurrentRawStream(device)
-        try:
-            compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None,
-                         None, None, *full)
-        except TypeError as exc:  # launcher ABI changed (another Triton version): stop using the cache
-            _FAST_LAUNCH["enabled"] = False
-            _log.warning("lowbit: cached Triton launches disabled (%s); using kernel[grid] launches", exc)
-            return self.jit_fn[grid](*args, **kwargs)
-        return compiled
-
-
-_FAST_LAUNCH = {"enabled": os.environ.get("LOWBIT_FAST_LAUNCH", "1") != "0"}
-_log = logging.getLogger("lowbit.launch")
-
-
-def _hooks_set() -> bool:
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    return runtime is not None and (runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None)
-
-
-def _signature_of(a):
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
-    if isinstance(a, bool) or a is None:
-        return a
-    if isinstance(a, int):
-        return (int, a == 1, a % 16 == 0, -(2**31) <= a < 2**31, a < 2**63)
-    return (type(a), a)
-
-
-def fast_launch(jit_fn) -> FastLaunchKernel:
-    """Decorator (above `@triton.jit`): see FastLaunchKernel."""
-    return FastLaunchKernel(jit_fn)

@@ -17,7 +17,7 @@ import triton.language as tl
 from dispatch.reference.kv_cache import DS_LAYOUTS, DS_ROPE, DS_SCALE_FLOOR, DYNAMIC_EPS
 
 from ._formats import amax_nan, cast_out, e4m3_decode, e4m3_encode, split_pairs
-from ._launch import TL_DTYPE, cdiv, emulate_formats, fast_launch, next_pow2
+from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
 from .rope import (
     PAIR_KIND,
     _rope_tile,
@@ -52,7 +52,6 @@ def rows_config(rows: int, row_elems: int, device: torch.device) -> RowsConfig:
 # ------------------------------------------------------------------------------------------ generic
 
 
-@fast_launch
 @triton.jit
 def _paged_write_kernel(x_ptr, slot_ptr, cache_ptr, scale_ptr, scache_ptr, T, H, D, n_slots, BS,
                         x_st, x_sh, c_sb, c_so, c_sh, s_sb, s_so, s_sh, eps,
@@ -81,7 +80,6 @@ def _paged_write_kernel(x_ptr, slot_ptr, cache_ptr, scale_ptr, scache_ptr, T, H,
     tl.store(dst, e4m3_encode(q, EMULATE), mask=m)
 
 
-@fast_launch
 @triton.jit
 def _paged_gather_kernel(cache_ptr, slot_ptr, scale_ptr, scache_ptr, out_ptr, N, H, D, n_slots, BS,
                          c_sb, c_so, c_sh, s_sb, s_so, s_sh,
@@ -251,7 +249,6 @@ def _ds_kv_tile(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, tb, T, n_slots,
         tl.store(c16 + r16[:, None] + o2[None, :], bits16(x2, tl.bfloat16, EMULATE).to(tl.int16), mask=rm)
 
 
-@fast_launch
 @triton.jit
 def _ds_write_kernel(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, q_ptr, T, n_slots, BS, block_stride, kv_st,
                      max_pos, HQ, q_st, q_sh, q_rope_at,
@@ -323,7 +320,6 @@ def ds_rope_quant_append(kv, positions, cos_sin_cache, slot_mapping, cache, layo
     _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_neox)
 
 
-@fast_launch
 @triton.jit
 def _ds_gather_kernel(c8, c16, c32, slot_ptr, out_ptr, N, n_slots, BS, block_stride,
                       D_NOPE: tl.constexpr, TILE: tl.constexpr, NT: tl.constexpr, NT_P: tl.constexpr,

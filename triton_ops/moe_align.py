@@ -23,7 +23,7 @@ import triton.language as tl
 from dispatch.reference.moe import contiguous_capacity
 
 from ._formats import cast_out
-from ._launch import TL_DTYPE, cdiv, emulate_formats, fast_launch, next_pow2
+from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
 
 SMALL_ENTRIES = 1024  # T*k at or below this takes the single-launch path
 CH = tl.constexpr(32)  # entries per one-hot tile
@@ -129,7 +129,6 @@ def _write_expert_tensors(counts, start, padded, cnt_ptr, mm_ptr, off_ptr, tot_p
         tl.store(tot_ptr, total)
 
 
-@fast_launch
 @triton.jit
 def _align_small_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_ptr, cnt_ptr, mm_ptr, off_ptr,
                         tot_ptr, N, E, E_GLOBAL, cap, max_m, unit,
@@ -146,7 +145,6 @@ def _align_small_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_pt
     _fill(sorted_ptr, mind_ptr, eids_ptr, pid, cap, N, E, start, counts, padded, unit, MASKED, NU, UNITP, BLOCK_E)
 
 
-@fast_launch
 @triton.jit
 def _align_count_kernel(ids_ptr, map_ptr, part_ptr, N, E, E_GLOBAL,
                         HAS_MAP: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_: tl.constexpr):
@@ -157,7 +155,6 @@ def _align_count_kernel(ids_ptr, map_ptr, part_ptr, N, E, E_GLOBAL,
     tl.store(part_ptr + pid * BLOCK_E + ecols, counts)
 
 
-@fast_launch
 @triton.jit
 def _align_scan_kernel(part_ptr, base_ptr, cnt_ptr, mm_ptr, off_ptr, tot_ptr, start_ptr, n_chunks, E, max_m,
                        MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr):
@@ -173,7 +170,6 @@ def _align_scan_kernel(part_ptr, base_ptr, cnt_ptr, mm_ptr, off_ptr, tot_ptr, st
     tl.store(start_ptr + 2 * BLOCK_E + ecols, padded)
 
 
-@fast_launch
 @triton.jit
 def _align_scatter_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_ptr, base_ptr, start_ptr,
                           N, E, E_GLOBAL, cap, max_m, unit, n_chunks,
@@ -261,7 +257,6 @@ def moe_masked_layout(topk_ids, expert_map, num_experts, max_m, path: str = "aut
 # ---------------------------------------------------------------------------------------------- gather
 
 
-@fast_launch
 @triton.jit
 def _gather_kernel(x_ptr, src_ptr, out_ptr, R, K, N, TOPK, stride_x,
                    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -305,7 +300,6 @@ def moe_gather(x, src_rows, top_k, tile: tuple[int, int, int] | None = None):
 # ---------------------------------------------------------------------------------------------- combine
 
 
-@fast_launch
 @triton.jit
 def _combine_kernel(eo_ptr, inv_ptr, w_ptr, sh_ptr, out_ptr, T, N, stride_eo, stride_sh,
                     K: tl.constexpr, HAS_SHARED: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,

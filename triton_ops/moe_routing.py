@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, fast_launch, next_pow2
+from ._launch import cdiv, next_pow2
 
 SCORING_CODE = {"softmax": 0, "sigmoid": 1, "sqrt_softplus": 2}
 BIG = tl.constexpr(1 << 30)  # globals used inside @triton.jit must be constexpr (compiled mode rejects plain ints)
@@ -48,7 +48,6 @@ def _scores(x, valid, SCORING: tl.constexpr):
     return tl.where(valid, s, 0.0)
 
 
-@fast_launch
 @triton.jit
 def _route_kernel(
     logits_ptr, bias_ptr, tok_ptr, table_ptr, ids_ptr, w_ptr,

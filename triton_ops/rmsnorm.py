@@ -38,7 +38,7 @@ from ._formats import (
     pack_nibbles,
     swizzled_offset_128x4,
 )
-from ._launch import TL_DTYPE, cdiv, emulate_formats, fast_launch, next_pow2
+from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
 
 FMT_NONE, FMT_FP8, FMT_MX, FMT_NV = 0, 1, 2, 3
 GS_NONE, GS_GIVEN, GS_PER_GROUP, GS_FROM_PARTIALS = 0, 1, 2, 3
@@ -170,7 +170,6 @@ def _load_row_block(x_ptr, r_ptr, rows, M, cols, cmask, stride_xm, stride_rm, HA
     return x, r
 
 
-@fast_launch
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr,

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ._formats import cast_out, split_pairs
-from ._launch import TL_DTYPE, cdiv, emulate_formats, fast_launch, next_pow2
+from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
 
 PAIR_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # split_pairs' IN_KIND
 
@@ -143,7 +143,6 @@ def _rope_tile(src, dst, pos_ptr, cs_ptr, tb, hb, T, H, max_pos, s_t, s_h, d_t, 
         tl.store(dst + dst_row[:, :, None] + d[None, None, :], v, mask=pm)
 
 
-@fast_launch
 @triton.jit
 def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr, T, HQ, HK, max_pos,
                  q_st, q_sh, k_st, k_sh, qo_st, qo_sh, ko_st, ko_sh, rot_offset, D, n_q_hblocks,
