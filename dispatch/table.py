@@ -21,6 +21,7 @@ TORCH_REF = 10  # the reference: always runs, on any device
 TRITON_INTERPRETER = 0  # correct but slow; only when forced (tests, `python -m dispatch check` on a CPU)
 
 CUTE_UNMEASURED = 15
+CUTE_MEASURED_FASTER = 25
 CUTE_ARCHS = ("sm_90", "sm_100", "sm_103")
 
 INTERPRETER_WHY = "TRITON_INTERPRET=1: for tests, never auto"
@@ -39,15 +40,23 @@ def _trio(op: str, triton: str, reference: str, why: str, supports: str | None =
     ]
 
 
-def _cute(op: str) -> Entry:
-    """CuTeDSL escape hatch (cute_ops/, docs/cute.md) for an RMSNorm op. Ranked below Triton (15 < 20). Its first
-    GPU run (H200, 2026-11-21) was faster than Triton at decode (1.2x eager, M=16 N=7168) but not bit-exact, so it
-    refuses with that reason unless LOWBIT_CUTE_UNVERIFIED=1 (cute_ops.rmsnorm); it also refuses host tensors,
-    unaligned rows and NVFP4 without a given global scale, and is unavailable (with the reason) when
-    nvidia-cutlass-dsl is not installed."""
-    return Entry(op, "cute", CUTE_ARCHS, f"cute_ops.rmsnorm:{op}", CUTE_UNMEASURED,
-                 "CuTeDSL; failed bit-exactness on the H200: refused until a GPU run passes",
-                 f"cute_ops.rmsnorm:supports_{op}")
+def _cute(op: str) -> list[Entry]:
+    """CuTeDSL escape hatch (cute_ops/, docs/cute.md) for an RMSNorm op.
+
+    sm_90: ranked above Triton (25 > 20). The H200 run of 2026-11-21 (commit 6ed0c63, perf/results) showed it
+    bit-exact (48/48 GPU tests) and at least as fast as Triton on every RMSNorm case both ran: 32768x4096
+    plain 1.03x, +residual 1.03x, FP8 group +residual 1.17x (0.96 of copy), NVFP4 given-gs 1.02x; 4096x7168
+    1.8-2.6x (host-bound eager calls).
+    sm_100/103: compiled and SASS-checked only, never run on Blackwell: ranked below Triton (15) and refused
+    unless LOWBIT_CUTE_UNVERIFIED=1 (cute_ops.rmsnorm.HARDWARE_STATUS).
+    Both refuse host tensors, unaligned rows and NVFP4 without a given global scale, and are unavailable (with
+    the reason) when nvidia-cutlass-dsl is not installed."""
+    impl, sup = f"cute_ops.rmsnorm:{op}", f"cute_ops.rmsnorm:supports_{op}"
+    return [Entry(op, "cute", ("sm_90",), impl, CUTE_MEASURED_FASTER,
+                  "CuTeDSL; bit-exact and >= Triton on the H200 (perf/results, 2026-11-21)", sup),
+            Entry(op, "cute", CUTE_ARCHS[1:], impl, CUTE_UNMEASURED,
+                  "CuTeDSL; compiled for sm_100a, never run on Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1",
+                  sup)]
 
 
 _QUANT, _QUANT_REF = "triton_ops.quant_fp4", "dispatch.reference.quant"
@@ -82,7 +91,7 @@ TABLE: dict[str, list[Entry]] = {
     # RMSNorm (+ residual) and SwiGLU with plain / FP8-group / MXFP4 / NVFP4 outputs (docs/norm_act.md);
     # the RMSNorm ops also have CuTeDSL rows.
     **{op: _trio(op, f"triton_ops.{mod}", f"dispatch.reference.{mod}", _NORM, sup, ref)
-       + ([_cute(op)] if op in ("rms_norm", "rms_norm_fp8_group", "rms_norm_nvfp4") else [])
+       + (_cute(op) if op in ("rms_norm", "rms_norm_fp8_group", "rms_norm_nvfp4") else [])
        for op, mod, ref, sup in (
         ("rms_norm", "rmsnorm", "rms_norm_op", "triton_ops.rmsnorm:supports_rms_norm"),
         ("rms_norm_fp8_group", "rmsnorm", None, "triton_ops.rmsnorm:supports_rms_norm_fp8_group"),
