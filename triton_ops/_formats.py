@@ -51,6 +51,32 @@ def e2m1_encode(q):
 
 
 @triton.jit
+def e2m1_magnitude_word(a):
+    """a = min(|q|, 6), never NaN -> int32 whose low byte is the E2M1 magnitude code (0..7) of a, RNE.
+
+    The fp32 add a + C rounds a to the E2M1 grid in one step (the faster cousin of e2m1_encode, for kernels
+    that handle sign and NaN per block): C's ulp is the grid step of a's binade (0.5, 1, 2) and its low
+    mantissa bits hold the code offset of that binade (0, 2, 4 steps), so the sum's low bits are the code:
+    C = 2^22 for a < 2, 2^23 + 2 for [2, 4), 2^24 + 8 for [4, 6]. Ties go to even because the offsets are even.
+    C's exponent field E = max(exp(a), 127) + 22 and C = E << 23 | 2(E - 149), built as m + (m >> 22) from
+    m = (E << 23) - 297 (one max-add and one shift-add on the GPU)."""
+    eb = a.to(tl.int32, bitcast=True) & 0x7F800000
+    m = tl.maximum(eb + ((22 << 23) - 297), (149 << 23) - 297)
+    c = (m + (m >> 22)).to(tl.float32, bitcast=True)
+    return (a + c).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def e2m1_pair_byte(mag_lo, mag_hi, signs):
+    """E2M1 pair byte (low element in the low nibble) from two e2m1_magnitude_word results and `signs`, a
+    word with the low element's sign at bit 15 and the high one's at bit 31 (a bf16/fp16 pair word masked
+    to 0x80008000; 0 drops the signs). Built in the top byte with three multiply-adds (the FMA pipe, not
+    the half-rate integer ALU; no shifts needed for the signs: x 4097 copies bit 15 to 27, bit 31 stays)."""
+    top = mag_lo * (1 << 24) + mag_hi * (1 << 28) + signs * 4097
+    return (top.to(tl.uint32, bitcast=True) >> 24).to(tl.uint8)
+
+
+@triton.jit
 def split_pairs(w, IN_KIND: tl.constexpr):
     """Two adjacent inputs packed in one machine word -> (even element, odd element) as fp32.
     IN_KIND 0: bf16 pairs in int32, 1: fp16 pairs in int32, 2: fp32 pairs in int64. Loading words
@@ -77,6 +103,16 @@ def e2m1_decode(code):
     # e == 0: m * 0.5 (0 or 0.5); else (1 + m/2) * 2^(e-1)
     mag = tl.where(e == 0, m * 0.5, (1.0 + m * 0.5) * (1 << e).to(tl.float32) * 0.5)
     return with_sign(mag, (c >> 3) & 1)
+
+
+@triton.jit
+def e2m1_decode_nibble(c):
+    """Low nibble of int32 c (higher bits ignored) as an E2M1 code -> fp32 value, exact. The magnitude bits
+    placed at fp32 bits 22..24 read as an fp32 subnormal/normal equal to value * 2^-126 (code 1 -> 2^-127 =
+    0.5 * 2^-126, code 7 -> 1.5 * 2^-124 = 6 * 2^-126), so one exact multiply by 2^126 finishes the decode:
+    ~3 integer ops and a multiply instead of e2m1_decode's int->float conversions and selects."""
+    bits = ((c << 22) & 0x01C00000) | ((c << 28) & -2147483648)  # sign: bit 3 -> bit 31
+    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37  # 2^126
 
 
 @triton.jit
@@ -115,6 +151,15 @@ def e4m3_encode_emulated(v):
     mag = tl.where(a < 0.015625, m, normal)
     byte = tl.where(v != v, 0x7F, mag | (sign << 7))
     return byte.to(tl.uint8)
+
+
+@triton.jit
+def e4m3_decode_fast(byte, EMULATE: tl.constexpr):
+    """E4M3 byte -> fp32; the hardware conversion on GPU (sm_89+), e4m3_decode otherwise."""
+    if EMULATE:
+        return e4m3_decode(byte)
+    else:
+        return byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -169,21 +214,48 @@ def fp8_group_scale(amax, eps, UE8M0: tl.constexpr):
 
 
 @triton.jit
+def div6_rn(amax, AMAX16: tl.constexpr):
+    """fp32(amax / 6), correctly rounded. AMAX16: amax is a bf16 or fp16 value (or Inf/NaN), where one
+    Markstein correction of amax * fp32(1/6) is exact: checked against the IEEE quotient for every positive
+    bf16 and fp16 value, subnormals included (perf/NOTES.md, Session 2); 4 fp32 ops and a select instead of
+    div.rn's ~10 with a slow-path branch. Inf needs the select (the residual is Inf - Inf)."""
+    if AMAX16:
+        q0 = amax * 0.1666666716337204  # fp32(1/6)
+        q1 = tl.fma(tl.fma(q0, -6.0, amax), 0.1666666716337204, q0)
+        return tl.where(q0 == float("inf"), q0, q1)
+    else:
+        return tl.math.div_rn(amax, 6.0)
+
+
+@triton.jit
 def nvfp4_block_scale(amax, gs):
     """(E4M3 scale byte, (1/gs) / fp32(scale)) for an NVFP4 block with decode-form global scale gs (the
-    reciprocal formed as torchao / MSLK form it, so bytes match theirs)."""
-    s = tl.where(gs == 0, 0.0, tl.math.div_rn(tl.math.div_rn(amax, 6.0), gs))
-    sbyte = e4m3_encode_emulated(s)
-    s32 = e4m3_decode(sbyte)
+    reciprocal formed as torchao / MSLK form it, so bytes match theirs). Integer E4M3 emulation, fp32 amax."""
+    return nvfp4_block_scale_ex(amax, gs, True, False)
+
+
+@triton.jit
+def nvfp4_block_scale_ex(amax, gs, EMULATE: tl.constexpr, AMAX16: tl.constexpr):
+    """nvfp4_block_scale with options. EMULATE=False: hardware E4M3 conversions (sm_89+; the emulated encode +
+    decode were ~1/3 of the NVFP4 quantize kernel's instructions). AMAX16: amax is a bf16/fp16 value (div6_rn)."""
+    s = tl.where(gs == 0, 0.0, tl.math.div_rn(div6_rn(amax, AMAX16), gs))
+    sbyte = e4m3_encode(s, EMULATE)
+    s32 = e4m3_decode_fast(sbyte, EMULATE)
     return sbyte, tl.where(s32 == 0, 0.0, tl.math.div_rn(tl.math.div_rn(1.0, gs), s32))
 
 
 @triton.jit
 def mxfp4_block_scale(amax, RCEIL: tl.constexpr):
     """(E8M0 scale byte, 2^-exponent) for an MXFP4 block; byte 0xFF and NaN for a NaN/Inf block."""
+    return mxfp4_block_scale_ex(amax, RCEIL, False)
+
+
+@triton.jit
+def mxfp4_block_scale_ex(amax, RCEIL: tl.constexpr, AMAX16: tl.constexpr):
+    """mxfp4_block_scale; AMAX16: amax is a bf16/fp16 value (div6_rn for RCEIL)."""
     abits = amax.to(tl.uint32, bitcast=True)
     if RCEIL:  # ceil(log2(amax / 6)), exactly, from the bits of fp32(amax / 6)
-        tbits = tl.math.div_rn(amax, 6.0).to(tl.uint32, bitcast=True)
+        tbits = div6_rn(amax, AMAX16).to(tl.uint32, bitcast=True)
         field = ((tbits >> 23) & 0xFF).to(tl.int32)
         mant = tbits & 0x7FFFFF
         e = tl.where(field == 0, tl.where(mant > (1 << 22), -126, -127), field - 127 + (mant != 0).to(tl.int32))

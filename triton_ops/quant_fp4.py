@@ -10,6 +10,8 @@ Anatomy: kernels -> launchers -> tile choice (triton_ops._launch.pick_tile) -> c
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -22,20 +24,50 @@ from ._formats import (
     abs_bits,
     amax_nan,
     cast_out,
-    e2m1_decode,
+    e2m1_decode_nibble,
     e2m1_encode,
-    e4m3_decode,
-    mxfp4_block_scale,
-    nvfp4_block_scale,
+    e2m1_magnitude_word,
+    e2m1_pair_byte,
+    e4m3_decode_fast,
+    mxfp4_block_scale_ex,
+    nvfp4_block_scale_ex,
     split_pairs,
     swizzled_offset_128x4,
-    unpack_nibbles,
 )
 from ._launch import TL_DTYPE, emulate_formats, pick_tile
 
 GS_NONE, GS_GIVEN, GS_FROM_PARTIALS = 0, 1, 2
 IN_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # see _formats.split_pairs
-MAX_AMAX_PARTIALS = 256  # partial maxima the amax pass leaves for the quantize kernel to fold
+MAX_AMAX_PARTIALS = 512  # partial maxima the amax pass leaves for the quantize kernel to fold
+
+
+@dataclasses.dataclass(frozen=True)
+class AmaxPlan:
+    """Tiling of the NVFP4 global-amax pass: grid (n_m, n_k) of programs, each folding a rows_per_prog x
+    cols_per_prog region in [block_m, block_k] steps into one partial maximum."""
+
+    block_m: int
+    block_k: int
+    rows_per_prog: int
+    cols_per_prog: int
+    n_m: int
+    n_k: int
+    num_warps: int
+
+
+def amax_plan(rows: int, k: int, device: torch.device) -> AmaxPlan:
+    """A read-only pass is bound by bytes in flight: 8192-element (16 KB bf16) steps and up to 512 programs
+    (~4 per SM on an H200, ~64 KB in flight per SM), where the quantize tile (4096 elements, <= 256 programs
+    at 8192 rows) left it at a fraction of copy bandwidth. Short batches split K so decode still spreads.
+    Interpreter: bigger steps (its cost is per program step)."""
+    step = 32768 if device.type == "cpu" else 8192
+    block_k = min(triton.next_power_of_2(k), 2048)
+    block_m = max(1, min(triton.next_power_of_2(rows), step // block_k))
+    rows_per_prog = round_up(max(block_m, triton.cdiv(rows, MAX_AMAX_PARTIALS)), block_m)
+    n_m = triton.cdiv(rows, rows_per_prog)
+    n_k = min(triton.cdiv(k, block_k), max(1, MAX_AMAX_PARTIALS // n_m))
+    cols_per_prog = block_k * triton.cdiv(triton.cdiv(k, block_k), n_k)
+    return AmaxPlan(block_m, block_k, rows_per_prog, cols_per_prog, n_m, triton.cdiv(k, cols_per_prog), 4)
 
 
 @triton.jit
@@ -45,7 +77,10 @@ def _amax_partials_kernel(x_ptr, partials_ptr, M, K, stride_xm, rows_per_prog, c
     Tiles split K too, so short batches (decode) still spread over many programs."""
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
-    acc = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.int32)
+    # A small accumulator (one column max per thread slot): a [BLOCK_M, BLOCK_K] one held 64 registers per
+    # thread at 4x2048, and ptxas then serialized the step's loads through one register quad (16 bytes in
+    # flight per thread). Folding each step over rows first keeps the step's loads in flight together.
+    acc = tl.zeros([BLOCK_K], dtype=tl.int32)
     row0 = pid_m.to(tl.int64) * rows_per_prog
     col0 = pid_k * cols_per_prog
     for m0 in range(0, rows_per_prog, BLOCK_M):
@@ -55,9 +90,29 @@ def _amax_partials_kernel(x_ptr, partials_ptr, M, K, stride_xm, rows_per_prog, c
             cols = col0 + k0 + tl.arange(0, BLOCK_K)
             mask = rmask[:, None] & ((cols < K) & (k0 + tl.arange(0, BLOCK_K) < cols_per_prog))[None, :]
             x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
-            acc = tl.maximum(acc, abs_bits(x.to(tl.float32)))
-    amax = tl.max(tl.reshape(acc, [BLOCK_M * BLOCK_K]), 0).to(tl.float32, bitcast=True)
+            acc = tl.maximum(acc, tl.max(abs_bits(x.to(tl.float32)), 0))
+    amax = tl.max(acc, 0).to(tl.float32, bitcast=True)
     tl.store(partials_ptr + pid_m * tl.num_programs(1) + pid_k, amax)
+
+
+@triton.jit
+def _encode_pairs(w, lo, hi, inv, ok, IN_KIND: tl.constexpr):
+    """[BM, NB, HP] pair words + per-block inv -> packed E2M1 bytes (element 2i in the low nibble).
+    Fast path: q = x * inv must be NaN only where the whole block is (ok == False there: inv NaN), which holds
+    when inv is finite or NaN (see the kernel). Signs come from x (inv >= +0, so sign(q) == sign(x)); a bad
+    block gets limit 0 and no signs, i.e. byte 0, without a per-element NaN test. ~7 instructions per
+    element instead of ~20 (perf/NOTES.md, Session 2)."""
+    lim = tl.where(ok, 6.0, 0.0)[:, :, None]
+    inv3 = inv[:, :, None]
+    a_lo = tl.minimum(tl.abs(lo * inv3), lim)  # min drops NaN on the GPU and under the interpreter (fmin)
+    a_hi = tl.minimum(tl.abs(hi * inv3), lim)
+    if IN_KIND == 2:  # fp32 pairs in int64: gather the two sign bits into one word
+        signs = ((w >> 32) & 0x80000000) | ((w >> 16) & 0x8000)
+        signs = signs.to(tl.int32)
+    else:
+        signs = w
+    signs = signs & tl.where(ok, -2147450880, 0)[:, :, None]  # 0x80008000 as int32, or 0 for a bad block
+    return e2m1_pair_byte(e2m1_magnitude_word(a_lo), e2m1_magnitude_word(a_hi), signs)
 
 
 @triton.jit
@@ -65,25 +120,31 @@ def _fp4_quantize_kernel(
     words_ptr, codes_ptr, scales_ptr, gs_in_ptr, gs_out_ptr,
     M, K, stride_wm, grid_rows, scale_cols_bound, scale_cols_padded, n_partials,
     IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, GS_MODE: tl.constexpr, SWIZZLE: tl.constexpr,
-    IN_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
+    IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    PARTIALS_BLOCK: tl.constexpr,
 ):
     """One program: BLOCK_M rows x BLOCK_K columns, held as [BLOCK_M, blocks, pairs per block] words.
-    Pair p of a row is output byte p (element 2p -> low nibble), so no reshapes are needed anywhere."""
+    Pair p of a row is output byte p (element 2p -> low nibble), so no reshapes are needed anywhere.
+    Addressing: 64-bit row offsets (one per row of the tile), 32-bit column offsets."""
     SB: tl.constexpr = 32 if IS_MX else 16
     NB: tl.constexpr = BLOCK_K // SB
     HP: tl.constexpr = SB // 2
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    r3 = rows[:, None, None]
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # int32; widened per row where it scales a stride
     pcol = (pid_k * (BLOCK_K // 2) + tl.arange(0, NB)[None, :, None] * HP + tl.arange(0, HP)[None, None, :])
-    mask = (r3 < M) & (pcol < K // 2)
-    w = tl.load(words_ptr + r3 * stride_wm + pcol, mask=mask, other=0)
+    mask = (rows[:, None, None] < M) & (pcol < K // 2)
+    w = tl.load(words_ptr + rows[:, None, None].to(tl.int64) * stride_wm + pcol, mask=mask, other=0)
     lo, hi = split_pairs(w, IN_KIND)
-    amax = tl.max(tl.maximum(abs_bits(lo), abs_bits(hi)), 2).to(tl.float32, bitcast=True)  # [BLOCK_M, NB]
+    # NaN-propagating |x| max: one max.NaN per pair, then an unsigned integer max (NaN bits sort above Inf,
+    # whatever a NaN's sign), the sign cleared once per block
+    m = tl.maximum(tl.abs(lo), tl.abs(hi), propagate_nan=tl.PropagateNan.ALL).to(tl.uint32, bitcast=True)
+    amax = (tl.max(m, 2) & 0x7FFFFFFF).to(tl.float32, bitcast=True)  # [BLOCK_M, NB]
 
     if IS_MX:
-        sbyte, inv = mxfp4_block_scale(amax, MX_RCEIL)
+        sbyte, inv = mxfp4_block_scale_ex(amax, MX_RCEIL, IN_KIND != 2)
+        # inv is a finite power of two for a finite block (so q is finite), NaN for a NaN/Inf block
+        packed = _encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
     else:
         if GS_MODE == 1:
             gs = tl.load(gs_in_ptr)
@@ -93,12 +154,16 @@ def _fp4_quantize_kernel(
             gs = tl.math.div_rn(amax_nan(partials, 0), 2688.0)
         if (pid_m == 0) & (pid_k == 0):
             tl.store(gs_out_ptr, gs)
-        sbyte, inv = nvfp4_block_scale(amax, gs)
-    inv3 = inv[:, :, None]
-    q_lo = lo * inv3
-    q_hi = hi * inv3
-    packed = e2m1_encode(q_lo) | (e2m1_encode(q_hi) << 4)
-    tl.store(codes_ptr + r3 * (K // 2) + pcol, packed, mask=mask)
+        sbyte, inv = nvfp4_block_scale_ex(amax, gs, EMULATE, IN_KIND != 2)  # bf16/fp16 amax: cheap /6
+        # inv = (1/gs)/s32 is >= +0 or NaN. With |1/gs| < 2^100, inv is finite, NaN only for a block whose
+        # amax (or gs) is NaN, and 0 only where |x| * inv cannot be Inf * 0: the fast path applies. Otherwise
+        # (gs == 0, tiny or NaN gs) Inf * 0 or 0 * Inf can make single elements NaN: exact per-element path.
+        if tl.abs(tl.math.div_rn(1.0, gs)) < 1.2676506002282294e30:
+            packed = _encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
+        else:
+            inv3 = inv[:, :, None]
+            packed = e2m1_encode(lo * inv3) | (e2m1_encode(hi * inv3) << 4)
+    tl.store(codes_ptr + rows[:, None, None].to(tl.int64) * (K // 2) + pcol, packed, mask=mask)
 
     # Scales: the swizzled layout's padding rows/cols are written too, forced to 0 (GEMMs read them;
     # a NaN global scale would otherwise make them NaN).
@@ -109,7 +174,7 @@ def _fp4_quantize_kernel(
         valid = (rows < M)[:, None] & (scols < K // SB)[None, :]
         sbyte = tl.where(valid, sbyte, 0).to(tl.uint8)
     else:
-        sofs = rows[:, None] * (K // SB) + scols[None, :]
+        sofs = rows[:, None].to(tl.int64) * (K // SB) + scols[None, :]
     tl.store(scales_ptr + sofs, sbyte, mask=smask)
 
 
@@ -119,36 +184,49 @@ def _fp4_dequantize_kernel(
     IS_MX: tl.constexpr, SWIZZLE: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    """Mirror of the quantize kernel: [BLOCK_M, blocks, bytes per block], byte p of a row = elements 2p (low
+    nibble) and 2p+1, written as one output pair word (two 16-bit values in an int32, two fp32 in an int64),
+    so nothing is reshaped or joined (those cost layout shuffles)."""
     SB: tl.constexpr = 32 if IS_MX else 16
     NB: tl.constexpr = BLOCK_K // SB
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    HP: tl.constexpr = SB // 2
+    pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pcols = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
-    pmask = (rows < M)[:, None] & (pcols < K // 2)[None, :]
-    packed = tl.load(codes_ptr + rows[:, None] * (K // 2) + pcols[None, :], mask=pmask, other=0)
-    vals = e2m1_decode(unpack_nibbles(packed, BLOCK_M, BLOCK_K))
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # int32; widened per row where it scales a stride
+    pcol = (pid_k * (BLOCK_K // 2) + tl.arange(0, NB)[None, :, None] * HP + tl.arange(0, HP)[None, None, :])
+    mask = (rows[:, None, None] < M) & (pcol < K // 2)
+    pofs = rows[:, None, None].to(tl.int64) * (K // 2) + pcol  # 64-bit per row, 32-bit per column
+    b = tl.load(codes_ptr + pofs, mask=mask, other=0).to(tl.int32)
 
     scols = pid_k * NB + tl.arange(0, NB)
     smask = (rows < M)[:, None] & (scols < K // SB)[None, :]
     if SWIZZLE:
         sofs = swizzled_offset_128x4(rows[:, None], scols[None, :], scale_cols_padded)
     else:
-        sofs = rows[:, None] * (K // SB) + scols[None, :]
+        sofs = rows[:, None].to(tl.int64) * (K // SB) + scols[None, :]
     sbyte = tl.load(scales_ptr + sofs, mask=smask, other=0)
     if IS_MX:
-        b = sbyte.to(tl.uint32)
-        s = (tl.maximum(b, 1) << 23).to(tl.float32, bitcast=True)
-        s = tl.where(b == 0, 5.877471754111438e-39, s)  # 2^-127 (fp32 subnormal)
-        s = tl.where(b == 255, float("nan"), s)
+        sb = sbyte.to(tl.uint32)
+        s = (tl.maximum(sb, 1) << 23).to(tl.float32, bitcast=True)
+        s = tl.where(sb == 0, 5.877471754111438e-39, s)  # 2^-127 (fp32 subnormal)
+        s = tl.where(sb == 255, float("nan"), s)
     else:
-        s = e4m3_decode(sbyte)
-    out = tl.reshape(vals, [BLOCK_M, NB, SB]) * s[:, :, None]
+        s = e4m3_decode_fast(sbyte, EMULATE)
+    s3 = s[:, :, None]
+    v_lo = e2m1_decode_nibble(b) * s3  # (value * scale) * gs, the reference's order
+    v_hi = e2m1_decode_nibble(b >> 4) * s3
     if not IS_MX:
-        out = out * tl.load(gs_ptr)
-    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    omask = (rows < M)[:, None] & (cols < K)[None, :]
-    y = cast_out(tl.reshape(out, [BLOCK_M, BLOCK_K]), OUT_DTYPE, EMULATE)
-    tl.store(out_ptr + rows[:, None] * K + cols[None, :], y, mask=omask)
+        gs = tl.load(gs_ptr)
+        v_lo = v_lo * gs
+        v_hi = v_hi * gs
+    if OUT_DTYPE == tl.float32:
+        word = (v_lo.to(tl.uint32, bitcast=True).to(tl.uint64)
+                | (v_hi.to(tl.uint32, bitcast=True).to(tl.uint64) << 32)).to(tl.int64, bitcast=True)
+    else:
+        y_lo = cast_out(v_lo, OUT_DTYPE, EMULATE).to(tl.uint16, bitcast=True).to(tl.uint32)
+        y_hi = cast_out(v_hi, OUT_DTYPE, EMULATE).to(tl.uint16, bitcast=True).to(tl.uint32)
+        word = (y_lo | (y_hi << 16)).to(tl.int32, bitcast=True)
+    tl.store(out_ptr + pofs, word, mask=mask)
 
 
 # ------------------------------------------------------------------------------------------ launchers
@@ -177,18 +255,13 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
         gs_mode, gs_in = GS_GIVEN, global_scale
     elif not is_mx:
         gs_mode = GS_FROM_PARTIALS
-        amax_k = min(cfg.block_k, 1024)
-        rows_per_prog = max(cfg.block_m, triton.cdiv(rows, MAX_AMAX_PARTIALS))
-        n_m = triton.cdiv(rows, rows_per_prog)
-        n_k = min(triton.cdiv(k, amax_k), max(1, MAX_AMAX_PARTIALS // n_m))  # split K when rows are few
-        cols_per_prog = amax_k * triton.cdiv(triton.cdiv(k, amax_k), n_k)
-        n_k = triton.cdiv(k, cols_per_prog)
-        n_partials = n_m * n_k
+        plan = amax_plan(rows, k, x.device)
+        n_partials = plan.n_m * plan.n_k
         partials_block = triton.next_power_of_2(n_partials)
         gs_in = torch.empty(n_partials, dtype=torch.float32, device=x.device)
-        _amax_partials_kernel[(n_m, n_k)](
-            x2, gs_in, rows, k, x2.stride(0), rows_per_prog, cols_per_prog,
-            BLOCK_M=max(1, min(cfg.block_m, 8192 // amax_k)), BLOCK_K=amax_k, num_warps=cfg.num_warps)
+        _amax_partials_kernel[(plan.n_m, plan.n_k)](
+            x2, gs_in, rows, k, x2.stride(0), plan.rows_per_prog, plan.cols_per_prog,
+            BLOCK_M=plan.block_m, BLOCK_K=plan.block_k, num_warps=plan.num_warps)
     words = x2.view(torch.int64 if x.dtype == torch.float32 else torch.int32)
     grid = (triton.cdiv(grid_rows, cfg.block_m), triton.cdiv(k, cfg.block_k))
     _fp4_quantize_kernel[grid](
@@ -196,7 +269,8 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
         rows, k, words.stride(0), grid_rows, scale_cols_padded if swizzle else k // block, scale_cols_padded,
         n_partials,
         IS_MX=is_mx, MX_RCEIL=rceil, GS_MODE=gs_mode, SWIZZLE=swizzle, IN_KIND=IN_KIND[x.dtype],
-        BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, PARTIALS_BLOCK=partials_block, num_warps=cfg.num_warps)
+        EMULATE=emulate_formats(x.device), BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, PARTIALS_BLOCK=partials_block,
+        num_warps=cfg.num_warps)
     return codes, scales, gs_out
 
 
@@ -209,8 +283,9 @@ def _dequantize(codes, scales, gs, *, is_mx: bool, swizzle: bool, out_dtype: tor
     block = MXFP4_BLOCK if is_mx else NVFP4_BLOCK
     cfg = pick_tile(rows, k, codes.device, min_block_k=4 * block)
     grid = (triton.cdiv(rows, cfg.block_m), triton.cdiv(k, cfg.block_k))
+    out_words = out.view(torch.int64 if out_dtype == torch.float32 else torch.int32)  # one word per code byte
     _fp4_dequantize_kernel[grid](
-        codes, scales.view(torch.uint8), gs if gs is not None else codes, out, rows, k, round_up(k // block, 4),
+        codes, scales.view(torch.uint8), gs if gs is not None else codes, out_words, rows, k, round_up(k // block, 4),
         IS_MX=is_mx, SWIZZLE=swizzle, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(codes.device),
         BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps)
     return out

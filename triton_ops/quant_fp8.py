@@ -14,7 +14,7 @@ import triton.language as tl
 from dispatch.checks import fail, rows_view
 from dispatch.reference.quant import fp8_scale_storage
 
-from ._formats import amax_nan, cast_out, e4m3_decode, e4m3_encode, fp8_group_scale
+from ._formats import amax_nan, cast_out, e4m3_decode_fast, e4m3_encode, fp8_group_scale
 from ._launch import TL_DTYPE, emulate_formats, pick_tile
 
 
@@ -52,7 +52,8 @@ def _fp8_group_dequantize_kernel(
     pid_k = tl.program_id(1)
     cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows < M)[:, None] & (cols < K)[None, :]
-    vals = e4m3_decode(tl.load(codes_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0))
+    # hardware E4M3 -> fp32 on sm_89+ (exact: every E4M3 value is an fp16 value); ~2x fewer instructions
+    vals = e4m3_decode_fast(tl.load(codes_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0), EMULATE)
     groups = pid_k * NG + tl.arange(0, NG)
     smask = (rows < M)[:, None] & (groups < K // GROUP)[None, :]
     s = tl.load(scales_ptr + rows[:, None] * stride_sm + groups[None, :] * stride_sg, mask=smask, other=0.0)
