@@ -54,14 +54,31 @@ class Entry:
 
     def refusal(self, arch: str, args: tuple, kwargs: dict) -> str | None:
         """Why this entry cannot run this call, or None."""
-        if arch not in self.archs:
-            return f"arch {arch} not in {'/'.join(self.archs)}"
-        unavailable = backend_unavailable(self.backend, arch)
-        if unavailable:
-            return unavailable
+        static = _static_refusal(self, arch)
+        if static:
+            return static
         if self.supports is not None:
             return _load(self.supports)(*args, **kwargs)
         return None
+
+
+_STATIC_REFUSALS: dict[tuple[int, str], tuple[Entry, str | None]] = {}
+
+
+def _static_refusal(entry: Entry, arch: str) -> str | None:
+    """The part of a refusal that depends only on (entry, arch): remembered for GPU archs, since `select` runs
+    on every eager call. Host tensors are not cached: the interpreter's availability follows TRITON_INTERPRET."""
+    key = (id(entry), arch)  # id: hashing the dataclass's fields costs more than the lookup saves
+    hit = _STATIC_REFUSALS.get(key)
+    if hit is not None and hit[0] is entry:
+        return hit[1]
+    if arch not in entry.archs:
+        reason = f"arch {arch} not in {'/'.join(entry.archs)}"
+    else:
+        reason = backend_unavailable(entry.backend, arch)
+    if arch != "cpu":
+        _STATIC_REFUSALS[key] = (entry, reason)  # the entry is kept alive, so its id is never reused
+    return reason
 
 
 @functools.cache
