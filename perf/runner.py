@@ -9,8 +9,8 @@ Timing (GPU): CUDA events around a *pass* over `k` independently made input copi
 exceed L2 several times over (a decode case with 40 KB of inputs gets ~1000 copies): every call reads cold
 inputs. A sample is one pass; per-call time = pass time / k; we report the median and p20/p80 over samples,
 after a warm-up pass. Calls inside a pass are launched back to back, so when a provider is launch-bound the
-host overhead shows in the "events" timing; decode cases are also timed as a CUDA-graph replay of the same
-pass ("cuda-graph" timing): the difference is launch overhead.
+host overhead shows in the "events" timing; lowbit providers are also timed as a CUDA-graph replay of the
+same pass ("cuda-graph" timing, every bucket): the difference is host/launch overhead.
 
 Timing (CPU): wall clock (`time.perf_counter`) around the same passes; labelled "cpu-wallclock". Triton runs
 on a CPU only under TRITON_INTERPRET=1 and only in --quick mode (it is an interpreter: correctness and plumbing,
@@ -366,7 +366,9 @@ def run_case(case: BenchCase, device: torch.device, roof: Roofline, quick: bool,
         arg_sets = [first] + [case.make(device) for _ in range(k - 1)]
     except torch.OutOfMemoryError:
         arg_sets = [first]
-    graph_too = device.type == "cuda" and (case.graph if case.graph is not None else case.bucket == "decode")
+    # Graph replay for every bucket: at decode it shows launch overhead; at prefill it separates the kernel's
+    # time from the eager host path, which on the H200 host (~60-100 us per call) exceeds many prefill kernels.
+    graph_too = device.type == "cuda" and (case.graph if case.graph is not None else True)
     timings = ["events", "cuda-graph"] if graph_too else ["events"]
     if device.type != "cuda":
         timings = ["cpu-wallclock"]

@@ -41,4 +41,4 @@ class BenchCase:
     #                     "quick": only in --quick runs (tiny shapes for the CPU interpreter / CI); "both"
     flops_dtype: str = "bf16"  # which measured compute roof `flops` is held against: "bf16" or "fp8"
     max_copies: int | None = None  # cap on L2-rotation copies of make()'s inputs (None: runner decides)
-    graph: bool | None = None  # also time under CUDA-graph replay (None: yes for the decode bucket)
+    graph: bool | None = None  # also time lowbit providers under CUDA-graph replay (None: yes)
