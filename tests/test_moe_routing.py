@@ -231,3 +231,23 @@ def test_gpu_inductor_compile():
     f = torch.compile(lambda x: ops.moe_route(x, 8, scoring="softmax", renormalize=True).topk_weights * 3,
                       fullgraph=True)
     torch.testing.assert_close(f(x), ops.moe_route(x, 8, scoring="softmax", renormalize=True).topk_weights * 3)
+
+
+@pytest.mark.parametrize("block_t", [1, 16])
+@pytest.mark.parametrize("dist", ["normal", "ties", "extreme"])
+@pytest.mark.parametrize("preset", ["dsv3", "dsv4", "softmax"])
+def test_gpu_configs_match_reference(block_t, dist, preset):
+    """The configs the GPU picks (one row per program up to T = 2048, 16 rows beyond) under the interpreter:
+    the int64 (key, index) selection and the re-read weights give the reference's ids and weights."""
+    from triton_ops.moe_routing import RouteConfig
+    from triton_ops.moe_routing import moe_route as triton_route
+
+    x = _logits(20, 256, dist, 7, torch.float32)
+    x[3, 5] = float("nan")
+    b = torch.from_numpy(np.random.default_rng(8).standard_normal(256).astype(np.float32)) * 0.1
+    args = {"dsv3": (x, b, 8, "sigmoid", True, 2.5, 8, 4), "dsv4": (x, b, 8, "sqrt_softplus", True, 1.5, 1, 1),
+            "softmax": (x, None, 4, "softmax", True, 1.0, 1, 1)}[preset]
+    want = ref.moe_route(*args)
+    ids, w = triton_route(*args, config=RouteConfig(block_t, 4))
+    assert torch.equal(ids, want[0]), f"ids differ [{preset} {dist} block_t={block_t}]"
+    torch.testing.assert_close(w, want[1], **W_TOL, equal_nan=True)

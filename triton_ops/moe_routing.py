@@ -4,8 +4,10 @@ One program owns BLOCK_T whole rows (all E experts of a token in registers), so 
 cross-program step: k rounds of (row max, lowest index holding it), grouped top-k first when asked.
 Contract: dispatch/reference/moe.py (moe_route, moe_hash_route).
 
-Small-M: the grid is cdiv(T, BLOCK_T) and never depends on E; at decode (T <= 64) BLOCK_T covers T in
-1..4 programs, each a single CTA doing its reductions along the row only (no cross-CTA reduction).
+Small-M: the grid is cdiv(T, BLOCK_T) and never depends on E; up to T = 2048 one row per program (T programs),
+each a single CTA doing its reductions along the row only (no cross-CTA reduction). Per row: softmax stats (if
+softmax), G group scores, then k rounds of ONE int64 max over (key bits, -index);
+weights come from re-reading the k chosen logits (see _route_kernel).
 """
 
 from __future__ import annotations
@@ -31,13 +33,12 @@ def _log1p(u):
 
 
 @triton.jit
-def _scores(x, valid, SCORING: tl.constexpr):
-    """fp32 scores of fp32 logits (invalid lanes hold -inf and score 0)."""
+def _score_of(x, m, den, SCORING: tl.constexpr):
+    """fp32 score of fp32 logits, elementwise (softmax: m = row max, den = sum of exp(x - m) over the row). The
+    one formula both the full rows (bias keys, softmax sums) and the k selected logits go through, so a weight
+    computed from a re-read logit is bit-identical to the score the row held."""
     if SCORING == 0:
-        m = tl.max(x, 1)
-        ex = tl.exp(x - m[:, None])
-        ex = tl.where(valid, ex, 0.0)
-        s = tl.math.div_rn(ex, tl.sum(ex, 1)[:, None])
+        s = tl.math.div_rn(tl.exp(x - m), den)
     elif SCORING == 1:
         s = tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + tl.exp(-x))
     else:
@@ -45,7 +46,15 @@ def _scores(x, valid, SCORING: tl.constexpr):
         # max(x, 0) + log1p(exp(-|x|)).
         sp = tl.maximum(x, 0.0) + _log1p(tl.exp(-tl.abs(x)))
         s = tl.sqrt_rn(tl.where(x > 20.0, x, sp))
-    return tl.where(valid, s, 0.0)
+    return s
+
+
+@triton.jit
+def _softmax_stats(x, valid):
+    """Row max and sum of exp(x - max) over the valid lanes (invalid lanes hold -inf)."""
+    m = tl.max(x, 1)
+    ex = tl.where(valid, tl.exp(x - m[:, None]), 0.0)
+    return m, tl.sum(ex, 1)
 
 
 @triton.jit
@@ -60,32 +69,32 @@ def _route_kernel(
     cols = tl.arange(0, BLOCK_E)
     rmask = rows < T
     valid = rmask[:, None] & (cols < E)[None, :]
-    x = tl.load(logits_ptr + rows.to(tl.int64)[:, None] * stride_l + cols[None, :], mask=valid,
-                other=float("-inf")).to(tl.float32)
-    s = _scores(x, valid, SCORING)
+    row_ptr = logits_ptr + rows.to(tl.int64) * stride_l
+    x = tl.load(row_ptr[:, None] + cols[None, :], mask=valid, other=float("-inf")).to(tl.float32)
+    m = tl.zeros([BLOCK_T], tl.float32)
+    den = tl.full([BLOCK_T], 1.0, tl.float32)
+    if SCORING == 0:
+        m, den = _softmax_stats(x, valid)
     kcols = tl.arange(0, KP)
     ids = tl.zeros([BLOCK_T, KP], tl.int32)
-    ws = tl.zeros([BLOCK_T, KP], tl.float32)
     if HASH:
         tok = tl.load(tok_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        for j in tl.static_range(K):
-            idx = tl.load(table_ptr + tok * K + j, mask=rmask, other=0).to(tl.int32)
-            w = tl.sum(tl.where(cols[None, :] == idx[:, None], s, 0.0), 1)
-            ids = tl.where(kcols[None, :] == j, idx[:, None], ids)
-            ws = tl.where(kcols[None, :] == j, w[:, None], ws)
+        kmask = rmask[:, None] & (kcols < K)[None, :]
+        ids = tl.load(table_ptr + tok[:, None] * K + kcols[None, :], mask=kmask, other=0).to(tl.int32)
     else:
         if HAS_BIAS:
             b = tl.load(bias_ptr + cols, mask=cols < E, other=0.0).to(tl.float32)
-            key = s + b[None, :]
+            key = _score_of(x, m[:, None], den[:, None], SCORING) + b[None, :]
         else:
             key = x  # every scoring is monotone in the logit: select on it (exact, no rounding ties)
         key = tl.where(key != key, float("-inf"), key)
+        key = tl.where(valid, key, float("-inf"))
         avail = valid
         if G > 1:
             grp = cols // group_size
             gcols = tl.arange(0, GP)
             gscore = tl.full([BLOCK_T, GP], float("-inf"), tl.float32)
-            for g in tl.static_range(G):
+            for g in tl.static_range(G):  # ([rows, G, E/G] reshape + one reduction: 5x the SASS, spills; tried)
                 in_g = valid & (grp == g)[None, :]
                 m1 = tl.max(tl.where(in_g, key, float("-inf")), 1)
                 if HAS_BIAS:  # top-2 sum: drop the first (lowest-index) max, take the max again
@@ -96,19 +105,28 @@ def _route_kernel(
             gavail = (gcols < G)[None, :] & rmask[:, None]
             chosen = tl.zeros([BLOCK_T, BLOCK_E], tl.int1)
             for _ in tl.static_range(TOPG):
-                m = tl.max(tl.where(gavail, gscore, float("-inf")), 1)
-                gi = tl.min(tl.where(gavail & (gscore == m[:, None]), gcols[None, :], BIG), 1)
+                mg = tl.max(tl.where(gavail, gscore, float("-inf")), 1)
+                gi = tl.min(tl.where(gavail & (gscore == mg[:, None]), gcols[None, :], BIG), 1)
                 gavail = gavail & (gcols[None, :] != gi[:, None])
                 chosen = chosen | (grp[None, :] == gi[:, None])
             avail = avail & chosen
+        # One int64 max per round picks (largest key, lowest index): the key's bits made order-preserving as a
+        # signed int (negative floats: flip the 31 low bits; -0 made +0 first so it ties with +0) in the high
+        # word, BLOCK_E - col in the low word. Unavailable lanes hold INT64_MIN, below every packed key.
+        kb = tl.where(key == 0.0, 0.0, key).to(tl.int32, bitcast=True)
+        kb = kb ^ ((kb >> 31) & 0x7FFFFFFF)
+        packed = (kb.to(tl.int64) << 32) | (BLOCK_E - cols).to(tl.int64)[None, :]
+        packed = tl.where(avail, packed, -9223372036854775807 - 1)
         for j in tl.static_range(K):
-            m = tl.max(tl.where(avail, key, float("-inf")), 1)
-            idx = tl.min(tl.where(avail & (key == m[:, None]), cols[None, :], BIG), 1)
-            hit = cols[None, :] == idx[:, None]
-            w = tl.sum(tl.where(hit, s, 0.0), 1)
-            avail = avail & (~hit)
+            p = tl.max(packed, 1)
+            idx = BLOCK_E - p.to(tl.int32)  # the low word (truncation keeps it)
+            packed = tl.where(cols[None, :] == idx[:, None], -9223372036854775807 - 1, packed)
             ids = tl.where(kcols[None, :] == j, idx[:, None], ids)
-            ws = tl.where(kcols[None, :] == j, w[:, None], ws)
+    # Weights: the scores of the k chosen logits, re-read (k words per row, L1/L2-resident) and scored by the
+    # same formula as the row, instead of k masked row sums. Out-of-range hash ids weigh 0 (as before).
+    inr = rmask[:, None] & (kcols < K)[None, :] & (ids >= 0) & (ids < E)
+    xg = tl.load(row_ptr[:, None] + ids, mask=inr, other=0.0).to(tl.float32)
+    ws = tl.where(inr, _score_of(xg, m[:, None], den[:, None], SCORING), 0.0)
     if RENORM:
         ws = tl.math.div_rn(ws, tl.sum(ws, 1)[:, None])
     ws = ws * scaling
@@ -125,11 +143,17 @@ class RouteConfig:
 
 
 def pick_route_config(t: int, e: int, device: torch.device) -> RouteConfig:
-    """~4K fp32 logits per program (32 per thread at 4 warps) keeps the k selection rounds in registers;
-    T <= 64 at E = 256 is then 4 programs (16 rows each). The interpreter pays per program: one for T <= 64."""
+    """One row per program while that fills at most one wave (T <= 2048: 132 SMs x 16 resident 4-warp CTAs on
+    H100/H200): the router is latency-bound (a chain of row reductions per token), so more programs with short
+    chains beat fewer with long ones. On the H200 at T=64, E=256 (dsv3 groups), CUDA-graph replay: 16 rows per
+    program (4 programs) 32.6 us, one row per program (64 programs) 8.1 us. Beyond one wave, ~4K fp32 logits per
+    program (32 per thread at 4 warps) amortise the per-program work. The interpreter pays per program: one
+    program for T <= 64."""
     block_e = next_pow2(max(e, 1))
     if device.type == "cpu":
         return RouteConfig(min(64, next_pow2(max(t, 1))), 4)
+    if t <= 2048:
+        return RouteConfig(1, 4)
     block_t = max(1, min(next_pow2(max(t, 1)), 4096 // block_e))
     return RouteConfig(block_t, 4 if block_t * block_e <= 4096 else 8)
 

@@ -12,6 +12,8 @@ Throughput (T = 8192, 32768): gather / combine at DeepSeek-V4 (hidden 7168, E = 
 
 Bytes models (what each op must move, read + written once):
 * router: logits T*E fp32 (+ bias E fp32) in; ids + weights T*k*(4 + 4) out.
+* hash router: the T*k selected logits (fp32; a kernel reads only those, not whole rows), T int64 token ids and
+  the T table rows T*k int32 in; ids + weights T*k*(4 + 4) out.
 * align: ids T*k int32 in; inv_rows T*k int32, sorted_token_ids + m_indices cap*4 each, expert_ids cap/bm*4,
   offsets (E+1)*4, counts E*4, total 4 out. masked: ids in; inv_rows, src_rows E*max_m*4, masked_m + counts out.
 * gather: every real entry reads its token row (T*k rows, once per (token, slot)); every one of the cap output
@@ -42,6 +44,8 @@ MODELS = {  # gather / combine prefill shapes: label -> (hidden, E, k)
     "dsv4": (7168, 256, 8),
     "gpt-oss": (2880, 128, 4),
 }
+HASH_T = (1, 64, 8192)  # DeepSeek-V4 hash layers: decode and one prefill batch
+HASH_VOCAB = 129280  # DeepSeek-V4 vocabulary: the table is [vocab, k] int32
 ALIGN_BM = 128  # DeepGEMM m-grouped contiguous block (the layout gather / combine use)
 
 
@@ -63,6 +67,10 @@ def _route_check(got, want):
 
 def router_bytes(t: int, e: int, k: int, bias: bool) -> int:
     return t * e * 4 + (e * 4 if bias else 0) + t * k * 8
+
+
+def hash_router_bytes(t: int, k: int) -> int:
+    return t * k * 4 + t * 8 + t * k * 4 + t * k * 8
 
 
 def align_bytes(t: int, e: int, k: int, bm: int) -> int:
@@ -105,6 +113,26 @@ def _router_cases() -> list[BenchCase]:
                 lambda i, b, kw=kw, k=k: tuple(ops.moe_route(i["x"], k, bias=i["bias"], backend=b, **kw)),
                 lambda i, a=args: ref.moe_route(*a(i)), _route_check,
                 bytes_moved=router_bytes(t, e, k, bias), peers=peers))
+    return out
+
+
+def _hash_router_cases() -> list[BenchCase]:
+    """DeepSeek-V4 hash routing (E = 256, k = 8): sqrt_softplus scores of the table's experts, renormalized."""
+    out = []
+    kw = dict(scoring="sqrt_softplus", renormalize=True, routed_scaling=1.5)
+    for t in HASH_T:
+        def make(device, t=t):
+            return {"x": torch.randn(t, E, device=device) * 2,
+                    "tok": torch.randint(0, HASH_VOCAB, (t,), device=device),
+                    "table": torch.randint(0, E, (HASH_VOCAB, K), device=device, dtype=torch.int32)}
+
+        out.append(BenchCase(
+            "moe_hash_route", f"T={t} E={E} k={K} vocab={HASH_VOCAB} sqrt_softplus", "decode" if t <= 64 else "prefill",
+            dict(T=t, E=E, k=K, vocab=HASH_VOCAB, **kw), make,
+            lambda i, b: tuple(ops.moe_hash_route(i["x"], i["tok"], i["table"], backend=b, **kw)),
+            lambda i: ref.moe_hash_route(i["x"], i["tok"], i["table"], kw["scoring"], kw["renormalize"],
+                                         kw["routed_scaling"]),
+            _route_check, bytes_moved=hash_router_bytes(t, K)))  # 4 MB table per copy: the runner makes ~47
     return out
 
 
@@ -174,5 +202,5 @@ def gather_combine_cases(shapes=None, tier: str = "full") -> list[BenchCase]:
 
 def cases() -> list[BenchCase]:
     # quick tier: the same cases at T = 1 (the CPU interpreter; --quick otherwise picks the smallest prefill)
-    return _router_cases() + _align_cases() + gather_combine_cases() + \
+    return _router_cases() + _hash_router_cases() + _align_cases() + gather_combine_cases() + \
         gather_combine_cases([(1, "dsv4")], tier="quick")

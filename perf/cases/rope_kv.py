@@ -1,6 +1,11 @@
 """Benchmark cases: RoPE (Llama NeoX full head, DeepSeek-V4 GPT-J last 64 of 512 inverse), the fused DeepSeek
 RoPE + FP8 quant + paged append (V3.2 and V4 layouts, q's RoPE in the same launch), and the generic paged FP8
-write (GPT-OSS kv heads). Decode cases (T <= 64) are also timed under CUDA-graph replay by the runner."""
+write (GPT-OSS kv heads), and the two cache gathers (DeepSeek V3.2 / V4 -> bf16, generic FP8 -> bf16). Decode cases
+(T <= 64) are also timed under CUDA-graph replay by the runner.
+
+Gather bytes model (what a gather must move): the cache bytes of the gathered slots (DeepSeek: E4M3 NoPE + tile
+scales + bf16 RoPE, the V4 per-block scale padding byte not counted; generic: E4M3 codes + fp32 per-(token, head)
+scales), the bf16 rows written, and the int64 slot ids read."""
 
 from __future__ import annotations
 
@@ -12,6 +17,13 @@ from dispatch.reference import rope as rref
 from dispatch.selfcheck import byte_mismatches
 from perf import peers
 from perf.cases.base import BenchCase
+
+
+def _exact_floats(got, want):
+    """Gathers are one rounding of code * scale: bit-exact with the reference (NaN where the reference has NaN)."""
+    bad = byte_mismatches(got, want)  # NaN payloads canonicalized (logical_bytes)
+    if bad:
+        raise AssertionError(f"{bad} bytes differ from the reference")
 
 
 def _same(got, want):
@@ -129,6 +141,25 @@ def _ds_write_case(bucket, t, layout):
                      bytes_moved=t * L.d * 2 + t * L.token_bytes + t * 8)
 
 
+def _ds_gather_case(bucket, t, layout, block_size=64):
+    """Read back t slots (a random permutation of the filled ones) of a cache that holds exactly those t tokens."""
+    L = kref.DS_LAYOUTS[layout]
+    p = dict(T=t, layout=layout, d=L.d, dtype="bf16")
+
+    def make(device):
+        nb = -(-t // block_size) + 1
+        slots = torch.randperm(nb * block_size, device=device)[:t]
+        cache = kref.ds_kv_cache_empty(nb, block_size, layout, device)
+        kref.ds_kv_write(torch.randn(t, L.d, device=device, dtype=torch.bfloat16), slots, cache, layout)
+        return {"cache": cache, "slots": slots[torch.randperm(t, device=device)]}
+
+    token_read = L.d_nope + L.num_tiles * L.scale_bytes + 2 * kref.DS_ROPE  # 656 B (V3.2), 583 B (V4)
+    return BenchCase("ds_kv_gather", f"T={t} {layout} -> bf16", bucket, p, make,
+                     lambda i, b: ops.ds_kv_gather(i["cache"], i["slots"], layout=layout, backend=b),
+                     lambda i: kref.ds_kv_gather(i["cache"], i["slots"], layout, torch.bfloat16), _exact_floats,
+                     bytes_moved=t * token_read + t * L.d * 2 + t * 8)
+
+
 # ------------------------------------------------------------------------------------------ generic
 
 
@@ -154,12 +185,30 @@ def _paged_case(bucket, t, h, d):
                      bytes_moved=t * h * d * 3 + t * h * 4 + t * 8)
 
 
+def _paged_gather_case(bucket, t, h, d, block_size=16):
+    p = dict(T=t, H=h, D=d, dtype="bf16", scales="dynamic")
+
+    def make(device):
+        nb = -(-t // block_size) + 1
+        slots = torch.randperm(nb * block_size, device=device)[:t]
+        cache = torch.zeros(nb, block_size, h, d, device=device, dtype=torch.uint8)
+        sc = torch.zeros(nb, block_size, h, device=device)
+        kref.paged_kv_write_fp8(torch.randn(t, h, d, device=device, dtype=torch.bfloat16), slots, cache, None, sc)
+        return {"cache": cache, "sc": sc, "slots": slots[torch.randperm(t, device=device)]}
+
+    return BenchCase("paged_kv_gather_fp8", f"T={t} H={h} D={d} dynamic -> bf16", bucket, p, make,
+                     lambda i, b: ops.paged_kv_gather_fp8(i["cache"], i["slots"], scale_cache=i["sc"], backend=b),
+                     lambda i: kref.paged_kv_gather_fp8(i["cache"], i["slots"], None, i["sc"], torch.bfloat16),
+                     _exact_floats, bytes_moved=t * h * (d + 4) + t * h * d * 2 + t * 8)
+
+
 def cases() -> list[BenchCase]:
     out = []
     for bucket, t in (("decode", 64), ("prefill", 16384)):  # representative shapes (perf/NOTES.md: device budget)
         out += [_rope_cases(bucket, t, 32, 8, 128), _rope_dsv4(bucket, t, 64)]
         for layout in ("v32", "v4"):
-            out += [_fused_case(bucket, t, 16 if bucket == "decode" else 64, layout), _ds_write_case(bucket, t, layout)]
-        out.append(_paged_case(bucket, t, 8, 64))
+            out += [_fused_case(bucket, t, 16 if bucket == "decode" else 64, layout), _ds_write_case(bucket, t, layout),
+                    _ds_gather_case(bucket, t, layout)]
+        out += [_paged_case(bucket, t, 8, 64), _paged_gather_case(bucket, t, 8, 64)]
     out.append(_rope_cases("prefill", 16384, 64, 8, 128))  # the anchors' 16384x64x128 shape
     return out
