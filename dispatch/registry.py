@@ -54,31 +54,14 @@ class Entry:
 
     def refusal(self, arch: str, args: tuple, kwargs: dict) -> str | None:
         """Why this entry cannot run this call, or None."""
-        static = _static_refusal(self, arch)
-        if static:
-            return static
+        if arch not in self.archs:
+            return f"arch {arch} not in {'/'.join(self.archs)}"
+        unavailable = backend_unavailable(self.backend, arch)  # cached per backend below (_import_failure, cute)
+        if unavailable:
+            return unavailable
         if self.supports is not None:
             return _load(self.supports)(*args, **kwargs)
         return None
-
-
-_STATIC_REFUSALS: dict[tuple[int, str], tuple[Entry, str | None]] = {}
-
-
-def _static_refusal(entry: Entry, arch: str) -> str | None:
-    """The part of a refusal that depends only on (entry, arch): remembered for GPU archs, since `select` runs
-    on every eager call. Host tensors are not cached: the interpreter's availability follows TRITON_INTERPRET."""
-    key = (id(entry), arch)  # id: hashing the dataclass's fields costs more than the lookup saves
-    hit = _STATIC_REFUSALS.get(key)
-    if hit is not None and hit[0] is entry:
-        return hit[1]
-    if arch not in entry.archs:
-        reason = f"arch {arch} not in {'/'.join(entry.archs)}"
-    else:
-        reason = backend_unavailable(entry.backend, arch)
-    if arch != "cpu":
-        _STATIC_REFUSALS[key] = (entry, reason)  # the entry is kept alive, so its id is never reused
-    return reason
 
 
 @functools.cache
@@ -171,17 +154,6 @@ def _device_of(args: tuple) -> torch.device:
     return torch.device("cpu")
 
 
-_RANKED: dict[int, tuple[list[Entry], list[Entry]]] = {}
-
-
-def _ranked(entries: list[Entry]) -> list[Entry]:
-    """`entries` by descending priority, sorted once per table list (select runs on every eager call)."""
-    hit = _RANKED.get(id(entries))
-    if hit is None or hit[0] is not entries or len(hit[1]) != len(entries):
-        hit = _RANKED[id(entries)] = (entries, sorted(entries, key=lambda e: -e.priority))
-    return hit[1]
-
-
 def select(entries: list[Entry], op: str, backend: str, args: tuple, kwargs: dict) -> Entry:
     """Pick the entry that runs this call (see module docstring for the rules)."""
     _check_backend_name(backend)
@@ -191,7 +163,7 @@ def select(entries: list[Entry], op: str, backend: str, args: tuple, kwargs: dic
         if forced is not None:
             backend, source = forced
     arch = arch_of(_device_of(args))
-    ranked = _ranked(entries)
+    ranked = sorted(entries, key=lambda e: -e.priority)
     refusals: list[str] = []
     for entry in ranked:
         if backend != "auto" and entry.backend != backend:

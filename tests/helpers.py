@@ -82,3 +82,20 @@ def assert_same_bytes(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
         i = int(bad[0])
         raise AssertionError(f"{what}: {len(bad)}/{a.numel()} bytes differ; first at flat byte {i}: "
                              f"got {int(a[i]):#04x}, want {int(b[i]):#04x}")
+
+
+def assert_graph_replay_matches_eager(fn, what: str = "graph replay") -> None:
+    """Capture `fn` (a lowbit call) in a CUDA graph, replay it, and require the same bytes as an eager call, for
+    every tensor in its (possibly nested) output; a None output (e.g. no new residual) must be None in both."""
+    eager = fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    g.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(eager), strict=True):
+        if a is None or b is None:
+            assert a is None and b is None, what
+            continue
+        assert_same_bytes(a, b, what)

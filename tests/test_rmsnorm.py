@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 from dispatch import ops
 from dispatch.checks import LowbitInputError
 from dispatch.reference import rmsnorm as ref
-from tests.helpers import DEVICES, FLOAT_DTYPES, assert_same_bytes, float_inputs, make_values
+from tests.helpers import (
+    DEVICES,
+    FLOAT_DTYPES,
+    assert_graph_replay_matches_eager,
+    assert_same_bytes,
+    float_inputs,
+    make_values,
+)
 
 QUANTS = ("none", "fp8_group", "mxfp4", "nvfp4")
 # bound on |y - exact| / |exact|: half an ulp of the output dtype; fp32 adds its 3 intermediate roundings
@@ -237,18 +244,7 @@ def test_rms_norm_cuda_graph():
            lambda: ops.rms_norm_fp8_group(x, w, 1e-6, group_size=64),
            lambda: ops.rms_norm(x, w, 1e-6, residual=r)]
     for fn in fns:
-        eager = fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = fn()
-        g.replay()
-        torch.cuda.synchronize()
-        for a, b in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(eager), strict=True):
-            if a is None or b is None:  # no residual -> no new residual
-                assert a is None and b is None
-                continue
-            assert_same_bytes(a, b, "graph replay")
+        assert_graph_replay_matches_eager(fn)
 
 
 @pytest.mark.gpu

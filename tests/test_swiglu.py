@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from dispatch import ops
 from dispatch.checks import LowbitInputError
 from dispatch.reference import swiglu as ref
-from tests.helpers import DEVICES, as_bytes, assert_same_bytes, make_values
+from tests.helpers import DEVICES, as_bytes, assert_graph_replay_matches_eager, assert_same_bytes, make_values
 
 QUANTS = ("none", "fp8_group", "mxfp4", "nvfp4")
 HALF_ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-23}
@@ -232,15 +232,7 @@ def test_swiglu_cuda_graph():
            lambda: ops.swiglu_fp8_group(x, expert_ids=ids),
            lambda: ops.swiglu(x, interleave=1, activation="gptoss", limit=7.0)]
     for fn in fns:
-        eager = fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = fn()
-        g.replay()
-        torch.cuda.synchronize()
-        for a, b in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(eager), strict=True):
-            assert_same_bytes(a, b, "graph replay")
+        assert_graph_replay_matches_eager(fn)
 
 
 @pytest.mark.gpu

@@ -1,5 +1,5 @@
-"""GPU probe: MoE combine (new one-token tiles, fp fusion off) vs the previous [4, 1024] tile kernel, gather tile
-choices, and the align single-launch vs three-launch paths at decode. Bare launchers, CUDA events, < 40 s.
+"""GPU probe: MoE combine column tiles, gather tile choices, and the align single-launch vs three-launch paths at
+decode. Bare launchers, CUDA events (perf.runner.time_passes), < 40 s.
 
 Run: PYTHONPATH=$PWD python perf/probes/moe_variants.py   (prints one line per variant: us and GB/s)
 Verifies bytes against the reference on a small shape first.
@@ -9,67 +9,22 @@ Verifies bytes against the reference on a small shape first.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from dispatch.reference import moe as ref
+from perf.runner import measure_roofline, time_passes
 from triton_ops import moe_align as tri
 
-
-@triton.jit
-def _combine_old(eo_ptr, inv_ptr, w_ptr, out_ptr, T, N, stride_eo, K: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
-    """The kernel before session 2 (no shared input, bf16 out): [BLOCK_T, BLOCK_N] tiles, FMA contraction on."""
-    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    tmask = toks < T
-    cmask = (cols < N)[None, :]
-    acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
-    for j in tl.static_range(K):
-        r = tl.load(inv_ptr + toks * K + j, mask=tmask, other=-1)
-        ok = r >= 0
-        w = tl.where(ok, tl.load(w_ptr + toks * K + j, mask=tmask, other=0.0).to(tl.float32), 0.0)
-        v = tl.load(eo_ptr + r.to(tl.int64)[:, None] * stride_eo + cols[None, :], mask=ok[:, None] & cmask,
-                    other=0.0).to(tl.float32)
-        acc += w[:, None] * v
-    tl.store(out_ptr + toks.to(tl.int64)[:, None] * N + cols[None, :], acc.to(tl.bfloat16),
-             mask=tmask[:, None] & cmask)
+DEVICE = torch.device("cuda")
 
 
-def combine_old(eo, inv, w):
-    t, k = inv.shape
-    n = eo.shape[1]
-    out = torch.empty(t, n, dtype=torch.bfloat16, device=eo.device)
-    bn = min(triton.next_power_of_2(n), 1024)
-    br = max(1, min(triton.next_power_of_2(t), 4096 // bn))
-    _combine_old[(triton.cdiv(t, br), triton.cdiv(n, bn))](eo, inv, w, out, t, n, eo.stride(0), K=k, BLOCK_T=br,
-                                                          BLOCK_N=bn, num_warps=4)
-    return out
-
-
-def bench(fn, reps=20):
-    fn()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
-    return sorted(times)[len(times) // 2]
+def bench(fn):
+    """Median us per eager call (perf.runner.time_passes: CUDA events, warm-up excluded)."""
+    return time_passes(lambda _: fn(), [None], DEVICE).median_us
 
 
 def graph_us(fn, calls=200):
     """Per-call GPU time of `fn` replayed in a CUDA graph of `calls` back-to-back calls (launch-bound decode)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return bench(g.replay, 5) / calls
+    return time_passes(lambda _: fn(), [None] * calls, DEVICE, graph=True).median_us
 
 
 def layout(t, e, k, bm, dev):
@@ -78,13 +33,10 @@ def layout(t, e, k, bm, dev):
 
 
 def main():
-    dev = torch.device("cuda")
+    dev = DEVICE
     torch.manual_seed(0)
-    copy_src = torch.empty(1 << 29, dtype=torch.bfloat16, device=dev)
-    copy_dst = torch.empty_like(copy_src)
-    cu = bench(lambda: copy_dst.copy_(copy_src))
-    copy_gbps = 2 * copy_src.numel() * 2 / cu / 1e3
-    print(f"copy 2x1 GiB: {cu:.0f} us {copy_gbps:.0f} GB/s")
+    copy_gbps = measure_roofline(dev).copy_gbps
+    print(f"copy 2x1 GiB (perf.runner.measure_roofline): {copy_gbps:.0f} GB/s")
 
     # verify on a small shape first
     ids, lay = layout(37, 64, 4, 16, dev)
@@ -92,7 +44,7 @@ def main():
     w = torch.rand(37, 4, device=dev)
     want = ref.moe_combine(eo, lay[6], w, None, torch.bfloat16)
     assert torch.equal(tri.moe_combine(eo, lay[6], w, None, torch.bfloat16).view(torch.int16),
-                       want.view(torch.int16)), "new combine differs from the reference"
+                       want.view(torch.int16)), "combine differs from the reference"
     x = torch.randn(37, 200, device=dev, dtype=torch.bfloat16)
     for tile in (None, (8, 256, 4)):
         assert torch.equal(tri.moe_gather(x, lay[0], 4, tile=tile), ref.moe_gather(x, lay[0], 4)), tile
@@ -109,9 +61,8 @@ def main():
             eo = torch.randn(cap, hidden, device=dev, dtype=torch.bfloat16)
             w = torch.rand(t, k, device=dev)
             cb = t * k * hidden * 2 + t * hidden * 2 + t * k * 8
-            for name, fn in (("combine old [4,1024] fma", lambda: combine_old(eo, lay[6], w)),
-                             ("combine new 1x1024 nofma", lambda: tri.moe_combine(eo, lay[6], w, None, torch.bfloat16)),
-                             ("combine new 1x2048 nofma", lambda: tri.moe_combine(eo, lay[6], w, None, torch.bfloat16,
+            for name, fn in (("combine 1x1024 nofma", lambda: tri.moe_combine(eo, lay[6], w, None, torch.bfloat16)),
+                             ("combine 1x2048 nofma", lambda: tri.moe_combine(eo, lay[6], w, None, torch.bfloat16,
                                                                                 block_n=2048))):
                 us = bench(fn)
                 print(f"{model} T={t} {name}: {us:.1f} us {cb / us / 1e3:.0f} GB/s "
@@ -133,7 +84,7 @@ def main():
         eo = torch.randn(ref.contiguous_capacity(t * 8, 256, 128), 7168, device=dev, dtype=torch.bfloat16)
         _, lay = layout(t, 256, 8, 128, dev)
         w = torch.rand(t, 8, device=dev)
-        print(f"decode T={t} combine N=7168 old: {graph_us(lambda: combine_old(eo, lay[6], w)):.2f} us, new: "
+        print(f"decode T={t} combine N=7168: "
               f"{graph_us(lambda: tri.moe_combine(eo, lay[6], w, None, torch.bfloat16)):.2f} us (graph)")
 
 
