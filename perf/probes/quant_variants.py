@@ -209,6 +209,7 @@ def main():
             _same("fp8 8192^2", Q8.fp8_group_quantize(x, 128, 1e-10, False, False), ref.fp8_group_quantize(x, 128, 1e-10, False, False))
         print(f"M={m} K={k} bf16 (CUDA-graph replay, 10 calls per graph)")
         line("nvfp4 given-gs swizzled: current launcher", graph_us(lambda: Q4.nvfp4_quantize(x, gs, True), reps), nv_b)
+        line("nvfp4 given-gs linear: current launcher", graph_us(lambda: Q4.nvfp4_quantize(x, gs, False), reps), nv_b)
         line("nvfp4 computed-gs linear: current (amax + quant)", graph_us(lambda: Q4.nvfp4_quantize(x, None, False), reps), nv_b)
         line("  amax pass alone (GB/s of x read)", graph_us(lambda: amax_pass(x), reps), xb)
         line("mxfp4 floor linear: current launcher", graph_us(lambda: Q4.mxfp4_quantize(x, "floor", False), reps), mx_b)
@@ -226,8 +227,10 @@ def main():
         if not args.sweep or m != SHAPES[0][0]:
             continue
         print("  tile sweep (BLOCK_M x BLOCK_K, warps), current kernels:")
-        for bm, bk, nw in ((2, 2048, 4), (4, 1024, 4), (4, 2048, 4), (4, 2048, 8), (8, 1024, 8), (8, 2048, 8), (1, 2048, 4)):
+        for bm, bk, nw in ((2, 2048, 4), (4, 1024, 4), (4, 2048, 4), (4, 2048, 8), (8, 1024, 8), (8, 2048, 8), (1, 2048, 4),
+                           (8, 1024, 4), (16, 1024, 8), (2, 4096, 8), (1, 4096, 4), (2, 1024, 2), (4, 512, 2)):
             line(f"    nvfp4 given-gs swizzled {bm}x{bk} w{nw}", graph_us(lambda: new_fp4_tile(x, bm, bk, nw, is_mx=False, swizzle=True, global_scale=gs), reps), nv_b)
+            line(f"    nvfp4 given-gs linear   {bm}x{bk} w{nw}", graph_us(lambda: new_fp4_tile(x, bm, bk, nw, is_mx=False, swizzle=False, global_scale=gs), reps), nv_b)
             line(f"    mxfp4 floor linear      {bm}x{bk} w{nw}", graph_us(lambda: new_fp4_tile(x, bm, bk, nw, is_mx=True, swizzle=False), reps), mx_b)
             line(f"    fp8 g128                {bm}x{bk} w{nw}", graph_us(lambda: fp8_tile(x, bm, bk, nw), reps), f8_b)
 
