@@ -134,6 +134,24 @@ def test_rms_norm_model_dims(device, n):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gs", [0.0, float("nan"), 1e-35, -0.003, float("inf")])
+def test_rms_norm_nvfp4_degenerate_global_scale(device, gs):
+    """Pins the fused NVFP4 epilogue's exact per-element path: a zero, tiny (|1/gs| >= 2^100) or NaN global
+    scale can make single elements of y * inv NaN (0 * Inf, Inf * 0), which its per-block fast encode does not
+    handle; with y holding +-Inf (huge weights), a NaN row, -0 and negatives, bytes must still match."""
+    x = make_values(4, 64, "normal", 3)
+    x[0, 7], x[0, 8] = 8.0, -8.0  # with w = 3e38 there: y = +-Inf
+    x[1, 5] = float("nan")
+    x[2, 3] = -0.0
+    x = x.bfloat16()
+    w = torch.ones(64, dtype=torch.bfloat16)
+    w[7] = w[8] = 3e38
+    for layout in ("linear", "swizzled"):
+        got, want = _both("nvfp4", x, w, 1e-6, None, 0.0, device, layout=layout, gs=torch.tensor(gs))
+        _assert_all(got, want, f"nvfp4 gs={gs} {layout}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rms_norm_nan_inf(device):
     """NaN anywhere in a row -> that row's y is all NaN (the sum of squares is NaN); +-Inf -> the Inf lane is
     NaN (Inf * rstd 0), the others 0. Quantized: the foundation rules for NaN blocks. Other rows unaffected."""

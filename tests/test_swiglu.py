@@ -143,6 +143,29 @@ def test_swiglu_gptoss_matches_model_code(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_swiglu_nvfp4_degenerate_expert_scales(device):
+    """Per-expert NVFP4 global scales of 0, NaN and a tiny one (the fused epilogue's exact per-element path)
+    next to a normal expert and padding rows (which must stay zero bytes whatever path their tile takes); y
+    holds +-Inf, +-0 and negatives. Gates are >= 20 or <= -100, where silu is g or -0 whatever exp's last bit,
+    so y is exact on every backend and the bytes must equal the reference's."""
+    g = torch.Generator().manual_seed(5)
+    gate = torch.where(torch.rand(12, 64, generator=g) < 0.5, torch.rand(12, 64, generator=g) * 40 + 20,
+                       -100.0 - torch.rand(12, 64, generator=g) * 100)
+    up = torch.randn(12, 64, generator=g)
+    gate[0, 2], up[0, 2] = 3e38, 3e38  # y = +Inf
+    gate[5, 9], up[5, 9] = 3e38, -3e38  # y = -Inf
+    x = torch.cat([gate, up], 1).bfloat16()
+    ids = torch.tensor([0, 0, -1, 1, 1, 2, 2, -1, 3, 3, 3, -1], dtype=torch.int32)
+    gs = torch.tensor([0.0, float("nan"), 1e-35, 0.01])
+    for layout in ("linear", "swizzled"):
+        got = _quant_call("nvfp4", x.to(device), "triton", layout, gs.to(device), expert_ids=ids.to(device))
+        want = _quant_call("nvfp4", x, "torch", layout, gs, expert_ids=ids)
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert_same_bytes(a.cpu(), b, f"nvfp4 {layout} output {i}")
+    assert int(got[0][2].sum()) == 0 and int(got[1].view(torch.uint8).sum()) > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_swiglu_padding_rows_zero_and_unread(device):
     """Padding rows are never read (NaN there does not leak) and come out as zeros / zero scale bytes."""
     x = _x((6,), 64)

@@ -27,18 +27,17 @@ from dispatch.reference.formats import round_up
 from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_BLOCK, fp4_scales_shape, fp8_scale_storage
 
 from ._formats import (
-    abs_bits,
     amax_nan,
     cast_out,
     e2m1_encode,
     e4m3_encode,
     fp8_group_scale,
-    mxfp4_block_scale,
-    nvfp4_block_scale,
-    pack_nibbles,
+    mxfp4_block_scale_ex,
+    nvfp4_block_scale_ex,
     swizzled_offset_128x4,
 )
 from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
+from .quant_fp4 import _encode_pairs
 
 FMT_NONE, FMT_FP8, FMT_MX, FMT_NV = 0, 1, 2, 3
 GS_NONE, GS_GIVEN, GS_PER_GROUP, GS_FROM_PARTIALS = 0, 1, 2, 3
@@ -93,15 +92,54 @@ def epilogue_geometry(fmt, scales, rows, n, group, swizzle) -> EpilogueGeometry:
 
 
 @triton.jit
-def tile_amax_bits(y, mask, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
-    """Per-row max |dtype(y)| as int bits (NaN-propagating), masked lanes excluded: [BLOCK_M] int32."""
+def out_pairs(y, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, NB: tl.constexpr,
+              HP: tl.constexpr):
+    """y (fp32 [BLOCK_M, 2 * NB * HP]) rounded to OUT_DTYPE, as fp32 pairs (even, odd column) [BLOCK_M, NB, HP]:
+    the quantize kernel's layout (triton_ops/quant_fp4.py), so its per-pair code applies as is. Also returns the
+    pairs' sign word: the high halves of both fp32 words (even's sign at bit 15, odd's at bit 31; one byte
+    permute), what that code reads from a bf16/fp16 input pair word. Rounding keeps the sign, so these are the
+    signs of the rounded outputs. (Not (lo >> 16) | hi: for fp16/fp32 outputs hi's bit 15 is a mantissa bit.
+    Skipping the mask for bf16 saved 8 instructions per row in SASS but cost 6 registers at 8 warps: 70 > 64.)"""
     yr = cast_out(y, OUT_DTYPE, EMULATE).to(tl.float32)
-    return tl.max(tl.where(mask, abs_bits(yr), 0), 1)
+    lo, hi = tl.split(tl.reshape(yr, [BLOCK_M, NB, HP, 2]))
+    w = (lo.to(tl.uint32, bitcast=True) >> 16) | (hi.to(tl.uint32, bitcast=True) & 0xFFFF0000)
+    return lo, hi, w.to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def pair_amax_bits(lo, hi):
+    """max(|lo|, |hi|) as uint32 bits, NaN-propagating (as the quantize kernel: one max.NaN per pair; an unsigned
+    max of these bits then propagates NaN whatever its sign bit, which the caller clears)."""
+    return tl.maximum(tl.abs(lo), tl.abs(hi), propagate_nan=tl.PropagateNan.ALL).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def nvfp4_exact_path(gs, row_ok):
+    """Whether an NVFP4 tile needs the exact per-element E2M1 encode (an int32 scalar, 0 or 1): with |1/gs| <
+    2^100 on every row where row_ok (gs [BLOCK_M] per row), inv = (1/gs)/s32 is finite, NaN only for a whole
+    NaN block and 0 only where |y| * inv cannot be Inf * 0, so q = y * inv is NaN only where the whole block's
+    inv is and the fast encode is exact (the quantize kernel's test; perf/NOTES.md "Session 2: quant kernels").
+    A zero, tiny or NaN gs on a stored row selects the exact path. Callers with one gs for all rows evaluate
+    this once per program."""
+    bad = row_ok & ((tl.abs(tl.math.div_rn(1.0, gs)) < 1.2676506002282294e30) == 0)
+    return tl.max(bad.to(tl.int32), 0)
+
+
+@triton.jit
+def tile_amax_bits(y, row_ok, col_ok, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """Per-row max |dtype(y)| as int bits (NaN-propagating) over the columns where col_ok ([BLOCK_N // 2], per
+    output pair: K is even) and the rows where row_ok ([BLOCK_M]): [BLOCK_M] int32. Masked lanes are excluded,
+    not assumed finite (RMSNorm with eps = 0 makes Inf * 0 there)."""
+    lo, hi, w = out_pairs(y, OUT_DTYPE, EMULATE, BLOCK_M, 1, BLOCK_N // 2)
+    m = pair_amax_bits(lo, hi) & tl.where(col_ok, -1, 0).to(tl.uint32)[None, None, :]
+    rmax = (tl.max(tl.max(m, 2), 1) & 0x7FFFFFFF).to(tl.int32, bitcast=True)
+    return tl.where(row_ok, rmax, 0)
 
 
 @triton.jit
 def quant_epilogue(
-    y, rows, row_in, col0, K, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs,
+    y, rows, row_in, col0, K, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs, gs_exact,
     scale_rows_bound, scale_cols_bound, scale_cols_padded, fp8_eps,
     FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, MX_RCEIL: tl.constexpr,
     SWIZZLE: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
@@ -110,7 +148,8 @@ def quant_epilogue(
     """Round y (fp32 [BLOCK_M, BLOCK_N]) to OUT_DTYPE and store it, plain or quantized.
 
     rows (int64) / row_in: the tile's rows and which of them exist (< M); col0: the tile's first column of
-    a K-wide output row (a multiple of BLOCK_N). gs: fp32 [BLOCK_M] NVFP4 global scale per row.
+    a K-wide output row (a multiple of BLOCK_N). gs: fp32 [BLOCK_M] NVFP4 global scale per row; gs_exact:
+    nvfp4_exact_path(gs, row_in) (NVFP4 only; computed by the caller, once per program where gs is uniform).
     Swizzled scales: programs also cover the padding rows up to scale_rows_bound and the padding columns up
     to scale_cols_padded, writing zero bytes there (GEMMs read them).
     """
@@ -131,19 +170,31 @@ def quant_epilogue(
         smask = row_in[:, None] & (groups < K // GROUP)[None, :]
         tl.store(scale_ptr + rows[:, None] * stride_sm + groups[None, :] * stride_sg, s, mask=smask)
     else:
+        # FP4: the quantize kernel's per-pair math (perf/NOTES.md "Session 2: quant kernels" and "FP4 epilogues")
+        # on the rounded outputs, which are OUT_DTYPE values like that kernel's inputs: amax by max.NaN per pair,
+        # bf16/fp16 amax / 6 by div6_rn, hardware E4M3 block scales off the interpreter, E2M1 by one fp32 add,
+        # signs from the outputs' bits, NaN per block.
         SB: tl.constexpr = 32 if FMT == 2 else 16
         NB: tl.constexpr = BLOCK_N // SB
-        yb = tl.reshape(yr.to(tl.float32), [BLOCK_M, NB, SB])
-        amax = amax_nan(yb, 2)
+        HP: tl.constexpr = SB // 2
+        AMAX16: tl.constexpr = OUT_DTYPE != tl.float32  # amax is a bf16/fp16 value: div6_rn is exact
+        lo, hi, w = out_pairs(y, OUT_DTYPE, EMULATE, BLOCK_M, NB, HP)
+        amax = (tl.max(pair_amax_bits(lo, hi), 2) & 0x7FFFFFFF).to(tl.float32, bitcast=True)  # [BLOCK_M, NB]
         if FMT == 2:
-            sbyte, inv = mxfp4_block_scale(amax, MX_RCEIL)  # the foundation's rules (triton_ops/_formats.py)
+            sbyte, inv = mxfp4_block_scale_ex(amax, MX_RCEIL, AMAX16)
+            # inv: a finite power of two for a finite block (q finite), NaN for a NaN/Inf block
+            packed = _encode_pairs(w, lo, hi, inv, inv == inv, 0)
         else:
-            sbyte, inv = nvfp4_block_scale(amax, gs[:, None])
-        q = yb * inv[:, :, None]
-        packed = pack_nibbles(e2m1_encode(tl.reshape(q, [BLOCK_M, BLOCK_N])), BLOCK_M, BLOCK_N)
-        pcols = col0 // 2 + tl.arange(0, BLOCK_N // 2)
-        pmask = row_in[:, None] & (pcols < K // 2)[None, :]
-        tl.store(out_ptr + rows[:, None] * stride_om + pcols[None, :], packed, mask=pmask)
+            sbyte, inv = nvfp4_block_scale_ex(amax, gs[:, None], EMULATE, AMAX16)
+            if gs_exact == 0:  # see nvfp4_exact_path
+                packed = _encode_pairs(w, lo, hi, inv, inv == inv, 0)
+            else:
+                inv3 = inv[:, :, None]
+                packed = e2m1_encode(lo * inv3) | (e2m1_encode(hi * inv3) << 4)
+        # pair p of block b is output byte col0 / 2 + b * HP + p (the even element in the low nibble)
+        pcols = col0 // 2 + tl.arange(0, NB)[None, :, None] * HP + tl.arange(0, HP)[None, None, :]
+        pmask = row_in[:, None, None] & (pcols < K // 2)
+        tl.store(out_ptr + rows[:, None, None] * stride_om + pcols, packed, mask=pmask)
         scols = col0 // SB + tl.arange(0, NB)
         if SWIZZLE:
             smask = (rows < scale_rows_bound)[:, None] & (scols < scale_cols_padded)[None, :]
@@ -190,6 +241,9 @@ def _rms_norm_kernel(
         gs += fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK)
         if pid == 0:
             tl.store(gs_out_ptr, tl.max(gs, 0))
+    gs_exact = 0
+    if FMT == 3:
+        gs_exact = nvfp4_exact_path(gs, tl.zeros([BLOCK_M], dtype=tl.int32) == 0)  # one gs, every row counts
     acc = tl.zeros([BLOCK_M], dtype=tl.int32)
     row0 = pid.to(tl.int64) * rows_per_prog
     # Software prefetch: the next BLOCK_M rows are loaded before this block's reduction, fp64 rstd tail and
@@ -218,9 +272,10 @@ def _rms_norm_kernel(
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) + w_offset
         y = (hf * rstd[:, None]) * w[None, :]
         if PASS == 1:
-            acc = tl.maximum(acc, tile_amax_bits(y, mask, OUT_DTYPE, EMULATE))
+            acc = tl.maximum(acc, tile_amax_bits(y, row_in, tl.arange(0, BLOCK_N // 2) < N // 2, OUT_DTYPE, EMULATE,
+                                                 BLOCK_M, BLOCK_N))
         else:
-            quant_epilogue(y, rows, row_in, 0, N, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs,
+            quant_epilogue(y, rows, row_in, 0, N, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs, gs_exact,
                            scale_rows_bound, scale_cols_bound, scale_cols_padded, fp8_eps,
                            FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
         x = x_next

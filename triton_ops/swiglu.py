@@ -38,6 +38,7 @@ from .rmsnorm import (
     epilogue_geometry,
     fold_partials,
     min_block,
+    nvfp4_exact_path,
     quant_epilogue,
     tile_amax_bits,
 )
@@ -115,7 +116,16 @@ def _swiglu_kernel(
     # against 0.96 before it; not re-measured with this gating yet).
     a, b, grp, tok = _load_tile(x_ptr, eid_ptr, mm_ptr, row0 + tl.arange(0, BLOCK_M), M, I, cols, cmask, stride_xm,
                                 max_m, INTERLEAVE, PAIR_WORDS, MOE)
-    for m0 in range(0, rows_per_prog, BLOCK_M):
+    # Only the amax pass walks several blocks; elsewhere the loop has one trip. NVFP4 makes it a compile-time
+    # one: with a runtime bound ptxas hoisted the (loop-invariant) math out of the loop and ran both sides of
+    # the epilogue's fast/exact branch for every tile. Not for the other formats: there it moved plain
+    # silu*mul from 43 to 58 registers (fewer CTAs per SM for a kernel at 0.96 of copy; perf/NOTES.md
+    # "Session 2: FP4 epilogues").
+    if PASS == 1 or FMT != 3:
+        loop_rows = rows_per_prog
+    else:
+        loop_rows: tl.constexpr = BLOCK_M
+    for m0 in range(0, loop_rows, BLOCK_M):
         rows = row0 + m0 + tl.arange(0, BLOCK_M)
         row_in = rows < M
         if PASS == 1:  # only the amax pass walks several blocks; elsewhere rows_per_prog == BLOCK_M
@@ -139,14 +149,21 @@ def _swiglu_kernel(
         else:
             y = tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u
         if PASS == 1:
-            acc = tl.maximum(acc, tile_amax_bits(y, tok[:, None] & cmask[None, :], OUT_DTYPE, EMULATE))
+            acc = tl.maximum(acc, tile_amax_bits(y, tok, col0 // 2 + tl.arange(0, BLOCK_N // 2) < I // 2, OUT_DTYPE,
+                                                 EMULATE, BLOCK_M, BLOCK_N))
         else:
-            if GS_MODE == 2:  # one global scale per expert / group; 0 on padding rows -> zero scale bytes
+            if GS_MODE == 2:  # one global scale per expert / group
                 gidx = tl.minimum(tl.maximum(grp, 0), n_gs - 1)
-                gs = tl.load(gs_ptr + gidx, mask=tok, other=0.0)
+                # Padding rows: y is +0 there (zeros in, alpha and limit finite), so any finite gs > 0 gives the
+                # zero bytes they must hold; 1.0 (not 0) keeps them off the epilogue's exact per-element path,
+                # which a zero global scale on a stored row selects for the whole tile.
+                gs = tl.load(gs_ptr + gidx, mask=tok, other=1.0)
             else:
                 gs = tl.zeros([BLOCK_M], dtype=tl.float32) + gs_all
-            quant_epilogue(y, rows, row_in, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs,
+            gs_exact = 0
+            if FMT == 3:
+                gs_exact = nvfp4_exact_path(gs, row_in)
+            quant_epilogue(y, rows, row_in, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs, gs_exact,
                            scale_rows_bound, 0, scale_cols_padded, fp8_eps,
                            FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
         if PASS == 1:
