@@ -51,6 +51,15 @@ _memory: dict[tuple, Callable] = {}
 _lock = threading.Lock()
 
 
+_ENV_RAW = getattr(os.environ, "_data", None)  # os.environ.get of a missing key costs ~2 us (raise + catch)
+_ARCH_ENV_KEY = os.environ.encodekey(ARCH_ENV) if _ENV_RAW is not None else ARCH_ENV
+
+
+def arch_env() -> str | bytes | None:
+    """The raw CUTE_DSL_ARCH value (cheap: for per-call cache keys)."""
+    return _ENV_RAW.get(_ARCH_ENV_KEY) if _ENV_RAW is not None else os.environ.get(ARCH_ENV)
+
+
 def target_arch(device_index: int | None = None) -> str:
     """The compile target: CUTE_DSL_ARCH if set (CPU CI), else the CUDA device's 'sm_XYa'."""
     env = os.environ.get(ARCH_ENV)

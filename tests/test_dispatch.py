@@ -167,3 +167,39 @@ def test_fp4_triton_refuses_odd_row_stride_with_leading_one():
     with pytest.raises(BackendError, match="row stride 33 is odd"):
         ops.nvfp4_quantize(x, backend="triton")
     assert ops.nvfp4_quantize(x).codes.shape == (1, 6, 16)
+
+
+def test_eager_fast_path_remembers_the_choice_per_signature(monkeypatch):
+    """ops._common.call: a repeated eager call with the same metadata skips checks and table choice and runs
+    the backend the first call chose; anything the choice can depend on is part of the signature."""
+    from dispatch.ops import _common
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _common._FAST.clear()
+    x = torch.randn(3, 64)
+    want = ops.nvfp4_quantize(x, backend="torch")
+    for _ in range(2):  # miss, then hit: same bytes
+        got = ops.nvfp4_quantize(x, backend="triton")
+        assert torch.equal(got.codes, want.codes) and torch.equal(got.scales, want.scales)
+    remembered = {k[0] for k in _common._FAST}
+    assert "nvfp4_quantize" in remembered
+    # a new backend request, scope or env override is a new signature: it is honoured, not served from the cache
+    calls = []
+    monkeypatch.setattr("dispatch.reference.quant.nvfp4_quantize",
+                        lambda *a: calls.append(1) or want, raising=True)
+    registry._load.cache_clear()
+    with use_backend("torch", "nvfp4_quantize"):
+        ops.nvfp4_quantize(x)
+    monkeypatch.setenv("LOWBIT_BACKEND", "nvfp4_quantize=torch")
+    ops.nvfp4_quantize(x)
+    monkeypatch.delenv("LOWBIT_BACKEND")
+    registry._load.cache_clear()
+    assert calls == [1, 1]
+    # bad input with the same shape is a different signature: checked, clear error
+    with pytest.raises(LowbitInputError, match="nvfp4_quantize.*'x'"):
+        ops.nvfp4_quantize(x.to(torch.int32), backend="triton")
+    with pytest.raises(LowbitInputError, match="nvfp4_quantize.*'x'"):
+        ops.nvfp4_quantize(torch.randn(3, 64)[:, :60], backend="triton")
+    # misaligned views of the same shape and strides are a different signature (alignment is checked)
+    buf = torch.randn(3 * 64 + 1)
+    assert _common._signature((buf[:192].view(3, 64), "auto")) != _common._signature((buf[1:].view(3, 64), "auto"))

@@ -1,14 +1,38 @@
-"""Plumbing shared by every op family's registration module."""
+"""Plumbing shared by every op family's registration module.
+
+Every op's implementation has one shape: `check(...)` (clear errors naming op and argument), then
+`run(op, backend, *args_without_backend)` (table choice, backend call). Both depend only on tensor metadata
+(dtype, device, shape, strides, alignment) and on the plain arguments, never on tensor values, so their outcome
+can be remembered per call signature: that is the eager fast path in `call`.
+"""
 
 from __future__ import annotations
 
+import os
+import threading
+
 import torch
 
-from ..registry import select
+from ..arch import ARCH_ENV
+from ..registry import BACKEND_ENV, _scoped, select
 from ..table import TABLE
 
 # name -> the op's Python implementation (checks + table choice + backend call), registered by `lowbit_op`.
 _EAGER_IMPLS: dict = {}
+
+# (op, signature) -> the chosen backend function, for calls whose checks passed and whose table choice is known.
+_FAST: dict = {}
+_FAST_MAX = 4096  # signatures; cleared when full (shapes churn only in odd workloads)
+# Environment that select() or a backend's refusal reads on every call (tests and users flip these at runtime).
+# The last one turns on value checks that sync (ops/rope.py): while it is set, every call takes the checked path.
+_SELECT_ENV = (BACKEND_ENV, ARCH_ENV, "TRITON_INTERPRET", "LOWBIT_CUTE_UNVERIFIED", "LOWBIT_CHECK_INDICES")
+# os.environ.get costs ~2 us per missing key (it raises and catches KeyError inside); the raw mapping under
+# os.environ (kept in sync by os.environ's setters, which is what monkeypatch and users go through) costs 0.1.
+_ENV_RAW = getattr(os.environ, "_data", None)
+_ENV_KEYS = tuple(os.environ.encodekey(k) for k in _SELECT_ENV) if _ENV_RAW is not None else _SELECT_ENV
+_ENV_GET = _ENV_RAW.get if _ENV_RAW is not None else os.environ.get
+_PLAIN = frozenset({type(None), bool, int, float, str, torch.dtype})
+_record = threading.local()
 
 
 def lowbit_op(name: str, *, mutates_args):
@@ -20,24 +44,61 @@ def lowbit_op(name: str, *, mutates_args):
     return register
 
 
+def _signature(args: tuple):
+    """What checks and backend choice can depend on: tensor metadata (dtype, device, shape, strides, the
+    data pointer's and the storage offset's alignment up to 16) and the other arguments' values; None when an
+    argument is of another kind (then the call always takes the checked path)."""
+    sig = []
+    for a in args:
+        kind = type(a)
+        if kind in _PLAIN:
+            sig.append(a)
+        elif isinstance(a, torch.Tensor):
+            sig.append((a.dtype, a.device, a.shape, a.stride(), a.storage_offset() % 16, a.data_ptr() % 16))
+        else:
+            return None
+    env = tuple(map(_ENV_GET, _ENV_KEYS))
+    if env[-1] is not None:
+        return None
+    return (tuple(sig), _scoped.get(), env)
+
+
 def call(name: str, *args):
-    """Run op `name` from a public wrapper.
+    """Run op `name` from a public wrapper (`args` end with the `backend` argument).
 
     Under torch.compile / export, or with any dispatch mode active (FakeTensorMode, functionalization,
-    make_fx), this is exactly `torch.ops.lowbit.<name>(*args)`, so graphs see the op and its fake impl. In
-    plain eager calls it runs the same implementation directly: the custom-op dispatcher's Python layers cost
-    tens of microseconds per call (measured: the whole eager path was ~95 us/call on the H200 host, about the
-    time of an 8192x8192 quantize kernel), which is what decode-size calls pay.
+    make_fx), this is exactly `torch.ops.lowbit.<name>(*args)`, so graphs see the op and its fake impl.
+    In plain eager calls it skips the custom-op dispatcher's Python layers (tens of microseconds per call), and
+    after the first call with a given signature also the checks and the table choice (~20 us on the H200's
+    host): the backend function the first call chose runs directly. Any change of the backend overrides
+    (use_backend, LOWBIT_BACKEND, LOWBIT_ARCH, ...) is part of the signature. A first call logs what auto
+    dispatch skipped (registry.select, debug level); repeated calls with the same signature do not.
     """
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
         return getattr(torch.ops.lowbit, name)(*args)
-    return _EAGER_IMPLS[name](*args)
+    key = _signature(args)
+    if key is not None:
+        fast = _FAST.get((name, key))
+        if fast is not None:
+            return fast(*args[:-1])
+    _record.chosen = None
+    out = _EAGER_IMPLS[name](*args)  # raises on bad input: nothing is remembered then
+    chosen, _record.chosen = _record.chosen, None
+    # Remember only when the implementation ran the backend on exactly its own arguments minus `backend`.
+    if key is not None and chosen is not None and chosen[0] == name and len(chosen[1]) == len(args) - 1 \
+            and all(a is b for a, b in zip(chosen[1], args)):
+        if len(_FAST) >= _FAST_MAX:
+            _FAST.clear()
+        _FAST[(name, key)] = chosen[2]
+    return out
 
 
 def run(op: str, backend: str, *args):
     """Run `op` on the backend the table picks for these arguments (see registry.select)."""
-    entry = select(TABLE[op], op, backend, args, {})
-    return entry.resolve_impl()(*args)
+    impl = select(TABLE[op], op, backend, args, {}).resolve_impl()
+    out = impl(*args)
+    _record.chosen = (op, args, impl)  # after the call: a backend that calls other ops must not overwrite it
+    return out
 
 
 def backend_for(op: str, *args, backend: str = "auto") -> str:
