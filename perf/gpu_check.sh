@@ -87,4 +87,9 @@ fi
 echo; echo "==== summary ===="; cat "$summary"
 if [ -f "$OUT/selfcheck.log" ]; then tail -n 14 "$OUT/selfcheck.log"; fi
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" 2>/dev/null | head -30
+# The device tool returns at most 8 files: keep env/summary/bench records as they are, pack the rest.
+if [ -z "${GPU_CHECK_NO_PACK:-}" ]; then
+  (cd "$OUT" && find . -type f ! -name logs.tgz ! -name .packlist ! -name env.json ! -name summary.txt ! -name bench.jsonl \
+      -print > .packlist && tar -czf logs.tgz -T .packlist && xargs rm -f < .packlist; rm -f .packlist)
+fi
 exit 0

@@ -121,7 +121,7 @@ def _fp4_quantize_kernel(
     M, K, stride_wm, grid_rows, scale_cols_bound, scale_cols_padded, n_partials,
     IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, GS_MODE: tl.constexpr, SWIZZLE: tl.constexpr,
     IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    PARTIALS_BLOCK: tl.constexpr,
+    PARTIALS_BLOCK: tl.constexpr, SCALE_WORDS: tl.constexpr = True,
 ):
     """One program: BLOCK_M rows x BLOCK_K columns, held as [BLOCK_M, blocks, pairs per block] words.
     Pair p of a row is output byte p (element 2p -> low nibble), so no reshapes are needed anywhere.
@@ -168,14 +168,27 @@ def _fp4_quantize_kernel(
     # Scales: the swizzled layout's padding rows/cols are written too, forced to 0 (GEMMs read them;
     # a NaN global scale would otherwise make them NaN).
     scols = pid_k * NB + tl.arange(0, NB)
-    smask = (rows < grid_rows)[:, None] & (scols < scale_cols_bound)[None, :]
-    if SWIZZLE:
+    if SWIZZLE and not SCALE_WORDS:  # A/B for perf/probes/quant_variants.py: byte stores (the e0dd1e2 kernel)
         sofs = swizzled_offset_128x4(rows[:, None], scols[None, :], scale_cols_padded)
         valid = (rows < M)[:, None] & (scols < K // SB)[None, :]
-        sbyte = tl.where(valid, sbyte, 0).to(tl.uint8)
+        smask = (rows < grid_rows)[:, None] & (scols < scale_cols_bound)[None, :]
+        tl.store(scales_ptr + sofs, tl.where(valid, sbyte, 0).to(tl.uint8), mask=smask)
+    elif SWIZZLE:
+        # The 4 scales of a 4-column group are 4 consecutive bytes of the 128x4 layout: one int32 store per
+        # group (byte c % 4 at bits 8 * (c % 4)) instead of 4 scattered byte stores (NB is a multiple of 4:
+        # BLOCK_K >= 4 * SB). Offsets in words: swizzled_offset_128x4 / 4 with c % 4 = 0.
+        valid = (rows < M)[:, None] & (scols < K // SB)[None, :]
+        sb4 = tl.reshape(tl.where(valid, sbyte, 0).to(tl.int32), [BLOCK_M, NB // 4, 4])
+        words4 = tl.sum(sb4 << (tl.arange(0, 4) * 8)[None, None, :], axis=2)
+        grp = pid_k * (NB // 4) + tl.arange(0, NB // 4)
+        r = rows[:, None].to(tl.int64)
+        wofs = (r // 128) * (scale_cols_padded * 32) + grp[None, :] * 128 + (r % 32) * 4 + (r % 128) // 32
+        gmask = (rows < grid_rows)[:, None] & (grp * 4 < scale_cols_bound)[None, :]
+        tl.store(scales_ptr.to(tl.pointer_type(tl.int32)) + wofs, words4, mask=gmask)
     else:
+        smask = (rows < grid_rows)[:, None] & (scols < scale_cols_bound)[None, :]
         sofs = rows[:, None].to(tl.int64) * (K // SB) + scols[None, :]
-    tl.store(scales_ptr + sofs, sbyte, mask=smask)
+        tl.store(scales_ptr + sofs, sbyte, mask=smask)
 
 
 @triton.jit
@@ -248,7 +261,7 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
         scales.view(torch.uint8).zero_()
         return codes, scales, gs_out
     grid_rows = scales.shape[0] if swizzle else rows  # swizzled: programs also cover the padding rows
-    cfg = pick_tile(grid_rows, k, x.device, min_block_k=4 * block)
+    cfg = pick_tile(grid_rows, k, x.device, min_block_k=4 * block, max_block_k=4096)
     scale_cols_padded = round_up(k // block, 4)
     gs_mode, gs_in, n_partials, partials_block = GS_NONE, gs_out, 1, 1
     if not is_mx and global_scale is not None:

@@ -86,7 +86,7 @@ def call(name: str, *args):
     chosen, _record.chosen = _record.chosen, None
     # Remember only when the implementation ran the backend on exactly its own arguments minus `backend`.
     if key is not None and chosen is not None and chosen[0] == name and len(chosen[1]) == len(args) - 1 \
-            and all(a is b for a, b in zip(chosen[1], args)):
+            and all(a is b for a, b in zip(chosen[1], args[:-1], strict=True)):
         if len(_FAST) >= _FAST_MAX:
             _FAST.clear()
         _FAST[(name, key)] = chosen[2]

@@ -86,13 +86,29 @@ def main() -> None:
     rows["launcher fp8_group_quantize"] = per_call_us(lambda: fp8.fp8_group_quantize(x, 128, 1e-10, False, False))
     rows["public fp8_group_quantize"] = per_call_us(lambda: ops.fp8_group_quantize(x))
     rows["public rms_norm"] = per_call_us(lambda: ops.rms_norm(x, w, 1e-6))
+    rows["launcher rms_norm triton"] = per_call_us(lambda: rms.rms_norm(x, w, None, 1e-6, 0.0))
+    rows["public rms_norm backend=triton"] = per_call_us(lambda: ops.rms_norm(x, w, 1e-6, backend="triton"))
+    try:  # CuTe: the raw TVM-FFI callable, the backend entry, the public op
+        from cute_ops import _compile, unavailable_reason
+        from cute_ops import rmsnorm as cute_rms
+
+        if unavailable_reason() is None:
+            cfg = cute_rms.pick_config(x.dtype, w.dtype, 7168, "none", False, 0.0, 16, False, False,
+                                       _compile.target_arch())
+            fn, y = cute_rms.compiled(cfg), torch.empty_like(x)
+            rows["cute raw TVM-FFI call"] = per_call_us(lambda: fn(x, w, None, None, y, None, None, None, 1e-6, 1e-10))
+            rows["launcher rms_norm cute"] = per_call_us(lambda: cute_rms.rms_norm(x, w, None, 1e-6, 0.0))
+            rows["public rms_norm backend=cute"] = per_call_us(lambda: ops.rms_norm(x, w, 1e-6, backend="cute"))
+        else:
+            rows["cute"] = f"unavailable: {unavailable_reason()}"[:120]
+    except Exception as exc:  # noqa: BLE001 - a probe: report and go on
+        rows["cute"] = f"failed: {exc}"[:160]
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
         rows["liger rms_norm"] = per_call_us(lambda: LigerRMSNormFunction.apply(x, w, 1e-6))
     except Exception as exc:
         rows["liger rms_norm"] = f"unavailable: {exc}"[:120]
-    _ = rms
     for name, value in rows.items():
         print(f"{name:40} {value if isinstance(value, str) else f'{value:8.2f} us'}")
     if args.json:
