@@ -201,6 +201,27 @@ def test_align_paths_agree(device, t):
             assert_same_bytes(a, b, f"{fn.__name__} output {i} T={t}")
 
 
+@pytest.mark.parametrize("t, dist, ep", [(64, "uniform", True), (5, "hot", False)])
+def test_align_single_launch_gpu_grid(monkeypatch, t, dist, ep):
+    """The single-launch kernel with its GPU grid (one expert per program; the rows past the padded total
+    shared by all programs), run under the interpreter, where the default is one program for everything."""
+    from triton_ops import moe_align as tri
+
+    config = tri._small_config
+    monkeypatch.setattr(tri, "_small_config", lambda *a: config(*a[:-1], False))
+    assert tri._small_config(t * 4, 12, 8, 1, False, False, True)[0] == 12  # really one program per expert
+    ids = _ids(t, 4, 24, dist, t)
+    emap = torch.where(torch.arange(24) % 2 == 1, torch.arange(24) // 2, -1).to(torch.int32) if ep else None
+    e = 12 if ep else 24
+    for bm in (1, 8):
+        got, want = tri.moe_align(ids, emap, e, bm), ref.moe_align(ids, emap, e, bm)
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert_same_bytes(a.view(-1), b.view(-1), f"moe_align output {i} T={t} bm={bm}")
+    got, want = tri.moe_masked_layout(ids, emap, e, 3), ref.moe_masked_layout(ids, emap, e, 3)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert_same_bytes(a, b, f"moe_masked_layout output {i} T={t}")
+
+
 def test_gather_fp8_equals_quantizing_gathered_rows():
     x = torch.randn(6, 256) * torch.exp(torch.randn(6, 1))
     ids = _ids(6, 4, 16, "uniform", 2)

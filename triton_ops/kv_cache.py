@@ -16,7 +16,7 @@ import triton.language as tl
 
 from dispatch.reference.kv_cache import DS_LAYOUTS, DS_ROPE, DS_SCALE_FLOOR, DYNAMIC_EPS
 
-from ._formats import amax_nan, cast_out, e4m3_decode, e4m3_encode, split_pairs
+from ._formats import amax_nan, cast_out, e4m3_decode_fast, e4m3_encode, split_pairs
 from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
 from .rope import (
     PAIR_KIND,
@@ -35,18 +35,30 @@ ROPE: tl.constexpr = tl.constexpr(DS_ROPE)  # jit code reads module globals only
 SCALE_FLOOR: tl.constexpr = tl.constexpr(DS_SCALE_FLOOR)
 
 
+GATHER_ELEMS = 4096  # output elements per program at prefill on the GPU (4 x 16-byte vectors per thread at 4 warps)
+GATHER_MIN_PROGRAMS = 256  # ~2 per SM: below that many token blocks, smaller programs
+
+
 @dataclasses.dataclass(frozen=True)
-class RowsConfig:
-    block_r: int  # rows (tokens, or (token, head) pairs) per program
+class GatherConfig:
+    block_t: int  # tokens per program
+    block_h: int  # heads per program (generic cache; 1 for DeepSeek)
     num_warps: int
 
 
-def rows_config(rows: int, row_elems: int, device: torch.device) -> RowsConfig:
-    """~4K elements per program on the GPU (8 KB of bf16 in flight at 4 warps); the interpreter pays per
-    program, so up to 32K there."""
-    target = 32768 if device.type == "cpu" else 4096
-    block_r = max(1, min(next_pow2(max(rows, 1)), target // next_pow2(row_elems)))
-    return RowsConfig(block_r, 4 if block_r * row_elems <= 4096 else 8)
+def gather_config(tokens: int, block_h: int, row_p: int, vec: int, device: torch.device) -> GatherConfig:
+    """Tile of a gather: block_h x row_p (power-of-two) output elements per token, vec elements per 16-byte
+    vector. GPU: GATHER_ELEMS elements per program and 4 vectors per thread when there are enough tokens
+    (T=16384, H*D=512: 2048 programs of 8 tokens, one wave at <= 32 registers); fewer tokens per program
+    (one at decode, T <= 256) and one vector per thread otherwise, so that short batches still spread over
+    the SMs (each program is one dependent slot -> cache -> out chain). Interpreter: up to 32K elements (it
+    pays per program)."""
+    row = block_h * row_p
+    if device.type == "cpu":
+        return GatherConfig(max(1, min(next_pow2(tokens), 32768 // row)), block_h, 4)
+    block_t = max(1, min(GATHER_ELEMS // row, next_pow2(tokens // GATHER_MIN_PROGRAMS + 1) // 2))
+    per_thread = 4 if block_t * row >= GATHER_ELEMS else 1
+    return GatherConfig(block_t, block_h, max(1, min(8, block_t * row // (vec * 32 * per_thread))))
 
 
 # ------------------------------------------------------------------------------------------ generic
@@ -81,30 +93,51 @@ def _paged_write_kernel(x_ptr, slot_ptr, cache_ptr, scale_ptr, scache_ptr, T, H,
 
 
 @triton.jit
-def _paged_gather_kernel(cache_ptr, slot_ptr, scale_ptr, scache_ptr, out_ptr, N, H, D, n_slots, BS,
-                         c_sb, c_so, c_sh, s_sb, s_so, s_sh,
-                         DYNAMIC: tl.constexpr, D_P: tl.constexpr, BLOCK_R: tl.constexpr,
+def _paged_gather_kernel(cache_ptr, slot_ptr, scale_ptr, scache_ptr, out_ptr, N, n_slots,
+                         c_sb, c_so, c_sh, s_sb, s_so, s_sh, BS: tl.constexpr,
+                         H: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr, DYNAMIC: tl.constexpr,
+                         BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, VEC: tl.constexpr, SLOT32: tl.constexpr,
                          OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rows < N * H
-    n = rows // H
-    h = rows % H
-    slot = tl.load(slot_ptr + n, mask=rmask, other=-1).to(tl.int64)
-    ok = rmask & (slot >= 0) & (slot < n_slots)
-    blk = slot // BS
-    off = slot % BS
-    d = tl.arange(0, D_P)
-    m = ok[:, None] & (d < D)[None, :]
-    codes = tl.load(cache_ptr + (blk * c_sb + off * c_so + h * c_sh)[:, None] + d[None, :], mask=m, other=0)
-    if DYNAMIC:
-        s = tl.load(scache_ptr + blk * s_sb + off * s_so + h * s_sh, mask=ok, other=0.0)[:, None]
+    # grid (token blocks, head blocks), tile [BLOCK_H, BLOCK_T, D_P]: (token, head) from the program ids, no
+    # per-row division. Heads are the outer tile axis so that a thread's vectors repeat over heads of one
+    # token: the slot load and split (by the constexpr block size: a shift or a multiply-high) and the
+    # token's 64-bit offsets are done once per token and thread, not once per vector. Invalid rows fold into
+    # the row's scale: codes load as 0 there and the scale becomes 0 (slot -1) or NaN (bad slot), so 0 * s
+    # is the pad value with one multiply per element and no per-element select. E4M3 -> fp32 by the hardware
+    # conversion (cvt e4m3x2 -> f16x2 -> f32, exact) instead of the integer decode.
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    tmask = t < N
+    hmask = h < H
+    slot = tl.load(slot_ptr + t, mask=tmask, other=-1).to(tl.int64)
+    ok = tmask & (slot >= 0) & (slot < n_slots)
+    if SLOT32:  # launcher: < 2^31 slots, so valid slots split in 32 bits
+        s32 = slot.to(tl.int32)
+        blk = (s32 // BS).to(tl.int64)
+        off = (s32 % BS).to(tl.int64)
     else:
-        s = tl.load(scale_ptr)
-    v = e4m3_decode(codes) * s
-    pad = tl.where(slot == -1, 0.0, float("nan"))  # padding slots read as zeros, bad slots as NaN
-    v = tl.where(ok[:, None], v, pad[:, None])
-    om = rmask[:, None] & (d < D)[None, :]
-    tl.store(out_ptr + rows[:, None] * D + d[None, :], cast_out(v, OUT_DTYPE, EMULATE), mask=om)
+        blk = slot // BS
+        off = slot % BS
+    h64 = h.to(tl.int64)
+    okh = hmask[:, None] & ok[None, :]  # [BLOCK_H, BLOCK_T]
+    pad = tl.where(slot == -1, 0.0, float("nan"))[None, :]
+    if DYNAMIC:
+        s = tl.load(scache_ptr + (h64 * s_sh)[:, None] + (blk * s_sb + off * s_so)[None, :], mask=okh, other=0.0)
+    else:
+        s = tl.load(scale_ptr)  # a scalar; where() broadcasts it (adding it to zeros would turn -0 into +0)
+    s = tl.where(ok[None, :], s, pad)
+    # VEC = 16 bytes of output per thread: capping the codes' contiguity at VEC gives the code load (VEC
+    # bytes) the store's layout, so codes -> values -> stores stay in registers (no shared-memory shuffle).
+    d = tl.max_contiguous(tl.arange(0, D_P), VEC)
+    if D == D_P:
+        dm = tl.full([1, 1, D_P], 1, tl.int1)
+    else:
+        dm = (d < D)[None, None, :]
+    src = cache_ptr + ((h64 * c_sh)[:, None] + (blk * c_sb + off * c_so)[None, :])[:, :, None] + d[None, None, :]
+    codes = tl.load(src, mask=okh[:, :, None] & dm, other=0)
+    v = e4m3_decode_fast(codes, EMULATE) * s[:, :, None]
+    dst = out_ptr + (h * D)[:, None, None] + (t * (H * D))[None, :, None] + d[None, None, :]
+    tl.store(dst, cast_out(v, OUT_DTYPE, EMULATE), mask=(hmask[:, None] & tmask[None, :])[:, :, None] & dm)
 
 
 def _cache_slots(cache) -> int:
@@ -134,7 +167,7 @@ def paged_kv_write_fp8(x, slot_mapping, cache, scale, scale_cache):
         num_warps=4 if block_t * block_h * d_p <= 4096 else 8)
 
 
-def paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype):
+def paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype, cfg: GatherConfig | None = None):
     n = slots.shape[0]
     _, _, h, d = cache.shape
     out = torch.empty(n, h, d, dtype=out_dtype, device=cache.device)
@@ -142,13 +175,15 @@ def paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype):
         return out
     c = cache.view(torch.uint8)
     dynamic = scale is None
-    cfg = rows_config(n * h, d, cache.device)
-    _paged_gather_kernel[(cdiv(n * h, cfg.block_r),)](
-        c, slots, scale if scale is not None else out, scale_cache if dynamic else out, out, n, h, d,
-        _cache_slots(cache), cache.shape[1], c.stride(0), c.stride(1), c.stride(2),
-        *(scale_cache.stride() if dynamic else (0, 0, 0)),
-        DYNAMIC=dynamic, D_P=next_pow2(d), BLOCK_R=cfg.block_r, OUT_DTYPE=TL_DTYPE[out_dtype],
-        EMULATE=emulate_formats(cache.device), num_warps=cfg.num_warps)
+    d_p = next_pow2(d)
+    vec = min(16 // out.element_size(), d_p)
+    cfg = cfg or gather_config(n, min(next_pow2(h), max(1, GATHER_ELEMS // d_p)), d_p, vec, cache.device)
+    _paged_gather_kernel[(cdiv(n, cfg.block_t), cdiv(h, cfg.block_h))](
+        c, slots, scale if scale is not None else out, scale_cache if dynamic else out, out, n,
+        _cache_slots(cache), c.stride(0), c.stride(1), c.stride(2), *(scale_cache.stride() if dynamic else (0, 0, 0)),
+        BS=cache.shape[1], H=h, D=d, D_P=d_p, DYNAMIC=dynamic, BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, VEC=vec,
+        SLOT32=_cache_slots(cache) < 2**31, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(cache.device),
+        num_warps=cfg.num_warps)
     return out
 
 
@@ -321,54 +356,90 @@ def ds_rope_quant_append(kv, positions, cos_sin_cache, slot_mapping, cache, layo
 
 
 @triton.jit
-def _ds_gather_kernel(c8, c16, c32, slot_ptr, out_ptr, N, n_slots, BS, block_stride,
+def _bf16_bits_to_f32(bits16):
+    """int16 bf16 bits -> fp32, exact (on the bits: the interpreter's bf16 -> fp32 cast mangles subnormals)."""
+    return (bits16.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _ds_gather_kernel(c8, c16, c32, slot_ptr, out_ptr, N, n_slots, block_stride, BS: tl.constexpr,
                       D_NOPE: tl.constexpr, TILE: tl.constexpr, NT: tl.constexpr, NT_P: tl.constexpr,
-                      V4: tl.constexpr, BLOCK_T: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+                      V4: tl.constexpr, BLOCK_T: tl.constexpr, VEC: tl.constexpr, ALIGNED: tl.constexpr,
+                      OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    """BLOCK_T tokens per program, tile [NT_P, BLOCK_T, TILE]: NoPE tile j of each token (the tile index outer,
+    so a thread's vectors repeat over the tiles of one token and the slot split and 64-bit token offsets
+    happen once per token and thread). V4 (7 tiles of 64) puts its RoPE part in the 8th tile slot, so the
+    tile is the whole 512-wide output row; V3.2 (4 tiles of 128) adds a [BLOCK_T, 64] RoPE tile. Invalid
+    tokens fold into the tile scale (codes and RoPE load as 0; scale 0 for slot -1, NaN for a bad slot): one
+    multiply per element, no per-element select. E4M3 -> fp32 by the hardware conversion (exact; NaN codes
+    give NaN) instead of the integer decode, which was most of the old kernel's ~1 warp instruction per
+    element. ALIGNED: as in _ds_kv_tile (16-byte records)."""
     D: tl.constexpr = D_NOPE + ROPE
+    MERGED: tl.constexpr = NT_P == NT + 1 and TILE == ROPE
     tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = tok < N
     slot = tl.load(slot_ptr + tok, mask=tmask, other=-1).to(tl.int64)
     ok = tmask & (slot >= 0) & (slot < n_slots)
-    pad = tl.where(slot == -1, 0.0, float("nan"))
+    pad = tl.where(slot == -1, 0.0, float("nan"))  # per token: slot -1 reads zeros, a bad slot NaN
     data, scale_at, rope_at = _ds_token_offsets(slot, BS, block_stride, D_NOPE, NT, V4)
+    r16 = rope_at >> 1  # element offset of the RoPE part in the int16 view
+    if ALIGNED:
+        data = tl.multiple_of(data, 16)
+        r16 = tl.multiple_of(r16, 8)
+        scale_at = tl.multiple_of(scale_at, 8 if V4 else 16)
     j = tl.arange(0, NT_P)
-    e = tl.arange(0, TILE)
-    col = j[:, None] * TILE + e[None, :]
-    sm = ok[:, None] & (j < NT)[None, :]
-    if V4:
-        eb = tl.load(c8 + scale_at[:, None] + j[None, :], mask=sm, other=127).to(tl.uint32)
-        s = tl.where(eb == 0xFF, 0x7FC00000, eb << 23).to(tl.float32, bitcast=True)
+    # VEC = 16 bytes of output per thread; capping the contiguity at VEC gives the byte loads the stores'
+    # layout (VEC codes per thread), so nothing goes through shared memory between load and store.
+    e = tl.max_contiguous(tl.arange(0, TILE), VEC)
+    col = (j[:, None] * TILE + e[None, :])[:, None, :]  # [NT_P, 1, TILE] output column
+    sm = (j < NT)[:, None] & ok[None, :]  # [NT_P, BLOCK_T]
+    if V4:  # E8M0: 0xFF is NaN, 0 is 2^-127 (an fp32 subnormal), else the byte is the fp32 exponent field
+        eb = tl.load(c8 + j[:, None] + scale_at[None, :], mask=sm, other=127).to(tl.uint32)
+        sb = tl.where(eb == 0xFF, 0x7FC00000, tl.where(eb == 0, 0x00400000, eb << 23))
+        s = sb.to(tl.float32, bitcast=True)
     else:
-        s = tl.load(c32 + (scale_at // 4)[:, None] + j[None, :], mask=sm, other=0).to(tl.float32, bitcast=True)
-    nm = sm[:, :, None] & (e < TILE)[None, None, :]
-    codes = tl.load(c8 + data[:, None, None] + col[None, :, :], mask=nm, other=0)
-    v = e4m3_decode(codes) * s[:, :, None]
-    v = tl.where(ok[:, None, None], v, pad[:, None, None])
-    om = tmask[:, None, None] & (j < NT)[None, :, None] & (e < TILE)[None, None, :]
-    tl.store(out_ptr + tok[:, None, None] * D + col[None, :, :], cast_out(v, OUT_DTYPE, EMULATE), mask=om)
-    r = tl.arange(0, ROPE)
-    rm = ok[:, None] & (r < ROPE)[None, :]
-    rb = tl.load(c16 + (rope_at // 2)[:, None] + r[None, :], mask=rm, other=0).to(tl.bfloat16, bitcast=True)
-    rv = tl.where(ok[:, None], rb.to(tl.float32), pad[:, None])
-    tl.store(out_ptr + tok[:, None] * D + D_NOPE + r[None, :], cast_out(rv, OUT_DTYPE, EMULATE),
-             mask=tmask[:, None] & (r < ROPE)[None, :])
+        s = tl.load(c32 + j[:, None] + (scale_at >> 2)[None, :], mask=sm, other=0).to(tl.float32, bitcast=True)
+    if MERGED:
+        s = tl.where((j < NT)[:, None], s, 1.0)  # the RoPE slot: bf16 values times 1 (exact)
+    s = tl.where(ok[None, :], s, pad[None, :])
+    codes = tl.load(c8 + data[None, :, None] + col, mask=sm[:, :, None], other=0)
+    v = e4m3_decode_fast(codes, EMULATE)
+    if MERGED:
+        rm = ((j == NT)[:, None] & ok[None, :])[:, :, None]
+        rb = tl.load(c16 + r16[None, :, None] + (col - D_NOPE), mask=rm, other=0)  # col - D_NOPE = e in tile NT
+        v = tl.where((j < NT)[:, None, None], v, _bf16_bits_to_f32(rb))
+        om = tmask[None, :, None]
+    else:
+        om = (j < NT)[:, None, None] & tmask[None, :, None]
+    v = v * s[:, :, None]
+    tl.store(out_ptr + (tok * D)[None, :, None] + col, cast_out(v, OUT_DTYPE, EMULATE), mask=om)
+    if not MERGED:
+        r = tl.max_contiguous(tl.arange(0, ROPE), VEC)
+        rb = tl.load(c16 + r16[:, None] + r[None, :], mask=ok[:, None], other=0)
+        rv = _bf16_bits_to_f32(rb) * tl.where(ok, 1.0, pad)[:, None]
+        tl.store(out_ptr + (tok * D + D_NOPE)[:, None] + r[None, :], cast_out(rv, OUT_DTYPE, EMULATE),
+                 mask=tmask[:, None])
 
 
-def ds_kv_gather(cache, slots, layout, out_dtype):
+def ds_kv_gather(cache, slots, layout, out_dtype, cfg: GatherConfig | None = None):
     L = DS_LAYOUTS[layout]
     n = slots.shape[0]
     out = torch.empty(n, L.d, dtype=out_dtype, device=cache.device)
     if n == 0:
         return out
     c8 = cache.view(torch.uint8)
+    n_slots = cache.shape[0] * cache.shape[1]
+    if n_slots >= 2**31:
+        raise ValueError("lowbit.ds_kv_gather: argument 'cache': the kernel splits slots in 32 bits (< 2^31 slots)")
+    aligned = c8.data_ptr() % 16 == 0 and (cache.shape[0] == 1 or c8.stride(0) % 16 == 0)
     c16 = c8.view(torch.int16)
     c32 = c8.view(torch.int32) if layout == "v32" else c16
-    if cache.shape[0] * cache.shape[1] >= 2**31:
-        raise ValueError("lowbit.ds_kv_gather: argument 'cache': the kernel splits slots in 32 bits (< 2^31 slots)")
-    cfg = rows_config(n, L.d, cache.device)
-    _ds_gather_kernel[(cdiv(n, cfg.block_r),)](
-        c8, c16, c32, slots, out, n, cache.shape[0] * cache.shape[1], cache.shape[1], c8.stride(0),
-        D_NOPE=L.d_nope, TILE=L.tile, NT=L.num_tiles, NT_P=next_pow2(L.num_tiles), V4=layout == "v4",
-        BLOCK_T=cfg.block_r, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(cache.device),
+    nt_p = next_pow2(L.num_tiles + (1 if layout == "v4" else 0))  # V4: 7 NoPE tiles + the RoPE part
+    vec = 16 // out.element_size()
+    cfg = cfg or gather_config(n, 1, nt_p * L.tile, vec, cache.device)
+    _ds_gather_kernel[(cdiv(n, cfg.block_t),)](
+        c8, c16, c32, slots, out, n, n_slots, c8.stride(0), BS=cache.shape[1],
+        D_NOPE=L.d_nope, TILE=L.tile, NT=L.num_tiles, NT_P=nt_p, V4=layout == "v4", BLOCK_T=cfg.block_t, VEC=vec,
+        ALIGNED=aligned, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(cache.device),
         num_warps=cfg.num_warps)
     return out

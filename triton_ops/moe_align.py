@@ -1,17 +1,17 @@
-"""MoE align (contiguous + masked layouts), gather and combine (Triton). No atomics anywhere: every output
-element has exactly one writer, so results are deterministic. Contract: dispatch/reference/moe.py and
-docs/moe_layouts.md.
-
-Counting and ranking use one-hot tiles [CH entries, E experts] (a per-expert histogram by tl.sum, a rank by
-tl.cumsum down the entries), walked CH entries at a time with a running per-expert count, so entry order
-(token, slot) is the order inside each expert.
+"""MoE align (contiguous + masked layouts), gather and combine (Triton). No global atomics: every output
+element has exactly one writer, so results are deterministic (tl.histogram's shared-memory integer adds are
+order-independent). Contract: dispatch/reference/moe.py and docs/moe_layouts.md.
 
 Align paths:
-* small (T*k <= SMALL_ENTRIES, decode): ONE launch. Every program recounts all entries (<= 1024 ids, cheap)
-  so no program waits for another; program 0 scatters the real entries and writes the per-expert tensors,
-  every program fills the padding / m_indices of its own block of rows.
+* small (T*k <= SMALL_ENTRIES, decode): ONE launch, no loop over the entries. Every program loads all the
+  <= 1024 ids into registers (one per thread-slot) and owns EPP experts (GPU: one): ranks by one cumsum of
+  (e == x) along the entries, expert starts by one tl.histogram of the entries; it writes its experts' rows,
+  padding, block ids and inverse map, plus an equal share of the rows past the padded total. No program
+  waits for another and the grid (E / EPP) depends on shapes only.
 * large: three launches: per-chunk counts -> one program scans chunks (per-expert offsets) -> scatter
-  chunks + fill row blocks.
+  chunks + fill row blocks. Counting and ranking there use one-hot tiles [CH entries, E experts] (a
+  per-expert histogram by tl.sum, a rank by tl.cumsum down the entries), walked CH entries at a time with a
+  running per-expert count, so entry order (token, slot) is the order inside each expert.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from ._formats import cast_out
 from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
 
 SMALL_ENTRIES = 1024  # T*k at or below this takes the single-launch path
+SINGLE_MAX_ENTRIES = 8192  # path='single' (probes) holds all entries in registers: bounded
+SMALL_WARPS = 4
 CH = tl.constexpr(32)  # entries per one-hot tile
 CHUNK = 1024  # entries per program on the large path
 
@@ -131,18 +133,78 @@ def _write_expert_tensors(counts, start, padded, cnt_ptr, mm_ptr, off_ptr, tot_p
 
 @triton.jit
 def _align_small_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_ptr, cnt_ptr, mm_ptr, off_ptr,
-                        tot_ptr, N, E, E_GLOBAL, cap, max_m, unit,
-                        HAS_MAP: tl.constexpr, MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr,
-                        NU: tl.constexpr, UNITP: tl.constexpr):
+                        tot_ptr, N, E, E_GLOBAL, cap, max_m,
+                        HAS_MAP: tl.constexpr, MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_E: tl.constexpr, EPP: tl.constexpr, PAD_T: tl.constexpr, TAIL_T: tl.constexpr):
+    """Single launch, no loop over the entries: program p owns experts [p*EPP, p*EPP + EPP) (GPU: one) and
+    holds ALL the N <= BLOCK_N entries in registers. An entry's rank inside its expert is an exclusive cumsum
+    of the [EPP, BLOCK_N] match tile along the entries (entry order = order inside the expert); the contiguous
+    start of an expert is the sum of the padded counts of the experts below it (one tl.histogram of the
+    local entries). The program writes its experts' real rows, padding rows, block expert ids, counts /
+    offsets / masked_m and the inverse map of their entries; program 0 also writes inv = -1 of non-local
+    entries; the rows past the padded total (contiguous) are shared evenly by all programs. Every output
+    element has one writer and no program depends on another, so the grid is data-independent (CUDA graphs).
+    (The old version looped over the entries 32 at a time in ONE program: 36 barriers per 32 entries.)"""
     pid = tl.program_id(0)
-    counts = _count(ids_ptr, map_ptr, 0, N, E, E_GLOBAL, HAS_MAP, BLOCK_E)
-    start, padded = _offsets(counts, max_m, MASKED, BM, BLOCK_E)
+    # entries through a select (lanes past N read as N, masked everywhere): not provably contiguous, so the
+    # coalescing pass gives the ids load and the inv stores the same one-entry-per-thread layout as the
+    # data-dependent row stores; a contiguous arange gets a 4-wide layout and Triton converts 64-bit pointer
+    # tensors between the two through shared memory (sm_90 SASS at T=64: 20 -> 10 barriers)
+    offs = tl.arange(0, BLOCK_N)
+    offs = tl.where(offs < N, offs, N)
+    e = _local(ids_ptr, map_ptr, offs, N, E, E_GLOBAL, HAS_MAP)
+    ex = pid * EPP + tl.arange(0, EPP)
+    own = ex < E
+    hit = (e[None, :] == ex[:, None]).to(tl.int32)  # [EPP, BLOCK_N]; -1 (non-local / past N) never matches
+    rank = tl.cumsum(hit, 1) - hit
+    cnt = tl.sum(hit, 1)
+    entry = offs[None, :] + rank * 0
+    if MASKED:
+        start = ex * max_m
+        keep = (hit != 0) & (rank < max_m)
+    else:
+        ecols = tl.arange(0, BLOCK_E)
+        padded = (tl.histogram(e, BLOCK_E, mask=e >= 0) + (BM - 1)) // BM * BM
+        start = tl.sum(tl.where(ecols[None, :] < ex[:, None], padded[None, :], 0), 1)
+        total = tl.sum(padded, 0)
+        keep = hit != 0
+    row = start[:, None] + rank
+    tl.store(sorted_ptr + row, entry, mask=keep)
+    tl.store(inv_ptr + entry, tl.where(keep, row, -1), mask=hit != 0)
+    tl.store(cnt_ptr + ex, cnt, mask=own)
     if pid == 0:
-        _write_expert_tensors(counts, start, padded, cnt_ptr, mm_ptr, off_ptr, tot_ptr, E, max_m, MASKED, BLOCK_E)
-        limit = max_m if MASKED else N + 1
-        _scatter(ids_ptr, map_ptr, sorted_ptr, inv_ptr, 0, N, E, E_GLOBAL, counts * 0, start, limit,
-                 HAS_MAP, BLOCK_E)
-    _fill(sorted_ptr, mind_ptr, eids_ptr, pid, cap, N, E, start, counts, padded, unit, MASKED, NU, UNITP, BLOCK_E)
+        tl.store(inv_ptr + offs, tl.full([BLOCK_N], -1, tl.int32), mask=(offs < N) & (e < 0))
+    if MASKED:
+        kept = tl.minimum(cnt, max_m)
+        tl.store(mm_ptr + ex, kept, mask=own)
+        # rows [min(count, max_m), max_m) of each own expert: sentinel
+        i = tl.arange(0, PAD_T)
+        for i0 in range(0, max_m, PAD_T):
+            rel = i0 + i[None, :] + ex[:, None] * 0
+            pad = own[:, None] & (rel >= kept[:, None]) & (rel < max_m)
+            tl.store(sorted_ptr + start[:, None] + rel, rel * 0 + N, mask=pad)
+    else:
+        tl.store(mind_ptr + row, ex[:, None] + rank * 0, mask=keep)
+        tl.store(eids_ptr + row // BM, ex[:, None] + rank * 0, mask=keep & (rank % BM == 0))  # first row / block
+        tl.store(off_ptr + ex, start, mask=own)
+        if pid == 0:
+            tl.store(off_ptr + E, total)
+            tl.store(tot_ptr, total)
+        # the < BM padding rows after each own expert's real rows
+        rows = (start + cnt)[:, None] + tl.arange(0, PAD_T)[None, :]
+        pad = own[:, None] & (rows < (start + (cnt + (BM - 1)) // BM * BM)[:, None])
+        tl.store(sorted_ptr + rows, rows * 0 + N, mask=pad)
+        tl.store(mind_ptr + rows, rows * 0 - 1, mask=pad)
+        # rows [total, cap), an equal share per program: sentinel, m_indices -1, expert_ids -1 per block
+        share = tl.cdiv(cap - total, tl.num_programs(0))
+        lo = total + pid * share
+        hi = tl.minimum(lo + share, cap)
+        for r0 in range(lo, hi, TAIL_T):
+            r = r0 + tl.arange(0, TAIL_T)
+            tail = r < hi
+            tl.store(sorted_ptr + r, r * 0 + N, mask=tail)
+            tl.store(mind_ptr + r, r * 0 - 1, mask=tail)
+            tl.store(eids_ptr + r // BM, r * 0 - 1, mask=tail & (r % BM == 0))
 
 
 @triton.jit
@@ -191,6 +253,48 @@ def _align_scatter_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_
               NU, UNITP, BLOCK_E)
 
 
+def _small_config(n: int, e: int, bm: int, max_m: int, masked: bool, has_map: bool,
+                  interpreter: bool) -> tuple[int, dict]:
+    """(grid, flags) of the single-launch kernel. EPP experts per program: GPU one expert per program up to
+    E = 256 (every program is resident at once and does a few hundred instructions per thread: the launch is
+    latency-bound, so more programs cost nothing); interpreter one program for everything (its cost is per
+    program and per op)."""
+    epp = next_pow2(max(e, 1)) if interpreter else next_pow2(cdiv(max(e, 1), 256))
+    # masked: sentinel tiles of [EPP, PAD_T] rows per loop step; contiguous: < block_m padding rows per expert
+    pad_t = next_pow2(min(max_m, max(1, (1 << 18 if interpreter else 1024) // epp))) if masked else next_pow2(bm)
+    # BLOCK_N >= 32 * warps: the histogram input is never replicated across threads (the ballot lowering of
+    # tl.histogram counts every lane that holds an element); BLOCK_E >= 32 bins (one per lane)
+    return cdiv(e, epp), dict(HAS_MAP=has_map, MASKED=masked, BM=bm, BLOCK_N=max(next_pow2(n), 32 * SMALL_WARPS),
+                              BLOCK_E=max(next_pow2(e), 32), EPP=epp, PAD_T=pad_t,
+                              TAIL_T=1 << 16 if interpreter else 512, num_warps=SMALL_WARPS)
+
+
+def _align_general(ids, emap, sorted_ids, m_ind, eids, inv, counts, mm, offs, tot, n, e, e_global, cap, bm, max_m,
+                   masked, has_map, dev):
+    i32 = dict(dtype=torch.int32, device=dev)
+    block_e = next_pow2(max(e, 1))
+    # fill tiles: NU units (blocks of block_m rows, or experts of max_m rows) per program, [NU, UNITP] rows and
+    # an [NU, BLOCK_E] expert search; GPU: <= 8K rows and <= 16K search elements (8 warps). Interpreter:
+    # few large programs (its cost is per program).
+    unit = max_m if masked else bm
+    n_units = e if masked else cap // bm
+    unitp = next_pow2(unit)
+    lim = (1 << 18) if dev.type == "cpu" else (1 << 13)
+    nu = max(1, min(next_pow2(max(n_units, 1)), max(1, lim // unitp), max(1, 2 * lim // block_e)))
+    n_fill = cdiv(n_units, nu)
+    flags = dict(HAS_MAP=has_map, MASKED=masked, BM=bm, BLOCK_E=block_e, NU=nu, UNITP=unitp, num_warps=8)
+    n_chunks = max(cdiv(n, CHUNK), 1)
+    part = torch.empty(n_chunks, block_e, **i32)
+    base = torch.empty(n_chunks, block_e, **i32)
+    scratch = torch.empty(3, block_e, **i32)
+    _align_count_kernel[(n_chunks,)](ids, emap, part, n, e, e_global, HAS_MAP=has_map, BLOCK_E=block_e,
+                                     CHUNK_=CHUNK)
+    _align_scan_kernel[(1,)](part, base, counts, mm, offs, tot, scratch, n_chunks, e, max_m,
+                             MASKED=masked, BM=bm, BLOCK_E=block_e)
+    _align_scatter_kernel[(n_chunks + n_fill,)](ids, emap, sorted_ids, m_ind, eids, inv, base, scratch,
+                                                n, e, e_global, cap, max_m, unit, n_chunks, CHUNK_=CHUNK, **flags)
+
+
 def _align(topk_ids, expert_map, num_experts, bm, max_m, masked, path="auto"):
     t, k = topk_ids.shape
     n, dev = t * k, topk_ids.device
@@ -208,36 +312,19 @@ def _align(topk_ids, expert_map, num_experts, bm, max_m, masked, path="auto"):
     ids = topk_ids.contiguous()
     emap = ids if expert_map is None else expert_map.contiguous()
     e_global = 0 if expert_map is None else expert_map.numel()
-    block_e = next_pow2(max(e, 1))
-    # fill tiles: NU units (blocks of block_m rows, or experts of max_m rows) per program, [NU, UNITP] rows and
-    # an [NU, BLOCK_E] expert search; GPU: <= 8K rows and <= 16K search elements (8 warps), so the decode
-    # grid stays at a few programs (each of which recounts the ids on the single-launch path). Interpreter:
-    # few large programs (its cost is per program).
-    unit = max_m if masked else bm
-    n_units = e if masked else cap // bm
-    unitp = next_pow2(unit)
-    lim = (1 << 18) if dev.type == "cpu" else (1 << 13)
-    nu = max(1, min(next_pow2(max(n_units, 1)), max(1, lim // unitp), max(1, 2 * lim // block_e)))
-    n_fill = cdiv(n_units, nu)
-    flags = dict(HAS_MAP=expert_map is not None, MASKED=masked, BM=bm, BLOCK_E=block_e, NU=nu, UNITP=unitp,
-                 num_warps=8)
+    has_map = expert_map is not None
     if path not in ("auto", "single", "general"):
         raise ValueError(f"moe_align: path must be 'auto', 'single' or 'general', got {path!r}")
     if path == "single" or (path == "auto" and n <= SMALL_ENTRIES):
-        _align_small_kernel[(max(n_fill, 1),)](ids, emap, sorted_ids, m_ind, eids, inv, counts, mm, offs, tot,
-                                                n, e, e_global, cap, max_m, unit, **flags)
+        if n > SINGLE_MAX_ENTRIES:
+            raise ValueError(f"moe_align: path='single' holds all T*k entries in registers: T*k={n} > "
+                             f"{SINGLE_MAX_ENTRIES}")
+        grid, flags = _small_config(n, e, bm, max_m, masked, has_map, dev.type == "cpu")
+        _align_small_kernel[(grid,)](ids, emap, sorted_ids, m_ind, eids, inv, counts, mm, offs, tot, n, e, e_global,
+                                     cap, max_m, **flags)
     else:
-        n_chunks = max(cdiv(n, CHUNK), 1)
-        part = torch.empty(n_chunks, block_e, **i32)
-        base = torch.empty(n_chunks, block_e, **i32)
-        scratch = torch.empty(3, block_e, **i32)
-        _align_count_kernel[(n_chunks,)](ids, emap, part, n, e, e_global, HAS_MAP=flags["HAS_MAP"],
-                                         BLOCK_E=block_e, CHUNK_=CHUNK)
-        _align_scan_kernel[(1,)](part, base, counts, mm, offs, tot, scratch, n_chunks, e, max_m,
-                                 MASKED=masked, BM=bm, BLOCK_E=block_e)
-        _align_scatter_kernel[(n_chunks + n_fill,)](ids, emap, sorted_ids, m_ind, eids, inv, base, scratch,
-                                                    n, e, e_global, cap, max_m, unit, n_chunks, CHUNK_=CHUNK,
-                                                    **flags)
+        _align_general(ids, emap, sorted_ids, m_ind, eids, inv, counts, mm, offs, tot, n, e, e_global, cap, bm,
+                       max_m, masked, has_map, dev)
     return sorted_ids, m_ind, eids, inv.view(t, k), counts, mm, offs, tot
 
 

@@ -155,6 +155,13 @@ def _align_cases() -> list[BenchCase]:
             lambda i: ref.moe_masked_layout(i["ids"], None, E, MAX_M), _exact,
             bytes_moved=masked_bytes(t, E, K, MAX_M),
             peers={"triton-general": lambda i: tri.moe_masked_layout(i["ids"], None, E, MAX_M, path="general")}))
+    for t in PREFILL_T[:1]:  # T*k > 8192 entries: the three-launch path (suspected serial scatter, NOTES.md)
+        bm = ALIGN_BM
+        out.append(BenchCase(
+            "moe_align", f"T={t} E={E} k={K} block_m={bm}", "prefill", dict(T=t, E=E, k=K, block_m=bm),
+            lambda device, t=t: {"ids": _route_ids(t, E, K, device)},
+            lambda i, b, bm=bm: tuple(ops.moe_align(i["ids"], E, bm, backend=b)),
+            lambda i, bm=bm: ref.moe_align(i["ids"], None, E, bm), _exact, bytes_moved=align_bytes(t, E, K, bm)))
     return out
 
 
