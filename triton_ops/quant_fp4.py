@@ -121,7 +121,7 @@ def _fp4_quantize_kernel(
     M, K, stride_wm, grid_rows, scale_cols_bound, scale_cols_padded, n_partials,
     IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, GS_MODE: tl.constexpr, SWIZZLE: tl.constexpr,
     IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    PARTIALS_BLOCK: tl.constexpr, SCALE_WORDS: tl.constexpr = True,
+    PARTIALS_BLOCK: tl.constexpr,
 ):
     """One program: BLOCK_M rows x BLOCK_K columns, held as [BLOCK_M, blocks, pairs per block] words.
     Pair p of a row is output byte p (element 2p -> low nibble), so no reshapes are needed anywhere.
@@ -168,15 +168,11 @@ def _fp4_quantize_kernel(
     # Scales: the swizzled layout's padding rows/cols are written too, forced to 0 (GEMMs read them;
     # a NaN global scale would otherwise make them NaN).
     scols = pid_k * NB + tl.arange(0, NB)
-    if SWIZZLE and not SCALE_WORDS:  # A/B for perf/probes/quant_variants.py: byte stores (the e0dd1e2 kernel)
-        sofs = swizzled_offset_128x4(rows[:, None], scols[None, :], scale_cols_padded)
-        valid = (rows < M)[:, None] & (scols < K // SB)[None, :]
-        smask = (rows < grid_rows)[:, None] & (scols < scale_cols_bound)[None, :]
-        tl.store(scales_ptr + sofs, tl.where(valid, sbyte, 0).to(tl.uint8), mask=smask)
-    elif SWIZZLE:
+    if SWIZZLE:
         # The 4 scales of a 4-column group are 4 consecutive bytes of the 128x4 layout: one int32 store per
         # group (byte c % 4 at bits 8 * (c % 4)) instead of 4 scattered byte stores (NB is a multiple of 4:
-        # BLOCK_K >= 4 * SB). Offsets in words: swizzled_offset_128x4 / 4 with c % 4 = 0.
+        # BLOCK_K >= 4 * SB). Offsets in words: swizzled_offset_128x4 / 4 with c % 4 = 0. H200, NVFP4 8192^2
+        # (adcb508): 53.5 vs 57.1 us at 2x2048 tiles, equal at 1x4096 (perf/results/probes).
         valid = (rows < M)[:, None] & (scols < K // SB)[None, :]
         sb4 = tl.reshape(tl.where(valid, sbyte, 0).to(tl.int32), [BLOCK_M, NB // 4, 4])
         words4 = tl.sum(sb4 << (tl.arange(0, 4) * 8)[None, None, :], axis=2)

@@ -40,7 +40,7 @@ from triton_ops._launch import emulate_formats  # noqa: E402
 # ============================================================== current kernels with a chosen tile (sweep only)
 
 
-def new_fp4_tile(x, bm, bk, nw, *, is_mx, swizzle, global_scale=None, scale_words=True):
+def new_fp4_tile(x, bm, bk, nw, *, is_mx, swizzle, global_scale=None):
     """Current _fp4_quantize_kernel (given gs or MX) with tile (bm, bk, warps) instead of pick_tile's."""
     k = x.shape[-1]
     block = 32 if is_mx else 16
@@ -57,8 +57,7 @@ def new_fp4_tile(x, bm, bk, nw, *, is_mx, swizzle, global_scale=None, scale_word
         words, codes, scales, global_scale if global_scale is not None else gs_out, gs_out,
         rows, k, words.stride(0), grid_rows, scp if swizzle else k // block, scp, 1,
         IS_MX=is_mx, MX_RCEIL=False, GS_MODE=0 if is_mx else 1, SWIZZLE=swizzle, IN_KIND=0,
-        EMULATE=emulate_formats(x.device), BLOCK_M=bm, BLOCK_K=bk, PARTIALS_BLOCK=1, SCALE_WORDS=scale_words,
-        num_warps=nw)
+        EMULATE=emulate_formats(x.device), BLOCK_M=bm, BLOCK_K=bk, PARTIALS_BLOCK=1, num_warps=nw)
     return codes, scales
 
 
@@ -227,14 +226,11 @@ def main():
         line("fp8 dequant g128 -> bf16: current launcher", graph_us(lambda: Q8.fp8_group_dequantize(*fq, 128, torch.bfloat16), reps), f8_b)
         if not args.sweep or m != SHAPES[0][0]:
             continue
-        print("  tile sweep (BLOCK_M x BLOCK_K, warps), current kernels; swizzled scales as int32 words vs bytes:")
-        _same("nvfp4 swizzled scale words == bytes", new_fp4_tile(x, 1, 4096, 4, is_mx=False, swizzle=True, global_scale=gs),
-              new_fp4_tile(x, 1, 4096, 4, is_mx=False, swizzle=True, global_scale=gs, scale_words=False))
-        for bm, bk, nw in ((2, 2048, 4), (1, 4096, 4), (2, 4096, 8), (4, 1024, 4), (1, 2048, 4)):
-            for words in (True, False):
-                line(f"    nvfp4 given-gs swizzled {bm}x{bk} w{nw} {'words' if words else 'bytes'}", graph_us(lambda: new_fp4_tile(x, bm, bk, nw, is_mx=False, swizzle=True, global_scale=gs, scale_words=words), reps), nv_b)
+        print("  tile sweep (BLOCK_M x BLOCK_K, warps), current kernels:")
+        for bm, bk, nw in ((2, 2048, 4), (1, 4096, 4), (2, 4096, 8), (4, 1024, 4)):
+            line(f"    nvfp4 given-gs swizzled {bm}x{bk} w{nw}", graph_us(lambda: new_fp4_tile(x, bm, bk, nw, is_mx=False, swizzle=True, global_scale=gs), reps), nv_b)
             line(f"    nvfp4 given-gs linear   {bm}x{bk} w{nw}", graph_us(lambda: new_fp4_tile(x, bm, bk, nw, is_mx=False, swizzle=False, global_scale=gs), reps), nv_b)
-            line(f"    mxfp4 floor swizzled    {bm}x{bk} w{nw} words", graph_us(lambda: new_fp4_tile(x, bm, bk, nw, is_mx=True, swizzle=True), reps), mx_b)
+            line(f"    mxfp4 floor swizzled    {bm}x{bk} w{nw}", graph_us(lambda: new_fp4_tile(x, bm, bk, nw, is_mx=True, swizzle=True), reps), mx_b)
             line(f"    mxfp4 floor linear      {bm}x{bk} w{nw}", graph_us(lambda: new_fp4_tile(x, bm, bk, nw, is_mx=True, swizzle=False), reps), mx_b)
 
 if __name__ == "__main__":
