@@ -14,6 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", help="describe another arch (e.g. sm_100); default: this machine")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     parser.add_argument("--json", help="check: also write results as JSON to this path")
+    parser.add_argument("--ops", nargs="+", help="check: only these ops (e.g. under compute-sanitizer)")
     args = parser.parse_args(argv)
 
     import torch
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.setdefault("TRITON_INTERPRET", "1")
         from .selfcheck import run_selfcheck
 
-        return run_selfcheck(json_path=args.json)
+        return run_selfcheck(json_path=args.json, ops=args.ops)
 
     from .arch import normalize_arch, resolve_arch
     from .describe import format_table

@@ -97,7 +97,7 @@ def _time_call(fn, device, reps: int) -> float:
     return statistics.median(times)
 
 
-def run_selfcheck(json_path: str | None = None) -> int:
+def run_selfcheck(json_path: str | None = None, ops: list[str] | None = None) -> int:
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda" if on_gpu else "cpu")
     small = not on_gpu or os.environ.get("LOWBIT_SELFCHECK_SMALL") == "1"  # small: e.g. under compute-sanitizer
@@ -110,7 +110,12 @@ def run_selfcheck(json_path: str | None = None) -> int:
     header = f"{'op':<24} {'case':<34} {'backend':<21} {'result':<8} {'error':<22} {'ms/call':>9}"
     print(header + "\n" + "-" * len(header))
     failures, records = 0, []
+    unknown = sorted(set(ops or ()) - set(TABLE))
+    if unknown:
+        raise SystemExit(f"dispatch check --ops: unknown op(s) {', '.join(unknown)}")
     for case in all_cases():
+        if ops and case.op not in ops:
+            continue
         args = case.make_args(device, small)
         op = getattr(torch.ops.lowbit, case.op)
         has_triton_cpu = any(e.backend == "triton" and "cpu" in e.archs for e in TABLE[case.op])

@@ -5,7 +5,7 @@
 # Usage (device tool, repo root):  bash perf/gpu_check.sh [tests|sanitize|selfcheck|probes|bench|all]...
 # Optional: .whl/ (carried) holds extra wheels (e.g. liger-kernel), installed to /tmp/site first;
 #           .carry/env.sh (carried) puts CuTeDSL on the path.
-# Knobs (env): TEST_TIME, TEST_ARGS (default: tests), SANITIZE_TIME, SANITIZERS ("memcheck racecheck"), BENCH_TIME, BENCH_ARGS,
+# Knobs (env): TEST_TIME, TEST_ARGS (default: tests), SANITIZE_TIME, SANITIZERS ("memcheck racecheck"), SANITIZE_OPS, BENCH_TIME, BENCH_ARGS,
 #              HYPOTHESIS_PROFILE (default gpu), LOWBIT_GIT_COMMIT.
 # A full run takes longer than one 10-minute device call: split it, e.g. `tests sanitize selfcheck`, then `bench`.
 set -uo pipefail
@@ -58,7 +58,7 @@ if want sanitize; then
   : > "$OUT/sanitizer.log"
   for tool in ${SANITIZERS:-memcheck racecheck}; do
     LOWBIT_SELFCHECK_SMALL=1 timeout "${SANITIZE_TIME:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
-      python3 -m dispatch check >> "$OUT/sanitizer.log" 2>&1
+      python3 -m dispatch check ${SANITIZE_OPS:+--ops $SANITIZE_OPS} >> "$OUT/sanitizer.log" 2>&1
     note "compute-sanitizer $tool (rc=$?): $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -n 1)"
   done
 fi
