@@ -201,6 +201,28 @@ def test_align_paths_agree(device, t):
             assert_same_bytes(a, b, f"{fn.__name__} output {i} T={t}")
 
 
+@pytest.mark.parametrize("dist, ep", [("uniform", True), ("repeats", False), ("hot", True)])
+def test_align_general_gpu_chunks(monkeypatch, dist, ep):
+    """The three-launch path with its GPU chunking (128 entries per chunk program, a partial last chunk) and a
+    scan that loops over chunk blocks, run under the interpreter (where the default is one large chunk)."""
+    from triton_ops import moe_align as tri
+
+    monkeypatch.setattr(tri, "GENERAL_CHUNK_CPU", tri.GENERAL_CHUNK)
+    monkeypatch.setattr(tri, "SCAN_ELEMS_CPU", 4 * tri.SCAN_EB)  # 4 chunks per scan step: 3 steps
+    ids = _ids(150, 8, 64, dist, 7)  # 1200 entries: 10 chunks, the last one 48 long
+    emap = torch.where(torch.arange(64) % 2 == 1, torch.arange(64) // 2, -1).to(torch.int32) if ep else None
+    e = 32 if ep else 64
+    for bm in (1, 16):
+        got, want = tri.moe_align(ids, emap, e, bm, path="general"), ref.moe_align(ids, emap, e, bm)
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert_same_bytes(a, b, f"moe_align output {i} bm={bm}")
+    for max_m in (3, 64):
+        got = tri.moe_masked_layout(ids, emap, e, max_m, path="general")
+        want = ref.moe_masked_layout(ids, emap, e, max_m)
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert_same_bytes(a, b, f"moe_masked_layout output {i} max_m={max_m}")
+
+
 @pytest.mark.parametrize("t, dist, ep", [(64, "uniform", True), (5, "hot", False)])
 def test_align_single_launch_gpu_grid(monkeypatch, t, dist, ep):
     """The single-launch kernel with its GPU grid (one expert per program; the rows past the padded total

@@ -8,10 +8,11 @@ Align paths:
   (e == x) along the entries, expert starts by one tl.histogram of the entries; it writes its experts' rows,
   padding, block ids and inverse map, plus an equal share of the rows past the padded total. No program
   waits for another and the grid (E / EPP) depends on shapes only.
-* large: three launches: per-chunk counts -> one program scans chunks (per-expert offsets) -> scatter
-  chunks + fill row blocks. Counting and ranking there use one-hot tiles [CH entries, E experts] (a
-  per-expert histogram by tl.sum, a rank by tl.cumsum down the entries), walked CH entries at a time with a
-  running per-expert count, so entry order (token, slot) is the order inside each expert.
+* large: three launches over chunks of GENERAL_CHUNK entries, grid fixed by the shapes: per-chunk expert
+  counts by one tl.histogram -> per-(chunk, expert) bases by a cumsum down the chunks (programs over expert
+  blocks) -> scatter (an entry's rank inside its chunk from one [CH, CH] compare of the earlier same-expert
+  entries; no loop over the entries) + fill row blocks. Entry order (token, slot) is the order inside each
+  expert, like the reference's stable sort.
 """
 
 from __future__ import annotations
@@ -28,8 +29,13 @@ from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
 SMALL_ENTRIES = 1024  # T*k at or below this takes the single-launch path
 SINGLE_MAX_ENTRIES = 8192  # path='single' (probes) holds all entries in registers: bounded
 SMALL_WARPS = 4
-CH = tl.constexpr(32)  # entries per one-hot tile
-CHUNK = 1024  # entries per program on the large path
+GENERAL_CHUNK = 128  # GPU entries per chunk program on the large path ([CH, CH] rank compare: 16K elements)
+GENERAL_CHUNK_CPU = 1024  # interpreter: few large programs (its cost is per program)
+GENERAL_WARPS = 4  # chunk >= 32 * warps: the histogram input is never replicated across threads
+SCAN_EB = 16  # experts per scan program (E=256: 16 programs)
+SCAN_ELEMS = 8192  # [chunks, SCAN_EB] tile of one scan step
+SCAN_ELEMS_CPU = 1 << 20  # interpreter: one scan step
+SCAN_WARPS = 8  # 32 tile elements per thread (4 warps spill the cumsum at 8K elements)
 
 
 @triton.jit
@@ -41,38 +47,6 @@ def _local(ids_ptr, map_ptr, offs, hi, E, E_GLOBAL, HAS_MAP: tl.constexpr):
         inr = ok & (g >= 0) & (g < E_GLOBAL)
         g = tl.load(map_ptr + g, mask=inr, other=-1).to(tl.int32)
     return tl.where(ok & (g >= 0) & (g < E), g, -1)
-
-
-@triton.jit
-def _count(ids_ptr, map_ptr, lo, hi, E, E_GLOBAL, HAS_MAP: tl.constexpr, BLOCK_E: tl.constexpr):
-    """Per-expert counts of entries [lo, hi). The one-hot tiles are summed elementwise and reduced across the
-    CH entries once at the end (one cross-thread reduction instead of one per tile)."""
-    ecols = tl.arange(0, BLOCK_E)
-    acc = tl.zeros([CH, BLOCK_E], tl.int32)
-    for c0 in range(lo, hi, CH):
-        e = _local(ids_ptr, map_ptr, c0 + tl.arange(0, CH), hi, E, E_GLOBAL, HAS_MAP)
-        acc += (e[:, None] == ecols[None, :]).to(tl.int32)
-    return tl.sum(acc, 0)
-
-
-@triton.jit
-def _scatter(ids_ptr, map_ptr, sorted_ptr, inv_ptr, lo, hi, E, E_GLOBAL, base_rank, start, limit,
-             HAS_MAP: tl.constexpr, BLOCK_E: tl.constexpr):
-    """Entries [lo, hi): rank = base_rank[e] + (same-expert entries before it in [lo, hi)); kept while
-    rank < limit; row = start[e] + rank. Writes sorted[row] = entry and inv[entry] = row or -1."""
-    ecols = tl.arange(0, BLOCK_E)
-    running = base_rank
-    for c0 in range(lo, hi, CH):
-        offs = c0 + tl.arange(0, CH)
-        e = _local(ids_ptr, map_ptr, offs, hi, E, E_GLOBAL, HAS_MAP)
-        onehot = (e[:, None] == ecols[None, :]).to(tl.int32)
-        before = tl.cumsum(onehot, 0) - onehot + running[None, :]
-        rank = tl.sum(onehot * before, 1)
-        row = tl.sum(onehot * start[None, :], 1) + rank
-        keep = (e >= 0) & (rank < limit)
-        tl.store(sorted_ptr + row, offs, mask=keep & (offs < hi))
-        tl.store(inv_ptr + offs, tl.where(keep, row, -1), mask=offs < hi)
-        running += tl.sum(onehot, 0)
 
 
 @triton.jit
@@ -208,47 +182,77 @@ def _align_small_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_pt
 
 
 @triton.jit
+def _chunk_entries(ids_ptr, map_ptr, pid, N, E, E_GLOBAL, HAS_MAP: tl.constexpr, CH: tl.constexpr):
+    """Entries of chunk pid and their local experts (-1: not local / past N). Offsets through a select (lanes
+    past N read as N, masked everywhere): not provably contiguous, so the ids load, the inv store and the
+    data-dependent row stores share one layout (see _align_small_kernel)."""
+    offs = pid * CH + tl.arange(0, CH)
+    offs = tl.where(offs < N, offs, N)
+    return offs, _local(ids_ptr, map_ptr, offs, N, E, E_GLOBAL, HAS_MAP)
+
+
+@triton.jit
 def _align_count_kernel(ids_ptr, map_ptr, part_ptr, N, E, E_GLOBAL,
-                        HAS_MAP: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_: tl.constexpr):
+                        HAS_MAP: tl.constexpr, BLOCK_E: tl.constexpr, CH: tl.constexpr):
+    """part[c, x] = entries of chunk c with local expert x: one tl.histogram, no loop."""
     pid = tl.program_id(0)
-    lo = pid * CHUNK_
-    counts = _count(ids_ptr, map_ptr, lo, tl.minimum(lo + CHUNK_, N), E, E_GLOBAL, HAS_MAP, BLOCK_E)
-    ecols = tl.arange(0, BLOCK_E)
-    tl.store(part_ptr + pid * BLOCK_E + ecols, counts)
+    _, e = _chunk_entries(ids_ptr, map_ptr, pid, N, E, E_GLOBAL, HAS_MAP, CH)
+    counts = tl.histogram(e, BLOCK_E, mask=e >= 0)
+    tl.store(part_ptr + pid.to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E), counts)
 
 
 @triton.jit
-def _align_scan_kernel(part_ptr, base_ptr, cnt_ptr, mm_ptr, off_ptr, tot_ptr, start_ptr, n_chunks, E, max_m,
-                       MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr):
-    ecols = tl.arange(0, BLOCK_E)
-    running = tl.zeros([BLOCK_E], tl.int32)
-    for c in range(n_chunks):
-        tl.store(base_ptr + c * BLOCK_E + ecols, running)
-        running += tl.load(part_ptr + c * BLOCK_E + ecols)
-    start, padded = _offsets(running, max_m, MASKED, BM, BLOCK_E)
-    _write_expert_tensors(running, start, padded, cnt_ptr, mm_ptr, off_ptr, tot_ptr, E, max_m, MASKED, BLOCK_E)
-    tl.store(start_ptr + ecols, start)  # scratch copies for the scatter / fill programs
-    tl.store(start_ptr + BLOCK_E + ecols, running)
-    tl.store(start_ptr + 2 * BLOCK_E + ecols, padded)
+def _align_scan_kernel(part_ptr, base_ptr, tot_ptr, n_chunks,
+                       BLOCK_E: tl.constexpr, EB: tl.constexpr, CB: tl.constexpr):
+    """Program p owns experts [p*EB, p*EB + EB): base[c, x] = sum of part[c', x] over chunks c' < c (a cumsum
+    down [CB chunks, EB] tiles, CB >= all chunks at the usual sizes), tot[x] = all of them."""
+    ex = tl.program_id(0) * EB + tl.arange(0, EB)
+    c = tl.arange(0, CB)
+    running = tl.zeros([EB], tl.int32)
+    for c0 in range(0, n_chunks, CB):
+        rows = c0 + c
+        m = (rows < n_chunks)[:, None]
+        at = rows.to(tl.int64)[:, None] * BLOCK_E + ex[None, :]
+        p = tl.load(part_ptr + at, mask=m, other=0)
+        tl.store(base_ptr + at, tl.cumsum(p, 0) - p + running[None, :], mask=m)
+        running += tl.sum(p, 0)
+    tl.store(tot_ptr + ex, running)
 
 
 @triton.jit
-def _align_scatter_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_ptr, base_ptr, start_ptr,
-                          N, E, E_GLOBAL, cap, max_m, unit, n_chunks,
+def _align_scatter_kernel(ids_ptr, map_ptr, sorted_ptr, mind_ptr, eids_ptr, inv_ptr, base_ptr, tot_ptr,
+                          cnt_ptr, mm_ptr, off_ptr, total_ptr, N, E, E_GLOBAL, cap, max_m, unit, n_chunks,
                           HAS_MAP: tl.constexpr, MASKED: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr,
-                          CHUNK_: tl.constexpr, NU: tl.constexpr, UNITP: tl.constexpr):
+                          CH: tl.constexpr, NU: tl.constexpr, UNITP: tl.constexpr):
+    """Programs [0, n_chunks): chunk pid's entries; rank = base[pid, e] + same-expert entries earlier in the
+    chunk (one [CH, CH] compare, summed); kept while rank < limit; row = start[e] + rank. Programs past
+    n_chunks: padding / tail rows (_fill). Program 0 also writes counts / offsets / masked_m / total."""
     pid = tl.program_id(0)
     ecols = tl.arange(0, BLOCK_E)
-    start = tl.load(start_ptr + ecols)
+    counts = tl.load(tot_ptr + ecols)
+    start, padded = _offsets(counts, max_m, MASKED, BM, BLOCK_E)
+    if pid == 0:
+        _write_expert_tensors(counts, start, padded, cnt_ptr, mm_ptr, off_ptr, total_ptr, E, max_m, MASKED,
+                              BLOCK_E)
     if pid < n_chunks:
-        lo = pid * CHUNK_
-        base = tl.load(base_ptr + pid * BLOCK_E + ecols)
-        limit = max_m if MASKED else N + 1
-        _scatter(ids_ptr, map_ptr, sorted_ptr, inv_ptr, lo, tl.minimum(lo + CHUNK_, N), E, E_GLOBAL, base, start,
-                 limit, HAS_MAP, BLOCK_E)
+        offs, e = _chunk_entries(ids_ptr, map_ptr, pid, N, E, E_GLOBAL, HAS_MAP, CH)
+        ok = e >= 0
+        ex = tl.where(ok, e, 0)
+        i = tl.arange(0, CH)
+        # [j, i]: entry j is earlier than entry i and has the same expert; summed down axis 0 (the warps' axis
+        # of the default layout: per-thread adds, then one cross-warp step; summing axis 1 costs a warp
+        # reduction per row)
+        earlier = (e[:, None] == e[None, :]) & (i[:, None] < i[None, :])
+        rank = tl.load(base_ptr + pid.to(tl.int64) * BLOCK_E + ex, mask=ok, other=0) + tl.sum(earlier.to(tl.int32), 0)
+        if MASKED:
+            keep = ok & (rank < max_m)
+            row = ex * max_m + rank
+        else:
+            keep = ok
+            row = tl.gather(start, ex, 0) + rank
+        tl.store(sorted_ptr + row, offs, mask=keep)
+        tl.store(inv_ptr + offs, tl.where(keep, row, -1), mask=offs < N)
     else:
-        counts = tl.load(start_ptr + BLOCK_E + ecols)
-        padded = tl.load(start_ptr + 2 * BLOCK_E + ecols)
         _fill(sorted_ptr, mind_ptr, eids_ptr, pid - n_chunks, cap, N, E, start, counts, padded, unit, MASKED,
               NU, UNITP, BLOCK_E)
 
@@ -272,27 +276,32 @@ def _small_config(n: int, e: int, bm: int, max_m: int, masked: bool, has_map: bo
 def _align_general(ids, emap, sorted_ids, m_ind, eids, inv, counts, mm, offs, tot, n, e, e_global, cap, bm, max_m,
                    masked, has_map, dev):
     i32 = dict(dtype=torch.int32, device=dev)
-    block_e = next_pow2(max(e, 1))
+    cpu = dev.type == "cpu"
+    block_e = max(next_pow2(max(e, 1)), 32)  # >= 32 histogram bins, >= SCAN_EB
+    ch = GENERAL_CHUNK_CPU if cpu else GENERAL_CHUNK
     # fill tiles: NU units (blocks of block_m rows, or experts of max_m rows) per program, [NU, UNITP] rows and
-    # an [NU, BLOCK_E] expert search; GPU: <= 8K rows and <= 16K search elements (8 warps). Interpreter:
-    # few large programs (its cost is per program).
+    # an [NU, BLOCK_E] expert search; GPU: <= 8K rows and <= 16K search elements. Interpreter: few large
+    # programs (its cost is per program).
     unit = max_m if masked else bm
     n_units = e if masked else cap // bm
     unitp = next_pow2(unit)
-    lim = (1 << 18) if dev.type == "cpu" else (1 << 13)
+    lim = (1 << 18) if cpu else (1 << 13)
     nu = max(1, min(next_pow2(max(n_units, 1)), max(1, lim // unitp), max(1, 2 * lim // block_e)))
     n_fill = cdiv(n_units, nu)
-    flags = dict(HAS_MAP=has_map, MASKED=masked, BM=bm, BLOCK_E=block_e, NU=nu, UNITP=unitp, num_warps=8)
-    n_chunks = max(cdiv(n, CHUNK), 1)
+    n_chunks = max(cdiv(n, ch), 1)
+    eb = SCAN_EB
+    cb = min(next_pow2(n_chunks), max(1, (SCAN_ELEMS_CPU if cpu else SCAN_ELEMS) // eb))
     part = torch.empty(n_chunks, block_e, **i32)
     base = torch.empty(n_chunks, block_e, **i32)
-    scratch = torch.empty(3, block_e, **i32)
-    _align_count_kernel[(n_chunks,)](ids, emap, part, n, e, e_global, HAS_MAP=has_map, BLOCK_E=block_e,
-                                     CHUNK_=CHUNK)
-    _align_scan_kernel[(1,)](part, base, counts, mm, offs, tot, scratch, n_chunks, e, max_m,
-                             MASKED=masked, BM=bm, BLOCK_E=block_e)
-    _align_scatter_kernel[(n_chunks + n_fill,)](ids, emap, sorted_ids, m_ind, eids, inv, base, scratch,
-                                                n, e, e_global, cap, max_m, unit, n_chunks, CHUNK_=CHUNK, **flags)
+    totals = torch.empty(block_e, **i32)
+    _align_count_kernel[(n_chunks,)](ids, emap, part, n, e, e_global, HAS_MAP=has_map, BLOCK_E=block_e, CH=ch,
+                                     num_warps=GENERAL_WARPS)
+    _align_scan_kernel[(block_e // eb,)](part, base, totals, n_chunks, BLOCK_E=block_e, EB=eb, CB=cb,
+                                         num_warps=SCAN_WARPS)
+    _align_scatter_kernel[(n_chunks + n_fill,)](ids, emap, sorted_ids, m_ind, eids, inv, base, totals, counts, mm,
+                                                offs, tot, n, e, e_global, cap, max_m, unit, n_chunks,
+                                                HAS_MAP=has_map, MASKED=masked, BM=bm, BLOCK_E=block_e, CH=ch,
+                                                NU=nu, UNITP=unitp, num_warps=GENERAL_WARPS)
 
 
 def _align(topk_ids, expert_map, num_experts, bm, max_m, masked, path="auto"):
