@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dispatch.arch import env_reader
+
 EXPORT_NAME = "func"
 LOCK_TIMEOUT_S = 300.0  # a cold compile of one kernel takes a few seconds; this only bounds a stuck holder
 ARCH_ENV = "CUTE_DSL_ARCH"
@@ -51,13 +53,12 @@ _memory: dict[tuple, Callable] = {}
 _lock = threading.Lock()
 
 
-_ENV_RAW = getattr(os.environ, "_data", None)  # os.environ.get of a missing key costs ~2 us (raise + catch)
-_ARCH_ENV_KEY = os.environ.encodekey(ARCH_ENV) if _ENV_RAW is not None else ARCH_ENV
+_read_arch_env = env_reader(ARCH_ENV)
 
 
 def arch_env() -> str | bytes | None:
     """The raw CUTE_DSL_ARCH value (cheap: for per-call cache keys)."""
-    return _ENV_RAW.get(_ARCH_ENV_KEY) if _ENV_RAW is not None else os.environ.get(ARCH_ENV)
+    return _read_arch_env()[0]
 
 
 def target_arch(device_index: int | None = None) -> str:

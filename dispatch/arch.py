@@ -61,3 +61,15 @@ def resolve_arch() -> str:
     if torch.cuda.is_available():
         return _cuda_arch(torch.cuda.current_device())
     return "cpu"
+
+
+def env_reader(*names: str):
+    """A function returning the raw values of env vars `names` (None where unset), cheap enough for per-call
+    cache keys: os.environ.get of a missing key costs ~2 us (it raises and catches KeyError inside); the raw
+    mapping under os.environ, which its setters (and so monkeypatch and users) keep in sync, costs ~0.1 us."""
+    raw = getattr(os.environ, "_data", None)
+    if raw is None:  # not CPython's _Environ: the public, slower path
+        return lambda: tuple(map(os.environ.get, names))
+    keys = tuple(os.environ.encodekey(name) for name in names)
+    return lambda: tuple(map(raw.get, keys))
+

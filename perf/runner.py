@@ -181,6 +181,19 @@ def time_passes(fn: Callable[[Any], Any], arg_sets: list, device: torch.device, 
     return Timing(med, p20, p80, len(per_call), k)
 
 
+def host_us_per_call(fn: Callable[[], Any], n: int = 2000, warmup: int = 50) -> float:
+    """Wall-clock microseconds per call over n back-to-back calls (CUDA synchronized before and after only):
+    the host cost of an eager call when its GPU work is shorter than its Python path (decode-size calls)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 def measure_roofline(device: torch.device, quick: bool = False) -> Roofline:
     """Copy bandwidth and matmul rates measured here and now (the ceilings every case is held against)."""
     if device.type == "cuda":

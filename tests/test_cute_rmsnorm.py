@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -384,18 +383,8 @@ def test_gpu_call_overhead_report(capsys):
     fn = rmsnorm.compiled(cfg)
     y = torch.empty_like(x)
 
-    def per_call(f, n=2000):
-        for _ in range(50):
-            f()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            f()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        return (t1 - t0) / n * 1e6
-
     import triton_ops.rmsnorm as tr
+    from perf.runner import host_us_per_call as per_call
 
     rows = {
         "cute raw TVM-FFI call": per_call(lambda: fn(x, w, None, None, y, None, None, None, 1e-6, 1e-10)),

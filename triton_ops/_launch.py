@@ -45,7 +45,7 @@ def pick_tile(rows: int, k: int, device: torch.device, *, min_block_k: int, max_
 
 
 @functools.lru_cache(maxsize=4096)  # called on every eager launch; the answer depends only on the sizes
-def _pick_tile(rows: int, k: int, interpreter: bool, min_block_k: int, max_wide_k: int) -> TileConfig:
+def _pick_tile(rows: int, k: int, interpreter: bool, min_block_k: int, max_block_k: int) -> TileConfig:
     """Analytical tile choice for the streaming quant kernels.
 
     GPU: 4096 elements and 4 warps per program (the best of a 13-config sweep on an H200 for NVFP4, MXFP4
@@ -53,15 +53,15 @@ def _pick_tile(rows: int, k: int, interpreter: bool, min_block_k: int, max_wide_
     short batches (decode) take 512-column tiles so a single row still spreads over several SMs.
     Interpreter: the cost is per program, so take the largest tiles that keep numpy arrays small.
     min_block_k is the format block times 4, so one program owns whole 4-column groups of swizzled scales.
-    max_wide_k: the widest tile for long-row batches; the FP4 quantizers take one 4096-column row per program
+    max_block_k: the widest tile for long-row batches (GPU); the FP4 quantizers take one 4096-column row per program
     (H200, 8192x8192 bf16, graph replay, commit e0dd1e2: NVFP4 swizzled 53.7 us vs 57.4 at 2x2048, MXFP4 47.1 vs
     48.5; perf/results/probes), the others keep 2048 (FP8 measured equal; dequantizers not swept).
     """
     if interpreter:
-        target_elems, max_block_k = 32768, 2048
+        target_elems, widest = 32768, 2048
     else:
-        target_elems, max_block_k = 4096, (max_wide_k if rows >= 64 else 512)
-    block_k = max(min_block_k, min(next_pow2(k), max_block_k))
+        target_elems, widest = 4096, (max_block_k if rows >= 64 else 512)
+    block_k = max(min_block_k, min(next_pow2(k), widest))
     block_m = max(1, min(next_pow2(rows), target_elems // block_k))
     return TileConfig(block_m, block_k, num_warps=4)
 

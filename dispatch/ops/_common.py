@@ -8,12 +8,11 @@ can be remembered per call signature: that is the eager fast path in `call`.
 
 from __future__ import annotations
 
-import os
 import threading
 
 import torch
 
-from ..arch import ARCH_ENV
+from ..arch import ARCH_ENV, env_reader
 from ..registry import BACKEND_ENV, _scoped, select
 from ..table import TABLE
 
@@ -26,11 +25,7 @@ _FAST_MAX = 4096  # signatures; cleared when full (shapes churn only in odd work
 # Environment that select() or a backend's refusal reads on every call (tests and users flip these at runtime).
 # The last one turns on value checks that sync (ops/rope.py): while it is set, every call takes the checked path.
 _SELECT_ENV = (BACKEND_ENV, ARCH_ENV, "TRITON_INTERPRET", "LOWBIT_CUTE_UNVERIFIED", "LOWBIT_CHECK_INDICES")
-# os.environ.get costs ~2 us per missing key (it raises and catches KeyError inside); the raw mapping under
-# os.environ (kept in sync by os.environ's setters, which is what monkeypatch and users go through) costs 0.1.
-_ENV_RAW = getattr(os.environ, "_data", None)
-_ENV_KEYS = tuple(os.environ.encodekey(k) for k in _SELECT_ENV) if _ENV_RAW is not None else _SELECT_ENV
-_ENV_GET = _ENV_RAW.get if _ENV_RAW is not None else os.environ.get
+_read_select_env = env_reader(*_SELECT_ENV)
 _PLAIN = frozenset({type(None), bool, int, float, str, torch.dtype})
 _record = threading.local()
 
@@ -57,7 +52,7 @@ def _signature(args: tuple):
             sig.append((a.dtype, a.device, a.shape, a.stride(), a.storage_offset() % 16, a.data_ptr() % 16))
         else:
             return None
-    env = tuple(map(_ENV_GET, _ENV_KEYS))
+    env = _read_select_env()
     if env[-1] is not None:
         return None
     return (tuple(sig), _scoped.get(), env)

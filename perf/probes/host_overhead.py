@@ -16,20 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
+from perf.runner import host_us_per_call
 
-def per_call_us(fn, n: int = 3000) -> float:
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
+
+def per_call_us(fn) -> float:
+    return host_us_per_call(fn, n=3000, warmup=100)
 
 
 def _probe_kernel():
