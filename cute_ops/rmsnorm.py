@@ -227,6 +227,22 @@ def _rows(arg: str, t: torch.Tensor) -> torch.Tensor:
     return t if t.dim() == 2 and t.stride(-1) == 1 else rows_view("rms_norm", arg, t)
 
 
+def _compiled_for(x, weight, residual, weight_offset, mode, group_size, ue8m0, swizzle):
+    """The compiled TVM-FFI function for these arguments: one dict lookup per call (pick_config + compiled +
+    target_arch cost ~5-8 us on the H200's host); the arch env var is part of the key since CPU CI flips it
+    between compiles."""
+    dev = x.device
+    launch_key = (x.dtype, weight.dtype, x.shape[-1], mode, residual is not None, weight_offset, group_size, ue8m0,
+                  swizzle, dev.index, _compile.arch_env())
+    fn = _LAUNCH_FNS.get(launch_key)
+    if fn is None:
+        arch = _compile.target_arch(dev.index)
+        cfg = pick_config(x.dtype, weight.dtype, x.shape[-1], mode, residual is not None, weight_offset, group_size,
+                          ue8m0, swizzle, arch)
+        fn = _LAUNCH_FNS[launch_key] = compiled(cfg)
+    return fn
+
+
 def _launch(x, weight, residual, eps, weight_offset, *, mode, group_size=16, quant_eps=1e-10, ue8m0=False,
             column_major=False, swizzle=False, global_scale=None):
     # Host cost matters here (decode calls are ~5 us of GPU time): no per-call imports, dataclass copies or
@@ -235,7 +251,7 @@ def _launch(x, weight, residual, eps, weight_offset, *, mode, group_size=16, qua
     x2 = _rows("x", x)
     rows = x2.shape[0]
     dev = x.device
-    new_res = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else x.new_empty(0)
+    new_res = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
     y = q = scales = gs_out = None
     if mode == "none":
         y = torch.empty(*lead, k, dtype=x.dtype, device=dev)
@@ -257,17 +273,7 @@ def _launch(x, weight, residual, eps, weight_offset, *, mode, group_size=16, qua
         if residual is not None:
             new_res.copy_((x.float() + residual.float()).to(x.dtype))
         return _results(mode, y, q, scales, gs_out, new_res)
-
-    # One dict lookup per call for the compiled function (pick_config + compiled + target_arch cost ~5-8 us on
-    # the H200's host); the arch env var is part of the key since CPU CI flips it between compiles.
-    launch_key = (x.dtype, weight.dtype, k, mode, residual is not None, weight_offset, group_size, ue8m0, swizzle,
-                  dev.index, _compile.arch_env())
-    fn = _LAUNCH_FNS.get(launch_key)
-    if fn is None:
-        arch = _compile.target_arch(dev.index)
-        cfg = pick_config(x.dtype, weight.dtype, k, mode, residual is not None, weight_offset, group_size, ue8m0,
-                          swizzle, arch)
-        fn = _LAUNCH_FNS[launch_key] = compiled(cfg)
+    fn = _compiled_for(x, weight, residual, weight_offset, mode, group_size, ue8m0, swizzle)
     r2 = _rows("residual", residual) if residual is not None else None
     ro2 = _rows("new residual", new_res) if residual is not None else None
     w = weight.contiguous()
@@ -294,6 +300,52 @@ def _results(mode, y, q, scales, gs_out, new_res):
     return q, scales, new_res
 
 
+# ------------------------------------------------------------------------------ per-signature launchers
+
+
+def _specialize(mode, x, weight, residual, eps, weight_offset, group_size=16, quant_eps=1e-10, ue8m0=False,
+                column_major=False):
+    """A launcher for repeated eager calls with exactly this call signature (dispatch/ops/_common.call keeps
+    it per signature: dtypes, shapes, strides, alignment and the plain arguments are fixed), or None where the
+    general path must run. It keeps only what a decode call cannot avoid: the output allocations and the
+    TVM-FFI call (everything else, the compiled-function lookup, views and checks, was done once here).
+    Taken for 2-D row-contiguous x (and residual), bf16/fp8 outputs with row-major scales, rows > 0."""
+    if mode not in ("none", "fp8") or column_major or x.dim() != 2 or not x.is_contiguous() or x.shape[0] == 0:
+        return None
+    if residual is not None and (residual.dim() != 2 or not residual.is_contiguous()):
+        return None
+    if not weight.is_contiguous() or x.device.index is None:
+        return None
+    fn = _compiled_for(x, weight, residual, weight_offset, mode, group_size, ue8m0, False)
+    eps, quant_eps = float(eps), float(quant_eps)
+    device = x.device
+    index = device.index
+    get_device = torch._C._cuda_getDevice  # the TVM-FFI env stream is the current device's current stream
+    k = x.shape[-1]
+    n_groups = k // group_size
+    fp8 = torch.float8_e4m3fn
+
+    if mode == "none":
+        def launch(x, weight, residual, *_):
+            if get_device() != index:
+                return _launch(x, weight, residual, eps, weight_offset, mode=mode)
+            y = torch.empty_like(x)
+            new_res = None if residual is None else torch.empty_like(x)
+            fn(x, weight, residual, new_res, y, None, None, None, eps, quant_eps)
+            return y, new_res
+    else:
+        def launch(x, weight, residual, *_):
+            if get_device() != index:
+                return _launch(x, weight, residual, eps, weight_offset, mode=mode, group_size=group_size,
+                               quant_eps=quant_eps, ue8m0=ue8m0)
+            q = torch.empty(x.shape, dtype=torch.uint8, device=device)
+            scales = torch.empty((x.shape[0], n_groups), dtype=torch.float32, device=device)
+            new_res = None if residual is None else torch.empty_like(x)
+            fn(x, weight, residual, new_res, None, q, scales, None, eps, quant_eps)
+            return q.view(fp8), scales, new_res
+    return launch
+
+
 # ------------------------------------------------------------------------------- backend entry points
 # Same signatures as the torch ops in dispatch/ops/norm_act.py, minus `backend`.
 
@@ -302,9 +354,15 @@ def rms_norm(x, weight, residual, eps, weight_offset):
     return _launch(x, weight, residual, eps, weight_offset, mode="none")
 
 
+rms_norm.specialize = lambda *args: _specialize("none", *args)
+
+
 def rms_norm_fp8_group(x, weight, residual, eps, weight_offset, group_size, quant_eps, ue8m0, column_major):
     return _launch(x, weight, residual, eps, weight_offset, mode="fp8", group_size=group_size, quant_eps=quant_eps,
                    ue8m0=ue8m0, column_major=column_major)
+
+
+rms_norm_fp8_group.specialize = lambda *args: _specialize("fp8", *args)
 
 
 def rms_norm_nvfp4(x, weight, residual, eps, weight_offset, global_scale, swizzle):

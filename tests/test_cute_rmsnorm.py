@@ -320,6 +320,36 @@ def test_gpu_matches_triton_backend():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rms_norm", "rms_norm_fp8_group"])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_gpu_repeated_calls_take_the_prepared_launcher(op, with_residual):
+    """Calls 2.. with one signature run the launcher cute_ops.rmsnorm prepared on call 1 (dispatch/ops/_common.py
+    `specialize`): it must give the reference's bytes on new values, write fresh outputs each call, and leave
+    the residual None without one."""
+    from dispatch import ops
+    from dispatch.ops import _common
+
+    fn = getattr(ops, op)
+    outs = []
+    for seed in range(3):
+        x, w, r = _gpu_inputs(16, 7168, seed=10 + seed, residual=with_residual)
+        want = fn(x, w, 1e-6, residual=r, backend="torch")
+        got = fn(x.cuda(), w.cuda(), 1e-6, residual=None if r is None else r.cuda(), backend="cute")
+        a, b = (got.out, want.out) if op == "rms_norm" else (got.quantized.codes, want.quantized.codes)
+        _same(a, b, f"call {seed} output")
+        if op != "rms_norm":
+            _same(got.quantized.scales, want.quantized.scales, f"call {seed} scales")
+        if with_residual:
+            _same(got.residual, want.residual, f"call {seed} new residual")
+        else:
+            assert got.residual is None
+        outs.append(a)
+    assert len({o.data_ptr() for o in outs}) == 3  # fresh outputs, never a reused buffer
+    prepared = [f for (name, _), f in _common._FAST.items() if name == op]
+    assert any(getattr(f, "__name__", "") == "launch" for f in prepared), "the prepared launcher was not kept"
+
+
+@pytest.mark.gpu
 def test_gpu_new_batch_size_does_not_recompile():
     from cute_ops import _compile
     from dispatch import ops
@@ -391,6 +421,7 @@ def test_gpu_call_overhead_report(capsys):
         "cute backend entry": per_call(lambda: rmsnorm.rms_norm(x, w, None, 1e-6, 0.0)),
         "triton backend entry": per_call(lambda: tr.rms_norm(x, w, None, 1e-6, 0.0)),
         "ops.rms_norm backend=cute": per_call(lambda: ops.rms_norm(x, w, backend="cute")),
+        "ops.rms_norm auto": per_call(lambda: ops.rms_norm(x, w)),
         "ops.rms_norm backend=triton": per_call(lambda: ops.rms_norm(x, w, backend="triton")),
     }
     with capsys.disabled():

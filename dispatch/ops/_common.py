@@ -65,7 +65,8 @@ def call(name: str, *args):
     make_fx), this is exactly `torch.ops.lowbit.<name>(*args)`, so graphs see the op and its fake impl.
     In plain eager calls it skips the custom-op dispatcher's Python layers (tens of microseconds per call), and
     after the first call with a given signature also the checks and the table choice (~20 us on the H200's
-    host): the backend function the first call chose runs directly. Any change of the backend overrides
+    host): the backend function the first call chose runs directly (or the launcher it prepared for that
+    signature: `impl.specialize(*args)`). Any change of the backend overrides
     (use_backend, LOWBIT_BACKEND, LOWBIT_ARCH, ...) is part of the signature. A first call logs what auto
     dispatch skipped (registry.select, debug level); repeated calls with the same signature do not.
     """
@@ -84,7 +85,11 @@ def call(name: str, *args):
             and all(a is b for a, b in zip(chosen[1], args[:-1], strict=True)):
         if len(_FAST) >= _FAST_MAX:
             _FAST.clear()
-        _FAST[(name, key)] = chosen[2]
+        impl = chosen[2]
+        # A backend may offer a launcher prepared for this exact signature (cute_ops/rmsnorm.py: compiled function,
+        # views and checks resolved once); it returns None where its general entry must run.
+        specialize = getattr(impl, "specialize", None)
+        _FAST[(name, key)] = (specialize(*args[:-1]) if specialize is not None else None) or impl
     return out
 
 

@@ -162,6 +162,15 @@ def _fake_res(x, residual):
     return x.new_empty(x.shape) if residual is not None else x.new_empty(0)
 
 
+def _with_res(outputs: tuple, x: Tensor) -> tuple:
+    """The op's outputs with a 0-element tensor for the new residual where the backend returned None (the
+    schema needs a Tensor; backends skip that allocation because the eager fast path returns their outputs
+    to the public wrappers, which turn it into None anyway)."""
+    if outputs[-1] is not None:
+        return outputs
+    return (*outputs[:-1], x.new_empty(0))
+
+
 # ------------------------------------------------------------------------------------------ RMSNorm ops
 
 
@@ -169,7 +178,7 @@ def _fake_res(x, residual):
 def _rms_norm(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float, weight_offset: float,
               backend: str) -> tuple[Tensor, Tensor]:
     _check_rms("rms_norm", x, weight, residual, eps, weight_offset)
-    return run("rms_norm", backend, x, weight, residual, eps, weight_offset)
+    return _with_res(run("rms_norm", backend, x, weight, residual, eps, weight_offset), x)
 
 
 @_rms_norm.register_fake
@@ -184,7 +193,7 @@ def _rms_norm_fp8_group(x: Tensor, weight: Tensor, residual: Tensor | None, eps:
                         backend: str) -> tuple[Tensor, Tensor, Tensor]:
     q = (group_size, quant_eps, ue8m0, column_major)
     _check_rms("rms_norm_fp8_group", x, weight, residual, eps, weight_offset, "fp8_group", q)
-    return run("rms_norm_fp8_group", backend, x, weight, residual, eps, weight_offset, *q)
+    return _with_res(run("rms_norm_fp8_group", backend, x, weight, residual, eps, weight_offset, *q), x)
 
 
 @_rms_norm_fp8_group.register_fake
@@ -198,7 +207,7 @@ def _(x, weight, residual, eps, weight_offset, group_size, quant_eps, ue8m0, col
 def _rms_norm_mxfp4(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float, weight_offset: float,
                     rounding: str, swizzle: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
     _check_rms("rms_norm_mxfp4", x, weight, residual, eps, weight_offset, "mxfp4", (rounding, swizzle))
-    return run("rms_norm_mxfp4", backend, x, weight, residual, eps, weight_offset, rounding, swizzle)
+    return _with_res(run("rms_norm_mxfp4", backend, x, weight, residual, eps, weight_offset, rounding, swizzle), x)
 
 
 @_rms_norm_mxfp4.register_fake
@@ -212,7 +221,7 @@ def _(x, weight, residual, eps, weight_offset, rounding, swizzle, backend):
 def _rms_norm_nvfp4(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float, weight_offset: float,
                     global_scale: Tensor | None, swizzle: bool, backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     _check_rms("rms_norm_nvfp4", x, weight, residual, eps, weight_offset, "nvfp4", (global_scale, swizzle))
-    return run("rms_norm_nvfp4", backend, x, weight, residual, eps, weight_offset, global_scale, swizzle)
+    return _with_res(run("rms_norm_nvfp4", backend, x, weight, residual, eps, weight_offset, global_scale, swizzle), x)
 
 
 @_rms_norm_nvfp4.register_fake

@@ -93,6 +93,12 @@ def main() -> None:
             rows["cute raw TVM-FFI call"] = per_call_us(lambda: fn(x, w, None, None, y, None, None, None, 1e-6, 1e-10))
             rows["launcher rms_norm cute"] = per_call_us(lambda: cute_rms.rms_norm(x, w, None, 1e-6, 0.0))
             rows["public rms_norm backend=cute"] = per_call_us(lambda: ops.rms_norm(x, w, 1e-6, backend="cute"))
+            r = torch.randn_like(x)
+            rows["public rms_norm +residual cute"] = per_call_us(
+                lambda: ops.rms_norm(x, w, 1e-6, residual=r, backend="cute"))
+            rows["public rms_norm_fp8_group cute"] = per_call_us(
+                lambda: ops.rms_norm_fp8_group(x, w, 1e-6, backend="cute"))
+            rows["torch.empty_like x1"] = per_call_us(lambda: torch.empty_like(x))
         else:
             rows["cute"] = f"unavailable: {unavailable_reason()}"[:120]
     except Exception as exc:  # noqa: BLE001 - a probe: report and go on
