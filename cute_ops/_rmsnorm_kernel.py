@@ -67,6 +67,17 @@ def _e4m3_bits(v: Float32, *, loc=None, ip=None) -> Uint32:
     return Uint32(r) & Uint32(0xFF)
 
 
+@dsl_user_op
+def _fma_rn(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
+    """a * b + c with one rounding (fma.rn.f32), whatever the compiler's contraction setting."""
+    r = llvm.inline_asm(
+        T.f32(), [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip),
+                  Float32(c).ir_value(loc=loc, ip=ip)],
+        "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT)
+    return Float32(r)
+
+
 @cute.jit
 def _e4m3_value(byte: Uint32) -> Float32:
     """E4M3 byte (non-negative: a block scale) -> fp32, exactly, with integer ops; 0x7F (the NaN a NaN block's
@@ -85,18 +96,31 @@ def _e4m3_value(byte: Uint32) -> Float32:
 def _e2m1_code(q: Float32) -> Uint32:
     """fp32 -> E2M1 code (0..15): RNE with saturation at +-6, NaN -> 0, sign of -0 kept (reference formats.py).
 
-    Arithmetic thresholds, exact on every arch (sm_90 has no E2M1 conversion instruction)."""
-    a = cute.math.absf(q)
-    mag = Uint32(0)
-    mag += Uint32(1) if a > Float32(0.25) else Uint32(0)
-    mag += Uint32(1) if a >= Float32(0.75) else Uint32(0)
-    mag += Uint32(1) if a > Float32(1.25) else Uint32(0)
-    mag += Uint32(1) if a >= Float32(1.75) else Uint32(0)
-    mag += Uint32(1) if a > Float32(2.5) else Uint32(0)
-    mag += Uint32(1) if a >= Float32(3.5) else Uint32(0)
-    mag += Uint32(1) if a > Float32(5.0) else Uint32(0)
+    One fp32 add rounds (sm_90 has no E2M1 conversion instruction; triton_ops/_formats.py e2m1_magnitude_word
+    has the derivation, verified bit-exact on the H200): with a = min(|q|, 6), C = 2^(e + 22) for a's binade e
+    (e = 0 below 2) has an ulp equal to the E2M1 step there and low mantissa bits holding the binade's code
+    offset, so the low bits of a + C are the code, ties to even. ~8 instructions instead of 7 compares + adds."""
+    a = cute.arch.fmin(cute.math.absf(q), Float32(6.0))
+    eb = a.bitcast(Uint32) & Uint32(0x7F800000)
+    m = eb + Uint32((22 << 23) - 297)
+    m = m if m > Uint32((149 << 23) - 297) else Uint32((149 << 23) - 297)
+    c = (m + (m >> Uint32(22))).bitcast(Float32)
+    mag = (a + c).bitcast(Uint32) & Uint32(0x7)
     sign = (q.bitcast(Uint32) >> Uint32(31)) << Uint32(3)
     return (mag | sign) if q == q else Uint32(0)  # q != q only for NaN
+
+
+@cute.jit
+def _div6(amax: Float32, exact16: cutlass.Constexpr[bool]) -> Float32:
+    """fp32(amax / 6), correctly rounded. exact16: amax is a bf16/fp16 value (or Inf/NaN), where one Markstein
+    correction of amax * fp32(1/6) is the IEEE quotient (checked for every bf16 and fp16 value: triton_ops/
+    _formats.py div6_rn); 4 fp32 ops instead of a division."""
+    if const_expr(exact16):
+        q0 = amax * Float32(0.1666666716337204)
+        q1 = _fma_rn(_fma_rn(q0, Float32(-6.0), amax), Float32(0.1666666716337204), q0)
+        return q0 if q0 == Float32(float("inf")) else q1
+    else:
+        return amax / Float32(6.0)
 
 
 class RMSNormKernel:
@@ -269,15 +293,17 @@ class RMSNormKernel:
         tXgQ = tq.get_slice(cute.arch.thread_idx()[0]).partition_D(cute.local_tile(mQ, qtiler, (bidx, 0)))
         tXrQ = cute.make_rmem_tensor_like(tXgQ)
         gs = mGs[0]
+        inv_gs = Float32(1.0) / gs  # the reference's (1 / gs) / s32: the same IEEE quotient, formed once per thread
+        exact16 = self.x_dtype.width == 16  # y is rounded to x's dtype: a bf16/fp16 amax
         lane = cute.arch.lane_idx()
         groups = self.k // 16
         for i in cutlass.range_constexpr(iters):
             v = yr[None, None, i].load().to(Float32)
             amax = _group_max(_amax_nan(v, vec), lanes)
-            s = (amax / Float32(6.0)) / gs if gs != Float32(0.0) else Float32(0.0)
+            s = _div6(amax, exact16) / gs if gs != Float32(0.0) else Float32(0.0)
             sbits = _e4m3_bits(s)
             s32 = _e4m3_value(sbits)
-            inv = (Float32(1.0) / gs) / s32 if s32 != Float32(0.0) else Float32(0.0)  # per block, as the reference
+            inv = inv_gs / s32 if s32 != Float32(0.0) else Float32(0.0)  # per block, as the reference
             for j in cutlass.range_constexpr(half):
                 lo = _e2m1_code(v[2 * j] * inv)
                 hi = _e2m1_code(v[2 * j + 1] * inv)
