@@ -136,21 +136,21 @@ class RMSNormKernel:
         self.k = cfg.k
 
     @cute.jit
-    def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mRes, mResOut, mY, mQ, mS, mGs, eps: Float32,
+    def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mRes, mResOut, mY, mQ, mS, mGs, mGsOut, eps: Float32,
                  qeps: Float32, stream: cuda.CUstream):
         m_rows = mX.shape[0]
         tile_cols = self.tpr * self.vec * self.iters
         grid_rows = m_rows
         if const_expr(self.cfg.mode == "nvfp4" and self.cfg.swizzle):
             grid_rows = cute.ceil_div(m_rows, 128) * 128  # CTAs past M write the zero padding scales
-        self.kernel(mX, mW, mRes, mResOut, mY, mQ, mS, mGs, m_rows, eps, qeps, (self.rows, tile_cols)).launch(
+        self.kernel(mX, mW, mRes, mResOut, mY, mQ, mS, mGs, mGsOut, m_rows, eps, qeps, (self.rows, tile_cols)).launch(
             grid=[cute.ceil_div(grid_rows, self.rows), 1, 1],
             block=[self.rows * self.tpr, 1, 1],
             stream=stream,
         )
 
     @cute.kernel
-    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mRes, mResOut, mY, mQ, mS, mGs, m_rows: Int32,
+    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mRes, mResOut, mY, mQ, mS, mGs, mGsOut, m_rows: Int32,
                eps: Float32, qeps: Float32, tiler: cutlass.Constexpr):
         cfg = self.cfg
         vec, tpr, iters, k = self.vec, self.tpr, self.iters, self.k
@@ -248,6 +248,9 @@ class RMSNormKernel:
             self._fp8(yr, mQ, mS, qeps, thr, tiler, bidx, cX, even, in_rows, row)
         else:
             self._nvfp4(yr, mQ, mS, mGs, thr, tiler, bidx, cX, even, in_rows, row, m_rows)
+            if bidx == 0:
+                if tidx == 0:
+                    mGsOut[0] = mGs[0]  # the op returns the global scale it used: written here, not by a 2nd launch
 
     @cute.jit
     def _fp8(self, yr, mQ, mS, qeps: Float32, thr, tiler: cutlass.Constexpr, bidx, cX, even: cutlass.Constexpr,

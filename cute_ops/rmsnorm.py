@@ -114,7 +114,7 @@ def _fake_args(cfg: RMSNormConfig):
     w = cute.runtime.make_fake_tensor(wd, (k,), stride=(1,), assumed_align=16)
     res = rows2d(xd, k, cfg.vec) if cfg.residual else None
     res_out = rows2d(xd, k, cfg.vec) if cfg.residual else None
-    y = q = s = gs = None
+    y = q = s = gs = gs_out = None
     if cfg.mode == "none":
         y = rows2d(xd, k, cfg.vec)
     elif cfg.mode == "fp8":
@@ -128,8 +128,9 @@ def _fake_args(cfg: RMSNormConfig):
         else:
             s = rows2d(cutlass.Uint8, k // NVFP4_BLOCK, 1, align=1)
         gs = cute.runtime.make_fake_tensor(cutlass.Float32, (1,), stride=(1,), assumed_align=4)
+        gs_out = cute.runtime.make_fake_tensor(cutlass.Float32, (1,), stride=(1,), assumed_align=4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return (x, w, res, res_out, y, q, s, gs, cutlass.Float32(1e-6), cutlass.Float32(1e-10), stream), (xd, wd)
+    return (x, w, res, res_out, y, q, s, gs, gs_out, cutlass.Float32(1e-6), cutlass.Float32(1e-10), stream), (xd, wd)
 
 
 def build(cfg: RMSNormConfig, extra_options: str = ""):
@@ -266,10 +267,11 @@ def _launch(x, weight, residual, eps, weight_offset, *, mode, group_size=16, qua
             scales = alloc(round_up(rows, 128), round_up(g, 4), dtype=torch.float8_e4m3fn, device=dev)
         else:
             scales = torch.empty(*lead, g, dtype=torch.float8_e4m3fn, device=dev)
-        gs_out = global_scale.reshape(()).float().clone()
+        gs_out = torch.empty((), dtype=torch.float32, device=dev)  # the kernel copies global_scale into it
     if rows == 0 or k == 0:
         if mode == "nvfp4":
             scales.view(torch.uint8).zero_()
+            gs_out.copy_(global_scale.reshape(()))
         if residual is not None:
             new_res.copy_((x.float() + residual.float()).to(x.dtype))
         return _results(mode, y, q, scales, gs_out, new_res)
@@ -278,12 +280,12 @@ def _launch(x, weight, residual, eps, weight_offset, *, mode, group_size=16, qua
     ro2 = _rows("new residual", new_res) if residual is not None else None
     w = weight.contiguous()
     if mode == "none":
-        args = (_rows("y", y), None, None, None)
+        args = (_rows("y", y), None, None, None, None)
     elif mode == "fp8":
-        args = (None, _rows("q", q).view(torch.uint8), scales.view(rows, k // group_size), None)
+        args = (None, _rows("q", q).view(torch.uint8), scales.view(rows, k // group_size), None, None)
     else:
         s_arg = scales.view(torch.uint8).view(-1) if swizzle else scales.view(rows, k // NVFP4_BLOCK).view(torch.uint8)
-        args = (None, _rows("q", q), s_arg, gs_out.view(1))
+        args = (None, _rows("q", q), s_arg, global_scale.view(1), gs_out.view(1))
     if dev.index is None or dev.index == torch.cuda.current_device():
         fn(x2, w, r2, ro2, *args, float(eps), float(quant_eps))
     else:  # the TVM-FFI env stream is the current device's current stream (entering the guard costs a few us)
@@ -304,26 +306,29 @@ def _results(mode, y, q, scales, gs_out, new_res):
 
 
 def _specialize(mode, x, weight, residual, eps, weight_offset, group_size=16, quant_eps=1e-10, ue8m0=False,
-                column_major=False):
+                column_major=False, global_scale=None, swizzle=False):
     """A launcher for repeated eager calls with exactly this call signature (dispatch/ops/_common.call keeps
     it per signature: dtypes, shapes, strides, alignment and the plain arguments are fixed), or None where the
     general path must run. It keeps only what a decode call cannot avoid: the output allocations and the
     TVM-FFI call (everything else, the compiled-function lookup, views and checks, was done once here).
-    Taken for 2-D row-contiguous x (and residual), bf16/fp8 outputs with row-major scales, rows > 0."""
-    if mode not in ("none", "fp8") or column_major or x.dim() != 2 or not x.is_contiguous() or x.shape[0] == 0:
+    Taken for 2-D row-contiguous x (and residual) with rows > 0: bf16 outputs, FP8 with row-major scales, NVFP4
+    with a given global scale (linear scales, or swizzled ones whose column padding needs no zeroing)."""
+    if column_major or x.dim() != 2 or not x.is_contiguous() or x.shape[0] == 0:
+        return None
+    if mode == "nvfp4" and (global_scale is None or (swizzle and (x.shape[1] // NVFP4_BLOCK) % 4)):
         return None
     if residual is not None and (residual.dim() != 2 or not residual.is_contiguous()):
         return None
     if not weight.is_contiguous() or x.device.index is None:
         return None
-    fn = _compiled_for(x, weight, residual, weight_offset, mode, group_size, ue8m0, False)
+    fn = _compiled_for(x, weight, residual, weight_offset, mode, group_size, ue8m0, swizzle)
     eps, quant_eps = float(eps), float(quant_eps)
     device = x.device
     index = device.index
     get_device = torch._C._cuda_getDevice  # the TVM-FFI env stream is the current device's current stream
     k = x.shape[-1]
     n_groups = k // group_size
-    fp8 = torch.float8_e4m3fn
+    e4m3 = torch.float8_e4m3fn
 
     if mode == "none":
         def launch(x, weight, residual, *_):
@@ -331,8 +336,25 @@ def _specialize(mode, x, weight, residual, eps, weight_offset, group_size=16, qu
                 return _launch(x, weight, residual, eps, weight_offset, mode=mode)
             y = torch.empty_like(x)
             new_res = None if residual is None else torch.empty_like(x)
-            fn(x, weight, residual, new_res, y, None, None, None, eps, quant_eps)
+            fn(x, weight, residual, new_res, y, None, None, None, None, eps, quant_eps)
             return y, new_res
+    elif mode == "nvfp4":
+        blocks = k // NVFP4_BLOCK  # a multiple of 4 when swizzled: no column padding
+
+        def launch(x, weight, residual, eps_, weight_offset_, global_scale, swizzle_):
+            if get_device() != index:
+                return _launch(x, weight, residual, eps, weight_offset, mode=mode, swizzle=swizzle,
+                               global_scale=global_scale)
+            rows = x.shape[0]
+            q = torch.empty((rows, k // 2), dtype=torch.uint8, device=device)
+            if swizzle:  # the kernel takes the 128x4 layout as flat bytes (it writes the row padding itself)
+                scales = torch.empty((rows + 127) // 128 * 128 * blocks, dtype=torch.uint8, device=device)
+            else:
+                scales = torch.empty((rows, blocks), dtype=torch.uint8, device=device)
+            gs_out = torch.empty(1, dtype=torch.float32, device=device)
+            new_res = None if residual is None else torch.empty_like(x)
+            fn(x, weight, residual, new_res, None, q, scales, global_scale.view(1), gs_out, eps, quant_eps)
+            return q, scales.view(e4m3).view(-1, blocks), gs_out.view(()), new_res
     else:
         def launch(x, weight, residual, *_):
             if get_device() != index:
@@ -341,8 +363,8 @@ def _specialize(mode, x, weight, residual, eps, weight_offset, group_size=16, qu
             q = torch.empty(x.shape, dtype=torch.uint8, device=device)
             scales = torch.empty((x.shape[0], n_groups), dtype=torch.float32, device=device)
             new_res = None if residual is None else torch.empty_like(x)
-            fn(x, weight, residual, new_res, None, q, scales, None, eps, quant_eps)
-            return q.view(fp8), scales, new_res
+            fn(x, weight, residual, new_res, None, q, scales, None, None, eps, quant_eps)
+            return q.view(e4m3), scales, new_res
     return launch
 
 
@@ -368,3 +390,7 @@ rms_norm_fp8_group.specialize = lambda *args: _specialize("fp8", *args)
 def rms_norm_nvfp4(x, weight, residual, eps, weight_offset, global_scale, swizzle):
     return _launch(x, weight, residual, eps, weight_offset, mode="nvfp4", swizzle=swizzle,
                    global_scale=global_scale)
+
+
+rms_norm_nvfp4.specialize = lambda x, w, r, eps, off, gs, swizzle: _specialize(
+    "nvfp4", x, w, r, eps, off, global_scale=gs, swizzle=swizzle)

@@ -44,7 +44,7 @@ def _probe_kernel():
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", "--out", dest="json", default=None)
     args = parser.parse_args()
 
     import triton
@@ -90,7 +90,8 @@ def main() -> None:
             cfg = cute_rms.pick_config(x.dtype, w.dtype, 7168, "none", False, 0.0, 16, False, False,
                                        _compile.target_arch())
             fn, y = cute_rms.compiled(cfg), torch.empty_like(x)
-            rows["cute raw TVM-FFI call"] = per_call_us(lambda: fn(x, w, None, None, y, None, None, None, 1e-6, 1e-10))
+            rows["cute raw TVM-FFI call"] = per_call_us(
+                lambda: fn(x, w, None, None, y, None, None, None, None, 1e-6, 1e-10))
             rows["launcher rms_norm cute"] = per_call_us(lambda: cute_rms.rms_norm(x, w, None, 1e-6, 0.0))
             rows["public rms_norm backend=cute"] = per_call_us(lambda: ops.rms_norm(x, w, 1e-6, backend="cute"))
             r = torch.randn_like(x)
