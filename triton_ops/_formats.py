@@ -273,3 +273,76 @@ def swizzled_offset_128x4(rows, cols, cols_padded):
     r = rows.to(tl.int64)
     c = cols.to(tl.int64)
     return (r // 128) * (cols_padded * 128) + (c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + (c % 4)
+
+
+# ------------------------------------------------------------------------------ pair words (fused FP4 epilogues)
+
+
+@triton.jit
+def round_pairs(y_lo, y_hi, OUT_KIND: tl.constexpr, EMULATE: tl.constexpr):
+    """Round an (even, odd) pair of fp32 values to the output dtype (OUT_KIND as split_pairs' IN_KIND: 0 bf16,
+    1 fp16, 2 fp32) -> (word, lo, hi): word holds the rounded pair as a bf16/fp16 pair word (what an int32 load
+    of the output would give; for fp32 outputs only the two sign bits, at 15 and 31, are meaningful), lo / hi
+    the rounded values as fp32. On the GPU one cvt.rn.{bf16,f16}x2.f32 (F2FP ... PACK_AB) rounds both values
+    at once; Triton's per-element cast became one slow-pipe F2F per element once its result was read back
+    as fp32. RNE either way, the same rounding as x.to(dtype) (cast_out emulates bf16 on the interpreter)."""
+    if OUT_KIND == 2:
+        w = (y_lo.to(tl.uint32, bitcast=True) >> 16) | (y_hi.to(tl.uint32, bitcast=True) & 0xFFFF0000)
+        return w.to(tl.int32, bitcast=True), y_lo, y_hi
+    if EMULATE:
+        dt = tl.bfloat16 if OUT_KIND == 0 else tl.float16
+        lo16 = cast_out(y_lo, dt, True).to(tl.uint16, bitcast=True).to(tl.uint32)
+        hi16 = cast_out(y_hi, dt, True).to(tl.uint16, bitcast=True).to(tl.uint32)
+        w = (lo16 | (hi16 << 16)).to(tl.int32, bitcast=True)
+    elif OUT_KIND == 0:
+        w = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [y_hi, y_lo], dtype=tl.int32,
+                                      is_pure=True, pack=1)
+    else:
+        w = tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [y_hi, y_lo], dtype=tl.int32,
+                                      is_pure=True, pack=1)
+    lo, hi = split_pairs(w, OUT_KIND)
+    return w, lo, hi
+
+
+# ------------------------------------------------------------- NVFP4 block scale without divisions (quant_fp4)
+
+
+@triton.jit
+def rcp_approx(x, EMULATE: tl.constexpr):
+    """An approximate 1/x (rcp.approx: MUFU.RCP, within 1 ulp for normal x); exact 1/x under the interpreter.
+    Only a seed: nvfp4_block_scale_rcp refines it to the correctly rounded reciprocal."""
+    if EMULATE:
+        return 1.0 / x
+    else:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def nvfp4_block_scale_rcp(amax, gs, rg, EMULATE: tl.constexpr, AMAX16: tl.constexpr, S_RCP: tl.constexpr):
+    """nvfp4_block_scale_ex(amax, gs, EMULATE, AMAX16) byte for byte, with no div.rn per block, for a
+    global scale 2^-64 <= gs <= 2^64 (the caller's scalar test) and rg = div_rn(1, gs) (once per program).
+
+    S_RCP (only for amax a bf16 value): s = RN(a6 / gs) as q0 = RN(a6 * rg), then one Markstein correction
+    fma(fma(-gs, q0, a6), rg, q0). Equal to the IEEE quotient for all 128 mantissas of a6 = RN(bf16 / 6) and all
+    2^23 mantissas of gs (exhaustive, exact arithmetic: perf/NOTES.md, Session 4), so in the whole normal range;
+    quotients below 2^-11 (where the range argument stops) are E4M3 byte 0 either way, and q0 is capped at 1024
+    (any s >= 464 saturates to 448) so Inf * 0 cannot turn an overflowing block into NaN. S_RCP False (fp16 /
+    fp32 amax, not checked exhaustively): div_rn as before.
+    inv = RN(rg / s32): s32 is an E4M3 value, d * 2^E with d in {1, 1.125, ..., 1.875}; one Newton step from a
+    seed within 64 ulp gives y1 = RN(1/s32) exactly (checked for each d), and q = RN(rg * y1) plus one correction
+    equals RN(rg / d) for all 2^23 mantissas of rg and the 8 d (exhaustive): MUFU + 5 FMA instead of div.rn's
+    ~10 instructions and a slow-path branch."""
+    a6 = div6_rn(amax, AMAX16)
+    if S_RCP:
+        q0 = tl.minimum(a6 * rg, 1024.0)  # min drops a NaN q0; the residual below brings it back (a6 NaN)
+        s = tl.fma(tl.fma(0.0 - gs, q0, a6), rg, q0)
+    else:
+        s = tl.math.div_rn(a6, gs)
+    sbyte = e4m3_encode(s, EMULATE)
+    s32 = e4m3_decode_fast(sbyte, EMULATE)
+    y0 = rcp_approx(s32, EMULATE)
+    y1 = tl.fma(y0, tl.fma(0.0 - s32, y0, 1.0), y0)
+    q = rg * y1
+    inv = tl.fma(tl.fma(0.0 - s32, q, rg), y1, q)
+    return sbyte, tl.where(s32 == 0, 0.0, inv)

@@ -34,6 +34,8 @@ from ._formats import (
     fp8_group_scale,
     mxfp4_block_scale_ex,
     nvfp4_block_scale_ex,
+    round_pairs,
+    split_pairs,
     swizzled_offset_128x4,
 )
 from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
@@ -44,6 +46,7 @@ GS_NONE, GS_GIVEN, GS_PER_GROUP, GS_FROM_PARTIALS = 0, 1, 2, 3
 PASS_SINGLE, PASS_AMAX, PASS_QUANT = 0, 1, 2
 MAX_PARTIALS = 512  # amax partials per two-pass call; every quantize program folds them (2 KB from L2)
 MAX_TRITON_N = 65536  # rows wider than this would not fit in registers: the torch backend takes them
+IN_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # pair words (see _formats.split_pairs)
 
 
 # ------------------------------------------------------------------------------ shared store epilogue
@@ -206,6 +209,44 @@ def quant_epilogue(
             tl.store(scale_ptr + rows[:, None] * stride_sm + scols[None, :], sbyte, mask=smask)
 
 
+@triton.jit
+def quant_epilogue_pairs(
+    y_lo, y_hi, rows, row_in, pcol, scol0, Kp, out_ptr, stride_om, scale_ptr, stride_sm, gs, gs_exact,
+    scale_rows_bound, scale_cols_padded,
+    FMT: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr, OUT_KIND: tl.constexpr,
+    EMULATE: tl.constexpr, NB: tl.constexpr, HP: tl.constexpr,
+):
+    """quant_epilogue for FP4 (FMT_MX / FMT_NV) on y already split into (even, odd) column pairs [BLOCK_M, NB, HP]
+    (pcol: the pairs' output byte columns [1, NB, HP], a block's HP pairs contiguous; scol0: the first block's scale
+    column; Kp = K // 2). Same bytes as
+    quant_epilogue; the pair layout comes from the caller's loads (pair words), so no reshape/split of y, and the
+    rounding to the output dtype converts two values per instruction (_formats.round_pairs)."""
+    AMAX16: tl.constexpr = OUT_KIND != 2
+    w, lo, hi = round_pairs(y_lo, y_hi, OUT_KIND, EMULATE)
+    amax = (tl.max(pair_amax_bits(lo, hi), 2) & 0x7FFFFFFF).to(tl.float32, bitcast=True)  # [BLOCK_M, NB]
+    if FMT == 2:
+        sbyte, inv = mxfp4_block_scale_ex(amax, MX_RCEIL, AMAX16)
+        packed = _encode_pairs(w, lo, hi, inv, inv == inv, 0)
+    else:
+        sbyte, inv = nvfp4_block_scale_ex(amax, gs[:, None], EMULATE, AMAX16)
+        if gs_exact == 0:  # see nvfp4_exact_path
+            packed = _encode_pairs(w, lo, hi, inv, inv == inv, 0)
+        else:
+            inv3 = inv[:, :, None]
+            packed = e2m1_encode(lo * inv3) | (e2m1_encode(hi * inv3) << 4)
+    pmask = row_in[:, None, None] & (pcol < Kp)
+    tl.store(out_ptr + rows[:, None, None] * stride_om + pcol, packed, mask=pmask)
+    scols = scol0 + tl.arange(0, NB)[None, :]  # [1, NB]: the blocks' scale columns
+    if SWIZZLE:
+        smask = (rows < scale_rows_bound)[:, None] & (scols < scale_cols_padded)
+        valid = row_in[:, None] & (scols < Kp // HP)
+        sofs = swizzled_offset_128x4(rows[:, None], scols, scale_cols_padded)
+        tl.store(scale_ptr + sofs, tl.where(valid, sbyte, 0).to(tl.uint8), mask=smask)
+    else:
+        smask = row_in[:, None] & (scols < Kp // HP)
+        tl.store(scale_ptr + rows[:, None] * stride_sm + scols, sbyte, mask=smask)
+
+
 # ---------------------------------------------------------------------------------------------- kernel
 
 
@@ -237,6 +278,8 @@ def _rms_norm_kernel(
     gs = tl.zeros([BLOCK_M], dtype=tl.float32)
     if GS_MODE == 1:
         gs += tl.load(gs_ptr)
+        if pid == 0:  # the op returns the global scale it used: copied here, not by a second launch
+            tl.store(gs_out_ptr, tl.max(gs, 0))
     if GS_MODE == 3:
         gs += fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK)
         if pid == 0:
@@ -284,6 +327,89 @@ def _rms_norm_kernel(
         tl.store(partial_ptr + pid, tl.max(acc, 0).to(tl.float32, bitcast=True))
 
 
+@triton.jit
+def _load_row_words(x_ptr, r_ptr, rows, M, pcol, pmask, stride_xm, stride_rm, HAS_RES: tl.constexpr):
+    """Pair words [BLOCK_M, NB, HP] of x (and the residual) for rows (int64); rows >= M are not read (zeros)."""
+    mask = (rows < M)[:, None, None] & pmask
+    x = tl.load(x_ptr + rows[:, None, None] * stride_xm + pcol, mask=mask, other=0)
+    if HAS_RES:
+        r = tl.load(r_ptr + rows[:, None, None] * stride_rm + pcol, mask=mask, other=0)
+    else:
+        r = x
+    return x, r
+
+
+@triton.jit
+def _rms_norm_pairs_kernel(
+    x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr,
+    M, N, stride_xm, stride_rm, stride_hm, stride_om, stride_sm,
+    eps, w_offset, rows_per_prog, scale_rows_bound, scale_cols_padded, n_partials,
+    HAS_RES: tl.constexpr, PASS: tl.constexpr, GS_MODE: tl.constexpr, FMT: tl.constexpr, MX_RCEIL: tl.constexpr,
+    SWIZZLE: tl.constexpr, IN_KIND: tl.constexpr, W_KIND: tl.constexpr, EMULATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
+):
+    """_rms_norm_kernel for a bf16/fp16 row and an FP4 output, on pair words: x, the residual, h and the weight
+    are read and written as int32 words of two elements (strides in words), held as [BLOCK_M, NB, HP] (the
+    quantize kernel's layout), so every thread owns whole (even, odd) pairs from the load to the packed byte:
+    no layout shuffles, bf16 -> fp32 by one integer op per element, both rounding steps (h, y) two values per
+    cvt. Same math and order as _rms_norm_kernel (bytes equal)."""
+    SB: tl.constexpr = 32 if FMT == 2 else 16
+    NB: tl.constexpr = BLOCK_N // SB
+    HP: tl.constexpr = SB // 2
+    pid = tl.program_id(0)
+    pcol = tl.arange(0, NB)[None, :, None] * HP + tl.arange(0, HP)[None, None, :]  # pair (= output byte) column
+    Np = N // 2
+    pmask = pcol < Np
+    gs = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if GS_MODE == 1:
+        gs += tl.load(gs_ptr)
+        if pid == 0:  # the op returns the global scale it used: copied here, not by a second launch
+            tl.store(gs_out_ptr, tl.max(gs, 0))
+    if GS_MODE == 3:
+        gs += fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK)
+        if pid == 0:
+            tl.store(gs_out_ptr, tl.max(gs, 0))
+    gs_exact = 0
+    if FMT == 3:
+        gs_exact = nvfp4_exact_path(gs, tl.zeros([BLOCK_M], dtype=tl.int32) == 0)
+    acc = tl.zeros([BLOCK_M], dtype=tl.int32)
+    row0 = pid.to(tl.int64) * rows_per_prog
+    w_lo, w_hi = split_pairs(tl.load(w_ptr + pcol, mask=pmask, other=0), W_KIND)
+    w_lo += w_offset
+    w_hi += w_offset
+    x, r = _load_row_words(x_ptr, r_ptr, row0 + tl.arange(0, BLOCK_M), M, pcol, pmask, stride_xm, stride_rm,
+                           HAS_RES)
+    for m0 in range(0, rows_per_prog, BLOCK_M):
+        rows = row0 + m0 + tl.arange(0, BLOCK_M)
+        row_in = rows < M
+        nxt = tl.where(m0 + BLOCK_M < rows_per_prog, rows + BLOCK_M, M)  # past the program's rows: no load
+        x_next, r_next = _load_row_words(x_ptr, r_ptr, nxt, M, pcol, pmask, stride_xm, stride_rm, HAS_RES)
+        h_lo, h_hi = split_pairs(x, IN_KIND)
+        if HAS_RES:
+            r_lo, r_hi = split_pairs(r, IN_KIND)
+            hw, h_lo, h_hi = round_pairs(h_lo + r_lo, h_hi + r_hi, IN_KIND, EMULATE)
+            tl.store(h_ptr + rows[:, None, None] * stride_hm + pcol, hw, mask=row_in[:, None, None] & pmask)
+        a64 = h_lo.to(tl.float64)
+        b64 = h_hi.to(tl.float64)
+        ss = tl.sum(tl.sum(a64 * a64 + b64 * b64, 2), 1)
+        rstd = (1.0 / tl.sqrt(ss / (tl.zeros([BLOCK_M], dtype=tl.float64) + N) + eps)).to(tl.float32)
+        y_lo = (h_lo * rstd[:, None, None]) * w_lo
+        y_hi = (h_hi * rstd[:, None, None]) * w_hi
+        if PASS == 1:
+            yw, lo, hi = round_pairs(y_lo, y_hi, IN_KIND, EMULATE)
+            m = pair_amax_bits(lo, hi) & tl.where(pmask, -1, 0).to(tl.uint32)
+            rmax = (tl.max(tl.max(m, 2), 1) & 0x7FFFFFFF).to(tl.int32, bitcast=True)
+            acc = tl.maximum(acc, tl.where(row_in, rmax, 0))
+        else:
+            quant_epilogue_pairs(y_lo, y_hi, rows, row_in, pcol, 0, Np, out_ptr, stride_om, scale_ptr, stride_sm, gs,
+                                 gs_exact, scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE, IN_KIND,
+                                 EMULATE, NB, HP)
+        x = x_next
+        r = r_next
+    if PASS == 1:
+        tl.store(partial_ptr + pid, tl.max(acc, 0).to(tl.float32, bitcast=True))
+
+
 # -------------------------------------------------------------------------------------------- config
 
 
@@ -297,12 +423,15 @@ class RowConfig:
     row_blocks: int = 1  # blocks per program, walked with a one-block prefetch (1 at decode: more programs)
 
 
-def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int) -> RowConfig:
+def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, pairs: bool = False) -> RowConfig:
     block_n = max(next_pow2(max(n, 1)), min_block_n)
     target = 32768 if device.type == "cpu" else 4096  # interpreter: cost is per program; take big tiles
     block_m = max(1, min(next_pow2(max(rows, 1)), target // block_n))
     elems = block_m * block_n
-    num_warps = min(32, max(4, elems // 512))
+    # pairs (the FP4 pair-word kernel): ~32 elements per thread. Its per-row work (cross-warp sum, fp64 rstd
+    # tail) is paid per thread, and at 4096 columns 4 warps counted 24.3 instructions per element in SASS
+    # against 27.9 at 8 (perf/NOTES.md "Session 4: fused FP4"); 128 registers, no spills.
+    num_warps = min(32, max(4, elems // (1024 if pairs else 512)))
     # Prefetching needs >= 2 blocks per program; keep >= ~8 programs per SM (132 on H200) so the tail wave
     # stays short. Interpreter: one block per program (the prefetch is only a second masked load there).
     blocks = cdiv(rows, block_m)
@@ -330,8 +459,18 @@ def supports_rms_norm_fp8_group(x, weight, residual, eps, weight_offset, group_s
 # ------------------------------------------------------------------------------------------- launcher
 
 
+def _word_view(t):
+    """t's rows as pair words (bf16/fp16 pairs in int32, fp32 pairs in int64; needs an even row stride and
+    offset), or None."""
+    if t.dtype not in IN_KIND or t.storage_offset() % 2 or t.shape[-1] % 2:
+        return None
+    if t.dim() == 2 and t.shape[0] > 1 and t.stride(0) % 2:
+        return None
+    return t.view(torch.int64 if t.dtype == torch.float32 else torch.int32)
+
+
 def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_eps=1e-10, ue8m0=False,
-              column_major=False, rounding="floor", swizzle=False, global_scale=None, cfg=None):
+              column_major=False, rounding="floor", swizzle=False, global_scale=None, cfg=None, pairs=None):
     op = "rms_norm"
     lead, n = tuple(x.shape[:-1]), x.shape[-1]
     x2 = rows_view(op, "x", x)
@@ -342,9 +481,9 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     gs_out = torch.empty((), dtype=torch.float32, device=dev)
     out, scales = alloc_epilogue_outputs(fmt, lead, n, x.dtype, group, column_major, swizzle, dev)
     results = _results(fmt, out, scales, gs_out, new_res)
-    if fmt == FMT_NV and global_scale is not None:
-        gs_out.copy_(global_scale.reshape(()))
     if rows == 0 or n == 0:
+        if fmt == FMT_NV and global_scale is not None:
+            gs_out.copy_(global_scale.reshape(()))  # otherwise the kernel copies it
         if fmt in (FMT_MX, FMT_NV):
             scales.view(torch.uint8).zero_()
         if fmt == FMT_NV and global_scale is None:
@@ -358,7 +497,8 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     geo = epilogue_geometry(fmt, scales, rows, n, group, swizzle)
     stride_sm, stride_sg, scale_cols_padded, grid_rows = geo.stride_sm, geo.stride_sg, geo.scale_cols_padded, \
         geo.grid_rows
-    cfg = cfg or pick_row_config(grid_rows, n, dev, min_block(fmt, group))  # cfg: probes pass one
+    use_pairs = pairs is not False and fmt in (FMT_MX, FMT_NV) and x.dtype != torch.float32
+    cfg = cfg or pick_row_config(grid_rows, n, dev, min_block(fmt, group), use_pairs)  # cfg: probes pass one
     emulate = emulate_formats(dev)
     common = dict(FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
                   OUT_DTYPE=TL_DTYPE[x.dtype], EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -366,6 +506,14 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     scale_arg = scales.view(torch.uint8) if fmt in (FMT_MX, FMT_NV) else scales
     out_arg = out2.view(torch.uint8) if fmt == FMT_FP8 else out2
     w = weight.contiguous()
+    if use_pairs:  # pairs=False: probes time the element-wise kernel
+        views = [_word_view(t) for t in (x2, r2, h2, w)]
+        if all(v is not None for v in views):
+            _rms_norm_pairs(views, IN_KIND[x.dtype], IN_KIND[w.dtype], rows, n, eps, weight_offset, cfg, emulate,
+                            out2, scale_arg, geo, global_scale, gs_out, fmt=fmt, rounding=rounding, swizzle=swizzle,
+                            has_res=residual is not None)
+            return results
+        assert not pairs, "pair-word kernel not applicable"
     if fmt == FMT_NV and global_scale is None:
         # Pass 1: new residual + partial amax of y; pass 2 reads the rounded h (or x) back and quantizes.
         rows_per_prog = round_up(max(cfg.block_m, cdiv(rows, MAX_PARTIALS)), cfg.block_m)
@@ -390,6 +538,36 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
         n_partials, HAS_RES=has_res, PASS=PASS_QUANT if gs_mode == GS_FROM_PARTIALS else PASS_SINGLE,
         GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block, **common)
     return results
+
+
+def _rms_norm_pairs(views, in_kind, w_kind, rows, n, eps, weight_offset, cfg, emulate, out2, scale_arg, geo,
+                    global_scale, gs_out, *, fmt, rounding, swizzle, has_res):
+    """_rms_norm's launches with _rms_norm_pairs_kernel (word views of x, residual, h, weight; strides in words)."""
+    x2, r2, h2, w = views
+    dev = x2.device
+    grid_rows = geo.grid_rows
+    common = dict(FMT=fmt, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle, IN_KIND=in_kind, W_KIND=w_kind,
+                  EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    if fmt == FMT_NV and global_scale is None:
+        rows_per_prog = round_up(max(cfg.block_m, cdiv(rows, MAX_PARTIALS)), cfg.block_m)
+        n_partials = cdiv(rows, rows_per_prog)
+        partials = torch.empty(n_partials, dtype=torch.float32, device=dev)
+        _rms_norm_pairs_kernel[(n_partials,)](
+            x2, r2, w, h2, out2, scale_arg, gs_out, gs_out, partials,
+            rows, n, x2.stride(0), r2.stride(0), h2.stride(0), 0, 0,
+            float(eps), float(weight_offset), rows_per_prog, grid_rows, geo.scale_cols_padded, n_partials,
+            HAS_RES=has_res, PASS=PASS_AMAX, GS_MODE=GS_NONE, PARTIALS_BLOCK=1, **common)
+        src, gs_mode, has_res, partials_block = h2, GS_FROM_PARTIALS, False, next_pow2(n_partials)
+    else:
+        src, partials, n_partials, partials_block = x2, gs_out, 1, 1
+        gs_mode = GS_GIVEN if fmt == FMT_NV else GS_NONE
+    rows_per_prog = cfg.block_m * cfg.row_blocks
+    _rms_norm_pairs_kernel[(cdiv(grid_rows, rows_per_prog),)](
+        src, r2, w, h2, out2, scale_arg, global_scale if global_scale is not None else gs_out, gs_out, partials,
+        rows, n, src.stride(0), r2.stride(0), h2.stride(0), out2.stride(0), geo.stride_sm,
+        float(eps), float(weight_offset), rows_per_prog, grid_rows, geo.scale_cols_padded, n_partials,
+        HAS_RES=has_res, PASS=PASS_QUANT if gs_mode == GS_FROM_PARTIALS else PASS_SINGLE, GS_MODE=gs_mode,
+        PARTIALS_BLOCK=partials_block, **common)
 
 
 def _results(fmt, out, scales, gs_out, new_res):
