@@ -31,7 +31,6 @@ from ._formats import (
     e4m3_decode_fast,
     mxfp4_block_scale_ex,
     nvfp4_block_scale_ex,
-    nvfp4_block_scale_rcp,
     split_pairs,
     swizzled_offset_128x4,
 )
@@ -122,26 +121,17 @@ def _fp4_quantize_kernel(
     M, K, stride_wm, grid_rows, scale_cols_bound, scale_cols_padded, n_partials,
     IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, GS_MODE: tl.constexpr, SWIZZLE: tl.constexpr,
     IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    PARTIALS_BLOCK: tl.constexpr, ROWS_128X4: tl.constexpr = False, RCP_SCALE: tl.constexpr = False,
+    PARTIALS_BLOCK: tl.constexpr,
 ):
     """One program: BLOCK_M rows x BLOCK_K columns, held as [BLOCK_M, blocks, pairs per block] words.
     Pair p of a row is output byte p (element 2p -> low nibble), so no reshapes are needed anywhere.
-    Addressing: 64-bit row offsets (one per row of the tile), 32-bit column offsets.
-    ROWS_128X4 (swizzled scales; BLOCK_M in 4..128, a power of two): tile row i is row base + i // 4 + 32 * (i % 4),
-    so the tile's scales of one 4-column group are 4 * BLOCK_M consecutive bytes of the 128x4 layout (8 rows: one
-    whole 32-byte sector) instead of one scattered 4-byte word per row. RCP_SCALE: NVFP4 block scales without per-block
-    divisions (_formats.nvfp4_block_scale_rcp) when 2^-64 <= gs <= 2^64."""
+    Addressing: 64-bit row offsets (one per row of the tile), 32-bit column offsets."""
     SB: tl.constexpr = 32 if IS_MX else 16
     NB: tl.constexpr = BLOCK_K // SB
     HP: tl.constexpr = SB // 2
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
-    if ROWS_128X4:
-        RL: tl.constexpr = BLOCK_M // 4  # consecutive rows per quarter of a 128-row block
-        rows = ((pid_m // (32 // RL)) * 128 + (pid_m % (32 // RL)) * RL
-                + tl.arange(0, BLOCK_M) // 4 + (tl.arange(0, BLOCK_M) % 4) * 32)
-    else:
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # int32; widened per row where it scales a stride
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # int32; widened per row where it scales a stride
     pcol = (pid_k * (BLOCK_K // 2) + tl.arange(0, NB)[None, :, None] * HP + tl.arange(0, HP)[None, None, :])
     mask = (rows[:, None, None] < M) & (pcol < K // 2)
     w = tl.load(words_ptr + rows[:, None, None].to(tl.int64) * stride_wm + pcol, mask=mask, other=0)
@@ -164,18 +154,11 @@ def _fp4_quantize_kernel(
             gs = tl.math.div_rn(amax_nan(partials, 0), 2688.0)
         if (pid_m == 0) & (pid_k == 0):
             tl.store(gs_out_ptr, gs)
-        rg = tl.math.div_rn(1.0, gs)
-        if RCP_SCALE:
-            if (gs >= 5.421010862427522e-20) & (gs <= 1.8446744073709552e19):  # 2^-64 <= gs <= 2^64
-                sbyte, inv = nvfp4_block_scale_rcp(amax, gs, rg, EMULATE, IN_KIND != 2, IN_KIND == 0)
-            else:
-                sbyte, inv = nvfp4_block_scale_ex(amax, gs, EMULATE, IN_KIND != 2)
-        else:
-            sbyte, inv = nvfp4_block_scale_ex(amax, gs, EMULATE, IN_KIND != 2)  # bf16/fp16 amax: cheap /6
+        sbyte, inv = nvfp4_block_scale_ex(amax, gs, EMULATE, IN_KIND != 2)  # bf16/fp16 amax: cheap /6
         # inv = (1/gs)/s32 is >= +0 or NaN. With |1/gs| < 2^100, inv is finite, NaN only for a block whose
         # amax (or gs) is NaN, and 0 only where |x| * inv cannot be Inf * 0: the fast path applies. Otherwise
         # (gs == 0, tiny or NaN gs) Inf * 0 or 0 * Inf can make single elements NaN: exact per-element path.
-        if tl.abs(rg) < 1.2676506002282294e30:
+        if tl.abs(tl.math.div_rn(1.0, gs)) < 1.2676506002282294e30:
             packed = _encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
         else:
             inv3 = inv[:, :, None]
@@ -185,17 +168,7 @@ def _fp4_quantize_kernel(
     # Scales: the swizzled layout's padding rows/cols are written too, forced to 0 (GEMMs read them;
     # a NaN global scale would otherwise make them NaN).
     scols = pid_k * NB + tl.arange(0, NB)
-    if SWIZZLE and ROWS_128X4:
-        # Byte (tile row i, column c) of the 128x4 layout: the 128-row block's base, (c // 4) * 512, (row % 32) * 16
-        # + quarter * 4 = (base % 32) * 16 + 4 * i, then c % 4. A warp's bytes of one 4-column group fill whole
-        # 32-byte sectors (8 tile rows), so plain byte stores coalesce: no shuffles or shared memory needed.
-        valid = (rows < M)[:, None] & (scols < K // SB)[None, :]
-        sbase = ((pid_m // (32 // RL)).to(tl.int64) * scale_cols_padded) * 128 + (pid_m % (32 // RL)) * (RL * 16)
-        sofs = sbase + ((scols // 4) * 512 + scols % 4)[None, :] + (tl.arange(0, BLOCK_M) * 4)[:, None]
-        sofs = tl.max_contiguous(sofs, [1, 1])  # else Triton vectorizes pairs of bytes through shared memory
-        smask = (rows < grid_rows)[:, None] & (scols < scale_cols_bound)[None, :]
-        tl.store(scales_ptr + sofs, tl.where(valid, sbyte, 0), mask=smask)
-    elif SWIZZLE:
+    if SWIZZLE:
         # The 4 scales of a 4-column group are 4 consecutive bytes of the 128x4 layout: one int32 store per
         # group (byte c % 4 at bits 8 * (c % 4)) instead of 4 scattered byte stores (NB is a multiple of 4:
         # BLOCK_K >= 4 * SB); the word of group g is the byte offset of column 4g, divided by 4. H200, NVFP4 8192^2
@@ -267,38 +240,8 @@ def _fp4_dequantize_kernel(
 # ------------------------------------------------------------------------------------------ launchers
 
 
-@dataclasses.dataclass(frozen=True)
-class QuantVariant:
-    """Kernel options of the FP4 quantize launcher (perf/probes/quant_variants.py times them against each other).
-    rows_128x4: swizzled scales from row-interleaved tiles (whole 32-byte sectors of the 128x4 layout per 4-column
-    group; Session 3's 1 x 4096 tile wrote one scattered 4-byte word per row and group). rcp_scale: NVFP4 block
-    scales without per-block div.rn (bytes identical; _formats.nvfp4_block_scale_rcp)."""
-
-    rows_128x4: bool = True
-    rcp_scale: bool = True
-    swz_block_k: int = 512  # GPU tile width of the row-interleaved tile (BLOCK_M = 4096 // width, >= 4 rows)
-
-
-DEFAULT_VARIANT = QuantVariant()
-SESSION3_VARIANT = QuantVariant(rows_128x4=False, rcp_scale=False)
-
-
-def quant_tile(grid_rows: int, k: int, block: int, swizzle: bool, device: torch.device,
-               variant: QuantVariant = DEFAULT_VARIANT) -> tuple[int, int, int, bool]:
-    """(BLOCK_M, BLOCK_K, num_warps, ROWS_128X4) for the quantize kernel.
-    Swizzled + rows_128x4: BLOCK_M in 4..128 (a power of two; grid_rows is a multiple of 128), BLOCK_K a multiple of
-    4 blocks; the same ~4096 elements per program as pick_tile (32768 on the interpreter)."""
-    if swizzle and variant.rows_128x4:
-        cpu = device.type == "cpu"
-        block_k = max(4 * block, min(triton.next_power_of_2(k), 2048 if cpu else variant.swz_block_k))
-        block_m = min(128, max(4, (32768 if cpu else 4096) // block_k))
-        return block_m, block_k, 4, True
-    cfg = pick_tile(grid_rows, k, device, min_block_k=4 * block, max_block_k=4096)
-    return cfg.block_m, cfg.block_k, cfg.num_warps, False
-
-
 def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bool = False,
-              global_scale: torch.Tensor | None = None, variant: QuantVariant = DEFAULT_VARIANT):
+              global_scale: torch.Tensor | None = None):
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
     block = MXFP4_BLOCK if is_mx else NVFP4_BLOCK
     x2 = rows_view(op, "x", x)
@@ -313,7 +256,7 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
         scales.view(torch.uint8).zero_()
         return codes, scales, gs_out
     grid_rows = scales.shape[0] if swizzle else rows  # swizzled: programs also cover the padding rows
-    block_m, block_k, num_warps, rows_128x4 = quant_tile(grid_rows, k, block, swizzle, x.device, variant)
+    cfg = pick_tile(grid_rows, k, x.device, min_block_k=4 * block, max_block_k=4096)
     scale_cols_padded = round_up(k // block, 4)
     gs_mode, gs_in, n_partials, partials_block = GS_NONE, gs_out, 1, 1
     if not is_mx and global_scale is not None:
@@ -328,14 +271,14 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
             x2, gs_in, rows, k, x2.stride(0), plan.rows_per_prog, plan.cols_per_prog,
             BLOCK_M=plan.block_m, BLOCK_K=plan.block_k, num_warps=plan.num_warps)
     words = x2.view(torch.int64 if x.dtype == torch.float32 else torch.int32)
-    grid = (triton.cdiv(grid_rows, block_m), triton.cdiv(k, block_k))
+    grid = (triton.cdiv(grid_rows, cfg.block_m), triton.cdiv(k, cfg.block_k))
     _fp4_quantize_kernel[grid](
         words, codes, scales.view(torch.uint8), gs_in, gs_out,
         rows, k, words.stride(0), grid_rows, scale_cols_padded if swizzle else k // block, scale_cols_padded,
         n_partials,
         IS_MX=is_mx, MX_RCEIL=rceil, GS_MODE=gs_mode, SWIZZLE=swizzle, IN_KIND=IN_KIND[x.dtype],
-        EMULATE=emulate_formats(x.device), BLOCK_M=block_m, BLOCK_K=block_k, PARTIALS_BLOCK=partials_block,
-        ROWS_128X4=rows_128x4, RCP_SCALE=variant.rcp_scale and not is_mx, num_warps=num_warps)
+        EMULATE=emulate_formats(x.device), BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, PARTIALS_BLOCK=partials_block,
+        num_warps=cfg.num_warps)
     return codes, scales, gs_out
 
 

@@ -428,10 +428,10 @@ def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, p
     target = 32768 if device.type == "cpu" else 4096  # interpreter: cost is per program; take big tiles
     block_m = max(1, min(next_pow2(max(rows, 1)), target // block_n))
     elems = block_m * block_n
-    # pairs (the FP4 pair-word kernel): ~32 elements per thread. Its per-row work (cross-warp sum, fp64 rstd
-    # tail) is paid per thread, and at 4096 columns 4 warps counted 24.3 instructions per element in SASS
-    # against 27.9 at 8 (perf/NOTES.md "Session 4: fused FP4"); 128 registers, no spills.
-    num_warps = min(32, max(4, elems // (1024 if pairs else 512)))
+    # pairs (the FP4 pair-word kernel): ~64 elements per thread. Its per-row work (cross-warp sum, fp64 rstd
+    # tail) is paid per thread: H200, 32768x4096 bf16, 2/4/8 warps: NVFP4 166/163/171 us, MXFP4 147/154/162,
+    # NVFP4 + residual 240/265/261 (perf/NOTES.md "Session 4: fused FP4"); up to ~240 registers, no spills.
+    num_warps = min(32, max(2, elems // 2048)) if pairs else min(32, max(4, elems // 512))
     # Prefetching needs >= 2 blocks per program; keep >= ~8 programs per SM (132 on H200) so the tail wave
     # stays short. Interpreter: one block per program (the prefetch is only a second masked load there).
     blocks = cdiv(rows, block_m)

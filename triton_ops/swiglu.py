@@ -40,7 +40,6 @@ from .rmsnorm import (
     min_block,
     nvfp4_exact_path,
     quant_epilogue,
-    quant_epilogue_pairs,
     tile_amax_bits,
 )
 
@@ -95,7 +94,7 @@ def _swiglu_kernel(
     PASS: tl.constexpr, GS_MODE: tl.constexpr,
     FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
     OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS_BLOCK: tl.constexpr, PAIR_EPI: tl.constexpr = True,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -166,22 +165,11 @@ def _swiglu_kernel(
             gs_exact = 0
             if FMT == 3:
                 gs_exact = nvfp4_exact_path(gs, row_in)
-            if PAIR_EPI and FMT >= 2:
-                # FP4: y as (even, odd) column pairs (an in-register split: each thread holds runs of >= 4 columns),
-                # rounded two at a time (rmsnorm.quant_epilogue_pairs; same bytes as quant_epilogue)
-                SB: tl.constexpr = 32 if FMT == 2 else 16
-                NB: tl.constexpr = BLOCK_N // SB
-                HP: tl.constexpr = SB // 2
-                y_lo, y_hi = tl.split(tl.reshape(y, [BLOCK_M, NB, HP, 2]))
-                pcol = col0 // 2 + tl.arange(0, NB)[None, :, None] * HP + tl.arange(0, HP)[None, None, :]
-                OUT_KIND: tl.constexpr = 0 if OUT_DTYPE == tl.bfloat16 else (1 if OUT_DTYPE == tl.float16 else 2)
-                quant_epilogue_pairs(y_lo, y_hi, rows, row_in, pcol, col0 // SB, I // 2, out_ptr, stride_om,
-                                     scale_ptr, stride_sm, gs, gs_exact, scale_rows_bound, scale_cols_padded, FMT,
-                                     MX_RCEIL, SWIZZLE, OUT_KIND, EMULATE, NB, HP)
-            else:
-                quant_epilogue(y, rows, row_in, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs,
-                               gs_exact, scale_rows_bound, 0, scale_cols_padded, fp8_eps,
-                               FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
+            # (a pair-word FP4 epilogue like rmsnorm's measured no faster here: 149.0 vs 148.7 us MXFP4, 181 vs 163
+            # MoE NVFP4, H200; SwiGLU FP4 is bound by the activation's exact division, perf/NOTES.md Session 4)
+            quant_epilogue(y, rows, row_in, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs, gs_exact,
+                           scale_rows_bound, 0, scale_cols_padded, fp8_eps,
+                           FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
         if PASS == 1:
             a = a_next
             b = b_next
@@ -201,15 +189,13 @@ class SwigluConfig:
     num_warps: int
 
 
-def pick_swiglu_config(rows: int, i: int, device: torch.device, min_block_n: int, fp4: bool = False) -> SwigluConfig:
+def pick_swiglu_config(rows: int, i: int, device: torch.device, min_block_n: int) -> SwigluConfig:
     """GPU: ~4K outputs per program (8 warps, 16-byte loads, ~16 values per thread in flight); columns up to
-    1024 so wide rows still give many programs. Interpreter: big tiles (cost is per program). FP4 outputs: 4 warps
-    (32 outputs per thread): the per-program index/scale set-up is then paid by twice the outputs (SASS, gptoss g1
-    MXFP4 4x1024: 52.9 -> 47.8 instructions per output; perf/NOTES.md "Session 4: fused FP4"; <= 127 registers)."""
+    1024 so wide rows still give many programs. Interpreter: big tiles (cost is per program)."""
     target, max_n = (32768, 4096) if device.type == "cpu" else (4096, 1024)
     block_n = max(min_block_n, min(next_pow2(max(i, 1)), max_n))
     block_m = max(1, min(next_pow2(max(rows, 1)), target // block_n))
-    num_warps = 8 if block_m * block_n >= 4096 and not fp4 else 4
+    num_warps = 8 if block_m * block_n >= 4096 else 4
     return SwigluConfig(block_m, block_n, num_warps)
 
 
@@ -231,7 +217,7 @@ def supports_swiglu_fp8_group(x, interleave, activation, alpha, limit, expert_id
 
 def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, *, fmt, group=128,
             quant_eps=1e-10, ue8m0=False, column_major=False, rounding="floor", swizzle=False, global_scale=None,
-            cfg=None, pair_epi=True):
+            cfg=None):
     op = "swiglu"
     out_dtype = out_dtype or x.dtype
     lead, i = tuple(x.shape[:-1]), x.shape[-1] // 2
@@ -258,8 +244,7 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
     geo = epilogue_geometry(fmt, scales, rows, i, group, swizzle)
     stride_sm, stride_sg, scale_cols_padded, grid_rows = geo.stride_sm, geo.stride_sg, geo.scale_cols_padded, \
         geo.grid_rows
-    cfg = cfg or pick_swiglu_config(grid_rows, i, dev, max(min_block(fmt, group), interleave),
-                                    fp4=fmt in (FMT_MX, FMT_NV) and pair_epi)  # probes pass cfg
+    cfg = cfg or pick_swiglu_config(grid_rows, i, dev, max(min_block(fmt, group), interleave))  # probes pass cfg
     moe = MOE_CONTIGUOUS if expert_ids is not None else (MOE_MASKED if masked_m is not None else MOE_NONE)
     eid = expert_ids.reshape(-1) if expert_ids is not None else x2
     mm = masked_m if masked_m is not None else x2
@@ -271,7 +256,7 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
                   GPTOSS=activation == "gptoss", CLAMP=limit is not None, MOE=moe,
                   FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
                   OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(dev), BLOCK_M=cfg.block_m,
-                  BLOCK_N=cfg.block_n, PAIR_EPI=pair_epi, num_warps=cfg.num_warps)
+                  BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     scale_arg = scales.view(torch.uint8) if fmt in (FMT_MX, FMT_NV) else scales
     out_arg = out2.view(torch.uint8) if fmt == FMT_FP8 else out2
     scalars = (float(alpha), float(limit if limit is not None else 0.0), float(quant_eps), max_m)

@@ -1,8 +1,9 @@
 """GPU probe (session 4): fused RMSNorm / SwiGLU -> FP4, old vs new kernels and configs, bare launchers.
 
 RMSNorm: "old" = the element-wise _rms_norm_kernel (pairs=False, its default RowConfig), "pairs-wN" = the pair-word
-kernel _rms_norm_pairs_kernel at N warps (4 is the new default at 4096 columns). SwiGLU: "old" = quant_epilogue
-(pair_epi=False, default config), "pairs-wN" = quant_epilogue_pairs at N warps (4 is the new FP4 default).
+kernel _rms_norm_pairs_kernel at N warps (2 is the default at 4096 columns since the first H200 run of this probe).
+SwiGLU: the element-wise epilogue at its default 8 warps vs 4 (a pair-word SwiGLU epilogue measured no faster and
+was dropped; perf/NOTES.md "Session 4: fused FP4").
 First checks bytes: every variant == the torch reference on small shapes (and old == new on the big ones), then times
 each variant (triton.testing.do_bench, median of >= 50 reps; inputs are far larger than L2) and prints one line per
 variant: us, GB/s, fraction of a torch copy measured here. `--out FILE.json` writes the records.
@@ -41,10 +42,7 @@ def rms_variants(rows, n, dev):
 
 
 def sw_variants(rows, i, dev):
-    out = {"old": dict(pair_epi=False)}
-    for nw in (4, 8):
-        out[f"pairs-w{nw}"] = dict(pair_epi=True, cfg=S.SwigluConfig(4, 1024, nw))
-    return out
+    return {"old": {}, "w4": dict(cfg=S.SwigluConfig(4, 1024, 4))}
 
 
 def rms_call(fmt, x, w, res, gs, **kw):

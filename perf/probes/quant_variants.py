@@ -7,8 +7,6 @@ K=7168). Session-1 kernels were timed against these once (perf/results/probes/20
     python perf/probes/quant_variants.py --quick    # fewer repetitions
     python perf/probes/quant_variants.py --sweep    # also sweep tiles of the current kernels (~30 s more)
     python perf/probes/quant_variants.py --full-verify  # also fp16/fp32 inputs/outputs, both layouts (~40 s more)
-    python perf/probes/quant_variants.py --fp4-variants --out fp4.json  # only: session-3 vs session-4 FP4 quantize
-                                                                        # kernels (QuantVariant), bytes first (~40 s)
 
 Verifies bytes first (small shapes incl. NaN/Inf/-0, special global scales gs = 0, tiny, Inf, NaN, negative,
 bf16 inputs (--full-verify: fp16/fp32 too) equal the reference; then the 8192^2 outputs), then prints one
@@ -22,8 +20,6 @@ eager dst.copy_(src) of 2 x 1 GiB bf16) measured here.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -178,82 +174,6 @@ def copy_gbps(dev):
     return measure_roofline(dev).copy_gbps
 
 
-# ============================================================== FP4 quantize kernel variants (session 4)
-
-FP4_VARIANTS = {  # name -> triton_ops.quant_fp4.QuantVariant; "s3" is the session-3 kernel (1 x 4096 tiles, div.rn)
-    "s3": Q4.SESSION3_VARIANT,
-    "s4 (default)": Q4.DEFAULT_VARIANT,
-    "s4 rows_128x4 only": Q4.QuantVariant(rcp_scale=False),
-    "s4 rcp_scale only": Q4.QuantVariant(rows_128x4=False),
-    "s4 swz 4x1024": Q4.QuantVariant(swz_block_k=1024),
-    "s4 swz 16x256": Q4.QuantVariant(swz_block_k=256),
-}
-
-
-def fp4_variant(x, fmt, swizzle, variant, gs=None):
-    """The FP4 launcher with a chosen QuantVariant (fmt: "nv" given gs, "nv-computed", "mx" floor)."""
-    if fmt == "mx":
-        return Q4._quantize(x, "mxfp4_quantize", is_mx=True, swizzle=swizzle, variant=variant)[:2]
-    return Q4._quantize(x, "nvfp4_quantize", is_mx=False, swizzle=swizzle, variant=variant,
-                        global_scale=None if fmt == "nv-computed" else gs)
-
-
-def fp4_variants(dev, reps, out):
-    """Bytes of every variant equal the reference (small shape with NaN/Inf/-0/subnormals and special global scales,
-    then 8192^2), then CUDA-graph time per variant, NVFP4 given gs swizzled / linear, MXFP4 floor swizzled / linear."""
-    g = torch.Generator().manual_seed(0)
-    base = torch.randn(200, 2048, generator=g) * torch.exp(torch.randn(200, 1, generator=g) * 3)
-    base[0, 5], base[1, 7], base[2, 9], base[3, :16], base[4, 20] = float("inf"), float("-inf"), float("nan"), 0, -0.0
-    base[5, 40:48] = 1e-40
-    n = 0
-    for dt in (torch.bfloat16, torch.float16, torch.float32):
-        x = base.to(dt)
-        xd = x.to(dev)
-        for name, var in FP4_VARIANTS.items():  # bf16: every variant; fp16/fp32: the default (compiles cost ~1 s each)
-            if dt != torch.bfloat16 and var != Q4.DEFAULT_VARIANT:
-                continue
-            for sw in (False, True):
-                for gsv in (0.0, 1e-36, 2.0 ** -70, 1e-3, 0.02, 2.0 ** 70, -0.5, float("inf"), float("nan")):
-                    gs = torch.tensor(gsv)
-                    _same(f"{name} nvfp4 {dt} gs={gsv} sw={sw}", fp4_variant(xd, "nv", sw, var, gs.to(dev)),
-                          ref.nvfp4_quantize(x, gs, sw))
-                    n += 1
-                _same(f"{name} mxfp4 {dt} sw={sw}", fp4_variant(xd, "mx", sw, var), ref.mxfp4_quantize(x, "floor", sw))
-                n += 1
-                if var == Q4.DEFAULT_VARIANT:
-                    _same(f"{name} nvfp4 computed {dt} sw={sw}", fp4_variant(xd, "nv-computed", sw, var),
-                          ref.nvfp4_quantize(x, None, sw))
-                    n += 1
-    print(f"fp4 variants: {n} small-shape comparisons equal the reference")
-    roof = copy_gbps(dev)
-    print(f"copy roof (perf.runner.measure_roofline): {roof:.0f} GB/s")
-    m, k = 8192, 8192
-    torch.manual_seed(0)
-    x = (torch.randn(m, k, device=dev) * torch.exp(torch.randn(m, 1, device=dev))).to(torch.bfloat16)
-    gs = ops.nvfp4_global_scale_from_amax(x.float().abs().amax())
-    xb = m * k * 2
-    nbytes = {"nv": xb + m * k // 2 + m * k // 16, "mx": xb + m * k // 2 + m * k // 32}
-    want = {(f, sw): (ref.nvfp4_quantize(x, gs, sw) if f == "nv" else ref.mxfp4_quantize(x, "floor", sw))
-            for f in ("nv", "mx") for sw in (True, False)}
-    records = []
-    for f, sw in (("nv", True), ("nv", False), ("mx", True), ("mx", False)):
-        print(f"{'NVFP4 given gs' if f == 'nv' else 'MXFP4 floor'} {'swizzled' if sw else 'linear'} scales, "
-              f"M={m} K={k} bf16 (CUDA-graph replay):")
-        for name, var in FP4_VARIANTS.items():
-            if (not sw and "swz" in name) or (f == "mx" and "rcp" in name):
-                continue  # no difference there
-            _same(f"{name} {f} sw={sw} 8192^2", fp4_variant(x, f, sw, var, gs), want[(f, sw)][:2 if f == "mx" else 3])
-            us = graph_us(lambda: fp4_variant(x, f, sw, var, gs), reps)
-            gbps = nbytes[f] / us / 1e3
-            print(f"  {name:28s} {us:8.1f} us {gbps:7.0f} GB/s {gbps / roof:5.3f} of copy")
-            records.append(dict(op=f"{f}fp4_quantize", layout="swizzled" if sw else "linear", variant=name,
-                                config=dataclasses.asdict(var), M=m, K=k, dtype="bf16", median_us=us, gbps=gbps,
-                                roofline_frac=gbps / roof, copy_gbps=roof))
-    if out:
-        Path(out).write_text(json.dumps(records, indent=1))
-        print(f"wrote {len(records)} records to {out}")
-
-
 SHAPES = ((8192, 8192), (16, 7168))  # (M, K): the issue's headline shape, then decode
 DEVICE = "cuda"
 
@@ -263,16 +183,11 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also sweep tiles of the current kernels (~30 s more)")
     ap.add_argument("--full-verify", action="store_true", help="fp16/fp32 inputs and outputs, both layouts (~40 s more)")
-    ap.add_argument("--fp4-variants", action="store_true", help="only the FP4 quantize kernel variants (session 3 vs 4)")
-    ap.add_argument("--out", help="with --fp4-variants: write the timing records to this JSON file")
     args = ap.parse_args()
     reps = 5 if args.quick else 15
     dev = torch.device(DEVICE)
     if dev.type == "cuda":
         print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
-    if args.fp4_variants:
-        fp4_variants(dev, reps, args.out)
-        return
     verify(dev, args.full_verify)
     roof = copy_gbps(dev)
     print(f"copy 2 x 1 GiB bf16 (perf.runner.measure_roofline, eager events): {roof:.0f} GB/s (bytes read + written)")
