@@ -68,20 +68,26 @@ def gather_config(tokens: int, block_h: int, row_p: int, vec: int, device: torch
 def _paged_write_kernel(x_ptr, slot_ptr, cache_ptr, scale_ptr, scache_ptr, T, H, D, n_slots, BS,
                         x_st, x_sh, c_sb, c_so, c_sh, s_sb, s_so, s_sh, eps,
                         DYNAMIC: tl.constexpr, D_P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-                        EMULATE: tl.constexpr):
+                        EMULATE: tl.constexpr, ISSUE_FIRST: tl.constexpr):
     # grid (token blocks, head blocks): (token, head) from the program ids, the slot split once per token in
-    # 32 bits (launcher: < 2^31 slots), so no per-row 64-bit division.
+    # 32 bits (launcher: < 2^31 slots), so no per-row 64-bit division. x is loaded for every in-bounds row
+    # (not only rows with a valid slot): its load then does not wait for the slot load, and the skipped rows'
+    # values are never stored. ISSUE_FIRST: a barrier keeps ptxas from sinking the x loads behind the slot
+    # math (see rope._rope_kernel).
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     tmask = t < T
     slot = tl.load(slot_ptr + t, mask=tmask, other=-1).to(tl.int64)
+    d = tl.arange(0, D_P)
+    xm = (tmask[:, None] & (h < H)[None, :])[:, :, None] & (d < D)[None, None, :]
+    x = load_f32(x_ptr + (t * x_st)[:, None, None] + (h * x_sh)[None, :, None] + d[None, None, :], xm, EMULATE)
+    if ISSUE_FIRST:
+        tl.debug_barrier()
     ok = (tmask & (slot >= 0) & (slot < n_slots))[:, None] & (h < H)[None, :]  # -1 / past the cache: skipped
     s32 = slot.to(tl.int32)
     blk = (s32 // BS).to(tl.int64)
     off = (s32 % BS).to(tl.int64)
-    d = tl.arange(0, D_P)
     m = ok[:, :, None] & (d < D)[None, None, :]
-    x = load_f32(x_ptr + (t * x_st)[:, None, None] + (h * x_sh)[None, :, None] + d[None, None, :], m, EMULATE)
     if DYNAMIC:
         s = tl.math.div_rn(tl.maximum(amax_nan(x, 2), eps, propagate_nan=tl.PropagateNan.ALL), 448.0)
         tl.store(scache_ptr + (blk * s_sb + off * s_so)[:, None] + (h * s_sh)[None, :], s, mask=ok)
@@ -144,7 +150,24 @@ def _cache_slots(cache) -> int:
     return cache.shape[0] * cache.shape[1]
 
 
-def paged_kv_write_fp8(x, slot_mapping, cache, scale, scale_cache):
+@dataclasses.dataclass(frozen=True)
+class WriteConfig:
+    block_t: int  # tokens per program
+    block_h: int  # heads per program
+    num_warps: int
+    issue_first: bool = True  # barrier after the data loads (see _paged_write_kernel)
+
+
+def write_config(t: int, h: int, d_p: int, device: torch.device) -> WriteConfig:
+    """GPU: ~4K elements per program (8 tokens x 8 heads x 64 at GPT-OSS's kv shape), one token per program
+    for short (decode) batches; interpreter: 32K."""
+    target = 32768 if device.type == "cpu" else 4096
+    block_h = min(next_pow2(h), max(1, target // d_p))
+    block_t = 1 if (device.type != "cpu" and t <= 256) else max(1, min(next_pow2(t), target // (d_p * block_h)))
+    return WriteConfig(block_t, block_h, 4 if block_t * block_h * d_p <= 4096 else 8)
+
+
+def paged_kv_write_fp8(x, slot_mapping, cache, scale, scale_cache, cfg: WriteConfig | None = None):
     t, h, d = x.shape
     if t == 0 or h == 0 or d == 0:
         return
@@ -155,16 +178,14 @@ def paged_kv_write_fp8(x, slot_mapping, cache, scale, scale_cache):
     dynamic = scale is None
     sc = scale_cache if dynamic else c  # unused pointer when static
     d_p = next_pow2(d)
-    # GPU: ~4K elements per program, one token per program for short (decode) batches; interpreter: 32K
-    target = 32768 if x.device.type == "cpu" else 4096
-    block_h = min(next_pow2(h), max(1, target // d_p))
-    block_t = 1 if (x.device.type != "cpu" and t <= 256) else max(1, min(next_pow2(t), target // (d_p * block_h)))
+    cfg = cfg or write_config(t, h, d_p, x.device)
+    block_t, block_h = cfg.block_t, cfg.block_h
     _paged_write_kernel[(cdiv(t, block_t), cdiv(h, block_h))](
         x, slot_mapping, c, scale if scale is not None else x, sc, t, h, d, _cache_slots(cache), cache.shape[1],
         x.stride(0), x.stride(1), c.stride(0), c.stride(1), c.stride(2),
         *(scale_cache.stride() if dynamic else (0, 0, 0)), DYNAMIC_EPS,
         DYNAMIC=dynamic, D_P=d_p, BLOCK_T=block_t, BLOCK_H=block_h, EMULATE=emulate_formats(x.device),
-        num_warps=4 if block_t * block_h * d_p <= 4096 else 8)
+        ISSUE_FIRST=cfg.issue_first, num_warps=cfg.num_warps)
 
 
 def paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype, cfg: GatherConfig | None = None):
@@ -215,7 +236,8 @@ def _ds_token_offsets(slot, BS, block_stride, D_NOPE: tl.constexpr, NT: tl.const
 def _ds_kv_tile(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, tb, T, n_slots, BS, block_stride, kv_st,
                 max_pos, D_NOPE: tl.constexpr, TILE: tl.constexpr, NT: tl.constexpr, NT_P: tl.constexpr,
                 V4: tl.constexpr, ROTATE: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr,
-                ALIGNED: tl.constexpr, KV_WORDS: tl.constexpr, KV_KIND: tl.constexpr, EMULATE: tl.constexpr):
+                ALIGNED: tl.constexpr, KV_WORDS: tl.constexpr, KV_KIND: tl.constexpr, EMULATE: tl.constexpr,
+                ISSUE_FIRST: tl.constexpr):
     """Quantize + write BLOCK_T tokens of kv [T, D_NOPE + 64] into a DeepSeek cache (optionally rotating
     the RoPE part first). Cache offsets in bytes, int64.
 
@@ -223,11 +245,34 @@ def _ds_kv_tile(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, tb, T, n_slots,
     16-byte aligned (656, 576, 528, 448 and 512 are multiples of 16; V4 scale rows of 8 bytes are 8-aligned),
     which the compiler cannot see through the slot gather; the hints let it emit 16-byte stores (the
     codes) instead of one store per byte, and the bf16 RoPE pairs go out as 32-bit words.
-    KV_WORDS: GPT-J kv pairs can be loaded as words (even row stride, aligned base)."""
+    KV_WORDS: GPT-J kv pairs can be loaded as words (even row stride, aligned base).
+    Loads: kv (NoPE and RoPE part) for every in-bounds token, so they do not wait on the slot load (rows with
+    a skipped slot are never stored), and (ISSUE_FIRST) a barrier keeps ptxas from sinking them behind the
+    slot -> offsets and position -> (cos, sin) chains (see rope._rope_kernel)."""
     HALF: tl.constexpr = ROPE // 2
     tok = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = tok < T
     slot = tl.load(slot_ptr + tok, mask=tmask, other=-1).to(tl.int64)
+    if ROTATE:
+        pos = tl.load(pos_ptr + tok, mask=tmask, other=0).to(tl.int64)
+    j = tl.arange(0, NT_P)
+    e = tl.arange(0, TILE)
+    col = j[:, None] * TILE + e[None, :]
+    x = load_f32(kv_ptr + (tok * kv_st)[:, None, None] + col[None, :, :],
+                 (tmask[:, None] & (j < NT)[None, :])[:, :, None], EMULATE)
+    i = tl.arange(0, HALF)
+    rm = tmask[:, None]
+    src = (tok * kv_st + D_NOPE)[:, None]  # element offsets of the RoPE part
+    if IS_NEOX:
+        x1 = load_f32(kv_ptr + src + i[None, :], rm, EMULATE)
+        x2 = load_f32(kv_ptr + src + HALF + i[None, :], rm, EMULATE)
+    elif KV_WORDS:
+        x1, x2 = split_pairs(tl.load(word_ptr(kv_ptr, KV_KIND) + (src >> 1) + i[None, :], mask=rm, other=0), KV_KIND)
+    else:
+        x1 = load_f32(kv_ptr + src + 2 * i[None, :], rm, EMULATE)
+        x2 = load_f32(kv_ptr + src + 2 * i[None, :] + 1, rm, EMULATE)
+    if ISSUE_FIRST:
+        tl.debug_barrier()
     ok = tmask & (slot >= 0) & (slot < n_slots)
     data, scale_at, rope_at = _ds_token_offsets(slot, BS, block_stride, D_NOPE, NT, V4)
     if ALIGNED:
@@ -236,11 +281,7 @@ def _ds_kv_tile(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, tb, T, n_slots,
         scale_at = tl.multiple_of(scale_at, 8 if V4 else 16)
 
     # NoPE: per-tile power-of-two scales, E4M3 codes
-    j = tl.arange(0, NT_P)
-    e = tl.arange(0, TILE)
-    col = j[:, None] * TILE + e[None, :]
     tile_ok = ok[:, None] & (j < NT)[None, :]
-    x = load_f32(kv_ptr + (tok * kv_st)[:, None, None] + col[None, :, :], tile_ok[:, :, None], EMULATE)
     s = tl.maximum(tl.math.div_rn(amax_nan(x, 2), 448.0), SCALE_FLOOR, propagate_nan=tl.PropagateNan.ALL)
     b = s.to(tl.uint32, bitcast=True)
     finite = (b & 0x7F800000) != 0x7F800000
@@ -257,19 +298,8 @@ def _ds_kv_tile(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, tb, T, n_slots,
         tl.store(c32 + (scale_at >> 2)[:, None] + j[None, :], b.to(tl.int32, bitcast=True), mask=tile_ok)
 
     # RoPE part: bf16, rotated first when fused
-    i = tl.arange(0, HALF)
     rm = ok[:, None]
-    src = (tok * kv_st + D_NOPE)[:, None]  # element offsets of the RoPE part
-    if IS_NEOX:
-        x1 = load_f32(kv_ptr + src + i[None, :], rm, EMULATE)
-        x2 = load_f32(kv_ptr + src + HALF + i[None, :], rm, EMULATE)
-    elif KV_WORDS:
-        x1, x2 = split_pairs(tl.load(word_ptr(kv_ptr, KV_KIND) + (src >> 1) + i[None, :], mask=rm, other=0), KV_KIND)
-    else:
-        x1 = load_f32(kv_ptr + src + 2 * i[None, :], rm, EMULATE)
-        x2 = load_f32(kv_ptr + src + 2 * i[None, :] + 1, rm, EMULATE)
     if ROTATE:
-        pos = tl.load(pos_ptr + tok, mask=tmask, other=0).to(tl.int64)
         c, sn = load_cos_sin(cs_ptr, pos, tmask & (pos >= 0) & (pos < max_pos), HALF, HALF)
         x1, x2 = rope_pairs(x1, x2, c, sn, False)
     if ALIGNED and not IS_NEOX:
@@ -290,7 +320,8 @@ def _ds_write_kernel(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, q_ptr, T, 
                      D_NOPE: tl.constexpr, TILE: tl.constexpr, NT: tl.constexpr, NT_P: tl.constexpr,
                      V4: tl.constexpr, ROTATE: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr,
                      BLOCK_H: tl.constexpr, ALIGNED: tl.constexpr, KV_WORDS: tl.constexpr, KV_KIND: tl.constexpr,
-                     Q_WORDS: tl.constexpr, Q_KIND: tl.constexpr, Q_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+                     Q_WORDS: tl.constexpr, Q_KIND: tl.constexpr, Q_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
+                     ISSUE_FIRST: tl.constexpr):
     # grid (token blocks, 1 + q head blocks): column 0 writes the cache, the others (fused op with q) rotate
     # BLOCK_T tokens x BLOCK_H heads of q's RoPE part in place, so q's heads spread over many programs.
     tb = tl.program_id(0)
@@ -298,23 +329,31 @@ def _ds_write_kernel(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, q_ptr, T, 
     if hb == 0:
         _ds_kv_tile(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, tb, T, n_slots, BS, block_stride, kv_st,
                     max_pos, D_NOPE, TILE, NT, NT_P, V4, ROTATE, IS_NEOX, BLOCK_T, ALIGNED, KV_WORDS, KV_KIND,
-                    EMULATE)
+                    EMULATE, ISSUE_FIRST)
     else:
         _rope_tile(q_ptr, q_ptr, pos_ptr, cs_ptr, tb, hb - 1, T, HQ, max_pos, q_st, q_sh, q_st, q_sh, q_rope_at, 0,
                    ROPE // 2, ROPE // 2, 1, BLOCK_T, BLOCK_H, IS_NEOX, False, False, Q_WORDS, Q_KIND, Q_DTYPE,
-                   EMULATE)
+                   EMULATE, ISSUE_FIRST)
 
 
-def ds_config(t: int, device: torch.device) -> tuple[int, int]:
-    """(tokens per program, q heads per program). GPU: 4 tokens (~2.3K kv elements) and 16 q heads
-    (4 x 16 x 64 = 4K RoPE elements) per program; one token per program for short (decode) batches so the
-    work spreads over the SMs. Interpreter: big tiles (it pays per program)."""
+@dataclasses.dataclass(frozen=True)
+class DsConfig:
+    block_t: int  # tokens per program (kv column and q programs alike)
+    block_h: int  # q heads per program (fused op with q)
+    num_warps: int
+    issue_first: bool = True  # barrier after the data loads (see _ds_kv_tile, rope._rope_kernel)
+
+
+def ds_config(t: int, device: torch.device) -> DsConfig:
+    """GPU: 4 tokens (~2.3K kv elements) and 16 q heads (4 x 16 x 64 = 4K RoPE elements) per program; one
+    token per program for short (decode) batches so the work spreads over the SMs. Interpreter: big tiles (it
+    pays per program)."""
     if device.type == "cpu":
-        return 32, 16
-    return (1 if t <= 256 else 4), 16
+        return DsConfig(32, 16, 4)
+    return DsConfig(1 if t <= 256 else 4, 16, 4)
 
 
-def _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_neox):
+def _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_neox, cfg=None):
     t = kv.shape[0]
     if t == 0:
         return
@@ -330,7 +369,8 @@ def _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_
     c32 = c8.view(torch.int32) if layout == "v32" or aligned else c16
     rotate = positions is not None
     hq = 0 if q is None else q.shape[1]
-    block_t, block_h = ds_config(t, kv.device)
+    cfg = cfg or ds_config(t, kv.device)
+    block_t, block_h = cfg.block_t, cfg.block_h
     n_q = cdiv(hq, block_h) if hq else 0
     q_arg = q if q is not None else kv
     q_rope_at = (q.shape[-1] - DS_ROPE) if q is not None else 0
@@ -344,15 +384,17 @@ def _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_
         D_NOPE=L.d_nope, TILE=L.tile, NT=L.num_tiles, NT_P=next_pow2(L.num_tiles),
         V4=layout == "v4", ROTATE=rotate, IS_NEOX=is_neox, BLOCK_T=block_t, BLOCK_H=block_h, ALIGNED=aligned,
         KV_WORDS=kv_words, KV_KIND=PAIR_KIND[kv.dtype], Q_WORDS=q_words, Q_KIND=PAIR_KIND[q_arg.dtype],
-        Q_DTYPE=TL_DTYPE[q_arg.dtype], EMULATE=emulate_formats(kv.device), num_warps=4, enable_fp_fusion=False)
+        Q_DTYPE=TL_DTYPE[q_arg.dtype], EMULATE=emulate_formats(kv.device), ISSUE_FIRST=cfg.issue_first,
+        num_warps=cfg.num_warps, enable_fp_fusion=False)
 
 
-def ds_kv_write(kv, slot_mapping, cache, layout):
-    _ds_launch(kv, slot_mapping, cache, layout, None, None, None, False)
+def ds_kv_write(kv, slot_mapping, cache, layout, cfg: DsConfig | None = None):
+    _ds_launch(kv, slot_mapping, cache, layout, None, None, None, False, cfg)
 
 
-def ds_rope_quant_append(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, is_neox):
-    _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_neox)
+def ds_rope_quant_append(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, is_neox,
+                         cfg: DsConfig | None = None):
+    _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_neox, cfg)
 
 
 @triton.jit

@@ -58,6 +58,22 @@ def load_cos_sin(cs_ptr, pos, ok, HALF: tl.constexpr, HALF_P: tl.constexpr):
 
 
 @triton.jit
+def load_cos_sin_tile(cs_ptr, pos, ok, BLOCK_H: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr):
+    """(cos, sin) [R, BLOCK_H, HALF_P] (the same row for every head), loaded straight in the layout of a
+    [R, BLOCK_H, HALF_P] data tile. Loading [R, HALF_P] and broadcasting lets Triton pick the load's layout
+    on its own, and for some tiles (DeepSeek's 4 tokens x 16 heads) it then moves (cos, sin) into the tile's
+    layout through shared memory + barriers, which also hold back every load behind them. The repeats over
+    a thread's heads are L1 hits."""
+    i = tl.arange(0, HALF_P)
+    m = tl.broadcast_to((ok[:, None] & (i < HALF)[None, :])[:, None, :], [pos.shape[0], BLOCK_H, HALF_P])
+    base = tl.broadcast_to((cs_ptr + pos[:, None] * (2 * HALF) + i[None, :])[:, None, :],
+                           [pos.shape[0], BLOCK_H, HALF_P])
+    c = tl.load(base, mask=m, other=float("nan"))
+    s = tl.load(base + HALF, mask=m, other=float("nan"))
+    return c, s
+
+
+@triton.jit
 def pair_offsets(rot_offset, HALF: tl.constexpr, HALF_P: tl.constexpr, IS_NEOX: tl.constexpr):
     """Head-dim offsets [HALF_P] of the first and second element of each rotary pair."""
     i = tl.arange(0, HALF_P)
@@ -101,82 +117,185 @@ def join_pairs(y1, y2, PAIR_KIND: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def _rope_tile(src, dst, pos_ptr, cs_ptr, tb, hb, T, H, max_pos, s_t, s_h, d_t, d_h, rot_offset, D,
-               HALF: tl.constexpr, HALF_P: tl.constexpr, D_P: tl.constexpr, BLOCK_T: tl.constexpr,
-               BLOCK_H: tl.constexpr, IS_NEOX: tl.constexpr, INVERSE: tl.constexpr, COPY: tl.constexpr,
-               WORDS: tl.constexpr, PAIR_KIND: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
-    """Rotate tokens [tb*BLOCK_T, +BLOCK_T) x heads [hb*BLOCK_H, +BLOCK_H) of src [T, H, D] into dst.
-    Element offsets are int64 (t * s_t can pass 2^31). WORDS (GPT-J only): s_t, s_h, d_t, d_h and rot_offset
-    are even and both bases word-aligned, so pair i of a row is word (row + rot_offset) / 2 + i."""
-    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    tmask = t < T
-    pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
-    ok = tmask & (pos >= 0) & (pos < max_pos)  # a bad position reads nothing and poisons the slice
-    c, s = load_cos_sin(cs_ptr, pos, ok, HALF, HALF_P)
-    c = c[:, None, :]
-    s = s[:, None, :]
+def _rope_rows(t, h, T, H, s_t, s_h, d_t, d_h):
+    """Row masks and int64 element offsets [BLOCK_T, BLOCK_H] of tokens t (int64) x heads h in src and dst."""
+    rows_ok = (t < T)[:, None] & (h < H)[None, :]
+    return rows_ok, (t * s_t)[:, None] + (h * s_h)[None, :], (t * d_t)[:, None] + (h * d_h)[None, :]
+
+
+@triton.jit
+def _rope_load(src, src_row, rows_ok, rot_offset, HALF: tl.constexpr, HALF_P: tl.constexpr,
+               IS_NEOX: tl.constexpr, WORDS: tl.constexpr, PAIR_KIND: tl.constexpr, EMULATE: tl.constexpr):
+    """The rotary slice of rows src_row: (pair words, same) if WORDS, else (x1, x2) as fp32. Masks depend only
+    on the row bounds, never on the positions, so these loads issue before the position -> (cos, sin) chain.
+    WORDS (GPT-J only): strides, rot_offset and base are even / word-aligned, so pair i of a row is word
+    (row + rot_offset) / 2 + i."""
     i = tl.arange(0, HALF_P)
-    rows_ok = tmask[:, None] & (h < H)[None, :]
     m = rows_ok[:, :, None] & (i < HALF)[None, None, :]
-    src_row = (t * s_t)[:, None] + (h * s_h)[None, :]  # [BLOCK_T, BLOCK_H] element offsets, int64
-    dst_row = (t * d_t)[:, None] + (h * d_h)[None, :]
     if WORDS:
         w = tl.load(word_ptr(src, PAIR_KIND) + ((src_row + rot_offset) >> 1)[:, :, None] + i[None, None, :],
                     mask=m, other=0)
-        x1, x2 = split_pairs(w, PAIR_KIND)
-        y1, y2 = rope_pairs(x1, x2, c, s, INVERSE)
-        tl.store(word_ptr(dst, PAIR_KIND) + ((dst_row + rot_offset) >> 1)[:, :, None] + i[None, None, :],
-                 join_pairs(y1, y2, PAIR_KIND, EMULATE), mask=m)
+        return w, w
     else:
         o1, o2 = pair_offsets(rot_offset, HALF, HALF_P, IS_NEOX)
         x1 = load_f32(src + src_row[:, :, None] + o1[None, None, :], m, EMULATE)
         x2 = load_f32(src + src_row[:, :, None] + o2[None, None, :], m, EMULATE)
+        return x1, x2
+
+
+@triton.jit
+def _rope_keep_mask(rows_ok, rot_offset, D, HALF: tl.constexpr, D_P: tl.constexpr):
+    d = tl.arange(0, D_P)
+    keep = (d < D) & ((d < rot_offset) | (d >= rot_offset + 2 * HALF))
+    return rows_ok[:, :, None] & keep[None, None, :]
+
+
+@triton.jit
+def _rope_store(dst, dst_row, rows_ok, a, b, c, s, rot_offset, HALF: tl.constexpr, HALF_P: tl.constexpr,
+                IS_NEOX: tl.constexpr, INVERSE: tl.constexpr, WORDS: tl.constexpr, PAIR_KIND: tl.constexpr,
+                OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    """Rotate what _rope_load returned by (c, s) [BLOCK_T, BLOCK_H, HALF_P] and store it to rows dst_row."""
+    i = tl.arange(0, HALF_P)
+    m = rows_ok[:, :, None] & (i < HALF)[None, None, :]
+    if WORDS:
+        x1, x2 = split_pairs(a, PAIR_KIND)
         y1, y2 = rope_pairs(x1, x2, c, s, INVERSE)
+        tl.store(word_ptr(dst, PAIR_KIND) + ((dst_row + rot_offset) >> 1)[:, :, None] + i[None, None, :],
+                 join_pairs(y1, y2, PAIR_KIND, EMULATE), mask=m)
+    else:
+        y1, y2 = rope_pairs(a, b, c, s, INVERSE)
+        o1, o2 = pair_offsets(rot_offset, HALF, HALF_P, IS_NEOX)
         tl.store(dst + dst_row[:, :, None] + o1[None, None, :], cast_out(y1, OUT_DTYPE, EMULATE), mask=m)
         tl.store(dst + dst_row[:, :, None] + o2[None, None, :], cast_out(y2, OUT_DTYPE, EMULATE), mask=m)
+
+
+@triton.jit
+def _rope_tile(src, dst, pos_ptr, cs_ptr, tb, hb, T, H, max_pos, s_t, s_h, d_t, d_h, rot_offset, D,
+               HALF: tl.constexpr, HALF_P: tl.constexpr, D_P: tl.constexpr, BLOCK_T: tl.constexpr,
+               BLOCK_H: tl.constexpr, IS_NEOX: tl.constexpr, INVERSE: tl.constexpr, COPY: tl.constexpr,
+               WORDS: tl.constexpr, PAIR_KIND: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
+               ISSUE_FIRST: tl.constexpr):
+    """Rotate tokens [tb*BLOCK_T, +BLOCK_T) x heads [hb*BLOCK_H, +BLOCK_H) of src [T, H, D] into dst (one
+    tensor; _rope_kernel does q and k together). Order as in _rope_kernel: the position load, every data load,
+    (ISSUE_FIRST: a barrier, so ptxas cannot sink them), then the (cos, sin) rows that wait on the positions."""
+    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    tmask = t < T
+    pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
+    rows_ok, src_row, dst_row = _rope_rows(t, h, T, H, s_t, s_h, d_t, d_h)
+    a, b = _rope_load(src, src_row, rows_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE)
     if COPY:  # out of place with dims outside the rotary slice: they pass through unchanged (bit copy)
+        pm = _rope_keep_mask(rows_ok, rot_offset, D, HALF, D_P)
         d = tl.arange(0, D_P)
-        keep = (d < D) & ((d < rot_offset) | (d >= rot_offset + 2 * HALF))
-        pm = rows_ok[:, :, None] & keep[None, None, :]
         v = tl.load(src + src_row[:, :, None] + d[None, None, :], mask=pm)
+    if ISSUE_FIRST:
+        tl.debug_barrier()
+    ok = tmask & (pos >= 0) & (pos < max_pos)  # a bad position reads nothing and poisons the slice
+    c, s = load_cos_sin_tile(cs_ptr, pos, ok, BLOCK_H, HALF, HALF_P)
+    _rope_store(dst, dst_row, rows_ok, a, b, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS, PAIR_KIND,
+                OUT_DTYPE, EMULATE)
+    if COPY:
         tl.store(dst + dst_row[:, :, None] + d[None, None, :], v, mask=pm)
 
 
 @triton.jit
 def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr, T, HQ, HK, max_pos,
-                 q_st, q_sh, k_st, k_sh, qo_st, qo_sh, ko_st, ko_sh, rot_offset, D, n_q_hblocks,
+                 q_st, q_sh, k_st, k_sh, qo_st, qo_sh, ko_st, ko_sh, rot_offset, D, NB,
                  HALF: tl.constexpr, HALF_P: tl.constexpr, D_P: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_H: tl.constexpr, IS_NEOX: tl.constexpr, INVERSE: tl.constexpr, COPY: tl.constexpr,
-                 WORDS: tl.constexpr, PAIR_KIND: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
-    # grid (token blocks, q head blocks + k head blocks)
-    tb = tl.program_id(0)
-    hb = tl.program_id(1)
-    if hb < n_q_hblocks:
-        _rope_tile(q_ptr, qo_ptr, pos_ptr, cs_ptr, tb, hb, T, HQ, max_pos, q_st, q_sh, qo_st, qo_sh, rot_offset, D,
-                   HALF, HALF_P, D_P, BLOCK_T, BLOCK_H, IS_NEOX, INVERSE, COPY, WORDS, PAIR_KIND, OUT_DTYPE, EMULATE)
-    else:
-        _rope_tile(k_ptr, ko_ptr, pos_ptr, cs_ptr, tb, hb - n_q_hblocks, T, HK, max_pos, k_st, k_sh, ko_st, ko_sh,
-                   rot_offset, D, HALF, HALF_P, D_P, BLOCK_T, BLOCK_H, IS_NEOX, INVERSE, COPY, WORDS, PAIR_KIND,
-                   OUT_DTYPE, EMULATE)
+                 BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, HAS_Q: tl.constexpr, HAS_K: tl.constexpr,
+                 IS_NEOX: tl.constexpr, INVERSE: tl.constexpr, COPY: tl.constexpr, WORDS: tl.constexpr,
+                 PAIR_KIND: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
+                 ISSUE_FIRST: tl.constexpr):
+    # 1-D grid, NB head-block pairs per token block, head blocks fastest: consecutive programs walk one token
+    # row after another (contiguous streams, the token's position and (cos, sin) row reused while in cache).
+    # Program (tb, hb) rotates q heads [hb*BLOCK_HQ, +BLOCK_HQ) and k heads [hb*BLOCK_HK, +BLOCK_HK) of its
+    # tokens: BLOCK_HK is sized so the NB blocks cover k too (Hk=8 with one q block: BLOCK_HK=8), so there are
+    # no k-only programs, no k tile padded to q's width, and one (cos, sin) chain per program. Every data load
+    # (q, k, pass-through) is issued before anything waits on the positions. ISSUE_FIRST puts a CTA barrier
+    # between them and the (cos, sin) loads: without it ptxas sinks each data load next to its first use (to
+    # save registers), i.e. behind the position -> (cos, sin) chain, and a program costs three memory latencies
+    # in a row (position, (cos, sin), data) instead of two with the data in flight from the start (sm_90
+    # SASS in perf/NOTES.md "Session 4: RoPE/KV"). The barrier does not wait for the loads themselves.
+    pid = tl.program_id(0)
+    tb = pid // NB
+    hb = pid - tb * NB
+    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
+    if HAS_Q:
+        hq = hb * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
+        q_ok, q_row, qo_row = _rope_rows(t, hq, T, HQ, q_st, q_sh, qo_st, qo_sh)
+        qa, qb = _rope_load(q_ptr, q_row, q_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE)
+    if HAS_K:
+        hk = hb * BLOCK_HK + tl.arange(0, BLOCK_HK)
+        k_ok, k_row, ko_row = _rope_rows(t, hk, T, HK, k_st, k_sh, ko_st, ko_sh)
+        ka, kb = _rope_load(k_ptr, k_row, k_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE)
+    if COPY:  # out of place with dims outside the rotary slice: they pass through unchanged (bit copy)
+        d = tl.arange(0, D_P)
+        if HAS_Q:
+            q_pm = _rope_keep_mask(q_ok, rot_offset, D, HALF, D_P)
+            qv = tl.load(q_ptr + q_row[:, :, None] + d[None, None, :], mask=q_pm)
+        if HAS_K:
+            k_pm = _rope_keep_mask(k_ok, rot_offset, D, HALF, D_P)
+            kv = tl.load(k_ptr + k_row[:, :, None] + d[None, None, :], mask=k_pm)
+    if ISSUE_FIRST:
+        tl.debug_barrier()
+    ok = tmask & (pos >= 0) & (pos < max_pos)  # a bad position reads nothing and poisons the slice
+    if HAS_Q:
+        c, s = load_cos_sin_tile(cs_ptr, pos, ok, BLOCK_HQ, HALF, HALF_P)
+        _rope_store(qo_ptr, qo_row, q_ok, qa, qb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
+                    PAIR_KIND, OUT_DTYPE, EMULATE)
+    if HAS_K:
+        c, s = load_cos_sin_tile(cs_ptr, pos, ok, BLOCK_HK, HALF, HALF_P)
+        _rope_store(ko_ptr, ko_row, k_ok, ka, kb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
+                    PAIR_KIND, OUT_DTYPE, EMULATE)
+    if COPY:
+        if HAS_Q:
+            tl.store(qo_ptr + qo_row[:, :, None] + d[None, None, :], qv, mask=q_pm)
+        if HAS_K:
+            tl.store(ko_ptr + ko_row[:, :, None] + d[None, None, :], kv, mask=k_pm)
+
+
+ROPE_ELEMS = 8192  # rotary elements per program at prefill on the GPU (16 KB of bf16 read, 16 KB written)
+ROPE_MIN_PROGRAMS = 264  # ~2 per SM: below that, smaller programs (decode)
 
 
 @dataclasses.dataclass(frozen=True)
 class RopeConfig:
     block_t: int  # tokens per program
-    block_h: int  # heads per program
+    block_hq: int  # q heads per program
+    block_hk: int  # k heads per program (the same tokens as its q heads)
     num_warps: int
+    issue_first: bool = True  # barrier between the data loads and the (cos, sin) loads (see _rope_kernel)
 
 
-def rope_config(t: int, h: int, rot: int, device: torch.device) -> RopeConfig:
-    """~4K rotary elements per program on the GPU (16 per thread at 4 warps: enough bytes in flight, and
-    many programs for small T); the interpreter pays per program, so it takes up to 32K. Heads first (one
-    cos/sin row serves all of a token's heads), then tokens."""
-    target = 32768 if device.type == "cpu" else 4096
-    rows = max(1, target // next_pow2(rot))
-    block_h = min(next_pow2(max(h, 1)), rows)
-    block_t = max(1, min(next_pow2(max(t, 1)), rows // block_h))
-    return RopeConfig(block_t, block_h, 4)
+def rope_config(t: int, hq: int, hk: int, rot: int, device: torch.device) -> RopeConfig:
+    """Tile of a program: block_t tokens x (block_hq q heads + block_hk k heads) of the rotary slice.
+
+    Why these sizes (H200, perf/NOTES.md "Session 4: RoPE/KV"): the kernel is latency-bound per program
+    (position -> (cos, sin) row is a dependent chain of two memory latencies), so a program should carry
+    enough bytes to cover it: ~ROPE_ELEMS rotary elements (8192: a token of 64 q + 8 k heads x 128 is 9216),
+    q heads first (one (cos, sin) row serves all of a token's heads), then tokens. k rides along with q:
+    block_hk = Hk / (number of q head blocks) so no program is k-only or k-padded. 4 warps at up to ~64
+    elements per thread (8 x 16-byte vectors of bf16), 8 above. Short batches (decode) take smaller programs
+    until there are ~2 per SM. Interpreter: up to 32K elements (it pays per program)."""
+    rot_p = next_pow2(rot)
+    if device.type == "cpu":
+        target = 32768
+    else:
+        target = ROPE_ELEMS
+        while target > 1024 and t * (hq + hk) * rot_p // target < ROPE_MIN_PROGRAMS:
+            target //= 2
+    rows = max(1, target // rot_p)
+    block_hq = min(next_pow2(max(hq, 1)), rows) if hq else 1
+    nb = -(-hq // block_hq) if hq else 1
+    block_hk = min(next_pow2(max(-(-hk // nb), 1)), rows)
+    nb = max(nb, -(-hk // block_hk))
+    heads = (block_hq if hq else 0) + (block_hk if hk else 0)
+    fit = max(1, rows // max(heads, 1))
+    block_t = min(next_pow2(max(t, 1)), 1 << (fit.bit_length() - 1))  # powers of two (tl.arange)
+    elems = block_t * heads * rot_p
+    return RopeConfig(block_t, block_hq, block_hk, 4 if elems <= 9216 else 8)
 
 
 def pairs_as_words(is_neox: bool, rot_offset: int, *tensors) -> bool:
@@ -190,34 +309,34 @@ def pairs_as_words(is_neox: bool, rot_offset: int, *tensors) -> bool:
     return True
 
 
-def _launch(q, k, qo, ko, positions, cos_sin_cache, rot_offset, is_neox, inverse, copy):
+def _launch(q, k, qo, ko, positions, cos_sin_cache, rot_offset, is_neox, inverse, copy, cfg=None):
     t, hq, d = q.shape
     hk = k.shape[1]
     half = cos_sin_cache.shape[1] // 2
     if t == 0 or (hq == 0 and hk == 0) or half == 0:
         return
-    cfg = rope_config(t, max(hq, hk), 2 * half, q.device)
-    n_q = cdiv(hq, cfg.block_h)
-    n_k = cdiv(hk, cfg.block_h)
+    cfg = cfg or rope_config(t, hq, hk, 2 * half, q.device)
+    nb = max(cdiv(hq, cfg.block_hq), cdiv(hk, cfg.block_hk))
     words = pairs_as_words(is_neox, rot_offset, q, k, qo, ko)
-    _rope_kernel[(cdiv(t, cfg.block_t), n_q + n_k)](
+    _rope_kernel[(cdiv(t, cfg.block_t) * nb,)](
         q, k, qo, ko, positions, cos_sin_cache, t, hq, hk, cos_sin_cache.shape[0],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
-        rot_offset, d, n_q,
-        HALF=half, HALF_P=next_pow2(half), D_P=next_pow2(d), BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h,
-        IS_NEOX=is_neox, INVERSE=inverse, COPY=copy and 2 * half < d, WORDS=words, PAIR_KIND=PAIR_KIND[q.dtype],
-        OUT_DTYPE=TL_DTYPE[q.dtype], EMULATE=emulate_formats(q.device), num_warps=cfg.num_warps,
+        rot_offset, d, nb,
+        HALF=half, HALF_P=next_pow2(half), D_P=next_pow2(d), BLOCK_T=cfg.block_t, BLOCK_HQ=cfg.block_hq,
+        BLOCK_HK=cfg.block_hk, HAS_Q=hq > 0, HAS_K=hk > 0, IS_NEOX=is_neox, INVERSE=inverse,
+        COPY=copy and 2 * half < d, WORDS=words, PAIR_KIND=PAIR_KIND[q.dtype], OUT_DTYPE=TL_DTYPE[q.dtype],
+        EMULATE=emulate_formats(q.device), ISSUE_FIRST=cfg.issue_first, num_warps=cfg.num_warps,
         enable_fp_fusion=False)
 
 
-def rope(q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse):
+def rope(q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse, cfg: RopeConfig | None = None):
     qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    _launch(q, k, qo, ko, positions, cos_sin_cache, rot_offset, is_neox, inverse, True)
+    _launch(q, k, qo, ko, positions, cos_sin_cache, rot_offset, is_neox, inverse, True, cfg)
     return qo, ko
 
 
-def rope_(q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse):
+def rope_(q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse, cfg: RopeConfig | None = None):
     if k is None:
         k = q[:, :0]
-    _launch(q, k, q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse, False)
+    _launch(q, k, q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse, False, cfg)
