@@ -43,17 +43,19 @@ def _trio(op: str, triton: str, reference: str, why: str, supports: str | None =
 def _cute(op: str) -> list[Entry]:
     """CuTeDSL escape hatch (cute_ops/, docs/cute.md) for an RMSNorm op.
 
-    sm_90: ranked above Triton (25 > 20). The H200 run of 2026-11-21 (commit 6ed0c63, perf/results) showed it
-    bit-exact (48/48 GPU tests) and at least as fast as Triton on every RMSNorm case both ran: 32768x4096
-    plain 1.03x, +residual 1.03x, FP8 group +residual 1.17x (0.96 of copy), NVFP4 given-gs 1.02x; 4096x7168
-    1.8-2.6x (host-bound eager calls).
+    sm_90: ranked above Triton (25 > 20). H200 runs of 2026-11-21 (perf/results): bit-exact in every mode, and
+    faster than Triton on every RMSNorm case but one at d98feeb: 32768x4096 plain 1.03x, +residual 1.03x, FP8
+    group +residual 1.16x (0.96 of copy); 4096x7168 plain 1.20x, FP8 1.51x, NVFP4 1.12x; eager decode 4-6x
+    (host: ~11 us per call against Triton's ~70). The exception: NVFP4 at 32768x4096, where Triton's pair-word
+    kernel takes 164 us against 188 (0.87x), and NVFP4 decode under graph replay (6.4 vs 5.6 us); one bucket
+    out of seven does not justify a per-shape row yet.
     sm_100/103: compiled and SASS-checked only, never run on Blackwell: ranked below Triton (15) and refused
     unless LOWBIT_CUTE_UNVERIFIED=1 (cute_ops.rmsnorm.HARDWARE_STATUS).
     Both refuse host tensors, unaligned rows and NVFP4 without a given global scale, and are unavailable (with
     the reason) when nvidia-cutlass-dsl is not installed."""
     impl, sup = f"cute_ops.rmsnorm:{op}", f"cute_ops.rmsnorm:supports_{op}"
     return [Entry(op, "cute", ("sm_90",), impl, CUTE_MEASURED_FASTER,
-                  "CuTeDSL; bit-exact and >= Triton on the H200 (perf/results, 2026-11-21)", sup),
+                  "CuTeDSL; bit-exact, faster than Triton on 6 of 7 RMSNorm buckets on the H200 (perf/results)", sup),
             Entry(op, "cute", CUTE_ARCHS[1:], impl, CUTE_UNMEASURED,
                   "CuTeDSL; compiled for sm_100a, never run on Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1",
                   sup)]
