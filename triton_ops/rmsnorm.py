@@ -263,6 +263,27 @@ def _load_row_block(x_ptr, r_ptr, rows, M, cols, cmask, stride_xm, stride_rm, HA
 
 
 @triton.jit
+def _row_global_scale(pid, gs_ptr, gs_out_ptr, partial_ptr, n_partials, GS_MODE: tl.constexpr, FMT: tl.constexpr,
+                      BLOCK_M: tl.constexpr, PARTIALS_BLOCK: tl.constexpr):
+    """(gs [BLOCK_M], gs_exact) of an RMSNorm program: the NVFP4 global scale (given, or folded from the amax
+    pass's partials) broadcast over its rows, and nvfp4_exact_path of it (one gs, every row counts). Program 0
+    also writes the scale the op returns (a given one is copied here, not by a second launch)."""
+    gs = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if GS_MODE == 1:
+        gs += tl.load(gs_ptr)
+        if pid == 0:
+            tl.store(gs_out_ptr, tl.max(gs, 0))
+    if GS_MODE == 3:
+        gs += fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK)
+        if pid == 0:
+            tl.store(gs_out_ptr, tl.max(gs, 0))
+    gs_exact = 0
+    if FMT == 3:
+        gs_exact = nvfp4_exact_path(gs, tl.zeros([BLOCK_M], dtype=tl.int32) == 0)
+    return gs, gs_exact
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr,
     M, N, stride_xm, stride_rm, stride_hm, stride_om, stride_sm, stride_sg,
@@ -275,18 +296,8 @@ def _rms_norm_kernel(
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
-    gs = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if GS_MODE == 1:
-        gs += tl.load(gs_ptr)
-        if pid == 0:  # the op returns the global scale it used: copied here, not by a second launch
-            tl.store(gs_out_ptr, tl.max(gs, 0))
-    if GS_MODE == 3:
-        gs += fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK)
-        if pid == 0:
-            tl.store(gs_out_ptr, tl.max(gs, 0))
-    gs_exact = 0
-    if FMT == 3:
-        gs_exact = nvfp4_exact_path(gs, tl.zeros([BLOCK_M], dtype=tl.int32) == 0)  # one gs, every row counts
+    gs, gs_exact = _row_global_scale(pid, gs_ptr, gs_out_ptr, partial_ptr, n_partials, GS_MODE, FMT, BLOCK_M,
+                                     PARTIALS_BLOCK)
     acc = tl.zeros([BLOCK_M], dtype=tl.int32)
     row0 = pid.to(tl.int64) * rows_per_prog
     # Software prefetch: the next BLOCK_M rows are loaded before this block's reduction, fp64 rstd tail and
@@ -360,18 +371,8 @@ def _rms_norm_pairs_kernel(
     pcol = tl.arange(0, NB)[None, :, None] * HP + tl.arange(0, HP)[None, None, :]  # pair (= output byte) column
     Np = N // 2
     pmask = pcol < Np
-    gs = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if GS_MODE == 1:
-        gs += tl.load(gs_ptr)
-        if pid == 0:  # the op returns the global scale it used: copied here, not by a second launch
-            tl.store(gs_out_ptr, tl.max(gs, 0))
-    if GS_MODE == 3:
-        gs += fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK)
-        if pid == 0:
-            tl.store(gs_out_ptr, tl.max(gs, 0))
-    gs_exact = 0
-    if FMT == 3:
-        gs_exact = nvfp4_exact_path(gs, tl.zeros([BLOCK_M], dtype=tl.int32) == 0)
+    gs, gs_exact = _row_global_scale(pid, gs_ptr, gs_out_ptr, partial_ptr, n_partials, GS_MODE, FMT, BLOCK_M,
+                                     PARTIALS_BLOCK)
     acc = tl.zeros([BLOCK_M], dtype=tl.int32)
     row0 = pid.to(tl.int64) * rows_per_prog
     w_lo, w_hi = split_pairs(tl.load(w_ptr + pcol, mask=pmask, other=0), W_KIND)
