@@ -134,6 +134,44 @@ def test_decode_shapes_are_one_launch():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cute"])
+def test_fused_decode_calls_are_one_launch(backend):
+    """Decode (M = 16) RMSNorm / SwiGLU with every output format and a given global scale: one kernel per call
+    (the returned copy of a given global scale is written by that kernel, not by a second copy launch)."""
+    from cute_ops import unavailable_reason
+
+    if backend == "cute" and unavailable_reason() is not None:
+        pytest.skip(f"cute backend unavailable: {unavailable_reason()}")
+    torch.utils.deterministic.fill_uninitialized_memory = False  # the poison fills are kernels too
+    x = _x(rows=16, k=7168, device="cuda")
+    w = torch.ones(7168, device="cuda", dtype=torch.bfloat16)
+    gs = torch.tensor(0.01, device="cuda")
+    calls = {
+        "rms_norm": lambda: ops.rms_norm(x, w, backend=backend),
+        "rms_norm +residual": lambda: ops.rms_norm(x, w, residual=x, backend=backend),
+        "rms_norm_fp8_group": lambda: ops.rms_norm_fp8_group(x, w, backend=backend),
+        "rms_norm_nvfp4 swizzled": lambda: ops.rms_norm_nvfp4(x, w, global_scale=gs, scale_layout="swizzled",
+                                                              backend=backend),
+    }
+    if backend == "triton":
+        calls.update({
+            "rms_norm_mxfp4": lambda: ops.rms_norm_mxfp4(x, w, scale_layout="swizzled", backend=backend),
+            "swiglu_nvfp4": lambda: ops.swiglu_nvfp4(x, global_scale=gs, backend=backend),
+            "swiglu_mxfp4": lambda: ops.swiglu_mxfp4(x, backend=backend),
+            "swiglu_fp8_group": lambda: ops.swiglu_fp8_group(x, backend=backend),
+        })
+    for name, fn in calls.items():
+        fn()
+        fn()  # the second call takes the eager fast path (and the CuTe prepared launcher): count that one
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        assert len(kernels) == 1, f"{name} ({backend}): {kernels}"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_reference_equals_cpu_reference(dtype):
     """The torch backend on CUDA (the eager peer in benchmarks) is the same function as on the CPU."""
