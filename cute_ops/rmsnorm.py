@@ -312,12 +312,14 @@ def _results(mode, y, q, scales, gs_out, new_res):
 # ------------------------------------------------------------------------------ per-signature launchers
 
 
-def _specialize(mode, x, weight, residual, eps, weight_offset, group_size=16, quant_eps=1e-10, ue8m0=False,
+def _specialize(entry, mode, x, weight, residual, eps, weight_offset, group_size=16, quant_eps=1e-10, ue8m0=False,
                 column_major=False, global_scale=None, swizzle=False):
     """A launcher for repeated eager calls with exactly this call signature (dispatch/ops/_common.call keeps
     it per signature: dtypes, shapes, strides, alignment and the plain arguments are fixed), or None where the
-    general path must run. It keeps only what a decode call cannot avoid: the output allocations and the
-    TVM-FFI call (everything else, the compiled-function lookup, views and checks, was done once here).
+    general path must run. It keeps only what a decode call cannot avoid: the output allocations and the TVM-FFI
+    call (everything else, the compiled-function lookup, views and checks, was done once here). `entry` is the
+    backend entry it stands for, and runs instead when the current device is not x's (the TVM-FFI env stream is
+    the current device's).
     Taken for 2-D row-contiguous x (and residual) with rows > 0: bf16 outputs, FP8 with row-major scales, NVFP4
     with a given global scale (linear scales, or swizzled ones whose column padding needs no zeroing)."""
     if column_major or x.dim() != 2 or not x.is_contiguous() or x.shape[0] == 0:
@@ -332,15 +334,15 @@ def _specialize(mode, x, weight, residual, eps, weight_offset, group_size=16, qu
     eps, quant_eps = float(eps), float(quant_eps)
     device = x.device
     index = device.index
-    get_device = torch._C._cuda_getDevice  # the TVM-FFI env stream is the current device's current stream
+    get_device = torch._C._cuda_getDevice
     k = x.shape[-1]
     n_groups = k // group_size
     e4m3 = torch.float8_e4m3fn
 
     if mode == "none":
-        def launch(x, weight, residual, *_):
+        def launch(x, weight, residual, *rest):
             if get_device() != index:
-                return _launch(x, weight, residual, eps, weight_offset, mode=mode)
+                return entry(x, weight, residual, *rest)
             y = torch.empty_like(x)
             new_res = None if residual is None else torch.empty_like(x)
             fn(x, weight, residual, new_res, y, None, None, None, None, eps, quant_eps)
@@ -348,14 +350,14 @@ def _specialize(mode, x, weight, residual, eps, weight_offset, group_size=16, qu
     elif mode == "nvfp4":
         blocks = k // NVFP4_BLOCK  # a multiple of 4 when swizzled: no column padding
 
-        def launch(x, weight, residual, eps_, weight_offset_, global_scale, swizzle_):
+        def launch(x, weight, residual, *rest):
             if get_device() != index:
-                return _launch(x, weight, residual, eps, weight_offset, mode=mode, swizzle=swizzle,
-                               global_scale=global_scale)
+                return entry(x, weight, residual, *rest)
+            global_scale = rest[2]
             rows = x.shape[0]
             q = torch.empty((rows, k // 2), dtype=torch.uint8, device=device)
             if swizzle:  # the kernel takes the 128x4 layout as flat bytes (it writes the row padding itself)
-                scales = torch.empty((rows + 127) // 128 * 128 * blocks, dtype=torch.uint8, device=device)
+                scales = torch.empty(round_up(rows, 128) * blocks, dtype=torch.uint8, device=device)
             else:
                 scales = torch.empty((rows, blocks), dtype=torch.uint8, device=device)
             gs_out = torch.empty(1, dtype=torch.float32, device=device)
@@ -363,10 +365,9 @@ def _specialize(mode, x, weight, residual, eps, weight_offset, group_size=16, qu
             fn(x, weight, residual, new_res, None, q, scales, global_scale.view(1), gs_out, eps, quant_eps)
             return q, scales.view(e4m3).view(-1, blocks), gs_out.view(()), new_res
     else:
-        def launch(x, weight, residual, *_):
+        def launch(x, weight, residual, *rest):
             if get_device() != index:
-                return _launch(x, weight, residual, eps, weight_offset, mode=mode, group_size=group_size,
-                               quant_eps=quant_eps, ue8m0=ue8m0)
+                return entry(x, weight, residual, *rest)
             q = torch.empty(x.shape, dtype=torch.uint8, device=device)
             scales = torch.empty((x.shape[0], n_groups), dtype=torch.float32, device=device)
             new_res = None if residual is None else torch.empty_like(x)
@@ -383,7 +384,7 @@ def rms_norm(x, weight, residual, eps, weight_offset):
     return _launch(x, weight, residual, eps, weight_offset, mode="none")
 
 
-rms_norm.specialize = lambda *args: _specialize("none", *args)
+rms_norm.specialize = lambda *args: _specialize(rms_norm, "none", *args)
 
 
 def rms_norm_fp8_group(x, weight, residual, eps, weight_offset, group_size, quant_eps, ue8m0, column_major):
@@ -391,7 +392,7 @@ def rms_norm_fp8_group(x, weight, residual, eps, weight_offset, group_size, quan
                    ue8m0=ue8m0, column_major=column_major)
 
 
-rms_norm_fp8_group.specialize = lambda *args: _specialize("fp8", *args)
+rms_norm_fp8_group.specialize = lambda *args: _specialize(rms_norm_fp8_group, "fp8", *args)
 
 
 def rms_norm_nvfp4(x, weight, residual, eps, weight_offset, global_scale, swizzle):
@@ -400,4 +401,4 @@ def rms_norm_nvfp4(x, weight, residual, eps, weight_offset, global_scale, swizzl
 
 
 rms_norm_nvfp4.specialize = lambda x, w, r, eps, off, gs, swizzle: _specialize(
-    "nvfp4", x, w, r, eps, off, global_scale=gs, swizzle=swizzle)
+    rms_norm_nvfp4, "nvfp4", x, w, r, eps, off, global_scale=gs, swizzle=swizzle)

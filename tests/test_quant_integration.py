@@ -112,6 +112,15 @@ def test_cuda_graph_capture_and_replay(rows):
     _assert_pipelines_equal(outs, _pipeline(new_x, gs), "graph replay vs eager")
 
 
+def _kernels_launched(fn) -> list[str]:
+    """Names of the CUDA kernels one call of fn launches (after the GPU is idle)."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 @pytest.mark.gpu
 def test_decode_shapes_are_one_launch():
     """Decode (M <= 16) with a given global scale: exactly one kernel per quantize call."""
@@ -125,11 +134,7 @@ def test_decode_shapes_are_one_launch():
     }
     for name, fn in calls.items():
         fn()
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels = _kernels_launched(fn)
         assert len(kernels) == 1, f"{name}: {kernels}"
 
 
@@ -163,11 +168,7 @@ def test_fused_decode_calls_are_one_launch(backend):
     for name, fn in calls.items():
         fn()
         fn()  # the second call takes the eager fast path (and the CuTe prepared launcher): count that one
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels = _kernels_launched(fn)
         assert len(kernels) == 1, f"{name} ({backend}): {kernels}"
 
 

@@ -198,12 +198,13 @@ def paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype, cfg: Gather
     dynamic = scale is None
     d_p = next_pow2(d)
     vec = min(16 // out.element_size(), d_p)
+    n_slots = _cache_slots(cache)
     cfg = cfg or gather_config(n, min(next_pow2(h), max(1, GATHER_ELEMS // d_p)), d_p, vec, cache.device)
     _paged_gather_kernel[(cdiv(n, cfg.block_t), cdiv(h, cfg.block_h))](
         c, slots, scale if scale is not None else out, scale_cache if dynamic else out, out, n,
-        _cache_slots(cache), c.stride(0), c.stride(1), c.stride(2), *(scale_cache.stride() if dynamic else (0, 0, 0)),
+        n_slots, c.stride(0), c.stride(1), c.stride(2), *(scale_cache.stride() if dynamic else (0, 0, 0)),
         BS=cache.shape[1], H=h, D=d, D_P=d_p, DYNAMIC=dynamic, BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, VEC=vec,
-        SLOT32=_cache_slots(cache) < 2**31, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(cache.device),
+        SLOT32=n_slots < 2**31, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(cache.device),
         num_warps=cfg.num_warps)
     return out
 

@@ -173,59 +173,37 @@ def quant_epilogue(
         smask = row_in[:, None] & (groups < K // GROUP)[None, :]
         tl.store(scale_ptr + rows[:, None] * stride_sm + groups[None, :] * stride_sg, s, mask=smask)
     else:
-        # FP4: the quantize kernel's per-pair math (perf/NOTES.md "Session 2: quant kernels" and "FP4 epilogues")
-        # on the rounded outputs, which are OUT_DTYPE values like that kernel's inputs: amax by max.NaN per pair,
-        # bf16/fp16 amax / 6 by div6_rn, hardware E4M3 block scales off the interpreter, E2M1 by one fp32 add,
-        # signs from the outputs' bits, NaN per block.
+        # FP4: round, split into (even, odd) pairs, then the quantize kernel's per-pair math (fp4_pack_store)
         SB: tl.constexpr = 32 if FMT == 2 else 16
         NB: tl.constexpr = BLOCK_N // SB
         HP: tl.constexpr = SB // 2
         AMAX16: tl.constexpr = OUT_DTYPE != tl.float32  # amax is a bf16/fp16 value: div6_rn is exact
         lo, hi, w = out_pairs(y, OUT_DTYPE, EMULATE, BLOCK_M, NB, HP)
-        amax = (tl.max(pair_amax_bits(lo, hi), 2) & 0x7FFFFFFF).to(tl.float32, bitcast=True)  # [BLOCK_M, NB]
-        if FMT == 2:
-            sbyte, inv = mxfp4_block_scale_ex(amax, MX_RCEIL, AMAX16)
-            # inv: a finite power of two for a finite block (q finite), NaN for a NaN/Inf block
-            packed = _encode_pairs(w, lo, hi, inv, inv == inv, 0)
-        else:
-            sbyte, inv = nvfp4_block_scale_ex(amax, gs[:, None], EMULATE, AMAX16)
-            if gs_exact == 0:  # see nvfp4_exact_path
-                packed = _encode_pairs(w, lo, hi, inv, inv == inv, 0)
-            else:
-                inv3 = inv[:, :, None]
-                packed = e2m1_encode(lo * inv3) | (e2m1_encode(hi * inv3) << 4)
         # pair p of block b is output byte col0 / 2 + b * HP + p (the even element in the low nibble)
         pcols = col0 // 2 + tl.arange(0, NB)[None, :, None] * HP + tl.arange(0, HP)[None, None, :]
-        pmask = row_in[:, None, None] & (pcols < K // 2)
-        tl.store(out_ptr + rows[:, None, None] * stride_om + pcols, packed, mask=pmask)
-        scols = col0 // SB + tl.arange(0, NB)
-        if SWIZZLE:
-            smask = (rows < scale_rows_bound)[:, None] & (scols < scale_cols_padded)[None, :]
-            valid = row_in[:, None] & (scols < K // SB)[None, :]
-            sofs = swizzled_offset_128x4(rows[:, None], scols[None, :], scale_cols_padded)
-            tl.store(scale_ptr + sofs, tl.where(valid, sbyte, 0).to(tl.uint8), mask=smask)
-        else:
-            smask = row_in[:, None] & (scols < K // SB)[None, :]
-            tl.store(scale_ptr + rows[:, None] * stride_sm + scols[None, :], sbyte, mask=smask)
+        fp4_pack_store(w, lo, hi, rows, row_in, pcols, col0 // SB, K // 2, out_ptr, stride_om, scale_ptr, stride_sm,
+                       gs, gs_exact, scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE, AMAX16, EMULATE,
+                       NB, HP)
 
 
 @triton.jit
-def quant_epilogue_pairs(
-    y_lo, y_hi, rows, row_in, pcol, scol0, Kp, out_ptr, stride_om, scale_ptr, stride_sm, gs, gs_exact,
+def fp4_pack_store(
+    w, lo, hi, rows, row_in, pcol, scol0, Kp, out_ptr, stride_om, scale_ptr, stride_sm, gs, gs_exact,
     scale_rows_bound, scale_cols_padded,
-    FMT: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr, OUT_KIND: tl.constexpr,
-    EMULATE: tl.constexpr, NB: tl.constexpr, HP: tl.constexpr,
+    FMT: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr, AMAX16: tl.constexpr, EMULATE: tl.constexpr,
+    NB: tl.constexpr, HP: tl.constexpr,
 ):
-    """quant_epilogue for FP4 (FMT_MX / FMT_NV) on y already split into (even, odd) column pairs [BLOCK_M, NB, HP]
-    (pcol: the pairs' output byte columns [1, NB, HP], a block's HP pairs contiguous; scol0: the first block's scale
-    column; Kp = K // 2). Same bytes as
-    quant_epilogue; the pair layout comes from the caller's loads (pair words), so no reshape/split of y, and the
-    rounding to the output dtype converts two values per instruction (_formats.round_pairs)."""
-    AMAX16: tl.constexpr = OUT_KIND != 2
-    w, lo, hi = round_pairs(y_lo, y_hi, OUT_KIND, EMULATE)
+    """The FP4 tail both epilogues share, on outputs already rounded to their dtype and split into (even, odd)
+    pairs [BLOCK_M, NB, HP] (lo / hi as fp32, w the pair words whose bits 15 and 31 are the signs): the
+    quantize kernel's per-pair math (perf/NOTES.md "Session 2: quant kernels" and "FP4 epilogues"): amax by
+    max.NaN per pair, bf16/fp16 amax / 6 by div6_rn (AMAX16), hardware E4M3 block scales off the interpreter,
+    E2M1 by one fp32 add, NaN per block; then the packed bytes (pcol: their output byte columns [1, NB, HP],
+    Kp = K // 2) and the block scales (scol0: the first block's scale column; swizzled: padding rows/columns
+    up to scale_rows_bound / scale_cols_padded get zero bytes, GEMMs read them)."""
     amax = (tl.max(pair_amax_bits(lo, hi), 2) & 0x7FFFFFFF).to(tl.float32, bitcast=True)  # [BLOCK_M, NB]
     if FMT == 2:
         sbyte, inv = mxfp4_block_scale_ex(amax, MX_RCEIL, AMAX16)
+        # inv: a finite power of two for a finite block (q finite), NaN for a NaN/Inf block
         packed = _encode_pairs(w, lo, hi, inv, inv == inv, 0)
     else:
         sbyte, inv = nvfp4_block_scale_ex(amax, gs[:, None], EMULATE, AMAX16)
@@ -402,9 +380,9 @@ def _rms_norm_pairs_kernel(
             rmax = (tl.max(tl.max(m, 2), 1) & 0x7FFFFFFF).to(tl.int32, bitcast=True)
             acc = tl.maximum(acc, tl.where(row_in, rmax, 0))
         else:
-            quant_epilogue_pairs(y_lo, y_hi, rows, row_in, pcol, 0, Np, out_ptr, stride_om, scale_ptr, stride_sm, gs,
-                                 gs_exact, scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE, IN_KIND,
-                                 EMULATE, NB, HP)
+            w, lo, hi = round_pairs(y_lo, y_hi, IN_KIND, EMULATE)  # two values per cvt (y is x's dtype)
+            fp4_pack_store(w, lo, hi, rows, row_in, pcol, 0, Np, out_ptr, stride_om, scale_ptr, stride_sm, gs, gs_exact,
+                           scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE, True, EMULATE, NB, HP)
         x = x_next
         r = r_next
     if PASS == 1:
@@ -470,6 +448,14 @@ def _word_view(t):
     return t.view(torch.int64 if t.dtype == torch.float32 else torch.int32)
 
 
+def _amax_pass_plan(rows, cfg, dev):
+    """(rows per program, program count, partial-maxima buffer) of the NVFP4 computed-global-scale amax pass:
+    <= MAX_PARTIALS programs, each a whole number of row blocks."""
+    rows_per_prog = round_up(max(cfg.block_m, cdiv(rows, MAX_PARTIALS)), cfg.block_m)
+    n_partials = cdiv(rows, rows_per_prog)
+    return rows_per_prog, n_partials, torch.empty(n_partials, dtype=torch.float32, device=dev)
+
+
 def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_eps=1e-10, ue8m0=False,
               column_major=False, rounding="floor", swizzle=False, global_scale=None, cfg=None, pairs=None):
     op = "rms_norm"
@@ -477,8 +463,7 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     x2 = rows_view(op, "x", x)
     rows = x2.shape[0]
     dev = x.device
-    new_res = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None \
-        else x.new_empty(0)
+    new_res = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
     gs_out = torch.empty((), dtype=torch.float32, device=dev)
     out, scales = alloc_epilogue_outputs(fmt, lead, n, x.dtype, group, column_major, swizzle, dev)
     results = _results(fmt, out, scales, gs_out, new_res)
@@ -517,9 +502,7 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
         assert not pairs, "pair-word kernel not applicable"
     if fmt == FMT_NV and global_scale is None:
         # Pass 1: new residual + partial amax of y; pass 2 reads the rounded h (or x) back and quantizes.
-        rows_per_prog = round_up(max(cfg.block_m, cdiv(rows, MAX_PARTIALS)), cfg.block_m)
-        n_partials = cdiv(rows, rows_per_prog)
-        partials = torch.empty(n_partials, dtype=torch.float32, device=dev)
+        rows_per_prog, n_partials, partials = _amax_pass_plan(rows, cfg, dev)
         _rms_norm_kernel[(n_partials,)](
             x2, r2, w, h2, out_arg, scale_arg, gs_out, gs_out, partials,
             rows, n, x2.stride(0), r2.stride(0), h2.stride(0), 0, 0, 0,
@@ -550,9 +533,7 @@ def _rms_norm_pairs(views, in_kind, w_kind, rows, n, eps, weight_offset, cfg, em
     common = dict(FMT=fmt, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle, IN_KIND=in_kind, W_KIND=w_kind,
                   EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     if fmt == FMT_NV and global_scale is None:
-        rows_per_prog = round_up(max(cfg.block_m, cdiv(rows, MAX_PARTIALS)), cfg.block_m)
-        n_partials = cdiv(rows, rows_per_prog)
-        partials = torch.empty(n_partials, dtype=torch.float32, device=dev)
+        rows_per_prog, n_partials, partials = _amax_pass_plan(rows, cfg, dev)
         _rms_norm_pairs_kernel[(n_partials,)](
             x2, r2, w, h2, out2, scale_arg, gs_out, gs_out, partials,
             rows, n, x2.stride(0), r2.stride(0), h2.stride(0), 0, 0,

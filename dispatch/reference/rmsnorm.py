@@ -77,26 +77,23 @@ def quantize_output(y: Tensor, quant: str, **kw) -> tuple:
 
 
 # ----------------------------------------------------------------- backend entry points (dispatch table)
-# Same signatures as the torch ops in dispatch/ops/norm_act.py, minus `backend`.
+# Same signatures as the torch ops in dispatch/ops/norm_act.py, minus `backend`; an absent new residual is None
+# (dispatch/ops/norm_act.py `_with_res` gives the op its 0-element tensor).
 
 
 def rms_norm_op(x, weight, residual, eps, weight_offset):
-    y, r = rms_norm(x, weight, eps, residual, weight_offset)
-    return y, (r if r is not None else x.new_empty(0))
+    return rms_norm(x, weight, eps, residual, weight_offset)
 
 
 def rms_norm_fp8_group(x, weight, residual, eps, weight_offset, group_size, quant_eps, ue8m0, column_major):
-    c, s, r = rms_norm_quant(x, weight, eps, residual, weight_offset, "fp8_group", group_size=group_size,
-                             quant_eps=quant_eps, ue8m0=ue8m0, column_major=column_major)
-    return c, s, (r if r is not None else x.new_empty(0))
+    return rms_norm_quant(x, weight, eps, residual, weight_offset, "fp8_group", group_size=group_size,
+                          quant_eps=quant_eps, ue8m0=ue8m0, column_major=column_major)
 
 
 def rms_norm_mxfp4(x, weight, residual, eps, weight_offset, rounding, swizzle):
-    c, s, r = rms_norm_quant(x, weight, eps, residual, weight_offset, "mxfp4", rounding=rounding, swizzle=swizzle)
-    return c, s, (r if r is not None else x.new_empty(0))
+    return rms_norm_quant(x, weight, eps, residual, weight_offset, "mxfp4", rounding=rounding, swizzle=swizzle)
 
 
 def rms_norm_nvfp4(x, weight, residual, eps, weight_offset, global_scale, swizzle):
-    c, s, g, r = rms_norm_quant(x, weight, eps, residual, weight_offset, "nvfp4", global_scale=global_scale,
-                                swizzle=swizzle)
-    return c, s, g, (r if r is not None else x.new_empty(0))
+    return rms_norm_quant(x, weight, eps, residual, weight_offset, "nvfp4", global_scale=global_scale,
+                          swizzle=swizzle)

@@ -1,12 +1,13 @@
-"""GPU probe (session 4, issue 5): RoPE and KV-cache write kernels, the pre-session-4 kernels (verbatim copies in
-perf/probes/_old_rope.py, _old_kv_cache.py) vs the current launchers with explicit configs, at the benchmark
-shapes (perf/cases/rope_kv.py, T=16384). Bare launcher calls, CUDA-graph replay over input copies
+"""GPU probe (session 4, issue 5): RoPE and KV-cache write kernels, the default config vs candidate configs
+(bare launcher calls with explicit configs) at the benchmark shapes (perf/cases/rope_kv.py, T=16384). The
+pre-session-4 kernels were timed against these in the first run (perf/results/probes/*rope-kv-tiles-458345a*);
+old-vs-new now comes from the results history. Bare launcher calls, CUDA-graph replay over input copies
 (perf.runner.time_passes; the big cases exceed L2 per call), a torch copy measured in the same process for the
-fraction. The KV gathers have their own probe (perf/probes/kv_gather_tiles.py, unchanged kernels).
+fraction (perf.runner.measure_roofline). The KV gathers have their own probe (perf/probes/kv_gather_tiles.py).
 
 Run: PYTHONPATH=$PWD python perf/probes/rope_kv_tiles.py [--out OUT.json] [--only rope,ds,write]
 Every variant's bytes are checked against the reference on a small shape (bad positions / slots included) first.
-Prints one line per variant: us, GB/s, fraction of copy, speedup vs "old". Pick a config only if it wins by > 3%.
+Prints one line per variant: us, GB/s, fraction of copy, speedup vs "default". Pick a config only if it wins by > 3%.
 """
 
 # ruff: noqa: B023  (every lambda below is called within its loop iteration)
@@ -21,9 +22,7 @@ import triton
 
 from dispatch.reference import kv_cache as kref
 from dispatch.reference import rope as rref
-from perf.probes import _old_kv_cache as old_kv
-from perf.probes import _old_rope as old_rope
-from perf.runner import time_passes
+from perf.runner import measure_roofline, time_passes
 from triton_ops import kv_cache as kv
 from triton_ops import rope as rp
 from triton_ops.kv_cache import DsConfig, WriteConfig
@@ -35,30 +34,30 @@ ROWS: list[dict] = []
 T = 16384
 VERIFY_T = (37, 300)  # small shapes every variant is byte-checked on
 
-# RoPE: (name, cfg); None = the current default heuristic (rope_config), "old" = the pre-session-4 kernel
-ROPE_NEOX = [("old", "old"), ("default", None),
+# RoPE: (name, cfg); None = the current default heuristic (rope_config)
+ROPE_NEOX = [("default", None),
              ("1t 64q+8k 4w nobar", RopeConfig(1, 64, 8, 4, False)),
              ("1t 64q+8k 8w", RopeConfig(1, 64, 8, 8)),
              ("1t 32q+4k 4w", RopeConfig(1, 32, 4, 4)),
              ("1t 16q+2k 4w", RopeConfig(1, 16, 2, 4)),
              ("2t 64q+8k 8w", RopeConfig(2, 64, 8, 8))]
-ROPE_DSV4 = [("old", "old"), ("default", None),
+ROPE_DSV4 = [("default", None),
              ("2t 64h 4w nobar", RopeConfig(2, 64, 1, 4, False)),
              ("1t 64h 4w", RopeConfig(1, 64, 1, 4)),
              ("2t 64h 8w", RopeConfig(2, 64, 1, 8)),
              ("4t 64h 8w", RopeConfig(4, 64, 1, 8))]
-DS_FUSED = [("old", "old"), ("default", None),
+DS_FUSED = [("default", None),
             ("4t 16h 4w nobar", DsConfig(4, 16, 4, False)),
             ("2t 32h 4w", DsConfig(2, 32, 4)),
             ("4t 32h 8w", DsConfig(4, 32, 8)),
             ("8t 16h 8w", DsConfig(8, 16, 8)),
             ("1t 64h 4w", DsConfig(1, 64, 4))]
-DS_WRITE = [("old", "old"), ("default", None),
+DS_WRITE = [("default", None),
             ("4t 4w nobar", DsConfig(4, 16, 4, False)),
             ("8t 4w", DsConfig(8, 16, 4)),
             ("16t 8w", DsConfig(16, 16, 8)),
             ("2t 2w", DsConfig(2, 16, 2))]
-PAGED = [("old", "old"), ("default", None),
+PAGED = [("default", None),
          ("8t 8h 4w nobar", WriteConfig(8, 8, 4, False)),
          ("16t 8h 8w", WriteConfig(16, 8, 8)),
          ("4t 8h 4w", WriteConfig(4, 8, 4)),
@@ -66,11 +65,7 @@ PAGED = [("old", "old"), ("default", None),
 
 
 def copy_gbps() -> float:
-    n = 1 << 30
-    src = torch.randn(n // 2, device=DEV, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    t = time_passes(lambda _: dst.copy_(src), [None], DEV, graph=True, budget_s=0.2)
-    return 2 * n / (t.median_us * 1e-6) / 1e9
+    return measure_roofline(DEV).copy_gbps
 
 
 def n_sets(per_call: int) -> int:
@@ -80,9 +75,9 @@ def n_sets(per_call: int) -> int:
 def report(op, shape, name, us, nbytes, copy, base):
     gbps = nbytes / us / 1e3
     ROWS.append(dict(op=op, shape=shape, variant=name, us=us, gbps=gbps, of_copy=gbps / copy,
-                     vs_old=(base / us) if base else 1.0))
+                     vs_default=(base / us) if base else 1.0))
     print(f"{op:22s} {shape:28s} {name:20s} {us:8.2f} us {gbps:6.0f} GB/s {gbps / copy:5.3f} of copy"
-          f"  x{(base / us) if base else 1.0:5.3f} vs old", flush=True)
+          f"  x{(base / us) if base else 1.0:5.3f} vs default", flush=True)
 
 
 def same_floats(a, b):
@@ -94,13 +89,8 @@ def same_floats(a, b):
 
 def rope_call(name, cfg, q, k, pos, cs, off, neox, inverse, inplace):
     if inplace:
-        if cfg == "old":
-            old_rope.rope_(q, k, pos, cs, off, neox, inverse)
-        else:
-            rp.rope_(q, k, pos, cs, off, neox, inverse, cfg)
+        rp.rope_(q, k, pos, cs, off, neox, inverse, cfg)
         return q, k
-    if cfg == "old":
-        return old_rope.rope(q, k, pos, cs, off, neox, inverse)
     return rp.rope(q, k, pos, cs, off, neox, inverse, cfg)
 
 
@@ -153,12 +143,7 @@ def ds_inputs(t, hq, layout, bs=64):
 
 def ds_call(cfg, a, layout, fused):
     if fused:
-        if cfg == "old":
-            old_kv.ds_rope_quant_append(a["kv"], a["pos"], a["cs"], a["slots"], a["cache"], layout, a["q"], False)
-        else:
-            kv.ds_rope_quant_append(a["kv"], a["pos"], a["cs"], a["slots"], a["cache"], layout, a["q"], False, cfg)
-    elif cfg == "old":
-        old_kv.ds_kv_write(a["kv"], a["slots"], a["cache"], layout)
+        kv.ds_rope_quant_append(a["kv"], a["pos"], a["cs"], a["slots"], a["cache"], layout, a["q"], False, cfg)
     else:
         kv.ds_kv_write(a["kv"], a["slots"], a["cache"], layout, cfg)
 
@@ -203,10 +188,7 @@ def paged_inputs(t, h=8, d=64):
 
 
 def paged_call(cfg, a):
-    if cfg == "old":
-        old_kv.paged_kv_write_fp8(a["x"], a["slots"], a["cache"], None, a["sc"])
-    else:
-        kv.paged_kv_write_fp8(a["x"], a["slots"], a["cache"], None, a["sc"], cfg)
+    kv.paged_kv_write_fp8(a["x"], a["slots"], a["cache"], None, a["sc"], cfg)
 
 
 def paged_time(copy, variants):
