@@ -390,3 +390,28 @@ def test_gpu_large_prefill_bytes():
         want = ds_kv_cache_empty(got.shape[0], 64, layout)
         ops.ds_kv_write(kv.cpu(), slots.cpu(), want, layout=layout, backend="torch")
         assert_same_bytes(got, want, layout)
+
+
+@pytest.mark.parametrize("layout", ["v32", "v4"])
+@pytest.mark.parametrize("cfg", [dict(cs_rows=True), dict(cs_rows=True, evict_first=True, issue_first=False)])
+def test_fused_config_variants_bytes(layout, cfg):
+    """The DsConfig candidates the probe times (q programs' per-token (cos, sin) rows, eviction hints) give the
+    reference's bytes (interpreter)."""
+    from dispatch.reference import kv_cache as kref
+    from triton_ops import kv_cache as tk
+
+    g = torch.Generator().manual_seed(5)
+    t, hq, bs = 9, 5, 4
+    d = DS_LAYOUTS[layout].d
+    kv = torch.randn(t, d, generator=g).to(torch.bfloat16)
+    q = torch.randn(t, hq, d, generator=g).to(torch.bfloat16)
+    pos = torch.randint(0, 50, (t,), generator=g)
+    slots = torch.randperm(4 * bs, generator=g)[:t]
+    slots[2] = -1
+    cs = rope_cos_sin_cache(50, 64)
+    want_c, want_q = ds_kv_cache_empty(4, bs, layout), q.clone()
+    kref.ds_rope_quant_append(kv, pos, cs, slots, want_c, layout, want_q, False)
+    got_c, got_q = ds_kv_cache_empty(4, bs, layout), q.clone()
+    tk.ds_rope_quant_append(kv, pos, cs, slots, got_c, layout, got_q, False, tk.DsConfig(2, 2, 4, **cfg))
+    assert_same_bytes(got_c, want_c, f"cache {layout} {cfg}")
+    assert_same_floats(got_q, want_q, f"q {layout} {cfg}")

@@ -227,3 +227,50 @@ def test_gpu_cuda_graph_and_inductor():
     fn = torch.compile(lambda x, p: ops.rope(x, None, p, cs, rot_offset=448, is_neox=False, inverse=True).q,
                        fullgraph=True)
     assert torch.equal(fn(q, pos), want)
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(block_t=2, block_hq=4, block_hk=2, num_warps=4, cs_rows=False),  # (cos, sin) in the tile layout
+    dict(block_t=2, block_hq=4, block_hk=2, num_warps=4, cs_rows=True, evict_first=True),
+    dict(block_t=1, block_hq=4, block_hk=2, num_warps=4, cs_rows=True, ctas_per_sm=1),  # persistent: 2 programs
+    dict(block_t=4, block_hq=2, block_hk=1, num_warps=4, cs_rows=False, ctas_per_sm=2, issue_first=False),
+])
+@pytest.mark.parametrize("neox", [True, False])
+def test_rope_configs_bytes(cfg, neox):
+    """Every RopeConfig code path (the probe's candidates) gives the reference's bytes, in place and out of place
+    (rot == D: the persistent kernel has no pass-through copy), bad positions included."""
+    from dispatch.reference import rope as ref
+    from triton_ops import rope as tr
+
+    g = torch.Generator().manual_seed(3)
+    t, hq, hk, d = 11, 8, 2, 64
+    q = torch.randn(t, hq, d, generator=g).to(torch.bfloat16)
+    k = torch.randn(t, hk, d, generator=g).to(torch.bfloat16)
+    pos = torch.randint(0, 40, (t,), generator=g)
+    pos[3], pos[7] = 40, -1
+    cs = rope_cos_sin_cache(40, d)
+    c = tr.RopeConfig(**cfg)
+    want_q, want_k = ref.rope(q, k, pos, cs, 0, neox, True)
+    got_q, got_k = tr.rope(q, k, pos, cs, 0, neox, True, c)
+    assert_same_floats(got_q, want_q, "q")
+    assert_same_floats(got_k, want_k, "k")
+    q2, k2 = q.clone(), k.clone()
+    tr.rope_(q2, k2, pos, cs, 0, neox, True, c)
+    assert_same_floats(q2, want_q, "q in place")
+    assert_same_floats(k2, want_k, "k in place")
+    # DeepSeek-V4 shape: q only, the last 16 of 64 dims rotated in place (GPT-J words when not neox)
+    q3 = q.clone()
+    cs16 = rope_cos_sin_cache(40, 16)
+    want3 = q.clone()
+    ref.rope_(want3, None, pos, cs16, d - 16, neox, True)
+    tr.rope_(q3, None, pos, cs16, d - 16, neox, True, c)
+    assert_same_floats(q3, want3, "q last-16 in place")
+
+
+def test_rope_persistent_refuses_pass_through():
+    from triton_ops import rope as tr
+
+    q = torch.randn(3, 2, 64).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="persistent"):
+        tr.rope(q, q[:, :0], torch.zeros(3, dtype=torch.long), rope_cos_sin_cache(4, 16), 0, True, False,
+                tr.RopeConfig(1, 2, 1, 4, ctas_per_sm=1))

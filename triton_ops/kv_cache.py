@@ -322,19 +322,27 @@ def _ds_write_kernel(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, q_ptr, T, 
                      V4: tl.constexpr, ROTATE: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_T: tl.constexpr,
                      BLOCK_H: tl.constexpr, ALIGNED: tl.constexpr, KV_WORDS: tl.constexpr, KV_KIND: tl.constexpr,
                      Q_WORDS: tl.constexpr, Q_KIND: tl.constexpr, Q_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
-                     ISSUE_FIRST: tl.constexpr):
+                     ISSUE_FIRST: tl.constexpr, HAS_Q: tl.constexpr = True, CS_ROWS: tl.constexpr = False,
+                     EVICT: tl.constexpr = ""):
     # grid (token blocks, 1 + q head blocks): column 0 writes the cache, the others (fused op with q) rotate
     # BLOCK_T tokens x BLOCK_H heads of q's RoPE part in place, so q's heads spread over many programs.
+    # HAS_Q (constexpr): without q the q branch is not compiled at all; compiled but dead it still set the
+    # kernel's register count and shared memory (ds_kv_write: 126 registers on the H200 = 4 CTAs/SM, 2 KB smem,
+    # where the kv tile alone needs ~56; session 5, perf/NOTES.md).
     tb = tl.program_id(0)
     hb = tl.program_id(1)
-    if hb == 0:
+    if not HAS_Q:
+        _ds_kv_tile(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, tb, T, n_slots, BS, block_stride, kv_st,
+                    max_pos, D_NOPE, TILE, NT, NT_P, V4, ROTATE, IS_NEOX, BLOCK_T, ALIGNED, KV_WORDS, KV_KIND,
+                    EMULATE, ISSUE_FIRST)
+    elif hb == 0:
         _ds_kv_tile(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, tb, T, n_slots, BS, block_stride, kv_st,
                     max_pos, D_NOPE, TILE, NT, NT_P, V4, ROTATE, IS_NEOX, BLOCK_T, ALIGNED, KV_WORDS, KV_KIND,
                     EMULATE, ISSUE_FIRST)
     else:
         _rope_tile(q_ptr, q_ptr, pos_ptr, cs_ptr, tb, hb - 1, T, HQ, max_pos, q_st, q_sh, q_st, q_sh, q_rope_at, 0,
                    ROPE // 2, ROPE // 2, 1, BLOCK_T, BLOCK_H, IS_NEOX, False, False, Q_WORDS, Q_KIND, Q_DTYPE,
-                   EMULATE, ISSUE_FIRST)
+                   EMULATE, ISSUE_FIRST, CS_ROWS, EVICT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,6 +351,8 @@ class DsConfig:
     block_h: int  # q heads per program (fused op with q)
     num_warps: int
     issue_first: bool = True  # barrier after the data loads (see _ds_kv_tile, rope._rope_kernel)
+    cs_rows: bool = False  # q programs: (cos, sin) once per token, broadcast over the heads (rope.RopeConfig)
+    evict_first: bool = False  # q programs: evict_first hint on q's loads and stores
 
 
 def ds_config(t: int, device: torch.device) -> DsConfig:
@@ -386,6 +396,7 @@ def _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_
         V4=layout == "v4", ROTATE=rotate, IS_NEOX=is_neox, BLOCK_T=block_t, BLOCK_H=block_h, ALIGNED=aligned,
         KV_WORDS=kv_words, KV_KIND=PAIR_KIND[kv.dtype], Q_WORDS=q_words, Q_KIND=PAIR_KIND[q_arg.dtype],
         Q_DTYPE=TL_DTYPE[q_arg.dtype], EMULATE=emulate_formats(kv.device), ISSUE_FIRST=cfg.issue_first,
+        HAS_Q=n_q > 0, CS_ROWS=cfg.cs_rows, EVICT="evict_first" if cfg.evict_first else "",
         num_warps=cfg.num_warps, enable_fp_fusion=False)
 
 

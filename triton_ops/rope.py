@@ -15,12 +15,13 @@ vectors instead of stride-2 scalars. perf/NOTES.md ("Session 2: RoPE/KV") has th
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from ._formats import cast_out, split_pairs
+from ._formats import cast_out, round_pairs, split_pairs
 from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
 
 PAIR_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # split_pairs' IN_KIND
@@ -74,6 +75,18 @@ def load_cos_sin_tile(cs_ptr, pos, ok, BLOCK_H: tl.constexpr, HALF: tl.constexpr
 
 
 @triton.jit
+def load_cos_sin_rows(cs_ptr, pos, ok, BLOCK_H: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr,
+                      CS_ROWS: tl.constexpr):
+    """(cos, sin) for a [R, BLOCK_H, HALF_P] tile: CS_ROWS loads each token's row once ([R, HALF_P]) and
+    broadcasts it over the heads; otherwise load_cos_sin_tile."""
+    if CS_ROWS:
+        c, s = load_cos_sin(cs_ptr, pos, ok, HALF, HALF_P)
+        return c[:, None, :], s[:, None, :]
+    else:
+        return load_cos_sin_tile(cs_ptr, pos, ok, BLOCK_H, HALF, HALF_P)
+
+
+@triton.jit
 def pair_offsets(rot_offset, HALF: tl.constexpr, HALF_P: tl.constexpr, IS_NEOX: tl.constexpr):
     """Head-dim offsets [HALF_P] of the first and second element of each rotary pair."""
     i = tl.arange(0, HALF_P)
@@ -109,11 +122,12 @@ def join_pairs(y1, y2, PAIR_KIND: tl.constexpr, EMULATE: tl.constexpr):
         a = y1.to(tl.uint32, bitcast=True).to(tl.uint64)
         b = y2.to(tl.uint32, bitcast=True).to(tl.uint64)
         return (a | (b << 32)).to(tl.int64, bitcast=True)
-    elif PAIR_KIND == 1:
-        return (bits16(y1, tl.float16, EMULATE) | (bits16(y2, tl.float16, EMULATE) << 16)).to(tl.int32, bitcast=True)
-    else:
-        return (bits16(y1, tl.bfloat16, EMULATE) | (bits16(y2, tl.bfloat16, EMULATE) << 16)).to(tl.int32,
-                                                                                              bitcast=True)
+    elif EMULATE:
+        dt = tl.float16 if PAIR_KIND == 1 else tl.bfloat16
+        return (bits16(y1, dt, EMULATE) | (bits16(y2, dt, EMULATE) << 16)).to(tl.int32, bitcast=True)
+    else:  # one cvt.rn.{bf16,f16}x2.f32 per pair (F2FP.PACK_AB) instead of two F2F + PRMT/LOP: same RNE bits
+        w, _, _ = round_pairs(y1, y2, PAIR_KIND, EMULATE)
+        return w
 
 
 @triton.jit
@@ -125,7 +139,8 @@ def _rope_rows(t, h, T, H, s_t, s_h, d_t, d_h):
 
 @triton.jit
 def _rope_load(src, src_row, rows_ok, rot_offset, HALF: tl.constexpr, HALF_P: tl.constexpr,
-               IS_NEOX: tl.constexpr, WORDS: tl.constexpr, PAIR_KIND: tl.constexpr, EMULATE: tl.constexpr):
+               IS_NEOX: tl.constexpr, WORDS: tl.constexpr, PAIR_KIND: tl.constexpr, EMULATE: tl.constexpr,
+               EVICT: tl.constexpr = ""):
     """The rotary slice of rows src_row: (pair words, same) if WORDS, else (x1, x2) as fp32. Masks depend only
     on the row bounds, never on the positions, so these loads issue before the position -> (cos, sin) chain.
     WORDS (GPT-J only): strides, rot_offset and base are even / word-aligned, so pair i of a row is word
@@ -134,7 +149,7 @@ def _rope_load(src, src_row, rows_ok, rot_offset, HALF: tl.constexpr, HALF_P: tl
     m = rows_ok[:, :, None] & (i < HALF)[None, None, :]
     if WORDS:
         w = tl.load(word_ptr(src, PAIR_KIND) + ((src_row + rot_offset) >> 1)[:, :, None] + i[None, None, :],
-                    mask=m, other=0)
+                    mask=m, other=0, eviction_policy=EVICT)
         return w, w
     else:
         o1, o2 = pair_offsets(rot_offset, HALF, HALF_P, IS_NEOX)
@@ -153,7 +168,7 @@ def _rope_keep_mask(rows_ok, rot_offset, D, HALF: tl.constexpr, D_P: tl.constexp
 @triton.jit
 def _rope_store(dst, dst_row, rows_ok, a, b, c, s, rot_offset, HALF: tl.constexpr, HALF_P: tl.constexpr,
                 IS_NEOX: tl.constexpr, INVERSE: tl.constexpr, WORDS: tl.constexpr, PAIR_KIND: tl.constexpr,
-                OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+                OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr, EVICT: tl.constexpr = ""):
     """Rotate what _rope_load returned by (c, s) [BLOCK_T, BLOCK_H, HALF_P] and store it to rows dst_row."""
     i = tl.arange(0, HALF_P)
     m = rows_ok[:, :, None] & (i < HALF)[None, None, :]
@@ -161,7 +176,7 @@ def _rope_store(dst, dst_row, rows_ok, a, b, c, s, rot_offset, HALF: tl.constexp
         x1, x2 = split_pairs(a, PAIR_KIND)
         y1, y2 = rope_pairs(x1, x2, c, s, INVERSE)
         tl.store(word_ptr(dst, PAIR_KIND) + ((dst_row + rot_offset) >> 1)[:, :, None] + i[None, None, :],
-                 join_pairs(y1, y2, PAIR_KIND, EMULATE), mask=m)
+                 join_pairs(y1, y2, PAIR_KIND, EMULATE), mask=m, eviction_policy=EVICT)
     else:
         y1, y2 = rope_pairs(a, b, c, s, INVERSE)
         o1, o2 = pair_offsets(rot_offset, HALF, HALF_P, IS_NEOX)
@@ -174,7 +189,7 @@ def _rope_tile(src, dst, pos_ptr, cs_ptr, tb, hb, T, H, max_pos, s_t, s_h, d_t, 
                HALF: tl.constexpr, HALF_P: tl.constexpr, D_P: tl.constexpr, BLOCK_T: tl.constexpr,
                BLOCK_H: tl.constexpr, IS_NEOX: tl.constexpr, INVERSE: tl.constexpr, COPY: tl.constexpr,
                WORDS: tl.constexpr, PAIR_KIND: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
-               ISSUE_FIRST: tl.constexpr):
+               ISSUE_FIRST: tl.constexpr, CS_ROWS: tl.constexpr = False, EVICT: tl.constexpr = ""):
     """Rotate tokens [tb*BLOCK_T, +BLOCK_T) x heads [hb*BLOCK_H, +BLOCK_H) of src [T, H, D] into dst (one
     tensor; _rope_kernel does q and k together). Order as in _rope_kernel: the position load, every data load,
     (ISSUE_FIRST: a barrier, so ptxas cannot sink them), then the (cos, sin) rows that wait on the positions."""
@@ -183,7 +198,7 @@ def _rope_tile(src, dst, pos_ptr, cs_ptr, tb, hb, T, H, max_pos, s_t, s_h, d_t, 
     tmask = t < T
     pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
     rows_ok, src_row, dst_row = _rope_rows(t, h, T, H, s_t, s_h, d_t, d_h)
-    a, b = _rope_load(src, src_row, rows_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE)
+    a, b = _rope_load(src, src_row, rows_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE, EVICT)
     if COPY:  # out of place with dims outside the rotary slice: they pass through unchanged (bit copy)
         pm = _rope_keep_mask(rows_ok, rot_offset, D, HALF, D_P)
         d = tl.arange(0, D_P)
@@ -191,11 +206,63 @@ def _rope_tile(src, dst, pos_ptr, cs_ptr, tb, hb, T, H, max_pos, s_t, s_h, d_t, 
     if ISSUE_FIRST:
         tl.debug_barrier()
     ok = tmask & (pos >= 0) & (pos < max_pos)  # a bad position reads nothing and poisons the slice
-    c, s = load_cos_sin_tile(cs_ptr, pos, ok, BLOCK_H, HALF, HALF_P)
+    c, s = load_cos_sin_rows(cs_ptr, pos, ok, BLOCK_H, HALF, HALF_P, CS_ROWS)
     _rope_store(dst, dst_row, rows_ok, a, b, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS, PAIR_KIND,
-                OUT_DTYPE, EMULATE)
+                OUT_DTYPE, EMULATE, EVICT)
     if COPY:
         tl.store(dst + dst_row[:, :, None] + d[None, None, :], v, mask=pm)
+
+
+@triton.jit
+def _rope_fetch(q_ptr, k_ptr, pos_ptr, p, T, HQ, HK, q_st, q_sh, k_st, k_sh, rot_offset, NB,
+                HALF: tl.constexpr, HALF_P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr,
+                BLOCK_HK: tl.constexpr, HAS_Q: tl.constexpr, HAS_K: tl.constexpr, IS_NEOX: tl.constexpr,
+                WORDS: tl.constexpr, PAIR_KIND: tl.constexpr, EMULATE: tl.constexpr, EVICT: tl.constexpr):
+    """Program p's loads that do not wait on anything: its positions and its q / k rotary slices (a program p
+    past the grid loads nothing: its tokens are >= T). (qa, qb) / (ka, kb) as _rope_load; a missing tensor
+    gets the other one's values (never stored), so the persistent loop can carry them."""
+    tb = p // NB
+    hb = p - tb * NB
+    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    pos = tl.load(pos_ptr + t, mask=t < T, other=0).to(tl.int64)
+    if HAS_Q:
+        hq = hb * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
+        q_ok, q_row, _ = _rope_rows(t, hq, T, HQ, q_st, q_sh, q_st, q_sh)
+        qa, qb = _rope_load(q_ptr, q_row, q_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE, EVICT)
+    if HAS_K:
+        hk = hb * BLOCK_HK + tl.arange(0, BLOCK_HK)
+        k_ok, k_row, _ = _rope_rows(t, hk, T, HK, k_st, k_sh, k_st, k_sh)
+        ka, kb = _rope_load(k_ptr, k_row, k_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE, EVICT)
+    if not HAS_Q:
+        qa, qb = ka, kb
+    if not HAS_K:
+        ka, kb = qa, qb
+    return pos, qa, qb, ka, kb
+
+
+@triton.jit
+def _rope_finish(qo_ptr, ko_ptr, cs_ptr, p, pos, qa, qb, ka, kb, T, HQ, HK, max_pos, qo_st, qo_sh, ko_st, ko_sh,
+                 rot_offset, NB, HALF: tl.constexpr, HALF_P: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, HAS_Q: tl.constexpr, HAS_K: tl.constexpr,
+                 IS_NEOX: tl.constexpr, INVERSE: tl.constexpr, WORDS: tl.constexpr, PAIR_KIND: tl.constexpr,
+                 OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr, CS_ROWS: tl.constexpr, EVICT: tl.constexpr):
+    """Program p's position-dependent part: (cos, sin), the rotation, the stores."""
+    tb = p // NB
+    hb = p - tb * NB
+    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ok = (t < T) & (pos >= 0) & (pos < max_pos)  # a bad position reads nothing and poisons the slice
+    if HAS_Q:
+        hq = hb * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
+        q_ok, _, qo_row = _rope_rows(t, hq, T, HQ, qo_st, qo_sh, qo_st, qo_sh)
+        c, s = load_cos_sin_rows(cs_ptr, pos, ok, BLOCK_HQ, HALF, HALF_P, CS_ROWS)
+        _rope_store(qo_ptr, qo_row, q_ok, qa, qb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
+                    PAIR_KIND, OUT_DTYPE, EMULATE, EVICT)
+    if HAS_K:
+        hk = hb * BLOCK_HK + tl.arange(0, BLOCK_HK)
+        k_ok, _, ko_row = _rope_rows(t, hk, T, HK, ko_st, ko_sh, ko_st, ko_sh)
+        c, s = load_cos_sin_rows(cs_ptr, pos, ok, BLOCK_HK, HALF, HALF_P, CS_ROWS)
+        _rope_store(ko_ptr, ko_row, k_ok, ka, kb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
+                    PAIR_KIND, OUT_DTYPE, EMULATE, EVICT)
 
 
 @triton.jit
@@ -205,7 +272,7 @@ def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr, T, HQ, HK, max_p
                  BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, HAS_Q: tl.constexpr, HAS_K: tl.constexpr,
                  IS_NEOX: tl.constexpr, INVERSE: tl.constexpr, COPY: tl.constexpr, WORDS: tl.constexpr,
                  PAIR_KIND: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
-                 ISSUE_FIRST: tl.constexpr):
+                 ISSUE_FIRST: tl.constexpr, CS_ROWS: tl.constexpr = False, EVICT: tl.constexpr = ""):
     # 1-D grid, NB head-block pairs per token block, head blocks fastest: consecutive programs walk one token
     # row after another (contiguous streams, the token's position and (cos, sin) row reused while in cache).
     # Program (tb, hb) rotates q heads [hb*BLOCK_HQ, +BLOCK_HQ) and k heads [hb*BLOCK_HK, +BLOCK_HK) of its
@@ -216,44 +283,84 @@ def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr, T, HQ, HK, max_p
     # save registers), i.e. behind the position -> (cos, sin) chain, and a program costs three memory latencies
     # in a row (position, (cos, sin), data) instead of two with the data in flight from the start (sm_90
     # SASS in perf/NOTES.md "Session 4: RoPE/KV"). The barrier does not wait for the loads themselves.
+    # CS_ROWS: (cos, sin) loaded once per token ([BLOCK_T, HALF_P]) and broadcast over the heads instead of in
+    # the tile's layout (session 5: for GPT-J word tiles 2-3x fewer load instructions and registers, no smem).
     pid = tl.program_id(0)
-    tb = pid // NB
-    hb = pid - tb * NB
-    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = t < T
-    pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
-    if HAS_Q:
-        hq = hb * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
-        q_ok, q_row, qo_row = _rope_rows(t, hq, T, HQ, q_st, q_sh, qo_st, qo_sh)
-        qa, qb = _rope_load(q_ptr, q_row, q_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE)
-    if HAS_K:
-        hk = hb * BLOCK_HK + tl.arange(0, BLOCK_HK)
-        k_ok, k_row, ko_row = _rope_rows(t, hk, T, HK, k_st, k_sh, ko_st, ko_sh)
-        ka, kb = _rope_load(k_ptr, k_row, k_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE)
-    if COPY:  # out of place with dims outside the rotary slice: they pass through unchanged (bit copy)
+    if not COPY:
+        pos, qa, qb, ka, kb = _rope_fetch(q_ptr, k_ptr, pos_ptr, pid, T, HQ, HK, q_st, q_sh, k_st, k_sh, rot_offset,
+                                          NB, HALF, HALF_P, BLOCK_T, BLOCK_HQ, BLOCK_HK, HAS_Q, HAS_K, IS_NEOX,
+                                          WORDS, PAIR_KIND, EMULATE, EVICT)
+        if ISSUE_FIRST:
+            tl.debug_barrier()
+        _rope_finish(qo_ptr, ko_ptr, cs_ptr, pid, pos, qa, qb, ka, kb, T, HQ, HK, max_pos, qo_st, qo_sh, ko_st,
+                     ko_sh, rot_offset, NB, HALF, HALF_P, BLOCK_T, BLOCK_HQ, BLOCK_HK, HAS_Q, HAS_K, IS_NEOX,
+                     INVERSE, WORDS, PAIR_KIND, OUT_DTYPE, EMULATE, CS_ROWS, EVICT)
+    else:  # out of place with dims outside the rotary slice, which pass through unchanged (bit copy)
+        tb = pid // NB
+        hb = pid - tb * NB
+        t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+        tmask = t < T
+        pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
         d = tl.arange(0, D_P)
         if HAS_Q:
+            hq = hb * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
+            q_ok, q_row, qo_row = _rope_rows(t, hq, T, HQ, q_st, q_sh, qo_st, qo_sh)
+            qa, qb = _rope_load(q_ptr, q_row, q_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE,
+                                EVICT)
             q_pm = _rope_keep_mask(q_ok, rot_offset, D, HALF, D_P)
             qv = tl.load(q_ptr + q_row[:, :, None] + d[None, None, :], mask=q_pm)
         if HAS_K:
+            hk = hb * BLOCK_HK + tl.arange(0, BLOCK_HK)
+            k_ok, k_row, ko_row = _rope_rows(t, hk, T, HK, k_st, k_sh, ko_st, ko_sh)
+            ka, kb = _rope_load(k_ptr, k_row, k_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE,
+                                EVICT)
             k_pm = _rope_keep_mask(k_ok, rot_offset, D, HALF, D_P)
             kv = tl.load(k_ptr + k_row[:, :, None] + d[None, None, :], mask=k_pm)
-    if ISSUE_FIRST:
-        tl.debug_barrier()
-    ok = tmask & (pos >= 0) & (pos < max_pos)  # a bad position reads nothing and poisons the slice
-    if HAS_Q:
-        c, s = load_cos_sin_tile(cs_ptr, pos, ok, BLOCK_HQ, HALF, HALF_P)
-        _rope_store(qo_ptr, qo_row, q_ok, qa, qb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
-                    PAIR_KIND, OUT_DTYPE, EMULATE)
-    if HAS_K:
-        c, s = load_cos_sin_tile(cs_ptr, pos, ok, BLOCK_HK, HALF, HALF_P)
-        _rope_store(ko_ptr, ko_row, k_ok, ka, kb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
-                    PAIR_KIND, OUT_DTYPE, EMULATE)
-    if COPY:
+        if ISSUE_FIRST:
+            tl.debug_barrier()
+        ok = tmask & (pos >= 0) & (pos < max_pos)  # a bad position reads nothing and poisons the slice
         if HAS_Q:
+            c, s = load_cos_sin_rows(cs_ptr, pos, ok, BLOCK_HQ, HALF, HALF_P, CS_ROWS)
+            _rope_store(qo_ptr, qo_row, q_ok, qa, qb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
+                        PAIR_KIND, OUT_DTYPE, EMULATE, EVICT)
             tl.store(qo_ptr + qo_row[:, :, None] + d[None, None, :], qv, mask=q_pm)
         if HAS_K:
+            c, s = load_cos_sin_rows(cs_ptr, pos, ok, BLOCK_HK, HALF, HALF_P, CS_ROWS)
+            _rope_store(ko_ptr, ko_row, k_ok, ka, kb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
+                        PAIR_KIND, OUT_DTYPE, EMULATE, EVICT)
             tl.store(ko_ptr + ko_row[:, :, None] + d[None, None, :], kv, mask=k_pm)
+
+
+@triton.jit
+def _rope_persistent_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr, T, HQ, HK, max_pos,
+                            q_st, q_sh, k_st, k_sh, qo_st, qo_sh, ko_st, ko_sh, rot_offset, NB, n_prog,
+                            HALF: tl.constexpr, HALF_P: tl.constexpr, BLOCK_T: tl.constexpr,
+                            BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, HAS_Q: tl.constexpr,
+                            HAS_K: tl.constexpr, IS_NEOX: tl.constexpr, INVERSE: tl.constexpr, WORDS: tl.constexpr,
+                            PAIR_KIND: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
+                            ISSUE_FIRST: tl.constexpr, CS_ROWS: tl.constexpr, EVICT: tl.constexpr):
+    # Session 5 candidate (RopeConfig.ctas_per_sm > 0; no pass-through copy): a resident grid walks the tiles
+    # of _rope_kernel (p, p + P, ...) software-pipelined by hand: tile p+P's positions and data loads are issued
+    # before tile p's (cos, sin) loads, math and stores, so every CTA keeps a tile of loads in flight while it
+    # finishes the previous one (no per-CTA launch/drain gap, the position -> (cos, sin) chain overlaps the
+    # next tile's data).
+    pid = tl.program_id(0)
+    npg = tl.num_programs(0)
+    p = pid
+    pos, qa, qb, ka, kb = _rope_fetch(q_ptr, k_ptr, pos_ptr, p, T, HQ, HK, q_st, q_sh, k_st, k_sh, rot_offset, NB,
+                                      HALF, HALF_P, BLOCK_T, BLOCK_HQ, BLOCK_HK, HAS_Q, HAS_K, IS_NEOX, WORDS,
+                                      PAIR_KIND, EMULATE, EVICT)
+    while p < n_prog:
+        pn = p + npg
+        pos_n, qa_n, qb_n, ka_n, kb_n = _rope_fetch(q_ptr, k_ptr, pos_ptr, pn, T, HQ, HK, q_st, q_sh, k_st, k_sh,
+                                                    rot_offset, NB, HALF, HALF_P, BLOCK_T, BLOCK_HQ, BLOCK_HK, HAS_Q,
+                                                    HAS_K, IS_NEOX, WORDS, PAIR_KIND, EMULATE, EVICT)
+        if ISSUE_FIRST:
+            tl.debug_barrier()
+        _rope_finish(qo_ptr, ko_ptr, cs_ptr, p, pos, qa, qb, ka, kb, T, HQ, HK, max_pos, qo_st, qo_sh, ko_st,
+                     ko_sh, rot_offset, NB, HALF, HALF_P, BLOCK_T, BLOCK_HQ, BLOCK_HK, HAS_Q, HAS_K, IS_NEOX,
+                     INVERSE, WORDS, PAIR_KIND, OUT_DTYPE, EMULATE, CS_ROWS, EVICT)
+        p, pos, qa, qb, ka, kb = pn, pos_n, qa_n, qb_n, ka_n, kb_n
 
 
 ROPE_ELEMS = 8192  # rotary elements per program at prefill on the GPU (16 KB of bf16 read, 16 KB written)
@@ -267,6 +374,17 @@ class RopeConfig:
     block_hk: int  # k heads per program (the same tokens as its q heads)
     num_warps: int
     issue_first: bool = True  # barrier between the data loads and the (cos, sin) loads (see _rope_kernel)
+    cs_rows: bool = False  # (cos, sin) loaded once per token and broadcast over the heads (see _rope_kernel)
+    ctas_per_sm: int = 0  # > 0: the persistent, software-pipelined kernel with this many CTAs per SM
+    evict_first: bool = False  # evict_first hint on the streamed q / k loads and stores
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """SMs of a CUDA device (2 on the CPU interpreter, so the persistent kernels' loops are exercised)."""
+    if device.type != "cuda":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def rope_config(t: int, hq: int, hk: int, rot: int, device: torch.device) -> RopeConfig:
@@ -295,7 +413,10 @@ def rope_config(t: int, hq: int, hk: int, rot: int, device: torch.device) -> Rop
     fit = max(1, rows // max(heads, 1))
     block_t = min(next_pow2(max(t, 1)), 1 << (fit.bit_length() - 1))  # powers of two (tl.arange)
     elems = block_t * heads * rot_p
-    return RopeConfig(block_t, block_hq, block_hk, 4 if elems <= 9216 else 8)
+    # cs_rows (session 5): per-token (cos, sin) rows broadcast over the heads. sm_90 SASS (triton 3.6): rope_
+    # DeepSeek-V4 2 tokens x 64 heads 108 -> 62 registers (4 -> 8 CTAs/SM), 24 -> 10 LDG.128; NeoX 64q+8k
+    # 124 -> 84; 32q+8k 64 -> 64 with 4 fewer loads; no shared memory in any of them.
+    return RopeConfig(block_t, block_hq, block_hk, 4 if elems <= 9216 else 8, cs_rows=True)
 
 
 def pairs_as_words(is_neox: bool, rot_offset: int, *tensors) -> bool:
@@ -318,15 +439,31 @@ def _launch(q, k, qo, ko, positions, cos_sin_cache, rot_offset, is_neox, inverse
     cfg = cfg or rope_config(t, hq, hk, 2 * half, q.device)
     nb = max(cdiv(hq, cfg.block_hq), cdiv(hk, cfg.block_hk))
     words = pairs_as_words(is_neox, rot_offset, q, k, qo, ko)
-    _rope_kernel[(cdiv(t, cfg.block_t) * nb,)](
+    copy = copy and 2 * half < d
+    n_prog = cdiv(t, cfg.block_t) * nb
+    evict = "evict_first" if cfg.evict_first else ""
+    if cfg.ctas_per_sm:
+        if copy:
+            raise ValueError("lowbit.rope: RopeConfig.ctas_per_sm (persistent kernel) has no pass-through copy; "
+                             "use it in place or with a rotary slice covering the head")
+        _rope_persistent_kernel[(min(n_prog, cfg.ctas_per_sm * sm_count(q.device)),)](
+            q, k, qo, ko, positions, cos_sin_cache, t, hq, hk, cos_sin_cache.shape[0],
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), qo.stride(1), ko.stride(0),
+            ko.stride(1), rot_offset, nb, n_prog,
+            HALF=half, HALF_P=next_pow2(half), BLOCK_T=cfg.block_t, BLOCK_HQ=cfg.block_hq, BLOCK_HK=cfg.block_hk,
+            HAS_Q=hq > 0, HAS_K=hk > 0, IS_NEOX=is_neox, INVERSE=inverse, WORDS=words, PAIR_KIND=PAIR_KIND[q.dtype],
+            OUT_DTYPE=TL_DTYPE[q.dtype], EMULATE=emulate_formats(q.device), ISSUE_FIRST=cfg.issue_first,
+            CS_ROWS=cfg.cs_rows, EVICT=evict, num_warps=cfg.num_warps, enable_fp_fusion=False)
+        return
+    _rope_kernel[(n_prog,)](
         q, k, qo, ko, positions, cos_sin_cache, t, hq, hk, cos_sin_cache.shape[0],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
         rot_offset, d, nb,
         HALF=half, HALF_P=next_pow2(half), D_P=next_pow2(d), BLOCK_T=cfg.block_t, BLOCK_HQ=cfg.block_hq,
         BLOCK_HK=cfg.block_hk, HAS_Q=hq > 0, HAS_K=hk > 0, IS_NEOX=is_neox, INVERSE=inverse,
-        COPY=copy and 2 * half < d, WORDS=words, PAIR_KIND=PAIR_KIND[q.dtype], OUT_DTYPE=TL_DTYPE[q.dtype],
-        EMULATE=emulate_formats(q.device), ISSUE_FIRST=cfg.issue_first, num_warps=cfg.num_warps,
-        enable_fp_fusion=False)
+        COPY=copy, WORDS=words, PAIR_KIND=PAIR_KIND[q.dtype], OUT_DTYPE=TL_DTYPE[q.dtype],
+        EMULATE=emulate_formats(q.device), ISSUE_FIRST=cfg.issue_first, CS_ROWS=cfg.cs_rows, EVICT=evict,
+        num_warps=cfg.num_warps, enable_fp_fusion=False)
 
 
 def rope(q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse, cfg: RopeConfig | None = None):

@@ -42,20 +42,20 @@ def lowbit_op(name: str, *, mutates_args):
 def _signature(args: tuple):
     """What checks and backend choice can depend on: tensor metadata (dtype, device, shape, strides, the
     data pointer's and the storage offset's alignment up to 16) and the other arguments' values; None when an
-    argument is of another kind (then the call always takes the checked path)."""
-    sig = []
-    for a in args:
-        kind = type(a)
-        if kind in _PLAIN:
-            sig.append(a)
-        elif isinstance(a, torch.Tensor):
-            sig.append((a.dtype, a.device, a.shape, a.stride(), a.storage_offset() % 16, a.data_ptr() % 16))
-        else:
-            return None
+    argument is of another kind (then the call always takes the checked path). One flat tuple (no per-tensor
+    inner tuples), env first: it is built and hashed on every eager call (~1 us less than the nested form)."""
     env = _read_select_env()
     if env[-1] is not None:
         return None
-    return (tuple(sig), _scoped.get(), env)
+    sig = [_scoped.get(), env]
+    for a in args:
+        if type(a) in _PLAIN:
+            sig.append(a)
+        elif isinstance(a, torch.Tensor):
+            sig += (a.dtype, a.device, a.shape, a.stride(), (a.storage_offset() & 15) << 4 | (a.data_ptr() & 15))
+        else:
+            return None
+    return tuple(sig)
 
 
 def call(name: str, *args):

@@ -1,4 +1,4 @@
-"""GPU probe (session 4, issue 5): RoPE and KV-cache write kernels, the default config vs candidate configs
+"""GPU probe (sessions 4-5, issue 5): RoPE and KV-cache write kernels, the default config vs candidate configs
 (bare launcher calls with explicit configs) at the benchmark shapes (perf/cases/rope_kv.py, T=16384). The
 pre-session-4 kernels were timed against these in the first run (perf/results/probes/*rope-kv-tiles-458345a*);
 old-vs-new now comes from the results history. Bare launcher calls, CUDA-graph replay over input copies
@@ -8,6 +8,9 @@ fraction (perf.runner.measure_roofline). The KV gathers have their own probe (pe
 Run: PYTHONPATH=$PWD python perf/probes/rope_kv_tiles.py [--out OUT.json] [--only rope,ds,write]
 Every variant's bytes are checked against the reference on a small shape (bad positions / slots included) first.
 Prints one line per variant: us, GB/s, fraction of copy, speedup vs "default". Pick a config only if it wins by > 3%.
+Session 5 candidates: cs_rows ((cos, sin) per token, broadcast; now the rope default, "s4 default (cs tile)" is the
+old tile load), evict_first hints, and the persistent software-pipelined rope kernel (RopeConfig.ctas_per_sm).
+60 samples (CUDA-graph passes) per line; read with perf/probes/strided_roof.py (the pattern's own ceiling).
 """
 
 # ruff: noqa: B023  (every lambda below is called within its loop iteration)
@@ -34,34 +37,38 @@ ROWS: list[dict] = []
 T = 16384
 VERIFY_T = (37, 300)  # small shapes every variant is byte-checked on
 
-# RoPE: (name, cfg); None = the current default heuristic (rope_config)
+# RoPE: (name, cfg); None = the current default heuristic (rope_config; session 5: cs_rows on)
 ROPE_NEOX = [("default", None),
-             ("1t 64q+8k 4w nobar", RopeConfig(1, 64, 8, 4, False)),
-             ("1t 64q+8k 8w", RopeConfig(1, 64, 8, 8)),
-             ("1t 32q+4k 4w", RopeConfig(1, 32, 4, 4)),
-             ("1t 16q+2k 4w", RopeConfig(1, 16, 2, 4)),
-             ("2t 64q+8k 8w", RopeConfig(2, 64, 8, 8))]
+             ("s4 default (cs tile)", RopeConfig(1, 64, 8, 4)),
+             ("1t 16q+2k 4w cs", RopeConfig(1, 16, 2, 4, cs_rows=True)),
+             ("persist 1t 64q+8k x4/SM", RopeConfig(1, 64, 8, 4, cs_rows=True, ctas_per_sm=4))]
+ROPE_NEOX32 = [("default", None),
+               ("s4 default (cs tile)", RopeConfig(1, 32, 8, 4)),
+               ("persist 1t 32q+8k x6/SM", RopeConfig(1, 32, 8, 4, cs_rows=True, ctas_per_sm=6)),
+               ("1t 32q+8k cs evict", RopeConfig(1, 32, 8, 4, cs_rows=True, evict_first=True))]
 ROPE_DSV4 = [("default", None),
-             ("2t 64h 4w nobar", RopeConfig(2, 64, 1, 4, False)),
-             ("1t 64h 4w", RopeConfig(1, 64, 1, 4)),
-             ("2t 64h 8w", RopeConfig(2, 64, 1, 8)),
-             ("4t 64h 8w", RopeConfig(4, 64, 1, 8))]
+             ("s4 default (cs tile)", RopeConfig(2, 64, 1, 4)),
+             ("1t 64h 4w cs", RopeConfig(1, 64, 1, 4, cs_rows=True)),
+             ("4t 64h 8w cs", RopeConfig(4, 64, 1, 8, cs_rows=True)),
+             ("2t 64h 4w cs evict", RopeConfig(2, 64, 1, 4, cs_rows=True, evict_first=True)),
+             ("1t 64h 2w cs", RopeConfig(1, 64, 1, 2, cs_rows=True)),
+             ("persist 1t x6/SM", RopeConfig(1, 64, 1, 4, cs_rows=True, ctas_per_sm=6)),
+             ("persist 2t x4/SM", RopeConfig(2, 64, 1, 4, cs_rows=True, ctas_per_sm=4))]
 DS_FUSED = [("default", None),
-            ("4t 16h 4w nobar", DsConfig(4, 16, 4, False)),
-            ("2t 32h 4w", DsConfig(2, 32, 4)),
-            ("4t 32h 8w", DsConfig(4, 32, 8)),
+            ("4t 16h 4w cs", DsConfig(4, 16, 4, cs_rows=True)),
+            ("4t 16h 4w evict", DsConfig(4, 16, 4, evict_first=True)),
             ("8t 16h 8w", DsConfig(8, 16, 8)),
-            ("1t 64h 4w", DsConfig(1, 64, 4))]
-DS_WRITE = [("default", None),
-            ("4t 4w nobar", DsConfig(4, 16, 4, False)),
+            ("2t 32h 4w", DsConfig(2, 32, 4))]
+DS_WRITE = [("default", None),  # session 5: q branch compiled out (HAS_Q); s4 kernel: 13.4 (v32) / 13.8 (v4) us
             ("8t 4w", DsConfig(8, 16, 4)),
+            ("16t 4w", DsConfig(16, 16, 4)),
             ("16t 8w", DsConfig(16, 16, 8)),
             ("2t 2w", DsConfig(2, 16, 2))]
 PAGED = [("default", None),
-         ("8t 8h 4w nobar", WriteConfig(8, 8, 4, False)),
          ("16t 8h 8w", WriteConfig(16, 8, 8)),
-         ("4t 8h 4w", WriteConfig(4, 8, 4)),
+         ("32t 8h 8w", WriteConfig(32, 8, 8)),
          ("2t 8h 2w", WriteConfig(2, 8, 2))]
+BUDGET = 10.0  # time_passes caps samples at GPU_SAMPLES[1] = 60 (>= 50 medians per line)
 
 
 def copy_gbps() -> float:
@@ -124,7 +131,7 @@ def rope_time(copy, variants, hq, hk, d, rot, off, neox, inverse, inplace, op, s
     base = None
     for name, cfg in variants:
         us = time_passes(lambda a: rope_call(name, cfg, a["q"], a["k"] if hk else None, a["pos"], a["cs"], off, neox,
-                                             inverse, inplace), sets, DEV, graph=True, budget_s=0.06).median_us
+                                             inverse, inplace), sets, DEV, graph=True, budget_s=BUDGET).median_us
         base = base or us
         report(op, shape, name, us, moved, copy, base)
     del sets
@@ -172,7 +179,7 @@ def ds_time(copy, variants, layout, fused):
     base = None
     op = "ds_rope_quant_append" if fused else "ds_kv_write"
     for name, cfg in variants:
-        us = time_passes(lambda a: ds_call(cfg, a, layout, fused), sets, DEV, graph=True, budget_s=0.06).median_us
+        us = time_passes(lambda a: ds_call(cfg, a, layout, fused), sets, DEV, graph=True, budget_s=BUDGET).median_us
         base = base or us
         report(op, f"T={T} {layout}" + (" Hq=64 +q" if fused else ""), name, us, moved, copy, base)
     del sets
@@ -206,7 +213,7 @@ def paged_time(copy, variants):
     sets = [paged_inputs(T) for _ in range(n_sets(moved))]
     base = None
     for name, cfg in variants:
-        us = time_passes(lambda a: paged_call(cfg, a), sets, DEV, graph=True, budget_s=0.06).median_us
+        us = time_passes(lambda a: paged_call(cfg, a), sets, DEV, graph=True, budget_s=BUDGET).median_us
         base = base or us
         report("paged_kv_write_fp8", f"T={T} H=8 D=64 dynamic", name, us, moved, copy, base)
     del sets
@@ -215,11 +222,13 @@ def paged_time(copy, variants):
 def main(only):
     torch.manual_seed(0)
     t0 = time.time()
+    copy_gbps()  # warm-up (clocks, allocator): a cold first measurement printed 2763 GB/s in session 4
     copy = copy_gbps()
-    print(f"copy 2x1 GiB bf16 (graph): {copy:.0f} GB/s; {torch.cuda.get_device_name()}, triton {triton.__version__}")
+    print(f"copy 2x1 GiB bf16 (perf.runner.measure_roofline): {copy:.0f} GB/s; {torch.cuda.get_device_name()}, "
+          f"triton {triton.__version__}")
     if "rope" in only:
         rope_time(copy, ROPE_NEOX, 64, 8, 128, 128, 0, True, False, False, "rope", f"T={T} Hq=64 Hk=8 D=128 NeoX")
-        rope_time(copy, ROPE_NEOX, 32, 8, 128, 128, 0, True, False, False, "rope", f"T={T} Hq=32 Hk=8 D=128 NeoX")
+        rope_time(copy, ROPE_NEOX32, 32, 8, 128, 128, 0, True, False, False, "rope", f"T={T} Hq=32 Hk=8 D=128 NeoX")
         rope_time(copy, ROPE_DSV4, 64, 0, 512, 64, 448, False, True, True, "rope_", f"T={T} H=64 D=512 last-64 inv")
     if "ds" in only:
         for layout in ("v32", "v4"):
@@ -228,7 +237,10 @@ def main(only):
         for layout in ("v32", "v4"):
             ds_time(copy, DS_WRITE, layout, False)
         paged_time(copy, PAGED)
-    print(f"probe done in {time.time() - t0:.1f} s")
+    end = copy_gbps()
+    print(f"copy re-measured at the end: {end:.0f} GB/s (fractions above use {copy:.0f}); "
+          f"probe done in {time.time() - t0:.1f} s")
+    return copy, end
 
 
 if __name__ == "__main__":
@@ -236,8 +248,10 @@ if __name__ == "__main__":
     parser.add_argument("--out", default=None)
     parser.add_argument("--only", default="rope,ds,write")
     args = parser.parse_args()
-    main(args.only.split(","))
+    copy, end = main(args.only.split(","))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                           copy_note="graph-replayed 1 GiB bf16 copy, same process", rows=ROWS), f, indent=1)
+                           copy_gbps=copy, copy_gbps_end=end,
+                           copy_note="perf.runner.measure_roofline (2x1 GiB bf16 copy), same process, after a "
+                                     "warm-up measurement", rows=ROWS), f, indent=1)
