@@ -389,6 +389,62 @@ def _rms_norm_pairs_kernel(
         tl.store(partial_ptr + pid, tl.max(acc, 0).to(tl.float32, bitcast=True))
 
 
+@triton.jit
+def _rms_norm_chunked_kernel(
+    x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr,
+    M, N, stride_xm, stride_rm, stride_hm, stride_om, stride_sm,
+    eps, w_offset, scale_rows_bound, scale_cols_padded,
+    HAS_RES: tl.constexpr, GS_MODE: tl.constexpr, FMT: tl.constexpr, MX_RCEIL: tl.constexpr,
+    SWIZZLE: tl.constexpr, IN_KIND: tl.constexpr, W_KIND: tl.constexpr, EMULATE: tl.constexpr,
+    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+):
+    """_rms_norm_pairs_kernel in two passes over one row in CHUNKS column chunks of BLOCK_N: pass 1 sums the
+    squares (and writes the new residual), pass 2 reads the chunks again (L1/L2 hits: the row was just read)
+    and normalizes + quantizes them. Only one chunk is live at a time, so a thread holds a few dozen registers
+    instead of the whole row and its weight (the one-pass kernel: 255 registers at 2 warps, 8 warps per SM,
+    issue-latency bound in Nsight Compute), and many more rows are in flight per SM. Same math and order per
+    element as the one-pass kernels (the fp64 sum is order-independent to a few fp64 ulps: docs/norm_act.md),
+    bytes equal. One program per row; padding rows of swizzled scales (row >= M) write zero scale bytes."""
+    SB: tl.constexpr = 32 if FMT == 2 else 16
+    NB: tl.constexpr = BLOCK_N // SB
+    HP: tl.constexpr = SB // 2
+    pid = tl.program_id(0)
+    gs, gs_exact = _row_global_scale(pid, gs_ptr, gs_out_ptr, gs_out_ptr, 1, GS_MODE, FMT, 1, 1)
+    rows = pid.to(tl.int64) + tl.arange(0, 1)
+    row_in = rows < M
+    lane = tl.arange(0, NB)[None, :, None] * HP + tl.arange(0, HP)[None, None, :]  # pair column in a chunk
+    Np = N // 2
+    acc = tl.zeros([1, NB, HP], dtype=tl.float64)
+    for c in tl.static_range(CHUNKS):
+        pcol = c * (BLOCK_N // 2) + lane
+        pmask = pcol < Np
+        x, r = _load_row_words(x_ptr, r_ptr, rows, M, pcol, pmask, stride_xm, stride_rm, HAS_RES)
+        h_lo, h_hi = split_pairs(x, IN_KIND)
+        if HAS_RES:
+            r_lo, r_hi = split_pairs(r, IN_KIND)
+            hw, h_lo, h_hi = round_pairs(h_lo + r_lo, h_hi + r_hi, IN_KIND, EMULATE)
+            tl.store(h_ptr + rows[:, None, None] * stride_hm + pcol, hw, mask=row_in[:, None, None] & pmask)
+        a64 = h_lo.to(tl.float64)
+        b64 = h_hi.to(tl.float64)
+        acc += a64 * a64 + b64 * b64
+    ss = tl.sum(tl.sum(acc, 2), 1)
+    rstd = (1.0 / tl.sqrt(ss / (tl.zeros([1], dtype=tl.float64) + N) + eps)).to(tl.float32)
+    for c in tl.static_range(CHUNKS):
+        pcol = c * (BLOCK_N // 2) + lane
+        pmask = pcol < Np
+        x, r = _load_row_words(x_ptr, r_ptr, rows, M, pcol, pmask, stride_xm, stride_rm, HAS_RES)
+        h_lo, h_hi = split_pairs(x, IN_KIND)
+        if HAS_RES:  # h again from x + r (cheaper than reading the stored h back through L2)
+            r_lo, r_hi = split_pairs(r, IN_KIND)
+            hw, h_lo, h_hi = round_pairs(h_lo + r_lo, h_hi + r_hi, IN_KIND, EMULATE)
+        w_lo, w_hi = split_pairs(tl.load(w_ptr + pcol, mask=pmask, other=0), W_KIND)
+        y_lo = (h_lo * rstd[:, None, None]) * (w_lo + w_offset)
+        y_hi = (h_hi * rstd[:, None, None]) * (w_hi + w_offset)
+        yw, lo, hi = round_pairs(y_lo, y_hi, IN_KIND, EMULATE)
+        fp4_pack_store(yw, lo, hi, rows, row_in, pcol, c * NB, Np, out_ptr, stride_om, scale_ptr, stride_sm, gs,
+                       gs_exact, scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE, True, EMULATE, NB, HP)
+
+
 # -------------------------------------------------------------------------------------------- config
 
 
@@ -400,6 +456,7 @@ class RowConfig:
     block_n: int  # next_pow2(N), at least the quant block * 4 (swizzled scale columns come in 4s)
     num_warps: int  # ~16 fp32 elements per thread: the row stays in registers, loads are 16-byte vectors
     row_blocks: int = 1  # blocks per program, walked with a one-block prefetch (1 at decode: more programs)
+    chunks: int = 1  # > 1: the FP4 two-pass kernel, one row per program in `chunks` chunks of block_n columns
 
 
 def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, pairs: bool = False) -> RowConfig:
@@ -533,6 +590,8 @@ def _rms_norm_pairs(views, in_kind, w_kind, rows, n, eps, weight_offset, cfg, em
     common = dict(FMT=fmt, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle, IN_KIND=in_kind, W_KIND=w_kind,
                   EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     if fmt == FMT_NV and global_scale is None:
+        if cfg.chunks > 1:  # the two-pass kernel takes one launch only (no partial-amax fold): one-pass config
+            cfg = pick_row_config(geo.grid_rows, n, dev, min_block(fmt, 16), True)
         rows_per_prog, n_partials, partials = _amax_pass_plan(rows, cfg, dev)
         _rms_norm_pairs_kernel[(n_partials,)](
             x2, r2, w, h2, out2, scale_arg, gs_out, gs_out, partials,
@@ -543,6 +602,15 @@ def _rms_norm_pairs(views, in_kind, w_kind, rows, n, eps, weight_offset, cfg, em
     else:
         src, partials, n_partials, partials_block = x2, gs_out, 1, 1
         gs_mode = GS_GIVEN if fmt == FMT_NV else GS_NONE
+    if cfg.chunks > 1 and gs_mode != GS_FROM_PARTIALS:
+        _rms_norm_chunked_kernel[(grid_rows,)](
+            src, r2, w, h2, out2, scale_arg, global_scale if global_scale is not None else gs_out, gs_out,
+            rows, n, src.stride(0), r2.stride(0), h2.stride(0), out2.stride(0), geo.stride_sm,
+            float(eps), float(weight_offset), grid_rows, geo.scale_cols_padded,
+            HAS_RES=has_res, GS_MODE=gs_mode, FMT=fmt, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
+            IN_KIND=in_kind, W_KIND=w_kind, EMULATE=emulate, BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks,
+            num_warps=cfg.num_warps)
+        return
     rows_per_prog = cfg.block_m * cfg.row_blocks
     _rms_norm_pairs_kernel[(cdiv(grid_rows, rows_per_prog),)](
         src, r2, w, h2, out2, scale_arg, global_scale if global_scale is not None else gs_out, gs_out, partials,

@@ -1,7 +1,8 @@
 """GPU probe (session 4): fused RMSNorm / SwiGLU -> FP4, old vs new kernels and configs, bare launchers.
 
-RMSNorm: "old" = the element-wise _rms_norm_kernel (pairs=False, its default RowConfig), "pairs-wN" = the pair-word
-kernel _rms_norm_pairs_kernel at N warps (2 is the default at 4096 columns since the first H200 run of this probe).
+RMSNorm: "pairs-wN" = the pair-word kernel _rms_norm_pairs_kernel at N warps (2 is the default at 4096 columns since
+the first H200 run of this probe); "chunk-wNxB" (session 5) = the two-pass _rms_norm_chunked_kernel, one row per
+program at N warps in chunks of B columns (given global scale and MXFP4 only).
 SwiGLU: the element-wise epilogue at its default 8 warps vs 4 (a pair-word SwiGLU epilogue measured no faster and
 was dropped; perf/NOTES.md "Session 4: fused FP4").
 First checks bytes: every variant == the torch reference on small shapes (and old == new on the big ones), then times
@@ -34,10 +35,14 @@ def _bytes_equal(a, b):
 
 
 def rms_variants(rows, n, dev):
-    out = {"old": dict(pairs=False)}
-    for nw in (2, 4, 8):
+    out = {}
+    for nw in (2, 4):
         cfg = R.RowConfig(1, triton.next_power_of_2(n), nw, 4 if rows >= 8192 else 2)
         out[f"pairs-w{nw}"] = dict(pairs=True, cfg=cfg)
+    # session 5: the two-pass chunked kernel (one row per program, one chunk of columns live at a time)
+    for nw, bn in ((1, 1024), (2, 1024), (2, 2048), (4, 1024), (4, 2048)):
+        chunks = triton.cdiv(triton.cdiv(n, 128) * 128, bn)
+        out[f"chunk-w{nw}x{bn}"] = dict(pairs=True, cfg=R.RowConfig(1, bn, nw, 1, chunks))
     return out
 
 
