@@ -134,6 +134,52 @@ def test_rms_norm_model_dims(device, n):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,block_n,chunks", [(208, 64, 4), (256, 128, 2)])
+@pytest.mark.parametrize("quant,layout,has_res", [("nvfp4", "swizzled", False), ("nvfp4", "linear", True),
+                                                  ("mxfp4", "swizzled", True), ("nvfp4", "swizzled", "gs")])
+def test_rms_norm_fp4_two_pass_kernel(device, n, block_n, chunks, quant, layout, has_res):
+    """The two-pass chunked FP4 kernel (the GPU default for long batches without a residual: see
+    triton_ops.rmsnorm.pick_chunked_config), forced here on small shapes: bytes equal the reference's, incl. the
+    swizzled padding rows/columns past the last chunk, a residual, and (has_res == "gs") a computed global
+    scale, which the kernel hands back to the one-pass kernel."""
+    from triton_ops import rmsnorm as R
+
+    if quant == "mxfp4" and n % 128:
+        pytest.skip("MXFP4 chunks hold whole 4-block groups")
+    x = make_values(5, n, "mixed_scale", n).bfloat16()
+    x[3] = 0
+    res = make_values(5, n, "normal", 1).bfloat16() if has_res is True else None
+    w = (1 + 0.1 * make_values(1, n, "normal", 2)[0]).bfloat16()
+    gs = None if has_res == "gs" or quant == "mxfp4" else torch.tensor(0.0021)
+    cfg = R.RowConfig(1, block_n, 2, 1, chunks)
+    fmt = R.FMT_NV if quant == "nvfp4" else R.FMT_MX
+    dev = lambda t: None if t is None else t.to(device)  # noqa: E731
+    got = R._rms_norm(dev(x), dev(w), dev(res), 1e-6, 0.5, fmt=fmt, swizzle=layout == "swizzled",
+                      global_scale=dev(gs), cfg=cfg)
+    want = _call(quant, x, w, 1e-6, res, 0.5, "torch", layout=layout, gs=gs)
+    outs, wres = want
+    for i, (a, b) in enumerate(zip(got[:len(outs)], outs, strict=True)):
+        assert_same_bytes(a, b, f"output {i}")
+    if res is not None:
+        assert_same_bytes(got[-1], wres, "new residual")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [2880, 4096, 7168])
+def test_rms_norm_fp4_two_pass_default_shapes(n):
+    """Long batches without a residual take the two-pass kernel by default on the GPU: bytes equal."""
+    from triton_ops import rmsnorm as R
+
+    assert R.pick_chunked_config(4099, n, torch.device("cuda")) is not None
+    x = make_values(4099, n, "mixed_scale", 7).bfloat16()
+    w = (1 + 0.1 * make_values(1, n, "normal", 8)[0]).bfloat16()
+    for quant, gs in (("nvfp4", torch.tensor(0.0017)), ("mxfp4", None)):
+        for layout in ("linear", "swizzled"):
+            got, want = _both(quant, x, w, 1e-6, None, 0.0, "cuda", layout=layout, gs=gs)
+            _assert_all(got, want, f"n={n} {quant} {layout}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("gs", [0.0, float("nan"), 1e-35, -0.003, float("inf")])
 def test_rms_norm_nvfp4_degenerate_global_scale(device, gs):
     """Pins the fused NVFP4 epilogue's exact per-element path: a zero, tiny (|1/gs| >= 2^100) or NaN global

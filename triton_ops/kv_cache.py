@@ -355,13 +355,14 @@ class DsConfig:
     evict_first: bool = False  # q programs: evict_first hint on q's loads and stores
 
 
-def ds_config(t: int, device: torch.device) -> DsConfig:
-    """GPU: 4 tokens (~2.3K kv elements) and 16 q heads (4 x 16 x 64 = 4K RoPE elements) per program; one
-    token per program for short (decode) batches so the work spreads over the SMs. Interpreter: big tiles (it
-    pays per program)."""
+def ds_config(t: int, device: torch.device, with_q: bool = True) -> DsConfig:
+    """GPU: 4 tokens (~2.3K kv elements) and 16 q heads (4 x 16 x 64 = 4K RoPE elements) per program; 8 tokens
+    for a kv-only write (H200, T=16384: v32 10.5 -> 9.9 us, v4 10.0 -> 9.1; with q, 8 tokens at 8 warps was not
+    faster: perf/NOTES.md "Session 5, GPU call 2"); one token per program for short (decode) batches so the work
+    spreads over the SMs. Interpreter: big tiles (it pays per program)."""
     if device.type == "cpu":
         return DsConfig(32, 16, 4)
-    return DsConfig(1 if t <= 256 else 4, 16, 4)
+    return DsConfig(1 if t <= 256 else 4 if with_q else 8, 16, 4)
 
 
 def _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_neox, cfg=None):
@@ -380,7 +381,7 @@ def _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_
     c32 = c8.view(torch.int32) if layout == "v32" or aligned else c16
     rotate = positions is not None
     hq = 0 if q is None else q.shape[1]
-    cfg = cfg or ds_config(t, kv.device)
+    cfg = cfg or ds_config(t, kv.device, q is not None)
     block_t, block_h = cfg.block_t, cfg.block_h
     n_q = cdiv(hq, block_h) if hq else 0
     q_arg = q if q is not None else kv

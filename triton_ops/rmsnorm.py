@@ -475,6 +475,20 @@ def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, p
     return RowConfig(block_m, block_n, num_warps, row_blocks)
 
 
+def pick_chunked_config(rows: int, n: int, device: torch.device) -> RowConfig | None:
+    """The two-pass chunked FP4 kernel's config, or None where the one-pass pair kernel is the better choice.
+    H200, 32768x4096 bf16 (perf/NOTES.md "Session 5, GPU call 2"): 2 warps x 2048-column chunks vs the one-pass
+    kernel: NVFP4 given gs 146.8 vs 166.6 us, MXFP4 129.9 vs 147.8; with a residual it lost (259.9 vs 238.7: the
+    residual's extra loads in the second pass), so callers take it without a residual only. Rows that fit one
+    chunk gain nothing (no register relief); short batches keep the one-pass kernel's several-rows-per-program
+    tiles. Chunk width: 2048, or 1024 where it wastes fewer masked lanes (N = 7168: 7 x 1024; 2880: 3 x 1024)."""
+    if device.type == "cpu" or rows < 2048 or n <= 2048:
+        return None
+    width = round_up(n, 4 * MXFP4_BLOCK)  # whole swizzled 4-column groups of either format's blocks
+    block_n = min((2048, 1024), key=lambda b: (round_up(width, b) - width, -b))
+    return RowConfig(1, block_n, 2, 1, cdiv(width, block_n))
+
+
 def min_block(fmt: int, group: int) -> int:
     """Smallest column tile for a format: one FP8 group, or four FP4 blocks (whole swizzled 4-column groups)."""
     return {FMT_NONE: 16, FMT_FP8: group, FMT_MX: 4 * MXFP4_BLOCK, FMT_NV: 4 * NVFP4_BLOCK}[fmt]
@@ -541,6 +555,8 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     stride_sm, stride_sg, scale_cols_padded, grid_rows = geo.stride_sm, geo.stride_sg, geo.scale_cols_padded, \
         geo.grid_rows
     use_pairs = pairs is not False and fmt in (FMT_MX, FMT_NV) and x.dtype != torch.float32
+    if cfg is None and use_pairs and residual is None and not (fmt == FMT_NV and global_scale is None):
+        cfg = pick_chunked_config(grid_rows, n, dev)
     cfg = cfg or pick_row_config(grid_rows, n, dev, min_block(fmt, group), use_pairs)  # cfg: probes pass one
     emulate = emulate_formats(dev)
     common = dict(FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
@@ -557,6 +573,9 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
                             has_res=residual is not None)
             return results
         assert not pairs, "pair-word kernel not applicable"
+        if cfg.chunks > 1:  # no word views (odd strides/offsets): the element-wise kernel with its own tiles
+            cfg = pick_row_config(grid_rows, n, dev, min_block(fmt, group))
+            common.update(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     if fmt == FMT_NV and global_scale is None:
         # Pass 1: new residual + partial amax of y; pass 2 reads the rounded h (or x) back and quantizes.
         rows_per_prog, n_partials, partials = _amax_pass_plan(rows, cfg, dev)
@@ -587,11 +606,12 @@ def _rms_norm_pairs(views, in_kind, w_kind, rows, n, eps, weight_offset, cfg, em
     x2, r2, h2, w = views
     dev = x2.device
     grid_rows = geo.grid_rows
+    if fmt == FMT_NV and global_scale is None and cfg.chunks > 1:
+        # the two-pass kernel has no partial-amax fold (computed global scale): one-pass kernel and config
+        cfg = pick_row_config(grid_rows, n, dev, min_block(fmt, 16), True)
     common = dict(FMT=fmt, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle, IN_KIND=in_kind, W_KIND=w_kind,
                   EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     if fmt == FMT_NV and global_scale is None:
-        if cfg.chunks > 1:  # the two-pass kernel takes one launch only (no partial-amax fold): one-pass config
-            cfg = pick_row_config(geo.grid_rows, n, dev, min_block(fmt, 16), True)
         rows_per_prog, n_partials, partials = _amax_pass_plan(rows, cfg, dev)
         _rms_norm_pairs_kernel[(n_partials,)](
             x2, r2, w, h2, out2, scale_arg, gs_out, gs_out, partials,
