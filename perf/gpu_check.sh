@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU check lowbit owes, in ONE device call (device time is scarce):
-#   env facts -> GPU tests (-m gpu) -> compute-sanitizer on a few cases -> self-check -> benchmarks.
+#   env facts -> GPU tests (-m gpu) -> compute-sanitizer on a few cases -> self-check -> probes -> Nsight Compute
+#   on chosen cases -> benchmarks.
 # Writes JSON/logs under $OUT (at most 8 files come back) and prints a short table last.
-# Usage (device tool, repo root):  bash perf/gpu_check.sh [tests|sanitize|selfcheck|probes|bench|all]...
+# Usage (device tool, repo root):  bash perf/gpu_check.sh [tests|sanitize|selfcheck|probes|ncu|bench|all]...
 # Optional: .whl/ (carried) holds extra wheels (e.g. liger-kernel), installed to /tmp/site first;
 #           .carry/env.sh (carried) puts CuTeDSL on the path.
 # Knobs (env): TEST_TIME, TEST_ARGS (default: tests), SANITIZE_TIME, SANITIZERS ("memcheck racecheck"), SANITIZE_OPS, BENCH_TIME, BENCH_ARGS,
@@ -74,6 +75,19 @@ if want probes; then
     timeout 120 python3 "perf/probes/$probe.py" --json "$OUT/probe-$probe.json" > "$OUT/probe-$probe.log" 2>&1
     note "probe $probe (rc=$?)"; tail -n 20 "$OUT/probe-$probe.log"
   done
+fi
+
+if want ncu; then
+  # Nsight Compute on chosen benchmark cases (perf/probes/ncu_cases.py; NCU_ONLY: substrings of "op|label" to keep):
+  # per-pipe instruction shares, issue-slot use, DRAM throughput and warp stall reasons, summarized per kernel.
+  # --clock-control none: the device's clocks are left as found (the device tool's METHOD.md).
+  metrics='regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum'
+  # shellcheck disable=SC2086
+  timeout "${NCU_TIME:-240}" ncu --clock-control none --profile-from-start off --nvtx --print-nvtx-rename kernel \
+      --csv --metrics "$metrics" python3 perf/probes/ncu_cases.py ${NCU_ONLY:+--only $NCU_ONLY} \
+      > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+  note "ncu (rc=$?)"
+  python3 perf/probes/ncu_summary.py "$OUT/ncu.csv" > "$OUT/ncu-summary.txt" 2>&1 && cat "$OUT/ncu-summary.txt"
 fi
 
 if want bench; then
