@@ -151,7 +151,7 @@ def test_rms_norm_fp4_two_pass_kernel(device, n, block_n, chunks, quant, layout,
     res = make_values(5, n, "normal", 1).bfloat16() if has_res is True else None
     w = (1 + 0.1 * make_values(1, n, "normal", 2)[0]).bfloat16()
     gs = None if has_res == "gs" or quant == "mxfp4" else torch.tensor(0.0021)
-    cfg = R.RowConfig(1, block_n, 2, 1, chunks)
+    cfg = R.RowConfig(1, block_n, 2, 1, chunks, reread_h=quant == "mxfp4")  # both pass-2 sources of h
     fmt = R.FMT_NV if quant == "nvfp4" else R.FMT_MX
     dev = lambda t: None if t is None else t.to(device)  # noqa: E731
     got = R._rms_norm(dev(x), dev(w), dev(res), 1e-6, 0.5, fmt=fmt, swizzle=layout == "swizzled",

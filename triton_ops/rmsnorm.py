@@ -396,7 +396,7 @@ def _rms_norm_chunked_kernel(
     eps, w_offset, scale_rows_bound, scale_cols_padded,
     HAS_RES: tl.constexpr, GS_MODE: tl.constexpr, FMT: tl.constexpr, MX_RCEIL: tl.constexpr,
     SWIZZLE: tl.constexpr, IN_KIND: tl.constexpr, W_KIND: tl.constexpr, EMULATE: tl.constexpr,
-    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, REREAD_H: tl.constexpr,
 ):
     """_rms_norm_pairs_kernel in two passes over one row in CHUNKS column chunks of BLOCK_N: pass 1 sums the
     squares (and writes the new residual), pass 2 reads the chunks again (L1/L2 hits: the row was just read)
@@ -432,11 +432,15 @@ def _rms_norm_chunked_kernel(
     for c in tl.static_range(CHUNKS):
         pcol = c * (BLOCK_N // 2) + lane
         pmask = pcol < Np
-        x, r = _load_row_words(x_ptr, r_ptr, rows, M, pcol, pmask, stride_xm, stride_rm, HAS_RES)
-        h_lo, h_hi = split_pairs(x, IN_KIND)
-        if HAS_RES:  # h again from x + r (cheaper than reading the stored h back through L2)
-            r_lo, r_hi = split_pairs(r, IN_KIND)
-            hw, h_lo, h_hi = round_pairs(h_lo + r_lo, h_hi + r_hi, IN_KIND, EMULATE)
+        if HAS_RES and REREAD_H:  # the h words this thread stored in pass 1 (one load instead of two)
+            h_lo, h_hi = split_pairs(tl.load(h_ptr + rows[:, None, None] * stride_hm + pcol,
+                                             mask=row_in[:, None, None] & pmask, other=0), IN_KIND)
+        else:
+            x, r = _load_row_words(x_ptr, r_ptr, rows, M, pcol, pmask, stride_xm, stride_rm, HAS_RES)
+            h_lo, h_hi = split_pairs(x, IN_KIND)
+            if HAS_RES:  # h again from x + r
+                r_lo, r_hi = split_pairs(r, IN_KIND)
+                hw, h_lo, h_hi = round_pairs(h_lo + r_lo, h_hi + r_hi, IN_KIND, EMULATE)
         w_lo, w_hi = split_pairs(tl.load(w_ptr + pcol, mask=pmask, other=0), W_KIND)
         y_lo = (h_lo * rstd[:, None, None]) * (w_lo + w_offset)
         y_hi = (h_hi * rstd[:, None, None]) * (w_hi + w_offset)
@@ -457,6 +461,7 @@ class RowConfig:
     num_warps: int  # ~16 fp32 elements per thread: the row stays in registers, loads are 16-byte vectors
     row_blocks: int = 1  # blocks per program, walked with a one-block prefetch (1 at decode: more programs)
     chunks: int = 1  # > 1: the FP4 two-pass kernel, one row per program in `chunks` chunks of block_n columns
+    reread_h: bool = False  # two-pass kernel with a residual: pass 2 loads the stored h instead of x and r
 
 
 def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, pairs: bool = False) -> RowConfig:
@@ -629,7 +634,7 @@ def _rms_norm_pairs(views, in_kind, w_kind, rows, n, eps, weight_offset, cfg, em
             float(eps), float(weight_offset), grid_rows, geo.scale_cols_padded,
             HAS_RES=has_res, GS_MODE=gs_mode, FMT=fmt, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
             IN_KIND=in_kind, W_KIND=w_kind, EMULATE=emulate, BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks,
-            num_warps=cfg.num_warps)
+            REREAD_H=cfg.reread_h, num_warps=cfg.num_warps)
         return
     rows_per_prog = cfg.block_m * cfg.row_blocks
     _rms_norm_pairs_kernel[(cdiv(grid_rows, rows_per_prog),)](

@@ -43,6 +43,9 @@ def rms_variants(rows, n, dev):
     for nw, bn in ((1, 1024), (2, 1024), (2, 2048), (4, 1024), (4, 2048)):
         chunks = triton.cdiv(triton.cdiv(n, 128) * 128, bn)
         out[f"chunk-w{nw}x{bn}"] = dict(pairs=True, cfg=R.RowConfig(1, bn, nw, 1, chunks))
+    for nw in (2, 4):  # with a residual: pass 2 reads the stored h back
+        chunks = triton.cdiv(triton.cdiv(n, 128) * 128, 2048)
+        out[f"chunkh-w{nw}x2048"] = dict(pairs=True, cfg=R.RowConfig(1, 2048, nw, 1, chunks, reread_h=True))
     return out
 
 
