@@ -7,6 +7,11 @@ K=7168). Session-1 kernels were timed against these once (perf/results/probes/20
     python perf/probes/quant_variants.py --quick    # fewer repetitions
     python perf/probes/quant_variants.py --sweep    # also sweep tiles of the current kernels (~30 s more)
     python perf/probes/quant_variants.py --full-verify  # also fp16/fp32 inputs/outputs, both layouts (~40 s more)
+    python perf/probes/quant_variants.py --encode-only --out enc.json  # session 5: E2M1 encode "exp" vs "min3" only
+
+Session 5 (E2M1 encode variants, quant_fp4.FP4_ENCODE / _quantize(encode=...)): every run first verifies both
+encodes' bytes (small shapes, NaN/Inf/-0/subnormals, special gs), then times them at 8192^2 bf16 (NVFP4 given gs
+swizzled + linear, MXFP4 floor linear + swizzled), alternating old/new twice, and prints a table (--out: JSON).
 
 Verifies bytes first (small shapes incl. NaN/Inf/-0, special global scales gs = 0, tiny, Inf, NaN, negative,
 bf16 inputs (--full-verify: fp16/fp32 too) equal the reference; then the 8192^2 outputs), then prints one
@@ -57,7 +62,8 @@ def new_fp4_tile(x, bm, bk, nw, *, is_mx, swizzle, global_scale=None):
         words, codes, scales, global_scale if global_scale is not None else gs_out, gs_out,
         rows, k, words.stride(0), grid_rows, scp if swizzle else k // block, scp, 1,
         IS_MX=is_mx, MX_RCEIL=False, GS_MODE=0 if is_mx else 1, SWIZZLE=swizzle, IN_KIND=0,
-        EMULATE=emulate_formats(x.device), BLOCK_M=bm, BLOCK_K=bk, PARTIALS_BLOCK=1, num_warps=nw)
+        EMULATE=emulate_formats(x.device), BLOCK_M=bm, BLOCK_K=bk, PARTIALS_BLOCK=1, ENC_MIN3=Q4._enc_min3(None),
+        num_warps=nw)
     return codes, scales
 
 
@@ -152,6 +158,79 @@ def verify(dev, full=False):
           "NaN/Inf/-0/subnormals, special gs)")
 
 
+# ============================================================== session 5: E2M1 encode variants
+
+ENCODES = ("exp", "min3")  # session-2 exponent-selected magic add (old) / min of three magic adds (new)
+
+
+def verify_encodes(dev, full=False):
+    """Bytes of both encodes == reference on the small shape of verify() (NaN/Inf/-0/subnormals, near-tie values,
+    special gs), NVFP4 given/computed gs and MXFP4 floor/rceil, both layouts."""
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(64, 2048, generator=g) * torch.exp(torch.randn(64, 1, generator=g) * 3)
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 7.0])
+    base[6, :ties.numel()] = ties
+    base[7, :ties.numel()] = ties.nextafter(torch.tensor(0.0))
+    base[8, :ties.numel()] = -ties.nextafter(torch.tensor(9.0))
+    base[0, 5] = float("inf")
+    base[1, 7] = float("-inf")
+    base[2, 9] = float("nan")
+    base[3, :16] = 0
+    base[3, 3] = -0.0
+    base[4, 20] = -0.0
+    base[5, 40:48] = 1e-40
+    n = 0
+    for dt in (torch.bfloat16, torch.float16, torch.float32) if full else (torch.bfloat16,):
+        x = base.to(dt)
+        xd = x.to(dev)
+        for enc in ENCODES:
+            for sw in (False, True):
+                lay = "swizzled" if sw else "linear"
+                for gsv in (0.0, -0.0, 1e-36, 2.0 ** -100, 1e-3, -0.5, float("inf"), float("nan"), 3e38, 1e-45, None):
+                    gs = None if gsv is None else torch.tensor(gsv)
+                    want = ops.nvfp4_quantize(x, gs, scale_layout=lay, backend="torch")
+                    got = Q4._quantize(xd, "p", is_mx=False, swizzle=sw, encode=enc,
+                                       global_scale=None if gs is None else gs.to(dev))
+                    _same(f"nvfp4 {enc} {dt} gs={gsv} {lay}", got, want)
+                    n += 1
+                for r in ("floor", "rceil"):
+                    want = ops.mxfp4_quantize(x, rounding=r, scale_layout=lay, backend="torch")
+                    got = Q4._quantize(xd, "p", is_mx=True, swizzle=sw, rceil=r == "rceil", encode=enc)
+                    _same(f"mxfp4 {enc} {dt} {r} {lay}", got[:2], want)
+                    n += 1
+    print(f"verify encodes {ENCODES}: {n} small-shape comparisons equal the reference")
+
+
+def time_encodes(dev, roof, reps, records):
+    """8192^2 bf16: old vs new encode per kernel, alternating (exp, min3, exp, min3); best of the two medians."""
+    m = k = 8192
+    torch.manual_seed(0)
+    x = (torch.randn(m, k, device=dev) * torch.exp(torch.randn(m, 1, device=dev))).to(torch.bfloat16)
+    gs = ops.nvfp4_global_scale_from_amax(x.float().abs().amax())
+    xb = m * k * 2
+    nv_b, mx_b = xb + m * k // 2 + m * k // 16, xb + m * k // 2 + m * k // 32
+    cfgs = (("nvfp4 given-gs swizzled", dict(is_mx=False, swizzle=True, global_scale=gs), nv_b),
+            ("nvfp4 given-gs linear", dict(is_mx=False, swizzle=False, global_scale=gs), nv_b),
+            ("mxfp4 floor linear", dict(is_mx=True, swizzle=False), mx_b),
+            ("mxfp4 floor swizzled", dict(is_mx=True, swizzle=True), mx_b))
+    print(f"E2M1 encode variants, M=K=8192 bf16, CUDA-graph replay (copy roof {roof:.0f} GB/s)")
+    print(f"  {'kernel':28s} {'exp us':>8s} {'min3 us':>8s} {'exp frac':>9s} {'min3 frac':>9s} {'speedup':>8s}")
+    for name, kw, nbytes in cfgs:
+        want = Q4._quantize(x, "p", encode="exp", **kw)
+        _same(f"{name} min3 vs exp 8192^2", Q4._quantize(x, "p", encode="min3", **kw), want)
+        us = {e: [] for e in ENCODES}
+        for _ in range(2):
+            for enc in ENCODES:
+                us[enc].append(graph_us(lambda: Q4._quantize(x, "p", encode=enc, **kw), reps))
+        best = {e: min(v) for e, v in us.items()}
+        frac = {e: nbytes / best[e] / 1e3 / roof for e in ENCODES}
+        print(f"  {name:28s} {best['exp']:8.1f} {best['min3']:8.1f} {frac['exp']:9.3f} {frac['min3']:9.3f} "
+              f"{best['exp'] / best['min3']:8.3f}")
+        for enc in ENCODES:
+            records.append(dict(kernel=name, encode=enc, median_us=best[enc], all_us=us[enc], bytes=nbytes,
+                                gbps=nbytes / best[enc] / 1e3, roofline_frac=frac[enc], copy_gbps=roof))
+
+
 # ============================================================== timing
 
 
@@ -183,14 +262,27 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also sweep tiles of the current kernels (~30 s more)")
     ap.add_argument("--full-verify", action="store_true", help="fp16/fp32 inputs and outputs, both layouts (~40 s more)")
+    ap.add_argument("--encode-only", action="store_true", help="only the session-5 E2M1 encode comparison")
+    ap.add_argument("--out", help="write the encode comparison records (JSON) here")
     args = ap.parse_args()
     reps = 5 if args.quick else 15
     dev = torch.device(DEVICE)
     if dev.type == "cuda":
         print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
-    verify(dev, args.full_verify)
+    verify_encodes(dev, args.full_verify)
+    if not args.encode_only:
+        verify(dev, args.full_verify)
     roof = copy_gbps(dev)
     print(f"copy 2 x 1 GiB bf16 (perf.runner.measure_roofline, eager events): {roof:.0f} GB/s (bytes read + written)")
+    records = []
+    time_encodes(dev, roof, reps, records)
+    if args.out:
+        import json
+        Path(args.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+                                                  triton=triton.__version__, copy_gbps=roof, records=records), indent=1))
+        print(f"wrote {args.out}")
+    if args.encode_only:
+        return
 
     def line(name, us, nbytes):
         gbps = nbytes / us / 1e3
