@@ -261,7 +261,7 @@ def _near_tie_input(dtype, rows=8, k=256):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_fp4_encode_variants_same_bytes(device, dtype):
-    """The min-of-three-magic-adds encode ("min3", default) and the exponent-selected one ("exp") give the
+    """The min-of-three-magic-adds encode ("min3") and the exponent-selected one ("exp", default) give the
     reference's bytes on near-tie inputs, for NVFP4 (given gs incl. saturating and tiny ones, computed gs) and
     MXFP4 (both roundings), both layouts."""
     from triton_ops import quant_fp4 as Q4

@@ -167,16 +167,18 @@ def test_rms_norm_fp4_two_pass_kernel(device, n, block_n, chunks, quant, layout,
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [2880, 4096, 7168])
 def test_rms_norm_fp4_two_pass_default_shapes(n):
-    """Long batches without a residual take the two-pass kernel by default on the GPU: bytes equal."""
+    """Long batches take the two-pass kernel by default on the GPU (with a residual: pass 2 reads h back):
+    bytes equal."""
     from triton_ops import rmsnorm as R
 
-    assert R.pick_chunked_config(4099, n, torch.device("cuda")) is not None
+    assert R.pick_chunked_config(4099, n, torch.device("cuda"), True).reread_h
     x = make_values(4099, n, "mixed_scale", 7).bfloat16()
+    res = make_values(4099, n, "normal", 9).bfloat16()
     w = (1 + 0.1 * make_values(1, n, "normal", 8)[0]).bfloat16()
     for quant, gs in (("nvfp4", torch.tensor(0.0017)), ("mxfp4", None)):
-        for layout in ("linear", "swizzled"):
-            got, want = _both(quant, x, w, 1e-6, None, 0.0, "cuda", layout=layout, gs=gs)
-            _assert_all(got, want, f"n={n} {quant} {layout}")
+        for layout, r in (("linear", None), ("swizzled", None), ("swizzled", res)):
+            got, want = _both(quant, x, w, 1e-6, r, 0.0, "cuda", layout=layout, gs=gs)
+            _assert_all(got, want, f"n={n} {quant} {layout} res={r is not None}")
 
 
 @pytest.mark.parametrize("device", DEVICES)

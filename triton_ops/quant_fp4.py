@@ -268,9 +268,11 @@ def _fp4_dequantize_kernel(
 # ------------------------------------------------------------------------------------------ launchers
 
 
-# E2M1 encode of the quantize kernel's fast path: "min3" (three magic adds and unsigned mins, fewer ALU-pipe
-# instructions) or "exp" (the session-2 exponent-selected magic add). Same bytes; the probe times both.
-FP4_ENCODE = "min3"
+# E2M1 encode of the quantize kernel's fast path: "exp" (the session-2 exponent-selected magic add) or "min3"
+# (three magic adds and unsigned mins: 26-38% fewer ALU-pipe instructions offline, yet on the H200 NVFP4 8192^2
+# went 54.0 -> 59.0 us swizzled and 49.4 -> 53.8 linear, MXFP4 flat: perf/NOTES.md "Session 5, GPU call 3").
+# Same bytes; kept selectable for the probe until ncu explains the loss.
+FP4_ENCODE = "exp"
 
 
 def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bool = False,

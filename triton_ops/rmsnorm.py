@@ -480,18 +480,19 @@ def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, p
     return RowConfig(block_m, block_n, num_warps, row_blocks)
 
 
-def pick_chunked_config(rows: int, n: int, device: torch.device) -> RowConfig | None:
+def pick_chunked_config(rows: int, n: int, device: torch.device, has_res: bool) -> RowConfig | None:
     """The two-pass chunked FP4 kernel's config, or None where the one-pass pair kernel is the better choice.
-    H200, 32768x4096 bf16 (perf/NOTES.md "Session 5, GPU call 2"): 2 warps x 2048-column chunks vs the one-pass
-    kernel: NVFP4 given gs 146.8 vs 166.6 us, MXFP4 129.9 vs 147.8; with a residual it lost (259.9 vs 238.7: the
-    residual's extra loads in the second pass), so callers take it without a residual only. Rows that fit one
-    chunk gain nothing (no register relief); short batches keep the one-pass kernel's several-rows-per-program
-    tiles. Chunk width: 2048, or 1024 where it wastes fewer masked lanes (N = 7168: 7 x 1024; 2880: 3 x 1024)."""
+    H200, 32768x4096 bf16, vs the one-pass kernel (perf/NOTES.md "Session 5, GPU calls 2-3"): 2 warps x
+    2048-column chunks, NVFP4 given gs 146.2 vs 166.7 us, MXFP4 130.7 vs 147.3; with a residual, pass 2 reading
+    the stored h back (reread_h) at 4 warps: 230.8 vs 239.5 (re-reading x and the residual instead: 245-261).
+    Rows that fit one chunk gain nothing (no register relief); short batches keep the one-pass kernel's
+    several-rows-per-program tiles. Chunk width: 2048, or 1024 where it wastes fewer masked lanes (N = 7168:
+    7 x 1024; 2880: 3 x 1024)."""
     if device.type == "cpu" or rows < 2048 or n <= 2048:
         return None
     width = round_up(n, 4 * MXFP4_BLOCK)  # whole swizzled 4-column groups of either format's blocks
     block_n = min((2048, 1024), key=lambda b: (round_up(width, b) - width, -b))
-    return RowConfig(1, block_n, 2, 1, cdiv(width, block_n))
+    return RowConfig(1, block_n, 4 if has_res else 2, 1, cdiv(width, block_n), reread_h=has_res)
 
 
 def min_block(fmt: int, group: int) -> int:
@@ -560,8 +561,8 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     stride_sm, stride_sg, scale_cols_padded, grid_rows = geo.stride_sm, geo.stride_sg, geo.scale_cols_padded, \
         geo.grid_rows
     use_pairs = pairs is not False and fmt in (FMT_MX, FMT_NV) and x.dtype != torch.float32
-    if cfg is None and use_pairs and residual is None and not (fmt == FMT_NV and global_scale is None):
-        cfg = pick_chunked_config(grid_rows, n, dev)
+    if cfg is None and use_pairs and not (fmt == FMT_NV and global_scale is None):
+        cfg = pick_chunked_config(grid_rows, n, dev, residual is not None)
     cfg = cfg or pick_row_config(grid_rows, n, dev, min_block(fmt, group), use_pairs)  # cfg: probes pass one
     emulate = emulate_formats(dev)
     common = dict(FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
