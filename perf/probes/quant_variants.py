@@ -45,8 +45,10 @@ from triton_ops._launch import emulate_formats  # noqa: E402
 # ============================================================== current kernels with a chosen tile (sweep only)
 
 
-def new_fp4_tile(x, bm, bk, nw, *, is_mx, swizzle, global_scale=None):
-    """Current _fp4_quantize_kernel (given gs or MX) with tile (bm, bk, warps) instead of pick_tile's."""
+def new_fp4_tile(x, bm, bk, nw, *, is_mx, swizzle, global_scale=None, enc=None, maxnreg=None):
+    """Current _fp4_quantize_kernel (given gs or MX) with tile (bm, bk, warps) instead of pick_tile's (and an
+    E2M1 encode / register cap: the --regs sweep)."""
+    extra = {} if maxnreg is None else dict(maxnreg=maxnreg)
     k = x.shape[-1]
     block = 32 if is_mx else 16
     x2 = x.view(-1, k)
@@ -62,9 +64,45 @@ def new_fp4_tile(x, bm, bk, nw, *, is_mx, swizzle, global_scale=None):
         words, codes, scales, global_scale if global_scale is not None else gs_out, gs_out,
         rows, k, words.stride(0), grid_rows, scp if swizzle else k // block, scp, 1,
         IS_MX=is_mx, MX_RCEIL=False, GS_MODE=0 if is_mx else 1, SWIZZLE=swizzle, IN_KIND=0,
-        EMULATE=emulate_formats(x.device), BLOCK_M=bm, BLOCK_K=bk, PARTIALS_BLOCK=1, ENC_MIN3=Q4._enc_min3(None),
-        num_warps=nw)
+        EMULATE=emulate_formats(x.device), BLOCK_M=bm, BLOCK_K=bk, PARTIALS_BLOCK=1, ENC_MIN3=Q4._enc_min3(enc),
+        num_warps=nw, **extra)
     return codes, scales
+
+
+def regs_sweep(dev, roof, reps, records):
+    """Session 5, GPU call 4: min3 used 93-95 registers (exp 72) and lost occupancy (ncu: 28% vs 40% warps
+    active), so it lost despite 40% less ALU-pipe load. Time min3 with a register cap or fewer elements per
+    thread against exp, 8192^2 bf16, bytes checked against the exp kernel first."""
+    m = k = 8192
+    torch.manual_seed(0)
+    x = (torch.randn(m, k, device=dev) * torch.exp(torch.randn(m, 1, device=dev))).to(torch.bfloat16)
+    gs = ops.nvfp4_global_scale_from_amax(x.float().abs().amax())
+    xb = m * k * 2
+    variants = [("exp 1x4096 w4", dict(bm=1, bk=4096, nw=4, enc="exp")),
+                ("exp 1x4096 w8", dict(bm=1, bk=4096, nw=8, enc="exp")),
+                ("min3 1x4096 w4", dict(bm=1, bk=4096, nw=4, enc="min3")),
+                ("min3 1x4096 w4 r80", dict(bm=1, bk=4096, nw=4, enc="min3", maxnreg=80)),
+                ("min3 1x4096 w4 r72", dict(bm=1, bk=4096, nw=4, enc="min3", maxnreg=72)),
+                ("min3 1x4096 w8", dict(bm=1, bk=4096, nw=8, enc="min3")),
+                ("min3 1x2048 w4", dict(bm=1, bk=2048, nw=4, enc="min3")),
+                ("min3 1x4096 w4 r56", dict(bm=1, bk=4096, nw=4, enc="min3", maxnreg=56)),
+                ("min3 1x4096 w4 r48", dict(bm=1, bk=4096, nw=4, enc="min3", maxnreg=48))]
+    nv_b, mx_b = xb + m * k // 2 + m * k // 16, xb + m * k // 2 + m * k // 32
+    kernels = (("nvfp4 given-gs swizzled", dict(is_mx=False, swizzle=True, global_scale=gs), nv_b),
+               ("nvfp4 given-gs linear", dict(is_mx=False, swizzle=False, global_scale=gs), nv_b),
+               ("mxfp4 floor linear", dict(is_mx=True, swizzle=False), mx_b))
+    print(f"register sweep, M=K=8192 bf16, CUDA-graph replay (copy roof {roof:.0f} GB/s)")
+    for name, kw, nbytes in kernels:
+        want = new_fp4_tile(x, 1, 4096, 4, enc="exp", **kw)
+        for vname, v in variants:
+            if v.get("maxnreg") in (48, 56) and not kw["is_mx"] or v.get("maxnreg") in (72, 80) and kw["is_mx"]:
+                continue
+            _same(f"{name} {vname}", new_fp4_tile(x, **v, **kw), want)
+            us = min(graph_us(lambda v=v: new_fp4_tile(x, **v, **kw), reps) for _ in range(2))
+            frac = nbytes / us / 1e3 / roof
+            print(f"  {name:26s} {vname:22s} {us:7.1f} us {frac:6.3f} of copy")
+            records.append(dict(kernel=name, variant=vname, median_us=us, bytes=nbytes, roofline_frac=frac,
+                                copy_gbps=roof))
 
 
 def fp8_tile(x, bm, bk, nw):
@@ -264,6 +302,7 @@ def main():
     ap.add_argument("--full-verify", action="store_true", help="fp16/fp32 inputs and outputs, both layouts (~40 s more)")
     ap.add_argument("--encode-only", action="store_true", help="only the session-5 E2M1 encode comparison")
     ap.add_argument("--out", help="write the encode comparison records (JSON) here")
+    ap.add_argument("--regs", action="store_true", help="only the session-5 min3 register-cap / tile sweep")
     args = ap.parse_args()
     reps = 5 if args.quick else 15
     dev = torch.device(DEVICE)
@@ -275,6 +314,13 @@ def main():
     roof = copy_gbps(dev)
     print(f"copy 2 x 1 GiB bf16 (perf.runner.measure_roofline, eager events): {roof:.0f} GB/s (bytes read + written)")
     records = []
+    if args.regs:
+        regs_sweep(dev, roof, reps, records)
+        if args.out:
+            import json
+            Path(args.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), triton=triton.__version__,
+                                                      copy_gbps=roof, records=records), indent=1))
+        return
     time_encodes(dev, roof, reps, records)
     if args.out:
         import json
