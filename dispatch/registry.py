@@ -4,8 +4,9 @@ The table itself (which op has which backends) is data in `dispatch/table.py`. T
 how to read it:
 
 * `backend="auto"` walks the op's entries by priority and takes the first one whose backend is available,
-  whose arch list holds the input's arch, and whose `supports` predicate returns None (no reason to refuse).
-  Every skipped entry is logged at DEBUG level on the `lowbit.dispatch` logger, with its reason.
+  whose arch list holds the input's arch, whose `supports` predicate returns None (no reason to refuse), and
+  whose `auto_skip` predicate (a measured per-shape preference, e.g. "Triton is faster at prefill here") returns
+  None. Every skipped entry is logged at DEBUG level on the `lowbit.dispatch` logger, with its reason.
 * An explicit backend (argument, `use_backend(...)` scope, or `LOWBIT_BACKEND` env) forces that entry and
   raises `BackendError` listing every candidate and why it was refused when it cannot run.
 
@@ -48,6 +49,9 @@ class Entry:
     priority: int  # higher wins under auto
     why: str  # one line: why this priority / what this entry is for (printed by `python -m dispatch`)
     supports: str | None = None  # "module:function" returning a refusal reason (str) or None
+    # "module:function" returning why auto should pass this entry over for these arguments (a measured
+    # preference by shape bucket, not a capability: an explicit backend still runs it), or None
+    auto_skip: str | None = None
 
     def resolve_impl(self) -> Callable:
         return _load(self.impl)
@@ -169,6 +173,8 @@ def select(entries: list[Entry], op: str, backend: str, args: tuple, kwargs: dic
         if backend != "auto" and entry.backend != backend:
             continue
         reason = entry.refusal(arch, args, kwargs)
+        if reason is None and backend == "auto" and entry.auto_skip is not None:
+            reason = _load(entry.auto_skip)(*args, **kwargs)
         if reason is None:
             if refusals:
                 log.debug("lowbit.%s: chose %s on %s after skipping: %s", op, entry.backend, arch,

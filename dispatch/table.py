@@ -47,18 +47,35 @@ def _cute(op: str) -> list[Entry]:
     faster than Triton on every RMSNorm case but one at d98feeb: 32768x4096 plain 1.03x, +residual 1.03x, FP8
     group +residual 1.16x (0.96 of copy); 4096x7168 plain 1.20x, FP8 1.51x, NVFP4 1.12x; eager decode 4-6x
     (host: ~11 us per call against Triton's ~70). The exception: NVFP4 at 32768x4096, where Triton's pair-word
-    kernel takes 164 us against 188 (0.87x), and NVFP4 decode under graph replay (6.4 vs 5.6 us); one bucket
-    out of seven does not justify a per-shape row yet.
+    kernel takes 164 us against 188 (0.87x), and NVFP4 decode under graph replay (6.4 vs 5.6 us).
+    Session 5: Triton's two-pass RMSNorm -> FP4 kernel widened that gap (H200 at 9681b5e: NVFP4 32768x4096 143.8
+    vs 188.7 us, 4096x7168 42.7 vs 48.8): auto now passes the CuTe rms_norm_nvfp4 row over above DECODE_ROWS
+    rows (`auto_skip` = cute_nvfp4_prefill; backend="cute" still runs it) and keeps it for decode, where its
+    ~11 us eager call beats Triton's ~50-70 us host path (under graph replay Triton is faster there too: 5.7 vs
+    6.5 us; engines that capture graphs can force backend="triton").
     sm_100/103: compiled and SASS-checked only, never run on Blackwell: ranked below Triton (15) and refused
     unless LOWBIT_CUTE_UNVERIFIED=1 (cute_ops.rmsnorm.HARDWARE_STATUS).
     Both refuse host tensors, unaligned rows and NVFP4 without a given global scale, and are unavailable (with
     the reason) when nvidia-cutlass-dsl is not installed."""
     impl, sup = f"cute_ops.rmsnorm:{op}", f"cute_ops.rmsnorm:supports_{op}"
-    return [Entry(op, "cute", ("sm_90",), impl, CUTE_MEASURED_FASTER,
-                  "CuTeDSL; bit-exact, faster than Triton on 6 of 7 RMSNorm buckets on the H200 (perf/results)", sup),
+    skip = "dispatch.table:cute_nvfp4_prefill" if op == "rms_norm_nvfp4" else None
+    why = ("CuTeDSL; bit-exact; auto takes it at decode only (Triton faster at prefill since session 5)"
+           if skip else "CuTeDSL; bit-exact, faster than Triton on these RMSNorm buckets on the H200 (perf/results)")
+    return [Entry(op, "cute", ("sm_90",), impl, CUTE_MEASURED_FASTER, why, sup, skip),
             Entry(op, "cute", CUTE_ARCHS[1:], impl, CUTE_UNMEASURED,
                   "CuTeDSL; compiled for sm_100a, never run on Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1",
                   sup)]
+
+
+DECODE_ROWS = 64  # the benchmarks' decode bucket (M <= 64 tokens)
+
+
+def cute_nvfp4_prefill(x, *rest) -> str | None:
+    """auto_skip of the sm_90 CuTe rms_norm_nvfp4 row: prefill-sized calls go to Triton (see _cute)."""
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    if rows > DECODE_ROWS:
+        return f"{rows} rows > {DECODE_ROWS}: Triton's two-pass kernel is faster at prefill (H200, session 5)"
+    return None
 
 
 _QUANT, _QUANT_REF = "triton_ops.quant_fp4", "dispatch.reference.quant"

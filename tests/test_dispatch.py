@@ -203,3 +203,20 @@ def test_eager_fast_path_remembers_the_choice_per_signature(monkeypatch):
     # misaligned views of the same shape and strides are a different signature (alignment is checked)
     buf = torch.randn(3 * 64 + 1)
     assert _common._signature((buf[:192].view(3, 64), "auto")) != _common._signature((buf[1:].view(3, 64), "auto"))
+
+
+def test_auto_skip_is_a_preference_not_a_refusal():
+    """An entry's auto_skip predicate (a measured per-shape preference) makes auto pass it over with the reason
+    logged, while an explicit backend still runs it; small (decode) calls keep it."""
+    from dispatch.registry import Entry, select
+    from dispatch.table import DECODE_ROWS
+
+    first = Entry("demo", "torch", ("cpu",), "dispatch.reference.quant:nvfp4_quantize", 30, "preferred at decode",
+                  None, "dispatch.table:cute_nvfp4_prefill")
+    second = Entry("demo", "triton", ("cpu",), "dispatch.reference.quant:nvfp4_quantize", 20, "preferred at prefill")
+    big, small = torch.zeros(DECODE_ROWS + 1, 64), torch.zeros(DECODE_ROWS, 64)
+    entries = [first, second]
+    assert select(entries, "demo", "auto", (small,), {}) is first
+    assert select(entries, "demo", "torch", (big,), {}) is first  # forced: the preference does not apply
+    with pytest.raises(BackendError, match="faster at prefill"):  # auto's listing names the skip reason
+        select([first], "demo", "auto", (big,), {})
