@@ -329,6 +329,28 @@ def _load_row_words(x_ptr, r_ptr, rows, M, pcol, pmask, stride_xm, stride_rm, HA
 
 
 @triton.jit
+def _h_pairs_and_squares(x, r, rows, row_in, pcol, pmask, h_ptr, stride_hm, HAS_RES: tl.constexpr,
+                         STORE_H: tl.constexpr, IN_KIND: tl.constexpr, EMULATE: tl.constexpr):
+    """h = x (+ residual, rounded to x's dtype and stored as the new residual when STORE_H) as fp32 pairs, and
+    each pair's fp64 sum of squares (the contract's order-independent sum: docs/norm_act.md)."""
+    h_lo, h_hi = split_pairs(x, IN_KIND)
+    if HAS_RES:
+        r_lo, r_hi = split_pairs(r, IN_KIND)
+        hw, h_lo, h_hi = round_pairs(h_lo + r_lo, h_hi + r_hi, IN_KIND, EMULATE)
+        if STORE_H:
+            tl.store(h_ptr + rows[:, None, None] * stride_hm + pcol, hw, mask=row_in[:, None, None] & pmask)
+    a64 = h_lo.to(tl.float64)
+    b64 = h_hi.to(tl.float64)
+    return h_lo, h_hi, a64 * a64 + b64 * b64
+
+
+@triton.jit
+def _rstd_of(ss, N, eps, BLOCK_M: tl.constexpr):
+    """fp32(1 / sqrt(ss / N + eps)), evaluated in fp64 (one rounding)."""
+    return (1.0 / tl.sqrt(ss / (tl.zeros([BLOCK_M], dtype=tl.float64) + N) + eps)).to(tl.float32)
+
+
+@triton.jit
 def _rms_norm_pairs_kernel(
     x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr,
     M, N, stride_xm, stride_rm, stride_hm, stride_om, stride_sm,
@@ -363,15 +385,9 @@ def _rms_norm_pairs_kernel(
         row_in = rows < M
         nxt = tl.where(m0 + BLOCK_M < rows_per_prog, rows + BLOCK_M, M)  # past the program's rows: no load
         x_next, r_next = _load_row_words(x_ptr, r_ptr, nxt, M, pcol, pmask, stride_xm, stride_rm, HAS_RES)
-        h_lo, h_hi = split_pairs(x, IN_KIND)
-        if HAS_RES:
-            r_lo, r_hi = split_pairs(r, IN_KIND)
-            hw, h_lo, h_hi = round_pairs(h_lo + r_lo, h_hi + r_hi, IN_KIND, EMULATE)
-            tl.store(h_ptr + rows[:, None, None] * stride_hm + pcol, hw, mask=row_in[:, None, None] & pmask)
-        a64 = h_lo.to(tl.float64)
-        b64 = h_hi.to(tl.float64)
-        ss = tl.sum(tl.sum(a64 * a64 + b64 * b64, 2), 1)
-        rstd = (1.0 / tl.sqrt(ss / (tl.zeros([BLOCK_M], dtype=tl.float64) + N) + eps)).to(tl.float32)
+        h_lo, h_hi, sq = _h_pairs_and_squares(x, r, rows, row_in, pcol, pmask, h_ptr, stride_hm, HAS_RES, True,
+                                              IN_KIND, EMULATE)
+        rstd = _rstd_of(tl.sum(tl.sum(sq, 2), 1), N, eps, BLOCK_M)
         y_lo = (h_lo * rstd[:, None, None]) * w_lo
         y_hi = (h_hi * rstd[:, None, None]) * w_hi
         if PASS == 1:
@@ -419,28 +435,20 @@ def _rms_norm_chunked_kernel(
         pcol = c * (BLOCK_N // 2) + lane
         pmask = pcol < Np
         x, r = _load_row_words(x_ptr, r_ptr, rows, M, pcol, pmask, stride_xm, stride_rm, HAS_RES)
-        h_lo, h_hi = split_pairs(x, IN_KIND)
-        if HAS_RES:
-            r_lo, r_hi = split_pairs(r, IN_KIND)
-            hw, h_lo, h_hi = round_pairs(h_lo + r_lo, h_hi + r_hi, IN_KIND, EMULATE)
-            tl.store(h_ptr + rows[:, None, None] * stride_hm + pcol, hw, mask=row_in[:, None, None] & pmask)
-        a64 = h_lo.to(tl.float64)
-        b64 = h_hi.to(tl.float64)
-        acc += a64 * a64 + b64 * b64
-    ss = tl.sum(tl.sum(acc, 2), 1)
-    rstd = (1.0 / tl.sqrt(ss / (tl.zeros([1], dtype=tl.float64) + N) + eps)).to(tl.float32)
+        _, _, sq = _h_pairs_and_squares(x, r, rows, row_in, pcol, pmask, h_ptr, stride_hm, HAS_RES, True, IN_KIND,
+                                        EMULATE)
+        acc += sq
+    rstd = _rstd_of(tl.sum(tl.sum(acc, 2), 1), N, eps, 1)
     for c in tl.static_range(CHUNKS):
         pcol = c * (BLOCK_N // 2) + lane
         pmask = pcol < Np
         if HAS_RES and REREAD_H:  # the h words this thread stored in pass 1 (one load instead of two)
             h_lo, h_hi = split_pairs(tl.load(h_ptr + rows[:, None, None] * stride_hm + pcol,
                                              mask=row_in[:, None, None] & pmask, other=0), IN_KIND)
-        else:
+        else:  # h again from x (+ r); its squares are dead code
             x, r = _load_row_words(x_ptr, r_ptr, rows, M, pcol, pmask, stride_xm, stride_rm, HAS_RES)
-            h_lo, h_hi = split_pairs(x, IN_KIND)
-            if HAS_RES:  # h again from x + r
-                r_lo, r_hi = split_pairs(r, IN_KIND)
-                hw, h_lo, h_hi = round_pairs(h_lo + r_lo, h_hi + r_hi, IN_KIND, EMULATE)
+            h_lo, h_hi, _ = _h_pairs_and_squares(x, r, rows, row_in, pcol, pmask, h_ptr, stride_hm, HAS_RES, False,
+                                                 IN_KIND, EMULATE)
         w_lo, w_hi = split_pairs(tl.load(w_ptr + pcol, mask=pmask, other=0), W_KIND)
         y_lo = (h_lo * rstd[:, None, None]) * (w_lo + w_offset)
         y_hi = (h_hi * rstd[:, None, None]) * (w_hi + w_offset)
