@@ -143,9 +143,10 @@ def _fp4_quantize_kernel(
     M, K, stride_wm, grid_rows, scale_cols_bound, scale_cols_padded, n_partials,
     IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, GS_MODE: tl.constexpr, SWIZZLE: tl.constexpr,
     IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    PARTIALS_BLOCK: tl.constexpr, ENC_MIN3: tl.constexpr,
+    PARTIALS_BLOCK: tl.constexpr, ENC_MIN3: tl.constexpr, TILES: tl.constexpr = 1,
 ):
-    """One program: BLOCK_M rows x BLOCK_K columns, held as [BLOCK_M, blocks, pairs per block] words.
+    """One program: TILES row tiles of BLOCK_M rows x BLOCK_K columns (each held as [BLOCK_M, blocks, pairs per
+    block] words), walked with the next tile's loads issued before this tile's math (TILES > 1).
     Pair p of a row is output byte p (element 2p -> low nibble), so no reshapes are needed anywhere.
     Addressing: 64-bit row offsets (one per row of the tile), 32-bit column offsets."""
     SB: tl.constexpr = 32 if IS_MX else 16
@@ -153,10 +154,41 @@ def _fp4_quantize_kernel(
     HP: tl.constexpr = SB // 2
     pid_m = tl.program_id(0)
     pid_k = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # int32; widened per row where it scales a stride
+    gs = 0.0
+    if not IS_MX:
+        if GS_MODE == 1:
+            gs = tl.load(gs_in_ptr)
+        else:
+            pofs = tl.arange(0, PARTIALS_BLOCK)
+            partials = tl.load(gs_in_ptr + pofs, mask=pofs < n_partials, other=0.0)
+            gs = tl.math.div_rn(amax_nan(partials, 0), 2688.0)
+        if (pid_m == 0) & (pid_k == 0):
+            tl.store(gs_out_ptr, gs)
+    rows = pid_m * (BLOCK_M * TILES) + tl.arange(0, BLOCK_M)  # int32; widened per row where it scales a stride
     pcol = (pid_k * (BLOCK_K // 2) + tl.arange(0, NB)[None, :, None] * HP + tl.arange(0, HP)[None, None, :])
+    w = tl.load(words_ptr + rows[:, None, None].to(tl.int64) * stride_wm + pcol,
+                mask=(rows[:, None, None] < M) & (pcol < K // 2), other=0)
+    for t in tl.static_range(TILES):
+        if t + 1 < TILES:
+            rows_next = rows + BLOCK_M
+            w_next = tl.load(words_ptr + rows_next[:, None, None].to(tl.int64) * stride_wm + pcol,
+                             mask=(rows_next[:, None, None] < M) & (pcol < K // 2), other=0)
+        _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_rows, scale_cols_bound,
+                       scale_cols_padded, IS_MX, MX_RCEIL, SWIZZLE, IN_KIND, EMULATE, BLOCK_M, NB, HP, ENC_MIN3)
+        if t + 1 < TILES:
+            rows = rows_next
+            w = w_next
+
+
+@triton.jit
+def _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_rows, scale_cols_bound,
+                   scale_cols_padded, IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
+                   IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, NB: tl.constexpr,
+                   HP: tl.constexpr, ENC_MIN3: tl.constexpr):
+    """Codes and block scales of one [BLOCK_M, NB, HP] tile of pair words (rows: its rows, pcol: its pair
+    columns; gs: the NVFP4 global scale)."""
+    SB: tl.constexpr = 2 * HP
     mask = (rows[:, None, None] < M) & (pcol < K // 2)
-    w = tl.load(words_ptr + rows[:, None, None].to(tl.int64) * stride_wm + pcol, mask=mask, other=0)
     lo, hi = split_pairs(w, IN_KIND)
     # NaN-propagating |x| max: one max.NaN per pair, then an unsigned integer max (NaN bits sort above Inf,
     # whatever a NaN's sign), the sign cleared once per block
@@ -171,14 +203,6 @@ def _fp4_quantize_kernel(
         else:
             packed = _encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
     else:
-        if GS_MODE == 1:
-            gs = tl.load(gs_in_ptr)
-        else:
-            pofs = tl.arange(0, PARTIALS_BLOCK)
-            partials = tl.load(gs_in_ptr + pofs, mask=pofs < n_partials, other=0.0)
-            gs = tl.math.div_rn(amax_nan(partials, 0), 2688.0)
-        if (pid_m == 0) & (pid_k == 0):
-            tl.store(gs_out_ptr, gs)
         sbyte, inv = nvfp4_block_scale_ex(amax, gs, EMULATE, IN_KIND != 2)  # bf16/fp16 amax: cheap /6
         # inv = (1/gs)/s32 is >= +0 or NaN. With |1/gs| < 2^100, inv is finite, NaN only for a block whose
         # amax (or gs) is NaN, and 0 only where |x| * inv cannot be Inf * 0: the fast path applies. Otherwise
