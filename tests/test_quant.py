@@ -238,6 +238,53 @@ def test_computed_global_scale_sees_every_k_tile(device):
     assert torch.isnan(ops.nvfp4_quantize(x.to(device), backend="triton").global_scale).item()
 
 
+@pytest.mark.parametrize("tiles", [2, 4])
+@pytest.mark.parametrize("kind,layout", [("nvfp4", "swizzled"), ("nvfp4", "linear"), ("mxfp4", "linear"),
+                                         ("nvfp4", "computed")])
+def test_fp4_quantize_row_tiles_per_program(monkeypatch, tiles, kind, layout):
+    """Several row tiles per program (the GPU default for long batches, triton_ops.quant_fp4.fp4_tiling), forced
+    on the interpreter: rows that do not fill the last program, NaN/Inf blocks and the swizzled padding rows
+    still give the reference's bytes."""
+    from triton_ops import quant_fp4 as Q
+
+    monkeypatch.setattr(Q, "fp4_tiling", lambda rows, k, block, swizzle, device: (Q.TileConfig(1, 4 * block, 4),
+                                                                                 tiles))
+    x = _near_tie_input(torch.bfloat16, rows=7, k=256)
+    swz = layout == "swizzled"
+    if kind == "nvfp4":
+        gs = None if layout == "computed" else torch.tensor(0.0021)
+        lay = "swizzled" if swz else "linear"
+        got = ops.nvfp4_quantize(x, gs, scale_layout=lay, backend="triton")
+        want = ops.nvfp4_quantize(x, gs, scale_layout=lay, backend="torch")
+    else:
+        got = ops.mxfp4_quantize(x, scale_layout=layout, backend="triton")
+        want = ops.mxfp4_quantize(x, scale_layout=layout, backend="torch")
+    for a, b, name in zip(got, want, got._fields, strict=True):
+        assert_same_bytes(a, b, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [2880, 7168, 8192])
+def test_fp4_quantize_long_batch_default_tiling(k):
+    """Long batches take several row tiles per program on the GPU (fp4_tiling): bytes equal the reference."""
+    from triton_ops import quant_fp4 as Q
+
+    assert Q.fp4_tiling(4099, k, 16, False, torch.device("cuda"))[1] > 1
+    x = make_values(4099, k, "mixed_scale", 3).bfloat16()
+    x[7, :16] = float("nan")
+    gs = torch.tensor(0.0017)
+    for lay in ("linear", "swizzled"):
+        for g in (gs, None):
+            got = ops.nvfp4_quantize(x.cuda(), None if g is None else g.cuda(), scale_layout=lay, backend="triton")
+            want = ops.nvfp4_quantize(x, g, scale_layout=lay, backend="torch")
+            for a, b, name in zip(got, want, got._fields, strict=True):
+                assert_same_bytes(a, b, f"nvfp4 {lay} gs={g is not None} {name}")
+        got = ops.mxfp4_quantize(x.cuda(), scale_layout=lay, backend="triton")
+        want = ops.mxfp4_quantize(x, scale_layout=lay, backend="torch")
+        for a, b, name in zip(got, want, got._fields, strict=True):
+            assert_same_bytes(a, b, f"mxfp4 {lay} {name}")
+
+
 # ------------------------------------------------------------------------------ E2M1 encode variants (session 5)
 
 

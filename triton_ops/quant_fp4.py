@@ -35,7 +35,7 @@ from ._formats import (
     split_pairs,
     swizzled_offset_128x4,
 )
-from ._launch import TL_DTYPE, emulate_formats, pick_tile
+from ._launch import TL_DTYPE, TileConfig, emulate_formats, next_pow2, pick_tile
 
 GS_NONE, GS_GIVEN, GS_FROM_PARTIALS = 0, 1, 2
 IN_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # see _formats.split_pairs
@@ -315,7 +315,7 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
         scales.view(torch.uint8).zero_()
         return codes, scales, gs_out
     grid_rows = scales.shape[0] if swizzle else rows  # swizzled: programs also cover the padding rows
-    cfg = pick_tile(grid_rows, k, x.device, min_block_k=4 * block, max_block_k=4096)
+    cfg, tiles = fp4_tiling(grid_rows, k, block, swizzle, x.device)
     scale_cols_padded = round_up(k // block, 4)
     gs_mode, gs_in, n_partials, partials_block = GS_NONE, gs_out, 1, 1
     if not is_mx and global_scale is not None:
@@ -330,15 +330,29 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
             x2, gs_in, rows, k, x2.stride(0), plan.rows_per_prog, plan.cols_per_prog,
             BLOCK_M=plan.block_m, BLOCK_K=plan.block_k, num_warps=plan.num_warps)
     words = x2.view(torch.int64 if x.dtype == torch.float32 else torch.int32)
-    grid = (triton.cdiv(grid_rows, cfg.block_m), triton.cdiv(k, cfg.block_k))
+    grid = (triton.cdiv(grid_rows, cfg.block_m * tiles), triton.cdiv(k, cfg.block_k))
     _fp4_quantize_kernel[grid](
         words, codes, scales.view(torch.uint8), gs_in, gs_out,
         rows, k, words.stride(0), grid_rows, scale_cols_padded if swizzle else k // block, scale_cols_padded,
         n_partials,
         IS_MX=is_mx, MX_RCEIL=rceil, GS_MODE=gs_mode, SWIZZLE=swizzle, IN_KIND=IN_KIND[x.dtype],
         EMULATE=emulate_formats(x.device), BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, PARTIALS_BLOCK=partials_block,
-        ENC_MIN3=_enc_min3(encode), num_warps=cfg.num_warps)
+        ENC_MIN3=_enc_min3(encode), TILES=tiles, num_warps=cfg.num_warps)
     return codes, scales, gs_out
+
+
+def fp4_tiling(rows: int, k: int, block: int, swizzle: bool, device: torch.device) -> tuple[TileConfig, int]:
+    """(tile, row tiles per program) of the FP4 quantize kernel. Long batches on the GPU walk several one-row
+    tiles per program with the next tile's loads issued before this tile's math (TILES): Nsight Compute had the
+    one-tile kernel's warps stalled on memory latency once the ALU work was issued (session 5). H200, 8192^2 bf16,
+    graph replay (perf/NOTES.md "Session 5, GPU call 7"): linear scales 1x2048 tiles x 4: NVFP4 48.9 -> 45.8 us
+    (0.83 -> 0.88 of copy), MXFP4 47.0 -> 44.7 (0.85 -> 0.89); swizzled 1x4096 x 2: NVFP4 55.2 -> 51.5 (0.73 ->
+    0.79; x 4 and 2048 columns were slower there). Short batches keep one tile per program (more programs)."""
+    base = pick_tile(rows, k, device, min_block_k=4 * block, max_block_k=4096)
+    if device.type == "cpu" or rows < 1024 or k < 2048:  # narrow rows: the base tile already holds many rows
+        return base, 1
+    width = 4096 if swizzle else 2048
+    return TileConfig(1, max(4 * block, min(next_pow2(k), width)), 4), 2 if swizzle else 4
 
 
 def _enc_min3(encode: str | None) -> bool:
