@@ -143,7 +143,7 @@ def _fp4_quantize_kernel(
     M, K, stride_wm, grid_rows, scale_cols_bound, scale_cols_padded, n_partials,
     IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, GS_MODE: tl.constexpr, SWIZZLE: tl.constexpr,
     IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    PARTIALS_BLOCK: tl.constexpr, ENC_MIN3: tl.constexpr, TILES: tl.constexpr = 1,
+    PARTIALS_BLOCK: tl.constexpr, ENC_MIN3: tl.constexpr, TILES: tl.constexpr = 1, SWZ_BYTES: tl.constexpr = False,
 ):
     """One program: TILES row tiles of BLOCK_M rows x BLOCK_K columns (each held as [BLOCK_M, blocks, pairs per
     block] words), walked with the next tile's loads issued before this tile's math (TILES > 1).
@@ -174,7 +174,8 @@ def _fp4_quantize_kernel(
             w_next = tl.load(words_ptr + rows_next[:, None, None].to(tl.int64) * stride_wm + pcol,
                              mask=(rows_next[:, None, None] < M) & (pcol < K // 2), other=0)
         _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_rows, scale_cols_bound,
-                       scale_cols_padded, IS_MX, MX_RCEIL, SWIZZLE, IN_KIND, EMULATE, BLOCK_M, NB, HP, ENC_MIN3)
+                       scale_cols_padded, IS_MX, MX_RCEIL, SWIZZLE, IN_KIND, EMULATE, BLOCK_M, NB, HP, ENC_MIN3,
+                       SWZ_BYTES)
         if t + 1 < TILES:
             rows = rows_next
             w = w_next
@@ -184,7 +185,7 @@ def _fp4_quantize_kernel(
 def _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_rows, scale_cols_bound,
                    scale_cols_padded, IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
                    IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, NB: tl.constexpr,
-                   HP: tl.constexpr, ENC_MIN3: tl.constexpr):
+                   HP: tl.constexpr, ENC_MIN3: tl.constexpr, SWZ_BYTES: tl.constexpr):
     """Codes and block scales of one [BLOCK_M, NB, HP] tile of pair words (rows: its rows, pcol: its pair
     columns; gs: the NVFP4 global scale)."""
     SB: tl.constexpr = 2 * HP
@@ -220,7 +221,12 @@ def _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_r
     # Scales: the swizzled layout's padding rows/cols are written too, forced to 0 (GEMMs read them;
     # a NaN global scale would otherwise make them NaN).
     scols = pid_k * NB + tl.arange(0, NB)
-    if SWIZZLE:
+    if SWIZZLE and SWZ_BYTES:  # one byte store per block scale: no shared-memory word assembly (no barrier)
+        valid = (rows < M)[:, None] & (scols < K // SB)[None, :]
+        sofs = swizzled_offset_128x4(rows[:, None], scols[None, :], scale_cols_padded)
+        smask = (rows < grid_rows)[:, None] & (scols < scale_cols_bound)[None, :]
+        tl.store(scales_ptr + sofs, tl.where(valid, sbyte, 0).to(tl.uint8), mask=smask)
+    elif SWIZZLE:
         # The 4 scales of a 4-column group are 4 consecutive bytes of the 128x4 layout: one int32 store per
         # group (byte c % 4 at bits 8 * (c % 4)) instead of 4 scattered byte stores (NB is a multiple of 4:
         # BLOCK_K >= 4 * SB); the word of group g is the byte offset of column 4g, divided by 4. H200, NVFP4 8192^2
