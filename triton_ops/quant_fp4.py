@@ -143,7 +143,7 @@ def _fp4_quantize_kernel(
     M, K, stride_wm, grid_rows, scale_cols_bound, scale_cols_padded, n_partials,
     IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, GS_MODE: tl.constexpr, SWIZZLE: tl.constexpr,
     IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    PARTIALS_BLOCK: tl.constexpr, ENC_MIN3: tl.constexpr, TILES: tl.constexpr = 1, SWZ_BYTES: tl.constexpr = False,
+    PARTIALS_BLOCK: tl.constexpr, ENC_MIN3: tl.constexpr, TILES: tl.constexpr = 1,
 ):
     """One program: TILES row tiles of BLOCK_M rows x BLOCK_K columns (each held as [BLOCK_M, blocks, pairs per
     block] words), walked with the next tile's loads issued before this tile's math (TILES > 1).
@@ -174,8 +174,7 @@ def _fp4_quantize_kernel(
             w_next = tl.load(words_ptr + rows_next[:, None, None].to(tl.int64) * stride_wm + pcol,
                              mask=(rows_next[:, None, None] < M) & (pcol < K // 2), other=0)
         _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_rows, scale_cols_bound,
-                       scale_cols_padded, IS_MX, MX_RCEIL, SWIZZLE, IN_KIND, EMULATE, BLOCK_M, NB, HP, ENC_MIN3,
-                       SWZ_BYTES)
+                       scale_cols_padded, IS_MX, MX_RCEIL, SWIZZLE, IN_KIND, EMULATE, BLOCK_M, NB, HP, ENC_MIN3)
         if t + 1 < TILES:
             rows = rows_next
             w = w_next
@@ -185,7 +184,7 @@ def _fp4_quantize_kernel(
 def _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_rows, scale_cols_bound,
                    scale_cols_padded, IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
                    IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, NB: tl.constexpr,
-                   HP: tl.constexpr, ENC_MIN3: tl.constexpr, SWZ_BYTES: tl.constexpr):
+                   HP: tl.constexpr, ENC_MIN3: tl.constexpr):
     """Codes and block scales of one [BLOCK_M, NB, HP] tile of pair words (rows: its rows, pcol: its pair
     columns; gs: the NVFP4 global scale)."""
     SB: tl.constexpr = 2 * HP
@@ -221,12 +220,7 @@ def _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_r
     # Scales: the swizzled layout's padding rows/cols are written too, forced to 0 (GEMMs read them;
     # a NaN global scale would otherwise make them NaN).
     scols = pid_k * NB + tl.arange(0, NB)
-    if SWIZZLE and SWZ_BYTES:  # one byte store per block scale: no shared-memory word assembly (no barrier)
-        valid = (rows < M)[:, None] & (scols < K // SB)[None, :]
-        sofs = swizzled_offset_128x4(rows[:, None], scols[None, :], scale_cols_padded)
-        smask = (rows < grid_rows)[:, None] & (scols < scale_cols_bound)[None, :]
-        tl.store(scales_ptr + sofs, tl.where(valid, sbyte, 0).to(tl.uint8), mask=smask)
-    elif SWIZZLE:
+    if SWIZZLE:
         # The 4 scales of a 4-column group are 4 consecutive bytes of the 128x4 layout: one int32 store per
         # group (byte c % 4 at bits 8 * (c % 4)) instead of 4 scattered byte stores (NB is a multiple of 4:
         # BLOCK_K >= 4 * SB); the word of group g is the byte offset of column 4g, divided by 4. H200, NVFP4 8192^2
@@ -351,14 +345,15 @@ def fp4_tiling(rows: int, k: int, block: int, swizzle: bool, device: torch.devic
     """(tile, row tiles per program) of the FP4 quantize kernel. Long batches on the GPU walk several one-row
     tiles per program with the next tile's loads issued before this tile's math (TILES): Nsight Compute had the
     one-tile kernel's warps stalled on memory latency once the ALU work was issued (session 5). H200, 8192^2 bf16,
-    graph replay (perf/NOTES.md "Session 5, GPU call 7"): linear scales 1x2048 tiles x 4: NVFP4 48.9 -> 45.8 us
-    (0.83 -> 0.88 of copy), MXFP4 47.0 -> 44.7 (0.85 -> 0.89); swizzled 1x4096 x 2: NVFP4 55.2 -> 51.5 (0.73 ->
-    0.79; x 4 and 2048 columns were slower there). Short batches keep one tile per program (more programs)."""
+    graph replay (perf/NOTES.md "Session 5, GPU calls 7-10"): linear scales 1x2048 tiles x 4: NVFP4 48.9 ->
+    45.8 us (0.83 -> 0.88 of copy), MXFP4 47.0 -> 44.7 (0.85 -> 0.89); swizzled 1x4096 tiles: NVFP4 x 2 55.2 ->
+    51.5 (0.73 -> 0.79; x 4 54.7), MXFP4 x 4 49.8 -> 46.1 (0.81 -> 0.87). Short batches keep one tile per program
+    (more programs)."""
     base = pick_tile(rows, k, device, min_block_k=4 * block, max_block_k=4096)
     if device.type == "cpu" or rows < 1024 or k < 2048:  # narrow rows: the base tile already holds many rows
         return base, 1
     width = 4096 if swizzle else 2048
-    return TileConfig(1, max(4 * block, min(next_pow2(k), width)), 4), 2 if swizzle else 4
+    return TileConfig(1, max(4 * block, min(next_pow2(k), width)), 4), 2 if swizzle and block == 16 else 4
 
 
 def _enc_min3(encode: str | None) -> bool:
