@@ -145,12 +145,10 @@ def _same(name, got, want):
             raise AssertionError(f"{name}[{i}]: {bad} bytes differ from the reference")
 
 
-def verify(dev, full=False):
-    """Small shapes with NaN/Inf/-0/subnormals and special global scales (runtime values: no extra compiles).
-    Default: bf16 inputs and the configurations timed below (each new constexpr combination is a ~1 s compile);
-    full=True adds fp16/fp32 inputs, both layouts and fp16/fp32 outputs (the GPU pytest run covers those too)."""
-    g = torch.Generator().manual_seed(0)
-    # [64, 2048]: the same tiles (and so the same compiled kernels) as the 8192^2 timing below
+def _special_base(seed=0):
+    """[64, 2048] fp32 values over a wide per-row scale range with Inf, -Inf, NaN, a zero block, -0 and
+    subnormals in fixed places: the probes' small verification input."""
+    g = torch.Generator().manual_seed(seed)
     base = torch.randn(64, 2048, generator=g) * torch.exp(torch.randn(64, 1, generator=g) * 3)
     base[0, 5] = float("inf")
     base[1, 7] = float("-inf")
@@ -159,6 +157,15 @@ def verify(dev, full=False):
     base[3, 3] = -0.0
     base[4, 20] = -0.0
     base[5, 40:48] = 1e-40
+    return base
+
+
+def verify(dev, full=False):
+    """Small shapes with NaN/Inf/-0/subnormals and special global scales (runtime values: no extra compiles).
+    Default: bf16 inputs and the configurations timed below (each new constexpr combination is a ~1 s compile);
+    full=True adds fp16/fp32 inputs, both layouts and fp16/fp32 outputs (the GPU pytest run covers those too)."""
+    # [64, 2048]: the same tiles (and so the same compiled kernels) as the 8192^2 timing below
+    base = _special_base()
     n = 0
     for dt in (torch.bfloat16, torch.float16, torch.float32) if full else (torch.bfloat16,):
         x = base.to(dt)
@@ -208,19 +215,11 @@ ENCODES = ("exp", "min3")  # session-2 exponent-selected magic add (old) / min o
 def verify_encodes(dev, full=False):
     """Bytes of both encodes == reference on the small shape of verify() (NaN/Inf/-0/subnormals, near-tie values,
     special gs), NVFP4 given/computed gs and MXFP4 floor/rceil, both layouts."""
-    g = torch.Generator().manual_seed(1)
-    base = torch.randn(64, 2048, generator=g) * torch.exp(torch.randn(64, 1, generator=g) * 3)
+    base = _special_base(seed=1)
     ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 7.0])
     base[6, :ties.numel()] = ties
     base[7, :ties.numel()] = ties.nextafter(torch.tensor(0.0))
     base[8, :ties.numel()] = -ties.nextafter(torch.tensor(9.0))
-    base[0, 5] = float("inf")
-    base[1, 7] = float("-inf")
-    base[2, 9] = float("nan")
-    base[3, :16] = 0
-    base[3, 3] = -0.0
-    base[4, 20] = -0.0
-    base[5, 40:48] = 1e-40
     n = 0
     for dt in (torch.bfloat16, torch.float16, torch.float32) if full else (torch.bfloat16,):
         x = base.to(dt)
