@@ -39,7 +39,7 @@ from ._formats import (
     swizzled_offset_128x4,
 )
 from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
-from .quant_fp4 import _encode_pairs, _encode_pairs_min3
+from .quant_fp4 import _encode_pairs
 
 FMT_NONE, FMT_FP8, FMT_MX, FMT_NV = 0, 1, 2, 3
 GS_NONE, GS_GIVEN, GS_PER_GROUP, GS_FROM_PARTIALS = 0, 1, 2, 3
@@ -191,7 +191,7 @@ def fp4_pack_store(
     w, lo, hi, rows, row_in, pcol, scol0, Kp, out_ptr, stride_om, scale_ptr, stride_sm, gs, gs_exact,
     scale_rows_bound, scale_cols_padded,
     FMT: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr, AMAX16: tl.constexpr, EMULATE: tl.constexpr,
-    NB: tl.constexpr, HP: tl.constexpr, ENC_MIN3: tl.constexpr = False,
+    NB: tl.constexpr, HP: tl.constexpr,
 ):
     """The FP4 tail both epilogues share, on outputs already rounded to their dtype and split into (even, odd)
     pairs [BLOCK_M, NB, HP] (lo / hi as fp32, w the pair words whose bits 15 and 31 are the signs): the
@@ -204,17 +204,11 @@ def fp4_pack_store(
     if FMT == 2:
         sbyte, inv = mxfp4_block_scale_ex(amax, MX_RCEIL, AMAX16)
         # inv: a finite power of two for a finite block (q finite), NaN for a NaN/Inf block
-        if ENC_MIN3:
-            packed = _encode_pairs_min3(w, lo, hi, inv, inv == inv, 0, EMULATE)
-        else:
-            packed = _encode_pairs(w, lo, hi, inv, inv == inv, 0)
+        packed = _encode_pairs(w, lo, hi, inv, inv == inv, 0)
     else:
         sbyte, inv = nvfp4_block_scale_ex(amax, gs[:, None], EMULATE, AMAX16)
         if gs_exact == 0:  # see nvfp4_exact_path
-            if ENC_MIN3:
-                packed = _encode_pairs_min3(w, lo, hi, inv, inv == inv, 0, EMULATE)
-            else:
-                packed = _encode_pairs(w, lo, hi, inv, inv == inv, 0)
+            packed = _encode_pairs(w, lo, hi, inv, inv == inv, 0)
         else:
             inv3 = inv[:, :, None]
             packed = e2m1_encode(lo * inv3) | (e2m1_encode(hi * inv3) << 4)
@@ -418,7 +412,7 @@ def _rms_norm_chunked_kernel(
     eps, w_offset, scale_rows_bound, scale_cols_padded,
     HAS_RES: tl.constexpr, GS_MODE: tl.constexpr, FMT: tl.constexpr, MX_RCEIL: tl.constexpr,
     SWIZZLE: tl.constexpr, IN_KIND: tl.constexpr, W_KIND: tl.constexpr, EMULATE: tl.constexpr,
-    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, REREAD_H: tl.constexpr, ENC_MIN3: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, REREAD_H: tl.constexpr,
 ):
     """_rms_norm_pairs_kernel in two passes over one row in CHUNKS column chunks of BLOCK_N: pass 1 sums the
     squares (and writes the new residual), pass 2 reads the chunks again (L1/L2 hits: the row was just read)
@@ -460,8 +454,7 @@ def _rms_norm_chunked_kernel(
         y_hi = (h_hi * rstd[:, None, None]) * (w_hi + w_offset)
         yw, lo, hi = round_pairs(y_lo, y_hi, IN_KIND, EMULATE)
         fp4_pack_store(yw, lo, hi, rows, row_in, pcol, c * NB, Np, out_ptr, stride_om, scale_ptr, stride_sm, gs,
-                       gs_exact, scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE, True, EMULATE, NB, HP,
-                       ENC_MIN3)
+                       gs_exact, scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE, True, EMULATE, NB, HP)
 
 
 # -------------------------------------------------------------------------------------------- config
@@ -477,7 +470,6 @@ class RowConfig:
     row_blocks: int = 1  # blocks per program, walked with a one-block prefetch (1 at decode: more programs)
     chunks: int = 1  # > 1: the FP4 two-pass kernel, one row per program in `chunks` chunks of block_n columns
     reread_h: bool = False  # two-pass kernel with a residual: pass 2 loads the stored h instead of x and r
-    enc_min3: bool = False  # two-pass kernel: the min3 E2M1 encode (quant_fp4._encode_pairs_min3; probe option)
 
 
 def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, pairs: bool = False) -> RowConfig:
@@ -651,7 +643,7 @@ def _rms_norm_pairs(views, in_kind, w_kind, rows, n, eps, weight_offset, cfg, em
             float(eps), float(weight_offset), grid_rows, geo.scale_cols_padded,
             HAS_RES=has_res, GS_MODE=gs_mode, FMT=fmt, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
             IN_KIND=in_kind, W_KIND=w_kind, EMULATE=emulate, BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks,
-            REREAD_H=cfg.reread_h, ENC_MIN3=cfg.enc_min3, num_warps=cfg.num_warps)
+            REREAD_H=cfg.reread_h, num_warps=cfg.num_warps)
         return
     rows_per_prog = cfg.block_m * cfg.row_blocks
     _rms_norm_pairs_kernel[(cdiv(grid_rows, rows_per_prog),)](

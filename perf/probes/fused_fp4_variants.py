@@ -46,8 +46,6 @@ def rms_variants(rows, n, dev):
     for nw in (2, 4):  # with a residual: pass 2 reads the stored h back
         chunks = triton.cdiv(triton.cdiv(n, 128) * 128, 2048)
         out[f"chunkh-w{nw}x2048"] = dict(pairs=True, cfg=R.RowConfig(1, 2048, nw, 1, chunks, reread_h=True))
-        out[f"chunkh-w{nw}x2048-min3"] = dict(pairs=True, cfg=R.RowConfig(1, 2048, nw, 1, chunks, reread_h=True,
-                                                                           enc_min3=True))
     return out
 
 
