@@ -285,12 +285,12 @@ def test_fp4_quantize_long_batch_default_tiling(k):
             assert_same_bytes(a, b, f"mxfp4 {lay} {name}")
 
 
-# ------------------------------------------------------------------------------ E2M1 encode variants (session 5)
+# ------------------------------------------------------------------------------ E2M1 near ties
 
 
 def _near_tie_input(dtype, rows=8, k=256):
     """Values whose q = x * inv sits on, just below and just above every E2M1 midpoint and grid point (and past 6),
-    in blocks scaled over a wide range, with whole NaN / Inf blocks and -0: where the two encodes could differ."""
+    in blocks scaled over a wide range, with whole NaN / Inf blocks and -0: where an encode would err first."""
     g = torch.Generator().manual_seed(5)
     pts = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 6.5, 7.0, 8.0])
     v = torch.cat([pts, pts.nextafter(torch.tensor(0.0)), pts.nextafter(torch.tensor(9.0))])
@@ -307,33 +307,24 @@ def _near_tie_input(dtype, rows=8, k=256):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_fp4_encode_variants_same_bytes(device, dtype):
-    """The min-of-three-magic-adds encode ("min3") and the exponent-selected one ("exp", default) give the
-    reference's bytes on near-tie inputs, for NVFP4 (given gs incl. saturating and tiny ones, computed gs) and
-    MXFP4 (both roundings), both layouts."""
+def test_fp4_encode_near_ties_same_bytes(device, dtype):
+    """The E2M1 encode gives the reference's bytes on near-tie inputs, for NVFP4 (given gs incl. saturating and
+    tiny ones, computed gs) and MXFP4 (both roundings), both layouts."""
     from triton_ops import quant_fp4 as Q4
 
     x = _near_tie_input(dtype)
     xd = x.to(device)
-    for enc in ("min3", "exp"):
-        for sw in (False, True):
-            lay = "swizzled" if sw else "linear"
-            for gsv in (None, 1.0, 1e-3, 0.5 ** 20, 3e-39):
-                gs = None if gsv is None else torch.tensor(gsv)
-                got = Q4._quantize(xd, "nvfp4_quantize", is_mx=False, swizzle=sw, encode=enc,
-                                   global_scale=None if gs is None else gs.to(device))
-                want = ops.nvfp4_quantize(x, gs, scale_layout=lay, backend="torch")
-                for name, g_, w_ in zip(("codes", "scales"), got, want, strict=False):
-                    assert_same_bytes(g_, w_, f"nvfp4 {name} [{enc}, {dtype}, {lay}, gs={gsv}]")
-            for r in ("floor", "rceil"):
-                got = Q4._quantize(xd, "mxfp4_quantize", is_mx=True, swizzle=sw, rceil=r == "rceil", encode=enc)
-                want = ops.mxfp4_quantize(x, rounding=r, scale_layout=lay, backend="torch")
-                assert_same_bytes(got[0], want.codes, f"mxfp4 codes [{enc}, {dtype}, {lay}, {r}]")
-                assert_same_bytes(got[1], want.scales, f"mxfp4 scales [{enc}, {dtype}, {lay}, {r}]")
-
-
-def test_fp4_encode_option_checked():
-    from triton_ops import quant_fp4 as Q4
-
-    with pytest.raises(ValueError, match="encode"):
-        Q4._quantize(torch.ones(1, 64), "nvfp4_quantize", is_mx=False, swizzle=False, encode="fast")
+    for sw in (False, True):
+        lay = "swizzled" if sw else "linear"
+        for gsv in (None, 1.0, 1e-3, 0.5 ** 20, 3e-39):
+            gs = None if gsv is None else torch.tensor(gsv)
+            got = Q4._quantize(xd, "nvfp4_quantize", is_mx=False, swizzle=sw,
+                               global_scale=None if gs is None else gs.to(device))
+            want = ops.nvfp4_quantize(x, gs, scale_layout=lay, backend="torch")
+            for name, g_, w_ in zip(("codes", "scales"), got, want, strict=False):
+                assert_same_bytes(g_, w_, f"nvfp4 {name} [{dtype}, {lay}, gs={gsv}]")
+        for r in ("floor", "rceil"):
+            got = Q4._quantize(xd, "mxfp4_quantize", is_mx=True, swizzle=sw, rceil=r == "rceil")
+            want = ops.mxfp4_quantize(x, rounding=r, scale_layout=lay, backend="torch")
+            assert_same_bytes(got[0], want.codes, f"mxfp4 codes [{dtype}, {lay}, {r}]")
+            assert_same_bytes(got[1], want.scales, f"mxfp4 scales [{dtype}, {lay}, {r}]")

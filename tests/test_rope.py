@@ -232,13 +232,12 @@ def test_gpu_cuda_graph_and_inductor():
 @pytest.mark.parametrize("cfg", [
     dict(block_t=2, block_hq=4, block_hk=2, num_warps=4, cs_rows=False),  # (cos, sin) in the tile layout
     dict(block_t=2, block_hq=4, block_hk=2, num_warps=4, cs_rows=True, evict_first=True),
-    dict(block_t=1, block_hq=4, block_hk=2, num_warps=4, cs_rows=True, ctas_per_sm=1),  # persistent: 2 programs
-    dict(block_t=4, block_hq=2, block_hk=1, num_warps=4, cs_rows=False, ctas_per_sm=2, issue_first=False),
+    dict(block_t=4, block_hq=2, block_hk=1, num_warps=4, cs_rows=False, issue_first=False),
 ])
 @pytest.mark.parametrize("neox", [True, False])
 def test_rope_configs_bytes(cfg, neox):
-    """Every RopeConfig code path (the probe's candidates) gives the reference's bytes, in place and out of place
-    (rot == D: the persistent kernel has no pass-through copy), bad positions included."""
+    """Every RopeConfig code path (the probe's candidates) gives the reference's bytes, in place and out of place,
+    bad positions included."""
     from dispatch.reference import rope as ref
     from triton_ops import rope as tr
 
@@ -265,12 +264,3 @@ def test_rope_configs_bytes(cfg, neox):
     ref.rope_(want3, None, pos, cs16, d - 16, neox, True)
     tr.rope_(q3, None, pos, cs16, d - 16, neox, True, c)
     assert_same_floats(q3, want3, "q last-16 in place")
-
-
-def test_rope_persistent_refuses_pass_through():
-    from triton_ops import rope as tr
-
-    q = torch.randn(3, 2, 64).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="persistent"):
-        tr.rope(q, q[:, :0], torch.zeros(3, dtype=torch.long), rope_cos_sin_cache(4, 16), 0, True, False,
-                tr.RopeConfig(1, 2, 1, 4, ctas_per_sm=1))

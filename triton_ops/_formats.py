@@ -305,38 +305,3 @@ def round_pairs(y_lo, y_hi, OUT_KIND: tl.constexpr, EMULATE: tl.constexpr):
 
 
 # ------------------------------------------------------------------------------ E2M1 by a min of three magic adds
-
-
-@triton.jit
-def e2m1_code_word_min3(a, c2, EMULATE: tl.constexpr):
-    """a = |q| >= +0 or +Inf -> uint32 0x4C000000 + the E2M1 magnitude code of a (RNE, saturating at 6; callers
-    use the low nibble) for c2 = 33554444.0 (2^25 + 12); c2 = 33554432.0 (2^25) with a NaN gives code 0 (a
-    caller's per-block choice that zeroes a whole bad block, whose q are all NaN).
-
-    Each binade's grid is one fma into the same fp32 binade [2^25, 2^26) (ulp 4), a scaled so that the grid step
-    becomes one ulp (exact inside the fma) plus the binade's code offset: s0 = fma(a, 8, 2^25) (step 0.5),
-    s1 = fma(a, 4, 2^25 + 8) (step 1, offset 2), s2 = fma(a, 2, 2^25 + 16) (step 2, offset 4); the fma rounds
-    once, ties to even (the offsets are even). Each s_k is the right code inside its binade and never below it
-    outside, so the code is the unsigned min of the three words. The saturation at 6 rides on s2, built from
-    t = sat(a / 8 + 1 / 4) = (min(a, 6) + 2) / 8 (exact for a in [4, 6]; FFMA.SAT clamps to [0, 1], NaN -> 0) as
-    fma(t, 16, 2^25 + 12). So 4 FMA-pipe ops (+ the caller's FMUL) and one or two ALU mins (VIMNMX3) per
-    element, where e2m1_magnitude_word took 3 ALU ops + FADD + an FMNMX clamp. No multiplier is 1: a plain a + C
-    would let the compiler contract the caller's a = x * inv into it (one rounding instead of two: other bytes).
-    Exhaustive check over all 2^31 non-negative fp32 values, +Inf and NaN: perf/NOTES.md, Session 5. The
-    interpreter computes the same bits (its fma is exact; the clamp is written out)."""
-    s0 = tl.fma(a, 8.0, 33554432.0).to(tl.uint32, bitcast=True)
-    s1 = tl.fma(a, 4.0, 33554440.0).to(tl.uint32, bitcast=True)
-    s2 = tl.fma(e2m1_sat_t(a, EMULATE), 16.0, c2).to(tl.uint32, bitcast=True)
-    return tl.minimum(tl.minimum(s0, s1), s2)
-
-
-@triton.jit
-def e2m1_sat_t(a, EMULATE: tl.constexpr):
-    """fma(a, 1/8, 1/4) rounded to nearest even, then clamped to [0, 1], NaN -> +0: PTX fma.rn.sat.f32 (one
-    FFMA.SAT) on the GPU; written out on the interpreter (EMULATE), where inline PTX does not run."""
-    if EMULATE:
-        t = tl.fma(a, 0.125, 0.25)
-        return tl.where(t == t, tl.minimum(tl.maximum(t, 0.0), 1.0), 0.0)
-    else:
-        return tl.inline_asm_elementwise("fma.rn.sat.f32 $0, $1, 0f3E000000, 0f3E800000;", "=f,f", [a],
-                                         dtype=tl.float32, is_pure=True, pack=1)

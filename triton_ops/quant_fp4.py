@@ -11,6 +11,7 @@ Anatomy: kernels -> launchers -> tile choice (triton_ops._launch.pick_tile) -> c
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
@@ -24,7 +25,6 @@ from ._formats import (
     abs_bits,
     amax_nan,
     cast_out,
-    e2m1_code_word_min3,
     e2m1_decode_nibble,
     e2m1_encode,
     e2m1_magnitude_word,
@@ -117,33 +117,12 @@ def _encode_pairs(w, lo, hi, inv, ok, IN_KIND: tl.constexpr):
 
 
 @triton.jit
-def _encode_pairs_min3(w, lo, hi, inv, ok, IN_KIND: tl.constexpr, EMULATE: tl.constexpr):
-    """_encode_pairs with the E2M1 magnitude as a min of three magic adds (_formats.e2m1_code_word_min3): same
-    contract and bytes, fewer ALU-pipe instructions. A bad block (ok False: NaN inv, so all its q NaN) gets code
-    0 from a per-block fma constant and no signs. ALU-pipe work per pair: 2-4 unsigned mins + the sign mask (+ the
-    byte packing), where _encode_pairs has 2 clamps + 6 + the mask + a shift-add."""
-    inv3 = inv[:, :, None]
-    c2 = tl.where(ok, 33554444.0, 33554432.0)[:, :, None]  # a bad block's NaN q -> code 0 (e2m1_code_word_min3)
-    c_lo = e2m1_code_word_min3(tl.abs(lo * inv3), c2, EMULATE)  # |x * inv|: FMUL/FFMA take |.| as a modifier
-    c_hi = e2m1_code_word_min3(tl.abs(hi * inv3), c2, EMULATE)
-    if IN_KIND == 2:  # fp32 pairs in int64: gather the two sign bits into one word
-        signs = (((w >> 32) & 0x80000000) | ((w >> 16) & 0x8000)).to(tl.int32)
-    else:
-        signs = w
-    signs = (signs & tl.where(ok, -2147450880, 0)[:, :, None]).to(tl.uint32, bitcast=True)  # 0x80008000 or 0
-    # byte = code_lo + 16 code_hi (the words' frame bits land above the byte) + the sign bits moved from 15 and
-    # 31 to 3 and 7 as the high word of signs * (2^20 + 2^8): IMAD + IMAD.HI (FMA pipe), the byte in the low 8
-    # bits, so no shift before the byte packing.
-    return (tl.umulhi(signs, 0x00100100) + (c_hi * 16 + c_lo)).to(tl.uint8)
-
-
-@triton.jit
 def _fp4_quantize_kernel(
     words_ptr, codes_ptr, scales_ptr, gs_in_ptr, gs_out_ptr,
     M, K, stride_wm, grid_rows, scale_cols_bound, scale_cols_padded, n_partials,
     IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, GS_MODE: tl.constexpr, SWIZZLE: tl.constexpr,
     IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    PARTIALS_BLOCK: tl.constexpr, ENC_MIN3: tl.constexpr, TILES: tl.constexpr = 1,
+    PARTIALS_BLOCK: tl.constexpr, TILES: tl.constexpr = 1,
 ):
     """One program: TILES row tiles of BLOCK_M rows x BLOCK_K columns (each held as [BLOCK_M, blocks, pairs per
     block] words), walked with the next tile's loads issued before this tile's math (TILES > 1).
@@ -174,7 +153,7 @@ def _fp4_quantize_kernel(
             w_next = tl.load(words_ptr + rows_next[:, None, None].to(tl.int64) * stride_wm + pcol,
                              mask=(rows_next[:, None, None] < M) & (pcol < K // 2), other=0)
         _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_rows, scale_cols_bound,
-                       scale_cols_padded, IS_MX, MX_RCEIL, SWIZZLE, IN_KIND, EMULATE, BLOCK_M, NB, HP, ENC_MIN3)
+                       scale_cols_padded, IS_MX, MX_RCEIL, SWIZZLE, IN_KIND, EMULATE, BLOCK_M, NB, HP)
         if t + 1 < TILES:
             rows = rows_next
             w = w_next
@@ -184,7 +163,7 @@ def _fp4_quantize_kernel(
 def _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_rows, scale_cols_bound,
                    scale_cols_padded, IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
                    IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, NB: tl.constexpr,
-                   HP: tl.constexpr, ENC_MIN3: tl.constexpr):
+                   HP: tl.constexpr):
     """Codes and block scales of one [BLOCK_M, NB, HP] tile of pair words (rows: its rows, pcol: its pair
     columns; gs: the NVFP4 global scale)."""
     SB: tl.constexpr = 2 * HP
@@ -198,20 +177,14 @@ def _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_r
     if IS_MX:
         sbyte, inv = mxfp4_block_scale_ex(amax, MX_RCEIL, IN_KIND != 2)
         # inv is a finite power of two for a finite block (so q is finite), NaN for a NaN/Inf block
-        if ENC_MIN3:
-            packed = _encode_pairs_min3(w, lo, hi, inv, inv == inv, IN_KIND, EMULATE)
-        else:
-            packed = _encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
+        packed = _encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
     else:
         sbyte, inv = nvfp4_block_scale_ex(amax, gs, EMULATE, IN_KIND != 2)  # bf16/fp16 amax: cheap /6
         # inv = (1/gs)/s32 is >= +0 or NaN. With |1/gs| < 2^100, inv is finite, NaN only for a block whose
         # amax (or gs) is NaN, and 0 only where |x| * inv cannot be Inf * 0: the fast path applies. Otherwise
         # (gs == 0, tiny or NaN gs) Inf * 0 or 0 * Inf can make single elements NaN: exact per-element path.
         if tl.abs(tl.math.div_rn(1.0, gs)) < 1.2676506002282294e30:
-            if ENC_MIN3:
-                packed = _encode_pairs_min3(w, lo, hi, inv, inv == inv, IN_KIND, EMULATE)
-            else:
-                packed = _encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
+            packed = _encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
         else:
             inv3 = inv[:, :, None]
             packed = e2m1_encode(lo * inv3) | (e2m1_encode(hi * inv3) << 4)
@@ -292,15 +265,8 @@ def _fp4_dequantize_kernel(
 # ------------------------------------------------------------------------------------------ launchers
 
 
-# E2M1 encode of the quantize kernel's fast path: "exp" (the session-2 exponent-selected magic add) or "min3"
-# (three magic adds and unsigned mins: 26-38% fewer ALU-pipe instructions offline, yet on the H200 NVFP4 8192^2
-# went 54.0 -> 59.0 us swizzled and 49.4 -> 53.8 linear, MXFP4 flat: perf/NOTES.md "Session 5, GPU call 3").
-# Same bytes; kept selectable for the probe until ncu explains the loss.
-FP4_ENCODE = "exp"
-
-
 def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bool = False,
-              global_scale: torch.Tensor | None = None, encode: str | None = None):
+              global_scale: torch.Tensor | None = None):
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
     block = MXFP4_BLOCK if is_mx else NVFP4_BLOCK
     x2 = rows_view(op, "x", x)
@@ -337,10 +303,11 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
         n_partials,
         IS_MX=is_mx, MX_RCEIL=rceil, GS_MODE=gs_mode, SWIZZLE=swizzle, IN_KIND=IN_KIND[x.dtype],
         EMULATE=emulate_formats(x.device), BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, PARTIALS_BLOCK=partials_block,
-        ENC_MIN3=_enc_min3(encode), TILES=tiles, num_warps=cfg.num_warps)
+        TILES=tiles, num_warps=cfg.num_warps)
     return codes, scales, gs_out
 
 
+@functools.lru_cache(maxsize=4096)  # called on every eager launch; the answer depends only on the sizes
 def fp4_tiling(rows: int, k: int, block: int, swizzle: bool, device: torch.device) -> tuple[TileConfig, int]:
     """(tile, row tiles per program) of the FP4 quantize kernel. Long batches on the GPU walk several one-row
     tiles per program with the next tile's loads issued before this tile's math (TILES): Nsight Compute had the
@@ -354,13 +321,6 @@ def fp4_tiling(rows: int, k: int, block: int, swizzle: bool, device: torch.devic
         return base, 1
     width = 4096 if swizzle else 2048
     return TileConfig(1, max(4 * block, min(next_pow2(k), width)), 4), 2 if swizzle and block == 16 else 4
-
-
-def _enc_min3(encode: str | None) -> bool:
-    encode = FP4_ENCODE if encode is None else encode
-    if encode not in ("min3", "exp"):
-        raise ValueError(f"fp4 quantize: encode must be 'min3' or 'exp', got {encode!r}")
-    return encode == "min3"
 
 
 def _dequantize(codes, scales, gs, *, is_mx: bool, swizzle: bool, out_dtype: torch.dtype):

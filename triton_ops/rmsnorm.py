@@ -298,7 +298,7 @@ def _rms_norm_kernel(
         h64 = hf.to(tl.float64)
         ss = tl.sum(h64 * h64, 1)
         # fp64 '/' and sqrt are IEEE (div.rn.f64 / sqrt.rn.f64) on the GPU; only fp32 ones are approximate.
-        rstd = (1.0 / tl.sqrt(ss / (tl.zeros([BLOCK_M], dtype=tl.float64) + N) + eps)).to(tl.float32)
+        rstd = _rstd_of(ss, N, eps, BLOCK_M)
         # w is re-read per block (an L1 hit) rather than held: holding it as fp32 across the loop costs 16
         # registers a thread, and registers bound how many row blocks an SM keeps in flight.
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) + w_offset

@@ -15,7 +15,6 @@ vectors instead of stride-2 scalars. perf/NOTES.md ("Session 2: RoPE/KV") has th
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 import triton
@@ -220,7 +219,7 @@ def _rope_fetch(q_ptr, k_ptr, pos_ptr, p, T, HQ, HK, q_st, q_sh, k_st, k_sh, rot
                 WORDS: tl.constexpr, PAIR_KIND: tl.constexpr, EMULATE: tl.constexpr, EVICT: tl.constexpr):
     """Program p's loads that do not wait on anything: its positions and its q / k rotary slices (a program p
     past the grid loads nothing: its tokens are >= T). (qa, qb) / (ka, kb) as _rope_load; a missing tensor
-    gets the other one's values (never stored), so the persistent loop can carry them."""
+    gets the other one's values (never stored), so both pairs are always defined."""
     tb = p // NB
     hb = p - tb * NB
     t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -331,38 +330,6 @@ def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr, T, HQ, HK, max_p
             tl.store(ko_ptr + ko_row[:, :, None] + d[None, None, :], kv, mask=k_pm)
 
 
-@triton.jit
-def _rope_persistent_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr, T, HQ, HK, max_pos,
-                            q_st, q_sh, k_st, k_sh, qo_st, qo_sh, ko_st, ko_sh, rot_offset, NB, n_prog,
-                            HALF: tl.constexpr, HALF_P: tl.constexpr, BLOCK_T: tl.constexpr,
-                            BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, HAS_Q: tl.constexpr,
-                            HAS_K: tl.constexpr, IS_NEOX: tl.constexpr, INVERSE: tl.constexpr, WORDS: tl.constexpr,
-                            PAIR_KIND: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
-                            ISSUE_FIRST: tl.constexpr, CS_ROWS: tl.constexpr, EVICT: tl.constexpr):
-    # Session 5 candidate (RopeConfig.ctas_per_sm > 0; no pass-through copy): a resident grid walks the tiles
-    # of _rope_kernel (p, p + P, ...) software-pipelined by hand: tile p+P's positions and data loads are issued
-    # before tile p's (cos, sin) loads, math and stores, so every CTA keeps a tile of loads in flight while it
-    # finishes the previous one (no per-CTA launch/drain gap, the position -> (cos, sin) chain overlaps the
-    # next tile's data).
-    pid = tl.program_id(0)
-    npg = tl.num_programs(0)
-    p = pid
-    pos, qa, qb, ka, kb = _rope_fetch(q_ptr, k_ptr, pos_ptr, p, T, HQ, HK, q_st, q_sh, k_st, k_sh, rot_offset, NB,
-                                      HALF, HALF_P, BLOCK_T, BLOCK_HQ, BLOCK_HK, HAS_Q, HAS_K, IS_NEOX, WORDS,
-                                      PAIR_KIND, EMULATE, EVICT)
-    while p < n_prog:
-        pn = p + npg
-        pos_n, qa_n, qb_n, ka_n, kb_n = _rope_fetch(q_ptr, k_ptr, pos_ptr, pn, T, HQ, HK, q_st, q_sh, k_st, k_sh,
-                                                    rot_offset, NB, HALF, HALF_P, BLOCK_T, BLOCK_HQ, BLOCK_HK, HAS_Q,
-                                                    HAS_K, IS_NEOX, WORDS, PAIR_KIND, EMULATE, EVICT)
-        if ISSUE_FIRST:
-            tl.debug_barrier()
-        _rope_finish(qo_ptr, ko_ptr, cs_ptr, p, pos, qa, qb, ka, kb, T, HQ, HK, max_pos, qo_st, qo_sh, ko_st,
-                     ko_sh, rot_offset, NB, HALF, HALF_P, BLOCK_T, BLOCK_HQ, BLOCK_HK, HAS_Q, HAS_K, IS_NEOX,
-                     INVERSE, WORDS, PAIR_KIND, OUT_DTYPE, EMULATE, CS_ROWS, EVICT)
-        p, pos, qa, qb, ka, kb = pn, pos_n, qa_n, qb_n, ka_n, kb_n
-
-
 ROPE_ELEMS = 8192  # rotary elements per program at prefill on the GPU (16 KB of bf16 read, 16 KB written)
 ROPE_MIN_PROGRAMS = 264  # ~2 per SM: below that, smaller programs (decode)
 
@@ -375,16 +342,7 @@ class RopeConfig:
     num_warps: int
     issue_first: bool = True  # barrier between the data loads and the (cos, sin) loads (see _rope_kernel)
     cs_rows: bool = False  # (cos, sin) loaded once per token and broadcast over the heads (see _rope_kernel)
-    ctas_per_sm: int = 0  # > 0: the persistent, software-pipelined kernel with this many CTAs per SM
     evict_first: bool = False  # evict_first hint on the streamed q / k loads and stores
-
-
-@functools.cache
-def sm_count(device: torch.device) -> int:
-    """SMs of a CUDA device (2 on the CPU interpreter, so the persistent kernels' loops are exercised)."""
-    if device.type != "cuda":
-        return 2
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def rope_config(t: int, hq: int, hk: int, rot: int, device: torch.device) -> RopeConfig:
@@ -442,19 +400,6 @@ def _launch(q, k, qo, ko, positions, cos_sin_cache, rot_offset, is_neox, inverse
     copy = copy and 2 * half < d
     n_prog = cdiv(t, cfg.block_t) * nb
     evict = "evict_first" if cfg.evict_first else ""
-    if cfg.ctas_per_sm:
-        if copy:
-            raise ValueError("lowbit.rope: RopeConfig.ctas_per_sm (persistent kernel) has no pass-through copy; "
-                             "use it in place or with a rotary slice covering the head")
-        _rope_persistent_kernel[(min(n_prog, cfg.ctas_per_sm * sm_count(q.device)),)](
-            q, k, qo, ko, positions, cos_sin_cache, t, hq, hk, cos_sin_cache.shape[0],
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), qo.stride(1), ko.stride(0),
-            ko.stride(1), rot_offset, nb, n_prog,
-            HALF=half, HALF_P=next_pow2(half), BLOCK_T=cfg.block_t, BLOCK_HQ=cfg.block_hq, BLOCK_HK=cfg.block_hk,
-            HAS_Q=hq > 0, HAS_K=hk > 0, IS_NEOX=is_neox, INVERSE=inverse, WORDS=words, PAIR_KIND=PAIR_KIND[q.dtype],
-            OUT_DTYPE=TL_DTYPE[q.dtype], EMULATE=emulate_formats(q.device), ISSUE_FIRST=cfg.issue_first,
-            CS_ROWS=cfg.cs_rows, EVICT=evict, num_warps=cfg.num_warps, enable_fp_fusion=False)
-        return
     _rope_kernel[(n_prog,)](
         q, k, qo, ko, positions, cos_sin_cache, t, hq, hk, cos_sin_cache.shape[0],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),

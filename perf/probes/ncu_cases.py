@@ -44,12 +44,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*", default=None, help="keep targets whose 'op|label' contains one of these")
     ap.add_argument("--list", action="store_true", help="print the matched cases and exit")
-    ap.add_argument("--encodes", action="store_true",
-                    help="instead: the FP4 quantizer's two E2M1 encodes (quant_fp4 'exp' / 'min3') at 8192^2 bf16")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if a.encodes and dev.type == "cuda":
-        return profile_encodes(dev)
     cases = runner.load_cases(sorted({t[0] for t in TARGETS}))
     plan = []
     for op, sub, provs in TARGETS:
@@ -93,30 +89,6 @@ def main() -> int:
                 print(f"ncu_cases: {c.op} [{c.label}] {p}: {type(exc).__name__}: {exc}", file=sys.stderr)
         del inputs
         torch.cuda.empty_cache()
-    return 0
-
-
-def profile_encodes(dev) -> int:
-    """The quantize kernel with each E2M1 encode (NVFP4 given gs swizzled / linear, MXFP4 linear), one call each."""
-    import torch.cuda.nvtx as nvtx
-
-    from triton_ops import quant_fp4 as Q
-
-    x = torch.randn(8192, 8192, device=dev).bfloat16()
-    gs = torch.tensor(0.003, device=dev)
-    calls = {"nvfp4 swizzled": dict(is_mx=False, swizzle=True, global_scale=gs),
-             "nvfp4 linear": dict(is_mx=False, swizzle=False, global_scale=gs),
-             "mxfp4 linear": dict(is_mx=True, swizzle=False)}
-    for name, kw in calls.items():
-        for enc in ("exp", "min3"):
-            for _ in range(2):
-                Q._quantize(x, "ncu", encode=enc, **kw)
-            torch.cuda.synchronize()
-            torch.cuda.profiler.start()
-            with nvtx.range(f"fp4 quantize|{name}|{enc}"):
-                Q._quantize(x, "ncu", encode=enc, **kw)
-            torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
     return 0
 
 

@@ -7,11 +7,11 @@ K=7168). Session-1 kernels were timed against these once (perf/results/probes/20
     python perf/probes/quant_variants.py --quick    # fewer repetitions
     python perf/probes/quant_variants.py --sweep    # also sweep tiles of the current kernels (~30 s more)
     python perf/probes/quant_variants.py --full-verify  # also fp16/fp32 inputs/outputs, both layouts (~40 s more)
-    python perf/probes/quant_variants.py --encode-only --out enc.json  # session 5: E2M1 encode "exp" vs "min3" only
+    python perf/probes/quant_variants.py --tiles --out tiles.json  # session 5: row tiles per program (TILES)
 
-Session 5 (E2M1 encode variants, quant_fp4.FP4_ENCODE / _quantize(encode=...)): every run first verifies both
-encodes' bytes (small shapes, NaN/Inf/-0/subnormals, special gs), then times them at 8192^2 bf16 (NVFP4 given gs
-swizzled + linear, MXFP4 floor linear + swizzled), alternating old/new twice, and prints a table (--out: JSON).
+Session 5: --tiles times the FP4 quantize kernel with one to four row tiles per program (next tile's loads
+first) and 1x2048 / 1x4096 tiles, bytes checked against the one-tile kernel first (--out: JSON). The min3 E2M1
+encode timed in calls 3-5 (slower: more registers, lower occupancy) is gone from the kernel; perf/NOTES.md.
 
 Verifies bytes first (small shapes incl. NaN/Inf/-0, special global scales gs = 0, tiny, Inf, NaN, negative,
 bf16 inputs (--full-verify: fp16/fp32 too) equal the reference; then the 8192^2 outputs), then prints one
@@ -45,10 +45,9 @@ from triton_ops._launch import emulate_formats  # noqa: E402
 # ============================================================== current kernels with a chosen tile (sweep only)
 
 
-def new_fp4_tile(x, bm, bk, nw, *, is_mx, swizzle, global_scale=None, enc=None, maxnreg=None, tiles=1):
-    """Current _fp4_quantize_kernel (given gs or MX) with tile (bm, bk, warps) instead of pick_tile's (and an
-    E2M1 encode / register cap: the --regs sweep)."""
-    extra = {} if maxnreg is None else dict(maxnreg=maxnreg)
+def new_fp4_tile(x, bm, bk, nw, *, is_mx, swizzle, global_scale=None, tiles=1):
+    """Current _fp4_quantize_kernel (given gs or MX) with tile (bm, bk, warps) and row tiles per program instead
+    of fp4_tiling's."""
     k = x.shape[-1]
     block = 32 if is_mx else 16
     x2 = x.view(-1, k)
@@ -64,47 +63,41 @@ def new_fp4_tile(x, bm, bk, nw, *, is_mx, swizzle, global_scale=None, enc=None, 
         words, codes, scales, global_scale if global_scale is not None else gs_out, gs_out,
         rows, k, words.stride(0), grid_rows, scp if swizzle else k // block, scp, 1,
         IS_MX=is_mx, MX_RCEIL=False, GS_MODE=0 if is_mx else 1, SWIZZLE=swizzle, IN_KIND=0,
-        EMULATE=emulate_formats(x.device), BLOCK_M=bm, BLOCK_K=bk, PARTIALS_BLOCK=1, ENC_MIN3=Q4._enc_min3(enc),
-        TILES=tiles, num_warps=nw, **extra)
+        EMULATE=emulate_formats(x.device), BLOCK_M=bm, BLOCK_K=bk, PARTIALS_BLOCK=1, TILES=tiles,
+        num_warps=nw)
     return codes, scales
 
 
-def regs_sweep(dev, roof, reps, records):
-    """Session 5, GPU call 4: min3 used 93-95 registers (exp 72) and lost occupancy (ncu: 28% vs 40% warps
-    active), so it lost despite 40% less ALU-pipe load. Time min3 with a register cap or fewer elements per
-    thread against exp, 8192^2 bf16, bytes checked against the exp kernel first."""
+def tiles_sweep(dev, roof, reps, records):
+    """Session 5, GPU calls 7-10: the FP4 quantize kernel with 1-4 row tiles per program (the next tile's loads
+    issued before this tile's math) and 1x2048 / 1x4096 tiles, 8192^2 bf16, bytes checked against the one-tile
+    kernel first. (Calls 5 and 10 also timed the min3 encode under register caps and one byte store per swizzled
+    scale: both slower, see perf/NOTES.md.)"""
     m = k = 8192
     torch.manual_seed(0)
     x = (torch.randn(m, k, device=dev) * torch.exp(torch.randn(m, 1, device=dev))).to(torch.bfloat16)
     gs = ops.nvfp4_global_scale_from_amax(x.float().abs().amax())
     xb = m * k * 2
-    variants = [("exp 1x4096 w4", dict(bm=1, bk=4096, nw=4, enc="exp")),
-                ("exp 1x4096 w4 T2", dict(bm=1, bk=4096, nw=4, enc="exp", tiles=2)),
-                ("exp 1x4096 w4 T4", dict(bm=1, bk=4096, nw=4, enc="exp", tiles=4)),
-                ("exp 1x2048 w4 T2", dict(bm=1, bk=2048, nw=4, enc="exp", tiles=2)),
-                ("exp 1x2048 w4 T4", dict(bm=1, bk=2048, nw=4, enc="exp", tiles=4)),
-                ("exp 1x4096 w8 T2", dict(bm=1, bk=4096, nw=8, enc="exp", tiles=2)),
-                ("exp 1x4096 w8", dict(bm=1, bk=4096, nw=8, enc="exp")),
-                ("min3 1x4096 w4", dict(bm=1, bk=4096, nw=4, enc="min3")),
-                ("min3 1x4096 w4 r48", dict(bm=1, bk=4096, nw=4, enc="min3", maxnreg=48))]
-    # (session 5 call 5 also timed min3 at maxnreg 80/72/56, 8 warps and 1x2048: all slower than exp, see NOTES)
+    variants = [("1x4096 w4", dict(bm=1, bk=4096, nw=4)),
+                ("1x4096 w4 T2", dict(bm=1, bk=4096, nw=4, tiles=2)),
+                ("1x4096 w4 T4", dict(bm=1, bk=4096, nw=4, tiles=4)),
+                ("1x2048 w4 T2", dict(bm=1, bk=2048, nw=4, tiles=2)),
+                ("1x2048 w4 T4", dict(bm=1, bk=2048, nw=4, tiles=4)),
+                ("1x4096 w8 T2", dict(bm=1, bk=4096, nw=8, tiles=2)),
+                ("1x4096 w8", dict(bm=1, bk=4096, nw=8))]
     nv_b, mx_b = xb + m * k // 2 + m * k // 16, xb + m * k // 2 + m * k // 32
     kernels = (("nvfp4 given-gs swizzled", dict(is_mx=False, swizzle=True, global_scale=gs), nv_b),
                ("nvfp4 given-gs linear", dict(is_mx=False, swizzle=False, global_scale=gs), nv_b),
                ("mxfp4 floor linear", dict(is_mx=True, swizzle=False), mx_b),
                ("mxfp4 floor swizzled", dict(is_mx=True, swizzle=True), mx_b))
-    # (session 5 call 10 also timed one byte store per swizzled block scale instead of the word assembly:
-    # NVFP4 50.8-54.3 us vs 51.6, MXFP4 46.8-49.3 vs 46.1: not kept, see NOTES)
-    print(f"register sweep, M=K=8192 bf16, CUDA-graph replay (copy roof {roof:.0f} GB/s)")
+    print(f"row-tile sweep, M=K=8192 bf16, CUDA-graph replay (copy roof {roof:.0f} GB/s)")
     for name, kw, nbytes in kernels:
-        want = new_fp4_tile(x, 1, 4096, 4, enc="exp", **kw)
+        want = new_fp4_tile(x, 1, 4096, 4, **kw)
         for vname, v in variants:
-            if v.get("maxnreg") in (48, 56) and not kw["is_mx"] or v.get("maxnreg") in (72, 80) and kw["is_mx"]:
-                continue
             _same(f"{name} {vname}", new_fp4_tile(x, **v, **kw), want)
             us = min(graph_us(lambda v=v: new_fp4_tile(x, **v, **kw), reps) for _ in range(2))
             frac = nbytes / us / 1e3 / roof
-            print(f"  {name:26s} {vname:22s} {us:7.1f} us {frac:6.3f} of copy")
+            print(f"  {name:26s} {vname:16s} {us:7.1f} us {frac:6.3f} of copy")
             records.append(dict(kernel=name, variant=vname, median_us=us, bytes=nbytes, roofline_frac=frac,
                                 copy_gbps=roof))
 
@@ -145,10 +138,10 @@ def _same(name, got, want):
             raise AssertionError(f"{name}[{i}]: {bad} bytes differ from the reference")
 
 
-def _special_base(seed=0):
+def _special_base():
     """[64, 2048] fp32 values over a wide per-row scale range with Inf, -Inf, NaN, a zero block, -0 and
     subnormals in fixed places: the probes' small verification input."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(0)
     base = torch.randn(64, 2048, generator=g) * torch.exp(torch.randn(64, 1, generator=g) * 3)
     base[0, 5] = float("inf")
     base[1, 7] = float("-inf")
@@ -207,71 +200,6 @@ def verify(dev, full=False):
           "NaN/Inf/-0/subnormals, special gs)")
 
 
-# ============================================================== session 5: E2M1 encode variants
-
-ENCODES = ("exp", "min3")  # session-2 exponent-selected magic add (old) / min of three magic adds (new)
-
-
-def verify_encodes(dev, full=False):
-    """Bytes of both encodes == reference on the small shape of verify() (NaN/Inf/-0/subnormals, near-tie values,
-    special gs), NVFP4 given/computed gs and MXFP4 floor/rceil, both layouts."""
-    base = _special_base(seed=1)
-    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 7.0])
-    base[6, :ties.numel()] = ties
-    base[7, :ties.numel()] = ties.nextafter(torch.tensor(0.0))
-    base[8, :ties.numel()] = -ties.nextafter(torch.tensor(9.0))
-    n = 0
-    for dt in (torch.bfloat16, torch.float16, torch.float32) if full else (torch.bfloat16,):
-        x = base.to(dt)
-        xd = x.to(dev)
-        for enc in ENCODES:
-            for sw in (False, True):
-                lay = "swizzled" if sw else "linear"
-                for gsv in (0.0, -0.0, 1e-36, 2.0 ** -100, 1e-3, -0.5, float("inf"), float("nan"), 3e38, 1e-45, None):
-                    gs = None if gsv is None else torch.tensor(gsv)
-                    want = ops.nvfp4_quantize(x, gs, scale_layout=lay, backend="torch")
-                    got = Q4._quantize(xd, "p", is_mx=False, swizzle=sw, encode=enc,
-                                       global_scale=None if gs is None else gs.to(dev))
-                    _same(f"nvfp4 {enc} {dt} gs={gsv} {lay}", got, want)
-                    n += 1
-                for r in ("floor", "rceil"):
-                    want = ops.mxfp4_quantize(x, rounding=r, scale_layout=lay, backend="torch")
-                    got = Q4._quantize(xd, "p", is_mx=True, swizzle=sw, rceil=r == "rceil", encode=enc)
-                    _same(f"mxfp4 {enc} {dt} {r} {lay}", got[:2], want)
-                    n += 1
-    print(f"verify encodes {ENCODES}: {n} small-shape comparisons equal the reference")
-
-
-def time_encodes(dev, roof, reps, records):
-    """8192^2 bf16: old vs new encode per kernel, alternating (exp, min3, exp, min3); best of the two medians."""
-    m = k = 8192
-    torch.manual_seed(0)
-    x = (torch.randn(m, k, device=dev) * torch.exp(torch.randn(m, 1, device=dev))).to(torch.bfloat16)
-    gs = ops.nvfp4_global_scale_from_amax(x.float().abs().amax())
-    xb = m * k * 2
-    nv_b, mx_b = xb + m * k // 2 + m * k // 16, xb + m * k // 2 + m * k // 32
-    cfgs = (("nvfp4 given-gs swizzled", dict(is_mx=False, swizzle=True, global_scale=gs), nv_b),
-            ("nvfp4 given-gs linear", dict(is_mx=False, swizzle=False, global_scale=gs), nv_b),
-            ("mxfp4 floor linear", dict(is_mx=True, swizzle=False), mx_b),
-            ("mxfp4 floor swizzled", dict(is_mx=True, swizzle=True), mx_b))
-    print(f"E2M1 encode variants, M=K=8192 bf16, CUDA-graph replay (copy roof {roof:.0f} GB/s)")
-    print(f"  {'kernel':28s} {'exp us':>8s} {'min3 us':>8s} {'exp frac':>9s} {'min3 frac':>9s} {'speedup':>8s}")
-    for name, kw, nbytes in cfgs:
-        want = Q4._quantize(x, "p", encode="exp", **kw)
-        _same(f"{name} min3 vs exp 8192^2", Q4._quantize(x, "p", encode="min3", **kw), want)
-        us = {e: [] for e in ENCODES}
-        for _ in range(2):
-            for enc in ENCODES:
-                us[enc].append(graph_us(lambda: Q4._quantize(x, "p", encode=enc, **kw), reps))
-        best = {e: min(v) for e, v in us.items()}
-        frac = {e: nbytes / best[e] / 1e3 / roof for e in ENCODES}
-        print(f"  {name:28s} {best['exp']:8.1f} {best['min3']:8.1f} {frac['exp']:9.3f} {frac['min3']:9.3f} "
-              f"{best['exp'] / best['min3']:8.3f}")
-        for enc in ENCODES:
-            records.append(dict(kernel=name, encode=enc, median_us=best[enc], all_us=us[enc], bytes=nbytes,
-                                gbps=nbytes / best[enc] / 1e3, roofline_frac=frac[enc], copy_gbps=roof))
-
-
 # ============================================================== timing
 
 
@@ -303,34 +231,23 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also sweep tiles of the current kernels (~30 s more)")
     ap.add_argument("--full-verify", action="store_true", help="fp16/fp32 inputs and outputs, both layouts (~40 s more)")
-    ap.add_argument("--encode-only", action="store_true", help="only the session-5 E2M1 encode comparison")
-    ap.add_argument("--out", help="write the encode comparison records (JSON) here")
-    ap.add_argument("--regs", action="store_true", help="only the session-5 min3 register-cap / tile sweep")
+    ap.add_argument("--out", help="write the --tiles records (JSON) here")
+    ap.add_argument("--tiles", action="store_true", help="only the session-5 row-tiles-per-program sweep")
     args = ap.parse_args()
     reps = 5 if args.quick else 15
     dev = torch.device(DEVICE)
     if dev.type == "cuda":
         print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
-    verify_encodes(dev, args.full_verify)
-    if not args.encode_only:
-        verify(dev, args.full_verify)
+    verify(dev, args.full_verify)
     roof = copy_gbps(dev)
     print(f"copy 2 x 1 GiB bf16 (perf.runner.measure_roofline, eager events): {roof:.0f} GB/s (bytes read + written)")
-    records = []
-    if args.regs:
-        regs_sweep(dev, roof, reps, records)
+    if args.tiles:
+        records = []
+        tiles_sweep(dev, roof, reps, records)
         if args.out:
             import json
             Path(args.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), triton=triton.__version__,
                                                       copy_gbps=roof, records=records), indent=1))
-        return
-    time_encodes(dev, roof, reps, records)
-    if args.out:
-        import json
-        Path(args.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
-                                                  triton=triton.__version__, copy_gbps=roof, records=records), indent=1))
-        print(f"wrote {args.out}")
-    if args.encode_only:
         return
 
     def line(name, us, nbytes):

@@ -9,7 +9,8 @@ Run: PYTHONPATH=$PWD python perf/probes/rope_kv_tiles.py [--out OUT.json] [--onl
 Every variant's bytes are checked against the reference on a small shape (bad positions / slots included) first.
 Prints one line per variant: us, GB/s, fraction of copy, speedup vs "default". Pick a config only if it wins by > 3%.
 Session 5 candidates: cs_rows ((cos, sin) per token, broadcast; now the rope default, "s4 default (cs tile)" is the
-old tile load), evict_first hints, and the persistent software-pipelined rope kernel (RopeConfig.ctas_per_sm).
+old tile load) and evict_first hints. (Call 2 of session 5 also timed a persistent software-pipelined rope kernel:
+5-9% slower, removed; perf/NOTES.md.)
 60 samples (CUDA-graph passes) per line; read with perf/probes/strided_roof.py (the pattern's own ceiling).
 """
 
@@ -40,20 +41,16 @@ VERIFY_T = (37, 300)  # small shapes every variant is byte-checked on
 # RoPE: (name, cfg); None = the current default heuristic (rope_config; session 5: cs_rows on)
 ROPE_NEOX = [("default", None),
              ("s4 default (cs tile)", RopeConfig(1, 64, 8, 4)),
-             ("1t 16q+2k 4w cs", RopeConfig(1, 16, 2, 4, cs_rows=True)),
-             ("persist 1t 64q+8k x4/SM", RopeConfig(1, 64, 8, 4, cs_rows=True, ctas_per_sm=4))]
+             ("1t 16q+2k 4w cs", RopeConfig(1, 16, 2, 4, cs_rows=True))]
 ROPE_NEOX32 = [("default", None),
                ("s4 default (cs tile)", RopeConfig(1, 32, 8, 4)),
-               ("persist 1t 32q+8k x6/SM", RopeConfig(1, 32, 8, 4, cs_rows=True, ctas_per_sm=6)),
                ("1t 32q+8k cs evict", RopeConfig(1, 32, 8, 4, cs_rows=True, evict_first=True))]
 ROPE_DSV4 = [("default", None),
              ("s4 default (cs tile)", RopeConfig(2, 64, 1, 4)),
              ("1t 64h 4w cs", RopeConfig(1, 64, 1, 4, cs_rows=True)),
              ("4t 64h 8w cs", RopeConfig(4, 64, 1, 8, cs_rows=True)),
              ("2t 64h 4w cs evict", RopeConfig(2, 64, 1, 4, cs_rows=True, evict_first=True)),
-             ("1t 64h 2w cs", RopeConfig(1, 64, 1, 2, cs_rows=True)),
-             ("persist 1t x6/SM", RopeConfig(1, 64, 1, 4, cs_rows=True, ctas_per_sm=6)),
-             ("persist 2t x4/SM", RopeConfig(2, 64, 1, 4, cs_rows=True, ctas_per_sm=4))]
+             ("1t 64h 2w cs", RopeConfig(1, 64, 1, 2, cs_rows=True))]
 DS_FUSED = [("default", None),
             ("4t 16h 4w cs", DsConfig(4, 16, 4, cs_rows=True)),
             ("4t 16h 4w evict", DsConfig(4, 16, 4, evict_first=True)),
