@@ -232,9 +232,9 @@ class RMSNormKernel:
         # hardware run rounded ss/N to fp32 first: a double rounding that moved rstd by an ulp on some rows.)
         rstd = Float32(Float64(1.0) / cute.math.sqrt(ss / Float64(k) + Float64(eps)))
 
-        w = tXrW.load().to(Float32)
-        if const_expr(cfg.weight_offset != 0.0):
-            w = w + Float32(cfg.weight_offset)
+        # The offset is added even when it is 0.0, as the reference does: -0.0 + 0.0 = +0.0, so a -0.0 weight gives
+        # a +0.0 factor (skipping the add flipped the sign of those zero outputs: different bytes).
+        w = tXrW.load().to(Float32) + Float32(cfg.weight_offset)
         yr = cute.make_rmem_tensor_like(tXrX)
         yr.store(((x.load() * rstd) * w).to(self.x_dtype))
 

@@ -300,6 +300,30 @@ def test_gpu_rms_norm_nvfp4_nan_block_zero_row(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["none", "fp8", "nvfp4"])
+def test_gpu_negative_zero_weight(mode):
+    """-0.0 + weight_offset 0.0 = +0.0 (the reference always adds the offset): the first kernel skipped a zero
+    offset's add and wrote -0.0 in those columns."""
+    from dispatch import ops
+
+    x, w, _ = _gpu_inputs(5, 1024, seed=7, residual=False)
+    w[::3] = -0.0
+    if mode == "none":
+        _same(ops.rms_norm(x.cuda(), w.cuda(), 1e-6, backend="cute").out, ops.rms_norm(x, w, 1e-6, backend="torch").out,
+              "y")
+        return
+    if mode == "fp8":
+        want = ops.rms_norm_fp8_group(x, w, 1e-6, backend="torch").quantized
+        got = ops.rms_norm_fp8_group(x.cuda(), w.cuda(), 1e-6, backend="cute").quantized
+    else:
+        gs = torch.tensor(0.01)
+        want = ops.rms_norm_nvfp4(x, w, 1e-6, global_scale=gs, backend="torch").quantized
+        got = ops.rms_norm_nvfp4(x.cuda(), w.cuda(), 1e-6, global_scale=gs.cuda(), backend="cute").quantized
+    _same(got.codes.view(torch.uint8), want.codes.view(torch.uint8), "codes")
+    _same(got.scales.view(torch.uint8), want.scales.view(torch.uint8), "scales")
+
+
+@pytest.mark.gpu
 def test_gpu_nan_and_zero_rows():
     from dispatch import ops
 

@@ -216,6 +216,20 @@ def test_rms_norm_nan_inf(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_rms_norm_negative_zero_weight(device):
+    """A -0.0 weight is (-0.0 + weight_offset 0.0) = +0.0 in the contract, so those columns' zero outputs carry
+    x's sign (a kernel that skips a zero offset's add flips them: other bytes)."""
+    x = make_values(3, 128, "normal", 5).bfloat16()
+    w = torch.ones(128, dtype=torch.bfloat16)
+    w[::3] = -0.0
+    for quant in QUANTS:
+        got, want = _both(quant, x, w, 1e-6, None, 0.0, device)
+        _assert_all(got, want, f"-0.0 weight {quant}")
+    y = ops.rms_norm(x.to(device), w.to(device), 1e-6, backend="triton").out.cpu()
+    assert torch.equal(torch.signbit(y[:, ::3]), torch.signbit(x[:, ::3])) and (y[:, ::3] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("quant", QUANTS)
 def test_rms_norm_empty(device, quant):
     x = torch.empty(0, 128, dtype=torch.bfloat16)

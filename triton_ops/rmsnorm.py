@@ -277,6 +277,7 @@ def _rms_norm_kernel(
     gs, gs_exact = _row_global_scale(pid, gs_ptr, gs_out_ptr, partial_ptr, n_partials, GS_MODE, FMT, BLOCK_M,
                                      PARTIALS_BLOCK)
     acc = tl.zeros([BLOCK_M], dtype=tl.int32)
+    inv_n = _inv_n(N)
     row0 = pid.to(tl.int64) * rows_per_prog
     # Software prefetch: the next BLOCK_M rows are loaded before this block's reduction, fp64 rstd tail and
     # stores, so a program keeps two row blocks of loads in flight (one row per program leaves the SM idle
@@ -298,7 +299,7 @@ def _rms_norm_kernel(
         h64 = hf.to(tl.float64)
         ss = tl.sum(h64 * h64, 1)
         # fp64 '/' and sqrt are IEEE (div.rn.f64 / sqrt.rn.f64) on the GPU; only fp32 ones are approximate.
-        rstd = _rstd_of(ss, N, eps, BLOCK_M)
+        rstd = _rstd_of(ss, inv_n, eps)
         # w is re-read per block (an L1 hit) rather than held: holding it as fp32 across the loop costs 16
         # registers a thread, and registers bound how many row blocks an SM keeps in flight.
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) + w_offset
@@ -345,9 +346,19 @@ def _h_pairs_and_squares(x, r, rows, row_in, pcol, pmask, h_ptr, stride_hm, HAS_
 
 
 @triton.jit
-def _rstd_of(ss, N, eps, BLOCK_M: tl.constexpr):
-    """fp32(1 / sqrt(ss / N + eps)), evaluated in fp64 (one rounding)."""
-    return (1.0 / tl.sqrt(ss / (tl.zeros([BLOCK_M], dtype=tl.float64) + N) + eps)).to(tl.float32)
+def _inv_n(N):
+    """1 / N in fp64 (correctly rounded), computed once per program for _rstd_of."""
+    return 1.0 / (tl.zeros([1], dtype=tl.float64) + N)  # [1]: N may be specialized to a constexpr
+
+
+@triton.jit
+def _rstd_of(ss, inv_n, eps):
+    """fp32(1 / sqrt(ss / N + eps)) evaluated in fp64, one rounding to fp32: ss * (1/N) and fp64 rsqrt (CUDA's
+    rsqrt(double): MUFU.RSQ64H + one cubic refinement, <= 1 ulp) carry ~2.5 fp64 ulps against the reference's
+    division, sqrt and division, inside the contract's few-ulp budget (docs/norm_act.md). Every thread of a row
+    evaluates this tail; the IEEE div.rn.f64 + sqrt.rn.f64 + div.rn.f64 it replaces cost ~3 instructions per
+    element of an 8-warp 4096-column row (perf/NOTES.md "Session 6")."""
+    return tl.math.rsqrt(ss * inv_n + eps).to(tl.float32)
 
 
 @triton.jit
@@ -374,6 +385,7 @@ def _rms_norm_pairs_kernel(
     gs, gs_exact = _row_global_scale(pid, gs_ptr, gs_out_ptr, partial_ptr, n_partials, GS_MODE, FMT, BLOCK_M,
                                      PARTIALS_BLOCK)
     acc = tl.zeros([BLOCK_M], dtype=tl.int32)
+    inv_n = _inv_n(N)
     row0 = pid.to(tl.int64) * rows_per_prog
     w_lo, w_hi = split_pairs(tl.load(w_ptr + pcol, mask=pmask, other=0), W_KIND)
     w_lo += w_offset
@@ -387,7 +399,7 @@ def _rms_norm_pairs_kernel(
         x_next, r_next = _load_row_words(x_ptr, r_ptr, nxt, M, pcol, pmask, stride_xm, stride_rm, HAS_RES)
         h_lo, h_hi, sq = _h_pairs_and_squares(x, r, rows, row_in, pcol, pmask, h_ptr, stride_hm, HAS_RES, True,
                                               IN_KIND, EMULATE)
-        rstd = _rstd_of(tl.sum(tl.sum(sq, 2), 1), N, eps, BLOCK_M)
+        rstd = _rstd_of(tl.sum(tl.sum(sq, 2), 1), inv_n, eps)
         y_lo = (h_lo * rstd[:, None, None]) * w_lo
         y_hi = (h_hi * rstd[:, None, None]) * w_hi
         if PASS == 1:
@@ -438,7 +450,7 @@ def _rms_norm_chunked_kernel(
         _, _, sq = _h_pairs_and_squares(x, r, rows, row_in, pcol, pmask, h_ptr, stride_hm, HAS_RES, True, IN_KIND,
                                         EMULATE)
         acc += sq
-    rstd = _rstd_of(tl.sum(tl.sum(acc, 2), 1), N, eps, 1)
+    rstd = _rstd_of(tl.sum(tl.sum(acc, 2), 1), _inv_n(N), eps)
     for c in tl.static_range(CHUNKS):
         pcol = c * (BLOCK_N // 2) + lane
         pmask = pcol < Np
