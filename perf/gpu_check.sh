@@ -58,7 +58,10 @@ if want sanitize; then
   # memcheck + racecheck over every Triton kernel family at the self-check's small shapes.
   : > "$OUT/sanitizer.log"
   for tool in ${SANITIZERS:-memcheck racecheck}; do
+    # --report-api-errors no: count device memory/race errors only. The CuTeDSL runtime probes driver entry points
+    # with cuGetProcAddress and some probes fail by design (34 "errors" on an otherwise clean run, session 6).
     LOWBIT_SELFCHECK_SMALL=1 timeout "${SANITIZE_TIME:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      --report-api-errors no \
       python3 -m dispatch check ${SANITIZE_OPS:+--ops $SANITIZE_OPS} >> "$OUT/sanitizer.log" 2>&1
     note "compute-sanitizer $tool (rc=$?): $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -n 1)"
   done

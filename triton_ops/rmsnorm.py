@@ -264,13 +264,15 @@ def _row_global_scale(pid, gs_ptr, gs_out_ptr, partial_ptr, n_partials, GS_MODE:
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, h_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr,
-    M, N, stride_xm, stride_rm, stride_hm, stride_om, stride_sm, stride_sg,
+    M, N: tl.constexpr, stride_xm, stride_rm, stride_hm, stride_om, stride_sm, stride_sg,
     eps, w_offset, fp8_eps, rows_per_prog, scale_rows_bound, scale_cols_bound, scale_cols_padded, n_partials,
     HAS_RES: tl.constexpr, PASS: tl.constexpr, GS_MODE: tl.constexpr,
     FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
     OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS_BLOCK: tl.constexpr, PREFETCH: tl.constexpr,
 ):
+    """N (the row width) is a compile-time constant: 1/N folds and, where N == BLOCK_N, the column masks vanish
+    (a model has a handful of widths)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -279,17 +281,25 @@ def _rms_norm_kernel(
     acc = tl.zeros([BLOCK_M], dtype=tl.int32)
     inv_n = _inv_n(N)
     row0 = pid.to(tl.int64) * rows_per_prog
-    # Software prefetch: the next BLOCK_M rows are loaded before this block's reduction, fp64 rstd tail and
-    # stores, so a program keeps two row blocks of loads in flight (one row per program leaves the SM idle
-    # between its load and its store; see perf/NOTES.md "Session 2: RMSNorm/SwiGLU").
-    x, r = _load_row_block(x_ptr, r_ptr, row0 + tl.arange(0, BLOCK_M), M, cols, cmask, stride_xm, stride_rm,
-                           HAS_RES)
-    for m0 in range(0, rows_per_prog, BLOCK_M):
+    # PREFETCH (programs of several row blocks): the next BLOCK_M rows are loaded before this block's reduction,
+    # rstd tail and stores, so a program keeps two row blocks of loads in flight (perf/NOTES.md "Session 2:
+    # RMSNorm/SwiGLU"). Without it (one block per program, the plain-output default since session 6) there is
+    # no loop and no second set of registers.
+    if PREFETCH:
+        loop_rows = rows_per_prog
+        x, r = _load_row_block(x_ptr, r_ptr, row0 + tl.arange(0, BLOCK_M), M, cols, cmask, stride_xm, stride_rm,
+                               HAS_RES)
+    else:
+        loop_rows: tl.constexpr = BLOCK_M
+    for m0 in range(0, loop_rows, BLOCK_M):
         rows = row0 + m0 + tl.arange(0, BLOCK_M)
         row_in = rows < M
         mask = row_in[:, None] & cmask[None, :]
-        nxt = tl.where(m0 + BLOCK_M < rows_per_prog, rows + BLOCK_M, M)  # past the program's rows: no load
-        x_next, r_next = _load_row_block(x_ptr, r_ptr, nxt, M, cols, cmask, stride_xm, stride_rm, HAS_RES)
+        if PREFETCH:
+            nxt = tl.where(m0 + BLOCK_M < rows_per_prog, rows + BLOCK_M, M)  # past the program's rows: no load
+            x_next, r_next = _load_row_block(x_ptr, r_ptr, nxt, M, cols, cmask, stride_xm, stride_rm, HAS_RES)
+        else:
+            x, r = _load_row_block(x_ptr, r_ptr, rows, M, cols, cmask, stride_xm, stride_rm, HAS_RES)
         if HAS_RES:
             h = cast_out(x.to(tl.float32) + r.to(tl.float32), OUT_DTYPE, EMULATE)
             tl.store(h_ptr + rows[:, None] * stride_hm + cols[None, :], h, mask=mask)
@@ -311,8 +321,9 @@ def _rms_norm_kernel(
             quant_epilogue(y, rows, row_in, 0, N, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs, gs_exact,
                            scale_rows_bound, scale_cols_bound, scale_cols_padded, fp8_eps,
                            FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
-        x = x_next
-        r = r_next
+        if PREFETCH:
+            x = x_next
+            r = r_next
     if PASS == 1:
         tl.store(partial_ptr + pid, tl.max(acc, 0).to(tl.float32, bitcast=True))
 
@@ -484,18 +495,25 @@ class RowConfig:
     reread_h: bool = False  # two-pass kernel with a residual: pass 2 loads the stored h instead of x and r
 
 
-def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, pairs: bool = False) -> RowConfig:
+def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, pairs: bool = False,
+                    float_out: bool = False) -> RowConfig:
     block_n = max(next_pow2(max(n, 1)), min_block_n)
     target = 32768 if device.type == "cpu" else 4096  # interpreter: cost is per program; take big tiles
     block_m = max(1, min(next_pow2(max(rows, 1)), target // block_n))
     elems = block_m * block_n
+    blocks = cdiv(rows, block_m)
+    if float_out and device.type != "cpu" and blocks >= 2048:
+        # Plain RMSNorm, long batches: one row block per program, ~32 elements per thread. H200 (perf/NOTES.md
+        # "Session 6"), vs the prefetching 8/16-warp x 2-4 block programs below: 32768x4096 136.6 vs 137.9 us,
+        # +residual 264.6 vs 276.9, 4096x7168 (8 warps) 36.6 vs 40.1, +residual 62.1 vs 72.7, 16384x2880 52.8 vs
+        # 59.6 (Liger: 134.8 / 266.8 / - / 63.2 / 56.6). With the cheap rstd tail the prefetch no longer pays.
+        return RowConfig(block_m, block_n, min(32, max(4, elems // 1024)), 1)
     # pairs (the FP4 pair-word kernel): ~64 elements per thread. Its per-row work (cross-warp sum, fp64 rstd
     # tail) is paid per thread: H200, 32768x4096 bf16, 2/4/8 warps: NVFP4 166/163/171 us, MXFP4 147/154/162,
     # NVFP4 + residual 240/265/261 (perf/NOTES.md "Session 4: fused FP4"); up to ~240 registers, no spills.
     num_warps = min(32, max(2, elems // 2048)) if pairs else min(32, max(4, elems // 512))
     # Prefetching needs >= 2 blocks per program; keep >= ~8 programs per SM (132 on H200) so the tail wave
     # stays short. Interpreter: one block per program (the prefetch is only a second masked load there).
-    blocks = cdiv(rows, block_m)
     row_blocks = 1 if device.type == "cpu" else (4 if blocks >= 8192 else 2 if blocks >= 2048 else 1)
     return RowConfig(block_m, block_n, num_warps, row_blocks)
 
@@ -583,7 +601,7 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     use_pairs = pairs is not False and fmt in (FMT_MX, FMT_NV) and x.dtype != torch.float32
     if cfg is None and use_pairs and not (fmt == FMT_NV and global_scale is None):
         cfg = pick_chunked_config(grid_rows, n, dev, residual is not None)
-    cfg = cfg or pick_row_config(grid_rows, n, dev, min_block(fmt, group), use_pairs)  # cfg: probes pass one
+    cfg = cfg or pick_row_config(grid_rows, n, dev, min_block(fmt, group), use_pairs, fmt == FMT_NONE)  # probes: cfg
     emulate = emulate_formats(dev)
     common = dict(FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
                   OUT_DTYPE=TL_DTYPE[x.dtype], EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -609,7 +627,8 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
             x2, r2, w, h2, out_arg, scale_arg, gs_out, gs_out, partials,
             rows, n, x2.stride(0), r2.stride(0), h2.stride(0), 0, 0, 0,
             float(eps), float(weight_offset), 0.0, rows_per_prog, grid_rows, 0, scale_cols_padded, n_partials,
-            HAS_RES=residual is not None, PASS=PASS_AMAX, GS_MODE=GS_NONE, PARTIALS_BLOCK=1, **common)
+            HAS_RES=residual is not None, PASS=PASS_AMAX, GS_MODE=GS_NONE, PARTIALS_BLOCK=1,
+            PREFETCH=rows_per_prog > cfg.block_m, **common)
         src = h2
         gs_mode, has_res, partials_block = GS_FROM_PARTIALS, False, next_pow2(n_partials)
     else:
@@ -622,7 +641,7 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
         partials, rows, n, src.stride(0), r2.stride(0), h2.stride(0), out2.stride(0), stride_sm, stride_sg,
         float(eps), float(weight_offset), float(quant_eps), rows_per_prog, grid_rows, 0, scale_cols_padded,
         n_partials, HAS_RES=has_res, PASS=PASS_QUANT if gs_mode == GS_FROM_PARTIALS else PASS_SINGLE,
-        GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block, **common)
+        GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block, PREFETCH=rows_per_prog > cfg.block_m, **common)
     return results
 
 

@@ -1,4 +1,4 @@
-"""GPU probe (session 6): plain RMSNorm (bf16 out, Triton) configs against Liger, bare launchers.
+"""GPU probe (session 6): plain RMSNorm (bf16 out) and RMSNorm -> FP8 group-128 (Triton) configs, against Liger.
 
 Variants are RowConfig(block_m, block_n, num_warps, row_blocks) of triton_ops/rmsnorm._rms_norm_kernel; "default"
 is pick_row_config's choice. Liger's rms_norm (and fused_add_rms_norm with a residual) runs in the same process.
@@ -36,7 +36,9 @@ def variants(rows, n, dev):
     return out
 
 
-def call(x, w, res, **kw):
+def call(x, w, res, fp8=False, **kw):
+    if fp8:
+        return R._rms_norm(x, w, res, 1e-6, 0.0, fmt=R.FMT_FP8, group=128, **kw)
     return R._rms_norm(x, w, res, 1e-6, 0.0, fmt=R.FMT_NONE, **kw)
 
 
@@ -58,13 +60,17 @@ def verify(dev):
         w[:3] = torch.tensor([-0.0, 0.0, -1.0])
         res = torch.randn(rows, n, device=dev).bfloat16()
         for r in (None, res):
-            want = rref.rms_norm(x.cpu(), w.cpu(), 1e-6, None if r is None else r.cpu(), 0.0)
-            for name, v in variants(rows, n, dev).items():
-                got = call(x, w, r, **v)
-                good = _bytes_equal(got[0], want[0]) and (r is None or _bytes_equal(got[1], want[1]))
-                ok &= good
-                if not good:
-                    print(f"VERIFY FAIL {rows}x{n} res={r is not None} {name}")
+            for fp8 in (False, True) if n % 128 == 0 else (False,):
+                want = rref.rms_norm_quant(x.cpu(), w.cpu(), 1e-6, None if r is None else r.cpu(), 0.0,
+                                           "fp8_group" if fp8 else "none", group_size=128)
+                for name, v in variants(rows, n, dev).items():
+                    got = call(x, w, r, fp8, **v)
+                    got = [t for t in got if t is not None]
+                    good = all(_bytes_equal(a, b) for a, b in zip(got, [t for t in want if t is not None],
+                                                                   strict=True))
+                    ok &= good
+                    if not good:
+                        print(f"VERIFY FAIL {rows}x{n} res={r is not None} fp8={fp8} {name}")
     print("verify:", "OK" if ok else "FAILED")
     return ok
 
@@ -109,6 +115,11 @@ def main():
                 run(case, "liger", lambda xl=xl, rl=rl, w=w: liger_add(xl, rl, w, 1e-6), nbytes)
             for name, v in variants(rows, n, dev).items():
                 run(case, name, lambda v=v, x=x, w=w, r=r: call(x, w, r, **v), nbytes)
+            if n % 128 == 0:  # RMSNorm -> FP8 g128: codes (1 B) + fp32 scales instead of y (2 B)
+                fbytes = nbytes - rows * n + rows * n // 32
+                for name, v in variants(rows, n, dev).items():
+                    run(case.replace("bf16", "bf16 -> fp8 g128"), name,
+                        lambda v=v, x=x, w=w, r=r: call(x, w, r, True, **v), fbytes)
     if args.out:
         Path(args.out).write_text(json.dumps(dict(verify_ok=ok, copy_gbps=copy_bw, records=recs), indent=1))
 
