@@ -495,18 +495,19 @@ class RowConfig:
     reread_h: bool = False  # two-pass kernel with a residual: pass 2 loads the stored h instead of x and r
 
 
-def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, pairs: bool = False,
-                    float_out: bool = False) -> RowConfig:
+def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, pairs: bool = False) -> RowConfig:
     block_n = max(next_pow2(max(n, 1)), min_block_n)
     target = 32768 if device.type == "cpu" else 4096  # interpreter: cost is per program; take big tiles
     block_m = max(1, min(next_pow2(max(rows, 1)), target // block_n))
     elems = block_m * block_n
     blocks = cdiv(rows, block_m)
-    if float_out and device.type != "cpu" and blocks >= 2048:
-        # Plain RMSNorm, long batches: one row block per program, ~32 elements per thread. H200 (perf/NOTES.md
-        # "Session 6"), vs the prefetching 8/16-warp x 2-4 block programs below: 32768x4096 136.6 vs 137.9 us,
-        # +residual 264.6 vs 276.9, 4096x7168 (8 warps) 36.6 vs 40.1, +residual 62.1 vs 72.7, 16384x2880 52.8 vs
-        # 59.6 (Liger: 134.8 / 266.8 / - / 63.2 / 56.6). With the cheap rstd tail the prefetch no longer pays.
+    if not pairs and device.type != "cpu" and blocks >= 2048:
+        # The element-wise kernel (plain and FP8 outputs), long batches: one row block per program, ~32 elements
+        # per thread. H200 (perf/NOTES.md "Session 6"), vs the prefetching 8/16-warp x 2-4 block programs below:
+        # plain 32768x4096 136.6 vs 137.9 us, +residual 264.6 vs 276.9, 4096x7168 (8 warps) 36.6 vs 40.1,
+        # +residual 62.1 vs 72.7, 16384x2880 52.8 vs 59.6 (Liger: 134.8 / 266.8 / - / 63.2 / 56.6); FP8 g128
+        # 32768x4096 114.9 vs 140.4, 4096x7168 +residual 56.9 vs 86.1. With the cheap rstd tail the prefetch no
+        # longer pays.
         return RowConfig(block_m, block_n, min(32, max(4, elems // 1024)), 1)
     # pairs (the FP4 pair-word kernel): ~64 elements per thread. Its per-row work (cross-warp sum, fp64 rstd
     # tail) is paid per thread: H200, 32768x4096 bf16, 2/4/8 warps: NVFP4 166/163/171 us, MXFP4 147/154/162,
@@ -601,7 +602,7 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     use_pairs = pairs is not False and fmt in (FMT_MX, FMT_NV) and x.dtype != torch.float32
     if cfg is None and use_pairs and not (fmt == FMT_NV and global_scale is None):
         cfg = pick_chunked_config(grid_rows, n, dev, residual is not None)
-    cfg = cfg or pick_row_config(grid_rows, n, dev, min_block(fmt, group), use_pairs, fmt == FMT_NONE)  # probes: cfg
+    cfg = cfg or pick_row_config(grid_rows, n, dev, min_block(fmt, group), use_pairs)  # cfg: probes pass one
     emulate = emulate_formats(dev)
     common = dict(FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
                   OUT_DTYPE=TL_DTYPE[x.dtype], EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
