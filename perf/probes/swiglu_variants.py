@@ -1,0 +1,97 @@
+"""GPU probe (session 6): SwiGLU tile configs (block_m x block_n x warps) for the plain, FP8 g128, MXFP4 and MoE
+NVFP4 outputs, bare launchers.
+
+The RMSNorm probe of this session found its prefetching 8-warp tiles slower than one block of ~32 elements per
+thread; this asks the same of SwiGLU's 4096-output 8-warp tiles (16 per thread). Bytes of every variant must
+equal the default config's (same per-element math, other tiles), checked first on small shapes; then each is timed
+(triton.testing.do_bench, median) at M=16384, I=4096 and printed with its fraction of a torch copy measured here.
+Run: PYTHONPATH=$PWD python perf/probes/swiglu_variants.py [--out OUT.json]   (~40 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from triton_ops import rmsnorm as R  # noqa: E402
+from triton_ops import swiglu as S  # noqa: E402
+
+CONFIGS = [None, (4, 1024, 4), (2, 1024, 4), (2, 2048, 8), (1, 4096, 8), (1, 2048, 4), (8, 512, 8), (2, 1024, 2)]
+
+
+def _name(c):
+    return "default" if c is None else f"{c[0]}x{c[1]}w{c[2]}"
+
+
+def call(kind, x, ids, gs, cfg):
+    kw = {} if cfg is None else dict(cfg=S.SwigluConfig(*cfg))
+    if kind == "plain":
+        return (S._swiglu(x, 0, "silu", 1.702, None, None, None, None, fmt=R.FMT_NONE, **kw),)
+    if kind == "fp8":
+        return S._swiglu(x, 1, "gptoss", 1.702, 7.0, None, None, None, fmt=R.FMT_FP8, group=128, **kw)
+    if kind == "mx":
+        return S._swiglu(x, 1, "gptoss", 1.702, 7.0, None, None, None, fmt=R.FMT_MX, swizzle=True, **kw)
+    return S._swiglu(x, 8, "silu", 1.702, 7.0, ids, None, None, fmt=R.FMT_NV, swizzle=True, global_scale=gs, **kw)
+
+
+def _bytes_equal(a, b):
+    a = a.reshape(-1).contiguous().view(torch.uint8).cpu()
+    b = b.reshape(-1).contiguous().view(torch.uint8).cpu()
+    return a.shape == b.shape and torch.equal(a, b)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    ok = True
+    for rows, i in ((129, 4096), (64, 2880)):
+        x = (torch.randn(rows, 2 * i, device=dev) * 2).bfloat16()
+        ids = (torch.arange(rows, device=dev, dtype=torch.int32) % 9) - 1
+        gs = torch.full((8,), 0.004, device=dev)
+        for kind in ("plain", "fp8", "mx", "nv"):
+            ref = call(kind, x, ids, gs, None)
+            for c in CONFIGS[1:]:
+                if c[1] > triton.next_power_of_2(i):
+                    continue
+                good = all(_bytes_equal(a, b) for a, b in zip(call(kind, x, ids, gs, c), ref, strict=True))
+                ok &= good
+                if not good:
+                    print(f"VERIFY FAIL {kind} {rows}x{i} {_name(c)}")
+    print("verify:", "OK" if ok else "FAILED")
+    big = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(big)
+    bench = lambda f: triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median") * 1e3  # noqa: E731
+    copy_bw = 2 * big.numel() / (bench(lambda big=big, dst=dst: dst.copy_(big)) * 1e-6) / 1e9
+    print(f"copy roof {copy_bw:.0f} GB/s")
+    del big, dst
+    rows, i = 16384, 4096
+    x = torch.randn(rows, 2 * i, device=dev).bfloat16()
+    ids = torch.randint(-1, 8, (rows,), device=dev, dtype=torch.int32).sort().values
+    gs = torch.full((8,), 0.004, device=dev)
+    out_bytes = {"plain": 2 * rows * i, "fp8": rows * i + rows * i // 32, "mx": rows * i // 2 + rows * i // 32,
+                 "nv": rows * i // 2 + rows * i // 16}
+    recs = []
+    for kind in ("plain", "fp8", "mx", "nv"):
+        nbytes = 4 * rows * i + out_bytes[kind]
+        for c in CONFIGS:
+            us = bench(lambda c=c, kind=kind: call(kind, x, ids, gs, c))
+            gbps = nbytes / us / 1e3
+            recs.append(dict(kind=kind, variant=_name(c), us=us, gbps=gbps, copy_frac=gbps / copy_bw))
+            print(f"swiglu {kind:6s} M={rows} I={i} {_name(c):10s} {us:8.1f} us {gbps:7.0f} GB/s "
+                  f"{gbps / copy_bw:.3f} of copy")
+    if args.out:
+        Path(args.out).write_text(json.dumps(dict(verify_ok=ok, copy_gbps=copy_bw, records=recs), indent=1))
+
+
+if __name__ == "__main__":
+    main()
