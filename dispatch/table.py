@@ -53,6 +53,10 @@ def _cute(op: str) -> list[Entry]:
     rows (`auto_skip` = cute_nvfp4_prefill; backend="cute" still runs it) and keeps it for decode, where its
     ~11 us eager call beats Triton's ~50-70 us host path (under graph replay Triton is faster there too: 5.7 vs
     6.5 us; engines that capture graphs can force backend="triton").
+    Session 6: Triton's element-wise kernel (cheaper rstd tail, one row block per program) caught up at prefill
+    (H200 at c0958b1, Triton vs CuTe: plain 4096x7168 32.8 vs 32.5 us, +residual 60.4 vs 60.5, 32768x4096
+    +residual 265.3 vs 264.7; FP8 group +residual 4096x7168 54.8 vs 55.9, 32768x4096 228.3 vs 231.5): within 2%
+    either way, so CuTe keeps its rank for the eager decode host path.
     sm_100/103: compiled and SASS-checked only, never run on Blackwell: ranked below Triton (15) and refused
     unless LOWBIT_CUTE_UNVERIFIED=1 (cute_ops.rmsnorm.HARDWARE_STATUS).
     Both refuse host tensors, unaligned rows and NVFP4 without a given global scale, and are unavailable (with
@@ -60,7 +64,7 @@ def _cute(op: str) -> list[Entry]:
     impl, sup = f"cute_ops.rmsnorm:{op}", f"cute_ops.rmsnorm:supports_{op}"
     skip = "dispatch.table:cute_nvfp4_prefill" if op == "rms_norm_nvfp4" else None
     why = ("CuTeDSL; bit-exact; auto takes it at decode only (Triton faster at prefill since session 5)"
-           if skip else "CuTeDSL; bit-exact, faster than Triton on these RMSNorm buckets on the H200 (perf/results)")
+           if skip else "CuTeDSL; bit-exact; on par with Triton at prefill, lighter eager calls (H200, perf/results)")
     return [Entry(op, "cute", ("sm_90",), impl, CUTE_MEASURED_FASTER, why, sup, skip),
             Entry(op, "cute", CUTE_ARCHS[1:], impl, CUTE_UNMEASURED,
                   "CuTeDSL; compiled for sm_100a, never run on Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1",
