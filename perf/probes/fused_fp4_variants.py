@@ -24,14 +24,9 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dispatch.reference import rmsnorm as rref  # noqa: E402
+from perf.probes._common import bench_us, bytes_equal, copy_gbps  # noqa: E402
 from triton_ops import rmsnorm as R  # noqa: E402
 from triton_ops import swiglu as S  # noqa: E402
-
-
-def _bytes_equal(a, b):
-    a = a.reshape(-1).contiguous().view(torch.uint8).cpu()
-    b = b.reshape(-1).contiguous().view(torch.uint8).cpu()
-    return a.shape == b.shape and torch.equal(a, b)
 
 
 def rms_variants(rows, n, dev):
@@ -80,9 +75,9 @@ def verify(dev):
                 want = rref.rms_norm_quant(x.cpu(), w.cpu(), 1e-6, None if r is None else r.cpu(), 0.0, q, **kw)
                 for name, v in rms_variants(rows, n, dev).items():
                     got = rms_call(fmt, x, w, r, gs, **v)
-                    good = all(_bytes_equal(a, b) for a, b in zip(got[:-1], want[:-1], strict=True))
+                    good = all(bytes_equal(a, b) for a, b in zip(got[:-1], want[:-1], strict=True))
                     if r is not None:
-                        good &= _bytes_equal(got[-1], want[-1])
+                        good &= bytes_equal(got[-1], want[-1])
                     ok &= good
                     if not good:
                         print(f"VERIFY FAIL rms {q} {rows}x{n} res={r is not None} gs={gs is not None} {name}")
@@ -96,16 +91,12 @@ def verify(dev):
             # bytes vs the old epilogue (y goes through exp, which the contract leaves to the backend; the GPU tests
             # compare each backend's bytes with the quantizer applied to its own y)
             for name, got in outs.items():
-                good = all(_bytes_equal(a, b) for a, b in zip(got, ref, strict=True))
+                good = all(bytes_equal(a, b) for a, b in zip(got, ref, strict=True))
                 ok &= good
                 if not good:
                     print(f"VERIFY FAIL swiglu {kind} {rows}x{i} {name} != old")
     print("verify:", "OK" if ok else "FAILED")
     return ok
-
-
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3  # us
 
 
 def main():
@@ -114,15 +105,11 @@ def main():
     args = ap.parse_args()
     dev = torch.device("cuda")
     ok = verify(dev)
-    big = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(big)
-    copy_bw = 2 * big.numel() / (bench(lambda big=big, dst=dst: dst.copy_(big)) * 1e-6) / 1e9
-    print(f"copy roof {copy_bw:.0f} GB/s")
-    del big, dst
+    copy_bw = copy_gbps(dev)
     recs = []
 
     def run(op, case, name, fn, nbytes):
-        us = bench(fn)
+        us = bench_us(fn)
         gbps = nbytes / (us * 1e-6) / 1e9
         recs.append(dict(op=op, case=case, variant=name, us=us, gbps=gbps, copy_frac=gbps / copy_bw))
         print(f"{op:16s} {case:44s} {name:10s} {us:8.1f} us {gbps:7.0f} GB/s {gbps / copy_bw:.2f} of copy")

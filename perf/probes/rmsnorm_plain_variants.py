@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import perf.peers  # noqa: E402
 from dispatch.reference import rmsnorm as rref  # noqa: E402
+from perf.probes._common import bench_us, bytes_equal, copy_gbps  # noqa: E402
 from triton_ops import rmsnorm as R  # noqa: E402
 
 
@@ -42,12 +43,6 @@ def call(x, w, res, fp8=False, **kw):
     return R._rms_norm(x, w, res, 1e-6, 0.0, fmt=R.FMT_NONE, **kw)
 
 
-def _bytes_equal(a, b):
-    a = a.reshape(-1).contiguous().view(torch.uint8).cpu()
-    b = b.reshape(-1).contiguous().view(torch.uint8).cpu()
-    return a.shape == b.shape and torch.equal(a, b)
-
-
 def verify(dev):
     ok = True
     torch.manual_seed(0)
@@ -66,7 +61,7 @@ def verify(dev):
                 for name, v in variants(rows, n, dev).items():
                     got = call(x, w, r, fp8, **v)
                     got = [t for t in got if t is not None]
-                    good = all(_bytes_equal(a, b) for a, b in zip(got, [t for t in want if t is not None],
+                    good = all(bytes_equal(a, b) for a, b in zip(got, [t for t in want if t is not None],
                                                                    strict=True))
                     ok &= good
                     if not good:
@@ -75,27 +70,19 @@ def verify(dev):
     return ok
 
 
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=300, return_mode="median") * 1e3  # us
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     args = ap.parse_args()
     dev = torch.device("cuda")
     ok = verify(dev)
-    big = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(big)
-    copy_bw = 2 * big.numel() / (bench(lambda big=big, dst=dst: dst.copy_(big)) * 1e-6) / 1e9
-    print(f"copy roof {copy_bw:.0f} GB/s")
-    del big, dst
+    copy_bw = copy_gbps(dev)
     liger = perf.peers.liger_rms_norm()
     liger_add = perf.peers.liger_fused_add_rms_norm()
     recs = []
 
     def run(case, name, fn, nbytes):
-        us = bench(fn)
+        us = bench_us(fn, rep=300)
         gbps = nbytes / (us * 1e-6) / 1e9
         recs.append(dict(op="rms_norm", case=case, variant=name, us=us, gbps=gbps, copy_frac=gbps / copy_bw))
         print(f"{case:34s} {name:10s} {us:8.1f} us {gbps:7.0f} GB/s {gbps / copy_bw:.3f} of copy")

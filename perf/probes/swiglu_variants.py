@@ -20,6 +20,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from perf.probes._common import bench_us, bytes_equal, copy_gbps  # noqa: E402
 from triton_ops import rmsnorm as R  # noqa: E402
 from triton_ops import swiglu as S  # noqa: E402
 
@@ -42,12 +43,6 @@ def call(kind, x, ids, gs, cfg):
     return S._swiglu(x, 8, "silu", 1.702, 7.0, ids, None, None, fmt=R.FMT_NV, swizzle=True, global_scale=gs, **kw)
 
 
-def _bytes_equal(a, b):
-    a = a.reshape(-1).contiguous().view(torch.uint8).cpu()
-    b = b.reshape(-1).contiguous().view(torch.uint8).cpu()
-    return a.shape == b.shape and torch.equal(a, b)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -64,17 +59,12 @@ def main():
             for c in CONFIGS[1:]:
                 if c[1] > triton.next_power_of_2(i):
                     continue
-                good = all(_bytes_equal(a, b) for a, b in zip(call(kind, x, ids, gs, c), ref, strict=True))
+                good = all(bytes_equal(a, b) for a, b in zip(call(kind, x, ids, gs, c), ref, strict=True))
                 ok &= good
                 if not good:
                     print(f"VERIFY FAIL {kind} {rows}x{i} {_name(c)}")
     print("verify:", "OK" if ok else "FAILED")
-    big = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(big)
-    bench = lambda f: triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median") * 1e3  # noqa: E731
-    copy_bw = 2 * big.numel() / (bench(lambda big=big, dst=dst: dst.copy_(big)) * 1e-6) / 1e9
-    print(f"copy roof {copy_bw:.0f} GB/s")
-    del big, dst
+    copy_bw = copy_gbps(dev)
     recs = []
     for rows, i, kinds in ((16384, 4096, ("plain", "fp8", "mx", "nv")), (16384, 2880, ("fp8", "mx"))):
         x = torch.randn(rows, 2 * i, device=dev).bfloat16()
@@ -85,7 +75,7 @@ def main():
         for kind in kinds:
             nbytes = 4 * rows * i + out_bytes[kind]
             for c in CONFIGS:
-                us = bench(lambda c=c, kind=kind, x=x, ids=ids, gs=gs: call(kind, x, ids, gs, c))
+                us = bench_us(lambda c=c, kind=kind, x=x, ids=ids, gs=gs: call(kind, x, ids, gs, c))
                 gbps = nbytes / us / 1e3
                 recs.append(dict(kind=kind, M=rows, I=i, variant=_name(c), us=us, gbps=gbps, copy_frac=gbps / copy_bw))
                 print(f"swiglu {kind:6s} M={rows} I={i} {_name(c):10s} {us:8.1f} us {gbps:7.0f} GB/s "
