@@ -302,6 +302,3 @@ def round_pairs(y_lo, y_hi, OUT_KIND: tl.constexpr, EMULATE: tl.constexpr):
                                       is_pure=True, pack=1)
     lo, hi = split_pairs(w, OUT_KIND)
     return w, lo, hi
-
-
-# ------------------------------------------------------------------------------ E2M1 by a min of three magic adds

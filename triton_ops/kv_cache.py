@@ -331,11 +331,11 @@ def _ds_write_kernel(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, q_ptr, T, 
     # where the kv tile alone needs ~56; session 5, perf/NOTES.md).
     tb = tl.program_id(0)
     hb = tl.program_id(1)
-    if not HAS_Q:
-        _ds_kv_tile(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, tb, T, n_slots, BS, block_stride, kv_st,
-                    max_pos, D_NOPE, TILE, NT, NT_P, V4, ROTATE, IS_NEOX, BLOCK_T, ALIGNED, KV_WORDS, KV_KIND,
-                    EMULATE, ISSUE_FIRST)
-    elif hb == 0:
+    if HAS_Q:
+        kv_program = hb == 0
+    else:
+        kv_program: tl.constexpr = True  # a compile-time branch: the q part below is not compiled
+    if kv_program:
         _ds_kv_tile(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, tb, T, n_slots, BS, block_stride, kv_st,
                     max_pos, D_NOPE, TILE, NT, NT_P, V4, ROTATE, IS_NEOX, BLOCK_T, ALIGNED, KV_WORDS, KV_KIND,
                     EMULATE, ISSUE_FIRST)

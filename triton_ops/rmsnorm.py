@@ -308,7 +308,6 @@ def _rms_norm_kernel(
             hf = x.to(tl.float32)
         h64 = hf.to(tl.float64)
         ss = tl.sum(h64 * h64, 1)
-        # fp64 '/' and sqrt are IEEE (div.rn.f64 / sqrt.rn.f64) on the GPU; only fp32 ones are approximate.
         rstd = _rstd_of(ss, inv_n, eps)
         # w is re-read per block (an L1 hit) rather than held: holding it as fp32 across the loop costs 16
         # registers a thread, and registers bound how many row blocks an SM keeps in flight.
@@ -513,8 +512,9 @@ def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, p
     # tail) is paid per thread: H200, 32768x4096 bf16, 2/4/8 warps: NVFP4 166/163/171 us, MXFP4 147/154/162,
     # NVFP4 + residual 240/265/261 (perf/NOTES.md "Session 4: fused FP4"); up to ~240 registers, no spills.
     num_warps = min(32, max(2, elems // 2048)) if pairs else min(32, max(4, elems // 512))
-    # Prefetching needs >= 2 blocks per program; keep >= ~8 programs per SM (132 on H200) so the tail wave
-    # stays short. Interpreter: one block per program (the prefetch is only a second masked load there).
+    # Prefetching (the pair kernel; the element-wise kernel returned above for >= 2048 blocks) needs >= 2 blocks
+    # per program; keep >= ~8 programs per SM (132 on H200) so the tail wave stays short. Interpreter: one block
+    # per program (the prefetch is only a second masked load there).
     row_blocks = 1 if device.type == "cpu" else (4 if blocks >= 8192 else 2 if blocks >= 2048 else 1)
     return RowConfig(block_m, block_n, num_warps, row_blocks)
 

@@ -213,58 +213,6 @@ def _rope_tile(src, dst, pos_ptr, cs_ptr, tb, hb, T, H, max_pos, s_t, s_h, d_t, 
 
 
 @triton.jit
-def _rope_fetch(q_ptr, k_ptr, pos_ptr, p, T, HQ, HK, q_st, q_sh, k_st, k_sh, rot_offset, NB,
-                HALF: tl.constexpr, HALF_P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                BLOCK_HK: tl.constexpr, HAS_Q: tl.constexpr, HAS_K: tl.constexpr, IS_NEOX: tl.constexpr,
-                WORDS: tl.constexpr, PAIR_KIND: tl.constexpr, EMULATE: tl.constexpr, EVICT: tl.constexpr):
-    """Program p's loads that do not wait on anything: its positions and its q / k rotary slices (a program p
-    past the grid loads nothing: its tokens are >= T). (qa, qb) / (ka, kb) as _rope_load; a missing tensor
-    gets the other one's values (never stored), so both pairs are always defined."""
-    tb = p // NB
-    hb = p - tb * NB
-    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    pos = tl.load(pos_ptr + t, mask=t < T, other=0).to(tl.int64)
-    if HAS_Q:
-        hq = hb * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
-        q_ok, q_row, _ = _rope_rows(t, hq, T, HQ, q_st, q_sh, q_st, q_sh)
-        qa, qb = _rope_load(q_ptr, q_row, q_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE, EVICT)
-    if HAS_K:
-        hk = hb * BLOCK_HK + tl.arange(0, BLOCK_HK)
-        k_ok, k_row, _ = _rope_rows(t, hk, T, HK, k_st, k_sh, k_st, k_sh)
-        ka, kb = _rope_load(k_ptr, k_row, k_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE, EVICT)
-    if not HAS_Q:
-        qa, qb = ka, kb
-    if not HAS_K:
-        ka, kb = qa, qb
-    return pos, qa, qb, ka, kb
-
-
-@triton.jit
-def _rope_finish(qo_ptr, ko_ptr, cs_ptr, p, pos, qa, qb, ka, kb, T, HQ, HK, max_pos, qo_st, qo_sh, ko_st, ko_sh,
-                 rot_offset, NB, HALF: tl.constexpr, HALF_P: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, HAS_Q: tl.constexpr, HAS_K: tl.constexpr,
-                 IS_NEOX: tl.constexpr, INVERSE: tl.constexpr, WORDS: tl.constexpr, PAIR_KIND: tl.constexpr,
-                 OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr, CS_ROWS: tl.constexpr, EVICT: tl.constexpr):
-    """Program p's position-dependent part: (cos, sin), the rotation, the stores."""
-    tb = p // NB
-    hb = p - tb * NB
-    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    ok = (t < T) & (pos >= 0) & (pos < max_pos)  # a bad position reads nothing and poisons the slice
-    if HAS_Q:
-        hq = hb * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
-        q_ok, _, qo_row = _rope_rows(t, hq, T, HQ, qo_st, qo_sh, qo_st, qo_sh)
-        c, s = load_cos_sin_rows(cs_ptr, pos, ok, BLOCK_HQ, HALF, HALF_P, CS_ROWS)
-        _rope_store(qo_ptr, qo_row, q_ok, qa, qb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
-                    PAIR_KIND, OUT_DTYPE, EMULATE, EVICT)
-    if HAS_K:
-        hk = hb * BLOCK_HK + tl.arange(0, BLOCK_HK)
-        k_ok, _, ko_row = _rope_rows(t, hk, T, HK, ko_st, ko_sh, ko_st, ko_sh)
-        c, s = load_cos_sin_rows(cs_ptr, pos, ok, BLOCK_HK, HALF, HALF_P, CS_ROWS)
-        _rope_store(ko_ptr, ko_row, k_ok, ka, kb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
-                    PAIR_KIND, OUT_DTYPE, EMULATE, EVICT)
-
-
-@triton.jit
 def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr, T, HQ, HK, max_pos,
                  q_st, q_sh, k_st, k_sh, qo_st, qo_sh, ko_st, ko_sh, rot_offset, D, NB,
                  HALF: tl.constexpr, HALF_P: tl.constexpr, D_P: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -285,48 +233,41 @@ def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr, T, HQ, HK, max_p
     # CS_ROWS: (cos, sin) loaded once per token ([BLOCK_T, HALF_P]) and broadcast over the heads instead of in
     # the tile's layout (session 5: for GPT-J word tiles 2-3x fewer load instructions and registers, no smem).
     pid = tl.program_id(0)
-    if not COPY:
-        pos, qa, qb, ka, kb = _rope_fetch(q_ptr, k_ptr, pos_ptr, pid, T, HQ, HK, q_st, q_sh, k_st, k_sh, rot_offset,
-                                          NB, HALF, HALF_P, BLOCK_T, BLOCK_HQ, BLOCK_HK, HAS_Q, HAS_K, IS_NEOX,
-                                          WORDS, PAIR_KIND, EMULATE, EVICT)
-        if ISSUE_FIRST:
-            tl.debug_barrier()
-        _rope_finish(qo_ptr, ko_ptr, cs_ptr, pid, pos, qa, qb, ka, kb, T, HQ, HK, max_pos, qo_st, qo_sh, ko_st,
-                     ko_sh, rot_offset, NB, HALF, HALF_P, BLOCK_T, BLOCK_HQ, BLOCK_HK, HAS_Q, HAS_K, IS_NEOX,
-                     INVERSE, WORDS, PAIR_KIND, OUT_DTYPE, EMULATE, CS_ROWS, EVICT)
-    else:  # out of place with dims outside the rotary slice, which pass through unchanged (bit copy)
-        tb = pid // NB
-        hb = pid - tb * NB
-        t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-        tmask = t < T
-        pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
+    tb = pid // NB
+    hb = pid - tb * NB
+    t = tb.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    pos = tl.load(pos_ptr + t, mask=tmask, other=0).to(tl.int64)
+    if HAS_Q:
+        hq = hb * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
+        q_ok, q_row, qo_row = _rope_rows(t, hq, T, HQ, q_st, q_sh, qo_st, qo_sh)
+        qa, qb = _rope_load(q_ptr, q_row, q_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE, EVICT)
+    if HAS_K:
+        hk = hb * BLOCK_HK + tl.arange(0, BLOCK_HK)
+        k_ok, k_row, ko_row = _rope_rows(t, hk, T, HK, k_st, k_sh, ko_st, ko_sh)
+        ka, kb = _rope_load(k_ptr, k_row, k_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE, EVICT)
+    if COPY:  # out of place with dims outside the rotary slice: they pass through unchanged (bit copy)
         d = tl.arange(0, D_P)
         if HAS_Q:
-            hq = hb * BLOCK_HQ + tl.arange(0, BLOCK_HQ)
-            q_ok, q_row, qo_row = _rope_rows(t, hq, T, HQ, q_st, q_sh, qo_st, qo_sh)
-            qa, qb = _rope_load(q_ptr, q_row, q_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE,
-                                EVICT)
             q_pm = _rope_keep_mask(q_ok, rot_offset, D, HALF, D_P)
             qv = tl.load(q_ptr + q_row[:, :, None] + d[None, None, :], mask=q_pm)
         if HAS_K:
-            hk = hb * BLOCK_HK + tl.arange(0, BLOCK_HK)
-            k_ok, k_row, ko_row = _rope_rows(t, hk, T, HK, k_st, k_sh, ko_st, ko_sh)
-            ka, kb = _rope_load(k_ptr, k_row, k_ok, rot_offset, HALF, HALF_P, IS_NEOX, WORDS, PAIR_KIND, EMULATE,
-                                EVICT)
             k_pm = _rope_keep_mask(k_ok, rot_offset, D, HALF, D_P)
             kv = tl.load(k_ptr + k_row[:, :, None] + d[None, None, :], mask=k_pm)
-        if ISSUE_FIRST:
-            tl.debug_barrier()
-        ok = tmask & (pos >= 0) & (pos < max_pos)  # a bad position reads nothing and poisons the slice
-        if HAS_Q:
-            c, s = load_cos_sin_rows(cs_ptr, pos, ok, BLOCK_HQ, HALF, HALF_P, CS_ROWS)
-            _rope_store(qo_ptr, qo_row, q_ok, qa, qb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
-                        PAIR_KIND, OUT_DTYPE, EMULATE, EVICT)
+    if ISSUE_FIRST:
+        tl.debug_barrier()
+    ok = tmask & (pos >= 0) & (pos < max_pos)  # a bad position reads nothing and poisons the slice
+    if HAS_Q:
+        c, s = load_cos_sin_rows(cs_ptr, pos, ok, BLOCK_HQ, HALF, HALF_P, CS_ROWS)
+        _rope_store(qo_ptr, qo_row, q_ok, qa, qb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
+                    PAIR_KIND, OUT_DTYPE, EMULATE, EVICT)
+        if COPY:
             tl.store(qo_ptr + qo_row[:, :, None] + d[None, None, :], qv, mask=q_pm)
-        if HAS_K:
-            c, s = load_cos_sin_rows(cs_ptr, pos, ok, BLOCK_HK, HALF, HALF_P, CS_ROWS)
-            _rope_store(ko_ptr, ko_row, k_ok, ka, kb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
-                        PAIR_KIND, OUT_DTYPE, EMULATE, EVICT)
+    if HAS_K:
+        c, s = load_cos_sin_rows(cs_ptr, pos, ok, BLOCK_HK, HALF, HALF_P, CS_ROWS)
+        _rope_store(ko_ptr, ko_row, k_ok, ka, kb, c, s, rot_offset, HALF, HALF_P, IS_NEOX, INVERSE, WORDS,
+                    PAIR_KIND, OUT_DTYPE, EMULATE, EVICT)
+        if COPY:
             tl.store(ko_ptr + ko_row[:, :, None] + d[None, None, :], kv, mask=k_pm)
 
 

@@ -13,6 +13,16 @@ def bytes_equal(a, b) -> bool:
     return a.shape == b.shape and torch.equal(a, b)
 
 
+def outputs_equal(got, want, label: str) -> bool:
+    """Every output of `got` byte-equal to the same position of `want` (None only against None); prints
+    "VERIFY FAIL <label>" otherwise."""
+    good = all((a is None and b is None) or (a is not None and b is not None and bytes_equal(a, b))
+               for a, b in zip(got, want, strict=True))
+    if not good:
+        print(f"VERIFY FAIL {label}")
+    return good
+
+
 def bench_us(fn, rep: int = 200) -> float:
     """Median microseconds per call (triton.testing.do_bench; probes' inputs are far larger than L2)."""
     return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3

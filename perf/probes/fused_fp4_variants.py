@@ -24,7 +24,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dispatch.reference import rmsnorm as rref  # noqa: E402
-from perf.probes._common import bench_us, bytes_equal, copy_gbps  # noqa: E402
+from perf.probes._common import bench_us, copy_gbps, outputs_equal  # noqa: E402
 from triton_ops import rmsnorm as R  # noqa: E402
 from triton_ops import swiglu as S  # noqa: E402
 
@@ -74,13 +74,8 @@ def verify(dev):
                     kw["global_scale"] = None if gs is None else gs.cpu()
                 want = rref.rms_norm_quant(x.cpu(), w.cpu(), 1e-6, None if r is None else r.cpu(), 0.0, q, **kw)
                 for name, v in rms_variants(rows, n, dev).items():
-                    got = rms_call(fmt, x, w, r, gs, **v)
-                    good = all(bytes_equal(a, b) for a, b in zip(got[:-1], want[:-1], strict=True))
-                    if r is not None:
-                        good &= bytes_equal(got[-1], want[-1])
-                    ok &= good
-                    if not good:
-                        print(f"VERIFY FAIL rms {q} {rows}x{n} res={r is not None} gs={gs is not None} {name}")
+                    ok &= outputs_equal(rms_call(fmt, x, w, r, gs, **v), want,
+                                        f"rms {q} {rows}x{n} res={r is not None} gs={gs is not None} {name}")
     for rows, i in (((129, 1024), (64, 2880)) if dev.type == "cuda" else ((5, 256),)):
         x = (torch.randn(rows, 2 * i, device=dev) * 2).bfloat16()
         ids = (torch.arange(rows, device=dev, dtype=torch.int32) % 9) - 1
@@ -91,10 +86,7 @@ def verify(dev):
             # bytes vs the old epilogue (y goes through exp, which the contract leaves to the backend; the GPU tests
             # compare each backend's bytes with the quantizer applied to its own y)
             for name, got in outs.items():
-                good = all(bytes_equal(a, b) for a, b in zip(got, ref, strict=True))
-                ok &= good
-                if not good:
-                    print(f"VERIFY FAIL swiglu {kind} {rows}x{i} {name} != old")
+                ok &= outputs_equal(got, ref, f"swiglu {kind} {rows}x{i} {name} != old")
     print("verify:", "OK" if ok else "FAILED")
     return ok
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import perf.peers  # noqa: E402
 from dispatch.reference import rmsnorm as rref  # noqa: E402
-from perf.probes._common import bench_us, bytes_equal, copy_gbps  # noqa: E402
+from perf.probes._common import bench_us, copy_gbps, outputs_equal  # noqa: E402
 from triton_ops import rmsnorm as R  # noqa: E402
 
 
@@ -59,13 +59,8 @@ def verify(dev):
                 want = rref.rms_norm_quant(x.cpu(), w.cpu(), 1e-6, None if r is None else r.cpu(), 0.0,
                                            "fp8_group" if fp8 else "none", group_size=128)
                 for name, v in variants(rows, n, dev).items():
-                    got = call(x, w, r, fp8, **v)
-                    got = [t for t in got if t is not None]
-                    good = all(bytes_equal(a, b) for a, b in zip(got, [t for t in want if t is not None],
-                                                                   strict=True))
-                    ok &= good
-                    if not good:
-                        print(f"VERIFY FAIL {rows}x{n} res={r is not None} fp8={fp8} {name}")
+                    ok &= outputs_equal(call(x, w, r, fp8, **v), want,
+                                        f"{rows}x{n} res={r is not None} fp8={fp8} {name}")
     print("verify:", "OK" if ok else "FAILED")
     return ok
 

@@ -45,12 +45,8 @@ def _runs_kernel(x_ptr, n_rows, STRIDE: tl.constexpr, OFF: tl.constexpr, RUN: tl
     c = tl.arange(0, RUN)
     p = x_ptr + (r * STRIDE + OFF)[:, None] + c[None, :]
     m = (r < n_rows)[:, None]
-    if EVICT:
-        v = tl.load(p, mask=m, eviction_policy="evict_first")
-        tl.store(p, v, mask=m, eviction_policy="evict_first")
-    else:
-        v = tl.load(p, mask=m)
-        tl.store(p, v, mask=m)
+    v = tl.load(p, mask=m, eviction_policy=EVICT)
+    tl.store(p, v, mask=m, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -66,19 +62,12 @@ def _runs_persistent_kernel(x_ptr, n_tiles, STRIDE: tl.constexpr, OFF: tl.conste
     step = npg.to(tl.int64) * (BLOCK_R * STRIDE)
     p = x_ptr + pid.to(tl.int64) * (BLOCK_R * STRIDE) + offs
     ok = (pid + r * 0 < n_tiles)[:, None]  # a tensor mask (the interpreter rejects scalar masks)
-    if EVICT:
-        v = tl.load(p, mask=ok, eviction_policy="evict_first")
-    else:
-        v = tl.load(p, mask=ok)
+    v = tl.load(p, mask=ok, eviction_policy=EVICT)
     for it in range(pid + npg, n_tiles + npg, npg):
         pn = p + step
         okn = (it + r * 0 < n_tiles)[:, None]
-        if EVICT:
-            vn = tl.load(pn, mask=okn, eviction_policy="evict_first")
-            tl.store(p, v, mask=ok, eviction_policy="evict_first")
-        else:
-            vn = tl.load(pn, mask=okn)
-            tl.store(p, v, mask=ok)
+        vn = tl.load(pn, mask=okn, eviction_policy=EVICT)
+        tl.store(p, v, mask=ok, eviction_policy=EVICT)
         p, v, ok = pn, vn, okn
 
 
@@ -98,15 +87,16 @@ def _runs_staged_kernel(x_ptr, n_tiles, STRIDE: tl.constexpr, OFF: tl.constexpr,
 
 def launch(x, kind, stride, off, run, block_r, warps, evict=False, ctas_per_sm=0, stages=3):
     rows = x.numel() // stride
+    policy = "evict_first" if evict else ""  # the kernels' EVICT: the loads' and stores' eviction policy
     if kind == "flat":
         _runs_kernel[(triton.cdiv(rows, block_r),)](x, rows, STRIDE=stride, OFF=off, RUN=run, BLOCK_R=block_r,
-                                                    EVICT=evict, num_warps=warps)
+                                                    EVICT=policy, num_warps=warps)
         return
     assert rows % block_r == 0
     tiles = rows // block_r
     grid = (min(tiles, ctas_per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count),)
     if kind == "persistent":
-        _runs_persistent_kernel[grid](x, tiles, STRIDE=stride, OFF=off, RUN=run, BLOCK_R=block_r, EVICT=evict,
+        _runs_persistent_kernel[grid](x, tiles, STRIDE=stride, OFF=off, RUN=run, BLOCK_R=block_r, EVICT=policy,
                                       num_warps=warps)
     else:
         _runs_staged_kernel[grid](x, tiles, STRIDE=stride, OFF=off, RUN=run, BLOCK_R=block_r, STAGES=stages,

@@ -20,7 +20,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from perf.probes._common import bench_us, bytes_equal, copy_gbps  # noqa: E402
+from perf.probes._common import bench_us, copy_gbps, outputs_equal  # noqa: E402
 from triton_ops import rmsnorm as R  # noqa: E402
 from triton_ops import swiglu as S  # noqa: E402
 
@@ -59,10 +59,7 @@ def main():
             for c in CONFIGS[1:]:
                 if c[1] > triton.next_power_of_2(i):
                     continue
-                good = all(bytes_equal(a, b) for a, b in zip(call(kind, x, ids, gs, c), ref, strict=True))
-                ok &= good
-                if not good:
-                    print(f"VERIFY FAIL {kind} {rows}x{i} {_name(c)}")
+                ok &= outputs_equal(call(kind, x, ids, gs, c), ref, f"{kind} {rows}x{i} {_name(c)}")
     print("verify:", "OK" if ok else "FAILED")
     copy_bw = copy_gbps(dev)
     recs = []
