@@ -196,6 +196,19 @@ def cast_out(x, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
         return x.to(OUT_DTYPE)
 
 
+@triton.jit
+def exp_flush(x, EMULATE: tl.constexpr):
+    """e^x as Triton's exp computes it (fp32 x * log2(e), then the ex2.approx unit), except that results
+    below 2^-126 are flushed to zero on the GPU (ex2.approx.ftz: one FMUL + one MUFU.EX2; the non-flushing
+    form adds a compare and two predicated multiplies per element to scale its subnormal range). Equal to
+    tl.exp wherever the result is >= 2^-126. For callers that add it to 1 (sigmoid denominators: 1 + t == 1
+    for every t < 2^-24), so their bytes are unchanged (perf/NOTES.md "Session 7")."""
+    if EMULATE:
+        return tl.exp(x)
+    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
 # ------------------------------------------------------------------------------ per-block scale rules
 # One definition each, used by every kernel that emits these formats (the bytes are the contract in
 # dispatch/reference/quant.py). Each returns what the element loop needs: the scale to store and the exact
@@ -301,4 +314,16 @@ def round_pairs(y_lo, y_hi, OUT_KIND: tl.constexpr, EMULATE: tl.constexpr):
         w = tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [y_hi, y_lo], dtype=tl.int32,
                                       is_pure=True, pack=1)
     lo, hi = split_pairs(w, OUT_KIND)
+    return w, lo, hi
+
+
+@triton.jit
+def round_pairs_to(y_lo, y_hi, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    """round_pairs for an output given as a Triton dtype (bf16, fp16 or fp32)."""
+    if OUT_DTYPE == tl.bfloat16:
+        w, lo, hi = round_pairs(y_lo, y_hi, 0, EMULATE)
+    elif OUT_DTYPE == tl.float16:
+        w, lo, hi = round_pairs(y_lo, y_hi, 1, EMULATE)
+    else:
+        w, lo, hi = round_pairs(y_lo, y_hi, 2, EMULATE)
     return w, lo, hi

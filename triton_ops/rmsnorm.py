@@ -35,6 +35,7 @@ from ._formats import (
     mxfp4_block_scale_ex,
     nvfp4_block_scale_ex,
     round_pairs,
+    round_pairs_to,
     split_pairs,
     swizzled_offset_128x4,
 )
@@ -99,14 +100,12 @@ def out_pairs(y, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.con
               HP: tl.constexpr):
     """y (fp32 [BLOCK_M, 2 * NB * HP]) rounded to OUT_DTYPE, as fp32 pairs (even, odd column) [BLOCK_M, NB, HP]:
     the quantize kernel's layout (triton_ops/quant_fp4.py), so its per-pair code applies as is. Also returns the
-    pairs' sign word: the high halves of both fp32 words (even's sign at bit 15, odd's at bit 31; one byte
-    permute), what that code reads from a bf16/fp16 input pair word. Rounding keeps the sign, so these are the
-    signs of the rounded outputs. (Not (lo >> 16) | hi: for fp16/fp32 outputs hi's bit 15 is a mantissa bit.
-    Skipping the mask for bf16 saved 8 instructions per row in SASS but cost 6 registers at 8 warps: 70 > 64.)"""
-    yr = cast_out(y, OUT_DTYPE, EMULATE).to(tl.float32)
-    lo, hi = tl.split(tl.reshape(yr, [BLOCK_M, NB, HP, 2]))
-    w = (lo.to(tl.uint32, bitcast=True) >> 16) | (hi.to(tl.uint32, bitcast=True) & 0xFFFF0000)
-    return lo, hi, w.to(tl.int32, bitcast=True)
+    pairs' sign word (bit 15: even's sign, bit 31: odd's), what that code reads from a bf16/fp16 input pair word.
+    Rounding keeps the sign, so these are the signs of the rounded outputs. The pair is split before rounding so
+    one cvt rounds both (round_pairs: a per-element cast read back as fp32 is one slow-pipe F2F per element)."""
+    lo, hi = tl.split(tl.reshape(y, [BLOCK_M, NB, HP, 2]))
+    w, lo, hi = round_pairs_to(lo, hi, OUT_DTYPE, EMULATE)
+    return lo, hi, w
 
 
 @triton.jit
@@ -157,13 +156,15 @@ def quant_epilogue(
     to scale_cols_padded, writing zero bytes there (GEMMs read them).
     """
     cols = col0 + tl.arange(0, BLOCK_N)
-    yr = cast_out(y, OUT_DTYPE, EMULATE)
     mask = row_in[:, None] & (cols < K)[None, :]
     if FMT == 0:
-        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], yr, mask=mask)
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], cast_out(y, OUT_DTYPE, EMULATE), mask=mask)
     elif FMT == 1:
         NG: tl.constexpr = BLOCK_N // GROUP
-        yg = tl.reshape(yr.to(tl.float32), [BLOCK_M, NG, GROUP])
+        # rounded in pairs (one cvt per two values, see out_pairs), then back to [BLOCK_M, NG, GROUP]
+        lo, hi = tl.split(tl.reshape(y, [BLOCK_M, BLOCK_N // 2, 2]))
+        _, lo, hi = round_pairs_to(lo, hi, OUT_DTYPE, EMULATE)
+        yg = tl.reshape(tl.join(lo, hi), [BLOCK_M, NG, GROUP])
         amax = amax_nan(yg, 2)
         s, inv = fp8_group_scale(amax, fp8_eps, UE8M0)  # the foundation's rule (triton_ops/_formats.py)
         q = yg * inv[:, :, None]

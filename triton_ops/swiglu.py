@@ -19,7 +19,7 @@ import triton.language as tl
 from dispatch.checks import rows_view
 from dispatch.reference.formats import round_up
 
-from ._formats import split_pairs
+from ._formats import exp_flush, split_pairs
 from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
 from .rmsnorm import (
     FMT_FP8,
@@ -118,12 +118,12 @@ def _swiglu_kernel(
     # against 0.96 before it; not re-measured with this gating yet).
     a, b, grp, tok = _load_tile(x_ptr, eid_ptr, mm_ptr, row0 + tl.arange(0, BLOCK_M), M, I, cols, cmask, stride_xm,
                                 max_m, INTERLEAVE, PAIR_WORDS, MOE)
-    # Only the amax pass walks several blocks; elsewhere the loop has one trip. NVFP4 makes it a compile-time
-    # one: with a runtime bound ptxas hoisted the (loop-invariant) math out of the loop and ran both sides of
-    # the epilogue's fast/exact branch for every tile. Not for the other formats: there it moved plain
-    # silu*mul from 43 to 58 registers (fewer CTAs per SM for a kernel at 0.96 of copy; perf/NOTES.md
-    # "Session 2: FP4 epilogues").
-    if PASS == 1 or FMT != 3:
+    # Only the amax pass walks several blocks; elsewhere the loop has one trip, made a compile-time one: with a
+    # runtime bound ptxas hoisted the (loop-invariant) math out of the loop, ran both sides of the NVFP4
+    # epilogue's fast/exact branch for every tile and unrolled the store tail 4x (sm_90 SASS, 16 outputs per
+    # thread: FP8 32.9 -> 29.4 instructions per output with the session-7 exp/rounding changes; the session-2
+    # register growth that kept it runtime for plain outputs, 43 -> 58, is gone: 55 either way).
+    if PASS == 1:
         loop_rows = rows_per_prog
     else:
         loop_rows: tl.constexpr = BLOCK_M
@@ -146,10 +146,11 @@ def _swiglu_kernel(
         # Exactly rounded division (div_rn), as in the reference: '/' (div.full.f32, <= 2 ulp) was tried in
         # session 2 and moved enough float outputs by an ulp that a GPU test saw > 1% of FP8 codes differ from
         # the reference composition on a 64-element row; the ~8 instructions per element are kept.
+        # exp_flush: 1 + e^-x is the same with subnormal e^-x flushed (3 fewer instructions per element).
         if GPTOSS:
-            y = tl.math.div_rn(g, 1.0 + tl.exp(-(alpha * g))) * (u + 1.0)
+            y = tl.math.div_rn(g, 1.0 + exp_flush(-(alpha * g), EMULATE)) * (u + 1.0)
         else:
-            y = tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u
+            y = tl.math.div_rn(g, 1.0 + exp_flush(-g, EMULATE)) * u
         if PASS == 1:
             acc = tl.maximum(acc, tile_amax_bits(y, tok, col0 // 2 + tl.arange(0, BLOCK_N // 2) < I // 2, OUT_DTYPE,
                                                  EMULATE, BLOCK_M, BLOCK_N))
