@@ -58,7 +58,8 @@ _read_arch_env = env_reader(ARCH_ENV)
 
 def arch_env() -> str | bytes | None:
     """The raw CUTE_DSL_ARCH value (cheap: for per-call cache keys)."""
-    return _read_arch_env()[0]
+    values = _read_arch_env()
+    return None if values is None else values[0]
 
 
 def target_arch(device_index: int | None = None) -> str:

@@ -66,10 +66,13 @@ def resolve_arch() -> str:
 def env_reader(*names: str):
     """A function returning the raw values of env vars `names` (None where unset), cheap enough for per-call
     cache keys: os.environ.get of a missing key costs ~2 us (it raises and catches KeyError inside); the raw
-    mapping under os.environ, which its setters (and so monkeypatch and users) keep in sync, costs ~0.1 us."""
+    mapping under os.environ, which its setters (and so monkeypatch and users) keep in sync, costs ~0.1 us.
+    When none of them is set (the usual case) it returns None after one C-level set test (~0.35 us on the CI
+    host against ~0.75 for reading five keys)."""
     raw = getattr(os.environ, "_data", None)
     if raw is None:  # not CPython's _Environ: the public, slower path
         return lambda: tuple(map(os.environ.get, names))
     keys = tuple(os.environ.encodekey(name) for name in names)
-    return lambda: tuple(map(raw.get, keys))
-
+    key_set = frozenset(keys)
+    present = raw.keys()
+    return lambda: None if present.isdisjoint(key_set) else tuple(map(raw.get, keys))

@@ -43,14 +43,16 @@ def _signature(args: tuple):
     """What checks and backend choice can depend on: tensor metadata (dtype, device, shape, strides, the
     data pointer's and the storage offset's alignment up to 16) and the other arguments' values; None when an
     argument is of another kind (then the call always takes the checked path). One flat tuple (no per-tensor
-    inner tuples), env first: it is built and hashed on every eager call (~1 us less than the nested form)."""
+    inner tuples), env first: it is built and hashed on every eager call (~1 us less than the nested form).
+    The env part is None while none of _SELECT_ENV is set (env_reader)."""
     env = _read_select_env()
-    if env[-1] is not None:
+    if env is not None and env[-1] is not None:
         return None
     sig = [_scoped.get(), env]
+    add = sig.append
     for a in args:
         if type(a) in _PLAIN:
-            sig.append(a)
+            add(a)
         elif isinstance(a, torch.Tensor):
             sig += (a.dtype, a.device, a.shape, a.stride(), (a.storage_offset() & 15) << 4 | (a.data_ptr() & 15))
         else:
