@@ -190,8 +190,8 @@ class SwigluConfig:
     num_warps: int
 
 
-def pick_swiglu_config(rows: int, i: int, device: torch.device, min_block_n: int, quantized: bool = False
-                       ) -> SwigluConfig:
+def pick_swiglu_config(rows: int, i: int, device: torch.device, min_block_n: int, quantized: bool = False,
+                       fp8: bool = False) -> SwigluConfig:
     """GPU: ~4K outputs per program (8 warps, 16-byte loads, ~16 values per thread in flight); columns up to
     1024 so wide rows still give many programs. Long batches: one row per program, 2048 columns at 4 warps
     (quantized) or 4096 at 8 (plain). H200 probe at 16384x4096 (perf/NOTES.md "Session 6"), vs 4 x 1024 at 8
@@ -201,7 +201,13 @@ def pick_swiglu_config(rows: int, i: int, device: torch.device, min_block_n: int
         # the widest tile that wastes the fewest masked columns (GPT-OSS I = 2880: 3 x 1024, not 2 x 2048)
         widths = [b for b in ((2048, 1024) if quantized else (4096, 2048, 1024)) if b >= min_block_n] or [min_block_n]
         block_n = min(widths, key=lambda b: (round_up(max(i, 1), b) - max(i, 1), -b))
-        return SwigluConfig(1, block_n, max(2, min(8, block_n // 512)))
+        num_warps = max(2, min(8, block_n // 512))
+        if fp8 and block_n == 1024 and i % 2048:
+            # FP8 on 1024-wide tiles of a row that 2048-wide ones would mask (GPT-OSS I = 2880): 4 warps, 8
+            # values per thread. H200 probe, 16384 x 2880: 85.1 vs 95.3 us at 2 warps (session 7; session 6:
+            # 88.7 vs 99.1). At I = 4096 the 2048-wide tile stays (95.5 us; 1024 at 4 warps 98.2).
+            num_warps = 4
+        return SwigluConfig(1, block_n, num_warps)
     target, max_n = (32768, 4096) if device.type == "cpu" else (4096, 1024)
     block_n = max(min_block_n, min(next_pow2(max(i, 1)), max_n))
     block_m = max(1, min(next_pow2(max(rows, 1)), target // block_n))
@@ -254,7 +260,8 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
     geo = epilogue_geometry(fmt, scales, rows, i, group, swizzle)
     stride_sm, stride_sg, scale_cols_padded, grid_rows = geo.stride_sm, geo.stride_sg, geo.scale_cols_padded, \
         geo.grid_rows
-    cfg = cfg or pick_swiglu_config(grid_rows, i, dev, max(min_block(fmt, group), interleave), fmt != FMT_NONE)
+    cfg = cfg or pick_swiglu_config(grid_rows, i, dev, max(min_block(fmt, group), interleave), fmt != FMT_NONE,
+                                    fmt == FMT_FP8)
     moe = MOE_CONTIGUOUS if expert_ids is not None else (MOE_MASKED if masked_m is not None else MOE_NONE)
     eid = expert_ids.reshape(-1) if expert_ids is not None else x2
     mm = masked_m if masked_m is not None else x2
