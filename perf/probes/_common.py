@@ -1,6 +1,10 @@
-"""What the bare-launcher GPU probes share: byte comparison, a do_bench timer and the copy roof they report against."""
+"""What the bare-launcher GPU probes share: byte comparison, a do_bench timer, the copy roof they report against and
+the variant records they print and write."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 import triton
@@ -35,3 +39,25 @@ def copy_gbps(dev: torch.device) -> float:
     gbps = 2 * big.numel() / (bench_us(lambda: dst.copy_(big)) * 1e-6) / 1e9
     print(f"copy roof {gbps:.0f} GB/s")
     return gbps
+
+
+class VariantTimer:
+    """Times probe variants against a copy roof measured at construction: one printed line and one record
+    (the caller's fields, then us, gbps, copy_frac) per variant; `write` saves them as the probe's --out JSON."""
+
+    def __init__(self, dev: torch.device, rep: int = 200):
+        self.copy_gbps = copy_gbps(dev)
+        self.rep = rep
+        self.records: list[dict] = []
+
+    def time(self, label: str, fn, nbytes: int, **fields) -> float:
+        us = bench_us(fn, rep=self.rep)
+        gbps = nbytes / (us * 1e-6) / 1e9
+        self.records.append(dict(fields, us=us, gbps=gbps, copy_frac=gbps / self.copy_gbps))
+        print(f"{label} {us:8.1f} us {gbps:7.0f} GB/s {gbps / self.copy_gbps:.3f} of copy")
+        return us
+
+    def write(self, path: str | None, verify_ok: bool) -> None:
+        if path:
+            Path(path).write_text(json.dumps(dict(verify_ok=verify_ok, copy_gbps=self.copy_gbps,
+                                                  records=self.records), indent=1))

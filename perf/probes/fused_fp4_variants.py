@@ -14,7 +14,6 @@ Run: python perf/probes/fused_fp4_variants.py [--out probe.json]   (~30-50 s, mo
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dispatch.reference import rmsnorm as rref  # noqa: E402
-from perf.probes._common import bench_us, copy_gbps, outputs_equal  # noqa: E402
+from perf.probes._common import VariantTimer, outputs_equal  # noqa: E402
 from triton_ops import rmsnorm as R  # noqa: E402
 from triton_ops import swiglu as S  # noqa: E402
 
@@ -97,14 +96,10 @@ def main():
     args = ap.parse_args()
     dev = torch.device("cuda")
     ok = verify(dev)
-    copy_bw = copy_gbps(dev)
-    recs = []
+    timer = VariantTimer(dev)
 
     def run(op, case, name, fn, nbytes):
-        us = bench_us(fn)
-        gbps = nbytes / (us * 1e-6) / 1e9
-        recs.append(dict(op=op, case=case, variant=name, us=us, gbps=gbps, copy_frac=gbps / copy_bw))
-        print(f"{op:16s} {case:44s} {name:10s} {us:8.1f} us {gbps:7.0f} GB/s {gbps / copy_bw:.2f} of copy")
+        timer.time(f"{op:16s} {case:44s} {name:10s}", fn, nbytes, op=op, case=case, variant=name)
 
     rows, n = 32768, 4096
     x = torch.randn(rows, n, device=dev).bfloat16()
@@ -130,8 +125,7 @@ def main():
         for name, v in sw_variants(m, i, dev).items():
             run("swiglu_fp4", f"M={m} I={i} {case}", name, lambda v=v, kind=kind: sw_call(kind, xs, ids, gse, **v),
                 nbytes)
-    if args.out:
-        Path(args.out).write_text(json.dumps(dict(verify_ok=ok, copy_gbps=copy_bw, records=recs), indent=1))
+    timer.write(args.out, ok)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ Run: python perf/probes/rmsnorm_plain_variants.py [--out probe.json]   (~30 s)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import perf.peers  # noqa: E402
 from dispatch.reference import rmsnorm as rref  # noqa: E402
-from perf.probes._common import bench_us, copy_gbps, outputs_equal  # noqa: E402
+from perf.probes._common import VariantTimer, outputs_equal  # noqa: E402
 from triton_ops import rmsnorm as R  # noqa: E402
 
 
@@ -71,16 +70,12 @@ def main():
     args = ap.parse_args()
     dev = torch.device("cuda")
     ok = verify(dev)
-    copy_bw = copy_gbps(dev)
+    timer = VariantTimer(dev, rep=300)
     liger = perf.peers.liger_rms_norm()
     liger_add = perf.peers.liger_fused_add_rms_norm()
-    recs = []
 
     def run(case, name, fn, nbytes):
-        us = bench_us(fn, rep=300)
-        gbps = nbytes / (us * 1e-6) / 1e9
-        recs.append(dict(op="rms_norm", case=case, variant=name, us=us, gbps=gbps, copy_frac=gbps / copy_bw))
-        print(f"{case:34s} {name:10s} {us:8.1f} us {gbps:7.0f} GB/s {gbps / copy_bw:.3f} of copy")
+        timer.time(f"{case:34s} {name:10s}", fn, nbytes, op="rms_norm", case=case, variant=name)
 
     for rows, n in ((32768, 4096), (4096, 7168), (16384, 2880)):
         x = torch.randn(rows, n, device=dev).bfloat16()
@@ -102,8 +97,7 @@ def main():
                 for name, v in variants(rows, n, dev).items():
                     run(case.replace("bf16", "bf16 -> fp8 g128"), name,
                         lambda v=v, x=x, w=w, r=r: call(x, w, r, True, **v), fbytes)
-    if args.out:
-        Path(args.out).write_text(json.dumps(dict(verify_ok=ok, copy_gbps=copy_bw, records=recs), indent=1))
+    timer.write(args.out, ok)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ Run: PYTHONPATH=$PWD python perf/probes/swiglu_variants.py [--out OUT.json]   (~
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from perf.probes._common import bench_us, copy_gbps, outputs_equal  # noqa: E402
+from perf.probes._common import VariantTimer, outputs_equal  # noqa: E402
 from triton_ops import rmsnorm as R  # noqa: E402
 from triton_ops import swiglu as S  # noqa: E402
 
@@ -61,8 +60,7 @@ def main():
                     continue
                 ok &= outputs_equal(call(kind, x, ids, gs, c), ref, f"{kind} {rows}x{i} {_name(c)}")
     print("verify:", "OK" if ok else "FAILED")
-    copy_bw = copy_gbps(dev)
-    recs = []
+    timer = VariantTimer(dev)
     for rows, i, kinds in ((16384, 4096, ("plain", "fp8", "mx", "nv")), (16384, 2880, ("fp8", "mx"))):
         x = torch.randn(rows, 2 * i, device=dev).bfloat16()
         ids = torch.randint(-1, 8, (rows,), device=dev, dtype=torch.int32).sort().values
@@ -72,13 +70,10 @@ def main():
         for kind in kinds:
             nbytes = 4 * rows * i + out_bytes[kind]
             for c in CONFIGS:
-                us = bench_us(lambda c=c, kind=kind, x=x, ids=ids, gs=gs: call(kind, x, ids, gs, c))
-                gbps = nbytes / us / 1e3
-                recs.append(dict(kind=kind, M=rows, I=i, variant=_name(c), us=us, gbps=gbps, copy_frac=gbps / copy_bw))
-                print(f"swiglu {kind:6s} M={rows} I={i} {_name(c):10s} {us:8.1f} us {gbps:7.0f} GB/s "
-                      f"{gbps / copy_bw:.3f} of copy")
-    if args.out:
-        Path(args.out).write_text(json.dumps(dict(verify_ok=ok, copy_gbps=copy_bw, records=recs), indent=1))
+                timer.time(f"swiglu {kind:6s} M={rows} I={i} {_name(c):10s}",
+                           lambda c=c, kind=kind, x=x, ids=ids, gs=gs: call(kind, x, ids, gs, c), nbytes,
+                           kind=kind, M=rows, I=i, variant=_name(c))
+    timer.write(args.out, ok)
 
 
 if __name__ == "__main__":
