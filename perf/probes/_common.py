@@ -3,6 +3,7 @@ the variant records they print and write."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
@@ -59,5 +60,7 @@ class VariantTimer:
 
     def write(self, path: str | None, verify_ok: bool) -> None:
         if path:
-            Path(path).write_text(json.dumps(dict(verify_ok=verify_ok, copy_gbps=self.copy_gbps,
+            env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+            Path(path).write_text(json.dumps(dict(env=env, verify_ok=verify_ok, copy_gbps=self.copy_gbps,
                                                   records=self.records), indent=1))
