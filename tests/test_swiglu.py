@@ -4,11 +4,14 @@ output (exact), pinned layouts, padding rows, NaN, empty inputs, errors, opcheck
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import triton_ops.swiglu as triton_swiglu
 from dispatch import ops
 from dispatch.checks import LowbitInputError
 from dispatch.reference import swiglu as ref
@@ -110,6 +113,32 @@ def test_swiglu_moe(device, moe, quant, layout, per_expert, seed, interleave):
     if quant == "nvfp4":
         gs = torch.rand(n_exp, generator=g) * 0.004 + 1e-4 if per_expert else torch.tensor(0.003)
     check_swiglu(x, device, quant, layout, gs, interleave=interleave, activation="silu", limit=7.0, **kw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(layout_kind=st.sampled_from(["dense", "contiguous", "masked"]), layout=st.sampled_from(["linear", "swizzled"]),
+       interleave=st.sampled_from([0, 1, 8]), dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+       special=st.sampled_from([None, "nan", "inf", "zeros"]), seed=st.integers(0, 2**20))
+def test_swiglu_nvfp4_computed_gs_split(device, layout_kind, layout, interleave, dtype, special, seed):
+    """Long batches with a computed NVFP4 global scale store y and its amax, then run the NVFP4 quantizer
+    (triton_ops/swiglu.py: NVFP4_COMPUTED_GS_SPLIT_ROWS, forced on here for small shapes): the same contract."""
+    g = torch.Generator().manual_seed(seed)
+    kw = dict(activation="gptoss", alpha=1.702, limit=7.0)
+    if layout_kind == "dense":
+        x = _x((6,), 64, dtype, "mixed_scale", seed)
+    elif layout_kind == "contiguous":
+        x = _x((40,), 128, dtype, seed=seed)
+        kw["expert_ids"] = torch.randint(-1, 3, (40,), generator=g, dtype=torch.int32)
+    else:
+        x = _x((3, 12), 128, dtype, seed=seed)
+        kw["masked_m"] = torch.tensor([0, 5, 12], dtype=torch.int32)
+    rows = x.reshape(-1, x.shape[-1])
+    if special == "zeros":
+        rows.zero_()
+    elif special is not None:
+        rows[1, 2] = float(special)
+    with mock.patch.object(triton_swiglu, "NVFP4_COMPUTED_GS_SPLIT_ROWS", 0):
+        check_swiglu(x, device, "nvfp4", layout, None, interleave=interleave, **kw)
 
 
 # ------------------------------------------------------------------------------------------ pinned cases
@@ -264,6 +293,16 @@ def test_swiglu_cuda_graph():
 def test_swiglu_large_gpu(quant, interleave):
     x = _x((512,), 3072, dist="mixed_scale", seed=3)
     check_swiglu(x, "cuda", quant, "swizzled", None, 128, interleave=interleave, activation="gptoss", limit=7.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("moe", [False, True])
+def test_swiglu_nvfp4_computed_gs_long_batch_gpu(moe):
+    """Rows past NVFP4_COMPUTED_GS_SPLIT_ROWS (not patched): the float output + amax, then the NVFP4 quantizer."""
+    rows = max(triton_swiglu.NVFP4_COMPUTED_GS_SPLIT_ROWS, 1)
+    x = _x((rows,), 1024, dist="mixed_scale", seed=5)
+    kw = dict(expert_ids=(torch.arange(rows, dtype=torch.int32) % 5) - 1) if moe else {}
+    check_swiglu(x, "cuda", "nvfp4", "swizzled", None, interleave=1, activation="gptoss", limit=7.0, **kw)
 
 
 @pytest.mark.gpu

@@ -266,7 +266,9 @@ def _fp4_dequantize_kernel(
 
 
 def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bool = False,
-              global_scale: torch.Tensor | None = None):
+              global_scale: torch.Tensor | None = None, amax_partials: torch.Tensor | None = None):
+    """amax_partials (NVFP4 without a global scale): fp32 partial maxima of |x| already computed by the caller
+    (the kernel folds them into amax / 2688 as it does its own amax pass's)."""
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
     block = MXFP4_BLOCK if is_mx else NVFP4_BLOCK
     x2 = rows_view(op, "x", x)
@@ -286,6 +288,9 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
     gs_mode, gs_in, n_partials, partials_block = GS_NONE, gs_out, 1, 1
     if not is_mx and global_scale is not None:
         gs_mode, gs_in = GS_GIVEN, global_scale
+    elif not is_mx and amax_partials is not None:
+        gs_mode, gs_in, n_partials = GS_FROM_PARTIALS, amax_partials, amax_partials.numel()
+        partials_block = triton.next_power_of_2(n_partials)
     elif not is_mx:
         gs_mode = GS_FROM_PARTIALS
         plan = amax_plan(rows, k, x.device)
@@ -367,6 +372,12 @@ def supports_mxfp4_quantize(x, rounding, swizzle) -> str | None:
 
 def nvfp4_quantize(x, global_scale, swizzle):
     return _quantize(x, "nvfp4_quantize", is_mx=False, swizzle=swizzle, global_scale=global_scale)
+
+
+def nvfp4_quantize_given_amax(x, amax_partials, swizzle):
+    """NVFP4 with the global scale computed from partial maxima of |x| the caller already has (fused SwiGLU
+    stores its float output and its amax, then quantizes here): same bytes as nvfp4_quantize(x, None, ...)."""
+    return _quantize(x, "nvfp4_quantize", is_mx=False, swizzle=swizzle, amax_partials=amax_partials)
 
 
 def nvfp4_dequantize(codes, scales, global_scale, swizzle, out_dtype):

@@ -19,7 +19,8 @@ import triton.language as tl
 from dispatch.checks import rows_view
 from dispatch.reference.formats import round_up
 
-from ._formats import exp_flush, split_pairs
+from . import quant_fp4
+from ._formats import abs_bits, cast_out, exp_flush, split_pairs
 from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
 from .rmsnorm import (
     FMT_FP8,
@@ -85,17 +86,30 @@ def _load_tile(x_ptr, eid_ptr, mm_ptr, rows, M, I, cols, cmask, stride_xm, max_m
 
 
 @triton.jit
+def _silu_ratio(g, d, DIV_RN: tl.constexpr):
+    """g / d for d = 1 + e^-g' >= 1: div.rn (exact, ~10 SASS instructions with its range check and slow-path
+    branch) or '/' (div.full.f32: <= 2 fp32 ulps, full range, ~4 instructions). exp is not correctly rounded on
+    any backend, so the float output is a tolerance contract either way (docs/norm_act.md)."""
+    if DIV_RN:
+        return tl.math.div_rn(g, d)
+    else:
+        return g / d
+
+
+@triton.jit
 def _swiglu_kernel(
     x_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr, eid_ptr, mm_ptr,
     M, I, stride_xm, stride_om, stride_sm, stride_sg, alpha, limit, fp8_eps, max_m, rows_per_prog,
     scale_rows_bound, scale_cols_padded, n_partials, n_gs,
     INTERLEAVE: tl.constexpr, PAIR_WORDS: tl.constexpr, IN_KIND: tl.constexpr,
     GPTOSS: tl.constexpr, CLAMP: tl.constexpr, MOE: tl.constexpr,
-    PASS: tl.constexpr, GS_MODE: tl.constexpr,
+    PASS: tl.constexpr, GS_MODE: tl.constexpr, DIV_RN: tl.constexpr,
     FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
     OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS_BLOCK: tl.constexpr, STORE_AMAX: tl.constexpr = False,
 ):
+    """STORE_AMAX (float output, single pass): also atomic-max the tile's max |stored y| bits into partial_ptr[0]
+    (int32, zeroed by the caller): the computed-global-scale NVFP4 path quantizes that y afterwards."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     col0 = pid_n * BLOCK_N
@@ -143,14 +157,11 @@ def _swiglu_kernel(
             g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
             u = tl.minimum(tl.maximum(u, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
                            propagate_nan=tl.PropagateNan.ALL)
-        # Exactly rounded division (div_rn), as in the reference: '/' (div.full.f32, <= 2 ulp) was tried in
-        # session 2 and moved enough float outputs by an ulp that a GPU test saw > 1% of FP8 codes differ from
-        # the reference composition on a 64-element row; the ~8 instructions per element are kept.
         # exp_flush: 1 + e^-x is the same with subnormal e^-x flushed (3 fewer instructions per element).
         if GPTOSS:
-            y = tl.math.div_rn(g, 1.0 + exp_flush(-(alpha * g), EMULATE)) * (u + 1.0)
+            y = _silu_ratio(g, 1.0 + exp_flush(-(alpha * g), EMULATE), DIV_RN) * (u + 1.0)
         else:
-            y = tl.math.div_rn(g, 1.0 + exp_flush(-g, EMULATE)) * u
+            y = _silu_ratio(g, 1.0 + exp_flush(-g, EMULATE), DIV_RN) * u
         if PASS == 1:
             acc = tl.maximum(acc, tile_amax_bits(y, tok, col0 // 2 + tl.arange(0, BLOCK_N // 2) < I // 2, OUT_DTYPE,
                                                  EMULATE, BLOCK_M, BLOCK_N))
@@ -171,6 +182,10 @@ def _swiglu_kernel(
             quant_epilogue(y, rows, row_in, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs, gs_exact,
                            scale_rows_bound, 0, scale_cols_padded, fp8_eps,
                            FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
+            if STORE_AMAX:  # max |y| of what was stored (the rounded y); integer bits: NaN sorts above Inf
+                bits = abs_bits(cast_out(y, OUT_DTYPE, EMULATE).to(tl.float32))
+                bits = tl.where(tok[:, None] & cmask[None, :], bits, 0)
+                tl.atomic_max(partial_ptr, tl.max(tl.max(bits, 1), 0))
         if PASS == 1:
             a = a_next
             b = b_next
@@ -231,15 +246,31 @@ def supports_swiglu_fp8_group(x, interleave, activation, alpha, limit, expert_id
 # ------------------------------------------------------------------------------------------- launcher
 
 
+# silu's g / (1 + e^-g): exactly rounded (div.rn) or div.full.f32 (see _silu_ratio; perf/NOTES.md "Session 8").
+SILU_DIV_RN = False
+
+# NVFP4 with a computed global scale: from this many rows on, the float output is stored (with its amax) and
+# then quantized by the NVFP4 quantizer, instead of two fused passes that each evaluate the activation. Same
+# bytes by contract (quantized output == quantizer(own float output)). H200, 16384 x 4096 GPT-OSS: see
+# perf/NOTES.md "Session 8". Short batches keep the fused passes (no intermediate, two launches).
+NVFP4_COMPUTED_GS_SPLIT_ROWS = 2048
+
+
 def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, *, fmt, group=128,
             quant_eps=1e-10, ue8m0=False, column_major=False, rounding="floor", swizzle=False, global_scale=None,
-            cfg=None):
+            cfg=None, amax_out=None):
+    """amax_out (float output only): int32 [1], zeroed, that receives max |y| as fp32 bits."""
     op = "swiglu"
     out_dtype = out_dtype or x.dtype
     lead, i = tuple(x.shape[:-1]), x.shape[-1] // 2
     x2 = rows_view(op, "x", x)
     rows = x2.shape[0]
     dev = x.device
+    if fmt == FMT_NV and global_scale is None and rows >= max(1, NVFP4_COMPUTED_GS_SPLIT_ROWS) and i > 0:
+        amax = torch.zeros(1, dtype=torch.int32, device=dev)
+        y = _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, fmt=FMT_NONE,
+                    amax_out=amax)
+        return quant_fp4.nvfp4_quantize_given_amax(y, amax.view(torch.float32), swizzle)
     gs_given_shape = () if global_scale is None or global_scale.numel() == 1 else (global_scale.numel(),)
     gs_out = torch.empty(gs_given_shape, dtype=torch.float32, device=dev)
     out, scales = alloc_epilogue_outputs(fmt, lead, i, out_dtype, group, column_major, swizzle, dev)
@@ -269,7 +300,7 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
     # g = 1: read (gate, up) pairs as one word each (needs an even row stride and offset for the word view)
     pair_words = interleave == 1 and x2.stride(0) % 2 == 0 and x2.storage_offset() % 2 == 0
     xs = x2.view(IN_WORD[x.dtype]) if pair_words else x2
-    common = dict(INTERLEAVE=interleave, PAIR_WORDS=pair_words, IN_KIND=IN_KIND[x.dtype],
+    common = dict(INTERLEAVE=interleave, PAIR_WORDS=pair_words, IN_KIND=IN_KIND[x.dtype], DIV_RN=SILU_DIV_RN,
                   GPTOSS=activation == "gptoss", CLAMP=limit is not None, MOE=moe,
                   FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
                   OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(dev), BLOCK_M=cfg.block_m,
@@ -291,14 +322,15 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
             PASS=PASS_AMAX, GS_MODE=GS_NONE, PARTIALS_BLOCK=1, **common)
         gs_mode, pass_, partials_block = GS_FROM_PARTIALS, PASS_QUANT, next_pow2(n_partials)
     else:
-        partials, n_partials, partials_block, pass_ = gs_out, 1, 1, PASS_SINGLE
+        partials, n_partials, partials_block, pass_ = (amax_out if amax_out is not None else gs_out), 1, 1, PASS_SINGLE
         gs_mode = GS_NONE
         if fmt == FMT_NV:
             gs_mode = GS_PER_GROUP if (moe != MOE_NONE or n_gs > 1) else GS_GIVEN
     _swiglu_kernel[(cdiv(grid_rows, cfg.block_m), n_col)](
         xs, out_arg, scale_arg, global_scale if global_scale is not None else gs_out, gs_out, partials, eid, mm,
         rows, i, xs.stride(0), out2.stride(0), stride_sm, stride_sg, *scalars, cfg.block_m, grid_rows,
-        scale_cols_padded, n_partials, n_gs, PASS=pass_, GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block, **common)
+        scale_cols_padded, n_partials, n_gs, PASS=pass_, GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block,
+        STORE_AMAX=amax_out is not None, **common)
     return results
 
 
