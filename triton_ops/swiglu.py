@@ -20,7 +20,7 @@ from dispatch.checks import rows_view
 from dispatch.reference.formats import round_up
 
 from . import quant_fp4
-from ._formats import abs_bits, cast_out, exp_flush, split_pairs
+from ._formats import abs_bits, cast_out, exp_accurate, exp_flush, split_pairs
 from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
 from .rmsnorm import (
     FMT_FP8,
@@ -83,6 +83,17 @@ def _load_tile(x_ptr, eid_ptr, mm_ptr, rows, M, I, cols, cmask, stride_xm, max_m
         a = tl.load(base, mask=mask, other=0.0)
         b = tl.load(base + INTERLEAVE, mask=mask, other=0.0)
     return a, b, grp, tok
+
+
+@triton.jit
+def _exp_neg(x, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    """e^-x for the sigmoid denominator. 16-bit outputs: exp_flush (1 + e^-x is the same with subnormal e^-x
+    flushed; 3 fewer instructions per element than tl.exp). fp32 outputs: exp_accurate, because the ex2.approx
+    forms lose up to ~22 fp32 ulps for large |x|, more than the fp32 output's tolerance (docs/norm_act.md)."""
+    if OUT_DTYPE == tl.float32:
+        return exp_accurate(-x, EMULATE)
+    else:
+        return exp_flush(-x, EMULATE)
 
 
 @triton.jit
@@ -157,11 +168,10 @@ def _swiglu_kernel(
             g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
             u = tl.minimum(tl.maximum(u, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
                            propagate_nan=tl.PropagateNan.ALL)
-        # exp_flush: 1 + e^-x is the same with subnormal e^-x flushed (3 fewer instructions per element).
         if GPTOSS:
-            y = _silu_ratio(g, 1.0 + exp_flush(-(alpha * g), EMULATE), DIV_RN) * (u + 1.0)
+            y = _silu_ratio(g, 1.0 + _exp_neg(alpha * g, OUT_DTYPE, EMULATE), DIV_RN) * (u + 1.0)
         else:
-            y = _silu_ratio(g, 1.0 + exp_flush(-g, EMULATE), DIV_RN) * u
+            y = _silu_ratio(g, 1.0 + _exp_neg(g, OUT_DTYPE, EMULATE), DIV_RN) * u
         if PASS == 1:
             acc = tl.maximum(acc, tile_amax_bits(y, tok, col0 // 2 + tl.arange(0, BLOCK_N // 2) < I // 2, OUT_DTYPE,
                                                  EMULATE, BLOCK_M, BLOCK_N))
@@ -246,7 +256,10 @@ def supports_swiglu_fp8_group(x, interleave, activation, alpha, limit, expert_id
 # ------------------------------------------------------------------------------------------- launcher
 
 
-# silu's g / (1 + e^-g): exactly rounded (div.rn) or div.full.f32 (see _silu_ratio; perf/NOTES.md "Session 8").
+# silu's g / (1 + e^-g) for 16-bit outputs: div.full.f32 (False) or the exactly rounded div.rn (True); fp32 outputs
+# always take div.rn. H200, 16384 x 4096 GPT-OSS, bare launchers, same call (perf/NOTES.md "Session 8"): FP8 g128
+# 94.9 -> 87.6 us, MXFP4 125.5 -> 113.8, MoE NVFP4 137.1 -> 113.0; the bf16 outputs differ from a float64
+# evaluation of the formula equally often either way (1.6e-5 of them, by one ulp).
 SILU_DIV_RN = False
 
 # NVFP4 with a computed global scale: from this many rows on, the float output is stored (with its amax) and
@@ -300,7 +313,9 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
     # g = 1: read (gate, up) pairs as one word each (needs an even row stride and offset for the word view)
     pair_words = interleave == 1 and x2.stride(0) % 2 == 0 and x2.storage_offset() % 2 == 0
     xs = x2.view(IN_WORD[x.dtype]) if pair_words else x2
-    common = dict(INTERLEAVE=interleave, PAIR_WORDS=pair_words, IN_KIND=IN_KIND[x.dtype], DIV_RN=SILU_DIV_RN,
+    # fp32 outputs keep the exact division (their tolerance is a few fp32 ulps; see _silu_ratio)
+    common = dict(INTERLEAVE=interleave, PAIR_WORDS=pair_words, IN_KIND=IN_KIND[x.dtype],
+                  DIV_RN=SILU_DIV_RN or out_dtype == torch.float32,
                   GPTOSS=activation == "gptoss", CLAMP=limit is not None, MOE=moe,
                   FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
                   OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(dev), BLOCK_M=cfg.block_m,
