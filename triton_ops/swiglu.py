@@ -216,23 +216,21 @@ class SwigluConfig:
 
 
 def pick_swiglu_config(rows: int, i: int, device: torch.device, min_block_n: int, quantized: bool = False,
-                       fp8: bool = False) -> SwigluConfig:
+                       fp4: bool = False) -> SwigluConfig:
     """GPU: ~4K outputs per program (8 warps, 16-byte loads, ~16 values per thread in flight); columns up to
-    1024 so wide rows still give many programs. Long batches: one row per program, 2048 columns at 4 warps
-    (quantized) or 4096 at 8 (plain). H200 probe at 16384x4096 (perf/NOTES.md "Session 6"), vs 4 x 1024 at 8
-    warps: FP8 g128 99.8 vs 111.7 us, MXFP4 132.4 vs 149.4, MoE NVFP4 144.5 vs 156.6, plain 98.6 vs 102.0.
-    Interpreter: big tiles (cost is per program)."""
+    1024 so wide rows still give many programs. Long batches: one row per program, the widest 2048/1024-column
+    tile (4096 plain) with the fewest masked columns, 16 values per thread; FP4 outputs 32 per thread (2 warps per
+    2048 outputs, two 1024-wide rows where the row takes 1024-wide tiles). H200 probe, session 8 (div.full silu,
+    perf/NOTES.md), 16384 rows: I = 4096 MXFP4 113.4 -> 110.3 us, MoE NVFP4 113.5 -> 108.0; I = 2880 FP8 1x1024 at
+    2 warps 66.8 vs 72.3 at 4, MXFP4 2x1024 85.0 vs 88.0 (1x1024, 2 warps). Interpreter: big tiles (cost is per
+    program)."""
     if device.type != "cpu" and rows >= 2048:
         # the widest tile that wastes the fewest masked columns (GPT-OSS I = 2880: 3 x 1024, not 2 x 2048)
         widths = [b for b in ((2048, 1024) if quantized else (4096, 2048, 1024)) if b >= min_block_n] or [min_block_n]
         block_n = min(widths, key=lambda b: (round_up(max(i, 1), b) - max(i, 1), -b))
-        num_warps = max(2, min(8, block_n // 512))
-        if fp8 and block_n == 1024 and i % 2048:
-            # FP8 on 1024-wide tiles of a row that 2048-wide ones would mask (GPT-OSS I = 2880): 4 warps, 8
-            # values per thread. H200 probe, 16384 x 2880: 85.1 vs 95.3 us at 2 warps (session 7; session 6:
-            # 88.7 vs 99.1). At I = 4096 the 2048-wide tile stays (95.5 us; 1024 at 4 warps 98.2).
-            num_warps = 4
-        return SwigluConfig(1, block_n, num_warps)
+        if fp4:
+            return SwigluConfig(max(1, 2048 // block_n), block_n, 2)
+        return SwigluConfig(1, block_n, max(2, min(8, block_n // 512)))
     target, max_n = (32768, 4096) if device.type == "cpu" else (4096, 1024)
     block_n = max(min_block_n, min(next_pow2(max(i, 1)), max_n))
     block_m = max(1, min(next_pow2(max(rows, 1)), target // block_n))
@@ -305,7 +303,7 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
     stride_sm, stride_sg, scale_cols_padded, grid_rows = geo.stride_sm, geo.stride_sg, geo.scale_cols_padded, \
         geo.grid_rows
     cfg = cfg or pick_swiglu_config(grid_rows, i, dev, max(min_block(fmt, group), interleave), fmt != FMT_NONE,
-                                    fmt == FMT_FP8)
+                                    fmt in (FMT_MX, FMT_NV))
     moe = MOE_CONTIGUOUS if expert_ids is not None else (MOE_MASKED if masked_m is not None else MOE_NONE)
     eid = expert_ids.reshape(-1) if expert_ids is not None else x2
     mm = masked_m if masked_m is not None else x2
