@@ -3,12 +3,22 @@ the variant records they print and write."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 from pathlib import Path
 
 import torch
 import triton
+
+
+def probe_start() -> tuple[str | None, torch.device]:
+    """What every variant probe begins with: its --out path (JSON, optional), the CUDA device, seed 0."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    out = ap.parse_args().out
+    torch.manual_seed(0)
+    return out, torch.device("cuda")
 
 
 def bytes_equal(a, b) -> bool:

@@ -13,7 +13,6 @@ Run: python perf/probes/fused_fp4_variants.py [--out probe.json]   (~30-50 s, mo
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dispatch.reference import rmsnorm as rref  # noqa: E402
-from perf.probes._common import VariantTimer, outputs_equal  # noqa: E402
+from perf.probes._common import VariantTimer, outputs_equal, probe_start  # noqa: E402
 from triton_ops import rmsnorm as R  # noqa: E402
 from triton_ops import swiglu as S  # noqa: E402
 
@@ -91,10 +90,7 @@ def verify(dev):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    args = ap.parse_args()
-    dev = torch.device("cuda")
+    out, dev = probe_start()
     ok = verify(dev)
     timer = VariantTimer(dev)
 
@@ -125,7 +121,7 @@ def main():
         for name, v in sw_variants(m, i, dev).items():
             run("swiglu_fp4", f"M={m} I={i} {case}", name, lambda v=v, kind=kind: sw_call(kind, xs, ids, gse, **v),
                 nbytes)
-    timer.write(args.out, ok)
+    timer.write(out, ok)
 
 
 if __name__ == "__main__":

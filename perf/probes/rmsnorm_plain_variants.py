@@ -10,7 +10,6 @@ Run: python perf/probes/rmsnorm_plain_variants.py [--out probe.json]   (~30 s)
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import perf.peers  # noqa: E402
 from dispatch.reference import rmsnorm as rref  # noqa: E402
-from perf.probes._common import VariantTimer, outputs_equal  # noqa: E402
+from perf.probes._common import VariantTimer, outputs_equal, probe_start  # noqa: E402
 from triton_ops import rmsnorm as R  # noqa: E402
 
 
@@ -65,10 +64,7 @@ def verify(dev):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    args = ap.parse_args()
-    dev = torch.device("cuda")
+    out, dev = probe_start()
     ok = verify(dev)
     timer = VariantTimer(dev, rep=300)
     liger = perf.peers.liger_rms_norm()
@@ -97,7 +93,7 @@ def main():
                 for name, v in variants(rows, n, dev).items():
                     run(case.replace("bf16", "bf16 -> fp8 g128"), name,
                         lambda v=v, x=x, w=w, r=r: call(x, w, r, True, **v), fbytes)
-    timer.write(args.out, ok)
+    timer.write(out, ok)
 
 
 if __name__ == "__main__":

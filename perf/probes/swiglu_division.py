@@ -12,7 +12,6 @@ Run: PYTHONPATH=$PWD python perf/probes/swiglu_division.py [--out OUT.json]   (~
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from perf.probes._common import VariantTimer, outputs_equal  # noqa: E402
+from perf.probes._common import VariantTimer, outputs_equal, probe_start  # noqa: E402
 from triton_ops import quant_fp4 as Q4  # noqa: E402
 from triton_ops import quant_fp8 as Q8  # noqa: E402
 from triton_ops import rmsnorm as R  # noqa: E402
@@ -62,11 +61,7 @@ def ulp_stats(y, want):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    args = ap.parse_args()
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
+    out, dev = probe_start()
     ok = True
     defaults = S.SILU_DIV_RN, S.NVFP4_COMPUTED_GS_SPLIT_ROWS
     modes = (("div_rn", True), ("div_full", False))
@@ -115,7 +110,7 @@ def main():
                                lambda kind=kind, x=x, ids=ids, gs=gs: call(kind, x, ids, gs),
                                4 * rows * i + out_bytes[kind], kind=kind + tag, M=rows, I=i, variant=name)
     S.SILU_DIV_RN, S.NVFP4_COMPUTED_GS_SPLIT_ROWS = defaults
-    timer.write(args.out, ok)
+    timer.write(out, ok)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ Run: PYTHONPATH=$PWD python perf/probes/swiglu_variants.py [--out OUT.json]   (~
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from perf.probes._common import VariantTimer, outputs_equal  # noqa: E402
+from perf.probes._common import VariantTimer, outputs_equal, probe_start  # noqa: E402
 from triton_ops import rmsnorm as R  # noqa: E402
 from triton_ops import swiglu as S  # noqa: E402
 
@@ -43,11 +42,7 @@ def call(kind, x, ids, gs, cfg):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    args = ap.parse_args()
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
+    out, dev = probe_start()
     ok = True
     for rows, i in ((129, 4096), (64, 2880)):
         x = (torch.randn(rows, 2 * i, device=dev) * 2).bfloat16()
@@ -73,7 +68,7 @@ def main():
                 timer.time(f"swiglu {kind:6s} M={rows} I={i} {_name(c):10s}",
                            lambda c=c, kind=kind, x=x, ids=ids, gs=gs: call(kind, x, ids, gs, c), nbytes,
                            kind=kind, M=rows, I=i, variant=_name(c))
-    timer.write(args.out, ok)
+    timer.write(out, ok)
 
 
 if __name__ == "__main__":
