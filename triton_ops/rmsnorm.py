@@ -190,9 +190,12 @@ def quant_epilogue(
 @triton.jit
 def per_block(v, BLOCKED: tl.constexpr):
     """A per-block value [BLOCK_M, NB] expanded to broadcast against an FP4 pair tile: [BLOCK_M, NB, 1] for the
-    [BLOCK_M, NB, HP] tile, [1, BLOCK_M, NB, 1] for the BLOCKED [C, BLOCK_M, NB, V] tile (fp4_pack_store)."""
-    if BLOCKED:
+    [BLOCK_M, NB, HP] tile (BLOCKED 0), [1, BLOCK_M, NB, 1] for [C, BLOCK_M, NB, V] (1), [BLOCK_M, NB, 1, 1] for
+    [BLOCK_M, NB, C, V] (2) (fp4_pack_store)."""
+    if BLOCKED == 1:
         return v[None, :, :, None]
+    elif BLOCKED == 2:
+        return v[:, :, None, None]
     else:
         return v[:, :, None]
 
@@ -200,8 +203,10 @@ def per_block(v, BLOCKED: tl.constexpr):
 @triton.jit
 def per_row(v, BLOCKED: tl.constexpr):
     """A per-row value [BLOCK_M] expanded to broadcast against an FP4 pair tile (see per_block)."""
-    if BLOCKED:
+    if BLOCKED == 1:
         return v[None, :, None, None]
+    elif BLOCKED == 2:
+        return v[:, None, None, None]
     else:
         return v[:, None, None]
 
@@ -211,7 +216,7 @@ def fp4_pack_store(
     w, lo, hi, rows, row_in, pcol, scol0, Kp, out_ptr, stride_om, scale_ptr, stride_sm, gs, gs_exact,
     scale_rows_bound, scale_cols_padded,
     FMT: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr, AMAX16: tl.constexpr, EMULATE: tl.constexpr,
-    NB: tl.constexpr, HP: tl.constexpr, BLOCKED: tl.constexpr = False,
+    NB: tl.constexpr, HP: tl.constexpr, BLOCKED: tl.constexpr = 0,
 ):
     """The FP4 tail both epilogues share, on outputs already rounded to their dtype and split into (even, odd)
     pairs (lo / hi as fp32, w the pair words whose bits 15 and 31 are the signs): the quantize kernel's
@@ -223,8 +228,10 @@ def fp4_pack_store(
     Pair tiles: [BLOCK_M, NB, HP] (pcol [1, NB, HP]), or BLOCKED [C, BLOCK_M, NB, V] with HP = C * V pairs per
     block (pcol [C, 1, NB, V]), the layout in which each thread holds whole blocks (swiglu.py's FP4 kernel)."""
     m = pair_amax_bits(lo, hi)
-    if BLOCKED:
+    if BLOCKED == 1:
         m = tl.max(tl.max(m, 3), 0)
+    elif BLOCKED == 2:
+        m = tl.max(tl.max(m, 3), 2)
     else:
         m = tl.max(m, 2)
     amax = (m & 0x7FFFFFFF).to(tl.float32, bitcast=True)  # [BLOCK_M, NB]

@@ -232,7 +232,7 @@ def _swiglu_fp4_kernel(
     INTERLEAVE: tl.constexpr, IN_KIND: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, MOE: tl.constexpr,
     GS_MODE: tl.constexpr, DIV_RN: tl.constexpr, FMT: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
     OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PARTIALS_BLOCK: tl.constexpr,
+    PARTIALS_BLOCK: tl.constexpr, C_INNER: tl.constexpr,
 ):
     """MXFP4 / NVFP4 outputs with every quant block held by one thread (16-bit inputs read as pair words).
 
@@ -266,11 +266,19 @@ def _swiglu_fp4_kernel(
     row_in = rows < M
     grp, tok = _row_tags(eid_ptr, mm_ptr, rows, M, max_m, MOE)
     # pair p = output byte p of the row (outputs 2p, 2p + 1): int64 word p (g = 1), else a gate and an up word
-    pcol = (pid_n * (BLOCK_N // 2) + tl.arange(0, C)[:, None, None, None] * V
-            + tl.arange(0, NB)[None, None, :, None] * HP + tl.arange(0, V)[None, None, None, :])
-    lmask = tok[None, :, None, None] & (pcol < I // 2)
+    if C_INNER:  # [BLOCK_M, NB, C, V]
+        pcol = (pid_n * (BLOCK_N // 2) + tl.arange(0, NB)[None, :, None, None] * HP
+                + tl.arange(0, C)[None, None, :, None] * V + tl.arange(0, V)[None, None, None, :])
+        rows4 = rows[:, None, None, None]
+        tok4 = tok[:, None, None, None]
+    else:  # [C, BLOCK_M, NB, V]
+        pcol = (pid_n * (BLOCK_N // 2) + tl.arange(0, C)[:, None, None, None] * V
+                + tl.arange(0, NB)[None, None, :, None] * HP + tl.arange(0, V)[None, None, None, :])
+        rows4 = rows[None, :, None, None]
+        tok4 = tok[None, :, None, None]
+    lmask = tok4 & (pcol < I // 2)
     if INTERLEAVE == 1:
-        w = tl.load(x_ptr + rows[None, :, None, None] * stride_xw + pcol, mask=lmask, other=0)
+        w = tl.load(x_ptr + rows4 * stride_xw + pcol, mask=lmask, other=0)
         g_even, u_even = split_pairs(w.to(tl.int32), IN_KIND)
         g_odd, u_odd = split_pairs((w >> 32).to(tl.int32), IN_KIND)
     else:
@@ -280,7 +288,7 @@ def _swiglu_fp4_kernel(
         else:  # chunks of g: g/2 gate words, then g/2 up words (V | g/2 keeps 16-byte loads for g >= 8)
             gate_word = (pcol // (INTERLEAVE // 2)) * INTERLEAVE + pcol % (INTERLEAVE // 2)
             up_offset = INTERLEAVE // 2
-        base = x_ptr + rows[None, :, None, None] * stride_xw + gate_word
+        base = x_ptr + rows4 * stride_xw + gate_word
         g_even, g_odd = split_pairs(tl.load(base, mask=lmask, other=0), IN_KIND)
         u_even, u_odd = split_pairs(tl.load(base + up_offset, mask=lmask, other=0), IN_KIND)
     y_even = _activation(g_even, u_even, alpha, limit, GPTOSS, CLAMP, DIV_RN, OUT_DTYPE, EMULATE)
@@ -295,7 +303,7 @@ def _swiglu_fp4_kernel(
         gs_exact = nvfp4_exact_path(gs, row_in)
     fp4_pack_store(wq, lo, hi, rows, row_in, pcol, pid_n * NB, I // 2, out_ptr, stride_om, scale_ptr, stride_sm,
                    gs, gs_exact, scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE,
-                   OUT_DTYPE != tl.float32, EMULATE, NB, HP, True)
+                   OUT_DTYPE != tl.float32, EMULATE, NB, HP, 2 if C_INNER else 1)
 
 
 # -------------------------------------------------------------------------------------------- config
@@ -383,11 +391,12 @@ SILU_DIV_RN = False
 # bytes by contract (quantized output == quantizer(own float output)). H200, 16384 x 4096 GPT-OSS: see
 # perf/NOTES.md "Session 8". Short batches keep the fused passes (no intermediate, two launches).
 NVFP4_COMPUTED_GS_SPLIT_ROWS = 2048
+FP4_C_INNER = tuple(int(v) for v in triton.__version__.split('.')[:2]) < (3, 9)  # PROBE
 
 
 def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, *, fmt, group=128,
             quant_eps=1e-10, ue8m0=False, column_major=False, rounding="floor", swizzle=False, global_scale=None,
-            cfg=None, amax_out=None, fp4_blocked=True, fp4_cfg=None):
+            cfg=None, amax_out=None, fp4_blocked=True, fp4_cfg=None, fp4_c_inner=None):
     """amax_out (float output only): int32 [1], zeroed, that receives max |y| as fp32 bits.
     cfg: _swiglu_kernel's tiles; FP4 outputs take _swiglu_fp4_kernel (tiles fp4_cfg) where its layout applies
     (fp4_block_words), unless fp4_blocked=False (probes and tests compare the two)."""
@@ -467,7 +476,7 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
             words, out_arg, scale_arg, gs_in, gs_out, partials, eid, mm, rows, i, words.stride(0), out2.stride(0),
             stride_sm, scalars[0], scalars[1], max_m, grid_rows, scale_cols_padded, n_partials, n_gs,
             INTERLEAVE=interleave, MOE=moe, GS_MODE=gs_mode, BLOCK_M=fcfg.block_m, BLOCK_N=fcfg.block_n,
-            PARTIALS_BLOCK=partials_block, num_warps=fcfg.num_warps,
+            PARTIALS_BLOCK=partials_block, num_warps=fcfg.num_warps, C_INNER=FP4_C_INNER if fp4_c_inner is None else fp4_c_inner,
             **{k: common[k] for k in ("IN_KIND", "GPTOSS", "CLAMP", "DIV_RN", "FMT", "MX_RCEIL", "SWIZZLE",
                                       "OUT_DTYPE", "EMULATE")})
         return results

@@ -28,15 +28,17 @@ KINDS = {
     "nv_gptoss_g1_gs": (1, "gptoss", 7.0, R.FMT_NV, False),
     "nv_moe_g8": (8, "silu", 7.0, R.FMT_NV, True),
 }
-# (block_m, block_n, warps) of the blocked kernel; None = its default (pick_fp4_blocked_config); "old" = _swiglu_kernel
+# (block_m, block_n, warps, C innermost) of the blocked kernel; "old" = _swiglu_kernel
 VARIANTS = {
-    R.FMT_MX: ["old", None, (1, 2048, 2), (2, 1024, 2), (1, 1024, 1), (1, 2048, 4), (2, 2048, 4), (4, 512, 2)],
-    R.FMT_NV: ["old", None, (1, 2048, 4), (1, 2048, 2), (2, 1024, 4), (1, 1024, 2), (1, 2048, 8), (2, 1024, 2)],
+    R.FMT_MX: ["old", (1, 2048, 2, True), (1, 2048, 2, False), (2, 1024, 2, True), (1, 1024, 1, True),
+               (2, 2048, 4, True), (4, 512, 2, True)],
+    R.FMT_NV: ["old", (1, 2048, 4, True), (1, 2048, 4, False), (1, 1024, 2, True), (2, 1024, 4, True),
+               (1, 2048, 2, True), (1, 1024, 1, True)],
 }
 
 
 def _name(v):
-    return v if isinstance(v, str) else ("blocked-default" if v is None else f"blocked {v[0]}x{v[1]}w{v[2]}")
+    return v if isinstance(v, str) else f"blocked {v[0]}x{v[1]}w{v[2]} {'c-inner' if v[3] else 'c-outer'}"
 
 
 def call(kind, x, ids, gs, variant):
@@ -46,8 +48,9 @@ def call(kind, x, ids, gs, variant):
         kw["global_scale"] = gs if moe else gs[:1].reshape(())
     if variant == "old":
         kw["fp4_blocked"] = False
-    elif variant is not None:
-        kw["fp4_cfg"] = S.SwigluConfig(*variant)
+    else:
+        kw["fp4_cfg"] = S.SwigluConfig(*variant[:3])
+        kw["fp4_c_inner"] = variant[3]
     return S._swiglu(x, interleave, act, 1.702, limit, ids if moe else None, None, None, **kw)
 
 
