@@ -145,58 +145,6 @@ def test_swiglu_nvfp4_computed_gs_split(device, layout_kind, layout, interleave,
         check_swiglu(x, device, "nvfp4", layout, None, interleave=interleave, **kw)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@given(layout_kind=st.sampled_from(["dense", "strided", "contiguous", "masked"]),
-       quant=st.sampled_from(["mxfp4", "nvfp4", "nvfp4_per_expert", "nvfp4_computed"]),
-       swizzle=st.booleans(), interleave=st.sampled_from([0, 1, 2, 8]),
-       variant=st.sampled_from(range(len(VARIANTS))), dtype=st.sampled_from([torch.bfloat16, torch.float16]),
-       out_dtype=st.sampled_from([None, torch.float32]), special=st.sampled_from([None, "nan", "inf", "big"]),
-       dist=st.sampled_from(["mixed_scale", "heavy_tail", "subnormal", "zero_blocks"]), seed=st.integers(0, 2**20))
-def test_swiglu_fp4_blocked_kernel_matches_row_tiles(device, layout_kind, quant, swizzle, interleave, variant, dtype,
-                                                     out_dtype, special, dist, seed):
-    """FP4 outputs of 16-bit inputs run _swiglu_fp4_kernel (one quant block per thread); its bytes equal those of
-    _swiglu_kernel (the [BM, N] tiles, which still serve fp32 inputs), whatever the rows, strides and values."""
-    g = torch.Generator().manual_seed(seed)
-    i = 96 if quant == "mxfp4" else 80
-    ids = mm = None
-    if layout_kind == "masked":
-        x = _x((3, 11), i, dtype, dist, seed)
-        mm = torch.tensor([11, 0, 4], dtype=torch.int32)
-    else:
-        x = _x((37,), i, dtype, dist, seed)
-        if layout_kind == "strided":  # a column slice of a wider buffer: row stride != 2I
-            x = torch.cat([x, x[:, :8]], dim=1)[:, :2 * i]
-        if layout_kind == "contiguous":
-            ids = torch.randint(-1, 4, (37,), generator=g, dtype=torch.int32)
-    rows = x.view(-1, x.shape[-1]) if layout_kind != "strided" else x
-    if special == "big":
-        rows[2, 5] = 3e4 if dtype == torch.float16 else 1e30
-    elif special is not None:
-        rows[2, 5] = float(special)
-    gs = None
-    if quant == "nvfp4":
-        gs = torch.tensor(0.02)
-    elif quant == "nvfp4_per_expert":
-        gs = torch.rand(4, generator=g) * 0.05 + 1e-3
-        ids = ids if ids is not None or mm is not None else torch.zeros(37, dtype=torch.int32)
-    fmt = triton_swiglu.FMT_MX if quant == "mxfp4" else triton_swiglu.FMT_NV
-    dev = torch.device(device)
-    x, ids, mm, gs = (_to(t, dev) for t in (x, ids, mm, gs))
-    assert triton_swiglu.fp4_block_words(x.reshape(-1, x.shape[-1]), fmt, interleave) is not None
-    call = dict(fmt=fmt, swizzle=swizzle, global_scale=gs)
-    args = (x, interleave, VARIANTS[variant]["activation"], VARIANTS[variant].get("alpha", 1.702),
-            VARIANTS[variant].get("limit"), ids, mm, out_dtype)
-    blocked = triton_swiglu._swiglu(*args, **call)
-    row_tiles = triton_swiglu._swiglu(*args, fp4_blocked=False, **call)
-    for k, (a, b) in enumerate(zip(blocked, row_tiles, strict=True)):
-        if a.dtype == torch.float32:  # the returned global scale
-            assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()])
-        elif device == "cuda":
-            assert_same_bytes(a, b, f"{quant} output {k}: blocked vs row tiles")
-        else:  # interpreter: numpy's exp differs between its SIMD body and scalar tail (other tile shapes)
-            assert (as_bytes(a) != as_bytes(b)).float().mean() <= 0.005, f"{quant} output {k}"
-
-
 # ------------------------------------------------------------------------------------------ pinned cases
 
 

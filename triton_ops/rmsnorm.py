@@ -188,66 +188,33 @@ def quant_epilogue(
 
 
 @triton.jit
-def per_block(v, BLOCKED: tl.constexpr):
-    """A per-block value [BLOCK_M, NB] expanded to broadcast against an FP4 pair tile: [BLOCK_M, NB, 1] for the
-    [BLOCK_M, NB, HP] tile (BLOCKED 0), [1, BLOCK_M, NB, 1] for [C, BLOCK_M, NB, V] (1), [BLOCK_M, NB, 1, 1] for
-    [BLOCK_M, NB, C, V] (2) (fp4_pack_store)."""
-    if BLOCKED == 1:
-        return v[None, :, :, None]
-    elif BLOCKED == 2:
-        return v[:, :, None, None]
-    else:
-        return v[:, :, None]
-
-
-@triton.jit
-def per_row(v, BLOCKED: tl.constexpr):
-    """A per-row value [BLOCK_M] expanded to broadcast against an FP4 pair tile (see per_block)."""
-    if BLOCKED == 1:
-        return v[None, :, None, None]
-    elif BLOCKED == 2:
-        return v[:, None, None, None]
-    else:
-        return v[:, None, None]
-
-
-@triton.jit
 def fp4_pack_store(
     w, lo, hi, rows, row_in, pcol, scol0, Kp, out_ptr, stride_om, scale_ptr, stride_sm, gs, gs_exact,
     scale_rows_bound, scale_cols_padded,
     FMT: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr, AMAX16: tl.constexpr, EMULATE: tl.constexpr,
-    NB: tl.constexpr, HP: tl.constexpr, BLOCKED: tl.constexpr = 0,
+    NB: tl.constexpr, HP: tl.constexpr,
 ):
     """The FP4 tail both epilogues share, on outputs already rounded to their dtype and split into (even, odd)
-    pairs (lo / hi as fp32, w the pair words whose bits 15 and 31 are the signs): the quantize kernel's
-    per-pair math (perf/NOTES.md "Session 2: quant kernels" and "FP4 epilogues"): amax by max.NaN per pair,
-    bf16/fp16 amax / 6 by div6_rn (AMAX16), hardware E4M3 block scales off the interpreter, E2M1 by one fp32
-    add, NaN per block; then the packed bytes (pcol: their output byte columns, Kp = K // 2) and the block
-    scales (scol0: the first block's scale column; swizzled: padding rows/columns up to scale_rows_bound /
-    scale_cols_padded get zero bytes, GEMMs read them).
-    Pair tiles: [BLOCK_M, NB, HP] (pcol [1, NB, HP]), or BLOCKED [C, BLOCK_M, NB, V] with HP = C * V pairs per
-    block (pcol [C, 1, NB, V]), the layout in which each thread holds whole blocks (swiglu.py's FP4 kernel)."""
-    m = pair_amax_bits(lo, hi)
-    if BLOCKED == 1:
-        m = tl.max(tl.max(m, 3), 0)
-    elif BLOCKED == 2:
-        m = tl.max(tl.max(m, 3), 2)
-    else:
-        m = tl.max(m, 2)
-    amax = (m & 0x7FFFFFFF).to(tl.float32, bitcast=True)  # [BLOCK_M, NB]
+    pairs [BLOCK_M, NB, HP] (lo / hi as fp32, w the pair words whose bits 15 and 31 are the signs): the
+    quantize kernel's per-pair math (perf/NOTES.md "Session 2: quant kernels" and "FP4 epilogues"): amax by
+    max.NaN per pair, bf16/fp16 amax / 6 by div6_rn (AMAX16), hardware E4M3 block scales off the interpreter,
+    E2M1 by one fp32 add, NaN per block; then the packed bytes (pcol: their output byte columns [1, NB, HP],
+    Kp = K // 2) and the block scales (scol0: the first block's scale column; swizzled: padding rows/columns
+    up to scale_rows_bound / scale_cols_padded get zero bytes, GEMMs read them)."""
+    amax = (tl.max(pair_amax_bits(lo, hi), 2) & 0x7FFFFFFF).to(tl.float32, bitcast=True)  # [BLOCK_M, NB]
     if FMT == 2:
         sbyte, inv = mxfp4_block_scale_ex(amax, MX_RCEIL, AMAX16)
         # inv: a finite power of two for a finite block (q finite), NaN for a NaN/Inf block
-        packed = _encode_pairs(w, lo, hi, per_block(inv, BLOCKED), per_block(inv == inv, BLOCKED), 0)
+        packed = _encode_pairs(w, lo, hi, inv, inv == inv, 0)
     else:
         sbyte, inv = nvfp4_block_scale_ex(amax, gs[:, None], EMULATE, AMAX16)
         if gs_exact == 0:  # see nvfp4_exact_path
-            packed = _encode_pairs(w, lo, hi, per_block(inv, BLOCKED), per_block(inv == inv, BLOCKED), 0)
+            packed = _encode_pairs(w, lo, hi, inv, inv == inv, 0)
         else:
-            inv_e = per_block(inv, BLOCKED)
-            packed = e2m1_encode(lo * inv_e) | (e2m1_encode(hi * inv_e) << 4)
-    pmask = per_row(row_in, BLOCKED) & (pcol < Kp)
-    tl.store(out_ptr + per_row(rows, BLOCKED) * stride_om + pcol, packed, mask=pmask)
+            inv3 = inv[:, :, None]
+            packed = e2m1_encode(lo * inv3) | (e2m1_encode(hi * inv3) << 4)
+    pmask = row_in[:, None, None] & (pcol < Kp)
+    tl.store(out_ptr + rows[:, None, None] * stride_om + pcol, packed, mask=pmask)
     scols = scol0 + tl.arange(0, NB)[None, :]  # [1, NB]: the blocks' scale columns
     if SWIZZLE:
         smask = (rows < scale_rows_bound)[:, None] & (scols < scale_cols_padded)

@@ -18,10 +18,9 @@ import triton.language as tl
 
 from dispatch.checks import rows_view
 from dispatch.reference.formats import round_up
-from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_BLOCK
 
 from . import quant_fp4
-from ._formats import abs_bits, cast_out, exp_accurate, exp_flush, round_pairs_to, split_pairs
+from ._formats import abs_bits, cast_out, exp_accurate, exp_flush, split_pairs
 from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
 from .rmsnorm import (
     FMT_FP8,
@@ -39,7 +38,6 @@ from .rmsnorm import (
     alloc_epilogue_outputs,
     epilogue_geometry,
     fold_partials,
-    fp4_pack_store,
     min_block,
     nvfp4_exact_path,
     quant_epilogue,
@@ -52,9 +50,10 @@ IN_WORD = {torch.bfloat16: torch.int32, torch.float16: torch.int32, torch.float3
 
 
 @triton.jit
-def _row_tags(eid_ptr, mm_ptr, rows, M, max_m, MOE: tl.constexpr):
-    """(expert/group id, holds a token) of rows [BLOCK_M] (int64): MoE padding rows (expert id -1, or
-    m >= masked_m[g]) and rows >= M hold none and are not read."""
+def _load_tile(x_ptr, eid_ptr, mm_ptr, rows, M, I, cols, cmask, stride_xm, max_m,
+               INTERLEAVE: tl.constexpr, PAIR_WORDS: tl.constexpr, MOE: tl.constexpr):
+    """Raw gate/up inputs of a [BLOCK_M, BLOCK_N] output tile (rows int64), its rows' expert/group ids and
+    which rows hold tokens (MoE padding rows and rows >= M are not read)."""
     row_in = rows < M
     if MOE == 1:
         grp = tl.load(eid_ptr + rows, mask=row_in, other=-1).to(tl.int32)
@@ -66,15 +65,6 @@ def _row_tags(eid_ptr, mm_ptr, rows, M, max_m, MOE: tl.constexpr):
     else:
         grp = tl.zeros(rows.shape, dtype=tl.int32)
         tok = row_in
-    return grp, tok
-
-
-@triton.jit
-def _load_tile(x_ptr, eid_ptr, mm_ptr, rows, M, I, cols, cmask, stride_xm, max_m,
-               INTERLEAVE: tl.constexpr, PAIR_WORDS: tl.constexpr, MOE: tl.constexpr):
-    """Raw gate/up inputs of a [BLOCK_M, BLOCK_N] output tile (rows int64), its rows' expert/group ids and
-    which rows hold tokens (MoE padding rows and rows >= M are not read)."""
-    grp, tok = _row_tags(eid_ptr, mm_ptr, rows, M, max_m, MOE)
     mask = tok[:, None] & cmask[None, :]
     if INTERLEAVE == 0:
         base = x_ptr + rows[:, None] * stride_xm + cols[None, :]
@@ -115,22 +105,6 @@ def _silu_ratio(g, d, DIV_RN: tl.constexpr):
         return tl.math.div_rn(g, d)
     else:
         return g / d
-
-
-@triton.jit
-def _activation(g, u, alpha, limit, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, DIV_RN: tl.constexpr,
-                OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
-    """y (fp32) from gate and up (fp32): clamped (gate <= limit, |up| <= limit) when CLAMP, then
-    silu(g) * u or GPT-OSS g * sigmoid(alpha * g) * (u + 1)."""
-    if CLAMP:
-        g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
-        u = tl.minimum(tl.maximum(u, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
-                       propagate_nan=tl.PropagateNan.ALL)
-    if GPTOSS:
-        y = _silu_ratio(g, 1.0 + _exp_neg(alpha * g, OUT_DTYPE, EMULATE), DIV_RN) * (u + 1.0)
-    else:
-        y = _silu_ratio(g, 1.0 + _exp_neg(g, OUT_DTYPE, EMULATE), DIV_RN) * u
-    return y
 
 
 @triton.jit
@@ -190,7 +164,14 @@ def _swiglu_kernel(
         else:
             g = a.to(tl.float32)
             u = b.to(tl.float32)
-        y = _activation(g, u, alpha, limit, GPTOSS, CLAMP, DIV_RN, OUT_DTYPE, EMULATE)
+        if CLAMP:
+            g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
+            u = tl.minimum(tl.maximum(u, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
+                           propagate_nan=tl.PropagateNan.ALL)
+        if GPTOSS:
+            y = _silu_ratio(g, 1.0 + _exp_neg(alpha * g, OUT_DTYPE, EMULATE), DIV_RN) * (u + 1.0)
+        else:
+            y = _silu_ratio(g, 1.0 + _exp_neg(g, OUT_DTYPE, EMULATE), DIV_RN) * u
         if PASS == 1:
             acc = tl.maximum(acc, tile_amax_bits(y, tok, col0 // 2 + tl.arange(0, BLOCK_N // 2) < I // 2, OUT_DTYPE,
                                                  EMULATE, BLOCK_M, BLOCK_N))
@@ -222,88 +203,6 @@ def _swiglu_kernel(
             tok = tok_next
     if PASS == 1:
         tl.store(partial_ptr + pid_m * tl.num_programs(1) + pid_n, tl.max(acc, 0).to(tl.float32, bitcast=True))
-
-
-@triton.jit
-def _swiglu_fp4_kernel(
-    x_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr, eid_ptr, mm_ptr,
-    M, I, stride_xw, stride_om, stride_sm, alpha, limit, max_m, scale_rows_bound, scale_cols_padded,
-    n_partials, n_gs,
-    INTERLEAVE: tl.constexpr, IN_KIND: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, MOE: tl.constexpr,
-    GS_MODE: tl.constexpr, DIV_RN: tl.constexpr, FMT: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
-    OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PARTIALS_BLOCK: tl.constexpr, C_INNER: tl.constexpr,
-):
-    """MXFP4 / NVFP4 outputs with every quant block held by one thread (16-bit inputs read as pair words).
-
-    The output pairs (2p, 2p + 1) of a tile are laid out [C, BLOCK_M, NB, V]: V pair words make one 16-byte
-    load (concatenated gate|up or chunks of g >= 2: int32 words of two gates / two ups, V = 4; GPT-OSS even/odd
-    (g = 1): int64 words holding both outputs' (gate, up), V = 2) and the C = HP / V loads of a block are
-    the outermost dim. Triton's coalescing then gives each thread V contiguous words along NB and the C
-    chunks of its block as repeats, so the block amax, the scale math and the packed bytes stay in its
-    registers: no shuffles, no replicated per-block math, no shared-memory layout conversions (in the [BM, N]
-    layout of _swiglu_kernel a 32-value block spans 8 threads). sm_90 SASS, GPT-OSS MXFP4, 2048 outputs per
-    2-warp program: 40.2 -> 31.5 instructions per output. A warp's load reads 16 bytes per thread at a
-    block's stride (the chunks of a block come from successive loads, which L1 serves).
-    Same bytes as _swiglu_kernel (the same activation, rounding and fp4_pack_store math)."""
-    SB: tl.constexpr = 32 if FMT == 2 else 16
-    NB: tl.constexpr = BLOCK_N // SB
-    HP: tl.constexpr = SB // 2
-    V: tl.constexpr = 2 if INTERLEAVE == 1 else 4
-    C: tl.constexpr = HP // V
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    gs_all = 0.0
-    if GS_MODE == 1:
-        gs_all = tl.load(gs_ptr)
-        if (pid_m == 0) & (pid_n == 0):  # the returned global scale: copied here, not by a second launch
-            tl.store(gs_out_ptr, gs_all)
-    if GS_MODE == 3:
-        gs_all = fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK)
-        if (pid_m == 0) & (pid_n == 0):
-            tl.store(gs_out_ptr, gs_all)
-    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_in = rows < M
-    grp, tok = _row_tags(eid_ptr, mm_ptr, rows, M, max_m, MOE)
-    # pair p = output byte p of the row (outputs 2p, 2p + 1): int64 word p (g = 1), else a gate and an up word
-    if C_INNER:  # [BLOCK_M, NB, C, V]
-        pcol = (pid_n * (BLOCK_N // 2) + tl.arange(0, NB)[None, :, None, None] * HP
-                + tl.arange(0, C)[None, None, :, None] * V + tl.arange(0, V)[None, None, None, :])
-        rows4 = rows[:, None, None, None]
-        tok4 = tok[:, None, None, None]
-    else:  # [C, BLOCK_M, NB, V]
-        pcol = (pid_n * (BLOCK_N // 2) + tl.arange(0, C)[:, None, None, None] * V
-                + tl.arange(0, NB)[None, None, :, None] * HP + tl.arange(0, V)[None, None, None, :])
-        rows4 = rows[None, :, None, None]
-        tok4 = tok[None, :, None, None]
-    lmask = tok4 & (pcol < I // 2)
-    if INTERLEAVE == 1:
-        w = tl.load(x_ptr + rows4 * stride_xw + pcol, mask=lmask, other=0)
-        g_even, u_even = split_pairs(w.to(tl.int32), IN_KIND)
-        g_odd, u_odd = split_pairs((w >> 32).to(tl.int32), IN_KIND)
-    else:
-        if INTERLEAVE == 0:  # gate words [0, I/2), up words [I/2, I)
-            gate_word = pcol
-            up_offset = I // 2
-        else:  # chunks of g: g/2 gate words, then g/2 up words (V | g/2 keeps 16-byte loads for g >= 8)
-            gate_word = (pcol // (INTERLEAVE // 2)) * INTERLEAVE + pcol % (INTERLEAVE // 2)
-            up_offset = INTERLEAVE // 2
-        base = x_ptr + rows4 * stride_xw + gate_word
-        g_even, g_odd = split_pairs(tl.load(base, mask=lmask, other=0), IN_KIND)
-        u_even, u_odd = split_pairs(tl.load(base + up_offset, mask=lmask, other=0), IN_KIND)
-    y_even = _activation(g_even, u_even, alpha, limit, GPTOSS, CLAMP, DIV_RN, OUT_DTYPE, EMULATE)
-    y_odd = _activation(g_odd, u_odd, alpha, limit, GPTOSS, CLAMP, DIV_RN, OUT_DTYPE, EMULATE)
-    wq, lo, hi = round_pairs_to(y_even, y_odd, OUT_DTYPE, EMULATE)
-    if GS_MODE == 2:  # one global scale per expert / group (padding rows: see _swiglu_kernel)
-        gs = tl.load(gs_ptr + tl.minimum(tl.maximum(grp, 0), n_gs - 1), mask=tok, other=1.0)
-    else:
-        gs = tl.zeros([BLOCK_M], dtype=tl.float32) + gs_all
-    gs_exact = 0
-    if FMT == 3:
-        gs_exact = nvfp4_exact_path(gs, row_in)
-    fp4_pack_store(wq, lo, hi, rows, row_in, pcol, pid_n * NB, I // 2, out_ptr, stride_om, scale_ptr, stride_sm,
-                   gs, gs_exact, scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE,
-                   OUT_DTYPE != tl.float32, EMULATE, NB, HP, 2 if C_INNER else 1)
 
 
 # -------------------------------------------------------------------------------------------- config
@@ -339,31 +238,6 @@ def pick_swiglu_config(rows: int, i: int, device: torch.device, min_block_n: int
     return SwigluConfig(block_m, block_n, num_warps)
 
 
-def pick_fp4_blocked_config(rows: int, i: int, device: torch.device, fmt: int) -> SwigluConfig:
-    """_swiglu_fp4_kernel tiles. GPU: ~2048 outputs per program (one 2048/1024-wide row, or two 1024-wide
-    rows), the width with the fewest masked columns, and one warp per 32 quant blocks (one block per thread:
-    2 warps MXFP4, 4 NVFP4). Interpreter: big tiles (its cost is per program)."""
-    block = MXFP4_BLOCK if fmt == FMT_MX else NVFP4_BLOCK
-    if device.type == "cpu":
-        block_n = max(4 * block, min(next_pow2(max(i, 1)), 4096))
-        return SwigluConfig(max(1, min(next_pow2(max(rows, 1)), 32768 // block_n)), block_n, 4)
-    block_n = min((2048, 1024), key=lambda b: (round_up(max(i, 1), b) - max(i, 1), -b))
-    block_m = 2048 // block_n
-    return SwigluConfig(block_m, block_n, max(1, min(8, block_m * block_n // block // 32)))
-
-
-def fp4_block_words(x2: torch.Tensor, fmt: int, interleave: int) -> torch.Tensor | None:
-    """The word view _swiglu_fp4_kernel reads ([rows, 2I] 16-bit input -> int32 words for concatenated gate|up,
-    int64 words for GPT-OSS even/odd pairs, int32 for chunks of g >= 2), or None where that kernel does not apply
-    (not FP4, fp32 input, or row stride / offset not a whole number of words)."""
-    if fmt not in (FMT_MX, FMT_NV) or x2.dtype not in (torch.bfloat16, torch.float16):
-        return None
-    per_word = 4 if interleave == 1 else 2  # 16-bit values per word
-    if x2.stride(0) % per_word or x2.storage_offset() % per_word or x2.shape[1] % per_word:
-        return None
-    return x2.view(torch.int64 if interleave == 1 else torch.int32)
-
-
 def supports_swiglu(x, interleave, *rest) -> str | None:
     if interleave > 0 and interleave & (interleave - 1):
         return f"interleave={interleave} is not a power of two (Triton reshapes by it)"
@@ -391,15 +265,12 @@ SILU_DIV_RN = False
 # bytes by contract (quantized output == quantizer(own float output)). H200, 16384 x 4096 GPT-OSS: see
 # perf/NOTES.md "Session 8". Short batches keep the fused passes (no intermediate, two launches).
 NVFP4_COMPUTED_GS_SPLIT_ROWS = 2048
-FP4_C_INNER = tuple(int(v) for v in triton.__version__.split('.')[:2]) < (3, 9)  # PROBE
 
 
 def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, *, fmt, group=128,
             quant_eps=1e-10, ue8m0=False, column_major=False, rounding="floor", swizzle=False, global_scale=None,
-            cfg=None, amax_out=None, fp4_blocked=True, fp4_cfg=None, fp4_c_inner=None):
-    """amax_out (float output only): int32 [1], zeroed, that receives max |y| as fp32 bits.
-    cfg: _swiglu_kernel's tiles; FP4 outputs take _swiglu_fp4_kernel (tiles fp4_cfg) where its layout applies
-    (fp4_block_words), unless fp4_blocked=False (probes and tests compare the two)."""
+            cfg=None, amax_out=None):
+    """amax_out (float output only): int32 [1], zeroed, that receives max |y| as fp32 bits."""
     op = "swiglu"
     out_dtype = out_dtype or x.dtype
     lead, i = tuple(x.shape[:-1]), x.shape[-1] // 2
@@ -468,20 +339,8 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
         gs_mode = GS_NONE
         if fmt == FMT_NV:
             gs_mode = GS_PER_GROUP if (moe != MOE_NONE or n_gs > 1) else GS_GIVEN
-    gs_in = global_scale if global_scale is not None else gs_out
-    words = fp4_block_words(x2, fmt, interleave) if fp4_blocked else None
-    if words is not None:  # FP4 with one quant block per thread (see _swiglu_fp4_kernel)
-        fcfg = fp4_cfg or pick_fp4_blocked_config(grid_rows, i, dev, fmt)
-        _swiglu_fp4_kernel[(cdiv(grid_rows, fcfg.block_m), cdiv(i, fcfg.block_n))](
-            words, out_arg, scale_arg, gs_in, gs_out, partials, eid, mm, rows, i, words.stride(0), out2.stride(0),
-            stride_sm, scalars[0], scalars[1], max_m, grid_rows, scale_cols_padded, n_partials, n_gs,
-            INTERLEAVE=interleave, MOE=moe, GS_MODE=gs_mode, BLOCK_M=fcfg.block_m, BLOCK_N=fcfg.block_n,
-            PARTIALS_BLOCK=partials_block, num_warps=fcfg.num_warps, C_INNER=FP4_C_INNER if fp4_c_inner is None else fp4_c_inner,
-            **{k: common[k] for k in ("IN_KIND", "GPTOSS", "CLAMP", "DIV_RN", "FMT", "MX_RCEIL", "SWIZZLE",
-                                      "OUT_DTYPE", "EMULATE")})
-        return results
     _swiglu_kernel[(cdiv(grid_rows, cfg.block_m), n_col)](
-        xs, out_arg, scale_arg, gs_in, gs_out, partials, eid, mm,
+        xs, out_arg, scale_arg, global_scale if global_scale is not None else gs_out, gs_out, partials, eid, mm,
         rows, i, xs.stride(0), out2.stride(0), stride_sm, stride_sg, *scalars, cfg.block_m, grid_rows,
         scale_cols_padded, n_partials, n_gs, PASS=pass_, GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block,
         STORE_AMAX=amax_out is not None, **common)
