@@ -192,7 +192,8 @@ def _swiglu_kernel(
             quant_epilogue(y, rows, row_in, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs, gs_exact,
                            scale_rows_bound, 0, scale_cols_padded, fp8_eps,
                            FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
-            if STORE_AMAX:  # max |y| of what was stored (the rounded y); integer bits: NaN sorts above Inf
+            if STORE_AMAX:  # max |y| of what was stored (the rounded y); integer bits: NaN sorts above Inf.
+                # Not tile_amax_bits: that re-rounds y in pairs (out_pairs); this reuses the store's own cast.
                 bits = abs_bits(cast_out(y, OUT_DTYPE, EMULATE).to(tl.float32))
                 bits = tl.where(tok[:, None] & cmask[None, :], bits, 0)
                 tl.atomic_max(partial_ptr, tl.max(tl.max(bits, 1), 0))
