@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dispatch.arch import env_reader
+from triton_ops.contract.arch import env_reader
 
 EXPORT_NAME = "func"
 LOCK_TIMEOUT_S = 300.0  # a cold compile of one kernel takes a few seconds; this only bounds a stuck holder

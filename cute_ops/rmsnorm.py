@@ -21,10 +21,9 @@ import os
 
 import torch
 
-from dispatch.arch import arch_of
-from dispatch.checks import rows_view
-from dispatch.reference.formats import round_up
-from dispatch.reference.quant import fp8_scale_storage
+from triton_ops.contract.arch import arch_of
+from triton_ops.contract.checks import rows_view
+from triton_ops.contract.formats import fp8_scale_storage, round_up
 
 from . import _compile
 
@@ -377,14 +376,16 @@ def _specialize(entry, mode, x, weight, residual, eps, weight_offset, group_size
 
 
 # ------------------------------------------------------------------------------- backend entry points
-# Same signatures as the torch ops in dispatch/ops/norm_act.py, minus `backend`.
+# Same signatures as the torch ops in dispatch/ops/rmsnorm.py, minus `backend`.
 
 
 def rms_norm(x, weight, residual, eps, weight_offset):
     return _launch(x, weight, residual, eps, weight_offset, mode="none")
 
 
-rms_norm.specialize = lambda *args: _specialize(rms_norm, "none", *args)
+def specialize_rms_norm(*args):
+    """A launcher prepared for this exact call signature (the dispatch table's `specialize` hook)."""
+    return _specialize(rms_norm, "none", *args)
 
 
 def rms_norm_fp8_group(x, weight, residual, eps, weight_offset, group_size, quant_eps, ue8m0, column_major):
@@ -392,7 +393,8 @@ def rms_norm_fp8_group(x, weight, residual, eps, weight_offset, group_size, quan
                    ue8m0=ue8m0, column_major=column_major)
 
 
-rms_norm_fp8_group.specialize = lambda *args: _specialize(rms_norm_fp8_group, "fp8", *args)
+def specialize_rms_norm_fp8_group(*args):
+    return _specialize(rms_norm_fp8_group, "fp8", *args)
 
 
 def rms_norm_nvfp4(x, weight, residual, eps, weight_offset, global_scale, swizzle):
@@ -400,5 +402,5 @@ def rms_norm_nvfp4(x, weight, residual, eps, weight_offset, global_scale, swizzl
                    global_scale=global_scale)
 
 
-rms_norm_nvfp4.specialize = lambda x, w, r, eps, off, gs, swizzle: _specialize(
-    rms_norm_nvfp4, "nvfp4", x, w, r, eps, off, global_scale=gs, swizzle=swizzle)
+def specialize_rms_norm_nvfp4(x, w, r, eps, off, gs, swizzle):
+    return _specialize(rms_norm_nvfp4, "nvfp4", x, w, r, eps, off, global_scale=gs, swizzle=swizzle)

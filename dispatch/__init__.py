@@ -9,8 +9,9 @@
 `python -m dispatch` prints the table for this machine (`--arch sm_100` for another).
 """
 
+from triton_ops.contract.arch import resolve_arch
+
 from . import ops
-from .arch import resolve_arch
 from .registry import BackendError, use_backend
 from .table import TABLE
 

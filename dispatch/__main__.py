@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_selfcheck(json_path=args.json, ops=args.ops)
 
-    from .arch import normalize_arch, resolve_arch
+    from triton_ops.contract.arch import normalize_arch, resolve_arch
+
     from .describe import format_table
 
     arch = normalize_arch(args.arch) if args.arch else resolve_arch()

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .arch import arch_of
+from triton_ops.contract.arch import arch_of
 
 log = logging.getLogger("lowbit.dispatch")
 
@@ -52,6 +52,10 @@ class Entry:
     # "module:function" returning why auto should pass this entry over for these arguments (a measured
     # preference by shape bucket, not a capability: an explicit backend still runs it), or None
     auto_skip: str | None = None
+    # "module:function" returning a launcher prepared for one exact call signature (compiled function, views
+    # and checks resolved once; the eager fast path in ops/_common.py caches it), or None where the general
+    # entry must run
+    specialize: str | None = None
 
     def resolve_impl(self) -> Callable:
         return _load(self.impl)

@@ -64,7 +64,7 @@ class Case:
 
 # Each op family's registration module defines `self_check_cases() -> list[Case]`. Add yours here.
 FAMILIES = ("dispatch.ops.quant", "dispatch.ops.rope", "dispatch.ops.kv_cache", "dispatch.ops.moe",
-            "dispatch.ops.norm_act",)
+            "dispatch.ops.rmsnorm", "dispatch.ops.swiglu",)
 
 
 def all_cases() -> list[Case]:

@@ -242,9 +242,9 @@ class Provider:
 
 def lowbit_backends(op: str, device: torch.device, quick: bool) -> tuple[list[str], dict[str, str]]:
     """Backends of `op` that can run on this device, and why the others cannot (backend -> reason)."""
-    from dispatch.arch import arch_of
     from dispatch.registry import backend_unavailable
     from dispatch.table import TABLE
+    from triton_ops.contract.arch import arch_of
 
     arch = arch_of(device)
     ok: list[str] = []

@@ -11,11 +11,11 @@ import torch
 
 import dispatch
 from dispatch import BackendError, ops, registry, use_backend
-from dispatch.arch import arch_of, normalize_arch, resolve_arch
-from dispatch.checks import LowbitInputError
 from dispatch.ops._common import backend_for
 from dispatch.registry import Entry, parse_backend_env, select
 from dispatch.table import TABLE
+from triton_ops.contract.arch import arch_of, normalize_arch, resolve_arch
+from triton_ops.contract.checks import LowbitInputError
 
 
 def test_normalize_arch():
@@ -88,8 +88,8 @@ def test_forced_unsupported_backend_lists_candidates(monkeypatch):
 
 def test_auto_skips_unsupported_entry(caplog):
     """A preferred entry whose predicate refuses is skipped (logged with its reason); the next one runs."""
-    fast = Entry("fp8_group_quantize", "triton", ("cpu",), "triton_ops.quant_fp8:fp8_group_quantize", 50,
-                 "test", "triton_ops.quant_fp8:supports_quantize")
+    fast = Entry("fp8_group_quantize", "triton", ("cpu",), "triton_ops.quant:fp8_group_quantize", 50,
+                 "test", "triton_ops.quant:supports_fp8_group_quantize")
     slow = Entry("fp8_group_quantize", "torch", ("cpu",), "dispatch.reference.quant:fp8_group_quantize", 1, "ref")
     args = (torch.randn(2, 96), 96, 1e-10, False, False)
     with caplog.at_level(logging.DEBUG, logger="lowbit.dispatch"):
@@ -100,7 +100,7 @@ def test_auto_skips_unsupported_entry(caplog):
 
 def test_select_prefers_priority_and_errors_on_unknown():
     lo = Entry("t", "torch", ("cpu",), "dispatch.reference.quant:nvfp4_quantize", 1, "low")
-    hi = Entry("t", "triton", ("cpu",), "triton_ops.quant_fp4:nvfp4_quantize", 5, "high")
+    hi = Entry("t", "triton", ("cpu",), "triton_ops.quant:nvfp4_quantize", 5, "high")
     x = torch.randn(2, 16)
     assert select([lo, hi], "t", "auto", (x,), {}).backend == "triton"
     with pytest.raises(ValueError, match="unknown backend"):

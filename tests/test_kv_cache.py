@@ -13,11 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatch import ops
-from dispatch.checks import LowbitInputError
-from dispatch.reference.kv_cache import DS_LAYOUTS, ds_kv_cache_empty
+from dispatch.reference.kv_cache import ds_kv_cache_empty
 from dispatch.reference.rope import rope_cos_sin_cache
 from tests.helpers import DEVICES, FLOAT_DTYPES, assert_same_bytes, make_values
 from tests.test_rope import assert_same_floats
+from triton_ops.contract.checks import LowbitInputError
+from triton_ops.contract.kv_cache import DS_LAYOUTS
 
 DISTS = ("normal", "heavy_tail", "mixed_scale", "zero_blocks", "subnormal")
 

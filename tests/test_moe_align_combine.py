@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatch import ops
-from dispatch.checks import LowbitInputError
 from dispatch.reference import moe as ref
 from tests.helpers import DEVICES, assert_same_bytes
+from triton_ops.contract.checks import LowbitInputError
 
 
 def _ids(t, k, e_global, dist, seed):
@@ -192,7 +192,7 @@ def test_decode_shape_e256_bm128(backend):
 @pytest.mark.parametrize("t", [1, 64, 150])
 def test_align_paths_agree(device, t):
     """The single-launch and three-launch Triton paths (benchmarked against each other) give the same bytes."""
-    from triton_ops import moe_align as tri
+    from triton_ops.moe import align as tri
 
     ids = _ids(t, 8, 256, "uniform", t).to(device)
     for fn, arg in ((tri.moe_align, 128), (tri.moe_masked_layout, 64)):
@@ -205,7 +205,7 @@ def test_align_paths_agree(device, t):
 def test_align_general_gpu_chunks(monkeypatch, dist, ep):
     """The three-launch path with its GPU chunking (128 entries per chunk program, a partial last chunk) and a
     scan that loops over chunk blocks, run under the interpreter (where the default is one large chunk)."""
-    from triton_ops import moe_align as tri
+    from triton_ops.moe import align as tri
 
     monkeypatch.setattr(tri, "GENERAL_CHUNK_CPU", tri.GENERAL_CHUNK)
     monkeypatch.setattr(tri, "SCAN_ELEMS_CPU", 4 * tri.SCAN_EB)  # 4 chunks per scan step: 3 steps
@@ -227,7 +227,7 @@ def test_align_general_gpu_chunks(monkeypatch, dist, ep):
 def test_align_single_launch_gpu_grid(monkeypatch, t, dist, ep):
     """The single-launch kernel with its GPU grid (one expert per program; the rows past the padded total
     shared by all programs), run under the interpreter, where the default is one program for everything."""
-    from triton_ops import moe_align as tri
+    from triton_ops.moe import align as tri
 
     config = tri._small_config
     monkeypatch.setattr(tri, "_small_config", lambda *a: config(*a[:-1], False))

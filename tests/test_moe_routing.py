@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatch import ops
-from dispatch.checks import LowbitInputError
 from dispatch.reference import moe as ref
 from tests.helpers import DEVICES
+from triton_ops.contract.checks import LowbitInputError
 
 # exp/log differ by a few ulps between torch and Triton (libdevice / numpy); everything else is IEEE fp32
 W_TOL = dict(rtol=1e-5, atol=1e-12)
@@ -239,8 +239,8 @@ def test_gpu_inductor_compile():
 def test_gpu_configs_match_reference(block_t, dist, preset):
     """The configs the GPU picks (one row per program up to T = 2048, 16 rows beyond) under the interpreter:
     the int64 (key, index) selection and the re-read weights give the reference's ids and weights."""
-    from triton_ops.moe_routing import RouteConfig
-    from triton_ops.moe_routing import moe_route as triton_route
+    from triton_ops.moe.routing import RouteConfig
+    from triton_ops.moe.routing import moe_route as triton_route
 
     x = _logits(20, 256, dist, 7, torch.float32)
     x[3, 5] = float("nan")

@@ -242,10 +242,10 @@ def test_computed_global_scale_sees_every_k_tile(device):
 @pytest.mark.parametrize("kind,layout", [("nvfp4", "swizzled"), ("nvfp4", "linear"), ("mxfp4", "linear"),
                                          ("nvfp4", "computed")])
 def test_fp4_quantize_row_tiles_per_program(monkeypatch, tiles, kind, layout):
-    """Several row tiles per program (the GPU default for long batches, triton_ops.quant_fp4.fp4_tiling), forced
+    """Several row tiles per program (the GPU default for long batches, triton_ops.quant.fp4_tiling), forced
     on the interpreter: rows that do not fill the last program, NaN/Inf blocks and the swizzled padding rows
     still give the reference's bytes."""
-    from triton_ops import quant_fp4 as Q
+    from triton_ops import quant as Q
 
     monkeypatch.setattr(Q, "fp4_tiling", lambda rows, k, block, swizzle, device: (Q.TileConfig(1, 4 * block, 4),
                                                                                  tiles))
@@ -267,7 +267,7 @@ def test_fp4_quantize_row_tiles_per_program(monkeypatch, tiles, kind, layout):
 @pytest.mark.parametrize("k", [2880, 7168, 8192])
 def test_fp4_quantize_long_batch_default_tiling(k):
     """Long batches take several row tiles per program on the GPU (fp4_tiling): bytes equal the reference."""
-    from triton_ops import quant_fp4 as Q
+    from triton_ops import quant as Q
 
     assert Q.fp4_tiling(4099, k, 16, False, torch.device("cuda"))[1] > 1
     x = make_values(4099, k, "mixed_scale", 3).bfloat16()
@@ -310,7 +310,7 @@ def _near_tie_input(dtype, rows=8, k=256):
 def test_fp4_encode_near_ties_same_bytes(device, dtype):
     """The E2M1 encode gives the reference's bytes on near-tie inputs, for NVFP4 (given gs incl. saturating and
     tiny ones, computed gs) and MXFP4 (both roundings), both layouts."""
-    from triton_ops import quant_fp4 as Q4
+    from triton_ops import quant as Q4
 
     x = _near_tie_input(dtype)
     xd = x.to(device)

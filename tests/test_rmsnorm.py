@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatch import ops
-from dispatch.checks import LowbitInputError
 from dispatch.reference import rmsnorm as ref
 from tests.helpers import (
     DEVICES,
@@ -19,6 +18,7 @@ from tests.helpers import (
     float_inputs,
     make_values,
 )
+from triton_ops.contract.checks import LowbitInputError
 
 QUANTS = ("none", "fp8_group", "mxfp4", "nvfp4")
 # bound on |y - exact| / |exact|: half an ulp of the output dtype; fp32 adds its 3 intermediate roundings

@@ -18,9 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatch import ops
-from dispatch.checks import LowbitInputError
 from dispatch.reference.rope import rope_cos_sin_cache
 from tests.helpers import DEVICES, FLOAT_DTYPES, make_values
+from triton_ops.contract.checks import LowbitInputError
 
 
 def assert_same_floats(got: torch.Tensor, want: torch.Tensor, what: str) -> None:

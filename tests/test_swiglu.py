@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import triton_ops.swiglu as triton_swiglu
 from dispatch import ops
-from dispatch.checks import LowbitInputError
 from dispatch.reference import swiglu as ref
 from tests.helpers import DEVICES, as_bytes, assert_graph_replay_matches_eager, assert_same_bytes, make_values
+from triton_ops.contract.checks import LowbitInputError
 
 QUANTS = ("none", "fp8_group", "mxfp4", "nvfp4")
 HALF_ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-23}

@@ -7,9 +7,13 @@ only on the interpreter path (`EMULATE` constexpr chosen by the launcher). The G
 equal the torch reference byte for byte.
 """
 
+import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+
+# Launcher-side code of a 16/32-bit input dtype for the pair-word kernels (see `split_pairs`).
+IN_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
 
 @triton.jit
@@ -338,3 +342,23 @@ def round_pairs_to(y_lo, y_hi, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
     else:
         w, lo, hi = round_pairs(y_lo, y_hi, 2, EMULATE)
     return w, lo, hi
+
+
+@triton.jit
+def fp4_encode_pairs(w, lo, hi, inv, ok, IN_KIND: tl.constexpr):
+    """[BM, NB, HP] pair words + per-block inv -> packed E2M1 bytes (element 2i in the low nibble).
+    Fast path: q = x * inv must be NaN only where the whole block is (ok == False there: inv NaN), which holds
+    when inv is finite or NaN (see the kernel). Signs come from x (inv >= +0, so sign(q) == sign(x)); a bad
+    block gets limit 0 and no signs, i.e. byte 0, without a per-element NaN test. ~7 instructions per
+    element instead of ~20."""
+    lim = tl.where(ok, 6.0, 0.0)[:, :, None]
+    inv3 = inv[:, :, None]
+    a_lo = tl.minimum(tl.abs(lo * inv3), lim)  # min drops NaN on the GPU and under the interpreter (fmin)
+    a_hi = tl.minimum(tl.abs(hi * inv3), lim)
+    if IN_KIND == 2:  # fp32 pairs in int64: gather the two sign bits into one word
+        signs = ((w >> 32) & 0x80000000) | ((w >> 16) & 0x8000)
+        signs = signs.to(tl.int32)
+    else:
+        signs = w
+    signs = signs & tl.where(ok, -2147450880, 0)[:, :, None]  # 0x80008000 as int32, or 0 for a bad block
+    return e2m1_pair_byte(e2m1_magnitude_word(a_lo), e2m1_magnitude_word(a_hi), signs)

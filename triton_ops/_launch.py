@@ -8,7 +8,7 @@ import functools
 import torch
 import triton.language as tl
 
-from dispatch.arch import arch_at_least, arch_of
+from triton_ops.contract.arch import arch_at_least, arch_of
 
 TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dispatch.reference.kv_cache import DS_LAYOUTS, DS_ROPE, DS_SCALE_FLOOR, DYNAMIC_EPS
+from triton_ops.contract.kv_cache import DS_LAYOUTS, DS_ROPE, DS_SCALE_FLOOR, DYNAMIC_EPS
 
 from ._formats import amax_nan, cast_out, e4m3_decode_fast, e4m3_encode, split_pairs
 from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2

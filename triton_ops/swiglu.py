@@ -16,13 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
-from dispatch.checks import rows_view
-from dispatch.reference.formats import round_up
+from triton_ops.contract.checks import rows_view
+from triton_ops.contract.formats import round_up
 
-from . import quant_fp4
-from ._formats import abs_bits, cast_out, exp_accurate, exp_flush, split_pairs
+from . import quant
+from ._formats import IN_KIND, abs_bits, cast_out, exp_accurate, exp_flush, split_pairs
 from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
-from .rmsnorm import (
+from .quant_epilogue import (
     FMT_FP8,
     FMT_MX,
     FMT_NONE,
@@ -45,7 +45,6 @@ from .rmsnorm import (
 )
 
 MOE_NONE, MOE_CONTIGUOUS, MOE_MASKED = 0, 1, 2
-IN_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # see _formats.split_pairs
 IN_WORD = {torch.bfloat16: torch.int32, torch.float16: torch.int32, torch.float32: torch.int64}
 
 
@@ -89,7 +88,7 @@ def _load_tile(x_ptr, eid_ptr, mm_ptr, rows, M, I, cols, cmask, stride_xm, max_m
 def _exp_neg(x, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
     """e^-x for the sigmoid denominator. 16-bit outputs: exp_flush (1 + e^-x is the same with subnormal e^-x
     flushed; 3 fewer instructions per element than tl.exp). fp32 outputs: exp_accurate, because the ex2.approx
-    forms lose up to ~22 fp32 ulps for large |x|, more than the fp32 output's tolerance (docs/norm_act.md)."""
+    forms lose up to ~22 fp32 ulps for large |x|, more than the fp32 output's tolerance (docs/swiglu.md)."""
     if OUT_DTYPE == tl.float32:
         return exp_accurate(-x, EMULATE)
     else:
@@ -100,7 +99,7 @@ def _exp_neg(x, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
 def _silu_ratio(g, d, DIV_RN: tl.constexpr):
     """g / d for d = 1 + e^-g' >= 1: div.rn (exact, ~10 SASS instructions with its range check and slow-path
     branch) or '/' (div.full.f32: <= 2 fp32 ulps, full range, ~4 instructions). exp is not correctly rounded on
-    any backend, so the float output is a tolerance contract either way (docs/norm_act.md)."""
+    any backend, so the float output is a tolerance contract either way (docs/swiglu.md)."""
     if DIV_RN:
         return tl.math.div_rn(g, d)
     else:
@@ -127,11 +126,11 @@ def _swiglu_kernel(
     cols = col0 + tl.arange(0, BLOCK_N)
     cmask = cols < I
     gs_all = 0.0
-    if GS_MODE == 1:
+    if GS_MODE == GS_GIVEN:
         gs_all = tl.load(gs_ptr)
         if (pid_m == 0) & (pid_n == 0):  # the returned global scale: copied here, not by a second launch
             tl.store(gs_out_ptr, gs_all)
-    if GS_MODE == 3:
+    if GS_MODE == GS_FROM_PARTIALS:
         gs_all = fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK)
         if (pid_m == 0) & (pid_n == 0):
             tl.store(gs_out_ptr, gs_all)
@@ -148,14 +147,14 @@ def _swiglu_kernel(
     # epilogue's fast/exact branch for every tile and unrolled the store tail 4x (sm_90 SASS, 16 outputs per
     # thread: FP8 32.9 -> 29.4 instructions per output with the session-7 exp/rounding changes; the session-2
     # register growth that kept it runtime for plain outputs, 43 -> 58, is gone: 55 either way).
-    if PASS == 1:
+    if PASS == PASS_AMAX:
         loop_rows = rows_per_prog
     else:
         loop_rows: tl.constexpr = BLOCK_M
     for m0 in range(0, loop_rows, BLOCK_M):
         rows = row0 + m0 + tl.arange(0, BLOCK_M)
         row_in = rows < M
-        if PASS == 1:  # only the amax pass walks several blocks; elsewhere rows_per_prog == BLOCK_M
+        if PASS == PASS_AMAX:  # only the amax pass walks several blocks; elsewhere rows_per_prog == BLOCK_M
             nxt = tl.where(m0 + BLOCK_M < rows_per_prog, rows + BLOCK_M, M)  # past the program's rows: no load
             a_next, b_next, grp_next, tok_next = _load_tile(x_ptr, eid_ptr, mm_ptr, nxt, M, I, cols, cmask,
                                                             stride_xm, max_m, INTERLEAVE, PAIR_WORDS, MOE)
@@ -172,11 +171,11 @@ def _swiglu_kernel(
             y = _silu_ratio(g, 1.0 + _exp_neg(alpha * g, OUT_DTYPE, EMULATE), DIV_RN) * (u + 1.0)
         else:
             y = _silu_ratio(g, 1.0 + _exp_neg(g, OUT_DTYPE, EMULATE), DIV_RN) * u
-        if PASS == 1:
+        if PASS == PASS_AMAX:
             acc = tl.maximum(acc, tile_amax_bits(y, tok, col0 // 2 + tl.arange(0, BLOCK_N // 2) < I // 2, OUT_DTYPE,
                                                  EMULATE, BLOCK_M, BLOCK_N))
         else:
-            if GS_MODE == 2:  # one global scale per expert / group
+            if GS_MODE == GS_PER_GROUP:  # one global scale per expert / group
                 gidx = tl.minimum(tl.maximum(grp, 0), n_gs - 1)
                 # Padding rows: y is +0 there (zeros in, alpha and limit finite), so any finite gs > 0 gives the
                 # zero bytes they must hold; 1.0 (not 0) keeps them off the epilogue's exact per-element path,
@@ -185,7 +184,7 @@ def _swiglu_kernel(
             else:
                 gs = tl.zeros([BLOCK_M], dtype=tl.float32) + gs_all
             gs_exact = 0
-            if FMT == 3:
+            if FMT == FMT_NV:
                 gs_exact = nvfp4_exact_path(gs, row_in)
             # (a pair-word FP4 epilogue like rmsnorm's measured no faster here: 149.0 vs 148.7 us MXFP4, 181 vs 163
             # MoE NVFP4, H200; SwiGLU FP4 is bound by the activation's exact division, perf/NOTES.md Session 4)
@@ -197,12 +196,12 @@ def _swiglu_kernel(
                 bits = abs_bits(cast_out(y, OUT_DTYPE, EMULATE).to(tl.float32))
                 bits = tl.where(tok[:, None] & cmask[None, :], bits, 0)
                 tl.atomic_max(partial_ptr, tl.max(tl.max(bits, 1), 0))
-        if PASS == 1:
+        if PASS == PASS_AMAX:
             a = a_next
             b = b_next
             grp = grp_next
             tok = tok_next
-    if PASS == 1:
+    if PASS == PASS_AMAX:
         tl.store(partial_ptr + pid_m * tl.num_programs(1) + pid_n, tl.max(acc, 0).to(tl.float32, bitcast=True))
 
 
@@ -282,7 +281,7 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
         amax = torch.zeros(1, dtype=torch.int32, device=dev)
         y = _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, fmt=FMT_NONE,
                     amax_out=amax)
-        return quant_fp4.nvfp4_quantize_given_amax(y, amax.view(torch.float32), swizzle)
+        return quant.nvfp4_quantize_given_amax(y, amax.view(torch.float32), swizzle)
     gs_given_shape = () if global_scale is None or global_scale.numel() == 1 else (global_scale.numel(),)
     gs_out = torch.empty(gs_given_shape, dtype=torch.float32, device=dev)
     out, scales = alloc_epilogue_outputs(fmt, lead, i, out_dtype, group, column_major, swizzle, dev)

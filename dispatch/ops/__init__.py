@@ -4,6 +4,7 @@ Every function here is a thin typed wrapper over a `torch.ops.lowbit.*` op; `bac
 dispatch table choose (see `python -m dispatch`).
 """
 
+from ..rope_cache import LinearScaling, Llama3Scaling, YarnScaling, ds_kv_cache_empty, rope_cos_sin_cache
 from ._common import backend_for
 from .kv_cache import (
     ds_kv_gather,
@@ -25,18 +26,6 @@ from .moe import (
     moe_masked_layout,
     moe_route,
 )
-from .norm_act import (
-    RMSNormOutput,
-    RMSNormQuantOutput,
-    rms_norm,
-    rms_norm_fp8_group,
-    rms_norm_mxfp4,
-    rms_norm_nvfp4,
-    swiglu,
-    swiglu_fp8_group,
-    swiglu_mxfp4,
-    swiglu_nvfp4,
-)
 from .quant import (
     FP8GroupQuantized,
     MXFP4Quantized,
@@ -53,20 +42,30 @@ from .quant import (
     swizzle_scales_128x4,
     unswizzle_scales_128x4,
 )
+from .rmsnorm import (
+    RMSNormOutput,
+    RMSNormQuantOutput,
+    rms_norm,
+    rms_norm_fp8_group,
+    rms_norm_mxfp4,
+    rms_norm_nvfp4,
+)
 from .rope import RopeOutput, rope, rope_
+from .swiglu import swiglu, swiglu_fp8_group, swiglu_mxfp4, swiglu_nvfp4
 
 __all__ = [
     "FP8GroupQuantized", "MXFP4Quantized", "NVFP4Quantized", "backend_for",
     "fp8_group_dequantize", "fp8_group_quantize", "mxfp4_dequantize", "mxfp4_quantize",
     "nvfp4_decode_global_scale", "nvfp4_dequantize", "nvfp4_encode_global_scale",
     "nvfp4_global_scale_from_amax", "nvfp4_quantize", "swizzle_scales_128x4", "unswizzle_scales_128x4",
-    # rope / KV cache (issue 5)
-    "RopeOutput", "ds_kv_gather", "ds_kv_write", "ds_rope_quant_append", "paged_kv_gather_fp8",
+    # rope, kv_cache
+    "RopeOutput", "LinearScaling", "Llama3Scaling", "YarnScaling", "ds_kv_cache_empty", "rope_cos_sin_cache",
+    "ds_kv_gather", "ds_kv_write", "ds_rope_quant_append", "paged_kv_gather_fp8",
     "paged_kv_write_fp8", "rope", "rope_",
-    # RMSNorm / SwiGLU (+ quantized outputs) (issue 4)
+    # rmsnorm, swiglu (+ quantized outputs)
     "RMSNormOutput", "RMSNormQuantOutput", "rms_norm", "rms_norm_fp8_group", "rms_norm_mxfp4", "rms_norm_nvfp4",
     "swiglu", "swiglu_fp8_group", "swiglu_mxfp4", "swiglu_nvfp4",
-    # MoE routing plumbing (issue 7)
+    # moe plumbing
     "ContiguousLayout", "GatheredFP8", "MaskedLayout", "Routing", "moe_align", "moe_combine", "moe_gather",
     "moe_gather_fp8", "moe_hash_route", "moe_masked_layout", "moe_route",
 ]

@@ -12,8 +12,9 @@ import threading
 
 import torch
 
-from ..arch import ARCH_ENV, env_reader
-from ..registry import BACKEND_ENV, _scoped, select
+from triton_ops.contract.arch import ARCH_ENV, env_reader
+
+from ..registry import BACKEND_ENV, _load, _scoped, select
 from ..table import TABLE
 
 # name -> the op's Python implementation (checks + table choice + backend call), registered by `lowbit_op`.
@@ -67,8 +68,8 @@ def call(name: str, *args):
     make_fx), this is exactly `torch.ops.lowbit.<name>(*args)`, so graphs see the op and its fake impl.
     In plain eager calls it skips the custom-op dispatcher's Python layers (tens of microseconds per call), and
     after the first call with a given signature also the checks and the table choice (~20 us on the H200's
-    host): the backend function the first call chose runs directly (or the launcher it prepared for that
-    signature: `impl.specialize(*args)`). Any change of the backend overrides
+    host): the backend function the first call chose runs directly (or the launcher its table row prepared for that
+    signature: `Entry.specialize`). Any change of the backend overrides
     (use_backend, LOWBIT_BACKEND, LOWBIT_ARCH, ...) is part of the signature. A first call logs what auto
     dispatch skipped (registry.select, debug level); repeated calls with the same signature do not.
     """
@@ -87,19 +88,20 @@ def call(name: str, *args):
             and all(a is b for a, b in zip(chosen[1], args[:-1], strict=True)):
         if len(_FAST) >= _FAST_MAX:
             _FAST.clear()
-        impl = chosen[2]
-        # A backend may offer a launcher prepared for this exact signature (cute_ops/rmsnorm.py: compiled function,
-        # views and checks resolved once); it returns None where its general entry must run.
-        specialize = getattr(impl, "specialize", None)
-        _FAST[(name, key)] = (specialize(*args[:-1]) if specialize is not None else None) or impl
+        impl, entry = chosen[2], chosen[3]
+        # A table row may name a launcher prepared for this exact signature (cute_ops/rmsnorm.py: compiled
+        # function, views and checks resolved once); it returns None where the general entry must run.
+        prepared = _load(entry.specialize)(*args[:-1]) if entry.specialize is not None else None
+        _FAST[(name, key)] = prepared or impl
     return out
 
 
 def run(op: str, backend: str, *args):
     """Run `op` on the backend the table picks for these arguments (see registry.select)."""
-    impl = select(TABLE[op], op, backend, args, {}).resolve_impl()
+    entry = select(TABLE[op], op, backend, args, {})
+    impl = entry.resolve_impl()
     out = impl(*args)
-    _record.chosen = (op, args, impl)  # after the call: a backend that calls other ops must not overwrite it
+    _record.chosen = (op, args, impl, entry)  # after the call: a backend that calls other ops must not overwrite it
     return out
 
 

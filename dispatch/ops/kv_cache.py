@@ -9,8 +9,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import checks as C
-from ..reference.kv_cache import DS_LAYOUTS, DS_ROPE, ds_kv_cache_empty
+from triton_ops.contract import checks as C
+from triton_ops.contract.kv_cache import DS_LAYOUTS, DS_ROPE
+
+from ..reference.kv_cache import ds_kv_cache_empty
 from ._common import call, lowbit_op, run
 from .rope import INDEX_DTYPES, check_heads, check_positions, debug_checks
 

@@ -12,8 +12,10 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from .. import checks as C
-from ..reference.moe import SCORINGS, contiguous_capacity
+from triton_ops.contract import checks as C
+from triton_ops.contract.formats import contiguous_capacity
+
+from ..reference.moe import SCORINGS
 from ._common import call, lowbit_op, run
 
 Scoring = Literal["softmax", "sigmoid", "sqrt_softplus"]

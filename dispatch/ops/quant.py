@@ -11,9 +11,11 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from .. import checks as C
-from ..reference.formats import div_rn, round_up
-from ..reference.quant import MX_ROUNDINGS, MXFP4_BLOCK, NVFP4_BLOCK, fp4_scales_shape, fp8_scale_storage
+from triton_ops.contract import checks as C
+from triton_ops.contract.formats import MXFP4_BLOCK, NVFP4_BLOCK, fp4_scales_shape, fp8_scale_storage, round_up
+
+from ..reference.formats import div_rn
+from ..reference.quant import MX_ROUNDINGS
 from ._common import call, lowbit_op, run
 
 ScaleLayout = Literal["linear", "swizzled"]

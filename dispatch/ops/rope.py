@@ -13,7 +13,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .. import checks as C
+from triton_ops.contract import checks as C
+
 from ..reference.rope import rope_cos_sin_cache
 from ._common import call, lowbit_op, run
 

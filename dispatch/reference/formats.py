@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import torch
 
-E2M1_MAX = 6.0
-E4M3_MAX = 448.0
-E8M0_NAN = 0xFF
-E4M3_NAN = 0x7F  # canonical NaN byte lowbit writes (the sign of a NaN input is not kept)
+from triton_ops.contract.formats import E4M3_MAX, E4M3_NAN
 
 # The 16 E2M1 codes as values; code = sign << 3 | magnitude index.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -80,10 +77,6 @@ def pow2_ceil(s: torch.Tensor) -> torch.Tensor:
     b = float_bits(s)
     up = bits_float((b + 0x7FFFFF) & 0x7F800000)
     return torch.where(torch.isfinite(s), up, s)
-
-
-def round_up(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
 
 
 def reciprocal_rn(d: torch.Tensor) -> torch.Tensor:

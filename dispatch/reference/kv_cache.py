@@ -20,49 +20,16 @@ from __future__ import annotations
 
 import torch
 
-from .formats import E4M3_MAX, div_rn, e4m3_encode, exponent_field, pow2_ceil
-from .rope import cos_sin_at, rotate
+from triton_ops.contract.formats import E4M3_MAX
+from triton_ops.contract.kv_cache import DS_LAYOUTS, DS_ROPE, DS_SCALE_FLOOR, DYNAMIC_EPS
 
-DYNAMIC_EPS = 1e-10
-DS_SCALE_FLOOR = 1e-4
-DS_ROPE = 64
+from .formats import div_rn, e4m3_encode, exponent_field, pow2_ceil
+from .rope import cos_sin_at, rotate
 
 
 def e4m3_decode_table(codes: torch.Tensor) -> torch.Tensor:
     """uint8 E4M3 bytes -> fp32 values (exact; 0x7F/0xFF -> NaN)."""
     return codes.contiguous().view(torch.float8_e4m3fn).float()
-
-
-class DSLayout:
-    """Byte geometry of one DeepSeek FP8 KV-cache layout (see docs/kv_cache_layouts.md)."""
-
-    def __init__(self, name, d_nope, tile, token_bytes, nope_at, scale_at, rope_at, scale_bytes, blocked):
-        self.name, self.d_nope, self.tile = name, d_nope, tile
-        self.num_tiles = d_nope // tile
-        self.d = d_nope + DS_ROPE
-        self.token_bytes = token_bytes  # bytes per token, including this layout's padding
-        self.nope_at, self.scale_at, self.rope_at = nope_at, scale_at, rope_at
-        self.scale_bytes = scale_bytes  # 4 (fp32) or 1 (E8M0)
-        self.blocked = blocked  # V4: [block_size x 576 data][block_size x 8 scales] inside each block
-
-    def min_block_bytes(self, block_size: int) -> int:
-        return block_size * self.token_bytes
-
-    def padded_block_bytes(self, block_size: int) -> int:
-        """What FlashMLA allocates per block: V4 rounds each block up to a multiple of 576 bytes."""
-        b = self.min_block_bytes(block_size)
-        return (b + 575) // 576 * 576 if self.blocked else b
-
-
-DS_LAYOUTS = {
-    # 512 E4M3 | 4 x fp32 scale | 64 x bf16 rope, per token (656 B).
-    "v32": DSLayout("v32", 512, 128, 656, nope_at=0, scale_at=512, rope_at=528, scale_bytes=4, blocked=False),
-    # per token in the data part: 448 E4M3 | 64 x bf16 rope (576 B); scales part: 7 x E8M0 | 1 pad (8 B).
-    "v4": DSLayout("v4", 448, 64, 584, nope_at=0, scale_at=None, rope_at=448, scale_bytes=1, blocked=True),
-}
-
-
-# ------------------------------------------------------------------------------------------ generic
 
 
 def _slot_parts(slot_mapping: torch.Tensor, num_blocks: int, block_size: int):

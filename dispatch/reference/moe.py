@@ -24,17 +24,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from triton_ops.contract.formats import contiguous_capacity
+
 SCORINGS = ("softmax", "sigmoid", "sqrt_softplus")
-
-
-def round_up(x: int, m: int) -> int:
-    return (x + m - 1) // m * m
-
-
-def contiguous_capacity(num_entries: int, num_experts: int, block_m: int) -> int:
-    """Static row count of the contiguous layout: every one of the min(E, N) experts that can be non-empty
-    wastes at most block_m - 1 padding rows. Depends on shapes only (CUDA graphs, torch.compile)."""
-    return round_up(num_entries + min(num_experts, num_entries) * (block_m - 1), block_m)
 
 
 # ---------------------------------------------------------------------------------------------- router

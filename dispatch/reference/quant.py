@@ -10,9 +10,18 @@ import math
 
 import torch
 
-from .formats import (
+from triton_ops.contract.formats import (
     E4M3_MAX,
     E8M0_NAN,
+    MXFP4_BLOCK,
+    NVFP4_AMAX_TO_SCALE,
+    NVFP4_BLOCK,
+    fp4_scales_shape,
+    fp8_scale_storage,
+    round_up,
+)
+
+from .formats import (
     bits_float,
     div_rn,
     e2m1_decode,
@@ -23,14 +32,8 @@ from .formats import (
     pack_nibbles,
     pow2_ceil,
     reciprocal_rn,
-    round_up,
     unpack_nibbles,
 )
-
-NVFP4_BLOCK = 16
-MXFP4_BLOCK = 32
-NVFP4_AMAX_TO_SCALE = 448.0 * 6.0  # decode-form global scale = amax / 2688
-
 
 # ------------------------------------------------------------------------------------------ 128x4 swizzle
 
@@ -178,23 +181,6 @@ def mxfp4_dequantize(codes, scales, swizzle: bool, out_dtype: torch.dtype):
 
 
 # ------------------------------------------------------------------------------------------ FP8 groups
-
-
-def fp4_scales_shape(lead: tuple, k: int, block: int, swizzle: bool) -> tuple:
-    """Shape of an FP4 block-scale tensor: [*lead, k/block] linear, or the padded 128x4 container."""
-    if swizzle:
-        return (round_up(math.prod(lead), 128), round_up(k // block, 4))
-    return (*lead, k // block)
-
-
-def fp8_scale_storage(lead: tuple, groups: int, column_major: bool, device) -> torch.Tensor:
-    """Scales tensor of logical shape [*lead, groups]. Column-major = DeepGEMM's MN-major TMA-aligned layout:
-    storage [groups, round_up(rows, 4)] (16-byte aligned columns), returned as a strided view."""
-    rows = math.prod(lead)
-    if not column_major:
-        return torch.empty(*lead, groups, dtype=torch.float32, device=device)
-    storage = torch.empty(groups, round_up(rows, 4), dtype=torch.float32, device=device)
-    return storage[:, :rows].t().reshape(*lead, groups)
 
 
 def fp8_group_quantize(x: torch.Tensor, group_size: int, eps: float, ue8m0: bool, column_major: bool):

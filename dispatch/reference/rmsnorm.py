@@ -77,8 +77,8 @@ def quantize_output(y: Tensor, quant: str, **kw) -> tuple:
 
 
 # ----------------------------------------------------------------- backend entry points (dispatch table)
-# Same signatures as the torch ops in dispatch/ops/norm_act.py, minus `backend`; an absent new residual is None
-# (dispatch/ops/norm_act.py `_with_res` gives the op its 0-element tensor).
+# Same signatures as the torch ops in dispatch/ops/rmsnorm.py, minus `backend`; an absent new residual is None
+# (dispatch/ops/rmsnorm.py `_with_res` gives the op its 0-element tensor).
 
 
 def rms_norm_op(x, weight, residual, eps, weight_offset):

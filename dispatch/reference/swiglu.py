@@ -13,7 +13,7 @@ Math in fp32 (g = fp32(gate), u = fp32(up)), then ONE rounding to out_dtype:
 exp is not correctly rounded on any backend (torch CPU, torch CUDA and Triton's exp all differ in the last
 fp32 bit), so the float output is a tolerance contract (<= 1 ulp of out_dtype, rarely), and a quantized
 output is defined as the foundation quantizer applied to the backend's own rounded y: bytes are exact
-given y. See docs/norm_act.md.
+given y. See docs/swiglu.md.
 
 MoE layouts (rows that hold no token are "padding": never read; y is zero there, so the quantized bytes
 are what the quantizer gives for zeros (codes 0; scales 0, or eps/448 for FP8 groups); with per-group
@@ -124,7 +124,7 @@ def quantize_swiglu_output(y: Tensor, expert_ids: Tensor | None, masked_m: Tenso
 
 
 # ----------------------------------------------------------------- backend entry points (dispatch table)
-# Same signatures as the torch ops in dispatch/ops/norm_act.py, minus `backend`.
+# Same signatures as the torch ops in dispatch/ops/rmsnorm.py, minus `backend`.
 
 
 def swiglu_op(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype):

@@ -4,7 +4,7 @@ Decode (T = 1, 16, 64; E = 256, k = 8): one launch per op; the runner times eage
 the torch reference (topk + sort + scatter) eager and torch.compile'd. Two peers per decode case show where
 the small-M specialisations win (they call the Triton launchers directly, not through the dispatcher):
 * moe_route: "triton-1cta" (all T rows in one program) and "triton-row" (one row per program) next to the
-  heuristic (16 rows per program at E = 256);
+  heuristic (`pick_route_config`: one row per program up to one wave, T <= 2048);
 * moe_align / moe_masked_layout: "triton-general" forces the three-launch path (per-chunk counts -> scan ->
   scatter + fill) that large T takes, next to the single-launch decode path the dispatcher picks.
 Throughput (T = 8192, 32768): gather / combine at DeepSeek-V4 (hidden 7168, E = 256, k = 8) and GPT-OSS-120B
@@ -91,8 +91,8 @@ def combine_bytes(t: int, k: int, n: int, elem: int, out_elem: int) -> int:
 
 
 def _router_cases() -> list[BenchCase]:
-    from triton_ops.moe_routing import RouteConfig
-    from triton_ops.moe_routing import moe_route as triton_route
+    from triton_ops.moe.routing import RouteConfig
+    from triton_ops.moe.routing import moe_route as triton_route
 
     out = []
     for label, (e, k, kw) in ROUTERS.items():
@@ -137,7 +137,7 @@ def _hash_router_cases() -> list[BenchCase]:
 
 
 def _align_cases() -> list[BenchCase]:
-    from triton_ops import moe_align as tri
+    from triton_ops.moe import align as tri
 
     out = []
     for t in DECODE_T:
@@ -155,7 +155,7 @@ def _align_cases() -> list[BenchCase]:
             lambda i: ref.moe_masked_layout(i["ids"], None, E, MAX_M), _exact,
             bytes_moved=masked_bytes(t, E, K, MAX_M),
             peers={"triton-general": lambda i: tri.moe_masked_layout(i["ids"], None, E, MAX_M, path="general")}))
-    for t in PREFILL_T[:1]:  # T*k > 8192 entries: the three-launch path (suspected serial scatter, NOTES.md)
+    for t in PREFILL_T[:1]:  # T*k > 1024 entries: the three-launch path (docs/moe.md, Kernels)
         bm = ALIGN_BM
         out.append(BenchCase(
             "moe_align", f"T={t} E={E} k={K} block_m={bm}", "prefill", dict(T=t, E=E, k=K, block_m=bm),

@@ -1,11 +1,14 @@
-"""NVFP4 and MXFP4 quantize / dequantize (Triton).
+"""Quantize / dequantize kernels (Triton): NVFP4 and MXFP4 (e2m1 codes + block scales) and FP8 E4M3
+per-token groups (DeepSeek / DeepGEMM style).
 
-One quantize kernel serves both formats (constexpr IS_MX): they share loading, E2M1 rounding, packing and
-the scale layouts, and differ only in how a block's scale is chosen. The contract (bytes) is
-dispatch/reference/quant.py; tests compare the two on every drawn input.
+FP4: one quantize kernel serves both formats (constexpr IS_MX): they share loading, E2M1 rounding, packing and
+the scale layouts, and differ only in how a block's scale is chosen. FP8: fp32 scales, one per `group_size`
+elements of a row, written through explicit strides so the same kernel fills row-major scales and DeepGEMM's
+column-major TMA-aligned scales. The contract (bytes) is dispatch/reference/quant.py; tests compare the two on
+every drawn input.
 
 Anatomy: kernels -> launchers -> tile choice (triton_ops._launch.pick_tile) -> checks (supports_*)
--> registration (dispatch/table.py names the functions below).
+-> entries (dispatch/table.py names them).
 """
 
 from __future__ import annotations
@@ -17,28 +20,35 @@ import torch
 import triton
 import triton.language as tl
 
-from dispatch.checks import rows_view
-from dispatch.reference.formats import round_up
-from dispatch.reference.quant import MXFP4_BLOCK, NVFP4_AMAX_TO_SCALE, NVFP4_BLOCK, fp4_scales_shape
+from triton_ops.contract.checks import fail, rows_view
+from triton_ops.contract.formats import (
+    MXFP4_BLOCK,
+    NVFP4_AMAX_TO_SCALE,
+    NVFP4_BLOCK,
+    fp4_scales_shape,
+    fp8_scale_storage,
+    round_up,
+)
 
 from ._formats import (
+    IN_KIND,
     abs_bits,
     amax_nan,
     cast_out,
     e2m1_decode_nibble,
     e2m1_encode,
-    e2m1_magnitude_word,
-    e2m1_pair_byte,
     e4m3_decode_fast,
+    e4m3_encode,
+    fp4_encode_pairs,
+    fp8_group_scale,
     mxfp4_block_scale_ex,
     nvfp4_block_scale_ex,
     split_pairs,
     swizzled_offset_128x4,
 )
 from ._launch import TL_DTYPE, TileConfig, emulate_formats, next_pow2, pick_tile
+from .quant_epilogue import GS_FROM_PARTIALS, GS_GIVEN, GS_NONE
 
-GS_NONE, GS_GIVEN, GS_FROM_PARTIALS = 0, 1, 2
-IN_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # see _formats.split_pairs
 MAX_AMAX_PARTIALS = 512  # partial maxima the amax pass leaves for the quantize kernel to fold
 
 
@@ -97,26 +107,6 @@ def _amax_partials_kernel(x_ptr, partials_ptr, M, K, stride_xm, rows_per_prog, c
 
 
 @triton.jit
-def _encode_pairs(w, lo, hi, inv, ok, IN_KIND: tl.constexpr):
-    """[BM, NB, HP] pair words + per-block inv -> packed E2M1 bytes (element 2i in the low nibble).
-    Fast path: q = x * inv must be NaN only where the whole block is (ok == False there: inv NaN), which holds
-    when inv is finite or NaN (see the kernel). Signs come from x (inv >= +0, so sign(q) == sign(x)); a bad
-    block gets limit 0 and no signs, i.e. byte 0, without a per-element NaN test. ~7 instructions per
-    element instead of ~20 (perf/NOTES.md, Session 2)."""
-    lim = tl.where(ok, 6.0, 0.0)[:, :, None]
-    inv3 = inv[:, :, None]
-    a_lo = tl.minimum(tl.abs(lo * inv3), lim)  # min drops NaN on the GPU and under the interpreter (fmin)
-    a_hi = tl.minimum(tl.abs(hi * inv3), lim)
-    if IN_KIND == 2:  # fp32 pairs in int64: gather the two sign bits into one word
-        signs = ((w >> 32) & 0x80000000) | ((w >> 16) & 0x8000)
-        signs = signs.to(tl.int32)
-    else:
-        signs = w
-    signs = signs & tl.where(ok, -2147450880, 0)[:, :, None]  # 0x80008000 as int32, or 0 for a bad block
-    return e2m1_pair_byte(e2m1_magnitude_word(a_lo), e2m1_magnitude_word(a_hi), signs)
-
-
-@triton.jit
 def _fp4_quantize_kernel(
     words_ptr, codes_ptr, scales_ptr, gs_in_ptr, gs_out_ptr,
     M, K, stride_wm, grid_rows, scale_cols_bound, scale_cols_padded, n_partials,
@@ -135,7 +125,7 @@ def _fp4_quantize_kernel(
     pid_k = tl.program_id(1)
     gs = 0.0
     if not IS_MX:
-        if GS_MODE == 1:
+        if GS_MODE == GS_GIVEN:
             gs = tl.load(gs_in_ptr)
         else:
             pofs = tl.arange(0, PARTIALS_BLOCK)
@@ -177,14 +167,14 @@ def _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_r
     if IS_MX:
         sbyte, inv = mxfp4_block_scale_ex(amax, MX_RCEIL, IN_KIND != 2)
         # inv is a finite power of two for a finite block (so q is finite), NaN for a NaN/Inf block
-        packed = _encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
+        packed = fp4_encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
     else:
         sbyte, inv = nvfp4_block_scale_ex(amax, gs, EMULATE, IN_KIND != 2)  # bf16/fp16 amax: cheap /6
         # inv = (1/gs)/s32 is >= +0 or NaN. With |1/gs| < 2^100, inv is finite, NaN only for a block whose
         # amax (or gs) is NaN, and 0 only where |x| * inv cannot be Inf * 0: the fast path applies. Otherwise
         # (gs == 0, tiny or NaN gs) Inf * 0 or 0 * Inf can make single elements NaN: exact per-element path.
         if tl.abs(tl.math.div_rn(1.0, gs)) < 1.2676506002282294e30:
-            packed = _encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
+            packed = fp4_encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
         else:
             inv3 = inv[:, :, None]
             packed = e2m1_encode(lo * inv3) | (e2m1_encode(hi * inv3) << 4)
@@ -396,3 +386,109 @@ def mxfp4_dequantize(codes, scales, swizzle, out_dtype):
 
 
 assert NVFP4_AMAX_TO_SCALE == 2688.0  # the kernel's literal
+
+
+# ------------------------------------------------------------------------------------------ FP8 groups
+
+
+@triton.jit
+def _fp8_group_quantize_kernel(
+    x_ptr, codes_ptr, scales_ptr, M, K, stride_xm, stride_sm, stride_sg, eps,
+    GROUP: tl.constexpr, UE8M0: tl.constexpr, EMULATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    NG: tl.constexpr = BLOCK_K // GROUP
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_k = tl.program_id(1)
+    # [BLOCK_M, groups, GROUP] addressed directly: no reshape (reshapes cost layout shuffles on GPU)
+    r3 = rows[:, None, None]
+    cols = pid_k * BLOCK_K + tl.arange(0, NG)[None, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
+    mask = (r3 < M) & (cols < K)
+    x = tl.load(x_ptr + r3 * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+    amax = amax_nan(x, 2)
+    s, inv = fp8_group_scale(amax, eps, UE8M0)
+    codes = e4m3_encode(x * inv[:, :, None], EMULATE)
+    tl.store(codes_ptr + r3 * K + cols, codes, mask=mask)
+    groups = pid_k * NG + tl.arange(0, NG)
+    smask = (rows < M)[:, None] & (groups < K // GROUP)[None, :]
+    tl.store(scales_ptr + rows[:, None] * stride_sm + groups[None, :] * stride_sg, s, mask=smask)
+
+
+@triton.jit
+def _fp8_group_dequantize_kernel(
+    codes_ptr, scales_ptr, out_ptr, M, K, stride_sm, stride_sg,
+    GROUP: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    NG: tl.constexpr = BLOCK_K // GROUP
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_k = tl.program_id(1)
+    cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows < M)[:, None] & (cols < K)[None, :]
+    # hardware E4M3 -> fp32 on sm_89+ (exact: every E4M3 value is an fp16 value); ~2x fewer instructions
+    vals = e4m3_decode_fast(tl.load(codes_ptr + rows[:, None] * K + cols[None, :], mask=mask, other=0), EMULATE)
+    groups = pid_k * NG + tl.arange(0, NG)
+    smask = (rows < M)[:, None] & (groups < K // GROUP)[None, :]
+    s = tl.load(scales_ptr + rows[:, None] * stride_sm + groups[None, :] * stride_sg, mask=smask, other=0.0)
+    out = tl.reshape(tl.reshape(vals, [BLOCK_M, NG, GROUP]) * s[:, :, None], [BLOCK_M, BLOCK_K])
+    tl.store(out_ptr + rows[:, None] * K + cols[None, :], cast_out(out, OUT_DTYPE, EMULATE), mask=mask)
+
+
+def _scale_strides(op: str, scales: torch.Tensor, rows: int, groups: int) -> tuple[int, int]:
+    """(row stride, group stride) of scales as a [rows, groups] view (row- or column-major both work)."""
+    try:
+        return scales.view(rows, groups).stride()
+    except RuntimeError:
+        fail(op, "scales", f"shape {tuple(scales.shape)} with strides {scales.stride()} cannot be read as "
+                           f"[{rows}, {groups}] without a copy")
+    raise AssertionError("unreachable")
+
+
+def _group_size_refusal(group_size: int) -> str | None:
+    """Triton tiles need a power-of-two group of at least 16; the torch backend takes any divisor."""
+    if group_size < 16 or group_size & (group_size - 1):
+        return f"group_size={group_size} is not a power of two >= 16"
+    return None
+
+
+def supports_fp8_group_quantize(x, group_size, eps, ue8m0, column_major) -> str | None:
+    return _group_size_refusal(group_size)
+
+
+def supports_fp8_group_dequantize(codes, scales, group_size, out_dtype) -> str | None:
+    return _group_size_refusal(group_size)
+
+
+def fp8_group_quantize(x, group_size, eps, ue8m0, column_major):
+    lead, k = tuple(x.shape[:-1]), x.shape[-1]
+    x2 = rows_view("fp8_group_quantize", "x", x)
+    rows = x2.shape[0]
+    codes = torch.empty(*lead, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = fp8_scale_storage(lead, k // group_size, column_major, x.device)
+    if codes.numel() == 0:
+        return codes, scales
+    cfg = pick_tile(rows, k, x.device, min_block_k=group_size)
+    stride_sm, stride_sg = _scale_strides("fp8_group_quantize", scales, rows, k // group_size)
+    grid = (triton.cdiv(rows, cfg.block_m), triton.cdiv(k, cfg.block_k))
+    _fp8_group_quantize_kernel[grid](
+        x2, codes.view(torch.uint8), scales, rows, k, x2.stride(0), stride_sm, stride_sg, float(eps),
+        GROUP=group_size, UE8M0=ue8m0, EMULATE=emulate_formats(x.device),
+        BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps)
+    return codes, scales
+
+
+def fp8_group_dequantize(codes, scales, group_size, out_dtype):
+    lead, k = tuple(codes.shape[:-1]), codes.shape[-1]
+    codes = codes.contiguous()
+    out = torch.empty(*lead, k, dtype=out_dtype, device=codes.device)
+    if out.numel() == 0:
+        return out
+    rows = out.numel() // k
+    stride_sm, stride_sg = _scale_strides("fp8_group_dequantize", scales, rows, k // group_size)
+    cfg = pick_tile(rows, k, codes.device, min_block_k=group_size)
+    grid = (triton.cdiv(rows, cfg.block_m), triton.cdiv(k, cfg.block_k))
+    _fp8_group_dequantize_kernel[grid](
+        codes.view(torch.uint8), scales, out, rows, k, stride_sm, stride_sg,
+        GROUP=group_size, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(codes.device),
+        BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps)
+    return out

@@ -21,10 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from dispatch.reference.moe import contiguous_capacity
+from triton_ops.contract.formats import contiguous_capacity
 
-from ._formats import cast_out
-from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
+from .._formats import cast_out
+from .._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
 
 SMALL_ENTRIES = 1024  # T*k at or below this takes the single-launch path
 SINGLE_MAX_ENTRIES = 8192  # path='single' (probes) holds all entries in registers: bounded

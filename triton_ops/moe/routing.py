@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import cdiv, next_pow2
+from .._launch import cdiv, next_pow2
 
 SCORING_CODE = {"softmax": 0, "sigmoid": 1, "sqrt_softplus": 2}
 BIG = tl.constexpr(1 << 30)  # globals used inside @triton.jit must be constexpr (compiled mode rejects plain ints)

@@ -1,0 +1,121 @@
+"""Reference attention: the one contract every attention backend (prefill, decode, split-KV merge) is tested on.
+
+Math in float64 on the inputs' values, output rounded once to the query dtype. Conventions (FlashAttention's):
+
+* Packed varlen: q (total_q, Hq, Dqk), k (total_k, Hkv, Dqk), v (total_k, Hkv, Dv); sequence b owns rows
+  cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k/v. Hq % Hkv == 0; query
+  head h reads KV head h // (Hq // Hkv).
+* Positions are aligned bottom-right: query row i of a sequence with sq queries and sk keys sits at key
+  position i + sk - sq. Key j is visible when
+      causal:        j <= i + sk - sq
+      window left:   j >= i + sk - sq - left    (left >= 0; -1 = unbounded)
+      window right:  j <= i + sk - sq + right   (right >= 0; -1 = unbounded)
+  causal is the same as right = 0 (both may be given; the tighter bound wins).
+* logits = softmax_scale * q.k. A sink is a per-query-head logit (not scaled) that joins the softmax
+  denominator and contributes no value (GPT-OSS): p_j = exp(l_j) / (sum_j' exp(l_j') + exp(sink)).
+* lse (natural log, fp32, shape (total_q, Hq)) = log(sum_j exp(l_j) + exp(sink)), sink included.
+* A row with no visible key gives out = 0 and lse = -inf (or the sink's logit when there is a sink).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def visible_keys(sq: int, sk: int, causal: bool, window: tuple[int, int], device=None) -> torch.Tensor:
+    """Bool [sq, sk]: which keys each query row of one sequence may attend to (bottom-right aligned)."""
+    i = torch.arange(sq, device=device).unsqueeze(1) + (sk - sq)
+    j = torch.arange(sk, device=device).unsqueeze(0)
+    ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    left, right = window
+    if causal:
+        ok &= j <= i
+    if left >= 0:
+        ok &= j >= i - left
+    if right >= 0:
+        ok &= j <= i + right
+    return ok
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, softmax_scale: float | None = None, causal: bool = False,
+                     window: tuple[int, int] = (-1, -1), sinks: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (total_q, Hq, Dv) in q.dtype, lse (total_q, Hq) fp32). See the module docstring."""
+    total_q, hq, dqk = q.shape
+    hkv, dv = k.shape[1], v.shape[2]
+    group = hq // hkv
+    scale = 1.0 / math.sqrt(dqk) if softmax_scale is None else float(softmax_scale)
+    out = torch.zeros(total_q, hq, dv, dtype=torch.float64, device=q.device)
+    lse = torch.full((total_q, hq), -math.inf, dtype=torch.float64, device=q.device)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    sink = None if sinks is None else sinks.to(torch.float64).view(1, hq, 1)
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        sq, sk = q1 - q0, k1 - k0
+        if sq == 0:
+            continue
+        qb = q[q0:q1].to(torch.float64)  # (sq, hq, d)
+        kb = k[k0:k1].to(torch.float64).repeat_interleave(group, dim=1)  # (sk, hq, d)
+        vb = v[k0:k1].to(torch.float64).repeat_interleave(group, dim=1)
+        logits = torch.einsum("qhd,khd->qhk", qb, kb) * scale  # (sq, hq, sk)
+        ok = visible_keys(sq, sk, causal, window, q.device).unsqueeze(1)  # (sq, 1, sk)
+        logits = logits.masked_fill(~ok, -math.inf)
+        if sink is not None:
+            logits = torch.cat([logits, sink.expand(sq, hq, 1)], dim=2)
+        row_max = logits.amax(dim=2, keepdim=True)
+        safe_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        e = torch.exp(logits - safe_max)
+        denom = e.sum(dim=2, keepdim=True)
+        p = torch.where(denom > 0, e / denom.clamp_min(1e-300), torch.zeros_like(e))
+        if sink is not None:
+            p = p[..., :sk]
+        out[q0:q1] = torch.einsum("qhk,khd->qhd", p, vb)
+        lse[q0:q1] = (torch.log(denom) + safe_max).squeeze(2)
+    return out.to(q.dtype), lse.to(torch.float32)
+
+
+def attention_batched(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), sinks=None):
+    """(B, Sq, Hq, D) / (B, Sk, Hkv, D) form of `attention_varlen`: (out (B, Sq, Hq, Dv), lse (B, Sq, Hq))."""
+    b, sq = q.shape[:2]
+    sk = k.shape[1]
+    cu_q = torch.arange(b + 1, dtype=torch.int32) * sq
+    cu_k = torch.arange(b + 1, dtype=torch.int32) * sk
+    out, lse = attention_varlen(q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
+                                v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, softmax_scale, causal, window, sinks)
+    return out.view(b, sq, *out.shape[1:]), lse.view(b, sq, -1)
+
+
+def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, seqlens: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                                  torch.Tensor]:
+    """A paged cache (num_blocks, block_size, H, D) read through block_table (B, max_blocks) for per-sequence
+    lengths seqlens (B,) -> (packed (sum(seqlens), H, D), cu_seqlens (B + 1,) int32): the dense keys/values
+    the paged kernels must behave as if they had read."""
+    block_size = cache.shape[1]
+    rows, cu = [], [0]
+    for b, n in enumerate(seqlens.tolist()):
+        pos = torch.arange(n, device=cache.device)
+        blocks = block_table[b, pos // block_size].long()
+        rows.append(cache[blocks, pos % block_size])
+        cu.append(cu[-1] + n)
+    packed = torch.cat(rows) if rows else cache.new_zeros(0, *cache.shape[2:])
+    return packed, torch.tensor(cu, dtype=torch.int32, device=cache.device)
+
+
+def merge_attn_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two partial attention results over disjoint key sets (out (T, H, D), lse (T, H) fp32):
+    lse = log(exp(lse_a) + exp(lse_b)); out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse).
+    A part with lse = -inf (no keys) contributes nothing; both -inf gives out 0, lse -inf."""
+    a, b = lse_a.to(torch.float64), lse_b.to(torch.float64)
+    m = torch.maximum(a, b)
+    safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    wa, wb = torch.exp(a - safe), torch.exp(b - safe)
+    total = wa + wb
+    lse = torch.where(total > 0, torch.log(total) + safe, torch.full_like(m, -math.inf))
+    den = total.clamp_min(1e-300).unsqueeze(-1)
+    out = (out_a.to(torch.float64) * wa.unsqueeze(-1) + out_b.to(torch.float64) * wb.unsqueeze(-1)) / den
+    out = torch.where(total.unsqueeze(-1) > 0, out, torch.zeros_like(out))
+    return out.to(out_a.dtype), lse.to(torch.float32)
