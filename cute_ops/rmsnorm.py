@@ -73,8 +73,8 @@ def pick_config(x_dtype: torch.dtype, w_dtype: torch.dtype, k: int, mode: str, r
     vec = 16 // x_dtype.itemsize
     nvec = k // vec
     lanes = (group_size // vec) if mode != "none" else 1
-    # FP8 groups: at most 4 vectors per thread where 1024 threads allow it. H200 sweep (perf/probes/
-    # cute_rmsnorm_configs.py, session 4): 4096x7168 FP8 g128 +residual 60.9 us at 128 threads x 7 vectors -> 56.8
+    # FP8 groups: at most 4 vectors per thread where 1024 threads allow it. H200 sweep (perf/results/experiments/
+    # cute-rmsnorm-configs, 7cf5fc5): 4096x7168 FP8 g128 +residual 60.9 us at 128 threads x 7 vectors -> 56.8
     # at 256 x 4 (0.82 -> 0.88 of copy), 32768x4096 232 -> 231; plain and NVFP4 rows are fastest at the fewest
     # threads (8 vectors) and keep it.
     best = None

@@ -1,5 +1,5 @@
 """Paged FP8 KV cache: Triton bytes == reference bytes (generic E4M3, DeepSeek V3.2 and V4 layouts, the fused
-RoPE + quant + append), the layouts' bytes against a byte builder written from docs/kv_cache_layouts.md,
+RoPE + quant + append), the layouts' bytes against a byte builder written from docs/kv_cache.md,
 round-trip accuracy, pinned scale cases, slot -1, errors, empties, opcheck, torch.compile, CUDA graphs."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_paged_write_gather_bytes(device, dtype, t, h, d, static, dist, seed):
 
 
 def _documented_bytes(kv: torch.Tensor, layout: str) -> tuple[list[bytes], list[bytes]]:
-    """Per token (data bytes, scale bytes), built element by element from docs/kv_cache_layouts.md with struct
+    """Per token (data bytes, scale bytes), built element by element from docs/kv_cache.md with struct
     and numpy only (independent of the reference's tensor code)."""
     L = DS_LAYOUTS[layout]
     out = []
@@ -396,7 +396,7 @@ def test_gpu_large_prefill_bytes():
 @pytest.mark.parametrize("layout", ["v32", "v4"])
 @pytest.mark.parametrize("cfg", [dict(cs_rows=True), dict(cs_rows=True, evict_first=True, issue_first=False)])
 def test_fused_config_variants_bytes(layout, cfg):
-    """The DsConfig candidates the probe times (q programs' per-token (cos, sin) rows, eviction hints) give the
+    """The DsConfig candidates a tile sweep times (q programs' per-token (cos, sin) rows, eviction hints) give the
     reference's bytes (interpreter)."""
     from dispatch.reference import kv_cache as kref
     from triton_ops import kv_cache as tk

@@ -207,7 +207,7 @@ def exp_flush(x, EMULATE: tl.constexpr):
     below 2^-126 are flushed to zero on the GPU (ex2.approx.ftz: one FMUL + one MUFU.EX2; the non-flushing
     form adds a compare and two predicated multiplies per element to scale its subnormal range). Equal to
     tl.exp wherever the result is >= 2^-126. For callers that add it to 1 (sigmoid denominators: 1 + t == 1
-    for every t < 2^-24), so their bytes are unchanged (perf/NOTES.md "Session 7")."""
+    for every t < 2^-24), so their bytes are unchanged (docs/design_notes.md)."""
     if EMULATE:
         return tl.exp(x)
     return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
@@ -245,7 +245,7 @@ def fp8_group_scale(amax, eps, UE8M0: tl.constexpr):
 def div6_rn(amax, AMAX16: tl.constexpr):
     """fp32(amax / 6), correctly rounded. AMAX16: amax is a bf16 or fp16 value (or Inf/NaN), where one
     Markstein correction of amax * fp32(1/6) is exact: checked against the IEEE quotient for every positive
-    bf16 and fp16 value, subnormals included (perf/NOTES.md, Session 2); 4 fp32 ops and a select instead of
+    bf16 and fp16 value, subnormals included (docs/design_notes.md); 4 fp32 ops and a select instead of
     div.rn's ~10 with a slow-path branch. Inf needs the select (the residual is Inf - Inf)."""
     if AMAX16:
         q0 = amax * 0.1666666716337204  # fp32(1/6)

@@ -1,7 +1,7 @@
 """Paged KV-cache FP8 writes and gathers (Triton): generic E4M3 caches and the DeepSeek V3.2 / V4 byte
 layouts, plus the fused RoPE + quantize + paged append for DeepSeek caches (q's RoPE in the same launch).
 
-Contract: dispatch/reference/kv_cache.py; byte pictures: docs/kv_cache_layouts.md. The DeepSeek caches
+Contract: dispatch/reference/kv_cache.py; byte pictures: docs/kv_cache.md. The DeepSeek caches
 are uint8 buffers; the kernels take typed views of the same storage (int16 for the bf16 RoPE part, int32
 for V3.2's fp32 scales) so every store is a natural-width store, with byte offsets divided by the width.
 """
@@ -214,7 +214,7 @@ def paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype, cfg: Gather
 
 @triton.jit
 def _ds_token_offsets(slot, BS, block_stride, D_NOPE: tl.constexpr, NT: tl.constexpr, V4: tl.constexpr):
-    """Byte offsets of a token's NoPE codes, scales and RoPE part (docs/kv_cache_layouts.md), int64.
+    """Byte offsets of a token's NoPE codes, scales and RoPE part (docs/kv_cache.md), int64.
     V4, per block: BS tokens x (448 E4M3 | 64 bf16), then BS x (7 E8M0 | 1 pad).
     V3.2, per token: 512 E4M3 | 4 fp32 | 64 bf16.
     The launchers guarantee num_blocks * block_size < 2^31, so the slot splits with a 32-bit division (a
@@ -328,7 +328,7 @@ def _ds_write_kernel(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, q_ptr, T, 
     # BLOCK_T tokens x BLOCK_H heads of q's RoPE part in place, so q's heads spread over many programs.
     # HAS_Q (constexpr): without q the q branch is not compiled at all; compiled but dead it still set the
     # kernel's register count and shared memory (ds_kv_write: 126 registers on the H200 = 4 CTAs/SM, 2 KB smem,
-    # where the kv tile alone needs ~56; session 5, perf/NOTES.md).
+    # where the kv tile alone needs ~56; docs/design_notes.md).
     tb = tl.program_id(0)
     hb = tl.program_id(1)
     if HAS_Q:
@@ -358,7 +358,7 @@ class DsConfig:
 def ds_config(t: int, device: torch.device, with_q: bool = True) -> DsConfig:
     """GPU: 4 tokens (~2.3K kv elements) and 16 q heads (4 x 16 x 64 = 4K RoPE elements) per program; 8 tokens
     for a kv-only write (H200, T=16384: v32 10.5 -> 9.9 us, v4 10.0 -> 9.1; with q, 8 tokens at 8 warps was not
-    faster: perf/NOTES.md "Session 5, GPU call 2"); one token per program for short (decode) batches so the work
+    faster: docs/design_notes.md); one token per program for short (decode) batches so the work
     spreads over the SMs. Interpreter: big tiles (it pays per program)."""
     if device.type == "cpu":
         return DsConfig(32, 16, 4)

@@ -106,7 +106,7 @@ def nvfp4_exact_path(gs, row_ok):
     """Whether an NVFP4 tile needs the exact per-element E2M1 encode (an int32 scalar, 0 or 1): with |1/gs| <
     2^100 on every row where row_ok (gs [BLOCK_M] per row), inv = (1/gs)/s32 is finite, NaN only for a whole
     NaN block and 0 only where |y| * inv cannot be Inf * 0, so q = y * inv is NaN only where the whole block's
-    inv is and the fast encode is exact (the quantize kernel's test; perf/NOTES.md "Session 2: quant kernels").
+    inv is and the fast encode is exact (the quantize kernel's test; docs/design_notes.md).
     A zero, tiny or NaN gs on a stored row selects the exact path. Callers with one gs for all rows evaluate
     this once per program."""
     bad = row_ok & ((tl.abs(tl.math.div_rn(1.0, gs)) < 1.2676506002282294e30) == 0)
@@ -182,7 +182,7 @@ def fp4_pack_store(
 ):
     """The FP4 tail both epilogues share, on outputs already rounded to their dtype and split into (even, odd)
     pairs [BLOCK_M, NB, HP] (lo / hi as fp32, w the pair words whose bits 15 and 31 are the signs): the
-    quantize kernel's per-pair math (perf/NOTES.md "Session 2: quant kernels" and "FP4 epilogues"): amax by
+    quantize kernel's per-pair math (docs/design_notes.md): amax by
     max.NaN per pair, bf16/fp16 amax / 6 by div6_rn (AMAX16), hardware E4M3 block scales off the interpreter,
     E2M1 by one fp32 add, NaN per block; then the packed bytes (pcol: their output byte columns [1, NB, HP],
     Kp = K // 2) and the block scales (scol0: the first block's scale column; swizzled: padding rows/columns

@@ -112,9 +112,8 @@ def _rms_norm_kernel(
     inv_n = _inv_n(N)
     row0 = pid.to(tl.int64) * rows_per_prog
     # PREFETCH (programs of several row blocks): the next BLOCK_M rows are loaded before this block's reduction,
-    # rstd tail and stores, so a program keeps two row blocks of loads in flight (perf/NOTES.md "Session 2:
-    # RMSNorm/SwiGLU"). Without it (one block per program, the plain-output default since session 6) there is
-    # no loop and no second set of registers.
+    # rstd tail and stores, so a program keeps two row blocks of loads in flight (docs/design_notes.md). Without
+    # it (one block per program, the plain-output default) there is no loop and no second set of registers.
     if PREFETCH:
         loop_rows = rows_per_prog
         x, r = _load_row_block(x_ptr, r_ptr, row0 + tl.arange(0, BLOCK_M), M, cols, cmask, stride_xm, stride_rm,
@@ -197,7 +196,7 @@ def _rstd_of(ss, inv_n, eps):
     rsqrt(double): MUFU.RSQ64H + one cubic refinement, <= 1 ulp) carry ~2.5 fp64 ulps against the reference's
     division, sqrt and division, inside the contract's few-ulp budget (docs/rmsnorm.md). Every thread of a row
     evaluates this tail; the IEEE div.rn.f64 + sqrt.rn.f64 + div.rn.f64 it replaces cost ~3 instructions per
-    element of an 8-warp 4096-column row (perf/NOTES.md "Session 6")."""
+    element of an 8-warp 4096-column row (docs/design_notes.md)."""
     return tl.math.rsqrt(ss * inv_n + eps).to(tl.float32)
 
 
@@ -332,7 +331,7 @@ def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, p
     blocks = cdiv(rows, block_m)
     if not pairs and device.type != "cpu" and blocks >= 2048:
         # The element-wise kernel (plain and FP8 outputs), long batches: one row block per program, ~32 elements
-        # per thread. H200 (perf/NOTES.md "Session 6"), vs the prefetching 8/16-warp x 2-4 block programs below:
+        # per thread. H200 (docs/design_notes.md), vs the prefetching 8/16-warp x 2-4 block programs below:
         # plain 32768x4096 136.6 vs 137.9 us, +residual 264.6 vs 276.9, 4096x7168 (8 warps) 36.6 vs 40.1,
         # +residual 62.1 vs 72.7, 16384x2880 52.8 vs 59.6 (Liger: 134.8 / 266.8 / - / 63.2 / 56.6); FP8 g128
         # 32768x4096 114.9 vs 140.4, 4096x7168 +residual 56.9 vs 86.1. With the cheap rstd tail the prefetch no
@@ -340,7 +339,7 @@ def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, p
         return RowConfig(block_m, block_n, min(32, max(4, elems // 1024)), 1)
     # pairs (the FP4 pair-word kernel): ~64 elements per thread. Its per-row work (cross-warp sum, fp64 rstd
     # tail) is paid per thread: H200, 32768x4096 bf16, 2/4/8 warps: NVFP4 166/163/171 us, MXFP4 147/154/162,
-    # NVFP4 + residual 240/265/261 (perf/NOTES.md "Session 4: fused FP4"); up to ~240 registers, no spills.
+    # NVFP4 + residual 240/265/261 (docs/design_notes.md); up to ~240 registers, no spills.
     num_warps = min(32, max(2, elems // 2048)) if pairs else min(32, max(4, elems // 512))
     # Prefetching (the pair kernel; the element-wise kernel returned above for >= 2048 blocks) needs >= 2 blocks
     # per program; keep >= ~8 programs per SM (132 on H200) so the tail wave stays short. Interpreter: one block
@@ -351,7 +350,7 @@ def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, p
 
 def pick_chunked_config(rows: int, n: int, device: torch.device, has_res: bool) -> RowConfig | None:
     """The two-pass chunked FP4 kernel's config, or None where the one-pass pair kernel is the better choice.
-    H200, 32768x4096 bf16, vs the one-pass kernel (perf/NOTES.md "Session 5, GPU calls 2-3"): 2 warps x
+    H200, 32768x4096 bf16, vs the one-pass kernel (docs/design_notes.md): 2 warps x
     2048-column chunks, NVFP4 given gs 146.2 vs 166.7 us, MXFP4 130.7 vs 147.3; with a residual, pass 2 reading
     the stored h back (reread_h) at 4 warps: 230.8 vs 239.5 (re-reading x and the residual instead: 245-261).
     Rows that fit one chunk gain nothing (no register relief); short batches keep the one-pass kernel's
@@ -427,7 +426,7 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     use_pairs = pairs is not False and fmt in (FMT_MX, FMT_NV) and x.dtype != torch.float32
     if cfg is None and use_pairs and not (fmt == FMT_NV and global_scale is None):
         cfg = pick_chunked_config(grid_rows, n, dev, residual is not None)
-    cfg = cfg or pick_row_config(grid_rows, n, dev, min_block(fmt, group), use_pairs)  # cfg: probes pass one
+    cfg = cfg or pick_row_config(grid_rows, n, dev, min_block(fmt, group), use_pairs)  # cfg: benchmark sweeps pass one
     emulate = emulate_formats(dev)
     common = dict(FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
                   OUT_DTYPE=TL_DTYPE[x.dtype], EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -435,7 +434,7 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     scale_arg = scales.view(torch.uint8) if fmt in (FMT_MX, FMT_NV) else scales
     out_arg = out2.view(torch.uint8) if fmt == FMT_FP8 else out2
     w = weight.contiguous()
-    if use_pairs:  # pairs=False: probes time the element-wise kernel
+    if use_pairs:  # pairs=False: sweeps time the element-wise kernel
         views = [_word_view(t) for t in (x2, r2, h2, w)]
         if all(v is not None for v in views):
             _rms_norm_pairs(views, IN_KIND[x.dtype], IN_KIND[w.dtype], rows, n, eps, weight_offset, cfg, emulate,

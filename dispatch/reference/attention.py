@@ -55,8 +55,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     for b in range(len(cq) - 1):
         q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
         sq, sk = q1 - q0, k1 - k0
-        if sq == 0:
-            continue
+        if sq == 0 or (sk == 0 and sink is None):
+            continue  # no rows, or rows with no key and no sink: out 0, lse -inf
         qb = q[q0:q1].to(torch.float64)  # (sq, hq, d)
         kb = k[k0:k1].to(torch.float64).repeat_interleave(group, dim=1)  # (sk, hq, d)
         vb = v[k0:k1].to(torch.float64).repeat_interleave(group, dim=1)
@@ -65,7 +65,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         logits = logits.masked_fill(~ok, -math.inf)
         if sink is not None:
             logits = torch.cat([logits, sink.expand(sq, hq, 1)], dim=2)
-        row_max = logits.amax(dim=2, keepdim=True)
+        if logits.shape[2]:
+            row_max = logits.amax(dim=2, keepdim=True)
+        else:  # no keys and no sink (sk = 0): amax of an empty dim raises; the row sees nothing
+            row_max = logits.new_full((sq, hq, 1), -math.inf)
         safe_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
         e = torch.exp(logits - safe_max)
         denom = e.sum(dim=2, keepdim=True)

@@ -1,6 +1,6 @@
 """Reference paged KV-cache FP8 writes and gathers: generic E4M3 and the two DeepSeek byte layouts.
 
-These functions are the contract (docs/kv_cache_layouts.md draws the bytes). Conventions shared by all:
+These functions are the contract (docs/kv_cache.md draws the bytes). Conventions shared by all:
 
 * slot_mapping[t] = block * block_size + offset is where token t goes; slot -1 means "skip" (vLLM).
   Slots >= num_blocks * block_size are skipped too (no out-of-bounds write); `LOWBIT_CHECK_INDICES=1`

@@ -8,7 +8,7 @@ DS_ROPE = 64
 
 
 class DSLayout:
-    """Byte geometry of one DeepSeek FP8 KV-cache layout (see docs/kv_cache_layouts.md)."""
+    """Byte geometry of one DeepSeek FP8 KV-cache layout (see docs/kv_cache.md)."""
 
     def __init__(self, name, d_nope, tile, token_bytes, nope_at, scale_at, rope_at, scale_bytes, blocked):
         self.name, self.d_nope, self.tile = name, d_nope, tile

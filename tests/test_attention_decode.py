@@ -1,0 +1,352 @@
+"""Paged GQA decode attention (split-KV) and the LSE merge (Triton) against dispatch/reference/attention.py:
+random paged caches (bf16/fp16, FP8 E4M3 with per-tensor or per-head scales) through permuted block tables,
+lengths 0 and 1, speculative queries, sinks, windows, GQA ratios, split counts; out-of-range page ids; the
+split rule; the merge over -inf parts; on a GPU a larger case and a CUDA graph replayed with new lengths."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatch.reference.attention import attention_varlen, gather_paged
+from dispatch.reference.attention import merge_attn_states as merge_ref
+from triton_ops.attention.decode import (
+    MAX_SPLITS,
+    attention_decode,
+    choose_num_splits,
+    decode_config,
+    supports_attention_decode,
+)
+from triton_ops.attention.merge import merge_attn_states
+from triton_ops.contract.checks import LowbitInputError
+
+OUT_TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-5}
+LSE_TOL = 1e-2
+
+
+def assert_attention_close(out, lse, want_out, want_lse, what: str) -> None:
+    """out: normalized max error (max |out - want| / max |want|) within OUT_TOL of the output dtype, and no NaN;
+    lse: -inf exactly where the reference is -inf, abs error <= LSE_TOL elsewhere."""
+    out, lse = out.detach().cpu(), lse.detach().cpu()
+    assert out.shape == want_out.shape and out.dtype == want_out.dtype, f"{what}: {out.shape}/{out.dtype}"
+    assert lse.shape == want_lse.shape and lse.dtype == torch.float32, f"{what}: lse {lse.shape}/{lse.dtype}"
+    assert not torch.isnan(out).any(), f"{what}: NaN in out ({int(torch.isnan(out).sum())} elements)"
+    o, w = out.double(), want_out.double()
+    err = float((o - w).abs().max()) / max(float(w.abs().max()), 1e-6) if w.numel() else 0.0
+    assert err <= OUT_TOL[out.dtype], f"{what}: normalized max error {err:.3e} > {OUT_TOL[out.dtype]}"
+    ninf = torch.isneginf(want_lse)
+    assert torch.equal(torch.isneginf(lse), ninf), f"{what}: lse -inf at {torch.isneginf(lse).nonzero().tolist()}" \
+                                                     f", reference at {ninf.nonzero().tolist()}"
+    if (~ninf).any():
+        lerr = float((lse[~ninf] - want_lse[~ninf]).abs().max())
+        assert lerr <= LSE_TOL, f"{what}: lse abs error {lerr:.3e} > {LSE_TOL}"
+
+
+# ----------------------------------------------------------------------------------------------- cases
+
+KV_KINDS = ("bf16", "fp16", "fp8_tensor", "fp8_head", "u8_head")
+
+
+@dataclasses.dataclass
+class DecodeCase:
+    q: torch.Tensor  # (B, Sq, Hq, D)
+    k_cache: torch.Tensor  # as the kernel reads it (16-bit, float8_e4m3fn or uint8 codes)
+    v_cache: torch.Tensor
+    k_deq: torch.Tensor  # fp32 (or 16-bit) values: code * scale
+    v_deq: torch.Tensor
+    block_table: torch.Tensor
+    seqused_k: torch.Tensor
+    scale: float
+    causal: bool
+    window: tuple[int, int]
+    sinks: torch.Tensor | None
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
+
+    def args(self, device="cpu"):
+        mv = lambda t: None if t is None else t.to(device)
+        return (self.q.to(device), self.k_cache.to(device), self.v_cache.to(device), self.block_table.to(device),
+                self.seqused_k.to(device), self.scale, self.causal, self.window[0], self.window[1],
+                mv(self.sinks), mv(self.k_scale), mv(self.v_scale))
+
+
+def _quantize(x, kind, g):
+    """(cache, dequantized values, scale) for a kv kind."""
+    if kind in ("bf16", "fp16"):
+        c = x.to(torch.bfloat16 if kind == "bf16" else torch.float16)
+        return c, c, None
+    hkv = x.shape[2]
+    per_head = kind != "fp8_tensor"
+    scale = torch.from_numpy(g.uniform(0.002, 0.02, hkv if per_head else ()).astype(np.float32))
+    view = scale.view(1, 1, hkv, 1) if per_head else scale
+    codes = (x / view).to(torch.float8_e4m3fn)  # torch's cast is correct (RNE, saturating)
+    deq = codes.float() * view
+    return (codes.view(torch.uint8) if kind.startswith("u8") else codes), deq, scale
+
+
+def make_case(g, *, batch, lens, sq, hq, hkv, d, bs, max_blocks, kind, q_dtype, causal, window, sinks,
+              bad_entries=()):
+    """Random q and paged caches; sequence b owns a random permutation of pages, the table's unused tail
+    holds garbage ids (never to be read). bad_entries: (b, block index, id) written into the table."""
+    nb = batch * max_blocks + 3
+    x = torch.from_numpy(g.standard_normal((2, nb, bs, hkv, d)).astype(np.float32))
+    k_cache, k_deq, k_scale = _quantize(x[0], kind, g)
+    v_cache, v_deq, v_scale = _quantize(x[1], kind, g)
+    if kind in ("bf16", "fp16"):
+        q_dtype = k_cache.dtype
+    q = torch.from_numpy(g.standard_normal((batch, sq, hq, d)).astype(np.float32)).to(q_dtype)
+    bt = torch.from_numpy(g.permutation(nb)[: batch * max_blocks].reshape(batch, max_blocks).astype(np.int32))
+    for b, n in enumerate(lens):
+        used = -(-n // bs)
+        bt[b, used:] = torch.from_numpy(g.choice([-1, nb, 2**30, -(2**30)], max_blocks - used).astype(np.int32))
+    for b, i, page in bad_entries:
+        bt[b, i] = page
+    sk = torch.tensor(lens, dtype=torch.int32)
+    sink = torch.from_numpy(g.normal(0.0, 2.0, hq).astype(np.float32)) if sinks else None
+    return DecodeCase(q, k_cache, v_cache, k_deq, v_deq, bt, sk, 1.0 / math.sqrt(d), causal, window, sink,
+                      k_scale, v_scale)
+
+
+def reference_decode(c: DecodeCase, lens=None, keep=None):
+    """The reference per sequence on the keys gathered through the table (code * scale values). keep: optional
+    per-sequence bool mask of the gathered keys to retain (to model masked pages). A sequence with no key and
+    no sink is out 0, lse -inf (the reference's documented answer; its max over zero keys would raise)."""
+    bsz, sq, hq, _ = c.q.shape
+    lens = c.seqused_k.tolist() if lens is None else lens
+    dv = c.v_deq.shape[-1]
+    out = torch.zeros(bsz, sq, hq, dv, dtype=c.q.dtype)
+    lse = torch.full((bsz, sq, hq), -math.inf)
+    for b, n in enumerate(lens):
+        one = torch.tensor([n], dtype=torch.int32)
+        k, _ = gather_paged(c.k_deq, c.block_table[b:b + 1], one)
+        v, _ = gather_paged(c.v_deq, c.block_table[b:b + 1], one)
+        if keep is not None:
+            k, v = k[keep[b]], v[keep[b]]
+        if k.shape[0] == 0 and c.sinks is None:
+            continue
+        cu_k = torch.tensor([0, k.shape[0]], dtype=torch.int32)
+        o, l = attention_varlen(c.q[b], k, v, torch.tensor([0, sq], dtype=torch.int32), cu_k, c.scale, c.causal,
+                                c.window, c.sinks)
+        out[b], lse[b] = o, l
+    return out, lse
+
+
+@st.composite
+def decode_cases(draw):
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = np.random.default_rng(seed)
+    batch = draw(st.integers(1, 3))
+    bs = draw(st.sampled_from([16, 32]))
+    max_blocks = draw(st.integers(1, 4))
+    cap = bs * max_blocks
+    lens = [draw(st.sampled_from([0, 1, 2, cap - 1, cap, int(g.integers(0, cap + 1))])) for _ in range(batch)]
+    ratio = draw(st.sampled_from([1, 4, 8]))
+    hkv = draw(st.sampled_from([1, 2]))
+    sq = draw(st.integers(1, 3))
+    d = draw(st.sampled_from([64, 64, 128]))
+    kind = draw(st.sampled_from(KV_KINDS))
+    q_dtype = draw(st.sampled_from([torch.bfloat16, torch.float16]))
+    causal = draw(st.booleans())
+    window = draw(st.sampled_from([(-1, -1), (-1, -1), (7, -1), (20, 0), (3, 2), (40, 5)]))
+    sinks = draw(st.booleans())
+    splits = draw(st.sampled_from([1, 2, 3]))
+    small_tiles = draw(st.booleans())
+    c = make_case(g, batch=batch, lens=lens, sq=sq, hq=hkv * ratio, hkv=hkv, d=d, bs=bs, max_blocks=max_blocks,
+                  kind=kind, q_dtype=q_dtype, causal=causal, window=window, sinks=sinks)
+    desc = (f"B={batch} lens={lens} Sq={sq} Hq={hkv * ratio} Hkv={hkv} D={d} bs={bs} {kind} q={q_dtype} "
+            f"causal={causal} window={window} sinks={sinks} splits={splits} small_tiles={small_tiles}")
+    return c, splits, small_tiles, desc
+
+
+# ---------------------------------------------------------------------------------------------- decode
+
+
+@settings(max_examples=120)
+@given(case=decode_cases())
+def test_decode_matches_reference(case):
+    c, splits, small_tiles, desc = case
+    cfg = None
+    if small_tiles:  # several key tiles per split (16-key steps)
+        bsz, sq, hq, d = c.q.shape
+        cfg = decode_config(bsz, sq, hq, c.k_cache.shape[2], c.block_table.shape[1] * c.k_cache.shape[1], d,
+                            c.q.device, splits)
+        cfg = dataclasses.replace(cfg, block_n=16)
+    out, lse = attention_decode(*c.args(), splits, cfg=cfg)
+    assert_attention_close(out, lse, *reference_decode(c), desc)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_head_dim_256_and_mqa(splits):
+    g = np.random.default_rng(7)
+    c = make_case(g, batch=2, lens=[70, 33], sq=2, hq=8, hkv=1, d=256, bs=16, max_blocks=5, kind="fp8_head",
+                  q_dtype=torch.bfloat16, causal=True, window=(-1, -1), sinks=True)
+    assert_attention_close(*attention_decode(*c.args(), splits), *reference_decode(c), f"D=256 splits={splits}")
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3])
+def test_out_of_range_pages_are_masked_keys(splits):
+    """Table entries outside [0, num_blocks) inside a sequence's used pages: those pages' keys are masked (they
+    join neither the softmax nor the output), never read. Non-causal without a window, where dropping keys is
+    the same as attending over the remaining ones. A sequence whose pages are all bad has no key: out 0, lse
+    -inf (sink's logit with a sink). Lengths beyond the table's capacity see only the capacity's keys."""
+    g = np.random.default_rng(3)
+    bs, mb = 16, 4
+    for sinks in (False, True):
+        c = make_case(g, batch=3, lens=[64, 40, 20], sq=2, hq=4, hkv=1, d=64, bs=bs, max_blocks=mb, kind="fp8_head",
+                      q_dtype=torch.bfloat16, causal=False, window=(-1, -1), sinks=sinks)
+        nb = c.k_cache.shape[0]
+        bt_ok = c.block_table.clone()
+        c.block_table[0, 1] = -1
+        c.block_table[0, 3] = nb
+        c.block_table[1, 0] = 2**31 - 1
+        c.block_table[2, :2] = torch.tensor([-(2**31), nb + 7])  # both pages of its 20 keys
+        out, lse = attention_decode(*c.args(), splits)
+        keep = [torch.tensor([i // bs not in (1, 3) for i in range(64)]),
+                torch.tensor([i // bs != 0 for i in range(40)]), torch.zeros(20, dtype=torch.bool)]
+        c.block_table = bt_ok
+        want_out, want_lse = reference_decode(c, keep=keep)
+        assert_attention_close(out, lse, want_out, want_lse, f"bad pages sinks={sinks}")
+        assert (out[2] == 0).all()
+        if sinks:
+            assert torch.allclose(lse[2], c.sinks.expand(2, 4))
+    # seqused_k past the table's capacity (mb * bs keys)
+    c = make_case(g, batch=1, lens=[mb * bs], sq=1, hq=4, hkv=2, d=64, bs=bs, max_blocks=mb, kind="bf16",
+                  q_dtype=torch.bfloat16, causal=False, window=(-1, -1), sinks=False)
+    want = reference_decode(c)
+    c.seqused_k[0] = mb * bs + 100
+    assert_attention_close(*attention_decode(*c.args(), splits), *want, "length beyond capacity")
+
+
+def test_empty_batch_and_zero_lengths():
+    g = np.random.default_rng(5)
+    c = make_case(g, batch=2, lens=[0, 0], sq=3, hq=8, hkv=2, d=64, bs=16, max_blocks=2, kind="fp8_tensor",
+                  q_dtype=torch.float16, causal=True, window=(-1, -1), sinks=False)
+    for splits in (1, 2):
+        out, lse = attention_decode(*c.args(), splits)
+        assert (out == 0).all() and torch.isneginf(lse).all()
+    c.q, c.block_table, c.seqused_k = c.q[:0], c.block_table[:0], c.seqused_k[:0]
+    out, lse = attention_decode(*c.args(), 2)
+    assert out.shape == (0, 3, 8, 64) and lse.shape == (0, 3, 8)
+
+
+def test_split_rule():
+    """Static sizes only: no splits on the interpreter; on a GPU enough programs to fill the SMs twice, at least
+    MIN_SPLIT_KEYS keys of capacity per split, at most MAX_SPLITS."""
+    assert choose_num_splits(4, 1 << 20, None) == 1
+    assert choose_num_splits(8, 32768, 132) == 33  # B=1, Hkv=8: 264 programs
+    assert choose_num_splits(8, 2048, 132) == 8  # capped by 256 keys per split
+    assert choose_num_splits(2, 1 << 20, 132) == MAX_SPLITS
+    assert choose_num_splits(512, 32768, 132) == 1  # a full batch fills the GPU on its own
+    assert choose_num_splits(8, 100, 132) == 1
+    cfg = decode_config(1, 1, 64, 8, 4096, 64, torch.device("cpu"))
+    assert cfg.num_splits == 1 and cfg.block_m == 16
+
+
+def test_supports_and_argument_errors():
+    g = np.random.default_rng(1)
+    c = make_case(g, batch=1, lens=[5], sq=1, hq=2, hkv=1, d=64, bs=16, max_blocks=1, kind="fp8_head",
+                  q_dtype=torch.bfloat16, causal=True, window=(-1, -1), sinks=False)
+    q, kc, vc, bt, sk = c.args()[:5]
+    assert supports_attention_decode(q, kc, vc, bt, sk) is None
+    assert "fp16" in supports_attention_decode(q.float(), kc, vc, bt, sk)
+    assert "prefill" in supports_attention_decode(q.expand(1, 9, 2, 64), kc, vc, bt, sk)
+    assert "expected" in supports_attention_decode(q, kc.float(), vc.float(), bt, sk)
+    args = list(c.args())
+    args[10] = None
+    with pytest.raises(LowbitInputError, match=r"lowbit\.attention_decode: argument 'k_scale'"):
+        attention_decode(*args, 1)
+    args = list(c.args())
+    args[3] = bt.long()
+    with pytest.raises(LowbitInputError, match=r"argument 'block_table'"):
+        attention_decode(*args, 1)
+
+
+# ----------------------------------------------------------------------------------------------- merge
+
+
+@st.composite
+def merge_cases(draw):
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = np.random.default_rng(seed)
+    t = draw(st.sampled_from([0, 1, 3, 9]))
+    h = draw(st.sampled_from([1, 2, 5]))
+    d = draw(st.sampled_from([1, 8, 40, 64, 128]))
+    dtype = draw(st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
+    out_a = torch.from_numpy(g.standard_normal((t, h, d)).astype(np.float32)).to(dtype)
+    out_b = torch.from_numpy(g.standard_normal((t, h, d)).astype(np.float32)).to(dtype)
+    lse_a = torch.from_numpy(g.normal(0, 4, (t, h)).astype(np.float32))
+    lse_b = torch.from_numpy(g.normal(0, 4, (t, h)).astype(np.float32))
+    pick = torch.from_numpy(g.integers(0, 4, (t, h)))  # 0: both finite, 1: a -inf, 2: b -inf, 3: both -inf
+    lse_a[(pick == 1) | (pick == 3)] = -math.inf
+    lse_b[(pick == 2) | (pick == 3)] = -math.inf
+    if draw(st.booleans()):  # lse stored (H, T) and passed transposed (vLLM's layout), out strided over heads
+        lse_a, lse_b = lse_a.t().contiguous().t(), lse_b.t().contiguous().t()
+        out_a = torch.cat([out_a, out_a], 1)[:, :h]
+    return out_a, lse_a, out_b, lse_b, f"T={t} H={h} D={d} {dtype}"
+
+
+@given(case=merge_cases())
+def test_merge_matches_reference(case):
+    out_a, lse_a, out_b, lse_b, desc = case
+    out, lse = merge_attn_states(out_a, lse_a, out_b, lse_b)
+    want_out, want_lse = merge_ref(out_a, lse_a, out_b, lse_b)
+    assert_attention_close(out, lse, want_out, want_lse, desc)
+    both = torch.isneginf(lse_a) & torch.isneginf(lse_b)
+    assert (out[both] == 0).all()
+    only_a = torch.isneginf(lse_b) & ~torch.isneginf(lse_a)  # b contributes nothing: a passes through
+    assert torch.equal(out[only_a], out_a[only_a]) and torch.equal(lse[only_a], lse_a[only_a])
+
+
+def test_merge_ignores_values_of_empty_parts():
+    """A part at -inf contributes nothing, even if its out holds NaN / Inf (e.g. never written)."""
+    out_a = torch.randn(2, 3, 16)
+    out_b = torch.full((2, 3, 16), math.nan)
+    out_b[1] = math.inf
+    lse_a = torch.randn(2, 3)
+    lse_b = torch.full((2, 3), -math.inf)
+    out, lse = merge_attn_states(out_a, lse_a, out_b, lse_b)
+    assert torch.equal(out, out_a) and torch.equal(lse, lse_a)
+
+
+# ------------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["bf16", "fp8_head", "fp8_tensor"])
+@pytest.mark.parametrize("splits", [0, 1, 8])
+@pytest.mark.parametrize("sq,d", [(1, 128), (4, 128), (2, 256)])
+def test_gpu_large_decode(kind, splits, sq, d):
+    g = np.random.default_rng(11)
+    lens = [0, 1, 517, 1000, 1023, 64]
+    c = make_case(g, batch=len(lens), lens=lens, sq=sq, hq=32, hkv=4, d=d, bs=16, max_blocks=64, kind=kind,
+                  q_dtype=torch.bfloat16, causal=True, window=(-1, -1) if sq != 4 else (255, 0), sinks=True)
+    out, lse = attention_decode(*c.args("cuda"), splits)
+    assert_attention_close(out, lse, *reference_decode(c), f"{kind} splits={splits} Sq={sq} D={d}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 4])
+def test_gpu_cuda_graph_new_lengths(splits):
+    """Capture once, then change seqused_k in place between replays: the result follows the new lengths."""
+    g = np.random.default_rng(12)
+    c = make_case(g, batch=3, lens=[512] * 3, sq=2, hq=16, hkv=2, d=128, bs=16, max_blocks=32,  # all pages valid
+                  kind="fp8_head", q_dtype=torch.bfloat16, causal=True, window=(-1, -1), sinks=True)
+    c.seqused_k = torch.tensor([300, 512, 5], dtype=torch.int32)
+    args = c.args("cuda")
+    seq = args[4]
+    attention_decode(*args, splits)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = attention_decode(*args, splits)
+    for lens in ([300, 512, 5], [1, 0, 511], [512, 17, 256]):
+        seq.copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_attention_close(out, lse, *reference_decode(c, lens=lens), f"graph replay lens={lens}")

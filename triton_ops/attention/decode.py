@@ -1,0 +1,354 @@
+"""Paged GQA decode attention with split-KV (Triton). Contract: dispatch/reference/attention.py (the varlen
+reference run on the keys gathered through the block table, FP8 values dequantized as code * scale).
+
+Shapes: q (B, Sq, Hq, D) with Sq in 1..8 (speculative tokens); k_cache (num_blocks, block_size, Hkv, D) and
+v_cache (.., Hkv, Dv) in q's dtype or FP8 E4M3 (float8_e4m3fn or uint8 codes, value = code * scale with a
+per-tensor or per-KV-head fp32 scale); block_table (B, max_blocks) int32; seqused_k (B,) int32 key counts.
+Query s of sequence b sits at key position seqused_k[b] - Sq + s (bottom-right aligned, triton_ops.attention.mask).
+
+* GQA packing: a program owns one KV head and all Sq x Hq/Hkv query rows that read it, as the M dim of its
+  tl.dot tiles (padded to 16), so each key and value byte is read once per split.
+* Split-KV: grid (B, Hkv x row blocks, num_splits). `num_splits` is a host int chosen from static sizes only
+  (`choose_num_splits`), never from seqused_k, so one compiled launch serves any lengths and a CUDA graph
+  replays with new lengths written in place. Split s covers keys [s x kps, (s + 1) x kps) of the table's
+  capacity max_blocks x block_size (kps a multiple of the key tile); it writes an fp32 partial output and its
+  LSE (-inf when it saw no key), and `_split_reduce_kernel` merges them by LSE (merge.py's rule). With one
+  split the kernel writes the final output directly.
+* Sinks (GPT-OSS: a per-head logit in the softmax denominator, no value) start the running softmax of split 0
+  only (running max = sink, sum = 1), so the merge counts them exactly once; with no key at all the result
+  is out 0, lse = sink.
+* Block-table entries outside [0, num_blocks) are never dereferenced: their keys are masked (they join
+  neither the softmax nor the output, like keys outside the window). Keys at positions >= max_blocks x
+  block_size (seqused_k larger than the table) are masked the same way, and unused table entries past
+  seqused_k are never read.
+* FP8: codes are exact in bf16/fp16, so the dots take the codes and the scales multiply the fp32 results (k
+  scale into the logit scale, v scale into the final normalization).
+* Interpreter: its tl.dot on bf16 operands is wrong (huge values), so there (DOT_F32) the dots run on fp32
+  copies of the same 16-bit operands, with fp32 IEEE products.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from triton_ops._formats import cast_out, e4m3_decode_fast
+from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
+from triton_ops.attention.mask import key_range, visible
+from triton_ops.attention.merge import lse_weights, weighted_sum
+from triton_ops.contract.checks import fail
+
+LOG2E = 1.4426950408889634
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+FP8_CACHE = (torch.float8_e4m3fn, torch.uint8)
+MAX_Q = 8  # speculative tokens per sequence; longer query runs belong to the prefill kernel
+MAX_HEAD_DIM = 256
+
+
+@triton.jit
+def _dot(a, b, DOT_F32: tl.constexpr):
+    """a @ b with an fp32 result; a, b already in the dot dtype (fp32 on the interpreter path)."""
+    if DOT_F32:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _load_kv(ptr, rows, kok, d, D: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
+             EMULATE: tl.constexpr):
+    """[BLOCK_N, D_P] key or value tile at row offsets `rows` (int64, element units); masked rows and padded
+    columns are 0. FP8 codes come back as their exact values (unscaled) in DOT_DTYPE."""
+    m = kok[:, None] & (d < D)[None, :]
+    x = tl.load(ptr + rows[:, None] + d[None, :], mask=m, other=0)
+    if FP8:
+        return e4m3_decode_fast(x, EMULATE).to(DOT_DTYPE)
+    else:
+        return x.to(DOT_DTYPE)
+
+
+@triton.jit
+def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_ptr, out_ptr, lse_ptr,
+                   qk_scale, num_blocks, max_ctx, keys_per_split,
+                   q_sb, q_ss, q_sh, k_sb, k_so, k_sh, v_sb, v_so, v_sh, bt_sb, ks_sh, vs_sh,
+                   o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp,
+                   SQ: tl.constexpr, GROUP: tl.constexpr, M_BLOCKS: tl.constexpr, BS: tl.constexpr,
+                   D: tl.constexpr, DV: tl.constexpr, D_P: tl.constexpr, DV_P: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
+                   WINDOW_RIGHT: tl.constexpr, HAS_SINK: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                   OUT_DTYPE: tl.constexpr, FINAL: tl.constexpr, DOT_F32: tl.constexpr, EMULATE: tl.constexpr):
+    # grid (B, Hkv * M_BLOCKS, num_splits). Packed row r = s * GROUP + g is query s, head hkv * GROUP + g.
+    # Logits are kept in base 2 (qk_scale carries log2(e)), so the running softmax uses exp2.
+    b = tl.program_id(0).to(tl.int64)
+    hkv = tl.program_id(1) // M_BLOCKS
+    mb = tl.program_id(1) % M_BLOCKS
+    split = tl.program_id(2)
+    r = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = r < SQ * GROUP
+    s = r // GROUP
+    h = hkv * GROUP + r % GROUP
+    sk = tl.load(seq_ptr + b)
+    q_pos = sk - SQ + s
+
+    d = tl.arange(0, D_P)
+    dv = tl.arange(0, DV_P)
+    q = tl.load(q_ptr + b * q_sb + (s * q_ss + h * q_sh)[:, None] + d[None, :],
+                mask=rmask[:, None] & (d < D)[None, :], other=0.0).to(DOT_DTYPE)
+    scale = qk_scale
+    if FP8:
+        scale = scale * tl.load(ks_ptr + hkv * ks_sh)
+
+    # keys any row of this block may see, cut to this split's slice and to the table's capacity
+    s_lo = (mb * BLOCK_M) // GROUP
+    s_hi = tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // GROUP, SQ - 1)
+    lo, hi = key_range(sk - SQ + s_lo, sk - SQ + s_hi, sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
+    k0 = split * keys_per_split
+    lo = tl.maximum(lo, k0)
+    hi = tl.minimum(tl.minimum(hi, k0 + keys_per_split), max_ctx)
+    start = (lo // BLOCK_N) * BLOCK_N  # >= k0: split slices are whole key tiles
+
+    if HAS_SINK:  # split 0 starts from the sink: max = sink, sum = e^0
+        sink = tl.load(sink_ptr + h, mask=rmask, other=0.0) * 1.4426950408889634
+        m_i = tl.where(split == 0, sink, float("-inf"))
+        l_i = tl.where(split == 0, tl.full([BLOCK_M], 1.0, tl.float32), 0.0)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DV_P], tl.float32)
+    bt_row = bt_ptr + b * bt_sb
+    for n0 in tl.range(start, hi, BLOCK_N):
+        j = n0 + tl.arange(0, BLOCK_N)
+        inb = j < hi
+        page = tl.load(bt_row + j // BS, mask=inb, other=-1)
+        kok = inb & (page >= 0) & (page < num_blocks)  # bad pages: masked keys, never dereferenced
+        page = page.to(tl.int64)
+        slot = (j % BS).to(tl.int64)
+        kt = _load_kv(k_ptr, page * k_sb + slot * k_so + hkv * k_sh, kok, d, D, FP8, DOT_DTYPE, EMULATE)
+        qk = _dot(q, tl.trans(kt), DOT_F32) * scale
+        ok = visible(q_pos[:, None], j[None, :], sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT) & kok[None, :]
+        qk = tl.where(ok, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet: no NaN
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vt = _load_kv(v_ptr, page * v_sb + slot * v_so + hkv * v_sh, kok, dv, DV, FP8, DOT_DTYPE, EMULATE)
+        p16 = cast_out(p, OUT_DTYPE, EMULATE)  # P in the value dtype, as the tensor-core dot takes it
+        acc = acc * alpha[:, None] + _dot(p16.to(DOT_DTYPE), vt, DOT_F32)
+        m_i = m_new
+
+    seen = l_i > 0
+    norm = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)
+    if FP8:
+        norm = norm * tl.load(vs_ptr + hkv * vs_sh)
+    o = acc * norm[:, None]
+    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+    orow = b * o_sb + s * o_ss + h * o_sh + split * o_sp
+    om = rmask[:, None] & (dv < DV)[None, :]
+    if FINAL:
+        tl.store(out_ptr + orow[:, None] + dv[None, :], cast_out(o, OUT_DTYPE, EMULATE), mask=om)
+    else:  # fp32 partials for the split reduction
+        tl.store(out_ptr + orow[:, None] + dv[None, :], o, mask=om)
+    tl.store(lse_ptr + b * l_sb + s * l_ss + h * l_sh + split * l_sp, lse, mask=rmask)
+
+
+@triton.jit
+def _split_reduce_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, R, S, DV, BLOCK_R: tl.constexpr, S_P: tl.constexpr,
+                         BLOCK_D: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    # grid (row blocks, Dv blocks); partials (R, S, DV) and (R, S) contiguous, R = B * Sq * Hq.
+    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    sp = tl.arange(0, S_P)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    rmask = r < R
+    lm = rmask[:, None] & (sp < S)[None, :]
+    w, lse = lse_weights(tl.load(pl_ptr + (r * S)[:, None] + sp[None, :], mask=lm, other=float("-inf")))
+    off = ((r * S)[:, None] + sp[None, :])[:, :, None] * DV + d[None, None, :]
+    o = weighted_sum(w, tl.load(po_ptr + off, mask=lm[:, :, None] & (d < DV)[None, None, :], other=0.0))
+    tl.store(out_ptr + (r * DV)[:, None] + d[None, :], cast_out(o, OUT_DTYPE, EMULATE),
+             mask=rmask[:, None] & (d < DV)[None, :])
+    if tl.program_id(1) == 0:
+        tl.store(lse_ptr + r, lse, mask=rmask)
+
+
+# -------------------------------------------------------------------------------------------- launcher
+
+
+def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, window_left, window_right, sinks,
+            k_scale, v_scale, cfg: DecodeConfig):
+    bsz, sq, hq, d = q.shape
+    num_blocks, bs, hkv, dv = v_cache.shape
+    group = hq // hkv
+    dev = q.device
+    fp8 = k_cache.dtype in FP8_CACHE
+    kc = k_cache.view(torch.uint8) if fp8 else k_cache
+    vc = v_cache.view(torch.uint8) if fp8 else v_cache
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    out = torch.empty(bsz, sq, hq, dv, dtype=q.dtype, device=dev)
+    lse = torch.empty(bsz, sq, hq, dtype=torch.float32, device=dev)
+    if out.numel() == 0 and lse.numel() == 0:
+        return out, lse
+    splits = cfg.num_splits
+    if splits == 1:
+        o_buf, l_buf, o_sp, l_sp = out, lse, 0, 0
+    else:  # fp32 partials, sizes from static shapes only (CUDA-graph safe)
+        o_buf = torch.empty(bsz, sq, hq, splits, dv, dtype=torch.float32, device=dev)
+        l_buf = torch.empty(bsz, sq, hq, splits, dtype=torch.float32, device=dev)
+        o_sp, l_sp = o_buf.stride(3), l_buf.stride(3)
+    max_ctx = block_table.shape[1] * bs
+    kps = cfg.block_n * max(1, cdiv(cdiv(max_ctx, splits), cfg.block_n))
+    m_blocks = cdiv(sq * group, cfg.block_m)
+    dot_f32 = dev.type == "cpu"
+    dot_dtype = tl.float32 if dot_f32 else TL_DTYPE[q.dtype]
+    if sinks is not None and sinks.stride(0) != 1:
+        sinks = sinks.contiguous()
+    ks = k_scale if fp8 else q
+    vs = v_scale if fp8 else q
+    _decode_kernel[(bsz, hkv * m_blocks, splits)](
+        q, kc, vc, block_table, seqused_k, sinks if sinks is not None else q, ks, vs, o_buf, l_buf,
+        float(softmax_scale) * LOG2E, num_blocks, max_ctx, kps,
+        q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
+        vc.stride(0), vc.stride(1), vc.stride(2), block_table.stride(0),
+        ks.stride(0) if fp8 and ks.numel() > 1 else 0, vs.stride(0) if fp8 and vs.numel() > 1 else 0,
+        o_buf.stride(0), o_buf.stride(1), o_buf.stride(2), o_sp, l_buf.stride(0), l_buf.stride(1),
+        l_buf.stride(2), l_sp,
+        SQ=sq, GROUP=group, M_BLOCKS=m_blocks, BS=bs, D=d, DV=dv, D_P=max(16, next_pow2(d)),
+        DV_P=max(16, next_pow2(dv)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
+        WINDOW_LEFT=int(window_left), WINDOW_RIGHT=int(window_right), HAS_SINK=sinks is not None, FP8=fp8,
+        DOT_DTYPE=dot_dtype, OUT_DTYPE=TL_DTYPE[q.dtype], FINAL=splits == 1, DOT_F32=dot_f32,
+        EMULATE=emulate_formats(dev), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if splits > 1:
+        rows = bsz * sq * hq
+        s_p = next_pow2(splits)
+        block_d = min(next_pow2(dv), max(16, cfg.reduce_elems // s_p))
+        block_r = max(1, min(next_pow2(rows), cfg.reduce_elems // (s_p * block_d)))
+        _split_reduce_kernel[(cdiv(rows, block_r), cdiv(dv, block_d))](
+            o_buf, l_buf, out, lse, rows, splits, dv, BLOCK_R=block_r, S_P=s_p, BLOCK_D=block_d,
+            OUT_DTYPE=TL_DTYPE[q.dtype], EMULATE=emulate_formats(dev), num_warps=4)
+    return out, lse
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+TARGET_PROGRAMS_PER_SM = 2  # a decode program streams one KV head's keys; ~2 resident per SM keep HBM busy
+MIN_SPLIT_KEYS = 256  # below this a split's keys no longer pay for its share of the partials and the merge
+MAX_SPLITS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    num_splits: int  # key slices per (sequence, KV head): the grid's third axis; 1 writes the output directly
+    block_n: int  # keys per loop step (a power of two >= 16)
+    block_m: int  # packed (query, head) rows per program: a power of two >= 16 (the tl.dot minimum)
+    num_warps: int
+    num_stages: int
+    reduce_elems: int  # partial-output elements per program of the split reduction
+
+
+def choose_num_splits(programs: int, max_ctx: int, sm_count: int | None) -> int:
+    """The split rule, from static sizes only: programs = B x Hkv x row blocks, max_ctx = max_blocks x
+    block_size, sm_count None on the interpreter (which pays per program: no splits). Split until the grid
+    holds ~TARGET_PROGRAMS_PER_SM programs per SM, keeping >= MIN_SPLIT_KEYS keys of capacity per split and
+    at most MAX_SPLITS splits."""
+    if sm_count is None or programs <= 0:
+        return 1
+    want = max(1, (TARGET_PROGRAMS_PER_SM * sm_count) // programs)
+    return max(1, min(want, max_ctx // MIN_SPLIT_KEYS, MAX_SPLITS))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def decode_config(batch: int, sq: int, hq: int, hkv: int, max_ctx: int, d: int, device: torch.device,
+                  num_splits: int = 0) -> DecodeConfig:
+    """num_splits 0: `choose_num_splits`. GPU: 64-key tiles (32 at head dim > 128), up to 64 packed rows per
+    program, 4 warps (8 for the largest tiles). Interpreter: larger tiles (cost per program and per op).
+    The key tile shrinks toward the per-split slice so that small contexts still get distinct splits."""
+    cpu = device.type == "cpu"
+    rows = sq * (hq // max(hkv, 1))
+    block_m = max(16, min(next_pow2(rows), 128 if cpu else 64))
+    if num_splits <= 0:
+        sm = None if cpu else _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        num_splits = choose_num_splits(batch * hkv * cdiv(rows, block_m), max_ctx, sm)
+    block_n = 128 if cpu else (64 if d <= 128 else 32)
+    per_split = cdiv(max(max_ctx, 1), num_splits)
+    block_n = max(16, min(block_n, 1 << (per_split.bit_length() - 1)))
+    big = block_m * max(d, 64) >= 8192
+    return DecodeConfig(num_splits, block_n, block_m, 8 if big and not cpu else 4, 2, 32768 if cpu else 4096)
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def supports_attention_decode(q, k_cache, v_cache, block_table, seqused_k, *rest) -> str | None:
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"q dtype {q.dtype} is not bf16 or fp16"
+    if k_cache.dtype not in FP8_CACHE + (q.dtype,) or v_cache.dtype != k_cache.dtype:
+        return f"caches {k_cache.dtype}/{v_cache.dtype}: expected both {q.dtype} or both FP8 E4M3"
+    if q.shape[1] > MAX_Q:
+        return f"{q.shape[1]} queries per sequence > {MAX_Q} (the prefill kernel handles longer runs)"
+    if max(q.shape[-1], v_cache.shape[-1]) > MAX_HEAD_DIM:
+        return f"head dim {max(q.shape[-1], v_cache.shape[-1])} > {MAX_HEAD_DIM}"
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        return "the caches' head dim is not contiguous"
+    return None
+
+
+def _check(q, k_cache, v_cache, block_table, seqused_k, window_left, window_right, sinks, k_scale, v_scale):
+    op = "attention_decode"
+    if q.dim() != 4:
+        fail(op, "q", f"expected (B, Sq, Hq, D), got shape {tuple(q.shape)}")
+    bsz, _, hq, d = q.shape
+    if k_cache.dim() != 4 or k_cache.shape[-1] != d:
+        fail(op, "k_cache", f"expected (num_blocks, block_size, Hkv, {d}), got {tuple(k_cache.shape)}")
+    if v_cache.dim() != 4 or v_cache.shape[:3] != k_cache.shape[:3]:
+        fail(op, "v_cache", f"expected {tuple(k_cache.shape[:3])} + (Dv,), got {tuple(v_cache.shape)}")
+    hkv = k_cache.shape[2]
+    if hkv == 0 or hq % hkv:
+        fail(op, "k_cache", f"Hq={hq} is not a multiple of Hkv={hkv}")
+    if block_table.dim() != 2 or block_table.shape[0] != bsz or block_table.dtype != torch.int32:
+        fail(op, "block_table", f"expected int32 ({bsz}, max_blocks), got {block_table.dtype} "
+                                f"{tuple(block_table.shape)}")
+    if block_table.stride(1) != 1:
+        fail(op, "block_table", "rows must be contiguous")
+    if seqused_k.shape != (bsz,) or seqused_k.dtype != torch.int32 or (bsz > 1 and seqused_k.stride(0) != 1):
+        fail(op, "seqused_k", f"expected contiguous int32 ({bsz},), got {seqused_k.dtype} {tuple(seqused_k.shape)}")
+    if window_left < -1 or window_right < -1:
+        fail(op, "window_left", f"windows are -1 (unbounded) or >= 0, got ({window_left}, {window_right})")
+    if sinks is not None and (sinks.shape != (hq,) or sinks.dtype != torch.float32):
+        fail(op, "sinks", f"expected fp32 ({hq},), got {sinks.dtype} {tuple(sinks.shape)}")
+    fp8 = k_cache.dtype in FP8_CACHE
+    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not fp8:
+            if sc is not None:
+                fail(op, name, "scales apply to FP8 caches only; pass None for a 16-bit cache")
+        elif sc is None or sc.dtype != torch.float32 or sc.numel() not in (1, hkv) or sc.dim() > 1:
+            fail(op, name, f"an FP8 cache needs an fp32 scale of one element or ({hkv},) (one per KV head)")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
+                    ("seqused_k", seqused_k), ("sinks", sinks), ("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is not None and t.device != q.device:
+            fail(op, name, f"is on {t.device} but 'q' is on {q.device}")
+
+
+# ----------------------------------------------------------------------------------------------- entry
+
+
+def attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale: float, causal: bool,
+                     window_left: int, window_right: int, sinks, k_scale, v_scale, num_splits: int,
+                     cfg: DecodeConfig | None = None):
+    """(out (B, Sq, Hq, Dv) in q's dtype, lse (B, Sq, Hq) fp32); see the module docstring. num_splits <= 0
+    picks the split count with `choose_num_splits`; cfg overrides the whole configuration."""
+    _check(q, k_cache, v_cache, block_table, seqused_k, window_left, window_right, sinks, k_scale, v_scale)
+    bsz, sq, hq, d = q.shape
+    max_ctx = block_table.shape[1] * k_cache.shape[1]
+    cfg = cfg or decode_config(bsz, sq, hq, k_cache.shape[2], max_ctx, max(d, v_cache.shape[-1]), q.device,
+                               num_splits)
+    return _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, window_left, window_right,
+                   sinks, k_scale, v_scale, cfg)

@@ -1,0 +1,83 @@
+"""Tile configs of the MoE grouped GEMMs: a frozen dataclass and the analytical rule that picks one.
+
+The rule looks only at shapes (never at routing data, which would need a host sync): the expected rows per
+expert (contiguous layout: capacity / E; masked layout: max_m), N, K, the weight kind and the device's arch.
+It has not been tuned on hardware yet; `config=` on every entry overrides it (benchmark sweeps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from triton_ops._launch import next_pow2
+from triton_ops.contract.arch import arch_of
+
+KINDS = ("bf16", "fp8", "mxfp4")
+FP8_BLOCK = 128  # DeepGEMM block scales: 1x128 on activations, 128x128 on weights
+MXFP4_BLOCK = 32  # one E8M0 scale per 32 weights along K
+
+# archs with ~100 KB of shared memory per SM (consumer parts): one pipeline stage fewer on big tiles
+_SMALL_SMEM_ARCHS = ("sm_86", "sm_89", "sm_120")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeGemmConfig:
+    block_m: int  # rows per program; a tile whose rows span several experts runs one K loop per expert present
+    block_n: int  # output columns per program
+    block_k: int  # K per step (fp8: exactly 128, one activation and one weight scale per step; mxfp4: 32 * j)
+    group_m: int  # M tiles per swizzle group: the programs of one group walk the same weight N tile (L2 reuse)
+    num_warps: int  # warps per program (GPU only)
+    num_stages: int  # software-pipeline depth of the K loop (GPU only)
+
+    def refusal(self, kind: str) -> str | None:
+        """Why this config cannot run weight kind `kind` (None: it can)."""
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                return f"{name}={v} is not a power of two >= 16 (tl.dot)"
+        if kind == "fp8" and self.block_k != FP8_BLOCK:
+            return f"fp8 needs block_k={FP8_BLOCK} (one scale per K step), got {self.block_k}"
+        if kind == "mxfp4" and self.block_k % MXFP4_BLOCK:
+            return f"mxfp4 needs block_k a multiple of {MXFP4_BLOCK}, got {self.block_k}"
+        if self.group_m < 1:
+            return f"group_m={self.group_m} < 1"
+        return None
+
+
+def rows_per_expert(rows: int, num_experts: int, masked: bool) -> int:
+    """Expected rows of one expert: max_m (masked: the buffer bound, the counts are data) or the contiguous
+    capacity spread over the experts."""
+    return rows if masked else -(-rows // max(num_experts, 1))
+
+
+def pick_config(kind: str, m_per_expert: int, n: int, k: int, device: torch.device) -> MoeGemmConfig:
+    """The config for `kind` ("bf16", "fp8", "mxfp4") at m_per_expert rows per expert on `device`.
+    Contiguous layout: align with moe_align's block_m a multiple of the config's block_m, so every tile holds one
+    expert (other alignments are correct, but a tile spanning experts runs one K loop per expert)."""
+    return pick_config_for_arch(kind, m_per_expert, n, k, arch_of(device))
+
+
+@functools.lru_cache(maxsize=4096)  # eager hot path; the answer depends on sizes and arch only
+def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGemmConfig:
+    """Decode (<= 32 rows per expert): BLOCK_M 16 / 32 so little of each tile is padding, and BLOCK_N 64 so a
+    handful of rows still spreads over N/64 programs per expert; BLOCK_K 128 (16-byte-plus loads of the
+    weight stream, which is all the traffic there). Mid (<= 64): 64x128. Prefill: 128x128 with BLOCK_K 64
+    (bf16, mxfp4: 32 KB of operands per stage) or 128 (fp8: 32 KB too), 8 warps (two consumer warpgroups on
+    Hopper), 3 stages (96 KB of shared memory; 2 on ~100 KB parts). GROUP_M 8 on prefill: the 8 M tiles of a
+    group (mostly one expert) reuse each weight tile from L2.
+    Interpreter: its cost is per program and per op, so the largest tiles that keep numpy arrays small."""
+    bk_min = FP8_BLOCK if kind == "fp8" else (MXFP4_BLOCK if kind == "mxfp4" else 16)
+    if arch == "cpu":
+        bm = min(64, max(16, next_pow2(m)))
+        bn = min(256, max(16, next_pow2(n)))
+        bk = FP8_BLOCK if kind == "fp8" else min(128, max(bk_min, next_pow2(k)))
+        return MoeGemmConfig(bm, bn, bk, group_m=1, num_warps=4, num_stages=1)
+    if m <= 32:
+        return MoeGemmConfig(16 if m <= 16 else 32, 64, 128, group_m=1, num_warps=4, num_stages=4)
+    if m <= 64:
+        return MoeGemmConfig(64, 128, 64 if kind == "bf16" else 128, group_m=4, num_warps=4, num_stages=3)
+    stages = 2 if arch in _SMALL_SMEM_ARCHS else 3
+    return MoeGemmConfig(128, 128, 128 if kind == "fp8" else 64, group_m=8, num_warps=8, num_stages=stages)

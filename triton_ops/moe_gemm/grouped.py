@@ -1,0 +1,368 @@
+"""MoE expert grouped GEMMs (Triton): out[m, n] = sum_k a[m, k] * w[e(m), n, k], fp32 accumulation.
+
+Weights are (E, N, K) with K contiguous (K-major), one of:
+* bf16 / fp16 (`moe_gemm_bf16`; the output has the activations' dtype);
+* FP8 E4M3 with fp32 128x128 block scales (E, ceil(N/128), K/128), activations E4M3 with fp32 1x128 scales
+  (`moe_gemm_fp8`, DeepGEMM's W8A8 block scaling): acc += dot(a_blk, w_blk) * a_scale[m] * w_scale[n // 128]
+  once per 128-wide K step, bf16 output;
+* MXFP4 (`moe_gemm_mxfp4`, GPT-OSS W4A16): E2M1 pairs (E, N, K/2) uint8, element 2i in the low nibble, E8M0
+  scales (E, N, K/32) (value = e2m1 * 2^(s - 127)), bf16 activations; dequantized to bf16 in registers (or,
+  with `dot_scaled=True`, handed to tl.dot_scaled as "e2m1" with the scales), bf16 output.
+Optional fused epilogue on every entry: `row_weights` (fp32, one per row of a) multiplies each computed row
+before the one rounding (the top-k weights of GEMM2, so the combine only sums).
+
+Two activation layouts (docs/moe.md; exactly one of `m_indices` / `masked_m` is given):
+* contiguous: a (M, K) with `m_indices` (M,) int32, the expert of each row, -1 on padding rows (moe_align's
+  output). Rows whose id is outside [0, E) are padding: never read, their output rows are written as 0.
+  A tile whose rows span several experts (the align block_m smaller than BLOCK_M) runs one K loop per
+  expert present, each with the other rows masked off, so any alignment is correct; aligned tiles take one.
+* masked: a (E, max_m, K) with `masked_m` (E,) int32; rows >= masked_m[e] (clamped to [0, max_m]) are not
+  computed and written as 0. Output (E, max_m, N).
+
+Anatomy: kernel (one body, weight kind and layout as constexprs) -> launcher -> config (config.py) ->
+input checks (raise triton_ops.contract.checks errors) -> supports_* (backend limits, a reason or None) ->
+entries. Reference: dispatch/reference/moe_gemm.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from triton_ops._formats import cast_out
+from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats
+from triton_ops.contract.checks import check_dtype, check_same_device, check_tensor, fail
+
+from .config import FP8_BLOCK, MXFP4_BLOCK, MoeGemmConfig, pick_config, rows_per_expert
+from .dequant import e4m3_operand, mma, mxfp4_tile_t
+
+KIND_CODE = {"bf16": 0, "fp8": 1, "mxfp4": 2}
+_MAX_GRID_Y = 65535  # CUDA grid dim y: the masked layout puts the experts there
+
+
+@triton.jit
+def _expert_pass(a_ptr, a_off, sel, as_ptr, as_off, stride_ask, w_ptr, ws_ptr, e, offs_n, nmask, K,
+                 stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
+                 KIND: tl.constexpr, EMULATE: tl.constexpr, F32_DOT: tl.constexpr, DOT_SCALED: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 [BLOCK_M, BLOCK_N] = sum over K of a[rows] * w[e, offs_n] for the rows in `sel` (the others read
+    as zero; their results are not stored). a_off / as_off: int64 element offsets of the rows in a / a_scale."""
+    e64 = e.to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    n64 = offs_n.to(tl.int64)
+    w_cols = w_ptr + e64 * stride_we + n64[None, :] * stride_wn  # [1, BLOCK_N]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs_k
+        kmask = kk < K
+        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & kmask[None, :], other=0)
+        if KIND == 0:
+            w = tl.load(w_cols + kk[:, None], mask=kmask[:, None] & nmask[None, :], other=0)
+            acc = mma(a, w, acc, F32_DOT)
+        elif KIND == 1:
+            w = tl.load(w_cols + kk[:, None], mask=kmask[:, None] & nmask[None, :], other=0)
+            kb = k0 // BLOCK_K  # BLOCK_K == 128: one scale column per step
+            a_s = tl.load(as_ptr + as_off + kb * stride_ask, mask=sel, other=0.0)
+            w_s = tl.load(ws_ptr + e64 * stride_wse + (n64 // 128) * stride_wsn + kb * stride_wsk, mask=nmask,
+                          other=0.0)
+            d = mma(e4m3_operand(a, EMULATE, F32_DOT), e4m3_operand(w, EMULATE, F32_DOT), None, F32_DOT)
+            acc += d * (a_s[:, None] * w_s[None, :])
+        else:
+            kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            w_rows = w_ptr + e64 * stride_we + n64[:, None] * stride_wn  # [BLOCK_N, 1]
+            sb = tl.load(ws_ptr + e64 * stride_wse + n64[:, None] * stride_wsn + ks[None, :] * stride_wsk,
+                         mask=nmask[:, None] & (ks < K // 32)[None, :], other=0)
+            if DOT_SCALED:  # rhs: [BLOCK_K / 2, BLOCK_N] bytes packed along K; scales [BLOCK_N, BLOCK_K / 32]
+                packed = tl.load(w_cols + kh[:, None], mask=(kh < K // 2)[:, None] & nmask[None, :], other=0)
+                acc = tl.dot_scaled(a, None, "bf16", packed, sb, "e2m1", acc)
+            else:
+                packed = tl.load(w_rows + kh[None, :], mask=nmask[:, None] & (kh < K // 2)[None, :], other=0)
+                acc = mma(a, mxfp4_tile_t(packed, sb, BLOCK_N, BLOCK_K, F32_DOT), acc, F32_DOT)
+    return acc
+
+
+@triton.jit
+def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, rw_ptr, out_ptr,
+                     M, N, K, E,
+                     stride_ae, stride_am, stride_ase, stride_asm, stride_ask,
+                     stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
+                     KIND: tl.constexpr, MASKED: tl.constexpr, EMULATE: tl.constexpr, F32_DOT: tl.constexpr,
+                     DOT_SCALED: tl.constexpr, HAS_RW: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program (axis 0) = one [BLOCK_M, BLOCK_N] output tile, GROUP_M-swizzled; masked layout: axis 1 = expert.
+    M is the row count of the layout (contiguous: all rows; masked: max_m). Every output element in range is
+    written exactly once: computed rows by their expert's pass, the others as zeros. HAS_RW: computed rows are
+    multiplied by their fp32 row weight (the top-k weight of the row's entry) before the one rounding."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    group = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % group
+    pid_n = (pid % width) // group
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < M
+    rows64 = rows.to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    cols_mask = nmask[None, :]
+    if MASKED:
+        e = tl.program_id(1)
+        e64 = e.to(tl.int64)
+        cnt = tl.minimum(tl.maximum(tl.load(ids_ptr + e), 0), M)
+        flat = e64 * M + rows64  # row of the (E * max_m, N) output
+        out_rows = out_ptr + flat[:, None] * N + offs_n[None, :]
+        done = rows < cnt
+        if pid_m * BLOCK_M < cnt:
+            acc = _expert_pass(a_ptr, e64 * stride_ae + rows64 * stride_am, done, as_ptr,
+                               e64 * stride_ase + rows64 * stride_asm, stride_ask, w_ptr, ws_ptr, e, offs_n, nmask,
+                               K, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
+                               KIND, EMULATE, F32_DOT, DOT_SCALED, BLOCK_M, BLOCK_N, BLOCK_K)
+            if HAS_RW:
+                acc *= tl.load(rw_ptr + flat, mask=done, other=0.0)[:, None]
+            tl.store(out_rows, cast_out(acc, OUT_DTYPE, EMULATE), mask=done[:, None] & cols_mask)
+    else:
+        out_rows = out_ptr + rows64[:, None] * N + offs_n[None, :]
+        if HAS_RW:
+            rw = tl.load(rw_ptr + rows, mask=rmask, other=0.0)
+        mi = tl.load(ids_ptr + rows, mask=rmask, other=-1)
+        done = (mi >= 0) & (mi < E)  # out-of-range ids are padding: never used as an expert
+        mi = tl.where(done, mi, E)
+        e = tl.min(mi, 0)
+        while e < E:  # one pass per expert present in the tile, in increasing id order
+            sel = mi == e
+            acc = _expert_pass(a_ptr, rows64 * stride_am, sel, as_ptr, rows64 * stride_asm, stride_ask, w_ptr,
+                               ws_ptr, e, offs_n, nmask, K, stride_we, stride_wn, stride_wse, stride_wsn,
+                               stride_wsk, KIND, EMULATE, F32_DOT, DOT_SCALED, BLOCK_M, BLOCK_N, BLOCK_K)
+            if HAS_RW:
+                acc *= rw[:, None]
+            tl.store(out_rows, cast_out(acc, OUT_DTYPE, EMULATE), mask=sel[:, None] & cols_mask)
+            e = tl.min(tl.where(mi > e, mi, E), 0)
+    zero = tl.zeros([BLOCK_M, BLOCK_N], OUT_DTYPE)
+    tl.store(out_rows, zero, mask=(rmask & ~done)[:, None] & cols_mask)
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+
+
+def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, row_weights, out_dtype, config, dot_scaled=False):
+    """a / w / scales already checked; 1-byte formats travel as uint8 views."""
+    masked = masked_m is not None
+    e, n = w.shape[0], w.shape[1]
+    k = a.shape[-1]
+    rows = a.shape[1] if masked else a.shape[0]
+    out = torch.empty(*a.shape[:-1], n, dtype=out_dtype, device=a.device)
+    if out.numel() == 0:
+        return out
+    cfg = config or pick_config(kind, rows_per_expert(rows, e, masked), n, k, a.device)
+    reason = cfg.refusal(kind)
+    if reason:
+        raise ValueError(f"moe_gemm_{kind}: config {cfg}: {reason}")
+    sa = (0, 0, 0)
+    if a_scale is not None:
+        sa = a_scale.stride() if masked else (0, *a_scale.stride())
+    sw = (0, 0, 0) if w_scale is None else w_scale.stride()
+    sae = a.stride(0) if masked else 0
+    sam = a.stride(1) if masked else a.stride(0)
+    ids = masked_m if masked else m_indices
+    grid = (cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n), e if masked else 1)
+    dummy = w  # never read when the kind has no scales
+    _moe_gemm_kernel[grid](
+        a, dummy if a_scale is None else a_scale, w, dummy if w_scale is None else w_scale, ids,
+        dummy if row_weights is None else row_weights.contiguous(), out,
+        rows, n, k, e, sae, sam, *sa, w.stride(0), w.stride(1), *sw,
+        KIND=KIND_CODE[kind], MASKED=masked, EMULATE=emulate_formats(a.device), F32_DOT=a.device.type != "cuda",
+        DOT_SCALED=dot_scaled, HAS_RW=row_weights is not None, OUT_DTYPE=TL_DTYPE[out_dtype],
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def _shape(t) -> tuple:
+    return tuple(t.shape)
+
+
+def _check_layout(op, a, w, m_indices, masked_m):
+    """Common checks: tensors, devices, the layout pair, a's rank, K-contiguous operands. Returns E."""
+    check_tensor(op, "a", a)
+    check_tensor(op, "w", w)
+    check_same_device(op, "a", a, "w", w)
+    if (m_indices is None) == (masked_m is None):
+        fail(op, "m_indices", "give exactly one of m_indices (contiguous layout, a 2-D) and masked_m "
+                              "(masked layout, a 3-D)")
+    if w.dim() != 3:
+        fail(op, "w", f"expected (E, N, K) weights, got shape {_shape(w)}")
+    e = w.shape[0]
+    if m_indices is not None:
+        check_tensor(op, "m_indices", m_indices)
+        if a.dim() != 2:
+            fail(op, "a", f"the contiguous layout takes a 2-D (M, K) activation, got shape {_shape(a)}")
+        check_dtype(op, "m_indices", m_indices, (torch.int32,))
+        if _shape(m_indices) != (a.shape[0],):
+            fail(op, "m_indices", f"expected shape ({a.shape[0]},) (one expert id per row of a), got "
+                                  f"{_shape(m_indices)}")
+        check_same_device(op, "a", a, "m_indices", m_indices)
+    else:
+        check_tensor(op, "masked_m", masked_m)
+        if a.dim() != 3 or a.shape[0] != e:
+            fail(op, "a", f"the masked layout takes a 3-D (E={e}, max_m, K) activation, got shape {_shape(a)}")
+        check_dtype(op, "masked_m", masked_m, (torch.int32,))
+        if _shape(masked_m) != (e,):
+            fail(op, "masked_m", f"expected shape ({e},) (one row count per expert), got {_shape(masked_m)}")
+        check_same_device(op, "a", a, "masked_m", masked_m)
+    for name, t in (("a", a), ("w", w)):
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            fail(op, name, f"the last (K) dim must be contiguous, got strides {t.stride()}; call .contiguous()")
+    return e
+
+
+def _check_scale(op, arg, s, want: tuple, a):
+    check_tensor(op, arg, s)
+    check_dtype(op, arg, s, (torch.float32,))
+    if _shape(s) != want:
+        fail(op, arg, f"expected shape {want}, got {_shape(s)}")
+    check_same_device(op, "a", a, arg, s)
+
+
+def _ids(m_indices, masked_m):
+    return (None if m_indices is None else m_indices.contiguous(),
+            None if masked_m is None else masked_m.contiguous())
+
+
+def check_bf16(a, w, m_indices, masked_m) -> None:
+    op = "moe_gemm_bf16"
+    _check_layout(op, a, w, m_indices, masked_m)
+    check_dtype(op, "a", a, (torch.bfloat16, torch.float16))
+    if w.dtype != a.dtype:
+        fail(op, "w", f"dtype {str(w.dtype).removeprefix('torch.')} differs from a's "
+                      f"{str(a.dtype).removeprefix('torch.')}")
+    if w.shape[2] != a.shape[-1]:
+        fail(op, "w", f"expected (E, N, K={a.shape[-1]}), got shape {_shape(w)}")
+
+
+def check_fp8(a, a_scale, w, w_scale, m_indices, masked_m) -> None:
+    op = "moe_gemm_fp8"
+    e = _check_layout(op, a, w, m_indices, masked_m)
+    check_dtype(op, "a", a, (torch.float8_e4m3fn,))
+    check_dtype(op, "w", w, (torch.float8_e4m3fn,))
+    k = a.shape[-1]
+    if k % FP8_BLOCK:
+        fail(op, "a", f"K={k} is not a multiple of {FP8_BLOCK} (one fp32 scale per 128 columns)")
+    if w.shape[2] != k:
+        fail(op, "w", f"expected (E, N, K={k}), got shape {_shape(w)}")
+    _check_scale(op, "a_scale", a_scale, (*a.shape[:-1], k // FP8_BLOCK), a)
+    _check_scale(op, "w_scale", w_scale, (e, cdiv(w.shape[1], FP8_BLOCK), k // FP8_BLOCK), a)
+
+
+def _fp4_views(w_packed, w_scale):
+    """uint8 views of torch's packed-FP4 / E8M0 dtypes (same bytes)."""
+    fp4 = getattr(torch, "float4_e2m1fn_x2", None)
+    e8m0 = getattr(torch, "float8_e8m0fnu", None)
+    if fp4 is not None and isinstance(w_packed, torch.Tensor) and w_packed.dtype == fp4:
+        w_packed = w_packed.view(torch.uint8)
+    if e8m0 is not None and isinstance(w_scale, torch.Tensor) and w_scale.dtype == e8m0:
+        w_scale = w_scale.view(torch.uint8)
+    return w_packed, w_scale
+
+
+def check_mxfp4(a, w_packed, w_scale, m_indices, masked_m) -> None:
+    op = "moe_gemm_mxfp4"
+    w_packed, w_scale = _fp4_views(w_packed, w_scale)
+    e = _check_layout(op, a, w_packed, m_indices, masked_m)
+    check_dtype(op, "a", a, (torch.bfloat16,))
+    check_dtype(op, "w", w_packed, (torch.uint8,))
+    k = a.shape[-1]
+    if k % MXFP4_BLOCK:
+        fail(op, "a", f"K={k} is not a multiple of {MXFP4_BLOCK} (one E8M0 scale per 32 weights)")
+    if w_packed.shape[2] * 2 != k:
+        fail(op, "w", f"expected packed (E, N, K/2={k // 2}) bytes, got shape {_shape(w_packed)}")
+    check_tensor(op, "w_scale", w_scale)
+    check_dtype(op, "w_scale", w_scale, (torch.uint8,))
+    want = (e, w_packed.shape[1], k // MXFP4_BLOCK)
+    if _shape(w_scale) != want:
+        fail(op, "w_scale", f"expected shape {want}, got {_shape(w_scale)}")
+    check_same_device(op, "a", a, "w_scale", w_scale)
+
+
+# ---------------------------------------------------------------------------------------------- supports
+
+
+def _grid_refusal(w, masked_m) -> str | None:
+    if masked_m is not None and w.shape[0] > _MAX_GRID_Y:
+        return f"E={w.shape[0]} > {_MAX_GRID_Y} experts on grid axis 1 (masked layout)"
+    return None
+
+
+def supports_moe_gemm_bf16(a, w, m_indices, masked_m) -> str | None:
+    if a.dtype not in (torch.bfloat16, torch.float16):
+        return f"activations {a.dtype} are not bf16 / fp16"
+    return _grid_refusal(w, masked_m)
+
+
+def supports_moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m) -> str | None:
+    if a.shape[-1] % FP8_BLOCK:
+        return f"K={a.shape[-1]} is not a multiple of {FP8_BLOCK}: BLOCK_K is 128, one scale per K tile"
+    if a.dtype != torch.float8_e4m3fn or w.dtype != torch.float8_e4m3fn:
+        return f"a {a.dtype} / w {w.dtype}: only E4M3 (float8_e4m3fn) is implemented"
+    return _grid_refusal(w, masked_m)
+
+
+def supports_moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m) -> str | None:
+    if a.dtype != torch.bfloat16:
+        return f"activations {a.dtype}: W4A16 takes bf16 (E8M0-scaled weights can leave fp16's range)"
+    if a.shape[-1] % MXFP4_BLOCK:
+        return f"K={a.shape[-1]} is not a multiple of {MXFP4_BLOCK}"
+    return _grid_refusal(w_packed, masked_m)
+
+
+# ---------------------------------------------------------------------------------------------- entries
+
+
+def check_row_weights(op, a, row_weights) -> None:
+    """row_weights: fp32, one per row of the layout (contiguous (M,), masked (E, max_m))."""
+    if row_weights is None:
+        return
+    check_tensor(op, "row_weights", row_weights)
+    check_dtype(op, "row_weights", row_weights, (torch.float32,))
+    if _shape(row_weights) != _shape(a)[:-1]:
+        fail(op, "row_weights", f"expected shape {_shape(a)[:-1]} (one weight per row of a), got "
+                                f"{_shape(row_weights)}")
+    check_same_device(op, "a", a, "row_weights", row_weights)
+
+
+def moe_gemm_bf16(a, w, m_indices, masked_m, *, row_weights=None, config: MoeGemmConfig | None = None):
+    """(M, K) x (E, N, K) -> (M, N) (contiguous) or (E, max_m, K) -> (E, max_m, N) (masked); a's dtype.
+    row_weights (fp32, a.shape[:-1]): computed rows are scaled by it before rounding (GEMM2 top-k weights)."""
+    check_bf16(a, w, m_indices, masked_m)
+    check_row_weights("moe_gemm_bf16", a, row_weights)
+    m_indices, masked_m = _ids(m_indices, masked_m)
+    return _launch("bf16", a, None, w, None, m_indices, masked_m, row_weights, a.dtype, config)
+
+
+def moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, *, row_weights=None,
+                 config: MoeGemmConfig | None = None):
+    """E4M3 W8A8 with 1x128 activation and 128x128 weight scales (any strides: row-major or the
+    column-major TMA-aligned scales fp8_group_quantize writes) -> bf16. row_weights: as moe_gemm_bf16."""
+    check_fp8(a, a_scale, w, w_scale, m_indices, masked_m)
+    check_row_weights("moe_gemm_fp8", a, row_weights)
+    m_indices, masked_m = _ids(m_indices, masked_m)
+    return _launch("fp8", a.view(torch.uint8), a_scale, w.view(torch.uint8), w_scale, m_indices, masked_m,
+                   row_weights, torch.bfloat16, config)
+
+
+def moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, *, row_weights=None,
+                   config: MoeGemmConfig | None = None, dot_scaled: bool = False):
+    """bf16 activations x MXFP4 weights -> bf16. row_weights: as moe_gemm_bf16. dot_scaled: tl.dot_scaled
+    (lhs "bf16", rhs "e2m1" packed along K + E8M0 scales) instead of the in-register dequantization."""
+    check_mxfp4(a, w_packed, w_scale, m_indices, masked_m)
+    check_row_weights("moe_gemm_mxfp4", a, row_weights)
+    w_packed, w_scale = _fp4_views(w_packed, w_scale)
+    m_indices, masked_m = _ids(m_indices, masked_m)
+    return _launch("mxfp4", a, None, w_packed, w_scale, m_indices, masked_m, row_weights, torch.bfloat16, config,
+                   dot_scaled)
