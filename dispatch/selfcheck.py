@@ -64,7 +64,8 @@ class Case:
 
 # Each op family's registration module defines `self_check_cases() -> list[Case]`. Add yours here.
 FAMILIES = ("dispatch.ops.quant", "dispatch.ops.rope", "dispatch.ops.kv_cache", "dispatch.ops.moe",
-            "dispatch.ops.rmsnorm", "dispatch.ops.swiglu",)
+            "dispatch.ops.rmsnorm", "dispatch.ops.swiglu", "dispatch.ops.moe_gemm",
+            "dispatch.ops.attention")
 
 
 def all_cases() -> list[Case]:

@@ -22,6 +22,7 @@ CUTE_BLACKWELL = ("sm_100", "sm_103")
 TRITON_GPU = 20
 TORCH_REF = 10  # the reference: always runs, on any device
 TRITON_INTERPRETER = 0  # correct but slow; only when forced (tests, `python -m dispatch check` on a CPU)
+TRITON_SM90_GLUON = 22  # a Hopper-only Triton kernel ahead of the portable one (measured: ATTN_SM90_WHY)
 CUTE_UNMEASURED = 15
 CUTE_MEASURED_FASTER = 25
 
@@ -30,6 +31,10 @@ REFERENCE_WHY = "pure-torch reference (test oracle, CPU backend)"
 FUSED = "fused single pass; bytes equal the reference"
 ONE_PASS = "one fused pass; bytes equal the reference"
 MOE = "one launch at decode (align: 3 at T*k > 1024); no atomics, deterministic"
+ATTN_TL_WHY = "plain Triton FA2-style forward: every arch, masked tiles skipped by loop bounds"
+ATTN_SM90_WHY = "Gluon TMA + warpgroup MMA forward (sm_90a, Triton 3.6)"
+ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE-merged; CUDA-graph safe"
+GROUPED_GEMM = "one launch over every expert; padding rows skipped; fp32 accumulation"
 NORM = "one fused pass (NVFP4 with computed global scale: 2); bytes = reference composition"
 # CuTeDSL RMSNorm (cute_ops/, docs/cute.md). sm_90 ranks above Triton (25 > 20): bit-exact in every mode; at
 # prefill within 2% of Triton either way (H200, perf/results/nvidia-h200.jsonl, 2026-11-21: plain 4096x7168 32.5 vs
@@ -167,6 +172,35 @@ ROWS: tuple[Entry, ...] = (
     Entry("swiglu_mxfp4", "torch", ALL, "dispatch.reference.swiglu:swiglu_mxfp4", TORCH_REF, REFERENCE_WHY),
     *triton_rows("swiglu_nvfp4", "triton_ops.swiglu:swiglu_nvfp4", NORM, supports="triton_ops.swiglu:supports_swiglu"),
     Entry("swiglu_nvfp4", "torch", ALL, "dispatch.reference.swiglu:swiglu_nvfp4", TORCH_REF, REFERENCE_WHY),
+    # moe_gemm (docs/moe_gemm.md): expert grouped GEMMs over the moe_align / moe_masked_layout layouts
+    *triton_rows("moe_gemm_bf16", "triton_ops.moe_gemm.grouped:moe_gemm_bf16", GROUPED_GEMM,
+                 supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_bf16"),
+    Entry("moe_gemm_bf16", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_bf16", TORCH_REF, REFERENCE_WHY),
+    *triton_rows("moe_gemm_fp8", "triton_ops.moe_gemm.grouped:moe_gemm_fp8", GROUPED_GEMM,
+                 supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_fp8"),
+    Entry("moe_gemm_fp8", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_fp8", TORCH_REF, REFERENCE_WHY),
+    *triton_rows("moe_gemm_mxfp4", "triton_ops.moe_gemm.grouped:moe_gemm_mxfp4", GROUPED_GEMM,
+                 supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_mxfp4"),
+    Entry("moe_gemm_mxfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_mxfp4", TORCH_REF, REFERENCE_WHY),
+    # attention (docs/attention.md). sm_90: the Gluon warpgroup-MMA kernel ranks above plain Triton (ATTN_SM90_WHY).
+    Entry("attention_prefill", "triton", ("sm_90",), "triton_ops.attention.prefill_sm90:attention_prefill",
+          TRITON_SM90_GLUON, ATTN_SM90_WHY, "triton_ops.attention.prefill_sm90:supports_attention_prefill_sm90"),
+    *triton_rows("attention_prefill", "triton_ops.attention.prefill:attention_prefill", ATTN_TL_WHY,
+                 supports="triton_ops.attention.prefill:supports_attention_prefill"),
+    Entry("attention_prefill", "torch", ALL, "dispatch.reference.attention:attention_prefill", TORCH_REF,
+          REFERENCE_WHY),
+    *triton_rows("attention_prefill_paged", "triton_ops.attention.prefill:attention_prefill_paged", ATTN_TL_WHY,
+                 supports="triton_ops.attention.prefill:supports_attention_prefill_paged"),
+    Entry("attention_prefill_paged", "torch", ALL, "dispatch.reference.attention:attention_prefill_paged",
+          TORCH_REF, REFERENCE_WHY),
+    *triton_rows("attention_decode", "triton_ops.attention.decode:attention_decode", ATTN_DECODE_WHY,
+                 supports="triton_ops.attention.decode:supports_attention_decode"),
+    Entry("attention_decode", "torch", ALL, "dispatch.reference.attention:attention_decode", TORCH_REF,
+          REFERENCE_WHY),
+    *triton_rows("merge_attn_states", "triton_ops.attention.merge:merge_attn_states", ONE_PASS,
+                 supports="triton_ops.attention.merge:supports_merge_attn_states"),
+    Entry("merge_attn_states", "torch", ALL, "dispatch.reference.attention:merge_attn_states", TORCH_REF,
+          REFERENCE_WHY),
 )
 
 TABLE: dict[str, list[Entry]] = {}

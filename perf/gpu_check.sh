@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks lowbit owes, in named stages, sized for 10-minute device calls.
-#   env facts -> GPU tests (-m gpu) -> compute-sanitizer memcheck -> self-check -> Nsight Compute -> benchmarks.
+#   env facts -> GPU tests (-m gpu) -> compute-sanitizer memcheck -> self-check -> Nsight Compute -> eager host
+#   cost -> benchmarks.
 # Writes JSON/logs under $OUT (at most 8 files come back) and prints a short table last.
 #
-# Usage (device tool, repo root):  [FAMILY=attention] bash perf/gpu_check.sh [tests|sanitize|selfcheck|ncu|bench|all]...
+# Usage (device tool, repo root):  [FAMILY=attention] bash perf/gpu_check.sh [tests|sanitize|selfcheck|ncu|eager|bench|all]...
 #   FAMILY     one op family (quant, rmsnorm, swiglu, rope, kv_cache, moe, moe_gemm, attention, ...): the stages run
 #              only its tests (tests/test_<family>*.py), its self-check/sanitizer ops and its benchmark cases.
 #              Unset: everything (the whole `tests` stage fits one call cold on an H100 with the default "gpu"
@@ -30,7 +31,7 @@ note() { echo "$*" | tee -a "$summary"; }
 family_ops() {  # the table's op names of $FAMILY (its dispatch/ops/<family>.py registrations)
   python3 -c "import dispatch.table as t, dispatch.ops as o, sys; import importlib; \
 m = importlib.import_module('dispatch.ops.$FAMILY'); \
-print(','.join(op for op in t.TABLE if hasattr(m, op) or hasattr(m, '_' + op)))"
+print(' '.join(op for op in t.TABLE if hasattr(m, op) or hasattr(m, '_' + op)))"
 }
 if [ -n "${FAMILY:-}" ]; then
   TEST_ARGS=${TEST_ARGS:-$(ls tests/test_"$FAMILY"*.py | tr '\n' ' ')}
@@ -107,6 +108,16 @@ if want ncu && [ -n "${NCU_OPS:-}" ]; then
   note "ncu (rc=$?): $(wc -l < "$OUT/ncu.csv") lines"
 fi
 
+if want eager; then
+  # Host cost per eager call of every op at a tiny shape vs torch's F.rms_norm (perf/eager.py), with a cProfile
+  # breakdown of EAGER_PROFILE ops.
+  # shellcheck disable=SC2086
+  timeout "${EAGER_TIME:-240}" python3 -m perf.eager --out "$OUT/eager.json" ${FAMILY_OPS:+--ops $(echo $FAMILY_OPS | tr ' ' ',')} \
+      --profile "${EAGER_PROFILE:-rms_norm,swiglu_mxfp4,fp8_group_quantize}" > "$OUT/eager.log" 2>&1
+  note "eager (rc=$?): $(grep -c 'lowbit\|triton\|cute\|torch' "$OUT/eager.log") lines"
+  head -60 "$OUT/eager.log"
+fi
+
 if want bench; then
   # BENCH_ARGS: extra `python -m perf run` arguments (e.g. --ops ...); BENCH_TIME: seconds before no new case starts.
   # shellcheck disable=SC2086
@@ -126,7 +137,7 @@ grep -A16 "slowest" "$OUT/pytest.log" 2>/dev/null | head -18
 # The device tool returns at most 8 files: keep env/summary/bench records/cache as they are, pack the rest.
 if [ -z "${GPU_CHECK_NO_PACK:-}" ]; then
   (cd "$OUT" && find . -type f ! -name logs.tgz ! -name .packlist ! -name env.json ! -name summary.txt \
-      ! -name bench.jsonl ! -name triton-cache.tgz -print > .packlist && tar -czf logs.tgz -T .packlist \
+      ! -name bench.jsonl ! -name eager.json ! -name triton-cache.tgz -print > .packlist && tar -czf logs.tgz -T .packlist \
       && xargs rm -f < .packlist; rm -f .packlist)
 fi
 exit 0

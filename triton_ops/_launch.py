@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
+from collections.abc import Iterator
 
 import torch
 import triton.language as tl
@@ -18,6 +21,43 @@ def emulate_formats(device: torch.device) -> bool:
     hardware E4M3 conversion (before sm_89)."""
     arch = arch_of(device)
     return arch == "cpu" or not arch_at_least(arch, "sm_89")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchRecord:
+    """One kernel launch as `launch` saw it: what an eager launch plan (dispatch/launch_plan.py) replays."""
+
+    kernel: object  # the JITFunction
+    grid: tuple
+    args: tuple
+    kwargs: dict
+    compiled: object  # the CompiledKernel the launch ran (None under the interpreter)
+
+
+# The launches of the current `recording_launches()` scope (a context variable: per thread / task, like
+# dispatch.use_backend); None outside one.
+_RECORDING: contextvars.ContextVar[list | None] = contextvars.ContextVar("lowbit_launch_recording", default=None)
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """kernel[grid](*args, **kwargs): every lowbit Triton launch goes through here, so that a recording scope can
+    see the compiled kernel and the exact arguments of each launch."""
+    compiled = kernel[grid](*args, **kwargs)
+    recording = _RECORDING.get()
+    if recording is not None:
+        recording.append(LaunchRecord(kernel, tuple(grid), args, kwargs, compiled))
+    return compiled
+
+
+@contextlib.contextmanager
+def recording_launches() -> Iterator[list[LaunchRecord]]:
+    """Collect the LaunchRecords of every `launch` inside the block (nested scopes each see their own)."""
+    records: list[LaunchRecord] = []
+    token = _RECORDING.set(records)
+    try:
+        yield records
+    finally:
+        _RECORDING.reset(token)
 
 
 def cdiv(a: int, b: int) -> int:

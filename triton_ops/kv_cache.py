@@ -17,7 +17,7 @@ import triton.language as tl
 from triton_ops.contract.kv_cache import DS_LAYOUTS, DS_ROPE, DS_SCALE_FLOOR, DYNAMIC_EPS
 
 from ._formats import amax_nan, cast_out, e4m3_decode_fast, e4m3_encode, split_pairs
-from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
+from ._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
 from .rope import (
     PAIR_KIND,
     _rope_tile,
@@ -180,7 +180,7 @@ def paged_kv_write_fp8(x, slot_mapping, cache, scale, scale_cache, cfg: WriteCon
     d_p = next_pow2(d)
     cfg = cfg or write_config(t, h, d_p, x.device)
     block_t, block_h = cfg.block_t, cfg.block_h
-    _paged_write_kernel[(cdiv(t, block_t), cdiv(h, block_h))](
+    launch(_paged_write_kernel, (cdiv(t, block_t), cdiv(h, block_h)),
         x, slot_mapping, c, scale if scale is not None else x, sc, t, h, d, _cache_slots(cache), cache.shape[1],
         x.stride(0), x.stride(1), c.stride(0), c.stride(1), c.stride(2),
         *(scale_cache.stride() if dynamic else (0, 0, 0)), DYNAMIC_EPS,
@@ -200,7 +200,7 @@ def paged_kv_gather_fp8(cache, slots, scale, scale_cache, out_dtype, cfg: Gather
     vec = min(16 // out.element_size(), d_p)
     n_slots = _cache_slots(cache)
     cfg = cfg or gather_config(n, min(next_pow2(h), max(1, GATHER_ELEMS // d_p)), d_p, vec, cache.device)
-    _paged_gather_kernel[(cdiv(n, cfg.block_t), cdiv(h, cfg.block_h))](
+    launch(_paged_gather_kernel, (cdiv(n, cfg.block_t), cdiv(h, cfg.block_h)),
         c, slots, scale if scale is not None else out, scale_cache if dynamic else out, out, n,
         n_slots, c.stride(0), c.stride(1), c.stride(2), *(scale_cache.stride() if dynamic else (0, 0, 0)),
         BS=cache.shape[1], H=h, D=d, D_P=d_p, DYNAMIC=dynamic, BLOCK_T=cfg.block_t, BLOCK_H=cfg.block_h, VEC=vec,
@@ -388,7 +388,7 @@ def _ds_launch(kv, slot_mapping, cache, layout, positions, cos_sin_cache, q, is_
     q_rope_at = (q.shape[-1] - DS_ROPE) if q is not None else 0
     q_words = q is not None and pairs_as_words(is_neox, q_rope_at, q)
     kv_words = not is_neox and kv.stride(0) % 2 == 0 and kv.data_ptr() % (2 * kv.element_size()) == 0
-    _ds_write_kernel[(cdiv(t, block_t), 1 + n_q)](
+    launch(_ds_write_kernel, (cdiv(t, block_t), 1 + n_q),
         kv, slot_mapping, c8, c16, c32, positions if rotate else slot_mapping,
         cos_sin_cache if rotate else kv, q_arg, t, n_slots, cache.shape[1], c8.stride(0),
         kv.stride(0), cos_sin_cache.shape[0] if rotate else 0, hq,
@@ -492,7 +492,7 @@ def ds_kv_gather(cache, slots, layout, out_dtype, cfg: GatherConfig | None = Non
     nt_p = next_pow2(L.num_tiles + (1 if layout == "v4" else 0))  # V4: 7 NoPE tiles + the RoPE part
     vec = 16 // out.element_size()
     cfg = cfg or gather_config(n, 1, nt_p * L.tile, vec, cache.device)
-    _ds_gather_kernel[(cdiv(n, cfg.block_t),)](
+    launch(_ds_gather_kernel, (cdiv(n, cfg.block_t),),
         c8, c16, c32, slots, out, n, n_slots, c8.stride(0), BS=cache.shape[1],
         D_NOPE=L.d_nope, TILE=L.tile, NT=L.num_tiles, NT_P=nt_p, V4=layout == "v4", BLOCK_T=cfg.block_t, VEC=vec,
         ALIGNED=aligned, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(cache.device),

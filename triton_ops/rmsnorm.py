@@ -28,7 +28,7 @@ from ._formats import (
     round_pairs,
     split_pairs,
 )
-from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
+from ._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
 from .quant_epilogue import (
     FMT_FP8,
     FMT_MX,
@@ -448,7 +448,7 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     if fmt == FMT_NV and global_scale is None:
         # Pass 1: new residual + partial amax of y; pass 2 reads the rounded h (or x) back and quantizes.
         rows_per_prog, n_partials, partials = _amax_pass_plan(rows, cfg, dev)
-        _rms_norm_kernel[(n_partials,)](
+        launch(_rms_norm_kernel, (n_partials,),
             x2, r2, w, h2, out_arg, scale_arg, gs_out, gs_out, partials,
             rows, n, x2.stride(0), r2.stride(0), h2.stride(0), 0, 0, 0,
             float(eps), float(weight_offset), 0.0, rows_per_prog, grid_rows, 0, scale_cols_padded, n_partials,
@@ -461,7 +461,7 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
         gs_mode = GS_GIVEN if fmt == FMT_NV else GS_NONE
         has_res = residual is not None
     rows_per_prog = cfg.block_m * cfg.row_blocks
-    _rms_norm_kernel[(cdiv(grid_rows, rows_per_prog),)](
+    launch(_rms_norm_kernel, (cdiv(grid_rows, rows_per_prog),),
         src, r2, w, h2, out_arg, scale_arg, global_scale if global_scale is not None else gs_out, gs_out,
         partials, rows, n, src.stride(0), r2.stride(0), h2.stride(0), out2.stride(0), stride_sm, stride_sg,
         float(eps), float(weight_offset), float(quant_eps), rows_per_prog, grid_rows, 0, scale_cols_padded,
@@ -483,7 +483,7 @@ def _rms_norm_pairs(views, in_kind, w_kind, rows, n, eps, weight_offset, cfg, em
                   EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     if fmt == FMT_NV and global_scale is None:
         rows_per_prog, n_partials, partials = _amax_pass_plan(rows, cfg, dev)
-        _rms_norm_pairs_kernel[(n_partials,)](
+        launch(_rms_norm_pairs_kernel, (n_partials,),
             x2, r2, w, h2, out2, scale_arg, gs_out, gs_out, partials,
             rows, n, x2.stride(0), r2.stride(0), h2.stride(0), 0, 0,
             float(eps), float(weight_offset), rows_per_prog, grid_rows, geo.scale_cols_padded, n_partials,
@@ -493,7 +493,7 @@ def _rms_norm_pairs(views, in_kind, w_kind, rows, n, eps, weight_offset, cfg, em
         src, partials, n_partials, partials_block = x2, gs_out, 1, 1
         gs_mode = GS_GIVEN if fmt == FMT_NV else GS_NONE
     if cfg.chunks > 1 and gs_mode != GS_FROM_PARTIALS:
-        _rms_norm_chunked_kernel[(grid_rows,)](
+        launch(_rms_norm_chunked_kernel, (grid_rows,),
             src, r2, w, h2, out2, scale_arg, global_scale if global_scale is not None else gs_out, gs_out,
             rows, n, src.stride(0), r2.stride(0), h2.stride(0), out2.stride(0), geo.stride_sm,
             float(eps), float(weight_offset), grid_rows, geo.scale_cols_padded,
@@ -502,7 +502,7 @@ def _rms_norm_pairs(views, in_kind, w_kind, rows, n, eps, weight_offset, cfg, em
             REREAD_H=cfg.reread_h, num_warps=cfg.num_warps)
         return
     rows_per_prog = cfg.block_m * cfg.row_blocks
-    _rms_norm_pairs_kernel[(cdiv(grid_rows, rows_per_prog),)](
+    launch(_rms_norm_pairs_kernel, (cdiv(grid_rows, rows_per_prog),),
         src, r2, w, h2, out2, scale_arg, global_scale if global_scale is not None else gs_out, gs_out, partials,
         rows, n, src.stride(0), r2.stride(0), h2.stride(0), out2.stride(0), geo.stride_sm,
         float(eps), float(weight_offset), rows_per_prog, grid_rows, geo.scale_cols_padded, n_partials,

@@ -6,6 +6,13 @@ dispatch table choose (see `python -m dispatch`).
 
 from ..rope_cache import LinearScaling, Llama3Scaling, YarnScaling, ds_kv_cache_empty, rope_cos_sin_cache
 from ._common import backend_for
+from .attention import (
+    attention,
+    attention_decode,
+    attention_prefill,
+    attention_prefill_paged,
+    merge_attn_states,
+)
 from .kv_cache import (
     ds_kv_gather,
     ds_kv_write,
@@ -26,6 +33,7 @@ from .moe import (
     moe_masked_layout,
     moe_route,
 )
+from .moe_gemm import moe_gemm_bf16, moe_gemm_fp8, moe_gemm_mxfp4
 from .quant import (
     FP8GroupQuantized,
     MXFP4Quantized,
@@ -68,4 +76,8 @@ __all__ = [
     # moe plumbing
     "ContiguousLayout", "GatheredFP8", "MaskedLayout", "Routing", "moe_align", "moe_combine", "moe_gather",
     "moe_gather_fp8", "moe_hash_route", "moe_masked_layout", "moe_route",
+    # attention
+    "attention", "attention_decode", "attention_prefill", "attention_prefill_paged", "merge_attn_states",
+    # moe_gemm
+    "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_mxfp4",
 ]

@@ -8,12 +8,16 @@ can be remembered per call signature: that is the eager fast path in `call`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
+import typing
 
 import torch
 
 from triton_ops.contract.arch import ARCH_ENV, env_reader
 
+from .. import launch_plan
 from ..registry import BACKEND_ENV, _load, _scoped, select
 from ..table import TABLE
 
@@ -31,13 +35,43 @@ _PLAIN = frozenset({type(None), bool, int, float, str, torch.dtype})
 _record = threading.local()
 
 
-def lowbit_op(name: str, *, mutates_args):
-    """torch.library.custom_op("lowbit::<name>") that also remembers the undecorated implementation, so the
-    public wrappers can skip the dispatcher's Python layers in plain eager calls (see `call`)."""
-    def register(fn):
-        _EAGER_IMPLS[name] = fn
-        return torch.library.custom_op(f"lowbit::{name}", mutates_args=mutates_args)(fn)
+def lowbit_op(name: str, *, mutates_args, check=None, finish=None):
+    """Declare op `name` once. The decorated function's signature (its arguments end with `backend: str`) is the
+    torch op's schema, and its body returns the outputs from metadata alone: it is the fake implementation. The
+    real one is derived from it: `check(*args)` (errors name op and argument; the same call validates fake
+    tensors under torch.compile), then the table's backend (`run`), then `finish(outputs, *args)` if given
+    (e.g. an absent optional output becomes the empty tensor the schema returns). `args` are the op's
+    arguments without `backend`. Also remembers the real implementation for `call`'s eager fast path."""
+    def register(fake):
+        if check is None:  # TRANSITION: an op still written as impl + register_fake
+            _EAGER_IMPLS[name] = fake
+            return torch.library.custom_op(f"lowbit::{name}", mutates_args=mutates_args)(fake)
+
+        def impl(*args):
+            check(*args[:-1])
+            out = run(name, args[-1], *args[:-1])
+            return out if finish is None else finish(out, *args[:-1])
+
+        def fake_impl(*args):
+            check(*args[:-1])
+            return fake(*args)
+
+        functools.update_wrapper(impl, fake)
+        impl.__signature__ = _resolved_signature(fake)  # the schema comes from the declaration's signature
+        _EAGER_IMPLS[name] = impl
+        op = torch.library.custom_op(f"lowbit::{name}", mutates_args=mutates_args)(impl)
+        op.register_fake(fake_impl)
+        return op
     return register
+
+
+def _resolved_signature(fn) -> inspect.Signature:
+    """fn's signature with string annotations (`from __future__ import annotations`) evaluated in fn's module,
+    so torch.library can infer the schema of a function defined elsewhere."""
+    hints = typing.get_type_hints(fn)
+    sig = inspect.signature(fn)
+    params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()]
+    return sig.replace(parameters=params, return_annotation=hints.get("return", sig.return_annotation))
 
 
 def _signature(args: tuple):
@@ -81,18 +115,23 @@ def call(name: str, *args):
         if fast is not None:
             return fast(*args[:-1])
     _record.chosen = None
-    out = _EAGER_IMPLS[name](*args)  # raises on bad input: nothing is remembered then
+    _record.want_plan = key is not None
+    try:
+        out = _EAGER_IMPLS[name](*args)  # raises on bad input: nothing is remembered then
+    finally:
+        _record.want_plan = False
     chosen, _record.chosen = _record.chosen, None
     # Remember only when the implementation ran the backend on exactly its own arguments minus `backend`.
     if key is not None and chosen is not None and chosen[0] == name and len(chosen[1]) == len(args) - 1 \
             and all(a is b for a, b in zip(chosen[1], args[:-1], strict=True)):
         if len(_FAST) >= _FAST_MAX:
             _FAST.clear()
-        impl, entry = chosen[2], chosen[3]
+        impl, entry, plan = chosen[2], chosen[3], chosen[4]
         # A table row may name a launcher prepared for this exact signature (cute_ops/rmsnorm.py: compiled
-        # function, views and checks resolved once); it returns None where the general entry must run.
+        # function, views and checks resolved once); it returns None where the general entry must run. Triton
+        # rows get an eager launch plan where the first call allowed one (dispatch/launch_plan.py).
         prepared = _load(entry.specialize)(*args[:-1]) if entry.specialize is not None else None
-        _FAST[(name, key)] = prepared or impl
+        _FAST[(name, key)] = prepared or plan or impl
     return out
 
 
@@ -100,9 +139,15 @@ def run(op: str, backend: str, *args):
     """Run `op` on the backend the table picks for these arguments (see registry.select)."""
     entry = select(TABLE[op], op, backend, args, {})
     impl = entry.resolve_impl()
-    out = impl(*args)
-    _record.chosen = (op, args, impl, entry)  # after the call: a backend that calls other ops must not overwrite it
+    want_plan = getattr(_record, "want_plan", False) and entry.backend == "triton" and _on_cuda(args)
+    _record.want_plan = False  # a backend that calls other ops records only its own launches
+    out, plan = launch_plan.record(impl, args) if want_plan else (impl(*args), None)
+    _record.chosen = (op, args, impl, entry, plan)  # after the call: a backend calling other ops must not overwrite it
     return out
+
+
+def _on_cuda(args: tuple) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
 
 
 def backend_for(op: str, *args, backend: str = "auto") -> str:

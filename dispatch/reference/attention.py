@@ -41,9 +41,11 @@ def visible_keys(sq: int, sk: int, causal: bool, window: tuple[int, int], device
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, softmax_scale: float | None = None, causal: bool = False,
-                     window: tuple[int, int] = (-1, -1), sinks: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (total_q, Hq, Dv) in q.dtype, lse (total_q, Hq) fp32). See the module docstring."""
+                     window: tuple[int, int] = (-1, -1), sinks: torch.Tensor | None = None,
+                     key_valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (total_q, Hq, Dv) in q.dtype, lse (total_q, Hq) fp32). See the module docstring. key_valid (bool,
+    (total_k,)): keys marked False keep their position but join neither the softmax nor the output (what the
+    paged kernels do with keys behind an out-of-range page id)."""
     total_q, hq, dqk = q.shape
     hkv, dv = k.shape[1], v.shape[2]
     group = hq // hkv
@@ -62,6 +64,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         vb = v[k0:k1].to(torch.float64).repeat_interleave(group, dim=1)
         logits = torch.einsum("qhd,khd->qhk", qb, kb) * scale  # (sq, hq, sk)
         ok = visible_keys(sq, sk, causal, window, q.device).unsqueeze(1)  # (sq, 1, sk)
+        if key_valid is not None:
+            ok = ok & key_valid[k0:k1].view(1, 1, sk)
         logits = logits.masked_fill(~ok, -math.inf)
         if sink is not None:
             logits = torch.cat([logits, sink.expand(sq, hq, 1)], dim=2)
@@ -122,3 +126,64 @@ def merge_attn_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Ten
     out = (out_a.to(torch.float64) * wa.unsqueeze(-1) + out_b.to(torch.float64) * wb.unsqueeze(-1)) / den
     out = torch.where(total.unsqueeze(-1) > 0, out, torch.zeros_like(out))
     return out.to(out_a.dtype), lse.to(torch.float32)
+
+
+# ------------------------------------------------------------------------------- the ops' reference backends
+# Same signatures as the torch ops in dispatch/ops/attention.py, minus `backend`. They sync with the host
+# (.tolist()): they are the test oracle and the CPU backend, not a fast path.
+
+
+def _paged_keys(k_cache, v_cache, block_table, seqlens, k_scale, v_scale):
+    """Gather a paged cache into packed fp32 keys/values + cu_seqlens + validity: positions 0..seqlens[b]-1
+    (at most the table's capacity), page ids outside [0, num_blocks) give invalid (masked) keys; FP8 codes
+    are dequantized as code * scale (per tensor, or per KV head)."""
+    num_blocks, block_size = k_cache.shape[:2]
+    cap = block_table.shape[1] * block_size
+    ks, vs, valid, cu = [], [], [], [0]
+    for b, n in enumerate(seqlens.tolist()):
+        n = max(0, min(int(n), cap))
+        pos = torch.arange(n, device=k_cache.device)
+        page = block_table[b, pos // block_size].long() if n else pos
+        ok = (page >= 0) & (page < num_blocks)
+        page = page.clamp(0, max(num_blocks - 1, 0))
+        ks.append(_dequant(k_cache[page, pos % block_size], k_scale))
+        vs.append(_dequant(v_cache[page, pos % block_size], v_scale))
+        valid.append(ok)
+        cu.append(cu[-1] + n)
+    k = torch.cat(ks) if ks else k_cache.new_zeros(0, *k_cache.shape[2:]).float()
+    v = torch.cat(vs) if vs else v_cache.new_zeros(0, *v_cache.shape[2:]).float()
+    valid_all = torch.cat(valid) if valid else torch.zeros(0, dtype=torch.bool, device=k_cache.device)
+    return k, v, torch.tensor(cu, dtype=torch.int32, device=k_cache.device), valid_all
+
+
+def _dequant(codes, scale):
+    if codes.dtype == torch.uint8:
+        codes = codes.view(torch.float8_e4m3fn)
+    values = codes.float()
+    if scale is not None:
+        values = values * (scale.float().view(-1, 1) if scale.numel() > 1 else scale.float().reshape(()))
+    return values
+
+
+def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                      window_left, window_right, sinks, return_lse):
+    return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, (window_left, window_right),
+                            sinks)
+
+
+def attention_prefill_paged(q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q,
+                            softmax_scale, causal, window_left, window_right, sinks, k_scale, v_scale):
+    k, v, cu_k, valid = _paged_keys(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale)
+    out, lse = attention_varlen(q.float(), k, v, cu_seqlens_q, cu_k, softmax_scale, causal,
+                                (window_left, window_right), sinks, valid)
+    return out.to(q.dtype), lse
+
+
+def attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, window_left,
+                     window_right, sinks, k_scale, v_scale, num_splits):
+    bsz, sq, hq, d = q.shape
+    k, v, cu_k, valid = _paged_keys(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale)
+    cu_q = torch.arange(bsz + 1, dtype=torch.int32, device=q.device) * sq
+    out, lse = attention_varlen(q.reshape(bsz * sq, hq, d).float(), k, v, cu_q, cu_k, softmax_scale, causal,
+                                (window_left, window_right), sinks, valid)
+    return out.to(q.dtype).view(bsz, sq, hq, -1), lse.view(bsz, sq, hq)

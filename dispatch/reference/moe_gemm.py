@@ -62,15 +62,15 @@ def mxfp4_weight_dequantize(packed: torch.Tensor, scales: torch.Tensor) -> torch
     return (vals * e8m0_decode(scales.view(torch.uint8))[..., None]).reshape(e, n, kh * 2)
 
 
-def moe_gemm_bf16(a, w, m_indices, masked_m, *, row_weights=None):
+def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None):
     return _grouped(a.float(), w.float(), m_indices, masked_m, row_weights, a.dtype)
 
 
-def moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, *, row_weights=None):
+def moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights=None):
     a32 = fp8_group_dequantize(a, a_scale, FP8_BLOCK, torch.float32)
     return _grouped(a32, fp8_block_dequantize(w, w_scale), m_indices, masked_m, row_weights, torch.bfloat16)
 
 
-def moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, *, row_weights=None):
+def moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights=None):
     w32 = mxfp4_weight_dequantize(w_packed, w_scale)
     return _grouped(a.float(), w32, m_indices, masked_m, row_weights, torch.bfloat16)

@@ -37,14 +37,13 @@ import triton
 import triton.language as tl
 
 from triton_ops._formats import cast_out, e4m3_decode_fast
-from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
+from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
 from triton_ops.attention.mask import key_range, visible
 from triton_ops.attention.merge import lse_weights, weighted_sum
-from triton_ops.contract.checks import fail
+from triton_ops.contract.attention import FP8_KV, check_attention_decode
 
 LOG2E = 1.4426950408889634
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
-FP8_CACHE = (torch.float8_e4m3fn, torch.uint8)
 MAX_Q = 8  # speculative tokens per sequence; longer query runs belong to the prefill kernel
 MAX_HEAD_DIM = 256
 
@@ -183,7 +182,7 @@ def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, 
     num_blocks, bs, hkv, dv = v_cache.shape
     group = hq // hkv
     dev = q.device
-    fp8 = k_cache.dtype in FP8_CACHE
+    fp8 = k_cache.dtype in FP8_KV
     kc = k_cache.view(torch.uint8) if fp8 else k_cache
     vc = v_cache.view(torch.uint8) if fp8 else v_cache
     if q.stride(-1) != 1:
@@ -208,7 +207,7 @@ def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, 
         sinks = sinks.contiguous()
     ks = k_scale if fp8 else q
     vs = v_scale if fp8 else q
-    _decode_kernel[(bsz, hkv * m_blocks, splits)](
+    launch(_decode_kernel, (bsz, hkv * m_blocks, splits),
         q, kc, vc, block_table, seqused_k, sinks if sinks is not None else q, ks, vs, o_buf, l_buf,
         float(softmax_scale) * LOG2E, num_blocks, max_ctx, kps,
         q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
@@ -226,7 +225,7 @@ def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, 
         s_p = next_pow2(splits)
         block_d = min(next_pow2(dv), max(16, cfg.reduce_elems // s_p))
         block_r = max(1, min(next_pow2(rows), cfg.reduce_elems // (s_p * block_d)))
-        _split_reduce_kernel[(cdiv(rows, block_r), cdiv(dv, block_d))](
+        launch(_split_reduce_kernel, (cdiv(rows, block_r), cdiv(dv, block_d)),
             o_buf, l_buf, out, lse, rows, splits, dv, BLOCK_R=block_r, S_P=s_p, BLOCK_D=block_d,
             OUT_DTYPE=TL_DTYPE[q.dtype], EMULATE=emulate_formats(dev), num_warps=4)
     return out, lse
@@ -290,7 +289,7 @@ def decode_config(batch: int, sq: int, hq: int, hkv: int, max_ctx: int, d: int, 
 def supports_attention_decode(q, k_cache, v_cache, block_table, seqused_k, *rest) -> str | None:
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"q dtype {q.dtype} is not bf16 or fp16"
-    if k_cache.dtype not in FP8_CACHE + (q.dtype,) or v_cache.dtype != k_cache.dtype:
+    if k_cache.dtype not in FP8_KV + (q.dtype,) or v_cache.dtype != k_cache.dtype:
         return f"caches {k_cache.dtype}/{v_cache.dtype}: expected both {q.dtype} or both FP8 E4M3"
     if q.shape[1] > MAX_Q:
         return f"{q.shape[1]} queries per sequence > {MAX_Q} (the prefill kernel handles longer runs)"
@@ -301,42 +300,6 @@ def supports_attention_decode(q, k_cache, v_cache, block_table, seqused_k, *rest
     return None
 
 
-def _check(q, k_cache, v_cache, block_table, seqused_k, window_left, window_right, sinks, k_scale, v_scale):
-    op = "attention_decode"
-    if q.dim() != 4:
-        fail(op, "q", f"expected (B, Sq, Hq, D), got shape {tuple(q.shape)}")
-    bsz, _, hq, d = q.shape
-    if k_cache.dim() != 4 or k_cache.shape[-1] != d:
-        fail(op, "k_cache", f"expected (num_blocks, block_size, Hkv, {d}), got {tuple(k_cache.shape)}")
-    if v_cache.dim() != 4 or v_cache.shape[:3] != k_cache.shape[:3]:
-        fail(op, "v_cache", f"expected {tuple(k_cache.shape[:3])} + (Dv,), got {tuple(v_cache.shape)}")
-    hkv = k_cache.shape[2]
-    if hkv == 0 or hq % hkv:
-        fail(op, "k_cache", f"Hq={hq} is not a multiple of Hkv={hkv}")
-    if block_table.dim() != 2 or block_table.shape[0] != bsz or block_table.dtype != torch.int32:
-        fail(op, "block_table", f"expected int32 ({bsz}, max_blocks), got {block_table.dtype} "
-                                f"{tuple(block_table.shape)}")
-    if block_table.stride(1) != 1:
-        fail(op, "block_table", "rows must be contiguous")
-    if seqused_k.shape != (bsz,) or seqused_k.dtype != torch.int32 or (bsz > 1 and seqused_k.stride(0) != 1):
-        fail(op, "seqused_k", f"expected contiguous int32 ({bsz},), got {seqused_k.dtype} {tuple(seqused_k.shape)}")
-    if window_left < -1 or window_right < -1:
-        fail(op, "window_left", f"windows are -1 (unbounded) or >= 0, got ({window_left}, {window_right})")
-    if sinks is not None and (sinks.shape != (hq,) or sinks.dtype != torch.float32):
-        fail(op, "sinks", f"expected fp32 ({hq},), got {sinks.dtype} {tuple(sinks.shape)}")
-    fp8 = k_cache.dtype in FP8_CACHE
-    for name, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if not fp8:
-            if sc is not None:
-                fail(op, name, "scales apply to FP8 caches only; pass None for a 16-bit cache")
-        elif sc is None or sc.dtype != torch.float32 or sc.numel() not in (1, hkv) or sc.dim() > 1:
-            fail(op, name, f"an FP8 cache needs an fp32 scale of one element or ({hkv},) (one per KV head)")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
-                    ("seqused_k", seqused_k), ("sinks", sinks), ("k_scale", k_scale), ("v_scale", v_scale)):
-        if t is not None and t.device != q.device:
-            fail(op, name, f"is on {t.device} but 'q' is on {q.device}")
-
-
 # ----------------------------------------------------------------------------------------------- entry
 
 
@@ -345,7 +308,8 @@ def attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale:
                      cfg: DecodeConfig | None = None):
     """(out (B, Sq, Hq, Dv) in q's dtype, lse (B, Sq, Hq) fp32); see the module docstring. num_splits <= 0
     picks the split count with `choose_num_splits`; cfg overrides the whole configuration."""
-    _check(q, k_cache, v_cache, block_table, seqused_k, window_left, window_right, sinks, k_scale, v_scale)
+    check_attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, window_left,
+                           window_right, sinks, k_scale, v_scale, num_splits)
     bsz, sq, hq, d = q.shape
     max_ctx = block_table.shape[1] * k_cache.shape[1]
     cfg = cfg or decode_config(bsz, sq, hq, k_cache.shape[2], max_ctx, max(d, v_cache.shape[-1]), q.device,

@@ -16,8 +16,8 @@ import triton
 import triton.language as tl
 
 from triton_ops._formats import cast_out
-from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
-from triton_ops.contract.checks import fail
+from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
+from triton_ops.contract.attention import check_merge_attn_states
 
 
 @triton.jit
@@ -97,23 +97,13 @@ def supports_merge_attn_states(out_a, lse_a, out_b, lse_b) -> str | None:
     return None
 
 
-def _check(out_a, lse_a, out_b, lse_b) -> None:
-    op = "merge_attn_states"
-    if out_a.dim() != 3 or out_b.shape != out_a.shape:
-        fail(op, "out_b", f"expected out_a and out_b of one shape (T, H, D), got {tuple(out_a.shape)} and "
-                          f"{tuple(out_b.shape)}")
-    for name, l in (("lse_a", lse_a), ("lse_b", lse_b)):
-        if l.shape != out_a.shape[:2] or l.dtype != torch.float32:
-            fail(op, name, f"expected fp32 of shape {tuple(out_a.shape[:2])}, got {l.dtype} {tuple(l.shape)}")
-
-
 # ----------------------------------------------------------------------------------------------- entry
 
 
 def merge_attn_states(out_a, lse_a, out_b, lse_b, cfg: MergeConfig | None = None):
     """(out (T, H, D) in out_a's dtype, lse (T, H) fp32); see the module docstring. Inputs may be strided
     views (the last dim of out is made contiguous if it is not)."""
-    _check(out_a, lse_a, out_b, lse_b)
+    check_merge_attn_states(out_a, lse_a, out_b, lse_b)
     t, h, d = out_a.shape
     out = torch.empty(t, h, d, dtype=out_a.dtype, device=out_a.device)
     lse = torch.empty(t, h, dtype=torch.float32, device=out_a.device)
@@ -122,7 +112,7 @@ def merge_attn_states(out_a, lse_a, out_b, lse_b, cfg: MergeConfig | None = None
     oa = out_a if out_a.stride(-1) == 1 else out_a.contiguous()
     ob = out_b if out_b.stride(-1) == 1 else out_b.contiguous()
     cfg = cfg or merge_config(t * h, d, out_a.device)
-    _merge_kernel[(cdiv(t * h, cfg.block_r), cdiv(max(d, 1), cfg.block_d))](
+    launch(_merge_kernel, (cdiv(t * h, cfg.block_r), cdiv(max(d, 1), cfg.block_d)),
         oa, lse_a, ob, lse_b, out, lse, t, h, d, oa.stride(0), oa.stride(1), ob.stride(0), ob.stride(1),
         lse_a.stride(0), lse_a.stride(1), lse_b.stride(0), lse_b.stride(1),
         BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d, OUT_DTYPE=TL_DTYPE[out_a.dtype],

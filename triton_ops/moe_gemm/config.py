@@ -14,10 +14,10 @@ import torch
 
 from triton_ops._launch import next_pow2
 from triton_ops.contract.arch import arch_of
+from triton_ops.contract.formats import MXFP4_BLOCK
+from triton_ops.contract.moe_gemm import FP8_BLOCK
 
 KINDS = ("bf16", "fp8", "mxfp4")
-FP8_BLOCK = 128  # DeepGEMM block scales: 1x128 on activations, 128x128 on weights
-MXFP4_BLOCK = 32  # one E8M0 scale per 32 weights along K
 
 # archs with ~100 KB of shared memory per SM (consumer parts): one pipeline stage fewer on big tiles
 _SMALL_SMEM_ARCHS = ("sm_86", "sm_89", "sm_120")

@@ -31,8 +31,15 @@ import triton
 import triton.language as tl
 
 from triton_ops._formats import cast_out
-from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats
-from triton_ops.contract.checks import check_dtype, check_same_device, check_tensor, fail
+from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch
+from triton_ops.contract.moe_gemm import (
+    check_bf16,
+    check_fp8,
+    check_mxfp4,
+    check_row_weights,
+    contiguous_ids,
+    fp4_views,
+)
 
 from .config import FP8_BLOCK, MXFP4_BLOCK, MoeGemmConfig, pick_config, rows_per_expert
 from .dequant import e4m3_operand, mma, mxfp4_tile_t
@@ -170,7 +177,7 @@ def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, row_weights, out_
     ids = masked_m if masked else m_indices
     grid = (cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n), e if masked else 1)
     dummy = w  # never read when the kind has no scales
-    _moe_gemm_kernel[grid](
+    launch(_moe_gemm_kernel, grid,
         a, dummy if a_scale is None else a_scale, w, dummy if w_scale is None else w_scale, ids,
         dummy if row_weights is None else row_weights.contiguous(), out,
         rows, n, k, e, sae, sam, *sa, w.stride(0), w.stride(1), *sw,
@@ -184,112 +191,6 @@ def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, row_weights, out_
 # ---------------------------------------------------------------------------------------------- checks
 
 
-def _shape(t) -> tuple:
-    return tuple(t.shape)
-
-
-def _check_layout(op, a, w, m_indices, masked_m):
-    """Common checks: tensors, devices, the layout pair, a's rank, K-contiguous operands. Returns E."""
-    check_tensor(op, "a", a)
-    check_tensor(op, "w", w)
-    check_same_device(op, "a", a, "w", w)
-    if (m_indices is None) == (masked_m is None):
-        fail(op, "m_indices", "give exactly one of m_indices (contiguous layout, a 2-D) and masked_m "
-                              "(masked layout, a 3-D)")
-    if w.dim() != 3:
-        fail(op, "w", f"expected (E, N, K) weights, got shape {_shape(w)}")
-    e = w.shape[0]
-    if m_indices is not None:
-        check_tensor(op, "m_indices", m_indices)
-        if a.dim() != 2:
-            fail(op, "a", f"the contiguous layout takes a 2-D (M, K) activation, got shape {_shape(a)}")
-        check_dtype(op, "m_indices", m_indices, (torch.int32,))
-        if _shape(m_indices) != (a.shape[0],):
-            fail(op, "m_indices", f"expected shape ({a.shape[0]},) (one expert id per row of a), got "
-                                  f"{_shape(m_indices)}")
-        check_same_device(op, "a", a, "m_indices", m_indices)
-    else:
-        check_tensor(op, "masked_m", masked_m)
-        if a.dim() != 3 or a.shape[0] != e:
-            fail(op, "a", f"the masked layout takes a 3-D (E={e}, max_m, K) activation, got shape {_shape(a)}")
-        check_dtype(op, "masked_m", masked_m, (torch.int32,))
-        if _shape(masked_m) != (e,):
-            fail(op, "masked_m", f"expected shape ({e},) (one row count per expert), got {_shape(masked_m)}")
-        check_same_device(op, "a", a, "masked_m", masked_m)
-    for name, t in (("a", a), ("w", w)):
-        if t.shape[-1] > 1 and t.stride(-1) != 1:
-            fail(op, name, f"the last (K) dim must be contiguous, got strides {t.stride()}; call .contiguous()")
-    return e
-
-
-def _check_scale(op, arg, s, want: tuple, a):
-    check_tensor(op, arg, s)
-    check_dtype(op, arg, s, (torch.float32,))
-    if _shape(s) != want:
-        fail(op, arg, f"expected shape {want}, got {_shape(s)}")
-    check_same_device(op, "a", a, arg, s)
-
-
-def _ids(m_indices, masked_m):
-    return (None if m_indices is None else m_indices.contiguous(),
-            None if masked_m is None else masked_m.contiguous())
-
-
-def check_bf16(a, w, m_indices, masked_m) -> None:
-    op = "moe_gemm_bf16"
-    _check_layout(op, a, w, m_indices, masked_m)
-    check_dtype(op, "a", a, (torch.bfloat16, torch.float16))
-    if w.dtype != a.dtype:
-        fail(op, "w", f"dtype {str(w.dtype).removeprefix('torch.')} differs from a's "
-                      f"{str(a.dtype).removeprefix('torch.')}")
-    if w.shape[2] != a.shape[-1]:
-        fail(op, "w", f"expected (E, N, K={a.shape[-1]}), got shape {_shape(w)}")
-
-
-def check_fp8(a, a_scale, w, w_scale, m_indices, masked_m) -> None:
-    op = "moe_gemm_fp8"
-    e = _check_layout(op, a, w, m_indices, masked_m)
-    check_dtype(op, "a", a, (torch.float8_e4m3fn,))
-    check_dtype(op, "w", w, (torch.float8_e4m3fn,))
-    k = a.shape[-1]
-    if k % FP8_BLOCK:
-        fail(op, "a", f"K={k} is not a multiple of {FP8_BLOCK} (one fp32 scale per 128 columns)")
-    if w.shape[2] != k:
-        fail(op, "w", f"expected (E, N, K={k}), got shape {_shape(w)}")
-    _check_scale(op, "a_scale", a_scale, (*a.shape[:-1], k // FP8_BLOCK), a)
-    _check_scale(op, "w_scale", w_scale, (e, cdiv(w.shape[1], FP8_BLOCK), k // FP8_BLOCK), a)
-
-
-def _fp4_views(w_packed, w_scale):
-    """uint8 views of torch's packed-FP4 / E8M0 dtypes (same bytes)."""
-    fp4 = getattr(torch, "float4_e2m1fn_x2", None)
-    e8m0 = getattr(torch, "float8_e8m0fnu", None)
-    if fp4 is not None and isinstance(w_packed, torch.Tensor) and w_packed.dtype == fp4:
-        w_packed = w_packed.view(torch.uint8)
-    if e8m0 is not None and isinstance(w_scale, torch.Tensor) and w_scale.dtype == e8m0:
-        w_scale = w_scale.view(torch.uint8)
-    return w_packed, w_scale
-
-
-def check_mxfp4(a, w_packed, w_scale, m_indices, masked_m) -> None:
-    op = "moe_gemm_mxfp4"
-    w_packed, w_scale = _fp4_views(w_packed, w_scale)
-    e = _check_layout(op, a, w_packed, m_indices, masked_m)
-    check_dtype(op, "a", a, (torch.bfloat16,))
-    check_dtype(op, "w", w_packed, (torch.uint8,))
-    k = a.shape[-1]
-    if k % MXFP4_BLOCK:
-        fail(op, "a", f"K={k} is not a multiple of {MXFP4_BLOCK} (one E8M0 scale per 32 weights)")
-    if w_packed.shape[2] * 2 != k:
-        fail(op, "w", f"expected packed (E, N, K/2={k // 2}) bytes, got shape {_shape(w_packed)}")
-    check_tensor(op, "w_scale", w_scale)
-    check_dtype(op, "w_scale", w_scale, (torch.uint8,))
-    want = (e, w_packed.shape[1], k // MXFP4_BLOCK)
-    if _shape(w_scale) != want:
-        fail(op, "w_scale", f"expected shape {want}, got {_shape(w_scale)}")
-    check_same_device(op, "a", a, "w_scale", w_scale)
-
-
 # ---------------------------------------------------------------------------------------------- supports
 
 
@@ -299,13 +200,13 @@ def _grid_refusal(w, masked_m) -> str | None:
     return None
 
 
-def supports_moe_gemm_bf16(a, w, m_indices, masked_m) -> str | None:
+def supports_moe_gemm_bf16(a, w, m_indices, masked_m, *rest) -> str | None:
     if a.dtype not in (torch.bfloat16, torch.float16):
         return f"activations {a.dtype} are not bf16 / fp16"
     return _grid_refusal(w, masked_m)
 
 
-def supports_moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m) -> str | None:
+def supports_moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, *rest) -> str | None:
     if a.shape[-1] % FP8_BLOCK:
         return f"K={a.shape[-1]} is not a multiple of {FP8_BLOCK}: BLOCK_K is 128, one scale per K tile"
     if a.dtype != torch.float8_e4m3fn or w.dtype != torch.float8_e4m3fn:
@@ -313,7 +214,7 @@ def supports_moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m) -> str | 
     return _grid_refusal(w, masked_m)
 
 
-def supports_moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m) -> str | None:
+def supports_moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, *rest) -> str | None:
     if a.dtype != torch.bfloat16:
         return f"activations {a.dtype}: W4A16 takes bf16 (E8M0-scaled weights can leave fp16's range)"
     if a.shape[-1] % MXFP4_BLOCK:
@@ -324,45 +225,33 @@ def supports_moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m) -> str | 
 # ---------------------------------------------------------------------------------------------- entries
 
 
-def check_row_weights(op, a, row_weights) -> None:
-    """row_weights: fp32, one per row of the layout (contiguous (M,), masked (E, max_m))."""
-    if row_weights is None:
-        return
-    check_tensor(op, "row_weights", row_weights)
-    check_dtype(op, "row_weights", row_weights, (torch.float32,))
-    if _shape(row_weights) != _shape(a)[:-1]:
-        fail(op, "row_weights", f"expected shape {_shape(a)[:-1]} (one weight per row of a), got "
-                                f"{_shape(row_weights)}")
-    check_same_device(op, "a", a, "row_weights", row_weights)
-
-
-def moe_gemm_bf16(a, w, m_indices, masked_m, *, row_weights=None, config: MoeGemmConfig | None = None):
+def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None, *, config: MoeGemmConfig | None = None):
     """(M, K) x (E, N, K) -> (M, N) (contiguous) or (E, max_m, K) -> (E, max_m, N) (masked); a's dtype.
     row_weights (fp32, a.shape[:-1]): computed rows are scaled by it before rounding (GEMM2 top-k weights)."""
     check_bf16(a, w, m_indices, masked_m)
     check_row_weights("moe_gemm_bf16", a, row_weights)
-    m_indices, masked_m = _ids(m_indices, masked_m)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch("bf16", a, None, w, None, m_indices, masked_m, row_weights, a.dtype, config)
 
 
-def moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, *, row_weights=None,
+def moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights=None, *,
                  config: MoeGemmConfig | None = None):
     """E4M3 W8A8 with 1x128 activation and 128x128 weight scales (any strides: row-major or the
     column-major TMA-aligned scales fp8_group_quantize writes) -> bf16. row_weights: as moe_gemm_bf16."""
     check_fp8(a, a_scale, w, w_scale, m_indices, masked_m)
     check_row_weights("moe_gemm_fp8", a, row_weights)
-    m_indices, masked_m = _ids(m_indices, masked_m)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch("fp8", a.view(torch.uint8), a_scale, w.view(torch.uint8), w_scale, m_indices, masked_m,
                    row_weights, torch.bfloat16, config)
 
 
-def moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, *, row_weights=None,
+def moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights=None, *,
                    config: MoeGemmConfig | None = None, dot_scaled: bool = False):
     """bf16 activations x MXFP4 weights -> bf16. row_weights: as moe_gemm_bf16. dot_scaled: tl.dot_scaled
     (lhs "bf16", rhs "e2m1" packed along K + E8M0 scales) instead of the in-register dequantization."""
     check_mxfp4(a, w_packed, w_scale, m_indices, masked_m)
     check_row_weights("moe_gemm_mxfp4", a, row_weights)
-    w_packed, w_scale = _fp4_views(w_packed, w_scale)
-    m_indices, masked_m = _ids(m_indices, masked_m)
+    w_packed, w_scale = fp4_views(w_packed, w_scale)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch("mxfp4", a, None, w_packed, w_scale, m_indices, masked_m, row_weights, torch.bfloat16, config,
                    dot_scaled)

@@ -1,0 +1,240 @@
+"""Eager launch plans: the host path of a Triton op reduced to its allocations and its compiled launches.
+
+A Triton backend function does its Python work on every call: views and strides, the config choice, output
+allocation, and Triton's `JITFunction.run` (argument binding, specialization key, cache lookup). Given one call
+signature (tensor metadata and plain arguments: dispatch/ops/_common.py `_signature`), all of that is fixed
+except the data pointers. So the first eager call of a signature runs the backend once under a recorder that
+sees every aten op and every `triton_ops._launch.launch`, and derives a plan:
+
+* allocations: the tensors the call created (shape, strides, dtype), re-created per call with torch.empty_strided,
+  zero-filled where the call zeroed them whole;
+* launches: each compiled kernel with its grid and its arguments, where a tensor argument becomes "the data
+  pointer of input i / allocation j plus a byte offset" (raw pointers: Triton's launcher takes ints), and every
+  other argument a constant;
+* outputs: which allocation (or input) each returned tensor is, as a view with its shape, strides and dtype.
+
+The plan is used only when it reproduces the recorded call exactly: rebuilt from the recorded call's own tensors,
+every pointer and every output must come out identical, and the call must have done nothing but allocate, zero,
+take views and launch (any other aten op, a launch argument of another kind, such as a TMA descriptor, or a
+Triton launch hook -> no plan; the backend function then runs as usual). Plans replay on the current device's
+current stream, as Triton's own launch does, so CUDA-graph capture works unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+log = logging.getLogger("lowbit.dispatch")
+aten = torch.ops.aten
+
+# Ops that create fresh memory (their result becomes an allocation of the plan).
+_FACTORIES = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
+              aten.new_empty_strided.default, aten.empty_like.default}
+_ZEROING = {aten.zero_.default, aten.fill_.Scalar}
+# Triton launch options: keyword arguments of a launch that are not kernel parameters.
+_PLAIN = (int, float, bool, str, type(None), torch.dtype)
+
+
+class _OpLog(TorchDispatchMode):
+    """Runs every aten op and remembers (op, args, kwargs, result)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func, args, kwargs or {}, out))
+        return out
+
+
+def _is_view_op(func, args, out) -> bool:
+    """An op whose result only aliases one of its tensor inputs (no data written or copied)."""
+    if not isinstance(out, torch.Tensor) or func._schema.name.endswith("_") or "copy" in func._schema.name:
+        return False
+    base = out.untyped_storage().data_ptr()
+    return any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == base for a in args)
+
+
+@dataclasses.dataclass
+class _Alloc:
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    zero: bool = False
+
+
+@dataclasses.dataclass
+class LaunchPlan:
+    device: torch.device
+    allocs: list  # [_Alloc]
+    launches: list  # [(run, function, packed_metadata, grid3, [arg spec])]
+    outputs: object  # spec tree of the returned value
+    keep: list  # tensors the launches read that the call did not create (the backend's persistent buffers)
+
+    def __call__(self, *args):
+        dev = self.device
+        allocs = []
+        for a in self.allocs:
+            t = torch.empty_strided(a.shape, a.stride, dtype=a.dtype, device=dev)
+            if a.zero:
+                t.zero_()
+            allocs.append(t)
+        stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+        for run, function, metadata, grid, specs in self.launches:
+            values = [_value(s, args, allocs) for s in specs]
+            run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *values)
+        return _rebuild(self.outputs, args, allocs)
+
+
+def _value(spec, args, allocs):
+    kind = spec[0]
+    if kind == "const":
+        return spec[1]
+    root = args[spec[1]] if kind == "input" else allocs[spec[1]]
+    return root.data_ptr() + spec[2]
+
+
+def _rebuild(spec, args, allocs):
+    kind = spec[0]
+    if kind == "tuple":
+        return tuple(_rebuild(s, args, allocs) for s in spec[1])
+    if kind == "const":
+        return spec[1]
+    root = args[spec[1]] if kind == "input" else allocs[spec[1]]
+    if spec[2] is None:  # the root itself
+        return root
+    shape, stride, offset, dtype = spec[2]
+    base = root if root.dtype == dtype else root.view(dtype)
+    return base.as_strided(shape, stride, offset)
+
+
+def _bound_values(record) -> list | None:
+    """The kernel's parameters in order, as Triton's launch passes them to the compiled kernel's launcher."""
+    kernel = record.kernel
+    params = getattr(kernel, "signature", None)
+    if not isinstance(params, inspect.Signature):
+        return None
+    kw = {k: v for k, v in record.kwargs.items() if k in params.parameters}
+    bound = params.bind(*record.args, **kw)
+    bound.apply_defaults()
+    return list(bound.arguments.values())
+
+
+def _locate(t: torch.Tensor, inputs: dict, allocs: list):
+    """("input", i, byte offset) / ("alloc", j, byte offset) of the root holding t's data, else None."""
+    base = t.untyped_storage().data_ptr()
+    for j, a in enumerate(allocs):
+        if a.untyped_storage().data_ptr() == base:
+            return ("alloc", j, t.data_ptr() - a.data_ptr())
+    for i, x in inputs.items():
+        if x.untyped_storage().data_ptr() == base:
+            return ("input", i, t.data_ptr() - x.data_ptr())
+    return None
+
+
+def _output_spec(value, inputs: dict, allocs: list):
+    if isinstance(value, (tuple, list)):
+        parts = [_output_spec(v, inputs, allocs) for v in value]
+        return None if any(p is None for p in parts) else ("tuple", parts)
+    if not isinstance(value, torch.Tensor):
+        return ("const", value) if isinstance(value, _PLAIN) else None
+    for j, a in enumerate(allocs):
+        if value is a:
+            return ("alloc", j, None)
+    for i, x in inputs.items():
+        if value is x:
+            return ("input", i, None)
+    where = _locate(value, inputs, allocs)
+    if where is None or where[0] == "input":
+        return None
+    return (where[0], where[1], (tuple(value.shape), value.stride(), value.storage_offset(), value.dtype))
+
+
+def record(impl, args: tuple):
+    """Run impl(*args) once while recording; return (its result, a LaunchPlan or None)."""
+    from triton import knobs
+
+    from triton_ops._launch import recording_launches
+
+    with recording_launches() as launches, _OpLog() as oplog:
+        out = impl(*args)
+    try:
+        plan = _derive(out, args, launches, oplog.ops, knobs)
+    except Exception as exc:  # a plan is an optimisation of a correct call that already ran: say why, run as usual
+        log.debug("lowbit launch plan: none (%s: %s)", type(exc).__name__, exc)
+        plan = None
+    return out, plan
+
+
+def _derive(out, args, launches, ops, knobs):
+    if not launches or knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+        return None
+    inputs = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    devices = {a.device for a in inputs.values()}
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        return None
+    device = next(iter(devices))
+    allocs, alloc_meta = [], []
+    for func, fargs, _, res in ops:
+        if func in _FACTORIES:
+            allocs.append(res)
+            alloc_meta.append(_Alloc(tuple(res.shape), res.stride(), res.dtype))
+        elif func in _ZEROING:
+            target = fargs[0]
+            if func is aten.fill_.Scalar and fargs[1] != 0:
+                return None
+            hit = [j for j, a in enumerate(allocs) if a.data_ptr() == target.data_ptr()
+                   and a.numel() == target.numel() and target.is_contiguous() and a.is_contiguous()]
+            if not hit:
+                return None
+            alloc_meta[hit[0]].zero = True
+        elif not _is_view_op(func, fargs, res):
+            return None
+    keep, plan_launches = [], []
+    for rec in launches:
+        values = _bound_values(rec)
+        if values is None or rec.compiled is None:
+            return None
+        specs = []
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                where = _locate(v, inputs, allocs)
+                if where is None:  # a buffer the backend keeps across calls: its address is a constant
+                    keep.append(v)
+                    where = ("const", v.data_ptr())
+                specs.append(where)
+            elif isinstance(v, _PLAIN) or type(v).__name__ == "constexpr":
+                specs.append(("const", v))
+            else:
+                return None
+        grid = tuple(rec.grid) + (1,) * (3 - len(rec.grid))
+        compiled = rec.compiled
+        plan_launches.append((compiled.run, compiled.function, compiled.packed_metadata, grid, specs))
+    outputs = _output_spec(out, inputs, allocs)
+    if outputs is None:
+        return None
+    plan = LaunchPlan(device, alloc_meta, plan_launches, outputs, keep)
+    # Self-check against the recorded call: rebuilt from its own tensors, every pointer and output must match.
+    for (_, _, _, _, specs), rec in zip(plan_launches, launches, strict=True):
+        for spec, v in zip(specs, _bound_values(rec), strict=True):
+            if isinstance(v, torch.Tensor) and spec[0] != "const" and _value(spec, args, allocs) != v.data_ptr():
+                return None
+    rebuilt = _rebuild(outputs, args, allocs)
+    if not _same_tree(rebuilt, out):
+        return None
+    return plan
+
+
+def _same_tree(a, b) -> bool:
+    if isinstance(b, (tuple, list)):
+        return isinstance(a, tuple) and len(a) == len(b) and all(_same_tree(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+                and a.stride() == b.stride() and a.dtype == b.dtype)
+    return a is b or a == b

@@ -1,0 +1,208 @@
+"""Attention ops (prefill, paged prefill, paged decode with split-KV, LSE merge): torch.library registration,
+fakes, typed public API. Contract: dispatch/reference/attention.py; docs: docs/attention.md.
+
+Semantics shared by every op and backend: bottom-right aligned causal masks, sliding windows (left, right; -1 =
+unbounded), per-query-head sink logits in the softmax denominator (GPT-OSS), GQA/MQA (query head h reads KV head
+h // (Hq // Hkv)), natural-log LSE (sink included). Index values are never read on the host: out-of-range
+cu_seqlens are clamped and out-of-range page ids give masked keys inside the kernels (docs/attention.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from triton_ops.contract.attention import (
+    check_attention_decode,
+    check_attention_prefill,
+    check_attention_prefill_paged,
+    check_merge_attn_states,
+)
+from triton_ops.contract.checks import check_tensor, fail
+
+from ._common import call, lowbit_op
+
+
+def _lse_like(q: Tensor, lead: tuple) -> Tensor:
+    return q.new_empty((*lead, q.shape[-2]), dtype=torch.float32)
+
+
+@lowbit_op("attention_prefill", mutates_args=(), check=check_attention_prefill)
+def _attention_prefill(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                       max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float | None, causal: bool,
+                       window_left: int, window_right: int, sinks: Tensor | None, return_lse: bool,
+                       backend: str) -> tuple[Tensor, Tensor]:
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), _lse_like(q, q.shape[:1])
+
+
+@lowbit_op("attention_prefill_paged", mutates_args=(), check=check_attention_prefill_paged)
+def _attention_prefill_paged(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor, block_table: Tensor,
+                             seqused_k: Tensor, max_seqlen_q: int, softmax_scale: float | None, causal: bool,
+                             window_left: int, window_right: int, sinks: Tensor | None, k_scale: Tensor | None,
+                             v_scale: Tensor | None, backend: str) -> tuple[Tensor, Tensor]:
+    return q.new_empty((*q.shape[:-1], v_cache.shape[-1])), _lse_like(q, q.shape[:1])
+
+
+@lowbit_op("attention_decode", mutates_args=(), check=check_attention_decode)
+def _attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seqused_k: Tensor,
+                      softmax_scale: float | None, causal: bool, window_left: int, window_right: int,
+                      sinks: Tensor | None, k_scale: Tensor | None, v_scale: Tensor | None, num_splits: int,
+                      backend: str) -> tuple[Tensor, Tensor]:
+    return q.new_empty((*q.shape[:-1], v_cache.shape[-1])), _lse_like(q, q.shape[:2])
+
+
+@lowbit_op("merge_attn_states", mutates_args=(), check=check_merge_attn_states)
+def _merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor,
+                       backend: str) -> tuple[Tensor, Tensor]:
+    return out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
+
+
+def _window(window) -> tuple[int, int]:
+    left, right = window
+    return int(left), int(right)
+
+
+def _scale(softmax_scale, q) -> float | None:
+    """The default 1/sqrt(Dqk), resolved before the op (the checks reject a q that is not a tensor)."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(q.shape[-1]) if isinstance(q, Tensor) and q.dim() else None
+    return float(softmax_scale)
+
+
+def attention_prefill(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                     max_seqlen_q: int, max_seqlen_k: int, *, softmax_scale: float | None = None,
+                     causal: bool = False, window: tuple[int, int] = (-1, -1), sinks: Tensor | None = None,
+                     return_lse: bool = False, backend: str = "auto") -> Tensor | tuple[Tensor, Tensor]:
+    """Packed varlen prefill: q (total_q, Hq, Dqk), k (total_k, Hkv, Dqk), v (total_k, Hkv, Dv), bf16/fp16;
+    cu_seqlens_q/k int32 (B + 1); max_seqlen_q sizes the grid (an upper bound: rows past it are not written).
+    Returns out (total_q, Hq, Dv), and lse (total_q, Hq) fp32 when return_lse."""
+    out, lse = call("attention_prefill", q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                    _scale(softmax_scale, q), bool(causal), *_window(window), sinks, bool(return_lse),
+                    backend)
+    return (out, lse) if return_lse else out
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale: float | None = None, causal: bool = False,
+              window: tuple[int, int] = (-1, -1), sinks: Tensor | None = None, return_lse: bool = False,
+              backend: str = "auto") -> Tensor | tuple[Tensor, Tensor]:
+    """Batched form (B, Sq, Hq, D) / (B, Sk, Hkv, D) of `attention_prefill`: out (B, Sq, Hq, Dv), lse (B, Sq, Hq)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor("attention", name, t)
+        if t.dim() != 4:
+            fail("attention", name, f"expected (B, S, H, D), got shape {tuple(t.shape)}")
+    b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    cu_q = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sq
+    cu_k = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sk
+    res = attention_prefill(q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
+                           v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, sq, sk, softmax_scale=softmax_scale,
+                           causal=causal, window=window, sinks=sinks, return_lse=True, backend=backend)
+    out, lse = res[0].view(b, sq, *res[0].shape[1:]), res[1].view(b, sq, -1)
+    return (out, lse) if return_lse else out
+
+
+def attention_prefill_paged(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor, block_table: Tensor,
+                            seqused_k: Tensor, max_seqlen_q: int, *, softmax_scale: float | None = None,
+                            causal: bool = True, window: tuple[int, int] = (-1, -1), sinks: Tensor | None = None,
+                            k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+                            return_lse: bool = False, backend: str = "auto") -> Tensor | tuple[Tensor, Tensor]:
+    """Chunked prefill over a paged cache: sequence b's keys are positions 0..seqused_k[b]-1 of k_cache / v_cache
+    (num_blocks, block_size, Hkv, D), read through block_table[b] (int32); its new queries (cu_seqlens_q) are the
+    last positions. FP8 caches (float8_e4m3fn or uint8 E4M3 bytes) need per-tensor fp32 k_scale / v_scale
+    (value = code * scale, as `paged_kv_write_fp8` writes them). Page ids outside [0, num_blocks) give masked keys."""
+    out, lse = call("attention_prefill_paged", q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k,
+                    int(max_seqlen_q), _scale(softmax_scale, q), bool(causal), *_window(window), sinks,
+                    k_scale, v_scale, backend)
+    return (out, lse) if return_lse else out
+
+
+def attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, seqused_k: Tensor, *,
+                     softmax_scale: float | None = None, causal: bool = True, window: tuple[int, int] = (-1, -1),
+                     sinks: Tensor | None = None, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+                     num_splits: int = 0, return_lse: bool = False,
+                     backend: str = "auto") -> Tensor | tuple[Tensor, Tensor]:
+    """Paged decode: q (B, Sq, Hq, D) with Sq in 1..8 (query s sits at key position seqused_k[b] - Sq + s;
+    causal among them), caches (num_blocks, block_size, Hkv, D) in q's dtype or FP8 with per-tensor or per-KV-head
+    fp32 scales. num_splits <= 0 picks the split-KV count from static sizes (never from seqused_k: CUDA graphs
+    replay with new lengths). Returns out (B, Sq, Hq, Dv), and lse (B, Sq, Hq) when return_lse."""
+    out, lse = call("attention_decode", q, k_cache, v_cache, block_table, seqused_k, _scale(softmax_scale, q),
+                    bool(causal), *_window(window), sinks, k_scale, v_scale, int(num_splits), backend)
+    return (out, lse) if return_lse else out
+
+
+def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, *,
+                      backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """Merge two attention results over disjoint key sets (vLLM merge_attn_states semantics): out (T, H, D),
+    lse (T, H) fp32 (any strides: vLLM's (H, T) buffer passed transposed works). A part with lse -inf adds
+    nothing; both -inf give out 0, lse -inf."""
+    return call("merge_attn_states", out_a, lse_a, out_b, lse_b, backend)
+
+
+# ------------------------------------------------------------------------------------------ self-check
+
+
+def self_check_cases() -> list:
+    """Cases for `python -m dispatch check` (GPT-OSS-like heads: hd 64, 8 query heads per KV head, sinks)."""
+    from ..selfcheck import Case
+
+    def gen(seed):
+        return torch.Generator().manual_seed(seed)
+
+    def prefill(dev, small):
+        g = gen(5)
+        lens = [7, 0, 19, 1] if small else [1024, 3000, 17, 4096]
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+        t, hq, hkv, d = cu[-1].item(), 8, 2, 64
+        q = torch.randn(t, hq, d, generator=g).bfloat16()
+        k = torch.randn(t, hkv, d, generator=g).bfloat16()
+        v = torch.randn(t, hkv, d, generator=g).bfloat16()
+        sinks = torch.randn(hq, generator=g)
+        return (q.to(dev), k.to(dev), v.to(dev), cu.to(dev), cu.to(dev), max(lens), max(lens), 0.125, True, 128, 0,
+                sinks.to(dev), True)
+
+    def paged(dev, small, decode):
+        g = gen(6)
+        b, bs, hq, hkv, d = (3, 16, 8, 2, 64) if small else (8, 64, 64, 8, 64)
+        lens = torch.randint(1, 40 if small else 4000, (b,), generator=g, dtype=torch.int32)
+        max_blocks = -(-int(lens.max()) // bs)
+        nb = b * max_blocks + 3
+        table = torch.randperm(nb, generator=g)[: b * max_blocks].view(b, max_blocks).to(torch.int32)
+        kc = torch.randn(nb, bs, hkv, d, generator=g).bfloat16()
+        vc = torch.randn(nb, bs, hkv, d, generator=g).bfloat16()
+        sinks = torch.randn(hq, generator=g)
+        if decode:
+            q = torch.randn(b, 2, hq, d, generator=g).bfloat16()
+            return (q.to(dev), kc.to(dev), vc.to(dev), table.to(dev), lens.to(dev), 0.125, True, -1, -1,
+                    sinks.to(dev), None, None, 0)
+        new = torch.minimum(lens, torch.tensor(5))
+        cu = torch.tensor([0] + new.cumsum(0).tolist(), dtype=torch.int32)
+        q = torch.randn(int(cu[-1]), hq, d, generator=g).bfloat16()
+        return (q.to(dev), kc.to(dev), vc.to(dev), cu.to(dev), table.to(dev), lens.to(dev), int(new.max()), 0.125,
+                True, -1, -1, sinks.to(dev), None, None)
+
+    def merge(dev, small):
+        g = gen(7)
+        t, h, d = (9, 4, 64) if small else (4096, 32, 128)
+        lse_a = torch.randn(t, h, generator=g) * 3
+        lse_b = torch.randn(t, h, generator=g) * 3
+        lse_a[0] = -math.inf
+        return (torch.randn(t, h, d, generator=g).bfloat16().to(dev), lse_a.to(dev),
+                torch.randn(t, h, d, generator=g).bfloat16().to(dev), lse_b.to(dev))
+
+    def close(out, ref):
+        o, r = out[0].float(), ref[0].float()
+        err = float((o - r).abs().max() / r.abs().max().clamp_min(1e-30)) if r.numel() else 0.0
+        finite = torch.isfinite(ref[1])
+        lse_ok = bool(torch.equal(torch.isfinite(out[1]), finite)) and (
+            not finite.any() or float((out[1][finite] - ref[1][finite]).abs().max()) <= 1e-2)
+        return err <= 2e-2 and lse_ok, f"normalized error {err:.2e}, lse {'ok' if lse_ok else 'differs'}"
+
+    return [
+        Case("attention_prefill", prefill, close, label="varlen hd64 GQA 8, causal, window 128, sinks"),
+        Case("attention_prefill_paged", lambda dev, small: paged(dev, small, False), close,
+             label="paged bf16, page 16/64, sinks"),
+        Case("attention_decode", lambda dev, small: paged(dev, small, True), close,
+             label="paged bf16, Sq=2, sinks, auto splits"),
+        Case("merge_attn_states", merge, close, label="bf16, a -inf row"),
+    ]

@@ -1,0 +1,54 @@
+"""Eager launch plans (dispatch/launch_plan.py): the second eager call of a signature replays the first call's
+allocations and compiled launches; it must give the reference's result on new values, for every op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dispatch.ops import _common
+from dispatch.selfcheck import all_cases, byte_mismatches
+from dispatch.table import TABLE
+
+
+def _perturbed(args: tuple, seed: int) -> tuple:
+    """Same metadata (so the same signature), new values for every floating-point tensor."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.element_size() > 1:
+            noise = torch.rand(a.shape, generator=g, device=a.device, dtype=torch.float32) + 0.5
+            b = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+            b.copy_((a.float() * noise).to(a.dtype))
+            out.append(b)
+        elif isinstance(a, torch.Tensor):
+            out.append(a.clone())
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+CASES = all_cases()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.op}-{i}" for i, c in enumerate(CASES)])
+def test_replayed_call_matches_reference(case):
+    args = case.make_args(torch.device("cuda"), True)
+    _common._FAST.clear()
+    first = _perturbed(args, 1)
+    _common.call(case.op, *first, "auto")  # records; in-place ops mutate `first`, not what is checked below
+    second = _perturbed(args, 2)
+    ref_args = _perturbed(args, 2)  # the same values, for the reference
+    key = (case.op, _common._signature((*second, "auto")))
+    fast = _common._FAST.get(key)
+    out = _common.call(case.op, *second, "auto")
+    want = getattr(torch.ops.lowbit, case.op)(*ref_args, "torch")
+    if out is not None:
+        ok, msg = case.compare(out, want)
+        assert ok, f"{case.op} ({case.label}) through {type(fast).__name__}: {msg}"
+    for i, (got, ref) in enumerate(zip(second, ref_args, strict=True)):  # in-place ops: the written buffers
+        if isinstance(got, torch.Tensor):
+            assert byte_mismatches(got, ref) == 0, f"{case.op}: argument {i} differs after the replayed call"
+    if _common._signature((*second, "auto")) is not None and any(e.backend == "triton" for e in TABLE[case.op]):
+        print(f"{case.op}: {type(fast).__name__}")  # which ops replay a plan (-s shows it)
