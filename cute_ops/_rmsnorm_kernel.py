@@ -32,6 +32,8 @@ from cutlass import Float32, Float64, Int32, Uint8, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from triton_ops.contract.formats import NVFP4_MIN_GLOBAL_SCALE
+
 E4M3_MAX = 448.0
 
 
@@ -303,7 +305,8 @@ class RMSNormKernel:
         for i in cutlass.range_constexpr(iters):
             v = yr[None, None, i].load().to(Float32)
             amax = _group_max(_amax_nan(v, vec), lanes)
-            s = _div6(amax, exact16) / gs if gs != Float32(0.0) else Float32(0.0)
+            # |gs| < 2^-118 (contract.formats.NVFP4_MIN_GLOBAL_SCALE) counts as 0: zero scales, +-0 codes
+            s = _div6(amax, exact16) / gs if abs(gs) >= Float32(NVFP4_MIN_GLOBAL_SCALE) else Float32(0.0)
             sbits = _e4m3_bits(s)
             s32 = _e4m3_value(sbits)
             inv = inv_gs / s32 if s32 != Float32(0.0) else Float32(0.0)  # per block, as the reference

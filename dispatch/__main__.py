@@ -27,11 +27,21 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_selfcheck(json_path=args.json, ops=args.ops)
 
-    from triton_ops.contract.arch import normalize_arch, resolve_arch
+    from triton_ops.contract.arch import ARCH_ENV, KNOWN_ARCHS, normalize_arch, resolve_arch
 
     from .describe import format_table
+    from .registry import unsupported_arch_message
 
-    arch = normalize_arch(args.arch) if args.arch else resolve_arch()
+    try:
+        arch = normalize_arch(args.arch) if args.arch else resolve_arch()
+    except ValueError:  # a bad --arch or LOWBIT_ARCH: one line, no traceback
+        source = f"--arch {args.arch!r}" if args.arch else f"{ARCH_ENV}={os.environ.get(ARCH_ENV)!r}"
+        print(f"{parser.prog}: cannot parse {source}; valid archs: {', '.join(KNOWN_ARCHS)} (or e.g. sm_90a, 100a)",
+              file=sys.stderr)
+        return 2
+    if arch not in KNOWN_ARCHS:  # e.g. sm_75: say so, rather than a table of "not built" rows
+        print(f"{parser.prog}: {unsupported_arch_message(arch)}", file=sys.stderr)
+        return 2
     print(f"lowbit dispatch table for {arch}  (AUTO = what backend='auto' picks when the input is supported)")
     print(format_table(arch, markdown=args.markdown))
     return 0

@@ -115,7 +115,8 @@ def _rebuild(spec, args, allocs):
 
 
 def _bound_values(record) -> list | None:
-    """The kernel's parameters in order, as Triton's launch passes them to the compiled kernel's launcher."""
+    """[(value, is_constexpr)] of the kernel's parameters in order, as Triton's launch passes them to the compiled
+    kernel's launcher (constexpr parameters included: the launcher skips them)."""
     kernel = record.kernel
     params = getattr(kernel, "signature", None)
     if not isinstance(params, inspect.Signature):
@@ -123,7 +124,8 @@ def _bound_values(record) -> list | None:
     kw = {k: v for k, v in record.kwargs.items() if k in params.parameters}
     bound = params.bind(*record.args, **kw)
     bound.apply_defaults()
-    return list(bound.arguments.values())
+    constexpr = {p.name for p in getattr(kernel, "params", ()) if p.is_constexpr}
+    return [(v, name in constexpr) for name, v in bound.arguments.items()]
 
 
 def _locate(t: torch.Tensor, inputs: dict, allocs: list):
@@ -156,8 +158,12 @@ def _output_spec(value, inputs: dict, allocs: list):
     return (where[0], where[1], (tuple(value.shape), value.stride(), value.storage_offset(), value.dtype))
 
 
+class NoPlan(Exception):
+    """Why a call cannot be replayed from a plan (the backend function then runs as usual)."""
+
+
 def record(impl, args: tuple):
-    """Run impl(*args) once while recording; return (its result, a LaunchPlan or None)."""
+    """Run impl(*args) once while recording; return (its result, a LaunchPlan or None, why not)."""
     from triton import knobs
 
     from triton_ops._launch import recording_launches
@@ -165,20 +171,22 @@ def record(impl, args: tuple):
     with recording_launches() as launches, _OpLog() as oplog:
         out = impl(*args)
     try:
-        plan = _derive(out, args, launches, oplog.ops, knobs)
-    except Exception as exc:  # a plan is an optimisation of a correct call that already ran: say why, run as usual
-        log.debug("lowbit launch plan: none (%s: %s)", type(exc).__name__, exc)
-        plan = None
-    return out, plan
+        return out, _derive(out, args, launches, oplog.ops, knobs), None
+    except Exception as exc:  # a plan only speeds up a call that already ran correctly: say why, run as usual
+        reason = str(exc) if isinstance(exc, NoPlan) else f"{type(exc).__name__}: {exc}"
+        log.debug("lowbit launch plan: none for %s: %s", getattr(impl, "__qualname__", impl), reason)
+        return out, None, reason
 
 
 def _derive(out, args, launches, ops, knobs):
-    if not launches or knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
-        return None
+    if not launches:
+        raise NoPlan("the call made no Triton launch through triton_ops._launch.launch")
+    if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+        raise NoPlan("a Triton launch hook is set (profilers need the full launch path)")
     inputs = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
     devices = {a.device for a in inputs.values()}
     if len(devices) != 1 or next(iter(devices)).type != "cuda":
-        return None
+        raise NoPlan(f"inputs on {devices}, not one CUDA device")
     device = next(iter(devices))
     allocs, alloc_meta = [], []
     for func, fargs, _, res in ops:
@@ -188,46 +196,48 @@ def _derive(out, args, launches, ops, knobs):
         elif func in _ZEROING:
             target = fargs[0]
             if func is aten.fill_.Scalar and fargs[1] != 0:
-                return None
+                raise NoPlan(f"fill_ with {fargs[1]}")
             hit = [j for j, a in enumerate(allocs) if a.data_ptr() == target.data_ptr()
                    and a.numel() == target.numel() and target.is_contiguous() and a.is_contiguous()]
             if not hit:
-                return None
+                raise NoPlan("zeroes a tensor that is not a whole allocation of the call")
             alloc_meta[hit[0]].zero = True
         elif not _is_view_op(func, fargs, res):
-            return None
+            raise NoPlan(f"runs {func} (only allocations, zeroing and views are replayed)")
     keep, plan_launches = [], []
     for rec in launches:
         values = _bound_values(rec)
         if values is None or rec.compiled is None:
-            return None
+            raise NoPlan("no compiled kernel or signature for a launch")
         specs = []
-        for v in values:
-            if isinstance(v, torch.Tensor):
+        for v, is_constexpr in values:
+            if is_constexpr:  # compiled into the kernel; passed only to keep the launcher's argument positions
+                specs.append(("const", v))
+            elif isinstance(v, torch.Tensor):
                 where = _locate(v, inputs, allocs)
                 if where is None:  # a buffer the backend keeps across calls: its address is a constant
                     keep.append(v)
                     where = ("const", v.data_ptr())
                 specs.append(where)
-            elif isinstance(v, _PLAIN) or type(v).__name__ == "constexpr":
+            elif isinstance(v, _PLAIN):
                 specs.append(("const", v))
             else:
-                return None
+                raise NoPlan(f"a launch argument of type {type(v).__name__}")
         grid = tuple(rec.grid) + (1,) * (3 - len(rec.grid))
         compiled = rec.compiled
         plan_launches.append((compiled.run, compiled.function, compiled.packed_metadata, grid, specs))
     outputs = _output_spec(out, inputs, allocs)
     if outputs is None:
-        return None
+        raise NoPlan("an output is neither an allocation of the call nor an input")
     plan = LaunchPlan(device, alloc_meta, plan_launches, outputs, keep)
     # Self-check against the recorded call: rebuilt from its own tensors, every pointer and output must match.
     for (_, _, _, _, specs), rec in zip(plan_launches, launches, strict=True):
-        for spec, v in zip(specs, _bound_values(rec), strict=True):
+        for spec, (v, _) in zip(specs, _bound_values(rec), strict=True):
             if isinstance(v, torch.Tensor) and spec[0] != "const" and _value(spec, args, allocs) != v.data_ptr():
-                return None
+                raise NoPlan("a rebuilt pointer differs from the recorded one")
     rebuilt = _rebuild(outputs, args, allocs)
     if not _same_tree(rebuilt, out):
-        return None
+        raise NoPlan("the rebuilt outputs differ from the recorded ones")
     return plan
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from triton_ops.contract import arch as _arch
 from triton_ops.contract.arch import arch_of
 
 log = logging.getLogger("lowbit.dispatch")
@@ -111,9 +112,13 @@ _scoped: contextvars.ContextVar[tuple[tuple[str | None, str], ...]] = contextvar
 
 @contextlib.contextmanager
 def use_backend(backend: str, ops: str | tuple[str, ...] | None = None) -> Iterator[None]:
-    """Force `backend` for `ops` (all ops if None) inside the `with` block. Nests; innermost wins."""
+    """Force `backend` for `ops` (all ops if None) inside the `with` block. Nests; innermost wins.
+    Unknown backend or op names raise ValueError (a typo would otherwise force nothing, silently)."""
     _check_backend_name(backend)
-    names: tuple[str | None, ...] = (None,) if ops is None else ((ops,) if isinstance(ops, str) else ops)
+    names: tuple[str | None, ...] = (None,) if ops is None else ((ops,) if isinstance(ops, str) else tuple(ops))
+    if ops is not None:
+        for name in names:
+            _check_op_name(name, "use_backend(ops=...)")
     token = _scoped.set(_scoped.get() + tuple((name, backend) for name in names))
     try:
         yield
@@ -126,14 +131,35 @@ def _check_backend_name(backend: str) -> None:
         raise ValueError(f"unknown backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
 
 
+def known_ops() -> tuple[str, ...]:
+    """Every op the dispatch table has rows for (dispatch/table.py, imported lazily: it imports this module)."""
+    from .table import TABLE
+
+    return tuple(TABLE)
+
+
+def _check_op_name(op, source: str) -> None:
+    ops = known_ops()
+    if op not in ops:
+        raise ValueError(f"{source}: unknown op {op!r}; known ops: {', '.join(sorted(ops))}")
+
+
 def parse_backend_env(value: str) -> dict[str | None, str]:
-    """LOWBIT_BACKEND: 'torch' (all ops) or 'op=backend,op2=backend' ('*' = all ops)."""
+    """LOWBIT_BACKEND: 'torch' (all ops) or 'op=backend,op2=backend' ('*' = all ops). Unknown backend or op
+    names raise ValueError (listing the known ones): a typo must not be ignored silently."""
+    return dict(_parse_backend_env(value))
+
+
+@functools.lru_cache(maxsize=64)  # read on every select() while the env var is set; the answer depends on it only
+def _parse_backend_env(value: str) -> dict[str | None, str]:
     forced: dict[str | None, str] = {}
     for item in filter(None, (part.strip() for part in value.split(","))):
         op, sep, backend = item.rpartition("=")
         op = op.strip() if sep else "*"
         backend = backend.strip()
         _check_backend_name(backend)
+        if op != "*":
+            _check_op_name(op, f"{BACKEND_ENV}={value}")
         forced[None if op == "*" else op] = backend
     return forced
 
@@ -145,7 +171,7 @@ def forced_backend(op: str) -> tuple[str, str] | None:
             return backend, "use_backend()"
     env = os.environ.get(BACKEND_ENV)
     if env:
-        forced = parse_backend_env(env)
+        forced = _parse_backend_env(env)
         backend = forced.get(op, forced.get(None))
         if backend:
             return backend, f"{BACKEND_ENV}={env}"
@@ -162,6 +188,11 @@ def _device_of(args: tuple) -> torch.device:
     return torch.device("cpu")
 
 
+def unsupported_arch_message(arch: str) -> str:
+    """What to say about an arch the table has no rows for (e.g. sm_75), instead of 'not built' per entry."""
+    return f"lowbit has no kernels for {arch}; supported: {', '.join(_arch.KNOWN_ARCHS)}"
+
+
 def select(entries: list[Entry], op: str, backend: str, args: tuple, kwargs: dict) -> Entry:
     """Pick the entry that runs this call (see module docstring for the rules)."""
     _check_backend_name(backend)
@@ -171,6 +202,8 @@ def select(entries: list[Entry], op: str, backend: str, args: tuple, kwargs: dic
         if forced is not None:
             backend, source = forced
     arch = arch_of(_device_of(args))
+    if arch not in _arch.KNOWN_ARCHS:
+        raise BackendError(f"lowbit.{op}: {unsupported_arch_message(arch)}")
     ranked = sorted(entries, key=lambda e: -e.priority)
     refusals: list[str] = []
     for entry in ranked:

@@ -66,9 +66,53 @@ def test_forced_backend_and_scopes(monkeypatch):
 
 def test_parse_backend_env():
     assert parse_backend_env("torch") == {None: "torch"}
-    assert parse_backend_env("a=triton, *=torch") == {"a": "triton", None: "torch"}
+    assert parse_backend_env("rope=triton, *=torch") == {"rope": "triton", None: "torch"}
     with pytest.raises(ValueError, match="unknown backend"):
-        parse_backend_env("a=cuda")
+        parse_backend_env("rope=cuda")
+
+
+def test_typo_in_op_names_is_an_error_listing_known_ops(monkeypatch):
+    """A misspelt op in LOWBIT_BACKEND or use_backend(ops=...) used to force nothing, silently."""
+    with pytest.raises(ValueError, match=r"unknown op 'rms_nrom'; known ops: .*rms_norm"):
+        parse_backend_env("rms_nrom=torch")
+    with pytest.raises(ValueError, match=r"use_backend.*unknown op 'rms_nrom'; known ops: .*rms_norm"):
+        with use_backend("triton", ops="rms_nrom"):
+            pass
+    with pytest.raises(ValueError, match="unknown op 'rms_nrom'"):
+        with use_backend("triton", ops=("rms_norm", "rms_nrom")):
+            pass
+    x = torch.randn(2, 16)
+    monkeypatch.setenv("LOWBIT_BACKEND", "rms_nrom=torch")
+    with pytest.raises(ValueError, match=r"LOWBIT_BACKEND=rms_nrom=torch: unknown op 'rms_nrom'"):
+        ops.rms_norm(x, torch.ones(16))
+    monkeypatch.setenv("LOWBIT_BACKEND", "rms_norm=torch")  # the right spelling still works
+    assert backend_for("rms_norm", x, torch.ones(16), None, 1e-6, 0.0) == "torch"
+
+
+def test_cli_bad_arch_is_one_line_and_exit_2(capsys, monkeypatch):
+    from dispatch.__main__ import main
+    from triton_ops.contract.arch import KNOWN_ARCHS
+
+    assert main(["--arch", "foo"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "'foo'" in err and ", ".join(KNOWN_ARCHS) in err
+    assert main(["--arch", "sm_75"]) == 2  # parses, but the table has nothing for it
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "lowbit has no kernels for sm_75; supported: " + ", ".join(KNOWN_ARCHS) in err
+    monkeypatch.setenv("LOWBIT_ARCH", "hopper")
+    assert main([]) == 2 and "LOWBIT_ARCH='hopper'" in capsys.readouterr().err
+
+
+def test_unknown_arch_says_what_lowbit_supports(monkeypatch):
+    """A GPU the table has no rows for (e.g. sm_75) gets one clear BackendError, not a list of 'arch not in'."""
+    from dispatch.ops import _common
+    from triton_ops.contract.arch import KNOWN_ARCHS
+
+    monkeypatch.setattr(_common, "_FAST", {})  # a remembered choice for this signature would skip select()
+    monkeypatch.setattr(registry, "arch_of", lambda device: "sm_75")
+    with pytest.raises(BackendError, match=r"lowbit\.rms_norm: lowbit has no kernels for sm_75; supported: "
+                                           + ", ".join(KNOWN_ARCHS)):
+        ops.rms_norm(torch.randn(2, 16), torch.ones(16))
 
 
 def test_forced_unsupported_backend_lists_candidates(monkeypatch):

@@ -236,7 +236,7 @@ def test_gpu_cuda_graph_and_inductor():
 ])
 @pytest.mark.parametrize("neox", [True, False])
 def test_rope_configs_bytes(cfg, neox):
-    """Every RopeConfig code path (the probe's candidates) gives the reference's bytes, in place and out of place,
+    """Every RopeConfig code path (a tile sweep's candidates) gives the reference's bytes, in place and out of place,
     bad positions included."""
     from dispatch.reference import rope as ref
     from triton_ops import rope as tr

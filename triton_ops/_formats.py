@@ -12,6 +12,11 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from triton_ops.contract.formats import NVFP4_MIN_GLOBAL_SCALE
+
+# NVFP4_MIN_GLOBAL_SCALE as a constexpr (globals read inside @triton.jit must be constexprs).
+NVFP4_MIN_GS = tl.constexpr(NVFP4_MIN_GLOBAL_SCALE)
+
 # Launcher-side code of a 16/32-bit input dtype for the pair-word kernels (see `split_pairs`).
 IN_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
@@ -362,3 +367,11 @@ def fp4_encode_pairs(w, lo, hi, inv, ok, IN_KIND: tl.constexpr):
         signs = w
     signs = signs & tl.where(ok, -2147450880, 0)[:, :, None]  # 0x80008000 as int32, or 0 for a bad block
     return e2m1_pair_byte(e2m1_magnitude_word(a_lo), e2m1_magnitude_word(a_hi), signs)
+
+
+@triton.jit
+def nvfp4_effective_gs(gs):
+    """The global scale NVFP4 block scales are computed with: gs, or 0 where |gs| < 2^-118 (zero scales and
+    +-0 codes instead of an overflowing reciprocal; contract.formats.NVFP4_MIN_GLOBAL_SCALE). NaN stays NaN.
+    Every kernel that quantizes to NVFP4 applies it where it loads or folds gs."""
+    return tl.where(tl.abs(gs) < NVFP4_MIN_GS, 0.0, gs)

@@ -43,10 +43,11 @@ from ._formats import (
     fp8_group_scale,
     mxfp4_block_scale_ex,
     nvfp4_block_scale_ex,
+    nvfp4_effective_gs,
     split_pairs,
     swizzled_offset_128x4,
 )
-from ._launch import TL_DTYPE, TileConfig, emulate_formats, next_pow2, pick_tile
+from ._launch import TL_DTYPE, TileConfig, emulate_formats, launch, next_pow2, pick_tile
 from .quant_epilogue import GS_FROM_PARTIALS, GS_GIVEN, GS_NONE
 
 MAX_AMAX_PARTIALS = 512  # partial maxima the amax pass leaves for the quantize kernel to fold
@@ -132,7 +133,8 @@ def _fp4_quantize_kernel(
             partials = tl.load(gs_in_ptr + pofs, mask=pofs < n_partials, other=0.0)
             gs = tl.math.div_rn(amax_nan(partials, 0), 2688.0)
         if (pid_m == 0) & (pid_k == 0):
-            tl.store(gs_out_ptr, gs)
+            tl.store(gs_out_ptr, gs)  # returned as given / computed; the block scales use the effective one
+        gs = nvfp4_effective_gs(gs)
     rows = pid_m * (BLOCK_M * TILES) + tl.arange(0, BLOCK_M)  # int32; widened per row where it scales a stride
     pcol = (pid_k * (BLOCK_K // 2) + tl.arange(0, NB)[None, :, None] * HP + tl.arange(0, HP)[None, None, :])
     w = tl.load(words_ptr + rows[:, None, None].to(tl.int64) * stride_wm + pcol,
@@ -187,7 +189,7 @@ def _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_r
         # The 4 scales of a 4-column group are 4 consecutive bytes of the 128x4 layout: one int32 store per
         # group (byte c % 4 at bits 8 * (c % 4)) instead of 4 scattered byte stores (NB is a multiple of 4:
         # BLOCK_K >= 4 * SB); the word of group g is the byte offset of column 4g, divided by 4. H200, NVFP4 8192^2
-        # (adcb508): 53.5 vs 57.1 us at 2x2048 tiles, equal at 1x4096 (perf/results/probes).
+        # (adcb508): 53.5 vs 57.1 us at 2x2048 tiles, equal at 1x4096 (perf/results/experiments).
         valid = (rows < M)[:, None] & (scols < K // SB)[None, :]
         sb4 = tl.reshape(tl.where(valid, sbyte, 0).to(tl.int32), [BLOCK_M, NB // 4, 4])
         words4 = tl.sum(sb4 << (tl.arange(0, 4) * 8)[None, None, :], axis=2)
@@ -287,12 +289,12 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
         n_partials = plan.n_m * plan.n_k
         partials_block = triton.next_power_of_2(n_partials)
         gs_in = torch.empty(n_partials, dtype=torch.float32, device=x.device)
-        _amax_partials_kernel[(plan.n_m, plan.n_k)](
+        launch(_amax_partials_kernel, (plan.n_m, plan.n_k),
             x2, gs_in, rows, k, x2.stride(0), plan.rows_per_prog, plan.cols_per_prog,
             BLOCK_M=plan.block_m, BLOCK_K=plan.block_k, num_warps=plan.num_warps)
     words = x2.view(torch.int64 if x.dtype == torch.float32 else torch.int32)
     grid = (triton.cdiv(grid_rows, cfg.block_m * tiles), triton.cdiv(k, cfg.block_k))
-    _fp4_quantize_kernel[grid](
+    launch(_fp4_quantize_kernel, grid,
         words, codes, scales.view(torch.uint8), gs_in, gs_out,
         rows, k, words.stride(0), grid_rows, scale_cols_padded if swizzle else k // block, scale_cols_padded,
         n_partials,
@@ -306,8 +308,8 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
 def fp4_tiling(rows: int, k: int, block: int, swizzle: bool, device: torch.device) -> tuple[TileConfig, int]:
     """(tile, row tiles per program) of the FP4 quantize kernel. Long batches on the GPU walk several one-row
     tiles per program with the next tile's loads issued before this tile's math (TILES): Nsight Compute had the
-    one-tile kernel's warps stalled on memory latency once the ALU work was issued (session 5). H200, 8192^2 bf16,
-    graph replay (perf/NOTES.md "Session 5, GPU calls 7-10"): linear scales 1x2048 tiles x 4: NVFP4 48.9 ->
+    one-tile kernel's warps stalled on memory latency once the ALU work was issued. H200, 8192^2 bf16,
+    graph replay (docs/design_notes.md): linear scales 1x2048 tiles x 4: NVFP4 48.9 ->
     45.8 us (0.83 -> 0.88 of copy), MXFP4 47.0 -> 44.7 (0.85 -> 0.89); swizzled 1x4096 tiles: NVFP4 x 2 55.2 ->
     51.5 (0.73 -> 0.79; x 4 54.7), MXFP4 x 4 49.8 -> 46.1 (0.81 -> 0.87). Short batches keep one tile per program
     (more programs)."""
@@ -328,7 +330,7 @@ def _dequantize(codes, scales, gs, *, is_mx: bool, swizzle: bool, out_dtype: tor
     cfg = pick_tile(rows, k, codes.device, min_block_k=4 * block)
     grid = (triton.cdiv(rows, cfg.block_m), triton.cdiv(k, cfg.block_k))
     out_words = out.view(torch.int64 if out_dtype == torch.float32 else torch.int32)  # one word per code byte
-    _fp4_dequantize_kernel[grid](
+    launch(_fp4_dequantize_kernel, grid,
         codes, scales.view(torch.uint8), gs if gs is not None else codes, out_words, rows, k, round_up(k // block, 4),
         IS_MX=is_mx, SWIZZLE=swizzle, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(codes.device),
         BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps)
@@ -470,7 +472,7 @@ def fp8_group_quantize(x, group_size, eps, ue8m0, column_major):
     cfg = pick_tile(rows, k, x.device, min_block_k=group_size)
     stride_sm, stride_sg = _scale_strides("fp8_group_quantize", scales, rows, k // group_size)
     grid = (triton.cdiv(rows, cfg.block_m), triton.cdiv(k, cfg.block_k))
-    _fp8_group_quantize_kernel[grid](
+    launch(_fp8_group_quantize_kernel, grid,
         x2, codes.view(torch.uint8), scales, rows, k, x2.stride(0), stride_sm, stride_sg, float(eps),
         GROUP=group_size, UE8M0=ue8m0, EMULATE=emulate_formats(x.device),
         BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps)
@@ -487,7 +489,7 @@ def fp8_group_dequantize(codes, scales, group_size, out_dtype):
     stride_sm, stride_sg = _scale_strides("fp8_group_dequantize", scales, rows, k // group_size)
     cfg = pick_tile(rows, k, codes.device, min_block_k=group_size)
     grid = (triton.cdiv(rows, cfg.block_m), triton.cdiv(k, cfg.block_k))
-    _fp8_group_dequantize_kernel[grid](
+    launch(_fp8_group_dequantize_kernel, grid,
         codes.view(torch.uint8), scales, out, rows, k, stride_sm, stride_sg,
         GROUP=group_size, OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(codes.device),
         BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps)

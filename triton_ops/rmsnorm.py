@@ -25,6 +25,7 @@ from triton_ops.contract.formats import MXFP4_BLOCK, round_up
 from ._formats import (
     IN_KIND,
     cast_out,
+    nvfp4_effective_gs,
     round_pairs,
     split_pairs,
 )
@@ -87,6 +88,7 @@ def _row_global_scale(pid, gs_ptr, gs_out_ptr, partial_ptr, n_partials, GS_MODE:
             tl.store(gs_out_ptr, tl.max(gs, 0))
     gs_exact = 0
     if FMT == FMT_NV:
+        gs = nvfp4_effective_gs(gs)  # the returned scale stays as given / computed; block scales use this one
         gs_exact = nvfp4_exact_path(gs, tl.zeros([BLOCK_M], dtype=tl.int32) == 0)
     return gs, gs_exact
 

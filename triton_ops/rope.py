@@ -9,7 +9,7 @@ Shape of the work (why it is fast): a program owns a (token block, head block) t
 (cos, sin) row is loaded once and broadcast over its heads, and (token, head) come from the program ids
 (no per-row integer division). GPT-J pairs (2i, 2i+1) are loaded and stored as one machine word per pair
 (int32 for 16-bit dtypes, int64 for fp32) when the strides allow it, so the accesses stay contiguous
-vectors instead of stride-2 scalars. perf/NOTES.md ("Session 2: RoPE/KV") has the SASS counts.
+vectors instead of stride-2 scalars. docs/design_notes.md has the SASS counts.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ._formats import cast_out, round_pairs, split_pairs
-from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
+from ._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
 
 PAIR_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # split_pairs' IN_KIND
 
@@ -229,9 +229,9 @@ def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr, T, HQ, HK, max_p
     # between them and the (cos, sin) loads: without it ptxas sinks each data load next to its first use (to
     # save registers), i.e. behind the position -> (cos, sin) chain, and a program costs three memory latencies
     # in a row (position, (cos, sin), data) instead of two with the data in flight from the start (sm_90
-    # SASS in perf/NOTES.md "Session 4: RoPE/KV"). The barrier does not wait for the loads themselves.
+    # SASS in docs/design_notes.md). The barrier does not wait for the loads themselves.
     # CS_ROWS: (cos, sin) loaded once per token ([BLOCK_T, HALF_P]) and broadcast over the heads instead of in
-    # the tile's layout (session 5: for GPT-J word tiles 2-3x fewer load instructions and registers, no smem).
+    # the tile's layout (for GPT-J word tiles 2-3x fewer load instructions and registers, no smem).
     pid = tl.program_id(0)
     tb = pid // NB
     hb = pid - tb * NB
@@ -289,7 +289,7 @@ class RopeConfig:
 def rope_config(t: int, hq: int, hk: int, rot: int, device: torch.device) -> RopeConfig:
     """Tile of a program: block_t tokens x (block_hq q heads + block_hk k heads) of the rotary slice.
 
-    Why these sizes (H200, perf/NOTES.md "Session 4: RoPE/KV"): the kernel is latency-bound per program
+    Why these sizes (H200, docs/design_notes.md): the kernel is latency-bound per program
     (position -> (cos, sin) row is a dependent chain of two memory latencies), so a program should carry
     enough bytes to cover it: ~ROPE_ELEMS rotary elements (8192: a token of 64 q + 8 k heads x 128 is 9216),
     q heads first (one (cos, sin) row serves all of a token's heads), then tokens. k rides along with q:
@@ -312,7 +312,7 @@ def rope_config(t: int, hq: int, hk: int, rot: int, device: torch.device) -> Rop
     fit = max(1, rows // max(heads, 1))
     block_t = min(next_pow2(max(t, 1)), 1 << (fit.bit_length() - 1))  # powers of two (tl.arange)
     elems = block_t * heads * rot_p
-    # cs_rows (session 5): per-token (cos, sin) rows broadcast over the heads. sm_90 SASS (triton 3.6): rope_
+    # cs_rows: per-token (cos, sin) rows broadcast over the heads. sm_90 SASS (triton 3.6): rope_
     # DeepSeek-V4 2 tokens x 64 heads 108 -> 62 registers (4 -> 8 CTAs/SM), 24 -> 10 LDG.128; NeoX 64q+8k
     # 124 -> 84; 32q+8k 64 -> 64 with 4 fewer loads; no shared memory in any of them.
     return RopeConfig(block_t, block_hq, block_hk, 4 if elems <= 9216 else 8, cs_rows=True)
@@ -341,7 +341,7 @@ def _launch(q, k, qo, ko, positions, cos_sin_cache, rot_offset, is_neox, inverse
     copy = copy and 2 * half < d
     n_prog = cdiv(t, cfg.block_t) * nb
     evict = "evict_first" if cfg.evict_first else ""
-    _rope_kernel[(n_prog,)](
+    launch(_rope_kernel, (n_prog,),
         q, k, qo, ko, positions, cos_sin_cache, t, hq, hk, cos_sin_cache.shape[0],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
         rot_offset, d, nb,

@@ -20,8 +20,8 @@ from triton_ops.contract.checks import rows_view
 from triton_ops.contract.formats import round_up
 
 from . import quant
-from ._formats import IN_KIND, abs_bits, cast_out, exp_accurate, exp_flush, split_pairs
-from ._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
+from ._formats import IN_KIND, abs_bits, cast_out, exp_accurate, exp_flush, nvfp4_effective_gs, split_pairs
+from ._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
 from .quant_epilogue import (
     FMT_FP8,
     FMT_MX,
@@ -49,14 +49,15 @@ IN_WORD = {torch.bfloat16: torch.int32, torch.float16: torch.int32, torch.float3
 
 
 @triton.jit
-def _load_tile(x_ptr, eid_ptr, mm_ptr, rows, M, I, cols, cmask, stride_xm, max_m,
+def _load_tile(x_ptr, eid_ptr, mm_ptr, rows, M, I, cols, cmask, stride_xm, max_m, n_exp,
                INTERLEAVE: tl.constexpr, PAIR_WORDS: tl.constexpr, MOE: tl.constexpr):
     """Raw gate/up inputs of a [BLOCK_M, BLOCK_N] output tile (rows int64), its rows' expert/group ids and
-    which rows hold tokens (MoE padding rows and rows >= M are not read)."""
+    which rows hold tokens (MoE padding rows and rows >= M are not read). Contiguous layout: expert ids outside
+    [0, n_exp) are padding too (n_exp: the per-expert NVFP4 scales there are, else 2^31 - 1)."""
     row_in = rows < M
     if MOE == 1:
         grp = tl.load(eid_ptr + rows, mask=row_in, other=-1).to(tl.int32)
-        tok = grp >= 0
+        tok = (grp >= 0) & (grp < n_exp)
     elif MOE == 2:
         grp = (rows // max_m).to(tl.int32)
         valid_m = tl.load(mm_ptr + grp, mask=row_in, other=0)
@@ -110,7 +111,7 @@ def _silu_ratio(g, d, DIV_RN: tl.constexpr):
 def _swiglu_kernel(
     x_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr, eid_ptr, mm_ptr,
     M, I, stride_xm, stride_om, stride_sm, stride_sg, alpha, limit, fp8_eps, max_m, rows_per_prog,
-    scale_rows_bound, scale_cols_padded, n_partials, n_gs,
+    scale_rows_bound, scale_cols_padded, n_partials, n_gs, n_exp,
     INTERLEAVE: tl.constexpr, PAIR_WORDS: tl.constexpr, IN_KIND: tl.constexpr,
     GPTOSS: tl.constexpr, CLAMP: tl.constexpr, MOE: tl.constexpr,
     PASS: tl.constexpr, GS_MODE: tl.constexpr, DIV_RN: tl.constexpr,
@@ -130,10 +131,12 @@ def _swiglu_kernel(
         gs_all = tl.load(gs_ptr)
         if (pid_m == 0) & (pid_n == 0):  # the returned global scale: copied here, not by a second launch
             tl.store(gs_out_ptr, gs_all)
+        gs_all = nvfp4_effective_gs(gs_all)  # |gs| < 2^-118 -> 0 for the block scales (the contract)
     if GS_MODE == GS_FROM_PARTIALS:
         gs_all = fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK)
         if (pid_m == 0) & (pid_n == 0):
             tl.store(gs_out_ptr, gs_all)
+        gs_all = nvfp4_effective_gs(gs_all)
     acc = tl.zeros([BLOCK_M], dtype=tl.int32)
     row0 = pid_m.to(tl.int64) * rows_per_prog
     # Software prefetch (as in rmsnorm.py) in the NVFP4 amax pass, whose <= MAX_PARTIALS programs each walk
@@ -141,11 +144,11 @@ def _swiglu_kernel(
     # per program (with the prefetch in every pass, plain silu*mul 16384x4096 measured 0.70 of copy on the H200
     # against 0.96 before it; not re-measured with this gating yet).
     a, b, grp, tok = _load_tile(x_ptr, eid_ptr, mm_ptr, row0 + tl.arange(0, BLOCK_M), M, I, cols, cmask, stride_xm,
-                                max_m, INTERLEAVE, PAIR_WORDS, MOE)
+                                max_m, n_exp, INTERLEAVE, PAIR_WORDS, MOE)
     # Only the amax pass walks several blocks; elsewhere the loop has one trip, made a compile-time one: with a
     # runtime bound ptxas hoisted the (loop-invariant) math out of the loop, ran both sides of the NVFP4
     # epilogue's fast/exact branch for every tile and unrolled the store tail 4x (sm_90 SASS, 16 outputs per
-    # thread: FP8 32.9 -> 29.4 instructions per output with the session-7 exp/rounding changes; the session-2
+    # thread: FP8 32.9 -> 29.4 instructions per output with the ex2/pair-rounding epilogue; the first
     # register growth that kept it runtime for plain outputs, 43 -> 58, is gone: 55 either way).
     if PASS == PASS_AMAX:
         loop_rows = rows_per_prog
@@ -157,7 +160,7 @@ def _swiglu_kernel(
         if PASS == PASS_AMAX:  # only the amax pass walks several blocks; elsewhere rows_per_prog == BLOCK_M
             nxt = tl.where(m0 + BLOCK_M < rows_per_prog, rows + BLOCK_M, M)  # past the program's rows: no load
             a_next, b_next, grp_next, tok_next = _load_tile(x_ptr, eid_ptr, mm_ptr, nxt, M, I, cols, cmask,
-                                                            stride_xm, max_m, INTERLEAVE, PAIR_WORDS, MOE)
+                                                            stride_xm, max_m, n_exp, INTERLEAVE, PAIR_WORDS, MOE)
         if PAIR_WORDS:
             g, u = split_pairs(a, IN_KIND)
         else:
@@ -180,14 +183,14 @@ def _swiglu_kernel(
                 # Padding rows: y is +0 there (zeros in, alpha and limit finite), so any finite gs > 0 gives the
                 # zero bytes they must hold; 1.0 (not 0) keeps them off the epilogue's exact per-element path,
                 # which a zero global scale on a stored row selects for the whole tile.
-                gs = tl.load(gs_ptr + gidx, mask=tok, other=1.0)
+                gs = nvfp4_effective_gs(tl.load(gs_ptr + gidx, mask=tok, other=1.0))
             else:
                 gs = tl.zeros([BLOCK_M], dtype=tl.float32) + gs_all
             gs_exact = 0
             if FMT == FMT_NV:
                 gs_exact = nvfp4_exact_path(gs, row_in)
             # (a pair-word FP4 epilogue like rmsnorm's measured no faster here: 149.0 vs 148.7 us MXFP4, 181 vs 163
-            # MoE NVFP4, H200; SwiGLU FP4 is bound by the activation's exact division, perf/NOTES.md Session 4)
+            # MoE NVFP4, H200; SwiGLU FP4 is bound by the activation's exact division, docs/design_notes.md)
             quant_epilogue(y, rows, row_in, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs, gs_exact,
                            scale_rows_bound, 0, scale_cols_padded, fp8_eps,
                            FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
@@ -220,10 +223,10 @@ def pick_swiglu_config(rows: int, i: int, device: torch.device, min_block_n: int
     """GPU: ~4K outputs per program (8 warps, 16-byte loads, ~16 values per thread in flight); columns up to
     1024 so wide rows still give many programs. Long batches: one row per program, the widest 2048/1024-column
     tile (4096 plain) with the fewest masked columns, 16 values per thread; FP4 outputs 32 per thread (2 warps per
-    2048 outputs, two 1024-wide rows where the row takes 1024-wide tiles). H200 probe, session 8 (div.full silu,
-    perf/NOTES.md), 16384 rows: I = 4096 MXFP4 113.4 -> 110.3 us, MoE NVFP4 113.5 -> 108.0; I = 2880 FP8 1x1024 at
-    2 warps 66.8 vs 72.3 at 4, MXFP4 2x1024 85.0 vs 88.0 (1x1024, 2 warps). Interpreter: big tiles (cost is per
-    program)."""
+    2048 outputs, two 1024-wide rows where the row takes 1024-wide tiles). H200 measurement (div.full silu,
+    docs/design_notes.md), 16384 rows: I = 4096 MXFP4 113.4 -> 110.3 us, MoE NVFP4 113.5 -> 108.0; I = 2880 FP8
+    1x1024 at 2 warps 66.8 vs 72.3 at 4, MXFP4 2x1024 85.0 vs 88.0 (1x1024, 2 warps). Interpreter: big tiles (cost
+    is per program)."""
     if device.type != "cpu" and rows >= 2048:
         # the widest tile that wastes the fewest masked columns (GPT-OSS I = 2880: 3 x 1024, not 2 x 2048)
         widths = [b for b in ((2048, 1024) if quantized else (4096, 2048, 1024)) if b >= min_block_n] or [min_block_n]
@@ -255,7 +258,7 @@ def supports_swiglu_fp8_group(x, interleave, activation, alpha, limit, expert_id
 
 
 # silu's g / (1 + e^-g) for 16-bit outputs: div.full.f32 (False) or the exactly rounded div.rn (True); fp32 outputs
-# always take div.rn. H200, 16384 x 4096 GPT-OSS, bare launchers, same call (perf/NOTES.md "Session 8"): FP8 g128
+# always take div.rn. H200, 16384 x 4096 GPT-OSS, bare launchers, same call (docs/design_notes.md): FP8 g128
 # 94.9 -> 87.6 us, MXFP4 125.5 -> 113.8, MoE NVFP4 137.1 -> 113.0; the bf16 outputs differ from a float64
 # evaluation of the formula equally often either way (1.6e-5 of them, by one ulp).
 SILU_DIV_RN = False
@@ -263,7 +266,7 @@ SILU_DIV_RN = False
 # NVFP4 with a computed global scale: from this many rows on, the float output is stored (with its amax) and
 # then quantized by the NVFP4 quantizer, instead of two fused passes that each evaluate the activation. Same
 # bytes by contract (quantized output == quantizer(own float output)). H200, 16384 x 4096 GPT-OSS: see
-# perf/NOTES.md "Session 8". Short batches keep the fused passes (no intermediate, two launches).
+# docs/design_notes.md. Short batches keep the fused passes (no intermediate, two launches).
 NVFP4_COMPUTED_GS_SPLIT_ROWS = 2048
 
 
@@ -323,15 +326,17 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
     scalars = (float(alpha), float(limit if limit is not None else 0.0), float(quant_eps), max_m)
     n_col = cdiv(i, cfg.block_n)
     n_gs = global_scale.numel() if global_scale is not None else 1
+    # per-expert NVFP4 scales (contiguous layout): rows of experts >= n_gs have no scale and are masked as padding
+    n_exp = n_gs if fmt == FMT_NV and moe == MOE_CONTIGUOUS and n_gs > 1 else 2**31 - 1
     if fmt == FMT_NV and global_scale is None:
         row_progs = max(1, MAX_PARTIALS // n_col)
         rows_per_prog = round_up(max(cfg.block_m, cdiv(rows, row_progs)), cfg.block_m)
         n_row = cdiv(rows, rows_per_prog)
         n_partials = n_row * n_col
         partials = torch.empty(n_partials, dtype=torch.float32, device=dev)
-        _swiglu_kernel[(n_row, n_col)](
+        launch(_swiglu_kernel, (n_row, n_col),
             xs, out_arg, scale_arg, gs_out, gs_out, partials, eid, mm, rows, i, xs.stride(0), 0, 0, 0,
-            *scalars, rows_per_prog, grid_rows, scale_cols_padded, n_partials, 1,
+            *scalars, rows_per_prog, grid_rows, scale_cols_padded, n_partials, 1, n_exp,
             PASS=PASS_AMAX, GS_MODE=GS_NONE, PARTIALS_BLOCK=1, **common)
         gs_mode, pass_, partials_block = GS_FROM_PARTIALS, PASS_QUANT, next_pow2(n_partials)
     else:
@@ -339,10 +344,10 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
         gs_mode = GS_NONE
         if fmt == FMT_NV:
             gs_mode = GS_PER_GROUP if (moe != MOE_NONE or n_gs > 1) else GS_GIVEN
-    _swiglu_kernel[(cdiv(grid_rows, cfg.block_m), n_col)](
+    launch(_swiglu_kernel, (cdiv(grid_rows, cfg.block_m), n_col),
         xs, out_arg, scale_arg, global_scale if global_scale is not None else gs_out, gs_out, partials, eid, mm,
         rows, i, xs.stride(0), out2.stride(0), stride_sm, stride_sg, *scalars, cfg.block_m, grid_rows,
-        scale_cols_padded, n_partials, n_gs, PASS=pass_, GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block,
+        scale_cols_padded, n_partials, n_gs, n_exp, PASS=pass_, GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block,
         STORE_AMAX=amax_out is not None, **common)
     return results
 

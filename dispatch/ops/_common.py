@@ -33,6 +33,8 @@ _SELECT_ENV = (BACKEND_ENV, ARCH_ENV, "TRITON_INTERPRET", "LOWBIT_CUTE_UNVERIFIE
 _read_select_env = env_reader(*_SELECT_ENV)
 _PLAIN = frozenset({type(None), bool, int, float, str, torch.dtype})
 _record = threading.local()
+# op -> why its last recorded call gave no launch plan (None: it did, or none was tried); for tests and debugging.
+_PLAN_REFUSALS: dict = {}
 
 
 def lowbit_op(name: str, *, mutates_args, check=None, finish=None):
@@ -89,6 +91,8 @@ def _signature(args: tuple):
         if type(a) in _PLAIN:
             add(a)
         elif isinstance(a, torch.Tensor):
+            if a.requires_grad:  # the checks refuse autograd inputs under grad mode: never skip them
+                return None
             sig += (a.dtype, a.device, a.shape, a.stride(), (a.storage_offset() & 15) << 4 | (a.data_ptr() & 15))
         else:
             return None
@@ -141,7 +145,7 @@ def run(op: str, backend: str, *args):
     impl = entry.resolve_impl()
     want_plan = getattr(_record, "want_plan", False) and entry.backend == "triton" and _on_cuda(args)
     _record.want_plan = False  # a backend that calls other ops records only its own launches
-    out, plan = launch_plan.record(impl, args) if want_plan else (impl(*args), None)
+    out, plan, _PLAN_REFUSALS[op] = launch_plan.record(impl, args) if want_plan else (impl(*args), None, None)
     _record.chosen = (op, args, impl, entry, plan)  # after the call: a backend calling other ops must not overwrite it
     return out
 

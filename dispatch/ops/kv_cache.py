@@ -1,5 +1,5 @@
 """Paged KV-cache FP8 ops: registration, fakes, typed public API. Contract: dispatch/reference/kv_cache.py;
-byte layouts: docs/kv_cache_layouts.md.
+byte layouts: docs/kv_cache.md.
 
 Writes mutate the caller's cache (declared in mutates_args) and return nothing; gathers return fresh tensors.
 """
@@ -32,6 +32,16 @@ def _check_slots(op: str, arg: str, slots: Tensor, n: int, n_slots: int, ref: Te
                             "(LOWBIT_CHECK_INDICES=1 check)")
 
 
+def _check_tensors(op: str, **tensors) -> None:
+    for arg, t in tensors.items():
+        C.check_tensor(op, arg, t)
+
+
+def _check_optional(op: str, **tensors) -> None:
+    for arg, t in tensors.items():
+        C.check_tensor(op, arg, t, optional=True)
+
+
 # ------------------------------------------------------------------------------------------ generic
 
 
@@ -59,6 +69,9 @@ def _check_generic_cache(op, cache, scale, scale_cache, h=None, d=None):
 
 def _check_paged_write(x, slot_mapping, cache, scale, scale_cache, sync_check=True):
     op = "paged_kv_write_fp8"
+    _check_tensors(op, x=x, slot_mapping=slot_mapping, cache=cache)
+    _check_optional(op, scale=scale, scale_cache=scale_cache)
+    C.check_no_grad(op, x=x, scale=scale, scale_cache=scale_cache)
     check_heads(op, "x", x)
     _check_generic_cache(op, cache, scale, scale_cache, x.shape[1], x.shape[2])
     C.check_same_device(op, "cache", cache, "x", x)
@@ -80,6 +93,9 @@ def _(x, slot_mapping, cache, scale, scale_cache, backend):
 
 def _check_paged_gather(cache, slots, scale, scale_cache, out_dtype, sync_check=True):
     op = "paged_kv_gather_fp8"
+    _check_tensors(op, cache=cache, slots=slots)
+    _check_optional(op, scale=scale, scale_cache=scale_cache)
+    C.check_no_grad(op, scale=scale, scale_cache=scale_cache)
     _check_generic_cache(op, cache, scale, scale_cache)
     _check_slots(op, "slots", slots, slots.shape[0] if slots.dim() == 1 else -1, cache.shape[0] * cache.shape[1],
                  cache, sync_check=sync_check)
@@ -105,7 +121,10 @@ def paged_kv_write_fp8(x: Tensor, slot_mapping: Tensor, cache: Tensor, *, scale:
     """Quantize x [T, H, D] to E4M3 and write token t into cache [NB, BS, H, D] at slot_mapping[t]
     (block = slot // BS, offset = slot % BS; -1 skips). scale: static fp32 per-tensor scale (decode form:
     value = code * scale); or scale_cache [NB, BS, H] fp32 to receive dynamic per-(token, head) scales
-    max(amax, 1e-10) / 448. x may be a strided view (heads of a fused qkv buffer)."""
+    max(amax, 1e-10) / 448. x may be a strided view (heads of a fused qkv buffer).
+    Inference only (every kv-cache op): with grad mode on, float inputs that require grad are refused
+    (LowbitInputError). Slots outside [-1, NB*BS) are skipped like -1 (gathers: NaN rows), never written past;
+    LOWBIT_CHECK_INDICES=1 raises for them instead (a device sync)."""
     call("paged_kv_write_fp8", x, slot_mapping, cache, scale, scale_cache, backend)
 
 
@@ -154,6 +173,8 @@ def _check_ds_kv(op, kv, layout):
 
 
 def _check_ds_write(op, kv, slot_mapping, cache, layout, sync_check=True):
+    _check_tensors(op, kv=kv, slot_mapping=slot_mapping, cache=cache)
+    C.check_no_grad(op, kv=kv)
     _check_layout(op, layout)
     _check_ds_kv(op, kv, layout)
     _check_ds_cache(op, cache, layout)
@@ -175,6 +196,7 @@ def _(kv, slot_mapping, cache, layout, backend):
 
 def _check_ds_gather(cache, slots, layout, out_dtype, sync_check=True):
     op = "ds_kv_gather"
+    _check_tensors(op, cache=cache, slots=slots)
     _check_layout(op, layout)
     _check_ds_cache(op, cache, layout)
     _check_slots(op, "slots", slots, slots.shape[0] if slots.dim() == 1 else -1, cache.shape[0] * cache.shape[1],
@@ -197,6 +219,10 @@ def _(cache, slots, layout, out_dtype, backend):
 
 def _check_fused(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, sync_check=True):
     op = "ds_rope_quant_append"
+    _check_tensors(op, kv=kv, positions=positions, cos_sin_cache=cos_sin_cache, slot_mapping=slot_mapping,
+                   cache=cache)
+    _check_optional(op, q=q)
+    C.check_no_grad(op, q=q, cos_sin_cache=cos_sin_cache)
     _check_ds_write(op, kv, slot_mapping, cache, layout, sync_check=sync_check)
     check_positions(op, positions, kv.shape[0], cos_sin_cache, sync_check=sync_check)
     C.check_same_device(op, "kv", kv, "positions", positions)
@@ -225,7 +251,7 @@ def _(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, is_neox, bac
 def ds_kv_write(kv: Tensor, slot_mapping: Tensor, cache: Tensor, *, layout: str = "v32",
                 backend: str = "auto") -> None:
     """Write kv [T, d] (NoPE | 64 RoPE; d = 576 for "v32", 512 for "v4") into a DeepSeek FP8 cache
-    (see ds_kv_cache_empty and docs/kv_cache_layouts.md) at slot_mapping (-1 skips)."""
+    (see ds_kv_cache_empty and docs/kv_cache.md) at slot_mapping (-1 skips)."""
     call("ds_kv_write", kv, slot_mapping, cache, layout, backend)
 
 

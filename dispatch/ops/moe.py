@@ -2,7 +2,7 @@
 
 Every output shape depends on input shapes and integer arguments only (never on routing data), so each op
 is CUDA-graph capturable and traces under torch.compile; data-dependent sizes (per-expert counts, padded
-total) come back as device tensors. Contract: dispatch/reference/moe.py; layouts: docs/moe_layouts.md.
+total) come back as device tensors. Contract: dispatch/reference/moe.py; layouts: docs/moe.md.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from triton_ops.contract.formats import contiguous_capacity
 
 from ..reference.moe import SCORINGS
 from ._common import call, lowbit_op, run
+from .rope import debug_checks, host_values
 
 Scoring = Literal["softmax", "sigmoid", "sqrt_softplus"]
 ID_DTYPES = (torch.int32, torch.int64)
@@ -27,7 +28,6 @@ I32 = torch.int32
 
 
 def _check_logits(op, logits):
-    C.check_tensor(op, "logits", logits)
     C.check_dtype(op, "logits", logits, C.FLOAT_INPUTS)
     if logits.dim() != 2:
         C.fail(op, "logits", f"expected [T, E], got shape {tuple(logits.shape)}")
@@ -42,13 +42,15 @@ def _check_scoring(op, scoring, routed_scaling):
 
 def _check_route(logits, bias, top_k, scoring, routed_scaling, num_groups, topk_groups):
     op = "moe_route"
+    C.check_tensor(op, "logits", logits)
+    C.check_tensor(op, "bias", bias, optional=True)
+    C.check_no_grad(op, logits=logits, bias=bias)
     _check_logits(op, logits)
     _check_scoring(op, scoring, routed_scaling)
     e = logits.shape[1]
     if not 1 <= top_k <= e:
         C.fail(op, "top_k", f"must be in [1, E={e}], got {top_k}")
     if bias is not None:
-        C.check_tensor(op, "bias", bias)
         C.check_dtype(op, "bias", bias, C.FLOAT_INPUTS)
         C.check_same_device(op, "logits", logits, "bias", bias)
         if tuple(bias.shape) != (e,):
@@ -64,8 +66,14 @@ def _check_route(logits, bias, top_k, scoring, routed_scaling, num_groups, topk_
             C.fail(op, "num_groups", "groups scored by their top-2 (bias given) need at least 2 experts each")
 
 
-def _check_hash_route(logits, token_ids, table, scoring, routed_scaling):
+def _check_hash_route(logits, token_ids, table, scoring, routed_scaling, sync_check=True):
+    """sync_check: also range-check token ids and table entries where that needs no device sync (host tensors)
+    or LOWBIT_CHECK_INDICES=1 asks for it (fakes pass False)."""
     op = "moe_hash_route"
+    C.check_tensor(op, "logits", logits)
+    C.check_tensor(op, "token_ids", token_ids)
+    C.check_tensor(op, "table", table)
+    C.check_no_grad(op, logits=logits)
     _check_logits(op, logits)
     _check_scoring(op, scoring, routed_scaling)
     C.check_dtype(op, "token_ids", token_ids, ID_DTYPES)
@@ -76,10 +84,14 @@ def _check_hash_route(logits, token_ids, table, scoring, routed_scaling):
         C.fail(op, "token_ids", f"expected shape ({logits.shape[0]},), got {tuple(token_ids.shape)}")
     if table.dim() != 2 or table.shape[1] < 1:
         C.fail(op, "table", f"expected [vocab, k] with k >= 1, got shape {tuple(table.shape)}")
+    if sync_check and (token_ids.device.type == "cpu" or debug_checks()):
+        C.check_index_range(op, "token_ids", token_ids, 0, table.shape[0], "rows of table")
+        C.check_index_range(op, "table", table, 0, logits.shape[1], "expert ids, E = logits.shape[1]")
 
 
 def _check_ids(op, topk_ids, expert_map, num_experts):
     C.check_tensor(op, "topk_ids", topk_ids)
+    C.check_tensor(op, "expert_map", expert_map, optional=True)
     C.check_dtype(op, "topk_ids", topk_ids, ID_DTYPES)
     if topk_ids.dim() != 2:
         C.fail(op, "topk_ids", f"expected [T, k], got shape {tuple(topk_ids.shape)}")
@@ -104,9 +116,10 @@ def _check_masked(topk_ids, expert_map, num_experts, max_m):
         C.fail("moe_masked_layout", "max_m", f"must be >= 1, got {max_m}")
 
 
-def _check_gather(x, src_rows, top_k):
-    op = "moe_gather"
+def _check_gather(x, src_rows, top_k, op="moe_gather"):
     C.check_tensor(op, "x", x)
+    C.check_tensor(op, "src_rows", src_rows)
+    C.check_no_grad(op, x=x)
     if x.dim() != 2:
         C.fail(op, "x", f"expected [T, K], got shape {tuple(x.shape)}")
     C.check_dtype(op, "src_rows", src_rows, (torch.int32,))
@@ -115,9 +128,13 @@ def _check_gather(x, src_rows, top_k):
         C.fail(op, "top_k", f"must be >= 1, got {top_k}")
 
 
-def _check_combine(expert_out, inv_rows, weights, shared, out_dtype):
+def _check_combine(expert_out, inv_rows, weights, shared, out_dtype, sync_check=True):
     op = "moe_combine"
     C.check_tensor(op, "expert_out", expert_out)
+    C.check_tensor(op, "inv_rows", inv_rows)
+    C.check_tensor(op, "weights", weights)
+    C.check_tensor(op, "shared", shared, optional=True)
+    C.check_no_grad(op, expert_out=expert_out, weights=weights, shared=shared)
     C.check_dtype(op, "expert_out", expert_out, C.FLOAT_INPUTS)
     C.check_min_dims(op, "expert_out", expert_out, 2)
     C.check_dtype(op, "inv_rows", inv_rows, (torch.int32,))
@@ -136,6 +153,10 @@ def _check_combine(expert_out, inv_rows, weights, shared, out_dtype):
             C.fail(op, "shared", f"expected shape ({inv_rows.shape[0]}, {n}), got {tuple(shared.shape)}")
     if out_dtype not in C.FLOAT_INPUTS:
         C.fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")
+    if sync_check and debug_checks():  # out-of-range rows are masked (defined); the debug env flags them
+        rows = expert_out.numel() // n if n else 0
+        C.check_index_range(op, "inv_rows", inv_rows, -1, rows, f"-1 or a row of expert_out read flat as [{rows}, "
+                                                                 f"{n}] (LOWBIT_CHECK_INDICES=1 check)")
 
 
 # ---------------------------------------------------------------------------------------------- router
@@ -165,7 +186,7 @@ def _moe_hash_route(logits: Tensor, token_ids: Tensor, table: Tensor, scoring: s
 
 @_moe_hash_route.register_fake
 def _(logits, token_ids, table, scoring, renormalize, routed_scaling, backend):
-    _check_hash_route(logits, token_ids, table, scoring, routed_scaling)
+    _check_hash_route(logits, token_ids, table, scoring, routed_scaling, sync_check=False)
     t, k = logits.shape[0], table.shape[1]
     return logits.new_empty(t, k, dtype=I32), logits.new_empty(t, k, dtype=torch.float32)
 
@@ -182,6 +203,7 @@ def moe_route(logits: Tensor, top_k: int, *, scoring: Scoring = "softmax", bias:
 
     Presets: GPT-OSS softmax+renormalize (= softmax over the top-k logits); DeepSeek-V3 sigmoid + bias +
     groups 8/4 + renormalize + routed_scaling 2.5; DeepSeek-V4 sqrt_softplus + bias + renormalize.
+    Inference only: with grad mode on, inputs that require grad are refused (LowbitInputError).
     """
     return Routing(*call("moe_route", logits, bias, top_k, scoring, renormalize, float(routed_scaling),
                                                num_groups, topk_groups, backend))
@@ -189,8 +211,17 @@ def moe_route(logits: Tensor, top_k: int, *, scoring: Scoring = "softmax", bias:
 
 def moe_hash_route(logits: Tensor, token_ids: Tensor, table: Tensor, *, scoring: Scoring = "sqrt_softplus",
                    renormalize: bool = True, routed_scaling: float = 1.0, backend: str = "auto") -> Routing:
-    """Hash routing: ids = table[token_ids] (int [vocab, k]); weights = scores of those experts. token_ids
-    must be in [0, vocab) (not checked: that would need a host sync)."""
+    """Hash routing: ids = table[token_ids] (int [vocab, k]); weights = scores of those experts (renormalized
+    over the token's k slots, then times routed_scaling).
+
+    Out-of-range values (token id outside [0, vocab), table entry outside [0, E), E = logits.shape[1]) are
+    masked, never read past: every slot of such a token, and each such table slot, gets expert id -1 and
+    weight 0, and is left out of the renormalizing sum (a token with no valid slot gets all-zero weights).
+    Checking them would need a device sync, so on the GPU the masking is the behaviour; host (CPU) tensors,
+    and any tensors under LOWBIT_CHECK_INDICES=1, are checked instead: LowbitInputError naming the argument.
+    Inference only: with grad mode on, logits that require grad are refused."""
+    if host_values(logits, token_ids, table):  # free to check on the host: on every call, not only checked ones
+        _check_hash_route(logits, token_ids, table, scoring, routed_scaling)
     return Routing(*call("moe_hash_route", logits, token_ids, table, scoring, renormalize,
                                                     float(routed_scaling), backend))
 
@@ -228,7 +259,9 @@ def moe_align(topk_ids: Tensor, num_experts: int, block_m: int, *, expert_map: T
               backend: str = "auto") -> ContiguousLayout:
     """Contiguous grouped-GEMM layout: rows sorted by (expert, token, slot), each expert padded to block_m.
     P = round_up(T*k + min(E, T*k) * (block_m - 1), block_m) (static). expert_map: [E_global] global ->
-    local id, -1 = not on this rank; num_experts is the local count. See docs/moe_layouts.md."""
+    local id, -1 = not on this rank; num_experts is the local count. See docs/moe.md.
+    topk_ids and expert_map may be int32 or int64 (compared at full width: no truncation); an id (or mapped
+    id) outside [0, num_experts) has no local expert: its entry gets no row and inv_rows -1."""
     return ContiguousLayout(*call("moe_align", topk_ids, expert_map, num_experts, block_m, backend))
 
 
@@ -255,7 +288,8 @@ class MaskedLayout(NamedTuple):
 
 def moe_masked_layout(topk_ids: Tensor, num_experts: int, max_m: int, *, expert_map: Tensor | None = None,
                       backend: str = "auto") -> MaskedLayout:
-    """Masked grouped-GEMM layout [E, max_m, K] (decode, CUDA graphs). See docs/moe_layouts.md."""
+    """Masked grouped-GEMM layout [E, max_m, K] (decode, CUDA graphs). See docs/moe.md. Ids as in
+    moe_align (int32 or int64; out of range -> no row, inv_rows -1)."""
     return MaskedLayout(*call("moe_masked_layout", topk_ids, expert_map, num_experts, max_m, backend))
 
 
@@ -276,7 +310,8 @@ def _(x, src_rows, top_k, backend):
 
 def moe_gather(x: Tensor, src_rows: Tensor, top_k: int, *, backend: str = "auto") -> Tensor:
     """out[r] = x[src_rows[r] // top_k] (any dtype, bytes copied), zero rows where src_rows[r] is not in
-    [0, T*top_k). Pass sorted_token_ids (contiguous) or src_rows (masked; out is [E, max_m, K])."""
+    [0, T*top_k). Pass sorted_token_ids (contiguous) or src_rows (masked; out is [E, max_m, K]).
+    Inference only: with grad mode on, an x that requires grad is refused (LowbitInputError)."""
     return call("moe_gather", x, src_rows, top_k, backend)
 
 
@@ -291,6 +326,7 @@ def moe_gather_fp8(x: Tensor, src_rows: Tensor, top_k: int, group_size: int = 12
     once (lowbit.fp8_group_quantize) and gathers codes and scales: the same bytes as quantizing the gathered
     rows, with k times less quantize work. Scales are row-major (transpose for DeepGEMM's MN-major)."""
     from .quant import fp8_group_quantize
+    _check_gather(x, src_rows, top_k, op="moe_gather_fp8")  # errors name this op, not the ones it calls
     q = fp8_group_quantize(x, group_size, ue8m0=ue8m0, backend=backend)
     return GatheredFP8(moe_gather(q.codes, src_rows, top_k, backend=backend),
                        moe_gather(q.scales, src_rows, top_k, backend=backend))
@@ -305,14 +341,22 @@ def _moe_combine(expert_out: Tensor, inv_rows: Tensor, weights: Tensor, shared: 
 
 @_moe_combine.register_fake
 def _(expert_out, inv_rows, weights, shared, out_dtype, backend):
-    _check_combine(expert_out, inv_rows, weights, shared, out_dtype)
+    _check_combine(expert_out, inv_rows, weights, shared, out_dtype, sync_check=False)
     return expert_out.new_empty(inv_rows.shape[0], expert_out.shape[-1], dtype=out_dtype)
 
 
 def moe_combine(expert_out: Tensor, inv_rows: Tensor, weights: Tensor, *, shared: Tensor | None = None,
                 out_dtype: torch.dtype | None = None, backend: str = "auto") -> Tensor:
     """y[t] = sum_j weights[t,j] * expert_out[inv_rows[t,j]] (+ shared[t]); fp32, slot order, no atomics.
-    expert_out: [P, N] (contiguous layout) or [E, max_m, N] (masked). out_dtype defaults to expert_out's."""
+    expert_out: [P, N] (contiguous layout) or [E, max_m, N] (masked), read flat as R = P or E * max_m rows.
+    out_dtype defaults to expert_out's.
+
+    A slot whose row is outside [0, R) contributes nothing (masked: never read, its weight is not used): -1 is
+    the layouts' "no local expert / dropped" marker, and any other out-of-range value is treated the same way
+    on every backend (R = 0, an empty expert_out, gives y = shared or zeros). LOWBIT_CHECK_INDICES=1 raises
+    for values outside [-1, R) instead (a host sync). Inference only: with grad mode on, inputs that require
+    grad are refused."""
+    C.check_tensor("moe_combine", "expert_out", expert_out)  # read below (out_dtype), before the op's checks
     return call("moe_combine", expert_out, inv_rows, weights, shared,
                                         out_dtype or expert_out.dtype, backend)
 

@@ -2,6 +2,9 @@
 
 Each op: checks (shared by the real and fake impl, so errors surface at trace time too) -> custom op whose
 impl asks the dispatch table for a backend -> fake impl (shapes only) -> typed wrapper.
+
+Every op here is inference-only: with grad mode on (torch.is_grad_enabled()), an input that requires grad is
+refused with LowbitInputError (the kernels have no backward); call under torch.no_grad() / inference_mode().
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ def _layout_flag(op: str, scale_layout: str) -> bool:
 
 def _check_quant_input(op: str, x: Tensor, block: int, what: str) -> None:
     C.check_tensor(op, "x", x)
+    C.check_no_grad(op, x=x)
     C.check_dtype(op, "x", x, C.FLOAT_INPUTS)
     C.check_min_dims(op, "x", x, 1)
     C.check_last_dim_multiple(op, "x", x, block, what)
@@ -39,6 +43,7 @@ def _check_quant_input(op: str, x: Tensor, block: int, what: str) -> None:
 def _check_fp4_dequant(op: str, codes: Tensor, scales: Tensor, block: int, scale_dtype, swizzle: bool,
                        out_dtype) -> None:
     C.check_tensor(op, "codes", codes)
+    C.check_tensor(op, "scales", scales)
     C.check_dtype(op, "codes", codes, (torch.uint8,))
     C.check_min_dims(op, "codes", codes, 1)
     k = codes.shape[-1] * 2
@@ -61,9 +66,11 @@ def _check_fp4_dequant(op: str, codes: Tensor, scales: Tensor, block: int, scale
 
 def _check_nvfp4_quantize(x, global_scale):
     op = "nvfp4_quantize"
+    C.check_tensor(op, "x", x)
+    C.check_tensor(op, "global_scale", global_scale, optional=True)
+    C.check_no_grad(op, global_scale=global_scale)
     _check_quant_input(op, x, NVFP4_BLOCK, "NVFP4 blocks are 16 elements")
     if global_scale is not None:
-        C.check_tensor(op, "global_scale", global_scale)
         C.check_scalar_tensor(op, "global_scale", global_scale)
         C.check_same_device(op, "x", x, "global_scale", global_scale)
 
@@ -84,17 +91,27 @@ def _(x, global_scale, swizzle, backend):
             x.new_empty((), dtype=torch.float32))
 
 
+def _check_nvfp4_dequantize(codes, scales, global_scale, swizzle, out_dtype):
+    op = "nvfp4_dequantize"
+    C.check_tensor(op, "codes", codes)
+    C.check_tensor(op, "scales", scales)
+    C.check_tensor(op, "global_scale", global_scale)
+    C.check_no_grad(op, global_scale=global_scale)
+    _check_fp4_dequant(op, codes, scales, NVFP4_BLOCK, torch.float8_e4m3fn, swizzle, out_dtype)
+    C.check_scalar_tensor(op, "global_scale", global_scale)
+    C.check_same_device(op, "codes", codes, "global_scale", global_scale)
+
+
 @lowbit_op("nvfp4_dequantize", mutates_args=())
 def _nvfp4_dequantize(codes: Tensor, scales: Tensor, global_scale: Tensor, swizzle: bool,
                       out_dtype: torch.dtype, backend: str) -> Tensor:
-    _check_fp4_dequant("nvfp4_dequantize", codes, scales, NVFP4_BLOCK, torch.float8_e4m3fn, swizzle, out_dtype)
-    C.check_scalar_tensor("nvfp4_dequantize", "global_scale", global_scale)
+    _check_nvfp4_dequantize(codes, scales, global_scale, swizzle, out_dtype)
     return run("nvfp4_dequantize", backend, codes, scales, global_scale, swizzle, out_dtype)
 
 
 @_nvfp4_dequantize.register_fake
 def _(codes, scales, global_scale, swizzle, out_dtype, backend):
-    _check_fp4_dequant("nvfp4_dequantize", codes, scales, NVFP4_BLOCK, torch.float8_e4m3fn, swizzle, out_dtype)
+    _check_nvfp4_dequantize(codes, scales, global_scale, swizzle, out_dtype)
     return codes.new_empty(*codes.shape[:-1], codes.shape[-1] * 2, dtype=out_dtype)
 
 
@@ -111,6 +128,13 @@ def nvfp4_quantize(x: Tensor, global_scale: Tensor | None = None, *, scale_layou
     global_scale: decode-form fp32 device tensor (`amax / (448*6)`); None computes it on the device from
     amax(|x|) without a host sync (one extra pass). Convert an encode-form scale (vLLM/FlashInfer
     `448*6/amax`) with `nvfp4_decode_global_scale`.
+
+    Tiny global scales: one below 2^-118 in magnitude (0 included; a computed one when amax(|x|) < 2688 *
+    2^-118 ~ 8.1e-33) counts as 0 for the block scales, on every backend: all block scales 0, all codes +-0,
+    so the tensor decodes to zeros (its reciprocal would overflow, and every nonzero code saturate to +-6).
+    The returned global_scale is still the given / computed value. The same rule holds for the fused NVFP4
+    outputs (rms_norm_nvfp4, swiglu_nvfp4).
+    Inference only: with grad mode on, inputs that require grad are refused (LowbitInputError).
     """
     swizzle = _layout_flag("nvfp4_quantize", scale_layout)
     return NVFP4Quantized(*call("nvfp4_quantize", x, global_scale, swizzle, backend))
@@ -125,17 +149,20 @@ def nvfp4_dequantize(codes: Tensor, scales: Tensor, global_scale: Tensor, *, sca
 
 def nvfp4_global_scale_from_amax(amax: Tensor) -> Tensor:
     """Decode-form global scale (lowbit's convention) from a tensor amax: amax / (448 * 6)."""
+    C.check_tensor("nvfp4_global_scale_from_amax", "amax", amax)
     return div_rn(amax.float(), 448.0 * 6.0)
 
 
 def nvfp4_encode_global_scale(global_scale: Tensor) -> Tensor:
     """lowbit (decode form, amax/2688) -> vLLM/FlashInfer encode form (2688/amax): the reciprocal."""
+    C.check_tensor("nvfp4_encode_global_scale", "global_scale", global_scale)
     return 1.0 / global_scale.float()
 
 
 def nvfp4_decode_global_scale(encode_scale: Tensor) -> Tensor:
     """vLLM/FlashInfer encode form (2688/amax) -> lowbit decode form: the reciprocal. Note 1/(1/g) may
     differ from g in the last bit; pass the decode form through unchanged where you have it."""
+    C.check_tensor("nvfp4_decode_global_scale", "encode_scale", encode_scale)
     return 1.0 / encode_scale.float()
 
 
@@ -202,6 +229,7 @@ def mxfp4_dequantize(codes: Tensor, scales: Tensor, *, scale_layout: ScaleLayout
 
 def _check_fp8_group_quantize(x, group_size, eps):
     op = "fp8_group_quantize"
+    C.check_tensor(op, "x", x)
     if group_size <= 0:
         C.fail(op, "group_size", f"must be positive, got {group_size}")
     _check_quant_input(op, x, group_size, f"group_size={group_size}")
@@ -227,6 +255,8 @@ def _(x, group_size, eps, ue8m0, column_major, backend):
 def _check_fp8_group_dequantize(codes, scales, group_size, out_dtype):
     op = "fp8_group_dequantize"
     C.check_tensor(op, "codes", codes)
+    C.check_tensor(op, "scales", scales)
+    C.check_no_grad(op, scales=scales)
     C.check_dtype(op, "codes", codes, (torch.float8_e4m3fn,))
     C.check_min_dims(op, "codes", codes, 1)
     if group_size <= 0:
@@ -297,16 +327,26 @@ def _(scales, backend):
     return scales.new_empty(round_up(scales.shape[0], 128), round_up(scales.shape[1], 4))
 
 
+def _check_unswizzle(swizzled, rows, cols):
+    op = "unswizzle_scales_128x4"
+    C.check_tensor(op, "swizzled", swizzled)
+    for name, v in (("rows", rows), ("cols", cols)):
+        if v < 0:
+            C.fail(op, name, f"must be >= 0, got {v}")
+    if swizzled.numel() != round_up(rows, 128) * round_up(cols, 4):
+        C.fail(op, "swizzled", f"holds {swizzled.numel()} elements, expected "
+               f"{round_up(rows, 128)}x{round_up(cols, 4)} for rows={rows}, cols={cols}")
+
+
 @lowbit_op("unswizzle_scales_128x4", mutates_args=())
 def _unswizzle_scales_128x4(swizzled: Tensor, rows: int, cols: int, backend: str) -> Tensor:
-    if swizzled.numel() != round_up(rows, 128) * round_up(cols, 4):
-        C.fail("unswizzle_scales_128x4", "swizzled", f"holds {swizzled.numel()} elements, expected "
-               f"{round_up(rows, 128)}x{round_up(cols, 4)} for rows={rows}, cols={cols}")
+    _check_unswizzle(swizzled, rows, cols)
     return run("unswizzle_scales_128x4", backend, swizzled, rows, cols)
 
 
 @_unswizzle_scales_128x4.register_fake
 def _(swizzled, rows, cols, backend):
+    _check_unswizzle(swizzled, rows, cols)
     return swizzled.new_empty(rows, cols)
 
 

@@ -25,15 +25,19 @@ from .quant import FP8GroupQuantized, MXFP4Quantized, NVFP4Quantized, ScaleLayou
 
 
 def _check_rms(op, x, weight, residual, eps, weight_offset, quant="none", qargs=()):
+    C.check_tensor(op, "x", x)
+    C.check_tensor(op, "weight", weight)
+    C.check_tensor(op, "residual", residual, optional=True)
+    gs = qargs[0] if quant == "nvfp4" else None
+    C.check_tensor(op, "global_scale", gs, optional=True)
+    C.check_no_grad(op, x=x, weight=weight, residual=residual, global_scale=gs)
     _check_x(op, x)
     n = x.shape[-1]
-    C.check_tensor(op, "weight", weight)
     C.check_dtype(op, "weight", weight, C.FLOAT_INPUTS)
     C.check_same_device(op, "x", x, "weight", weight)
     if tuple(weight.shape) != (n,):
         C.fail(op, "weight", f"expected shape ({n},) for x of shape {tuple(x.shape)}, got {tuple(weight.shape)}")
     if residual is not None:
-        C.check_tensor(op, "residual", residual)
         C.check_same_device(op, "x", x, "residual", residual)
         if residual.shape != x.shape or residual.dtype != x.dtype:
             C.fail(op, "residual", f"must match x ({tuple(x.shape)}, {x.dtype}); got "
@@ -137,7 +141,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, *, residual: Tensor |
              weight_offset: float = 0.0, backend: str = "auto") -> RMSNormOutput:
     """y = x * rsqrt(mean(x^2) + eps) * (weight + weight_offset) over the last dim (fp32 math, exact IEEE
     ops, fp64 sum of squares: see docs/rmsnorm.md). With `residual`, normalizes h = x + residual and also
-    returns h (the new residual). weight_offset=1.0 is Gemma's (1 + w)."""
+    returns h (the new residual). weight_offset=1.0 is Gemma's (1 + w).
+    Inference only (every rms_norm variant): with grad mode on, inputs that require grad (an nn.Parameter
+    weight included) are refused (LowbitInputError); call under torch.no_grad() / torch.inference_mode()."""
     y, r = call("rms_norm", x, weight, residual, float(eps), float(weight_offset), backend)
     return RMSNormOutput(y, _res(r, residual))
 
@@ -166,7 +172,8 @@ def rms_norm_nvfp4(x: Tensor, weight: Tensor, eps: float = 1e-6, *, residual: Te
                    weight_offset: float = 0.0, global_scale: Tensor | None = None,
                    scale_layout: ScaleLayout = "linear", backend: str = "auto") -> RMSNormQuantOutput:
     """rms_norm, rounded to x.dtype, then NVFP4 quantized (ops.nvfp4_quantize). global_scale=None computes
-    amax(y)/2688 on the device: two launches (amax pass, then norm+quantize), no host sync."""
+    amax(y)/2688 on the device: two launches (amax pass, then norm+quantize), no host sync. A global scale below
+    2^-118 in magnitude quantizes to zeros (see nvfp4_quantize)."""
     swizzle = _layout_flag("rms_norm_nvfp4", scale_layout)
     c, s, g, r = call("rms_norm_nvfp4", x, weight, residual, float(eps), float(weight_offset),
                                                  global_scale, swizzle, backend)

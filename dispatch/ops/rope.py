@@ -27,6 +27,13 @@ def debug_checks() -> bool:
     return os.environ.get(CHECK_ENV) == "1"
 
 
+def host_values(*tensors) -> bool:
+    """Whether index values of these tensors can be read without a device sync: eager (not tracing), plain
+    host tensors (not FakeTensors or other subclasses). Public wrappers range-check such inputs before every
+    call, including the calls the eager fast path (ops/_common.py) serves without running the op's checks."""
+    return not torch.compiler.is_compiling() and all(type(t) is Tensor and t.is_cpu for t in tensors)
+
+
 def check_positions(op: str, positions: Tensor, t: int, cos_sin_cache: Tensor, *, sync_check: bool) -> None:
     C.check_tensor(op, "positions", positions)
     C.check_dtype(op, "positions", positions, INDEX_DTYPES)
@@ -47,6 +54,52 @@ def check_positions(op: str, positions: Tensor, t: int, cos_sin_cache: Tensor, *
                                     f"positions ({CHECK_ENV}=1 check)")
 
 
+def heads_overlap(a: Tensor, b: Tensor) -> bool:
+    """Whether two [T, H, D] tensors of one dtype with a unit stride along D share a memory element. Exact
+    (tests/test_bad_inputs.py checks it against element sets): disjoint address ranges first (separate
+    tensors); head slices of one row-strided buffer (fused qkv views) by interval arithmetic over the rows;
+    other layouts by sorting head start offsets. Reads addresses only (real tensors; no device sync)."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    pa, pb = a.data_ptr(), b.data_ptr()
+    (ta, ha, d), (tb, hb, _) = a.shape, b.shape
+    (a0, a1, _), (b0, b1, _) = a.stride(), b.stride()
+    es = a.element_size()
+    la, lb = (ha - 1) * a1 + d, (hb - 1) * b1 + d  # one row's footprint, in elements
+    if pb >= pa + ((ta - 1) * a0 + la) * es or pa >= pb + ((tb - 1) * b0 + lb) * es:
+        return False  # disjoint address ranges (whatever the storages)
+    delta, rem = divmod(pb - pa, es)
+    if rem:
+        return True  # element-misaligned views of one buffer: treated as aliasing
+    s = a0 if ta > 1 else b0 if tb > 1 else 0
+    if (ta <= 1 or a0 == s) and (tb <= 1 or b0 == s) and (ha <= 1 or a1 == d) and (hb <= 1 or b1 == d):
+        # rows are the intervals [t*s, t*s + la) and [delta + t*s, delta + t*s + lb): two meet iff
+        # m*s lies in (delta - la, delta + lb) for a row distance |m| < T
+        if s == 0:
+            return -lb < delta < la
+        t = max(ta, tb)
+        return max((delta - la) // s + 1, 1 - t) <= min(-(-(delta + lb) // s) - 1, t - 1)
+    xa = (torch.arange(ta)[:, None] * a0 + torch.arange(ha)[None, :] * a1).flatten()
+    xb = ((torch.arange(tb)[:, None] * b0 + torch.arange(hb)[None, :] * b1).flatten() + delta).sort().values
+    i = torch.searchsorted(xb, xa - d, right=True)  # the first head of b that starts after x - d
+    return bool(((i < xb.numel()) & (xb[i.clamp(max=xb.numel() - 1)] < xa + d)).any())
+
+
+def check_no_alias(op: str, q: Tensor, k: Tensor | None) -> None:
+    """In-place RoPE: q and k must not share memory (k is q, or overlapping views), or the shared elements
+    would be rotated twice (or once, depending on the backend). Address arithmetic only: FakeTensors and other
+    tensor subclasses get the identity test alone."""
+    if k is None:
+        return
+    if k is q:
+        C.fail(op, "k", "is the same tensor as q: in-place RoPE would rotate it twice; pass k=None to rotate q "
+                        "alone, or separate tensors")
+    if type(q) in (Tensor, torch.nn.Parameter) and type(k) in (Tensor, torch.nn.Parameter) \
+            and q.device.type != "meta" and heads_overlap(q, k):
+        C.fail(op, "k", "shares memory with q (overlapping views): in-place RoPE would rotate the shared "
+                        "elements twice; q and k must not alias")
+
+
 def check_heads(op: str, arg: str, x: Tensor, *, ref: Tensor | None = None) -> None:
     C.check_tensor(op, arg, x)
     C.check_dtype(op, arg, x, C.FLOAT_INPUTS)
@@ -63,6 +116,11 @@ def check_heads(op: str, arg: str, x: Tensor, *, ref: Tensor | None = None) -> N
 
 
 def _check_rope(op, q, k, positions, cos_sin_cache, rot_offset, sync_check=True):
+    C.check_tensor(op, "q", q)
+    C.check_tensor(op, "k", k, optional=True)
+    C.check_tensor(op, "positions", positions)
+    C.check_tensor(op, "cos_sin_cache", cos_sin_cache)
+    C.check_no_grad(op, q=q, k=k, cos_sin_cache=cos_sin_cache)
     check_heads(op, "q", q)
     if k is not None:
         check_heads(op, "k", k, ref=q)
@@ -72,6 +130,8 @@ def _check_rope(op, q, k, positions, cos_sin_cache, rot_offset, sync_check=True)
     if rot_offset < 0 or rot_offset + rot > q.shape[-1]:
         C.fail(op, "rot_offset", f"rotary slice [{rot_offset}, {rot_offset + rot}) does not fit head_dim "
                                  f"{q.shape[-1]} (rot = cos_sin_cache.shape[1] = {rot})")
+    if op == "rope_":
+        check_no_alias(op, q, k)
 
 
 @lowbit_op("rope", mutates_args=())
@@ -108,7 +168,10 @@ def rope(q: Tensor, k: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, 
          is_neox: bool = True, inverse: bool = False, backend: str = "auto") -> RopeOutput:
     """Out-of-place RoPE of q [T, Hq, D] and k [T, Hk, D] (one launch). Dims [rot_offset, rot_offset + rot)
     rotate, rot = cos_sin_cache.shape[1]; is_neox=False is GPT-J (interleaved pairs); inverse rotates
-    by minus the angle (DeepSeek-V4 applies it to the attention output). Outputs are fresh, contiguous."""
+    by minus the angle (DeepSeek-V4 applies it to the attention output). Outputs are fresh, contiguous.
+    Inference only (rope and rope_): with grad mode on, inputs that require grad are refused (LowbitInputError).
+    Positions outside [0, max_pos) are not checked (a device sync) unless LOWBIT_CHECK_INDICES=1."""
+    C.check_tensor("rope", "q", q)  # sliced below, before the op's checks
     k_in = q[:, :0] if k is None else k
     qo, ko = call("rope", q, k_in, positions, cos_sin_cache, int(rot_offset), bool(is_neox),
                                    bool(inverse), backend)
@@ -117,7 +180,14 @@ def rope(q: Tensor, k: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, 
 
 def rope_(q: Tensor, k: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, *, rot_offset: int = 0,
           is_neox: bool = True, inverse: bool = False, backend: str = "auto") -> None:
-    """In-place RoPE of q and k (k may be None); same math as `rope`."""
+    """In-place RoPE of q and k (k may be None); same math as `rope`.
+
+    q and k must not alias: k is q, or views sharing elements (e.g. overlapping head slices of one buffer),
+    raise LowbitInputError naming 'k' on every backend (disjoint head slices of a fused qkv buffer are fine).
+    The identity test runs on every call; the memory test on every checked call (the first of each argument
+    signature: see ops/_common.py call)."""
+    if k is q and k is not None:
+        check_no_alias("rope_", q, k)
     call("rope_", q, k, positions, cos_sin_cache, int(rot_offset), bool(is_neox), bool(inverse),
                            backend)
 

@@ -16,6 +16,7 @@ from ..reference.swiglu import ACTIVATIONS
 from ._common import call, lowbit_op, run
 from ._quant_outputs import _check_quant_args, _check_x, _fake_quant
 from .quant import FP8GroupQuantized, MXFP4Quantized, NVFP4Quantized, ScaleLayout, _layout_flag
+from .rope import debug_checks, host_values
 
 # ------------------------------------------------------------------------------------------------ checks
 
@@ -27,8 +28,23 @@ def _swiglu_groups(expert_ids, masked_m) -> int | None:
     return 0 if expert_ids is not None else None
 
 
+def _per_expert_scales(expert_ids, quant, qargs) -> int | None:
+    """E when swiglu_nvfp4 gets one global scale per expert [E > 1] with the contiguous layout, else None."""
+    if quant != "nvfp4" or expert_ids is None or qargs[0] is None or qargs[0].numel() <= 1:
+        return None
+    return qargs[0].numel()
+
+
 def _check_swiglu(op, x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, quant="none",
-                  qargs=()):
+                  qargs=(), sync_check=True):
+    """sync_check: with per-expert NVFP4 scales, also range-check expert_ids where that costs no device sync
+    (host tensors) or LOWBIT_CHECK_INDICES=1 asks for it (fakes pass False)."""
+    C.check_tensor(op, "x", x)
+    C.check_tensor(op, "expert_ids", expert_ids, optional=True)
+    C.check_tensor(op, "masked_m", masked_m, optional=True)
+    gs = qargs[0] if quant == "nvfp4" else None
+    C.check_tensor(op, "global_scale", gs, optional=True)
+    C.check_no_grad(op, x=x, global_scale=gs)
     _check_x(op, x)
     two_i = x.shape[-1]
     if two_i % 2:
@@ -49,20 +65,25 @@ def _check_swiglu(op, x, interleave, activation, alpha, limit, expert_ids, maske
     if expert_ids is not None and masked_m is not None:
         C.fail(op, "masked_m", "give expert_ids (contiguous layout) or masked_m (masked layout), not both")
     if expert_ids is not None:
-        C.check_tensor(op, "expert_ids", expert_ids)
         C.check_dtype(op, "expert_ids", expert_ids, (torch.int32,))
         C.check_same_device(op, "x", x, "expert_ids", expert_ids)
         if tuple(expert_ids.shape) != tuple(x.shape[:-1]) or not expert_ids.is_contiguous():
             C.fail(op, "expert_ids", f"expected a contiguous int32 tensor of shape {tuple(x.shape[:-1])} (one "
                                      f"expert per row, -1 = padding), got {tuple(expert_ids.shape)}")
     if masked_m is not None:
-        C.check_tensor(op, "masked_m", masked_m)
         C.check_dtype(op, "masked_m", masked_m, (torch.int32,))
         C.check_same_device(op, "x", x, "masked_m", masked_m)
         if x.dim() != 3 or tuple(masked_m.shape) != (x.shape[0],) or not masked_m.is_contiguous():
             C.fail(op, "masked_m", f"the masked layout needs x [G, max_M, 2I] and masked_m [G]; got x "
                                    f"{tuple(x.shape)}, masked_m {tuple(masked_m.shape)}")
     _check_quant_args(op, x, i, quant, qargs, _swiglu_groups(expert_ids, masked_m))
+    n_exp = _per_expert_scales(expert_ids, quant, qargs)
+    if sync_check and n_exp is not None and expert_ids.numel() and (expert_ids.device.type == "cpu"
+                                                                    or debug_checks()):
+        hi = int(expert_ids.max())
+        if hi >= n_exp:
+            C.fail(op, "expert_ids", f"holds expert {hi} but global_scale has {n_exp} per-expert scales (ids must "
+                                     f"be < {n_exp}; negative ids are padding rows)")
 
 
 # ------------------------------------------------------------------------------------------- SwiGLU ops
@@ -83,7 +104,8 @@ def _swiglu(x: Tensor, interleave: int, activation: str, alpha: float, limit: fl
 
 @_swiglu.register_fake
 def _(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, backend):
-    _check_swiglu("swiglu", x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype)
+    _check_swiglu("swiglu", x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype,
+                  sync_check=False)
     lead, i = _fake_swiglu_lead(x)
     return x.new_empty(*lead, i, dtype=out_dtype or x.dtype)
 
@@ -104,7 +126,7 @@ def _(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, 
       column_major, backend):
     q = (group_size, quant_eps, ue8m0, column_major)
     _check_swiglu("swiglu_fp8_group", x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype,
-                  "fp8_group", q)
+                  "fp8_group", q, sync_check=False)
     return _fake_quant(x, *_fake_swiglu_lead(x), "fp8_group", q)
 
 
@@ -120,7 +142,7 @@ def _swiglu_mxfp4(x: Tensor, interleave: int, activation: str, alpha: float, lim
 @_swiglu_mxfp4.register_fake
 def _(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, rounding, swizzle, backend):
     _check_swiglu("swiglu_mxfp4", x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype,
-                  "mxfp4", (rounding, swizzle))
+                  "mxfp4", (rounding, swizzle), sync_check=False)
     return _fake_quant(x, *_fake_swiglu_lead(x), "mxfp4", (rounding, swizzle))
 
 
@@ -136,7 +158,7 @@ def _swiglu_nvfp4(x: Tensor, interleave: int, activation: str, alpha: float, lim
 @_swiglu_nvfp4.register_fake
 def _(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, global_scale, swizzle, backend):
     _check_swiglu("swiglu_nvfp4", x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype,
-                  "nvfp4", (global_scale, swizzle))
+                  "nvfp4", (global_scale, swizzle), sync_check=False)
     return _fake_quant(x, *_fake_swiglu_lead(x), "nvfp4", (global_scale, swizzle))
 
 
@@ -155,6 +177,8 @@ def swiglu(x: Tensor, *, interleave: int = 0, activation: Literal["silu", "gptos
     limit: clamp gate <= limit and |up| <= limit first (DeepSeek-V4 / GPT-OSS use 7.0 with gptoss).
     expert_ids [M] int32 (-1 = padding row) or masked_m [G] int32 (x [G, max_M, 2I]): MoE layouts; padding
     rows are not read and come out as zeros.
+    Inference only (every swiglu variant): with grad mode on, inputs that require grad are refused
+    (LowbitInputError); call under torch.no_grad() / torch.inference_mode().
     """
     return call("swiglu", *_sw_args(x, interleave, activation, alpha, limit, expert_ids, masked_m,
                                              out_dtype), backend)
@@ -189,12 +213,18 @@ def swiglu_nvfp4(x: Tensor, *, interleave: int = 0, activation: Literal["silu", 
                  global_scale: Tensor | None = None, scale_layout: ScaleLayout = "linear",
                  backend: str = "auto") -> NVFP4Quantized:
     """swiglu (rounded to out_dtype) then NVFP4 quantized. global_scale: None (amax of the whole output /
-    2688, computed on the device in a first pass), a scalar, or with expert_ids / masked_m one per expert
-    [E] (ids must index it: a precondition, like DeepGEMM's m_indices)."""
+    2688, computed on the device in a first pass), a scalar, or with expert_ids / masked_m one per expert [E].
+
+    Per-expert scales with expert_ids: a row whose expert id is >= E has no scale; it is masked like a padding
+    row (not read, zero code and scale bytes) on every backend, never read past the scales. Checking the ids
+    would need a device sync, so on the GPU that masking is the behaviour; host (CPU) tensors, and any tensors
+    under LOWBIT_CHECK_INDICES=1, are checked instead (LowbitInputError naming 'expert_ids').
+    A global scale below 2^-118 in magnitude quantizes to zeros (see nvfp4_quantize)."""
     swizzle = _layout_flag("swiglu_nvfp4", scale_layout)
-    return NVFP4Quantized(*call("swiglu_nvfp4",
-        *_sw_args(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype), global_scale, swizzle,
-        backend))
+    a = _sw_args(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype)
+    if expert_ids is not None and global_scale is not None and host_values(x, expert_ids, global_scale):
+        _check_swiglu("swiglu_nvfp4", *a, "nvfp4", (global_scale, swizzle))  # every call, not only checked ones
+    return NVFP4Quantized(*call("swiglu_nvfp4", *a, global_scale, swizzle, backend))
 
 
 # ------------------------------------------------------------------------------------------ self-check

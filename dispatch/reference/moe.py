@@ -1,6 +1,6 @@
 """Reference MoE routing plumbing: router, align (contiguous + masked layouts), gather, combine.
 
-These functions *are* the contract (docs/moe_layouts.md explains the layouts for the grouped GEMMs).
+These functions *are* the contract (docs/moe.md explains the layouts for the grouped GEMMs).
 
 Router math is fp32. Selection is exact and deterministic:
 * Selection key: without a bias the key is the fp32 *logit* (every scoring function is monotone, so this is
@@ -82,12 +82,23 @@ def moe_route(logits, bias, top_k, scoring, renormalize, routed_scaling, num_gro
 
 def moe_hash_route(logits, token_ids, table, scoring, renormalize, routed_scaling):
     """Hash routing (DeepSeek-V4 early layers): ids = table[token_ids] (table order kept); weights are the
-    scores of those experts, renormalized / scaled like moe_route. Token ids must be in range."""
+    scores of those experts, renormalized / scaled like moe_route.
+
+    Out-of-range values are masked: a token id outside [0, vocab) makes all k slots of its token, and a table
+    entry outside [0, E) makes its slot, expert id -1 with weight 0; masked slots are left out of the
+    renormalizing sum (all slots masked: weights 0). Nothing is read out of range (ids compared at full width)."""
     scores = score(logits.float(), scoring)
-    ids = table[token_ids.long()].to(torch.int32)
-    w = scores.gather(1, ids.long())
+    t, e = scores.shape
+    vocab, k = table.shape
+    tok = token_ids.long()
+    tok_ok = (tok >= 0) & (tok < vocab)
+    raw = table.long()[tok.clamp(0, max(vocab - 1, 0))] if vocab else table.new_zeros(t, k, dtype=torch.long)
+    ok = tok_ok[:, None] & (raw >= 0) & (raw < e)
+    ids = torch.where(ok, raw, -1).to(torch.int32)
+    w = scores.gather(1, torch.where(ok, raw, 0)) if e else scores.new_zeros(t, k)
+    w = torch.where(ok, w, 0.0)
     if renormalize:
-        w = w / w.sum(-1, keepdim=True)
+        w = torch.where(ok, w / w.sum(-1, keepdim=True), 0.0)
     return ids, w * routed_scaling
 
 
@@ -117,7 +128,7 @@ def _sorted_entries(e: torch.Tensor, num_experts: int):
 
 
 def moe_align(topk_ids, expert_map, num_experts, block_m):
-    """Contiguous layout (see docs/moe_layouts.md). Returns (sorted_token_ids, expert_ids, m_indices,
+    """Contiguous layout (see docs/moe.md). Returns (sorted_token_ids, expert_ids, m_indices,
     num_tokens_post_padded, expert_offsets, expert_counts, inv_rows)."""
     t, k = topk_ids.shape
     n, dev = t * k, topk_ids.device
@@ -179,16 +190,20 @@ def moe_gather(x, src_rows, top_k):
 
 
 def moe_combine(expert_out, inv_rows, weights, shared, out_dtype):
-    """y[t] = sum_j w[t,j] * expert_out[inv_rows[t,j]] (j in slot order, skipping -1), + shared[t];
-    fp32 accumulation, one rounding to out_dtype. expert_out is [R, N] or [E, max_m, N] (read flat)."""
+    """y[t] = sum_j w[t,j] * expert_out[inv_rows[t,j]] (j in slot order, skipping rows outside [0, R): -1 and
+    any other out-of-range value contribute nothing), + shared[t]; fp32 accumulation, one rounding to
+    out_dtype. expert_out is [R, N] or [E, max_m, N] (read flat, R = E * max_m; R may be 0)."""
     n = expert_out.shape[-1]
-    eo = expert_out.reshape(-1, n)
     t, k = inv_rows.shape
+    if n == 0:
+        return torch.zeros(t, 0, dtype=out_dtype, device=expert_out.device)
+    eo = expert_out.reshape(-1, n)
+    rows = eo.shape[0]
     acc = torch.zeros(t, n, dtype=torch.float32, device=eo.device)
     for j in range(k):
         r = inv_rows[:, j].long()
-        ok = r >= 0
-        v = eo[r.clamp(min=0)].float() if eo.shape[0] else acc
+        ok = (r >= 0) & (r < rows)
+        v = eo[r.clamp(0, rows - 1)].float() if rows else acc
         w = torch.where(ok, weights[:, j].float(), 0.0)
         acc = acc + torch.where(ok[:, None], w[:, None] * v, 0.0)
     if shared is not None:

@@ -16,6 +16,7 @@ from triton_ops.contract.formats import (
     MXFP4_BLOCK,
     NVFP4_AMAX_TO_SCALE,
     NVFP4_BLOCK,
+    NVFP4_MIN_GLOBAL_SCALE,
     fp4_scales_shape,
     fp8_scale_storage,
     round_up,
@@ -76,6 +77,7 @@ def _amax(blocks: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------ NVFP4
 
 
+
 def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
     """Decode-form global scale amax(|x|) / (448*6) as a 0-dim fp32 tensor (0 for empty or all-zero x)."""
     if x.numel() == 0:
@@ -86,9 +88,12 @@ def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
 def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor | None, swizzle: bool):
     """NVFP4: 16-element blocks along the last dim, E4M3 block scales, fp32 decode-form global scale.
 
-    block scale s = e4m3(min((amax_b / 6) / gs, 448))      (gs == 0 -> s = 0)
+    block scale s = e4m3(min((amax_b / 6) / gs, 448))      (|gs| < 2^-118, 0 included -> s = 0)
     inverse     r = (1 / gs) / fp32(s)                     (one IEEE division per block; 0 where s == 0)
     code        = e2m1(x * r)
+    A global scale below NVFP4_MIN_GLOBAL_SCALE = 2^-118 in magnitude (0 included) therefore gives zero block
+    scales and +-0 codes (sign kept; NaN -> 0): the tensor quantizes to zeros instead of saturating. The
+    returned global scale is the given / computed one, unchanged.
     Multiplying by a per-block reciprocal instead of dividing each element keeps the kernels memory-bound. The
     reciprocal is formed exactly as torchao's nvfp4_quantize (0.18) and the MSLK Triton kernel form it, so the
     bytes equal theirs wherever the conventions agree (tests/test_quant_interop.py).
@@ -97,7 +102,7 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor | None, swizzle: 
     gs = nvfp4_global_scale(x) if global_scale is None else global_scale.reshape(()).float()
     xb = _blocks(x, NVFP4_BLOCK)
     amax = _amax(xb)
-    s = torch.where(gs == 0, torch.zeros_like(amax), div_rn(div_rn(amax, 6.0), gs))
+    s = torch.where(gs.abs() < NVFP4_MIN_GLOBAL_SCALE, torch.zeros_like(amax), div_rn(div_rn(amax, 6.0), gs))
     s8 = e4m3_encode(s)
     s32 = s8.float()
     inv = torch.where(s32 == 0, torch.zeros_like(s32), torch.div(reciprocal_rn(gs), s32))

@@ -89,15 +89,16 @@ def row_groups(y: Tensor, expert_ids: Tensor | None, masked_m: Tensor | None) ->
 
 def nvfp4_per_group(y: Tensor, global_scale: Tensor, groups: Tensor, swizzle: bool):
     """NVFP4 with one global scale per row group: the foundation primitive on each group's rows, linear
-    scales scattered back, then the foundation swizzle of the whole matrix. Padding rows: zero bytes."""
+    scales scattered back, then the foundation swizzle of the whole matrix. Padding rows (and rows whose group
+    has no per-group scale): zero bytes."""
     lead, k = y.shape[:-1], y.shape[-1]
     y2 = y.reshape(-1, k)
     codes = torch.zeros(y2.shape[0], k // 2, dtype=torch.uint8, device=y.device)
     scales = torch.zeros(y2.shape[0], k // Q.NVFP4_BLOCK, dtype=torch.uint8, device=y.device)
     gs = global_scale.reshape(-1).float()
     for e in torch.unique(groups).tolist():
-        if e < 0:
-            continue
+        if e < 0 or (gs.numel() > 1 and e >= gs.numel()):
+            continue  # padding rows, and expert ids past the per-expert scales (masked: zero bytes, as the kernels)
         sel = groups == e
         c, s, _ = Q.nvfp4_quantize(y2[sel], gs[e if gs.numel() > 1 else 0], False)
         codes[sel], scales[sel] = c, s.view(torch.uint8)

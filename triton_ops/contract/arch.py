@@ -26,7 +26,8 @@ def normalize_arch(name: str) -> str:
         return s
     s = s.removeprefix("sm_").removeprefix("sm").rstrip("af")
     if not s.isdigit():
-        raise ValueError(f"{ARCH_ENV}: cannot parse arch {name!r}; expected e.g. 'cpu', 'sm_90', 'sm_100a'")
+        raise ValueError(f"{ARCH_ENV}: cannot parse arch {name!r}; expected e.g. 'cpu', 'sm_90', 'sm_100a' "
+                         f"(lowbit supports {', '.join(KNOWN_ARCHS)})")
     return f"sm_{s}"
 
 

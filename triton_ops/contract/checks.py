@@ -28,9 +28,38 @@ def check_dtype(op: str, arg: str, t: torch.Tensor, allowed) -> None:
         fail(op, arg, f"dtype {str(t.dtype).removeprefix('torch.')} is not supported; expected {_names(allowed)}")
 
 
-def check_tensor(op: str, arg: str, t) -> None:
+def check_tensor(op: str, arg: str, t, *, optional: bool = False) -> None:
+    """t must be a torch.Tensor (None too when optional): floats, lists and arrays get the named error here,
+    before any attribute of them is read. Every op's checks start with this for each tensor argument."""
+    if optional and t is None:
+        return
     if not isinstance(t, torch.Tensor):
-        fail(op, arg, f"expected a torch.Tensor, got {type(t).__name__}")
+        fail(op, arg, f"expected a torch.Tensor{' or None' if optional else ''}, got {type(t).__name__}")
+
+
+def check_no_grad(op: str, *tensors, **named) -> None:
+    """lowbit ops are inference-only: they have no backward, and the Triton / CuTe kernels would silently drop
+    the autograd graph. So while grad mode is on (torch.is_grad_enabled()), no input may require grad. Inputs:
+    `name=tensor` keywords (the error names the argument), `(name, tensor)` pairs, or bare tensors (named by
+    position); None and non-tensors are skipped. Under torch.no_grad() / torch.inference_mode() it passes."""
+    if not torch.is_grad_enabled():
+        return
+    items = [t if isinstance(t, tuple) else (f"#{i}", t) for i, t in enumerate(tensors)]
+    for arg, t in (*items, *named.items()):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            fail(op, arg, "requires grad, but lowbit ops are inference-only (no backward: the result would be "
+                          "silently detached); call under torch.no_grad() or torch.inference_mode(), or pass "
+                          ".detach()")
+
+
+def check_index_range(op: str, arg: str, t: torch.Tensor, lo: int, hi: int, what: str) -> None:
+    """Values of integer tensor t must lie in [lo, hi). Reads the values: callers run it only where that costs no
+    device sync (host tensors) or where the user asked for it (LOWBIT_CHECK_INDICES=1)."""
+    if t.numel() == 0:
+        return
+    tmin, tmax = int(t.min()), int(t.max())
+    if tmin < lo or tmax >= hi:
+        fail(op, arg, f"values span [{tmin}, {tmax}] but must lie in [{lo}, {hi}) ({what})")
 
 
 def check_min_dims(op: str, arg: str, t: torch.Tensor, ndim: int) -> None:

@@ -18,6 +18,12 @@ E4M3_NAN = 0x7F  # canonical NaN byte lowbit writes (the sign of a NaN input is 
 NVFP4_BLOCK = 16
 MXFP4_BLOCK = 32
 NVFP4_AMAX_TO_SCALE = E4M3_MAX * E2M1_MAX  # decode-form global scale = amax / 2688
+# A decode-form NVFP4 global scale below this in magnitude counts as 0 when block scales are chosen (it is still
+# returned as given / computed). Above it, 1/gs <= 2^118, so inv = (1/gs)/s <= 2^127 stays finite for every
+# E4M3 block scale s >= 2^-9; below it the reciprocal overflows (to Inf from gs < 2^-128, for small blocks
+# before) and every nonzero code would saturate to +-6. The tensor then quantizes to zeros: its amax is below
+# 2688 * 2^-118 ~ 8.1e-33 (computed scale), or the given scale is that far below any real tensor's.
+NVFP4_MIN_GLOBAL_SCALE = 2.0**-118
 SWIZZLE_ROWS, SWIZZLE_COLS = 128, 4  # the 128x4 scale-factor tile (cuBLAS / CUTLASS block-scaled layout)
 
 

@@ -1,6 +1,6 @@
 """MoE align (contiguous + masked layouts), gather and combine (Triton). No global atomics: every output
 element has exactly one writer, so results are deterministic (tl.histogram's shared-memory integer adds are
-order-independent). Contract: dispatch/reference/moe.py and docs/moe_layouts.md.
+order-independent). Contract: dispatch/reference/moe.py and docs/moe.md.
 
 Align paths:
 * small (T*k <= SMALL_ENTRIES, decode): ONE launch, no loop over the entries. Every program loads all the
@@ -24,10 +24,10 @@ import triton.language as tl
 from triton_ops.contract.formats import contiguous_capacity
 
 from .._formats import cast_out
-from .._launch import TL_DTYPE, cdiv, emulate_formats, next_pow2
+from .._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
 
 SMALL_ENTRIES = 1024  # T*k at or below this takes the single-launch path
-SINGLE_MAX_ENTRIES = 8192  # path='single' (probes) holds all entries in registers: bounded
+SINGLE_MAX_ENTRIES = 8192  # path='single' (benchmark sweeps) holds all entries in registers: bounded
 SMALL_WARPS = 4
 GENERAL_CHUNK = 128  # GPU entries per chunk program on the large path ([CH, CH] rank compare: 16K elements)
 GENERAL_CHUNK_CPU = 1024  # interpreter: few large programs (its cost is per program)
@@ -40,13 +40,15 @@ SCAN_WARPS = 8  # 32 tile elements per thread (4 warps spill the cumsum at 8K el
 
 @triton.jit
 def _local(ids_ptr, map_ptr, offs, hi, E, E_GLOBAL, HAS_MAP: tl.constexpr):
-    """Local expert of entries offs (< hi), -1 when not local / out of range."""
+    """Local expert of entries offs (< hi), -1 when not local / out of range. Ids and map values are compared in
+    their own width (int32 or int64) and narrowed only once known to be in range: an int64 id of 2^32 + 3 is
+    out of range, not expert 3."""
     ok = offs < hi
-    g = tl.load(ids_ptr + offs, mask=ok, other=-1).to(tl.int32)
+    g = tl.load(ids_ptr + offs, mask=ok, other=-1)
     if HAS_MAP:
         inr = ok & (g >= 0) & (g < E_GLOBAL)
-        g = tl.load(map_ptr + g, mask=inr, other=-1).to(tl.int32)
-    return tl.where(ok & (g >= 0) & (g < E), g, -1)
+        g = tl.load(map_ptr + g, mask=inr, other=-1)
+    return tl.where(ok & (g >= 0) & (g < E), g, -1).to(tl.int32)
 
 
 @triton.jit
@@ -294,14 +296,13 @@ def _align_general(ids, emap, sorted_ids, m_ind, eids, inv, counts, mm, offs, to
     part = torch.empty(n_chunks, block_e, **i32)
     base = torch.empty(n_chunks, block_e, **i32)
     totals = torch.empty(block_e, **i32)
-    _align_count_kernel[(n_chunks,)](ids, emap, part, n, e, e_global, HAS_MAP=has_map, BLOCK_E=block_e, CH=ch,
-                                     num_warps=GENERAL_WARPS)
-    _align_scan_kernel[(block_e // eb,)](part, base, totals, n_chunks, BLOCK_E=block_e, EB=eb, CB=cb,
-                                         num_warps=SCAN_WARPS)
-    _align_scatter_kernel[(n_chunks + n_fill,)](ids, emap, sorted_ids, m_ind, eids, inv, base, totals, counts, mm,
-                                                offs, tot, n, e, e_global, cap, max_m, unit, n_chunks,
-                                                HAS_MAP=has_map, MASKED=masked, BM=bm, BLOCK_E=block_e, CH=ch,
-                                                NU=nu, UNITP=unitp, num_warps=GENERAL_WARPS)
+    launch(_align_count_kernel, (n_chunks,), ids, emap, part, n, e, e_global, HAS_MAP=has_map, BLOCK_E=block_e,
+           CH=ch, num_warps=GENERAL_WARPS)
+    launch(_align_scan_kernel, (block_e // eb,), part, base, totals, n_chunks, BLOCK_E=block_e, EB=eb, CB=cb,
+           num_warps=SCAN_WARPS)
+    launch(_align_scatter_kernel, (n_chunks + n_fill,), ids, emap, sorted_ids, m_ind, eids, inv, base, totals,
+           counts, mm, offs, tot, n, e, e_global, cap, max_m, unit, n_chunks, HAS_MAP=has_map, MASKED=masked, BM=bm,
+           BLOCK_E=block_e, CH=ch, NU=nu, UNITP=unitp, num_warps=GENERAL_WARPS)
 
 
 def _align(topk_ids, expert_map, num_experts, bm, max_m, masked, path="auto"):
@@ -329,8 +330,8 @@ def _align(topk_ids, expert_map, num_experts, bm, max_m, masked, path="auto"):
             raise ValueError(f"moe_align: path='single' holds all T*k entries in registers: T*k={n} > "
                              f"{SINGLE_MAX_ENTRIES}")
         grid, flags = _small_config(n, e, bm, max_m, masked, has_map, dev.type == "cpu")
-        _align_small_kernel[(grid,)](ids, emap, sorted_ids, m_ind, eids, inv, counts, mm, offs, tot, n, e, e_global,
-                                     cap, max_m, **flags)
+        launch(_align_small_kernel, (grid,), ids, emap, sorted_ids, m_ind, eids, inv, counts, mm, offs, tot, n, e,
+               e_global, cap, max_m, **flags)
     else:
         _align_general(ids, emap, sorted_ids, m_ind, eids, inv, counts, mm, offs, tot, n, e, e_global, cap, bm,
                        max_m, masked, has_map, dev)
@@ -338,7 +339,7 @@ def _align(topk_ids, expert_map, num_experts, bm, max_m, masked, path="auto"):
 
 
 def moe_align(topk_ids, expert_map, num_experts, block_m, path: str = "auto"):
-    """path (benchmarks / probes only; the dispatcher uses "auto"): "single" forces the one-launch path,
+    """path (benchmarks only; the dispatcher uses "auto"): "single" forces the one-launch path,
     "general" the three-launch path; "auto" takes the single launch for T*k <= SMALL_ENTRIES."""
     s, m_ind, eids, inv, counts, _, offs, tot = _align(topk_ids, expert_map, num_experts, block_m, 1, False,
                                                        path)
@@ -374,7 +375,7 @@ def _row_tile(rows: int, width: int, elems: int) -> tuple[int, int, int]:
 
 
 def moe_gather(x, src_rows, top_k, tile: tuple[int, int, int] | None = None):
-    """tile: (BLOCK_R, BLOCK_K, warps) override for probes; default _row_tile over ~16 KB per program."""
+    """tile: (BLOCK_R, BLOCK_K, warps) override for benchmark sweeps; default _row_tile over ~16 KB per program."""
     t, kdim = x.shape
     src = src_rows.reshape(-1)
     out = torch.empty(src.numel(), kdim, dtype=x.dtype, device=x.device)
@@ -388,7 +389,7 @@ def moe_gather(x, src_rows, top_k, tile: tuple[int, int, int] | None = None):
     elems = (1 << 16 if x.device.type == "cpu" else 16384) // x.element_size()
     br, bk, warps = tile or _row_tile(src.numel(), kdim, elems)
     grid = (cdiv(src.numel(), br), cdiv(kdim, bk))
-    _gather_kernel[grid](xv, src.contiguous(), ov, src.numel(), kdim, t * top_k, top_k, x.stride(0),
+    launch(_gather_kernel, grid, xv, src.contiguous(), ov, src.numel(), kdim, t * top_k, top_k, x.stride(0),
                          BLOCK_R=br, BLOCK_K=bk, num_warps=warps)
     return out.view(*src_rows.shape, kdim)
 
@@ -397,14 +398,15 @@ def moe_gather(x, src_rows, top_k, tile: tuple[int, int, int] | None = None):
 
 
 @triton.jit
-def _combine_kernel(eo_ptr, inv_ptr, w_ptr, sh_ptr, out_ptr, T, N, stride_eo, stride_sh,
+def _combine_kernel(eo_ptr, inv_ptr, w_ptr, sh_ptr, out_ptr, T, N, R, stride_eo, stride_sh,
                     K: tl.constexpr, HAS_SHARED: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
                     BLOCK_N: tl.constexpr):
     """One token x BLOCK_N columns per program (grid: N tiles fastest, so the programs of a token run together).
     Row ids and weights are scalars (one broadcast load each per slot), each slot's row is one [BLOCK_N] load:
     8 columns = 16 bytes per thread per slot, and the K loads are independent so all of them can be in
     flight at once. acc = ((0 + w0*v0) + w1*v1) + ...: the reference's order; the launch disables FMA
-    contraction, so the GPU rounds w*v and the sum separately like torch (bytes equal the reference)."""
+    contraction, so the GPU rounds w*v and the sum separately like torch (bytes equal the reference).
+    A slot whose row is outside [0, R) (R = rows of expert_out) is masked: not read, weight 0."""
     nt = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
     tok = pid // nt
@@ -414,8 +416,9 @@ def _combine_kernel(eo_ptr, inv_ptr, w_ptr, sh_ptr, out_ptr, T, N, stride_eo, st
     for j in tl.static_range(K):
         r = tl.load(inv_ptr + tok * K + j)
         w = tl.load(w_ptr + tok * K + j).to(tl.float32)
-        w = tl.where(r >= 0, w, 0.0)
-        ok = cmask & ((cols * 0 + r) >= 0)  # a vector mask (the interpreter rejects scalar & vector masks)
+        inr = (r >= 0) & (r < R)
+        w = tl.where(inr, w, 0.0)
+        ok = cmask & ((cols * 0 + inr.to(tl.int32)) != 0)  # a vector mask (the interpreter rejects scalar & vector)
         v = tl.load(eo_ptr + r.to(tl.int64) * stride_eo + cols, mask=ok, other=0.0).to(tl.float32)
         acc += w * v
     row = tok.to(tl.int64)
@@ -438,18 +441,21 @@ def combine_block_n(t: int, n: int, device: torch.device) -> int:
 
 def moe_combine(expert_out, inv_rows, weights, shared, out_dtype, block_n: int | None = None):
     n = expert_out.shape[-1]
-    eo = expert_out.reshape(-1, n)
     t, k = inv_rows.shape
     out = torch.empty(t, n, dtype=out_dtype, device=expert_out.device)
     if out.numel() == 0:
         return out
+    eo = expert_out.reshape(-1, n)
     if eo.stride(-1) != 1:
         eo = eo.contiguous()
     sh = None if shared is None else (shared if shared.stride(-1) == 1 else shared.contiguous())
     bn = block_n or combine_block_n(t, n, expert_out.device)
     grid = (t * cdiv(n, bn),)
-    _combine_kernel[grid](eo, inv_rows.contiguous(), weights.contiguous(), out if sh is None else sh, out, t, n,
-                          eo.stride(0), 0 if sh is None else sh.stride(0), K=k, HAS_SHARED=sh is not None,
+    rows = eo.shape[0]
+    if rows == 0:  # nothing to read (every slot is masked): any valid pointer, never dereferenced
+        eo = out
+    launch(_combine_kernel, grid, eo, inv_rows.contiguous(), weights.contiguous(), out if sh is None else sh, out, t, n,
+                          rows, eo.stride(0), 0 if sh is None else sh.stride(0), K=k, HAS_SHARED=sh is not None,
                           OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(expert_out.device),
                           BLOCK_N=bn, num_warps=max(1, min(8, bn // 256)), enable_fp_fusion=False)
     return out

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import cdiv, next_pow2
+from .._launch import cdiv, launch, next_pow2
 
 SCORING_CODE = {"softmax": 0, "sigmoid": 1, "sqrt_softplus": 2}
 BIG = tl.constexpr(1 << 30)  # globals used inside @triton.jit must be constexpr (compiled mode rejects plain ints)
@@ -60,7 +60,7 @@ def _softmax_stats(x, valid):
 @triton.jit
 def _route_kernel(
     logits_ptr, bias_ptr, tok_ptr, table_ptr, ids_ptr, w_ptr,
-    T, E, stride_l, group_size, scaling,
+    T, E, stride_l, group_size, scaling, VOCAB,
     K: tl.constexpr, KP: tl.constexpr, SCORING: tl.constexpr, HAS_BIAS: tl.constexpr, RENORM: tl.constexpr,
     HASH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, TOPG: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
@@ -78,9 +78,12 @@ def _route_kernel(
     kcols = tl.arange(0, KP)
     ids = tl.zeros([BLOCK_T, KP], tl.int32)
     if HASH:
-        tok = tl.load(tok_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        kmask = rmask[:, None] & (kcols < K)[None, :]
-        ids = tl.load(table_ptr + tok[:, None] * K + kcols[None, :], mask=kmask, other=0).to(tl.int32)
+        # Out-of-range token ids read nothing (all k slots -1); table entries are range-checked at their own
+        # width (int64 entries too) before narrowing: outside [0, E) -> -1. Weight 0 below for every -1 slot.
+        tok = tl.load(tok_ptr + rows, mask=rmask, other=-1).to(tl.int64)
+        kmask = rmask[:, None] & (kcols < K)[None, :] & ((tok >= 0) & (tok < VOCAB))[:, None]
+        raw = tl.load(table_ptr + tok[:, None] * K + kcols[None, :], mask=kmask, other=-1)
+        ids = tl.where((raw >= 0) & (raw < E), raw, -1).to(tl.int32)
     else:
         if HAS_BIAS:
             b = tl.load(bias_ptr + cols, mask=cols < E, other=0.0).to(tl.float32)
@@ -123,12 +126,13 @@ def _route_kernel(
             packed = tl.where(cols[None, :] == idx[:, None], -9223372036854775807 - 1, packed)
             ids = tl.where(kcols[None, :] == j, idx[:, None], ids)
     # Weights: the scores of the k chosen logits, re-read (k words per row, L1/L2-resident) and scored by the
-    # same formula as the row, instead of k masked row sums. Out-of-range hash ids weigh 0 (as before).
+    # same formula as the row, instead of k masked row sums. Masked hash slots (id -1) weigh 0, also after
+    # renormalizing (which sums the valid slots only).
     inr = rmask[:, None] & (kcols < K)[None, :] & (ids >= 0) & (ids < E)
     xg = tl.load(row_ptr[:, None] + ids, mask=inr, other=0.0).to(tl.float32)
     ws = tl.where(inr, _score_of(xg, m[:, None], den[:, None], SCORING), 0.0)
     if RENORM:
-        ws = tl.math.div_rn(ws, tl.sum(ws, 1)[:, None])
+        ws = tl.where(inr, tl.math.div_rn(ws, tl.sum(ws, 1)[:, None]), 0.0)
     ws = ws * scaling
     omask = rmask[:, None] & (kcols < K)[None, :]
     out = rows.to(tl.int64)[:, None] * K + kcols[None, :]
@@ -176,10 +180,10 @@ def _launch(logits, bias, tok, table, top_k, scoring, renormalize, routed_scalin
     cfg = config or pick_route_config(t, e, logits.device)
     dummy = ids  # never read when the matching constexpr flag is off
     grid = (cdiv(t, cfg.block_t),)
-    _route_kernel[grid](
+    launch(_route_kernel, grid,
         logits, dummy if bias is None else bias, dummy if tok is None else tok,
         dummy if table is None else table, ids, w,
-        t, e, logits.stride(0), e // max(num_groups, 1), float(routed_scaling),
+        t, e, logits.stride(0), e // max(num_groups, 1), float(routed_scaling), 0 if table is None else table.shape[0],
         K=top_k, KP=next_pow2(top_k), SCORING=SCORING_CODE[scoring], HAS_BIAS=bias is not None,
         RENORM=renormalize, HASH=table is not None, G=num_groups, GP=next_pow2(max(num_groups, 1)),
         TOPG=topk_groups, BLOCK_T=cfg.block_t, BLOCK_E=next_pow2(e), num_warps=cfg.num_warps)
