@@ -195,7 +195,7 @@ def test_runner_rejects_a_fast_wrong_answer():
 
 def test_runner_verifies_in_place_ops_on_pristine_inputs():
     """Timing mutates the inputs of in-place ops; each provider must still be verified on unmutated ones
-    (the first H200 run flagged the second provider of rope_ as wrong because of this)."""
+    (verified on the timing inputs, the second provider of an in-place op such as rope_ would look wrong)."""
     import dataclasses
 
     from perf.cases.base import BenchCase
