@@ -85,8 +85,12 @@ def _quantize(x, kind, g):
     per_head = kind != "fp8_tensor"
     scale = torch.from_numpy(g.uniform(0.002, 0.02, hkv if per_head else ()).astype(np.float32))
     view = scale.view(1, 1, hkv, 1) if per_head else scale
-    codes = (x / view).to(torch.float8_e4m3fn)  # torch's cast is correct (RNE, saturating)
+    # Clamp first: torch's float -> float8_e4m3fn cast saturates only since pytorch#178817 (2026-04); older
+    # versions (the GPU image's torch 2.11) turn |v| > 464 into the NaN code 0x7F / 0xFF, and scales this small
+    # overflow many values. NaN codes in valid keys made the kernel and the reference both garbage on the GPU.
+    codes = (x / view).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)  # RNE below 448 in every version
     deq = codes.float() * view
+    assert torch.isfinite(deq).all(), "an FP8 test cache holds NaN codes"
     return (codes.view(torch.uint8) if kind.startswith("u8") else codes), deq, scale
 
 
@@ -221,6 +225,82 @@ def test_out_of_range_pages_are_masked_keys(splits):
     want = reference_decode(c)
     c.seqused_k[0] = mb * bs + 100
     assert_attention_close(*attention_decode(*c.args(), splits), *want, "length beyond capacity")
+
+
+def poison_unread(c: DecodeCase, lens) -> DecodeCase:
+    """A copy of the case whose caches (and dequantized values) hold NaN at every (page, slot) that no sequence
+    reads for `lens` (E4M3 byte 0xFF, a NaN, in FP8 caches): unused pages, slots past a length that ends
+    mid-page, pages behind garbage table ids. A kernel that lets any of them into a softmax or a P @ V product
+    (0 * NaN) returns NaN; so does the reference if it reads anything but the valid keys."""
+    nb, bs = c.k_cache.shape[:2]
+    keep = torch.zeros(nb, bs, dtype=torch.bool)
+    for b, n in enumerate(lens):
+        pos = torch.arange(min(n, c.block_table.shape[1] * bs))
+        pages = c.block_table[b, pos // bs].long()
+        ok = (pages >= 0) & (pages < nb)
+        keep[pages[ok], (pos % bs)[ok]] = True
+    keep = keep[:, :, None, None]
+
+    def nan_outside(t):
+        raw = t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.uint8) else t
+        return torch.where(keep, raw, torch.full_like(raw, 0xFF if raw.dtype == torch.uint8 else math.nan)
+                           ).view(t.dtype)
+
+    return dataclasses.replace(c, k_cache=nan_outside(c.k_cache), v_cache=nan_outside(c.v_cache),
+                               k_deq=nan_outside(c.k_deq), v_deq=nan_outside(c.v_deq))
+
+
+def gpu_like_config(c: DecodeCase, splits: int):
+    """The GPU's tile shapes at a small size: 16-key tiles (several per split), 16 packed rows per program."""
+    bsz, sq, hq, d = c.q.shape
+    cfg = decode_config(bsz, sq, hq, c.k_cache.shape[2], c.block_table.shape[1] * c.k_cache.shape[1], d,
+                        c.q.device, splits)
+    return dataclasses.replace(cfg, block_n=16, block_m=16)
+
+
+@pytest.mark.parametrize("kind", ["fp8_head", "fp8_tensor", "u8_head", "bf16"])
+@pytest.mark.parametrize("sq,d", [(1, 64), (4, 64), (2, 96)])
+def test_large_decode_structure_poisoned(kind, sq, d):
+    """CPU form of test_gpu_large_decode, small: several sequences (empty, one key, lengths ending mid-page, the
+    table's capacity minus one, one whole page), GQA, sinks, causal (a window with Sq = 4), 1 and 3 splits, and
+    every cache slot no sequence reads is NaN. Head dim 96 pads the tiles' columns to 128."""
+    g = np.random.default_rng(11)
+    lens = [0, 1, 37, 70, 95, 16]
+    c = make_case(g, batch=len(lens), lens=lens, sq=sq, hq=8, hkv=2, d=d, bs=16, max_blocks=6, kind=kind,
+                  q_dtype=torch.bfloat16, causal=True, window=(-1, -1) if sq != 4 else (25, 0), sinks=True)
+    c = poison_unread(c, lens)
+    want = reference_decode(c)
+    for splits in (1, 3):
+        out, lse = attention_decode(*c.args(), splits, cfg=gpu_like_config(c, splits))
+        assert_attention_close(out, lse, *want, f"{kind} splits={splits} Sq={sq} D={d}")
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_new_lengths_in_place_poisoned(splits):
+    """CPU form of test_gpu_cuda_graph_new_lengths (no graph): one set of argument tensors, seqused_k and the
+    caches rewritten in place between calls (every slot past the new lengths NaN), the result follows the new
+    lengths, and the launches (grids and every non-tensor argument) are the same for every length, as a captured
+    graph needs."""
+    from triton_ops._launch import recording_launches
+
+    g = np.random.default_rng(12)
+    c = make_case(g, batch=3, lens=[64] * 3, sq=2, hq=8, hkv=2, d=64, bs=16, max_blocks=4,  # all pages valid
+                  kind="fp8_head", q_dtype=torch.bfloat16, causal=True, window=(-1, -1), sinks=True)
+    args = list(c.args())
+    args[1], args[2] = args[1].clone(), args[2].clone()  # the kernel's buffers; c keeps the clean caches
+    cfg = gpu_like_config(c, splits)
+    launches = []
+    for lens in ([37, 64, 5], [1, 0, 63], [64, 17, 32]):
+        p = poison_unread(c, lens)
+        args[1].copy_(p.k_cache)
+        args[2].copy_(p.v_cache)
+        args[4].copy_(torch.tensor(lens, dtype=torch.int32))
+        with recording_launches() as rec:
+            out, lse = attention_decode(*args, splits, cfg=cfg)
+        launches.append([(r.grid, [a for a in r.args if not isinstance(a, torch.Tensor)], r.kwargs) for r in rec])
+        assert_attention_close(out, lse, *reference_decode(p, lens=lens), f"lens={lens}")
+    assert len(launches[0]) == (1 if splits == 1 else 2)
+    assert launches[0] == launches[1] == launches[2]
 
 
 def test_empty_batch_and_zero_lengths():

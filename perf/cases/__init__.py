@@ -3,4 +3,4 @@ dispatch/ops/<family>.py, docs/<family>.md). Each module defines `cases() -> lis
 
 # Order = the order a time-limited GPU run measures them in.
 FAMILIES = ("perf.cases.quant", "perf.cases.rmsnorm", "perf.cases.swiglu", "perf.cases.rope", "perf.cases.kv_cache",
-            "perf.cases.moe")
+            "perf.cases.moe", "perf.cases.moe_gemm", "perf.cases.attention")

@@ -1,0 +1,343 @@
+"""Benchmark cases for the MoE expert grouped GEMMs: `moe_gemm_bf16`, `moe_gemm_fp8` (W8A8, DeepGEMM block scales),
+`moe_gemm_mxfp4` (W4A16, GPT-OSS), over the contiguous (`m_indices`) and masked (`masked_m`) layouts (docs/moe_gemm.md).
+
+Shapes (balanced routing: every expert gets the same number of rows, so the peers' offsets describe the same work):
+* DeepSeek-V3 experts (hidden 7168, intermediate 2048): GEMM1 N = 4096 (gate + up), K = 7168; GEMM2 N = 7168,
+  K = 2048; bf16 and FP8 (1x128 activation / 128x128 weight scales), each:
+  - prefill-like: 32 experts x 256 rows, contiguous layout (M = 8192). 32 of the model's 256 experts (an EP = 8
+    shard) bound the memory: the runner holds ~3 copies of the inputs, and 256 bf16 GEMM1 experts are 15 GB each;
+  - decode: all 256 experts x 16 rows, masked layout (E, max_m = 16, K) with masked_m = 16 (a 512-token batch at
+    top-8): weight streaming, 15 / 7.5 GB of GEMM1 weights in bf16 / FP8 per call.
+* GPT-OSS-120b GEMM1 (hidden 2880, intermediate 2880): N = 5760, K = 2880, MXFP4 W4A16 and bf16, contiguous
+  layout: decode 128 experts x 16 rows, prefill-like 32 experts x 256 rows.
+Each op also has a "quick" case (tiny shapes for the CPU interpreter) with padding rows (id -1), an out-of-range
+expert id (never read: a zero row by contract), an expert without rows, and a masked count of 0.
+
+The full cases build their layouts directly (rows grouped by expert, each expert's rows a multiple of 16): the same
+rows `moe_align` gives for balanced routing with block_m 16 / 128, minus its static-capacity tail of padding rows,
+so the timed work is the real rows only (the kernels skip padding tiles but still write their zero rows).
+
+FLOP model: 2 * (real rows) * N * K; flops_dtype "fp8" for the FP8 cases (held against the fp8 `_scaled_mm`
+roof), "bf16" otherwise (MXFP4 weights are dequantized to bf16 operands). Bytes model (read + written once): the
+weights of every expert that has rows (bf16 2 B, E4M3 1 B + fp32 128x128 block scales, MXFP4 0.5 B + one E8M0 byte
+per 32), the real activation rows (+ fp32 1x128 scales for FP8), every output row of the layout (bf16; padding
+rows are written as zeros), and the index vector (m_indices, or masked_m).
+
+Checks: normalized max error max|out - ref| / max|ref| <= 2e-2, no NaN, same shape. The reference:
+* quick cases: the contract, dispatch/reference/moe_gemm.py (padding rows and masked counts included);
+* full cases: `lean_reference`, the contract's math (per expert: dequantize to fp32, one fp32 matmul, one rounding)
+  one expert at a time, so no fp32 copy of all the weights is ever materialized (the contract's
+  `fp8_block_dequantize` of 256 GEMM1 experts alone is 30 GB). It is also the timed "torch" provider; torch.compile
+  of it is not timed (a Python loop over up to 256 experts). The lowbit "torch" backend (the contract) is refused on
+  full cases (BackendError -> "skipped": whole-tensor fp32 dequantization) and runs in --quick.
+
+Peers (timed, not checked; each tried once on the first inputs made on a GPU, removed with the reason printed if it
+raises):
+* bf16: `torch._grouped_mm(a, w.transpose(1, 2), offs, out_dtype=bf16)` (contiguous: 2-D a, int32 cumulative row
+  offsets; masked: 3-D a, no offsets), and on the prefill shapes `mm-dense`: one `torch.mm` (M, K) x (K, N) of the
+  same FLOPs against one expert's weights (the compute roof in practice, not the same bytes);
+* fp8: `torch._scaled_grouped_mm` with row-wise fp32 scales (scale_a per row, scale_b per (expert, column): a
+  coarser scaling than the 1x128 / 128x128 blocks of the lowbit op), and on the prefill shapes `scaled_mm-dense`:
+  one row-wise `torch._scaled_mm` of the same FLOPs;
+* mxfp4: `torch._grouped_mm` on bf16 weights of the same shape (4x the weight bytes: the bar a W4A16 kernel must
+  beat by reading fewer bytes), and `triton-dot_scaled`: the lowbit Triton kernel with `dot_scaled=True`
+  (tl.dot_scaled on E2M1 + E8M0 instead of the in-register dequantization the dispatcher runs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dispatch import ops
+from dispatch.reference import moe_gemm as ref
+from dispatch.registry import BackendError
+from perf.cases.base import BenchCase
+
+TOL = 2e-2
+BF16 = torch.bfloat16
+FP8 = torch.float8_e4m3fn
+FP8_BLOCK = 128
+MXFP4_BLOCK = 32
+FULL_TORCH_BACKEND = ("full-size case: the contract reference (dispatch/reference/moe_gemm.py) dequantizes every "
+                      "expert's weights to fp32 at once (30 GB for 256 FP8 GEMM1 experts); it runs in --quick, and "
+                      "the per-expert 'torch' provider is the torch number here")
+
+DSV3 = {"gemm1": (4096, 7168), "gemm2": (7168, 2048)}  # (N, K) per DeepSeek-V3 expert GEMM
+GPT_OSS_GEMM1 = (5760, 2880)
+
+
+# ---------------------------------------------------------------------------------------------------- models
+
+
+def weight_bytes(kind: str, experts: int, n: int, k: int) -> int:
+    if kind == "bf16":
+        return experts * n * k * 2
+    if kind == "fp8":
+        return experts * n * k + experts * -(-n // FP8_BLOCK) * (k // FP8_BLOCK) * 4
+    return experts * n * k // 2 + experts * n * (k // MXFP4_BLOCK)  # mxfp4
+
+
+def moe_gemm_bytes(kind: str, counts: list[int], out_rows: int, n: int, k: int, index_elems: int) -> int:
+    """Weights of the experts with rows + real activation rows (+ FP8 scales) + every output row + the indices."""
+    real = sum(counts)
+    experts = sum(1 for c in counts if c > 0)
+    act = real * k * (1 if kind == "fp8" else 2) + (real * (k // FP8_BLOCK) * 4 if kind == "fp8" else 0)
+    return weight_bytes(kind, experts, n, k) + act + out_rows * n * 2 + index_elems * 4
+
+
+def moe_gemm_flops(counts: list[int], n: int, k: int) -> int:
+    return 2 * sum(counts) * n * k
+
+
+# --------------------------------------------------------------------------------------------------- inputs
+
+
+def _fp8_codes(shape, device, std: float = 2.0, chunk: int = 1 << 26) -> torch.Tensor:
+    """E4M3 codes of N(0, std) values, made `chunk` elements at a time (no full-size fp32 temporary)."""
+    out = torch.empty(shape, dtype=FP8, device=device)
+    flat = out.view(-1)
+    for s in range(0, flat.numel(), chunk):
+        m = min(chunk, flat.numel() - s)
+        flat[s:s + m] = (torch.randn(m, device=device) * std).clamp_(-448, 448).to(FP8)
+    return out
+
+
+def _weights(kind: str, e: int, n: int, k: int, device) -> dict:
+    if kind == "bf16":
+        return {"w": torch.randn(e, n, k, device=device, dtype=BF16).mul_(k ** -0.5)}
+    if kind == "fp8":
+        return {"w": _fp8_codes((e, n, k), device),
+                "w_scale": torch.rand(e, -(-n // FP8_BLOCK), k // FP8_BLOCK, device=device).add_(0.5).mul_(k ** -0.5)}
+    # mxfp4: any byte is a valid pair of E2M1 codes; E8M0 exponents around 2^-5 .. 2^0 (no NaN byte 0xFF)
+    return {"w": torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=device),
+            "w_scale": torch.randint(122, 128, (e, n, k // MXFP4_BLOCK), dtype=torch.uint8, device=device)}
+
+
+def _activations(kind: str, lead: tuple, k: int, device) -> dict:
+    if kind == "fp8":
+        return {"a": _fp8_codes((*lead, k), device),
+                "a_scale": torch.rand(*lead, k // FP8_BLOCK, device=device).add_(0.5)}
+    return {"a": torch.randn(*lead, k, device=device, dtype=BF16)}
+
+
+def contiguous_ids(counts: list[int], pad_to: int, extra: dict[int, int] | None = None) -> list[int]:
+    """m_indices of a contiguous layout: expert e's counts[e] rows, then -1 up to a multiple of pad_to; `extra`
+    {row: id} overwrites padding rows (e.g. an out-of-range id)."""
+    ids: list[int] = []
+    for e, c in enumerate(counts):
+        if c:
+            ids += [e] * c + [-1] * (-c % pad_to)
+    for row, v in (extra or {}).items():
+        ids[row] = v
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------- references
+
+
+def _a32(kind: str, i: dict, rows) -> torch.Tensor:
+    a = i["a"][rows]
+    if kind == "fp8":
+        return a.float() * i["a_scale"][rows].float().repeat_interleave(FP8_BLOCK, dim=-1)
+    return a.float()
+
+
+def _w32(kind: str, i: dict, e: int) -> torch.Tensor:
+    if kind == "bf16":
+        return i["w"][e].float()
+    if kind == "fp8":
+        return ref.fp8_block_dequantize(i["w"][e:e + 1], i["w_scale"][e:e + 1])[0]
+    return ref.mxfp4_weight_dequantize(i["w"][e:e + 1], i["w_scale"][e:e + 1])[0]
+
+
+def lean_reference(kind: str, counts: list[int], masked: bool):
+    """The contract's math one expert at a time, for layouts whose expert e owns rows known here: contiguous,
+    experts in order, counts[e] rows each, no padding; masked, rows 0..counts[e]-1 of slab e."""
+
+    def reference(i):
+        a, w = i["a"], i["w"]
+        out = torch.zeros(*a.shape[:-1], w.shape[1], dtype=a.dtype if kind == "bf16" else BF16, device=a.device)
+        start = 0
+        for e, c in enumerate(counts):
+            if not c:
+                continue
+            rows = (e, slice(0, c)) if masked else slice(start, start + c)
+            start += c
+            out[rows] = (_a32(kind, i, rows) @ _w32(kind, i, e).T).to(out.dtype)
+        return out
+
+    return reference
+
+
+def check(got: torch.Tensor, want: torch.Tensor) -> None:
+    if got.shape != want.shape:
+        raise AssertionError(f"shape {tuple(got.shape)} != reference {tuple(want.shape)}")
+    if torch.isnan(got).any():
+        raise AssertionError(f"{int(torch.isnan(got).sum())} NaN in the output")
+    g, w = got.float(), want.float()
+    err = float((g - w).abs().max()) / max(float(w.abs().max()), 1e-6) if w.numel() else 0.0
+    if err > TOL:
+        raise AssertionError(f"normalized max error {err:.3e} > {TOL}")
+
+
+# --------------------------------------------------------------------------------------------------- peers
+
+
+def _why(exc: BaseException) -> str:
+    msg = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    return msg if len(msg) < 240 else msg[:237] + "..."
+
+
+def _probe_peers(peers: dict, state: dict, inputs: dict, device: torch.device, where: str) -> None:
+    """Once per case, on its first inputs made on a GPU: run every peer; one that raises (an API or arch this torch
+    lacks) is removed from the case (the runner builds its providers from `case.peers` after make), with the
+    reason printed."""
+    if device.type != "cuda" or state.get("probed"):
+        return
+    state["probed"] = True
+    for name, fn in list(peers.items()):
+        try:
+            with torch.no_grad():
+                fn(inputs)
+            torch.cuda.synchronize(device)
+        except Exception as exc:
+            peers.pop(name)
+            print(f"perf: {where}: peer {name} skipped: {_why(exc)}")
+
+
+def _peers(kind: str, masked: bool, dense: bool) -> dict:
+    peers: dict = {}
+    if kind in ("bf16", "mxfp4"):
+        wname = "w" if kind == "bf16" else "w_peer"
+        if masked:
+            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i["a"], i[wname].transpose(1, 2), out_dtype=BF16)
+        else:
+            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i["a"], i[wname].transpose(1, 2),
+                                                                     offs=i["offs"], out_dtype=BF16)
+        if dense and kind == "bf16":
+            peers["mm-dense"] = lambda i: torch.mm(i["a"], i["w"][0].t())
+    if kind == "fp8":
+        if masked:
+            peers["torch._scaled_grouped_mm"] = lambda i: torch._scaled_grouped_mm(
+                i["a"], i["w"].transpose(1, 2), i["sa_row"], i["sb_row"], out_dtype=BF16)
+        else:
+            peers["torch._scaled_grouped_mm"] = lambda i: torch._scaled_grouped_mm(
+                i["a"], i["w"].transpose(1, 2), i["sa_row"], i["sb_row"], offs=i["offs"], out_dtype=BF16)
+        if dense:
+            peers["scaled_mm-dense"] = lambda i: torch._scaled_mm(
+                i["a"], i["w"][0].t(), scale_a=i["sa_row"].view(-1, 1), scale_b=i["sb_row"][0].view(1, -1),
+                out_dtype=BF16)
+    if kind == "mxfp4":
+        def dot_scaled(i):
+            from triton_ops.moe_gemm.grouped import moe_gemm_mxfp4
+
+            return moe_gemm_mxfp4(i["a"], i["w"], i["w_scale"], i.get("m_indices"), i.get("masked_m"),
+                                  dot_scaled=True)
+        peers["triton-dot_scaled"] = dot_scaled
+    return peers
+
+
+# ---------------------------------------------------------------------------------------------------- cases
+
+
+def _call(kind: str):
+    def call(i, b):
+        lay = dict(m_indices=i.get("m_indices"), masked_m=i.get("masked_m"))
+        if kind == "bf16":
+            return ops.moe_gemm_bf16(i["a"], i["w"], **lay, backend=b)
+        if kind == "fp8":
+            return ops.moe_gemm_fp8(i["a"], i["a_scale"], i["w"], i["w_scale"], **lay, backend=b)
+        return ops.moe_gemm_mxfp4(i["a"], i["w"], i["w_scale"], **lay, backend=b)
+    return call
+
+
+def _contract(kind: str):
+    def reference(i):
+        lay = (i.get("m_indices"), i.get("masked_m"))
+        if kind == "bf16":
+            return ref.moe_gemm_bf16(i["a"], i["w"], *lay)
+        if kind == "fp8":
+            return ref.moe_gemm_fp8(i["a"], i["a_scale"], i["w"], i["w_scale"], *lay)
+        return ref.moe_gemm_mxfp4(i["a"], i["w"], i["w_scale"], *lay)
+    return reference
+
+
+def _case(model: str, gemm: str, kind: str, e: int, n: int, k: int, *, counts: list[int] | None = None,
+          rows: int = 0, masked: bool = False, max_m: int = 0, ids: list[int] | None = None,
+          tier: str = "full") -> BenchCase:
+    """Full cases: `rows` rows for each of the e experts (contiguous: grouped in expert order; masked: max_m = rows,
+    masked_m = rows). Quick cases: `counts` per expert with the contiguous `ids` (m_indices, padding -1) or
+    masked max_m."""
+    full = tier == "full"
+    counts = counts if counts is not None else [rows] * e
+    bucket = "decode" if max(counts) <= 64 else "prefill"
+    if masked:
+        max_m = max_m or max(counts)
+        lead: tuple = (e, max_m)
+        out_rows, index_elems = e * max_m, e
+    else:
+        ids = ids if ids is not None else contiguous_ids(counts, 1)
+        lead = (len(ids),)
+        out_rows, index_elems = len(ids), len(ids)
+    peers = _peers(kind, masked, dense=full and bucket == "prefill") if full else {}
+    state: dict = {}
+    where = f"moe_gemm_{kind} [{model} {gemm}]"
+
+    def make(device):
+        i = {**_activations(kind, lead, k, device), **_weights(kind, e, n, k, device)}
+        if masked:
+            i["masked_m"] = torch.tensor(counts, dtype=torch.int32, device=device)
+        else:
+            i["m_indices"] = torch.tensor(ids, dtype=torch.int32, device=device)
+            if full:  # torch._grouped_mm offsets: cumulative row ends per expert (the layout has no padding)
+                i["offs"] = torch.tensor(counts, device=device).cumsum(0).to(torch.int32)
+        if "torch._scaled_grouped_mm" in peers or "scaled_mm-dense" in peers:  # row-wise scales of the FP8 peers
+            i["sa_row"] = torch.rand(*lead, device=device).add_(0.5)
+            i["sb_row"] = torch.rand(e, n, device=device).add_(0.5).mul_(k ** -0.5)
+        if kind == "mxfp4" and "torch._grouped_mm" in peers:  # bf16 weights of the same shape for the bf16 peer
+            i["w_peer"] = torch.randn(e, n, k, device=device, dtype=BF16).mul_(k ** -0.5)
+        _probe_peers(peers, state, i, device, where)
+        return i
+
+    call = _call(kind)
+
+    def lowbit(i, b):
+        if full and b == "torch":
+            raise BackendError(FULL_TORCH_BACKEND)
+        return call(i, b)
+
+    layout = f"masked max_m={max_m}" if masked else "contiguous"
+    per = f"{rows} rows/expert" if full else f"rows={counts}"
+    label = f"{model} {gemm} E={e} {per} N={n} K={k} {kind} {layout}"
+    params = dict(model=model, gemm=gemm, E=e, rows_per_expert=rows if full else counts, M=sum(counts), N=n, K=k,
+                  kind=kind, layout="masked" if masked else "contiguous", max_m=max_m if masked else None)
+    return BenchCase(f"moe_gemm_{kind}", label, bucket, params, make, lowbit,
+                     lean_reference(kind, counts, masked) if full else _contract(kind), check,
+                     bytes_moved=moe_gemm_bytes(kind, counts, out_rows, n, k, index_elems),
+                     flops=moe_gemm_flops(counts, n, k), peers=peers, compile_reference=False, tier=tier,
+                     flops_dtype="fp8" if kind == "fp8" else "bf16")
+
+
+def _quick_cases() -> list[BenchCase]:
+    """Tiny shapes for the CPU interpreter (CI), against the contract: padding rows, an out-of-range expert id, an
+    expert without rows, a masked count of 0."""
+    bf16_ids = contiguous_ids([3, 0, 5, 2], 8, extra={5: 9})  # row 5: padding with id 9 >= E (never read)
+    mx_ids = contiguous_ids([2, 4, 0], 4) + [-1] * 4  # + a trailing all-padding block
+    return [
+        _case("quick", "gemm", "bf16", 4, 32, 64, counts=[3, 0, 5, 2], ids=bf16_ids, tier="quick"),
+        _case("quick", "gemm", "fp8", 3, 32, 128, counts=[2, 0, 3], masked=True, max_m=4, tier="quick"),
+        _case("quick", "gemm", "mxfp4", 3, 32, 64, counts=[2, 4, 0], ids=mx_ids, tier="quick"),
+    ]
+
+
+def cases() -> list[BenchCase]:
+    out = []
+    for kind in ("bf16", "fp8"):
+        for gemm, (n, k) in DSV3.items():
+            out.append(_case("dsv3", gemm, kind, 32, n, k, rows=256))
+            out.append(_case("dsv3", gemm, kind, 256, n, k, rows=16, masked=True))
+    n, k = GPT_OSS_GEMM1
+    for kind in ("mxfp4", "bf16"):
+        out.append(_case("gpt-oss-120b", "gemm1", kind, 128, n, k, rows=16))
+        out.append(_case("gpt-oss-120b", "gemm1", kind, 32, n, k, rows=256))
+    return out + _quick_cases()
