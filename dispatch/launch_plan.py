@@ -18,6 +18,10 @@ every pointer and every output must come out identical, and the call must have d
 take views and launch (any other aten op, a launch argument of another kind, such as a TMA descriptor, or a
 Triton launch hook -> no plan; the backend function then runs as usual). Plans replay on the current device's
 current stream, as Triton's own launch does, so CUDA-graph capture works unchanged.
+
+Status: the recording, the derivation and its self-check run in CI; the replay itself (Triton's compiled-kernel
+launcher called directly) has not yet run on a GPU, so plans are built only where PLANS_ENV=1 asks for them
+(tests/test_launch_plan.py does, on the GPU), and the default eager path is the backend function.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 log = logging.getLogger("lowbit.dispatch")
+PLANS_ENV = "LOWBIT_EAGER_PLANS"
 aten = torch.ops.aten
 
 # Ops that create fresh memory (their result becomes an allocation of the plan).
@@ -85,7 +90,7 @@ class LaunchPlan:
             if a.zero:
                 t.zero_()
             allocs.append(t)
-        stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+        stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device()) if dev.type == "cuda" else 0
         for run, function, metadata, grid, specs in self.launches:
             values = [_value(s, args, allocs) for s in specs]
             run(grid[0], grid[1], grid[2], stream, function, metadata, None, None, None, *values)
@@ -158,6 +163,12 @@ def _output_spec(value, inputs: dict, allocs: list):
     return (where[0], where[1], (tuple(value.shape), value.stride(), value.storage_offset(), value.dtype))
 
 
+def _hooks_set(hook) -> bool:
+    """A Triton launch hook that would run: Triton 3.6 keeps a HookChain (never None; empty: nothing runs),
+    older versions a callable or None."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 class NoPlan(Exception):
     """Why a call cannot be replayed from a plan (the backend function then runs as usual)."""
 
@@ -178,15 +189,15 @@ def record(impl, args: tuple):
         return out, None, reason
 
 
-def _derive(out, args, launches, ops, knobs):
+def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
     if not launches:
         raise NoPlan("the call made no Triton launch through triton_ops._launch.launch")
-    if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+    if _hooks_set(knobs.runtime.launch_enter_hook) or _hooks_set(knobs.runtime.launch_exit_hook):
         raise NoPlan("a Triton launch hook is set (profilers need the full launch path)")
     inputs = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
     devices = {a.device for a in inputs.values()}
-    if len(devices) != 1 or next(iter(devices)).type != "cuda":
-        raise NoPlan(f"inputs on {devices}, not one CUDA device")
+    if len(devices) != 1 or next(iter(devices)).type != device_type:
+        raise NoPlan(f"inputs on {devices}, not one {device_type} device")
     device = next(iter(devices))
     allocs, alloc_meta = [], []
     for func, fargs, _, res in ops:

@@ -32,9 +32,16 @@ FUSED = "fused single pass; bytes equal the reference"
 ONE_PASS = "one fused pass; bytes equal the reference"
 MOE = "one launch at decode (align: 3 at T*k > 1024); no atomics, deterministic"
 ATTN_TL_WHY = "plain Triton FA2-style forward: every arch, masked tiles skipped by loop bounds"
-ATTN_SM90_WHY = "Gluon TMA + warpgroup MMA forward (sm_90a, Triton 3.6)"
-ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE-merged; CUDA-graph safe"
-GROUPED_GEMM = "one launch over every expert; padding rows skipped; fp32 accumulation"
+# H100 at 26c069c (perf/results/nvidia-h100-80gb-hbm3.jsonl): hd128 0.75-0.82x FA4-sm90 and 0.74-0.87x cuDNN SDPA
+# (events), GPT-OSS hd64 + sinks 0.64x FA4. Ranked above the plain kernel for its TMA + wgmma pipeline; the two have
+# not been timed side by side yet.
+ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.75-0.82x FA4 on hd128 (H100)"
+# H100 at 26c069c: bf16 cache 0.78-0.92x cuDNN SDPA on a dense cache, 0.91 of copy at 16 x 8k; FP8 cache 0.96x the
+# bf16 peer's time (not yet the half-bytes speedup).
+ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE-merged; 0.78-0.92x cuDNN (H100)"
+# H100 at 26c069c: decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped GEMMs; prefill (256 rows
+# / expert) 0.47-0.69x them (untuned tiles; docs/moe_gemm.md).
+GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
 NORM = "one fused pass (NVFP4 with computed global scale: 2); bytes = reference composition"
 # CuTeDSL RMSNorm (cute_ops/, docs/cute.md). sm_90 ranks above Triton (25 > 20): bit-exact in every mode; at
 # prefill within 2% of Triton either way (H200, perf/results/nvidia-h200.jsonl, 2026-11-21: plain 4096x7168 32.5 vs

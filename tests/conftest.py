@@ -29,7 +29,7 @@ _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Healt
 settings.register_profile("ci", max_examples=25, derandomize=True, **_common)
 # "gpu" is sized so the whole `-m gpu` suite runs in one 10-minute device call from a cold compile cache (most of
 # its time is Triton compiling one kernel per drawn constexpr combination); "gpu-exhaustive" is the long opt-in.
-settings.register_profile("gpu", max_examples=20, derandomize=True, **_common)
+settings.register_profile("gpu", max_examples=12, derandomize=True, **_common)
 settings.register_profile("gpu-exhaustive", max_examples=150, derandomize=True, **_common)
 settings.register_profile("dev", max_examples=200, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

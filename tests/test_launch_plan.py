@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dispatch import launch_plan
 from dispatch.ops import _common
 from dispatch.selfcheck import all_cases, byte_mismatches
 from dispatch.table import TABLE
@@ -33,7 +34,8 @@ CASES = all_cases()
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.op}-{i}" for i, c in enumerate(CASES)])
-def test_replayed_call_matches_reference(case):
+def test_replayed_call_matches_reference(case, monkeypatch):
+    monkeypatch.setenv(launch_plan.PLANS_ENV, "1")
     args = case.make_args(torch.device("cuda"), True)
     _common._FAST.clear()
     first = _perturbed(args, 1)

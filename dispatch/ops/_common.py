@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import threading
 import typing
 
@@ -29,7 +30,8 @@ _FAST: dict = {}
 _FAST_MAX = 4096  # signatures; cleared when full (shapes churn only in odd workloads)
 # Environment that select() or a backend's refusal reads on every call (tests and users flip these at runtime).
 # The last one turns on value checks that sync (ops/rope.py): while it is set, every call takes the checked path.
-_SELECT_ENV = (BACKEND_ENV, ARCH_ENV, "TRITON_INTERPRET", "LOWBIT_CUTE_UNVERIFIED", "LOWBIT_CHECK_INDICES")
+_SELECT_ENV = (BACKEND_ENV, ARCH_ENV, "TRITON_INTERPRET", "LOWBIT_CUTE_UNVERIFIED", launch_plan.PLANS_ENV,
+               "LOWBIT_CHECK_INDICES")
 _read_select_env = env_reader(*_SELECT_ENV)
 _PLAIN = frozenset({type(None), bool, int, float, str, torch.dtype})
 _record = threading.local()
@@ -73,7 +75,8 @@ def _resolved_signature(fn) -> inspect.Signature:
     hints = typing.get_type_hints(fn)
     sig = inspect.signature(fn)
     params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()]
-    return sig.replace(parameters=params, return_annotation=hints.get("return", sig.return_annotation))
+    ret = hints.get("return", sig.return_annotation)
+    return sig.replace(parameters=params, return_annotation=None if ret is type(None) else ret)
 
 
 def _signature(args: tuple):
@@ -119,7 +122,7 @@ def call(name: str, *args):
         if fast is not None:
             return fast(*args[:-1])
     _record.chosen = None
-    _record.want_plan = key is not None
+    _record.want_plan = key is not None and os.environ.get(launch_plan.PLANS_ENV) == "1"
     try:
         out = _EAGER_IMPLS[name](*args)  # raises on bad input: nothing is remembered then
     finally:

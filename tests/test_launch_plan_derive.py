@@ -1,0 +1,102 @@
+"""Launch-plan derivation (dispatch/launch_plan.py) on the CPU: a recorded call's allocations, views and launches
+become a plan whose replay passes the same pointers (relative to new inputs / allocations) and rebuilds the
+outputs; calls that do more than allocate, zero, view and launch get no plan."""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import pytest
+import torch
+
+from dispatch import launch_plan
+from triton_ops._launch import LaunchRecord
+
+
+class _FakeKernel:
+    """What the derivation reads of a JITFunction: its Python signature and which parameters are constexpr."""
+
+    def __init__(self, fn, constexprs):
+        self.signature = inspect.signature(fn)
+        self.params = [types.SimpleNamespace(name=n, is_constexpr=n in constexprs) for n in self.signature.parameters]
+
+
+class _FakeCompiled:
+    """A compiled kernel whose launcher records what it was given."""
+
+    def __init__(self):
+        self.calls = []
+        self.function, self.packed_metadata = object(), object()
+
+    def run(self, gx, gy, gz, stream, function, metadata, launch_md, enter, exit_, *values):
+        self.calls.append(((gx, gy, gz), values))
+
+
+def _kernel(x_ptr, out_ptr, scale_ptr, n, BLOCK):  # the parameter list of a pretend @triton.jit kernel
+    pass
+
+
+KERNEL = _FakeKernel(_kernel, {"BLOCK"})
+NO_HOOKS = types.SimpleNamespace(runtime=types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None))
+
+
+def _backend(x, compiled):
+    """A pretend backend: allocates, views, zeroes a scratch word, launches once, returns views."""
+    out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=torch.uint8)
+    scale = torch.empty(1, dtype=torch.float32)
+    scale.zero_()
+    rows = x.view(-1, x.shape[-1])[1:]  # a view of the input at an offset
+    record = LaunchRecord(KERNEL, (4,), (rows, out, scale, rows.shape[0]), {"BLOCK": 64, "num_warps": 4}, compiled)
+    return (out.view(torch.int8), scale), [record]
+
+
+def _record(x, compiled, extra_op=None):
+    with launch_plan._OpLog() as oplog:
+        out, launches = _backend(x, compiled)
+        if extra_op is not None:
+            extra_op(out)
+    return out, launches, oplog.ops
+
+
+def test_replay_rebuilds_pointers_and_outputs():
+    compiled = _FakeCompiled()
+    x = torch.randn(5, 8)
+    out, launches, ops = _record(x, compiled)
+    plan = launch_plan._derive(out, (x,), launches, ops, NO_HOOKS, device_type="cpu")
+    assert [a.zero for a in plan.allocs] == [False, True]
+    y = torch.randn(5, 8)
+    got = plan(y)
+    grid, values = compiled.calls[-1]
+    assert grid == (4, 1, 1)
+    assert values[0] == y.data_ptr() + 8 * 4  # rows = y[1:]: one row of 8 fp32 past y's start
+    assert values[1] == got[0].data_ptr() and values[2] == got[1].data_ptr()
+    assert values[3:] == (4, 64)  # the int and the constexpr, as Triton's launch passes them
+    assert got[0].dtype == torch.int8 and got[0].shape == (5, 4)
+    assert float(got[1]) == 0.0  # the zeroed allocation is zeroed again
+    assert got[0].data_ptr() != out[0].data_ptr()  # fresh outputs each call
+
+
+@pytest.mark.parametrize("extra", [lambda out: out[1].fill_(3.0), lambda out: out[0].clone(),
+                                   lambda out: out[1].copy_(torch.ones(1))])
+def test_calls_that_compute_on_the_host_side_get_no_plan(extra):
+    compiled = _FakeCompiled()
+    x = torch.randn(5, 8)
+    out, launches, ops = _record(x, compiled, extra)
+    with pytest.raises(launch_plan.NoPlan):
+        launch_plan._derive(out, (x,), launches, ops, NO_HOOKS, device_type="cpu")
+
+
+def test_no_plan_with_a_launch_hook_or_on_another_device():
+    compiled = _FakeCompiled()
+    x = torch.randn(5, 8)
+    out, launches, ops = _record(x, compiled)
+    hooked = types.SimpleNamespace(runtime=types.SimpleNamespace(
+        launch_enter_hook=types.SimpleNamespace(calls=[print]), launch_exit_hook=None))
+    with pytest.raises(launch_plan.NoPlan, match="hook"):
+        launch_plan._derive(out, (x,), launches, ops, hooked, device_type="cpu")
+    empty_chain = types.SimpleNamespace(runtime=types.SimpleNamespace(
+        launch_enter_hook=types.SimpleNamespace(calls=[]), launch_exit_hook=types.SimpleNamespace(calls=[])))
+    assert launch_plan._derive(out, (x,), launches, ops, empty_chain, device_type="cpu") is not None
+    with pytest.raises(launch_plan.NoPlan, match="device"):
+        launch_plan._derive(out, (x,), launches, ops, NO_HOOKS, device_type="cuda")
