@@ -131,3 +131,22 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, what: str, dtype: torch.
     tol = NORMALIZED_TOLERANCE[dtype or got.dtype] * factor
     err = normalized_error(g, w)
     assert err <= tol, f"{what}: normalized error {err:.3g} > {tol:.3g}"
+
+
+LSE_TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-3}  # absolute, natural log
+
+
+def assert_attention_close(out, lse, want_out, want_lse, what: str) -> None:
+    """Attention results: out by `assert_close` (normalized error, the output dtype's tolerance) and no NaN; lse -inf
+    exactly where the reference's is, elsewhere within LSE_TOLERANCE of the output dtype (absolute)."""
+    out, lse = out.detach().cpu(), lse.detach().cpu()
+    assert out.dtype == want_out.dtype, f"{what}: out dtype {out.dtype} != {want_out.dtype}"
+    assert lse.shape == want_lse.shape and lse.dtype == torch.float32, f"{what}: lse {lse.shape}/{lse.dtype}"
+    assert not torch.isnan(out).any(), f"{what}: NaN in out ({int(torch.isnan(out).sum())} elements)"
+    assert_close(out, want_out.cpu(), what)
+    ninf = torch.isneginf(want_lse.cpu())
+    assert torch.equal(torch.isneginf(lse), ninf), \
+        f"{what}: lse -inf at {torch.isneginf(lse).nonzero().tolist()}, reference at {ninf.nonzero().tolist()}"
+    if (~ninf).any():
+        err = float((lse[~ninf] - want_lse.cpu()[~ninf]).abs().max())
+        assert err <= LSE_TOLERANCE[out.dtype], f"{what}: lse abs error {err:.3e} > {LSE_TOLERANCE[out.dtype]}"

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from dispatch.reference.attention import attention_varlen, gather_paged
 from dispatch.reference.attention import merge_attn_states as merge_ref
+from tests.helpers import assert_attention_close
 from triton_ops.attention.decode import (
     MAX_SPLITS,
     attention_decode,
@@ -25,28 +26,6 @@ from triton_ops.attention.decode import (
 )
 from triton_ops.attention.merge import merge_attn_states
 from triton_ops.contract.checks import LowbitInputError
-
-OUT_TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-5}
-LSE_TOL = 1e-2
-
-
-def assert_attention_close(out, lse, want_out, want_lse, what: str) -> None:
-    """out: normalized max error (max |out - want| / max |want|) within OUT_TOL of the output dtype, and no NaN;
-    lse: -inf exactly where the reference is -inf, abs error <= LSE_TOL elsewhere."""
-    out, lse = out.detach().cpu(), lse.detach().cpu()
-    assert out.shape == want_out.shape and out.dtype == want_out.dtype, f"{what}: {out.shape}/{out.dtype}"
-    assert lse.shape == want_lse.shape and lse.dtype == torch.float32, f"{what}: lse {lse.shape}/{lse.dtype}"
-    assert not torch.isnan(out).any(), f"{what}: NaN in out ({int(torch.isnan(out).sum())} elements)"
-    o, w = out.double(), want_out.double()
-    err = float((o - w).abs().max()) / max(float(w.abs().max()), 1e-6) if w.numel() else 0.0
-    assert err <= OUT_TOL[out.dtype], f"{what}: normalized max error {err:.3e} > {OUT_TOL[out.dtype]}"
-    ninf = torch.isneginf(want_lse)
-    assert torch.equal(torch.isneginf(lse), ninf), f"{what}: lse -inf at {torch.isneginf(lse).nonzero().tolist()}" \
-                                                     f", reference at {ninf.nonzero().tolist()}"
-    if (~ninf).any():
-        lerr = float((lse[~ninf] - want_lse[~ninf]).abs().max())
-        assert lerr <= LSE_TOL, f"{what}: lse abs error {lerr:.3e} > {LSE_TOL}"
-
 
 # ----------------------------------------------------------------------------------------------- cases
 

@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatch.reference.attention import attention_varlen, gather_paged
+from tests.helpers import assert_attention_close
 from triton_ops.attention.prefill import (
     PrefillConfig,
     _prefill_config,
@@ -28,27 +29,6 @@ from triton_ops.attention.prefill import (
     supports_attention_prefill_paged,
 )
 from triton_ops.contract.checks import LowbitInputError
-
-OUT_TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
-LSE_TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-3}
-
-
-def assert_attention_close(out, lse, want_out, want_lse, what: str) -> None:
-    """out: max |out - want| / max |want| within OUT_TOL of its dtype, no NaN; lse: -inf exactly where the
-    reference is -inf, absolute error within LSE_TOL (by out's dtype) elsewhere."""
-    out, lse = out.detach().cpu(), lse.detach().cpu()
-    assert out.shape == want_out.shape and out.dtype == want_out.dtype, f"{what}: {out.shape}/{out.dtype}"
-    assert lse.shape == want_lse.shape and lse.dtype == torch.float32, f"{what}: lse {lse.shape}/{lse.dtype}"
-    assert not torch.isnan(out).any(), f"{what}: NaN in out ({int(torch.isnan(out).sum())} elements)"
-    o, w = out.double(), want_out.double()
-    err = float((o - w).abs().max()) / max(float(w.abs().max()), 1e-30) if w.numel() else 0.0
-    assert err <= OUT_TOL[out.dtype], f"{what}: normalized max error {err:.3e} > {OUT_TOL[out.dtype]}"
-    ninf = torch.isneginf(want_lse)
-    assert torch.equal(torch.isneginf(lse), ninf), f"{what}: lse -inf at {torch.isneginf(lse).nonzero().tolist()}" \
-                                                     f", reference at {ninf.nonzero().tolist()}"
-    if (~ninf).any():
-        lerr = float((lse[~ninf] - want_lse[~ninf]).abs().max())
-        assert lerr <= LSE_TOL[out.dtype], f"{what}: lse abs error {lerr:.3e} > {LSE_TOL[out.dtype]}"
 
 
 def cu(lengths, device="cpu") -> torch.Tensor:

@@ -17,25 +17,17 @@ from dispatch.reference import moe_gemm as ref
 from dispatch.reference.formats import e4m3_encode
 from dispatch.reference.moe import moe_align
 from dispatch.reference.quant import fp8_group_quantize, mxfp4_quantize
+from tests.helpers import assert_close
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe_gemm import grouped as tri
 from triton_ops.moe_gemm.config import MoeGemmConfig, pick_config, pick_config_for_arch
 
-TOL = 1e-2  # normalized max error for 16-bit outputs
 
 
-def assert_close_normalized(got: torch.Tensor, want: torch.Tensor, what: str, tol: float = TOL) -> None:
-    """|got - want|.max() / max(|want|.max(), tiny) <= tol, shapes and dtypes equal, NaN only where want is NaN."""
-    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+def assert_close_normalized(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """The shared normalized-error rule (tests/helpers.assert_close) with the output dtype's tolerance."""
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
-    g, w = got.float().cpu(), want.float().cpu()
-    bad = torch.isnan(g).ne(torch.isnan(w)).nonzero()
-    assert not len(bad), f"{what}: NaN mismatch at {bad[:4].tolist()}"
-    g, w = g.nan_to_num(0.0), w.nan_to_num(0.0)
-    if g.numel() == 0:
-        return
-    err = (g - w).abs().max().item() / max(w.abs().max().item(), 1e-30)
-    assert err <= tol, f"{what}: normalized error {err:.3g} > {tol}"
+    assert_close(got, want, what)
 
 
 # ---------------------------------------------------------------------------------------------- operands
