@@ -23,7 +23,6 @@ from triton_ops.moe_gemm import grouped as tri
 from triton_ops.moe_gemm.config import MoeGemmConfig, pick_config, pick_config_for_arch
 
 
-
 def assert_close_normalized(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     """The shared normalized-error rule (tests/helpers.assert_close) with the output dtype's tolerance."""
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
