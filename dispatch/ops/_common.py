@@ -39,18 +39,17 @@ _record = threading.local()
 _PLAN_REFUSALS: dict = {}
 
 
-def lowbit_op(name: str, *, mutates_args, check=None, finish=None):
-    """Declare op `name` once. The decorated function's signature (its arguments end with `backend: str`) is the
-    torch op's schema, and its body returns the outputs from metadata alone: it is the fake implementation. The
-    real one is derived from it: `check(*args)` (errors name op and argument; the same call validates fake
-    tensors under torch.compile), then the table's backend (`run`), then `finish(outputs, *args)` if given
-    (e.g. an absent optional output becomes the empty tensor the schema returns). `args` are the op's
-    arguments without `backend`. Also remembers the real implementation for `call`'s eager fast path."""
+def lowbit_op(name: str, *, mutates_args, check, finish=None):
+    """Declare op `name` once (every lowbit op is declared this way). The decorated function's signature (its
+    arguments end with `backend: str`) is the torch op's schema, and its body returns the outputs from metadata
+    alone: it is the fake implementation (`check(*args)`, then the body). The real one is derived from it:
+    `check(*args)` (errors name op and argument), then the table's backend (`run`), then
+    `finish(outputs, *args)` if given (e.g. an absent optional output becomes the empty tensor the schema
+    returns). `args` are the op's arguments without `backend`: `check` takes exactly those. Since the same
+    `check` validates real and fake tensors (torch.compile, FakeTensorMode, meta), a check that reads tensor
+    values (host range checks, LOWBIT_CHECK_INDICES) must skip fake ones (ops/_fake.py `is_fake`). Also
+    remembers the real implementation for `call`'s eager fast path."""
     def register(fake):
-        if check is None:  # TRANSITION: an op still written as impl + register_fake
-            _EAGER_IMPLS[name] = fake
-            return torch.library.custom_op(f"lowbit::{name}", mutates_args=mutates_args)(fake)
-
         def impl(*args):
             check(*args[:-1])
             out = run(name, args[-1], *args[:-1])

@@ -13,19 +13,22 @@ from triton_ops.contract import checks as C
 from triton_ops.contract.kv_cache import DS_LAYOUTS, DS_ROPE
 
 from ..reference.kv_cache import ds_kv_cache_empty
-from ._common import call, lowbit_op, run
+from ._common import call, lowbit_op
+from ._fake import is_fake
 from .rope import INDEX_DTYPES, check_heads, check_positions, debug_checks
 
 CACHE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 
 
-def _check_slots(op: str, arg: str, slots: Tensor, n: int, n_slots: int, ref: Tensor, *, sync_check: bool):
+def _check_slots(op: str, arg: str, slots: Tensor, n: int, n_slots: int, ref: Tensor):
+    """Under LOWBIT_CHECK_INDICES=1 also range-checks the slot values (never those of fake tensors: the fake
+    impls run the same checks)."""
     C.check_tensor(op, arg, slots)
     C.check_dtype(op, arg, slots, INDEX_DTYPES)
     if slots.dim() != 1 or slots.shape[0] != n:
         C.fail(op, arg, f"expected shape ({n},) (one slot per token), got {tuple(slots.shape)}")
     C.check_same_device(op, "cache", ref, arg, slots)
-    if sync_check and debug_checks() and slots.numel():
+    if debug_checks() and not is_fake(slots) and slots.numel():
         lo, hi = int(slots.min()), int(slots.max())
         if lo < -1 or hi >= n_slots:
             C.fail(op, arg, f"values span [{lo}, {hi}] but the cache has {n_slots} slots (-1 = skip) "
@@ -67,7 +70,7 @@ def _check_generic_cache(op, cache, scale, scale_cache, h=None, d=None):
         C.check_same_device(op, "cache", cache, "scale_cache", scale_cache)
 
 
-def _check_paged_write(x, slot_mapping, cache, scale, scale_cache, sync_check=True):
+def _check_paged_write(x, slot_mapping, cache, scale, scale_cache):
     op = "paged_kv_write_fp8"
     _check_tensors(op, x=x, slot_mapping=slot_mapping, cache=cache)
     _check_optional(op, scale=scale, scale_cache=scale_cache)
@@ -75,44 +78,30 @@ def _check_paged_write(x, slot_mapping, cache, scale, scale_cache, sync_check=Tr
     check_heads(op, "x", x)
     _check_generic_cache(op, cache, scale, scale_cache, x.shape[1], x.shape[2])
     C.check_same_device(op, "cache", cache, "x", x)
-    _check_slots(op, "slot_mapping", slot_mapping, x.shape[0], cache.shape[0] * cache.shape[1], cache,
-                 sync_check=sync_check)
+    _check_slots(op, "slot_mapping", slot_mapping, x.shape[0], cache.shape[0] * cache.shape[1], cache)
 
 
-@lowbit_op("paged_kv_write_fp8", mutates_args=("cache", "scale_cache"))
+@lowbit_op("paged_kv_write_fp8", mutates_args=("cache", "scale_cache"), check=_check_paged_write)
 def _paged_kv_write_fp8(x: Tensor, slot_mapping: Tensor, cache: Tensor, scale: Tensor | None,
                         scale_cache: Tensor | None, backend: str) -> None:
-    _check_paged_write(x, slot_mapping, cache, scale, scale_cache)
-    run("paged_kv_write_fp8", backend, x, slot_mapping, cache, scale, scale_cache)
+    return None
 
 
-@_paged_kv_write_fp8.register_fake
-def _(x, slot_mapping, cache, scale, scale_cache, backend):
-    _check_paged_write(x, slot_mapping, cache, scale, scale_cache, sync_check=False)
-
-
-def _check_paged_gather(cache, slots, scale, scale_cache, out_dtype, sync_check=True):
+def _check_paged_gather(cache, slots, scale, scale_cache, out_dtype):
     op = "paged_kv_gather_fp8"
     _check_tensors(op, cache=cache, slots=slots)
     _check_optional(op, scale=scale, scale_cache=scale_cache)
     C.check_no_grad(op, scale=scale, scale_cache=scale_cache)
     _check_generic_cache(op, cache, scale, scale_cache)
     _check_slots(op, "slots", slots, slots.shape[0] if slots.dim() == 1 else -1, cache.shape[0] * cache.shape[1],
-                 cache, sync_check=sync_check)
+                 cache)
     if out_dtype not in C.FLOAT_INPUTS:
         C.fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")
 
 
-@lowbit_op("paged_kv_gather_fp8", mutates_args=())
+@lowbit_op("paged_kv_gather_fp8", mutates_args=(), check=_check_paged_gather)
 def _paged_kv_gather_fp8(cache: Tensor, slots: Tensor, scale: Tensor | None, scale_cache: Tensor | None,
                          out_dtype: torch.dtype, backend: str) -> Tensor:
-    _check_paged_gather(cache, slots, scale, scale_cache, out_dtype)
-    return run("paged_kv_gather_fp8", backend, cache, slots, scale, scale_cache, out_dtype)
-
-
-@_paged_kv_gather_fp8.register_fake
-def _(cache, slots, scale, scale_cache, out_dtype, backend):
-    _check_paged_gather(cache, slots, scale, scale_cache, out_dtype, sync_check=False)
     return cache.new_empty(slots.shape[0], cache.shape[2], cache.shape[3], dtype=out_dtype)
 
 
@@ -172,59 +161,49 @@ def _check_ds_kv(op, kv, layout):
         C.fail(op, "kv", f"the last dim must be contiguous, got strides {kv.stride()}")
 
 
-def _check_ds_write(op, kv, slot_mapping, cache, layout, sync_check=True):
+def _check_ds_write(op, kv, slot_mapping, cache, layout):
     _check_tensors(op, kv=kv, slot_mapping=slot_mapping, cache=cache)
     C.check_no_grad(op, kv=kv)
     _check_layout(op, layout)
     _check_ds_kv(op, kv, layout)
     _check_ds_cache(op, cache, layout)
     C.check_same_device(op, "cache", cache, "kv", kv)
-    _check_slots(op, "slot_mapping", slot_mapping, kv.shape[0], cache.shape[0] * cache.shape[1], cache,
-                 sync_check=sync_check)
+    _check_slots(op, "slot_mapping", slot_mapping, kv.shape[0], cache.shape[0] * cache.shape[1], cache)
 
 
-@lowbit_op("ds_kv_write", mutates_args=("cache",))
-def _ds_kv_write(kv: Tensor, slot_mapping: Tensor, cache: Tensor, layout: str, backend: str) -> None:
+def _check_ds_kv_write(kv, slot_mapping, cache, layout):
     _check_ds_write("ds_kv_write", kv, slot_mapping, cache, layout)
-    run("ds_kv_write", backend, kv, slot_mapping, cache, layout)
 
 
-@_ds_kv_write.register_fake
-def _(kv, slot_mapping, cache, layout, backend):
-    _check_ds_write("ds_kv_write", kv, slot_mapping, cache, layout, sync_check=False)
+@lowbit_op("ds_kv_write", mutates_args=("cache",), check=_check_ds_kv_write)
+def _ds_kv_write(kv: Tensor, slot_mapping: Tensor, cache: Tensor, layout: str, backend: str) -> None:
+    return None
 
 
-def _check_ds_gather(cache, slots, layout, out_dtype, sync_check=True):
+def _check_ds_gather(cache, slots, layout, out_dtype):
     op = "ds_kv_gather"
     _check_tensors(op, cache=cache, slots=slots)
     _check_layout(op, layout)
     _check_ds_cache(op, cache, layout)
     _check_slots(op, "slots", slots, slots.shape[0] if slots.dim() == 1 else -1, cache.shape[0] * cache.shape[1],
-                 cache, sync_check=sync_check)
+                 cache)
     if out_dtype not in C.FLOAT_INPUTS:
         C.fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")
 
 
-@lowbit_op("ds_kv_gather", mutates_args=())
+@lowbit_op("ds_kv_gather", mutates_args=(), check=_check_ds_gather)
 def _ds_kv_gather(cache: Tensor, slots: Tensor, layout: str, out_dtype: torch.dtype, backend: str) -> Tensor:
-    _check_ds_gather(cache, slots, layout, out_dtype)
-    return run("ds_kv_gather", backend, cache, slots, layout, out_dtype)
-
-
-@_ds_kv_gather.register_fake
-def _(cache, slots, layout, out_dtype, backend):
-    _check_ds_gather(cache, slots, layout, out_dtype, sync_check=False)
     return cache.new_empty(slots.shape[0], DS_LAYOUTS[layout].d, dtype=out_dtype)
 
 
-def _check_fused(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, sync_check=True):
+def _check_fused(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, is_neox):
     op = "ds_rope_quant_append"
     _check_tensors(op, kv=kv, positions=positions, cos_sin_cache=cos_sin_cache, slot_mapping=slot_mapping,
                    cache=cache)
     _check_optional(op, q=q)
     C.check_no_grad(op, q=q, cos_sin_cache=cos_sin_cache)
-    _check_ds_write(op, kv, slot_mapping, cache, layout, sync_check=sync_check)
-    check_positions(op, positions, kv.shape[0], cos_sin_cache, sync_check=sync_check)
+    _check_ds_write(op, kv, slot_mapping, cache, layout)
+    check_positions(op, positions, kv.shape[0], cos_sin_cache)
     C.check_same_device(op, "kv", kv, "positions", positions)
     if cos_sin_cache.shape[1] != DS_ROPE:
         C.fail(op, "cos_sin_cache", f"the DeepSeek RoPE part is {DS_ROPE} wide, got rot {cos_sin_cache.shape[1]}")
@@ -236,16 +215,10 @@ def _check_fused(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, s
                             f"got {tuple(q.shape)}")
 
 
-@lowbit_op("ds_rope_quant_append", mutates_args=("cache", "q"))
+@lowbit_op("ds_rope_quant_append", mutates_args=("cache", "q"), check=_check_fused)
 def _ds_rope_quant_append(kv: Tensor, positions: Tensor, cos_sin_cache: Tensor, slot_mapping: Tensor,
                           cache: Tensor, layout: str, q: Tensor | None, is_neox: bool, backend: str) -> None:
-    _check_fused(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q)
-    run("ds_rope_quant_append", backend, kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, is_neox)
-
-
-@_ds_rope_quant_append.register_fake
-def _(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, is_neox, backend):
-    _check_fused(kv, positions, cos_sin_cache, slot_mapping, cache, layout, q, sync_check=False)
+    return None
 
 
 def ds_kv_write(kv: Tensor, slot_mapping: Tensor, cache: Tensor, *, layout: str = "v32",

@@ -16,7 +16,8 @@ from triton_ops.contract import checks as C
 from triton_ops.contract.formats import contiguous_capacity
 
 from ..reference.moe import SCORINGS
-from ._common import call, lowbit_op, run
+from ._common import call, lowbit_op
+from ._fake import is_fake
 from .rope import debug_checks, host_values
 
 Scoring = Literal["softmax", "sigmoid", "sqrt_softplus"]
@@ -40,7 +41,7 @@ def _check_scoring(op, scoring, routed_scaling):
         C.fail(op, "routed_scaling", f"expected a finite float, got {routed_scaling!r}")
 
 
-def _check_route(logits, bias, top_k, scoring, routed_scaling, num_groups, topk_groups):
+def _check_route(logits, bias, top_k, scoring, renormalize, routed_scaling, num_groups, topk_groups):
     op = "moe_route"
     C.check_tensor(op, "logits", logits)
     C.check_tensor(op, "bias", bias, optional=True)
@@ -66,9 +67,9 @@ def _check_route(logits, bias, top_k, scoring, routed_scaling, num_groups, topk_
             C.fail(op, "num_groups", "groups scored by their top-2 (bias given) need at least 2 experts each")
 
 
-def _check_hash_route(logits, token_ids, table, scoring, routed_scaling, sync_check=True):
-    """sync_check: also range-check token ids and table entries where that needs no device sync (host tensors)
-    or LOWBIT_CHECK_INDICES=1 asks for it (fakes pass False)."""
+def _check_hash_route(logits, token_ids, table, scoring, renormalize, routed_scaling):
+    """Also range-checks token ids and table entries where that needs no device sync (host tensors) or
+    LOWBIT_CHECK_INDICES=1 asks for it; never fake ones (the fake impl runs the same checks)."""
     op = "moe_hash_route"
     C.check_tensor(op, "logits", logits)
     C.check_tensor(op, "token_ids", token_ids)
@@ -84,7 +85,7 @@ def _check_hash_route(logits, token_ids, table, scoring, routed_scaling, sync_ch
         C.fail(op, "token_ids", f"expected shape ({logits.shape[0]},), got {tuple(token_ids.shape)}")
     if table.dim() != 2 or table.shape[1] < 1:
         C.fail(op, "table", f"expected [vocab, k] with k >= 1, got shape {tuple(table.shape)}")
-    if sync_check and (token_ids.device.type == "cpu" or debug_checks()):
+    if not (is_fake(token_ids) or is_fake(table)) and (token_ids.device.type == "cpu" or debug_checks()):
         C.check_index_range(op, "token_ids", token_ids, 0, table.shape[0], "rows of table")
         C.check_index_range(op, "table", table, 0, logits.shape[1], "expert ids, E = logits.shape[1]")
 
@@ -128,7 +129,7 @@ def _check_gather(x, src_rows, top_k, op="moe_gather"):
         C.fail(op, "top_k", f"must be >= 1, got {top_k}")
 
 
-def _check_combine(expert_out, inv_rows, weights, shared, out_dtype, sync_check=True):
+def _check_combine(expert_out, inv_rows, weights, shared, out_dtype):
     op = "moe_combine"
     C.check_tensor(op, "expert_out", expert_out)
     C.check_tensor(op, "inv_rows", inv_rows)
@@ -153,7 +154,8 @@ def _check_combine(expert_out, inv_rows, weights, shared, out_dtype, sync_check=
             C.fail(op, "shared", f"expected shape ({inv_rows.shape[0]}, {n}), got {tuple(shared.shape)}")
     if out_dtype not in C.FLOAT_INPUTS:
         C.fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")
-    if sync_check and debug_checks():  # out-of-range rows are masked (defined); the debug env flags them
+    # out-of-range rows are masked (defined); the debug env flags them (fake tensors have no values to check)
+    if debug_checks() and not is_fake(inv_rows):
         rows = expert_out.numel() // n if n else 0
         C.check_index_range(op, "inv_rows", inv_rows, -1, rows, f"-1 or a row of expert_out read flat as [{rows}, "
                                                                  f"{n}] (LOWBIT_CHECK_INDICES=1 check)")
@@ -162,31 +164,16 @@ def _check_combine(expert_out, inv_rows, weights, shared, out_dtype, sync_check=
 # ---------------------------------------------------------------------------------------------- router
 
 
-@lowbit_op("moe_route", mutates_args=())
+@lowbit_op("moe_route", mutates_args=(), check=_check_route)
 def _moe_route(logits: Tensor, bias: Tensor | None, top_k: int, scoring: str, renormalize: bool,
                routed_scaling: float, num_groups: int, topk_groups: int, backend: str) -> tuple[Tensor, Tensor]:
-    _check_route(logits, bias, top_k, scoring, routed_scaling, num_groups, topk_groups)
-    return run("moe_route", backend, logits, bias, top_k, scoring, renormalize, routed_scaling, num_groups,
-               topk_groups)
-
-
-@_moe_route.register_fake
-def _(logits, bias, top_k, scoring, renormalize, routed_scaling, num_groups, topk_groups, backend):
-    _check_route(logits, bias, top_k, scoring, routed_scaling, num_groups, topk_groups)
     t = logits.shape[0]
     return logits.new_empty(t, top_k, dtype=I32), logits.new_empty(t, top_k, dtype=torch.float32)
 
 
-@lowbit_op("moe_hash_route", mutates_args=())
+@lowbit_op("moe_hash_route", mutates_args=(), check=_check_hash_route)
 def _moe_hash_route(logits: Tensor, token_ids: Tensor, table: Tensor, scoring: str, renormalize: bool,
                     routed_scaling: float, backend: str) -> tuple[Tensor, Tensor]:
-    _check_hash_route(logits, token_ids, table, scoring, routed_scaling)
-    return run("moe_hash_route", backend, logits, token_ids, table, scoring, renormalize, routed_scaling)
-
-
-@_moe_hash_route.register_fake
-def _(logits, token_ids, table, scoring, renormalize, routed_scaling, backend):
-    _check_hash_route(logits, token_ids, table, scoring, routed_scaling, sync_check=False)
     t, k = logits.shape[0], table.shape[1]
     return logits.new_empty(t, k, dtype=I32), logits.new_empty(t, k, dtype=torch.float32)
 
@@ -221,7 +208,7 @@ def moe_hash_route(logits: Tensor, token_ids: Tensor, table: Tensor, *, scoring:
     and any tensors under LOWBIT_CHECK_INDICES=1, are checked instead: LowbitInputError naming the argument.
     Inference only: with grad mode on, logits that require grad are refused."""
     if host_values(logits, token_ids, table):  # free to check on the host: on every call, not only checked ones
-        _check_hash_route(logits, token_ids, table, scoring, routed_scaling)
+        _check_hash_route(logits, token_ids, table, scoring, renormalize, routed_scaling)
     return Routing(*call("moe_hash_route", logits, token_ids, table, scoring, renormalize,
                                                     float(routed_scaling), backend))
 
@@ -229,16 +216,9 @@ def moe_hash_route(logits: Tensor, token_ids: Tensor, table: Tensor, *, scoring:
 # ---------------------------------------------------------------------------------------------- align
 
 
-@lowbit_op("moe_align", mutates_args=())
+@lowbit_op("moe_align", mutates_args=(), check=_check_align)
 def _moe_align(topk_ids: Tensor, expert_map: Tensor | None, num_experts: int, block_m: int,
                backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    _check_align(topk_ids, expert_map, num_experts, block_m)
-    return run("moe_align", backend, topk_ids, expert_map, num_experts, block_m)
-
-
-@_moe_align.register_fake
-def _(topk_ids, expert_map, num_experts, block_m, backend):
-    _check_align(topk_ids, expert_map, num_experts, block_m)
     t, k = topk_ids.shape
     cap = contiguous_capacity(t * k, num_experts, block_m)
     new = lambda *s: topk_ids.new_empty(*s, dtype=I32)  # noqa: E731
@@ -265,16 +245,9 @@ def moe_align(topk_ids: Tensor, num_experts: int, block_m: int, *, expert_map: T
     return ContiguousLayout(*call("moe_align", topk_ids, expert_map, num_experts, block_m, backend))
 
 
-@lowbit_op("moe_masked_layout", mutates_args=())
+@lowbit_op("moe_masked_layout", mutates_args=(), check=_check_masked)
 def _moe_masked_layout(topk_ids: Tensor, expert_map: Tensor | None, num_experts: int, max_m: int,
                        backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    _check_masked(topk_ids, expert_map, num_experts, max_m)
-    return run("moe_masked_layout", backend, topk_ids, expert_map, num_experts, max_m)
-
-
-@_moe_masked_layout.register_fake
-def _(topk_ids, expert_map, num_experts, max_m, backend):
-    _check_masked(topk_ids, expert_map, num_experts, max_m)
     new = lambda *s: topk_ids.new_empty(*s, dtype=I32)  # noqa: E731
     return new(num_experts, max_m), new(num_experts), new(num_experts), new(*topk_ids.shape)
 
@@ -296,15 +269,8 @@ def moe_masked_layout(topk_ids: Tensor, num_experts: int, max_m: int, *, expert_
 # ------------------------------------------------------------------------------------------ gather/combine
 
 
-@lowbit_op("moe_gather", mutates_args=())
+@lowbit_op("moe_gather", mutates_args=(), check=_check_gather)
 def _moe_gather(x: Tensor, src_rows: Tensor, top_k: int, backend: str) -> Tensor:
-    _check_gather(x, src_rows, top_k)
-    return run("moe_gather", backend, x, src_rows, top_k)
-
-
-@_moe_gather.register_fake
-def _(x, src_rows, top_k, backend):
-    _check_gather(x, src_rows, top_k)
     return x.new_empty(*src_rows.shape, x.shape[1])
 
 
@@ -332,16 +298,9 @@ def moe_gather_fp8(x: Tensor, src_rows: Tensor, top_k: int, group_size: int = 12
                        moe_gather(q.scales, src_rows, top_k, backend=backend))
 
 
-@lowbit_op("moe_combine", mutates_args=())
+@lowbit_op("moe_combine", mutates_args=(), check=_check_combine)
 def _moe_combine(expert_out: Tensor, inv_rows: Tensor, weights: Tensor, shared: Tensor | None,
                  out_dtype: torch.dtype, backend: str) -> Tensor:
-    _check_combine(expert_out, inv_rows, weights, shared, out_dtype)
-    return run("moe_combine", backend, expert_out, inv_rows, weights, shared, out_dtype)
-
-
-@_moe_combine.register_fake
-def _(expert_out, inv_rows, weights, shared, out_dtype, backend):
-    _check_combine(expert_out, inv_rows, weights, shared, out_dtype, sync_check=False)
     return expert_out.new_empty(inv_rows.shape[0], expert_out.shape[-1], dtype=out_dtype)
 
 

@@ -1,7 +1,8 @@
 """Quantization ops: torch.library registration (namespace `lowbit`), fakes, and the typed public API.
 
-Each op: checks (shared by the real and fake impl, so errors surface at trace time too) -> custom op whose
-impl asks the dispatch table for a backend -> fake impl (shapes only) -> typed wrapper.
+Each op: a check function (run by the real and the fake impl, so errors surface at trace time too) -> one
+`lowbit_op` declaration (schema + fake outputs; the real impl asks the dispatch table for a backend) -> typed
+wrapper.
 
 Every op here is inference-only: with grad mode on (torch.is_grad_enabled()), an input that requires grad is
 refused with LowbitInputError (the kernels have no backward); call under torch.no_grad() / inference_mode().
@@ -19,7 +20,7 @@ from triton_ops.contract.formats import MXFP4_BLOCK, NVFP4_BLOCK, fp4_scales_sha
 
 from ..reference.formats import div_rn
 from ..reference.quant import MX_ROUNDINGS
-from ._common import call, lowbit_op, run
+from ._common import call, lowbit_op
 
 ScaleLayout = Literal["linear", "swizzled"]
 OUT_DTYPES = C.FLOAT_INPUTS
@@ -64,7 +65,7 @@ def _check_fp4_dequant(op: str, codes: Tensor, scales: Tensor, block: int, scale
 # ------------------------------------------------------------------------------------------------ NVFP4
 
 
-def _check_nvfp4_quantize(x, global_scale):
+def _check_nvfp4_quantize(x, global_scale, swizzle):
     op = "nvfp4_quantize"
     C.check_tensor(op, "x", x)
     C.check_tensor(op, "global_scale", global_scale, optional=True)
@@ -75,16 +76,9 @@ def _check_nvfp4_quantize(x, global_scale):
         C.check_same_device(op, "x", x, "global_scale", global_scale)
 
 
-@lowbit_op("nvfp4_quantize", mutates_args=())
+@lowbit_op("nvfp4_quantize", mutates_args=(), check=_check_nvfp4_quantize)
 def _nvfp4_quantize(x: Tensor, global_scale: Tensor | None, swizzle: bool, backend: str) -> tuple[
         Tensor, Tensor, Tensor]:
-    _check_nvfp4_quantize(x, global_scale)
-    return run("nvfp4_quantize", backend, x, global_scale, swizzle)
-
-
-@_nvfp4_quantize.register_fake
-def _(x, global_scale, swizzle, backend):
-    _check_nvfp4_quantize(x, global_scale)
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
     return (x.new_empty(*lead, k // 2, dtype=torch.uint8),
             x.new_empty(fp4_scales_shape(lead, k, NVFP4_BLOCK, swizzle), dtype=torch.float8_e4m3fn),
@@ -102,16 +96,9 @@ def _check_nvfp4_dequantize(codes, scales, global_scale, swizzle, out_dtype):
     C.check_same_device(op, "codes", codes, "global_scale", global_scale)
 
 
-@lowbit_op("nvfp4_dequantize", mutates_args=())
+@lowbit_op("nvfp4_dequantize", mutates_args=(), check=_check_nvfp4_dequantize)
 def _nvfp4_dequantize(codes: Tensor, scales: Tensor, global_scale: Tensor, swizzle: bool,
                       out_dtype: torch.dtype, backend: str) -> Tensor:
-    _check_nvfp4_dequantize(codes, scales, global_scale, swizzle, out_dtype)
-    return run("nvfp4_dequantize", backend, codes, scales, global_scale, swizzle, out_dtype)
-
-
-@_nvfp4_dequantize.register_fake
-def _(codes, scales, global_scale, swizzle, out_dtype, backend):
-    _check_nvfp4_dequantize(codes, scales, global_scale, swizzle, out_dtype)
     return codes.new_empty(*codes.shape[:-1], codes.shape[-1] * 2, dtype=out_dtype)
 
 
@@ -169,36 +156,26 @@ def nvfp4_decode_global_scale(encode_scale: Tensor) -> Tensor:
 # ------------------------------------------------------------------------------------------------ MXFP4
 
 
-def _check_mxfp4_quantize(x, rounding):
+def _check_mxfp4_quantize(x, rounding, swizzle):
     _check_quant_input("mxfp4_quantize", x, MXFP4_BLOCK, "MXFP4 blocks are 32 elements")
     if rounding not in MX_ROUNDINGS:
         C.fail("mxfp4_quantize", "rounding", f"{rounding!r} is not one of {', '.join(MX_ROUNDINGS)}")
 
 
-@lowbit_op("mxfp4_quantize", mutates_args=())
+@lowbit_op("mxfp4_quantize", mutates_args=(), check=_check_mxfp4_quantize)
 def _mxfp4_quantize(x: Tensor, rounding: str, swizzle: bool, backend: str) -> tuple[Tensor, Tensor]:
-    _check_mxfp4_quantize(x, rounding)
-    return run("mxfp4_quantize", backend, x, rounding, swizzle)
-
-
-@_mxfp4_quantize.register_fake
-def _(x, rounding, swizzle, backend):
-    _check_mxfp4_quantize(x, rounding)
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
     return (x.new_empty(*lead, k // 2, dtype=torch.uint8),
             x.new_empty(fp4_scales_shape(lead, k, MXFP4_BLOCK, swizzle), dtype=torch.uint8))
 
 
-@lowbit_op("mxfp4_dequantize", mutates_args=())
+def _check_mxfp4_dequantize(codes, scales, swizzle, out_dtype):
+    _check_fp4_dequant("mxfp4_dequantize", codes, scales, MXFP4_BLOCK, torch.uint8, swizzle, out_dtype)
+
+
+@lowbit_op("mxfp4_dequantize", mutates_args=(), check=_check_mxfp4_dequantize)
 def _mxfp4_dequantize(codes: Tensor, scales: Tensor, swizzle: bool, out_dtype: torch.dtype,
                       backend: str) -> Tensor:
-    _check_fp4_dequant("mxfp4_dequantize", codes, scales, MXFP4_BLOCK, torch.uint8, swizzle, out_dtype)
-    return run("mxfp4_dequantize", backend, codes, scales, swizzle, out_dtype)
-
-
-@_mxfp4_dequantize.register_fake
-def _(codes, scales, swizzle, out_dtype, backend):
-    _check_fp4_dequant("mxfp4_dequantize", codes, scales, MXFP4_BLOCK, torch.uint8, swizzle, out_dtype)
     return codes.new_empty(*codes.shape[:-1], codes.shape[-1] * 2, dtype=out_dtype)
 
 
@@ -227,7 +204,7 @@ def mxfp4_dequantize(codes: Tensor, scales: Tensor, *, scale_layout: ScaleLayout
 # ------------------------------------------------------------------------------------------ FP8 groups
 
 
-def _check_fp8_group_quantize(x, group_size, eps):
+def _check_fp8_group_quantize(x, group_size, eps, ue8m0, column_major):
     op = "fp8_group_quantize"
     C.check_tensor(op, "x", x)
     if group_size <= 0:
@@ -237,16 +214,9 @@ def _check_fp8_group_quantize(x, group_size, eps):
         C.fail(op, "eps", f"must be > 0 (it keeps all-zero groups finite), got {eps}")
 
 
-@lowbit_op("fp8_group_quantize", mutates_args=())
+@lowbit_op("fp8_group_quantize", mutates_args=(), check=_check_fp8_group_quantize)
 def _fp8_group_quantize(x: Tensor, group_size: int, eps: float, ue8m0: bool, column_major: bool,
                         backend: str) -> tuple[Tensor, Tensor]:
-    _check_fp8_group_quantize(x, group_size, eps)
-    return run("fp8_group_quantize", backend, x, group_size, eps, ue8m0, column_major)
-
-
-@_fp8_group_quantize.register_fake
-def _(x, group_size, eps, ue8m0, column_major, backend):
-    _check_fp8_group_quantize(x, group_size, eps)
     lead = tuple(x.shape[:-1])
     return (x.new_empty(x.shape, dtype=torch.float8_e4m3fn),
             fp8_scale_storage(lead, x.shape[-1] // group_size, column_major, x.device))
@@ -271,16 +241,9 @@ def _check_fp8_group_dequantize(codes, scales, group_size, out_dtype):
         C.fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")
 
 
-@lowbit_op("fp8_group_dequantize", mutates_args=())
+@lowbit_op("fp8_group_dequantize", mutates_args=(), check=_check_fp8_group_dequantize)
 def _fp8_group_dequantize(codes: Tensor, scales: Tensor, group_size: int, out_dtype: torch.dtype,
                           backend: str) -> Tensor:
-    _check_fp8_group_dequantize(codes, scales, group_size, out_dtype)
-    return run("fp8_group_dequantize", backend, codes, scales, group_size, out_dtype)
-
-
-@_fp8_group_dequantize.register_fake
-def _(codes, scales, group_size, out_dtype, backend):
-    _check_fp8_group_dequantize(codes, scales, group_size, out_dtype)
     return codes.new_empty(codes.shape, dtype=out_dtype)
 
 
@@ -315,15 +278,8 @@ def _check_swizzle(scales):
         C.fail("swizzle_scales_128x4", "scales", f"expected [M, S], got shape {tuple(scales.shape)}")
 
 
-@lowbit_op("swizzle_scales_128x4", mutates_args=())
+@lowbit_op("swizzle_scales_128x4", mutates_args=(), check=_check_swizzle)
 def _swizzle_scales_128x4(scales: Tensor, backend: str) -> Tensor:
-    _check_swizzle(scales)
-    return run("swizzle_scales_128x4", backend, scales)
-
-
-@_swizzle_scales_128x4.register_fake
-def _(scales, backend):
-    _check_swizzle(scales)
     return scales.new_empty(round_up(scales.shape[0], 128), round_up(scales.shape[1], 4))
 
 
@@ -338,15 +294,8 @@ def _check_unswizzle(swizzled, rows, cols):
                f"{round_up(rows, 128)}x{round_up(cols, 4)} for rows={rows}, cols={cols}")
 
 
-@lowbit_op("unswizzle_scales_128x4", mutates_args=())
+@lowbit_op("unswizzle_scales_128x4", mutates_args=(), check=_check_unswizzle)
 def _unswizzle_scales_128x4(swizzled: Tensor, rows: int, cols: int, backend: str) -> Tensor:
-    _check_unswizzle(swizzled, rows, cols)
-    return run("unswizzle_scales_128x4", backend, swizzled, rows, cols)
-
-
-@_unswizzle_scales_128x4.register_fake
-def _(swizzled, rows, cols, backend):
-    _check_unswizzle(swizzled, rows, cols)
     return swizzled.new_empty(rows, cols)
 
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from triton_ops.contract import checks as C
 
-from ._common import call, lowbit_op, run
+from ._common import call, lowbit_op
 from ._quant_outputs import _check_quant_args, _check_x, _fake_quant
 from .quant import FP8GroupQuantized, MXFP4Quantized, NVFP4Quantized, ScaleLayout, _layout_flag
 
@@ -50,14 +50,24 @@ def _check_rms(op, x, weight, residual, eps, weight_offset, quant="none", qargs=
     _check_quant_args(op, x, n, quant, qargs)
 
 
+def _rms_check(op: str, quant: str = "none"):
+    """The check of op `op`: it takes the op's arguments (without `backend`); those after weight_offset are the
+    quantized output's (`qargs` of _check_quant_args)."""
+    def check(x, weight, residual, eps, weight_offset, *qargs):
+        _check_rms(op, x, weight, residual, eps, weight_offset, quant, qargs)
+    check.__name__ = check.__qualname__ = f"_check_{op}"
+    return check
+
+
 def _fake_res(x, residual):
     return x.new_empty(x.shape) if residual is not None else x.new_empty(0)
 
 
-def _with_res(outputs: tuple, x: Tensor) -> tuple:
+def _with_res(outputs: tuple, x: Tensor, *_) -> tuple:
     """The op's outputs with a 0-element tensor for the new residual where the backend returned None (the
     schema needs a Tensor; backends skip that allocation because the eager fast path returns their outputs
-    to the public wrappers, which turn it into None anyway)."""
+    to the public wrappers, which turn it into None anyway). Every op's `finish` (the op's other arguments
+    are not needed)."""
     if outputs[-1] is not None:
         return outputs
     return (*outputs[:-1], x.new_empty(0))
@@ -66,59 +76,31 @@ def _with_res(outputs: tuple, x: Tensor) -> tuple:
 # ------------------------------------------------------------------------------------------ RMSNorm ops
 
 
-@lowbit_op("rms_norm", mutates_args=())
+@lowbit_op("rms_norm", mutates_args=(), check=_rms_check("rms_norm"), finish=_with_res)
 def _rms_norm(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float, weight_offset: float,
               backend: str) -> tuple[Tensor, Tensor]:
-    _check_rms("rms_norm", x, weight, residual, eps, weight_offset)
-    return _with_res(run("rms_norm", backend, x, weight, residual, eps, weight_offset), x)
-
-
-@_rms_norm.register_fake
-def _(x, weight, residual, eps, weight_offset, backend):
-    _check_rms("rms_norm", x, weight, residual, eps, weight_offset)
     return x.new_empty(x.shape), _fake_res(x, residual)
 
 
-@lowbit_op("rms_norm_fp8_group", mutates_args=())
+@lowbit_op("rms_norm_fp8_group", mutates_args=(), check=_rms_check("rms_norm_fp8_group", "fp8_group"),
+           finish=_with_res)
 def _rms_norm_fp8_group(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float, weight_offset: float,
                         group_size: int, quant_eps: float, ue8m0: bool, column_major: bool,
                         backend: str) -> tuple[Tensor, Tensor, Tensor]:
     q = (group_size, quant_eps, ue8m0, column_major)
-    _check_rms("rms_norm_fp8_group", x, weight, residual, eps, weight_offset, "fp8_group", q)
-    return _with_res(run("rms_norm_fp8_group", backend, x, weight, residual, eps, weight_offset, *q), x)
-
-
-@_rms_norm_fp8_group.register_fake
-def _(x, weight, residual, eps, weight_offset, group_size, quant_eps, ue8m0, column_major, backend):
-    q = (group_size, quant_eps, ue8m0, column_major)
-    _check_rms("rms_norm_fp8_group", x, weight, residual, eps, weight_offset, "fp8_group", q)
     return (*_fake_quant(x, tuple(x.shape[:-1]), x.shape[-1], "fp8_group", q), _fake_res(x, residual))
 
 
-@lowbit_op("rms_norm_mxfp4", mutates_args=())
+@lowbit_op("rms_norm_mxfp4", mutates_args=(), check=_rms_check("rms_norm_mxfp4", "mxfp4"), finish=_with_res)
 def _rms_norm_mxfp4(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float, weight_offset: float,
                     rounding: str, swizzle: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
-    _check_rms("rms_norm_mxfp4", x, weight, residual, eps, weight_offset, "mxfp4", (rounding, swizzle))
-    return _with_res(run("rms_norm_mxfp4", backend, x, weight, residual, eps, weight_offset, rounding, swizzle), x)
-
-
-@_rms_norm_mxfp4.register_fake
-def _(x, weight, residual, eps, weight_offset, rounding, swizzle, backend):
-    _check_rms("rms_norm_mxfp4", x, weight, residual, eps, weight_offset, "mxfp4", (rounding, swizzle))
     return (*_fake_quant(x, tuple(x.shape[:-1]), x.shape[-1], "mxfp4", (rounding, swizzle)),
             _fake_res(x, residual))
 
 
-@lowbit_op("rms_norm_nvfp4", mutates_args=())
+@lowbit_op("rms_norm_nvfp4", mutates_args=(), check=_rms_check("rms_norm_nvfp4", "nvfp4"), finish=_with_res)
 def _rms_norm_nvfp4(x: Tensor, weight: Tensor, residual: Tensor | None, eps: float, weight_offset: float,
                     global_scale: Tensor | None, swizzle: bool, backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    _check_rms("rms_norm_nvfp4", x, weight, residual, eps, weight_offset, "nvfp4", (global_scale, swizzle))
-    return _with_res(run("rms_norm_nvfp4", backend, x, weight, residual, eps, weight_offset, global_scale, swizzle), x)
-
-
-@_rms_norm_nvfp4.register_fake
-def _(x, weight, residual, eps, weight_offset, global_scale, swizzle, backend):
-    _check_rms("rms_norm_nvfp4", x, weight, residual, eps, weight_offset, "nvfp4", (global_scale, swizzle))
     return (*_fake_quant(x, tuple(x.shape[:-1]), x.shape[-1], "nvfp4", (global_scale, swizzle)),
             _fake_res(x, residual))
 

@@ -16,7 +16,8 @@ from torch import Tensor
 from triton_ops.contract import checks as C
 
 from ..reference.rope import rope_cos_sin_cache
-from ._common import call, lowbit_op, run
+from ._common import call, lowbit_op
+from ._fake import is_fake
 
 CHECK_ENV = "LOWBIT_CHECK_INDICES"
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -34,7 +35,9 @@ def host_values(*tensors) -> bool:
     return not torch.compiler.is_compiling() and all(type(t) is Tensor and t.is_cpu for t in tensors)
 
 
-def check_positions(op: str, positions: Tensor, t: int, cos_sin_cache: Tensor, *, sync_check: bool) -> None:
+def check_positions(op: str, positions: Tensor, t: int, cos_sin_cache: Tensor) -> None:
+    """Under LOWBIT_CHECK_INDICES=1 also range-checks the position values (never those of fake tensors, which
+    have none: the fake impls run the same checks)."""
     C.check_tensor(op, "positions", positions)
     C.check_dtype(op, "positions", positions, INDEX_DTYPES)
     if positions.dim() != 1 or positions.shape[0] != t:
@@ -47,7 +50,7 @@ def check_positions(op: str, positions: Tensor, t: int, cos_sin_cache: Tensor, *
     if not cos_sin_cache.is_contiguous():
         C.fail(op, "cos_sin_cache", "must be contiguous; call .contiguous() once when building it")
     C.check_same_device(op, "cos_sin_cache", cos_sin_cache, "positions", positions)
-    if sync_check and debug_checks() and positions.numel():
+    if debug_checks() and not is_fake(positions) and positions.numel():
         lo, hi = int(positions.min()), int(positions.max())
         if lo < 0 or hi >= cos_sin_cache.shape[0]:
             C.fail(op, "positions", f"values span [{lo}, {hi}] but cos_sin_cache has {cos_sin_cache.shape[0]} "
@@ -115,7 +118,7 @@ def check_heads(op: str, arg: str, x: Tensor, *, ref: Tensor | None = None) -> N
         C.check_same_device(op, "q", ref, arg, x)
 
 
-def _check_rope(op, q, k, positions, cos_sin_cache, rot_offset, sync_check=True):
+def _check_rope(op, q, k, positions, cos_sin_cache, rot_offset):
     C.check_tensor(op, "q", q)
     C.check_tensor(op, "k", k, optional=True)
     C.check_tensor(op, "positions", positions)
@@ -124,7 +127,7 @@ def _check_rope(op, q, k, positions, cos_sin_cache, rot_offset, sync_check=True)
     check_heads(op, "q", q)
     if k is not None:
         check_heads(op, "k", k, ref=q)
-    check_positions(op, positions, q.shape[0], cos_sin_cache, sync_check=sync_check)
+    check_positions(op, positions, q.shape[0], cos_sin_cache)
     C.check_same_device(op, "q", q, "positions", positions)
     rot = cos_sin_cache.shape[1]
     if rot_offset < 0 or rot_offset + rot > q.shape[-1]:
@@ -134,29 +137,24 @@ def _check_rope(op, q, k, positions, cos_sin_cache, rot_offset, sync_check=True)
         check_no_alias(op, q, k)
 
 
-@lowbit_op("rope", mutates_args=())
+def _check_rope_out(q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse):
+    _check_rope("rope", q, k, positions, cos_sin_cache, rot_offset)
+
+
+def _check_rope_inplace(q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse):
+    _check_rope("rope_", q, k, positions, cos_sin_cache, rot_offset)
+
+
+@lowbit_op("rope", mutates_args=(), check=_check_rope_out)
 def _rope(q: Tensor, k: Tensor, positions: Tensor, cos_sin_cache: Tensor, rot_offset: int, is_neox: bool,
           inverse: bool, backend: str) -> tuple[Tensor, Tensor]:
-    _check_rope("rope", q, k, positions, cos_sin_cache, rot_offset)
-    return run("rope", backend, q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse)
-
-
-@_rope.register_fake
-def _(q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse, backend):
-    _check_rope("rope", q, k, positions, cos_sin_cache, rot_offset, sync_check=False)
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
-@lowbit_op("rope_", mutates_args=("q", "k"))
+@lowbit_op("rope_", mutates_args=("q", "k"), check=_check_rope_inplace)
 def _rope_(q: Tensor, k: Tensor | None, positions: Tensor, cos_sin_cache: Tensor, rot_offset: int,
            is_neox: bool, inverse: bool, backend: str) -> None:
-    _check_rope("rope_", q, k, positions, cos_sin_cache, rot_offset)
-    run("rope_", backend, q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse)
-
-
-@_rope_.register_fake
-def _(q, k, positions, cos_sin_cache, rot_offset, is_neox, inverse, backend):
-    _check_rope("rope_", q, k, positions, cos_sin_cache, rot_offset, sync_check=False)
+    return None
 
 
 class RopeOutput(NamedTuple):

@@ -13,7 +13,8 @@ from torch import Tensor
 from triton_ops.contract import checks as C
 
 from ..reference.swiglu import ACTIVATIONS
-from ._common import call, lowbit_op, run
+from ._common import call, lowbit_op
+from ._fake import is_fake
 from ._quant_outputs import _check_quant_args, _check_x, _fake_quant
 from .quant import FP8GroupQuantized, MXFP4Quantized, NVFP4Quantized, ScaleLayout, _layout_flag
 from .rope import debug_checks, host_values
@@ -36,9 +37,9 @@ def _per_expert_scales(expert_ids, quant, qargs) -> int | None:
 
 
 def _check_swiglu(op, x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, quant="none",
-                  qargs=(), sync_check=True):
-    """sync_check: with per-expert NVFP4 scales, also range-check expert_ids where that costs no device sync
-    (host tensors) or LOWBIT_CHECK_INDICES=1 asks for it (fakes pass False)."""
+                  qargs=()):
+    """With per-expert NVFP4 scales, also range-checks expert_ids where that costs no device sync (host
+    tensors) or LOWBIT_CHECK_INDICES=1 asks for it; never fake ones (the fake impls run the same checks)."""
     C.check_tensor(op, "x", x)
     C.check_tensor(op, "expert_ids", expert_ids, optional=True)
     C.check_tensor(op, "masked_m", masked_m, optional=True)
@@ -78,8 +79,8 @@ def _check_swiglu(op, x, interleave, activation, alpha, limit, expert_ids, maske
                                    f"{tuple(x.shape)}, masked_m {tuple(masked_m.shape)}")
     _check_quant_args(op, x, i, quant, qargs, _swiglu_groups(expert_ids, masked_m))
     n_exp = _per_expert_scales(expert_ids, quant, qargs)
-    if sync_check and n_exp is not None and expert_ids.numel() and (expert_ids.device.type == "cpu"
-                                                                    or debug_checks()):
+    if n_exp is not None and not is_fake(expert_ids) and expert_ids.numel() \
+            and (expert_ids.device.type == "cpu" or debug_checks()):
         hi = int(expert_ids.max())
         if hi >= n_exp:
             C.fail(op, "expert_ids", f"holds expert {hi} but global_scale has {n_exp} per-expert scales (ids must "
@@ -89,76 +90,46 @@ def _check_swiglu(op, x, interleave, activation, alpha, limit, expert_ids, maske
 # ------------------------------------------------------------------------------------------- SwiGLU ops
 
 
+def _swiglu_check(op: str, quant: str = "none"):
+    """The check of op `op`: it takes the op's arguments (without `backend`); those after out_dtype are the
+    quantized output's (`qargs` of _check_quant_args)."""
+    def check(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, *qargs):
+        _check_swiglu(op, x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, quant, qargs)
+    check.__name__ = check.__qualname__ = f"_check_{op}"
+    return check
+
+
 def _fake_swiglu_lead(x):
     return tuple(x.shape[:-1]), x.shape[-1] // 2
 
 
-@lowbit_op("swiglu", mutates_args=())
+@lowbit_op("swiglu", mutates_args=(), check=_swiglu_check("swiglu"))
 def _swiglu(x: Tensor, interleave: int, activation: str, alpha: float, limit: float | None,
             expert_ids: Tensor | None, masked_m: Tensor | None, out_dtype: torch.dtype | None,
             backend: str) -> Tensor:
-    a = (x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype)
-    _check_swiglu("swiglu", *a)
-    return run("swiglu", backend, *a)
-
-
-@_swiglu.register_fake
-def _(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, backend):
-    _check_swiglu("swiglu", x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype,
-                  sync_check=False)
     lead, i = _fake_swiglu_lead(x)
     return x.new_empty(*lead, i, dtype=out_dtype or x.dtype)
 
 
-@lowbit_op("swiglu_fp8_group", mutates_args=())
+@lowbit_op("swiglu_fp8_group", mutates_args=(), check=_swiglu_check("swiglu_fp8_group", "fp8_group"))
 def _swiglu_fp8_group(x: Tensor, interleave: int, activation: str, alpha: float, limit: float | None,
                       expert_ids: Tensor | None, masked_m: Tensor | None, out_dtype: torch.dtype | None,
                       group_size: int, quant_eps: float, ue8m0: bool, column_major: bool,
                       backend: str) -> tuple[Tensor, Tensor]:
-    a = (x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype)
-    q = (group_size, quant_eps, ue8m0, column_major)
-    _check_swiglu("swiglu_fp8_group", *a, "fp8_group", q)
-    return run("swiglu_fp8_group", backend, *a, *q)
+    return _fake_quant(x, *_fake_swiglu_lead(x), "fp8_group", (group_size, quant_eps, ue8m0, column_major))
 
 
-@_swiglu_fp8_group.register_fake
-def _(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, group_size, quant_eps, ue8m0,
-      column_major, backend):
-    q = (group_size, quant_eps, ue8m0, column_major)
-    _check_swiglu("swiglu_fp8_group", x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype,
-                  "fp8_group", q, sync_check=False)
-    return _fake_quant(x, *_fake_swiglu_lead(x), "fp8_group", q)
-
-
-@lowbit_op("swiglu_mxfp4", mutates_args=())
+@lowbit_op("swiglu_mxfp4", mutates_args=(), check=_swiglu_check("swiglu_mxfp4", "mxfp4"))
 def _swiglu_mxfp4(x: Tensor, interleave: int, activation: str, alpha: float, limit: float | None,
                   expert_ids: Tensor | None, masked_m: Tensor | None, out_dtype: torch.dtype | None,
                   rounding: str, swizzle: bool, backend: str) -> tuple[Tensor, Tensor]:
-    a = (x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype)
-    _check_swiglu("swiglu_mxfp4", *a, "mxfp4", (rounding, swizzle))
-    return run("swiglu_mxfp4", backend, *a, rounding, swizzle)
-
-
-@_swiglu_mxfp4.register_fake
-def _(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, rounding, swizzle, backend):
-    _check_swiglu("swiglu_mxfp4", x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype,
-                  "mxfp4", (rounding, swizzle), sync_check=False)
     return _fake_quant(x, *_fake_swiglu_lead(x), "mxfp4", (rounding, swizzle))
 
 
-@lowbit_op("swiglu_nvfp4", mutates_args=())
+@lowbit_op("swiglu_nvfp4", mutates_args=(), check=_swiglu_check("swiglu_nvfp4", "nvfp4"))
 def _swiglu_nvfp4(x: Tensor, interleave: int, activation: str, alpha: float, limit: float | None,
                   expert_ids: Tensor | None, masked_m: Tensor | None, out_dtype: torch.dtype | None,
                   global_scale: Tensor | None, swizzle: bool, backend: str) -> tuple[Tensor, Tensor, Tensor]:
-    a = (x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype)
-    _check_swiglu("swiglu_nvfp4", *a, "nvfp4", (global_scale, swizzle))
-    return run("swiglu_nvfp4", backend, *a, global_scale, swizzle)
-
-
-@_swiglu_nvfp4.register_fake
-def _(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, global_scale, swizzle, backend):
-    _check_swiglu("swiglu_nvfp4", x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype,
-                  "nvfp4", (global_scale, swizzle), sync_check=False)
     return _fake_quant(x, *_fake_swiglu_lead(x), "nvfp4", (global_scale, swizzle))
 
 
