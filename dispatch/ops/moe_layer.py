@@ -1,0 +1,102 @@
+"""The whole MoE expert layer in one call: align -> gather (+ FP8 quantize) -> GEMM1 -> SwiGLU (+ FP8 quantize) ->
+GEMM2 -> weighted combine, composed of the moe, moe_gemm and swiglu ops (docs/moe_gemm.md).
+
+No host sync and static shapes throughout (the layouts' capacities depend on shapes only), so the layer is
+CUDA-graph capturable and torch.compile sees one custom op per stage. It is a composition, not a fused kernel: six
+to seven launches, with the activations between GEMM1 and GEMM2 written once (FP8: as codes + scales). Expert
+parallelism: `expert_map` maps global to local expert ids (-1 = not on this rank); tokens routed elsewhere get no
+row and contribute nothing here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from triton_ops.contract import checks as C
+
+from .moe import moe_align, moe_combine, moe_gather, moe_gather_fp8, moe_masked_layout
+from .moe_gemm import moe_gemm_bf16, moe_gemm_fp8, moe_gemm_mxfp4
+from .swiglu import swiglu, swiglu_fp8_group
+
+OP = "moe_layer"
+FORMATS = ("bf16", "fp8", "mxfp4")
+
+
+def _block_m(rows_per_expert: float) -> int:
+    """Contiguous-layout padding unit: the grouped GEMM's row tile for this load (decode 16, prefill 128), so a
+    tile holds one expert and takes one pass over K."""
+    return 128 if rows_per_expert >= 128 else (64 if rows_per_expert >= 32 else 16)
+
+
+def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor, w2: Tensor, *,
+              weights: Literal["bf16", "fp8", "mxfp4"] = "bf16", w1_scale: Tensor | None = None,
+              w2_scale: Tensor | None = None, activation: Literal["silu", "gptoss"] = "silu", interleave: int = 0,
+              alpha: float = 1.702, limit: float | None = None, layout: Literal["contiguous", "masked"] = "contiguous",
+              max_m: int | None = None, expert_map: Tensor | None = None, shared: Tensor | None = None,
+              backend: str = "auto") -> Tensor:
+    """y[t] = sum_j topk_weights[t, j] * W2[e] . act(W1[e] . hidden[t]) over the token's experts e = topk_ids[t, j]
+    (+ shared[t]), in hidden's dtype.
+
+    hidden (T, H) bf16; topk_ids (T, k) int32/int64; topk_weights (T, k) fp32; w1 (E, 2I, H) (gate|up halves, or
+    interleaved: `interleave`), w2 (E, H, I). weights: "bf16" (w1/w2 bf16), "fp8" (E4M3 weights with 128x128
+    block scales w1_scale / w2_scale; activations quantized to 1x128 groups on the way: before GEMM1 by
+    moe_gather_fp8, before GEMM2 by the fused swiglu_fp8_group), "mxfp4" (W4A16: w1/w2 packed e2m1 (E, N, K/2)
+    uint8 with E8M0 scales (E, N, K/32)). layout: "contiguous" (moe_align rows; prefill) or "masked" (E, max_m,
+    .) rows per expert (decode; tokens past max_m for an expert are dropped, as moe_masked_layout defines)."""
+    for name, t in (("hidden", hidden), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w1", w1),
+                    ("w2", w2)):
+        C.check_tensor(OP, name, t)
+    if weights not in FORMATS:
+        C.fail(OP, "weights", f"{weights!r} is not one of {', '.join(FORMATS)}")
+    if weights == "fp8" and (w1_scale is None or w2_scale is None):
+        C.fail(OP, "w1_scale", "FP8 weights need w1_scale and w2_scale (128x128 block scales)")
+    if weights == "mxfp4" and (w1_scale is None or w2_scale is None):
+        C.fail(OP, "w1_scale", "MXFP4 weights need w1_scale and w2_scale (E8M0 per 32)")
+    if hidden.dim() != 2 or topk_ids.dim() != 2:
+        C.fail(OP, "hidden", f"expected hidden (T, H) and topk_ids (T, k), got {tuple(hidden.shape)} and "
+                             f"{tuple(topk_ids.shape)}")
+    num_experts, top_k = w1.shape[0], topk_ids.shape[1]
+    act = dict(interleave=interleave, activation=activation, alpha=alpha, limit=limit)
+    if layout == "contiguous":
+        lay = moe_align(topk_ids, num_experts, _block_m(topk_ids.numel() / max(num_experts, 1)),
+                        expert_map=expert_map, backend=backend)
+        rows, place, inv_rows = lay.sorted_token_ids, dict(m_indices=lay.m_indices), lay.inv_rows
+        act_place = dict(expert_ids=lay.m_indices)
+    elif layout == "masked":
+        if max_m is None:
+            C.fail(OP, "max_m", "the masked layout needs max_m (rows per expert)")
+        lay = moe_masked_layout(topk_ids, num_experts, max_m, expert_map=expert_map, backend=backend)
+        rows, place, inv_rows = lay.src_rows, dict(masked_m=lay.masked_m), lay.inv_rows
+        act_place = dict(masked_m=lay.masked_m)
+    else:
+        C.fail(OP, "layout", f"{layout!r} is not 'contiguous' or 'masked'")
+    if weights == "fp8":
+        g = moe_gather_fp8(hidden, rows, top_k, backend=backend)
+        h = moe_gemm_fp8(g.codes, g.scales, w1, w1_scale, **place, backend=backend)
+        a = swiglu_fp8_group(h, **act, **act_place, backend=backend)
+        out = moe_gemm_fp8(a.codes, a.scales, w2, w2_scale, **place, backend=backend)
+    else:
+        x = moe_gather(hidden, rows, top_k, backend=backend)
+        gemm = moe_gemm_bf16 if weights == "bf16" else moe_gemm_mxfp4
+        scale1, scale2 = ((), ()) if weights == "bf16" else ((w1_scale,), (w2_scale,))
+        h = gemm(x, w1, *scale1, **place, backend=backend)
+        a = swiglu(h, **act, **act_place, backend=backend)
+        out = gemm(a, w2, *scale2, **place, backend=backend)
+    return moe_combine(out, inv_rows, topk_weights, shared=shared, out_dtype=hidden.dtype, backend=backend)
+
+
+def moe_layer_reference(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor, w2: Tensor,
+                        act) -> Tensor:
+    """The layer's math in fp32 on dequantized bf16 weights, token by token (tests): act maps (T, 2I) -> (T, I)."""
+    y = torch.zeros(hidden.shape[0], w2.shape[1], dtype=torch.float32, device=hidden.device)
+    for j in range(topk_ids.shape[1]):
+        for e in torch.unique(topk_ids[:, j]).tolist():
+            if not 0 <= e < w1.shape[0]:
+                continue
+            sel = topk_ids[:, j] == e
+            h = hidden[sel].float() @ w1[e].float().t()
+            y[sel] += topk_weights[sel, j:j + 1] * (act(h) @ w2[e].float().t())
+    return y.to(hidden.dtype)

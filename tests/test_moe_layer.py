@@ -1,0 +1,109 @@
+"""The MoE layer composition (dispatch/ops/moe_layer.py): contiguous and masked layouts, bf16 / FP8 / MXFP4 experts,
+expert parallelism, against the layer's math and against the same composition on the reference backends."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dispatch.ops.moe_layer import moe_layer, moe_layer_reference
+from tests.helpers import DEVICES, assert_close
+from triton_ops.contract.checks import LowbitInputError
+
+T, K, E, H, I = 12, 2, 4, 128, 128
+
+
+def _silu_act(h):
+    return F.silu(h[:, :I]) * h[:, I:]
+
+
+def _routing(g, device, t=T, e=E):
+    ids = torch.stack([torch.randperm(e, generator=g)[:K] for _ in range(t)]).to(torch.int32)
+    weights = torch.rand(t, K, generator=g)
+    return ids.to(device), weights.to(device)
+
+
+def _bf16_experts(g, device):
+    w1 = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).bfloat16()
+    w2 = (torch.randn(E, H, I, generator=g) / I ** 0.5).bfloat16()
+    return w1.to(device), w2.to(device)
+
+
+def _backend(device):
+    return "triton" if device == "cpu" else "auto"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+def test_bf16_layer_matches_the_math(device, layout):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, H, generator=g).bfloat16().to(device)
+    ids, w = _routing(g, device)
+    w1, w2 = _bf16_experts(g, device)
+    got = moe_layer(x, ids, w, w1, w2, layout=layout, max_m=T, backend=_backend(device))
+    want = moe_layer_reference(x.cpu(), ids.cpu(), w.cpu(), w1.cpu(), w2.cpu(), _silu_act)
+    assert_close(got.cpu(), want, f"bf16 {layout}", factor=2)  # h and act are rounded to bf16 between stages
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_expert_parallel_rank_sees_only_its_experts(device):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(T, H, generator=g).bfloat16().to(device)
+    ids, w = _routing(g, device)
+    w1, w2 = _bf16_experts(g, device)
+    local = torch.tensor([0, 1], dtype=torch.int32)  # global experts 0, 1 live here as local 0, 1
+    expert_map = torch.tensor([0, 1, -1, -1], dtype=torch.int32).to(device)
+    got = moe_layer(x, ids, w, w1[local.to(device)], w2[local.to(device)], expert_map=expert_map,
+                    backend=_backend(device))
+    ids_local = torch.where(ids.cpu() < 2, ids.cpu(), torch.full_like(ids.cpu(), -1))
+    want = moe_layer_reference(x.cpu(), ids_local, w.cpu(), w1.cpu()[:2], w2.cpu()[:2], _silu_act)
+    assert_close(got.cpu(), want, "expert parallel", factor=2)
+
+
+def _fp8_weights(g, device):
+    w1 = (torch.randn(E, 2 * I, H, generator=g) * 32).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w2 = (torch.randn(E, H, I, generator=g) * 32).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s1 = torch.rand(E, 2 * I // 128, H // 128, generator=g) / (32 * H ** 0.5)
+    s2 = torch.rand(E, H // 128, I // 128, generator=g) / (32 * I ** 0.5)
+    return [t.to(device) for t in (w1, w2, s1, s2)]
+
+
+def _mxfp4_weights(g, device):
+    w1 = torch.randint(0, 256, (E, 2 * I, H // 2), generator=g, dtype=torch.uint8)
+    w2 = torch.randint(0, 256, (E, H, I // 2), generator=g, dtype=torch.uint8)
+    s1 = torch.randint(119, 124, (E, 2 * I, H // 32), generator=g, dtype=torch.uint8)
+    s2 = torch.randint(119, 124, (E, H, I // 32), generator=g, dtype=torch.uint8)
+    return [t.to(device) for t in (w1, w2, s1, s2)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weights", ["fp8", "mxfp4"])
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+def test_quantized_layer_matches_the_reference_backends(device, weights, layout):
+    """The kernels' composition against the same composition on the torch reference backends (both quantize the
+    activations identically; the GEMMs accumulate in another order)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(T, H, generator=g).bfloat16().to(device)
+    ids, w = _routing(g, device)
+    w1, w2, s1, s2 = (_fp8_weights if weights == "fp8" else _mxfp4_weights)(g, device)
+    kw = dict(weights=weights, w1_scale=s1, w2_scale=s2, layout=layout, max_m=T)
+    got = moe_layer(x, ids, w, w1, w2, **kw, backend=_backend(device))
+    want = moe_layer(x.cpu(), ids.cpu(), w.cpu(), w1.cpu(), w2.cpu(), **{**kw, "w1_scale": s1.cpu(),
+                     "w2_scale": s2.cpu()}, backend="torch")
+    assert bool(torch.isfinite(got).all())
+    assert_close(got.cpu(), want, f"{weights} {layout}", factor=2)
+
+
+def test_bad_arguments_are_named():
+    x = torch.zeros(2, H).bfloat16()
+    ids, w = torch.zeros(2, K, dtype=torch.int32), torch.ones(2, K)
+    w1, w2 = torch.zeros(E, 2 * I, H).bfloat16(), torch.zeros(E, H, I).bfloat16()
+    with pytest.raises(LowbitInputError, match="moe_layer: argument 'weights'"):
+        moe_layer(x, ids, w, w1, w2, weights="fp4")
+    with pytest.raises(LowbitInputError, match="moe_layer: argument 'w1_scale'"):
+        moe_layer(x, ids, w, w1, w2, weights="fp8")
+    with pytest.raises(LowbitInputError, match="moe_layer: argument 'max_m'"):
+        moe_layer(x, ids, w, w1, w2, layout="masked")
+    with pytest.raises(LowbitInputError, match="moe_layer: argument 'hidden'"):
+        moe_layer([1.0], ids, w, w1, w2)
