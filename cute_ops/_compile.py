@@ -108,7 +108,7 @@ def fingerprint() -> str:
     h.update(f"py{sys.version_info.major}.{sys.version_info.minor}|cutlass={cutlass.__version__}|"
              f"tvm_ffi={tvm_version}".encode())
     root = Path(__file__).resolve().parent
-    for src in sorted(root.glob("*.py")):
+    for src in sorted(root.rglob("*.py")):  # subpackages (gemm/, attention/) too
         data = src.read_bytes()
         h.update(src.name.encode() + len(data).to_bytes(8, "little") + data)
     return h.hexdigest()[:24]

@@ -1,0 +1,456 @@
+"""Grouped (MoE contiguous) block-scaled FP4 GEMM for sm_100a: tcgen05 UMMA, TMEM accumulator, TMA loads.
+
+COMPILED AND SASS-INSPECTED ONLY (tests/test_cute_gemm.py, CPU, CUTE_DSL_ARCH=sm_100a); never run on Blackwell
+hardware. Not registered in dispatch/table.py.
+
+    out[r, :] = bf16(alpha[g] * sum_k dec(a[r, k]) * dec(b[g, :, k]))     for offsets[g] <= r < offsets[g + 1]
+
+where dec(x) = e2m1(x) * its block scale (NVFP4: E4M3 per 16 elements; MXFP4: E8M0 per 32) and alpha[g] is an fp32
+per-group factor (NVFP4: the product of the two global scales; MXFP4: 1). Operands (all K-major, K contiguous):
+
+| arg | shape / dtype | layout |
+| --- | --- | --- |
+| a | [M, K/2] uint8 | E2M1 pairs, element 2i in the low nibble (`nvFP4_quantize` / `mxFP4_quantize` codes) |
+| sfa | [M, round_up(K/sf_vec, 4)] uint8 | 128x4 swizzled (`swizzle_scales_128x4`), M a multiple of 128 |
+| b | [G, N, K/2] uint8 | per-group weights, same packing |
+| sfb | [G, N, round_up(K/sf_vec, 4)] uint8 | each group's [N, K/sf_vec] swizzled, N a multiple of 128 |
+| out | [M, N] bf16 | rows outside every group are not written |
+| offsets | [G + 1] int32 | group row starts (`moe_align`'s expert_offsets), each a multiple of 128 |
+| alpha | [G] fp32 | per-group output factor |
+
+M (total rows, a multiple of 128: `moe_align` capacity with block_m = 128) is symbolic: one compile serves every
+batch. N, K, G and the format are static (the compile key, `GemmConfig`).
+
+Kernel anatomy (one CTA per SM, persistent; warp roles):
+* warp 5, TMA producer: for each tile of the static group scheduler (scheduler.py) and each 256-wide K step,
+  TMA-loads the A tile (128 x 256), the B tile (tile_n x 256) of the tile's group, and both scale tiles into one
+  stage of an `ab_stages`-deep smem ring (PipelineTmaUmma: mbarrier with transaction bytes).
+* warp 4, MMA issuer: copies the stage's scale factors smem -> TMEM (tcgen05.cp 4x32x128b), then issues 4 block-
+  scaled UMMAs (tcgen05.mma.kind::mxf4nvf4.block_scale.block16 / .block32 = SASS UTCOMMA.4X / UTCOMMA,
+  128 x tile_n x 64) into an fp32 TMEM accumulator; releases the
+  stage with tcgen05.commit; commits the finished accumulator to the epilogue (PipelineUmmaAsync; `acc_stages`
+  TMEM buffers, so with 2 the next tile's MMAs overlap this tile's epilogue).
+* warps 0-3, epilogue: TMEM -> registers (tcgen05.ld 32x32b: thread i owns accumulator row i) in `epi_cols`-wide
+  column slices, times alpha[g], to bf16, 16-byte global stores predicated on row < the group's end.
+
+What it is not (yet): no 2-CTA (cta_group::2) 256-row tiles, no clusters / TMA multicast, no TMA-store epilogue
+(rows are stored straight from registers: each thread writes 2 x 16 B per 16 columns of its own row), no
+masked layout, K must be a multiple of 256 (K = 2880 of GPT-OSS is refused), N a multiple of tile_n.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.blackwell_helpers as sm100_utils
+import cutlass.utils.blockscaled_layout as blockscaled_utils
+from cutlass.cute.nvgpu import cpasync, tcgen05
+from cutlass.memory import SmemAllocator, TmemAllocator
+
+from . import scale_layout
+from .scheduler import GroupedTileScheduler
+
+BLOCK_M = 128  # UMMA M (cta_group::1) = the scale atom's rows
+MMA_K = 64  # K of one FP4 UMMA instruction
+BLOCK_K = 4 * MMA_K  # K per pipeline stage: 128 bytes of FP4 per row = one 128B-swizzle row
+SMEM_BYTES = 232448  # sm_100 per-CTA shared memory
+SMEM_RESERVED = 2048  # mbarriers, the TMEM address slot, alignment slack
+TMEM_COLS = 512
+WARP_EPI, WARP_MMA, WARP_TMA = (0, 1, 2, 3), 4, 5
+THREADS = 32 * 6
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    sf_vec: int  # elements per block scale
+    sf_dtype: str  # cutlass dtype name of the scale byte
+    mma_op: str  # tcgen05 MMA op class (both lower to tcgen05.mma kind::mxf4nvf4, .block16 / .block32)
+
+
+FORMATS = {
+    "nvfp4": Format(16, "Float8E4M3FN", "MmaMXF4NVF4Op"),
+    "mxfp4": Format(32, "Float8E8M0FNU", "MmaMXF4Op"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Everything static about one compiled kernel (the compile key). M is never here: it is symbolic."""
+
+    fmt: str  # nvfp4 | mxfp4
+    n: int  # output columns (per group)
+    k: int  # reduction length in elements
+    num_groups: int  # G (experts)
+    tile_n: int  # UMMA N: 128 (2 TMEM accumulators) or 256 (1)
+    ab_stages: int  # smem ring depth (A, B, SFA, SFB per stage)
+    acc_stages: int  # TMEM accumulator buffers
+    epi_cols: int  # accumulator columns per epilogue step (registers: epi_cols fp32 per thread)
+    max_ctas: int  # persistent grid cap (the SM count)
+    arch: str  # compile target, sm_100a
+
+    def key(self) -> tuple:
+        return ("blockscaled_grouped_gemm", *dataclasses.astuple(self))
+
+    @property
+    def sf_vec(self) -> int:
+        return FORMATS[self.fmt].sf_vec
+
+
+def stage_bytes(fmt: str, tile_n: int) -> int:
+    sf_per_row = BLOCK_K // FORMATS[fmt].sf_vec
+    return (BLOCK_M + tile_n) * BLOCK_K // 2 + (BLOCK_M + tile_n) * sf_per_row
+
+
+def can_implement(fmt: str, n: int, k: int, num_groups: int, tile_n: int = 128) -> str | None:
+    """Why this problem cannot compile (None when it can)."""
+    if fmt not in FORMATS:
+        return f"format {fmt!r}: one of {sorted(FORMATS)}"
+    if tile_n not in (128, 256):
+        return f"tile_n={tile_n}: 128 or 256"
+    if k <= 0 or k % BLOCK_K:
+        return f"K={k} must be a positive multiple of {BLOCK_K} (one pipeline stage)"
+    if n <= 0 or n % tile_n:
+        return f"N={n} must be a positive multiple of tile_n={tile_n}"
+    if num_groups < 1:
+        return "needs at least one group"
+    return None
+
+
+def pick_config(fmt: str, n: int, k: int, num_groups: int, *, tile_n: int | None = None, sm_count: int = 148,
+                arch: str = "sm_100a") -> GemmConfig:
+    """Analytical: tile_n 128 unless asked (two TMEM accumulators: the epilogue of tile i overlaps the MMAs of
+    tile i + 1; 256 fits only one next to the scale columns), as many smem stages as fit (at most 8)."""
+    tile_n = tile_n or 128
+    why = can_implement(fmt, n, k, num_groups, tile_n)
+    if why:
+        raise ValueError(why)
+    acc_stages = 2 if tile_n == 128 else 1
+    stages = min(8, (SMEM_BYTES - SMEM_RESERVED) // stage_bytes(fmt, tile_n))
+    return GemmConfig(fmt, n, k, num_groups, tile_n, stages, acc_stages, 32, sm_count, arch)
+
+
+# ------------------------------------------------------------------------------------------------- kernel
+
+FP4 = cutlass.Float4E2M1FN
+
+
+class GroupedBlockScaledGemmSm100:
+    def __init__(self, cfg: GemmConfig):
+        self.cfg = cfg
+        self.sf_vec = cfg.sf_vec
+        self.sf_dtype = getattr(cutlass, FORMATS[cfg.fmt].sf_dtype)
+        self.tile = (BLOCK_M, cfg.tile_n, BLOCK_K)
+        self.k_tiles = cfg.k // BLOCK_K
+        self.n_tiles = cfg.n // cfg.tile_n
+        self.epi_tile = (BLOCK_M, cfg.epi_cols)
+
+    def _mma_op(self):
+        shape = (BLOCK_M, self.cfg.tile_n, MMA_K)
+        args = (shape, tcgen05.CtaGroup.ONE, tcgen05.OperandSource.SMEM)
+        op = getattr(tcgen05, FORMATS[self.cfg.fmt].mma_op)
+        return op(self.sf_dtype, *args) if op is tcgen05.MmaMXF4NVF4Op else op(*args)
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, out: cute.Tensor,
+                 offsets: cute.Tensor, alpha: cute.Tensor, stream):
+        cfg = self.cfg
+        m = a.shape[0]
+        n, k, groups = cfg.n, cfg.k, cfg.num_groups
+        # Byte tensors from the host, typed views here: FP4 elements, scale bytes as their float8 type
+        mA = cute.make_tensor(cute.recast_ptr(a.iterator, dtype=FP4),
+                              cute.make_ordered_layout((m, k, 1), order=(1, 0, 2)))
+        mB = cute.make_tensor(cute.recast_ptr(b.iterator, dtype=FP4),
+                              cute.make_ordered_layout((n, k, groups), order=(1, 0, 2)))
+        mSFA = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=self.sf_dtype),
+                                scale_layout.scale_tensor_layout(mA.shape, self.sf_vec))
+        mSFB = cute.make_tensor(cute.recast_ptr(sfb.iterator, dtype=self.sf_dtype),
+                                scale_layout.scale_tensor_layout(mB.shape, self.sf_vec))
+        mC = cute.make_tensor(out.iterator, cute.make_ordered_layout((m, n, 1), order=(1, 0, 2)))
+
+        tiled_mma = cute.make_tiled_mma(self._mma_op())
+        stages = cfg.ab_stages
+        a_smem = sm100_utils.make_smem_layout_a(tiled_mma, self.tile, FP4, stages)
+        b_smem = sm100_utils.make_smem_layout_b(tiled_mma, self.tile, FP4, stages)
+        sfa_smem = blockscaled_utils.make_smem_layout_sfa(tiled_mma, self.tile, self.sf_vec, stages)
+        sfb_smem = blockscaled_utils.make_smem_layout_sfb(tiled_mma, self.tile, self.sf_vec, stages)
+
+        one_cta = cute.make_layout((1, 1, 1, 1))
+        g2s = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
+
+        def stage0(layout):
+            return cute.slice_(layout, (None, None, None, 0))
+
+        tma_a, tma_mA = cute.nvgpu.make_tiled_tma_atom_A(g2s, mA, stage0(a_smem), self.tile, tiled_mma,
+                                                         one_cta.shape)
+        tma_b, tma_mB = cute.nvgpu.make_tiled_tma_atom_B(g2s, mB, stage0(b_smem), self.tile, tiled_mma,
+                                                         one_cta.shape)
+        # scale tiles: TMA'd with a 16-bit internal element type, as CUTLASS's block-scaled kernels do
+        tma_sfa, tma_mSFA = cute.nvgpu.make_tiled_tma_atom_A(g2s, mSFA, stage0(sfa_smem), self.tile, tiled_mma,
+                                                             one_cta.shape, internal_type=cutlass.Int16)
+        tma_sfb, tma_mSFB = cute.nvgpu.make_tiled_tma_atom_B(g2s, mSFB, stage0(sfb_smem), self.tile, tiled_mma,
+                                                             one_cta.shape, internal_type=cutlass.Int16)
+        self.tx_bytes = (cute.size_in_bytes(FP4, stage0(a_smem)) + cute.size_in_bytes(FP4, stage0(b_smem))
+                         + cute.size_in_bytes(self.sf_dtype, stage0(sfa_smem))
+                         + cute.size_in_bytes(self.sf_dtype, stage0(sfb_smem)))
+
+        @cute.struct
+        class Storage:
+            ab_bar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            acc_bar: cute.struct.MemRange[cutlass.Int64, cfg.acc_stages * 2]
+            tmem_addr: cutlass.Int32
+
+        self.storage = Storage
+        # Upper bound of the tile count (every row a tile): the grid never exceeds it nor the SM count
+        max_tiles = (m // BLOCK_M) * self.n_tiles
+        grid = cutlass.min(max_tiles, cutlass.Int32(cfg.max_ctas))
+        grid = cutlass.max(grid, cutlass.Int32(1))
+        self.kernel(tiled_mma, tma_a, tma_mA, tma_b, tma_mB, tma_sfa, tma_mSFA, tma_sfb, tma_mSFB, mC,
+                    offsets, alpha, a_smem, b_smem, sfa_smem, sfb_smem).launch(
+            grid=(grid, 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
+
+    @cute.kernel
+    def kernel(self, tiled_mma: cute.TiledMma, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom,
+               mB: cute.Tensor, tma_sfa: cute.CopyAtom, mSFA: cute.Tensor, tma_sfb: cute.CopyAtom,
+               mSFB: cute.Tensor, mC: cute.Tensor, offsets: cute.Tensor, alpha: cute.Tensor,
+               a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout, sfa_smem: cute.Layout,
+               sfb_smem: cute.Layout):
+        cfg = self.cfg
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        nctas, _, _ = cute.arch.grid_dim()
+
+        if warp == WARP_TMA:
+            for atom in (tma_a, tma_b, tma_sfa, tma_sfb):
+                cpasync.prefetch_descriptor(atom)
+
+        smem = SmemAllocator()
+        storage = smem.allocate(self.storage)
+        sA = smem.allocate_tensor(FP4, a_smem.outer, byte_alignment=1024, swizzle=a_smem.inner)
+        sB = smem.allocate_tensor(FP4, b_smem.outer, byte_alignment=1024, swizzle=b_smem.inner)
+        sSFA = smem.allocate_tensor(self.sf_dtype, sfa_smem, byte_alignment=128)
+        sSFB = smem.allocate_tensor(self.sf_dtype, sfb_smem, byte_alignment=128)
+
+        thread = pipeline.Agent.Thread
+        ab_pipe = pipeline.PipelineTmaUmma.create(
+            barrier_storage=storage.ab_bar.data_ptr(), num_stages=cfg.ab_stages,
+            producer_group=pipeline.CooperativeGroup(thread), consumer_group=pipeline.CooperativeGroup(thread, 1),
+            tx_count=self.tx_bytes)
+        acc_pipe = pipeline.PipelineUmmaAsync.create(
+            barrier_storage=storage.acc_bar.data_ptr(), num_stages=cfg.acc_stages,
+            producer_group=pipeline.CooperativeGroup(thread),
+            consumer_group=pipeline.CooperativeGroup(thread, 32 * len(WARP_EPI)))
+        tmem = TmemAllocator(storage.tmem_addr.ptr, allocator_warp_id=WARP_EPI[0],
+                             barrier_for_retrieve=pipeline.NamedBarrier(
+                                 barrier_id=2, num_threads=32 * (len(WARP_EPI) + 1)))
+        epi_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=32 * len(WARP_EPI))
+
+        # Global tiles: (bM, bK, RestM, RestK, RestL) etc., partitioned as the MMA sees them
+        thr_mma = tiled_mma.get_slice(0)
+        tile_mk = cute.slice_(self.tile, (None, 0, None))
+        tile_nk = cute.slice_(self.tile, (0, None, None))
+        tCgA = thr_mma.partition_A(cute.local_tile(mA, tile_mk, (None, None, None)))
+        tCgB = thr_mma.partition_B(cute.local_tile(mB, tile_nk, (None, None, None)))
+        tCgSFA = thr_mma.partition_A(cute.local_tile(mSFA, tile_mk, (None, None, None)))
+        tCgSFB = thr_mma.partition_B(cute.local_tile(mSFB, tile_nk, (None, None, None)))
+        tile_mn = cute.slice_(self.tile, (None, None, 0))
+        tCgC = thr_mma.partition_C(cute.local_tile(mC, tile_mn, (None, None, None)))
+        tCcC = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(mC.shape), tile_mn,
+                                                   (None, None, None)))
+
+        # Accumulator layout (MMA, MMA_M, MMA_N, ACC_STAGE); TMEM address bound later
+        acc_shape = tiled_mma.partition_shape_C(self.tile[:2])
+        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, cfg.acc_stages))
+
+        sched = GroupedTileScheduler(offsets, cfg.num_groups, BLOCK_M, self.n_tiles)
+
+        if warp == WARP_TMA:
+            self.produce(sched, bidx, nctas, ab_pipe, tma_a, tma_b, tma_sfa, tma_sfb, tCgA, tCgB, tCgSFA,
+                         tCgSFB, sA, sB, sSFA, sSFB)
+        if warp == WARP_MMA:
+            tmem.wait_for_alloc()
+            acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
+            self.mma(sched, bidx, nctas, tiled_mma, ab_pipe, acc_pipe, acc_ptr, tCtAcc_fake, sA, sB, sSFA, sSFB,
+                     sfa_smem, sfb_smem)
+        if warp < WARP_MMA:
+            tmem.allocate(TMEM_COLS)
+            tmem.wait_for_alloc()
+            acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
+            self.epilogue(sched, bidx, nctas, tidx, acc_pipe, acc_ptr, tCtAcc_fake, tCgC, tCcC, alpha)
+            tmem.relinquish_alloc_permit()
+            epi_barrier.arrive_and_wait()
+            tmem.free(acc_ptr)
+
+    # ------------------------------------------------------------------------------------ warp roles
+
+    @cute.jit
+    def produce(self, sched, bidx, nctas, ab_pipe, tma_a, tma_b, tma_sfa, tma_sfb, tCgA, tCgB, tCgSFA, tCgSFB,
+                sA, sB, sSFA, sSFB):
+        one = cute.make_layout(1)
+        tAsA, tAgA = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 3),
+                                           cute.group_modes(tCgA, 0, 3))
+        tBsB, tBgB = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(sB, 0, 3),
+                                           cute.group_modes(tCgB, 0, 3))
+        tAsSFA, tAgSFA = cpasync.tma_partition(tma_sfa, 0, one, cute.group_modes(sSFA, 0, 3),
+                                               cute.group_modes(tCgSFA, 0, 3))
+        tBsSFB, tBgSFB = cpasync.tma_partition(tma_sfb, 0, one, cute.group_modes(sSFB, 0, 3),
+                                               cute.group_modes(tCgSFB, 0, 3))
+        # the scale atoms broadcast over the sf_vec elements (stride 0): drop those modes for the copy
+        tAsSFA, tAgSFA = cute.filter_zeros(tAsSFA), cute.filter_zeros(tAgSFA)
+        tBsSFB, tBgSFB = cute.filter_zeros(tBsSFB), cute.filter_zeros(tBgSFB)
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.ab_stages)
+        t = cutlass.Int32(bidx)
+        g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
+        while g < sched.num_groups:
+            m_tile, n_tile, _, _ = sched.coords(t, g, base)
+            gA = tAgA[(None, m_tile, None, 0)]
+            gSFA = tAgSFA[(None, m_tile, None, 0)]
+            gB = tBgB[(None, n_tile, None, g)]
+            gSFB = tBgSFB[(None, n_tile, None, g)]
+            for kt in cutlass.range(self.k_tiles, unroll=1):
+                ab_pipe.producer_acquire(state)
+                bar = ab_pipe.producer_get_barrier(state)
+                cute.copy(tma_a, gA[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_b, gB[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_sfa, gSFA[(None, kt)], tAsSFA[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_sfb, gSFB[(None, kt)], tBsSFB[(None, state.index)], tma_bar_ptr=bar)
+                state.advance()
+            t = t + nctas
+            g, base = sched.seek(t, g, base)
+        ab_pipe.producer_tail(state)
+
+    @cute.jit
+    def mma(self, sched, bidx, nctas, tiled_mma, ab_pipe, acc_pipe, acc_ptr, tCtAcc_fake, sA, sB, sSFA, sSFB,
+            sfa_smem, sfb_smem):
+        tCtAcc_all = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
+        # scale factors live in TMEM right after the accumulators
+        sf_col = tcgen05.find_tmem_tensor_col_offset(tCtAcc_all)
+        tCtSFA_layout = blockscaled_utils.make_tmem_layout_sfa(tiled_mma, self.tile, self.sf_vec,
+                                                               cute.slice_(sfa_smem, (None, None, None, 0)))
+        tCtSFA = cute.make_tensor(cute.recast_ptr(acc_ptr + sf_col, dtype=self.sf_dtype), tCtSFA_layout)
+        sfb_col = sf_col + tcgen05.find_tmem_tensor_col_offset(tCtSFA)
+        tCtSFB_layout = blockscaled_utils.make_tmem_layout_sfb(tiled_mma, self.tile, self.sf_vec,
+                                                               cute.slice_(sfb_smem, (None, None, None, 0)))
+        tCtSFB = cute.make_tensor(cute.recast_ptr(acc_ptr + sfb_col, dtype=self.sf_dtype), tCtSFB_layout)
+
+        s2t_sfa, tCsSFA_s2t, tCtSFA_s2t = self._s2t(sSFA, tCtSFA)
+        s2t_sfb, tCsSFB_s2t, tCtSFB_s2t = self._s2t(sSFB, tCtSFB)
+
+        tCrA = tiled_mma.make_fragment_A(sA)
+        tCrB = tiled_mma.make_fragment_B(sB)
+        ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.cfg.ab_stages)
+        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.acc_stages)
+        t = cutlass.Int32(bidx)
+        g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
+        while g < sched.num_groups:
+            tCtAcc = tCtAcc_all[(None, None, None, acc_state.index)]
+            acc_pipe.producer_acquire(acc_state)
+            for kt in cutlass.range(self.k_tiles, unroll=1):
+                ab_pipe.consumer_wait(ab_state)
+                stage = (None, None, None, None, ab_state.index)
+                cute.copy(s2t_sfa, tCsSFA_s2t[stage], tCtSFA_s2t)
+                cute.copy(s2t_sfb, tCsSFB_s2t[stage], tCtSFB_s2t)
+                for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+                    tiled_mma.set(tcgen05.Field.ACCUMULATE, (kt != 0) | (kb != 0))
+                    crd = (None, None, kb, ab_state.index)
+                    sf_crd = (None, None, kb)
+                    cute.gemm(tiled_mma, tCtAcc, [tCrA[crd], tCtSFA[sf_crd]], [tCrB[crd], tCtSFB[sf_crd]],
+                              tCtAcc)
+                ab_pipe.consumer_release(ab_state)
+                ab_state.advance()
+            acc_pipe.producer_commit(acc_state)
+            acc_state.advance()
+            t = t + nctas
+            g, base = sched.seek(t, g, base)
+        acc_pipe.producer_tail(acc_state)
+
+    def _s2t(self, sSF, tSF):
+        """smem -> TMEM copy of one stage's scale factors (tcgen05.cp.4x32x128b), partitioned both sides."""
+        sSF_compact = cute.filter_zeros(sSF)
+        tSF_compact = cute.filter_zeros(tSF)
+        atom = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(tcgen05.CtaGroup.ONE), self.sf_dtype)
+        tiled = tcgen05.make_s2t_copy(atom, tSF_compact)
+        thr = tiled.get_slice(0)
+        src = tcgen05.get_s2t_smem_desc_tensor(tiled, thr.partition_S(sSF_compact))
+        return tiled, src, thr.partition_D(tSF_compact)
+
+    @cute.jit
+    def epilogue(self, sched, bidx, nctas, tidx, acc_pipe, acc_ptr, tCtAcc_fake, tCgC, tCcC, alpha):
+        tCtAcc_all = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
+        # (EPI_M, EPI_N, #EPI_M, #EPI_N, ACC_STAGE)
+        tAcc_epi = cute.flat_divide(tCtAcc_all[((None, None), 0, 0, None)], self.epi_tile)
+        t2r_atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition(self.cfg.epi_cols)),
+                                       cutlass.Float32)
+        t2r = tcgen05.make_tmem_copy(t2r_atom, tAcc_epi[(None, None, 0, 0, 0)])
+        thr_t2r = t2r.get_slice(tidx)
+        tTR_tAcc = thr_t2r.partition_S(tAcc_epi)  # (T2R, T2R_M, T2R_N, #EPI_M, #EPI_N, ACC_STAGE)
+        # (T2R, T2R_M, T2R_N, #EPI_M, #EPI_N, RestM, RestN, RestL)
+        tTR_gC = thr_t2r.partition_D(cute.flat_divide(tCgC[((None, None), 0, 0, None, None, None)],
+                                                      self.epi_tile))
+        tTR_cC = thr_t2r.partition_D(cute.flat_divide(tCcC[((None, None), 0, 0, None, None, None)],
+                                                      self.epi_tile))
+        tTR_rAcc = cute.make_rmem_tensor(tTR_gC[(None, None, None, 0, 0, 0, 0, 0)].shape, cutlass.Float32)
+        tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, cutlass.BFloat16)
+        store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.BFloat16, num_bits_per_copy=128)
+        n_sub = cute.size(tTR_tAcc, mode=[4])
+
+        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.cfg.acc_stages)
+        t = cutlass.Int32(bidx)
+        g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
+        while g < sched.num_groups:
+            m_tile, n_tile, _, row_end = sched.coords(t, g, base)
+            scale = alpha[g]
+            gC = tTR_gC[(None, None, None, 0, None, m_tile, n_tile, 0)]
+            # this thread's accumulator row (32x32b: one TMEM lane = one row per thread)
+            row = tTR_cC[(0, 0, 0, 0, 0, m_tile, n_tile, 0)][0]
+            acc_pipe.consumer_wait(acc_state)
+            tAcc = tTR_tAcc[(None, None, None, 0, None, acc_state.index)]
+            for sub in cutlass.range_constexpr(n_sub):
+                cute.copy(t2r, tAcc[(None, None, None, sub)], tTR_rAcc)
+                cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld: the registers are valid after it
+                tTR_rC.store((tTR_rAcc.load() * scale).to(cutlass.BFloat16))
+                if row < row_end:
+                    cute.copy(store, tTR_rC, gC[(None, None, None, sub)])
+            # every tcgen05.ld of this buffer has completed (waited above): hand it back to the MMA warp
+            acc_pipe.consumer_release(acc_state)
+            acc_state.advance()
+            t = t + nctas
+            g, base = sched.seek(t, g, base)
+
+
+
+# --------------------------------------------------------------------------------------------- compile
+
+
+def _fake_args(cfg: GemmConfig):
+    m = cute.sym_int(divisibility=BLOCK_M)  # every row count is this one symbol (TVM-FFI checks they agree)
+    u8 = cutlass.Uint8
+    kb4 = scale_layout.round_up(cfg.k // cfg.sf_vec, scale_layout.ATOM_KBLOCKS)
+    g, n, k = cfg.num_groups, cfg.n, cfg.k
+    a = cute.runtime.make_fake_tensor(u8, (m, k // 2), stride=(k // 2, 1), assumed_align=16)
+    sfa = cute.runtime.make_fake_tensor(u8, (m, kb4), stride=(kb4, 1), assumed_align=16)
+    b = cute.runtime.make_fake_tensor(u8, (g, n, k // 2), stride=(n * k // 2, k // 2, 1), assumed_align=16)
+    sfb = cute.runtime.make_fake_tensor(u8, (g, n, kb4), stride=(n * kb4, kb4, 1), assumed_align=16)
+    out = cute.runtime.make_fake_tensor(cutlass.BFloat16, (m, n), stride=(n, 1), assumed_align=16)
+    offsets = cute.runtime.make_fake_tensor(cutlass.Int32, (g + 1,), stride=(1,), assumed_align=4)
+    alpha = cute.runtime.make_fake_tensor(cutlass.Float32, (g,), stride=(1,), assumed_align=4)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return a, b, sfa, sfb, out, offsets, alpha, stream
+
+
+def build(cfg: GemmConfig, extra_options: str = ""):
+    """cute.compile the kernel for `cfg` (uncached; `extra_options` e.g. keep/dump flags for SASS tests)."""
+    kernel = GroupedBlockScaledGemmSm100(cfg)
+    return cute.compile(kernel, *_fake_args(cfg),
+                        options=f"--enable-tvm-ffi --gpu-arch {cfg.arch} {extra_options}".strip())
+
+
+def dump(cfg: GemmConfig):
+    """PTX + SASS of the kernel for `cfg` (cute_ops._sass.Dump), compiled for cfg.arch on any machine."""
+    from .._sass import compile_and_dump
+
+    return compile_and_dump(lambda extra: build(cfg, extra))
