@@ -15,6 +15,12 @@ from .registry import Entry
 ALL = KNOWN_ARCHS
 SM80_PLUS = tuple(a for a in GPU_ARCHS if int(a[3:]) >= 80)
 CUTE_BLACKWELL = ("sm_100", "sm_103")
+# Blackwell (docs/blackwell.md): B200/B300 (sm_100/103), RTX 50xx / RTX PRO (sm_120), GB10 (sm_121). The Triton rows run
+# there as on any sm_80+ GPU (SM80_PLUS includes these), and auto takes them, but no Blackwell chip has run them yet:
+# tests/test_blackwell_compile.py compiles one kernel per family for each and checks its SASS. `python -m dispatch
+# --arch sm_121` prints TRITON_UNRUN_ON_BLACKWELL beside those rows (describe.py).
+BLACKWELL_ARCHS = ("sm_100", "sm_103", "sm_120", "sm_121")
+TRITON_UNRUN_ON_BLACKWELL = "compiled and SASS-checked in CI, never run on this chip"
 
 # Measured (perf/results/nvidia-h200.jsonl, H200, 2026-11-21): the Triton backend beat the torch backend in 59 of
 # 61 (case, timing) pairs; the two exceptions are host-bound eager decode calls (fp8_group_dequantize and plain

@@ -14,8 +14,9 @@ import torch
 
 ARCH_ENV = "LOWBIT_ARCH"
 
-# Every arch the table knows about, oldest first. "cpu" is a pseudo-arch: tensors on the host.
-KNOWN_ARCHS = ("cpu", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103", "sm_120")
+# Every arch the table knows about, oldest first. "cpu" is a pseudo-arch: tensors on the host. Blackwell: sm_100 /
+# sm_103 (B200 / B300), sm_120 (RTX 50xx, RTX PRO 6000), sm_121 (GB10, DGX Spark); what ran where: docs/blackwell.md.
+KNOWN_ARCHS = ("cpu", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103", "sm_120", "sm_121")
 GPU_ARCHS = KNOWN_ARCHS[1:]
 
 

@@ -20,7 +20,7 @@ from triton_ops.contract.moe_gemm import FP8_BLOCK
 KINDS = ("bf16", "fp8", "mxfp4")
 
 # archs with ~100 KB of shared memory per SM (consumer parts): one pipeline stage fewer on big tiles
-_SMALL_SMEM_ARCHS = ("sm_86", "sm_89", "sm_120")
+_SMALL_SMEM_ARCHS = ("sm_86", "sm_89", "sm_120", "sm_121")  # ~100 KB of shared memory per SM
 
 
 @dataclasses.dataclass(frozen=True)
