@@ -33,8 +33,7 @@ _COMPILE = textwrap.dedent("""
     import json, os, re, subprocess, sys, tempfile
     os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernel
     import torch, triton
-    from tests.helpers import assert_attention_close
-from triton_ops.attention import prefill_sm90 as P
+    from triton_ops.attention import prefill_sm90 as P
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     tool = next((os.path.join(bindir, t) for t in ("cuobjdump", "nvdisasm") if os.path.exists(os.path.join(bindir, t))),
                 None)

@@ -286,8 +286,8 @@ KNOWN_SPILLS = {
     # 128x128x128 fp8 prefill tile, 8 warps: 255 registers and 64-144 bytes of stack on every chip (likely cause: the
     # per-K-step rescale acc += dot * a_scale * w_scale holds each step's fp32 dot beside the accumulator)
     **{("moe_gemm/fp8", cc): "fp8 prefill tile: 255 registers + spills" for cc in ARCHS},
-    # 2-stage bf16 prefill tile on sm_120a (config.py _SMALL_SMEM_ARCHS): 255 registers, 8 bytes spilled
-    ("moe_gemm/bf16", 120): "bf16 prefill tile, 2 stages: 255 registers + 8 bytes",
+    # 2-stage bf16 prefill tile on the ~100 KB-smem chips (config.py _SMALL_SMEM_ARCHS): 255 registers, 8 bytes
+    **{("moe_gemm/bf16", cc): "bf16 prefill tile, 2 stages: 255 registers + 8 bytes" for cc in (120, 121)},
 }
 
 

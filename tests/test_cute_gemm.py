@@ -111,8 +111,8 @@ def test_scheduler_persistent_walk_covers_every_tile_once(seed, grid):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_reference_matches_contract_dequantizers(fmt):
-    from cute_ops.gemm.reference import grouped_blockscaled_gemm
     from dispatch.reference import quant
+    from dispatch.reference.moe_gemm import grouped_blockscaled_gemm
 
     torch.manual_seed(0)
     g, n, k = 3, 128, 256
@@ -269,7 +269,7 @@ def test_gpu_blackwell_matches_reference(fmt):
         pytest.skip("needs an sm_100 GPU")
     pytest.importorskip("cutlass")
     from cute_ops.gemm.blockscaled_sm100 import build, pick_config
-    from cute_ops.gemm.reference import grouped_blockscaled_gemm
+    from dispatch.reference.moe_gemm import grouped_blockscaled_gemm
 
     torch.manual_seed(0)
     g, n, k = 4, 256, 512

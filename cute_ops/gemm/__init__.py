@@ -5,7 +5,7 @@
   coordinates, from which the kernels build their scale tensors and TMA descriptors.
 * `scheduler` (the model needs no DSL; `GroupedTileScheduler` does): static persistent tile order over groups
   whose row extents come from device offsets (`moe_align`'s expert_offsets). Python model + device twin.
-* `reference` (no DSL): torch twin of the grouped block-scaled GEMM, decoding with dispatch/reference/quant.py.
+* the torch twin of this GEMM is dispatch/reference/moe_gemm.py `grouped_blockscaled_gemm` (the contract decoders).
 * `blockscaled_sm100` (imports the DSL): grouped (MoE contiguous) NVFP4 / MXFP4 block-scaled GEMM for sm_100a:
   tcgen05 UMMA, TMEM accumulator, TMA loads of A / B / both scale tensors, bf16 epilogue. Compiled and
   SASS-inspected on the CPU only, never run on Blackwell hardware; not in dispatch/table.py.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .formats import e2m1_decode, unpack_nibbles
-from .quant import e8m0_decode, fp8_group_dequantize
+from .quant import e8m0_decode, fp8_group_dequantize, unswizzle_scales_128x4
 
 FP8_BLOCK = 128
 MXFP4_BLOCK = 32
@@ -74,3 +74,38 @@ def moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights=None):
 def moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights=None):
     w32 = mxfp4_weight_dequantize(w_packed, w_scale)
     return _grouped(a.float(), w32, m_indices, masked_m, row_weights, torch.bfloat16)
+
+
+# ------------------------------------------------------------------ block-scaled FP4 x FP4 (sm_100 UMMA kernels)
+
+FP4_SF_VEC = {"nvfp4": 16, "mxfp4": 32}
+
+
+def fp4_blockscaled_decode(codes: torch.Tensor, swizzled_scales: torch.Tensor, fmt: str) -> torch.Tensor:
+    """[rows, K/2] packed e2m1 codes + their 128x4-swizzled scale container -> fp32 [rows, K] (NVFP4: e4m3 scales
+    per 16, no global scale here; MXFP4: E8M0 per 32)."""
+    rows, k = codes.shape[0], codes.shape[1] * 2
+    sf_vec = FP4_SF_VEC[fmt]
+    kblocks = k // sf_vec
+    sbytes = unswizzle_scales_128x4(swizzled_scales.reshape(-1).view(torch.uint8), rows, kblocks)
+    s = sbytes.view(torch.float8_e4m3fn).float() if fmt == "nvfp4" else e8m0_decode(sbytes)
+    vals = e2m1_decode(unpack_nibbles(codes.view(torch.uint8))).reshape(rows, kblocks, sf_vec)
+    return (vals * s[..., None]).reshape(rows, k)
+
+
+def grouped_blockscaled_gemm(a, sfa, b, sfb, offsets, alpha, fmt: str, out: torch.Tensor | None = None):
+    """a [M, K/2] u8 with sfa (swizzled, all M rows), b [G, N, K/2] u8 with sfb [G, ...] (each group's own
+    swizzled container), offsets [G + 1] int32, alpha [G] fp32 -> out [M, N] bf16:
+    out[r] = bf16(alpha[g] * dec(a[r]) @ dec(b[g]).T) for offsets[g] <= r < offsets[g + 1]; rows in no group keep
+    out's values (0 when out is None). fp32 products and sums: a GPU comparison needs a tolerance, not bit equality."""
+    m, (g, n, _) = a.shape[0], b.shape
+    if out is None:
+        out = torch.zeros(m, n, dtype=torch.bfloat16, device=a.device)
+    a32 = fp4_blockscaled_decode(a, sfa, fmt)
+    offs = [int(x) for x in offsets.tolist()]
+    for e in range(g):
+        lo, hi = offs[e], offs[e + 1]
+        if hi > lo:
+            w = fp4_blockscaled_decode(b[e], sfb[e], fmt)
+            out[lo:hi] = (alpha[e].float() * (a32[lo:hi] @ w.T)).to(torch.bfloat16)
+    return out
