@@ -1,0 +1,121 @@
+"""Varlen tile scheduling from cu_seqlens_q: which (batch, query tile, query head) a CTA works on.
+
+Two schedules, one CTA per tile (no persistence yet):
+
+* GRID   grid = (ceil(max_seqlen_q / tile_m), Hq, B); CTA (x, y, z) takes query tile x of head y of sequence z,
+         and exits at once when tile x starts past that sequence's end. Needs max_seqlen_q on the host (the
+         prefill op takes it as an argument); with skewed lengths most CTAs of the grid exit immediately.
+* PACKED grid = (packed_grid_size(total_q, B, Hq, tile_m),), no CTA beyond the last real tile but the bound's
+         slack: sum_b ceil(sq_b / tile_m) <= (total_q + B * (tile_m - 1)) // tile_m, so the host needs only
+         total_q (= q.shape[0]) and B, never a copy of cu_seqlens. A CTA maps its linear index to a tile by a
+         warp-wide scan of cu_seqlens_q: lane i of a 32-batch chunk counts sequence base+i's tiles
+         (ceil(sq / tile_m) * Hq), an inclusive shuffle-up scan and a ballot find the first sequence whose running
+         total passes the index. Within a sequence, heads vary fastest (query heads of one KV head share K/V
+         tiles in L2) and, with reverse_m (causal), the last query tile -- the one with the most keys -- goes
+         first.
+
+`packed_tile` (host) runs the same chunked algorithm on a list, so the CPU tests check the device arithmetic
+(bijection with the real tiles, the bound, the order) without a GPU.
+"""
+
+from __future__ import annotations
+
+WARP = 32
+
+try:
+    import cutlass
+except ImportError:  # pragma: no cover - exercised only without nvidia-cutlass-dsl
+    cutlass = None
+
+
+def num_m_blocks(sq: int, tile_m: int) -> int:
+    return max(sq, 0) // tile_m + (1 if max(sq, 0) % tile_m else 0)
+
+
+def packed_grid_size(total_q: int, batch: int, heads: int, tile_m: int) -> int:
+    """Upper bound on the number of (tile, head) work items, from host-known sizes only."""
+    return (max(total_q, 0) + batch * (tile_m - 1)) // tile_m * heads
+
+
+def grid_shape(max_seqlen_q: int, batch: int, heads: int, tile_m: int) -> tuple[int, int, int]:
+    return (max(num_m_blocks(max_seqlen_q, tile_m), 1), heads, max(batch, 1))
+
+
+def real_tiles(cu_seqlens_q: list[int], heads: int, tile_m: int) -> set[tuple[int, int, int]]:
+    """Every (b, m_block, h) some CTA must handle."""
+    out = set()
+    for b in range(len(cu_seqlens_q) - 1):
+        for m in range(num_m_blocks(cu_seqlens_q[b + 1] - cu_seqlens_q[b], tile_m)):
+            out.update((b, m, h) for h in range(heads))
+    return out
+
+
+def packed_tile(cu_seqlens_q: list[int], tile_idx: int, heads: int, tile_m: int,
+                reverse_m: bool = False) -> tuple[int, int, int] | None:
+    """(b, m_block, h) of linear work item tile_idx, or None past the last one: the device algorithm, lane by
+    lane (32-sequence chunks, inclusive scan, first lane whose running total exceeds tile_idx)."""
+    batch = len(cu_seqlens_q) - 1
+    base, before = 0, 0
+    while base < batch:
+        counts = []
+        for lane in range(WARP):
+            b = base + lane
+            counts.append(num_m_blocks(cu_seqlens_q[b + 1] - cu_seqlens_q[b], tile_m) * heads if b < batch else 0)
+        incl = [sum(counts[:i + 1]) for i in range(WARP)]
+        hits = [lane for lane in range(WARP) if before + incl[lane] > tile_idx]
+        if hits:
+            first = hits[0]
+            local = tile_idx - before - (incl[first] - counts[first])
+            n_m = counts[first] // heads
+            m, h = divmod(local, heads)
+            return base + first, (n_m - 1 - m) if reverse_m else m, h
+        before += incl[-1]
+        base += WARP
+    return None
+
+
+# ------------------------------------------------------------------------------------------ device side
+
+
+if cutlass is not None:
+    import cutlass.cute as cute
+    from cutlass import Int32
+
+    @cute.jit
+    def packed_tile_device(cu_seqlens_q: cute.Tensor, num_batch: Int32, tile_idx: Int32, heads: Int32,
+                           tile_m: cutlass.Constexpr[int], reverse_m: cutlass.Constexpr[bool]):
+        """(b, m_block, h, valid) of work item tile_idx; every lane of the calling warp must call it (it
+        shuffles and votes). Warp-uniform result."""
+        lane = cute.arch.lane_idx()
+        before = Int32(0)
+        b_found = Int32(-1)
+        local = Int32(0)
+        n_m_found = Int32(0)
+        # A counted loop over 32-sequence chunks (ceil(B / 32) trips, uniform), selects instead of branches.
+        for chunk in cutlass.range((num_batch + WARP - 1) // WARP, unroll=1):
+            b = chunk * WARP + lane
+            n_m = Int32(0)
+            if b < num_batch:
+                sq = cutlass.max(cu_seqlens_q[b + 1] - cu_seqlens_q[b], Int32(0))
+                n_m = (sq + (tile_m - 1)) // tile_m
+            cnt = n_m * heads
+            incl = cnt
+            for k in cutlass.range_constexpr(5):
+                t = cute.arch.shuffle_sync_up(incl, 1 << k)
+                incl = incl + (t if lane >= (1 << k) else Int32(0))
+            hit = cute.arch.vote_ballot_sync(before + incl > tile_idx)
+            first = cute.arch.popc((hit & (Int32(0) - hit)) - 1)  # lowest set bit (32 when none: unused)
+            src = first & (WARP - 1)
+            excl_first = cute.arch.shuffle_sync(incl - cnt, src)
+            n_m_first = cute.arch.shuffle_sync(n_m, src)
+            total = cute.arch.shuffle_sync(incl, WARP - 1)
+            now = (b_found < 0) & (hit != 0)
+            local = (tile_idx - before - excl_first) if now else local
+            n_m_found = n_m_first if now else n_m_found
+            before = (before + total) if (b_found < 0) & (hit == 0) else before
+            b_found = (chunk * WARP + first) if now else b_found
+        m_block = local // heads
+        h = local - m_block * heads
+        if cutlass.const_expr(reverse_m):
+            m_block = n_m_found - 1 - m_block
+        return b_found, m_block, h, b_found >= 0
