@@ -50,6 +50,7 @@ import math
 import torch
 import triton
 
+from triton_ops.attention.mask import full_key_range, key_range, visible
 from triton_ops.contract.arch import arch_of
 
 try:  # Gluon's Hopper API; absent or different in other Triton versions (refused in `supports_*`)
@@ -81,56 +82,6 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 
-# ------------------------------------------------------------------------------------------- masks (Gluon)
-# The formulas of triton_ops/attention/mask.py (key_range, full_key_range, visible), for gluon.jit callers.
-
-
-@gluon.jit
-def _key_range(q_pos_lo, q_pos_hi, sk, CAUSAL: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
-    """[lo, hi) of the keys that any query at key positions q_pos_lo..q_pos_hi (inclusive) may see."""
-    lo = 0
-    hi = sk
-    if WINDOW_LEFT >= 0:
-        lo = gl.maximum(q_pos_lo - WINDOW_LEFT, 0)
-    if CAUSAL:
-        hi = gl.minimum(q_pos_hi + 1, sk)
-    if WINDOW_RIGHT >= 0:
-        hi = gl.minimum(q_pos_hi + WINDOW_RIGHT + 1, hi)
-    hi = gl.maximum(hi, lo)
-    return lo, hi
-
-
-@gluon.jit
-def _full_key_range(q_pos_lo, q_pos_hi, sk, CAUSAL: gl.constexpr, WINDOW_LEFT: gl.constexpr,
-                    WINDOW_RIGHT: gl.constexpr):
-    """[lo, hi) of the keys that every query at key positions q_pos_lo..q_pos_hi may see (hi <= lo: none)."""
-    lo = 0
-    hi = sk
-    if WINDOW_LEFT >= 0:
-        lo = gl.maximum(q_pos_hi - WINDOW_LEFT, 0)
-    if CAUSAL:
-        hi = gl.minimum(q_pos_lo + 1, sk)
-    if WINDOW_RIGHT >= 0:
-        hi = gl.minimum(q_pos_lo + WINDOW_RIGHT + 1, hi)
-    return lo, hi
-
-
-@gluon.jit
-def _visible(q_pos, k_pos, sk, CAUSAL: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr):
-    """Bool tile: keys k_pos ([1, N]) visible from queries at key positions q_pos ([M, 1])."""
-    ok = k_pos < sk
-    if CAUSAL:
-        ok = ok & (k_pos <= q_pos)
-    if WINDOW_LEFT >= 0:
-        ok = ok & (k_pos >= q_pos - WINDOW_LEFT)
-    if WINDOW_RIGHT >= 0:
-        ok = ok & (k_pos <= q_pos + WINDOW_RIGHT)
-    return ok
-
-
-# ------------------------------------------------------------------------------------------- kernel
-
-
 @gluon.jit
 def _issue_load(desc, row, col, bar, smem, pred):
     """TMA of one [rows, D] tile into `smem`, completing on `bar` (skipped, with its byte count, unless pred)."""
@@ -148,7 +99,7 @@ def _softmax_tile(s, n, m_i, l_i, q_pos, sk, qk_scale, MASK: gl.constexpr, CAUSA
     BLOCK_N: gl.constexpr = s.shape[1]
     if MASK:
         k_pos = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
-        ok = _visible(gl.expand_dims(q_pos, 1), gl.expand_dims(k_pos, 0), sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
+        ok = visible(gl.expand_dims(q_pos, 1), gl.expand_dims(k_pos, 0), sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
         s = gl.where(ok, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # qk_scale > 0 (supports_* refuses others)
     # A row that has seen nothing yet (m = -inf) subtracts 0 instead: exp2(-inf - 0) = 0, never NaN.
@@ -290,8 +241,8 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, sink_ptr, cu_q
     # [f_lo, f_hi) are seen by every row (no element mask).
     q_pos_lo = start_m + (sk - sq)
     q_pos_hi = gl.minimum(start_m + BLOCK_M, sq) - 1 + (sk - sq)
-    lo, hi = _key_range(q_pos_lo, q_pos_hi, sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
-    f_lo, f_hi = _full_key_range(q_pos_lo, q_pos_hi, sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
+    lo, hi = key_range(q_pos_lo, q_pos_hi, sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
+    f_lo, f_hi = full_key_range(q_pos_lo, q_pos_hi, sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT)
     n_start = (lo // BLOCK_N) * BLOCK_N
     n_tiles = gl.where(hi > lo, (hi - n_start + BLOCK_N - 1) // BLOCK_N, 0)
 
