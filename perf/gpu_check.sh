@@ -4,7 +4,7 @@
 #   cost -> benchmarks.
 # Writes JSON/logs under $OUT (at most 8 files come back) and prints a short table last.
 #
-# Usage (device tool, repo root):  [FAMILY=attention] bash perf/gpu_check.sh [tests|sanitize|selfcheck|ncu|eager|bench|all]...
+# Usage (on the GPU machine, repo root):  [FAMILY=attention] bash perf/gpu_check.sh [tests|sanitize|selfcheck|ncu|eager|bench|all]...
 #   FAMILY     one op family (quant, rmsnorm, swiglu, rope, kv_cache, moe, moe_gemm, attention, ...): the stages run
 #              only its tests (tests/test_<family>*.py), its self-check/sanitizer ops and its benchmark cases.
 #              Unset: everything (the whole `tests` stage fits one call cold on an H100 with the default "gpu"
@@ -131,10 +131,10 @@ echo; echo "==== summary ===="; cat "$summary"
 if [ -f "$OUT/selfcheck.log" ]; then tail -n 14 "$OUT/selfcheck.log"; fi
 grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" 2>/dev/null | head -30
 grep -A16 "slowest" "$OUT/pytest.log" 2>/dev/null | head -18
-# The compile cache for the next call (one file; the device tool returns files up to 16 MiB).
+# The compile cache for the next run (one file, kept only when under 16 MiB so it can be carried back).
 (cd "$TRITON_CACHE_DIR" && tar -czf "$OUT/triton-cache.tgz" . 2>/dev/null)
 [ "$(stat -c %s "$OUT/triton-cache.tgz" 2>/dev/null || echo 0)" -gt 16000000 ] && rm -f "$OUT/triton-cache.tgz"
-# The device tool returns at most 8 files: keep env/summary/bench records/cache as they are, pack the rest.
+# Few output files: keep env/summary/bench records/cache as they are, pack the rest into logs.tgz.
 if [ -z "${GPU_CHECK_NO_PACK:-}" ]; then
   (cd "$OUT" && find . -type f ! -name logs.tgz ! -name .packlist ! -name env.json ! -name summary.txt \
       ! -name bench.jsonl ! -name eager.json ! -name triton-cache.tgz -print > .packlist && tar -czf logs.tgz -T .packlist \

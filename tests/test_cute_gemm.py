@@ -203,7 +203,7 @@ _DUMPS: dict = {}
 def _dump(case):
     from cute_ops.gemm.blockscaled_sm100 import dump
 
-    if case not in _DUMPS:  # one compile per config per session (~1-2 s each)
+    if case not in _DUMPS:  # one compile per config per test process (~1-2 s each)
         _DUMPS[case] = dump(_cfg(*case))
     return _DUMPS[case]
 
