@@ -118,6 +118,8 @@ _COMPILE = textwrap.dedent("""
         "quant/mxfp4": lambda: quant.mxfp4_quantize(E(4096, 4096), "floor", True),
         "quant/fp8": lambda: quant.fp8_group_quantize(E(4096, 4096), 128, 1e-10, False, False),
         "rmsnorm": lambda: rmsnorm.rms_norm(E(4096, 7168), E(7168), E(4096, 7168), 1e-6, 0.0),
+        "rmsnorm/nvfp4": lambda: rmsnorm.rms_norm_nvfp4(E(4096, 7168), E(7168), E(4096, 7168), 1e-6, 0.0,
+                                                        E(1, dt=f32), True),
         "swiglu": lambda: swiglu.swiglu(E(4096, 5760), 1, "silu", 1.702, None, None, None, None),
         "rope": lambda: rope.rope_(E(4096, 64, 128), E(4096, 8, 128), E(4096, dt=torch.int64),
                                    E(8192, 128, dt=f32), 0, True, False),
@@ -232,11 +234,15 @@ def _has(ops: set[str], pattern: str) -> bool:
 _ALL = ARCHS
 E4M3_ENCODE = r"F2FP\.SATFINITE\.E4M3\.F32\.PACK_AB_MERGE_C$"  # cvt.rn.satfinite.e4m3x2.f32
 BF16_PACK = r"F2FP\.BF16\.F32\.PACK_AB$"  # cvt.rn.bf16x2.f32
+E2M1_ENCODE = r"F2FP\.SATFINITE\.E2M1\.F32\.PACK_AB_MERGE_C$"  # cvt.rn.satfinite.e2m1x2.f32 (HW_FP4, sm_100+)
 TCGEN05 = (r"UTCBAR$", r"LDTM")  # tcgen05.commit to an mbarrier; the accumulator read back from tensor memory
 EXPECT: dict[str, list[tuple[tuple[int, ...], tuple[str, ...]]]] = {
     "quant/nvfp4": [(_ALL, (r"LDG\.E\.128$", E4M3_ENCODE, r"F2FP\.F16\.E4M3\.UNPACK_B$", r"MUFU\.RCP$")),
-                    ((90, *SM120), (r"REDUX\.MAX\.S32$",)), (SM100, (r"CREDUX\.MAX\.S32$",))],
-    "quant/mxfp4": [(_ALL, (r"LDG\.E\.128$", r"SHFL\.BFLY$", r"STG\.E\.64$"))],
+                    ((90, *SM120), (r"REDUX\.MAX\.S32$",)), (SM100, (r"CREDUX\.MAX\.S32$",)),
+                    (SM100 + SM120, (E2M1_ENCODE,))],
+    "quant/mxfp4": [(_ALL, (r"LDG\.E\.128$", r"SHFL\.BFLY$", r"STG\.E\.64$")), (SM100 + SM120, (E2M1_ENCODE,))],
+    # fused RMSNorm -> NVFP4 (given global scale): hardware E4M3 block scales everywhere, E2M1 pairs from sm_100
+    "rmsnorm/nvfp4": [(_ALL, (E4M3_ENCODE,)), (SM100 + SM120, (E2M1_ENCODE,))],
     "quant/fp8": [(_ALL, (r"LDG\.E\.128$", E4M3_ENCODE, r"STG\.E\.128$", r"SHFL\.BFLY$"))],
     # fp64 sum of squares and rsqrt by contract (docs/rmsnorm.md): DFMA + MUFU.RSQ64H on every chip
     "rmsnorm": [(_ALL, (r"LDG\.E\.128$", r"F2F\.F64\.BF16$", r"DFMA$", r"MUFU\.RSQ64H$", r"SHFL\.BFLY$", BF16_PACK))],
@@ -313,6 +319,19 @@ def test_family_instructions(compiled, case, cc):
     assert not foreign, f"sm_{cc} {case}: another chip's MMA {foreign}"
     if case == "moe_gemm/mxfp4_dot_scaled":  # recorded fact: no native fp4 MMA for bf16 x e2m1
         assert not _has(ops, r"(UTCOMMA|OMMA|UTCQMMA|QMMA)"), f"sm_{cc}: {mma}"
+
+
+HW_FP4_CASES = ("quant/nvfp4", "quant/mxfp4", "rmsnorm/nvfp4")
+
+
+@pytest.mark.parametrize("cc", ARCHS)
+@pytest.mark.parametrize("case", HW_FP4_CASES)
+def test_hw_fp4_encode_only_from_sm_100(compiled, case, cc):
+    """The FP4 kernels' E2M1 encode is the hardware pair convert where their launcher sets HW_FP4 (blackwell.hw_fp4:
+    sm_100 and newer) and the software encode on sm_90a (HW_FP4 False: ptxas would refuse the instruction)."""
+    records = compiled[cc].get(case)
+    assert records and not [r for r in records if "error" in r], f"sm_{cc} {case}: {records}"
+    assert _has(_ops(records), E2M1_ENCODE) == (cc >= 100), f"sm_{cc} {case}: E2M1 convert present: {cc < 100}"
 
 
 def test_e2m1x2_hw_is_refused_before_blackwell(compiled):
@@ -426,6 +445,240 @@ def test_ptx_model_spot_values():
     x = torch.tensor([0.25, 0.26, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.01, 6.5, float("inf"), -0.1, -0.0, -7.0,
                       float("nan"), -float("nan")])
     assert ptx_cvt_e2m1(x).tolist() == [0, 1, 2, 2, 4, 4, 6, 6, 7, 7, 7, 8, 8, 15, 7, 7]
+
+
+# ------------------------------------------------------------------------------ HW_FP4: the kernels' bytes by the model
+# On sm_100+ the FP4 kernels encode with the pair convert (HW_FP4, _formats.fp4_encode_pairs / fp4_encode_exact): the
+# fast path feeds it q = x * inv where the block is good and +0.0 where it is bad (inv NaN), the exact path (zero, tiny
+# or NaN NVFP4 global scale) q with NaN replaced by +0.0. No Blackwell GPU has run it; these tests apply the model of
+# the instruction to exactly those values and compare with the reference encoder (e2m1_encode + pack_nibbles).
+
+
+def _adversarial(dtype: torch.dtype) -> torch.Tensor:
+    """[4, 128] rows of 16-element blocks (2 per MXFP4 block) that hit every input class with a scale of 1 (block
+    amax 6: NVFP4 with global scale 1, MXFP4 floor and rceil): every E2M1 tie and grid point of both signs, +-0,
+    values below the smallest code, fp32 neighbours of ties, +-Inf blocks (NVFP4: a saturated 448 scale and Inf
+    inputs; MXFP4: bad blocks), NaN blocks (bad blocks), fp32 subnormals and random finite values."""
+    inf, nan = float("inf"), float("nan")
+    ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
+    grid = [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    near = torch.tensor(ties)
+    up, down = torch.nextafter(near, torch.tensor(9.0)).tolist(), torch.nextafter(near, torch.tensor(0.0)).tolist()
+    blocks = [
+        [6.0, *ties, *[-t for t in ties], -6.0],
+        [*grid, *[-g for g in grid], 0.0, -0.0],
+        [6.0, *up, *[-d for d in down], -0.0],
+        [6.0, 0.0, -0.0, 1e-30, -1e-30, 0.2, -0.2, 0.26, -0.26, 5.9, -5.9, 6.0, -6.0, 0.1, -0.1, 0.7],
+        [inf, 1.0, -1.0, 0.0, -0.0, 6.0, -6.0, 1e30, -1e30, 2.5, -2.5, 3.0, 0.25, -0.25, 1e-3, -1e-3],
+        [-inf, inf, 1.0, -2.0, 0.0, -0.0, 3.0, -3.0, 0.5, -0.5, 5.0, -5.0, 1.75, -1.75, 6.0, -6.0],
+        [nan, 1.0, -1.0, 0.0, -0.0, 6.0, -6.0, inf, -inf, 2.5, -2.5, 3.0, 0.25, -0.25, 1e-3, -1e-3],
+        [-nan, *ties, *grid, -0.0],
+        [1e-40, -1e-40, 6.0, *up[:6], *[-u for u in up[:7]]],
+        [6.0, 3e38, -3e38, 1e-38, -1e-38, 1e-45, -1e-45, 0.0, *down, -0.0],
+    ]
+    g = torch.Generator().manual_seed(0)
+    rows = torch.tensor([v for b in blocks for v in b], dtype=torch.float32)
+    assert rows.numel() == 160
+    rnd = torch.randn(512 - 160, generator=g) * torch.exp2(torch.randint(-8, 8, (512 - 160,), generator=g))
+    return torch.cat([rows, rnd]).reshape(4, 128).to(dtype)
+
+
+def _kernel_scaled_values(x: torch.Tensor, fmt: str, arg) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(q = x * inv [rows, blocks, block] in fp32, inv [rows, blocks], fast) as the FP4 quantize kernel forms them
+    (the block-scale rules are the reference's, byte-equal to the kernels' by tests/test_quant.py); fast: the
+    kernel's fast path (always for MXFP4; NVFP4 where |1 / effective gs| < 2^100)."""
+    from dispatch.reference import quant as ref
+    from dispatch.reference.formats import bits_float, div_rn, reciprocal_rn
+    from dispatch.reference.formats import e4m3_encode as ref_e4m3
+    from triton_ops.contract.formats import NVFP4_MIN_GLOBAL_SCALE
+
+    block = 16 if fmt == "nvfp4" else 32
+    xb = x.float().reshape(x.shape[0], -1, block)
+    amax = xb.abs().amax(-1)
+    if fmt == "nvfp4":
+        gs = ref.nvfp4_global_scale(x) if arg is None else arg.reshape(()).float()
+        tiny = gs.abs() < NVFP4_MIN_GLOBAL_SCALE
+        s = torch.where(tiny, torch.zeros_like(amax), div_rn(div_rn(amax, 6.0), gs))
+        s32 = ref_e4m3(s).float()
+        inv = torch.where(s32 == 0, torch.zeros_like(s32), torch.div(reciprocal_rn(gs), s32))
+        gs_eff = torch.where(tiny, torch.zeros_like(gs), gs)
+        fast = bool((div_rn(torch.ones(()), gs_eff).abs() < 2.0**100).item())
+    else:
+        e = ref.mxfp4_scale_exponent(amax, arg)
+        finite = torch.isfinite(amax)
+        inv = torch.where(finite, bits_float((127 - e) << 23), torch.full_like(amax, float("nan")))
+        fast = True
+    return xb * inv[..., None], inv, fast
+
+
+NVFP4_GS = {"computed": None, "one": 1.0, "saturating": 0.01, "zero": 0.0, "tiny": 1e-40, "min_plus": 2.0**-117.5,
+            "nan": float("nan"), "negative": -1.0}
+FP4_CALLS = [("nvfp4", name) for name in NVFP4_GS] + [("mxfp4", "floor"), ("mxfp4", "rceil")]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("fmt,mode", FP4_CALLS)
+def test_hw_fp4_bytes_equal_the_reference_by_the_ptx_model(fmt, mode, dtype):
+    """The pair convert (modelled) on the values each HW_FP4 path feeds it gives the reference's code bytes on every
+    input class: finite, ties, +-0, +-Inf (saturated to +-6 with the sign, or a bad MXFP4 block), NaN (bad blocks:
+    0x00), saturating scales, zero / tiny / NaN global scales (the exact path). Without the select, the instruction
+    would write 0x7 in bad blocks (checked, so the select is what makes the bytes equal)."""
+    from dispatch.reference import quant as ref
+
+    x = _adversarial(dtype)
+    if fmt == "nvfp4":
+        gs = None if NVFP4_GS[mode] is None else torch.tensor(NVFP4_GS[mode])
+        want = ref.nvfp4_quantize(x, gs, False)[0]
+        arg = gs
+    else:
+        want = ref.mxfp4_quantize(x, mode, False)[0]
+        arg = mode
+    q, inv, fast = _kernel_scaled_values(x, fmt, arg)
+    ok = (inv == inv)[..., None]
+    if fast:
+        # the fast path's precondition (the kernel's comment): q is NaN only in bad blocks
+        assert not (torch.isnan(q) & ok).any()
+        v = torch.where(ok, q, 0.0)
+    else:
+        v = torch.where(q == q, q, 0.0)
+    v = v.reshape(x.shape[0], -1)
+    got = ptx_e2m1x2(v[:, 0::2], v[:, 1::2])
+    assert torch.equal(got, want), (got != want).nonzero()[:8]
+    qf = q.reshape(x.shape[0], -1)
+    raw = ptx_e2m1x2(qf[:, 0::2], qf[:, 1::2])
+    if torch.isnan(q).any():
+        assert not torch.equal(raw, want)  # the NaN lanes are why the HW path selects +0.0 first
+
+
+@triton.jit
+def _ptx_cvt_e2m1_tl(x):
+    """ptx_cvt_e2m1 in Triton ops on fp32 bits (the fp64 model's bit positions minus 29, exponent bias 127): the
+    instruction's stand-in under the interpreter, which cannot run inline PTX."""
+    bits = x.to(tl.int32, bitcast=True)
+    sign = ((bits >> 31) & 1) << 3
+    absx = bits & 0x7FFFFFFF
+    exp = ((bits >> 23) & 0xFF) - 126
+    mant = (bits >> 22) & 1
+    rnd = bits & 0x3FFFFF
+    normal = ((exp << 1) | mant) + ((rnd > 0x200000) | ((rnd == 0x200000) & (mant == 1))).to(tl.int32)
+    shift = tl.minimum(tl.maximum(1 - exp, 0), 3)
+    sub = (mant | 2) >> shift
+    rnd_sub = (bits | 0x800000) & ((0x200000 << (shift + 1)) - 1)
+    half_sub = 0x200000 << shift
+    sub = sub + ((rnd_sub > half_sub) | ((rnd_sub == half_sub) & ((sub & 1) == 1))).to(tl.int32)
+    code = tl.where(absx >= 0x3F800000, normal, sub)
+    code = tl.where(absx <= 0x3E800000, 0, code)
+    code = tl.where(absx > 0x40C00000, 7, code)
+    sign = tl.where(absx > 0x7F800000, 0, sign)
+    return code | sign
+
+
+@triton.jit
+def _e2m1x2_model_tl(lo, hi):
+    """blackwell.e2m1x2_hw by the model: (code(hi) << 4) | code(lo) as uint8."""
+    return ((_ptx_cvt_e2m1_tl(hi) << 4) | _ptx_cvt_e2m1_tl(lo)).to(tl.uint8)
+
+
+@triton.jit
+def _e2m1x2_model_kernel(x_ptr, out_ptr, n_pairs, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_pairs
+    lo = tl.load(x_ptr + 2 * offs, mask=mask, other=0.0)
+    hi = tl.load(x_ptr + 2 * offs + 1, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, _e2m1x2_model_tl(lo, hi), mask=mask)
+
+
+@pytest.fixture
+def hw_fp4_interpreted(monkeypatch):
+    """The launchers set HW_FP4 on host tensors and the kernels' e2m1x2_hw is the Triton port of the model (checked
+    against the torch model first), so the interpreter runs the HW_FP4 code of every FP4 kernel."""
+    import triton_ops._formats as formats
+    from triton_ops import quant, rmsnorm, swiglu
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs the interpreter (host tensors)")
+    x = _representative_fp32()
+    x = x[: x.numel() // 2 * 2].contiguous()
+    out = torch.empty(x.numel() // 2, dtype=torch.uint8)
+    _e2m1x2_model_kernel[(triton.cdiv(out.numel(), 8192),)](x, out, out.numel(), BLOCK=8192)
+    lo, hi = x.view(-1, 2).unbind(1)
+    assert torch.equal(out, ptx_e2m1x2(lo, hi))
+    for mod in (quant, rmsnorm, swiglu):
+        monkeypatch.setattr(mod, "hw_fp4", lambda device: True)
+
+    def use(model):
+        monkeypatch.setattr(formats, "e2m1x2_hw", model)
+    use(_e2m1x2_model_tl)
+    return use
+
+
+@triton.jit
+def _constant_byte(lo, hi):
+    return (lo * 0.0).to(tl.int32).to(tl.uint8) | 0x5A
+
+
+def test_hw_fp4_kernels_interpreted_equal_the_reference(hw_fp4_interpreted):
+    """The quantize kernels with HW_FP4 = True (the instruction by its model) give the reference's bytes on the
+    adversarial rows, for every NVFP4 global-scale class (fast and exact paths) and both MXFP4 roundings; a constant
+    stand-in shows the HW_FP4 branch is the one that ran."""
+    from dispatch.reference import quant as ref
+    from triton_ops import quant
+
+    for dtype in (torch.bfloat16, torch.float32):
+        x = _adversarial(dtype)
+        for mode, g in NVFP4_GS.items():
+            gs = None if g is None else torch.tensor(g)
+            got = quant.nvfp4_quantize(x, gs, False)
+            want = ref.nvfp4_quantize(x, gs, False)
+            assert torch.equal(got[0], want[0]), f"{dtype} nvfp4 {mode}"
+            assert torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8)), f"{dtype} nvfp4 {mode}"
+        for rounding in ("floor", "rceil"):
+            got = quant.mxfp4_quantize(x, rounding, True)
+            want = ref.mxfp4_quantize(x, rounding, True)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"{dtype} mxfp4 {rounding}"
+    hw_fp4_interpreted(_constant_byte)
+    x = _adversarial(torch.bfloat16)
+    assert (quant.nvfp4_quantize(x, torch.tensor(1.0), False)[0] == 0x5A).all()  # fast path
+    assert (quant.nvfp4_quantize(x, torch.tensor(0.0), False)[0] == 0x5A).all()  # exact path
+    assert (quant.mxfp4_quantize(x, "floor", False)[0] == 0x5A).all()
+
+
+def test_hw_fp4_fused_kernels_interpreted_equal_the_software_path(hw_fp4_interpreted, monkeypatch):
+    """RMSNorm and SwiGLU with FP4 outputs: HW_FP4 = True (model) gives the software path's bytes (which
+    tests/test_rmsnorm.py and tests/test_swiglu.py hold equal to the reference)."""
+    from triton_ops import rmsnorm, swiglu
+
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(4, 256, generator=g) * 3).to(torch.bfloat16)
+    x[1, 7] = float("inf")
+    x[2, 40] = float("nan")
+    x[3, :32] = 0.0
+    w = (torch.rand(256, generator=g) + 0.5).to(torch.bfloat16)
+    res = torch.randn(4, 256, generator=g).to(torch.bfloat16)
+    xs = (torch.randn(4, 512, generator=g) * 4).to(torch.bfloat16)
+    xs[0, 3] = float("nan")
+    calls = {
+        "rms_norm_nvfp4": lambda: rmsnorm.rms_norm_nvfp4(x, w, res, 1e-6, 0.0, torch.tensor(0.05), True),
+        "rms_norm_nvfp4 computed": lambda: rmsnorm.rms_norm_nvfp4(x, w, None, 1e-6, 0.0, None, False),
+        "rms_norm_nvfp4 zero gs": lambda: rmsnorm.rms_norm_nvfp4(x, w, None, 1e-6, 0.0, torch.tensor(0.0), False),
+        "rms_norm_mxfp4": lambda: rmsnorm.rms_norm_mxfp4(x, w, res, 1e-6, 0.0, "rceil", False),
+        "swiglu_mxfp4": lambda: swiglu.swiglu_mxfp4(xs, 1, "silu", 1.702, None, None, None, None, "floor", False),
+        "swiglu_nvfp4": lambda: swiglu.swiglu_nvfp4(xs, 1, "silu", 1.702, None, None, None, None,
+                                                    torch.tensor(0.02), False),
+    }
+    hw = {name: call() for name, call in calls.items()}
+    for mod in (rmsnorm, swiglu):
+        monkeypatch.setattr(mod, "hw_fp4", lambda device: False)
+    for name, call in calls.items():
+        sw = call()
+        for a, b in zip(hw[name], sw, strict=True):
+            assert (a is None and b is None) or torch.equal(a.reshape(-1).view(torch.uint8),
+                                                            b.reshape(-1).view(torch.uint8)), name
+    for mod in (rmsnorm, swiglu):  # and the HW_FP4 branch is the one that ran
+        monkeypatch.setattr(mod, "hw_fp4", lambda device: True)
+    hw_fp4_interpreted(_constant_byte)
+    for name in ("rms_norm_nvfp4", "rms_norm_nvfp4 zero gs", "rms_norm_mxfp4", "swiglu_mxfp4", "swiglu_nvfp4"):
+        assert (calls[name]()[0] == 0x5A).all(), name
 
 
 @pytest.mark.gpu

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from triton_ops.blackwell import e2m1x2_hw
 from triton_ops.contract.formats import NVFP4_MIN_GLOBAL_SCALE
 
 # NVFP4_MIN_GLOBAL_SCALE as a constexpr (globals read inside @triton.jit must be constexprs).
@@ -350,12 +351,22 @@ def round_pairs_to(y_lo, y_hi, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def fp4_encode_pairs(w, lo, hi, inv, ok, IN_KIND: tl.constexpr):
+def fp4_encode_pairs(w, lo, hi, inv, ok, IN_KIND: tl.constexpr, HW_FP4: tl.constexpr = False):
     """[BM, NB, HP] pair words + per-block inv -> packed E2M1 bytes (element 2i in the low nibble).
     Fast path: q = x * inv must be NaN only where the whole block is (ok == False there: inv NaN), which holds
     when inv is finite or NaN (see the kernel). Signs come from x (inv >= +0, so sign(q) == sign(x)); a bad
     block gets limit 0 and no signs, i.e. byte 0, without a per-element NaN test. ~7 instructions per
-    element instead of ~20."""
+    element instead of ~20.
+
+    HW_FP4 (Blackwell, sm_100+; the launcher's `blackwell.hw_fp4`): one cvt.rn.satfinite.e2m1x2.f32 per pair on
+    q, or on +0.0 where the block is bad, the same byte by the instruction's definition: RNE on the same grid,
+    |q| > 6 and +-Inf -> +-6 as min(|q|, 6), sign(q) == sign(x) (inv >= +0 in a good block, -0 included), and a
+    bad block (the only place q is NaN, where the instruction would write 0x7) gives 0x00 as limit 0 and no
+    signs do (tests/test_blackwell_compile.py checks this byte for byte, with a model of the instruction)."""
+    if HW_FP4:
+        ok3 = ok[:, :, None]
+        inv3 = inv[:, :, None]
+        return e2m1x2_hw(tl.where(ok3, lo * inv3, 0.0), tl.where(ok3, hi * inv3, 0.0))
     lim = tl.where(ok, 6.0, 0.0)[:, :, None]
     inv3 = inv[:, :, None]
     a_lo = tl.minimum(tl.abs(lo * inv3), lim)  # min drops NaN on the GPU and under the interpreter (fmin)
@@ -367,6 +378,19 @@ def fp4_encode_pairs(w, lo, hi, inv, ok, IN_KIND: tl.constexpr):
         signs = w
     signs = signs & tl.where(ok, -2147450880, 0)[:, :, None]  # 0x80008000 as int32, or 0 for a bad block
     return e2m1_pair_byte(e2m1_magnitude_word(a_lo), e2m1_magnitude_word(a_hi), signs)
+
+
+@triton.jit
+def fp4_encode_exact(lo, hi, inv3, HW_FP4: tl.constexpr = False):
+    """Packed E2M1 bytes of (lo * inv3, hi * inv3) element by element, NaN -> 0 per element: the exact path for a
+    zero, tiny or NaN NVFP4 global scale (Inf * 0 can make single elements NaN). HW_FP4: the hardware pair
+    convert on q with NaN replaced by +0.0 (the instruction would write 0x7 for NaN; the reference 0x0, which
+    +0.0 gives); every other input converts as e2m1_encode does (same rounding, saturation and sign)."""
+    q_lo = lo * inv3
+    q_hi = hi * inv3
+    if HW_FP4:
+        return e2m1x2_hw(tl.where(q_lo == q_lo, q_lo, 0.0), tl.where(q_hi == q_hi, q_hi, 0.0))
+    return e2m1_encode(q_lo) | (e2m1_encode(q_hi) << 4)
 
 
 @triton.jit

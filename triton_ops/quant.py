@@ -36,9 +36,9 @@ from ._formats import (
     amax_nan,
     cast_out,
     e2m1_decode_nibble,
-    e2m1_encode,
     e4m3_decode_fast,
     e4m3_encode,
+    fp4_encode_exact,
     fp4_encode_pairs,
     fp8_group_scale,
     mxfp4_block_scale_ex,
@@ -48,6 +48,7 @@ from ._formats import (
     swizzled_offset_128x4,
 )
 from ._launch import TL_DTYPE, TileConfig, emulate_formats, launch, next_pow2, pick_tile
+from .blackwell import hw_fp4
 from .quant_epilogue import GS_FROM_PARTIALS, GS_GIVEN, GS_NONE
 
 MAX_AMAX_PARTIALS = 512  # partial maxima the amax pass leaves for the quantize kernel to fold
@@ -113,12 +114,13 @@ def _fp4_quantize_kernel(
     M, K, stride_wm, grid_rows, scale_cols_bound, scale_cols_padded, n_partials,
     IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, GS_MODE: tl.constexpr, SWIZZLE: tl.constexpr,
     IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    PARTIALS_BLOCK: tl.constexpr, TILES: tl.constexpr = 1,
+    PARTIALS_BLOCK: tl.constexpr, TILES: tl.constexpr = 1, HW_FP4: tl.constexpr = False,
 ):
     """One program: TILES row tiles of BLOCK_M rows x BLOCK_K columns (each held as [BLOCK_M, blocks, pairs per
     block] words), walked with the next tile's loads issued before this tile's math (TILES > 1).
     Pair p of a row is output byte p (element 2p -> low nibble), so no reshapes are needed anywhere.
-    Addressing: 64-bit row offsets (one per row of the tile), 32-bit column offsets."""
+    Addressing: 64-bit row offsets (one per row of the tile), 32-bit column offsets.
+    HW_FP4: E2M1 by the Blackwell pair convert (blackwell.hw_fp4; same bytes, see _formats.fp4_encode_pairs)."""
     SB: tl.constexpr = 32 if IS_MX else 16
     NB: tl.constexpr = BLOCK_K // SB
     HP: tl.constexpr = SB // 2
@@ -145,7 +147,7 @@ def _fp4_quantize_kernel(
             w_next = tl.load(words_ptr + rows_next[:, None, None].to(tl.int64) * stride_wm + pcol,
                              mask=(rows_next[:, None, None] < M) & (pcol < K // 2), other=0)
         _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_rows, scale_cols_bound,
-                       scale_cols_padded, IS_MX, MX_RCEIL, SWIZZLE, IN_KIND, EMULATE, BLOCK_M, NB, HP)
+                       scale_cols_padded, IS_MX, MX_RCEIL, SWIZZLE, IN_KIND, EMULATE, BLOCK_M, NB, HP, HW_FP4)
         if t + 1 < TILES:
             rows = rows_next
             w = w_next
@@ -155,7 +157,7 @@ def _fp4_quantize_kernel(
 def _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_rows, scale_cols_bound,
                    scale_cols_padded, IS_MX: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
                    IN_KIND: tl.constexpr, EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, NB: tl.constexpr,
-                   HP: tl.constexpr):
+                   HP: tl.constexpr, HW_FP4: tl.constexpr):
     """Codes and block scales of one [BLOCK_M, NB, HP] tile of pair words (rows: its rows, pcol: its pair
     columns; gs: the NVFP4 global scale)."""
     SB: tl.constexpr = 2 * HP
@@ -169,17 +171,16 @@ def _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_r
     if IS_MX:
         sbyte, inv = mxfp4_block_scale_ex(amax, MX_RCEIL, IN_KIND != 2)
         # inv is a finite power of two for a finite block (so q is finite), NaN for a NaN/Inf block
-        packed = fp4_encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
+        packed = fp4_encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND, HW_FP4)
     else:
         sbyte, inv = nvfp4_block_scale_ex(amax, gs, EMULATE, IN_KIND != 2)  # bf16/fp16 amax: cheap /6
         # inv = (1/gs)/s32 is >= +0 or NaN. With |1/gs| < 2^100, inv is finite, NaN only for a block whose
         # amax (or gs) is NaN, and 0 only where |x| * inv cannot be Inf * 0: the fast path applies. Otherwise
         # (gs == 0, tiny or NaN gs) Inf * 0 or 0 * Inf can make single elements NaN: exact per-element path.
         if tl.abs(tl.math.div_rn(1.0, gs)) < 1.2676506002282294e30:
-            packed = fp4_encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND)
+            packed = fp4_encode_pairs(w, lo, hi, inv, inv == inv, IN_KIND, HW_FP4)
         else:
-            inv3 = inv[:, :, None]
-            packed = e2m1_encode(lo * inv3) | (e2m1_encode(hi * inv3) << 4)
+            packed = fp4_encode_exact(lo, hi, inv[:, :, None], HW_FP4)
     tl.store(codes_ptr + rows[:, None, None].to(tl.int64) * (K // 2) + pcol, packed, mask=mask)
 
     # Scales: the swizzled layout's padding rows/cols are written too, forced to 0 (GEMMs read them;
@@ -300,7 +301,7 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
         n_partials,
         IS_MX=is_mx, MX_RCEIL=rceil, GS_MODE=gs_mode, SWIZZLE=swizzle, IN_KIND=IN_KIND[x.dtype],
         EMULATE=emulate_formats(x.device), BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, PARTIALS_BLOCK=partials_block,
-        TILES=tiles, num_warps=cfg.num_warps)
+        TILES=tiles, HW_FP4=hw_fp4(x.device), num_warps=cfg.num_warps)
     return codes, scales, gs_out
 
 

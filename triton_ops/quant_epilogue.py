@@ -19,8 +19,8 @@ from triton_ops.contract.formats import MXFP4_BLOCK, NVFP4_BLOCK, fp4_scales_sha
 from ._formats import (
     amax_nan,
     cast_out,
-    e2m1_encode,
     e4m3_encode,
+    fp4_encode_exact,
     fp4_encode_pairs,
     fp8_group_scale,
     mxfp4_block_scale_ex,
@@ -131,7 +131,7 @@ def quant_epilogue(
     scale_rows_bound, scale_cols_bound, scale_cols_padded, fp8_eps,
     FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, MX_RCEIL: tl.constexpr,
     SWIZZLE: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HW_FP4: tl.constexpr = False,
 ):
     """Round y (fp32 [BLOCK_M, BLOCK_N]) to OUT_DTYPE and store it, plain or quantized.
 
@@ -139,7 +139,8 @@ def quant_epilogue(
     a K-wide output row (a multiple of BLOCK_N). gs: fp32 [BLOCK_M] NVFP4 global scale per row; gs_exact:
     nvfp4_exact_path(gs, row_in) (NVFP4 only; computed by the caller, once per program where gs is uniform).
     Swizzled scales: programs also cover the padding rows up to scale_rows_bound and the padding columns up
-    to scale_cols_padded, writing zero bytes there (GEMMs read them).
+    to scale_cols_padded, writing zero bytes there (GEMMs read them). HW_FP4: FP4 codes by the Blackwell pair
+    convert (blackwell.hw_fp4; same bytes, _formats.fp4_encode_pairs).
     """
     cols = col0 + tl.arange(0, BLOCK_N)
     mask = row_in[:, None] & (cols < K)[None, :]
@@ -170,7 +171,7 @@ def quant_epilogue(
         pcols = col0 // 2 + tl.arange(0, NB)[None, :, None] * HP + tl.arange(0, HP)[None, None, :]
         fp4_pack_store(w, lo, hi, rows, row_in, pcols, col0 // SB, K // 2, out_ptr, stride_om, scale_ptr, stride_sm,
                        gs, gs_exact, scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE, AMAX16, EMULATE,
-                       NB, HP)
+                       NB, HP, HW_FP4)
 
 
 @triton.jit
@@ -178,7 +179,7 @@ def fp4_pack_store(
     w, lo, hi, rows, row_in, pcol, scol0, Kp, out_ptr, stride_om, scale_ptr, stride_sm, gs, gs_exact,
     scale_rows_bound, scale_cols_padded,
     FMT: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr, AMAX16: tl.constexpr, EMULATE: tl.constexpr,
-    NB: tl.constexpr, HP: tl.constexpr,
+    NB: tl.constexpr, HP: tl.constexpr, HW_FP4: tl.constexpr = False,
 ):
     """The FP4 tail both epilogues share, on outputs already rounded to their dtype and split into (even, odd)
     pairs [BLOCK_M, NB, HP] (lo / hi as fp32, w the pair words whose bits 15 and 31 are the signs): the
@@ -186,19 +187,19 @@ def fp4_pack_store(
     max.NaN per pair, bf16/fp16 amax / 6 by div6_rn (AMAX16), hardware E4M3 block scales off the interpreter,
     E2M1 by one fp32 add, NaN per block; then the packed bytes (pcol: their output byte columns [1, NB, HP],
     Kp = K // 2) and the block scales (scol0: the first block's scale column; swizzled: padding rows/columns
-    up to scale_rows_bound / scale_cols_padded get zero bytes, GEMMs read them)."""
+    up to scale_rows_bound / scale_cols_padded get zero bytes, GEMMs read them). HW_FP4: E2M1 by the Blackwell
+    pair convert (same bytes, _formats.fp4_encode_pairs)."""
     amax = (tl.max(pair_amax_bits(lo, hi), 2) & 0x7FFFFFFF).to(tl.float32, bitcast=True)  # [BLOCK_M, NB]
     if FMT == FMT_MX:
         sbyte, inv = mxfp4_block_scale_ex(amax, MX_RCEIL, AMAX16)
         # inv: a finite power of two for a finite block (q finite), NaN for a NaN/Inf block
-        packed = fp4_encode_pairs(w, lo, hi, inv, inv == inv, 0)
+        packed = fp4_encode_pairs(w, lo, hi, inv, inv == inv, 0, HW_FP4)
     else:
         sbyte, inv = nvfp4_block_scale_ex(amax, gs[:, None], EMULATE, AMAX16)
         if gs_exact == 0:  # see nvfp4_exact_path
-            packed = fp4_encode_pairs(w, lo, hi, inv, inv == inv, 0)
+            packed = fp4_encode_pairs(w, lo, hi, inv, inv == inv, 0, HW_FP4)
         else:
-            inv3 = inv[:, :, None]
-            packed = e2m1_encode(lo * inv3) | (e2m1_encode(hi * inv3) << 4)
+            packed = fp4_encode_exact(lo, hi, inv[:, :, None], HW_FP4)
     pmask = row_in[:, None, None] & (pcol < Kp)
     tl.store(out_ptr + rows[:, None, None] * stride_om + pcol, packed, mask=pmask)
     scols = scol0 + tl.arange(0, NB)[None, :]  # [1, NB]: the blocks' scale columns

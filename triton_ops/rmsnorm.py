@@ -30,6 +30,7 @@ from ._formats import (
     split_pairs,
 )
 from ._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
+from .blackwell import hw_fp4
 from .quant_epilogue import (
     FMT_FP8,
     FMT_MX,
@@ -102,6 +103,7 @@ def _rms_norm_kernel(
     FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
     OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS_BLOCK: tl.constexpr, PREFETCH: tl.constexpr,
+    HW_FP4: tl.constexpr = False,
 ):
     """N (the row width) is a compile-time constant: 1/N folds and, where N == BLOCK_N, the column masks vanish
     (a model has a handful of widths)."""
@@ -150,7 +152,7 @@ def _rms_norm_kernel(
         else:
             quant_epilogue(y, rows, row_in, 0, N, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs, gs_exact,
                            scale_rows_bound, scale_cols_bound, scale_cols_padded, fp8_eps,
-                           FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
+                           FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N, HW_FP4)
         if PREFETCH:
             x = x_next
             r = r_next
@@ -209,7 +211,7 @@ def _rms_norm_pairs_kernel(
     eps, w_offset, rows_per_prog, scale_rows_bound, scale_cols_padded, n_partials,
     HAS_RES: tl.constexpr, PASS: tl.constexpr, GS_MODE: tl.constexpr, FMT: tl.constexpr, MX_RCEIL: tl.constexpr,
     SWIZZLE: tl.constexpr, IN_KIND: tl.constexpr, W_KIND: tl.constexpr, EMULATE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS_BLOCK: tl.constexpr, HW_FP4: tl.constexpr = False,
 ):
     """_rms_norm_kernel for a bf16/fp16 row and an FP4 output, on pair words: x, the residual, h and the weight
     are read and written as int32 words of two elements (strides in words), held as [BLOCK_M, NB, HP] (the
@@ -251,7 +253,8 @@ def _rms_norm_pairs_kernel(
         else:
             w, lo, hi = round_pairs(y_lo, y_hi, IN_KIND, EMULATE)  # two values per cvt (y is x's dtype)
             fp4_pack_store(w, lo, hi, rows, row_in, pcol, 0, Np, out_ptr, stride_om, scale_ptr, stride_sm, gs, gs_exact,
-                           scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE, True, EMULATE, NB, HP)
+                           scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE, True, EMULATE, NB, HP,
+                           HW_FP4)
         x = x_next
         r = r_next
     if PASS == PASS_AMAX:
@@ -265,7 +268,7 @@ def _rms_norm_chunked_kernel(
     eps, w_offset, scale_rows_bound, scale_cols_padded,
     HAS_RES: tl.constexpr, GS_MODE: tl.constexpr, FMT: tl.constexpr, MX_RCEIL: tl.constexpr,
     SWIZZLE: tl.constexpr, IN_KIND: tl.constexpr, W_KIND: tl.constexpr, EMULATE: tl.constexpr,
-    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, REREAD_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, REREAD_H: tl.constexpr, HW_FP4: tl.constexpr = False,
 ):
     """_rms_norm_pairs_kernel in two passes over one row in CHUNKS column chunks of BLOCK_N: pass 1 sums the
     squares (and writes the new residual), pass 2 reads the chunks again (L1/L2 hits: the row was just read)
@@ -307,7 +310,8 @@ def _rms_norm_chunked_kernel(
         y_hi = (h_hi * rstd[:, None, None]) * (w_hi + w_offset)
         yw, lo, hi = round_pairs(y_lo, y_hi, IN_KIND, EMULATE)
         fp4_pack_store(yw, lo, hi, rows, row_in, pcol, c * NB, Np, out_ptr, stride_om, scale_ptr, stride_sm, gs,
-                       gs_exact, scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE, True, EMULATE, NB, HP)
+                       gs_exact, scale_rows_bound, scale_cols_padded, FMT, MX_RCEIL, SWIZZLE, True, EMULATE, NB, HP,
+                       HW_FP4)
 
 
 # -------------------------------------------------------------------------------------------- config
@@ -432,7 +436,7 @@ def _rms_norm(x, weight, residual, eps, weight_offset, *, fmt, group=128, quant_
     emulate = emulate_formats(dev)
     common = dict(FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
                   OUT_DTYPE=TL_DTYPE[x.dtype], EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                  num_warps=cfg.num_warps)
+                  HW_FP4=fmt in (FMT_MX, FMT_NV) and hw_fp4(dev), num_warps=cfg.num_warps)
     scale_arg = scales.view(torch.uint8) if fmt in (FMT_MX, FMT_NV) else scales
     out_arg = out2.view(torch.uint8) if fmt == FMT_FP8 else out2
     w = weight.contiguous()
@@ -481,8 +485,9 @@ def _rms_norm_pairs(views, in_kind, w_kind, rows, n, eps, weight_offset, cfg, em
     if fmt == FMT_NV and global_scale is None and cfg.chunks > 1:
         # the two-pass kernel has no partial-amax fold (computed global scale): one-pass kernel and config
         cfg = pick_row_config(grid_rows, n, dev, min_block(fmt, 16), True)
+    hw = hw_fp4(dev)
     common = dict(FMT=fmt, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle, IN_KIND=in_kind, W_KIND=w_kind,
-                  EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+                  EMULATE=emulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HW_FP4=hw, num_warps=cfg.num_warps)
     if fmt == FMT_NV and global_scale is None:
         rows_per_prog, n_partials, partials = _amax_pass_plan(rows, cfg, dev)
         launch(_rms_norm_pairs_kernel, (n_partials,),
@@ -501,7 +506,7 @@ def _rms_norm_pairs(views, in_kind, w_kind, rows, n, eps, weight_offset, cfg, em
             float(eps), float(weight_offset), grid_rows, geo.scale_cols_padded,
             HAS_RES=has_res, GS_MODE=gs_mode, FMT=fmt, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
             IN_KIND=in_kind, W_KIND=w_kind, EMULATE=emulate, BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks,
-            REREAD_H=cfg.reread_h, num_warps=cfg.num_warps)
+            REREAD_H=cfg.reread_h, HW_FP4=hw, num_warps=cfg.num_warps)
         return
     rows_per_prog = cfg.block_m * cfg.row_blocks
     launch(_rms_norm_pairs_kernel, (cdiv(grid_rows, rows_per_prog),),

@@ -22,6 +22,7 @@ from triton_ops.contract.formats import round_up
 from . import quant
 from ._formats import IN_KIND, abs_bits, cast_out, exp_accurate, exp_flush, nvfp4_effective_gs, split_pairs
 from ._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
+from .blackwell import hw_fp4
 from .quant_epilogue import (
     FMT_FP8,
     FMT_MX,
@@ -118,6 +119,7 @@ def _swiglu_kernel(
     FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
     OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTIALS_BLOCK: tl.constexpr, STORE_AMAX: tl.constexpr = False,
+    HW_FP4: tl.constexpr = False,
 ):
     """STORE_AMAX (float output, single pass): also atomic-max the tile's max |stored y| bits into partial_ptr[0]
     (int32, zeroed by the caller): the computed-global-scale NVFP4 path quantizes that y afterwards."""
@@ -193,7 +195,7 @@ def _swiglu_kernel(
             # MoE NVFP4, H200; SwiGLU FP4 is bound by the activation's exact division, docs/design_notes.md)
             quant_epilogue(y, rows, row_in, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs, gs_exact,
                            scale_rows_bound, 0, scale_cols_padded, fp8_eps,
-                           FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
+                           FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N, HW_FP4)
             if STORE_AMAX:  # max |y| of what was stored (the rounded y); integer bits: NaN sorts above Inf.
                 # Not tile_amax_bits: that re-rounds y in pairs (out_pairs); this reuses the store's own cast.
                 bits = abs_bits(cast_out(y, OUT_DTYPE, EMULATE).to(tl.float32))
@@ -320,7 +322,7 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
                   GPTOSS=activation == "gptoss", CLAMP=limit is not None, MOE=moe,
                   FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
                   OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(dev), BLOCK_M=cfg.block_m,
-                  BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+                  BLOCK_N=cfg.block_n, HW_FP4=fmt in (FMT_MX, FMT_NV) and hw_fp4(dev), num_warps=cfg.num_warps)
     scale_arg = scales.view(torch.uint8) if fmt in (FMT_MX, FMT_NV) else scales
     out_arg = out2.view(torch.uint8) if fmt == FMT_FP8 else out2
     scalars = (float(alpha), float(limit if limit is not None else 0.0), float(quant_eps), max_m)
