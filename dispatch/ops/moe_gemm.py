@@ -87,7 +87,7 @@ def moe_gemm_mxfp4(a: Tensor, w_packed: Tensor, w_scale: Tensor, *, m_indices: T
 def self_check_cases() -> list:
     """Cases for `python -m dispatch check`: DeepSeek-like experts, contiguous layout from moe_align."""
     from ..reference.moe import moe_align
-    from ..selfcheck import Case
+    from ..selfcheck import Case, normalized_error
 
     def layout(dev, small, e, k, n):
         g = torch.Generator().manual_seed(3)
@@ -120,7 +120,7 @@ def self_check_cases() -> list:
         return (a.bfloat16(), packed.to(dev), scales.to(dev), mi, None, None)
 
     def close(out, ref):
-        err = float((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30))
+        err = normalized_error(out, ref)
         return err <= 2e-2, f"normalized error {err:.2e}"
 
     return [
