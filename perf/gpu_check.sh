@@ -73,7 +73,7 @@ note "env: $(python3 -c "import json; d = json.load(open('$OUT/env.json')); prin
 if want tests; then
   t0=$(date +%s)
   # shellcheck disable=SC2086
-  timeout "${TEST_TIME:-480}" python3 -m pytest ${TEST_ARGS:-tests} -m gpu -q -p no:warnings --maxfail=30 --no-header -rfE \
+  timeout "${TEST_TIME:-480}" python3 -m pytest ${TEST_ARGS:-tests} -m gpu -q --disable-warnings --maxfail=30 --no-header -rfE \
       --durations=15 --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
   rc=$?
   note "gpu tests (rc=$rc, $(( $(date +%s) - t0 )) s, profile $HYPOTHESIS_PROFILE): $(grep -E '(passed|failed|error)' "$OUT/pytest.log" | tail -n 1)"
