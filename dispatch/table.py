@@ -48,6 +48,8 @@ ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE
 # H100 at 26c069c: decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped GEMMs; prefill (256 rows
 # / expert) 0.47-0.69x them (untuned tiles; docs/moe_gemm.md).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
+# Not measured yet (perf/cases/moe_gemm.py has the fused-vs-chain cases): ranked as the only kernel of the op.
+GEMM_SWIGLU = "GEMM1 with SwiGLU (+ FP8 1xG quant) in the epilogue: the gate|up output never goes to memory"
 NORM = "one fused pass (NVFP4 with computed global scale: 2); bytes = reference composition"
 # CuTeDSL RMSNorm (cute_ops/, docs/cute.md). sm_90 ranks above Triton (25 > 20): bit-exact in every mode; at
 # prefill within 2% of Triton either way (H200, perf/results/nvidia-h200.jsonl, 2026-11-21: plain 4096x7168 32.5 vs
@@ -195,6 +197,13 @@ ROWS: tuple[Entry, ...] = (
     *triton_rows("moe_gemm_mxfp4", "triton_ops.moe_gemm.grouped:moe_gemm_mxfp4", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_mxfp4"),
     Entry("moe_gemm_mxfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_mxfp4", TORCH_REF, REFERENCE_WHY),
+    *triton_rows("moe_gemm_swiglu", "triton_ops.moe_gemm.fused:moe_gemm_swiglu", GEMM_SWIGLU,
+                 supports="triton_ops.moe_gemm.fused:supports_moe_gemm_swiglu"),
+    Entry("moe_gemm_swiglu", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_swiglu", TORCH_REF, REFERENCE_WHY),
+    *triton_rows("moe_gemm_swiglu_fp8_group", "triton_ops.moe_gemm.fused:moe_gemm_swiglu_fp8_group", GEMM_SWIGLU,
+                 supports="triton_ops.moe_gemm.fused:supports_moe_gemm_swiglu_fp8_group"),
+    Entry("moe_gemm_swiglu_fp8_group", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_swiglu_fp8_group",
+          TORCH_REF, REFERENCE_WHY),
     # attention (docs/attention.md). sm_90: the Gluon warpgroup-MMA kernel ranks above plain Triton (ATTN_SM90_WHY).
     Entry("attention_prefill", "triton", ("sm_90",), "triton_ops.attention.prefill_sm90:attention_prefill",
           TRITON_SM90_GLUON, ATTN_SM90_WHY, "triton_ops.attention.prefill_sm90:supports_attention_prefill_sm90"),

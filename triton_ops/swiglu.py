@@ -109,6 +109,22 @@ def _silu_ratio(g, d, DIV_RN: tl.constexpr):
 
 
 @triton.jit
+def swiglu_act(g, u, alpha, limit, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, DIV_RN: tl.constexpr,
+               OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    """The activation on fp32 gate / up (the contract's math, before the one rounding to OUT_DTYPE); shared with
+    the fused GEMM epilogue (triton_ops/moe_gemm/fused.py), so both produce the same bytes."""
+    if CLAMP:
+        g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
+        u = tl.minimum(tl.maximum(u, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
+                       propagate_nan=tl.PropagateNan.ALL)
+    if GPTOSS:
+        y = _silu_ratio(g, 1.0 + _exp_neg(alpha * g, OUT_DTYPE, EMULATE), DIV_RN) * (u + 1.0)
+    else:
+        y = _silu_ratio(g, 1.0 + _exp_neg(g, OUT_DTYPE, EMULATE), DIV_RN) * u
+    return y
+
+
+@triton.jit
 def _swiglu_kernel(
     x_ptr, out_ptr, scale_ptr, gs_ptr, gs_out_ptr, partial_ptr, eid_ptr, mm_ptr,
     M, I, stride_xm, stride_om, stride_sm, stride_sg, alpha, limit, fp8_eps, max_m, rows_per_prog,
@@ -168,14 +184,7 @@ def _swiglu_kernel(
         else:
             g = a.to(tl.float32)
             u = b.to(tl.float32)
-        if CLAMP:
-            g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
-            u = tl.minimum(tl.maximum(u, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
-                           propagate_nan=tl.PropagateNan.ALL)
-        if GPTOSS:
-            y = _silu_ratio(g, 1.0 + _exp_neg(alpha * g, OUT_DTYPE, EMULATE), DIV_RN) * (u + 1.0)
-        else:
-            y = _silu_ratio(g, 1.0 + _exp_neg(g, OUT_DTYPE, EMULATE), DIV_RN) * u
+        y = swiglu_act(g, u, alpha, limit, GPTOSS, CLAMP, DIV_RN, OUT_DTYPE, EMULATE)
         if PASS == PASS_AMAX:
             acc = tl.maximum(acc, tile_amax_bits(y, tok, col0 // 2 + tl.arange(0, BLOCK_N // 2) < I // 2, OUT_DTYPE,
                                                  EMULATE, BLOCK_M, BLOCK_N))
@@ -272,6 +281,11 @@ SILU_DIV_RN = False
 NVFP4_COMPUTED_GS_SPLIT_ROWS = 2048
 
 
+def silu_div_rn(out_dtype: torch.dtype) -> bool:
+    """The DIV_RN constexpr of swiglu_act for an output dtype (every kernel that evaluates the activation)."""
+    return SILU_DIV_RN or out_dtype == torch.float32
+
+
 def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_dtype, *, fmt, group=128,
             quant_eps=1e-10, ue8m0=False, column_major=False, rounding="floor", swizzle=False, global_scale=None,
             cfg=None, amax_out=None):
@@ -318,7 +332,7 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
     xs = x2.view(IN_WORD[x.dtype]) if pair_words else x2
     # fp32 outputs keep the exact division (their tolerance is a few fp32 ulps; see _silu_ratio)
     common = dict(INTERLEAVE=interleave, PAIR_WORDS=pair_words, IN_KIND=IN_KIND[x.dtype],
-                  DIV_RN=SILU_DIV_RN or out_dtype == torch.float32,
+                  DIV_RN=silu_div_rn(out_dtype),
                   GPTOSS=activation == "gptoss", CLAMP=limit is not None, MOE=moe,
                   FMT=fmt, GROUP=group, UE8M0=ue8m0, MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle,
                   OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(dev), BLOCK_M=cfg.block_m,

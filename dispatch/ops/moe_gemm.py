@@ -12,12 +12,16 @@ two activation layouts `moe_align` / `moe_masked_layout` produce:
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
-from triton_ops.contract.moe_gemm import check_bf16, check_fp8, check_mxfp4, check_row_weights
+from triton_ops.contract.formats import fp8_scale_storage
+from triton_ops.contract.moe_gemm import check_bf16, check_fp8, check_gemm_swiglu, check_mxfp4, check_row_weights
 
 from ._common import call, lowbit_op
+from .quant import FP8GroupQuantized
 
 
 def _out(a: Tensor, n: int, dtype: torch.dtype) -> Tensor:
@@ -81,6 +85,75 @@ def moe_gemm_mxfp4(a: Tensor, w_packed: Tensor, w_scale: Tensor, *, m_indices: T
     return call("moe_gemm_mxfp4", a, w_packed, w_scale, m_indices, masked_m, row_weights, backend)
 
 
+# ------------------------------------------------------------------------ GEMM1 + SwiGLU (+ FP8 1xG quant)
+
+
+def _check_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit):
+    check_gemm_swiglu("moe_gemm_swiglu", weights, a, a_scale, w, w_scale, m_indices, masked_m, interleave,
+                      activation, alpha, limit)
+
+
+def _check_gemm_swiglu_fp8(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
+                           limit, group_size, quant_eps, ue8m0, column_major):
+    check_gemm_swiglu("moe_gemm_swiglu_fp8_group", weights, a, a_scale, w, w_scale, m_indices, masked_m,
+                      interleave, activation, alpha, limit, group_size, quant_eps)
+
+
+def _swiglu_out_dtype(a: Tensor, weights: str) -> torch.dtype:
+    return a.dtype if weights == "bf16" else torch.bfloat16
+
+
+@lowbit_op("moe_gemm_swiglu", mutates_args=(), check=_check_gemm_swiglu)
+def _moe_gemm_swiglu(a: Tensor, a_scale: Tensor | None, w: Tensor, w_scale: Tensor | None,
+                     m_indices: Tensor | None, masked_m: Tensor | None, weights: str, interleave: int,
+                     activation: str, alpha: float, limit: float | None, backend: str) -> Tensor:
+    return _out(a, w.shape[1] // 2, _swiglu_out_dtype(a, weights))
+
+
+@lowbit_op("moe_gemm_swiglu_fp8_group", mutates_args=(), check=_check_gemm_swiglu_fp8)
+def _moe_gemm_swiglu_fp8_group(a: Tensor, a_scale: Tensor | None, w: Tensor, w_scale: Tensor | None,
+                               m_indices: Tensor | None, masked_m: Tensor | None, weights: str, interleave: int,
+                               activation: str, alpha: float, limit: float | None, group_size: int,
+                               quant_eps: float, ue8m0: bool, column_major: bool,
+                               backend: str) -> tuple[Tensor, Tensor]:
+    i = w.shape[1] // 2
+    return (_out(a, i, torch.float8_e4m3fn),
+            fp8_scale_storage(tuple(a.shape[:-1]), i // group_size, column_major, a.device))
+
+
+def _sw(interleave, activation, alpha, limit):
+    return int(interleave), activation, float(alpha), None if limit is None else float(limit)
+
+
+def moe_gemm_swiglu(a: Tensor, w: Tensor, *, a_scale: Tensor | None = None, w_scale: Tensor | None = None,
+                    weights: Literal["bf16", "fp8", "mxfp4"] = "bf16", m_indices: Tensor | None = None,
+                    masked_m: Tensor | None = None, interleave: int = 0,
+                    activation: Literal["silu", "gptoss"] = "silu", alpha: float = 1.702, limit: float | None = None,
+                    backend: str = "auto") -> Tensor:
+    """MoE GEMM1 with SwiGLU in its epilogue: y = swiglu(a @ w[e].T) over the layout, w (E, 2I, K) with gate|up
+    halves (interleave 0) or chunks of `interleave` rows alternating gate/up. Operands as moe_gemm_<weights>
+    takes them (fp8: a_scale + w_scale; mxfp4: packed w + w_scale). Bytes = moe_gemm_<weights> -> swiglu
+    (same activation arguments; uncomputed rows 0) given the same accumulators. Out: (rows, I), a's dtype for
+    bf16/fp16, else bf16."""
+    return call("moe_gemm_swiglu", a, a_scale, w, w_scale, m_indices, masked_m, weights,
+                *_sw(interleave, activation, alpha, limit), backend)
+
+
+def moe_gemm_swiglu_fp8_group(a: Tensor, w: Tensor, *, a_scale: Tensor | None = None, w_scale: Tensor | None = None,
+                              weights: Literal["bf16", "fp8", "mxfp4"] = "bf16", m_indices: Tensor | None = None,
+                              masked_m: Tensor | None = None, interleave: int = 0,
+                              activation: Literal["silu", "gptoss"] = "silu", alpha: float = 1.702,
+                              limit: float | None = None, group_size: int = 128, quant_eps: float = 1e-10,
+                              ue8m0: bool = False, column_major_scales: bool = False,
+                              backend: str = "auto") -> FP8GroupQuantized:
+    """moe_gemm_swiglu with its output quantized to FP8 E4M3 1 x group_size groups in the same pass: the codes
+    and scales fp8_group_quantize writes (what moe_gemm_fp8 reads as GEMM2's activations). Bytes = moe_gemm ->
+    swiglu_fp8_group."""
+    return FP8GroupQuantized(*call("moe_gemm_swiglu_fp8_group", a, a_scale, w, w_scale, m_indices, masked_m,
+                                   weights, *_sw(interleave, activation, alpha, limit), int(group_size),
+                                   float(quant_eps), bool(ue8m0), bool(column_major_scales), backend))
+
+
 # ------------------------------------------------------------------------------------------ self-check
 
 
@@ -123,7 +196,24 @@ def self_check_cases() -> list:
         err = normalized_error(out, ref)
         return err <= 2e-2, f"normalized error {err:.2e}"
 
+    def swiglu_fp8(dev, small):
+        a8, a_s, w8, w_s, mi, _, _ = fp8(dev, small)
+        return (a8, a_s, w8, w_s, mi, None, "fp8", 0, "silu", 1.702, None, 64 if small else 128, 1e-10, False,
+                False)
+
+    def swiglu_mx(dev, small):
+        a, packed, scales, mi, _, _ = mxfp4(dev, small)
+        return (a, None, packed, scales, mi, None, "mxfp4", 1, "gptoss", 1.702, 7.0)
+
+    def close_fp8(out, ref):
+        from ..reference.quant import fp8_group_dequantize
+        group = out[0].shape[-1] // out[1].shape[-1]
+        err = normalized_error(*(fp8_group_dequantize(c, s, group, torch.float32) for c, s in (out, ref)))
+        return err <= 3e-2, f"normalized error of the dequantized values {err:.2e}"
+
     return [
+        Case("moe_gemm_swiglu_fp8_group", swiglu_fp8, close_fp8, label="FP8 W8A8 GEMM1 + silu + 1xG quant"),
+        Case("moe_gemm_swiglu", swiglu_mx, close, label="MXFP4 GEMM1 + GPT-OSS swiglu, interleaved"),
         Case("moe_gemm_bf16", bf16, close, label="contiguous, moe_align rows"),
         Case("moe_gemm_fp8", fp8, close, label="contiguous, 1x128 / 128x128 scales"),
         Case("moe_gemm_mxfp4", mxfp4, close, label="contiguous, W4A16"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from . import swiglu as SW
 from .formats import e2m1_decode, unpack_nibbles
 from .quant import e8m0_decode, fp8_group_dequantize, unswizzle_scales_128x4
 
@@ -74,6 +75,32 @@ def moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights=None):
 def moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights=None):
     w32 = mxfp4_weight_dequantize(w_packed, w_scale)
     return _grouped(a.float(), w32, m_indices, masked_m, row_weights, torch.bfloat16)
+
+
+# ------------------------------------------------------------------ GEMM1 + SwiGLU (+ FP8 1xG quantization)
+
+
+def _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m):
+    if weights == "fp8":
+        return moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m)
+    if weights == "mxfp4":
+        return moe_gemm_mxfp4(a, w, w_scale, m_indices, masked_m)
+    return moe_gemm_bf16(a, w, m_indices, masked_m)
+
+
+def moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit):
+    """The chain moe_gemm_<weights> -> swiglu over the same layout: h = the GEMM's output (rounded to its dtype),
+    y = swiglu(h) (w (E, 2I, K): gate|up halves or interleaved at `interleave`), uncomputed rows 0."""
+    h = _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m)
+    return SW.swiglu(h, interleave, activation, alpha, limit, m_indices, masked_m)
+
+
+def moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
+                              limit, group_size, quant_eps, ue8m0, column_major):
+    """moe_gemm_swiglu, then fp8_group_quantize of its (rounded) output: the chain moe_gemm -> swiglu_fp8_group."""
+    h = _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m)
+    return SW.swiglu_fp8_group(h, interleave, activation, alpha, limit, m_indices, masked_m, None, group_size,
+                               quant_eps, ue8m0, column_major)
 
 
 # ------------------------------------------------------------------ block-scaled FP4 x FP4 (sm_100 UMMA kernels)

@@ -5,6 +5,8 @@ Errors name the op and the argument (contract.checks.fail). Layouts: docs/moe.md
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .checks import check_dtype, check_same_device, check_tensor, fail
@@ -65,8 +67,7 @@ def contiguous_ids(m_indices, masked_m):
             None if masked_m is None else masked_m.contiguous())
 
 
-def check_bf16(a, w, m_indices, masked_m) -> None:
-    op = "moe_gemm_bf16"
+def check_bf16(a, w, m_indices, masked_m, op: str = "moe_gemm_bf16") -> None:
     _check_layout(op, a, w, m_indices, masked_m)
     check_dtype(op, "a", a, (torch.bfloat16, torch.float16))
     if w.dtype != a.dtype:
@@ -76,8 +77,7 @@ def check_bf16(a, w, m_indices, masked_m) -> None:
         fail(op, "w", f"expected (E, N, K={a.shape[-1]}), got shape {_shape(w)}")
 
 
-def check_fp8(a, a_scale, w, w_scale, m_indices, masked_m) -> None:
-    op = "moe_gemm_fp8"
+def check_fp8(a, a_scale, w, w_scale, m_indices, masked_m, op: str = "moe_gemm_fp8") -> None:
     e = _check_layout(op, a, w, m_indices, masked_m)
     check_dtype(op, "a", a, (torch.float8_e4m3fn,))
     check_dtype(op, "w", w, (torch.float8_e4m3fn,))
@@ -101,8 +101,7 @@ def fp4_views(w_packed, w_scale):
     return w_packed, w_scale
 
 
-def check_mxfp4(a, w_packed, w_scale, m_indices, masked_m) -> None:
-    op = "moe_gemm_mxfp4"
+def check_mxfp4(a, w_packed, w_scale, m_indices, masked_m, op: str = "moe_gemm_mxfp4") -> None:
     w_packed, w_scale = fp4_views(w_packed, w_scale)
     e = _check_layout(op, a, w_packed, m_indices, masked_m)
     check_dtype(op, "a", a, (torch.bfloat16,))
@@ -130,3 +129,48 @@ def check_row_weights(op, a, row_weights) -> None:
         fail(op, "row_weights", f"expected shape {_shape(a)[:-1]} (one weight per row of a), got "
                                 f"{_shape(row_weights)}")
     check_same_device(op, "a", a, "row_weights", row_weights)
+
+
+# ------------------------------------------------------------------ GEMM1 + SwiGLU (+ FP8 1xG quantization)
+
+WEIGHT_KINDS = ("bf16", "fp8", "mxfp4")
+ACTIVATIONS = ("silu", "gptoss")  # dispatch/reference/swiglu.py
+
+
+def check_gemm_swiglu(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activation, alpha,
+                      limit, group_size=None, quant_eps=None) -> None:
+    """The GEMM operands as the moe_gemm_<weights> op takes them (a_scale: FP8 only; w_scale: FP8 and MXFP4), then
+    the SwiGLU arguments on the (E, 2I, K) weights' I, then the FP8 group arguments (group_size given)."""
+    if weights not in WEIGHT_KINDS:
+        fail(op, "weights", f"{weights!r} is not one of {', '.join(WEIGHT_KINDS)}")
+    if weights == "bf16":
+        for name, t in (("a_scale", a_scale), ("w_scale", w_scale)):
+            if t is not None:
+                fail(op, name, "bf16 weights take no scales (give None)")
+        check_bf16(a, w, m_indices, masked_m, op)
+    elif weights == "fp8":
+        check_fp8(a, a_scale, w, w_scale, m_indices, masked_m, op)
+    else:
+        if a_scale is not None:
+            fail(op, "a_scale", "MXFP4 W4A16 takes bf16 activations without scales (give None)")
+        check_mxfp4(a, w, w_scale, m_indices, masked_m, op)
+    two_i = w.shape[1]
+    if two_i % 2:
+        fail(op, "w", f"N={two_i} is odd; expected (E, 2I, K) holding gate and up rows")
+    i = two_i // 2
+    if interleave < 0:
+        fail(op, "interleave", f"must be 0 (gate rows [0, I), up rows [I, 2I)) or a granularity >= 1, got "
+                               f"{interleave}")
+    if interleave > 0 and i % interleave:
+        fail(op, "interleave", f"I = {i} is not a multiple of the granularity {interleave}")
+    if activation not in ACTIVATIONS:
+        fail(op, "activation", f"{activation!r} is not one of {', '.join(ACTIVATIONS)}")
+    if not math.isfinite(alpha):
+        fail(op, "alpha", f"must be finite, got {alpha}")
+    if limit is not None and not (limit > 0 and math.isfinite(limit)):
+        fail(op, "limit", f"must be None or a finite value > 0, got {limit}")
+    if group_size is not None:
+        if group_size <= 0 or i % group_size:
+            fail(op, "group_size", f"I = {i} is not a multiple of group_size={group_size}")
+        if not quant_eps > 0:
+            fail(op, "quant_eps", f"must be > 0 (it keeps all-zero groups finite), got {quant_eps}")

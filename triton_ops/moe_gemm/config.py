@@ -81,3 +81,18 @@ def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGem
         return MoeGemmConfig(64, 128, 64 if kind == "bf16" else 128, group_m=4, num_warps=4, num_stages=3)
     stages = 2 if arch in _SMALL_SMEM_ARCHS else 3
     return MoeGemmConfig(128, 128, 128 if kind == "fp8" else 64, group_m=8, num_warps=8, num_stages=stages)
+
+
+def pick_swiglu_gemm_config(kind: str, m_per_expert: int, i: int, k: int, device: torch.device,
+                            min_block_n: int) -> MoeGemmConfig:
+    """GEMM1 + SwiGLU: a tile holds BLOCK_N output columns, i.e. two [BLOCK_M, BLOCK_N] accumulators (gate and up).
+    The GEMM rule at N = I, with the prefill tile halved to 128 x 64 (x 2 accumulators: the MMA work and registers
+    of the plain 128 x 128 tile); min_block_n: the output format's smallest column tile (a whole FP8 group)."""
+    cfg = pick_config(kind, m_per_expert, i, k, device)
+    if cfg.block_m < 128 or device.type == "cpu":
+        return dataclasses.replace(cfg, block_n=max(cfg.block_n, min_block_n))
+    block_n = max(64, min_block_n)
+    # FP8 weights with a 128-wide output tile: 64 rows (ptxas, sm_90, Triton 3.6: 128 x 128 x 2 accumulators spill
+    # ~2 KB per thread, 64 x 128 ~0.45 KB; not measured on a GPU yet)
+    block_m = 64 if kind == "fp8" and block_n >= 128 else cfg.block_m
+    return dataclasses.replace(cfg, block_m=block_m, block_n=block_n)

@@ -49,45 +49,83 @@ _MAX_GRID_Y = 65535  # CUDA grid dim y: the masked layout puts the experts there
 
 
 @triton.jit
-def _expert_pass(a_ptr, a_off, sel, as_ptr, as_off, stride_ask, w_ptr, ws_ptr, e, offs_n, nmask, K,
-                 stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
-                 KIND: tl.constexpr, EMULATE: tl.constexpr, F32_DOT: tl.constexpr, DOT_SCALED: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _weight_step(a, a_s, k0, w_ptr, ws_ptr, e64, n64, nmask, K, acc, stride_we, stride_wn, stride_wse, stride_wsn,
+                 stride_wsk, KIND: tl.constexpr, EMULATE: tl.constexpr, F32_DOT: tl.constexpr,
+                 DOT_SCALED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc + a[:, k0:k0+BLOCK_K] @ w[e, n64, k0:k0+BLOCK_K].T for one K step (a loaded by the caller; a_s: the
+    step's fp32 activation scales for FP8). n64: the weight rows of the tile's columns (any rows of w)."""
+    kk = k0 + tl.arange(0, BLOCK_K)
+    kmask = kk < K
+    w_cols = w_ptr + e64 * stride_we + n64[None, :] * stride_wn  # [1, BLOCK_N]
+    if KIND == 0:
+        w = tl.load(w_cols + kk[:, None], mask=kmask[:, None] & nmask[None, :], other=0)
+        acc = mma(a, w, acc, F32_DOT)
+    elif KIND == 1:
+        w = tl.load(w_cols + kk[:, None], mask=kmask[:, None] & nmask[None, :], other=0)
+        kb = k0 // BLOCK_K  # BLOCK_K == 128: one scale column per step
+        w_s = tl.load(ws_ptr + e64 * stride_wse + (n64 // 128) * stride_wsn + kb * stride_wsk, mask=nmask,
+                      other=0.0)
+        d = mma(e4m3_operand(a, EMULATE, F32_DOT), e4m3_operand(w, EMULATE, F32_DOT), None, F32_DOT)
+        acc += d * (a_s[:, None] * w_s[None, :])
+    else:
+        kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        w_rows = w_ptr + e64 * stride_we + n64[:, None] * stride_wn  # [BLOCK_N, 1]
+        sb = tl.load(ws_ptr + e64 * stride_wse + n64[:, None] * stride_wsn + ks[None, :] * stride_wsk,
+                     mask=nmask[:, None] & (ks < K // 32)[None, :], other=0)
+        if DOT_SCALED:  # rhs: [BLOCK_K / 2, BLOCK_N] bytes packed along K; scales [BLOCK_N, BLOCK_K / 32]
+            packed = tl.load(w_cols + kh[:, None], mask=(kh < K // 2)[:, None] & nmask[None, :], other=0)
+            acc = tl.dot_scaled(a, None, "bf16", packed, sb, "e2m1", acc)
+        else:
+            packed = tl.load(w_rows + kh[None, :], mask=nmask[:, None] & (kh < K // 2)[None, :], other=0)
+            acc = mma(a, mxfp4_tile_t(packed, sb, BLOCK_N, BLOCK_K, F32_DOT), acc, F32_DOT)
+    return acc
+
+
+@triton.jit
+def expert_pass(a_ptr, a_off, sel, as_ptr, as_off, stride_ask, w_ptr, ws_ptr, e, offs_n, nmask, offs_n2, K,
+                stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
+                KIND: tl.constexpr, EMULATE: tl.constexpr, F32_DOT: tl.constexpr, DOT_SCALED: tl.constexpr,
+                DUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """fp32 [BLOCK_M, BLOCK_N] = sum over K of a[rows] * w[e, offs_n] for the rows in `sel` (the others read
-    as zero; their results are not stored). a_off / as_off: int64 element offsets of the rows in a / a_scale."""
+    as zero; their results are not stored). a_off / as_off: int64 element offsets of the rows in a / a_scale.
+    DUAL: a second accumulator over the weight rows offs_n2 (same mask) from the same activation loads (the gate
+    and up columns of a fused SwiGLU); returns (acc, acc2), acc2 is acc when not DUAL."""
     e64 = e.to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     n64 = offs_n.to(tl.int64)
-    w_cols = w_ptr + e64 * stride_we + n64[None, :] * stride_wn  # [1, BLOCK_N]
+    n64b = offs_n2.to(tl.int64)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
-        kmask = kk < K
-        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & kmask[None, :], other=0)
-        if KIND == 0:
-            w = tl.load(w_cols + kk[:, None], mask=kmask[:, None] & nmask[None, :], other=0)
-            acc = mma(a, w, acc, F32_DOT)
-        elif KIND == 1:
-            w = tl.load(w_cols + kk[:, None], mask=kmask[:, None] & nmask[None, :], other=0)
-            kb = k0 // BLOCK_K  # BLOCK_K == 128: one scale column per step
-            a_s = tl.load(as_ptr + as_off + kb * stride_ask, mask=sel, other=0.0)
-            w_s = tl.load(ws_ptr + e64 * stride_wse + (n64 // 128) * stride_wsn + kb * stride_wsk, mask=nmask,
-                          other=0.0)
-            d = mma(e4m3_operand(a, EMULATE, F32_DOT), e4m3_operand(w, EMULATE, F32_DOT), None, F32_DOT)
-            acc += d * (a_s[:, None] * w_s[None, :])
-        else:
-            kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            w_rows = w_ptr + e64 * stride_we + n64[:, None] * stride_wn  # [BLOCK_N, 1]
-            sb = tl.load(ws_ptr + e64 * stride_wse + n64[:, None] * stride_wsn + ks[None, :] * stride_wsk,
-                         mask=nmask[:, None] & (ks < K // 32)[None, :], other=0)
-            if DOT_SCALED:  # rhs: [BLOCK_K / 2, BLOCK_N] bytes packed along K; scales [BLOCK_N, BLOCK_K / 32]
-                packed = tl.load(w_cols + kh[:, None], mask=(kh < K // 2)[:, None] & nmask[None, :], other=0)
-                acc = tl.dot_scaled(a, None, "bf16", packed, sb, "e2m1", acc)
-            else:
-                packed = tl.load(w_rows + kh[None, :], mask=nmask[:, None] & (kh < K // 2)[None, :], other=0)
-                acc = mma(a, mxfp4_tile_t(packed, sb, BLOCK_N, BLOCK_K, F32_DOT), acc, F32_DOT)
-    return acc
+        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
+        a_s = 0.0  # FP8 only
+        if KIND == 1:
+            a_s = tl.load(as_ptr + as_off + (k0 // BLOCK_K) * stride_ask, mask=sel, other=0.0)
+        acc = _weight_step(a, a_s, k0, w_ptr, ws_ptr, e64, n64, nmask, K, acc, stride_we, stride_wn, stride_wse,
+                           stride_wsn, stride_wsk, KIND, EMULATE, F32_DOT, DOT_SCALED, BLOCK_N, BLOCK_K)
+        if DUAL:
+            acc2 = _weight_step(a, a_s, k0, w_ptr, ws_ptr, e64, n64b, nmask, K, acc2, stride_we, stride_wn,
+                                stride_wse, stride_wsn, stride_wsk, KIND, EMULATE, F32_DOT, DOT_SCALED, BLOCK_N,
+                                BLOCK_K)
+    if DUAL:
+        return acc, acc2
+    else:
+        return acc, acc
+
+
+@triton.jit
+def tile_coords(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of this program (axis 0), GROUP_M-swizzled: the programs of a group walk the same N tile
+    of GROUP_M consecutive M tiles (mostly one expert), so its weight tile is reused from L2."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    group = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % width) % group, (pid % width) // group
 
 
 @triton.jit
@@ -102,14 +140,7 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, rw_ptr, out_ptr,
     M is the row count of the layout (contiguous: all rows; masked: max_m). Every output element in range is
     written exactly once: computed rows by their expert's pass, the others as zeros. HAS_RW: computed rows are
     multiplied by their fp32 row weight (the top-k weight of the row's entry) before the one rounding."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    group = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % group
-    pid_n = (pid % width) // group
+    pid_m, pid_n = tile_coords(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
     rows64 = rows.to(tl.int64)
@@ -124,10 +155,10 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, rw_ptr, out_ptr,
         out_rows = out_ptr + flat[:, None] * N + offs_n[None, :]
         done = rows < cnt
         if pid_m * BLOCK_M < cnt:
-            acc = _expert_pass(a_ptr, e64 * stride_ae + rows64 * stride_am, done, as_ptr,
-                               e64 * stride_ase + rows64 * stride_asm, stride_ask, w_ptr, ws_ptr, e, offs_n, nmask,
-                               K, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
-                               KIND, EMULATE, F32_DOT, DOT_SCALED, BLOCK_M, BLOCK_N, BLOCK_K)
+            acc, _ = expert_pass(a_ptr, e64 * stride_ae + rows64 * stride_am, done, as_ptr,
+                                 e64 * stride_ase + rows64 * stride_asm, stride_ask, w_ptr, ws_ptr, e, offs_n, nmask,
+                                 offs_n, K, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
+                                 KIND, EMULATE, F32_DOT, DOT_SCALED, False, BLOCK_M, BLOCK_N, BLOCK_K)
             if HAS_RW:
                 acc *= tl.load(rw_ptr + flat, mask=done, other=0.0)[:, None]
             tl.store(out_rows, cast_out(acc, OUT_DTYPE, EMULATE), mask=done[:, None] & cols_mask)
@@ -141,9 +172,9 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, rw_ptr, out_ptr,
         e = tl.min(mi, 0)
         while e < E:  # one pass per expert present in the tile, in increasing id order
             sel = mi == e
-            acc = _expert_pass(a_ptr, rows64 * stride_am, sel, as_ptr, rows64 * stride_asm, stride_ask, w_ptr,
-                               ws_ptr, e, offs_n, nmask, K, stride_we, stride_wn, stride_wse, stride_wsn,
-                               stride_wsk, KIND, EMULATE, F32_DOT, DOT_SCALED, BLOCK_M, BLOCK_N, BLOCK_K)
+            acc, _ = expert_pass(a_ptr, rows64 * stride_am, sel, as_ptr, rows64 * stride_asm, stride_ask, w_ptr,
+                                 ws_ptr, e, offs_n, nmask, offs_n, K, stride_we, stride_wn, stride_wse, stride_wsn,
+                                 stride_wsk, KIND, EMULATE, F32_DOT, DOT_SCALED, False, BLOCK_M, BLOCK_N, BLOCK_K)
             if HAS_RW:
                 acc *= rw[:, None]
             tl.store(out_rows, cast_out(acc, OUT_DTYPE, EMULATE), mask=sel[:, None] & cols_mask)

@@ -1,0 +1,253 @@
+"""MoE GEMM1 with SwiGLU (+ FP8 1xG quantization) in the epilogue (triton_ops/moe_gemm/fused.py).
+
+The contract is the unfused chain: moe_gemm_<kind> (one rounding to its dtype) -> swiglu / swiglu_fp8_group. With
+operands whose every partial sum is exact in fp32 (small integers times powers of two), the accumulation order
+cannot matter, so the fused kernel's bytes must equal the chain of our own kernels byte for byte (the rounding of
+gate/up, the activation and the quantizer all checked); random operands are compared with the reference at the
+GEMM tolerance. Rows the kernel must not read hold NaN."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatch.reference import moe_gemm as ref
+from dispatch.reference.moe import moe_align
+from dispatch.reference.quant import fp8_group_dequantize
+from tests.helpers import DEVICES, assert_close, assert_same_bytes
+from triton_ops import swiglu as tsw
+from triton_ops.contract.checks import LowbitInputError
+from triton_ops.moe_gemm import fused, grouped
+from triton_ops.moe_gemm.config import MoeGemmConfig
+
+KINDS = ("bf16", "fp16", "fp8", "mxfp4")
+
+
+# ---------------------------------------------------------------------------------------------- operands
+
+
+def _layout(g, e, masked, rows, k, device):
+    """(ids kwargs, dead rows, lead shape) for about `rows` rows per expert: contiguous rows from moe_align with
+    padding and an out-of-range id, or masked counts (0, partial, full, over max_m = rows)."""
+    if masked:
+        max_m = rows
+        counts = torch.tensor([[0, max_m // 2, max_m, max_m + 3][int(x)] for x in torch.randint(0, 4, (e,),
+                              generator=g)], dtype=torch.int32)
+        dead = torch.arange(max_m)[None, :] >= counts.clamp(0, max_m)[:, None]
+        return dict(m_indices=None, masked_m=counts.to(device)), dead.to(device), (e, max_m)
+    ids = torch.randint(0, e, (max(rows * e // 2, 1), 2), generator=g, dtype=torch.int32)
+    m_indices = moe_align(ids, None, e, 8)[2].clone()
+    if m_indices.numel() > 3:
+        m_indices[1] = e + 2  # an out-of-range id on a real row: padding
+    dead = (m_indices < 0) | (m_indices >= e)
+    return dict(m_indices=m_indices.to(device), masked_m=None), dead.to(device), (m_indices.numel(),)
+
+
+def _exact_operands(kind, g, lead, dead, e, n2, k, device):
+    """Operands whose products and partial sums are exact in fp32 (on every MMA): (a, a_scale, w, w_scale)."""
+    a = torch.randint(-4, 5, (*lead, k), generator=g).float() / 2
+    if kind == "fp8":
+        codes = a.to(torch.float8_e4m3fn)
+        codes.view(torch.uint8)[dead] = 0x7F  # NaN: never read
+        a_s = 2.0 ** torch.randint(0, 2, (*lead, k // 128), generator=g).float()
+        a_s[dead] = float("nan")
+        w = torch.randint(-8, 9, (e, n2, k), generator=g).float().to(torch.float8_e4m3fn)
+        w_s = 2.0 ** torch.randint(-4, -2, (e, -(-n2 // 128), k // 128), generator=g).float()
+        return [t.to(device) for t in (codes, a_s, w, w_s)]
+    dt = torch.float16 if kind == "fp16" else torch.bfloat16
+    a = a.to(dt)
+    a[dead] = float("nan")
+    if kind == "mxfp4":
+        packed = torch.randint(0, 256, (e, n2, k // 2), generator=g, dtype=torch.uint8)
+        scales = torch.randint(124, 127, (e, n2, k // 32), generator=g, dtype=torch.uint8)
+        return a.to(device), None, packed.to(device), scales.to(device)
+    w = (torch.randint(-16, 17, (e, n2, k), generator=g).float() / 32).to(dt)
+    return a.to(device), None, w.to(device), None
+
+
+def _random_operands(kind, g, lead, dead, e, n2, k, device):
+    a = torch.randn(*lead, k, generator=g)
+    w = torch.randn(e, n2, k, generator=g) / k ** 0.5
+    if kind == "fp8":
+        from tests.test_moe_gemm import quant_a_fp8, quant_w_fp8
+        codes, a_s = quant_a_fp8(a, False)
+        codes.view(torch.uint8)[dead] = 0x7F
+        a_s[dead] = float("nan")
+        return [t.to(device) for t in (codes, a_s, *quant_w_fp8(w))]
+    if kind == "mxfp4":
+        from tests.test_moe_gemm import quant_w_mxfp4
+        a = a.bfloat16()
+        a[dead] = float("nan")
+        return [None if t is None else t.to(device) for t in (a, None, *quant_w_mxfp4(w))]
+    dt = torch.float16 if kind == "fp16" else torch.bfloat16
+    a = a.to(dt)
+    a[dead] = float("nan")
+    return a.to(device), None, w.to(dt).to(device), None
+
+
+def _weights(kind):
+    return "bf16" if kind == "fp16" else kind
+
+
+def _chain_gemm(kind, a, a_s, w, w_s, ids):
+    if kind == "fp8":
+        return grouped.moe_gemm_fp8(a, a_s, w, w_s, ids["m_indices"], ids["masked_m"])
+    if kind == "mxfp4":
+        return grouped.moe_gemm_mxfp4(a, w, w_s, ids["m_indices"], ids["masked_m"])
+    return grouped.moe_gemm_bf16(a, w, ids["m_indices"], ids["masked_m"])
+
+
+# ---------------------------------------------------------------------------------------------- bytes = chain
+
+
+@st.composite
+def problems(draw):
+    kind = draw(st.sampled_from(KINDS))
+    e = draw(st.integers(1, 3))
+    i = draw(st.sampled_from([64, 128]))
+    k = draw(st.sampled_from([128, 256]))
+    interleave = draw(st.sampled_from([0, 1, 8, 64]))
+    activation = draw(st.sampled_from(["silu", "gptoss"]))
+    limit = draw(st.sampled_from([None, 7.0, 0.75]))
+    quant = draw(st.sampled_from([None, (64, False, False), (64, True, True), (i, False, True)]))
+    masked = draw(st.booleans())
+    rows = draw(st.sampled_from([1, 5, 17, 24]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return kind, e, i, k, interleave, activation, limit, quant, masked, rows, seed
+
+
+def _bytes_equal_chain(kind, e, i, k, interleave, activation, limit, quant, masked, rows, seed, device="cpu",
+                       config=None):
+    g = torch.Generator().manual_seed(seed)
+    ids, dead, lead = _layout(g, e, masked, rows, k, device)
+    a, a_s, w, w_s = _exact_operands(kind, g, lead, dead, e, 2 * i, k, device)
+    act = (interleave, activation, 1.702, limit)
+    h = _chain_gemm(kind, a, a_s, w, w_s, ids)
+    wk, desc = _weights(kind), f"{kind} E={e} I={i} K={k} il={interleave} {activation} {limit} {quant} {lead}"
+    if quant is None:
+        got = fused.moe_gemm_swiglu(a, a_s, w, w_s, **ids, weights=wk, interleave=interleave, activation=activation,
+                                    alpha=1.702, limit=limit, config=config)
+        want = tsw.swiglu(h, *act, ids["m_indices"], ids["masked_m"], None)
+        assert_same_bytes(got, want, desc)
+        return
+    group, ue8m0, column_major = quant
+    got = fused.moe_gemm_swiglu_fp8_group(a, a_s, w, w_s, **ids, weights=wk, interleave=interleave,
+                                          activation=activation, alpha=1.702, limit=limit, group_size=group,
+                                          quant_eps=1e-10, ue8m0=ue8m0, column_major=column_major, config=config)
+    want = tsw.swiglu_fp8_group(h, *act, ids["m_indices"], ids["masked_m"], None, group, 1e-10, ue8m0, column_major)
+    assert_same_bytes(got[0], want[0], f"codes {desc}")
+    assert_same_bytes(got[1], want[1], f"scales {desc}")
+    assert got[1].stride() == want[1].stride(), f"scale layout {desc}"
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=problems())
+def test_bytes_equal_the_unfused_chain(p):
+    _bytes_equal_chain(*p)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4"])
+def test_tile_spanning_experts(kind):
+    """Unaligned rows: one tile holds several experts, padding and a bad id (one pass per expert, one store)."""
+    cfg = MoeGemmConfig(32, 64, 128, group_m=2, num_warps=4, num_stages=1)
+    _bytes_equal_chain(kind, 3, 128, 256, 8, "gptoss", 7.0, (64, False, False), False, 30, 5, config=cfg)
+    _bytes_equal_chain(kind, 3, 128, 128, 0, "silu", None, None, False, 30, 6, config=cfg)
+
+
+# ---------------------------------------------------------------------------------------------- vs reference
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4"])
+def test_random_operands_match_the_reference(kind, masked, device):
+    g = torch.Generator().manual_seed(11)
+    e, i, k = 3, 128, 256
+    ids, dead, lead = _layout(g, e, masked, 12, k, device)
+    a, a_s, w, w_s = _random_operands(kind, g, lead, dead, e, 2 * i, k, device)
+    act = dict(weights=kind, interleave=1, activation="gptoss", alpha=1.702, limit=7.0)
+    got = fused.moe_gemm_swiglu(a, a_s, w, w_s, **ids, **act)
+    cpu = lambda t: None if t is None else t.cpu()
+    want = ref.moe_gemm_swiglu(*map(cpu, (a, a_s, w, w_s, ids["m_indices"], ids["masked_m"])), *act.values())
+    assert_close(got.cpu(), want, f"{kind} masked={masked}", factor=2)
+    assert bool((got[dead] == 0).all()), "uncomputed rows are not zero"
+    q = fused.moe_gemm_swiglu_fp8_group(a, a_s, w, w_s, **ids, **act, group_size=128, quant_eps=1e-10, ue8m0=False,
+                                        column_major=False)
+    assert_close(fp8_group_dequantize(q[0].cpu(), q[1].cpu(), 128, torch.float32).bfloat16(), want,
+                 f"fp8 out {kind}", factor=16)
+
+
+def test_dispatch_op_and_opcheck():
+    """The registered ops (triton row under the interpreter, torch row), and torch.library.opcheck."""
+    from dispatch import ops
+    g = torch.Generator().manual_seed(3)
+    ids, dead, lead = _layout(g, 2, False, 8, 128, "cpu")
+    a, _, w, _ = _exact_operands("bf16", g, lead, dead, 2, 128, 128, "cpu")
+    y = ops.moe_gemm_swiglu(a, w, **ids, backend="triton")
+    assert_same_bytes(y, ops.moe_gemm_swiglu(a, w, **ids, backend="torch"), "triton vs torch (exact operands)")
+    q = ops.moe_gemm_swiglu_fp8_group(a, w, **ids, group_size=64, column_major_scales=True, backend="triton")
+    r = ops.moe_gemm_swiglu_fp8_group(a, w, **ids, group_size=64, column_major_scales=True, backend="torch")
+    assert_same_bytes(q.codes, r.codes, "codes")
+    assert_same_bytes(q.scales, r.scales, "scales")
+    args = (a, None, w, None, ids["m_indices"], None, "bf16", 0, "silu", 1.702, None, "triton")
+    torch.library.opcheck(torch.ops.lowbit.moe_gemm_swiglu.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+def test_bad_inputs_are_named():
+    a = torch.randn(4, 128).bfloat16()
+    w = torch.randn(2, 256, 128).bfloat16()
+    mi = torch.zeros(4, dtype=torch.int32)
+    kw = dict(m_indices=mi, masked_m=None, interleave=0, activation="silu", alpha=1.702, limit=None)
+    f = fused.moe_gemm_swiglu
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_swiglu: argument 'weights'"):
+        f(a, None, w, None, weights="fp4", **kw)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_swiglu: argument 'w': N=255 is odd"):
+        f(a, None, w[:, :255], None, weights="bf16", **kw)
+    with pytest.raises(LowbitInputError, match=r"argument 'interleave': I = 128 is not a multiple of the gran"):
+        f(a, None, w, None, weights="bf16", **{**kw, "interleave": 3})
+    with pytest.raises(LowbitInputError, match=r"argument 'activation'"):
+        f(a, None, w, None, weights="bf16", **{**kw, "activation": "gelu"})
+    with pytest.raises(LowbitInputError, match=r"argument 'limit'"):
+        f(a, None, w, None, weights="bf16", **{**kw, "limit": -1.0})
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_swiglu: argument 'a_scale': bf16 weights take no"):
+        f(a, torch.ones(4, 1), w, None, weights="bf16", **kw)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_swiglu: argument 'a': dtype bfloat16"):
+        f(a, torch.ones(4, 1), w, torch.ones(2, 2, 1), weights="fp8", **kw)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_swiglu: argument 'm_indices': give exactly one"):
+        f(a, None, w, None, weights="bf16", **{**kw, "masked_m": torch.zeros(2, dtype=torch.int32)})
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_swiglu_fp8_group: argument 'group_size': I = 128"):
+        fused.moe_gemm_swiglu_fp8_group(a, None, w, None, weights="bf16", **kw, group_size=96, quant_eps=1e-10,
+                                        ue8m0=False, column_major=False)
+    assert "power of two" in fused.supports_moe_gemm_swiglu_fp8_group(a, None, w, None, mi, None, "bf16", 0,
+                                                                      "silu", 1.702, None, 64 + 32)
+
+
+def test_empty_layouts():
+    w = torch.randn(2, 256, 128).bfloat16()
+    a = torch.randn(0, 128).bfloat16()
+    y = fused.moe_gemm_swiglu(a, None, w, None, torch.zeros(0, dtype=torch.int32), None, "bf16", 0, "silu", 1.7,
+                              None)
+    assert y.shape == (0, 128)
+    q = fused.moe_gemm_swiglu_fp8_group(a, None, w, None, torch.zeros(0, dtype=torch.int32), None, "bf16", 0, "silu",
+                                        1.7, None, 128, 1e-10, False, False)
+    assert q[0].shape == (0, 128) and q[1].shape == (0, 1)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", [None, (128, False, True)], ids=["bf16-out", "fp8-out"])
+@pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4"])
+def test_gpu_bytes_equal_the_chain(kind, masked, quant):
+    """Decode (16 rows per expert) and prefill-like (256) tiles at a DeepSeek-sized K, exact operands."""
+    for rows, il in ((16, 0), (256, 1)):
+        _bytes_equal_chain(kind, 8, 512, 1024, il, "silu" if il == 0 else "gptoss", None if il == 0 else 7.0, quant,
+                           masked, rows, 1, device="cuda")

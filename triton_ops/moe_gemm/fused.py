@@ -1,0 +1,218 @@
+"""GEMM1 of a MoE expert with SwiGLU in its epilogue (Triton): y = swiglu(dtype(a @ w_gate.T), dtype(a @ w_up.T)),
+stored in the GEMM's dtype or quantized to FP8 E4M3 1xG groups (the layout fp8_group_quantize writes, what the
+FP8 GEMM2 reads).
+
+A program owns BLOCK_N output columns c of I and the two weight rows each reads: gate row c and up row I + c
+(concatenated halves), or, interleaved at granularity g, gate row (c // g) * 2g + c % g and up row that + g. Both
+accumulators run over the same activation loads (grouped.expert_pass with DUAL). The epilogue rounds each to the
+GEMM's output dtype (what the plain GEMM stores), evaluates the activation (triton_ops/swiglu.py:swiglu_act, the
+SwiGLU kernel's own code) and stores through quant_epilogue, so the bytes equal the unfused chain
+moe_gemm_<kind> -> swiglu / swiglu_fp8_group given the same fp32 accumulators (the GEMM's K order is the same:
+same BLOCK_K steps, fp32 accumulation). Rows that are not computed (padding, out-of-range ids, past masked_m) hold
+gate = up = 0, so they store what the SwiGLU op stores for its padding rows: y = 0, quantized as zeros.
+
+Layouts and weight kinds: as grouped.py (contiguous m_indices / masked masked_m; bf16/fp16, FP8 W8A8 128x128
+block-scaled, MXFP4 W4A16). Contract: dispatch/reference/moe_gemm.py:moe_gemm_swiglu.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from triton_ops._formats import cast_out
+from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch
+from triton_ops.contract.moe_gemm import check_gemm_swiglu, contiguous_ids, fp4_views
+from triton_ops.quant_epilogue import FMT_FP8, FMT_NONE, alloc_epilogue_outputs, epilogue_geometry, quant_epilogue
+from triton_ops.swiglu import silu_div_rn, swiglu_act
+
+from .config import MoeGemmConfig, pick_swiglu_gemm_config, rows_per_expert
+from .grouped import KIND_CODE, _grid_refusal, expert_pass, tile_coords
+
+_OUT_DTYPE = {"bf16": None, "fp8": torch.bfloat16, "mxfp4": torch.bfloat16}  # GEMM output dtype (None: a's dtype)
+
+
+@triton.jit
+def _gate_up_rows(offs_n, I, INTERLEAVE: tl.constexpr):
+    """Weight rows of the gate and up values of output columns offs_n."""
+    if INTERLEAVE == 0:
+        return offs_n, offs_n + I
+    else:
+        gate = (offs_n // INTERLEAVE) * (2 * INTERLEAVE) + offs_n % INTERLEAVE
+        return gate, gate + INTERLEAVE
+
+
+@triton.jit
+def _moe_gemm_swiglu_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, out_ptr, scale_ptr,
+                            M, I, K, E,
+                            stride_ae, stride_am, stride_ase, stride_asm, stride_ask,
+                            stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
+                            stride_om, stride_sm, stride_sg, alpha, limit, fp8_eps,
+                            KIND: tl.constexpr, MASKED: tl.constexpr, EMULATE: tl.constexpr, F32_DOT: tl.constexpr,
+                            DOT_SCALED: tl.constexpr, INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr,
+                            CLAMP: tl.constexpr, DIV_RN: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr,
+                            UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr):
+    """Program (axis 0) = one [BLOCK_M, BLOCK_N] tile of the (rows, I) output, GROUP_M-swizzled; masked layout:
+    axis 1 = expert. Every output row in range is stored once, by one epilogue after the expert passes."""
+    pid_m, pid_n = tile_coords(M, I, BLOCK_M, BLOCK_N, GROUP_M)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < M
+    rows64 = rows.to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < I
+    n_gate, n_up = _gate_up_rows(offs_n, I, INTERLEAVE)
+    col0 = pid_n * BLOCK_N
+    if MASKED:
+        e = tl.program_id(1)
+        e64 = e.to(tl.int64)
+        cnt = tl.minimum(tl.maximum(tl.load(ids_ptr + e), 0), M)
+        out_rows = e64 * M + rows64  # row of the (E * max_m, I) output
+        done = rows < cnt
+        if pid_m * BLOCK_M < cnt:
+            g, u = expert_pass(a_ptr, e64 * stride_ae + rows64 * stride_am, done, as_ptr,
+                               e64 * stride_ase + rows64 * stride_asm, stride_ask, w_ptr, ws_ptr, e, n_gate, nmask,
+                               n_up, K, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
+                               KIND, EMULATE, F32_DOT, DOT_SCALED, True, BLOCK_M, BLOCK_N, BLOCK_K)
+            _swiglu_store(g, u, out_rows, done, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, alpha,
+                          limit, fp8_eps, GPTOSS, CLAMP, DIV_RN, FMT, GROUP, UE8M0, OUT_DTYPE, EMULATE, BLOCK_M,
+                          BLOCK_N)
+    else:
+        out_rows = rows64
+        mi = tl.load(ids_ptr + rows, mask=rmask, other=-1)
+        done = (mi >= 0) & (mi < E)  # out-of-range ids are padding: never used as an expert
+        mi = tl.where(done, mi, E)
+        e = tl.min(mi, 0)
+        while e < E:  # one pass per expert present in the tile, in increasing id order; each stores its rows
+            sel = mi == e
+            g, u = expert_pass(a_ptr, rows64 * stride_am, sel, as_ptr, rows64 * stride_asm, stride_ask, w_ptr,
+                               ws_ptr, e, n_gate, nmask, n_up, K, stride_we, stride_wn, stride_wse, stride_wsn,
+                               stride_wsk, KIND, EMULATE, F32_DOT, DOT_SCALED, True, BLOCK_M, BLOCK_N, BLOCK_K)
+            _swiglu_store(g, u, out_rows, sel, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, alpha,
+                          limit, fp8_eps, GPTOSS, CLAMP, DIV_RN, FMT, GROUP, UE8M0, OUT_DTYPE, EMULATE, BLOCK_M,
+                          BLOCK_N)
+            e = tl.min(tl.where(mi > e, mi, E), 0)
+    # rows that are not computed: gate = up = 0, i.e. what the SwiGLU op stores for its padding rows
+    zero = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    idle = rmask & ~done
+    if tl.max(idle.to(tl.int32), 0) > 0:
+        _swiglu_store(zero, zero, out_rows, idle, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, alpha,
+                      limit, fp8_eps, GPTOSS, CLAMP, DIV_RN, FMT, GROUP, UE8M0, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _swiglu_store(gate, up, out_rows, row_in, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, alpha,
+                  limit, fp8_eps, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, DIV_RN: tl.constexpr,
+                  FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                  EMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The epilogue of the rows in row_in: the plain GEMM's one rounding of gate / up to OUT_DTYPE, the SwiGLU op's
+    math on the rounded values, then its store (plain or FP8 1xGROUP, quant_epilogue)."""
+    g = cast_out(gate, OUT_DTYPE, EMULATE).to(tl.float32)
+    u = cast_out(up, OUT_DTYPE, EMULATE).to(tl.float32)
+    y = swiglu_act(g, u, alpha, limit, GPTOSS, CLAMP, DIV_RN, OUT_DTYPE, EMULATE)
+    quant_epilogue(y, out_rows, row_in, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg,
+                   tl.zeros([BLOCK_M], tl.float32), 0, 0, 0, 0, fp8_eps,
+                   FMT, GROUP, UE8M0, False, False, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+
+
+def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activation, alpha, limit, fmt,
+            group=128, quant_eps=1e-10, ue8m0=False, column_major=False, config=None, dot_scaled=False):
+    """Operands already checked; 1-byte formats travel as uint8 views. Returns out (FMT_NONE) or (codes, scales)."""
+    masked = masked_m is not None
+    e, i = w.shape[0], w.shape[1] // 2
+    k = a.shape[-1]
+    rows = a.shape[1] if masked else a.shape[0]
+    out_dtype = _OUT_DTYPE[kind] or a.dtype
+    lead = tuple(a.shape[:-1])
+    dev = a.device
+    out, scales = alloc_epilogue_outputs(fmt, lead, i, out_dtype, group, column_major, False, dev)
+    results = out if fmt == FMT_NONE else (out, scales)
+    if out.numel() == 0:
+        return results
+    flat_rows = out.numel() // i
+    cfg = config or pick_swiglu_gemm_config(kind, rows_per_expert(rows, e, masked), i, k, dev,
+                                            group if fmt == FMT_FP8 else 16)
+    reason = cfg.refusal(kind) or (f"FP8 group output needs block_n a multiple of {group}, got {cfg.block_n}"
+                                   if fmt == FMT_FP8 and cfg.block_n % group else None)
+    if reason:
+        raise ValueError(f"moe_gemm_swiglu ({kind}): config {cfg}: {reason}")
+    geo = epilogue_geometry(fmt, scales, flat_rows, i, group, False)
+    sa = (0, 0, 0)
+    if a_scale is not None:
+        sa = a_scale.stride() if masked else (0, *a_scale.stride())
+    sw = (0, 0, 0) if w_scale is None else w_scale.stride()
+    sae = a.stride(0) if masked else 0
+    sam = a.stride(1) if masked else a.stride(0)
+    ids = masked_m if masked else m_indices
+    grid = (cdiv(rows, cfg.block_m) * cdiv(i, cfg.block_n), e if masked else 1)
+    dummy = w  # never read when the kind has no scales
+    out_arg = out.view(torch.uint8) if fmt == FMT_FP8 else out
+    launch(_moe_gemm_swiglu_kernel, grid,
+        a, dummy if a_scale is None else a_scale, w, dummy if w_scale is None else w_scale, ids, out_arg, scales,
+        rows, i, k, e, sae, sam, *sa, w.stride(0), w.stride(1), *sw, i, geo.stride_sm, geo.stride_sg,
+        float(alpha), float(limit if limit is not None else 0.0), float(quant_eps),
+        KIND=KIND_CODE[kind], MASKED=masked, EMULATE=emulate_formats(dev), F32_DOT=dev.type != "cuda",
+        DOT_SCALED=dot_scaled, INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
+        DIV_RN=silu_div_rn(out_dtype), FMT=fmt, GROUP=group, UE8M0=ue8m0, OUT_DTYPE=TL_DTYPE[out_dtype],
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return results
+
+
+def _operands(weights, a, a_scale, w, w_scale):
+    """The uint8 views the kernel reads (FP8 codes, FP4 pairs / E8M0 scales)."""
+    if weights == "fp8":
+        return a.view(torch.uint8), a_scale, w.view(torch.uint8), w_scale
+    if weights == "mxfp4":
+        w, w_scale = fp4_views(w, w_scale)
+    return a, a_scale, w, w_scale
+
+
+# ---------------------------------------------------------------------------------------------- supports
+
+
+def supports_moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights, *rest) -> str | None:
+    if weights == "bf16" and a.dtype not in (torch.bfloat16, torch.float16):
+        return f"activations {a.dtype} are not bf16 / fp16"
+    if weights == "fp8" and (a.dtype != torch.float8_e4m3fn or w.dtype != torch.float8_e4m3fn):
+        return f"a {a.dtype} / w {w.dtype}: only E4M3 (float8_e4m3fn) is implemented"
+    return _grid_refusal(w, masked_m)
+
+
+# ---------------------------------------------------------------------------------------------- entries
+
+
+def moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit, *,
+                    config: MoeGemmConfig | None = None, dot_scaled: bool = False):
+    """GEMM1 (weights "bf16" / "fp8" / "mxfp4", operands as moe_gemm_<weights> takes them, w (E, 2I, K)) with
+    SwiGLU: (rows, I) in the GEMM's output dtype (a's for bf16/fp16, else bf16)."""
+    check_gemm_swiglu("moe_gemm_swiglu", weights, a, a_scale, w, w_scale, m_indices, masked_m, interleave,
+                      activation, alpha, limit)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    return _launch(weights, *_operands(weights, a, a_scale, w, w_scale), m_indices, masked_m, interleave,
+                   activation, alpha, limit, FMT_NONE, config=config, dot_scaled=dot_scaled)
+
+
+def moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
+                              limit, group_size, quant_eps, ue8m0, column_major, *,
+                              config: MoeGemmConfig | None = None, dot_scaled: bool = False):
+    """moe_gemm_swiglu, its output quantized to FP8 E4M3 1x group_size groups: (codes, fp32 scales) as
+    fp8_group_quantize writes them (column_major: the TMA-aligned layout; ue8m0: power-of-two scales)."""
+    check_gemm_swiglu("moe_gemm_swiglu_fp8_group", weights, a, a_scale, w, w_scale, m_indices, masked_m,
+                      interleave, activation, alpha, limit, group_size, quant_eps)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    return _launch(weights, *_operands(weights, a, a_scale, w, w_scale), m_indices, masked_m, interleave,
+                   activation, alpha, limit, FMT_FP8, group=group_size, quant_eps=quant_eps, ue8m0=ue8m0,
+                   column_major=column_major, config=config, dot_scaled=dot_scaled)
+
+
+def supports_moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation,
+                                       alpha, limit, group_size, *rest) -> str | None:
+    if group_size < 16 or group_size & (group_size - 1):
+        return f"group_size={group_size} is not a power of two >= 16 (a group is a slice of the column tile)"
+    return supports_moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights)
