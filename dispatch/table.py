@@ -50,6 +50,7 @@ ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
 # Not measured yet (perf/cases/moe_gemm.py has the fused-vs-chain cases): ranked as the only kernel of the op.
 GEMM_SWIGLU = "GEMM1 with SwiGLU (+ FP8 1xG quant) in the epilogue: the gate|up output never goes to memory"
+GEMM_COMBINE = "GEMM2 scattering rows into token order, then the slot-order combine: 2 launches, no atomics"
 NORM = "one fused pass (NVFP4 with computed global scale: 2); bytes = reference composition"
 # CuTeDSL RMSNorm (cute_ops/, docs/cute.md). sm_90 ranks above Triton (25 > 20): bit-exact in every mode; at
 # prefill within 2% of Triton either way (H200, perf/results/nvidia-h200.jsonl, 2026-11-21: plain 4096x7168 32.5 vs
@@ -204,6 +205,9 @@ ROWS: tuple[Entry, ...] = (
                  supports="triton_ops.moe_gemm.fused:supports_moe_gemm_swiglu_fp8_group"),
     Entry("moe_gemm_swiglu_fp8_group", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_swiglu_fp8_group",
           TORCH_REF, REFERENCE_WHY),
+    *triton_rows("moe_gemm_combine", "triton_ops.moe_gemm.fused:moe_gemm_combine", GEMM_COMBINE,
+                 supports="triton_ops.moe_gemm.fused:supports_moe_gemm_combine"),
+    Entry("moe_gemm_combine", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_combine", TORCH_REF, REFERENCE_WHY),
     # attention (docs/attention.md). sm_90: the Gluon warpgroup-MMA kernel ranks above plain Triton (ATTN_SM90_WHY).
     Entry("attention_prefill", "triton", ("sm_90",), "triton_ops.attention.prefill_sm90:attention_prefill",
           TRITON_SM90_GLUON, ATTN_SM90_WHY, "triton_ops.attention.prefill_sm90:supports_attention_prefill_sm90"),

@@ -14,11 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dispatch.reference import moe_gemm as ref
-from dispatch.reference.moe import moe_align
+from dispatch.reference.moe import moe_align, moe_masked_layout
 from dispatch.reference.quant import fp8_group_dequantize
 from tests.helpers import DEVICES, assert_close, assert_same_bytes
 from triton_ops import swiglu as tsw
 from triton_ops.contract.checks import LowbitInputError
+from triton_ops.moe import align as tal
 from triton_ops.moe_gemm import fused, grouped
 from triton_ops.moe_gemm.config import MoeGemmConfig
 
@@ -194,6 +195,83 @@ def test_dispatch_op_and_opcheck():
     args = (a, None, w, None, ids["m_indices"], None, "bf16", 0, "silu", 1.702, None, "triton")
     torch.library.opcheck(torch.ops.lowbit.moe_gemm_swiglu.default, args,
                           test_utils=("test_schema", "test_faketensor"))
+
+
+# ---------------------------------------------------------------------------------------------- GEMM2 + combine
+
+
+def _routed(g, t, top_k, e, masked, max_m, expert_map, device):
+    """A real layout of e local experts from routing over len(expert_map) global ones (or e): (ids kwargs,
+    src_rows, inv_rows, topk_weights, lead, dead)."""
+    n_global = e if expert_map is None else len(expert_map)
+    topk = torch.stack([torch.randperm(n_global, generator=g)[:top_k] for _ in range(t)]).to(torch.int32)
+    weights = torch.rand(t, top_k, generator=g)
+    emap = None if expert_map is None else torch.tensor(expert_map, dtype=torch.int32)
+    if masked:
+        src, masked_m, _, inv = moe_masked_layout(topk, emap, e, max_m)
+        src = src.view(e, max_m)
+        ids = dict(m_indices=None, masked_m=masked_m)
+        dead = torch.arange(max_m)[None, :] >= masked_m[:, None]
+    else:
+        src, _, m_indices, _, _, _, inv = moe_align(topk, emap, e, 8)
+        ids = dict(m_indices=m_indices, masked_m=None)
+        dead = (m_indices < 0) | (m_indices >= e)
+    on = lambda x: None if x is None else x.to(device)
+    return ({k: on(v) for k, v in ids.items()}, src.to(device), inv.to(device), weights.to(device),
+            tuple(src.shape), dead.to(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4"])
+def test_combine_bytes_equal_the_chain(kind, masked, device):
+    """Same GEMM (same config, so the same accumulators) scattered into token order, then the slot-order combine:
+    the bytes of moe_gemm -> moe_combine, random operands, with a shared output and an expert-parallel map (entries
+    routed elsewhere have no row), one expert past max_m (masked: dropped entries)."""
+    g = torch.Generator().manual_seed(21)
+    e, t, top_k, n, k = 4, 9, 3, 128, 256
+    emap = [0, 1, 2, -1, 3]  # 5 global experts, global 3 lives elsewhere
+    ids, src, inv, tw, lead, dead = _routed(g, t, top_k, e, masked, 5, emap, device)
+    a, a_s, w, w_s = _random_operands(kind, g, lead, dead, e, n, k, device)
+    shared = torch.randn(t, n, generator=g).bfloat16().to(device)
+    cfg = MoeGemmConfig(16, 64, 128, group_m=1, num_warps=4, num_stages=2)
+    got = fused.moe_gemm_combine(a, a_s, w, w_s, **ids, weights=kind, src_rows=src, inv_rows=inv, topk_weights=tw,
+                                 shared=shared, out_dtype=torch.bfloat16, config=cfg)
+    h = {
+        "bf16": lambda: grouped.moe_gemm_bf16(a, w, **ids, config=cfg),
+        "fp8": lambda: grouped.moe_gemm_fp8(a, a_s, w, w_s, **ids, config=cfg),
+        "mxfp4": lambda: grouped.moe_gemm_mxfp4(a, w, w_s, **ids, config=cfg)}[kind]()
+    want = tal.moe_combine(h, inv, tw, shared, torch.bfloat16)
+    assert_same_bytes(got, want, f"{kind} masked={masked}")
+    cpu = lambda x: None if x is None else x.cpu()
+    r = ref.moe_gemm_combine(*map(cpu, (a, a_s, w, w_s, ids["m_indices"], ids["masked_m"])), kind, src.cpu(),
+                             inv.cpu(), tw.cpu(), shared.cpu(), torch.bfloat16)
+    assert_close(got.cpu(), r, f"{kind} vs reference", factor=2)
+
+
+def test_combine_dispatch_op_and_empty():
+    from dispatch import ops
+    g = torch.Generator().manual_seed(5)
+    ids, src, inv, tw, lead, dead = _routed(g, 6, 2, 3, False, 0, None, "cpu")
+    a, _, w, _ = _random_operands("bf16", g, lead, dead, 3, 64, 128, "cpu")
+    y = ops.moe_gemm_combine(a, w, src, inv, tw, **ids, backend="triton")
+    assert_close(y, ops.moe_gemm_combine(a, w, src, inv, tw, **ids, backend="torch"), "triton vs torch", factor=2)
+    args = (a, None, w, None, ids["m_indices"], None, "bf16", src, inv, tw, None, torch.bfloat16, "triton")
+    torch.library.opcheck(torch.ops.lowbit.moe_gemm_combine.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+    # every entry routed elsewhere: no layout row, the output is the shared part only
+    ids, src, inv, tw, lead, dead = _routed(g, 4, 2, 3, False, 0, [-1, -1, -1, -1], "cpu")
+    a = torch.randn(*lead, 128).bfloat16()
+    shared = torch.randn(4, 64).bfloat16()
+    y = fused.moe_gemm_combine(a, None, w, None, **ids, weights="bf16", src_rows=src, inv_rows=inv, topk_weights=tw,
+                               shared=shared, out_dtype=torch.bfloat16)
+    assert_same_bytes(y, shared, "no local entry: y = shared")
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_combine: argument 'src_rows': expected shape"):
+        fused.moe_gemm_combine(a, None, w, None, **ids, weights="bf16", src_rows=src[:-1], inv_rows=inv,
+                               topk_weights=tw, shared=None, out_dtype=torch.bfloat16)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_combine: argument 'topk_weights': shape"):
+        fused.moe_gemm_combine(a, None, w, None, **ids, weights="bf16", src_rows=src, inv_rows=inv,
+                               topk_weights=tw[:, :1], shared=None, out_dtype=torch.bfloat16)
 
 
 # ---------------------------------------------------------------------------------------------- bad input

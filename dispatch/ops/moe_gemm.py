@@ -18,7 +18,14 @@ import torch
 from torch import Tensor
 
 from triton_ops.contract.formats import fp8_scale_storage
-from triton_ops.contract.moe_gemm import check_bf16, check_fp8, check_gemm_swiglu, check_mxfp4, check_row_weights
+from triton_ops.contract.moe_gemm import (
+    check_bf16,
+    check_fp8,
+    check_gemm_combine,
+    check_gemm_swiglu,
+    check_mxfp4,
+    check_row_weights,
+)
 
 from ._common import call, lowbit_op
 from .quant import FP8GroupQuantized
@@ -152,6 +159,37 @@ def moe_gemm_swiglu_fp8_group(a: Tensor, w: Tensor, *, a_scale: Tensor | None = 
     return FP8GroupQuantized(*call("moe_gemm_swiglu_fp8_group", a, a_scale, w, w_scale, m_indices, masked_m,
                                    weights, *_sw(interleave, activation, alpha, limit), int(group_size),
                                    float(quant_eps), bool(ue8m0), bool(column_major_scales), backend))
+
+
+# ---------------------------------------------------------------- GEMM2 scattered into token order + combine
+
+
+def _check_gemm_combine(a, a_scale, w, w_scale, m_indices, masked_m, weights, src_rows, inv_rows, topk_weights,
+                        shared, out_dtype):
+    check_gemm_combine("moe_gemm_combine", weights, a, a_scale, w, w_scale, m_indices, masked_m, src_rows, inv_rows,
+                       topk_weights, shared, out_dtype)
+
+
+@lowbit_op("moe_gemm_combine", mutates_args=(), check=_check_gemm_combine)
+def _moe_gemm_combine(a: Tensor, a_scale: Tensor | None, w: Tensor, w_scale: Tensor | None,
+                      m_indices: Tensor | None, masked_m: Tensor | None, weights: str, src_rows: Tensor,
+                      inv_rows: Tensor, topk_weights: Tensor, shared: Tensor | None, out_dtype: torch.dtype,
+                      backend: str) -> Tensor:
+    return a.new_empty((inv_rows.shape[0], w.shape[1]), dtype=out_dtype)
+
+
+def moe_gemm_combine(a: Tensor, w: Tensor, src_rows: Tensor, inv_rows: Tensor, topk_weights: Tensor, *,
+                     a_scale: Tensor | None = None, w_scale: Tensor | None = None,
+                     weights: Literal["bf16", "fp8", "mxfp4"] = "bf16", m_indices: Tensor | None = None,
+                     masked_m: Tensor | None = None, shared: Tensor | None = None,
+                     out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
+    """MoE GEMM2 into token order: y[t] = sum_j topk_weights[t, j] * (a @ w[e].T)[row of (t, j)] (+ shared[t]),
+    (T, N) in out_dtype. The GEMM's epilogue scatters each row (rounded to the GEMM's dtype) to its entry t * k + j
+    (src_rows: moe_align's sorted_token_ids / moe_masked_layout's src_rows), then a combine sums each token's k
+    slots in slot order in fp32 (no atomics). Bytes = moe_gemm_<weights> -> moe_combine (inv_rows: the same
+    layout's)."""
+    return call("moe_gemm_combine", a, a_scale, w, w_scale, m_indices, masked_m, weights, src_rows, inv_rows,
+                topk_weights, shared, out_dtype, backend)
 
 
 # ------------------------------------------------------------------------------------------ self-check

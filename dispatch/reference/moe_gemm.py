@@ -103,6 +103,17 @@ def moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weigh
                                quant_eps, ue8m0, column_major)
 
 
+def moe_gemm_combine(a, a_scale, w, w_scale, m_indices, masked_m, weights, src_rows, inv_rows, topk_weights, shared,
+                     out_dtype):
+    """The chain moe_gemm_<weights> -> moe_combine: y[t] = sum_j topk_weights[t, j] * h[inv_rows[t, j]] (slot order,
+    fp32, rows -1 skipped) + shared[t], one rounding to out_dtype; h the GEMM's rounded output. src_rows (the
+    layout's entry per row) is where a fused kernel scatters h; the layout makes it the inverse of inv_rows."""
+    from .moe import moe_combine
+
+    h = _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m)
+    return moe_combine(h, inv_rows, topk_weights, shared, out_dtype)
+
+
 # ------------------------------------------------------------------ block-scaled FP4 x FP4 (sm_100 UMMA kernels)
 
 FP4_SF_VEC = {"nvfp4": 16, "mxfp4": 32}

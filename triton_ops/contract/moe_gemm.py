@@ -137,10 +137,8 @@ WEIGHT_KINDS = ("bf16", "fp8", "mxfp4")
 ACTIVATIONS = ("silu", "gptoss")  # dispatch/reference/swiglu.py
 
 
-def check_gemm_swiglu(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activation, alpha,
-                      limit, group_size=None, quant_eps=None) -> None:
-    """The GEMM operands as the moe_gemm_<weights> op takes them (a_scale: FP8 only; w_scale: FP8 and MXFP4), then
-    the SwiGLU arguments on the (E, 2I, K) weights' I, then the FP8 group arguments (group_size given)."""
+def check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m) -> None:
+    """The GEMM operands as the moe_gemm_<weights> op takes them (a_scale: FP8 only; w_scale: FP8 and MXFP4)."""
     if weights not in WEIGHT_KINDS:
         fail(op, "weights", f"{weights!r} is not one of {', '.join(WEIGHT_KINDS)}")
     if weights == "bf16":
@@ -154,6 +152,13 @@ def check_gemm_swiglu(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, 
         if a_scale is not None:
             fail(op, "a_scale", "MXFP4 W4A16 takes bf16 activations without scales (give None)")
         check_mxfp4(a, w, w_scale, m_indices, masked_m, op)
+
+
+def check_gemm_swiglu(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activation, alpha,
+                      limit, group_size=None, quant_eps=None) -> None:
+    """The GEMM operands (check_gemm_operands), then the SwiGLU arguments on the (E, 2I, K) weights' I, then the
+    FP8 group arguments (group_size given)."""
+    check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m)
     two_i = w.shape[1]
     if two_i % 2:
         fail(op, "w", f"N={two_i} is odd; expected (E, 2I, K) holding gate and up rows")
@@ -174,3 +179,35 @@ def check_gemm_swiglu(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, 
             fail(op, "group_size", f"I = {i} is not a multiple of group_size={group_size}")
         if not quant_eps > 0:
             fail(op, "quant_eps", f"must be > 0 (it keeps all-zero groups finite), got {quant_eps}")
+
+
+# ------------------------------------------------------------------ GEMM2 scattered into token order + combine
+
+FLOAT_OUT = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_gemm_combine(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, src_rows, inv_rows, topk_weights,
+                       shared, out_dtype) -> None:
+    """The GEMM operands, then the layout's two index maps (src_rows: entry t * k + j per row, sentinel T * k;
+    inv_rows (T, k): row of each entry, -1 = none), the top-k weights and the optional shared output."""
+    check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m)
+    for name, t in (("src_rows", src_rows), ("inv_rows", inv_rows), ("topk_weights", topk_weights)):
+        check_tensor(op, name, t)
+        check_same_device(op, "a", a, name, t)
+    check_dtype(op, "src_rows", src_rows, (torch.int32,))
+    check_dtype(op, "inv_rows", inv_rows, (torch.int32,))
+    check_dtype(op, "topk_weights", topk_weights, (torch.float32,))
+    if _shape(src_rows) != _shape(a)[:-1]:
+        fail(op, "src_rows", f"expected shape {_shape(a)[:-1]} (one entry per row of a), got {_shape(src_rows)}")
+    if inv_rows.dim() != 2:
+        fail(op, "inv_rows", f"expected (T, k), got shape {_shape(inv_rows)}")
+    if _shape(topk_weights) != _shape(inv_rows):
+        fail(op, "topk_weights", f"shape {_shape(topk_weights)} != inv_rows shape {_shape(inv_rows)}")
+    n = w.shape[1]
+    if shared is not None:
+        check_tensor(op, "shared", shared)
+        check_same_device(op, "a", a, "shared", shared)
+        if _shape(shared) != (inv_rows.shape[0], n):
+            fail(op, "shared", f"expected shape ({inv_rows.shape[0]}, {n}), got {_shape(shared)}")
+    if out_dtype not in FLOAT_OUT:
+        fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")

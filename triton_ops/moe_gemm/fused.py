@@ -23,12 +23,14 @@ import triton.language as tl
 
 from triton_ops._formats import cast_out
 from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch
-from triton_ops.contract.moe_gemm import check_gemm_swiglu, contiguous_ids, fp4_views
+from triton_ops.contract.moe_gemm import check_gemm_combine, check_gemm_swiglu, contiguous_ids, fp4_views
+from triton_ops.moe.align import moe_combine
 from triton_ops.quant_epilogue import FMT_FP8, FMT_NONE, alloc_epilogue_outputs, epilogue_geometry, quant_epilogue
 from triton_ops.swiglu import silu_div_rn, swiglu_act
 
 from .config import MoeGemmConfig, pick_swiglu_gemm_config, rows_per_expert
 from .grouped import KIND_CODE, _grid_refusal, expert_pass, tile_coords
+from .grouped import _launch as _gemm_launch
 
 _OUT_DTYPE = {"bf16": None, "fp8": torch.bfloat16, "mxfp4": torch.bfloat16}  # GEMM output dtype (None: a's dtype)
 
@@ -216,3 +218,28 @@ def supports_moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked
     if group_size < 16 or group_size & (group_size - 1):
         return f"group_size={group_size} is not a power of two >= 16 (a group is a slice of the column tile)"
     return supports_moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights)
+
+
+# ---------------------------------------------------------------------- GEMM2 scattered into token order + combine
+
+
+def supports_moe_gemm_combine(a, a_scale, w, w_scale, m_indices, masked_m, weights, *rest) -> str | None:
+    return supports_moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights)
+
+
+def moe_gemm_combine(a, a_scale, w, w_scale, m_indices, masked_m, weights, src_rows, inv_rows, topk_weights, shared,
+                     out_dtype, *, config: MoeGemmConfig | None = None):
+    """GEMM2 whose epilogue stores each row at its entry t * k + j (src_rows) of a (T * k, N) buffer in token
+    order (rounded to the GEMM's dtype, as moe_gemm_<weights> rounds it), then the combine over each token's k
+    slots in slot order (fp32, weights applied there, no atomics): bytes = moe_gemm_<weights> -> moe_combine.
+    Slots without a row (inv_rows -1: not local or dropped) are never read, so the buffer needs no clearing."""
+    check_gemm_combine("moe_gemm_combine", weights, a, a_scale, w, w_scale, m_indices, masked_m, src_rows, inv_rows,
+                       topk_weights, shared, out_dtype)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    t, k = inv_rows.shape
+    a, a_scale, w, w_scale = _operands(weights, a, a_scale, w, w_scale)
+    buf = _gemm_launch(weights, a, a_scale, w, w_scale, m_indices, masked_m, None, _OUT_DTYPE[weights] or a.dtype,
+                       config, dst_rows=src_rows, n_dst=t * k)
+    slots = torch.arange(t * k, dtype=torch.int32, device=inv_rows.device).view(t, k)
+    slots = torch.where(inv_rows >= 0, slots, -1)
+    return moe_combine(buf, slots, topk_weights, shared, out_dtype)

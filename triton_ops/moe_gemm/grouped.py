@@ -135,11 +135,14 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, rw_ptr, out_ptr,
                      stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
                      KIND: tl.constexpr, MASKED: tl.constexpr, EMULATE: tl.constexpr, F32_DOT: tl.constexpr,
                      DOT_SCALED: tl.constexpr, HAS_RW: tl.constexpr, OUT_DTYPE: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                     dst_ptr=None, n_dst=0, SCATTER: tl.constexpr = False):
     """Program (axis 0) = one [BLOCK_M, BLOCK_N] output tile, GROUP_M-swizzled; masked layout: axis 1 = expert.
     M is the row count of the layout (contiguous: all rows; masked: max_m). Every output element in range is
     written exactly once: computed rows by their expert's pass, the others as zeros. HAS_RW: computed rows are
-    multiplied by their fp32 row weight (the top-k weight of the row's entry) before the one rounding."""
+    multiplied by their fp32 row weight (the top-k weight of the row's entry) before the one rounding.
+    SCATTER: layout row r goes to output row dst[r] of an (n_dst, N) output (the token-order entry t * k + j of
+    the row), rows whose dst is outside [0, n_dst) (moe_align's sentinel T * k) are not written."""
     pid_m, pid_n = tile_coords(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
@@ -152,7 +155,8 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, rw_ptr, out_ptr,
         e64 = e.to(tl.int64)
         cnt = tl.minimum(tl.maximum(tl.load(ids_ptr + e), 0), M)
         flat = e64 * M + rows64  # row of the (E * max_m, N) output
-        out_rows = out_ptr + flat[:, None] * N + offs_n[None, :]
+        dst, dst_ok = _destination(flat, rmask, dst_ptr, n_dst, SCATTER)
+        out_rows = out_ptr + dst[:, None] * N + offs_n[None, :]
         done = rows < cnt
         if pid_m * BLOCK_M < cnt:
             acc, _ = expert_pass(a_ptr, e64 * stride_ae + rows64 * stride_am, done, as_ptr,
@@ -161,9 +165,10 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, rw_ptr, out_ptr,
                                  KIND, EMULATE, F32_DOT, DOT_SCALED, False, BLOCK_M, BLOCK_N, BLOCK_K)
             if HAS_RW:
                 acc *= tl.load(rw_ptr + flat, mask=done, other=0.0)[:, None]
-            tl.store(out_rows, cast_out(acc, OUT_DTYPE, EMULATE), mask=done[:, None] & cols_mask)
+            tl.store(out_rows, cast_out(acc, OUT_DTYPE, EMULATE), mask=(done & dst_ok)[:, None] & cols_mask)
     else:
-        out_rows = out_ptr + rows64[:, None] * N + offs_n[None, :]
+        dst, dst_ok = _destination(rows64, rmask, dst_ptr, n_dst, SCATTER)
+        out_rows = out_ptr + dst[:, None] * N + offs_n[None, :]
         if HAS_RW:
             rw = tl.load(rw_ptr + rows, mask=rmask, other=0.0)
         mi = tl.load(ids_ptr + rows, mask=rmask, other=-1)
@@ -177,22 +182,38 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, rw_ptr, out_ptr,
                                  stride_wsk, KIND, EMULATE, F32_DOT, DOT_SCALED, False, BLOCK_M, BLOCK_N, BLOCK_K)
             if HAS_RW:
                 acc *= rw[:, None]
-            tl.store(out_rows, cast_out(acc, OUT_DTYPE, EMULATE), mask=sel[:, None] & cols_mask)
+            tl.store(out_rows, cast_out(acc, OUT_DTYPE, EMULATE), mask=(sel & dst_ok)[:, None] & cols_mask)
             e = tl.min(tl.where(mi > e, mi, E), 0)
     zero = tl.zeros([BLOCK_M, BLOCK_N], OUT_DTYPE)
-    tl.store(out_rows, zero, mask=(rmask & ~done)[:, None] & cols_mask)
+    tl.store(out_rows, zero, mask=(rmask & ~done & dst_ok)[:, None] & cols_mask)
+
+
+@triton.jit
+def _destination(flat, rmask, dst_ptr, n_dst, SCATTER: tl.constexpr):
+    """(output row, whether to write it) of layout rows `flat` (int64): the row itself, or dst[flat] when SCATTER."""
+    if SCATTER:
+        d = tl.load(dst_ptr + flat, mask=rmask, other=-1).to(tl.int64)
+        ok = rmask & (d >= 0) & (d < n_dst)
+        return tl.where(ok, d, 0), ok
+    else:
+        return flat, rmask
 
 
 # ---------------------------------------------------------------------------------------------- launcher
 
 
-def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, row_weights, out_dtype, config, dot_scaled=False):
-    """a / w / scales already checked; 1-byte formats travel as uint8 views."""
+def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, row_weights, out_dtype, config, dot_scaled=False,
+            dst_rows=None, n_dst=0):
+    """a / w / scales already checked; 1-byte formats travel as uint8 views. dst_rows (int32, a.shape[:-1]):
+    scatter layout row r to output row dst_rows[r] of an (n_dst, N) output (rows outside [0, n_dst) unwritten)."""
     masked = masked_m is not None
     e, n = w.shape[0], w.shape[1]
     k = a.shape[-1]
     rows = a.shape[1] if masked else a.shape[0]
-    out = torch.empty(*a.shape[:-1], n, dtype=out_dtype, device=a.device)
+    lead = a.shape[:-1] if dst_rows is None else (n_dst,)
+    out = torch.empty(*lead, n, dtype=out_dtype, device=a.device)
+    if dst_rows is not None and a.shape[:-1].numel() == 0:
+        return out  # no layout row: nothing is written (the combine reads no slot)
     if out.numel() == 0:
         return out
     cfg = config or pick_config(kind, rows_per_expert(rows, e, masked), n, k, a.device)
@@ -215,6 +236,7 @@ def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, row_weights, out_
         KIND=KIND_CODE[kind], MASKED=masked, EMULATE=emulate_formats(a.device), F32_DOT=a.device.type != "cuda",
         DOT_SCALED=dot_scaled, HAS_RW=row_weights is not None, OUT_DTYPE=TL_DTYPE[out_dtype],
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        dst_ptr=dummy if dst_rows is None else dst_rows.contiguous(), n_dst=n_dst, SCATTER=dst_rows is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
