@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from dispatch.ops.moe_layer import moe_layer, moe_layer_reference
-from tests.helpers import DEVICES, assert_close
+from tests.helpers import DEVICES, assert_close, assert_same_bytes
 from triton_ops.contract.checks import LowbitInputError
 
 T, K, E, H, I = 12, 2, 4, 128, 128
@@ -107,3 +107,35 @@ def test_bad_arguments_are_named():
         moe_layer(x, ids, w, w1, w2, layout="masked")
     with pytest.raises(LowbitInputError, match="moe_layer: argument 'hidden'"):
         moe_layer([1.0], ids, w, w1, w2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weights", ["bf16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+def test_fused_layer_equals_the_chain(device, weights, layout):
+    """fused=True (GEMM1 + SwiGLU epilogue, GEMM2 into token order) against fused=False (separate ops), GPT-OSS
+    activation on interleaved gate/up, a shared output and an expert-parallel map. Operands on a coarse grid, so
+    every GEMM sum is exact and the tile shapes cannot matter: the bytes must be equal."""
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randint(-4, 5, (T, H), generator=g) / 4).bfloat16().to(device)
+    ids, w = _routing(g, device)
+    if weights == "bf16":
+        w1 = (torch.randint(-8, 9, (E, 2 * I, H), generator=g) / 64).bfloat16().to(device)
+        w2 = (torch.randint(-8, 9, (E, H, I), generator=g) / 64).bfloat16().to(device)
+        s1 = s2 = None
+    elif weights == "fp8":
+        w1 = torch.randint(-8, 9, (E, 2 * I, H), generator=g).float().to(torch.float8_e4m3fn).to(device)
+        w2 = torch.randint(-8, 9, (E, H, I), generator=g).float().to(torch.float8_e4m3fn).to(device)
+        s1 = (2.0 ** torch.randint(-8, -6, (E, 2 * I // 128, H // 128), generator=g).float()).to(device)
+        s2 = (2.0 ** torch.randint(-8, -6, (E, H // 128, I // 128), generator=g).float()).to(device)
+    else:
+        w1, w2, s1, s2 = _mxfp4_weights(g, device)
+    shared = torch.randn(T, H, generator=g).bfloat16().to(device)
+    expert_map = torch.tensor([0, 1, 2, -1], dtype=torch.int32).to(device)
+    kw = dict(weights=weights, w1_scale=s1, w2_scale=s2, layout=layout, max_m=4, activation="gptoss", interleave=1,
+              limit=7.0, shared=shared, expert_map=expert_map, backend=_backend(device))
+    got = moe_layer(x, ids, w, w1[:3], w2[:3], **{**kw, "w1_scale": s1 if s1 is None else s1[:3],
+                                                  "w2_scale": s2 if s2 is None else s2[:3]}, fused=True)
+    want = moe_layer(x, ids, w, w1[:3], w2[:3], **{**kw, "w1_scale": s1 if s1 is None else s1[:3],
+                                                   "w2_scale": s2 if s2 is None else s2[:3]}, fused=False)
+    assert_same_bytes(got, want, f"{weights} {layout}")

@@ -1,9 +1,11 @@
-"""The whole MoE expert layer in one call: align -> gather (+ FP8 quantize) -> GEMM1 -> SwiGLU (+ FP8 quantize) ->
-GEMM2 -> weighted combine, composed of the moe, moe_gemm and swiglu ops (docs/moe_gemm.md).
+"""The whole MoE expert layer in one call: align -> gather (+ FP8 quantize) -> GEMM1 + SwiGLU (+ FP8 quantize) ->
+GEMM2 into token order -> weighted combine, composed of the moe and moe_gemm ops (docs/moe_gemm.md).
 
 No host sync and static shapes throughout (the layouts' capacities depend on shapes only), so the layer is
-CUDA-graph capturable and torch.compile sees one custom op per stage. It is a composition, not a fused kernel: six
-to seven launches, with the activations between GEMM1 and GEMM2 written once (FP8: as codes + scales). Expert
+CUDA-graph capturable and torch.compile sees one custom op per stage. By default (fused=True) GEMM1 applies SwiGLU
+(and the FP8 quantization) in its epilogue, so its (rows, 2I) output never goes to memory, and GEMM2 scatters its
+rows into token order for the combine; fused=False runs the chain of separate ops (moe_gemm, swiglu, moe_combine)
+with the same bytes. The activations between GEMM1 and GEMM2 are written once (FP8: as codes + scales). Expert
 parallelism: `expert_map` maps global to local expert ids (-1 = not on this rank); tokens routed elsewhere get no
 row and contribute nothing here.
 """
@@ -18,7 +20,14 @@ from torch import Tensor
 from triton_ops.contract import checks as C
 
 from .moe import moe_align, moe_combine, moe_gather, moe_gather_fp8, moe_masked_layout
-from .moe_gemm import moe_gemm_bf16, moe_gemm_fp8, moe_gemm_mxfp4
+from .moe_gemm import (
+    moe_gemm_bf16,
+    moe_gemm_combine,
+    moe_gemm_fp8,
+    moe_gemm_mxfp4,
+    moe_gemm_swiglu,
+    moe_gemm_swiglu_fp8_group,
+)
 from .swiglu import swiglu, swiglu_fp8_group
 
 OP = "moe_layer"
@@ -36,7 +45,7 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
               w2_scale: Tensor | None = None, activation: Literal["silu", "gptoss"] = "silu", interleave: int = 0,
               alpha: float = 1.702, limit: float | None = None, layout: Literal["contiguous", "masked"] = "contiguous",
               max_m: int | None = None, expert_map: Tensor | None = None, shared: Tensor | None = None,
-              backend: str = "auto") -> Tensor:
+              fused: bool = True, backend: str = "auto") -> Tensor:
     """y[t] = sum_j topk_weights[t, j] * W2[e] . act(W1[e] . hidden[t]) over the token's experts e = topk_ids[t, j]
     (+ shared[t]), in hidden's dtype.
 
@@ -45,7 +54,10 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     block scales w1_scale / w2_scale; activations quantized to 1x128 groups on the way: before GEMM1 by
     moe_gather_fp8, before GEMM2 by the fused swiglu_fp8_group), "mxfp4" (W4A16: w1/w2 packed e2m1 (E, N, K/2)
     uint8 with E8M0 scales (E, N, K/32)). layout: "contiguous" (moe_align rows; prefill) or "masked" (E, max_m,
-    .) rows per expert (decode; tokens past max_m for an expert are dropped, as moe_masked_layout defines)."""
+    .) rows per expert (decode; tokens past max_m for an expert are dropped, as moe_masked_layout defines).
+    fused: GEMM1 with SwiGLU (+ quantization) in its epilogue and GEMM2 scattered into token order
+    (moe_gemm_swiglu[_fp8_group], moe_gemm_combine: 4 launches + the align); False: the chain of separate ops
+    (moe_gemm_*, swiglu[_fp8_group], moe_combine). Same bytes given the same GEMM accumulators."""
     for name, t in (("hidden", hidden), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w1", w1),
                     ("w2", w2)):
         C.check_tensor(OP, name, t)
@@ -73,6 +85,9 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         act_place = dict(masked_m=lay.masked_m)
     else:
         C.fail(OP, "layout", f"{layout!r} is not 'contiguous' or 'masked'")
+    if fused:
+        return _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, weights, w1_scale, w2_scale,
+                              act, shared, backend)
     if weights == "fp8":
         g = moe_gather_fp8(hidden, rows, top_k, backend=backend)
         h = moe_gemm_fp8(g.codes, g.scales, w1, w1_scale, **place, backend=backend)
@@ -86,6 +101,23 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         a = swiglu(h, **act, **act_place, backend=backend)
         out = gemm(a, w2, *scale2, **place, backend=backend)
     return moe_combine(out, inv_rows, topk_weights, shared=shared, out_dtype=hidden.dtype, backend=backend)
+
+
+def _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, weights, w1_scale, w2_scale, act,
+                   shared, backend):
+    """gather -> GEMM1 with SwiGLU (+ FP8 1x128 quantization) in its epilogue -> GEMM2 scattered into token order
+    -> slot-order combine: the same bytes as the unfused chain, without the (rows, 2I) GEMM1 output in memory."""
+    if weights == "fp8":
+        g = moe_gather_fp8(hidden, rows, top_k, backend=backend)
+        a = moe_gemm_swiglu_fp8_group(g.codes, w1, a_scale=g.scales, w_scale=w1_scale, weights="fp8", **place, **act,
+                                      backend=backend)
+        x2, s2 = a.codes, a.scales
+    else:
+        x = moe_gather(hidden, rows, top_k, backend=backend)
+        x2 = moe_gemm_swiglu(x, w1, w_scale=w1_scale, weights=weights, **place, **act, backend=backend)
+        s2 = None
+    return moe_gemm_combine(x2, w2, rows, inv_rows, topk_weights, a_scale=s2, w_scale=w2_scale, weights=weights,
+                            **place, shared=shared, out_dtype=hidden.dtype, backend=backend)
 
 
 def moe_layer_reference(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor, w2: Tensor,

@@ -330,8 +330,195 @@ def _quick_cases() -> list[BenchCase]:
     ]
 
 
+# ------------------------------------------------------------------ fused epilogues against the unfused chain
+#
+# GEMM1 + SwiGLU (+ FP8 1x128 quantization) as one op (`moe_gemm_swiglu[_fp8_group]`) against the chain
+# moe_gemm_<kind> -> swiglu[_fp8_group] (peer "unfused-chain", same layout and arguments), and GEMM2 into token order
+# + combine (`moe_gemm_combine`) against moe_gemm_<kind> -> moe_combine. Layouts come from the routing ops on a
+# balanced routing (token t's slot j -> expert (t * k + j) mod E_global): decode 64 tokens (DeepSeek-V3 top-8 over
+# 256 experts, GPT-OSS top-4 over 128: 2 rows per expert), prefill 4096 tokens (DeepSeek-V3 on an EP = 8 shard: 32
+# local experts x 128 rows; GPT-OSS-120b all 128 experts x 128 rows). Bytes: the fused op's (weights of the experts
+# with rows, the layout's activation rows, its output once); the chain moves the (rows, 2I) / (rows, N) intermediate
+# twice more. Checks: against the per-expert contract math (lean, on the device), normalized error <= 2e-2 (FP8
+# outputs: of the dequantized values, <= 3e-2).
+
+DSV3_I = 2048
+GPT_OSS_I = 2880
+
+
+def _routing(tokens: int, top_k: int, e_global: int, device) -> torch.Tensor:
+    t = torch.arange(tokens, device=device)[:, None] * top_k + torch.arange(top_k, device=device)[None, :]
+    return (t % e_global).to(torch.int32)
+
+
+def _layout_inputs(tokens, top_k, e_global, e_local, masked, max_m, device) -> dict:
+    """Layout tensors of a balanced routing: m_indices / masked_m, src_rows, inv_rows, topk_weights, lead shape."""
+    ids = _routing(tokens, top_k, e_global, device)
+    emap = None
+    if e_local < e_global:  # expert parallel: global experts [0, e_local) live here
+        g = torch.arange(e_global, device=device, dtype=torch.int32)
+        emap = torch.where(g < e_local, g, -1)
+    rows_per = tokens * top_k // e_global
+    if masked:
+        lay = ops.moe_masked_layout(ids, e_local, max_m, expert_map=emap)
+        i = {"masked_m": lay.masked_m, "src_rows": lay.src_rows}
+    else:
+        lay = ops.moe_align(ids, e_local, 16 if rows_per <= 32 else 128, expert_map=emap)
+        i = {"m_indices": lay.m_indices, "src_rows": lay.sorted_token_ids}
+    i["inv_rows"] = lay.inv_rows
+    i["topk_weights"] = torch.rand(tokens, top_k, device=device)
+    i["lead"] = tuple(i["src_rows"].shape)
+    return i
+
+
+def lean_layout_gemm(kind: str, i: dict, w_key: str = "w", ws_key: str = "w_scale") -> torch.Tensor:
+    """The contract's GEMM one expert at a time over any layout (m_indices rows of each expert / masked counts)."""
+    a, w = i["a"], i[w_key]
+    j = {**i, "w": w, "w_scale": i.get(ws_key)}
+    out = torch.zeros(*a.shape[:-1], w.shape[1], dtype=a.dtype if kind == "bf16" else BF16, device=a.device)
+    for e in range(w.shape[0]):
+        if "masked_m" in i:
+            c = int(i["masked_m"][e].clamp(0, a.shape[1]))
+            rows = (e, slice(0, c))
+            if not c:
+                continue
+        else:
+            rows = (i["m_indices"] == e).nonzero().squeeze(1)
+            if not rows.numel():
+                continue
+        out[rows] = (_a32(kind, j, rows) @ _w32(kind, j, e).T).to(out.dtype)
+    return out
+
+
+def _check_fp8_out(got, want) -> None:
+    from dispatch.reference.quant import fp8_group_dequantize
+
+    check(fp8_group_dequantize(got[0], got[1], FP8_BLOCK, torch.float32),
+          fp8_group_dequantize(want[0], want[1], FP8_BLOCK, torch.float32).to(torch.float32))
+
+
+def _swiglu_case(model: str, kind: str, fp8_out: bool, tokens: int, top_k: int, e_global: int, e_local: int,
+                 i_dim: int, k: int, act: dict, masked: bool = False, max_m: int = 16, tier: str = "full") -> BenchCase:
+    from dispatch.reference import swiglu as sw_ref
+
+    op = "moe_gemm_swiglu_fp8_group" if fp8_out else "moe_gemm_swiglu"
+    n = 2 * i_dim
+    quant = dict(group_size=FP8_BLOCK) if fp8_out else {}
+
+    def make(device):
+        i = _layout_inputs(tokens, top_k, e_global, e_local, masked, max_m, device)
+        i.update(_activations(kind, i["lead"], k, device))
+        i.update(_weights(kind, e_local, n, k, device))
+        return i
+
+    def lay(i):
+        return dict(m_indices=i.get("m_indices"), masked_m=i.get("masked_m"))
+
+    def fused(i, b):
+        fn = ops.moe_gemm_swiglu_fp8_group if fp8_out else ops.moe_gemm_swiglu
+        return fn(i["a"], i["w"], a_scale=i.get("a_scale"), w_scale=i.get("w_scale"), weights=kind, **lay(i), **act,
+                  **quant, backend=b)
+
+    def chain(i):
+        h = _call(kind)(i, "auto")
+        layout = dict(expert_ids=i.get("m_indices"), masked_m=i.get("masked_m"))
+        if fp8_out:
+            return ops.swiglu_fp8_group(h, **act, **layout, group_size=FP8_BLOCK)
+        return ops.swiglu(h, **act, **layout)
+
+    def reference(i):
+        h = lean_layout_gemm(kind, i)
+        lay_ = (act["interleave"], act["activation"], act["alpha"], act["limit"], i.get("m_indices"),
+                i.get("masked_m"))
+        if fp8_out:
+            return sw_ref.swiglu_fp8_group(h, *lay_, None, FP8_BLOCK, 1e-10, False, False)
+        return sw_ref.swiglu(h, *lay_)
+
+    def lowbit(i, b):
+        if b == "torch" and tier == "full":
+            raise BackendError(FULL_TORCH_BACKEND)
+        return fused(i, b)
+
+    rows = tokens * top_k * e_local // e_global
+    experts = min(e_local, rows)
+    bucket = "decode" if tokens <= 64 else "prefill"
+    out_b = rows * i_dim + rows * (i_dim // FP8_BLOCK) * 4 if fp8_out else rows * i_dim * 2
+    act_b = rows * k * (1 if kind == "fp8" else 2) + (rows * (k // FP8_BLOCK) * 4 if kind == "fp8" else 0)
+    label = (f"{model} gemm1+swiglu{'+fp8' if fp8_out else ''} {tokens} tokens top-{top_k} E={e_local}"
+             f"{'/' + str(e_global) if e_local < e_global else ''} I={i_dim} K={k} {kind} "
+             f"{'masked' if masked else 'contiguous'}")
+    params = dict(model=model, stage="gemm1+swiglu", tokens=tokens, top_k=top_k, E=e_local, E_global=e_global,
+                  I=i_dim, K=k, kind=kind, out="fp8" if fp8_out else "bf16", layout="masked" if masked else "contiguous")
+    return BenchCase(op, label, bucket, params, make, lowbit, reference, _check_fp8_out if fp8_out else check,
+                     bytes_moved=weight_bytes(kind, experts, n, k) + act_b + out_b, flops=2 * rows * n * k,
+                     peers={"unfused-chain": chain}, compile_reference=False, tier=tier,
+                     flops_dtype="fp8" if kind == "fp8" else "bf16")
+
+
+def _combine_case(model: str, kind: str, tokens: int, top_k: int, e_global: int, e_local: int, n: int, k: int,
+                  masked: bool = False, max_m: int = 16, tier: str = "full") -> BenchCase:
+    from dispatch.reference.moe import moe_combine as combine_ref
+
+    def make(device):
+        i = _layout_inputs(tokens, top_k, e_global, e_local, masked, max_m, device)
+        i.update(_activations(kind, i["lead"], k, device))
+        i.update(_weights(kind, e_local, n, k, device))
+        return i
+
+    def lay(i):
+        return dict(m_indices=i.get("m_indices"), masked_m=i.get("masked_m"))
+
+    def lowbit(i, b):
+        if b == "torch" and tier == "full":
+            raise BackendError(FULL_TORCH_BACKEND)
+        return ops.moe_gemm_combine(i["a"], i["w"], i["src_rows"], i["inv_rows"], i["topk_weights"],
+                                    a_scale=i.get("a_scale"), w_scale=i.get("w_scale"), weights=kind, **lay(i),
+                                    backend=b)
+
+    def chain(i):
+        return ops.moe_combine(_call(kind)(i, "auto"), i["inv_rows"], i["topk_weights"])
+
+    def reference(i):
+        return combine_ref(lean_layout_gemm(kind, i), i["inv_rows"], i["topk_weights"], None, BF16)
+
+    rows = tokens * top_k * e_local // e_global
+    experts = min(e_local, rows)
+    bucket = "decode" if tokens <= 64 else "prefill"
+    act_b = rows * k * (1 if kind == "fp8" else 2) + (rows * (k // FP8_BLOCK) * 4 if kind == "fp8" else 0)
+    label = (f"{model} gemm2+combine {tokens} tokens top-{top_k} E={e_local}"
+             f"{'/' + str(e_global) if e_local < e_global else ''} N={n} K={k} {kind} "
+             f"{'masked' if masked else 'contiguous'}")
+    params = dict(model=model, stage="gemm2+combine", tokens=tokens, top_k=top_k, E=e_local, E_global=e_global,
+                  N=n, K=k, kind=kind, layout="masked" if masked else "contiguous")
+    # bytes: weights, activation rows, the scattered rows written and read back once, the (T, N) output
+    return BenchCase("moe_gemm_combine", label, bucket, params, make, lowbit, reference, check,
+                     bytes_moved=weight_bytes(kind, experts, n, k) + act_b + 2 * rows * n * 2 + tokens * n * 2,
+                     flops=2 * rows * n * k, peers={"unfused-chain": chain}, compile_reference=False, tier=tier,
+                     flops_dtype="fp8" if kind == "fp8" else "bf16")
+
+
+def fused_cases() -> list[BenchCase]:
+    silu = dict(interleave=0, activation="silu", alpha=1.702, limit=None)
+    gptoss = dict(interleave=1, activation="gptoss", alpha=1.702, limit=7.0)
+    h_dsv3, h_oss = DSV3["gemm1"][1], GPT_OSS_GEMM1[1]
+    return [
+        _swiglu_case("dsv3", "fp8", True, 64, 8, 256, 256, DSV3_I, h_dsv3, silu, masked=True),
+        _swiglu_case("dsv3", "fp8", True, 4096, 8, 256, 32, DSV3_I, h_dsv3, silu),
+        _swiglu_case("dsv3", "bf16", False, 64, 8, 256, 256, DSV3_I, h_dsv3, silu, masked=True),
+        _swiglu_case("gpt-oss-120b", "mxfp4", False, 64, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
+        _swiglu_case("gpt-oss-120b", "mxfp4", False, 4096, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
+        _combine_case("dsv3", "fp8", 64, 8, 256, 256, h_dsv3, DSV3_I, masked=True),
+        _combine_case("dsv3", "fp8", 4096, 8, 256, 32, h_dsv3, DSV3_I),
+        _combine_case("gpt-oss-120b", "mxfp4", 4096, 4, 128, 128, h_oss, GPT_OSS_I),
+        # tiny shapes for the CPU interpreter (CI): masked, contiguous with padding, expert parallel
+        _swiglu_case("quick", "fp8", True, 8, 2, 4, 4, 128, 128, silu, masked=True, max_m=8, tier="quick"),
+        _swiglu_case("quick", "mxfp4", False, 8, 2, 4, 4, 64, 64, gptoss, tier="quick"),
+        _combine_case("quick", "fp8", 8, 2, 4, 2, 64, 128, tier="quick"),
+    ]
+
+
 def cases() -> list[BenchCase]:
-    out = []
+    out = fused_cases()
     for kind in ("bf16", "fp8"):
         for gemm, (n, k) in DSV3.items():
             out.append(_case("dsv3", gemm, kind, 32, n, k, rows=256))
