@@ -448,7 +448,8 @@ def _swiglu_case(model: str, kind: str, fp8_out: bool, tokens: int, top_k: int, 
              f"{'/' + str(e_global) if e_local < e_global else ''} I={i_dim} K={k} {kind} "
              f"{'masked' if masked else 'contiguous'}")
     params = dict(model=model, stage="gemm1+swiglu", tokens=tokens, top_k=top_k, E=e_local, E_global=e_global,
-                  I=i_dim, K=k, kind=kind, out="fp8" if fp8_out else "bf16", layout="masked" if masked else "contiguous")
+                  I=i_dim, K=k, kind=kind, out="fp8" if fp8_out else "bf16",
+                  layout="masked" if masked else "contiguous")
     return BenchCase(op, label, bucket, params, make, lowbit, reference, _check_fp8_out if fp8_out else check,
                      bytes_moved=weight_bytes(kind, experts, n, k) + act_b + out_b, flops=2 * rows * n * k,
                      peers={"unfused-chain": chain}, compile_reference=False, tier=tier,
