@@ -397,6 +397,26 @@ def _check_fp8_out(got, want) -> None:
           fp8_group_dequantize(want[0], want[1], FP8_BLOCK, torch.float32).to(torch.float32))
 
 
+def _routed_make(kind, tokens, top_k, e_global, e_local, masked, max_m, n, k):
+    def make(device):
+        i = _layout_inputs(tokens, top_k, e_global, e_local, masked, max_m, device)
+        i.update(_activations(kind, i["lead"], k, device))
+        i.update(_weights(kind, e_local, n, k, device))
+        return i
+    return make
+
+
+def _lay(i: dict) -> dict:
+    return dict(m_indices=i.get("m_indices"), masked_m=i.get("masked_m"))
+
+
+def _routed_sizes(kind, tokens, top_k, e_global, e_local, k):
+    """(local rows, experts with rows, bucket, activation bytes) of a balanced routing."""
+    rows = tokens * top_k * e_local // e_global
+    act_b = rows * k * (1 if kind == "fp8" else 2) + (rows * (k // FP8_BLOCK) * 4 if kind == "fp8" else 0)
+    return rows, min(e_local, rows), "decode" if tokens <= 64 else "prefill", act_b
+
+
 def _swiglu_case(model: str, kind: str, fp8_out: bool, tokens: int, top_k: int, e_global: int, e_local: int,
                  i_dim: int, k: int, act: dict, masked: bool = False, max_m: int = 16, tier: str = "full") -> BenchCase:
     from dispatch.reference import swiglu as sw_ref
@@ -405,18 +425,11 @@ def _swiglu_case(model: str, kind: str, fp8_out: bool, tokens: int, top_k: int, 
     n = 2 * i_dim
     quant = dict(group_size=FP8_BLOCK) if fp8_out else {}
 
-    def make(device):
-        i = _layout_inputs(tokens, top_k, e_global, e_local, masked, max_m, device)
-        i.update(_activations(kind, i["lead"], k, device))
-        i.update(_weights(kind, e_local, n, k, device))
-        return i
-
-    def lay(i):
-        return dict(m_indices=i.get("m_indices"), masked_m=i.get("masked_m"))
+    make = _routed_make(kind, tokens, top_k, e_global, e_local, masked, max_m, n, k)
 
     def fused(i, b):
         fn = ops.moe_gemm_swiglu_fp8_group if fp8_out else ops.moe_gemm_swiglu
-        return fn(i["a"], i["w"], a_scale=i.get("a_scale"), w_scale=i.get("w_scale"), weights=kind, **lay(i), **act,
+        return fn(i["a"], i["w"], a_scale=i.get("a_scale"), w_scale=i.get("w_scale"), weights=kind, **_lay(i), **act,
                   **quant, backend=b)
 
     def chain(i):
@@ -439,11 +452,8 @@ def _swiglu_case(model: str, kind: str, fp8_out: bool, tokens: int, top_k: int, 
             raise BackendError(FULL_TORCH_BACKEND)
         return fused(i, b)
 
-    rows = tokens * top_k * e_local // e_global
-    experts = min(e_local, rows)
-    bucket = "decode" if tokens <= 64 else "prefill"
+    rows, experts, bucket, act_b = _routed_sizes(kind, tokens, top_k, e_global, e_local, k)
     out_b = rows * i_dim + rows * (i_dim // FP8_BLOCK) * 4 if fp8_out else rows * i_dim * 2
-    act_b = rows * k * (1 if kind == "fp8" else 2) + (rows * (k // FP8_BLOCK) * 4 if kind == "fp8" else 0)
     label = (f"{model} gemm1+swiglu{'+fp8' if fp8_out else ''} {tokens} tokens top-{top_k} E={e_local}"
              f"{'/' + str(e_global) if e_local < e_global else ''} I={i_dim} K={k} {kind} "
              f"{'masked' if masked else 'contiguous'}")
@@ -460,20 +470,13 @@ def _combine_case(model: str, kind: str, tokens: int, top_k: int, e_global: int,
                   masked: bool = False, max_m: int = 16, tier: str = "full") -> BenchCase:
     from dispatch.reference.moe import moe_combine as combine_ref
 
-    def make(device):
-        i = _layout_inputs(tokens, top_k, e_global, e_local, masked, max_m, device)
-        i.update(_activations(kind, i["lead"], k, device))
-        i.update(_weights(kind, e_local, n, k, device))
-        return i
-
-    def lay(i):
-        return dict(m_indices=i.get("m_indices"), masked_m=i.get("masked_m"))
+    make = _routed_make(kind, tokens, top_k, e_global, e_local, masked, max_m, n, k)
 
     def lowbit(i, b):
         if b == "torch" and tier == "full":
             raise BackendError(FULL_TORCH_BACKEND)
         return ops.moe_gemm_combine(i["a"], i["w"], i["src_rows"], i["inv_rows"], i["topk_weights"],
-                                    a_scale=i.get("a_scale"), w_scale=i.get("w_scale"), weights=kind, **lay(i),
+                                    a_scale=i.get("a_scale"), w_scale=i.get("w_scale"), weights=kind, **_lay(i),
                                     backend=b)
 
     def chain(i):
@@ -482,10 +485,7 @@ def _combine_case(model: str, kind: str, tokens: int, top_k: int, e_global: int,
     def reference(i):
         return combine_ref(lean_layout_gemm(kind, i), i["inv_rows"], i["topk_weights"], None, BF16)
 
-    rows = tokens * top_k * e_local // e_global
-    experts = min(e_local, rows)
-    bucket = "decode" if tokens <= 64 else "prefill"
-    act_b = rows * k * (1 if kind == "fp8" else 2) + (rows * (k // FP8_BLOCK) * 4 if kind == "fp8" else 0)
+    rows, experts, bucket, act_b = _routed_sizes(kind, tokens, top_k, e_global, e_local, k)
     label = (f"{model} gemm2+combine {tokens} tokens top-{top_k} E={e_local}"
              f"{'/' + str(e_global) if e_local < e_global else ''} N={n} K={k} {kind} "
              f"{'masked' if masked else 'contiguous'}")

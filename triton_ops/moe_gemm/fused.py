@@ -29,7 +29,7 @@ from triton_ops.quant_epilogue import FMT_FP8, FMT_NONE, alloc_epilogue_outputs,
 from triton_ops.swiglu import silu_div_rn, swiglu_act
 
 from .config import MoeGemmConfig, pick_swiglu_gemm_config, rows_per_expert
-from .grouped import KIND_CODE, _grid_refusal, expert_pass, tile_coords
+from .grouped import KIND_CODE, _grid_refusal, expert_pass, layout_args, tile_of_program
 from .grouped import _launch as _gemm_launch
 
 _OUT_DTYPE = {"bf16": None, "fp8": torch.bfloat16, "mxfp4": torch.bfloat16}  # GEMM output dtype (None: a's dtype)
@@ -59,12 +59,7 @@ def _moe_gemm_swiglu_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, out_ptr, scal
                             GROUP_M: tl.constexpr):
     """Program (axis 0) = one [BLOCK_M, BLOCK_N] tile of the (rows, I) output, GROUP_M-swizzled; masked layout:
     axis 1 = expert. Every output row in range is stored once, by one epilogue after the expert passes."""
-    pid_m, pid_n = tile_coords(M, I, BLOCK_M, BLOCK_N, GROUP_M)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rmask = rows < M
-    rows64 = rows.to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = offs_n < I
+    pid_m, pid_n, rows, rows64, rmask, offs_n, nmask = tile_of_program(M, I, BLOCK_M, BLOCK_N, GROUP_M)
     n_gate, n_up = _gate_up_rows(offs_n, I, INTERLEAVE)
     col0 = pid_n * BLOCK_N
     if MASKED:
@@ -144,19 +139,13 @@ def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activ
     if reason:
         raise ValueError(f"moe_gemm_swiglu ({kind}): config {cfg}: {reason}")
     geo = epilogue_geometry(fmt, scales, flat_rows, i, group, False)
-    sa = (0, 0, 0)
-    if a_scale is not None:
-        sa = a_scale.stride() if masked else (0, *a_scale.stride())
-    sw = (0, 0, 0) if w_scale is None else w_scale.stride()
-    sae = a.stride(0) if masked else 0
-    sam = a.stride(1) if masked else a.stride(0)
-    ids = masked_m if masked else m_indices
+    ids, strides = layout_args(a, a_scale, w, w_scale, m_indices, masked_m)
     grid = (cdiv(rows, cfg.block_m) * cdiv(i, cfg.block_n), e if masked else 1)
     dummy = w  # never read when the kind has no scales
     out_arg = out.view(torch.uint8) if fmt == FMT_FP8 else out
     launch(_moe_gemm_swiglu_kernel, grid,
         a, dummy if a_scale is None else a_scale, w, dummy if w_scale is None else w_scale, ids, out_arg, scales,
-        rows, i, k, e, sae, sam, *sa, w.stride(0), w.stride(1), *sw, i, geo.stride_sm, geo.stride_sg,
+        rows, i, k, e, *strides, i, geo.stride_sm, geo.stride_sg,
         float(alpha), float(limit if limit is not None else 0.0), float(quant_eps),
         KIND=KIND_CODE[kind], MASKED=masked, EMULATE=emulate_formats(dev), F32_DOT=dev.type != "cuda",
         DOT_SCALED=dot_scaled, INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,

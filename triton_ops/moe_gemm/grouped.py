@@ -116,16 +116,21 @@ def expert_pass(a_ptr, a_off, sel, as_ptr, as_off, stride_ask, w_ptr, ws_ptr, e,
 
 
 @triton.jit
-def tile_coords(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) of this program (axis 0), GROUP_M-swizzled: the programs of a group walk the same N tile
-    of GROUP_M consecutive M tiles (mostly one expert), so its weight tile is reused from L2."""
+def tile_of_program(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """The [BLOCK_M, BLOCK_N] tile of this program (axis 0), GROUP_M-swizzled (the programs of a group walk the
+    same N tile of GROUP_M consecutive M tiles, mostly one expert, so its weight tile is reused from L2):
+    (pid_m, pid_n, rows, rows as int64, rows < M, columns, columns < N)."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     width = GROUP_M * num_n
     first_m = (pid // width) * GROUP_M
     group = tl.minimum(num_m - first_m, GROUP_M)
-    return first_m + (pid % width) % group, (pid % width) // group
+    pid_m = first_m + (pid % width) % group
+    pid_n = (pid % width) // group
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return pid_m, pid_n, rows, rows.to(tl.int64), rows < M, offs_n, offs_n < N
 
 
 @triton.jit
@@ -143,12 +148,7 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, rw_ptr, out_ptr,
     multiplied by their fp32 row weight (the top-k weight of the row's entry) before the one rounding.
     SCATTER: layout row r goes to output row dst[r] of an (n_dst, N) output (the token-order entry t * k + j of
     the row), rows whose dst is outside [0, n_dst) (moe_align's sentinel T * k) are not written."""
-    pid_m, pid_n = tile_coords(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rmask = rows < M
-    rows64 = rows.to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = offs_n < N
+    pid_m, _, rows, rows64, rmask, offs_n, nmask = tile_of_program(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     cols_mask = nmask[None, :]
     if MASKED:
         e = tl.program_id(1)
@@ -202,6 +202,19 @@ def _destination(flat, rmask, dst_ptr, n_dst, SCATTER: tl.constexpr):
 # ---------------------------------------------------------------------------------------------- launcher
 
 
+def layout_args(a, a_scale, w, w_scale, m_indices, masked_m):
+    """(ids, strides) of checked operands: the layout's index tensor and the kernels' stride arguments stride_ae,
+    stride_am, stride_ase, stride_asm, stride_ask, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk."""
+    masked = masked_m is not None
+    sa = (0, 0, 0)
+    if a_scale is not None:
+        sa = a_scale.stride() if masked else (0, *a_scale.stride())
+    sw = (0, 0, 0) if w_scale is None else w_scale.stride()
+    sae = a.stride(0) if masked else 0
+    sam = a.stride(1) if masked else a.stride(0)
+    return (masked_m if masked else m_indices), (sae, sam, *sa, w.stride(0), w.stride(1), *sw)
+
+
 def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, row_weights, out_dtype, config, dot_scaled=False,
             dst_rows=None, n_dst=0):
     """a / w / scales already checked; 1-byte formats travel as uint8 views. dst_rows (int32, a.shape[:-1]):
@@ -220,19 +233,13 @@ def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, row_weights, out_
     reason = cfg.refusal(kind)
     if reason:
         raise ValueError(f"moe_gemm_{kind}: config {cfg}: {reason}")
-    sa = (0, 0, 0)
-    if a_scale is not None:
-        sa = a_scale.stride() if masked else (0, *a_scale.stride())
-    sw = (0, 0, 0) if w_scale is None else w_scale.stride()
-    sae = a.stride(0) if masked else 0
-    sam = a.stride(1) if masked else a.stride(0)
-    ids = masked_m if masked else m_indices
+    ids, strides = layout_args(a, a_scale, w, w_scale, m_indices, masked_m)
     grid = (cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n), e if masked else 1)
     dummy = w  # never read when the kind has no scales
     launch(_moe_gemm_kernel, grid,
         a, dummy if a_scale is None else a_scale, w, dummy if w_scale is None else w_scale, ids,
         dummy if row_weights is None else row_weights.contiguous(), out,
-        rows, n, k, e, sae, sam, *sa, w.stride(0), w.stride(1), *sw,
+        rows, n, k, e, *strides,
         KIND=KIND_CODE[kind], MASKED=masked, EMULATE=emulate_formats(a.device), F32_DOT=a.device.type != "cuda",
         DOT_SCALED=dot_scaled, HAS_RW=row_weights is not None, OUT_DTYPE=TL_DTYPE[out_dtype],
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
