@@ -8,6 +8,11 @@ GEMM tolerance. Rows the kernel must not read hold NaN."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -329,3 +334,66 @@ def test_gpu_bytes_equal_the_chain(kind, masked, quant):
     for rows, il in ((16, 0), (256, 1)):
         _bytes_equal_chain(kind, 8, 512, 1024, il, "silu" if il == 0 else "gptoss", None if il == 0 else 7.0, quant,
                            masked, rows, 1, device="cuda")
+
+
+# ---------------------------------------------------------------------------------------------- compile-only
+
+_COMPILE = textwrap.dedent("""
+    import os
+    os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernels, not the interpreter's stand-ins
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton_ops.moe_gemm import fused as F, grouped as G
+    from triton_ops.moe_gemm.config import pick_config_for_arch, pick_swiglu_gemm_config_for_arch
+
+    def compile_(kern, ptrs, consts, cfg):
+        names = [p.name for p in kern.params]
+        sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
+        sig.update(ptrs)
+        sig.update({n: "fp32" for n in ("alpha", "limit", "fp8_eps") if n in sig})
+        consts = {**consts, "EMULATE": False, "F32_DOT": False, "DOT_SCALED": False, "OUT_DTYPE": tl.bfloat16,
+                  "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m}
+        sig.update(dict.fromkeys(consts, "constexpr"))
+        # what a launch tells the compiler: 16-byte aligned pointers, sizes and row strides multiples of 16
+        aligned = [*ptrs, *(n for n in ("K", "N", "I", "stride_am", "stride_ae", "stride_we", "stride_wn",
+                                        "stride_om") if n in sig)]
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+        c = triton.compile(triton.compiler.ASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        return (c.asm["ptx"].count("wgmma.mma_async"), c.asm["ttgir"].count("async_copy_global_to_local"),
+                c.metadata.shared)
+
+    CODE = {"bf16": 0, "fp8": 1, "mxfp4": 2}
+    for kind in ("bf16", "fp8", "mxfp4"):
+        ptrs = dict(a_ptr="*u8" if kind == "fp8" else "*bf16", as_ptr="*fp32",
+                    w_ptr="*bf16" if kind == "bf16" else "*u8", ws_ptr="*fp32" if kind == "fp8" else "*u8",
+                    ids_ptr="*i32")
+        for fmt in (0, 1):
+            cfg = pick_swiglu_gemm_config_for_arch(kind, 4096, 2048, 7168, "sm_90", 128 if fmt else 16)
+            consts = dict(KIND=CODE[kind], MASKED=False, INTERLEAVE=1, GPTOSS=True, CLAMP=True, DIV_RN=False, FMT=fmt,
+                          GROUP=128, UE8M0=False)
+            out = dict(out_ptr="*u8" if fmt else "*bf16", scale_ptr="*fp32")
+            print("swiglu", kind, fmt, *compile_(F._moe_gemm_swiglu_kernel, {**ptrs, **out}, consts, cfg))
+        cfg = pick_config_for_arch(kind, 4096, 7168, 2048, "sm_90")
+        consts = dict(KIND=CODE[kind], MASKED=False, HAS_RW=False, SCATTER=True)
+        print("scatter", kind, 0, *compile_(G._moe_gemm_kernel, {**ptrs, "rw_ptr": "*fp32", "out_ptr": "*bf16",
+                                                                 "dst_ptr": "*i32"}, consts, cfg))
+""")
+SM90_SHARED = 232448  # bytes of shared memory one CTA may use on an H100
+
+
+def test_sm90_compile_uses_wgmma():
+    """Compile the prefill configs for sm_90 without a GPU (a fresh process: the interpreter's kernels cannot be
+    compiled): GEMM1 + SwiGLU (bf16 and FP8 outputs, interleaved gate/up rows) and the scattering GEMM2, every
+    weight kind, on wgmma with pipelined (async-copy) operand loads within the SM's shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = [ln.split() for ln in res.stdout.splitlines() if ln.startswith(("swiglu", "scatter"))]
+    assert len(lines) == 9, res.stdout
+    for what, kind, fmt, wgmma, async_copies, shared in lines:
+        assert int(wgmma) > 0, f"{what} {kind} fmt={fmt}: no wgmma"
+        assert int(async_copies) > 0, f"{what} {kind} fmt={fmt}: operand loads not pipelined (no async copy)"
+        assert int(shared) <= SM90_SHARED, f"{what} {kind} fmt={fmt}: {shared} B of shared memory"

@@ -85,11 +85,17 @@ def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGem
 
 def pick_swiglu_gemm_config(kind: str, m_per_expert: int, i: int, k: int, device: torch.device,
                             min_block_n: int) -> MoeGemmConfig:
+    """The config of GEMM1 + SwiGLU for `kind` at m_per_expert rows per expert and I = i on `device`."""
+    return pick_swiglu_gemm_config_for_arch(kind, m_per_expert, i, k, arch_of(device), min_block_n)
+
+
+@functools.lru_cache(maxsize=4096)
+def pick_swiglu_gemm_config_for_arch(kind: str, m: int, i: int, k: int, arch: str, min_block_n: int) -> MoeGemmConfig:
     """GEMM1 + SwiGLU: a tile holds BLOCK_N output columns, i.e. two [BLOCK_M, BLOCK_N] accumulators (gate and up).
     The GEMM rule at N = I, with the prefill tile halved to 128 x 64 (x 2 accumulators: the MMA work and registers
     of the plain 128 x 128 tile); min_block_n: the output format's smallest column tile (a whole FP8 group)."""
-    cfg = pick_config(kind, m_per_expert, i, k, device)
-    if cfg.block_m < 128 or device.type == "cpu":
+    cfg = pick_config_for_arch(kind, m, i, k, arch)
+    if cfg.block_m < 128 or arch == "cpu":
         return dataclasses.replace(cfg, block_n=max(cfg.block_n, min_block_n))
     block_n = max(64, min_block_n)
     # FP8 weights with a 128-wide output tile: 64 rows (ptxas, sm_90, Triton 3.6: 128 x 128 x 2 accumulators spill

@@ -148,7 +148,7 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, rw_ptr, out_ptr,
     multiplied by their fp32 row weight (the top-k weight of the row's entry) before the one rounding.
     SCATTER: layout row r goes to output row dst[r] of an (n_dst, N) output (the token-order entry t * k + j of
     the row), rows whose dst is outside [0, n_dst) (moe_align's sentinel T * k) are not written."""
-    pid_m, _, rows, rows64, rmask, offs_n, nmask = tile_of_program(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n, rows, rows64, rmask, offs_n, nmask = tile_of_program(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     cols_mask = nmask[None, :]
     if MASKED:
         e = tl.program_id(1)
@@ -159,10 +159,10 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, rw_ptr, out_ptr,
         out_rows = out_ptr + dst[:, None] * N + offs_n[None, :]
         done = rows < cnt
         if pid_m * BLOCK_M < cnt:
-            acc, _ = expert_pass(a_ptr, e64 * stride_ae + rows64 * stride_am, done, as_ptr,
-                                 e64 * stride_ase + rows64 * stride_asm, stride_ask, w_ptr, ws_ptr, e, offs_n, nmask,
-                                 offs_n, K, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
-                                 KIND, EMULATE, F32_DOT, DOT_SCALED, False, BLOCK_M, BLOCK_N, BLOCK_K)
+            acc, acc_ = expert_pass(a_ptr, e64 * stride_ae + rows64 * stride_am, done, as_ptr,
+                                    e64 * stride_ase + rows64 * stride_asm, stride_ask, w_ptr, ws_ptr, e, offs_n,
+                                    nmask, offs_n, K, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
+                                    KIND, EMULATE, F32_DOT, DOT_SCALED, False, BLOCK_M, BLOCK_N, BLOCK_K)
             if HAS_RW:
                 acc *= tl.load(rw_ptr + flat, mask=done, other=0.0)[:, None]
             tl.store(out_rows, cast_out(acc, OUT_DTYPE, EMULATE), mask=(done & dst_ok)[:, None] & cols_mask)
@@ -177,9 +177,9 @@ def _moe_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, rw_ptr, out_ptr,
         e = tl.min(mi, 0)
         while e < E:  # one pass per expert present in the tile, in increasing id order
             sel = mi == e
-            acc, _ = expert_pass(a_ptr, rows64 * stride_am, sel, as_ptr, rows64 * stride_asm, stride_ask, w_ptr,
-                                 ws_ptr, e, offs_n, nmask, offs_n, K, stride_we, stride_wn, stride_wse, stride_wsn,
-                                 stride_wsk, KIND, EMULATE, F32_DOT, DOT_SCALED, False, BLOCK_M, BLOCK_N, BLOCK_K)
+            acc, acc_ = expert_pass(a_ptr, rows64 * stride_am, sel, as_ptr, rows64 * stride_asm, stride_ask, w_ptr,
+                                    ws_ptr, e, offs_n, nmask, offs_n, K, stride_we, stride_wn, stride_wse, stride_wsn,
+                                    stride_wsk, KIND, EMULATE, F32_DOT, DOT_SCALED, False, BLOCK_M, BLOCK_N, BLOCK_K)
             if HAS_RW:
                 acc *= rw[:, None]
             tl.store(out_rows, cast_out(acc, OUT_DTYPE, EMULATE), mask=(sel & dst_ok)[:, None] & cols_mask)
