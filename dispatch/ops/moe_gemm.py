@@ -243,6 +243,17 @@ def self_check_cases() -> list:
         a, packed, scales, mi, _, _ = mxfp4(dev, small)
         return (a, None, packed, scales, mi, None, "mxfp4", 1, "gptoss", 1.702, 7.0)
 
+    def combine(dev, small):
+        g = torch.Generator().manual_seed(4)
+        e, t, top_k, n, k = (4, 24, 2, 128, 128) if small else (64, 512, 8, 1024, 2048)
+        ids = torch.randint(0, e, (t, top_k), generator=g, dtype=torch.int32)
+        src, _, mi, _, _, _, inv = moe_align(ids, None, e, 16 if small else 128)
+        a = torch.randn(src.shape[0], k, generator=g).bfloat16()
+        w = (torch.randn(e, n, k, generator=g) / k ** 0.5).bfloat16()
+        tw = torch.rand(t, top_k, generator=g)
+        return tuple(x.to(dev) if isinstance(x, torch.Tensor) else x
+                     for x in (a, None, w, None, mi, None, "bf16", src, inv, tw, None, torch.bfloat16))
+
     def close_fp8(out, ref):
         from ..reference.quant import fp8_group_dequantize
         group = out[0].shape[-1] // out[1].shape[-1]
@@ -252,6 +263,7 @@ def self_check_cases() -> list:
     return [
         Case("moe_gemm_swiglu_fp8_group", swiglu_fp8, close_fp8, label="FP8 W8A8 GEMM1 + silu + 1xG quant"),
         Case("moe_gemm_swiglu", swiglu_mx, close, label="MXFP4 GEMM1 + GPT-OSS swiglu, interleaved"),
+        Case("moe_gemm_combine", combine, close, label="bf16 GEMM2 into token order + combine"),
         Case("moe_gemm_bf16", bf16, close, label="contiguous, moe_align rows"),
         Case("moe_gemm_fp8", fp8, close, label="contiguous, 1x128 / 128x128 scales"),
         Case("moe_gemm_mxfp4", mxfp4, close, label="contiguous, W4A16"),
