@@ -50,6 +50,7 @@ ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
 # Not measured yet (perf/cases/moe_gemm.py has the fused-vs-chain cases): ranked as the only kernel of the op.
 GEMM_SWIGLU = "GEMM1 with SwiGLU (+ FP8 1xG quant) in the epilogue: the gate|up output never goes to memory"
+W4A8 = "MXFP4 weights as exact E4M3 on the FP8 MMA, E8M0 folded into the per-32 rescale (not measured yet)"
 GEMM_COMBINE = "GEMM2 scattering rows into token order, then the slot-order combine: 2 launches, no atomics"
 NORM = "one fused pass (NVFP4 with computed global scale: 2); bytes = reference composition"
 # CuTeDSL RMSNorm (cute_ops/, docs/cute.md). sm_90 ranks above Triton (25 > 20): bit-exact in every mode; at
@@ -198,6 +199,9 @@ ROWS: tuple[Entry, ...] = (
     *triton_rows("moe_gemm_mxfp4", "triton_ops.moe_gemm.grouped:moe_gemm_mxfp4", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_mxfp4"),
     Entry("moe_gemm_mxfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_mxfp4", TORCH_REF, REFERENCE_WHY),
+    *triton_rows("moe_gemm_w4a8", "triton_ops.moe_gemm.grouped:moe_gemm_w4a8", W4A8,
+                 supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_w4a8"),
+    Entry("moe_gemm_w4a8", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_w4a8", TORCH_REF, REFERENCE_WHY),
     *triton_rows("moe_gemm_swiglu", "triton_ops.moe_gemm.fused:moe_gemm_swiglu", GEMM_SWIGLU,
                  supports="triton_ops.moe_gemm.fused:supports_moe_gemm_swiglu"),
     Entry("moe_gemm_swiglu", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_swiglu", TORCH_REF, REFERENCE_WHY),

@@ -26,9 +26,9 @@ from triton_ops import swiglu as tsw
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe import align as tal
 from triton_ops.moe_gemm import fused, grouped
-from triton_ops.moe_gemm.config import MoeGemmConfig
+from triton_ops.moe_gemm.config import MoeGemmConfig, pick_config_for_arch, pick_swiglu_gemm_config_for_arch
 
-KINDS = ("bf16", "fp16", "fp8", "mxfp4")
+KINDS = ("bf16", "fp16", "fp8", "mxfp4", "w4a8")
 
 
 # ---------------------------------------------------------------------------------------------- operands
@@ -54,11 +54,15 @@ def _layout(g, e, masked, rows, k, device):
 def _exact_operands(kind, g, lead, dead, e, n2, k, device):
     """Operands whose products and partial sums are exact in fp32 (on every MMA): (a, a_scale, w, w_scale)."""
     a = torch.randint(-4, 5, (*lead, k), generator=g).float() / 2
-    if kind == "fp8":
+    if kind in ("fp8", "w4a8"):
         codes = a.to(torch.float8_e4m3fn)
         codes.view(torch.uint8)[dead] = 0x7F  # NaN: never read
         a_s = 2.0 ** torch.randint(0, 2, (*lead, k // 128), generator=g).float()
         a_s[dead] = float("nan")
+        if kind == "w4a8":
+            packed = torch.randint(0, 256, (e, n2, k // 2), generator=g, dtype=torch.uint8)
+            scales = torch.randint(124, 127, (e, n2, k // 32), generator=g, dtype=torch.uint8)
+            return [t.to(device) for t in (codes, a_s, packed, scales)]
         w = torch.randint(-8, 9, (e, n2, k), generator=g).float().to(torch.float8_e4m3fn)
         w_s = 2.0 ** torch.randint(-4, -2, (e, -(-n2 // 128), k // 128), generator=g).float()
         return [t.to(device) for t in (codes, a_s, w, w_s)]
@@ -76,12 +80,12 @@ def _exact_operands(kind, g, lead, dead, e, n2, k, device):
 def _random_operands(kind, g, lead, dead, e, n2, k, device):
     a = torch.randn(*lead, k, generator=g)
     w = torch.randn(e, n2, k, generator=g) / k ** 0.5
-    if kind == "fp8":
-        from tests.test_moe_gemm import quant_a_fp8, quant_w_fp8
+    if kind in ("fp8", "w4a8"):
+        from tests.test_moe_gemm import quant_a_fp8, quant_w_fp8, quant_w_mxfp4
         codes, a_s = quant_a_fp8(a, False)
         codes.view(torch.uint8)[dead] = 0x7F
         a_s[dead] = float("nan")
-        return [t.to(device) for t in (codes, a_s, *quant_w_fp8(w))]
+        return [t.to(device) for t in (codes, a_s, *(quant_w_fp8 if kind == "fp8" else quant_w_mxfp4)(w))]
     if kind == "mxfp4":
         from tests.test_moe_gemm import quant_w_mxfp4
         a = a.bfloat16()
@@ -102,6 +106,8 @@ def _chain_gemm(kind, a, a_s, w, w_s, ids):
         return grouped.moe_gemm_fp8(a, a_s, w, w_s, ids["m_indices"], ids["masked_m"])
     if kind == "mxfp4":
         return grouped.moe_gemm_mxfp4(a, w, w_s, ids["m_indices"], ids["masked_m"])
+    if kind == "w4a8":
+        return grouped.moe_gemm_w4a8(a, a_s, w, w_s, ids["m_indices"], ids["masked_m"])
     return grouped.moe_gemm_bf16(a, w, ids["m_indices"], ids["masked_m"])
 
 
@@ -154,10 +160,10 @@ def test_bytes_equal_the_unfused_chain(p):
     _bytes_equal_chain(*p)
 
 
-@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8"])
 def test_tile_spanning_experts(kind):
     """Unaligned rows: one tile holds several experts, padding and a bad id (one pass per expert, one store)."""
-    cfg = MoeGemmConfig(32, 64, 128, group_m=2, num_warps=4, num_stages=1)
+    cfg = MoeGemmConfig(32, 64, 32 if kind == "w4a8" else 128, group_m=2, num_warps=4, num_stages=1)
     _bytes_equal_chain(kind, 3, 128, 256, 8, "gptoss", 7.0, (64, False, False), False, 30, 5, config=cfg)
     _bytes_equal_chain(kind, 3, 128, 128, 0, "silu", None, None, False, 30, 6, config=cfg)
 
@@ -167,7 +173,7 @@ def test_tile_spanning_experts(kind):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
-@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8"])
 def test_random_operands_match_the_reference(kind, masked, device):
     g = torch.Generator().manual_seed(11)
     e, i, k = 3, 128, 256
@@ -202,6 +208,54 @@ def test_dispatch_op_and_opcheck():
                           test_utils=("test_schema", "test_faketensor"))
 
 
+# ---------------------------------------------------------------------------------------------- W4A8 GEMM
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
+def test_w4a8_gemm(masked, device):
+    """MXFP4 weights x FP8 1x128 activations: exact operands give the reference's bytes (every E2M1 value is an
+    E4M3 value, the E8M0 exponent is a power-of-two rescale), random operands its tolerance; row weights, padding
+    rows, an out-of-range id, E8M0 0 (2^-127) and 0xFF (NaN) blocks."""
+    g = torch.Generator().manual_seed(8)
+    e, n, k = 3, 96, 256
+    ids, dead, lead = _layout(g, e, masked, 12, k, device)
+    a, a_s, w, w_s = _exact_operands("w4a8", g, lead, dead, e, n, k, device)
+    lay = (ids["m_indices"], ids["masked_m"])
+    cpu = lambda t: None if t is None else t.cpu()
+    got = grouped.moe_gemm_w4a8(a, a_s, w, w_s, *lay)
+    assert_same_bytes(got.cpu(), ref.moe_gemm_w4a8(*map(cpu, (a, a_s, w, w_s, *lay))), "exact operands")
+    w_s = w_s.clone()
+    w_s[0, 0, 1] = 0  # 2^-127: a subnormal scale (products of the block vanish into fp32 subnormals or zero)
+    w_s[-1, 5, 0] = 255  # NaN block: column 5 of the last expert's rows is NaN
+    rw = torch.rand(lead, generator=g).to(device)
+    a, a_s, w, _ = _random_operands("w4a8", g, lead, dead, e, n, k, device)
+    got = grouped.moe_gemm_w4a8(a, a_s, w, w_s, *lay, row_weights=rw)
+    want = ref.moe_gemm_w4a8(*map(cpu, (a, a_s, w, w_s, *lay, rw)))
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got.cpu()), nan), "NaN where the reference has NaN, nowhere else"
+    assert_close(got.cpu().masked_fill(nan, 0), want.masked_fill(nan, 0), f"w4a8 masked={masked}", factor=2)
+    assert bool((got[dead] == 0).all()), "uncomputed rows are not zero"
+
+
+def test_w4a8_bad_inputs():
+    a = torch.zeros(4, 256).to(torch.float8_e4m3fn)
+    a_s = torch.ones(4, 2)
+    w = torch.zeros(2, 64, 128, dtype=torch.uint8)
+    w_s = torch.zeros(2, 64, 8, dtype=torch.uint8)
+    mi = torch.zeros(4, dtype=torch.int32)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_w4a8: argument 'a_scale': expected shape \(4, 2\)"):
+        grouped.moe_gemm_w4a8(a, a_s[:, :1], w, w_s, mi, None)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_w4a8: argument 'w_scale': expected shape \(2, 64, 8\)"):
+        grouped.moe_gemm_w4a8(a, a_s, w, w_s[:, :, :4], mi, None)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_w4a8: argument 'a': K=160 is not a multiple of 128"):
+        grouped.moe_gemm_w4a8(a[:, :160], a_s, w[:, :, :80], w_s[:, :, :5], mi, None)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_w4a8: argument 'a': dtype bfloat16"):
+        grouped.moe_gemm_w4a8(a.bfloat16(), a_s, w, w_s, mi, None)
+    with pytest.raises(ValueError, match="w4a8 needs block_k=32"):
+        grouped.moe_gemm_w4a8(a, a_s, w, w_s, mi, None, config=MoeGemmConfig(16, 64, 128, 1, 4, 1))
+
+
 # ---------------------------------------------------------------------------------------------- GEMM2 + combine
 
 
@@ -228,7 +282,7 @@ def _routed(g, t, top_k, e, masked, max_m, expert_map, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
-@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8"])
 def test_combine_bytes_equal_the_chain(kind, masked, device):
     """Same GEMM (same config, so the same accumulators) scattered into token order, then the slot-order combine:
     the bytes of moe_gemm -> moe_combine, random operands, with a shared output and an expert-parallel map (entries
@@ -239,13 +293,14 @@ def test_combine_bytes_equal_the_chain(kind, masked, device):
     ids, src, inv, tw, lead, dead = _routed(g, t, top_k, e, masked, 5, emap, device)
     a, a_s, w, w_s = _random_operands(kind, g, lead, dead, e, n, k, device)
     shared = torch.randn(t, n, generator=g).bfloat16().to(device)
-    cfg = MoeGemmConfig(16, 64, 128, group_m=1, num_warps=4, num_stages=2)
+    cfg = MoeGemmConfig(16, 64, 32 if kind == "w4a8" else 128, group_m=1, num_warps=4, num_stages=2)
     got = fused.moe_gemm_combine(a, a_s, w, w_s, **ids, weights=kind, src_rows=src, inv_rows=inv, topk_weights=tw,
                                  shared=shared, out_dtype=torch.bfloat16, config=cfg)
     h = {
         "bf16": lambda: grouped.moe_gemm_bf16(a, w, **ids, config=cfg),
         "fp8": lambda: grouped.moe_gemm_fp8(a, a_s, w, w_s, **ids, config=cfg),
-        "mxfp4": lambda: grouped.moe_gemm_mxfp4(a, w, w_s, **ids, config=cfg)}[kind]()
+        "mxfp4": lambda: grouped.moe_gemm_mxfp4(a, w, w_s, **ids, config=cfg),
+        "w4a8": lambda: grouped.moe_gemm_w4a8(a, a_s, w, w_s, **ids, config=cfg)}[kind]()
     want = tal.moe_combine(h, inv, tw, shared, torch.bfloat16)
     assert_same_bytes(got, want, f"{kind} masked={masked}")
     cpu = lambda x: None if x is None else x.cpu()
@@ -311,6 +366,18 @@ def test_bad_inputs_are_named():
                                                                       "silu", 1.702, None, 64 + 32)
 
 
+@pytest.mark.parametrize("arch", ["cpu", "sm_80", "sm_90", "sm_100"])
+def test_default_configs_are_valid(arch):
+    """W4A8 takes 32-wide K steps; GEMM1 + SwiGLU picks a tile whose columns hold whole FP8 groups."""
+    for m in (1, 16, 64, 4096):
+        cfg = pick_config_for_arch("w4a8", m, 4096, 7168, arch)
+        assert cfg.refusal("w4a8") is None and cfg.block_k == 32, cfg
+        for kind in ("bf16", "fp8", "mxfp4", "w4a8"):
+            for min_n in (16, 128):
+                cfg = pick_swiglu_gemm_config_for_arch(kind, m, 2048, 7168, arch, min_n)
+                assert cfg.refusal(kind) is None and cfg.block_n % min_n == 0, (kind, m, cfg)
+
+
 def test_empty_layouts():
     w = torch.randn(2, 256, 128).bfloat16()
     a = torch.randn(0, 128).bfloat16()
@@ -328,7 +395,7 @@ def test_empty_layouts():
 @pytest.mark.gpu
 @pytest.mark.parametrize("quant", [None, (128, False, True)], ids=["bf16-out", "fp8-out"])
 @pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
-@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8"])
 def test_gpu_bytes_equal_the_chain(kind, masked, quant):
     """Decode (16 rows per expert) and prefill-like (256) tiles at a DeepSeek-sized K, exact operands."""
     for rows, il in ((16, 0), (256, 1)):
@@ -365,9 +432,9 @@ _COMPILE = textwrap.dedent("""
         return (c.asm["ptx"].count("wgmma.mma_async"), c.asm["ttgir"].count("async_copy_global_to_local"),
                 c.metadata.shared)
 
-    CODE = {"bf16": 0, "fp8": 1, "mxfp4": 2}
-    for kind in ("bf16", "fp8", "mxfp4"):
-        ptrs = dict(a_ptr="*u8" if kind == "fp8" else "*bf16", as_ptr="*fp32",
+    CODE = {"bf16": 0, "fp8": 1, "mxfp4": 2, "w4a8": 3}
+    for kind in ("bf16", "fp8", "mxfp4", "w4a8"):
+        ptrs = dict(a_ptr="*u8" if kind in ("fp8", "w4a8") else "*bf16", as_ptr="*fp32",
                     w_ptr="*bf16" if kind == "bf16" else "*u8", ws_ptr="*fp32" if kind == "fp8" else "*u8",
                     ids_ptr="*i32")
         for fmt in (0, 1):
@@ -392,7 +459,7 @@ def test_sm90_compile_uses_wgmma():
     res = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [ln.split() for ln in res.stdout.splitlines() if ln.startswith(("swiglu", "scatter"))]
-    assert len(lines) == 9, res.stdout
+    assert len(lines) == 12, res.stdout
     for what, kind, fmt, wgmma, async_copies, shared in lines:
         assert int(wgmma) > 0, f"{what} {kind} fmt={fmt}: no wgmma"
         assert int(async_copies) > 0, f"{what} {kind} fmt={fmt}: operand loads not pipelined (no async copy)"

@@ -78,7 +78,7 @@ def _mxfp4_weights(g, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("weights", ["fp8", "mxfp4"])
+@pytest.mark.parametrize("weights", ["fp8", "mxfp4", "w4a8"])
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 def test_quantized_layer_matches_the_reference_backends(device, weights, layout):
     """The kernels' composition against the same composition on the torch reference backends (both quantize the
@@ -110,7 +110,7 @@ def test_bad_arguments_are_named():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("weights", ["bf16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("weights", ["bf16", "fp8", "mxfp4", "w4a8"])
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 def test_fused_layer_equals_the_chain(device, weights, layout):
     """fused=True (GEMM1 + SwiGLU epilogue, GEMM2 into token order) against fused=False (separate ops), GPT-OSS

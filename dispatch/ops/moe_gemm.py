@@ -25,6 +25,7 @@ from triton_ops.contract.moe_gemm import (
     check_gemm_swiglu,
     check_mxfp4,
     check_row_weights,
+    check_w4a8,
 )
 
 from ._common import call, lowbit_op
@@ -68,6 +69,17 @@ def _moe_gemm_mxfp4(a: Tensor, w_packed: Tensor, w_scale: Tensor, m_indices: Ten
     return _out(a, w_packed.shape[1], torch.bfloat16)
 
 
+def _check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights):
+    check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m)
+    check_row_weights("moe_gemm_w4a8", a, row_weights)
+
+
+@lowbit_op("moe_gemm_w4a8", mutates_args=(), check=_check_w4a8)
+def _moe_gemm_w4a8(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, m_indices: Tensor | None,
+                   masked_m: Tensor | None, row_weights: Tensor | None, backend: str) -> Tensor:
+    return _out(a, w_packed.shape[1], torch.bfloat16)
+
+
 def moe_gemm_bf16(a: Tensor, w: Tensor, *, m_indices: Tensor | None = None, masked_m: Tensor | None = None,
                   row_weights: Tensor | None = None, backend: str = "auto") -> Tensor:
     """bf16/fp16 grouped GEMM: out[m] = a[m] @ w[e(m)].T with w (E, N, K); a's dtype out, fp32 accumulation.
@@ -90,6 +102,15 @@ def moe_gemm_mxfp4(a: Tensor, w_packed: Tensor, w_scale: Tensor, *, m_indices: T
     the low nibble (what `mxfp4_quantize` writes for (E*N, K) rows), w_scale uint8 (E, N, K/32) E8M0
     exponents (linear layout). Dequantized in registers; bf16 out."""
     return call("moe_gemm_mxfp4", a, w_packed, w_scale, m_indices, masked_m, row_weights, backend)
+
+
+def moe_gemm_w4a8(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, *, m_indices: Tensor | None = None,
+                  masked_m: Tensor | None = None, row_weights: Tensor | None = None,
+                  backend: str = "auto") -> Tensor:
+    """FP8 activations (E4M3 + fp32 1x128 scales, as moe_gemm_fp8) x MXFP4 weights (as moe_gemm_mxfp4): W4A8.
+    E2M1 -> E4M3 is exact, so the MMA runs on FP8; each 32-wide K step is rescaled by the activation scale times
+    the E8M0 weight scale. bf16 out."""
+    return call("moe_gemm_w4a8", a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights, backend)
 
 
 # ------------------------------------------------------------------------ GEMM1 + SwiGLU (+ FP8 1xG quant)
@@ -133,7 +154,7 @@ def _sw(interleave, activation, alpha, limit):
 
 
 def moe_gemm_swiglu(a: Tensor, w: Tensor, *, a_scale: Tensor | None = None, w_scale: Tensor | None = None,
-                    weights: Literal["bf16", "fp8", "mxfp4"] = "bf16", m_indices: Tensor | None = None,
+                    weights: Literal["bf16", "fp8", "mxfp4", "w4a8"] = "bf16", m_indices: Tensor | None = None,
                     masked_m: Tensor | None = None, interleave: int = 0,
                     activation: Literal["silu", "gptoss"] = "silu", alpha: float = 1.702, limit: float | None = None,
                     backend: str = "auto") -> Tensor:
@@ -147,8 +168,8 @@ def moe_gemm_swiglu(a: Tensor, w: Tensor, *, a_scale: Tensor | None = None, w_sc
 
 
 def moe_gemm_swiglu_fp8_group(a: Tensor, w: Tensor, *, a_scale: Tensor | None = None, w_scale: Tensor | None = None,
-                              weights: Literal["bf16", "fp8", "mxfp4"] = "bf16", m_indices: Tensor | None = None,
-                              masked_m: Tensor | None = None, interleave: int = 0,
+                              weights: Literal["bf16", "fp8", "mxfp4", "w4a8"] = "bf16",
+                              m_indices: Tensor | None = None, masked_m: Tensor | None = None, interleave: int = 0,
                               activation: Literal["silu", "gptoss"] = "silu", alpha: float = 1.702,
                               limit: float | None = None, group_size: int = 128, quant_eps: float = 1e-10,
                               ue8m0: bool = False, column_major_scales: bool = False,
@@ -180,7 +201,7 @@ def _moe_gemm_combine(a: Tensor, a_scale: Tensor | None, w: Tensor, w_scale: Ten
 
 def moe_gemm_combine(a: Tensor, w: Tensor, src_rows: Tensor, inv_rows: Tensor, topk_weights: Tensor, *,
                      a_scale: Tensor | None = None, w_scale: Tensor | None = None,
-                     weights: Literal["bf16", "fp8", "mxfp4"] = "bf16", m_indices: Tensor | None = None,
+                     weights: Literal["bf16", "fp8", "mxfp4", "w4a8"] = "bf16", m_indices: Tensor | None = None,
                      masked_m: Tensor | None = None, shared: Tensor | None = None,
                      out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
     """MoE GEMM2 into token order: y[t] = sum_j topk_weights[t, j] * (a @ w[e].T)[row of (t, j)] (+ shared[t]),
@@ -243,6 +264,15 @@ def self_check_cases() -> list:
         a, packed, scales, mi, _, _ = mxfp4(dev, small)
         return (a, None, packed, scales, mi, None, "mxfp4", 1, "gptoss", 1.702, 7.0)
 
+    def w4a8(dev, small):
+        a8, a_s, _, _, mi, _, _ = fp8(dev, small)
+        k = a8.shape[-1]
+        g = torch.Generator().manual_seed(6)
+        e, n = 4 if small else 64, 128 if small else 1024
+        packed = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
+        scales = torch.randint(118, 128, (e, n, k // 32), generator=g, dtype=torch.uint8)
+        return (a8, a_s, packed.to(dev), scales.to(dev), mi, None, None)
+
     def combine(dev, small):
         g = torch.Generator().manual_seed(4)
         e, t, top_k, n, k = (4, 24, 2, 128, 128) if small else (64, 512, 8, 1024, 2048)
@@ -267,4 +297,5 @@ def self_check_cases() -> list:
         Case("moe_gemm_bf16", bf16, close, label="contiguous, moe_align rows"),
         Case("moe_gemm_fp8", fp8, close, label="contiguous, 1x128 / 128x128 scales"),
         Case("moe_gemm_mxfp4", mxfp4, close, label="contiguous, W4A16"),
+        Case("moe_gemm_w4a8", w4a8, close, label="contiguous, MXFP4 x FP8 1x128"),
     ]

@@ -27,11 +27,12 @@ from .moe_gemm import (
     moe_gemm_mxfp4,
     moe_gemm_swiglu,
     moe_gemm_swiglu_fp8_group,
+    moe_gemm_w4a8,
 )
 from .swiglu import swiglu, swiglu_fp8_group
 
 OP = "moe_layer"
-FORMATS = ("bf16", "fp8", "mxfp4")
+FORMATS = ("bf16", "fp8", "mxfp4", "w4a8")
 
 
 def _block_m(rows_per_expert: float) -> int:
@@ -41,7 +42,7 @@ def _block_m(rows_per_expert: float) -> int:
 
 
 def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor, w2: Tensor, *,
-              weights: Literal["bf16", "fp8", "mxfp4"] = "bf16", w1_scale: Tensor | None = None,
+              weights: Literal["bf16", "fp8", "mxfp4", "w4a8"] = "bf16", w1_scale: Tensor | None = None,
               w2_scale: Tensor | None = None, activation: Literal["silu", "gptoss"] = "silu", interleave: int = 0,
               alpha: float = 1.702, limit: float | None = None, layout: Literal["contiguous", "masked"] = "contiguous",
               max_m: int | None = None, expert_map: Tensor | None = None, shared: Tensor | None = None,
@@ -53,7 +54,8 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     interleaved: `interleave`), w2 (E, H, I). weights: "bf16" (w1/w2 bf16), "fp8" (E4M3 weights with 128x128
     block scales w1_scale / w2_scale; activations quantized to 1x128 groups on the way: before GEMM1 by
     moe_gather_fp8, before GEMM2 by the fused swiglu_fp8_group), "mxfp4" (W4A16: w1/w2 packed e2m1 (E, N, K/2)
-    uint8 with E8M0 scales (E, N, K/32)). layout: "contiguous" (moe_align rows; prefill) or "masked" (E, max_m,
+    uint8 with E8M0 scales (E, N, K/32)), "w4a8" (those MXFP4 weights with FP8 activations quantized as for
+    "fp8"). layout: "contiguous" (moe_align rows; prefill) or "masked" (E, max_m,
     .) rows per expert (decode; tokens past max_m for an expert are dropped, as moe_masked_layout defines).
     fused: GEMM1 with SwiGLU (+ quantization) in its epilogue and GEMM2 scattered into token order
     (moe_gemm_swiglu[_fp8_group], moe_gemm_combine: 4 launches + the align); False: the chain of separate ops
@@ -65,7 +67,7 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         C.fail(OP, "weights", f"{weights!r} is not one of {', '.join(FORMATS)}")
     if weights == "fp8" and (w1_scale is None or w2_scale is None):
         C.fail(OP, "w1_scale", "FP8 weights need w1_scale and w2_scale (128x128 block scales)")
-    if weights == "mxfp4" and (w1_scale is None or w2_scale is None):
+    if weights in ("mxfp4", "w4a8") and (w1_scale is None or w2_scale is None):
         C.fail(OP, "w1_scale", "MXFP4 weights need w1_scale and w2_scale (E8M0 per 32)")
     if hidden.dim() != 2 or topk_ids.dim() != 2:
         C.fail(OP, "hidden", f"expected hidden (T, H) and topk_ids (T, k), got {tuple(hidden.shape)} and "
@@ -88,11 +90,12 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     if fused:
         return _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, weights, w1_scale, w2_scale,
                               act, shared, backend)
-    if weights == "fp8":
+    if weights in ("fp8", "w4a8"):
+        gemm = moe_gemm_fp8 if weights == "fp8" else moe_gemm_w4a8
         g = moe_gather_fp8(hidden, rows, top_k, backend=backend)
-        h = moe_gemm_fp8(g.codes, g.scales, w1, w1_scale, **place, backend=backend)
+        h = gemm(g.codes, g.scales, w1, w1_scale, **place, backend=backend)
         a = swiglu_fp8_group(h, **act, **act_place, backend=backend)
-        out = moe_gemm_fp8(a.codes, a.scales, w2, w2_scale, **place, backend=backend)
+        out = gemm(a.codes, a.scales, w2, w2_scale, **place, backend=backend)
     else:
         x = moe_gather(hidden, rows, top_k, backend=backend)
         gemm = moe_gemm_bf16 if weights == "bf16" else moe_gemm_mxfp4
@@ -107,10 +110,10 @@ def _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, w
                    shared, backend):
     """gather -> GEMM1 with SwiGLU (+ FP8 1x128 quantization) in its epilogue -> GEMM2 scattered into token order
     -> slot-order combine: the same bytes as the unfused chain, without the (rows, 2I) GEMM1 output in memory."""
-    if weights == "fp8":
+    if weights in ("fp8", "w4a8"):
         g = moe_gather_fp8(hidden, rows, top_k, backend=backend)
-        a = moe_gemm_swiglu_fp8_group(g.codes, w1, a_scale=g.scales, w_scale=w1_scale, weights="fp8", **place, **act,
-                                      backend=backend)
+        a = moe_gemm_swiglu_fp8_group(g.codes, w1, a_scale=g.scales, w_scale=w1_scale, weights=weights, **place,
+                                      **act, backend=backend)
         x2, s2 = a.codes, a.scales
     else:
         x = moe_gather(hidden, rows, top_k, backend=backend)

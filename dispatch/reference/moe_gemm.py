@@ -12,6 +12,7 @@ Formats:
   value = code * scale of its block; bf16 output.
 * mxfp4: E2M1 pairs (E, N, K/2) uint8 (element 2i in the low nibble), E8M0 scales (E, N, K/32) uint8, value =
   e2m1 * 2^(s - 127) (s = 0 -> 2^-127, 0xFF -> NaN); bf16 activations; bf16 output.
+* w4a8: the mxfp4 weights with the fp8 activations (E4M3 codes + fp32 1x128 scales); bf16 output.
 Optional `row_weights` (fp32, a.shape[:-1]): each computed row is multiplied by its weight before the cast
 (the fused top-k weighting of GEMM2); zero rows stay zero.
 """
@@ -77,6 +78,13 @@ def moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights=None):
     return _grouped(a.float(), w32, m_indices, masked_m, row_weights, torch.bfloat16)
 
 
+def moe_gemm_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights=None):
+    """E4M3 activations with fp32 1x128 scales x MXFP4 weights: both dequantized to fp32, one matmul per expert."""
+    a32 = fp8_group_dequantize(a, a_scale, FP8_BLOCK, torch.float32)
+    w32 = mxfp4_weight_dequantize(w_packed, w_scale)
+    return _grouped(a32, w32, m_indices, masked_m, row_weights, torch.bfloat16)
+
+
 # ------------------------------------------------------------------ GEMM1 + SwiGLU (+ FP8 1xG quantization)
 
 
@@ -85,6 +93,8 @@ def _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m):
         return moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m)
     if weights == "mxfp4":
         return moe_gemm_mxfp4(a, w, w_scale, m_indices, masked_m)
+    if weights == "w4a8":
+        return moe_gemm_w4a8(a, a_scale, w, w_scale, m_indices, masked_m)
     return moe_gemm_bf16(a, w, m_indices, masked_m)
 
 

@@ -119,6 +119,26 @@ def check_mxfp4(a, w_packed, w_scale, m_indices, masked_m, op: str = "moe_gemm_m
     check_same_device(op, "a", a, "w_scale", w_scale)
 
 
+def check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, op: str = "moe_gemm_w4a8") -> None:
+    """E4M3 activations with fp32 1x128 scales (as check_fp8) and MXFP4 weights (as check_mxfp4)."""
+    w_packed, w_scale = fp4_views(w_packed, w_scale)
+    e = _check_layout(op, a, w_packed, m_indices, masked_m)
+    check_dtype(op, "a", a, (torch.float8_e4m3fn,))
+    check_dtype(op, "w", w_packed, (torch.uint8,))
+    k = a.shape[-1]
+    if k % FP8_BLOCK:
+        fail(op, "a", f"K={k} is not a multiple of {FP8_BLOCK} (one fp32 activation scale per 128 columns)")
+    if w_packed.shape[2] * 2 != k:
+        fail(op, "w", f"expected packed (E, N, K/2={k // 2}) bytes, got shape {_shape(w_packed)}")
+    _check_scale(op, "a_scale", a_scale, (*a.shape[:-1], k // FP8_BLOCK), a)
+    check_tensor(op, "w_scale", w_scale)
+    check_dtype(op, "w_scale", w_scale, (torch.uint8,))
+    want = (e, w_packed.shape[1], k // MXFP4_BLOCK)
+    if _shape(w_scale) != want:
+        fail(op, "w_scale", f"expected shape {want}, got {_shape(w_scale)}")
+    check_same_device(op, "a", a, "w_scale", w_scale)
+
+
 def check_row_weights(op, a, row_weights) -> None:
     """row_weights: fp32, one per row of the layout (contiguous (M,), masked (E, max_m))."""
     if row_weights is None:
@@ -133,12 +153,13 @@ def check_row_weights(op, a, row_weights) -> None:
 
 # ------------------------------------------------------------------ GEMM1 + SwiGLU (+ FP8 1xG quantization)
 
-WEIGHT_KINDS = ("bf16", "fp8", "mxfp4")
+WEIGHT_KINDS = ("bf16", "fp8", "mxfp4", "w4a8")
 ACTIVATIONS = ("silu", "gptoss")  # dispatch/reference/swiglu.py
 
 
 def check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m) -> None:
-    """The GEMM operands as the moe_gemm_<weights> op takes them (a_scale: FP8 only; w_scale: FP8 and MXFP4)."""
+    """The GEMM operands as the moe_gemm_<weights> op takes them (a_scale: FP8 activations (fp8, w4a8); w_scale:
+    every kind but bf16)."""
     if weights not in WEIGHT_KINDS:
         fail(op, "weights", f"{weights!r} is not one of {', '.join(WEIGHT_KINDS)}")
     if weights == "bf16":
@@ -148,6 +169,8 @@ def check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m
         check_bf16(a, w, m_indices, masked_m, op)
     elif weights == "fp8":
         check_fp8(a, a_scale, w, w_scale, m_indices, masked_m, op)
+    elif weights == "w4a8":
+        check_w4a8(a, a_scale, w, w_scale, m_indices, masked_m, op)
     else:
         if a_scale is not None:
             fail(op, "a_scale", "MXFP4 W4A16 takes bf16 activations without scales (give None)")

@@ -17,7 +17,7 @@ from triton_ops.contract.arch import arch_of
 from triton_ops.contract.formats import MXFP4_BLOCK
 from triton_ops.contract.moe_gemm import FP8_BLOCK
 
-KINDS = ("bf16", "fp8", "mxfp4")
+KINDS = ("bf16", "fp8", "mxfp4", "w4a8")
 
 # archs with ~100 KB of shared memory per SM (consumer parts): one pipeline stage fewer on big tiles
 _SMALL_SMEM_ARCHS = ("sm_86", "sm_89", "sm_120", "sm_121")  # ~100 KB of shared memory per SM
@@ -40,6 +40,8 @@ class MoeGemmConfig:
                 return f"{name}={v} is not a power of two >= 16 (tl.dot)"
         if kind == "fp8" and self.block_k != FP8_BLOCK:
             return f"fp8 needs block_k={FP8_BLOCK} (one scale per K step), got {self.block_k}"
+        if kind == "w4a8" and self.block_k != MXFP4_BLOCK:
+            return f"w4a8 needs block_k={MXFP4_BLOCK} (one weight scale per K step), got {self.block_k}"
         if kind == "mxfp4" and self.block_k % MXFP4_BLOCK:
             return f"mxfp4 needs block_k a multiple of {MXFP4_BLOCK}, got {self.block_k}"
         if self.group_m < 1:
@@ -62,6 +64,13 @@ def pick_config(kind: str, m_per_expert: int, n: int, k: int, device: torch.devi
 
 @functools.lru_cache(maxsize=4096)  # eager hot path; the answer depends on sizes and arch only
 def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGemmConfig:
+    """W4A8: the FP8 rule's tile with 32-wide K steps (one E8M0 weight scale per row and step; not tuned)."""
+    if kind == "w4a8":
+        return dataclasses.replace(_pick(kind, m, n, k, arch), block_k=MXFP4_BLOCK)
+    return _pick(kind, m, n, k, arch)
+
+
+def _pick(kind: str, m: int, n: int, k: int, arch: str) -> MoeGemmConfig:
     """Decode (<= 32 rows per expert): BLOCK_M 16 / 32 so little of each tile is padding, and BLOCK_N 64 so a
     handful of rows still spreads over N/64 programs per expert; BLOCK_K 128 (16-byte-plus loads of the
     weight stream, which is all the traffic there). Mid (<= 64): 64x128. Prefill: 128x128 with BLOCK_K 64

@@ -12,7 +12,7 @@ same BLOCK_K steps, fp32 accumulation). Rows that are not computed (padding, out
 gate = up = 0, so they store what the SwiGLU op stores for its padding rows: y = 0, quantized as zeros.
 
 Layouts and weight kinds: as grouped.py (contiguous m_indices / masked masked_m; bf16/fp16, FP8 W8A8 128x128
-block-scaled, MXFP4 W4A16). Contract: dispatch/reference/moe_gemm.py:moe_gemm_swiglu.
+block-scaled, MXFP4 W4A16, MXFP4 x FP8 W4A8). Contract: dispatch/reference/moe_gemm.py:moe_gemm_swiglu.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from .config import MoeGemmConfig, pick_swiglu_gemm_config, rows_per_expert
 from .grouped import KIND_CODE, _grid_refusal, expert_pass, layout_args, tile_of_program
 from .grouped import _launch as _gemm_launch
 
-_OUT_DTYPE = {"bf16": None, "fp8": torch.bfloat16, "mxfp4": torch.bfloat16}  # GEMM output dtype (None: a's dtype)
+# the GEMM's output dtype per weight kind (None: a's dtype)
+_OUT_DTYPE = {"bf16": None, "fp8": torch.bfloat16, "mxfp4": torch.bfloat16, "w4a8": torch.bfloat16}
 
 
 @triton.jit
@@ -159,8 +160,10 @@ def _operands(weights, a, a_scale, w, w_scale):
     """The uint8 views the kernel reads (FP8 codes, FP4 pairs / E8M0 scales)."""
     if weights == "fp8":
         return a.view(torch.uint8), a_scale, w.view(torch.uint8), w_scale
-    if weights == "mxfp4":
+    if weights in ("mxfp4", "w4a8"):
         w, w_scale = fp4_views(w, w_scale)
+    if weights == "w4a8":
+        a = a.view(torch.uint8)
     return a, a_scale, w, w_scale
 
 
@@ -172,6 +175,8 @@ def supports_moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weight
         return f"activations {a.dtype} are not bf16 / fp16"
     if weights == "fp8" and (a.dtype != torch.float8_e4m3fn or w.dtype != torch.float8_e4m3fn):
         return f"a {a.dtype} / w {w.dtype}: only E4M3 (float8_e4m3fn) is implemented"
+    if weights == "w4a8" and a.dtype != torch.float8_e4m3fn:
+        return f"activations {a.dtype}: only E4M3 (float8_e4m3fn) is implemented"
     return _grid_refusal(w, masked_m)
 
 

@@ -7,7 +7,10 @@ Weights are (E, N, K) with K contiguous (K-major), one of:
   once per 128-wide K step, bf16 output;
 * MXFP4 (`moe_gemm_mxfp4`, GPT-OSS W4A16): E2M1 pairs (E, N, K/2) uint8, element 2i in the low nibble, E8M0
   scales (E, N, K/32) (value = e2m1 * 2^(s - 127)), bf16 activations; dequantized to bf16 in registers (or,
-  with `dot_scaled=True`, handed to tl.dot_scaled as "e2m1" with the scales), bf16 output.
+  with `dot_scaled=True`, handed to tl.dot_scaled as "e2m1" with the scales), bf16 output;
+* W4A8 (`moe_gemm_w4a8`): those MXFP4 weights with the FP8 activations of moe_gemm_fp8. E2M1 -> E4M3 is exact,
+  so the MMA runs on FP8 operands in 32-wide K steps; each step's product is scaled by a_scale[m, k // 128] *
+  2^(s[n, k // 32] - 127) in fp32 (the E8M0 exponent folded into the per-step rescale), bf16 output.
 Optional fused epilogue on every entry: `row_weights` (fp32, one per row of a) multiplies each computed row
 before the one rounding (the top-k weights of GEMM2, so the combine only sums).
 
@@ -37,14 +40,15 @@ from triton_ops.contract.moe_gemm import (
     check_fp8,
     check_mxfp4,
     check_row_weights,
+    check_w4a8,
     contiguous_ids,
     fp4_views,
 )
 
 from .config import FP8_BLOCK, MXFP4_BLOCK, MoeGemmConfig, pick_config, rows_per_expert
-from .dequant import e4m3_operand, mma, mxfp4_tile_t
+from .dequant import e4m3_operand, e8m0_to_f32, mma, mxfp4_tile_t, w4a8_weight_t
 
-KIND_CODE = {"bf16": 0, "fp8": 1, "mxfp4": 2}
+KIND_CODE = {"bf16": 0, "fp8": 1, "mxfp4": 2, "w4a8": 3}
 _MAX_GRID_Y = 65535  # CUDA grid dim y: the masked layout puts the experts there
 
 
@@ -67,6 +71,14 @@ def _weight_step(a, a_s, k0, w_ptr, ws_ptr, e64, n64, nmask, K, acc, stride_we, 
                       other=0.0)
         d = mma(e4m3_operand(a, EMULATE, F32_DOT), e4m3_operand(w, EMULATE, F32_DOT), None, F32_DOT)
         acc += d * (a_s[:, None] * w_s[None, :])
+    elif KIND == 3:  # W4A8: BLOCK_K == 32, one E8M0 scale per weight row and step, folded into the rescale
+        kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        w_rows = w_ptr + e64 * stride_we + n64[:, None] * stride_wn  # [BLOCK_N, 1]
+        packed = tl.load(w_rows + kh[None, :], mask=nmask[:, None] & (kh < K // 2)[None, :], other=0)
+        sb = tl.load(ws_ptr + e64 * stride_wse + n64 * stride_wsn + (k0 // 32) * stride_wsk, mask=nmask, other=0)
+        w = w4a8_weight_t(packed, BLOCK_N, BLOCK_K)
+        d = mma(e4m3_operand(a, EMULATE, F32_DOT), e4m3_operand(w, EMULATE, F32_DOT), None, F32_DOT)
+        acc += d * (a_s[:, None] * e8m0_to_f32(sb)[None, :])
     else:
         kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
@@ -100,9 +112,9 @@ def expert_pass(a_ptr, a_off, sel, as_ptr, as_off, stride_ask, w_ptr, ws_ptr, e,
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
         a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
-        a_s = 0.0  # FP8 only
-        if KIND == 1:
-            a_s = tl.load(as_ptr + as_off + (k0 // BLOCK_K) * stride_ask, mask=sel, other=0.0)
+        a_s = 0.0  # FP8 activations only: the 1x128 scale of this step
+        if KIND == 1 or KIND == 3:
+            a_s = tl.load(as_ptr + as_off + (k0 // 128) * stride_ask, mask=sel, other=0.0)
         acc = _weight_step(a, a_s, k0, w_ptr, ws_ptr, e64, n64, nmask, K, acc, stride_we, stride_wn, stride_wse,
                            stride_wsn, stride_wsk, KIND, EMULATE, F32_DOT, DOT_SCALED, BLOCK_N, BLOCK_K)
         if DUAL:
@@ -282,6 +294,12 @@ def supports_moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, *rest) ->
     return _grid_refusal(w_packed, masked_m)
 
 
+def supports_moe_gemm_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, *rest) -> str | None:
+    if a.dtype != torch.float8_e4m3fn:
+        return f"activations {a.dtype}: only E4M3 (float8_e4m3fn) is implemented"
+    return _grid_refusal(w_packed, masked_m)
+
+
 # ---------------------------------------------------------------------------------------------- entries
 
 
@@ -315,3 +333,16 @@ def moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights=None, 
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch("mxfp4", a, None, w_packed, w_scale, m_indices, masked_m, row_weights, torch.bfloat16, config,
                    dot_scaled)
+
+
+def moe_gemm_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights=None, *,
+                  config: MoeGemmConfig | None = None):
+    """E4M3 activations with fp32 1x128 scales (as moe_gemm_fp8) x MXFP4 weights (as moe_gemm_mxfp4) -> bf16.
+    E2M1 -> E4M3 is exact, so the MMA runs on FP8 operands; each 32-wide K step's product is scaled by
+    a_scale[m, k // 128] * 2^(w_scale[n, k // 32] - 127) in fp32. row_weights: as moe_gemm_bf16."""
+    check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m)
+    check_row_weights("moe_gemm_w4a8", a, row_weights)
+    w_packed, w_scale = fp4_views(w_packed, w_scale)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    return _launch("w4a8", a.view(torch.uint8), a_scale, w_packed, w_scale, m_indices, masked_m, row_weights,
+                   torch.bfloat16, config)
