@@ -464,3 +464,71 @@ def test_sm90_compile_uses_wgmma():
         assert int(wgmma) > 0, f"{what} {kind} fmt={fmt}: no wgmma"
         assert int(async_copies) > 0, f"{what} {kind} fmt={fmt}: operand loads not pipelined (no async copy)"
         assert int(shared) <= SM90_SHARED, f"{what} {kind} fmt={fmt}: {shared} B of shared memory"
+
+
+def test_torch_compile_fullgraph():
+    """The fused ops and W4A8 inside one torch.compile(fullgraph=True) graph (aot_eager: the fakes and the schema),
+    same bytes as eager."""
+    from dispatch import ops
+    g = torch.Generator().manual_seed(9)
+    ids, src, inv, tw, lead, dead = _routed(g, 6, 2, 3, False, 0, None, "cpu")
+    a, a_s, w1, w1_s = _exact_operands("w4a8", g, lead, dead, 3, 256, 128, "cpu")
+    _, _, w2, w2_s = _exact_operands("w4a8", g, lead, dead, 3, 128, 128, "cpu")
+
+    def layer(a, a_s, w1, w1_s, w2, w2_s, mi, src, inv, tw):
+        q = ops.moe_gemm_swiglu_fp8_group(a, w1, a_scale=a_s, w_scale=w1_s, weights="w4a8", m_indices=mi,
+                                          backend="triton")
+        h = ops.moe_gemm_w4a8(q.codes, q.scales, w2, w2_s, m_indices=mi, backend="triton")
+        y = ops.moe_gemm_combine(q.codes, w2, src, inv, tw, a_scale=q.scales, w_scale=w2_s, weights="w4a8",
+                                 m_indices=mi, backend="triton")
+        return h, y
+
+    args = (a, a_s, w1, w1_s, w2, w2_s, ids["m_indices"], src, inv, tw)
+    want = layer(*args)
+    got = torch.compile(layer, fullgraph=True, backend="aot_eager")(*args)
+    for x, y, what in zip(got, want, ("w4a8 GEMM2", "GEMM2 + combine"), strict=True):
+        assert_same_bytes(x, y, what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8"])
+def test_gpu_combine_and_layer_graph(kind):
+    """GEMM2 into token order at a decode size (64 tokens, top-8, 64 experts, N 1024, K 2048) against the chain on the
+    same GPU (same kernel and config: same bytes); the fused layer against the chain, and captured in a CUDA graph
+    and replayed (same bytes as eager)."""
+    from dispatch import ops
+    from dispatch.ops.moe_layer import moe_layer
+    g = torch.Generator().manual_seed(13)
+    ids, src, inv, tw, lead, dead = _routed(g, 64, 8, 64, False, 0, None, "cuda")
+    a, a_s, w, w_s = _random_operands(kind, g, lead, dead, 64, 1024, 2048, "cuda")
+    got = ops.moe_gemm_combine(a, w, src, inv, tw, a_scale=a_s, w_scale=w_s, weights=kind, m_indices=ids["m_indices"])
+    h = _chain_gemm(kind, a, a_s, w, w_s, ids)
+    assert_same_bytes(got, tal.moe_combine(h, inv, tw, None, torch.bfloat16), f"{kind} combine")
+    if kind == "bf16":
+        return
+    x = torch.randn(64, 2048, generator=g).bfloat16().cuda()
+    topk = torch.stack([torch.randperm(64, generator=g)[:8] for _ in range(64)]).to(torch.int32).cuda()
+    if kind == "fp8":
+        from tests.test_moe_gemm import quant_w_fp8
+        w1, s1 = quant_w_fp8(torch.randn(64, 2048, 2048, generator=g) / 45)
+        w2, s2 = quant_w_fp8(torch.randn(64, 2048, 1024, generator=g) / 32)
+    else:
+        from tests.test_moe_gemm import quant_w_mxfp4
+        w1, s1 = quant_w_mxfp4(torch.randn(64, 2048, 2048, generator=g) / 45)
+        w2, s2 = quant_w_mxfp4(torch.randn(64, 2048, 1024, generator=g) / 32)
+    kw = dict(weights=kind, w1_scale=s1.cuda(), w2_scale=s2.cuda(), layout="masked", max_m=16)
+    w1, w2 = w1.cuda(), w2.cuda()
+    eager = moe_layer(x, topk, tw, w1, w2, **kw)
+    # GEMM1's tiles differ between the paths, so the MMA order may too: a tolerance here (bytes: exact operands)
+    assert_close(eager, moe_layer(x, topk, tw, w1, w2, **kw, fused=False), f"{kind} fused layer vs chain", factor=2)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        moe_layer(x, topk, tw, w1, w2, **kw)  # warm-up (compiles) off the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe_layer(x, topk, tw, w1, w2, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same_bytes(out, eager, f"{kind} layer under CUDA-graph replay")
