@@ -221,10 +221,12 @@ def _peers(kind: str, masked: bool, dense: bool) -> dict:
     peers: dict = {}
     if kind in ("bf16", "mxfp4", "w4a8", "w4a4"):
         wname = "w" if kind == "bf16" else "w_peer"
+        aname = "a_peer" if kind in ("w4a8", "w4a4") else "a"
         if masked:
-            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i["a"], i[wname].transpose(1, 2), out_dtype=BF16)
+            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i[aname], i[wname].transpose(1, 2),
+                                                                     out_dtype=BF16)
         else:
-            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i["a"], i[wname].transpose(1, 2),
+            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i[aname], i[wname].transpose(1, 2),
                                                                      offs=i["offs"], out_dtype=BF16)
         if dense and kind == "bf16":
             peers["mm-dense"] = lambda i: torch.mm(i["a"], i["w"][0].t())
@@ -312,8 +314,10 @@ def _case(model: str, gemm: str, kind: str, e: int, n: int, k: int, *, counts: l
         if "torch._scaled_grouped_mm" in peers or "scaled_mm-dense" in peers:  # row-wise scales of the FP8 peers
             i["sa_row"] = torch.rand(*lead, device=device).add_(0.5)
             i["sb_row"] = torch.rand(e, n, device=device).add_(0.5).mul_(k ** -0.5)
-        if kind != "bf16" and "torch._grouped_mm" in peers:  # bf16 weights of the same shape for the bf16 peer
+        if kind != "bf16" and "torch._grouped_mm" in peers:  # bf16 operands of the same shape for the bf16 peer
             i["w_peer"] = torch.randn(e, n, k, device=device, dtype=BF16).mul_(k ** -0.5)
+            if kind in ("w4a8", "w4a4"):
+                i["a_peer"] = torch.randn(*lead, k, device=device, dtype=BF16)
         _probe_peers(peers, state, i, device, where)
         return i
 
