@@ -305,6 +305,9 @@ KNOWN_SPILLS = {
     **{("moe_gemm/fp8", cc): "fp8 prefill tile: 255 registers + spills" for cc in ARCHS},
     # 2-stage bf16 prefill tile on the ~100 KB-smem chips (config.py _SMALL_SMEM_ARCHS): 255 registers, 8 bytes
     **{("moe_gemm/bf16", cc): "bf16 prefill tile, 2 stages: 255 registers + 8 bytes" for cc in (120, 121)},
+    # W4A8 prefill tile on the consumer chips, where e4m3 x e2m1 has no native MMA and Triton upcasts both operands to
+    # bf16 in registers: 255 registers, 512 bytes
+    **{("moe_gemm/w4a8", cc): "W4A8 upcast prefill tile: 255 registers + 512 bytes" for cc in (120, 121)},
 }
 
 

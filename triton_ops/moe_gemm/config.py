@@ -82,6 +82,11 @@ def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGem
     if m <= 64:
         return MoeGemmConfig(64, 128, 64 if kind == "bf16" else 128, group_m=4, num_warps=4, num_stages=3)
     stages = 2 if arch in _SMALL_SMEM_ARCHS else 3
+    if kind == "bf16" and arch not in _SMALL_SMEM_ARCHS:
+        # 5 stages (160 KB of shared memory): 0.81x / 0.80x torch._grouped_mm on DeepSeek's prefill GEMM1 / GEMM2
+        # against 0.65x / 0.68x with 3 (H100 sweep, perf/results/experiments/2026-11-25-h100-moe-gemm-prefill-
+        # tiles-*.json). 128x256 x 4 stages measured 0.83x / 0.82x but needs 255 registers and spills to the stack.
+        return MoeGemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=5)
     # fp8 / w4a8: one activation scale per K step; w4a4: 128 FP4 values are 64 bytes a row, as bf16's 64 are 128
     bk = 64 if kind in ("bf16", "mxfp4") else 128
     return MoeGemmConfig(128, 128, bk, group_m=8, num_warps=8, num_stages=stages)
