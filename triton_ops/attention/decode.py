@@ -24,7 +24,7 @@ Query s of sequence b sits at key position seqused_k[b] - Sq + s (bottom-right a
 * FP8: codes are exact in bf16/fp16, so the dots take the codes and the scales multiply the fp32 results (k
   scale into the logit scale, v scale into the final normalization). On the GPU the dots run in fp16 (the
   hardware converts a pair of E4M3 codes to fp16 in one instruction; to bf16 it takes three): q is converted to
-  fp16 (exact above 2^-14, after an exact power-of-two rescale when |q| >= 2^15) and P is rounded to fp16.
+  fp16 after an exact power-of-two rescale of the tile (largest magnitude in [2^14, 2^15]) and P is rounded to fp16.
 * Interpreter: its tl.dot on bf16 operands is wrong (huge values), so there (DOT_F32) the dots run on fp32
   copies of the same 16-bit operands, with fp32 IEEE products.
 """
@@ -106,11 +106,12 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
     if FP8:
         scale = scale * tl.load(ks_ptr + hkv * ks_sh)
     if Q_TO_F16:
-        # bf16 q for fp16 dots (FP8 caches): exact in fp16 above 2^-14; q is divided by the power of two that
-        # brings its largest magnitude under 2^15 (1 for any realistic q), and the logit scale takes it back
+        # bf16 q for fp16 dots (FP8 caches): q is divided by the power of two that puts its largest magnitude in
+        # [2^14, 2^15] (exact), so every element fp16 holds exactly (fp16 has more mantissa bits than bf16) unless
+        # it is 2^29 times smaller than the largest; the logit scale takes the factor back
         qf = q.to(tl.float32)
         qmax = tl.max(tl.max(tl.abs(qf), 1), 0)
-        qfac = tl.where(qmax > 32768.0, tl.exp2(tl.ceil(tl.log2(qmax * (1.0 / 32768.0)))), 1.0)
+        qfac = tl.where(qmax > 0.0, tl.exp2(tl.ceil(tl.log2(qmax * (1.0 / 32768.0)))), 1.0)
         q = (qf / qfac).to(DOT_DTYPE)
         scale = scale * qfac
     else:
