@@ -46,17 +46,15 @@ persistence, TMA store of O, exp2 emulation on FMA, paged KV, FP8, D != 64/128, 
 
 import dataclasses
 import functools
-import hashlib
-import math
-from pathlib import Path
 
+from . import launch
 from . import mask as mask_mod
 from . import scheduler as sched_mod
 from . import softmax as sm_mod
 
 TILE_M = 128
 TILE_N = 128
-SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_HEAD_DIMS = launch.SUPPORTED_HEAD_DIMS
 DTYPES = ("bf16", "fp16")
 
 
@@ -96,16 +94,8 @@ class FmhaSm100Config:
         return mask_mod.MaskSpec(self.causal, self.has_window_left, self.has_window_right)
 
     def key(self) -> tuple:
-        return ("fmha_sm100", _source_hash(), *dataclasses.astuple(self))
+        return ("fmha_sm100", launch.source_hash(), *dataclasses.astuple(self))
 
-
-@functools.cache
-def _source_hash() -> str:
-    """cute_ops/_compile.fingerprint() hashes cute_ops/*.py only: key on this package's sources too."""
-    h = hashlib.sha256()
-    for src in sorted(Path(__file__).resolve().parent.glob("*.py")):
-        h.update(src.name.encode() + src.read_bytes())
-    return h.hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------------- the kernel
@@ -730,36 +720,11 @@ def emulate(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale: float, causal: b
 # ------------------------------------------------------------------------------------------ compile
 
 
-def _fake_args(cfg: FmhaSm100Config):
-    import cutlass
-    import cutlass.cute as cute
-
-    dt = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[cfg.dtype]
-    d = cfg.head_dim
-    total_q, total_k, hq, hkv, nb1 = (cute.sym_int() for _ in range(5))
-
-    def tokens(rows, heads):  # (tokens, heads, D): D contiguous, token/head strides in 16-byte units
-        return cute.runtime.make_fake_tensor(dt, (rows, heads, d), stride=(cute.sym_int64(divisibility=8),
-                                                                           cute.sym_int64(divisibility=8), 1),
-                                             assumed_align=16)
-
-    q, k, v, o = tokens(total_q, hq), tokens(total_k, hkv), tokens(total_k, hkv), tokens(total_q, hq)
-    lse = (cute.runtime.make_fake_tensor(cutlass.Float32, (total_q, hq), stride=(cute.sym_int64(), 1),
-                                         assumed_align=4) if cfg.has_lse else None)
-    cu_q = cute.runtime.make_fake_tensor(cutlass.Int32, (nb1,), stride=(1,), assumed_align=4)
-    cu_k = cute.runtime.make_fake_tensor(cutlass.Int32, (nb1,), stride=(1,), assumed_align=4)
-    sinks = (cute.runtime.make_fake_tensor(cutlass.Float32, (hq,), stride=(1,), assumed_align=4)
-             if cfg.has_sink else None)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return (q, k, v, o, lse, cu_q, cu_k, sinks, cutlass.Float32(1.0), cutlass.Int32(-1), cutlass.Int32(-1),
-            cutlass.Int32(0), stream)
-
-
 def build(cfg: FmhaSm100Config, extra_options: str = ""):
     """cute.compile the kernel for `cfg` (uncached; `extra_options`: keep/dump flags for the SASS tests)."""
     import cutlass.cute as cute
 
-    return cute.compile(kernel_class()(cfg), *_fake_args(cfg),
+    return cute.compile(kernel_class()(cfg), *launch.fake_args(cfg.dtype, cfg.head_dim, cfg.has_lse, cfg.has_sink),
                         options=f"--enable-tvm-ffi --gpu-arch {cfg.arch} {extra_options}".strip())
 
 
@@ -788,25 +753,9 @@ def supports_attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                causal, window_left, window_right, sinks, return_lse) -> str | None:
     """Why `attention_prefill` below cannot take these arguments (None: it can), same signature as the triton
     backend's check. Shape and layout rules first, the device last (so CPU tests reach the rest)."""
-    import torch
-
-    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-    if q.dtype not in names or k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"dtypes q={q.dtype} k={k.dtype} v={v.dtype}: needs bf16 or fp16, all the same"
-    d = q.shape[-1]
-    if d not in SUPPORTED_HEAD_DIMS or k.shape[-1] != d or v.shape[-1] != d:
-        return f"head dims q={d} k={k.shape[-1]} v={v.shape[-1]}: needs Dqk = Dv in {SUPPORTED_HEAD_DIMS}"
-    if q.shape[1] % k.shape[1]:
-        return f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} KV heads"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(-1) != 1 or t.stride(0) % 8 or t.stride(1) % 8 or t.data_ptr() % 16:
-            return f"{name}: TMA needs a unit stride on D and 16-byte aligned rows, heads and base"
-    if softmax_scale is not None and not softmax_scale > 0:
-        return f"softmax_scale={softmax_scale}: the kernel takes the row max before scaling (needs > 0)"
-    if cu_seqlens_q.dtype != torch.int32 or cu_seqlens_k.dtype != torch.int32:
-        return "cu_seqlens must be int32"
-    if q.device.type != "cuda":
-        return "the cute backend runs on CUDA tensors only"
+    why = launch.check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale)
+    if why is not None:
+        return why
     from .._compile import target_arch
 
     arch = target_arch(q.device.index)
@@ -825,20 +774,12 @@ def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
 
     from .._compile import target_arch
 
-    total_q, hq, d = q.shape
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty(total_q, hq, dtype=torch.float32, device=q.device)
-    if total_q == 0:  # a grid of zero CTAs is a launch error
-        return out, lse
-    cfg = FmhaSm100Config({torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype], d, bool(causal),
+    cfg = FmhaSm100Config({torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype], q.shape[-1], bool(causal),
                           window_left >= 0, window_right >= 0, sinks is not None, True, "packed",
                           arch=target_arch(q.device.index))
-    scale = default_softmax_scale(d) if softmax_scale is None else float(softmax_scale)
-    sink_arg = None if sinks is None else sinks.to(torch.float32).contiguous()
-    compiled(cfg)(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), sink_arg, scale,
-                  int(window_left), int(window_right), int(max_seqlen_q))
-    return out, lse
+    fn = compiled(cfg) if q.shape[0] else None
+    return launch.run(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_left,
+                      window_right, sinks)
 
 
-def default_softmax_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
+default_softmax_scale = launch.default_softmax_scale
