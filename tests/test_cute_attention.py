@@ -493,3 +493,145 @@ def test_compile_cache_round_trip(tmp_path, monkeypatch):
     _compile.clear_memory()
     compiled(cfg)
     assert (_compile.STATS.compiles, _compile.STATS.disk_loads) == (before[0] + 1, before[1] + 1)
+
+
+# ------------------------------------------------------------------------------------- sm90 (WGMMA) kernel
+# The Hopper sibling: same shared modules, same contract. CPU: config and entry rules, the WGMMA fragment facts its
+# per-thread code relies on (run on the host), the compile and its SASS. GPU (marked gpu, sm_90 only): the kernel
+# through dispatch (backend="cute") against the shared reference.
+
+
+@pytest.fixture
+def dsl_arch_sm90(monkeypatch):
+    """Trace host-run @cute.jit code for sm_90a (the DSL's arch is read once at import: CUTE_DSL_ARCH or sm_100a
+    on a machine without a GPU)."""
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
+
+
+def test_sm90_config_rejects_what_the_kernel_does_not_build():
+    from cute_ops.attention.fmha_sm90 import FmhaSm90Config
+
+    with pytest.raises(ValueError, match="head_dim"):
+        FmhaSm90Config("bf16", 256)
+    with pytest.raises(ValueError, match="dtype"):
+        FmhaSm90Config("fp32", 128)
+    with pytest.raises(ValueError, match="sm_90a"):
+        FmhaSm90Config("bf16", 128, arch="sm_100a")
+
+
+def test_sm90_entry_checks_and_auto_skip_on_cpu():
+    from cute_ops.attention import fmha_sm90
+
+    def reason(q, k, v, scale=0.125):
+        c = torch.tensor([0, q.shape[0]], dtype=torch.int32)
+        return fmha_sm90.supports_attention_prefill(q, k, v, c, c.clone(), q.shape[0], k.shape[0], scale, True, -1,
+                                                    -1, None, True)
+
+    q, k = torch.zeros(4, 4, 64, dtype=torch.float16), torch.zeros(4, 2, 64, dtype=torch.float16)
+    assert reason(q, k, k) == "the cute backend runs on CUDA tensors only"
+    assert "bf16 or fp16" in reason(q.float(), k.float(), k.float())
+    assert "Dqk = Dv" in reason(q[..., :32], k[..., :32], k[..., :32])
+    assert "row max" in reason(q, k, k, scale=0.0)
+    assert "not yet run on a GPU" in fmha_sm90.auto_skip_unverified(q, k, k)
+
+
+@needs_dsl
+def test_sm90_wgmma_fragments_line_up(dsl_arch_sm90):
+    """Evaluated on the host for threads of both consumer warpgroups: (1) the (rows, columns) view of the S
+    accumulator puts thread t on rows 64 * wg + 16 * warp + lane // 4 (+ 8) and columns 8 j + 2 (lane % 4) (+ 1), so
+    a row lives in one quad; (2) its A-operand view is element for element the A fragment of the RS MMA O += P V
+    (P goes to the tensor core with the right (row, key) at every register); (3) the O accumulator's rows are the
+    S rows (the per-row rescale and 1 / l apply to the right rows); (4) mask.apply_row_bounds with those
+    coordinates hides exactly the keys outside each row's [lo, hi)."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass import Float32
+    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+    from cutlass.cute.runtime import from_dlpack
+
+    from cute_ops.attention import wgmma
+
+    @cute.jit
+    def facts(out, scores, bounds, t):
+        dt = cutlass.BFloat16
+        qk = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (2, 1, 1),
+                                               (64, 128))
+        pv = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32, (2, 1, 1),
+                                               (64, 128), a_source=warpgroup.OperandSource.RMEM)
+        tq, tp = qk.get_slice(t), pv.get_slice(t)
+        c_s = tq.partition_C(cute.make_identity_tensor((128, 128)))
+        s = wgmma.acc_mn(c_s)
+        a_from_s = wgmma.acc_as_a(c_s)
+        a = tp.partition_A(cute.make_identity_tensor((128, 128)))
+        o = wgmma.acc_mn(tp.partition_C(cute.make_identity_tensor((128, 128))))
+        for r in cutlass.range_constexpr(2):
+            for i in cutlass.range_constexpr(32):
+                out[0, r * 32 + i, 0] = s[r, i][0]
+                out[0, r * 32 + i, 1] = s[r, i][1]
+                out[3, r * 32 + i, 0] = o[r, i][0]
+                out[3, r * 32 + i, 1] = o[r, i][1]
+        for i in cutlass.range_constexpr(64):
+            out[1, i, 0] = a_from_s[i][0]
+            out[1, i, 1] = a_from_s[i][1]
+            out[2, i, 0] = a[i][0]
+            out[2, i, 1] = a[i][1]
+        acc = cute.make_rmem_tensor(qk.partition_shape_C((128, 128)), Float32)
+        acc.fill(0.0)
+        acc_rows = wgmma.acc_mn(acc)
+        for r in cutlass.range_constexpr(2):
+            mask_lo = bounds[r, 0]
+            mask_hi = bounds[r, 1]
+            M.apply_row_bounds(acc_rows[r, None], s[r, None], bounds[2, 0], mask_lo, mask_hi)
+            for i in cutlass.range_constexpr(32):
+                scores[r, i] = acc_rows[r, i]
+
+    for t in (0, 5, 37, 100, 130, 255):
+        out = torch.full((4, 64, 2), -1, dtype=torch.int32)
+        scores = torch.zeros(2, 32)
+        bounds = torch.tensor([[256 + 9, 256 + 70], [200, 256 + 3], [256, 0]], dtype=torch.int32)
+        facts(from_dlpack(out), from_dlpack(scores), from_dlpack(bounds), cutlass.Int32(t))
+        wg, warp, lane = t // 128, t % 128 // 32, t % 32
+        row0 = 64 * wg + 16 * warp + lane // 4
+        cols = [8 * j + 2 * (lane % 4) + c for j in range(16) for c in range(2)]
+        assert out[0, :32, 0].eq(row0).all() and out[0, 32:, 0].eq(row0 + 8).all(), (t, out[0, :, 0].tolist())
+        assert out[0, :32, 1].tolist() == cols and out[0, 32:, 1].tolist() == cols, t
+        assert torch.equal(out[1], out[2]), f"thread {t}: P's registers are not the RS MMA's A fragment"
+        assert torch.equal(out[0], out[3]), f"thread {t}: O rows differ from S rows"
+        for r in range(2):
+            key = torch.tensor(cols) + 256
+            want = torch.where((key >= bounds[r, 0]) & (key < bounds[r, 1]), 0.0, float("-inf"))
+            assert torch.equal(scores[r], want), (t, r)
+
+
+@needs_dsl
+@pytest.mark.parametrize("dtype,d,extra", [
+    ("bf16", 128, dict(causal=True, has_window_left=True, has_sink=True)),
+    ("fp16", 64, dict(has_window_left=True, has_window_right=True, schedule="grid", rescale_threshold=0.0)),
+])
+def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
+    """Record (nvidia-cutlass-dsl 4.8.1): bf16 D=128: HGMMA.64x128 16, UTMALDG.3D 6, MUFU.EX2 66, SHFL.BFLY 8,
+    STG.E 34, USETMAXREG 2, no local memory; fp16 D=64: HGMMA 12, UTMALDG 3, STG.E 18."""
+    from cute_ops.attention.fmha_sm90 import FmhaSm90Config, dump
+
+    d_ = dump(FmhaSm90Config(dtype, d, **extra))
+    ops = d_.opcodes()
+    assert "sm_90a" in d_.ptx.split(".target", 1)[1][:40]
+    # S = Q K^T: D / 16 k-steps of m64n128k16; O += P V: 128 keys / 16 k-steps of m64n{D}k16 with A from registers
+    assert d_.count("HGMMA") == d // 16 + 128 // 16, ops
+    ab = "bf16.bf16" if dtype == "bf16" else "f16.f16"
+    assert f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{ab}" in d_.ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.{ab} {{" in d_.ptx.replace("\t", " ")
+    assert any("wgmma.mma_async" in ln and "{%r" in ln.split("},", 1)[1][:8] for ln in d_.ptx.splitlines()
+               if "wgmma.mma_async" in ln and f"m64n{d}k16" in ln), "no WGMMA takes A (P) from registers"
+    assert d_.count("WARPGROUP.ARRIVE") >= 2 and d_.count("WARPGROUP.DEPBAR") >= 2, ops
+    assert d_.count("UTMALDG") == 3 * d // 64, ops  # Q, K, V: boxes of 64 columns (128-byte swizzle)
+    assert d_.count("SYNCS.ARRIVE.TRANS64") >= 3, ops  # expect-tx arrives of the TMA pipelines
+    assert d_.count("USETMAXREG") == 2, ops  # producer down, consumers up
+    assert d_.count("MUFU.EX2") >= 64, ops  # 2 rows x 32 keys per thread and tile
+    assert d_.count("SHFL.BFLY") >= 8, ops  # quad max and sum, 2 rows
+    assert d_.count("F2FP") >= 32, ops
+    assert d_.count("STG.E") == 2 * d // 8 + 2, ops  # 2 rows x D / 8 column pairs, and 2 lse values
+    assert d_.count("STL") == 0 and d_.count("LDL") == 0, ops

@@ -77,8 +77,8 @@ def _kernel_class():
     evaluates the kernel's annotations."""
     import cutlass
     import cutlass.cute as cute
+    import cutlass.memory as memory
     import cutlass.pipeline as pipeline
-    import cutlass.utils as utils
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass import Float32, Int32, Int64
     from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
@@ -176,7 +176,7 @@ def _kernel_class():
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
                 cpasync.prefetch_descriptor(tma_v)
-            smem = utils.SmemAllocator()
+            smem = memory.SmemAllocator()
             st = smem.allocate(self.shared_storage)
             consumers = group(self.CONSUMER_WARPS)  # one arrive per consumer warp (lane 0) on release
             q_pipe = pipeline.PipelineTmaAsync.create(

@@ -16,7 +16,7 @@ try:
     import cutlass.cute as cute
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.cute.nvgpu import warpgroup
-    from cutlass.utils import LayoutEnum
+    from cutlass.tensor_utils import LayoutEnum
 except ImportError:  # pragma: no cover - exercised only without nvidia-cutlass-dsl
     cutlass = None
 
