@@ -535,6 +535,12 @@ def test_sm90_entry_checks_and_auto_skip_on_cpu():
     assert "Dqk = Dv" in reason(q[..., :32], k[..., :32], k[..., :32])
     assert "row max" in reason(q, k, k, scale=0.0)
     assert "not yet run on a GPU" in fmha_sm90.auto_skip_unverified(q, k, k)
+    from dispatch.registry import _load
+    from dispatch.table import TABLE
+
+    row = next(e for e in TABLE["attention_prefill"] if e.backend == "cute")
+    assert row.archs == ("sm_90",) and _load(row.impl) is fmha_sm90.attention_prefill
+    assert _load(row.auto_skip) is fmha_sm90.auto_skip_unverified, "auto must pass the unverified kernel over"
 
 
 @needs_dsl
@@ -635,3 +641,101 @@ def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     assert d_.count("F2FP") >= 32, ops
     assert d_.count("STG.E") == 2 * d // 8 + 2, ops  # 2 rows x D / 8 column pairs, and 2 lse values
     assert d_.count("STL") == 0 and d_.count("LDL") == 0, ops
+
+
+def _need_sm90():
+    if unavailable_reason() is not None:
+        pytest.skip(f"cute backend: {unavailable_reason()}")
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 CuTeDSL attention kernel runs on sm_90 (H100/H200) only")
+
+
+def _sm90_case(lq, lk, hq, hkv, d, dtype, causal, window, sink, seed=0, qkv_packed=False):
+    """(out, lse, want_out, want_lse) of the cute backend on the GPU and the fp64 reference."""
+    import dispatch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    tq, tk = sum(lq), sum(lk)
+    if qkv_packed:  # q, k, v as head slices of one (tokens, Hq + 2 Hkv, D) tensor: strided heads, as from a QKV GEMM
+        assert lq == lk
+        qkv = torch.randn(tq, hq + 2 * hkv, d, device="cuda", generator=g).to(dtype)
+        q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    else:
+        q = torch.randn(tq, hq, d, device="cuda", generator=g).to(dtype)
+        k = torch.randn(tk, hkv, d, device="cuda", generator=g).to(dtype)
+        v = torch.randn(tk, hkv, d, device="cuda", generator=g).to(dtype)
+    sinks = torch.randn(hq, device="cuda", generator=g) * 2 if sink else None
+    cu_q, cu_k = cu(lq).cuda(), cu(lk).cuda()
+    scale = 1.0 / math.sqrt(d)
+    out, lse = dispatch.ops.attention_prefill(q, k, v, cu_q, cu_k, max(lq), max(lk), softmax_scale=scale,
+                                              causal=causal, window=window, sinks=sinks, return_lse=True,
+                                              backend="cute")
+    want_out, want_lse = attention_varlen(q, k, v, cu_q, cu_k, scale, causal, window, sinks)
+    return out, lse, want_out, want_lse
+
+
+SM90_GPU_CASES = [  # lq, lk, hq, hkv, d, dtype, causal, window, sink
+    ([1000], [1000], 4, 4, 128, torch.bfloat16, True, (-1, -1), False),
+    ([1000], [1000], 4, 4, 128, torch.bfloat16, False, (-1, -1), False),
+    ([300, 0, 129, 1, 256], [300, 5, 700, 64, 256], 8, 2, 64, torch.float16, True, (100, -1), True),  # varlen GQA
+    ([513, 64], [1500, 64], 4, 1, 128, torch.bfloat16, False, (-1, 0), True),  # MQA, right window only
+    ([700, 77], [700, 900], 8, 2, 64, torch.bfloat16, False, (37, 11), False),  # both window sides, no causal
+    ([200, 3], [50, 0], 2, 2, 128, torch.float16, True, (-1, -1), False),  # sk < sq and sk = 0: empty rows
+    ([200, 3], [50, 0], 2, 2, 64, torch.bfloat16, True, (-1, -1), True),  # the same with sinks: lse = sink
+    ([1], [4096], 8, 8, 128, torch.bfloat16, True, (-1, -1), False),  # one query, many keys
+    ([2048], [2048], 8, 1, 128, torch.bfloat16, True, (256, -1), True),  # sliding window + sinks, MQA
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", SM90_GPU_CASES, ids=lambda c: f"q{c[0]}-k{c[1]}-h{c[2]}/{c[3]}-d{c[4]}-"
+                         f"{str(c[5])[6:]}-causal{int(c[6])}-w{c[7][0]},{c[7][1]}-sink{int(c[8])}")
+def test_gpu_sm90_matches_reference(case):
+    _need_sm90()
+    out, lse, want_out, want_lse = _sm90_case(*case)
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 {case}")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_strided_heads_and_grid_schedule():
+    """q/k/v as head slices of one packed QKV tensor (token stride 16 heads, not the head count); and the GRID
+    schedule (the entry uses PACKED) through the compiled function directly."""
+    _need_sm90()
+    out, lse, want_out, want_lse = _sm90_case([384, 129], [384, 129], 8, 4, 128, torch.bfloat16, True, (-1, -1),
+                                              True, seed=3, qkv_packed=True)
+    assert_attention_close(out, lse, want_out, want_lse, "sm90 packed qkv")
+
+    from cute_ops.attention import launch
+    from cute_ops.attention.fmha_sm90 import FmhaSm90Config, compiled
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    lq, lk = [130, 0, 257], [260, 7, 257]
+    q = torch.randn(sum(lq), 4, 64, device="cuda", generator=g).half()
+    k = torch.randn(sum(lk), 2, 64, device="cuda", generator=g).half()
+    v = torch.randn(sum(lk), 2, 64, device="cuda", generator=g).half()
+    cu_q, cu_k = cu(lq).cuda(), cu(lk).cuda()
+    fn = compiled(FmhaSm90Config("fp16", 64, causal=True, schedule="grid", rescale_threshold=0.0))
+    out, lse = launch.run(fn, q, k, v, cu_q, cu_k, max(lq), 0.125, -1, -1, None)
+    want_out, want_lse = attention_varlen(q, k, v, cu_q, cu_k, 0.125, True, (-1, -1), None)
+    assert_attention_close(out, lse, want_out, want_lse, "sm90 grid schedule")
+
+
+@st.composite
+def sm90_gpu_cases(draw):
+    n = draw(st.integers(1, 4))
+    lk = [draw(st.sampled_from([0, 1, 63, 128, 129, 300, 1000])) for _ in range(n)]
+    lq = [draw(st.sampled_from([s, s, 0, 1, min(s, 77), s + 50])) for s in lk]
+    hq, hkv = draw(st.sampled_from([(2, 2), (4, 1), (8, 2)]))
+    window = (draw(st.sampled_from([-1, -1, 0, 5, 200])), draw(st.sampled_from([-1, -1, 0, 40])))
+    return (lq, lk, hq, hkv, draw(st.sampled_from([64, 128])), draw(st.sampled_from([torch.bfloat16, torch.float16])),
+            draw(st.booleans()), window, draw(st.booleans()), draw(st.integers(0, 2**16)))
+
+
+@pytest.mark.gpu
+@given(case=sm90_gpu_cases())
+def test_gpu_sm90_drawn_cases_match_reference(case):
+    _need_sm90()
+    if sum(case[0]) == 0:
+        return  # nothing to compare (the entry returns empty tensors without a launch)
+    out, lse, want_out, want_lse = _sm90_case(*case)
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 {case}")
