@@ -1,4 +1,10 @@
-"""CuTeDSL attention for Blackwell (sm_100a): a tcgen05 forward kernel and the pieces it is built from.
+"""CuTeDSL attention: a tcgen05 forward for Blackwell (sm_100a), a WGMMA forward for Hopper (sm_90a), and the
+pieces both are built from.
+
+The Hopper kernel (`fmha_sm90.py`, with `wgmma.py` for its WGMMA layouts and `launch.py` for the host pieces both
+kernels share: argument list, fake compile arguments, input checks, the call) is compiled and SASS-checked on a CPU
+and NOT YET RUN ON A GPU; dispatch offers it on sm_90 by name only (backend="cute"), see that module and
+docs/cute.md. The rest of this docstring is about the Blackwell kernel.
 
 STATUS: COMPILED AND SASS-INSPECTED ON A CPU, NEVER RUN ON BLACKWELL HARDWARE. No Blackwell GPU has executed
 this kernel; its numerics are unverified on hardware. It is not in the dispatch table (dispatch/table.py) and
