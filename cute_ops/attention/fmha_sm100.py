@@ -55,46 +55,22 @@ from . import softmax as sm_mod
 TILE_M = 128
 TILE_N = 128
 SUPPORTED_HEAD_DIMS = launch.SUPPORTED_HEAD_DIMS
-DTYPES = ("bf16", "fp16")
+DTYPES = launch.DTYPES
 
 
 @dataclasses.dataclass(frozen=True)
-class FmhaSm100Config:
-    """Everything static about one compiled kernel (the compile key). Sequence lengths, batch, head counts and
-    the window sizes are runtime values."""
+class FmhaSm100Config(launch.AttentionConfig):
+    """The compile key (launch.AttentionConfig) for sm_100a / sm_103a."""
 
-    dtype: str  # bf16 | fp16: q, k, v and o
-    head_dim: int  # 64 | 128 (Dqk = Dv)
-    causal: bool = False
-    has_window_left: bool = False  # window_left >= 0 (its value is a runtime argument)
-    has_window_right: bool = False
-    has_sink: bool = False
-    has_lse: bool = True
-    schedule: str = "packed"  # packed | grid (scheduler.py)
-    rescale_threshold: float = sm_mod.DEFAULT_RESCALE_THRESHOLD  # 0: rescale O whenever the max grows
     arch: str = "sm_100a"
-
-    def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} not in {DTYPES}")
-        if self.head_dim not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"head_dim {self.head_dim} not in {SUPPORTED_HEAD_DIMS}")
-        if self.schedule not in ("packed", "grid"):
-            raise ValueError(f"schedule {self.schedule!r}")
-        if not self.arch.startswith("sm_10"):
-            raise ValueError(f"tcgen05 needs sm_100a/sm_103a, not {self.arch}")
+    NAME = "fmha_sm100"
+    ARCH_PREFIX = "sm_10"
+    ARCH_WHY = "tcgen05 needs sm_100a/sm_103a"
 
     @property
     def kv_stages(self) -> int:
         # SMEM: Q 128xD + stages x (K 128xD + V 128xD), 16-bit: D=128 -> 32 KiB + 2 x 64 KiB; D=64 -> 16 + 3 x 32
         return 2 if self.head_dim == 128 else 3
-
-    @property
-    def mask(self) -> mask_mod.MaskSpec:
-        return mask_mod.MaskSpec(self.causal, self.has_window_left, self.has_window_right)
-
-    def key(self) -> tuple:
-        return ("fmha_sm100", launch.source_hash(), *dataclasses.astuple(self))
 
 
 
@@ -215,10 +191,7 @@ def _kernel_class():
             num_batch = mCuQ.shape[0] - 1
             group_size = hq // hkv
             scale_log2 = softmax_scale * Float32(sm_mod.LOG2E)
-            if cutlass.const_expr(self.cfg.schedule == "packed"):
-                grid = (((total_q + num_batch * (TILE_M - 1)) // TILE_M) * hq, 1, 1)
-            else:
-                grid = ((max_seqlen_q + TILE_M - 1) // TILE_M, hq, num_batch)
+            grid = sched_mod.launch_grid(self.cfg.schedule, total_q, num_batch, hq, max_seqlen_q, TILE_M)
             self.kernel(qk_mma, pv_mma, tma_q, tq_, tma_k, tk_, tma_v, tv_, o, mLSE, mCuQ, mCuK, mSink,
                         scale_log2, window_left, window_right, num_batch, hq, group_size,
                         q_sl, k_sl, v_sl, p_tl).launch(grid=grid, block=[self.THREADS, 1, 1],
@@ -258,13 +231,8 @@ def _kernel_class():
             tidx, _, _ = cute.arch.thread_idx()
 
             # ---- which tile (every warp computes the same answer)
-            if cutlass.const_expr(self.cfg.schedule == "packed"):
-                bx, _, _ = cute.arch.block_idx()
-                b, m_block, h, valid = sched_mod.packed_tile_device(mCuQ, num_batch, bx, hq, TILE_M,
-                                                                    self.spec.bounded_right)
-            else:
-                m_block, h, b = cute.arch.block_idx()
-                valid = m_block * TILE_M < mCuQ[b + 1] - mCuQ[b]
+            b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, TILE_M,
+                                                      self.spec.bounded_right)
             if valid:
                 self.attend(qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, mO, mLSE, mCuQ, mCuK, mSink,
                             scale_log2, window_left, window_right, group_size, q_sl, k_sl, v_sl, p_tl,
@@ -383,13 +351,8 @@ def _kernel_class():
             b = sTile[0]
             m_block = sTile[1]
             h = sTile[2]
-            q_start = mCuQ[b]
-            sq = mCuQ[b + 1] - q_start
-            k_start = mCuK[b]
-            sk = mCuK[b + 1] - k_start
-            n_lo, n_tiles, full_lo, full_hi = mask_mod.tile_range(self.spec, m_block, sq, sk, window_left,
-                                                                  window_right, TILE_M, TILE_N)
-            return b, m_block, h, q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi
+            return (b, m_block, h, *sched_mod.sequence_tiles(self.spec, mCuQ, mCuK, b, m_block, window_left,
+                                                             window_right, TILE_M, TILE_N))
 
         # ----------------------------------------------------------------------------------------- roles
 
@@ -770,13 +733,9 @@ def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
     """(out (total_q, Hq, D) in q's dtype, lse (total_q, Hq) fp32), the triton backend's signature and contract.
     NEVER EXECUTED: written against the compiled kernel's argument list, not run on any GPU. lse is always
     computed (one fp32 per row and head)."""
-    import torch
-
     from .._compile import target_arch
 
-    cfg = FmhaSm100Config({torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype], q.shape[-1], bool(causal),
-                          window_left >= 0, window_right >= 0, sinks is not None, True, "packed",
-                          arch=target_arch(q.device.index))
+    cfg = FmhaSm100Config.for_call(q, causal, window_left, window_right, sinks, target_arch(q.device.index))
     fn = compiled(cfg) if q.shape[0] else None
     return launch.run(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_left,
                       window_right, sinks)

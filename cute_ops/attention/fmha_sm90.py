@@ -34,42 +34,17 @@ from . import softmax as sm_mod
 
 TILE_M = 128
 TILE_N = 128
-DTYPES = ("bf16", "fp16")
 
 
 @dataclasses.dataclass(frozen=True)
-class FmhaSm90Config:
-    """Everything static about one compiled kernel (the compile key); sizes and window values are runtime."""
+class FmhaSm90Config(launch.AttentionConfig):
+    """The compile key (launch.AttentionConfig) for sm_90a."""
 
-    dtype: str  # bf16 | fp16
-    head_dim: int  # 64 | 128 (Dqk = Dv)
-    causal: bool = False
-    has_window_left: bool = False
-    has_window_right: bool = False
-    has_sink: bool = False
-    has_lse: bool = True
-    schedule: str = "packed"  # packed | grid (scheduler.py)
-    rescale_threshold: float = sm_mod.DEFAULT_RESCALE_THRESHOLD
     arch: str = "sm_90a"
-
-    def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} not in {DTYPES}")
-        if self.head_dim not in launch.SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"head_dim {self.head_dim} not in {launch.SUPPORTED_HEAD_DIMS}")
-        if self.schedule not in ("packed", "grid"):
-            raise ValueError(f"schedule {self.schedule!r}")
-        if not self.arch.startswith("sm_90"):
-            raise ValueError(f"WGMMA kernel needs sm_90a, not {self.arch}")
-
+    NAME = "fmha_sm90"
+    ARCH_PREFIX = "sm_90"
+    ARCH_WHY = "WGMMA kernel needs sm_90a"
     kv_stages = 2  # SMEM at D=128: Q 32 KiB + 2 x (K 32 + V 32) KiB
-
-    @property
-    def mask(self) -> mask_mod.MaskSpec:
-        return mask_mod.MaskSpec(self.causal, self.has_window_left, self.has_window_right)
-
-    def key(self) -> tuple:
-        return ("fmha_sm90", launch.source_hash(), *dataclasses.astuple(self))
 
 
 def _kernel_class():
@@ -142,10 +117,7 @@ def _kernel_class():
             self.shared_storage = SharedStorage
             num_batch = mCuQ.shape[0] - 1
             scale_log2 = softmax_scale * Float32(sm_mod.LOG2E)
-            if cutlass.const_expr(self.cfg.schedule == "packed"):
-                grid = (((total_q + num_batch * (TILE_M - 1)) // TILE_M) * hq, 1, 1)
-            else:
-                grid = ((max_seqlen_q + TILE_M - 1) // TILE_M, hq, num_batch)
+            grid = sched_mod.launch_grid(self.cfg.schedule, total_q, num_batch, hq, max_seqlen_q, TILE_M)
             self.kernel(qk_mma, pv_mma, tma_q, tq_, tma_k, tk_, tma_v, tv_, o, mLSE, mCuQ, mCuK, mSink, scale_log2,
                         window_left, window_right, num_batch, hq, hq // hkv, q_sl, k_sl, v_sl).launch(
                 grid=grid, block=[self.THREADS, 1, 1], stream=stream, min_blocks_per_mp=1)
@@ -198,47 +170,26 @@ def _kernel_class():
             # spilled in the sm100 kernel)
             if warp < 4:
                 cute.arch.setmaxregister_decrease(self.REGS_PRODUCER)
-                b, m_block, h, valid = self.which_tile(mCuQ, num_batch, hq)
+                b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, TILE_M,
+                                                          self.spec.bounded_right)
                 if valid & (warp == 0):
-                    q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = self.tile_info(
-                        mCuQ, mCuK, b, m_block, window_left, window_right)
+                    q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = sched_mod.sequence_tiles(
+                        self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, TILE_M, TILE_N)
                     self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_pipe, k_pipe, v_pipe, q_start,
                               k_start, m_block, h, h // group_size, n_lo, n_tiles)
             else:
                 cute.arch.setmaxregister_increase(self.REGS_CONSUMER)
-                b, m_block, h, valid = self.which_tile(mCuQ, num_batch, hq)
+                b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, TILE_M,
+                                                          self.spec.bounded_right)
                 if valid:
-                    q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = self.tile_info(
-                        mCuQ, mCuK, b, m_block, window_left, window_right)
+                    q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = sched_mod.sequence_tiles(
+                        self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, TILE_M, TILE_N)
                     sink_log2 = None
                     if cutlass.const_expr(mSink is not None):
                         sink_log2 = mSink[h] * Float32(sm_mod.LOG2E)
                     self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, tidx - 128,
                                  scale_log2, sink_log2, window_left, window_right, q_start, sq, sk, m_block, h,
                                  n_lo, n_tiles, full_lo, full_hi)
-
-        @cute.jit
-        def which_tile(self, mCuQ, num_batch, hq):
-            """(b, m_block, h, valid) of this CTA (scheduler.py); every lane of the calling warp takes part."""
-            if cutlass.const_expr(self.cfg.schedule == "packed"):
-                bx, _, _ = cute.arch.block_idx()
-                b, m_block, h, valid = sched_mod.packed_tile_device(mCuQ, num_batch, bx, hq, TILE_M,
-                                                                    self.spec.bounded_right)
-            else:
-                m_block, h, b = cute.arch.block_idx()
-                valid = m_block * TILE_M < mCuQ[b + 1] - mCuQ[b]
-            return b, m_block, h, valid
-
-        @cute.jit
-        def tile_info(self, mCuQ, mCuK, b, m_block, window_left, window_right):
-            """(q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi): the sequence and its key tiles."""
-            q_start = mCuQ[b]
-            sq = mCuQ[b + 1] - q_start
-            k_start = mCuK[b]
-            sk = mCuK[b + 1] - k_start
-            n_lo, n_tiles, full_lo, full_hi = mask_mod.tile_range(self.spec, m_block, sq, sk, window_left,
-                                                                  window_right, TILE_M, TILE_N)
-            return q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi
 
         # ----------------------------------------------------------------------------------------- roles
 
@@ -421,21 +372,14 @@ def auto_skip_unverified(*args, **kwargs) -> str | None:
     return f"cute_ops.attention.fmha_sm90: {HARDWARE_STATUS} (backend='cute' runs it)"
 
 
-def _config(q, causal, window_left, window_right, sinks) -> FmhaSm90Config:
-    import torch
-
-    from .._compile import target_arch
-
-    return FmhaSm90Config({torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype], q.shape[-1], bool(causal),
-                          window_left >= 0, window_right >= 0, sinks is not None, True, "packed",
-                          arch=target_arch(q.device.index))
-
-
 def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                       softmax_scale: float | None, causal: bool, window_left: int, window_right: int, sinks,
                       return_lse: bool):
     """(out (total_q, Hq, D) in q's dtype, lse (total_q, Hq) fp32): the triton backend's signature and contract.
     lse is always computed."""
-    fn = compiled(_config(q, causal, window_left, window_right, sinks)) if q.shape[0] else None
+    from .._compile import target_arch
+
+    cfg = FmhaSm90Config.for_call(q, causal, window_left, window_right, sinks, target_arch(q.device.index))
+    fn = compiled(cfg) if q.shape[0] else None
     return launch.run(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_left,
                       window_right, sinks)

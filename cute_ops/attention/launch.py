@@ -12,12 +12,64 @@ serves every batch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
 from pathlib import Path
 
+from .softmax import DEFAULT_RESCALE_THRESHOLD
+
 SUPPORTED_HEAD_DIMS = (64, 128)
+DTYPES = ("bf16", "fp16")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Everything static about one compiled attention kernel (the compile key); sequence lengths, batch, head
+    counts and the window sizes are runtime values. Each kernel subclasses it with its arch rule and name."""
+
+    dtype: str  # bf16 | fp16: q, k, v and o
+    head_dim: int  # 64 | 128 (Dqk = Dv)
+    causal: bool = False
+    has_window_left: bool = False  # window_left >= 0 (its value is a runtime argument)
+    has_window_right: bool = False
+    has_sink: bool = False
+    has_lse: bool = True
+    schedule: str = "packed"  # packed | grid (scheduler.py)
+    rescale_threshold: float = DEFAULT_RESCALE_THRESHOLD  # log2 units (softmax.py); 0: rescale O whenever the max grows
+    arch: str = ""
+
+    NAME = ""  # the kernel's name in the compile key
+    ARCH_PREFIX = ""  # the arch must start with it
+    ARCH_WHY = ""  # the error for another arch
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} not in {DTYPES}")
+        if self.head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head_dim {self.head_dim} not in {SUPPORTED_HEAD_DIMS}")
+        if self.schedule not in ("packed", "grid"):
+            raise ValueError(f"schedule {self.schedule!r}")
+        if not self.arch.startswith(self.ARCH_PREFIX):
+            raise ValueError(f"{self.ARCH_WHY}, not {self.arch}")
+
+    @property
+    def mask(self):
+        from .mask import MaskSpec
+
+        return MaskSpec(self.causal, self.has_window_left, self.has_window_right)
+
+    def key(self) -> tuple:
+        return (self.NAME, source_hash(), *dataclasses.astuple(self))
+
+    @classmethod
+    def for_call(cls, q, causal: bool, window_left: int, window_right: int, sinks, arch: str):
+        """The config of an `attention_prefill` call (PACKED schedule, lse always computed)."""
+        import torch
+
+        return cls({torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype], q.shape[-1], bool(causal),
+                   window_left >= 0, window_right >= 0, sinks is not None, True, "packed", arch=arch)
 
 
 @functools.cache
