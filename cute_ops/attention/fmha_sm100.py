@@ -685,25 +685,18 @@ def emulate(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale: float, causal: b
 
 def build(cfg: FmhaSm100Config, extra_options: str = ""):
     """cute.compile the kernel for `cfg` (uncached; `extra_options`: keep/dump flags for the SASS tests)."""
-    import cutlass.cute as cute
-
-    return cute.compile(kernel_class()(cfg), *launch.fake_args(cfg.dtype, cfg.head_dim, cfg.has_lse, cfg.has_sink),
-                        options=f"--enable-tvm-ffi --gpu-arch {cfg.arch} {extra_options}".strip())
+    return launch.build(kernel_class()(cfg), cfg, extra_options)
 
 
 def compiled(cfg: FmhaSm100Config):
-    """The TVM-FFI callable for `cfg`, through lowbit's compile cache (the key includes this package's source
-    hash). Never launched by lowbit's dispatch: the kernel has not run on Blackwell hardware."""
-    from .. import _compile
-
-    return _compile.get_or_compile(cfg.key(), lambda: build(cfg))
+    """The TVM-FFI callable for `cfg`, through lowbit's compile cache. Never launched by lowbit's dispatch: the
+    kernel has not run on Blackwell hardware."""
+    return launch.compiled(build, cfg)
 
 
 def dump(cfg: FmhaSm100Config):
     """PTX + SASS of the kernel for `cfg` (cute_ops._sass.Dump), compiled for cfg.arch on any machine."""
-    from .._sass import compile_and_dump
-
-    return compile_and_dump(lambda extra: build(cfg, extra))
+    return launch.dump(build, cfg)
 
 
 # ------------------------------------------------------------------------- entry (for the lead: not registered)

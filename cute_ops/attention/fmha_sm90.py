@@ -328,24 +328,17 @@ def kernel_class():
 
 def build(cfg: FmhaSm90Config, extra_options: str = ""):
     """cute.compile the kernel for `cfg` (uncached; `extra_options`: keep/dump flags for the SASS tests)."""
-    import cutlass.cute as cute
-
-    return cute.compile(kernel_class()(cfg), *launch.fake_args(cfg.dtype, cfg.head_dim, cfg.has_lse, cfg.has_sink),
-                        options=f"--enable-tvm-ffi --gpu-arch {cfg.arch} {extra_options}".strip())
+    return launch.build(kernel_class()(cfg), cfg, extra_options)
 
 
 def compiled(cfg: FmhaSm90Config):
     """The TVM-FFI callable for `cfg`, through lowbit's compile cache."""
-    from .. import _compile
-
-    return _compile.get_or_compile(cfg.key(), lambda: build(cfg))
+    return launch.compiled(build, cfg)
 
 
 def dump(cfg: FmhaSm90Config):
     """PTX + SASS of the kernel for `cfg` (cute_ops._sass.Dump), compiled for cfg.arch on any machine."""
-    from .._sass import compile_and_dump
-
-    return compile_and_dump(lambda extra: build(cfg, extra))
+    return launch.dump(build, cfg)
 
 
 # ------------------------------------------------------------------------------------------ backend entry

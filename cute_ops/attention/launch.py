@@ -111,6 +111,30 @@ def fake_args(dtype: str, head_dim: int, has_lse: bool, has_sink: bool):
             cutlass.Int32(0), stream)
 
 
+def build(kernel, cfg: AttentionConfig, extra_options: str = ""):
+    """cute.compile `kernel` (an instance for `cfg`) for cfg.arch with TVM-FFI (uncached; `extra_options`:
+    keep/dump flags for the SASS tests)."""
+    import cutlass.cute as cute
+
+    return cute.compile(kernel, *fake_args(cfg.dtype, cfg.head_dim, cfg.has_lse, cfg.has_sink),
+                        options=f"--enable-tvm-ffi --gpu-arch {cfg.arch} {extra_options}".strip())
+
+
+def compiled(build_fn, cfg: AttentionConfig):
+    """The TVM-FFI callable `build_fn(cfg)` returns, through lowbit's compile cache (the key includes this
+    package's source hash)."""
+    from .. import _compile
+
+    return _compile.get_or_compile(cfg.key(), lambda: build_fn(cfg))
+
+
+def dump(build_fn, cfg: AttentionConfig):
+    """PTX + SASS of `build_fn(cfg, extra_options)` (cute_ops._sass.Dump), compiled for cfg.arch on any machine."""
+    from .._sass import compile_and_dump
+
+    return compile_and_dump(lambda extra: build_fn(cfg, extra))
+
+
 def check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale) -> str | None:
     """Why the kernels cannot take these tensors (None: they can), device aside: dtypes, head dims, GQA ratio,
     TMA layout rules, softmax_scale > 0 (the row max is taken before scaling), int32 cu_seqlens."""
