@@ -17,11 +17,14 @@ One CTA per (query tile of 128 rows, query head); 3 warpgroups (registers split 
                              registers, O *= a, O += P V_j (RS WGMMA: A = P from registers, B = V^T from SMEM);
                              then out = O / l stored row-predicated from registers, and lse.
 
-No overlap inside a warpgroup yet (each WGMMA is waited for before the softmax that needs it); the two consumer
-warpgroups interleave on their own. Key tiles run from n_lo upwards (mask.tile_range); a tile is masked only when
-it is not inside every row's visible interval. Varlen: TMA boxes start at the sequence's first row; rows past the
-sequence are read (the next sequence's rows, or zeros past the tensor), masked to -inf for keys and never stored
-for queries (they must be finite, as in FA4 and the sm100 kernel).
+No overlap inside a warpgroup yet (each WGMMA is waited for before the softmax that needs it). The two consumer
+warpgroups interleave on their own, or (config `pingpong`, FA3's inter-warpgroup schedule) take turns on the tensor
+core through two named barriers: one warpgroup's softmax runs while the other's PV_{j-1} + QK_j execute.
+
+Key tiles run from n_lo upwards (mask.tile_range); a tile is masked only when it is not inside every row's visible
+interval. Varlen: TMA boxes start at the sequence's first row; rows past the sequence are read (the next
+sequence's rows, or zeros past the tensor), masked to -inf for keys and never stored for queries (they must be
+finite, as in FA4 and the sm100 kernel).
 """
 
 import dataclasses
@@ -44,6 +47,9 @@ class FmhaSm90Config(launch.AttentionConfig):
     NAME = "fmha_sm90"
     ARCH_PREFIX = "sm_90"
     ARCH_WHY = "WGMMA kernel needs sm_90a"
+    # FA3's inter-warpgroup ping-pong: the two consumer warpgroups take turns on the tensor core (named barriers),
+    # so one's softmax overlaps the other's GEMMs. Off until a GPU run has shown both settings correct and timed.
+    pingpong: bool = False
     kv_stages = 2  # SMEM at D=128: Q 32 KiB + 2 x (K 32 + V 32) KiB
 
 
@@ -252,11 +258,18 @@ def _kernel_class():
             if n_tiles > 0:
                 q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
                 kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+                if cutlass.const_expr(self.cfg.pingpong):  # warpgroup 0 goes first: its own barrier pre-arrived
+                    if wg == 0:
+                        self.turn_pass(0)
+                    self.turn_wait(wg)
                 for j in cutlass.range(n_tiles, unroll=1):
                     kb = n_lo + j
                     acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((TILE_M, TILE_N)), Float32)
                     k_pipe.consumer_wait(kv)
-                    wgmma.gemm(qk_mma, acc_s, tSrQ, tSrK[None, None, None, kv.index], True)
+                    wgmma.gemm(qk_mma, acc_s, tSrQ, tSrK[None, None, None, kv.index], True, wait=False)
+                    if cutlass.const_expr(self.cfg.pingpong):  # PV_{j-1} and QK_j issued: the other's turn
+                        self.turn_pass(1 - wg)
+                    warpgroup.wait_group(0)
                     k_pipe.consumer_release(kv)
                     s_mn = wgmma.acc_mn(acc_s)
                     if (kb < full_lo) | (kb >= full_hi):  # an edge tile: some key of it is hidden from some row
@@ -269,10 +282,27 @@ def _kernel_class():
                         self.softmax_row(s_mn, p_mn, o_mn, row_m, row_l, r, n_cols, scale_log2)
                     tOrP.store(wgmma.acc_as_a(r_p).load())
                     v_pipe.consumer_wait(kv)
+                    if cutlass.const_expr(self.cfg.pingpong):
+                        self.turn_wait(wg)
                     wgmma.gemm(pv_mma, acc_o, tOrP, tOrV[None, None, None, kv.index], False)
                     v_pipe.consumer_release(kv)
                     kv.advance()
+                if cutlass.const_expr(self.cfg.pingpong):
+                    self.turn_pass(1 - wg)
             self.epilogue(thr_pv, acc_o, o_mn, row_m, row_l, mO, mLSE, t, q_start, sq, m_block, h)
+
+        # Ping-pong turns: named barrier 1 + w (256 threads) completes when warpgroup w waits on it and the other
+        # warpgroup has passed it the turn. Per warpgroup and tile: one wait (before PV_j, the wait before QK_0
+        # first) and one pass (after issuing QK_j, and once at the end); both warpgroups visit the same n_tiles.
+        # Warpgroup 0 pre-passes its own first turn, so one pass of warpgroup 1 stays unmatched at exit (as FA3).
+
+        @staticmethod
+        def turn_wait(w):
+            cute.arch.barrier(barrier_id=1 + w, number_of_threads=256)
+
+        @staticmethod
+        def turn_pass(w):
+            cute.arch.barrier_arrive(barrier_id=1 + w, number_of_threads=256)
 
         @cute.jit
         def softmax_row(self, s_mn, p_mn, o_mn, row_m, row_l, r, n_cols, scale_log2):

@@ -59,8 +59,9 @@ if cutlass is not None:
 
     @cute.jit
     def gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor,
-             zero_init: cutlass.Constexpr[bool]):
-        """acc (+)= a b over the K blocks of the fragments, issued as one WGMMA group and waited for. A fresh atom
+             zero_init: cutlass.Constexpr[bool], wait: cutlass.Constexpr[bool] = True):
+        """acc (+)= a b over the K blocks of the fragments, issued as one WGMMA group, and waited for unless
+        `wait` is False (then the caller waits with warpgroup.wait_group(0) before touching acc or a). A fresh atom
         per call: its ACCUMULATE field is rewritten here (a shared one would carry the field across call sites)."""
         warpgroup.fence()
         atom = cute.make_mma_atom(tiled_mma.op)
@@ -69,7 +70,8 @@ if cutlass is not None:
             cute.gemm(atom, acc, a[None, None, k], b[None, None, k], acc)
             atom.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
-        warpgroup.wait_group(0)
+        if cutlass.const_expr(wait):
+            warpgroup.wait_group(0)
 
     @cute.jit
     def quad_max(x):

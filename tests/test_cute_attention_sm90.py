@@ -1,0 +1,334 @@
+"""CuTeDSL Hopper attention (cute_ops/attention/fmha_sm90.py): CPU checks, and GPU tests for the lead's sm_90 run.
+
+The sibling of the sm100 kernel (tests/test_cute_attention.py covers the shared mask, softmax and scheduler modules
+and the tile-by-tile twin of the algorithm both kernels run). CPU: config and entry rules, the dispatch row, the
+WGMMA fragment facts the kernel's per-thread code relies on (run on the host), the compile and its SASS. GPU (marked
+gpu, sm_90 only): the kernel through dispatch (backend="cute") and with the ping-pong schedule against the fp64
+reference, and a timing report beside the backend auto picks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cute_ops import unavailable_reason
+from cute_ops.attention import mask as M
+from dispatch.reference.attention import attention_varlen
+from tests.helpers import assert_attention_close
+
+# range_constexpr over a row's columns is deliberate (see mask.apply_row_bounds); the DSL's hint about it is noise
+pytestmark = pytest.mark.filterwarnings("ignore:This static loop has")
+needs_dsl = pytest.mark.skipif(unavailable_reason() is not None, reason=f"cute backend: {unavailable_reason()}")
+
+
+def cu(lengths) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(list(lengths), dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32)
+
+
+@pytest.fixture
+def dsl_arch_sm90(monkeypatch):
+    """Trace host-run @cute.jit code for sm_90a (the DSL's arch is read once at import: CUTE_DSL_ARCH or sm_100a
+    on a machine without a GPU)."""
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
+
+
+def test_sm90_config_rejects_what_the_kernel_does_not_build():
+    from cute_ops.attention.fmha_sm90 import FmhaSm90Config
+
+    with pytest.raises(ValueError, match="head_dim"):
+        FmhaSm90Config("bf16", 256)
+    with pytest.raises(ValueError, match="dtype"):
+        FmhaSm90Config("fp32", 128)
+    with pytest.raises(ValueError, match="sm_90a"):
+        FmhaSm90Config("bf16", 128, arch="sm_100a")
+
+
+def test_sm90_entry_checks_and_auto_skip_on_cpu():
+    from cute_ops.attention import fmha_sm90
+
+    def reason(q, k, v, scale=0.125):
+        c = torch.tensor([0, q.shape[0]], dtype=torch.int32)
+        return fmha_sm90.supports_attention_prefill(q, k, v, c, c.clone(), q.shape[0], k.shape[0], scale, True, -1,
+                                                    -1, None, True)
+
+    q, k = torch.zeros(4, 4, 64, dtype=torch.float16), torch.zeros(4, 2, 64, dtype=torch.float16)
+    assert reason(q, k, k) == "the cute backend runs on CUDA tensors only"
+    assert "bf16 or fp16" in reason(q.float(), k.float(), k.float())
+    assert "Dqk = Dv" in reason(q[..., :32], k[..., :32], k[..., :32])
+    assert "row max" in reason(q, k, k, scale=0.0)
+    assert "not yet run on a GPU" in fmha_sm90.auto_skip_unverified(q, k, k)
+    from dispatch.registry import _load
+    from dispatch.table import TABLE
+
+    row = next(e for e in TABLE["attention_prefill"] if e.backend == "cute")
+    assert row.archs == ("sm_90",) and _load(row.impl) is fmha_sm90.attention_prefill
+    assert _load(row.auto_skip) is fmha_sm90.auto_skip_unverified, "auto must pass the unverified kernel over"
+
+
+@needs_dsl
+def test_sm90_wgmma_fragments_line_up(dsl_arch_sm90):
+    """Evaluated on the host for threads of both consumer warpgroups: (1) the (rows, columns) view of the S
+    accumulator puts thread t on rows 64 * wg + 16 * warp + lane // 4 (+ 8) and columns 8 j + 2 (lane % 4) (+ 1), so
+    a row lives in one quad; (2) its A-operand view is element for element the A fragment of the RS MMA O += P V
+    (P goes to the tensor core with the right (row, key) at every register); (3) the O accumulator's rows are the
+    S rows (the per-row rescale and 1 / l apply to the right rows); (4) mask.apply_row_bounds with those
+    coordinates hides exactly the keys outside each row's [lo, hi)."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass import Float32
+    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+    from cutlass.cute.runtime import from_dlpack
+
+    from cute_ops.attention import wgmma
+
+    @cute.jit
+    def facts(out, scores, bounds, t):
+        dt = cutlass.BFloat16
+        qk = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (2, 1, 1),
+                                               (64, 128))
+        pv = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32, (2, 1, 1),
+                                               (64, 128), a_source=warpgroup.OperandSource.RMEM)
+        tq, tp = qk.get_slice(t), pv.get_slice(t)
+        c_s = tq.partition_C(cute.make_identity_tensor((128, 128)))
+        s = wgmma.acc_mn(c_s)
+        a_from_s = wgmma.acc_as_a(c_s)
+        a = tp.partition_A(cute.make_identity_tensor((128, 128)))
+        o = wgmma.acc_mn(tp.partition_C(cute.make_identity_tensor((128, 128))))
+        for r in cutlass.range_constexpr(2):
+            for i in cutlass.range_constexpr(32):
+                out[0, r * 32 + i, 0] = s[r, i][0]
+                out[0, r * 32 + i, 1] = s[r, i][1]
+                out[3, r * 32 + i, 0] = o[r, i][0]
+                out[3, r * 32 + i, 1] = o[r, i][1]
+        for i in cutlass.range_constexpr(64):
+            out[1, i, 0] = a_from_s[i][0]
+            out[1, i, 1] = a_from_s[i][1]
+            out[2, i, 0] = a[i][0]
+            out[2, i, 1] = a[i][1]
+        acc = cute.make_rmem_tensor(qk.partition_shape_C((128, 128)), Float32)
+        acc.fill(0.0)
+        acc_rows = wgmma.acc_mn(acc)
+        for r in cutlass.range_constexpr(2):
+            mask_lo = bounds[r, 0]
+            mask_hi = bounds[r, 1]
+            M.apply_row_bounds(acc_rows[r, None], s[r, None], bounds[2, 0], mask_lo, mask_hi)
+            for i in cutlass.range_constexpr(32):
+                scores[r, i] = acc_rows[r, i]
+
+    for t in (0, 5, 37, 100, 130, 255):
+        out = torch.full((4, 64, 2), -1, dtype=torch.int32)
+        scores = torch.zeros(2, 32)
+        bounds = torch.tensor([[256 + 9, 256 + 70], [200, 256 + 3], [256, 0]], dtype=torch.int32)
+        facts(from_dlpack(out), from_dlpack(scores), from_dlpack(bounds), cutlass.Int32(t))
+        wg, warp, lane = t // 128, t % 128 // 32, t % 32
+        row0 = 64 * wg + 16 * warp + lane // 4
+        cols = [8 * j + 2 * (lane % 4) + c for j in range(16) for c in range(2)]
+        assert out[0, :32, 0].eq(row0).all() and out[0, 32:, 0].eq(row0 + 8).all(), (t, out[0, :, 0].tolist())
+        assert out[0, :32, 1].tolist() == cols and out[0, 32:, 1].tolist() == cols, t
+        assert torch.equal(out[1], out[2]), f"thread {t}: P's registers are not the RS MMA's A fragment"
+        assert torch.equal(out[0], out[3]), f"thread {t}: O rows differ from S rows"
+        for r in range(2):
+            key = torch.tensor(cols) + 256
+            want = torch.where((key >= bounds[r, 0]) & (key < bounds[r, 1]), 0.0, float("-inf"))
+            assert torch.equal(scores[r], want), (t, r)
+
+
+@needs_dsl
+@pytest.mark.parametrize("dtype,d,extra", [
+    ("bf16", 128, dict(causal=True, has_window_left=True, has_sink=True)),
+    ("fp16", 64, dict(has_window_left=True, has_window_right=True, schedule="grid", rescale_threshold=0.0)),
+    ("bf16", 128, dict(causal=True, pingpong=True)),
+])
+def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
+    """Record (nvidia-cutlass-dsl 4.8.1): bf16 D=128: HGMMA.64x128 16, UTMALDG.3D 6, MUFU.EX2 66, SHFL.BFLY 8,
+    STG.E 34, USETMAXREG 2, no local memory; fp16 D=64: HGMMA 12, UTMALDG 3, STG.E 18. Ping-pong: BAR.SYNC 3
+    (the CTA barrier, the first turn, the turn before PV), BAR.ARV 3 (warpgroup 0's own first turn, the turn
+    after QK, the last one)."""
+    from cute_ops.attention.fmha_sm90 import FmhaSm90Config, dump
+
+    d_ = dump(FmhaSm90Config(dtype, d, **extra))
+    ops = d_.opcodes()
+    assert "sm_90a" in d_.ptx.split(".target", 1)[1][:40]
+    # S = Q K^T: D / 16 k-steps of m64n128k16; O += P V: 128 keys / 16 k-steps of m64n{D}k16 with A from registers
+    assert d_.count("HGMMA") == d // 16 + 128 // 16, ops
+    ab = "bf16.bf16" if dtype == "bf16" else "f16.f16"
+    assert f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{ab}" in d_.ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.{ab} {{" in d_.ptx.replace("\t", " ")
+    assert any("wgmma.mma_async" in ln and "{%r" in ln.split("},", 1)[1][:8] for ln in d_.ptx.splitlines()
+               if "wgmma.mma_async" in ln and f"m64n{d}k16" in ln), "no WGMMA takes A (P) from registers"
+    assert d_.count("WARPGROUP.ARRIVE") >= 2 and d_.count("WARPGROUP.DEPBAR") >= 2, ops
+    assert d_.count("UTMALDG") == 3 * d // 64, ops  # Q, K, V: boxes of 64 columns (128-byte swizzle)
+    assert d_.count("SYNCS.ARRIVE.TRANS64") >= 3, ops  # expect-tx arrives of the TMA pipelines
+    assert d_.count("USETMAXREG") == 2, ops  # producer down, consumers up
+    assert d_.count("MUFU.EX2") >= 64, ops  # 2 rows x 32 keys per thread and tile
+    assert d_.count("SHFL.BFLY") >= 8, ops  # quad max and sum, 2 rows
+    assert d_.count("F2FP") >= 32, ops
+    assert d_.count("STG.E") == 2 * d // 8 + 2, ops  # 2 rows x D / 8 column pairs, and 2 lse values
+    assert d_.count("STL") == 0 and d_.count("LDL") == 0, ops
+    pingpong = extra.get("pingpong", False)
+    assert (d_.count("BAR.SYNC"), d_.count("BAR.ARV")) == ((3, 3) if pingpong else (1, 0)), ops
+
+
+def _need_sm90():
+    if unavailable_reason() is not None:
+        pytest.skip(f"cute backend: {unavailable_reason()}")
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 CuTeDSL attention kernel runs on sm_90 (H100/H200) only")
+
+
+def _sm90_case(lq, lk, hq, hkv, d, dtype, causal, window, sink, seed=0, qkv_packed=False, pingpong=None):
+    """(out, lse, want_out, want_lse) of the cute backend on the GPU (through dispatch; with `pingpong` set, the
+    compiled kernel of that setting directly) and the fp64 reference."""
+    import dispatch
+    from cute_ops.attention import fmha_sm90, launch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    tq, tk = sum(lq), sum(lk)
+    if qkv_packed:  # q, k, v as head slices of one (tokens, Hq + 2 Hkv, D) tensor: strided heads, as from a QKV GEMM
+        assert lq == lk
+        qkv = torch.randn(tq, hq + 2 * hkv, d, device="cuda", generator=g).to(dtype)
+        q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    else:
+        q = torch.randn(tq, hq, d, device="cuda", generator=g).to(dtype)
+        k = torch.randn(tk, hkv, d, device="cuda", generator=g).to(dtype)
+        v = torch.randn(tk, hkv, d, device="cuda", generator=g).to(dtype)
+    sinks = torch.randn(hq, device="cuda", generator=g) * 2 if sink else None
+    cu_q, cu_k = cu(lq).cuda(), cu(lk).cuda()
+    scale = 1.0 / math.sqrt(d)
+    if pingpong is None:
+        out, lse = dispatch.ops.attention_prefill(q, k, v, cu_q, cu_k, max(lq), max(lk), softmax_scale=scale,
+                                                  causal=causal, window=window, sinks=sinks, return_lse=True,
+                                                  backend="cute")
+    else:
+        cfg = fmha_sm90.FmhaSm90Config.for_call(q, causal, *window, sinks, "sm_90a")
+        fn = fmha_sm90.compiled(dataclasses.replace(cfg, pingpong=pingpong))
+        out, lse = launch.run(fn, q, k, v, cu_q, cu_k, max(lq), scale, *window, sinks)
+    want_out, want_lse = attention_varlen(q, k, v, cu_q, cu_k, scale, causal, window, sinks)
+    return out, lse, want_out, want_lse
+
+
+SM90_GPU_CASES = [  # lq, lk, hq, hkv, d, dtype, causal, window, sink
+    ([1000], [1000], 4, 4, 128, torch.bfloat16, True, (-1, -1), False),
+    ([1000], [1000], 4, 4, 128, torch.bfloat16, False, (-1, -1), False),
+    ([300, 0, 129, 1, 256], [300, 5, 700, 64, 256], 8, 2, 64, torch.float16, True, (100, -1), True),  # varlen GQA
+    ([513, 64], [1500, 64], 4, 1, 128, torch.bfloat16, False, (-1, 0), True),  # MQA, right window only
+    ([700, 77], [700, 900], 8, 2, 64, torch.bfloat16, False, (37, 11), False),  # both window sides, no causal
+    ([200, 3], [50, 0], 2, 2, 128, torch.float16, True, (-1, -1), False),  # sk < sq and sk = 0: empty rows
+    ([200, 3], [50, 0], 2, 2, 64, torch.bfloat16, True, (-1, -1), True),  # the same with sinks: lse = sink
+    ([1], [4096], 8, 8, 128, torch.bfloat16, True, (-1, -1), False),  # one query, many keys
+    ([2048], [2048], 8, 1, 128, torch.bfloat16, True, (256, -1), True),  # sliding window + sinks, MQA
+]
+
+
+def _case_id(c) -> str:
+    return (f"q{c[0]}-k{c[1]}-h{c[2]}/{c[3]}-d{c[4]}-{str(c[5])[6:]}-causal{int(c[6])}-w{c[7][0]},{c[7][1]}-"
+            f"sink{int(c[8])}").replace(" ", "")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", SM90_GPU_CASES, ids=_case_id)
+def test_gpu_sm90_matches_reference(case):
+    _need_sm90()
+    out, lse, want_out, want_lse = _sm90_case(*case)
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 {case}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", SM90_GPU_CASES[:3] + SM90_GPU_CASES[5:], ids=_case_id)
+def test_gpu_sm90_pingpong_matches_reference(case):
+    """The ping-pong schedule (config `pingpong`, off in the entry until this passes and is timed)."""
+    _need_sm90()
+    out, lse, want_out, want_lse = _sm90_case(*case, pingpong=True)
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 pingpong {case}")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_strided_heads_and_grid_schedule():
+    """q/k/v as head slices of one packed QKV tensor (token stride 16 heads, not the head count); and the GRID
+    schedule (the entry uses PACKED) through the compiled function directly."""
+    _need_sm90()
+    out, lse, want_out, want_lse = _sm90_case([384, 129], [384, 129], 8, 4, 128, torch.bfloat16, True, (-1, -1),
+                                              True, seed=3, qkv_packed=True)
+    assert_attention_close(out, lse, want_out, want_lse, "sm90 packed qkv")
+
+    from cute_ops.attention import launch
+    from cute_ops.attention.fmha_sm90 import FmhaSm90Config, compiled
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    lq, lk = [130, 0, 257], [260, 7, 257]
+    q = torch.randn(sum(lq), 4, 64, device="cuda", generator=g).half()
+    k = torch.randn(sum(lk), 2, 64, device="cuda", generator=g).half()
+    v = torch.randn(sum(lk), 2, 64, device="cuda", generator=g).half()
+    cu_q, cu_k = cu(lq).cuda(), cu(lk).cuda()
+    fn = compiled(FmhaSm90Config("fp16", 64, causal=True, schedule="grid", rescale_threshold=0.0))
+    out, lse = launch.run(fn, q, k, v, cu_q, cu_k, max(lq), 0.125, -1, -1, None)
+    want_out, want_lse = attention_varlen(q, k, v, cu_q, cu_k, 0.125, True, (-1, -1), None)
+    assert_attention_close(out, lse, want_out, want_lse, "sm90 grid schedule")
+
+
+@st.composite
+def sm90_gpu_cases(draw):
+    n = draw(st.integers(1, 4))
+    lk = [draw(st.sampled_from([0, 1, 63, 128, 129, 300, 1000])) for _ in range(n)]
+    lq = [draw(st.sampled_from([s, s, 0, 1, min(s, 77), s + 50])) for s in lk]
+    hq, hkv = draw(st.sampled_from([(2, 2), (4, 1), (8, 2)]))
+    window = (draw(st.sampled_from([-1, -1, 0, 5, 200])), draw(st.sampled_from([-1, -1, 0, 40])))
+    return (lq, lk, hq, hkv, draw(st.sampled_from([64, 128])), draw(st.sampled_from([torch.bfloat16, torch.float16])),
+            draw(st.booleans()), window, draw(st.booleans()), draw(st.integers(0, 2**16)))
+
+
+@pytest.mark.gpu
+@given(case=sm90_gpu_cases())
+def test_gpu_sm90_drawn_cases_match_reference(case):
+    _need_sm90()
+    if sum(case[0]) == 0:
+        return  # nothing to compare (the entry returns empty tensors without a launch)
+    out, lse, want_out, want_lse = _sm90_case(*case)
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 {case}")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_timing_report():
+    """hd128 causal, 32 / 8 heads, 4 x 4096: the cute kernel (both schedules) beside the backend auto picks (the
+    Gluon kernel on sm_90), CUDA-event times printed (run with -s); outputs checked against auto's."""
+    _need_sm90()
+    import dispatch
+    from cute_ops.attention import fmha_sm90, launch
+
+    b, s_, hq, hkv, d = 4, 4096, 32, 8, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b * s_, hq, d, device="cuda", generator=g).bfloat16()
+    k = torch.randn(b * s_, hkv, d, device="cuda", generator=g).bfloat16()
+    v = torch.randn(b * s_, hkv, d, device="cuda", generator=g).bfloat16()
+    cu_ = cu([s_] * b).cuda()
+    scale = d ** -0.5
+    cfg = fmha_sm90.FmhaSm90Config.for_call(q, True, -1, -1, None, "sm_90a")
+    runs = {"auto": lambda: dispatch.ops.attention_prefill(q, k, v, cu_, cu_, s_, s_, softmax_scale=scale,
+                                                             causal=True, return_lse=True)}
+    for pp in (False, True):
+        fn = fmha_sm90.compiled(dataclasses.replace(cfg, pingpong=pp))
+        runs[f"cute pingpong={pp}"] = lambda fn=fn: launch.run(fn, q, k, v, cu_, cu_, s_, scale, -1, -1, None)
+    flops = 4 * b * hq * d * (s_ * (s_ + 1) // 2)
+    outs, times = {}, {}
+    for name, run in runs.items():
+        outs[name] = run()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            run()
+        end.record()
+        torch.cuda.synchronize()
+        times[name] = start.elapsed_time(end) / 20
+        print(f"sm90 attention 4x4096 hd128 causal: {name}: {times[name] * 1e3:.1f} us, "
+              f"{flops / times[name] / 1e9:.0f} TFLOP/s, {times['auto'] / times[name]:.2f}x auto")
+    for name in runs:
+        assert_attention_close(*outs[name], *outs["auto"], f"timing report: {name} vs auto")
