@@ -146,35 +146,43 @@ def test_sm90_wgmma_fragments_line_up(dsl_arch_sm90):
     ("bf16", 128, dict(causal=True, has_window_left=True, has_sink=True)),
     ("fp16", 64, dict(has_window_left=True, has_window_right=True, schedule="grid", rescale_threshold=0.0)),
     ("bf16", 128, dict(causal=True, pingpong=True)),
+    ("bf16", 128, dict(causal=True, has_sink=True, overlap=True)),
+    ("fp16", 64, dict(has_window_left=True, overlap=True, pingpong=True)),
 ])
 def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     """Record (nvidia-cutlass-dsl 4.8.1): bf16 D=128: HGMMA.64x128 16, UTMALDG.3D 6, MUFU.EX2 66, SHFL.BFLY 8,
     STG.E 34, USETMAXREG 2, no local memory; fp16 D=64: HGMMA 12, UTMALDG 3, STG.E 18. Ping-pong: BAR.SYNC 3
     (the CTA barrier, the first turn, the turn before PV), BAR.ARV 3 (warpgroup 0's own first turn, the turn
-    after QK, the last one)."""
+    after QK, the last one); with the overlap, 2 and 2 (the turn before QK_j + PV_{j-1}, the pass after them).
+    Overlap: two call sites of each GEMM (the first tile's QK and the last PV outside the loop), 4 waits."""
     from cute_ops.attention.fmha_sm90 import FmhaSm90Config, dump
 
     d_ = dump(FmhaSm90Config(dtype, d, **extra))
     ops = d_.opcodes()
     assert "sm_90a" in d_.ptx.split(".target", 1)[1][:40]
     # S = Q K^T: D / 16 k-steps of m64n128k16; O += P V: 128 keys / 16 k-steps of m64n{D}k16 with A from registers
-    assert d_.count("HGMMA") == d // 16 + 128 // 16, ops
+    sites = 2 if extra.get("overlap") else 1
+    assert d_.count("HGMMA") == sites * (d // 16 + 128 // 16), ops
     ab = "bf16.bf16" if dtype == "bf16" else "f16.f16"
     assert f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{ab}" in d_.ptx
     assert f"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.{ab} {{" in d_.ptx.replace("\t", " ")
     assert any("wgmma.mma_async" in ln and "{%r" in ln.split("},", 1)[1][:8] for ln in d_.ptx.splitlines()
                if "wgmma.mma_async" in ln and f"m64n{d}k16" in ln), "no WGMMA takes A (P) from registers"
-    assert d_.count("WARPGROUP.ARRIVE") >= 2 and d_.count("WARPGROUP.DEPBAR") >= 2, ops
+    # fp16 + overlap: ptxas serializes the WGMMAs (C7513: NVVM re-packs P's f16 halves into the RS operand registers
+    # after QK_j is issued), one ARRIVE / DEPBAR per HGMMA; bf16 keeps P packed and is not serialized
+    waits = d_.count("HGMMA") if (dtype == "fp16" and extra.get("overlap")) else 2 * sites
+    assert d_.count("WARPGROUP.ARRIVE") == waits and d_.count("WARPGROUP.DEPBAR") == waits, ops
     assert d_.count("UTMALDG") == 3 * d // 64, ops  # Q, K, V: boxes of 64 columns (128-byte swizzle)
     assert d_.count("SYNCS.ARRIVE.TRANS64") >= 3, ops  # expect-tx arrives of the TMA pipelines
     assert d_.count("USETMAXREG") == 2, ops  # producer down, consumers up
-    assert d_.count("MUFU.EX2") >= 64, ops  # 2 rows x 32 keys per thread and tile
+    assert d_.count("MUFU.EX2") >= 64 * sites, ops  # 2 rows x 32 keys per thread and tile
     assert d_.count("SHFL.BFLY") >= 8, ops  # quad max and sum, 2 rows
     assert d_.count("F2FP") >= 32, ops
     assert d_.count("STG.E") == 2 * d // 8 + 2, ops  # 2 rows x D / 8 column pairs, and 2 lse values
     assert d_.count("STL") == 0 and d_.count("LDL") == 0, ops
-    pingpong = extra.get("pingpong", False)
-    assert (d_.count("BAR.SYNC"), d_.count("BAR.ARV")) == ((3, 3) if pingpong else (1, 0)), ops
+    bars = {(False, False): (1, 0), (True, False): (3, 3), (False, True): (1, 0), (True, True): (2, 2)}
+    assert (d_.count("BAR.SYNC"), d_.count("BAR.ARV")) == bars[extra.get("pingpong", False),
+                                                                extra.get("overlap", False)], ops
 
 
 def _need_sm90():
@@ -184,9 +192,9 @@ def _need_sm90():
         pytest.skip("the sm90 CuTeDSL attention kernel runs on sm_90 (H100/H200) only")
 
 
-def _sm90_case(lq, lk, hq, hkv, d, dtype, causal, window, sink, seed=0, qkv_packed=False, pingpong=None):
-    """(out, lse, want_out, want_lse) of the cute backend on the GPU (through dispatch; with `pingpong` set, the
-    compiled kernel of that setting directly) and the fp64 reference."""
+def _sm90_case(lq, lk, hq, hkv, d, dtype, causal, window, sink, seed=0, qkv_packed=False, variant=None):
+    """(out, lse, want_out, want_lse) of the cute backend on the GPU (through dispatch; with `variant`, a dict of
+    schedule fields of FmhaSm90Config, the compiled kernel of that variant directly) and the fp64 reference."""
     import dispatch
     from cute_ops.attention import fmha_sm90, launch
 
@@ -203,13 +211,13 @@ def _sm90_case(lq, lk, hq, hkv, d, dtype, causal, window, sink, seed=0, qkv_pack
     sinks = torch.randn(hq, device="cuda", generator=g) * 2 if sink else None
     cu_q, cu_k = cu(lq).cuda(), cu(lk).cuda()
     scale = 1.0 / math.sqrt(d)
-    if pingpong is None:
+    if variant is None:
         out, lse = dispatch.ops.attention_prefill(q, k, v, cu_q, cu_k, max(lq), max(lk), softmax_scale=scale,
                                                   causal=causal, window=window, sinks=sinks, return_lse=True,
                                                   backend="cute")
     else:
         cfg = fmha_sm90.FmhaSm90Config.for_call(q, causal, *window, sinks, "sm_90a")
-        fn = fmha_sm90.compiled(dataclasses.replace(cfg, pingpong=pingpong))
+        fn = fmha_sm90.compiled(dataclasses.replace(cfg, **variant))
         out, lse = launch.run(fn, q, k, v, cu_q, cu_k, max(lq), scale, *window, sinks)
     want_out, want_lse = attention_varlen(q, k, v, cu_q, cu_k, scale, causal, window, sinks)
     return out, lse, want_out, want_lse
@@ -241,13 +249,17 @@ def test_gpu_sm90_matches_reference(case):
     assert_attention_close(out, lse, want_out, want_lse, f"sm90 {case}")
 
 
+SM90_VARIANTS = [dict(pingpong=True), dict(overlap=True), dict(pingpong=True, overlap=True)]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", SM90_VARIANTS, ids=lambda v: "+".join(v))
 @pytest.mark.parametrize("case", SM90_GPU_CASES[:3] + SM90_GPU_CASES[5:], ids=_case_id)
-def test_gpu_sm90_pingpong_matches_reference(case):
-    """The ping-pong schedule (config `pingpong`, off in the entry until this passes and is timed)."""
+def test_gpu_sm90_schedule_variants_match_reference(case, variant):
+    """The ping-pong and overlap schedules (config fields, off in the entry until this passes and is timed)."""
     _need_sm90()
-    out, lse, want_out, want_lse = _sm90_case(*case, pingpong=True)
-    assert_attention_close(out, lse, want_out, want_lse, f"sm90 pingpong {case}")
+    out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 {variant} {case}")
 
 
 @pytest.mark.gpu
@@ -297,8 +309,8 @@ def test_gpu_sm90_drawn_cases_match_reference(case):
 
 @pytest.mark.gpu
 def test_gpu_sm90_timing_report():
-    """hd128 causal, 32 / 8 heads, 4 x 4096: the cute kernel (both schedules) beside the backend auto picks (the
-    Gluon kernel on sm_90), CUDA-event times printed (run with -s); outputs checked against auto's."""
+    """hd128 causal, 32 / 8 heads, 4 x 4096: the cute kernel (every schedule variant) beside the backend auto
+    picks (the Gluon kernel on sm_90), CUDA-event times printed (run with -s); outputs checked against auto's."""
     _need_sm90()
     import dispatch
     from cute_ops.attention import fmha_sm90, launch
@@ -313,9 +325,10 @@ def test_gpu_sm90_timing_report():
     cfg = fmha_sm90.FmhaSm90Config.for_call(q, True, -1, -1, None, "sm_90a")
     runs = {"auto": lambda: dispatch.ops.attention_prefill(q, k, v, cu_, cu_, s_, s_, softmax_scale=scale,
                                                              causal=True, return_lse=True)}
-    for pp in (False, True):
-        fn = fmha_sm90.compiled(dataclasses.replace(cfg, pingpong=pp))
-        runs[f"cute pingpong={pp}"] = lambda fn=fn: launch.run(fn, q, k, v, cu_, cu_, s_, scale, -1, -1, None)
+    for variant in [{}, *SM90_VARIANTS]:
+        fn = fmha_sm90.compiled(dataclasses.replace(cfg, **variant))
+        runs[f"cute {'+'.join(variant) or 'plain'}"] = lambda fn=fn: launch.run(fn, q, k, v, cu_, cu_, s_, scale,
+                                                                             -1, -1, None)
     flops = 4 * b * hq * d * (s_ * (s_ + 1) // 2)
     outs, times = {}, {}
     for name, run in runs.items():

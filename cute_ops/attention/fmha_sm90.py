@@ -17,9 +17,11 @@ One CTA per (query tile of 128 rows, query head); 3 warpgroups (registers split 
                              registers, O *= a, O += P V_j (RS WGMMA: A = P from registers, B = V^T from SMEM);
                              then out = O / l stored row-predicated from registers, and lse.
 
-No overlap inside a warpgroup yet (each WGMMA is waited for before the softmax that needs it). The two consumer
-warpgroups interleave on their own, or (config `pingpong`, FA3's inter-warpgroup schedule) take turns on the tensor
-core through two named barriers: one warpgroup's softmax runs while the other's PV_{j-1} + QK_j execute.
+Schedules (config fields, both off by default until a GPU run has checked and timed them): plain, each WGMMA waited
+for before the softmax that needs it, the two consumer warpgroups interleaving on their own; `pingpong` (FA3's
+inter-warpgroup schedule): they take turns on the tensor core through two named barriers, one's softmax running
+while the other's PV_{j-1} + QK_j execute; `overlap` (FA3's intra-warpgroup overlap): QK_j and PV_{j-1} issued
+together, the softmax of tile j under PV_{j-1} (bf16 only in practice: with fp16 ptxas serializes the WGMMAs).
 
 Key tiles run from n_lo upwards (mask.tile_range); a tile is masked only when it is not inside every row's visible
 interval. Varlen: TMA boxes start at the sequence's first row; rows past the sequence are read (the next
@@ -50,6 +52,8 @@ class FmhaSm90Config(launch.AttentionConfig):
     # FA3's inter-warpgroup ping-pong: the two consumer warpgroups take turns on the tensor core (named barriers),
     # so one's softmax overlaps the other's GEMMs. Off until a GPU run has shown both settings correct and timed.
     pingpong: bool = False
+    # FA3's intra-warpgroup overlap: QK_{j} issued together with PV_{j-1}, the softmax of tile j under PV_{j-1}.
+    overlap: bool = False
     kv_stages = 2  # SMEM at D=128: Q 32 KiB + 2 x (K 32 + V 32) KiB
 
 
@@ -244,8 +248,7 @@ def _kernel_class():
             acc_o.fill(0.0)
             o_mn = wgmma.acc_mn(acc_o)
             s_coords = wgmma.acc_mn(thr_qk.partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
-            rows = cute.size(s_coords, mode=[0])  # 2 rows per thread (r and r + 8)
-            n_cols = cute.size(s_coords, mode=[1])  # TILE_N / 4 scores of each row per thread
+            rows = cute.size(s_coords, mode=[0])  # 2 rows per thread (r and r + 8), TILE_N / 4 scores each
             row_m = cute.make_rmem_tensor(cute.make_layout(rows), Float32)
             row_l = cute.make_rmem_tensor(cute.make_layout(rows), Float32)
             row_lo = cute.make_rmem_tensor(cute.make_layout(rows), Int32)
@@ -257,37 +260,57 @@ def _kernel_class():
 
             if n_tiles > 0:
                 q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-                kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+                k_st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+                v_st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+                row_a = cute.make_rmem_tensor(cute.make_layout(rows), Float32)
+                step = (wg, wg_qk, tSrQ, tSrK, k_pipe, s_coords, row_m, row_l, row_lo, row_hi, row_a, scale_log2,
+                        full_lo, full_hi)
                 if cutlass.const_expr(self.cfg.pingpong):  # warpgroup 0 goes first: its own barrier pre-arrived
                     if wg == 0:
                         self.turn_pass(0)
-                    self.turn_wait(wg)
-                for j in cutlass.range(n_tiles, unroll=1):
-                    kb = n_lo + j
-                    acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((TILE_M, TILE_N)), Float32)
-                    k_pipe.consumer_wait(kv)
-                    wgmma.gemm(qk_mma, acc_s, tSrQ, tSrK[None, None, None, kv.index], True, wait=False)
-                    if cutlass.const_expr(self.cfg.pingpong):  # PV_{j-1} and QK_j issued: the other's turn
-                        self.turn_pass(1 - wg)
-                    warpgroup.wait_group(0)
-                    k_pipe.consumer_release(kv)
-                    s_mn = wgmma.acc_mn(acc_s)
-                    if (kb < full_lo) | (kb >= full_hi):  # an edge tile: some key of it is hidden from some row
-                        for r in cutlass.range_constexpr(rows):
-                            mask_mod.apply_row_bounds(s_mn[r, None], s_coords[r, None], kb * TILE_N, row_lo[r],
-                                                      row_hi[r])
-                    r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
-                    p_mn = wgmma.acc_mn(r_p)
-                    for r in cutlass.range_constexpr(rows):
-                        self.softmax_row(s_mn, p_mn, o_mn, row_m, row_l, r, n_cols, scale_log2)
-                    tOrP.store(wgmma.acc_as_a(r_p).load())
-                    v_pipe.consumer_wait(kv)
-                    if cutlass.const_expr(self.cfg.pingpong):
+                    if cutlass.const_expr(not self.cfg.overlap):
                         self.turn_wait(wg)
-                    wgmma.gemm(pv_mma, acc_o, tOrP, tOrV[None, None, None, kv.index], False)
-                    v_pipe.consumer_release(kv)
-                    kv.advance()
-                if cutlass.const_expr(self.cfg.pingpong):
+                if cutlass.const_expr(not self.cfg.overlap):
+                    for j in cutlass.range(n_tiles, unroll=1):
+                        # S_j = Q K_j^T, then P_j; (ping-pong: PV_{j-1} and QK_j were this warpgroup's turn)
+                        r_p, k_st = self.scores_to_p(qk_mma, k_st, n_lo + j, *step, pass_turn=True)
+                        self.rescale_o(o_mn, row_a)
+                        tOrP.store(wgmma.acc_as_a(r_p).load())
+                        v_pipe.consumer_wait(v_st)
+                        if cutlass.const_expr(self.cfg.pingpong):
+                            self.turn_wait(wg)
+                        wgmma.gemm(pv_mma, acc_o, tOrP, tOrV[None, None, None, v_st.index], False)
+                        v_pipe.consumer_release(v_st)
+                        v_st.advance()
+                else:
+                    # FA3's intra-warpgroup overlap: QK_j and PV_{j-1} in flight together; the softmax of tile j
+                    # runs while PV_{j-1} still executes (O and P_{j-1}'s registers untouched until it is done)
+                    r_p, k_st = self.scores_to_p(qk_mma, k_st, n_lo, *step, pass_turn=False)
+                    tOrP.store(wgmma.acc_as_a(r_p).load())
+                    for j in cutlass.range(1, n_tiles, unroll=1):
+                        k_pipe.consumer_wait(k_st)
+                        if cutlass.const_expr(self.cfg.pingpong):
+                            self.turn_wait(wg)
+                        acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((TILE_M, TILE_N)), Float32)
+                        wgmma.gemm(qk_mma, acc_s, tSrQ, tSrK[None, None, None, k_st.index], True, wait=False)
+                        v_pipe.consumer_wait(v_st)
+                        wgmma.gemm(pv_mma, acc_o, tOrP, tOrV[None, None, None, v_st.index], False, wait=False)
+                        if cutlass.const_expr(self.cfg.pingpong):
+                            self.turn_pass(1 - wg)
+                        warpgroup.wait_group(1)  # QK_j done (PV_{j-1} may still run)
+                        k_pipe.consumer_release(k_st)
+                        k_st.advance()
+                        r_p = self.softmax_tile(acc_s, n_lo + j, s_coords, row_m, row_l, row_lo, row_hi, row_a,
+                                                scale_log2, full_lo, full_hi)
+                        warpgroup.wait_group(0)  # PV_{j-1} done: O and P's registers are free
+                        v_pipe.consumer_release(v_st)
+                        v_st.advance()
+                        self.rescale_o(o_mn, row_a)
+                        tOrP.store(wgmma.acc_as_a(r_p).load())
+                    v_pipe.consumer_wait(v_st)
+                    wgmma.gemm(pv_mma, acc_o, tOrP, tOrV[None, None, None, v_st.index], False)
+                    v_pipe.consumer_release(v_st)
+                if cutlass.const_expr(self.cfg.pingpong and not self.cfg.overlap):
                     self.turn_pass(1 - wg)
             self.epilogue(thr_pv, acc_o, o_mn, row_m, row_l, mO, mLSE, t, q_start, sq, m_block, h)
 
@@ -305,21 +328,55 @@ def _kernel_class():
             cute.arch.barrier_arrive(barrier_id=1 + w, number_of_threads=256)
 
         @cute.jit
-        def softmax_row(self, s_mn, p_mn, o_mn, row_m, row_l, r, n_cols, scale_log2):
-            """One row of one key tile: max over the quad, exp2 to 16-bit P, l and m updated, O's row rescaled."""
-            s_row = cute.make_rmem_tensor(cute.make_layout(n_cols), Float32)  # compact copy (register renaming)
-            for i in cutlass.range_constexpr(n_cols):
-                s_row[i] = s_mn[r, i]
-            row_max = wgmma.quad_max(sm_mod.tile_max(s_row))
-            m_new, m_safe, a = sm_mod.update_max(row_m[r], row_max, scale_log2, self.cfg.rescale_threshold)
-            p_row = cute.make_rmem_tensor(cute.make_layout(n_cols), self.dtype)
-            row_sum = sm_mod.exp2_convert(s_row, p_row, scale_log2, m_safe, chunk=n_cols, f32x2=False)
-            row_l[r] = row_l[r] * a + wgmma.quad_sum(row_sum)
-            row_m[r] = m_new
-            for i in cutlass.range_constexpr(n_cols):
-                p_mn[r, i] = p_row[i]
-            for i in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                o_mn[r, i] = o_mn[r, i] * a
+        def scores_to_p(self, qk_mma, k_st, kb, wg, wg_qk, tSrQ, tSrK, k_pipe, s_coords, row_m, row_l, row_lo,
+                        row_hi, row_a, scale_log2, full_lo, full_hi, pass_turn: cutlass.Constexpr[bool]):
+            """S = Q K_kb^T (waited for, K released), then softmax_tile: (P, the advanced K state; the caller
+            rebinds it, a state advanced inside a helper does not reach the caller's loop otherwise). Passes the
+            ping-pong turn once the GEMM is issued when asked."""
+            acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((TILE_M, TILE_N)), Float32)
+            k_pipe.consumer_wait(k_st)
+            wgmma.gemm(qk_mma, acc_s, tSrQ, tSrK[None, None, None, k_st.index], True, wait=False)
+            if cutlass.const_expr(self.cfg.pingpong and pass_turn):
+                self.turn_pass(1 - wg)
+            warpgroup.wait_group(0)
+            k_pipe.consumer_release(k_st)
+            k_st.advance()
+            r_p = self.softmax_tile(acc_s, kb, s_coords, row_m, row_l, row_lo, row_hi, row_a, scale_log2, full_lo,
+                                    full_hi)
+            return r_p, k_st
+
+        @cute.jit
+        def softmax_tile(self, acc_s, kb, s_coords, row_m, row_l, row_lo, row_hi, row_a, scale_log2, full_lo,
+                         full_hi):
+            """Mask (edge tiles), then per row: max over the quad, exp2 to 16-bit P, l and m updated, the rescale
+            factor of O in row_a. Returns P in the accumulator's layout (acc_as_a makes it the A operand)."""
+            s_mn = wgmma.acc_mn(acc_s)
+            if (kb < full_lo) | (kb >= full_hi):  # an edge tile: some key of it is hidden from some row
+                for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                    mask_mod.apply_row_bounds(s_mn[r, None], s_coords[r, None], kb * TILE_N, row_lo[r], row_hi[r])
+            r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
+            p_mn = wgmma.acc_mn(r_p)
+            n_cols = cute.size(s_mn, mode=[1])
+            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                s_row = cute.make_rmem_tensor(cute.make_layout(n_cols), Float32)  # compact copy (register renaming)
+                for i in cutlass.range_constexpr(n_cols):
+                    s_row[i] = s_mn[r, i]
+                row_max = wgmma.quad_max(sm_mod.tile_max(s_row))
+                m_new, m_safe, a = sm_mod.update_max(row_m[r], row_max, scale_log2, self.cfg.rescale_threshold)
+                p_row = cute.make_rmem_tensor(cute.make_layout(n_cols), self.dtype)
+                row_sum = sm_mod.exp2_convert(s_row, p_row, scale_log2, m_safe, chunk=n_cols, f32x2=False)
+                row_l[r] = row_l[r] * a + wgmma.quad_sum(row_sum)
+                row_m[r] = m_new
+                row_a[r] = a
+                for i in cutlass.range_constexpr(n_cols):
+                    p_mn[r, i] = p_row[i]
+            return r_p
+
+        @cute.jit
+        def rescale_o(self, o_mn, row_a):
+            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+                for i in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                    o_mn[r, i] = o_mn[r, i] * row_a[r]
 
         @cute.jit
         def epilogue(self, thr_pv, acc_o, o_mn, row_m, row_l, mO, mLSE, t, q_start, sq, m_block, h):
