@@ -145,6 +145,82 @@ def test_sm90_wgmma_fragments_line_up(dsl_arch_sm90, d):
 
 
 @needs_dsl
+@pytest.mark.parametrize("threshold,sink", [(0.0, None), (8.0, None), (8.0, 1.5)])
+def test_sm90_softmax_tile_runs_on_the_host_like_the_model(dsl_arch_sm90, threshold, sink):
+    """The consumer's per-tile step (`softmax_tile`: element mask with the thread's accumulator coordinates, row
+    max, rescale factor, exp2 to bf16 P placed in the accumulator layout, l and m) traced from the kernel class and
+    run on the host for one thread (portable=True: no quad shuffles, so the thread's 32 columns of each row stand
+    for the row), against OnlineSoftmaxModel on those columns with the same mask."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass import Float32
+    from cutlass.cute.nvgpu import OperandMajorMode
+    from cutlass.cute.runtime import from_dlpack
+
+    from cute_ops.attention import fmha_sm90, wgmma
+    from cute_ops.attention import softmax as SM
+
+    tiles, t = 5, 45
+    g = torch.Generator().manual_seed(7)
+    scores = torch.randn(tiles, 2, 32, generator=g) * 3 + torch.arange(tiles)[:, None, None] * 6.0
+    bounds = torch.tensor([[150, 560], [0, 300]], dtype=torch.int32)  # [lo, hi) per row: both edges met
+    scale_log2 = 0.2 * SM.LOG2E
+    kern = fmha_sm90.kernel_class()(fmha_sm90.FmhaSm90Config("bf16", 128, rescale_threshold=threshold))
+
+    @cute.jit
+    def run(s_in, p_out, a_out, fin, bnd, n, scale):
+        kern.dtype = cutlass.BFloat16
+        dt = cutlass.BFloat16
+        qk = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (2, 1, 1),
+                                               (64, 128))
+        s_coords = wgmma.acc_mn(qk.get_slice(t).partition_C(cute.make_identity_tensor((128, 128))))
+        row_m = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+        row_l = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+        row_a = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+        row_lo = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Int32)
+        row_hi = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Int32)
+        sink_log2 = None
+        if cutlass.const_expr(sink is not None):
+            sink_log2 = Float32(sink * SM.LOG2E)
+        for r in cutlass.range_constexpr(2):
+            row_m[r], row_l[r] = SM.init_stats(sink_log2)
+            row_lo[r] = bnd[r, 0]
+            row_hi[r] = bnd[r, 1]
+        for j in cutlass.range(n):
+            acc_s = cute.make_rmem_tensor(qk.partition_shape_C((128, 128)), Float32)
+            s_mn = wgmma.acc_mn(acc_s)
+            for r in cutlass.range_constexpr(2):
+                for i in cutlass.range_constexpr(32):
+                    s_mn[r, i] = s_in[j, r, i]
+            r_p = kern.softmax_tile(acc_s, j, s_coords, row_m, row_l, row_lo, row_hi, row_a, scale, 0, 0,
+                                    portable=True)
+            p_mn = wgmma.acc_mn(r_p)
+            for r in cutlass.range_constexpr(2):
+                a_out[j, r] = row_a[r]
+                for i in cutlass.range_constexpr(32):
+                    p_out[j, r, i] = p_mn[r, i].to(Float32)
+        for r in cutlass.range_constexpr(2):
+            fin[r, 0] = row_m[r]
+            fin[r, 1] = row_l[r]
+
+    p_dev, a_dev, fin = torch.zeros(tiles, 2, 32), torch.zeros(tiles, 2), torch.zeros(2, 2)
+    run(from_dlpack(scores), from_dlpack(p_dev), from_dlpack(a_dev), from_dlpack(fin), from_dlpack(bounds),
+        cutlass.Int32(tiles), Float32(scale_log2))
+    lane = t % 32
+    cols = torch.tensor([8 * j + 2 * (lane % 4) + c for j in range(16) for c in range(2)])
+    model = SM.OnlineSoftmaxModel(2, scale_log2, threshold, sink)
+    for j in range(tiles):
+        keys = cols + 128 * j
+        hidden = (keys[None, :] < bounds[:, :1]) | (keys[None, :] >= bounds[:, 1:])
+        p, a = model.step(scores[j].masked_fill(hidden, float("-inf")))
+        torch.testing.assert_close(a_dev[j], a, rtol=1e-5, atol=0, msg=f"rescale factor, tile {j}")
+        torch.testing.assert_close(p_dev[j], p.bfloat16().float(), rtol=1e-2, atol=0, msg=f"P, tile {j}")
+    torch.testing.assert_close(fin[:, 0], model.m, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(fin[:, 1], model.l, rtol=1e-4, atol=1e-6)
+
+
+@needs_dsl
 @pytest.mark.parametrize("dtype,d,extra", [
     ("bf16", 128, dict(causal=True, has_window_left=True, has_sink=True)),
     ("fp16", 64, dict(has_window_left=True, has_window_right=True, schedule="grid", rescale_threshold=0.0)),

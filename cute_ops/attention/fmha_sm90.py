@@ -347,9 +347,10 @@ def _kernel_class():
 
         @cute.jit
         def softmax_tile(self, acc_s, kb, s_coords, row_m, row_l, row_lo, row_hi, row_a, scale_log2, full_lo,
-                         full_hi):
+                         full_hi, portable: cutlass.Constexpr[bool] = False):
             """Mask (edge tiles), then per row: max over the quad, exp2 to 16-bit P, l and m updated, the rescale
-            factor of O in row_a. Returns P in the accumulator's layout (acc_as_a makes it the A operand)."""
+            factor of O in row_a. Returns P in the accumulator's layout (acc_as_a makes it the A operand).
+            `portable`: host-lowerable forms and no quad shuffles (the CPU tests run this on the host)."""
             s_mn = wgmma.acc_mn(acc_s)
             if (kb < full_lo) | (kb >= full_hi):  # an edge tile: some key of it is hidden from some row
                 for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
@@ -361,11 +362,13 @@ def _kernel_class():
                 s_row = cute.make_rmem_tensor(cute.make_layout(n_cols), Float32)  # compact copy (register renaming)
                 for i in cutlass.range_constexpr(n_cols):
                     s_row[i] = s_mn[r, i]
-                row_max = wgmma.quad_max(sm_mod.tile_max(s_row))
-                m_new, m_safe, a = sm_mod.update_max(row_m[r], row_max, scale_log2, self.cfg.rescale_threshold)
+                row_max = wgmma.quad_max(sm_mod.tile_max(s_row, portable), portable)
+                m_new, m_safe, a = sm_mod.update_max(row_m[r], row_max, scale_log2, self.cfg.rescale_threshold,
+                                                     portable)
                 p_row = cute.make_rmem_tensor(cute.make_layout(n_cols), self.dtype)
-                row_sum = sm_mod.exp2_convert(s_row, p_row, scale_log2, m_safe, chunk=n_cols, f32x2=False)
-                row_l[r] = row_l[r] * a + wgmma.quad_sum(row_sum)
+                row_sum = sm_mod.exp2_convert(s_row, p_row, scale_log2, m_safe, chunk=n_cols, portable=portable,
+                                              f32x2=False)
+                row_l[r] = row_l[r] * a + wgmma.quad_sum(row_sum, portable)
                 row_m[r] = m_new
                 row_a[r] = a
                 for i in cutlass.range_constexpr(n_cols):

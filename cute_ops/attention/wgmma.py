@@ -74,12 +74,17 @@ if cutlass is not None:
             warpgroup.wait_group(0)
 
     @cute.jit
-    def quad_max(x):
-        """Max over the 4 threads of a quad (the threads sharing an accumulator row)."""
-        x = cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=2))
-        return cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=1))
+    def quad_max(x, portable: cutlass.Constexpr[bool] = False):
+        """Max over the 4 threads of a quad (the threads sharing an accumulator row). `portable`: the calling
+        thread's value alone (no shuffles: host runs of the per-thread code, one thread standing for its quad)."""
+        if cutlass.const_expr(not portable):
+            x = cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=2))
+            x = cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=1))
+        return x
 
     @cute.jit
-    def quad_sum(x):
-        x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
-        return x + cute.arch.shuffle_sync_bfly(x, offset=1)
+    def quad_sum(x, portable: cutlass.Constexpr[bool] = False):
+        if cutlass.const_expr(not portable):
+            x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
+            x = x + cute.arch.shuffle_sync_bfly(x, offset=1)
+        return x
