@@ -221,6 +221,69 @@ def test_sm90_softmax_tile_runs_on_the_host_like_the_model(dsl_arch_sm90, thresh
 
 
 @needs_dsl
+@pytest.mark.parametrize("t", [0, 6, 77, 201])
+def test_sm90_epilogue_runs_on_the_host(dsl_arch_sm90, t):
+    """The consumer's epilogue traced from the kernel class and run on the host for thread t, writing into a torch
+    (tokens, heads, D) tensor through the kernel's (tokens, D, heads) view: each of the thread's O values lands at
+    (q_start + 128 m_block + row, h, column) divided by its row's l, rows past the sequence are not written, and the
+    first thread of each quad writes its rows' natural-log lse (-inf for l = 0)."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass import Float32
+    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+    from cutlass.cute.runtime import from_dlpack
+
+    from cute_ops.attention import fmha_sm90, wgmma
+
+    d, hq, h, q_start, m_block = 64, 3, 2, 5, 1
+    sq = 128 + 70  # the second tile's rows 70..127 lie past the sequence
+    kern = fmha_sm90.kernel_class()(fmha_sm90.FmhaSm90Config("bf16", d))
+    out = torch.full((q_start + 2 * 128 + 4, hq, d), -7.0, dtype=torch.bfloat16)
+    lse = torch.full((out.shape[0], hq), -7.0)
+    stats = torch.tensor([[1.5, 4.0], [0.25, 0.0]])  # (m, l) per row (log2 units); the second row saw nothing
+
+    @cute.jit
+    def run(o_t, lse_t, st, tt):
+        kern.dtype = cutlass.BFloat16
+        dt = cutlass.BFloat16
+        pv = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32, (2, 1, 1),
+                                               (64, d), a_source=warpgroup.OperandSource.RMEM)
+        thr = pv.get_slice(tt)
+        m_o = cute.make_tensor(o_t.iterator, cute.make_layout((o_t.shape[0], d, hq),
+                                                               stride=(o_t.stride[0], 1, o_t.stride[1])))
+        acc_o = cute.make_rmem_tensor(thr.partition_shape_C((128, d)), Float32)
+        o_mn = wgmma.acc_mn(acc_o)
+        c_mn = wgmma.acc_mn(thr.partition_C(cute.make_identity_tensor((128, d))))
+        for r in cutlass.range_constexpr(2):
+            for i in cutlass.range_constexpr(d // 4):
+                o_mn[r, i] = Float32(c_mn[r, i][0] * 1000 + c_mn[r, i][1])  # row * 1000 + column
+        row_m = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+        row_l = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+        for r in cutlass.range_constexpr(2):
+            row_m[r] = st[r, 0]
+            row_l[r] = st[r, 1]
+        kern.epilogue(thr, acc_o, o_mn, row_m, row_l, m_o, lse_t, tt, q_start, sq, m_block, h, portable=True)
+
+    run(from_dlpack(out), from_dlpack(lse), from_dlpack(stats), cutlass.Int32(t))
+    wg, warp, lane = t // 128, t % 128 // 32, t % 32
+    rows = [64 * wg + 16 * warp + lane // 4 + 8 * r for r in range(2)]
+    cols = [8 * j + 2 * (lane % 4) + c for j in range(d // 8) for c in range(2)]
+    want_out = torch.full_like(out, -7.0)
+    want_lse = torch.full_like(lse, -7.0)
+    for r, row in enumerate(rows):
+        if 128 * m_block + row >= sq:
+            continue
+        tok = q_start + 128 * m_block + row
+        inv = 1.0 / stats[r, 1] if stats[r, 1] > 0 else 0.0
+        want_out[tok, h, cols] = (torch.tensor([row * 1000.0 + c for c in cols]) * inv).bfloat16()
+        if lane % 4 == 0:
+            want_lse[tok, h] = (stats[r, 0] + math.log2(stats[r, 1])) * math.log(2) if stats[r, 1] > 0 else -math.inf
+    assert torch.equal(out, want_out), (out != want_out).nonzero()[:8].tolist()
+    torch.testing.assert_close(lse, want_lse, rtol=1e-6, atol=1e-6)
+
+
+@needs_dsl
 @pytest.mark.parametrize("dtype,d,extra", [
     ("bf16", 128, dict(causal=True, has_window_left=True, has_sink=True)),
     ("fp16", 64, dict(has_window_left=True, has_window_right=True, schedule="grid", rescale_threshold=0.0)),

@@ -382,15 +382,16 @@ def _kernel_class():
                     o_mn[r, i] = o_mn[r, i] * row_a[r]
 
         @cute.jit
-        def epilogue(self, thr_pv, acc_o, o_mn, row_m, row_l, mO, mLSE, t, q_start, sq, m_block, h):
+        def epilogue(self, thr_pv, acc_o, o_mn, row_m, row_l, mO, mLSE, t, q_start, sq, m_block, h,
+                     portable: cutlass.Constexpr[bool] = False):
             """out = O / l in 16-bit, stored from registers for the rows inside the sequence; lse by the first
-            thread of each quad."""
+            thread of each quad. mO: the (tokens, D, heads) view. `portable`: a division for rcp.approx (host runs)."""
             gO = cute.local_tile(cute.domain_offset((q_start, 0), mO[None, None, h]), (TILE_M, self.d), (m_block, 0))
             g_mn = wgmma.acc_mn(thr_pv.partition_C(gO))
             c_mn = wgmma.acc_mn(thr_pv.partition_C(cute.make_identity_tensor((TILE_M, self.d))))
             lse_row = cute.make_rmem_tensor(cute.make_layout(cute.size(o_mn, mode=[0])), Float32)
             for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
-                inv_l, lse_row[r] = sm_mod.finalize(row_m[r], row_l[r])
+                inv_l, lse_row[r] = sm_mod.finalize(row_m[r], row_l[r], portable)
                 for i in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
                     o_mn[r, i] = o_mn[r, i] * inv_l
             r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
