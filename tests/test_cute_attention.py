@@ -493,4 +493,3 @@ def test_compile_cache_round_trip(tmp_path, monkeypatch):
     _compile.clear_memory()
     compiled(cfg)
     assert (_compile.STATS.compiles, _compile.STATS.disk_loads) == (before[0] + 1, before[1] + 1)
-
