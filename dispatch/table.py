@@ -42,6 +42,9 @@ ATTN_TL_WHY = "plain Triton FA2-style forward: every arch, masked tiles skipped 
 # (events), GPT-OSS hd64 + sinks 0.64x FA4. Ranked above the plain kernel for its TMA + wgmma pipeline; the two have
 # not been timed side by side yet.
 ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.75-0.82x FA4 on hd128 (H100)"
+# CuTeDSL sm_90a forward (cute_ops/attention/fmha_sm90.py): compiled and SASS-checked in CI, not yet run on a GPU.
+# backend="cute" runs it; auto passes it over (`auto_skip`) until tests/test_cute_attention.py's GPU tests pass.
+ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward (sm_90a); not yet run on a GPU: only by name (backend='cute')"
 # H100 at 26c069c: bf16 cache 0.78-0.92x cuDNN SDPA on a dense cache, 0.91 of copy at 16 x 8k; FP8 cache 0.96x the
 # bf16 peer's time (not yet the half-bytes speedup).
 ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE-merged; 0.78-0.92x cuDNN (H100)"
@@ -210,6 +213,9 @@ ROWS: tuple[Entry, ...] = (
     # attention (docs/attention.md). sm_90: the Gluon warpgroup-MMA kernel ranks above plain Triton (ATTN_SM90_WHY).
     Entry("attention_prefill", "triton", ("sm_90",), "triton_ops.attention.prefill_sm90:attention_prefill",
           TRITON_SM90_GLUON, ATTN_SM90_WHY, "triton_ops.attention.prefill_sm90:supports_attention_prefill_sm90"),
+    Entry("attention_prefill", "cute", ("sm_90",), "cute_ops.attention.fmha_sm90:attention_prefill",
+          CUTE_UNMEASURED, ATTN_CUTE_WHY, "cute_ops.attention.fmha_sm90:supports_attention_prefill",
+          auto_skip="cute_ops.attention.fmha_sm90:auto_skip_unverified"),
     *triton_rows("attention_prefill", "triton_ops.attention.prefill:attention_prefill", ATTN_TL_WHY,
                  supports="triton_ops.attention.prefill:supports_attention_prefill"),
     Entry("attention_prefill", "torch", ALL, "dispatch.reference.attention:attention_prefill", TORCH_REF,
