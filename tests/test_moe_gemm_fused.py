@@ -26,7 +26,7 @@ from triton_ops import swiglu as tsw
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe import align as tal
 from triton_ops.moe_gemm import fused, grouped
-from triton_ops.moe_gemm.config import MoeGemmConfig, pick_config_for_arch, pick_swiglu_gemm_config_for_arch
+from triton_ops.moe_gemm.config import MoeGemmConfig, pick_swiglu_gemm_config_for_arch
 
 KINDS = ("bf16", "fp16", "fp8", "mxfp4", "w4a8")
 
@@ -163,7 +163,7 @@ def test_bytes_equal_the_unfused_chain(p):
 @pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8"])
 def test_tile_spanning_experts(kind):
     """Unaligned rows: one tile holds several experts, padding and a bad id (one pass per expert, one store)."""
-    cfg = MoeGemmConfig(32, 64, 32 if kind == "w4a8" else 128, group_m=2, num_warps=4, num_stages=1)
+    cfg = MoeGemmConfig(32, 64, 128, group_m=2, num_warps=4, num_stages=1)
     _bytes_equal_chain(kind, 3, 128, 256, 8, "gptoss", 7.0, (64, False, False), False, 30, 5, config=cfg)
     _bytes_equal_chain(kind, 3, 128, 128, 0, "silu", None, None, False, 30, 6, config=cfg)
 
@@ -208,54 +208,6 @@ def test_dispatch_op_and_opcheck():
                           test_utils=("test_schema", "test_faketensor"))
 
 
-# ---------------------------------------------------------------------------------------------- W4A8 GEMM
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
-def test_w4a8_gemm(masked, device):
-    """MXFP4 weights x FP8 1x128 activations: exact operands give the reference's bytes (every E2M1 value is an
-    E4M3 value, the E8M0 exponent is a power-of-two rescale), random operands its tolerance; row weights, padding
-    rows, an out-of-range id, E8M0 0 (2^-127) and 0xFF (NaN) blocks."""
-    g = torch.Generator().manual_seed(8)
-    e, n, k = 3, 96, 256
-    ids, dead, lead = _layout(g, e, masked, 12, k, device)
-    a, a_s, w, w_s = _exact_operands("w4a8", g, lead, dead, e, n, k, device)
-    lay = (ids["m_indices"], ids["masked_m"])
-    cpu = lambda t: None if t is None else t.cpu()
-    got = grouped.moe_gemm_w4a8(a, a_s, w, w_s, *lay)
-    assert_same_bytes(got.cpu(), ref.moe_gemm_w4a8(*map(cpu, (a, a_s, w, w_s, *lay))), "exact operands")
-    w_s = w_s.clone()
-    w_s[0, 0, 1] = 0  # 2^-127: a subnormal scale (products of the block vanish into fp32 subnormals or zero)
-    w_s[-1, 5, 0] = 255  # NaN block: column 5 of the last expert's rows is NaN
-    rw = torch.rand(lead, generator=g).to(device)
-    a, a_s, w, _ = _random_operands("w4a8", g, lead, dead, e, n, k, device)
-    got = grouped.moe_gemm_w4a8(a, a_s, w, w_s, *lay, row_weights=rw)
-    want = ref.moe_gemm_w4a8(*map(cpu, (a, a_s, w, w_s, *lay, rw)))
-    nan = torch.isnan(want)
-    assert torch.equal(torch.isnan(got.cpu()), nan), "NaN where the reference has NaN, nowhere else"
-    assert_close(got.cpu().masked_fill(nan, 0), want.masked_fill(nan, 0), f"w4a8 masked={masked}", factor=2)
-    assert bool((got[dead] == 0).all()), "uncomputed rows are not zero"
-
-
-def test_w4a8_bad_inputs():
-    a = torch.zeros(4, 256).to(torch.float8_e4m3fn)
-    a_s = torch.ones(4, 2)
-    w = torch.zeros(2, 64, 128, dtype=torch.uint8)
-    w_s = torch.zeros(2, 64, 8, dtype=torch.uint8)
-    mi = torch.zeros(4, dtype=torch.int32)
-    with pytest.raises(LowbitInputError, match=r"moe_gemm_w4a8: argument 'a_scale': expected shape \(4, 2\)"):
-        grouped.moe_gemm_w4a8(a, a_s[:, :1], w, w_s, mi, None)
-    with pytest.raises(LowbitInputError, match=r"moe_gemm_w4a8: argument 'w_scale': expected shape \(2, 64, 8\)"):
-        grouped.moe_gemm_w4a8(a, a_s, w, w_s[:, :, :4], mi, None)
-    with pytest.raises(LowbitInputError, match=r"moe_gemm_w4a8: argument 'a': K=160 is not a multiple of 128"):
-        grouped.moe_gemm_w4a8(a[:, :160], a_s, w[:, :, :80], w_s[:, :, :5], mi, None)
-    with pytest.raises(LowbitInputError, match=r"moe_gemm_w4a8: argument 'a': dtype bfloat16"):
-        grouped.moe_gemm_w4a8(a.bfloat16(), a_s, w, w_s, mi, None)
-    with pytest.raises(ValueError, match="w4a8 needs block_k=32"):
-        grouped.moe_gemm_w4a8(a, a_s, w, w_s, mi, None, config=MoeGemmConfig(16, 64, 128, 1, 4, 1))
-
-
 # ---------------------------------------------------------------------------------------------- GEMM2 + combine
 
 
@@ -293,7 +245,7 @@ def test_combine_bytes_equal_the_chain(kind, masked, device):
     ids, src, inv, tw, lead, dead = _routed(g, t, top_k, e, masked, 5, emap, device)
     a, a_s, w, w_s = _random_operands(kind, g, lead, dead, e, n, k, device)
     shared = torch.randn(t, n, generator=g).bfloat16().to(device)
-    cfg = MoeGemmConfig(16, 64, 32 if kind == "w4a8" else 128, group_m=1, num_warps=4, num_stages=2)
+    cfg = MoeGemmConfig(16, 64, 128, group_m=1, num_warps=4, num_stages=2)
     got = fused.moe_gemm_combine(a, a_s, w, w_s, **ids, weights=kind, src_rows=src, inv_rows=inv, topk_weights=tw,
                                  shared=shared, out_dtype=torch.bfloat16, config=cfg)
     h = {
@@ -368,10 +320,8 @@ def test_bad_inputs_are_named():
 
 @pytest.mark.parametrize("arch", ["cpu", "sm_80", "sm_90", "sm_100"])
 def test_default_configs_are_valid(arch):
-    """W4A8 takes 32-wide K steps; GEMM1 + SwiGLU picks a tile whose columns hold whole FP8 groups."""
+    """GEMM1 + SwiGLU picks a valid tile for every weight kind whose columns hold whole FP8 groups."""
     for m in (1, 16, 64, 4096):
-        cfg = pick_config_for_arch("w4a8", m, 4096, 7168, arch)
-        assert cfg.refusal("w4a8") is None and cfg.block_k == 32, cfg
         for kind in ("bf16", "fp8", "mxfp4", "w4a8"):
             for min_n in (16, 128):
                 cfg = pick_swiglu_gemm_config_for_arch(kind, m, 2048, 7168, arch, min_n)

@@ -40,6 +40,7 @@ from .moe_gemm import (
     moe_gemm_mxfp4,
     moe_gemm_swiglu,
     moe_gemm_swiglu_fp8_group,
+    moe_gemm_w4a4,
     moe_gemm_w4a8,
 )
 from .moe_layer import moe_layer
@@ -88,6 +89,6 @@ __all__ = [
     # attention
     "attention", "attention_decode", "attention_prefill", "attention_prefill_paged", "merge_attn_states",
     # moe_gemm
-    "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_mxfp4", "moe_gemm_swiglu", "moe_gemm_swiglu_fp8_group",
-    "moe_gemm_combine", "moe_gemm_w4a8", "moe_layer",
+    "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_mxfp4", "moe_gemm_w4a4", "moe_gemm_w4a8", "moe_gemm_swiglu",
+    "moe_gemm_swiglu_fp8_group", "moe_gemm_combine", "moe_layer",
 ]

@@ -1,6 +1,6 @@
 """MoE expert grouped GEMM ops: torch.library registration, fakes, typed public API.
 
-Contract: dispatch/reference/moe_gemm.py; layouts and conventions: docs/moe_gemm.md. Three weight formats over the
+Contract: dispatch/reference/moe_gemm.py; layouts and conventions: docs/moe_gemm.md. The weight formats over the
 two activation layouts `moe_align` / `moe_masked_layout` produce:
 
 * contiguous: a (M, K) rows grouped by expert, `m_indices` (M,) int32 expert id per row; -1 (padding) and
@@ -25,6 +25,7 @@ from triton_ops.contract.moe_gemm import (
     check_gemm_swiglu,
     check_mxfp4,
     check_row_weights,
+    check_w4a4,
     check_w4a8,
 )
 
@@ -51,6 +52,16 @@ def _check_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights):
     check_row_weights("moe_gemm_mxfp4", a, row_weights)
 
 
+def _check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights):
+    check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m)
+    check_row_weights("moe_gemm_w4a8", a, row_weights)
+
+
+def _check_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights):
+    check_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m)
+    check_row_weights("moe_gemm_w4a4", a_packed, row_weights)
+
+
 @lowbit_op("moe_gemm_bf16", mutates_args=(), check=_check_bf16)
 def _moe_gemm_bf16(a: Tensor, w: Tensor, m_indices: Tensor | None, masked_m: Tensor | None,
                    row_weights: Tensor | None, backend: str) -> Tensor:
@@ -69,15 +80,16 @@ def _moe_gemm_mxfp4(a: Tensor, w_packed: Tensor, w_scale: Tensor, m_indices: Ten
     return _out(a, w_packed.shape[1], torch.bfloat16)
 
 
-def _check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights):
-    check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m)
-    check_row_weights("moe_gemm_w4a8", a, row_weights)
-
-
 @lowbit_op("moe_gemm_w4a8", mutates_args=(), check=_check_w4a8)
 def _moe_gemm_w4a8(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, m_indices: Tensor | None,
                    masked_m: Tensor | None, row_weights: Tensor | None, backend: str) -> Tensor:
     return _out(a, w_packed.shape[1], torch.bfloat16)
+
+
+@lowbit_op("moe_gemm_w4a4", mutates_args=(), check=_check_w4a4)
+def _moe_gemm_w4a4(a_packed: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, m_indices: Tensor | None,
+                   masked_m: Tensor | None, row_weights: Tensor | None, backend: str) -> Tensor:
+    return _out(a_packed, w_packed.shape[1], torch.bfloat16)
 
 
 def moe_gemm_bf16(a: Tensor, w: Tensor, *, m_indices: Tensor | None = None, masked_m: Tensor | None = None,
@@ -104,13 +116,22 @@ def moe_gemm_mxfp4(a: Tensor, w_packed: Tensor, w_scale: Tensor, *, m_indices: T
     return call("moe_gemm_mxfp4", a, w_packed, w_scale, m_indices, masked_m, row_weights, backend)
 
 
-def moe_gemm_w4a8(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, *, m_indices: Tensor | None = None,
-                  masked_m: Tensor | None = None, row_weights: Tensor | None = None,
-                  backend: str = "auto") -> Tensor:
-    """FP8 activations (E4M3 + fp32 1x128 scales, as moe_gemm_fp8) x MXFP4 weights (as moe_gemm_mxfp4): W4A8.
-    E2M1 -> E4M3 is exact, so the MMA runs on FP8; each 32-wide K step is rescaled by the activation scale times
-    the E8M0 weight scale. bf16 out."""
+def moe_gemm_w4a8(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, *,
+                  m_indices: Tensor | None = None, masked_m: Tensor | None = None,
+                  row_weights: Tensor | None = None, backend: str = "auto") -> Tensor:
+    """FP8 activations x MXFP4 weights (W4A8): a E4M3 with fp32 1x128 scales (`fp8_group_quantize`, row- or
+    column-major scales), weights as `moe_gemm_mxfp4` takes them. Through `tl.dot_scaled`: the native
+    block-scaled MMA on Blackwell, an upcast + WGMMA on Hopper. bf16 out."""
     return call("moe_gemm_w4a8", a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights, backend)
+
+
+def moe_gemm_w4a4(a_packed: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, *,
+                  m_indices: Tensor | None = None, masked_m: Tensor | None = None,
+                  row_weights: Tensor | None = None, backend: str = "auto") -> Tensor:
+    """MXFP4 activations x MXFP4 weights (W4A4): a_packed uint8 (*rows, K/2) and a_scale uint8 (*rows, K/32)
+    as `mxfp4_quantize(x, scale_layout="linear")` writes them; weights as `moe_gemm_mxfp4` takes them. Through
+    `tl.dot_scaled` (native FP4 MMA on Blackwell, upcast on Hopper). bf16 out."""
+    return call("moe_gemm_w4a4", a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights, backend)
 
 
 # ------------------------------------------------------------------------ GEMM1 + SwiGLU (+ FP8 1xG quant)
@@ -251,9 +272,19 @@ def self_check_cases() -> list:
         scales = torch.randint(118, 128, (w.shape[0], w.shape[1], k // 32), generator=g, dtype=torch.uint8)
         return (a.bfloat16(), packed.to(dev), scales.to(dev), mi, None, None)
 
-    def close(out, ref):
-        err = normalized_error(out, ref)
-        return err <= 2e-2, f"normalized error {err:.2e}"
+    def w4(dev, small, fp4_acts):
+        k = 128 if small else 2048
+        a, w, mi, g = layout(dev, small, 4 if small else 32, k, 128 if small else 1024)
+        packed = torch.randint(0, 256, (w.shape[0], w.shape[1], k // 2), generator=g, dtype=torch.uint8)
+        scales = torch.randint(118, 128, (w.shape[0], w.shape[1], k // 32), generator=g, dtype=torch.uint8)
+        rows = a.shape[0]
+        if fp4_acts:
+            acts = (torch.randint(0, 256, (rows, k // 2), generator=g, dtype=torch.uint8).to(dev),
+                    torch.randint(122, 130, (rows, k // 32), generator=g, dtype=torch.uint8).to(dev))
+        else:
+            acts = ((a * 64).clamp(-448, 448).to(torch.float8_e4m3fn),
+                    (torch.rand(rows, k // 128, generator=g) / 64).to(dev))
+        return (*acts, packed.to(dev), scales.to(dev), mi, None, None)
 
     def swiglu_fp8(dev, small):
         a8, a_s, w8, w_s, mi, _, _ = fp8(dev, small)
@@ -263,15 +294,6 @@ def self_check_cases() -> list:
     def swiglu_mx(dev, small):
         a, packed, scales, mi, _, _ = mxfp4(dev, small)
         return (a, None, packed, scales, mi, None, "mxfp4", 1, "gptoss", 1.702, 7.0)
-
-    def w4a8(dev, small):
-        a8, a_s, _, _, mi, _, _ = fp8(dev, small)
-        k = a8.shape[-1]
-        g = torch.Generator().manual_seed(6)
-        e, n = 4 if small else 64, 128 if small else 1024
-        packed = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
-        scales = torch.randint(118, 128, (e, n, k // 32), generator=g, dtype=torch.uint8)
-        return (a8, a_s, packed.to(dev), scales.to(dev), mi, None, None)
 
     def combine(dev, small):
         g = torch.Generator().manual_seed(4)
@@ -290,6 +312,10 @@ def self_check_cases() -> list:
         err = normalized_error(*(fp8_group_dequantize(c, s, group, torch.float32) for c, s in (out, ref)))
         return err <= 3e-2, f"normalized error of the dequantized values {err:.2e}"
 
+    def close(out, ref):
+        err = normalized_error(out, ref)
+        return err <= 2e-2, f"normalized error {err:.2e}"
+
     return [
         Case("moe_gemm_swiglu_fp8_group", swiglu_fp8, close_fp8, label="FP8 W8A8 GEMM1 + silu + 1xG quant"),
         Case("moe_gemm_swiglu", swiglu_mx, close, label="MXFP4 GEMM1 + GPT-OSS swiglu, interleaved"),
@@ -297,5 +323,6 @@ def self_check_cases() -> list:
         Case("moe_gemm_bf16", bf16, close, label="contiguous, moe_align rows"),
         Case("moe_gemm_fp8", fp8, close, label="contiguous, 1x128 / 128x128 scales"),
         Case("moe_gemm_mxfp4", mxfp4, close, label="contiguous, W4A16"),
-        Case("moe_gemm_w4a8", w4a8, close, label="contiguous, MXFP4 x FP8 1x128"),
+        Case("moe_gemm_w4a8", lambda d, s: w4(d, s, False), close, label="contiguous, FP8 x MXFP4"),
+        Case("moe_gemm_w4a4", lambda d, s: w4(d, s, True), close, label="contiguous, MXFP4 x MXFP4"),
     ]

@@ -10,9 +10,8 @@ Shapes (balanced routing: every expert gets the same number of rows, so the peer
     top-8): weight streaming, 15 / 7.5 GB of GEMM1 weights in bf16 / FP8 per call.
 * GPT-OSS-120b GEMM1 (hidden 2880, intermediate 2880): N = 5760, K = 2880, MXFP4 W4A16 and bf16, contiguous
   layout: decode 128 experts x 16 rows, prefill-like 32 experts x 256 rows.
-* W4A8 (`moe_gemm_w4a8`: MXFP4 weights, FP8 1x128 activations) on the DeepSeek-V3 GEMM1 shapes (decode masked
-  256 x 16, prefill 32 x 256; GPT-OSS's K = 2880 is not a multiple of 128), peer `lowbit-w4a16` (moe_gemm_mxfp4 on
-  the same weights with bf16 activations).
+Fused epilogues (`fused_cases`, below): GEMM1 + SwiGLU (+ FP8 1x128) and GEMM2 + combine against the unfused
+chain of separate ops, at DeepSeek-V3 / GPT-OSS decode (64 tokens) and prefill (4096 tokens) routings.
 Each op also has a "quick" case (tiny shapes for the CPU interpreter) with padding rows (id -1), an out-of-range
 expert id (never read: a zero row by contract), an expert without rows, and a masked count of 0.
 
@@ -77,16 +76,22 @@ def weight_bytes(kind: str, experts: int, n: int, k: int) -> int:
         return experts * n * k * 2
     if kind == "fp8":
         return experts * n * k + experts * -(-n // FP8_BLOCK) * (k // FP8_BLOCK) * 4
-    return experts * n * k // 2 + experts * n * (k // MXFP4_BLOCK)  # mxfp4, w4a8
+    return experts * n * k // 2 + experts * n * (k // MXFP4_BLOCK)  # mxfp4, w4a8, w4a4: MXFP4 weights
+
+
+def _act_bytes(kind: str, rows: int, k: int) -> int:
+    if kind in ("fp8", "w4a8"):
+        return rows * k + rows * (k // FP8_BLOCK) * 4
+    if kind == "w4a4":
+        return rows * k // 2 + rows * (k // MXFP4_BLOCK)
+    return rows * k * 2
 
 
 def moe_gemm_bytes(kind: str, counts: list[int], out_rows: int, n: int, k: int, index_elems: int) -> int:
     """Weights of the experts with rows + real activation rows (+ FP8 scales) + every output row + the indices."""
     real = sum(counts)
     experts = sum(1 for c in counts if c > 0)
-    fp8_act = kind in ("fp8", "w4a8")
-    act = real * k * (1 if fp8_act else 2) + (real * (k // FP8_BLOCK) * 4 if fp8_act else 0)
-    return weight_bytes(kind, experts, n, k) + act + out_rows * n * 2 + index_elems * 4
+    return weight_bytes(kind, experts, n, k) + _act_bytes(kind, real, k) + out_rows * n * 2 + index_elems * 4
 
 
 def moe_gemm_flops(counts: list[int], n: int, k: int) -> int:
@@ -112,12 +117,15 @@ def _weights(kind: str, e: int, n: int, k: int, device) -> dict:
     if kind == "fp8":
         return {"w": _fp8_codes((e, n, k), device),
                 "w_scale": torch.rand(e, -(-n // FP8_BLOCK), k // FP8_BLOCK, device=device).add_(0.5).mul_(k ** -0.5)}
-    # mxfp4 / w4a8: any byte is a valid pair of E2M1 codes; E8M0 exponents around 2^-5 .. 2^0 (no NaN byte 0xFF)
+    # mxfp4: any byte is a valid pair of E2M1 codes; E8M0 exponents around 2^-5 .. 2^0 (no NaN byte 0xFF)
     return {"w": torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=device),
             "w_scale": torch.randint(122, 128, (e, n, k // MXFP4_BLOCK), dtype=torch.uint8, device=device)}
 
 
 def _activations(kind: str, lead: tuple, k: int, device) -> dict:
+    if kind == "w4a4":
+        return {"a": torch.randint(0, 256, (*lead, k // 2), dtype=torch.uint8, device=device),
+                "a_scale": torch.randint(122, 130, (*lead, k // MXFP4_BLOCK), dtype=torch.uint8, device=device)}
     if kind in ("fp8", "w4a8"):
         return {"a": _fp8_codes((*lead, k), device),
                 "a_scale": torch.rand(*lead, k // FP8_BLOCK, device=device).add_(0.5)}
@@ -143,6 +151,8 @@ def _a32(kind: str, i: dict, rows) -> torch.Tensor:
     a = i["a"][rows]
     if kind in ("fp8", "w4a8"):
         return a.float() * i["a_scale"][rows].float().repeat_interleave(FP8_BLOCK, dim=-1)
+    if kind == "w4a4":
+        return ref.mxfp4_weight_dequantize(a[None], i["a_scale"][rows][None])[0]
     return a.float()
 
 
@@ -211,12 +221,14 @@ def _probe_peers(peers: dict, state: dict, inputs: dict, device: torch.device, w
 
 def _peers(kind: str, masked: bool, dense: bool) -> dict:
     peers: dict = {}
-    if kind in ("bf16", "mxfp4"):
+    if kind in ("bf16", "mxfp4", "w4a8", "w4a4"):
         wname = "w" if kind == "bf16" else "w_peer"
+        aname = "a_peer" if kind in ("w4a8", "w4a4") else "a"
         if masked:
-            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i["a"], i[wname].transpose(1, 2), out_dtype=BF16)
+            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i[aname], i[wname].transpose(1, 2),
+                                                                     out_dtype=BF16)
         else:
-            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i["a"], i[wname].transpose(1, 2),
+            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i[aname], i[wname].transpose(1, 2),
                                                                      offs=i["offs"], out_dtype=BF16)
         if dense and kind == "bf16":
             peers["mm-dense"] = lambda i: torch.mm(i["a"], i["w"][0].t())
@@ -231,9 +243,6 @@ def _peers(kind: str, masked: bool, dense: bool) -> dict:
             peers["scaled_mm-dense"] = lambda i: torch._scaled_mm(
                 i["a"], i["w"][0].t(), scale_a=i["sa_row"].view(-1, 1), scale_b=i["sb_row"][0].view(1, -1),
                 out_dtype=BF16)
-    if kind == "w4a8":  # the same MXFP4 weights with bf16 activations (W4A16), and FP8 W8A8 at twice the bytes
-        peers["lowbit-w4a16"] = lambda i: ops.moe_gemm_mxfp4(i["a_bf16"], i["w"], i["w_scale"],
-                                                             m_indices=i.get("m_indices"), masked_m=i.get("masked_m"))
     if kind == "mxfp4":
         def dot_scaled(i):
             from triton_ops.moe_gemm.grouped import moe_gemm_mxfp4
@@ -256,6 +265,8 @@ def _call(kind: str):
             return ops.moe_gemm_fp8(i["a"], i["a_scale"], i["w"], i["w_scale"], **lay, backend=b)
         if kind == "w4a8":
             return ops.moe_gemm_w4a8(i["a"], i["a_scale"], i["w"], i["w_scale"], **lay, backend=b)
+        if kind == "w4a4":
+            return ops.moe_gemm_w4a4(i["a"], i["a_scale"], i["w"], i["w_scale"], **lay, backend=b)
         return ops.moe_gemm_mxfp4(i["a"], i["w"], i["w_scale"], **lay, backend=b)
     return call
 
@@ -267,8 +278,8 @@ def _contract(kind: str):
             return ref.moe_gemm_bf16(i["a"], i["w"], *lay)
         if kind == "fp8":
             return ref.moe_gemm_fp8(i["a"], i["a_scale"], i["w"], i["w_scale"], *lay)
-        if kind == "w4a8":
-            return ref.moe_gemm_w4a8(i["a"], i["a_scale"], i["w"], i["w_scale"], *lay)
+        if kind in ("w4a8", "w4a4"):
+            return getattr(ref, f"moe_gemm_{kind}")(i["a"], i["a_scale"], i["w"], i["w_scale"], *lay)
         return ref.moe_gemm_mxfp4(i["a"], i["w"], i["w_scale"], *lay)
     return reference
 
@@ -305,10 +316,10 @@ def _case(model: str, gemm: str, kind: str, e: int, n: int, k: int, *, counts: l
         if "torch._scaled_grouped_mm" in peers or "scaled_mm-dense" in peers:  # row-wise scales of the FP8 peers
             i["sa_row"] = torch.rand(*lead, device=device).add_(0.5)
             i["sb_row"] = torch.rand(e, n, device=device).add_(0.5).mul_(k ** -0.5)
-        if kind == "w4a8" and "lowbit-w4a16" in peers:
-            i["a_bf16"] = torch.randn(*lead, k, device=device, dtype=BF16)
-        if kind == "mxfp4" and "torch._grouped_mm" in peers:  # bf16 weights of the same shape for the bf16 peer
+        if kind != "bf16" and "torch._grouped_mm" in peers:  # bf16 operands of the same shape for the bf16 peer
             i["w_peer"] = torch.randn(e, n, k, device=device, dtype=BF16).mul_(k ** -0.5)
+            if kind in ("w4a8", "w4a4"):
+                i["a_peer"] = torch.randn(*lead, k, device=device, dtype=BF16)
         _probe_peers(peers, state, i, device, where)
         return i
 
@@ -340,7 +351,8 @@ def _quick_cases() -> list[BenchCase]:
         _case("quick", "gemm", "bf16", 4, 32, 64, counts=[3, 0, 5, 2], ids=bf16_ids, tier="quick"),
         _case("quick", "gemm", "fp8", 3, 32, 128, counts=[2, 0, 3], masked=True, max_m=4, tier="quick"),
         _case("quick", "gemm", "mxfp4", 3, 32, 64, counts=[2, 4, 0], ids=mx_ids, tier="quick"),
-        _case("quick", "gemm", "w4a8", 3, 32, 128, counts=[2, 0, 3], masked=True, max_m=4, tier="quick"),
+        _case("quick", "gemm", "w4a8", 3, 32, 128, counts=[2, 4, 0], ids=mx_ids, tier="quick"),
+        _case("quick", "gemm", "w4a4", 3, 32, 64, counts=[2, 0, 3], masked=True, max_m=4, tier="quick"),
     ]
 
 
@@ -427,9 +439,7 @@ def _lay(i: dict) -> dict:
 def _routed_sizes(kind, tokens, top_k, e_global, e_local, k):
     """(local rows, experts with rows, bucket, activation bytes) of a balanced routing."""
     rows = tokens * top_k * e_local // e_global
-    fp8_act = kind in ("fp8", "w4a8")
-    act_b = rows * k * (1 if fp8_act else 2) + (rows * (k // FP8_BLOCK) * 4 if fp8_act else 0)
-    return rows, min(e_local, rows), "decode" if tokens <= 64 else "prefill", act_b
+    return rows, min(e_local, rows), "decode" if tokens <= 64 else "prefill", _act_bytes(kind, rows, k)
 
 
 def _swiglu_case(model: str, kind: str, fp8_out: bool, tokens: int, top_k: int, e_global: int, e_local: int,
@@ -539,13 +549,11 @@ def cases() -> list[BenchCase]:
         for gemm, (n, k) in DSV3.items():
             out.append(_case("dsv3", gemm, kind, 32, n, k, rows=256))
             out.append(_case("dsv3", gemm, kind, 256, n, k, rows=16, masked=True))
-    # W4A8 (MXFP4 weights, FP8 1x128 activations) on the DeepSeek-V3 GEMM1: K must be a multiple of 128 (GPT-OSS's
-    # 2880 is not); against W4A16 on the same weights and FP8 W8A8 (the dsv3 fp8 cases above, twice the bytes)
-    n, k = DSV3["gemm1"]
-    out.append(_case("dsv3", "gemm1", "w4a8", 256, n, k, rows=16, masked=True))
-    out.append(_case("dsv3", "gemm1", "w4a8", 32, n, k, rows=256))
     n, k = GPT_OSS_GEMM1
-    for kind in ("mxfp4", "bf16"):
+    for kind in ("mxfp4", "bf16", "w4a4"):
         out.append(_case("gpt-oss-120b", "gemm1", kind, 128, n, k, rows=16))
         out.append(_case("gpt-oss-120b", "gemm1", kind, 32, n, k, rows=256))
+    n, k = DSV3["gemm1"]  # W4A8 needs K % 128 (1x128 activation scales): DeepSeek dims
+    out.append(_case("dsv3", "gemm1", "w4a8", 256, n, k, rows=16, masked=True))
+    out.append(_case("dsv3", "gemm1", "w4a8", 32, n, k, rows=256))
     return out + _quick_cases()

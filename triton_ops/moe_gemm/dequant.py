@@ -59,22 +59,3 @@ def mxfp4_tile_t(packed, sbytes, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F
     if not F32_DOT:
         v = v.to(tl.bfloat16)
     return tl.trans(v)
-
-
-@triton.jit
-def e2m1_to_e4m3(codes):
-    """E2M1 codes (4 bits: sign, 2 exponent bits, 1 mantissa bit) -> the E4M3 bytes of the same values (uint8),
-    exact: 0.5 -> 0x30, e >= 1: exponent e + 6 (bias 7 against 1), mantissa bit -> E4M3's top mantissa bit."""
-    c = codes.to(tl.int32)
-    mag = c & 7
-    e = mag >> 1
-    byte = tl.where(mag == 1, 0x30, ((e + 6) << 3) | ((mag & 1) << 2))
-    byte = tl.where(mag == 0, 0, byte)
-    return (byte | ((c & 8) << 4)).to(tl.uint8)
-
-
-@triton.jit
-def w4a8_weight_t(packed, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_N, BLOCK_K // 2] packed E2M1 bytes -> the [BLOCK_K, BLOCK_N] E4M3 weight bytes (the block's E8M0
-    scale is applied to the product, not here)."""
-    return tl.trans(e2m1_to_e4m3(unpack_nibbles(packed, BLOCK_N, BLOCK_K)))

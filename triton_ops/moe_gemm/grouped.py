@@ -7,10 +7,11 @@ Weights are (E, N, K) with K contiguous (K-major), one of:
   once per 128-wide K step, bf16 output;
 * MXFP4 (`moe_gemm_mxfp4`, GPT-OSS W4A16): E2M1 pairs (E, N, K/2) uint8, element 2i in the low nibble, E8M0
   scales (E, N, K/32) (value = e2m1 * 2^(s - 127)), bf16 activations; dequantized to bf16 in registers (or,
-  with `dot_scaled=True`, handed to tl.dot_scaled as "e2m1" with the scales), bf16 output;
-* W4A8 (`moe_gemm_w4a8`): those MXFP4 weights with the FP8 activations of moe_gemm_fp8. E2M1 -> E4M3 is exact,
-  so the MMA runs on FP8 operands in 32-wide K steps; each step's product is scaled by a_scale[m, k // 128] *
-  2^(s[n, k // 32] - 127) in fp32 (the E8M0 exponent folded into the per-step rescale), bf16 output.
+  with `dot_scaled=True`, handed to tl.dot_scaled as "e2m1" with the scales), bf16 output.
+* MXFP4 weights with narrow activations through `tl.dot_scaled` (the native block-scaled MMA on Blackwell, an
+  upcast + WGMMA on sm_90): `moe_gemm_w4a8` (E4M3 activations with fp32 1x128 scales, as fp8_group_quantize
+  writes them; the activation scale multiplies each 128-wide K step) and `moe_gemm_w4a4` (MXFP4 activations:
+  packed pairs + E8M0 scales per 32 in the linear layout mxfp4_quantize writes).
 Optional fused epilogue on every entry: `row_weights` (fp32, one per row of a) multiplies each computed row
 before the one rounding (the top-k weights of GEMM2, so the combine only sums).
 
@@ -40,15 +41,16 @@ from triton_ops.contract.moe_gemm import (
     check_fp8,
     check_mxfp4,
     check_row_weights,
+    check_w4a4,
     check_w4a8,
     contiguous_ids,
     fp4_views,
 )
 
 from .config import FP8_BLOCK, MXFP4_BLOCK, MoeGemmConfig, pick_config, rows_per_expert
-from .dequant import e4m3_operand, e8m0_to_f32, mma, mxfp4_tile_t, w4a8_weight_t
+from .dequant import e4m3_operand, mma, mxfp4_tile_t
 
-KIND_CODE = {"bf16": 0, "fp8": 1, "mxfp4": 2, "w4a8": 3}
+KIND_CODE = {"bf16": 0, "fp8": 1, "mxfp4": 2, "w4a8": 3, "w4a4": 4}
 _MAX_GRID_Y = 65535  # CUDA grid dim y: the masked layout puts the experts there
 
 
@@ -71,21 +73,23 @@ def _weight_step(a, a_s, k0, w_ptr, ws_ptr, e64, n64, nmask, K, acc, stride_we, 
                       other=0.0)
         d = mma(e4m3_operand(a, EMULATE, F32_DOT), e4m3_operand(w, EMULATE, F32_DOT), None, F32_DOT)
         acc += d * (a_s[:, None] * w_s[None, :])
-    elif KIND == 3:  # W4A8: BLOCK_K == 32, one E8M0 scale per weight row and step, folded into the rescale
-        kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        w_rows = w_ptr + e64 * stride_we + n64[:, None] * stride_wn  # [BLOCK_N, 1]
-        packed = tl.load(w_rows + kh[None, :], mask=nmask[:, None] & (kh < K // 2)[None, :], other=0)
-        sb = tl.load(ws_ptr + e64 * stride_wse + n64 * stride_wsn + (k0 // 32) * stride_wsk, mask=nmask, other=0)
-        w = w4a8_weight_t(packed, BLOCK_N, BLOCK_K)
-        d = mma(e4m3_operand(a, EMULATE, F32_DOT), e4m3_operand(w, EMULATE, F32_DOT), None, F32_DOT)
-        acc += d * (a_s[:, None] * e8m0_to_f32(sb)[None, :])
-    else:
+    else:  # MXFP4 weights: W4A16 (2), W4A8 (3), W4A4 (4)
         kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         w_rows = w_ptr + e64 * stride_we + n64[:, None] * stride_wn  # [BLOCK_N, 1]
         sb = tl.load(ws_ptr + e64 * stride_wse + n64[:, None] * stride_wsn + ks[None, :] * stride_wsk,
                      mask=nmask[:, None] & (ks < K // 32)[None, :], other=0)
-        if DOT_SCALED:  # rhs: [BLOCK_K / 2, BLOCK_N] bytes packed along K; scales [BLOCK_N, BLOCK_K / 32]
+        if KIND == 3:  # e4m3 x e2m1 block-scaled MMA; the fp32 1x128 activation scale (a_s) after each K step
+            packed = tl.load(w_cols + kh[:, None], mask=(kh < K // 2)[:, None] & nmask[None, :], other=0)
+            # unit E8M0 scales on the lhs (2^0): with no lhs scale Triton upcasts instead of using the
+            # native e4m3 x e2m1 MMA; the real fp32 scale is applied per step, as the FP8 GEMM does
+            unit = tl.full([a.shape[0], BLOCK_K // 32], 127, tl.uint8)
+            d = tl.dot_scaled(a.to(tl.float8e4nv, bitcast=True), unit, "e4m3", packed, sb, "e2m1")
+            acc += d * a_s[:, None]
+        elif KIND == 4:  # e2m1 x e2m1 block-scaled MMA, E8M0 scales per 32 on both sides (a_s: the lhs's)
+            packed = tl.load(w_cols + kh[:, None], mask=(kh < K // 2)[:, None] & nmask[None, :], other=0)
+            acc = tl.dot_scaled(a, a_s, "e2m1", packed, sb, "e2m1", acc)
+        elif DOT_SCALED:  # rhs: [BLOCK_K / 2, BLOCK_N] bytes packed along K; scales [BLOCK_N, BLOCK_K / 32]
             packed = tl.load(w_cols + kh[:, None], mask=(kh < K // 2)[:, None] & nmask[None, :], other=0)
             acc = tl.dot_scaled(a, None, "bf16", packed, sb, "e2m1", acc)
         else:
@@ -104,17 +108,23 @@ def expert_pass(a_ptr, a_off, sel, as_ptr, as_off, stride_ask, w_ptr, ws_ptr, e,
     DUAL: a second accumulator over the weight rows offs_n2 (same mask) from the same activation loads (the gate
     and up columns of a fused SwiGLU); returns (acc, acc2), acc2 is acc when not DUAL."""
     e64 = e.to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_K)
     n64 = offs_n.to(tl.int64)
     n64b = offs_n2.to(tl.int64)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    A_PER_BYTE: tl.constexpr = 2 if KIND == 4 else 1  # W4A4: activations are packed E2M1 pairs too
+    offs_ka = tl.arange(0, BLOCK_K // A_PER_BYTE)
     for k0 in range(0, K, BLOCK_K):
-        kk = k0 + offs_k
-        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
-        a_s = 0.0  # FP8 activations only: the 1x128 scale of this step
+        ka = k0 // A_PER_BYTE + offs_ka
+        a = tl.load(a_ptr + a_off[:, None] + ka[None, :], mask=sel[:, None] & (ka < K // A_PER_BYTE)[None, :],
+                    other=0)
+        a_s = 0.0  # activation scales of this step: FP8 (fp32 1x128, one per row), W4A4 (E8M0 per 32)
         if KIND == 1 or KIND == 3:
             a_s = tl.load(as_ptr + as_off + (k0 // 128) * stride_ask, mask=sel, other=0.0)
+        elif KIND == 4:
+            ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            a_s = tl.load(as_ptr + as_off[:, None] + ks[None, :] * stride_ask,
+                          mask=sel[:, None] & (ks < K // 32)[None, :], other=0)
         acc = _weight_step(a, a_s, k0, w_ptr, ws_ptr, e64, n64, nmask, K, acc, stride_we, stride_wn, stride_wse,
                            stride_wsn, stride_wsk, KIND, EMULATE, F32_DOT, DOT_SCALED, BLOCK_N, BLOCK_K)
         if DUAL:
@@ -233,7 +243,7 @@ def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, row_weights, out_
     scatter layout row r to output row dst_rows[r] of an (n_dst, N) output (rows outside [0, n_dst) unwritten)."""
     masked = masked_m is not None
     e, n = w.shape[0], w.shape[1]
-    k = a.shape[-1]
+    k = a.shape[-1] * (2 if kind == "w4a4" else 1)  # W4A4 activations: packed pairs
     rows = a.shape[1] if masked else a.shape[0]
     lead = a.shape[:-1] if dst_rows is None else (n_dst,)
     out = torch.empty(*lead, n, dtype=out_dtype, device=a.device)
@@ -295,8 +305,10 @@ def supports_moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, *rest) ->
 
 
 def supports_moe_gemm_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, *rest) -> str | None:
-    if a.dtype != torch.float8_e4m3fn:
-        return f"activations {a.dtype}: only E4M3 (float8_e4m3fn) is implemented"
+    return _grid_refusal(w_packed, masked_m)
+
+
+def supports_moe_gemm_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, *rest) -> str | None:
     return _grid_refusal(w_packed, masked_m)
 
 
@@ -337,12 +349,25 @@ def moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights=None, 
 
 def moe_gemm_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights=None, *,
                   config: MoeGemmConfig | None = None):
-    """E4M3 activations with fp32 1x128 scales (as moe_gemm_fp8) x MXFP4 weights (as moe_gemm_mxfp4) -> bf16.
-    E2M1 -> E4M3 is exact, so the MMA runs on FP8 operands; each 32-wide K step's product is scaled by
-    a_scale[m, k // 128] * 2^(w_scale[n, k // 32] - 127) in fp32. row_weights: as moe_gemm_bf16."""
+    """E4M3 activations with fp32 1x128 scales x MXFP4 weights -> bf16, through tl.dot_scaled ("e4m3" x "e2m1"
+    with the weights' E8M0 scales; the activation scale multiplies each 128-wide K step's result, as in the FP8
+    GEMM). Blackwell: native block-scaled MMA (UTCQMMA on sm_100a); sm_90: upcast + WGMMA."""
     check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m)
     check_row_weights("moe_gemm_w4a8", a, row_weights)
     w_packed, w_scale = fp4_views(w_packed, w_scale)
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch("w4a8", a.view(torch.uint8), a_scale, w_packed, w_scale, m_indices, masked_m, row_weights,
                    torch.bfloat16, config)
+
+
+def moe_gemm_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights=None, *,
+                  config: MoeGemmConfig | None = None):
+    """MXFP4 activations x MXFP4 weights -> bf16, through tl.dot_scaled ("e2m1" x "e2m1", E8M0 scales per 32 on
+    both sides). Blackwell: native block-scaled MMA (UTCOMMA on sm_100a, OMMA.SF on sm_120a); sm_90: upcast."""
+    check_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m)
+    check_row_weights("moe_gemm_w4a4", a_packed, row_weights)
+    a_packed, a_scale = fp4_views(a_packed, a_scale)
+    w_packed, w_scale = fp4_views(w_packed, w_scale)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    return _launch("w4a4", a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights, torch.bfloat16,
+                   config)
