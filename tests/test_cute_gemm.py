@@ -12,12 +12,15 @@ GPU (`-m gpu`, Blackwell only): bytes vs the torch twin. NEVER RUN: no Blackwell
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
 
 from cute_ops.gemm import scale_layout as sl
 from cute_ops.gemm import scheduler as sch
+from dispatch.reference import moe_gemm as ref
+from tests.helpers import assert_close
 
 try:  # module level: the traced function's annotations (cutlass.Constexpr) are resolved in these globals
     import cutlass
@@ -291,3 +294,313 @@ def test_gpu_blackwell_matches_reference(fmt):
     fn(*dev, out, offs.cuda(), alpha.cuda())
     torch.cuda.synchronize()
     torch.testing.assert_close(out.cpu().float(), want.float(), rtol=1e-2, atol=1e-2)
+
+
+# ======================================================================= sm_90a grouped GEMM (grouped_sm90.py)
+# CPU: the bounded scheduler (Python model and the device class's own code run on Python ints), configs, the
+# kernel compiled for sm_90a and its SASS / PTX (WGMMA, TMA loads, the in-kernel descriptor rewrite and its proxy
+# fences). GPU (`-m gpu`, sm_90): the moe_gemm_bf16 backend vs the reference, routing changes without a recompile,
+# CUDA-graph replays with new group sizes. NOT YET RUN ON A GPU.
+
+
+def _random_bounds(rng, groups, gap):
+    """Groups as (starts, counts): any sizes (0 included), unaligned starts, optional holes between groups."""
+    starts, counts, row = [], [], 0
+    for _ in range(groups):
+        row += rng.choice([0, gap])
+        starts.append(row)
+        counts.append(rng.choice([0, 0, 1, 5, 63, 64, 65, 127, 128, 129, 300]))
+        row += counts[-1]
+    return starts, counts
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("grid", [1, 5, 132])
+def test_bounded_scheduler_walk_covers_every_tile_once(seed, grid):
+    rng = random.Random(100 + seed)
+    groups = rng.choice([1, 3, 32, 256])
+    starts, counts = _random_bounds(rng, groups, rng.choice([0, 7, 16]))
+    block_m, n_tiles = rng.choice([64, 128]), rng.choice([1, 2, 7])
+    want = [(g, mt, nt) for g in range(groups) for nt in range(n_tiles) for mt in range(-(-counts[g] // block_m))]
+    walked = {}
+    for cta in range(grid):
+        for i, tile in enumerate(sch.cta_tiles_bounded(cta, grid, starts, counts, block_m, n_tiles)):
+            walked[cta + i * grid] = tile
+    assert sorted(walked) == list(range(len(want)))
+    for t, (g, mt, nt) in enumerate(want):  # the documented order: groups, then column tiles, row tile fastest
+        tile = walked[t]
+        assert (tile.group, tile.m_tile, tile.n_tile) == (g, mt, nt)
+        assert tile.row_start == starts[g] + mt * block_m < tile.row_end == starts[g] + counts[g]
+
+
+def test_bounded_scheduler_equals_offsets_form():
+    offs = [0, 200, 200, 328, 1000]
+    starts, counts = sch.bounds_of_offsets(offs)
+    for grid in (1, 4, 132):
+        for cta in range(grid):
+            assert sch.cta_tiles(cta, grid, offs, 128, 3) == sch.cta_tiles_bounded(cta, grid, starts, counts, 128, 3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bounded_scheduler_device_code_matches_model(seed, monkeypatch):
+    """BoundedTileScheduler's own seek / coords (the code the kernel traces) run on Python ints and lists, with
+    cutlass.min / Int32 replaced by their integer meaning, walk exactly the model's tiles."""
+    import types
+
+    monkeypatch.setattr(sch, "cutlass", types.SimpleNamespace(min=min, Int32=int))
+    rng = random.Random(seed)
+    starts, counts = _random_bounds(rng, rng.choice([1, 5, 64]), rng.choice([0, 9]))
+    block_m, n_tiles, grid = rng.choice([64, 128]), rng.choice([1, 3]), rng.choice([1, 7, 132])
+    dev = sch.BoundedTileScheduler(starts, counts, len(counts), block_m, n_tiles)
+    seek = sch.GroupedTileScheduler.seek.__wrapped__  # the undecorated body
+    for cta in range(grid):
+        got, t = [], cta
+        g, base = seek(dev, t, 0, 0)
+        while g < dev.num_groups:
+            m_tile, n_tile, row_start, row_end = dev.coords(t, g, base)
+            got.append(sch.GroupTile(g, m_tile, n_tile, row_start, row_end))
+            t += grid
+            g, base = seek(dev, t, g, base)
+        assert got == sch.cta_tiles_bounded(cta, grid, starts, counts, block_m, n_tiles), cta
+
+
+@needs_dsl
+def test_sm90_config_rules():
+    from cute_ops.gemm.grouped_sm90 import can_implement, pick_config, stage_bytes
+
+    assert can_implement("bf16", 4096, 7168, 256) is None
+    assert "multiple of 8" in can_implement("bf16", 4096, 7170, 8)
+    assert "dtype" in can_implement("fp8", 512, 512, 8)
+    decode = pick_config("bf16", 4096, 7168, 256, "masked", False, 16)
+    assert (decode.tile_m, decode.tile_n, decode.threads) == (64, 128, 256)
+    prefill = pick_config("bf16", 4096, 7168, 32, "contiguous", True, 256)
+    assert (prefill.tile_m, prefill.tile_n, prefill.threads) == (128, 256, 384)
+    assert prefill.stages * stage_bytes(128, 256) <= 232448 - 1024 and prefill.stages == 4
+    assert prefill.desc_slots == prefill.stages + 1  # a slot is rewritten only after `stages` newer loads
+    with pytest.raises(ValueError):
+        pick_config("bf16", 512, 512, 4, "ragged", False, 16)
+
+
+SM90_CASES = [("bf16", 4096, 7168, 256, "masked", False, 16), ("bf16", 4096, 7168, 32, "contiguous", True, 256),
+              ("fp16", 2880, 2880, 32, "contiguous", False, 96)]
+_SM90_DUMPS: dict = {}
+
+
+def _sm90_dump(case):
+    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+
+    if case not in _SM90_DUMPS:
+        cfg = pick_config(*case)
+        _SM90_DUMPS[case] = cfg, dump(cfg)
+    return _SM90_DUMPS[case]
+
+
+@needs_dsl
+@pytest.mark.parametrize("case", SM90_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_sm90_grouped_gemm_sass(case):
+    cfg, d = _sm90_dump(case)
+    ops = d.opcodes()
+    assert "sm_90a" in d.ptx.split(".target", 1)[1][:40]
+    # WGMMA: 64 x tile_n x 16 per instruction, fp32 accumulators, 4 per 64-wide K stage (issued in the first-K-tile
+    # block and in the loop body), each consumer warp group its own 64 rows
+    # (Dump.opcodes stops at the lowercase 'x' of the shape: read the full name from the listing)
+    hgmma = f"HGMMA.64x{cfg.tile_n}x16.F32{'.BF16' if cfg.dtype == 'bf16' else ''}"
+    assert re.findall(r"\bHGMMA\.[0-9x]+\.F32(?:\.BF16)?\b", d.sass) == [hgmma] * 2 * 4, ops
+    assert d.count("WARPGROUP.ARRIVE") > 0 and d.count("WARPGROUP.DEPBAR") > 0, ops
+    # TMA: A 2-D through the rewritten per-CTA descriptor, B 3-D (the expert is a coordinate) through the kernel
+    # parameter; both base descriptors prefetched
+    assert ops["UTMALDG.2D"] == 1 and ops["UTMALDG.3D"] == 1, ops
+    assert ops["UTMACCTL.PF"] == 2, ops
+    # Device-side descriptor update. PTX: tensormap.replace of the global address, the extents and the strides
+    # of the slot in global memory, then the release / acquire proxy fences. SASS: the replaces are plain
+    # read-modify-write LDG / STG on the 128-byte slot; the release is a GPU-scope MEMBAR; the acquire invalidates
+    # the slot in the TMA unit's descriptor cache (UTMACCTL.IV).
+    assert d.ptx.count("tensormap.replace.tile.global_address.global.b1024.b64") == 1
+    assert d.ptx.count("tensormap.replace.tile.global_dim.global.b1024.b32") >= 2
+    assert d.ptx.count("tensormap.replace.tile.global_stride.global.b1024.b64") >= 1
+    assert d.ptx.count("fence.proxy.tensormap::generic.release.gpu;") == 1
+    assert d.ptx.count("fence.proxy.tensormap::generic.acquire.gpu") == 1
+    assert ops["UTMACCTL.IV"] == 1 and ops["MEMBAR.ALL.GPU"] >= 1, ops
+    # the slot initialization: the base descriptor copied to each of this CTA's slots (64 bytes each)
+    assert d.ptx.count("st.global.v2.b64") >= 4 * cfg.desc_slots
+    # warp specialization: producer registers lowered, consumers raised
+    assert ops["USETMAXREG.DEALLOC.CTAPOOL"] == 1 and ops["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1, ops
+    # epilogue: predicated 2-byte stores from the accumulators (one per accumulator element of a thread)
+    assert ops["STG.E.U16"] == cfg.tile_n * 64 // 128, ops
+    # no spills; no R2UR under a predicate (sm_90a raises an illegal-instruction error on one)
+    assert d.count("LDL") == 0 and d.count("STL") == 0, ops
+    assert not re.search(r"@!?U?P\w+\s+R2UR", d.sass)
+
+
+# -------------------------------------------------------------------------------------- GPU (sm_90)
+
+
+def _sm90_gpu():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    pytest.importorskip("cutlass")
+
+
+def _masked_case(e, max_m, n, k, counts, dtype, seed, row_weights=False):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(e, max_m, k, generator=g).to(dtype)
+    masked_m = torch.tensor(counts, dtype=torch.int32)
+    live = torch.arange(max_m)[None, :] < masked_m.clamp(0, max_m)[:, None]
+    a[~live] = float("nan")  # rows past a count must never be read
+    w = (torch.randn(e, n, k, generator=g) / k ** 0.5).to(dtype)
+    rw = torch.rand(e, max_m, generator=g) + 0.5 if row_weights else None
+    return a, w, masked_m, rw
+
+
+def _contiguous_case(e, n, k, rows_per_expert, dtype, seed, row_weights=False, pad=8):
+    """moe_align-like rows: experts in order, each padded with -1 rows to a multiple of `pad`; plus one
+    out-of-range id. Padding / out-of-range rows hold NaN."""
+    g = torch.Generator().manual_seed(seed)
+    ids = []
+    for x, r in enumerate(rows_per_expert):
+        ids += [x] * r + [-1] * (-r % pad)
+    ids += [e + 3, -1]
+    m_indices = torch.tensor(ids, dtype=torch.int32)
+    a = torch.randn(len(ids), k, generator=g).to(dtype)
+    a[(m_indices < 0) | (m_indices >= e)] = float("nan")
+    w = (torch.randn(e, n, k, generator=g) / k ** 0.5).to(dtype)
+    rw = torch.rand(len(ids), generator=g) + 0.5 if row_weights else None
+    return a, w, m_indices, rw
+
+
+def _check(out, a, w, m_indices, masked_m, rw, what):
+    want = ref.moe_gemm_bf16(a.cpu().float().nan_to_num(), w.cpu(), None if m_indices is None else m_indices.cpu(),
+                             None if masked_m is None else masked_m.cpu(),
+                             None if rw is None else rw.cpu()).to(a.dtype)
+    assert_close(out.cpu(), want, what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("row_weights", [False, True])
+def test_gpu_sm90_masked_matches_reference(dtype, row_weights):
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    # counts: empty, partial tiles, full, > max_m (clamped), negative (0)
+    a, w, mm, rw = _masked_case(6, 80, 384, 320, [0, 1, 17, 80, 500, -3], dtype, 1, row_weights)
+    dev = [None if t is None else t.cuda() for t in (a, w, mm, rw)]
+    out = moe_gemm_bf16(dev[0], dev[1], None, dev[2], dev[3])
+    torch.cuda.synchronize()
+    _check(out, a, w, None, mm, rw, "masked")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("row_weights", [False, True])
+def test_gpu_sm90_contiguous_matches_reference(dtype, row_weights):
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    # unaligned group starts (pad 8 < tile_m), an empty expert, one expert over two row tiles
+    a, w, mi, rw = _contiguous_case(5, 256, 192, [37, 0, 130, 1, 64], dtype, 2, row_weights)
+    dev = [None if t is None else t.cuda() for t in (a, w, mi, rw)]
+    out = moe_gemm_bf16(dev[0], dev[1], dev[2], None, dev[3])
+    torch.cuda.synchronize()
+    _check(out, a, w, mi, None, rw, "contiguous")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_contiguous_interleaved_ids():
+    """Rows of one expert not adjacent (the layout contract's worst case): spans overlap, still exact rows."""
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    g = torch.Generator().manual_seed(5)
+    m_indices = torch.randint(-1, 4, (200,), generator=g, dtype=torch.int32)
+    a = torch.randn(200, 64, generator=g).bfloat16()
+    w = (torch.randn(4, 128, 64, generator=g) / 8).bfloat16()
+    out = moe_gemm_bf16(a.cuda(), w.cuda(), m_indices.cuda(), None, None)
+    torch.cuda.synchronize()
+    _check(out, a, w, m_indices, None, None, "interleaved")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_routing_change_does_not_recompile():
+    _sm90_gpu()
+    from cute_ops import _compile
+    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    e, max_m, n, k = 8, 64, 256, 256
+    first = None
+    for seed, counts in enumerate(([64, 0, 3, 17, 64, 1, 40, 9], [0, 0, 0, 64, 2, 33, 0, 5], [1] * 8)):
+        a, w, mm, _ = _masked_case(e, max_m, n, k, counts, torch.bfloat16, 10 + seed)
+        out = moe_gemm_bf16(a.cuda(), w.cuda(), None, mm.cuda(), None)
+        torch.cuda.synchronize()
+        _check(out, a, w, None, mm, None, f"routing {seed}")
+        if first is None:
+            first = _compile.STATS.compiles
+        assert _compile.STATS.compiles == first, "a new routing recompiled the kernel"
+    # contiguous: a different number of rows (M is symbolic) and different expert sizes
+    for seed, sizes in enumerate(([5, 60, 0, 128, 7, 1, 0, 33], [200, 0, 0, 0, 0, 0, 0, 1])):
+        a, w, mi, _ = _contiguous_case(e, n, k, sizes, torch.bfloat16, 20 + seed)
+        out = moe_gemm_bf16(a.cuda(), w.cuda(), mi.cuda(), None, None)
+        torch.cuda.synchronize()
+        _check(out, a, w, mi, None, None, f"contiguous routing {seed}")
+        if seed == 0:
+            first = _compile.STATS.compiles
+        assert _compile.STATS.compiles == first, "a new row count / routing recompiled the kernel"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+def test_gpu_sm90_cuda_graph_replays_with_new_group_sizes(layout):
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    e, n, k = 6, 256, 128
+    if layout == "masked":
+        a, w, ids, _ = _masked_case(e, 64, n, k, [64] * e, torch.bfloat16, 30)
+        a = a.nan_to_num()  # every row becomes live in some replay
+        routings = [torch.tensor(c, dtype=torch.int32) for c in ([3, 0, 64, 17, 1, 40], [0, 0, 0, 0, 0, 64],
+                                                                  [64, 64, 64, 64, 64, 64])]
+    else:
+        rows = 192
+        g = torch.Generator().manual_seed(31)
+        a = torch.randn(rows, k, generator=g).bfloat16()
+        w = (torch.randn(e, n, k, generator=g) / k ** 0.5).bfloat16()
+        routings = []
+        for sizes in ([32] * e, [0, 100, 0, 50, 0, 42], [192, 0, 0, 0, 0, 0]):
+            ids = torch.cat([torch.full((s,), x, dtype=torch.int32) for x, s in enumerate(sizes)])
+            routings.append(torch.cat([ids, torch.full((rows - len(ids),), -1, dtype=torch.int32)]))
+        ids = routings[0]
+    a_d, w_d, ids_d = a.cuda(), w.cuda(), ids.cuda()
+
+    def call():
+        if layout == "masked":
+            return moe_gemm_bf16(a_d, w_d, None, ids_d, None)
+        return moe_gemm_bf16(a_d, w_d, ids_d, None, None)
+
+    call()  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for i, r in enumerate(routings):
+        ids_d.copy_(r)
+        graph.replay()
+        torch.cuda.synchronize()
+        if layout == "masked":
+            _check(out, a, w, None, r, None, f"graph replay {i}")
+        else:
+            _check(out, a, w, r, None, None, f"graph replay {i}")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_dispatch_row():
+    """backend='cute' runs it through the op; auto does not pick it before it is verified."""
+    _sm90_gpu()
+    from dispatch import ops, registry
+    from dispatch.table import TABLE
+
+    a, w, mm, rw = _masked_case(4, 32, 128, 128, [5, 32, 0, 9], torch.bfloat16, 40, True)
+    out = ops.moe_gemm_bf16(a.cuda(), w.cuda(), masked_m=mm.cuda(), row_weights=rw.cuda(), backend="cute")
+    torch.cuda.synchronize()
+    _check(out, a, w, None, mm, rw, "ops.moe_gemm_bf16(backend='cute')")
+    args = (a.cuda(), w.cuda(), None, mm.cuda(), None)
+    assert registry.select(TABLE["moe_gemm_bf16"], "moe_gemm_bf16", "auto", args, {}).backend != "cute"

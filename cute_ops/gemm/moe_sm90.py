@@ -1,0 +1,126 @@
+"""CuTeDSL backend of `lowbit::moe_gemm_bf16` on sm_90: the grouped WGMMA GEMM of grouped_sm90.py.
+
+Contract: dispatch/reference/moe_gemm.py (docs/moe_gemm.md); same signature as the op minus `backend`.
+NOT YET RUN ON A GPU: the table row is refused by `auto` (`auto_skip`) unless LOWBIT_CUTE_UNVERIFIED=1, and
+runs when forced with backend="cute".
+
+Layouts -> the kernel's groups (starts[g], counts[g]), built on the device (no host sync; graph-safe):
+* masked (E, max_m, K): a viewed as (E * max_m, K); starts = g * max_m (a cached constant), counts =
+  clamp(masked_m, 0, max_m).
+* contiguous (M, K) with m_indices: group g spans [first row with id g, last row with id g]; the kernel writes a
+  row of that span only where m_indices[row] == g, so padding (-1), out-of-range ids and any interleaving stay
+  correct (an interleaved layout only costs MMA work on rows that are then not written).
+Rows no group writes are 0: the output is allocated zeroed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from .. import _compile
+
+UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
+HARDWARE_STATUS = ("CuTeDSL sm_90 grouped GEMM: compiled and SASS-checked on a CPU, not yet run on a GPU; auto "
+                   f"skips it (backend='cute' forces it; {UNVERIFIED_ENV}=1 lets auto take it)")
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def unverified(*args, **kwargs) -> str | None:
+    """auto_skip of the sm_90 cute moe_gemm rows: not picked by auto before a GPU run shows it correct."""
+    return None if os.environ.get(UNVERIFIED_ENV) == "1" else HARDWARE_STATUS
+
+
+def supports_moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None) -> str | None:
+    if a.device.type != "cuda":
+        return "the cute backend runs on CUDA tensors only"
+    if a.dtype not in _DTYPES or w.dtype != a.dtype:
+        return f"a {a.dtype} / w {w.dtype}: bf16 or fp16, both the same"
+    n, k = w.shape[1], w.shape[2]
+    if k % 8 or n % 8:
+        return f"N={n}, K={k}: both must be multiples of 8 (16-byte TMA rows and weight rows)"
+    if not a.is_contiguous() or not w.is_contiguous():
+        return "a and w must be contiguous (one TMA descriptor pitch for every group)"
+    if a.data_ptr() % 16 or w.data_ptr() % 16:
+        return "a and w must be 16-byte aligned (TMA)"
+    if w.shape[0] < 1:
+        return "needs at least one expert"
+    return None
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+_MASKED_STARTS: dict = {}
+
+
+def _masked_starts(e: int, max_m: int, device: torch.device) -> torch.Tensor:
+    """g * max_m for g < E (int32), one cached constant per (E, max_m, device): never written, so graph-safe."""
+    key = (e, max_m, device)
+    t = _MASKED_STARTS.get(key)
+    if t is None:
+        t = _MASKED_STARTS[key] = torch.arange(e, dtype=torch.int32, device=device) * max_m
+    return t
+
+
+def contiguous_bounds(m_indices: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts, counts) int32 [E] of the contiguous layout: the span from the first to the last row of each expert
+    (an expert without rows: count 0). Device ops only (scatter_reduce), no host sync."""
+    ids = m_indices.reshape(-1).to(torch.int64)
+    rows = ids.numel()
+    slot = torch.where((ids >= 0) & (ids < e), ids, e)  # everything else lands in a dropped slot E
+    r = torch.arange(rows, dtype=torch.int64, device=ids.device)
+    first = torch.full((e + 1,), rows, dtype=torch.int64, device=ids.device).scatter_reduce_(0, slot, r, "amin")
+    last = torch.full((e + 1,), -1, dtype=torch.int64, device=ids.device).scatter_reduce_(0, slot, r, "amax")
+    counts = (last - first + 1).clamp_min_(0)[:e].to(torch.int32)
+    starts = first.clamp_max_(max(rows - 1, 0))[:e].to(torch.int32)
+    return starts, counts
+
+
+def config_for(a, w, layout: str, row_weights: bool, arch: str, sm_count: int):
+    from .grouped_sm90 import pick_config
+
+    e, n, k = w.shape
+    per_group = a.shape[1] if layout == "masked" else max(1, a.shape[0] // e)
+    return pick_config(_DTYPES[a.dtype], n, k, e, layout, row_weights, per_group, sm_count=sm_count, arch=arch)
+
+
+def compiled(cfg):
+    """The TVM-FFI callable for `cfg` (compiled once per process, loaded from disk when cached)."""
+    from .grouped_sm90 import build
+
+    return _compile.get_or_compile(cfg.key(), lambda: build(cfg))
+
+
+def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None):
+    e, n, k = w.shape
+    dev = a.device
+    masked = masked_m is not None
+    if masked:
+        max_m = a.shape[1]
+        a2 = a.view(e * max_m, k)
+        starts = _masked_starts(e, max_m, dev)
+        counts = masked_m.to(torch.int32).clamp(0, max_m)
+        ids = None
+    else:
+        a2 = a
+        ids = m_indices.to(torch.int32).contiguous()
+        starts, counts = contiguous_bounds(ids, e)
+    rows = a2.shape[0]
+    out = torch.zeros(rows, n, dtype=a.dtype, device=dev)
+    if rows and n:
+        cfg = config_for(a, w, "masked" if masked else "contiguous", row_weights is not None,
+                         _compile.target_arch(dev.index), _sm_count(dev.index if dev.index is not None else
+                                                                     torch.cuda.current_device()))
+        fn = compiled(cfg)
+        rw = None if row_weights is None else row_weights.reshape(-1).contiguous()
+        # descriptor slots: rewritten by the kernel before use; zeroed so bytes past what the DSL copies (it copies
+        # the first 64 of each 128-byte descriptor) are defined
+        workspace = torch.zeros(cfg.workspace_words, dtype=torch.int64, device=dev)
+        with torch.cuda.device(dev):  # the TVM-FFI env stream is the current device's current stream
+            fn(a2, w, out, starts, counts.contiguous(), ids, rw, workspace)
+    return out.view(*a.shape[:-1], n)
