@@ -63,7 +63,9 @@ def _masked_starts(e: int, max_m: int, device: torch.device) -> torch.Tensor:
     key = (e, max_m, device)
     t = _MASKED_STARTS.get(key)
     if t is None:
-        t = _MASKED_STARTS[key] = torch.arange(e, dtype=torch.int32, device=device) * max_m
+        t = torch.arange(e, dtype=torch.int32, device=device) * max_m
+        if not torch.cuda.is_current_stream_capturing():  # never keep a tensor of a graph's private pool
+            _MASKED_STARTS[key] = t
     return t
 
 
