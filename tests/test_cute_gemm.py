@@ -364,6 +364,42 @@ def test_bounded_scheduler_device_code_matches_model(seed, monkeypatch):
         assert got == sch.cta_tiles_bounded(cta, grid, starts, counts, block_m, n_tiles), cta
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_contiguous_bounds_are_each_experts_row_span(seed):
+    """The launcher's (starts, counts) from m_indices (device ops only): first..last row of each expert."""
+    from cute_ops.gemm.moe_sm90 import contiguous_bounds
+
+    rng = random.Random(seed)
+    e = rng.choice([1, 4, 9])
+    if seed % 2:  # moe_align-like: experts in order, padded with -1, an out-of-range id at the end
+        ids = []
+        for x in range(e):
+            c = rng.choice([0, 1, 7, 40])
+            ids += [x] * c + [-1] * (-c % 8)
+        ids += [e + 2, -1]
+    else:  # anything: interleaved experts and junk ids
+        ids = [rng.randrange(-2, e + 2) for _ in range(rng.choice([1, 50, 300]))]
+    starts, counts = contiguous_bounds(torch.tensor(ids, dtype=torch.int32), e)
+    assert starts.dtype == counts.dtype == torch.int32
+    for x in range(e):
+        rows = [r for r, v in enumerate(ids) if v == x]
+        if rows:
+            assert (int(starts[x]), int(counts[x])) == (rows[0], rows[-1] - rows[0] + 1), x
+        else:
+            assert int(counts[x]) == 0, x
+
+
+def test_sm90_backend_refusals_and_auto_skip(monkeypatch):
+    from cute_ops.gemm import moe_sm90
+
+    a, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
+    assert "CUDA" in moe_sm90.supports_moe_gemm_bf16(a, w, torch.zeros(4, dtype=torch.int32), None)
+    monkeypatch.delenv(moe_sm90.UNVERIFIED_ENV, raising=False)
+    assert "not yet run on a GPU" in moe_sm90.unverified(a, w, None, None, None)
+    monkeypatch.setenv(moe_sm90.UNVERIFIED_ENV, "1")
+    assert moe_sm90.unverified(a, w, None, None, None) is None
+
+
 @needs_dsl
 def test_sm90_config_rules():
     from cute_ops.gemm.grouped_sm90 import can_implement, pick_config, stage_bytes
