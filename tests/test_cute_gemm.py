@@ -344,15 +344,22 @@ def test_bounded_scheduler_equals_offsets_form():
 @pytest.mark.parametrize("seed", range(4))
 def test_bounded_scheduler_device_code_matches_model(seed, monkeypatch):
     """BoundedTileScheduler's own seek / coords (the code the kernel traces) run on Python ints and lists, with
-    cutlass.min / Int32 replaced by their integer meaning, walk exactly the model's tiles."""
+    cutlass.min / Int32 replaced by their integer meaning, walk exactly the model's tiles. `seek` is re-made from
+    its source text without the @cute.jit decorator (the DSL rewrites the decorated function once it has traced
+    it, e.g. after a kernel compile earlier in the process)."""
+    import inspect
+    import textwrap
     import types
 
     monkeypatch.setattr(sch, "cutlass", types.SimpleNamespace(min=min, Int32=int))
+    src = textwrap.dedent(inspect.getsource(sch.GroupedTileScheduler.seek))
+    namespace: dict = {}
+    exec(src[src.index("def seek"):], vars(sch).copy(), namespace)  # noqa: S102 - the module's own source
+    seek = namespace["seek"]
     rng = random.Random(seed)
     starts, counts = _random_bounds(rng, rng.choice([1, 5, 64]), rng.choice([0, 9]))
     block_m, n_tiles, grid = rng.choice([64, 128]), rng.choice([1, 3]), rng.choice([1, 7, 132])
     dev = sch.BoundedTileScheduler(starts, counts, len(counts), block_m, n_tiles)
-    seek = sch.GroupedTileScheduler.seek.__wrapped__  # the undecorated body
     for cta in range(grid):
         got, t = [], cta
         g, base = seek(dev, t, 0, 0)
@@ -406,7 +413,11 @@ def test_sm90_config_rules():
 
     assert can_implement("bf16", 4096, 7168, 256) is None
     assert "multiple of 8" in can_implement("bf16", 4096, 7170, 8)
-    assert "dtype" in can_implement("fp8", 512, 512, 8)
+    assert "dtype" in can_implement("fp4", 512, 512, 8)
+    assert can_implement("fp8", 512, 512, 8) is None
+    assert "multiple of 128" in can_implement("fp8", 512, 320, 8)
+    assert "tile_n 128" in can_implement("fp8", 512, 512, 8, tile_n=256)
+    assert pick_config("fp8", 4096, 7168, 32, "contiguous", False, 256).tile_n == 128
     decode = pick_config("bf16", 4096, 7168, 256, "masked", False, 16)
     assert (decode.tile_m, decode.tile_n, decode.threads) == (64, 128, 256)
     prefill = pick_config("bf16", 4096, 7168, 32, "contiguous", True, 256)
@@ -418,7 +429,8 @@ def test_sm90_config_rules():
 
 
 SM90_CASES = [("bf16", 4096, 7168, 256, "masked", False, 16), ("bf16", 4096, 7168, 32, "contiguous", True, 256),
-              ("fp16", 2880, 2880, 32, "contiguous", False, 96)]
+              ("fp16", 2880, 2880, 32, "contiguous", False, 96), ("fp8", 4096, 7168, 256, "masked", False, 16),
+              ("fp8", 7168, 2048, 32, "contiguous", True, 256)]
 _SM90_DUMPS: dict = {}
 
 
@@ -437,11 +449,19 @@ def test_sm90_grouped_gemm_sass(case):
     cfg, d = _sm90_dump(case)
     ops = d.opcodes()
     assert "sm_90a" in d.ptx.split(".target", 1)[1][:40]
-    # WGMMA: 64 x tile_n x 16 per instruction, fp32 accumulators, 4 per 64-wide K stage (issued in the first-K-tile
-    # block and in the loop body), each consumer warp group its own 64 rows
-    # (Dump.opcodes stops at the lowercase 'x' of the shape: read the full name from the listing)
-    hgmma = f"HGMMA.64x{cfg.tile_n}x16.F32{'.BF16' if cfg.dtype == 'bf16' else ''}"
-    assert re.findall(r"\bHGMMA\.[0-9x]+\.F32(?:\.BF16)?\b", d.sass) == [hgmma] * 2 * 4, ops
+    # WGMMA, fp32 accumulators, each consumer warp group its own 64 rows. bf16 / fp16: HGMMA 64 x tile_n x 16, 4
+    # per 64-wide K stage, issued in the first-K-tile block and in the loop body. FP8: QGMMA 64 x 128 x 32, 4 per
+    # 128-wide stage (one block scale), the first of them not accumulating (a fresh partial sum per block).
+    # (Dump.opcodes stops at the lowercase 'x' of the shape: read the full names from the listing)
+    mmas = re.findall(r"\b[HQ]GMMA\.[0-9x]+\.F32(?:\.BF16|\.E4M3\.E4M3)?\b", d.sass)
+    if cfg.dtype == "fp8":
+        assert mmas == ["QGMMA.64x128x32.F32.E4M3.E4M3"] * 4, ops
+        assert len(re.findall(r"QGMMA\.\S+ R\d+, gdesc\[UR\d+\], RZ, !UPT", d.sass)) == 1
+        # the per-block promotion: acc += part * (a_scale[row] * w_scale), one FFMA per accumulator element
+        assert ops["FFMA"] >= cfg.tile_n * 64 // 128, ops
+    else:
+        hgmma = f"HGMMA.64x{cfg.tile_n}x16.F32{'.BF16' if cfg.dtype == 'bf16' else ''}"
+        assert mmas == [hgmma] * 2 * 4, ops
     assert d.count("WARPGROUP.ARRIVE") > 0 and d.count("WARPGROUP.DEPBAR") > 0, ops
     # TMA: A 2-D through the rewritten per-CTA descriptor, B 3-D (the expert is a coordinate) through the kernel
     # parameter; both base descriptors prefetched
@@ -640,3 +660,35 @@ def test_gpu_sm90_dispatch_row():
     _check(out, a, w, None, mm, rw, "ops.moe_gemm_bf16(backend='cute')")
     args = (a.cuda(), w.cuda(), None, mm.cuda(), None)
     assert registry.select(TABLE["moe_gemm_bf16"], "moe_gemm_bf16", "auto", args, {}).backend != "cute"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+@pytest.mark.parametrize("column_major", [False, True])
+@pytest.mark.parametrize("row_weights", [False, True])
+def test_gpu_sm90_fp8_matches_reference(layout, column_major, row_weights):
+    """E4M3 with 1x128 activation scales (row- or column-major) and 128x128 weight scales, bf16 out."""
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
+    from tests.test_moe_gemm import quant_a_fp8, quant_w_fp8
+
+    e, n, k = 5, 320, 384  # N not a multiple of 128: the last weight-scale block is partial
+    if layout == "masked":
+        x, w32, ids, rw = _masked_case(e, 48, n, k, [0, 48, 7, 100, 1], torch.float32, 50, row_weights)
+        dead = torch.isnan(x[..., 0])
+    else:
+        x, w32, ids, rw = _contiguous_case(e, n, k, [33, 0, 140, 2, 64], torch.float32, 51, row_weights)
+        dead = torch.isnan(x[:, 0])
+    x = x.nan_to_num()
+    a, sa = quant_a_fp8(x.reshape(-1, k), column_major)
+    a, sa = a.view(*x.shape), sa.view(*x.shape[:-1], k // 128)
+    a.view(torch.uint8)[dead] = 0x7F  # NaN codes and scales in every row that must not be read
+    sa = sa.clone()
+    sa[dead] = float("nan")
+    w, ws = quant_w_fp8(w32)
+    mi, mm = (ids, None) if layout == "contiguous" else (None, ids)
+    dev = [None if t is None else t.cuda() for t in (a, sa, w, ws, mi, mm, rw)]
+    out = moe_gemm_fp8(*dev)
+    torch.cuda.synchronize()
+    want = ref.moe_gemm_fp8(a, sa, w, ws, mi, mm, rw)
+    assert_close(out.cpu(), want, f"fp8 {layout}")

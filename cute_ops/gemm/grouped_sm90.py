@@ -52,13 +52,14 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .scheduler import BoundedTileScheduler
 
-BLOCK_K = 64  # 128 bytes of bf16 per row: one 128B-swizzle row
+ROW_BYTES = 128  # bytes of one K stage per row: one 128B-swizzle row (64 bf16 / 128 E4M3 elements)
+FP8_BLOCK = 128  # FP8: K elements per activation / weight scale (= one K stage)
 SMEM_BYTES = 232448  # sm_90 per-CTA shared memory (227 KiB)
 SMEM_RESERVED = 1024  # mbarriers, alignment slack
 DESC_BYTES = 128  # one TMA descriptor
 WG = 128  # threads per warp group
 LOAD_REGS, MMA_REGS = 40, 232
-DTYPES = {"bf16": "BFloat16", "fp16": "Float16"}
+DTYPES = {"bf16": "BFloat16", "fp16": "Float16", "fp8": "Float8E4M3FN"}  # operand type; fp8 writes bf16
 LAYOUTS = ("contiguous", "masked")
 
 
@@ -66,7 +67,7 @@ LAYOUTS = ("contiguous", "masked")
 class GemmConfig:
     """Everything static about one compiled kernel (the compile key). M and the group sizes are never here."""
 
-    dtype: str  # bf16 | fp16 (a, w and out)
+    dtype: str  # bf16 | fp16 (a, w and out) | fp8 (E4M3 a and w with fp32 1x128 / 128x128 scales, bf16 out)
     n: int
     k: int
     num_groups: int
@@ -95,8 +96,12 @@ class GemmConfig:
         return WG * (1 + self.tile_m // 64)
 
 
+def block_k(dtype: str) -> int:
+    return ROW_BYTES if dtype == "fp8" else ROW_BYTES // 2
+
+
 def stage_bytes(tile_m: int, tile_n: int) -> int:
-    return (tile_m + tile_n) * BLOCK_K * 2
+    return (tile_m + tile_n) * ROW_BYTES
 
 
 def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128, tile_n: int = 128) -> str | None:
@@ -107,6 +112,8 @@ def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128
         return f"tile {tile_m}x{tile_n}: tile_m 64 / 128, tile_n 64 / 128 / 256"
     if k <= 0 or k % 8:
         return f"K={k} must be a positive multiple of 8 (16-byte TMA row pitch)"
+    if dtype == "fp8" and (k % FP8_BLOCK or tile_n != FP8_BLOCK):
+        return f"FP8: K={k} must be a multiple of {FP8_BLOCK} and tile_n {FP8_BLOCK} (one weight scale per tile)"
     if n <= 0 or n % 8:
         return f"N={n} must be a positive multiple of 8 (16-byte weight rows)"
     if num_groups < 1:
@@ -123,7 +130,7 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
-    tile_n = tile_n or (256 if tile_m == 128 and n % 256 == 0 else 128)
+    tile_n = tile_n or (256 if tile_m == 128 and n % 256 == 0 and dtype != "fp8" else 128)
     why = can_implement(dtype, n, k, num_groups, tile_m, tile_n)
     if why:
         raise ValueError(why)
@@ -137,22 +144,27 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
 class GroupedGemmSm90:
     def __init__(self, cfg: GemmConfig):
         self.cfg = cfg
+        self.fp8 = cfg.dtype == "fp8"
         self.dtype = getattr(cutlass, DTYPES[cfg.dtype])
-        self.tile = (cfg.tile_m, cfg.tile_n, BLOCK_K)
-        self.k_tiles = -(-cfg.k // BLOCK_K)
+        self.out_dtype = cutlass.BFloat16 if self.fp8 else self.dtype
+        self.bk = block_k(cfg.dtype)
+        self.k_tiles = -(-cfg.k // self.bk)
         self.n_tiles = -(-cfg.n // cfg.tile_n)
         self.mma_wgs = cfg.tile_m // 64
         self.mma_warps = 4 * self.mma_wgs
 
     @cute.jit
     def __call__(self, a: cute.Tensor, w: cute.Tensor, out: cute.Tensor, starts: cute.Tensor, counts: cute.Tensor,
-                 m_indices, row_weights, workspace: cute.Tensor, stream):
+                 m_indices, row_weights, workspace: cute.Tensor, a_scale, w_scale, stream):
         cfg = self.cfg
         m = a.shape[0]
         n, k, groups = cfg.n, cfg.k, cfg.num_groups
         # (rows, K, 1): the base descriptor; per group the load warp re-points it (address, rows)
-        mA = cute.make_tensor(a.iterator, cute.make_layout((m, k, 1), stride=(k, 1, 0)))
-        mB = cute.make_tensor(w.iterator, cute.make_layout((n, k, groups), stride=(k, 1, n * k)))
+        # FP8 operands arrive as bytes: typed here
+        a_ptr = cute.recast_ptr(a.iterator, dtype=self.dtype) if cutlass.const_expr(self.fp8) else a.iterator
+        w_ptr = cute.recast_ptr(w.iterator, dtype=self.dtype) if cutlass.const_expr(self.fp8) else w.iterator
+        mA = cute.make_tensor(a_ptr, cute.make_layout((m, k, 1), stride=(k, 1, 0)))
+        mB = cute.make_tensor(w_ptr, cute.make_layout((n, k, groups), stride=(k, 1, n * k)))
 
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, cutlass.Float32,
@@ -161,9 +173,9 @@ class GroupedGemmSm90:
         b_smem = self._smem_layout(cfg.tile_n)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_a, tma_mA = cpasync.make_tiled_tma_atom(g2s, mA, cute.slice_(a_smem, (None, None, 0)),
-                                                    (cfg.tile_m, BLOCK_K))
+                                                    (cfg.tile_m, self.bk))
         tma_b, tma_mB = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(b_smem, (None, None, 0)),
-                                                    (cfg.tile_n, BLOCK_K))
+                                                    (cfg.tile_n, self.bk))
         self.tx_bytes = stage_bytes(cfg.tile_m, cfg.tile_n)
 
         @cute.struct
@@ -174,18 +186,18 @@ class GroupedGemmSm90:
 
         self.storage = Storage
         self.kernel(tiled_mma, tma_a, tma_mA, tma_b, tma_mB, mA, out, starts, counts, m_indices, row_weights,
-                    workspace, a_smem, b_smem).launch(
+                    workspace, a_scale, w_scale, a_smem, b_smem).launch(
             grid=(cfg.grid, 1, 1), block=(cfg.threads, 1, 1), stream=stream, min_blocks_per_mp=1)
 
     def _smem_layout(self, rows: int):
         atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, self.dtype, BLOCK_K), self.dtype)
-        return cute.tile_to_shape(atom, (rows, BLOCK_K, self.cfg.stages), order=(0, 1, 2))
+            sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, self.dtype, self.bk), self.dtype)
+        return cute.tile_to_shape(atom, (rows, self.bk, self.cfg.stages), order=(0, 1, 2))
 
     @cute.kernel
     def kernel(self, tiled_mma: cute.TiledMma, tma_a: cute.CopyAtom, mA_tma: cute.Tensor, tma_b: cute.CopyAtom,
                mB_tma: cute.Tensor, mA: cute.Tensor, out: cute.Tensor, starts: cute.Tensor, counts: cute.Tensor,
-               m_indices, row_weights, workspace: cute.Tensor, a_smem: cute.ComposedLayout,
+               m_indices, row_weights, workspace: cute.Tensor, a_scale, w_scale, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
@@ -214,7 +226,8 @@ class GroupedGemmSm90:
                 self.produce(sched, bidx, ring, tma_a, mA_tma, tma_b, mB_tma, mA, workspace, sA, sB)
         else:
             cute.arch.warpgroup_reg_alloc(MMA_REGS)
-            self.consume(sched, bidx, tidx - WG, ring, tiled_mma, sA, sB, out, m_indices, row_weights)
+            self.consume(sched, bidx, tidx - WG, ring, tiled_mma, sA, sB, out, m_indices, row_weights, a_scale,
+                         w_scale)
 
     # ------------------------------------------------------------------------------------ producer
 
@@ -235,8 +248,8 @@ class GroupedGemmSm90:
         cute.arch.sync_warp()
         tmaps.fence_tensormap_initialization()
 
-        gA = cute.local_tile(mA_tma, (cfg.tile_m, BLOCK_K), (None, None, None))  # (bM, bK, RestM, RestK, 1)
-        gB = cute.local_tile(mB_tma, (cfg.tile_n, BLOCK_K), (None, None, None))  # (bN, bK, RestN, RestK, G)
+        gA = cute.local_tile(mA_tma, (cfg.tile_m, self.bk), (None, None, None))  # (bM, bK, RestM, RestK, 1)
+        gB = cute.local_tile(mB_tma, (cfg.tile_n, self.bk), (None, None, None))  # (bN, bK, RestN, RestK, G)
         one = cute.make_layout(1)
         tAsA, tAgA = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
         tBsB, tBgB = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
@@ -279,7 +292,8 @@ class GroupedGemmSm90:
     # ------------------------------------------------------------------------------------ consumers
 
     @cute.jit
-    def consume(self, sched, bidx, mma_tidx, ring, tiled_mma, sA, sB, out, m_indices, row_weights):
+    def consume(self, sched, bidx, mma_tidx, ring, tiled_mma, sA, sB, out, m_indices, row_weights, a_scale,
+                w_scale):
         cfg = self.cfg
         # A / B: the warp group's view (every thread of a warp group sees the same smem descriptors); C: this
         # thread's accumulator elements
@@ -290,7 +304,8 @@ class GroupedGemmSm90:
         tile_mn = (cfg.tile_m, cfg.tile_n)
         tCcC = thr_mma.partition_C(cute.make_identity_tensor(tile_mn))
         acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
-        res = cute.make_rmem_tensor(tCcC.shape, self.dtype)
+        part = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(self.fp8) else None
+        res = cute.make_rmem_tensor(tCcC.shape, self.out_dtype)
         k_blocks = cute.size(tCrA, mode=[2])
         ldc = cfg.n
 
@@ -302,28 +317,48 @@ class GroupedGemmSm90:
         while g < sched.num_groups:
             _, n_tile, row_start, row_end = sched.coords(t, g, base)
             acc.fill(0.0)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.fence()
-            # K tile 0: issue, keep one WGMMA batch in flight; then each next tile retires the previous one
-            ring.consumer_wait(read)
-            for kb in cutlass.range_constexpr(k_blocks):
-                crd = (None, None, kb, read.index)
-                cute.gemm(tiled_mma, acc, tCrA[crd], tCrB[crd], acc)
-            warpgroup.commit_group()
-            read.advance()
-            for _ in cutlass.range(1, self.k_tiles, unroll=1):
+            if cutlass.const_expr(self.fp8):
+                # Per 128-wide K stage: WGMMA into `part` (fresh), then acc += part * a_scale[row] * w_scale[tile]
+                # in fp32 registers (the contract's per-block scaling; also bounds the FP8 WGMMA's reduced-precision
+                # accumulation to one block). Scale rows are clamped into the group (rows past it are not written).
+                for kt in cutlass.range(self.k_tiles, unroll=1):
+                    sw = w_scale[g, n_tile, kt]
+                    ring.consumer_wait(read)
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        crd = (None, None, kb, read.index)
+                        cute.gemm(tiled_mma, part, tCrA[crd], tCrB[crd], part)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    ring.consumer_release(read)
+                    read.advance()
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        r = cutlass.min(row_start + tCcC[i][0], row_end - 1)
+                        acc[i] = acc[i] + part[i] * (a_scale[r, kt] * sw)
+            else:
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.fence()
+                # K tile 0: issue, keep one WGMMA batch in flight; then each next tile retires the previous one
                 ring.consumer_wait(read)
                 for kb in cutlass.range_constexpr(k_blocks):
                     crd = (None, None, kb, read.index)
                     cute.gemm(tiled_mma, acc, tCrA[crd], tCrB[crd], acc)
                 warpgroup.commit_group()
-                warpgroup.wait_group(1)
+                read.advance()
+                for _ in cutlass.range(1, self.k_tiles, unroll=1):
+                    ring.consumer_wait(read)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        crd = (None, None, kb, read.index)
+                        cute.gemm(tiled_mma, acc, tCrA[crd], tCrB[crd], acc)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                    ring.consumer_release(release)
+                    release.advance()
+                    read.advance()
+                warpgroup.wait_group(0)
                 ring.consumer_release(release)
                 release.advance()
-                read.advance()
-            warpgroup.wait_group(0)
-            ring.consumer_release(release)
-            release.advance()
 
             # Epilogue: registers -> global, predicated per row (rows past the group's end belong to others)
             col0 = n_tile * cfg.tile_n
@@ -335,7 +370,7 @@ class GroupedGemmSm90:
                     r = row_start + tCcC[i][0]
                     if r < row_end:
                         acc[i] = acc[i] * row_weights[r]
-            res.store(acc.load().to(self.dtype))
+            res.store(acc.load().to(self.out_dtype))
             for i in cutlass.range_constexpr(cute.size(acc)):
                 r = row_start + tCcC[i][0]
                 c = col0 + tCcC[i][1]
@@ -353,12 +388,14 @@ class GroupedGemmSm90:
 
 
 def _fake_args(cfg: GemmConfig):
-    dt = getattr(cutlass, DTYPES[cfg.dtype])
+    fp8 = cfg.dtype == "fp8"
+    dt = cutlass.Uint8 if fp8 else getattr(cutlass, DTYPES[cfg.dtype])  # E4M3 codes are passed as bytes
+    out_dt = cutlass.BFloat16 if fp8 else dt
     m = cute.sym_int()  # every row count is this one symbol (TVM-FFI checks they agree)
     g, n, k = cfg.num_groups, cfg.n, cfg.k
     a = cute.runtime.make_fake_tensor(dt, (m, k), stride=(k, 1), assumed_align=16)
     w = cute.runtime.make_fake_tensor(dt, (g, n, k), stride=(n * k, k, 1), assumed_align=16)
-    out = cute.runtime.make_fake_tensor(dt, (m, n), stride=(n, 1), assumed_align=16)
+    out = cute.runtime.make_fake_tensor(out_dt, (m, n), stride=(n, 1), assumed_align=16)
     starts = cute.runtime.make_fake_tensor(cutlass.Int32, (g,), stride=(1,), assumed_align=4)
     counts = cute.runtime.make_fake_tensor(cutlass.Int32, (g,), stride=(1,), assumed_align=4)
     m_indices = (cute.runtime.make_fake_tensor(cutlass.Int32, (m,), stride=(1,), assumed_align=4)
@@ -367,8 +404,14 @@ def _fake_args(cfg: GemmConfig):
                    if cfg.row_weights else None)
     workspace = cute.runtime.make_fake_tensor(cutlass.Int64, (cfg.workspace_words,), stride=(1,),
                                               assumed_align=DESC_BYTES)
+    a_scale = w_scale = None
+    if cfg.dtype == "fp8":  # 1x128 activation scales in any strides (row-major or column-major); weight scales dense
+        kb, nb = k // FP8_BLOCK, -(-n // FP8_BLOCK)
+        a_scale = cute.runtime.make_fake_tensor(cutlass.Float32, (m, kb), stride=(cute.sym_int64(), cute.sym_int64()),
+                                                assumed_align=4)
+        w_scale = cute.runtime.make_fake_tensor(cutlass.Float32, (g, nb, kb), stride=(nb * kb, kb, 1), assumed_align=4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return a, w, out, starts, counts, m_indices, row_weights, workspace, stream
+    return a, w, out, starts, counts, m_indices, row_weights, workspace, a_scale, w_scale, stream
 
 
 def build(cfg: GemmConfig, extra_options: str = ""):

@@ -1,4 +1,4 @@
-"""CuTeDSL backend of `lowbit::moe_gemm_bf16` on sm_90: the grouped WGMMA GEMM of grouped_sm90.py.
+"""CuTeDSL backends of `lowbit::moe_gemm_bf16` / `moe_gemm_fp8` on sm_90: the grouped WGMMA GEMM of grouped_sm90.py.
 
 Contract: dispatch/reference/moe_gemm.py (docs/moe_gemm.md); same signature as the op minus `backend`.
 NOT YET RUN ON A GPU: the table row is refused by `auto` (`auto_skip`) unless LOWBIT_CUTE_UNVERIFIED=1, and
@@ -26,6 +26,7 @@ UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
 HARDWARE_STATUS = ("CuTeDSL sm_90 grouped GEMM: compiled and SASS-checked on a CPU, not yet run on a GPU; auto "
                    f"skips it (backend='cute' forces it; {UNVERIFIED_ENV}=1 lets auto take it)")
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+FP8_BLOCK = 128
 
 
 def unverified(*args, **kwargs) -> str | None:
@@ -33,14 +34,12 @@ def unverified(*args, **kwargs) -> str | None:
     return None if os.environ.get(UNVERIFIED_ENV) == "1" else HARDWARE_STATUS
 
 
-def supports_moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None) -> str | None:
+def _supports(a, w) -> str | None:
     if a.device.type != "cuda":
         return "the cute backend runs on CUDA tensors only"
-    if a.dtype not in _DTYPES or w.dtype != a.dtype:
-        return f"a {a.dtype} / w {w.dtype}: bf16 or fp16, both the same"
     n, k = w.shape[1], w.shape[2]
-    if k % 8 or n % 8:
-        return f"N={n}, K={k}: both must be multiples of 8 (16-byte TMA rows and weight rows)"
+    if k % 16 or n % 8:
+        return f"N={n}, K={k}: N a multiple of 8, K of 16 (16-byte TMA rows and weight rows)"
     if not a.is_contiguous() or not w.is_contiguous():
         return "a and w must be contiguous (one TMA descriptor pitch for every group)"
     if a.data_ptr() % 16 or w.data_ptr() % 16:
@@ -48,6 +47,20 @@ def supports_moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None) -> str |
     if w.shape[0] < 1:
         return "needs at least one expert"
     return None
+
+
+def supports_moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None) -> str | None:
+    if a.dtype not in _DTYPES or w.dtype != a.dtype:
+        return f"a {a.dtype} / w {w.dtype}: bf16 or fp16, both the same"
+    return _supports(a, w)
+
+
+def supports_moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights=None) -> str | None:
+    if a.dtype != torch.float8_e4m3fn or w.dtype != torch.float8_e4m3fn:
+        return f"a {a.dtype} / w {w.dtype}: only E4M3 (float8_e4m3fn)"
+    if a.shape[-1] % FP8_BLOCK:
+        return f"K={a.shape[-1]} is not a multiple of {FP8_BLOCK}"
+    return _supports(a, w)
 
 
 @functools.cache
@@ -83,12 +96,12 @@ def contiguous_bounds(m_indices: torch.Tensor, e: int) -> tuple[torch.Tensor, to
     return starts, counts
 
 
-def config_for(a, w, layout: str, row_weights: bool, arch: str, sm_count: int):
+def config_for(kind: str, a, w, layout: str, row_weights: bool, arch: str, sm_count: int):
     from .grouped_sm90 import pick_config
 
     e, n, k = w.shape
     per_group = a.shape[1] if layout == "masked" else max(1, a.shape[0] // e)
-    return pick_config(_DTYPES[a.dtype], n, k, e, layout, row_weights, per_group, sm_count=sm_count, arch=arch)
+    return pick_config(kind, n, k, e, layout, row_weights, per_group, sm_count=sm_count, arch=arch)
 
 
 def compiled(cfg):
@@ -98,7 +111,7 @@ def compiled(cfg):
     return _compile.get_or_compile(cfg.key(), lambda: build(cfg))
 
 
-def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None):
+def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=None, out_dtype=None):
     e, n, k = w.shape
     dev = a.device
     masked = masked_m is not None
@@ -113,16 +126,33 @@ def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None):
         ids = m_indices.to(torch.int32).contiguous()
         starts, counts = contiguous_bounds(ids, e)
     rows = a2.shape[0]
-    out = torch.zeros(rows, n, dtype=a.dtype, device=dev)
+    out = torch.zeros(rows, n, dtype=out_dtype or a.dtype, device=dev)
     if rows and n:
-        cfg = config_for(a, w, "masked" if masked else "contiguous", row_weights is not None,
-                         _compile.target_arch(dev.index), _sm_count(dev.index if dev.index is not None else
-                                                                     torch.cuda.current_device()))
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        cfg = config_for(kind, a, w, "masked" if masked else "contiguous", row_weights is not None,
+                         _compile.target_arch(index), _sm_count(index))
         fn = compiled(cfg)
         rw = None if row_weights is None else row_weights.reshape(-1).contiguous()
+        if kind == "fp8":  # (rows, K/128) in whatever strides it has (a copy only for an unmergeable 3-D view)
+            a_scale = a_scale.reshape(rows, k // FP8_BLOCK)
+            w_scale = w_scale.contiguous()
         # descriptor slots: rewritten by the kernel before use; zeroed so bytes past what the DSL copies (it copies
         # the first 64 of each 128-byte descriptor) are defined
         workspace = torch.zeros(cfg.workspace_words, dtype=torch.int64, device=dev)
         with torch.cuda.device(dev):  # the TVM-FFI env stream is the current device's current stream
-            fn(a2, w, out, starts, counts.contiguous(), ids, rw, workspace)
+            fn(a2, w, out, starts, counts.contiguous(), ids, rw, workspace, a_scale, w_scale)
     return out.view(*a.shape[:-1], n)
+
+
+# ------------------------------------------------------------------------- backend entry points
+# Same signatures as the torch ops in dispatch/ops/moe_gemm.py, minus `backend`.
+
+
+def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None):
+    return _run(_DTYPES[a.dtype], a, w, m_indices, masked_m, row_weights)
+
+
+def moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights=None):
+    # E4M3 codes travel as bytes (the kernel types them): TVM-FFI checks byte tensors like any other
+    return _run("fp8", a.view(torch.uint8), w.view(torch.uint8), m_indices, masked_m, row_weights, a_scale, w_scale,
+                torch.bfloat16)
