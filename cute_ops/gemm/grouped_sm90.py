@@ -306,6 +306,7 @@ class GroupedGemmSm90:
         acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
         part = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(self.fp8) else None
         res = cute.make_rmem_tensor(tCcC.shape, self.out_dtype)
+        keep = cute.make_rmem_tensor(tCcC.shape, cutlass.Boolean)
         k_blocks = cute.size(tCrA, mode=[2])
         ldc = cfg.n
 
@@ -365,20 +366,22 @@ class GroupedGemmSm90:
             gC = cute.make_tensor(out.iterator + (cutlass.Int64(row_start) * ldc + col0),
                                   cute.make_layout(tile_mn, stride=(ldc, 1)))
             tCgC = thr_mma.partition_C(gC)
+            # Per-row loads use the row clamped into the group: always in bounds, and unconditional, so the
+            # compiler keeps one load per distinct row of this thread (2 per 64-row warp group tile), not one per
+            # element
             if cutlass.const_expr(row_weights is not None):
                 for i in cutlass.range_constexpr(cute.size(acc)):
-                    r = row_start + tCcC[i][0]
-                    if r < row_end:
-                        acc[i] = acc[i] * row_weights[r]
+                    acc[i] = acc[i] * row_weights[cutlass.min(row_start + tCcC[i][0], row_end - 1)]
             res.store(acc.load().to(self.out_dtype))
+            # every load before the first store (a store to `out` could alias them otherwise: no reuse)
             for i in cutlass.range_constexpr(cute.size(acc)):
                 r = row_start + tCcC[i][0]
-                c = col0 + tCcC[i][1]
-                ok = (r < row_end) & (c < cfg.n)
+                ok = (r < row_end) & (col0 + tCcC[i][1] < cfg.n)
                 if cutlass.const_expr(m_indices is not None):
-                    if ok:
-                        ok = m_indices[r] == g
-                if ok:
+                    ok = ok & (m_indices[cutlass.min(r, row_end - 1)] == g)
+                keep[i] = ok
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                if keep[i]:
                     tCgC[i] = res[i]
             t = t + nctas
             g, base = sched.seek(t, g, base)
