@@ -32,9 +32,9 @@ Checks: normalized max error max|out - ref| / max|ref| <= 2e-2, no NaN, same sha
   full cases (BackendError -> "skipped": whole-tensor fp32 dequantization) and runs in --quick.
 
 lowbit providers: every backend of the op's table rows that can run here, each checked against the reference first:
-`lowbit:triton` everywhere, and on sm_90 `lowbit:cute` for the bf16 cases (the CuTeDSL WGMMA grouped GEMM,
-cute_ops/gemm/grouped_sm90.py; auto does not pick it yet, the runner forces each backend), so the bf16 cases time
-it beside the Triton kernel and `torch._grouped_mm` in the same process.
+`lowbit:triton` everywhere, and on sm_90 `lowbit:cute` for the bf16 and FP8 cases (the CuTeDSL WGMMA grouped
+GEMM, cute_ops/gemm/grouped_sm90.py; auto does not pick it yet, the runner forces each backend), so those cases
+time it beside the Triton kernel and `torch._grouped_mm` / `torch._scaled_grouped_mm` in the same process.
 
 Peers (timed, not checked; each tried once on the first inputs made on a GPU, removed with the reason printed if it
 raises):
