@@ -326,10 +326,12 @@ class GroupedGemmSm90:
                     sw = w_scale[g, n_tile, kt]
                     ring.consumer_wait(read)
                     warpgroup.fence()
+                    # (the accumulate flag is set here, not in a helper: the tracer carries tiled_mma through the
+                    # loop only when it sees the assignment in this body)
                     for kb in cutlass.range_constexpr(k_blocks):
                         tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                        crd = (None, None, kb, read.index)
-                        cute.gemm(tiled_mma, part, tCrA[crd], tCrB[crd], part)
+                        cute.gemm(tiled_mma, part, tCrA[(None, None, kb, read.index)],
+                                  tCrB[(None, None, kb, read.index)], part)
                     warpgroup.commit_group()
                     warpgroup.wait_group(0)
                     ring.consumer_release(read)
@@ -342,17 +344,11 @@ class GroupedGemmSm90:
                 warpgroup.fence()
                 # K tile 0: issue, keep one WGMMA batch in flight; then each next tile retires the previous one
                 ring.consumer_wait(read)
-                for kb in cutlass.range_constexpr(k_blocks):
-                    crd = (None, None, kb, read.index)
-                    cute.gemm(tiled_mma, acc, tCrA[crd], tCrB[crd], acc)
-                warpgroup.commit_group()
+                self._stage_mmas(tiled_mma, acc, tCrA, tCrB, read.index, k_blocks)
                 read.advance()
                 for _ in cutlass.range(1, self.k_tiles, unroll=1):
                     ring.consumer_wait(read)
-                    for kb in cutlass.range_constexpr(k_blocks):
-                        crd = (None, None, kb, read.index)
-                        cute.gemm(tiled_mma, acc, tCrA[crd], tCrB[crd], acc)
-                    warpgroup.commit_group()
+                    self._stage_mmas(tiled_mma, acc, tCrA, tCrB, read.index, k_blocks)
                     warpgroup.wait_group(1)
                     ring.consumer_release(release)
                     release.advance()
@@ -385,6 +381,15 @@ class GroupedGemmSm90:
                     tCgC[i] = res[i]
             t = t + nctas
             g, base = sched.seek(t, g, base)
+
+
+    @staticmethod
+    def _stage_mmas(tiled_mma, acc, tCrA, tCrB, stage, k_blocks: int):
+        """The WGMMAs of one smem stage accumulating into `acc`, committed as one group."""
+        for kb in range(k_blocks):
+            crd = (None, None, kb, stage)
+            cute.gemm(tiled_mma, acc, tCrA[crd], tCrB[crd], acc)
+        warpgroup.commit_group()
 
 
 # --------------------------------------------------------------------------------------------- compile
