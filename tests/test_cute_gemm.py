@@ -490,6 +490,79 @@ def test_sm90_grouped_gemm_sass(case):
     assert not re.search(r"@!?U?P\w+\s+R2UR", d.sass)
 
 
+# ------------------------------------------------------------- launcher + a torch model of the kernel (CPU)
+
+
+def _kernel_model(cfg):
+    """The kernel's contract (grouped_sm90 module docstring) in torch, with its preconditions asserted: what the
+    launcher's layout -> groups mapping must feed it."""
+    from cute_ops.gemm.grouped_sm90 import FP8_BLOCK
+
+    def run(a, w, out, starts, counts, m_indices, row_weights, workspace, a_scale, w_scale):
+        rows, (e, n, k) = a.shape[0], w.shape
+        assert (cfg.n, cfg.k, cfg.num_groups) == (n, k, e) and a.shape == (rows, k) and out.shape == (rows, n)
+        assert starts.dtype == counts.dtype == torch.int32 and starts.shape == counts.shape == (e,)
+        assert starts.is_contiguous() and counts.is_contiguous() and a.is_contiguous() and w.is_contiguous()
+        assert workspace.dtype == torch.int64 and workspace.numel() == cfg.workspace_words
+        assert (m_indices is None) == (cfg.layout == "masked") and (row_weights is None) == (not cfg.row_weights)
+        if cfg.dtype == "fp8":
+            assert a.dtype == w.dtype == torch.uint8 and a_scale.shape == (rows, k // FP8_BLOCK)
+            a32 = a.view(torch.float8_e4m3fn).float() * a_scale.repeat_interleave(FP8_BLOCK, 1)
+            w32 = ref.fp8_block_dequantize(w.view(torch.float8_e4m3fn), w_scale)
+        else:
+            a32, w32 = a.float(), w.float()
+        for g in range(e):
+            s0, c = int(starts[g]), int(counts[g])
+            assert c >= 0 and (c == 0 or 0 <= s0 and s0 + c <= rows), (g, s0, c)
+            for r in range(s0, s0 + c):
+                if m_indices is None or int(m_indices[r]) == g:
+                    y = a32[r] @ w32[g].T
+                    out[r] = (y * row_weights[r] if row_weights is not None else y).to(out.dtype)
+
+    return run
+
+
+@pytest.fixture
+def modelled_kernel(monkeypatch):
+    """moe_sm90's launchers on CPU tensors, the compiled kernel replaced by _kernel_model."""
+    import contextlib
+
+    from cute_ops.gemm import moe_sm90
+
+    monkeypatch.setattr(moe_sm90, "compiled", _kernel_model)
+    monkeypatch.setattr(moe_sm90._compile, "target_arch", lambda index=None: "sm_90a")
+    monkeypatch.setattr(moe_sm90, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    return moe_sm90
+
+
+@pytest.mark.parametrize("row_weights", [False, True])
+def test_launcher_layouts_match_reference_on_a_kernel_model(modelled_kernel, row_weights):
+    for a, w, mi, mm, rw in (
+            (*_contiguous_case(5, 32, 64, [37, 0, 130, 1, 64], torch.bfloat16, 2, row_weights)[:3], None,
+             _contiguous_case(5, 32, 64, [37, 0, 130, 1, 64], torch.bfloat16, 2, row_weights)[3]),
+            (*_masked_case(6, 20, 24, 48, [0, 1, 17, 20, 500, -3], torch.float16, 1, row_weights)[:2], None,
+             *_masked_case(6, 20, 24, 48, [0, 1, 17, 20, 500, -3], torch.float16, 1, row_weights)[2:])):
+        out = modelled_kernel.moe_gemm_bf16(a, w, mi, mm, rw)
+        assert not torch.isnan(out).any()  # rows of no group are 0, never a NaN input row
+        _check(out, a, w, mi, mm, rw, "contiguous" if mm is None else "masked")
+    g = torch.Generator().manual_seed(5)  # interleaved experts
+    mi = torch.randint(-1, 4, (90,), generator=g, dtype=torch.int32)
+    a, w = torch.randn(90, 32, generator=g).bfloat16(), torch.randn(4, 16, 32, generator=g).bfloat16()
+    _check(modelled_kernel.moe_gemm_bf16(a, w, mi, None, None), a, w, mi, None, None, "interleaved")
+
+
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+@pytest.mark.parametrize("column_major", [False, True])
+def test_launcher_fp8_matches_reference_on_a_kernel_model(modelled_kernel, layout, column_major):
+    a, sa, w, ws, mi, mm, rw = _fp8_case(layout, column_major, True, n=136, k=256)
+    out = modelled_kernel.moe_gemm_fp8(a, sa, w, ws, mi, mm, rw)
+    assert out.dtype == torch.bfloat16 and not torch.isnan(out).any()
+    assert_close(out, ref.moe_gemm_fp8(a, sa, w, ws, mi, mm, rw), f"fp8 {layout}")
+
+
 # -------------------------------------------------------------------------------------- GPU (sm_90)
 
 
@@ -524,6 +597,27 @@ def _contiguous_case(e, n, k, rows_per_expert, dtype, seed, row_weights=False, p
     w = (torch.randn(e, n, k, generator=g) / k ** 0.5).to(dtype)
     rw = torch.rand(len(ids), generator=g) + 0.5 if row_weights else None
     return a, w, m_indices, rw
+
+
+def _fp8_case(layout, column_major, row_weights, n=320, k=384):
+    """E4M3 operands with 1x128 activation scales (row- or column-major) and 128x128 weight scales; NaN codes
+    (0x7F) and NaN scales in every row that must not be read."""
+    from tests.test_moe_gemm import quant_a_fp8, quant_w_fp8
+
+    e = 5
+    if layout == "masked":
+        x, w32, ids, rw = _masked_case(e, 48, n, k, [0, 48, 7, 100, 1], torch.float32, 50, row_weights)
+    else:
+        x, w32, ids, rw = _contiguous_case(e, n, k, [33, 0, 140, 2, 64], torch.float32, 51, row_weights)
+    dead = torch.isnan(x[..., 0])
+    a, sa = quant_a_fp8(x.nan_to_num().reshape(-1, k), column_major)
+    a, sa = a.view(*x.shape), sa.view(*x.shape[:-1], k // 128)
+    a.view(torch.uint8)[dead] = 0x7F
+    sa = sa.clone()
+    sa[dead] = float("nan")
+    w, ws = quant_w_fp8(w32)
+    mi, mm = (ids, None) if layout == "contiguous" else (None, ids)
+    return a, sa, w, ws, mi, mm, rw
 
 
 def _check(out, a, w, m_indices, masked_m, rw, what):
@@ -672,23 +766,8 @@ def test_gpu_sm90_fp8_matches_reference(layout, column_major, row_weights):
     """E4M3 with 1x128 activation scales (row- or column-major) and 128x128 weight scales, bf16 out."""
     _sm90_gpu()
     from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
-    from tests.test_moe_gemm import quant_a_fp8, quant_w_fp8
 
-    e, n, k = 5, 320, 384  # N not a multiple of 128: the last weight-scale block is partial
-    if layout == "masked":
-        x, w32, ids, rw = _masked_case(e, 48, n, k, [0, 48, 7, 100, 1], torch.float32, 50, row_weights)
-        dead = torch.isnan(x[..., 0])
-    else:
-        x, w32, ids, rw = _contiguous_case(e, n, k, [33, 0, 140, 2, 64], torch.float32, 51, row_weights)
-        dead = torch.isnan(x[:, 0])
-    x = x.nan_to_num()
-    a, sa = quant_a_fp8(x.reshape(-1, k), column_major)
-    a, sa = a.view(*x.shape), sa.view(*x.shape[:-1], k // 128)
-    a.view(torch.uint8)[dead] = 0x7F  # NaN codes and scales in every row that must not be read
-    sa = sa.clone()
-    sa[dead] = float("nan")
-    w, ws = quant_w_fp8(w32)
-    mi, mm = (ids, None) if layout == "contiguous" else (None, ids)
+    a, sa, w, ws, mi, mm, rw = _fp8_case(layout, column_major, row_weights)  # N = 320: a partial scale block
     dev = [None if t is None else t.cuda() for t in (a, sa, w, ws, mi, mm, rw)]
     out = moe_gemm_fp8(*dev)
     torch.cuda.synchronize()
