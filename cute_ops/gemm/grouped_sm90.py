@@ -1,21 +1,25 @@
-"""Grouped (MoE) bf16 / fp16 GEMM for sm_90a: WGMMA, TMA loads, per-group TMA descriptors updated on the device.
+"""Grouped (MoE) bf16 / fp16 / FP8 GEMM for sm_90a: WGMMA, TMA loads, per-group TMA descriptors updated on the device.
 
     out[r, :] = cast(row_weight[r] * sum_k a[r, k] * w[g, :, k])      for starts[g] <= r < starts[g] + counts[g]
 
+FP8 (E4M3 a and w, fp32 scales): sum_k becomes sum over 128-wide K blocks kb of
+(sum_{k in kb} a[r, k] * w[g, n, k]) * a_scale[r, kb] * w_scale[g, n // 128, kb]; out is bf16.
+
 COMPILED AND SASS-INSPECTED ON A CPU (tests/test_cute_gemm.py); NOT YET RUN ON A GPU. Launcher and dispatch row:
-cute_ops/gemm/moe_sm90.py (the `moe_gemm_bf16` backend).
+cute_ops/gemm/moe_sm90.py (the `moe_gemm_bf16` / `moe_gemm_fp8` backends).
 
 Operands (K-major, contiguous):
 
 | arg | shape / dtype | what |
 | --- | --- | --- |
-| a | [M, K] bf16 / fp16 | all rows of every group (masked layout: [E * max_m, K]) |
+| a | [M, K] bf16 / fp16 (FP8: uint8 E4M3 codes) | all rows of every group (masked layout: [E * max_m, K]) |
 | w | [G, N, K] same dtype | per-group weights |
-| out | [M, N] same dtype | rows of a group are written; every other row is left as it was (the launcher zeroes it) |
+| out | [M, N] a's dtype (FP8: bf16) | a group's rows are written; other rows keep their values (launcher: zeros) |
 | starts, counts | [G] int32 | group g's rows: [starts[g], starts[g] + counts[g]), counts >= 0, inside [0, M) |
 | m_indices | [M] int32 or None | contiguous layout: a row is written only where m_indices[row] == g |
 | row_weights | [M] fp32 or None | multiplies each row before the one rounding |
 | workspace | [grid * SLOTS * 16] int64 | per-CTA TMA descriptor slots (128 bytes each, 128-byte aligned) |
+| a_scale, w_scale | FP8 only: [M, K/128] fp32 any strides; [G, ceil(N/128), K/128] fp32 | block scales |
 
 With m_indices, a group span that holds padding or other experts' rows still writes only its own rows.
 M is symbolic (one compile per (dtype, N, K, G, layout, row weights, tiles)); group sizes are data, read on the
