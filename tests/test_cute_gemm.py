@@ -744,9 +744,12 @@ def test_gpu_sm90_cuda_graph_replays_with_new_group_sizes(layout):
 
 
 @pytest.mark.gpu
-def test_gpu_sm90_dispatch_row():
+def test_gpu_sm90_dispatch_row(monkeypatch):
     """backend='cute' runs it through the op; auto does not pick it before it is verified."""
     _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import UNVERIFIED_ENV
+
+    monkeypatch.delenv(UNVERIFIED_ENV, raising=False)
     from dispatch import ops, registry
     from dispatch.table import TABLE
 
