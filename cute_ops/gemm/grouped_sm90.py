@@ -366,6 +366,7 @@ class GroupedGemmSm90:
             gC = cute.make_tensor(out.iterator + (cutlass.Int64(row_start) * ldc + col0),
                                   cute.make_layout(tile_mn, stride=(ldc, 1)))
             tCgC = thr_mma.partition_C(gC)
+            assert cute.size(tCgC.shape[0][0]) == 2 and tCgC.layout.stride[0][0] == 1, tCgC.layout
             # Per-row loads use the row clamped into the group: always in bounds, and unconditional, so the
             # compiler keeps one load per distinct row of this thread (2 per 64-row warp group tile), not one per
             # element
@@ -380,9 +381,13 @@ class GroupedGemmSm90:
                 if cutlass.const_expr(m_indices is not None):
                     ok = ok & (m_indices[cutlass.min(r, row_end - 1)] == g)
                 keep[i] = ok
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                if keep[i]:
-                    tCgC[i] = res[i]
+            # 4-byte stores of column pairs: the accumulator fragment's innermost mode is 2 adjacent columns
+            # (checked at compile time), at an even column of a row whose pitch N is a multiple of 8
+            for j in cutlass.range_constexpr(cute.size(acc) // 2):
+                if keep[2 * j]:
+                    dst = cute.make_tensor(cute.make_ptr(self.out_dtype, (tCgC.iterator + tCgC.layout(2 * j)).toint(),
+                                                         cute.AddressSpace.gmem, assumed_align=4), cute.make_layout(2))
+                    cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), dst)
             t = t + nctas
             g, base = sched.seek(t, g, base)
 
