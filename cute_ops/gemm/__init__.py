@@ -9,10 +9,10 @@
 * `blockscaled_sm100` (imports the DSL): grouped (MoE contiguous) NVFP4 / MXFP4 block-scaled GEMM for sm_100a:
   tcgen05 UMMA, TMEM accumulator, TMA loads of A / B / both scale tensors, bf16 epilogue. Compiled and
   SASS-inspected on the CPU only, never run on Blackwell hardware; not in dispatch/table.py.
-* `grouped_sm90` (imports the DSL): bf16 / fp16 grouped GEMM for sm_90a: WGMMA, TMA loads, the A operand's TMA
-  descriptor rewritten per group on the device (address + row extent from device tensors). `moe_sm90` (torch only
-  until a call compiles): its `moe_gemm_bf16` backend (masked and contiguous layouts). Compiled and SASS-checked on
-  the CPU, not yet run on a GPU: the table row is skipped by auto.
+* `grouped_sm90` (imports the DSL): bf16 / fp16 / FP8 (block-scaled) grouped GEMM for sm_90a: WGMMA, TMA loads,
+  the A operand's TMA descriptor rewritten per group on the device (address + row extent from device tensors).
+  `moe_sm90` (torch only until a call compiles): its `moe_gemm_bf16` / `moe_gemm_fp8` backends (masked and
+  contiguous layouts). Compiled and SASS-checked on the CPU, not yet run on a GPU: the table rows are skipped by auto.
 
 Importing this package imports nothing heavy. See docs/cute.md ("Grouped GEMM on sm_90", "Grouped block-scaled GEMM").
 """
