@@ -48,6 +48,12 @@ ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE
 # H100 at 26c069c: decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped GEMMs; prefill (256 rows
 # / expert) 0.47-0.69x them (untuned tiles; docs/moe_gemm.md).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
+# tl.dot_scaled FP4-weight GEMMs. sm_100 / sm_120: the native block-scaled MMA (UTCQMMA / UTCOMMA / OMMA.SF, compiled
+# and SASS-checked in CI, never run on those chips). Rule between this row and the CuTeDSL UMMA GEMM
+# (cute_ops/gemm/blockscaled_sm100.py) on sm_100: the Triton row serves the moe_align / moe_masked_layout layouts with
+# linear E8M0 scales; the CuTe kernel takes 128x4-swizzled scales over group offsets and has no launcher over these
+# layouts, so it has no row here yet. sm_90: upcast + WGMMA (correct, not the fast Hopper path).
+DOT_SCALED_WHY = "tl.dot_scaled: native block-scaled MMA on Blackwell (compiled only); upcast on Hopper"
 NORM = "one fused pass (NVFP4 with computed global scale: 2); bytes = reference composition"
 # CuTeDSL RMSNorm (cute_ops/, docs/cute.md). sm_90 ranks above Triton (25 > 20): bit-exact in every mode; at
 # prefill within 2% of Triton either way (H200, perf/results/nvidia-h200.jsonl, 2026-11-21: plain 4096x7168 32.5 vs
@@ -207,6 +213,12 @@ ROWS: tuple[Entry, ...] = (
     *triton_rows("moe_gemm_mxfp4", "triton_ops.moe_gemm.grouped:moe_gemm_mxfp4", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_mxfp4"),
     Entry("moe_gemm_mxfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_mxfp4", TORCH_REF, REFERENCE_WHY),
+    *triton_rows("moe_gemm_w4a8", "triton_ops.moe_gemm.grouped:moe_gemm_w4a8", DOT_SCALED_WHY,
+                 supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_w4a8"),
+    Entry("moe_gemm_w4a8", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_w4a8", TORCH_REF, REFERENCE_WHY),
+    *triton_rows("moe_gemm_w4a4", "triton_ops.moe_gemm.grouped:moe_gemm_w4a4", DOT_SCALED_WHY,
+                 supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_w4a4"),
+    Entry("moe_gemm_w4a4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_w4a4", TORCH_REF, REFERENCE_WHY),
     # attention (docs/attention.md). sm_90: the Gluon warpgroup-MMA kernel ranks above plain Triton (ATTN_SM90_WHY).
     Entry("attention_prefill", "triton", ("sm_90",), "triton_ops.attention.prefill_sm90:attention_prefill",
           TRITON_SM90_GLUON, ATTN_SM90_WHY, "triton_ops.attention.prefill_sm90:supports_attention_prefill_sm90"),
