@@ -309,6 +309,7 @@ class GroupedGemmSm90:
         tCcC = thr_mma.partition_C(cute.make_identity_tensor(tile_mn))
         acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
         part = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(self.fp8) else None
+        scale = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(self.fp8) else None
         res = cute.make_rmem_tensor(tCcC.shape, self.out_dtype)
         keep = cute.make_rmem_tensor(tCcC.shape, cutlass.Boolean)
         k_blocks = cute.size(tCrA, mode=[2])
@@ -337,12 +338,14 @@ class GroupedGemmSm90:
                         cute.gemm(tiled_mma, part, tCrA[(None, None, kb, read.index)],
                                   tCrB[(None, None, kb, read.index)], part)
                     warpgroup.commit_group()
+                    # the scale loads go out while the WGMMAs run (one load per distinct row after CSE)
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        scale[i] = a_scale[cutlass.min(row_start + tCcC[i][0], row_end - 1), kt] * sw
                     warpgroup.wait_group(0)
                     ring.consumer_release(read)
                     read.advance()
                     for i in cutlass.range_constexpr(cute.size(acc)):
-                        r = cutlass.min(row_start + tCcC[i][0], row_end - 1)
-                        acc[i] = acc[i] + part[i] * (a_scale[r, kt] * sw)
+                        acc[i] = acc[i] + part[i] * scale[i]
             else:
                 tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.fence()
