@@ -661,14 +661,15 @@ def test_gpu_sm90_contiguous_matches_reference(dtype, row_weights):
 
 @pytest.mark.gpu
 def test_gpu_sm90_contiguous_interleaved_ids():
-    """Rows of one expert not adjacent (the layout contract's worst case): spans overlap, still exact rows."""
+    """Rows of one expert not adjacent (the layout contract's worst case): spans overlap, still exact rows. Also a
+    partial last K stage (K = 200: TMA zero-fills past K) and a partial last column tile (N = 136)."""
     _sm90_gpu()
     from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
 
     g = torch.Generator().manual_seed(5)
     m_indices = torch.randint(-1, 4, (200,), generator=g, dtype=torch.int32)
-    a = torch.randn(200, 64, generator=g).bfloat16()
-    w = (torch.randn(4, 128, 64, generator=g) / 8).bfloat16()
+    a = torch.randn(200, 200, generator=g).bfloat16()
+    w = (torch.randn(4, 136, 200, generator=g) / 14).bfloat16()
     out = moe_gemm_bf16(a.cuda(), w.cuda(), m_indices.cuda(), None, None)
     torch.cuda.synchronize()
     _check(out, a, w, m_indices, None, None, "interleaved")
@@ -682,7 +683,7 @@ def test_gpu_sm90_routing_change_does_not_recompile():
 
     e, max_m, n, k = 8, 64, 256, 256
     first = None
-    for seed, counts in enumerate(([64, 0, 3, 17, 64, 1, 40, 9], [0, 0, 0, 64, 2, 33, 0, 5], [1] * 8)):
+    for seed, counts in enumerate(([64, 0, 3, 17, 64, 1, 40, 9], [0, 0, 0, 64, 2, 33, 0, 5], [1] * 8, [0] * 8)):
         a, w, mm, _ = _masked_case(e, max_m, n, k, counts, torch.bfloat16, 10 + seed)
         out = moe_gemm_bf16(a.cuda(), w.cuda(), None, mm.cuda(), None)
         torch.cuda.synchronize()
