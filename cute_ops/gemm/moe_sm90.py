@@ -38,6 +38,8 @@ def _supports(a, w) -> str | None:
     if a.device.type != "cuda":
         return "the cute backend runs on CUDA tensors only"
     n, k = w.shape[1], w.shape[2]
+    if k == 0:
+        return "K = 0 (nothing to reduce; the TMA descriptors need a non-empty K)"
     if k % 16 or n % 8:
         return f"N={n}, K={k}: N a multiple of 8, K of 16 (16-byte TMA rows and weight rows)"
     if not a.is_contiguous() or not w.is_contiguous():
