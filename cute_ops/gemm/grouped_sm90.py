@@ -5,8 +5,8 @@
 FP8 (E4M3 a and w, fp32 scales): sum_k becomes sum over 128-wide K blocks kb of
 (sum_{k in kb} a[r, k] * w[g, n, k]) * a_scale[r, kb] * w_scale[g, n // 128, kb]; out is bf16.
 
-COMPILED AND SASS-INSPECTED ON A CPU (tests/test_cute_gemm_sm90.py); NOT YET RUN ON A GPU. Launchers, table rows:
-cute_ops/gemm/moe_sm90.py (the `moe_gemm_bf16` / `moe_gemm_fp8` backends).
+COMPILED AND SASS-INSPECTED ON A CPU (tests/test_cute_gemm_sm90.py); NOT YET RUN ON A GPU. Launchers:
+cute_ops/gemm/moe_sm90.py (the `moe_gemm_bf16` / `moe_gemm_fp8` backends of the dispatch table's "cute" rows).
 
 Operands (K-major, contiguous):
 
