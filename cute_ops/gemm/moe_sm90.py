@@ -40,8 +40,8 @@ def _supports(a, w) -> str | None:
     n, k = w.shape[1], w.shape[2]
     if k == 0:
         return "K = 0 (nothing to reduce; the TMA descriptors need a non-empty K)"
-    if k % 16 or n % 8:
-        return f"N={n}, K={k}: N a multiple of 8, K of 16 (16-byte TMA rows and weight rows)"
+    if k * a.element_size() % 16 or n % 8:
+        return f"N={n}, K={k}: rows of a and w must be multiples of 16 bytes (TMA), N a multiple of 8"
     if not a.is_contiguous() or not w.is_contiguous():
         return "a and w must be contiguous (one TMA descriptor pitch for every group)"
     if a.data_ptr() % 16 or w.data_ptr() % 16:
