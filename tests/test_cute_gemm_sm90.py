@@ -151,6 +151,9 @@ def test_sm90_config_rules():
     assert prefill.desc_slots == prefill.stages + 1  # a slot is rewritten only after `stages` newer loads
     with pytest.raises(ValueError):
         pick_config("bf16", 512, 512, 4, "ragged", False, 16)
+    assert pick_config("bf16", 512, 512, 4, "masked", False, 16, tile_m=128, tile_n=256, stages=2).stages == 2
+    with pytest.raises(ValueError, match="stages"):
+        pick_config("bf16", 512, 512, 4, "masked", False, 16, tile_m=128, tile_n=256, stages=5)
 
 
 @needs_dsl
@@ -522,3 +525,23 @@ def test_gpu_sm90_fp8_matches_reference(layout, column_major, row_weights):
     torch.cuda.synchronize()
     want = ref.moe_gemm_fp8(a, sa, w, ws, mi, mm, rw)
     assert_close(out.cpu(), want, f"fp8 {layout}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [dict(tile_m=64, tile_n=64), dict(tile_m=64, tile_n=256),
+                                   dict(tile_m=128, tile_n=128, stages=2), dict(tile_m=128, tile_n=256)],
+                         ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
+def test_gpu_sm90_tile_variants(tiles):
+    """Every tile shape the config rule or an override can pick, both layouts (stages=2: the slot ring at its
+    smallest, 3 descriptor slots, rewritten on nearly every tile)."""
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    a, w, mi, rw = _contiguous_case(7, 512, 256, [37, 0, 300, 1, 64, 129, 5], torch.bfloat16, 60, True)
+    out = moe_gemm_bf16(a.cuda(), w.cuda(), mi.cuda(), None, rw.cuda(), tiles=tiles)
+    torch.cuda.synchronize()
+    _check(out, a, w, mi, None, rw, f"contiguous {tiles}")
+    a, w, mm, _ = _masked_case(9, 160, 512, 256, [0, 160, 3, 64, 65, 1, 128, 129, 17], torch.bfloat16, 61)
+    out = moe_gemm_bf16(a.cuda(), w.cuda(), None, mm.cuda(), None, tiles=tiles)
+    torch.cuda.synchronize()
+    _check(out, a, w, None, mm, None, f"masked {tiles}")

@@ -127,10 +127,10 @@ def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128
 
 def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_weights: bool, rows_per_group: int,
                 *, sm_count: int = 132, arch: str = "sm_90a", tile_m: int | None = None,
-                tile_n: int | None = None) -> GemmConfig:
+                tile_n: int | None = None, stages: int | None = None) -> GemmConfig:
     """Analytical (not tuned): 64-row tiles when groups hold <= 64 rows (decode: weight streaming, half the
     wasted MMA rows), else 128; tile_n 256 for 128-row tiles with N a multiple of 256 (the CUTLASS Hopper
-    default), else 128; as many stages as fit (at most 8)."""
+    default), else 128; as many stages as fit (at most 8). tile_m / tile_n / stages override the rule."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
@@ -138,7 +138,10 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     why = can_implement(dtype, n, k, num_groups, tile_m, tile_n)
     if why:
         raise ValueError(why)
-    stages = min(8, (SMEM_BYTES - SMEM_RESERVED) // stage_bytes(tile_m, tile_n))
+    fit = (SMEM_BYTES - SMEM_RESERVED) // stage_bytes(tile_m, tile_n)
+    if stages is not None and not 2 <= stages <= fit:
+        raise ValueError(f"stages={stages}: 2 to {fit} fit in shared memory for a {tile_m}x{tile_n} tile")
+    stages = stages or min(8, fit)
     return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, sm_count, arch)
 
 

@@ -98,12 +98,13 @@ def contiguous_bounds(m_indices: torch.Tensor, e: int) -> tuple[torch.Tensor, to
     return starts, counts
 
 
-def config_for(kind: str, a, w, layout: str, row_weights: bool, arch: str, sm_count: int):
+def config_for(kind: str, a, w, layout: str, row_weights: bool, arch: str, sm_count: int, tiles: dict | None = None):
+    """The kernel config for a call; `tiles` (tile_m / tile_n / stages) overrides the analytical rule."""
     from .grouped_sm90 import pick_config
 
     e, n, k = w.shape
     per_group = a.shape[1] if layout == "masked" else max(1, a.shape[0] // e)
-    return pick_config(kind, n, k, e, layout, row_weights, per_group, sm_count=sm_count, arch=arch)
+    return pick_config(kind, n, k, e, layout, row_weights, per_group, sm_count=sm_count, arch=arch, **(tiles or {}))
 
 
 def compiled(cfg):
@@ -113,7 +114,7 @@ def compiled(cfg):
     return _compile.get_or_compile(cfg.key(), lambda: build(cfg))
 
 
-def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=None, out_dtype=None):
+def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=None, out_dtype=None, tiles=None):
     e, n, k = w.shape
     dev = a.device
     masked = masked_m is not None
@@ -132,7 +133,7 @@ def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=Non
     if rows and n:
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         cfg = config_for(kind, a, w, "masked" if masked else "contiguous", row_weights is not None,
-                         _compile.target_arch(index), _sm_count(index))
+                         _compile.target_arch(index), _sm_count(index), tiles)
         fn = compiled(cfg)
         rw = None if row_weights is None else row_weights.reshape(-1).contiguous()
         if kind == "fp8":  # (rows, K/128) in whatever strides it has (a copy only for an unmergeable 3-D view)
@@ -150,11 +151,12 @@ def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=Non
 # Same signatures as the torch ops in dispatch/ops/moe_gemm.py, minus `backend`.
 
 
-def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None):
-    return _run(_DTYPES[a.dtype], a, w, m_indices, masked_m, row_weights)
+def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None, *, tiles: dict | None = None):
+    """tiles: {tile_m, tile_n, stages} overrides for tuning (the dispatcher never passes it)."""
+    return _run(_DTYPES[a.dtype], a, w, m_indices, masked_m, row_weights, tiles=tiles)
 
 
-def moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights=None):
+def moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights=None, *, tiles: dict | None = None):
     # E4M3 codes travel as bytes (the kernel types them): TVM-FFI checks byte tensors like any other
     return _run("fp8", a.view(torch.uint8), w.view(torch.uint8), m_indices, masked_m, row_weights, a_scale, w_scale,
-                torch.bfloat16)
+                torch.bfloat16, tiles)
