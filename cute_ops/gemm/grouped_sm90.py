@@ -397,7 +397,6 @@ class GroupedGemmSm90:
             t = t + nctas
             g, base = sched.seek(t, g, base)
 
-
     @staticmethod
     def _stage_mmas(tiled_mma, acc, tCrA, tCrB, stage, k_blocks: int):
         """The WGMMAs of one smem stage accumulating into `acc`, committed as one group."""
