@@ -82,6 +82,9 @@ class GemmConfig:
     stages: int  # smem ring depth
     grid: int  # persistent CTAs (the SM count)
     arch: str  # sm_90a
+    # False: no descriptor rewrite; A is loaded through the base descriptor at row starts[g] (rows past the group are
+    # read, not written). A bisection aid for a first GPU run (LOWBIT_CUTE_GEMM_DESC_UPDATE=0), not a product path.
+    desc_update: bool = True
 
     def key(self) -> tuple:
         return ("grouped_gemm_sm90", *dataclasses.astuple(self))
@@ -269,7 +272,13 @@ class GroupedGemmSm90:
         slot = cutlass.Int32(cfg.desc_slots - 1)
         while g < sched.num_groups:
             m_tile, n_tile, _, _ = sched.coords(t, g, base)
-            if g != last_g:
+            if cutlass.const_expr(not cfg.desc_update):
+                gA_g = cute.local_tile(cute.domain_offset((sched.starts[g], 0, 0), mA_tma), (cfg.tile_m, self.bk),
+                                       (None, None, None))
+                _, tAgA_g = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 2),
+                                                  cute.group_modes(gA_g, 0, 2))
+                a_src_g = tAgA_g[(None, m_tile, None, 0)]
+            elif g != last_g:
                 # Re-point A at this group: base = its first row, rows = its count (TMA zero-fills past it)
                 slot = slot + 1
                 if slot == cfg.desc_slots:
@@ -288,7 +297,11 @@ class GroupedGemmSm90:
             for kt in cutlass.range(self.k_tiles, unroll=1):
                 ring.producer_acquire(state)
                 bar = ring.producer_get_barrier(state)
-                cute.copy(tma_a, a_src[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, tma_desc_ptr=desc_a)
+                if cutlass.const_expr(cfg.desc_update):
+                    cute.copy(tma_a, a_src[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar,
+                              tma_desc_ptr=desc_a)
+                else:
+                    cute.copy(tma_a, a_src_g[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
                 cute.copy(tma_b, b_src[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
                 ring.producer_commit(state)
                 state.advance()

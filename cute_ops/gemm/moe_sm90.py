@@ -15,6 +15,7 @@ Rows no group writes are 0: the output is allocated zeroed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -23,6 +24,7 @@ import torch
 from .. import _compile
 
 UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
+DESC_UPDATE_ENV = "LOWBIT_CUTE_GEMM_DESC_UPDATE"
 HARDWARE_STATUS = ("CuTeDSL sm_90 grouped GEMM: compiled and SASS-checked on a CPU, not yet run on a GPU; auto "
                    f"skips it (backend='cute' forces it; {UNVERIFIED_ENV}=1 lets auto take it)")
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -104,7 +106,10 @@ def config_for(kind: str, a, w, layout: str, row_weights: bool, arch: str, sm_co
 
     e, n, k = w.shape
     per_group = a.shape[1] if layout == "masked" else max(1, a.shape[0] // e)
-    return pick_config(kind, n, k, e, layout, row_weights, per_group, sm_count=sm_count, arch=arch, **(tiles or {}))
+    cfg = pick_config(kind, n, k, e, layout, row_weights, per_group, sm_count=sm_count, arch=arch, **(tiles or {}))
+    if os.environ.get(DESC_UPDATE_ENV) == "0":  # bisection aid: no device-side descriptor rewrite (see GemmConfig)
+        cfg = dataclasses.replace(cfg, desc_update=False)
+    return cfg
 
 
 def compiled(cfg):
