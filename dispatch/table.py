@@ -72,6 +72,12 @@ CUTE_DECODE_WHY = "CuTeDSL; bit-exact; auto takes it at decode only (Triton's tw
 # LOWBIT_CUTE_UNVERIFIED=1 (cute_ops.rmsnorm.HARDWARE_STATUS).
 CUTE_UNRUN_WHY = "CuTeDSL; compiled for sm_100a, never run on Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1"
 
+# CuTeDSL grouped GEMM on sm_90, bf16 / fp16 and FP8 (cute_ops/gemm/grouped_sm90.py: WGMMA, TMA loads through
+# per-group descriptors rewritten on the device): compiled and SASS-checked on a CPU, never run on a GPU yet, so
+# `auto` passes it over (auto_skip cute_ops.gemm.moe_sm90:unverified) unless LOWBIT_CUTE_UNVERIFIED=1;
+# backend="cute" forces it.
+CUTE_GEMM_UNRUN_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptor updates; not yet run on a GPU"
+
 DECODE_ROWS = 64  # the benchmarks' decode bucket (M <= 64 tokens)
 
 
@@ -198,9 +204,15 @@ ROWS: tuple[Entry, ...] = (
     *triton_rows("moe_gemm_bf16", "triton_ops.moe_gemm.grouped:moe_gemm_bf16", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_bf16"),
     Entry("moe_gemm_bf16", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_bf16", TORCH_REF, REFERENCE_WHY),
+    Entry("moe_gemm_bf16", "cute", ("sm_90",), "cute_ops.gemm.moe_sm90:moe_gemm_bf16", CUTE_UNMEASURED,
+          CUTE_GEMM_UNRUN_WHY, supports="cute_ops.gemm.moe_sm90:supports_moe_gemm_bf16",
+          auto_skip="cute_ops.gemm.moe_sm90:unverified"),
     *triton_rows("moe_gemm_fp8", "triton_ops.moe_gemm.grouped:moe_gemm_fp8", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_fp8"),
     Entry("moe_gemm_fp8", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_fp8", TORCH_REF, REFERENCE_WHY),
+    Entry("moe_gemm_fp8", "cute", ("sm_90",), "cute_ops.gemm.moe_sm90:moe_gemm_fp8", CUTE_UNMEASURED,
+          CUTE_GEMM_UNRUN_WHY, supports="cute_ops.gemm.moe_sm90:supports_moe_gemm_fp8",
+          auto_skip="cute_ops.gemm.moe_sm90:unverified"),
     *triton_rows("moe_gemm_mxfp4", "triton_ops.moe_gemm.grouped:moe_gemm_mxfp4", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_mxfp4"),
     Entry("moe_gemm_mxfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_mxfp4", TORCH_REF, REFERENCE_WHY),
