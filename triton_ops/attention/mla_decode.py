@@ -13,12 +13,13 @@ the key positions each query attends to (entries < 0 or >= seqused_k are unused)
 
 * One program owns BLOCK_M query rows that share their keys, as the M dim of its tl.dot tiles: dense, rows are
   the packed (query, head) pairs r = s * H + h of one sequence; sparse, the heads of one (sequence, query), whose
-  index list is its own. With H = 128 and BLOCK_M = 64 two programs read a sequence's keys (the second mostly from
-  L2); with H <= 64 (a tensor-parallel shard) one program reads them once for every head and query.
+  index list is its own. On the GPU BLOCK_M = 32 (mla_config: larger tiles spill), so with H = 128 four programs
+  read a sequence's keys, side by side in launch order (the second to fourth mostly from L2); with H <= 32 (a
+  tensor-parallel shard) one program reads them once for every head and query.
 * Per key tile: the latent rows are dequantized in registers (E4M3 code x tile scale, exact in bf16 since the
   scales are powers of two; RoPE bf16 as stored), QK^T is two dots (NoPE part, RoPE part), the running softmax
   is online (base 2), and PV reuses the dequantized NoPE tile as V (plus the RoPE tile when v_dim > NoPE width).
-* Split-KV: grid (B or B x Sq, row blocks, num_splits), num_splits a host int from static sizes only, never from
+* Split-KV: grid (row blocks, B or B x Sq, num_splits), num_splits a host int from static sizes only, never from
   seqused_k (one launch serves any lengths; a CUDA graph replays with new lengths in place). Split s covers key
   positions [s x kps, (s + 1) x kps) of the table's capacity (dense) or of the index list (sparse); partial
   outputs (fp32) and LSEs go through decode.py's split reduction (merge.py's LSE rule).
@@ -109,16 +110,16 @@ def _mla_kernel(q_ptr, kv8, kvb, kv32, bt_ptr, seq_ptr, idx_ptr, out_ptr, lse_pt
                 EMULATE: tl.constexpr):
     # DN: NoPE columns of the tiles (NT_P x TILE: V4's 448 pads to 512); DV_NOPE = min(DV, D_NOPE) value columns
     # from the NoPE part; V_ROPE: DV > D_NOPE, the value also takes RoPE columns (acc_r).
-    mb = tl.program_id(1)
+    mb = tl.program_id(0)  # the fastest grid axis: a sequence's row blocks run side by side (L2 reuse)
     split = tl.program_id(2)
     r = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     if SPARSE:  # one (sequence, query) per program: rows are heads
-        b = (tl.program_id(0) // SQ).to(tl.int64)
-        s = tl.zeros([BLOCK_M], tl.int32) + tl.program_id(0) % SQ
+        b = (tl.program_id(1) // SQ).to(tl.int64)
+        s = tl.zeros([BLOCK_M], tl.int32) + tl.program_id(1) % SQ
         h = r
         rmask = r < H
     else:  # rows are the packed (query, head) pairs of one sequence
-        b = tl.program_id(0).to(tl.int64)
+        b = tl.program_id(1).to(tl.int64)
         s = r // H
         h = r % H
         rmask = r < SQ * H
@@ -137,7 +138,7 @@ def _mla_kernel(q_ptr, kv8, kvb, kv32, bt_ptr, seq_ptr, idx_ptr, out_ptr, lse_pt
     if SPARSE:
         lo = k0
         hi = tl.minimum(k0 + keys_per_split, TOPK)
-        s0 = tl.program_id(0) % SQ
+        s0 = tl.program_id(1) % SQ
         i_row = idx_ptr + b * i_sb + s0 * i_ss
         n_valid = tl.minimum(sk, max_ctx)
         pos_hi = sk - SQ + s0  # causal: the query's own position
@@ -218,19 +219,22 @@ class MlaConfig:
 
 def mla_config(batch: int, sq: int, h: int, keys: int, sparse: bool, device: torch.device,
                num_splits: int = 0) -> MlaConfig:
-    """keys: the table's capacity (dense) or topk (sparse). GPU: 64 rows x 32 keys per step at 8 warps (the
-    64 x 512 fp32 accumulator is 128 registers per thread); interpreter: up to 128 rows x 64 keys (it pays per
-    program and per op). num_splits 0: decode.choose_num_splits over B (x Sq sparse) x row-block programs."""
+    """keys: the table's capacity (dense) or topk (sparse). GPU (sm_90 compiles, Triton 3.6 and 3.9): 32 rows x 16 keys
+    per step at 8 warps, 2 stages: 164-195 registers, no spills in any layout (the 32 x 512 fp32 accumulator is 64
+    registers per thread); 32 keys per step spill in the V4 layouts, and 64 rows (wgmma) spill at every key tile
+    size (the 64 x 512 accumulator alone is 128 registers per thread at 8 warps). With H = 128 four programs read each key tile, adjacent in launch order (row blocks are the grid's
+    fastest axis) so three of the four reads hit L2. Interpreter: up to 128 rows x 64 keys (it pays per program
+    and per op). num_splits 0: decode.choose_num_splits over B (x Sq sparse) x row-block programs."""
     cpu = device.type == "cpu"
     rows = h if sparse else sq * h
-    block_m = max(16, min(next_pow2(rows), 128 if cpu else 64))
+    block_m = max(16, min(next_pow2(rows), 128 if cpu else 32))
     if num_splits <= 0:
         sm = None if cpu else _sm_count(device.index if device.index is not None else torch.cuda.current_device())
         programs = batch * (sq if sparse else 1) * cdiv(rows, block_m)
         num_splits = choose_num_splits(programs, keys, sm)
     per_split = cdiv(max(keys, 1), num_splits)
-    block_n = max(16, min(64 if cpu else 32, 1 << (per_split.bit_length() - 1)))
-    return MlaConfig(num_splits, block_n, block_m, 4 if cpu or block_m < 64 else 8, 2, 32768 if cpu else 4096)
+    block_n = max(16, min(64 if cpu else 16, 1 << (per_split.bit_length() - 1)))
+    return MlaConfig(num_splits, block_n, block_m, 4 if cpu or block_m < 32 else 8, 2, 32768 if cpu else 4096)
 
 
 # ---------------------------------------------------------------------------------------------- launcher
@@ -280,7 +284,7 @@ def _launch(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax
         q = q.contiguous()
     kv8, kvb, kv32, block_stride, row_stride = _cache_views(kv_cache, layout)
     idx = indices if sparse else seqused_k
-    launch(_mla_kernel, (bsz * sq if sparse else bsz, m_blocks, splits),
+    launch(_mla_kernel, (m_blocks, bsz * sq if sparse else bsz, splits),
         q, kv8, kvb, kv32, block_table, seqused_k, idx, o_buf, l_buf,
         float(softmax_scale) * LOG2E, num_blocks, max_ctx, kps, block_stride, row_stride,
         q.stride(0), q.stride(1), q.stride(2), block_table.stride(0),
