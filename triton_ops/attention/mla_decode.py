@@ -219,12 +219,13 @@ class MlaConfig:
 
 def mla_config(batch: int, sq: int, h: int, keys: int, sparse: bool, device: torch.device,
                num_splits: int = 0) -> MlaConfig:
-    """keys: the table's capacity (dense) or topk (sparse). GPU (sm_90 compiles, Triton 3.6 and 3.9): 32 rows x 16 keys
-    per step at 8 warps, 2 stages: 164-195 registers, no spills in any layout (the 32 x 512 fp32 accumulator is 64
-    registers per thread); 32 keys per step spill in the V4 layouts, and 64 rows (wgmma) spill at every key tile
-    size (the 64 x 512 accumulator alone is 128 registers per thread at 8 warps). With H = 128 four programs read each key tile, adjacent in launch order (row blocks are the grid's
-    fastest axis) so three of the four reads hit L2. Interpreter: up to 128 rows x 64 keys (it pays per program
-    and per op). num_splits 0: decode.choose_num_splits over B (x Sq sparse) x row-block programs."""
+    """keys: the table's capacity (dense) or topk (sparse). GPU (sm_90 compiles, Triton 3.6 and 3.9): 32 rows x
+    16 keys per step at 8 warps, 2 stages: 164-209 registers, no spills in any layout (the 32 x 512 fp32
+    accumulator is 64 registers per thread); 32 keys per step spill in the V4 layouts, and 64 rows (wgmma) spill
+    at every key tile size (the 64 x 512 accumulator alone is 128 registers per thread at 8 warps). With H = 128
+    four programs read each key tile, adjacent in launch order (row blocks are the grid's fastest axis), so three
+    of the four reads should hit L2. Interpreter: up to 128 rows x 64 keys (it pays per program and per op).
+    num_splits 0: decode.choose_num_splits over B (x Sq sparse) x row-block programs."""
     cpu = device.type == "cpu"
     rows = h if sparse else sq * h
     block_m = max(16, min(next_pow2(rows), 128 if cpu else 32))
