@@ -268,6 +268,26 @@ def test_public_op_and_layout_inference():
     assert out.shape == (2, 2, 4, 512) and lse.shape == (2, 2, 4) and lse.dtype == torch.float32
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_opcheck_and_compile(backend):
+    """The torch op's schema, fake and real implementations agree (opcheck), and a torch.compile'd step holding
+    the op (dense and sparse) gives the eager result."""
+    g = np.random.default_rng(8)
+    c = make_case(g, layout="v4", batch=2, lens=[20, 33], sq=2, h=4, bs=16, max_blocks=3, topk=8, v_dim=512)
+    op = torch.ops.lowbit.mla_decode.default
+    torch.library.opcheck(op, (*c.args(), backend))
+    torch.library.opcheck(op, (c.q, c.kv_cache, c.block_table, c.seqused_k, None, "v4", 448, 0.1, True, 2, backend))
+
+    def step(q, cache, table, seq, idx):
+        dense = ops.mla_decode(q, cache, table, seq, softmax_scale=0.1, backend=backend)
+        sparse = ops.mla_decode(q, cache, table, seq, indices=idx, v_dim=448, softmax_scale=0.1, backend=backend)
+        return dense + sparse
+
+    args = (c.q, c.kv_cache, c.block_table, c.seqused_k, c.indices)
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(*args)
+    assert torch.equal(got, step(*args))
+
+
 def test_argument_errors():
     g = np.random.default_rng(1)
     c = make_case(g, layout="v32", batch=1, lens=[5], sq=1, h=2, bs=16, max_blocks=1, topk=4)
