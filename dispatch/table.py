@@ -46,7 +46,7 @@ ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.75-0.
 # bf16 peer's time (not yet the half-bytes speedup).
 ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE-merged; 0.78-0.92x cuDNN (H100)"
 # Not yet timed on a GPU (perf/cases/attention_mla.py has the cases): the only GPU backend of mla_decode.
-MLA_DECODE_WHY = "all heads of a sequence per tile over one latent read; FP8 dequant in registers; split-KV"
+MLA_DECODE_WHY = "heads (x MTP queries) sharing keys packed per tile; FP8 dequant in registers; split-KV; untimed"
 # H100 at 26c069c: decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped GEMMs; prefill (256 rows
 # / expert) 0.47-0.69x them (untuned tiles; docs/moe_gemm.md).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
