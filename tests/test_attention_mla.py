@@ -8,10 +8,8 @@ CUDA graph replayed with new lengths."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -22,7 +20,7 @@ from hypothesis import strategies as st
 
 from dispatch import ops
 from dispatch.reference.attention import mla_decode as mla_reference
-from tests.helpers import assert_attention_close
+from tests.helpers import assert_attention_close, random_block_table, run_compile_script
 from triton_ops.attention.mla_decode import mla_config, mla_decode, supports_mla_decode
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.contract.kv_cache import DS_LAYOUTS
@@ -93,12 +91,7 @@ def make_case(g, *, layout, batch, lens, sq, h, bs, max_blocks, topk=0, v_dim=No
     index lists over [-1, max len + 3) (out-of-range and -1 entries included)."""
     d = WIDTH[layout]
     nb = batch * max_blocks + 3
-    bt = torch.from_numpy(g.permutation(nb)[: batch * max_blocks].reshape(batch, max_blocks).astype(np.int32))
-    for b, n in enumerate(lens):
-        used = -(-n // bs)
-        bt[b, used:] = torch.from_numpy(g.choice([-1, nb, 2**30, -(2**30)], max_blocks - used).astype(np.int32))
-    for b, i, page in bad_entries:
-        bt[b, i] = page
+    bt = random_block_table(g, batch, max_blocks, nb, lens, bs, bad_entries)
     slots = used_slots(bt, lens, bs, nb)
     kv = torch.from_numpy(g.standard_normal((slots.shape[0], d)).astype(np.float32)) * kv_scale
     cache = empty_cache(layout, nb, bs, d, device)
@@ -390,21 +383,9 @@ def test_sm90_compile_no_spills():
 
     if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 6):
         pytest.skip(f"Triton {triton.__version__}")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        proc = subprocess.run([sys.executable, "-c", _COMPILE], env=env, cwd=root, capture_output=True, text=True,
-                              timeout=400)
-    except subprocess.TimeoutExpired:
-        pytest.skip("compiling for sm_90 took over 400 s on this host")
-    if proc.returncode and ("ptxas" in proc.stderr or "No such file" in proc.stderr):
-        pytest.skip(f"this Triton cannot compile CUDA on this host: {proc.stderr.strip().splitlines()[-1]}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
-
-    recs = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("LOWBIT ")]
-    assert len(recs) == 5, proc.stdout
+    stdout = run_compile_script(_COMPILE, 400)
+    recs = [json.loads(line[7:]) for line in stdout.splitlines() if line.startswith("LOWBIT ")]
+    assert len(recs) == 5, stdout
     for r in recs:
         assert r["mma"] > 0 and r["stack"] == 0 and r["shared"] <= 232448, r
 

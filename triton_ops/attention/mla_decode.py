@@ -40,13 +40,15 @@ import triton.language as tl
 from triton_ops._formats import cast_out, e4m3_decode_fast
 from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
 from triton_ops.attention.decode import (
-    LN2,
     LOG2E,
     MAX_Q,
     _dot,
     _sm_count,
-    _split_reduce_kernel,
     choose_num_splits,
+    reduce_splits,
+    softmax_finish,
+    softmax_step,
+    split_buffers,
 )
 from triton_ops.attention.mask import key_range, visible
 from triton_ops.contract.attention import check_mla_decode
@@ -175,21 +177,14 @@ def _mla_kernel(q_ptr, kv8, kvb, kv32, bt_ptr, seq_ptr, idx_ptr, out_ptr, lse_pt
             ok = kok[None, :] & rmask[:, None]
         else:
             ok = visible(q_pos[:, None], t[None, :], sk, CAUSAL, -1, -1) & kok[None, :]
-        qk = tl.where(ok, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet: no NaN
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_new, l_i = softmax_step(tl.where(ok, qk, float("-inf")), m_i, l_i)
         p16 = cast_out(p, OUT_DTYPE, EMULATE).to(DOT_DTYPE)  # P in bf16, as the tensor-core dot takes it
         acc = acc * alpha[:, None] + _dot(p16, kn, DOT_F32)
         if V_ROPE:
             acc_r = acc_r * alpha[:, None] + _dot(p16, kr, DOT_F32)
         m_i = m_new
 
-    seen = l_i > 0
-    norm = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)
-    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+    norm, lse = softmax_finish(m_i, l_i)
     orow = out_ptr + b * o_sb + s * o_ss + h * o_sh + split * o_sp
     om = rmask[:, None] & (dn < DV_NOPE)[None, :]
     o = acc * norm[:, None]
@@ -270,12 +265,7 @@ def _launch(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax
     sparse = indices is not None
     topk = indices.shape[2] if sparse else 0
     splits = cfg.num_splits
-    if splits == 1:
-        o_buf, l_buf, o_sp, l_sp = out, lse, 0, 0
-    else:  # fp32 partials, sizes from static shapes only (CUDA-graph safe)
-        o_buf = torch.empty(bsz, sq, h, splits, v_dim, dtype=torch.float32, device=dev)
-        l_buf = torch.empty(bsz, sq, h, splits, dtype=torch.float32, device=dev)
-        o_sp, l_sp = o_buf.stride(3), l_buf.stride(3)
+    o_buf, l_buf, o_sp, l_sp = split_buffers(out, lse, splits)
     max_ctx = block_table.shape[1] * bs
     keys = topk if sparse else max_ctx
     kps = cfg.block_n * max(1, cdiv(cdiv(keys, splits), cfg.block_n))
@@ -298,14 +288,7 @@ def _launch(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax
         DOT_DTYPE=tl.float32 if dev.type == "cpu" else tl.bfloat16, OUT_DTYPE=TL_DTYPE[q.dtype], FINAL=splits == 1,
         DOT_F32=dev.type == "cpu", EMULATE=emulate_formats(dev),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if splits > 1:
-        r = bsz * sq * h
-        s_p = next_pow2(splits)
-        block_d = min(next_pow2(v_dim), max(16, cfg.reduce_elems // s_p))
-        block_r = max(1, min(next_pow2(r), cfg.reduce_elems // (s_p * block_d)))
-        launch(_split_reduce_kernel, (cdiv(r, block_r), cdiv(v_dim, block_d)),
-            o_buf, l_buf, out, lse, r, splits, v_dim, BLOCK_R=block_r, S_P=s_p, BLOCK_D=block_d,
-            OUT_DTYPE=TL_DTYPE[q.dtype], EMULATE=emulate_formats(dev), num_warps=4)
+    reduce_splits(o_buf, l_buf, out, lse, cfg.reduce_elems)
     return out, lse
 
 

@@ -87,6 +87,22 @@ def _kv_scales(op, k_cache, k_scale, v_scale, hkv, device, *, per_head: bool):
             fail(op, name, f"is on {s.device} but 'q' is on {device}")
 
 
+def _decode_table(op, block_table, seqused_k, bsz, device):
+    """block_table (B, max_blocks) int32 with contiguous rows and seqused_k (B,) int32 of a decode op."""
+    _tensor(op, "block_table", block_table, 2, (torch.int32,), device)
+    if block_table.shape[0] != bsz or (block_table.shape[1] > 1 and block_table.stride(1) != 1):
+        fail(op, "block_table", f"expected ({bsz}, max_blocks) with contiguous rows, got shape "
+                                f"{tuple(block_table.shape)} strides {block_table.stride()}")
+    _tensor(op, "seqused_k", seqused_k, 1, (torch.int32,), device)
+    if seqused_k.shape[0] != bsz:
+        fail(op, "seqused_k", f"expected ({bsz},), got {tuple(seqused_k.shape)}")
+
+
+def _num_splits(op, num_splits):
+    if not isinstance(num_splits, int):
+        fail(op, "num_splits", f"expected an int (<= 0: chosen from the shapes), got {num_splits!r}")
+
+
 def check_attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                             causal, window_left, window_right, sinks, return_lse) -> None:
     op = "attention_prefill"
@@ -137,15 +153,8 @@ def check_attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_
     _tensor(op, "q", q, 4, FLOAT16)
     bsz, _, hq, d = q.shape
     _qkv(op, q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 4, (q.dtype,) + FP8_KV, q_ndim=4, q_dtypes=FLOAT16)
-    _tensor(op, "block_table", block_table, 2, (torch.int32,), q.device)
-    if block_table.shape[0] != bsz or (block_table.shape[1] > 1 and block_table.stride(1) != 1):
-        fail(op, "block_table", f"expected ({bsz}, max_blocks) with contiguous rows, got shape "
-                                f"{tuple(block_table.shape)} strides {block_table.stride()}")
-    _tensor(op, "seqused_k", seqused_k, 1, (torch.int32,), q.device)
-    if seqused_k.shape[0] != bsz:
-        fail(op, "seqused_k", f"expected ({bsz},), got {tuple(seqused_k.shape)}")
-    if not isinstance(num_splits, int):
-        fail(op, "num_splits", f"expected an int (<= 0: chosen from the shapes), got {num_splits!r}")
+    _decode_table(op, block_table, seqused_k, bsz, q.device)
+    _num_splits(op, num_splits)
     _scale(op, softmax_scale)
     _windows(op, window_left, window_right)
     _sinks(op, sinks, hq, q.device)
@@ -201,13 +210,8 @@ def check_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim
             fail(op, "q", f"head dim {d} != {DS_LAYOUTS[layout].d} of layout {layout}")
     if kv_cache.shape[1] < 1:
         fail(op, "kv_cache", "block_size must be >= 1")
-    _tensor(op, "block_table", block_table, 2, (torch.int32,), q.device)
-    if block_table.shape[0] != bsz or (block_table.shape[1] > 1 and block_table.stride(1) != 1):
-        fail(op, "block_table", f"expected ({bsz}, max_blocks) with contiguous rows, got shape "
-                                f"{tuple(block_table.shape)} strides {block_table.stride()}")
-    _tensor(op, "seqused_k", seqused_k, 1, (torch.int32,), q.device)
-    if seqused_k.shape[0] != bsz:
-        fail(op, "seqused_k", f"expected ({bsz},), got {tuple(seqused_k.shape)}")
+    _decode_table(op, block_table, seqused_k, bsz, q.device)
+    _num_splits(op, num_splits)
     if indices is not None:
         _tensor(op, "indices", indices, 3, (torch.int32,), q.device)
         if indices.shape[:2] != (bsz, sq) or (indices.shape[2] > 1 and indices.stride(2) != 1):
@@ -215,7 +219,5 @@ def check_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim
                                 f"{tuple(indices.shape)} strides {indices.stride()}")
     if not isinstance(v_dim, int) or not 1 <= v_dim <= d:
         fail(op, "v_dim", f"expected an int in 1..{d} (the value is the latent's first v_dim columns), got {v_dim!r}")
-    if not isinstance(num_splits, int):
-        fail(op, "num_splits", f"expected an int (<= 0: chosen from the shapes), got {num_splits!r}")
     _scale(op, softmax_scale)
     check_no_grad(op, q)
