@@ -42,15 +42,16 @@ class MlaCase:
     v_dim: int
     scale: float
     causal: bool
+    window_left: int = -1
 
     def args(self, num_splits=0):
         return (self.q, self.kv_cache, self.block_table, self.seqused_k, self.indices, self.layout, self.v_dim,
-                self.scale, self.causal, num_splits)
+                self.scale, self.causal, self.window_left, num_splits)
 
     def reference(self, lens=None):
         seq = self.seqused_k if lens is None else torch.tensor(lens, dtype=torch.int32, device=self.q.device)
         return mla_reference(self.q, self.kv_cache, self.block_table, seq, self.indices, self.layout, self.v_dim,
-                             self.scale, self.causal, 0)
+                             self.scale, self.causal, self.window_left, 0)
 
 
 def empty_cache(layout, nb, bs, d, device):
@@ -85,11 +86,11 @@ def used_slots(block_table, lens, bs, num_blocks):
 
 
 def make_case(g, *, layout, batch, lens, sq, h, bs, max_blocks, topk=0, v_dim=None, causal=True, device="cpu",
-              bad_entries=(), kv_scale=2.0):
+              bad_entries=(), kv_scale=2.0, window_left=-1, d=None):
     """Random q and a paged latent cache holding values only at the slots the sequences use (NaN elsewhere);
     each sequence owns a random permutation of pages, the table's unused tail holds garbage ids. topk > 0: random
-    index lists over [-1, max len + 3) (out-of-range and -1 entries included)."""
-    d = WIDTH[layout]
+    index lists over [-1, max len + 3) (out-of-range and -1 entries included). d: the bf16 layout's width."""
+    d = d or WIDTH[layout]
     nb = batch * max_blocks + 3
     bt = random_block_table(g, batch, max_blocks, nb, lens, bs, bad_entries)
     slots = used_slots(bt, lens, bs, nb)
@@ -102,7 +103,7 @@ def make_case(g, *, layout, batch, lens, sq, h, bs, max_blocks, topk=0, v_dim=No
         idx = torch.from_numpy(g.integers(-1, max(lens) + 3, (batch, sq, topk)).astype(np.int32)).to(device)
     v_dim = d - 64 if v_dim is None else v_dim
     return MlaCase(q.to(device), cache, bt.to(device), torch.tensor(lens, dtype=torch.int32, device=device), idx,
-                   layout, v_dim, 1.0 / math.sqrt(192), causal)
+                   layout, v_dim, 1.0 / math.sqrt(192), causal, window_left)
 
 
 def small_tiles(c: MlaCase, splits: int):
@@ -132,12 +133,13 @@ def mla_cases(draw):
     d = WIDTH[layout]
     v_dim = draw(st.sampled_from([d - 64, d - 64, d, 100, d - 30]))
     causal = draw(st.booleans())
+    window = draw(st.sampled_from([-1, -1, 0, 5, 40]))
     splits = draw(st.sampled_from([1, 2, 3]))
     tiles = draw(st.booleans())
     c = make_case(g, layout=layout, batch=batch, lens=lens, sq=sq, h=h, bs=bs, max_blocks=max_blocks, topk=topk,
-                  v_dim=v_dim, causal=causal)
+                  v_dim=v_dim, causal=causal, window_left=window)
     desc = (f"{layout} B={batch} lens={lens} Sq={sq} H={h} bs={bs} topk={topk} v_dim={v_dim} causal={causal} "
-            f"splits={splits} small_tiles={tiles}")
+            f"window_left={window} splits={splits} small_tiles={tiles}")
     return c, splits, tiles, desc
 
 
@@ -184,6 +186,23 @@ def test_bad_pages_are_masked_keys(topk):
     want = c.reference()
     c.seqused_k[0] = 64 + 100
     assert_attention_close(*mla_decode(*c.args(2)), *want, "length beyond capacity")
+
+
+@pytest.mark.parametrize("topk", [0, 30])
+def test_sliding_window_bf16_512(topk):
+    """V4's sliding-window branch: a bf16 cache of 512-wide rows (448 NoPE + 64 RoPE), the value the whole row,
+    window_left 20 with two queries, at the GPU's tile shapes with 1 and 3 splits (the window starts inside a
+    split and inside a key tile); H = 4 packs both queries in one row block (their windows differ by one key),
+    H = 16 gives each its own; every slot no sequence reads is NaN."""
+    g = np.random.default_rng(9)
+    lens = [0, 1, 37, 70, 95]
+    for h in (4, 16):
+        c = make_case(g, layout="bf16", d=512, batch=len(lens), lens=lens, sq=2, h=h, bs=16, max_blocks=6,
+                      topk=topk, v_dim=512, window_left=20)
+        want = c.reference()
+        for splits in (1, 3):
+            out, lse = mla_decode(*c.args(splits), cfg=small_tiles(c, splits))
+            assert_attention_close(out, lse, *want, f"window H={h} topk={topk} splits={splits}")
 
 
 def test_sparse_index_semantics():
@@ -257,7 +276,7 @@ def test_public_op_and_layout_inference():
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         out, lse = torch.ops.lowbit.mla_decode(c.q, c.kv_cache, c.block_table, c.seqused_k, None, "v4", 512, 0.1,
-                                               True, 0, "auto")
+                                               True, -1, 0, "auto")
     assert out.shape == (2, 2, 4, 512) and lse.shape == (2, 2, 4) and lse.dtype == torch.float32
 
 
@@ -269,7 +288,8 @@ def test_opcheck_and_compile(backend):
     c = make_case(g, layout="v4", batch=2, lens=[20, 33], sq=2, h=4, bs=16, max_blocks=3, topk=8, v_dim=512)
     op = torch.ops.lowbit.mla_decode.default
     torch.library.opcheck(op, (*c.args(), backend))
-    torch.library.opcheck(op, (c.q, c.kv_cache, c.block_table, c.seqused_k, None, "v4", 448, 0.1, True, 2, backend))
+    torch.library.opcheck(op, (c.q, c.kv_cache, c.block_table, c.seqused_k, None, "v4", 448, 0.1, True, 7, 2,
+                               backend))
 
     def step(q, cache, table, seq, idx):
         dense = ops.mla_decode(q, cache, table, seq, softmax_scale=0.1, backend=backend)
@@ -288,7 +308,7 @@ def test_argument_errors():
 
     def bad(arg, **change):
         d = dict(zip(("q", "kv_cache", "block_table", "seqused_k", "indices", "layout", "v_dim", "scale", "causal",
-                      "num_splits"), c.args(), strict=True))
+                      "window_left", "num_splits"), c.args(), strict=True))
         d.update(change)
         with pytest.raises(LowbitInputError, match=rf"lowbit\.mla_decode: argument '{arg}'"):
             mla_decode(*d.values())
@@ -306,6 +326,7 @@ def test_argument_errors():
     bad("v_dim", v_dim=577)
     bad("v_dim", v_dim=0)
     bad("num_splits", num_splits=1.5)
+    bad("window_left", window_left=-2)
     bad("kv_cache", layout="bf16")  # a byte cache named bf16
     with pytest.raises(LowbitInputError, match=r"lowbit\.mla_decode: argument 'layout'"):
         ops.mla_decode(c.q, c.kv_cache.view(torch.uint8)[..., :600], c.block_table, c.seqused_k)
@@ -337,15 +358,15 @@ _COMPILE = textwrap.dedent("""
         return torch.empty(*shape, dtype=dt, device="cuda")
     CASES = {
         "bf16/dense": lambda: M.mla_decode(E(64, 1, 128, 576), E(8192, 64, 1, 576), E(64, 128, dt=i32),
-                                           E(64, dt=i32), None, "bf16", 512, 0.1, True, 0),
+                                           E(64, dt=i32), None, "bf16", 512, 0.1, True, -1, 0),
         "v32/dense": lambda: M.mla_decode(E(64, 1, 128, 576), E(8192, 64, 1, 656, dt=u8), E(64, 128, dt=i32),
-                                          E(64, dt=i32), None, "v32", 512, 0.1, True, 0),
+                                          E(64, dt=i32), None, "v32", 512, 0.1, True, -1, 0),
         "v4/dense": lambda: M.mla_decode(E(64, 1, 128, 512), E(8192, 64, 1, 584, dt=u8), E(64, 128, dt=i32),
-                                         E(64, dt=i32), None, "v4", 448, 0.1, True, 0),
+                                         E(64, dt=i32), None, "v4", 448, 0.1, True, -1, 0),
         "v32/sparse": lambda: M.mla_decode(E(64, 1, 128, 576), E(8192, 64, 1, 656, dt=u8), E(64, 128, dt=i32),
-                                           E(64, dt=i32), E(64, 1, 2048, dt=i32), "v32", 512, 0.1, True, 0),
+                                           E(64, dt=i32), E(64, 1, 2048, dt=i32), "v32", 512, 0.1, True, -1, 0),
         "v4/sparse/v512": lambda: M.mla_decode(E(4, 2, 128, 512), E(8192, 64, 1, 584, dt=u8), E(4, 128, dt=i32),
-                                               E(4, dt=i32), E(4, 2, 1024, dt=i32), "v4", 512, 0.1, True, 0),
+                                               E(4, dt=i32), E(4, 2, 1024, dt=i32), "v4", 512, 0.1, True, -1, 0),
     }
     class Ptr:
         def __init__(self, t):
@@ -408,6 +429,20 @@ def test_gpu_real_shapes(layout, topk, sq):
     for splits in (0, 1):
         out, lse = mla_decode(*c.args(splits))
         assert_attention_close(out, lse, *want, f"gpu {layout} topk={topk} Sq={sq} splits={splits}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [128, 1000])
+def test_gpu_sliding_window_bf16_512(window):
+    """V4's sliding-window branch at H = 128: bf16 512-wide cache, the value the whole row, two queries."""
+    g = np.random.default_rng(23)
+    lens = [8192, 0, 1, 5000, 130]
+    c = make_case(g, layout="bf16", d=512, batch=len(lens), lens=lens, sq=2, h=128, bs=64, max_blocks=128,
+                  v_dim=512, window_left=window, device="cuda")
+    want = c.reference()
+    for splits in (0, 1):
+        out, lse = mla_decode(*c.args(splits))
+        assert_attention_close(out, lse, *want, f"gpu window={window} splits={splits}")
 
 
 @pytest.mark.gpu

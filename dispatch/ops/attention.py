@@ -57,8 +57,8 @@ def _attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: 
 
 @lowbit_op("mla_decode", mutates_args=(), check=check_mla_decode)
 def _mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, seqused_k: Tensor, indices: Tensor | None,
-                layout: str, v_dim: int, softmax_scale: float | None, causal: bool, num_splits: int,
-                backend: str) -> tuple[Tensor, Tensor]:
+                layout: str, v_dim: int, softmax_scale: float | None, causal: bool, window_left: int,
+                num_splits: int, backend: str) -> tuple[Tensor, Tensor]:
     return q.new_empty((*q.shape[:-1], v_dim)), _lse_like(q, q.shape[:2])
 
 
@@ -149,7 +149,7 @@ def _mla_layout(kv_cache) -> str:
 
 def mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, seqused_k: Tensor, *, indices: Tensor | None = None,
                layout: str | None = None, v_dim: int | None = None, softmax_scale: float | None = None,
-               causal: bool = True, num_splits: int = 0, return_lse: bool = False,
+               causal: bool = True, window_left: int = -1, num_splits: int = 0, return_lse: bool = False,
                backend: str = "auto") -> Tensor | tuple[Tensor, Tensor]:
     """DeepSeek MLA decode (FlashMLA `flash_mla_with_kvcache` semantics, MQA over one latent head): q (B, Sq, H, D)
     bf16 with Sq in 1..8 (query s sits at key position seqused_k[b] - Sq + s); kv_cache the paged latent, layout
@@ -158,14 +158,15 @@ def mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, seqused_k: Tens
     dtype and token width). The key is the latent row (NoPE + 64 RoPE columns), the value its first v_dim columns
     (default D - 64, the NoPE part). indices (B, Sq, topk) int32 selects the sparse variant: query (b, s) attends
     to the key positions listed (entries < 0 or >= seqused_k[b] are unused; causal also drops positions after the
-    query's own). softmax_scale defaults to 1/sqrt(D). num_splits <= 0 picks the split-KV count from static sizes
-    (never from seqused_k: CUDA graphs replay with new lengths). Returns out (B, Sq, H, v_dim) bf16, and lse
-    (B, Sq, H) fp32 (natural log; -inf for a row with no key) when return_lse."""
+    query's own). window_left >= 0 (V4's sliding-window layers, bf16 cache): a query at position p sees keys
+    p - window_left .. p only. softmax_scale defaults to 1/sqrt(D). num_splits <= 0 picks the split-KV count from
+    static sizes (never from seqused_k: CUDA graphs replay with new lengths). Returns out (B, Sq, H, v_dim) bf16,
+    and lse (B, Sq, H) fp32 (natural log; -inf for a row with no key) when return_lse."""
     layout = _mla_layout(kv_cache) if layout is None else layout
     if v_dim is None and isinstance(q, Tensor) and q.dim():
         v_dim = q.shape[-1] - DS_ROPE
     out, lse = call("mla_decode", q, kv_cache, block_table, seqused_k, indices, layout, v_dim,
-                    _scale(softmax_scale, q), bool(causal), int(num_splits), backend)
+                    _scale(softmax_scale, q), bool(causal), int(window_left), int(num_splits), backend)
     return (out, lse) if return_lse else out
 
 
@@ -247,7 +248,8 @@ def self_check_cases() -> list:
             if sparse:
                 idx = torch.randint(-1, int(lens.max()), (b, 2, 32 if small else 2048), generator=g, dtype=torch.int32)
                 idx = idx.to(dev)
-            return (q.to(dev), cache.to(dev), table.to(dev), lens.to(dev), idx, layout, d - 64, d ** -0.5, True, 0)
+            return (q.to(dev), cache.to(dev), table.to(dev), lens.to(dev), idx, layout, d - 64, d ** -0.5, True, -1,
+                    0)
         return make
 
     def close(out, ref):

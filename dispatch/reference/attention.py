@@ -214,11 +214,13 @@ def mla_latent_rows(kv_cache, layout, table_row, pos):
     return torch.where(ok[:, None], rows, torch.zeros_like(rows)), ok
 
 
-def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal, num_splits):
+def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal, window_left,
+               num_splits):
     """q (B, Sq, H, D) against sequence b's latent rows. Dense (indices None): keys 0..seqused_k[b]-1 (at most the
     table's capacity), bottom-right causal among the Sq queries when causal. Sparse: query (b, s) attends to the
     keys at positions indices[b, s, :] (int32; entries < 0 or >= seqused_k[b] are unused; causal also drops those
-    after the query's own position; a repeated index counts once per occurrence). Keys behind a page id outside
+    after the query's own position; a repeated index counts once per occurrence). window_left >= 0: a query at
+    position p sees keys p - window_left .. p only (dense and sparse), -1 = unbounded. Keys behind a page id outside
     [0, num_blocks) are masked. Returns (out (B, Sq, H, v_dim) in q's dtype, lse (B, Sq, H) fp32, natural log);
     a row with no key is out 0, lse -inf."""
     bsz, sq, h, d = q.shape
@@ -235,7 +237,7 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, soft
             rows, ok = mla_latent_rows(kv_cache, layout, block_table[b], torch.arange(n, device=dev))
             cu_k = torch.tensor([0, n], dtype=torch.int32, device=dev)
             o, l = attention_varlen(q[b].float(), rows[:, None], rows[:, None, :v_dim], one_q * sq, cu_k,
-                                    softmax_scale, causal, (-1, -1), None, ok)
+                                    softmax_scale, causal, (window_left, -1), None, ok)
             out[b], lse[b] = o.to(q.dtype), l
             continue
         for s in range(sq):
@@ -243,6 +245,8 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, soft
             keep = (idx >= 0) & (idx < n)
             if causal:
                 keep &= idx <= n - sq + s
+            if window_left >= 0:
+                keep &= idx >= n - sq + s - window_left
             if n == 0 or not bool(keep.any()):
                 continue
             rows, ok = mla_latent_rows(kv_cache, layout, block_table[b], idx.clamp(0, n - 1))

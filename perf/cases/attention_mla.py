@@ -113,7 +113,7 @@ def _mla_case(layout: str, bsz: int, ctx: int, topk: int = 0, h: int = 128, tier
         if full:
             return eager_mla(i["q"], i["cache"], layout, i["table"], i["seqused"], i["indices"], v_dim, scale)
         return ref.mla_decode(i["q"], i["cache"], i["table"], i["seqused"], i["indices"], layout, v_dim, scale, True,
-                              0)[0]
+                              -1, 0)[0]
 
     keys = bsz * (topk or ctx)
     index_bytes = keys * 8 if topk else bsz * (ctx // PAGE) * 4  # sparse: the index and its page's table entry

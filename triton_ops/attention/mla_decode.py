@@ -23,6 +23,8 @@ the key positions each query attends to (entries < 0 or >= seqused_k are unused)
   seqused_k (one launch serves any lengths; a CUDA graph replays with new lengths in place). Split s covers key
   positions [s x kps, (s + 1) x kps) of the table's capacity (dense) or of the index list (sparse); partial
   outputs (fp32) and LSEs go through decode.py's split reduction (merge.py's LSE rule).
+* window_left >= 0 (V4's sliding-window layers): a query at position p sees keys p - window_left .. p only
+  (mask.key_range skips the tiles before the window; sparse: index entries outside it are unused).
 * Masking: page ids outside [0, num_blocks), positions >= seqused_k or the table's capacity, index entries < 0:
   masked keys, never dereferenced.
 * Interpreter: its tl.dot on bf16 operands is wrong, so there (DOT_F32) the dots run on fp32 copies of the same
@@ -108,6 +110,7 @@ def _mla_kernel(q_ptr, kv8, kvb, kv32, bt_ptr, seq_ptr, idx_ptr, out_ptr, lse_pt
                 D_NOPE: tl.constexpr, TILE: tl.constexpr, NT: tl.constexpr, NT_P: tl.constexpr, DV: tl.constexpr,
                 DN: tl.constexpr, DV_NOPE: tl.constexpr, V_ROPE: tl.constexpr, SPARSE: tl.constexpr,
                 TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                WINDOW_LEFT: tl.constexpr,
                 DOT_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, FINAL: tl.constexpr, DOT_F32: tl.constexpr,
                 EMULATE: tl.constexpr):
     # DN: NoPE columns of the tiles (NT_P x TILE: V4's 448 pads to 512); DV_NOPE = min(DV, D_NOPE) value columns
@@ -143,11 +146,11 @@ def _mla_kernel(q_ptr, kv8, kvb, kv32, bt_ptr, seq_ptr, idx_ptr, out_ptr, lse_pt
         s0 = tl.program_id(1) % SQ
         i_row = idx_ptr + b * i_sb + s0 * i_ss
         n_valid = tl.minimum(sk, max_ctx)
-        pos_hi = sk - SQ + s0  # causal: the query's own position
+        pos_hi = sk - SQ + s0  # the query's own position (causal, window)
     else:
         s_lo = (mb * BLOCK_M) // H
         s_hi = tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // H, SQ - 1)
-        lo, hi = key_range(sk - SQ + s_lo, sk - SQ + s_hi, sk, CAUSAL, -1, -1)
+        lo, hi = key_range(sk - SQ + s_lo, sk - SQ + s_hi, sk, CAUSAL, WINDOW_LEFT, -1)
         lo = tl.maximum(lo, k0)
         hi = tl.minimum(tl.minimum(hi, k0 + keys_per_split), max_ctx)
     start = (lo // BLOCK_N) * BLOCK_N
@@ -165,6 +168,8 @@ def _mla_kernel(q_ptr, kv8, kvb, kv32, bt_ptr, seq_ptr, idx_ptr, out_ptr, lse_pt
             inb = inb & (pos >= 0) & (pos < n_valid)
             if CAUSAL:
                 inb = inb & (pos <= pos_hi)
+            if WINDOW_LEFT >= 0:
+                inb = inb & (pos >= pos_hi - WINDOW_LEFT)
         else:
             pos = t
         page = tl.load(bt_row + pos // BS, mask=inb, other=-1)
@@ -176,7 +181,7 @@ def _mla_kernel(q_ptr, kv8, kvb, kv32, bt_ptr, seq_ptr, idx_ptr, out_ptr, lse_pt
         if SPARSE:
             ok = kok[None, :] & rmask[:, None]
         else:
-            ok = visible(q_pos[:, None], t[None, :], sk, CAUSAL, -1, -1) & kok[None, :]
+            ok = visible(q_pos[:, None], t[None, :], sk, CAUSAL, WINDOW_LEFT, -1) & kok[None, :]
         p, alpha, m_new, l_i = softmax_step(tl.where(ok, qk, float("-inf")), m_i, l_i)
         p16 = cast_out(p, OUT_DTYPE, EMULATE).to(DOT_DTYPE)  # P in bf16, as the tensor-core dot takes it
         acc = acc * alpha[:, None] + _dot(p16, kn, DOT_F32)
@@ -246,7 +251,8 @@ def _cache_views(kv_cache, layout):
     return c8, c8.view(torch.bfloat16), c32, c8.stride(0), c8.stride(1)
 
 
-def _launch(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal, cfg: MlaConfig):
+def _launch(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal, window_left,
+            cfg: MlaConfig):
     bsz, sq, h, d = q.shape
     dev = q.device
     out = torch.empty(bsz, sq, h, v_dim, dtype=q.dtype, device=dev)
@@ -284,7 +290,7 @@ def _launch(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax
         l_buf.stride(2), l_sp,
         SQ=sq, H=h, M_BLOCKS=m_blocks, BS=bs, LAYOUT=LAYOUT_ID[layout], D_NOPE=d_nope, TILE=tile, NT=nt, NT_P=nt_p,
         DV=v_dim, DN=nt_p * tile, DV_NOPE=min(v_dim, d_nope), V_ROPE=v_dim > d_nope, SPARSE=sparse, TOPK=topk,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal), WINDOW_LEFT=int(window_left),
         DOT_DTYPE=tl.float32 if dev.type == "cpu" else tl.bfloat16, OUT_DTYPE=TL_DTYPE[q.dtype], FINAL=splits == 1,
         DOT_F32=dev.type == "cpu", EMULATE=emulate_formats(dev),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -307,13 +313,14 @@ def supports_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_
 
 
 def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim: int, softmax_scale: float,
-               causal: bool, num_splits: int, cfg: MlaConfig | None = None):
+               causal: bool, window_left: int, num_splits: int, cfg: MlaConfig | None = None):
     """(out (B, Sq, H, v_dim) bf16, lse (B, Sq, H) fp32); see the module docstring. num_splits <= 0 picks the
     split count from static sizes; cfg overrides the whole configuration."""
     check_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal,
-                     num_splits)
+                     window_left, num_splits)
     bsz, sq, h, _ = q.shape
     sparse = indices is not None
     keys = indices.shape[2] if sparse else block_table.shape[1] * kv_cache.shape[1]
     cfg = cfg or mla_config(bsz, sq, h, keys, sparse, q.device, num_splits)
-    return _launch(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal, cfg)
+    return _launch(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal, window_left,
+                   cfg)

@@ -181,7 +181,7 @@ MLA_MAX_Q = 8  # speculative (MTP) tokens per sequence
 
 
 def check_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal,
-                     num_splits) -> None:
+                     window_left, num_splits) -> None:
     op = "mla_decode"
     _tensor(op, "q", q, 4, (torch.bfloat16,))
     bsz, sq, _, d = q.shape
@@ -220,4 +220,5 @@ def check_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim
     if not isinstance(v_dim, int) or not 1 <= v_dim <= d:
         fail(op, "v_dim", f"expected an int in 1..{d} (the value is the latent's first v_dim columns), got {v_dim!r}")
     _scale(op, softmax_scale)
+    _windows(op, window_left, -1)
     check_no_grad(op, q)
