@@ -414,35 +414,29 @@ def test_sm90_compile_no_spills():
 # ------------------------------------------------------------------------------------------------- GPU
 
 
+GPU_CASES = [pytest.param(layout, topk, sq, -1, id=f"{layout}-top{topk}-sq{sq}") for layout in LAYOUTS
+             for topk in (0, 2048) for sq in (1, 2)]
+# V4's sliding-window branch: bf16 512-wide cache, the value the whole row
+GPU_CASES += [pytest.param("bf16-512", 0, 2, w, id=f"bf16-512-window{w}") for w in (128, 1000)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("topk", [0, 2048])
-@pytest.mark.parametrize("sq", [1, 2])
-def test_gpu_real_shapes(layout, topk, sq):
+@pytest.mark.parametrize("layout,topk,sq,window", GPU_CASES)
+def test_gpu_real_shapes(layout, topk, sq, window):
     """H = 128, 576 / 512-wide latents, lengths up to 8k (and an empty and a one-key sequence), page 64, the
-    cache written by the Triton write kernel, auto splits and 1 split; V4 with the value as the whole row."""
+    cache written by the Triton write kernel, auto splits and 1 split; V4 (and the 512-wide bf16 cache of the
+    sliding-window layers) with the value as the whole row at Sq = 2."""
     g = np.random.default_rng(21)
-    lens = [8192, 0, 1, 5000, 8191, 3000]
-    c = make_case(g, layout=layout, batch=len(lens), lens=lens, sq=sq, h=128, bs=64, max_blocks=128, topk=topk,
-                  v_dim=512 if layout == "v4" and sq == 2 else None, device="cuda")
+    lens = [8192, 0, 1, 5000, 8191, 130]
+    d = 512 if layout == "bf16-512" else None
+    layout = layout.removesuffix("-512")
+    c = make_case(g, layout=layout, d=d, batch=len(lens), lens=lens, sq=sq, h=128, bs=64, max_blocks=128, topk=topk,
+                  v_dim=512 if (d or WIDTH[layout]) == 512 and sq == 2 else None, window_left=window, device="cuda")
     want = c.reference()
     for splits in (0, 1):
         out, lse = mla_decode(*c.args(splits))
-        assert_attention_close(out, lse, *want, f"gpu {layout} topk={topk} Sq={sq} splits={splits}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("window", [128, 1000])
-def test_gpu_sliding_window_bf16_512(window):
-    """V4's sliding-window branch at H = 128: bf16 512-wide cache, the value the whole row, two queries."""
-    g = np.random.default_rng(23)
-    lens = [8192, 0, 1, 5000, 130]
-    c = make_case(g, layout="bf16", d=512, batch=len(lens), lens=lens, sq=2, h=128, bs=64, max_blocks=128,
-                  v_dim=512, window_left=window, device="cuda")
-    want = c.reference()
-    for splits in (0, 1):
-        out, lse = mla_decode(*c.args(splits))
-        assert_attention_close(out, lse, *want, f"gpu window={window} splits={splits}")
+        assert_attention_close(out, lse, *want, f"gpu {layout} d={d} topk={topk} Sq={sq} window={window} "
+                                                f"splits={splits}")
 
 
 @pytest.mark.gpu
