@@ -258,6 +258,13 @@ def test_empty_batch_and_zero_lengths():
         c.indices = None if c.indices is None else c.indices[:0]
         out, lse = mla_decode(*c.args(2))
         assert out.shape == (0, 3, 4, 448) and lse.shape == (0, 3, 4)
+    # an empty index list (topk 0) and a block table without columns: no key anywhere
+    c = make_case(g, layout="v32", batch=2, lens=[5, 9], sq=1, h=4, bs=16, max_blocks=1, topk=4)
+    for indices, table in ((c.indices[:, :, :0], c.block_table), (None, c.block_table[:, :0])):
+        c2 = dataclasses.replace(c, indices=indices, block_table=table)
+        out, lse = mla_decode(*c2.args(0))
+        assert (out == 0).all() and torch.isneginf(lse).all()
+        assert_attention_close(out, lse, *c2.reference(), "no keys")
 
 
 def test_public_op_and_layout_inference():
