@@ -1,6 +1,6 @@
 """Compile-once cache for CuTeDSL kernels: in-memory dict + persistent on-disk object files.
 
-`cute.compile`'s own cache is bypassed upstream for TVM-FFI functions (NVIDIA/cutlass issue 3398), and a
+`cute.compile`'s own cache is bypassed upstream for TVM-FFI functions (upstream: NVIDIA/cutlass#3398), and a
 cold compile costs seconds, so lowbit owns the cache:
 
 * key = (kernel name, the kernel's static config tuple, target arch). Batch size is never in the key:

@@ -42,6 +42,9 @@ ATTN_TL_WHY = "plain Triton FA2-style forward: every arch, masked tiles skipped 
 # (events), GPT-OSS hd64 + sinks 0.64x FA4. Ranked above the plain kernel for its TMA + wgmma pipeline; the two have
 # not been timed side by side yet.
 ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.75-0.82x FA4 on hd128 (H100)"
+# CuTeDSL sm_90a forward (cute_ops/attention/fmha_sm90.py): compiled and SASS-checked in CI, not yet run on a GPU.
+# backend="cute" runs it; auto passes it over (`auto_skip`) until tests/test_cute_attention.py's GPU tests pass.
+ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward (sm_90a); not yet run on a GPU: only by name (backend='cute')"
 # H100 at 26c069c: bf16 cache 0.78-0.92x cuDNN SDPA on a dense cache, 0.91 of copy at 16 x 8k; FP8 cache 0.96x the
 # bf16 peer's time (not yet the half-bytes speedup).
 ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE-merged; 0.78-0.92x cuDNN (H100)"
@@ -50,6 +53,12 @@ MLA_DECODE_WHY = "heads (x MTP queries) sharing keys packed per tile; FP8 dequan
 # H100 at 26c069c: decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped GEMMs; prefill (256 rows
 # / expert) 0.47-0.69x them (untuned tiles; docs/moe_gemm.md).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
+# tl.dot_scaled FP4-weight GEMMs. sm_100 / sm_120: the native block-scaled MMA (UTCQMMA / UTCOMMA / OMMA.SF, compiled
+# and SASS-checked in CI, never run on those chips). Rule between this row and the CuTeDSL UMMA GEMM
+# (cute_ops/gemm/blockscaled_sm100.py) on sm_100: the Triton row serves the moe_align / moe_masked_layout layouts with
+# linear E8M0 scales; the CuTe kernel takes 128x4-swizzled scales over group offsets and has no launcher over these
+# layouts, so it has no row here yet. sm_90: upcast + WGMMA (correct, not the fast Hopper path).
+DOT_SCALED_WHY = "tl.dot_scaled: native block-scaled MMA on Blackwell (compiled only); upcast on Hopper"
 NORM = "one fused pass (NVFP4 with computed global scale: 2); bytes = reference composition"
 # CuTeDSL RMSNorm (cute_ops/, docs/cute.md). sm_90 ranks above Triton (25 > 20): bit-exact in every mode; at
 # prefill within 2% of Triton either way (H200, perf/results/nvidia-h200.jsonl, 2026-11-21: plain 4096x7168 32.5 vs
@@ -197,9 +206,18 @@ ROWS: tuple[Entry, ...] = (
     *triton_rows("moe_gemm_mxfp4", "triton_ops.moe_gemm.grouped:moe_gemm_mxfp4", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_mxfp4"),
     Entry("moe_gemm_mxfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_mxfp4", TORCH_REF, REFERENCE_WHY),
+    *triton_rows("moe_gemm_w4a8", "triton_ops.moe_gemm.grouped:moe_gemm_w4a8", DOT_SCALED_WHY,
+                 supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_w4a8"),
+    Entry("moe_gemm_w4a8", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_w4a8", TORCH_REF, REFERENCE_WHY),
+    *triton_rows("moe_gemm_w4a4", "triton_ops.moe_gemm.grouped:moe_gemm_w4a4", DOT_SCALED_WHY,
+                 supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_w4a4"),
+    Entry("moe_gemm_w4a4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_w4a4", TORCH_REF, REFERENCE_WHY),
     # attention (docs/attention.md). sm_90: the Gluon warpgroup-MMA kernel ranks above plain Triton (ATTN_SM90_WHY).
     Entry("attention_prefill", "triton", ("sm_90",), "triton_ops.attention.prefill_sm90:attention_prefill",
           TRITON_SM90_GLUON, ATTN_SM90_WHY, "triton_ops.attention.prefill_sm90:supports_attention_prefill_sm90"),
+    Entry("attention_prefill", "cute", ("sm_90",), "cute_ops.attention.fmha_sm90:attention_prefill",
+          CUTE_UNMEASURED, ATTN_CUTE_WHY, "cute_ops.attention.fmha_sm90:supports_attention_prefill",
+          auto_skip="cute_ops.attention.fmha_sm90:auto_skip_unverified"),
     *triton_rows("attention_prefill", "triton_ops.attention.prefill:attention_prefill", ATTN_TL_WHY,
                  supports="triton_ops.attention.prefill:supports_attention_prefill"),
     Entry("attention_prefill", "torch", ALL, "dispatch.reference.attention:attention_prefill", TORCH_REF,

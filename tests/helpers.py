@@ -133,6 +133,17 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, what: str, dtype: torch.
     assert err <= tol, f"{what}: normalized error {err:.3g} > {tol:.3g}"
 
 
+# Per-element tolerances, for fp32 outputs that are each a separately meaningful value (router weights: one wrong
+# weight among thousands would hide inside a normalized error).
+ELEMENTWISE_TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-12)}
+
+
+def assert_close_elementwise(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """got ~ want element by element within ELEMENTWISE_TOLERANCE[want.dtype]; NaN where want is NaN."""
+    torch.testing.assert_close(got.detach().cpu(), want.detach().cpu(), **ELEMENTWISE_TOLERANCE[want.dtype],
+                               equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
 LSE_TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 1e-3}  # absolute, natural log
 
 

@@ -385,6 +385,18 @@ def test_gpu_large_decode(kind, splits, sq, d):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("q_mag", [1e-6, 3e4, 1e6])
+def test_gpu_fp8_cache_extreme_q(q_mag):
+    """FP8 caches run fp16 dots: a bf16 q beyond fp16's range (or deep in its subnormals) must still match."""
+    g = np.random.default_rng(13)
+    c = make_case(g, batch=2, lens=[300, 77], sq=2, hq=16, hkv=2, d=128, bs=16, max_blocks=32, kind="fp8_head",
+                  q_dtype=torch.bfloat16, causal=True, window=(-1, -1), sinks=False)
+    c = dataclasses.replace(c, q=(c.q.float() * q_mag).bfloat16(), scale=c.scale / q_mag)  # logits stay O(1)
+    out, lse = attention_decode(*c.args("cuda"), 1)
+    assert_attention_close(out, lse, *reference_decode(c), f"fp8 cache, |q| ~ {q_mag}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("splits", [1, 4])
 def test_gpu_cuda_graph_new_lengths(splits):
     """Capture once, then change seqused_k in place between replays: the result follows the new lengths."""

@@ -136,6 +136,12 @@ _COMPILE = textwrap.dedent("""
         "moe_gemm/mxfp4_dot_scaled": lambda: grouped.moe_gemm_mxfp4(E(8192, 2880), E(32, 5760, 1440, dt=u8),
                                                                     E(32, 5760, 90, dt=u8), E(8192, dt=i32), None,
                                                                     dot_scaled=True),
+        "moe_gemm/w4a8": lambda: grouped.moe_gemm_w4a8(E(8192, 2048, dt=e4m3), E(8192, 16, dt=f32),
+                                                       E(32, 5760, 1024, dt=u8), E(32, 5760, 64, dt=u8),
+                                                       E(8192, dt=i32), None),
+        "moe_gemm/w4a4": lambda: grouped.moe_gemm_w4a4(E(8192, 1440, dt=u8), E(8192, 90, dt=u8),
+                                                       E(32, 5760, 1440, dt=u8), E(32, 5760, 90, dt=u8),
+                                                       E(8192, dt=i32), None),
         "attention/prefill": lambda: prefill.attention_prefill(E(8192, 32, 128), E(8192, 8, 128), E(8192, 8, 128),
                                                                E(9, dt=i32), E(9, dt=i32), 1024, 1024, 0.088, True,
                                                                -1, -1, None, True),
@@ -265,6 +271,11 @@ EXPECT: dict[str, list[tuple[tuple[int, ...], tuple[str, ...]]]] = {
     "moe_gemm/mxfp4_dot_scaled": [((90,), (r"HGMMA\.64",)),
                                   (SM100, (r"UTCHMMA$", r"F2FP\.BF16\.E2M1\.UNPACK_B$")),
                                   (SM120, (r"HMMA\.16816\.F32\.BF16$", r"F2FP\.BF16\.E2M1\.UNPACK_B$"))],
+    # lowbit's dot_scaled FP4-weight GEMMs: the native block-scaled MMA on Blackwell where both operands are narrow
+    "moe_gemm/w4a8": [((90,), (r"HGMMA\.64",)), (SM100, (r"UTCQMMA$", *TCGEN05)),
+                      (SM120, (r"HMMA\.16816\.F32\.BF16$", r"F2FP\.BF16\.E4M3\.UNPACK_B$"))],
+    "moe_gemm/w4a4": [((90,), (r"HGMMA\.64",)), (SM100, (r"UTCOMMA", *TCGEN05)),
+                      (SM120, (r"OMMA\.SF\.16864\.F32\.E2M1\.E2M1\.E8$",))],
     "attention/prefill": [(_ALL, (r"MUFU\.EX2$", r"LDGSTS\.E\.BYPASS\.128$", BF16_PACK)), ((90,), (r"HGMMA\.64",)),
                           (SM100, (r"UTCHMMA$", *TCGEN05)), (SM120, (r"HMMA\.16816\.F32\.BF16$",))],
     # decode: 16-64 packed rows per program, mma.sync on every chip (also Hopper)
@@ -294,6 +305,9 @@ KNOWN_SPILLS = {
     **{("moe_gemm/fp8", cc): "fp8 prefill tile: 255 registers + spills" for cc in ARCHS},
     # 2-stage bf16 prefill tile on the ~100 KB-smem chips (config.py _SMALL_SMEM_ARCHS): 255 registers, 8 bytes
     **{("moe_gemm/bf16", cc): "bf16 prefill tile, 2 stages: 255 registers + 8 bytes" for cc in (120, 121)},
+    # W4A8 prefill tile on the consumer chips, where e4m3 x e2m1 has no native MMA and Triton upcasts both operands to
+    # bf16 in registers: 255 registers, 512 bytes
+    **{("moe_gemm/w4a8", cc): "W4A8 upcast prefill tile: 255 registers + 512 bytes" for cc in (120, 121)},
 }
 
 

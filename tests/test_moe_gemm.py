@@ -88,6 +88,19 @@ class Case:
             sa[self.dead] = float("nan")  # in place: keeps the column-major strides
             w, sw = quant_w_fp8(self.w32)
             return fn_tri(a, sa, w, sw, *ids, **rw, **kw), fn_ref(a, sa, w, sw, *ids, **rw)
+        if self.kind == "w4a8":
+            a, sa = quant_a_fp8(self.x, column_major)
+            a = _poison_rows(a, self.dead)
+            sa[self.dead] = float("nan")
+            wp, ws = quant_w_mxfp4(self.w32)
+            return fn_tri(a, sa, wp, ws, *ids, **rw, **kw), fn_ref(a, sa, wp, ws, *ids, **rw)
+        if self.kind == "w4a4":
+            k = self.x.shape[-1]
+            ap, sa = mxfp4_quantize(self.x.reshape(-1, k), "floor", False)
+            ap, sa = ap.view(*self.x.shape[:-1], k // 2).clone(), sa.view(*self.x.shape[:-1], k // 32).clone()
+            ap[self.dead], sa[self.dead] = 0x77, 0xFF  # +-6 codes, NaN scales: rows that must not be read
+            wp, ws = quant_w_mxfp4(self.w32)
+            return fn_tri(ap, sa, wp, ws, *ids, **rw, **kw), fn_ref(ap, sa, wp, ws, *ids, **rw)
         if self.kind == "mxfp4":
             wp, ws = quant_w_mxfp4(self.w32)
             a = _poison_rows(self.x.bfloat16(), self.dead)
@@ -99,8 +112,10 @@ class Case:
 
 
 ENTRIES = {"bf16": (tri.moe_gemm_bf16, ref.moe_gemm_bf16), "fp16": (tri.moe_gemm_bf16, ref.moe_gemm_bf16),
-           "fp8": (tri.moe_gemm_fp8, ref.moe_gemm_fp8), "mxfp4": (tri.moe_gemm_mxfp4, ref.moe_gemm_mxfp4)}
-K_CHOICES = {"bf16": [128, 200, 256], "fp16": [128, 256], "fp8": [128, 256], "mxfp4": [128, 160, 256]}
+           "fp8": (tri.moe_gemm_fp8, ref.moe_gemm_fp8), "mxfp4": (tri.moe_gemm_mxfp4, ref.moe_gemm_mxfp4),
+           "w4a8": (tri.moe_gemm_w4a8, ref.moe_gemm_w4a8), "w4a4": (tri.moe_gemm_w4a4, ref.moe_gemm_w4a4)}
+K_CHOICES = {"bf16": [128, 200, 256], "fp16": [128, 256], "fp8": [128, 256], "mxfp4": [128, 160, 256],
+             "w4a8": [128, 256], "w4a4": [64, 160, 256]}
 
 
 @st.composite
@@ -180,6 +195,18 @@ def test_mxfp4_matches_reference(case, dot_scaled):
     _check(case, dot_scaled=dot_scaled)
 
 
+@settings(max_examples=12)
+@given(case=cases("w4a8"), column_major=st.booleans())
+def test_w4a8_matches_reference(case, column_major):
+    _check(case, column_major=column_major)
+
+
+@settings(max_examples=12)
+@given(case=cases("w4a4"))
+def test_w4a4_matches_reference(case):
+    _check(case)
+
+
 # ---------------------------------------------------------------------------------------------- edges
 
 
@@ -190,7 +217,7 @@ def _contig(e, ids_list, k=128, n=128):
     return m_indices, x, dead, torch.randn(e, n, k) * 0.1
 
 
-@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8", "w4a4"])
 def test_tile_spanning_experts_with_row_weights(kind):
     """Unaligned rows (one tile holds four experts, padding and bad ids in between): one pass per expert."""
     ids = [2, 0, 0, -1, 3, 3, 1, 9, 2, 2, -1, 0, 1, 1, 3, -4] * 2
@@ -200,7 +227,7 @@ def test_tile_spanning_experts_with_row_weights(kind):
            config=MoeGemmConfig(32, 64, 128, group_m=2, num_warps=4, num_stages=1))
 
 
-@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8", "w4a4"])
 def test_all_padding_and_empty(kind):
     m_indices, x, dead, w32 = _contig(2, [-1] * 16 + [5] * 3)
     _check(Case(kind, x, dead, m_indices, None, w32, None, f"{kind} all padding"))
@@ -222,11 +249,11 @@ def test_strided_operands():
 @pytest.mark.parametrize("arch", ["cpu", "sm_80", "sm_89", "sm_90", "sm_100"])
 def test_default_configs_are_valid(arch):
     """Every rule's pick runs its kind (fp8: BLOCK_K 128); decode picks small BLOCK_M, prefill 128."""
-    for kind in ("bf16", "fp8", "mxfp4"):
+    for kind in ("bf16", "fp8", "mxfp4", "w4a8", "w4a4"):
         for m in (1, 16, 32, 64, 128, 4096):
             cfg = pick_config_for_arch(kind, m, 4096, 7168, arch)
             assert cfg.refusal(kind) is None, (kind, m, cfg)
-            if kind == "fp8":
+            if kind in ("fp8", "w4a8"):
                 assert cfg.block_k == 128
         assert pick_config_for_arch(kind, 4, 4096, 7168, arch).block_m == 16
         if arch != "cpu":
@@ -325,20 +352,39 @@ def _to_cuda(case: Case) -> Case:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
-@pytest.mark.parametrize("kind", ["bf16", "fp16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("kind", ["bf16", "fp16", "fp8", "mxfp4", "w4a8", "w4a4"])
 def test_gpu_realistic(kind, masked):
     _check(_to_cuda(_gpu_case(kind, masked)))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8", "w4a4"])
 def test_gpu_decode_and_row_weights(kind):
     """Decode sizes (few rows per expert -> small BLOCK_M), fused row weights, fp8 column-major scales."""
     case = _to_cuda(_gpu_case(kind, False, e=64, rows=16, n=2048, k=1024, row_weights=True))
-    _check(case, **({"column_major": True} if kind == "fp8" else {}))
+    _check(case, **({"column_major": True} if kind in ("fp8", "w4a8") else {}))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
 def test_gpu_mxfp4_dot_scaled(masked):
     _check(_to_cuda(_gpu_case("mxfp4", masked)), dot_scaled=True)
+
+
+def test_w4_bad_inputs():
+    a, sa = quant_a_fp8(torch.randn(8, 256), False)
+    wp, ws = quant_w_mxfp4(torch.randn(2, 64, 256))
+    mi = torch.zeros(8, dtype=torch.int32)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_w4a8: argument 'a': dtype bfloat16"):
+        tri.moe_gemm_w4a8(a.float().bfloat16(), sa, wp, ws, mi, None)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_w4a8: argument 'a_scale': expected shape \(8, 2\)"):
+        tri.moe_gemm_w4a8(a, sa[:, :1], wp, ws, mi, None)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_w4a8: argument 'w': expected packed"):
+        tri.moe_gemm_w4a8(a, sa, wp[:, :, :64], ws, mi, None)
+    ap, sap = mxfp4_quantize(torch.randn(8, 256), "floor", False)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_w4a4: argument 'a_scale': expected shape \(8, 8\)"):
+        tri.moe_gemm_w4a4(ap, sap[:, :4], wp, ws, mi, None)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_w4a4: argument 'w_scale': expected shape \(2, 64, 8\)"):
+        tri.moe_gemm_w4a4(ap, sap, wp, ws[:, :, :4], mi, None)
+    with pytest.raises(ValueError, match="w4a8 needs block_k=128"):
+        tri.moe_gemm_w4a8(a, sa, wp, ws, mi, None, config=MoeGemmConfig(16, 64, 64, 1, 4, 1))

@@ -10,11 +10,10 @@ from hypothesis import strategies as st
 
 from dispatch import ops
 from dispatch.reference import moe as ref
-from tests.helpers import DEVICES
+from tests.helpers import DEVICES, assert_close_elementwise
 from triton_ops.contract.checks import LowbitInputError
 
 # exp/log differ by a few ulps between torch and Triton (libdevice / numpy); everything else is IEEE fp32
-W_TOL = dict(rtol=1e-5, atol=1e-12)
 
 
 def _logits(t, e, dist, seed, dtype):
@@ -35,8 +34,7 @@ def _logits(t, e, dist, seed, dtype):
 def _compare(got, want, desc):
     assert got.topk_ids.dtype == torch.int32 and got.topk_weights.dtype == torch.float32
     assert torch.equal(got.topk_ids.cpu(), want.topk_ids), f"ids differ [{desc}]"
-    torch.testing.assert_close(got.topk_weights.cpu(), want.topk_weights, **W_TOL, equal_nan=True,
-                               msg=lambda m: f"{m} [{desc}]")
+    assert_close_elementwise(got.topk_weights, want.topk_weights, f"weights [{desc}]")
 
 
 @st.composite
@@ -117,7 +115,7 @@ def test_bias_selects_but_does_not_weigh(backend):
     bias = torch.tensor([10.0, 0.0, 0.0, 0.0])
     got = ops.moe_route(x, 2, scoring="sigmoid", bias=bias, backend=backend)
     assert got.topk_ids.tolist() == [[0, 3]]
-    torch.testing.assert_close(got.topk_weights, torch.sigmoid(x[:, [0, 3]]), **W_TOL)
+    assert_close_elementwise(got.topk_weights, torch.sigmoid(x[:, [0, 3]]), "weights")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -152,7 +150,7 @@ def test_renormalize_and_scaling(backend):
     torch.testing.assert_close(got.topk_weights.sum(-1), torch.full((5,), 2.5), rtol=1e-6, atol=0)
     # GPT-OSS: softmax over the top-k logits equals softmax + renormalize
     sm = ops.moe_route(x, 4, scoring="softmax", renormalize=True, backend=backend)
-    torch.testing.assert_close(sm.topk_weights, torch.softmax(x.gather(1, sm.topk_ids.long()), -1), **W_TOL)
+    assert_close_elementwise(sm.topk_weights, torch.softmax(x.gather(1, sm.topk_ids.long()), -1), "weights")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -250,4 +248,4 @@ def test_gpu_configs_match_reference(block_t, dist, preset):
     want = ref.moe_route(*args)
     ids, w = triton_route(*args, config=RouteConfig(block_t, 4))
     assert torch.equal(ids, want[0]), f"ids differ [{preset} {dist} block_t={block_t}]"
-    torch.testing.assert_close(w, want[1], **W_TOL, equal_nan=True)
+    assert_close_elementwise(w, want[1], f"weights [{preset} {dist} block_t={block_t}]")

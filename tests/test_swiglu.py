@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 import triton_ops.swiglu as triton_swiglu
 from dispatch import ops
 from dispatch.reference import swiglu as ref
-from tests.helpers import DEVICES, as_bytes, assert_graph_replay_matches_eager, assert_same_bytes, make_values
+from tests.helpers import (
+    DEVICES,
+    as_bytes,
+    assert_close,
+    assert_graph_replay_matches_eager,
+    assert_same_bytes,
+    make_values,
+)
 from triton_ops.contract.checks import LowbitInputError
 
 QUANTS = ("none", "fp8_group", "mxfp4", "nvfp4")
@@ -172,7 +179,7 @@ def test_swiglu_gptoss_matches_model_code(device):
     gl, lin = x[..., ::2].float().clamp(max=7.0), x[..., 1::2].float().clamp(-7.0, 7.0)
     want = gl * torch.sigmoid(1.702 * gl) * (lin + 1)
     y = ops.swiglu(x.to(device), interleave=1, activation="gptoss", alpha=1.702, limit=7.0, backend="triton")
-    assert torch.allclose(y.cpu().float(), want, rtol=2**-7, atol=1e-5)
+    assert_close(y.cpu().float(), want, "gptoss swiglu", dtype=y.dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,4 +1,10 @@
-"""CuTeDSL attention for Blackwell (sm_100a): a tcgen05 forward kernel and the pieces it is built from.
+"""CuTeDSL attention: a tcgen05 forward for Blackwell (sm_100a), a WGMMA forward for Hopper (sm_90a), and the
+pieces both are built from.
+
+The Hopper kernel (`fmha_sm90.py`, with `wgmma.py` for its WGMMA layouts and `launch.py` for the host pieces both
+kernels share: argument list, fake compile arguments, input checks, the call) is compiled and SASS-checked on a CPU
+and NOT YET RUN ON A GPU; dispatch offers it on sm_90 by name only (backend="cute"), see that module and
+docs/cute.md. The rest of this docstring is about the Blackwell kernel.
 
 STATUS: COMPILED AND SASS-INSPECTED ON A CPU, NEVER RUN ON BLACKWELL HARDWARE. No Blackwell GPU has executed
 this kernel; its numerics are unverified on hardware. It is not in the dispatch table (dispatch/table.py) and
@@ -19,7 +25,7 @@ What lives where (FA4's layout: shared semantics once, kernels compose them):
                   -1 unbounded): key range per query tile, mask-free tile range, one [lo, hi) interval per row.
                   The formulas are plain arithmetic run both on the host (twins, tested against
                   `visible_keys` and triton_ops/attention/mask.py) and inside the kernel while it is traced;
-                  `apply_row_bounds` is the device element mask (one unsigned compare and a select per score).
+                  `apply_row_bounds` is the device element mask (two signed compares and a select per score).
 * `softmax.py`    online softmax in the exp2 domain: sink init (m = sink * log2 e, l = 1), FA4's conditional
                   rescale (keep the old max unless it grew by more than `rescale_threshold` = 8 in log2 units;
                   O is rescaled only when some row of a warp needs it), finalize to out = O / l and natural-log
@@ -59,7 +65,8 @@ D=64: UTCHMMA 16, LDTM 8, STTM 4, UTMALDG 3.
 
 A CuTeDSL pitfall met on the way (4.8.1, found by running the mask on the host): inside
 `cutlass.range(..., unroll_full=True)`, an unsigned compare of a value derived from an identity-tensor coordinate
-at the loop index came out signed; mask.apply_row_bounds unrolls with range_constexpr instead, and a test pins it.
+at the loop index came out signed; the sm90 kernel's WGMMA accumulator coordinates showed the same even under
+range_constexpr, so mask.apply_row_bounds now uses two signed compares; tests pin both.
 Also: the DSL evaluates kernel annotations, so fmha_sm100.py has no `from __future__ import annotations`; MMA
 objects whose ACCUMULATE field is set in one role's branch must not be reused by later branches (the MMA warp
 builds its own); values kept in registers across setmaxnreg were spilled by ptxas (the tile coordinates go through

@@ -46,66 +46,32 @@ persistence, TMA store of O, exp2 emulation on FMA, paged KV, FP8, D != 64/128, 
 
 import dataclasses
 import functools
-import hashlib
-import math
-from pathlib import Path
 
+from . import launch
 from . import mask as mask_mod
 from . import scheduler as sched_mod
 from . import softmax as sm_mod
 
 TILE_M = 128
 TILE_N = 128
-SUPPORTED_HEAD_DIMS = (64, 128)
-DTYPES = ("bf16", "fp16")
+SUPPORTED_HEAD_DIMS = launch.SUPPORTED_HEAD_DIMS
+DTYPES = launch.DTYPES
 
 
 @dataclasses.dataclass(frozen=True)
-class FmhaSm100Config:
-    """Everything static about one compiled kernel (the compile key). Sequence lengths, batch, head counts and
-    the window sizes are runtime values."""
+class FmhaSm100Config(launch.AttentionConfig):
+    """The compile key (launch.AttentionConfig) for sm_100a / sm_103a."""
 
-    dtype: str  # bf16 | fp16: q, k, v and o
-    head_dim: int  # 64 | 128 (Dqk = Dv)
-    causal: bool = False
-    has_window_left: bool = False  # window_left >= 0 (its value is a runtime argument)
-    has_window_right: bool = False
-    has_sink: bool = False
-    has_lse: bool = True
-    schedule: str = "packed"  # packed | grid (scheduler.py)
-    rescale_threshold: float = sm_mod.DEFAULT_RESCALE_THRESHOLD  # 0: rescale O whenever the max grows
     arch: str = "sm_100a"
-
-    def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} not in {DTYPES}")
-        if self.head_dim not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"head_dim {self.head_dim} not in {SUPPORTED_HEAD_DIMS}")
-        if self.schedule not in ("packed", "grid"):
-            raise ValueError(f"schedule {self.schedule!r}")
-        if not self.arch.startswith("sm_10"):
-            raise ValueError(f"tcgen05 needs sm_100a/sm_103a, not {self.arch}")
+    NAME = "fmha_sm100"
+    ARCH_PREFIX = "sm_10"
+    ARCH_WHY = "tcgen05 needs sm_100a/sm_103a"
 
     @property
     def kv_stages(self) -> int:
         # SMEM: Q 128xD + stages x (K 128xD + V 128xD), 16-bit: D=128 -> 32 KiB + 2 x 64 KiB; D=64 -> 16 + 3 x 32
         return 2 if self.head_dim == 128 else 3
 
-    @property
-    def mask(self) -> mask_mod.MaskSpec:
-        return mask_mod.MaskSpec(self.causal, self.has_window_left, self.has_window_right)
-
-    def key(self) -> tuple:
-        return ("fmha_sm100", _source_hash(), *dataclasses.astuple(self))
-
-
-@functools.cache
-def _source_hash() -> str:
-    """cute_ops/_compile.fingerprint() hashes cute_ops/*.py only: key on this package's sources too."""
-    h = hashlib.sha256()
-    for src in sorted(Path(__file__).resolve().parent.glob("*.py")):
-        h.update(src.name.encode() + src.read_bytes())
-    return h.hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------------- the kernel
@@ -225,10 +191,7 @@ def _kernel_class():
             num_batch = mCuQ.shape[0] - 1
             group_size = hq // hkv
             scale_log2 = softmax_scale * Float32(sm_mod.LOG2E)
-            if cutlass.const_expr(self.cfg.schedule == "packed"):
-                grid = (((total_q + num_batch * (TILE_M - 1)) // TILE_M) * hq, 1, 1)
-            else:
-                grid = ((max_seqlen_q + TILE_M - 1) // TILE_M, hq, num_batch)
+            grid = sched_mod.launch_grid(self.cfg.schedule, total_q, num_batch, hq, max_seqlen_q, TILE_M)
             self.kernel(qk_mma, pv_mma, tma_q, tq_, tma_k, tk_, tma_v, tv_, o, mLSE, mCuQ, mCuK, mSink,
                         scale_log2, window_left, window_right, num_batch, hq, group_size,
                         q_sl, k_sl, v_sl, p_tl).launch(grid=grid, block=[self.THREADS, 1, 1],
@@ -268,13 +231,8 @@ def _kernel_class():
             tidx, _, _ = cute.arch.thread_idx()
 
             # ---- which tile (every warp computes the same answer)
-            if cutlass.const_expr(self.cfg.schedule == "packed"):
-                bx, _, _ = cute.arch.block_idx()
-                b, m_block, h, valid = sched_mod.packed_tile_device(mCuQ, num_batch, bx, hq, TILE_M,
-                                                                    self.spec.bounded_right)
-            else:
-                m_block, h, b = cute.arch.block_idx()
-                valid = m_block * TILE_M < mCuQ[b + 1] - mCuQ[b]
+            b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, TILE_M,
+                                                      self.spec.bounded_right)
             if valid:
                 self.attend(qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, mO, mLSE, mCuQ, mCuK, mSink,
                             scale_log2, window_left, window_right, group_size, q_sl, k_sl, v_sl, p_tl,
@@ -393,13 +351,8 @@ def _kernel_class():
             b = sTile[0]
             m_block = sTile[1]
             h = sTile[2]
-            q_start = mCuQ[b]
-            sq = mCuQ[b + 1] - q_start
-            k_start = mCuK[b]
-            sk = mCuK[b + 1] - k_start
-            n_lo, n_tiles, full_lo, full_hi = mask_mod.tile_range(self.spec, m_block, sq, sk, window_left,
-                                                                  window_right, TILE_M, TILE_N)
-            return b, m_block, h, q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi
+            return (b, m_block, h, *sched_mod.sequence_tiles(self.spec, mCuQ, mCuK, b, m_block, window_left,
+                                                             window_right, TILE_M, TILE_N))
 
         # ----------------------------------------------------------------------------------------- roles
 
@@ -730,52 +683,20 @@ def emulate(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale: float, causal: b
 # ------------------------------------------------------------------------------------------ compile
 
 
-def _fake_args(cfg: FmhaSm100Config):
-    import cutlass
-    import cutlass.cute as cute
-
-    dt = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[cfg.dtype]
-    d = cfg.head_dim
-    total_q, total_k, hq, hkv, nb1 = (cute.sym_int() for _ in range(5))
-
-    def tokens(rows, heads):  # (tokens, heads, D): D contiguous, token/head strides in 16-byte units
-        return cute.runtime.make_fake_tensor(dt, (rows, heads, d), stride=(cute.sym_int64(divisibility=8),
-                                                                           cute.sym_int64(divisibility=8), 1),
-                                             assumed_align=16)
-
-    q, k, v, o = tokens(total_q, hq), tokens(total_k, hkv), tokens(total_k, hkv), tokens(total_q, hq)
-    lse = (cute.runtime.make_fake_tensor(cutlass.Float32, (total_q, hq), stride=(cute.sym_int64(), 1),
-                                         assumed_align=4) if cfg.has_lse else None)
-    cu_q = cute.runtime.make_fake_tensor(cutlass.Int32, (nb1,), stride=(1,), assumed_align=4)
-    cu_k = cute.runtime.make_fake_tensor(cutlass.Int32, (nb1,), stride=(1,), assumed_align=4)
-    sinks = (cute.runtime.make_fake_tensor(cutlass.Float32, (hq,), stride=(1,), assumed_align=4)
-             if cfg.has_sink else None)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return (q, k, v, o, lse, cu_q, cu_k, sinks, cutlass.Float32(1.0), cutlass.Int32(-1), cutlass.Int32(-1),
-            cutlass.Int32(0), stream)
-
-
 def build(cfg: FmhaSm100Config, extra_options: str = ""):
     """cute.compile the kernel for `cfg` (uncached; `extra_options`: keep/dump flags for the SASS tests)."""
-    import cutlass.cute as cute
-
-    return cute.compile(kernel_class()(cfg), *_fake_args(cfg),
-                        options=f"--enable-tvm-ffi --gpu-arch {cfg.arch} {extra_options}".strip())
+    return launch.build(kernel_class()(cfg), cfg, extra_options)
 
 
 def compiled(cfg: FmhaSm100Config):
-    """The TVM-FFI callable for `cfg`, through lowbit's compile cache (the key includes this package's source
-    hash). Never launched by lowbit's dispatch: the kernel has not run on Blackwell hardware."""
-    from .. import _compile
-
-    return _compile.get_or_compile(cfg.key(), lambda: build(cfg))
+    """The TVM-FFI callable for `cfg`, through lowbit's compile cache. Never launched by lowbit's dispatch: the
+    kernel has not run on Blackwell hardware."""
+    return launch.compiled(build, cfg)
 
 
 def dump(cfg: FmhaSm100Config):
     """PTX + SASS of the kernel for `cfg` (cute_ops._sass.Dump), compiled for cfg.arch on any machine."""
-    from .._sass import compile_and_dump
-
-    return compile_and_dump(lambda extra: build(cfg, extra))
+    return launch.dump(build, cfg)
 
 
 # ------------------------------------------------------------------------- entry (for the lead: not registered)
@@ -788,25 +709,9 @@ def supports_attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                causal, window_left, window_right, sinks, return_lse) -> str | None:
     """Why `attention_prefill` below cannot take these arguments (None: it can), same signature as the triton
     backend's check. Shape and layout rules first, the device last (so CPU tests reach the rest)."""
-    import torch
-
-    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-    if q.dtype not in names or k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"dtypes q={q.dtype} k={k.dtype} v={v.dtype}: needs bf16 or fp16, all the same"
-    d = q.shape[-1]
-    if d not in SUPPORTED_HEAD_DIMS or k.shape[-1] != d or v.shape[-1] != d:
-        return f"head dims q={d} k={k.shape[-1]} v={v.shape[-1]}: needs Dqk = Dv in {SUPPORTED_HEAD_DIMS}"
-    if q.shape[1] % k.shape[1]:
-        return f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} KV heads"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(-1) != 1 or t.stride(0) % 8 or t.stride(1) % 8 or t.data_ptr() % 16:
-            return f"{name}: TMA needs a unit stride on D and 16-byte aligned rows, heads and base"
-    if softmax_scale is not None and not softmax_scale > 0:
-        return f"softmax_scale={softmax_scale}: the kernel takes the row max before scaling (needs > 0)"
-    if cu_seqlens_q.dtype != torch.int32 or cu_seqlens_k.dtype != torch.int32:
-        return "cu_seqlens must be int32"
-    if q.device.type != "cuda":
-        return "the cute backend runs on CUDA tensors only"
+    why = launch.check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale)
+    if why is not None:
+        return why
     from .._compile import target_arch
 
     arch = target_arch(q.device.index)
@@ -821,24 +726,12 @@ def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
     """(out (total_q, Hq, D) in q's dtype, lse (total_q, Hq) fp32), the triton backend's signature and contract.
     NEVER EXECUTED: written against the compiled kernel's argument list, not run on any GPU. lse is always
     computed (one fp32 per row and head)."""
-    import torch
-
     from .._compile import target_arch
 
-    total_q, hq, d = q.shape
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty(total_q, hq, dtype=torch.float32, device=q.device)
-    if total_q == 0:  # a grid of zero CTAs is a launch error
-        return out, lse
-    cfg = FmhaSm100Config({torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype], d, bool(causal),
-                          window_left >= 0, window_right >= 0, sinks is not None, True, "packed",
-                          arch=target_arch(q.device.index))
-    scale = default_softmax_scale(d) if softmax_scale is None else float(softmax_scale)
-    sink_arg = None if sinks is None else sinks.to(torch.float32).contiguous()
-    compiled(cfg)(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), sink_arg, scale,
-                  int(window_left), int(window_right), int(max_seqlen_q))
-    return out, lse
+    cfg = FmhaSm100Config.for_call(q, causal, window_left, window_right, sinks, target_arch(q.device.index))
+    fn = compiled(cfg) if q.shape[0] else None
+    return launch.run(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_left,
+                      window_right, sinks)
 
 
-def default_softmax_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
+default_softmax_scale = launch.default_softmax_scale

@@ -153,15 +153,19 @@ if cutlass is not None:
 
     @cute.jit
     def apply_row_bounds(scores: cute.Tensor, coords: cute.Tensor, col0, lo, hi):
-        """scores[i] = -inf where the key column col0 + coords[i][1] lies outside [lo, hi) (one row per thread:
-        coords[i] = (row, column in the tile), from partitioning an identity tensor like the scores). One unsigned
-        compare per score: c - lo wraps to a huge value below lo, and the width is clamped at 0 (empty rows)."""
+        """scores[i] = -inf where the key column col0 + coords[i][1] lies outside [lo, hi) (coords[i] = (row, column
+        in the tile), from partitioning an identity tensor like the scores; all of them on one row). Two signed
+        compares and a select per score; an empty row (hi <= lo) fails one of them everywhere.
+
+        Not the single unsigned compare `Uint32(c - lo) >= hi - lo`: with nvidia-cutlass-dsl 4.8.1 the Uint32 of a
+        coordinate taken from a partitioned identity tensor keeps signed semantics (found by running this on the
+        host: inside `cutlass.range(..., unroll_full=True)` with TMEM-load coordinates, and with the WGMMA
+        accumulator coordinates of the sm90 kernel even under range_constexpr), so columns below lo stayed
+        visible. tests/test_cute_attention.py pins both cases."""
         neg_inf = -cutlass.Float32.inf
         lo_local = lo - col0
-        width = cutlass.Uint32(cutlass.max(hi - lo, 0))
-        # range_constexpr (columns are Python ints), not cutlass.range(..., unroll_full=True): there, with the
-        # column taken from the identity tensor at a loop index, this unsigned compare came out signed and the
-        # columns below lo stayed visible (nvidia-cutlass-dsl 4.8.1, found by running it on the host).
+        hi_local = hi - col0
         for i in cutlass.range_constexpr(cute.size(scores)):
-            if cutlass.Uint32(coords[i][1] - lo_local) >= width:
+            c = coords[i][1]
+            if (c < lo_local) | (c >= hi_local):
                 scores[i] = neg_inf

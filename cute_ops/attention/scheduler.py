@@ -119,3 +119,32 @@ if cutlass is not None:
         if cutlass.const_expr(reverse_m):
             m_block = n_m_found - 1 - m_block
         return b_found, m_block, h, b_found >= 0
+
+    @cute.jit
+    def cta_tile(schedule: cutlass.Constexpr[str], cu_seqlens_q: cute.Tensor, num_batch: Int32, heads: Int32,
+                 tile_m: cutlass.Constexpr[int], reverse_m: cutlass.Constexpr[bool]):
+        """(b, m_block, h, valid) of the calling CTA under `schedule` (every lane of the calling warp takes part)."""
+        if cutlass.const_expr(schedule == "packed"):
+            bx, _, _ = cute.arch.block_idx()
+            b, m_block, h, valid = packed_tile_device(cu_seqlens_q, num_batch, bx, heads, tile_m, reverse_m)
+        else:
+            m_block, h, b = cute.arch.block_idx()
+            valid = m_block * tile_m < cu_seqlens_q[b + 1] - cu_seqlens_q[b]
+        return b, m_block, h, valid
+
+    def launch_grid(schedule: str, total_q, num_batch, heads, max_seqlen_q, tile_m: int):
+        """The grid of `schedule` from traced host values (total_q = q.shape[0], B = len(cu_seqlens_q) - 1)."""
+        if schedule == "packed":
+            return ((total_q + num_batch * (tile_m - 1)) // tile_m * heads, 1, 1)
+        return ((max_seqlen_q + tile_m - 1) // tile_m, heads, num_batch)
+
+    def sequence_tiles(spec, cu_seqlens_q, cu_seqlens_k, b, m_block, left, right, tile_m: int, tile_n: int):
+        """(q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi): sequence b's rows and the key tiles query
+        tile m_block visits (mask.tile_range), from traced device values."""
+        from .mask import tile_range
+
+        q_start = cu_seqlens_q[b]
+        sq = cu_seqlens_q[b + 1] - q_start
+        k_start = cu_seqlens_k[b]
+        sk = cu_seqlens_k[b + 1] - k_start
+        return (q_start, sq, k_start, sk, *tile_range(spec, m_block, sq, sk, left, right, tile_m, tile_n))

@@ -141,12 +141,13 @@ if cutlass is not None:
 
     @cute.jit
     def exp2_convert(scores: cute.Tensor, probs: cute.Tensor, scale_log2: Float32, m_safe: Float32,
-                     chunk: cutlass.Constexpr[int] = 32, portable: cutlass.Constexpr[bool] = False) -> Float32:
+                     chunk: cutlass.Constexpr[int] = 32, portable: cutlass.Constexpr[bool] = False,
+                     f32x2: cutlass.Constexpr[bool] = True) -> Float32:
         """probs[i] = exp2(scores[i] * scale_log2 - m_safe) rounded to probs' 16-bit type; returns the fp32 row
         sum. Both tensors are compact and in the same order (element i = key column i). Works `chunk` values
         at a time (FFMA2, MUFU.EX2, F2FP pack), so at most one chunk of fp32 results is live next to the scores
         still to do and the packed output: without it the 128 fp32 values and the 64 packed registers are live
-        together and the softmax warps spill."""
+        together and the softmax warps spill. `f32x2=False`: scalar FFMA/FADD (sm_90 has no packed f32x2 ops)."""
         n = cute.size(scores)
         neg_m = -m_safe
         acc0 = Float32(0.0)
@@ -155,7 +156,7 @@ if cutlass is not None:
             s_k = cute.make_tensor(scores.iterator + k * chunk, cute.make_layout(chunk))
             p_k = cute.make_tensor(probs.iterator + k * chunk, cute.make_layout(chunk))
             for i in cutlass.range_constexpr(0, chunk, 2):
-                if cutlass.const_expr(portable):
+                if cutlass.const_expr(portable or not f32x2):
                     x0 = s_k[i] * scale_log2 + neg_m
                     x1 = s_k[i + 1] * scale_log2 + neg_m
                 else:
@@ -163,7 +164,7 @@ if cutlass is not None:
                                                         (neg_m, neg_m))
                 s_k[i] = cute.math.exp2(x0, fastmath=True)
                 s_k[i + 1] = cute.math.exp2(x1, fastmath=True)
-                if cutlass.const_expr(portable):
+                if cutlass.const_expr(portable or not f32x2):
                     acc0 = acc0 + s_k[i]
                     acc1 = acc1 + s_k[i + 1]
                 else:

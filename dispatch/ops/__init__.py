@@ -34,7 +34,7 @@ from .moe import (
     moe_masked_layout,
     moe_route,
 )
-from .moe_gemm import moe_gemm_bf16, moe_gemm_fp8, moe_gemm_mxfp4
+from .moe_gemm import moe_gemm_bf16, moe_gemm_fp8, moe_gemm_mxfp4, moe_gemm_w4a4, moe_gemm_w4a8
 from .moe_layer import moe_layer
 from .quant import (
     FP8GroupQuantized,
@@ -82,5 +82,5 @@ __all__ = [
     "attention", "attention_decode", "attention_prefill", "attention_prefill_paged", "merge_attn_states",
     "mla_decode",
     # moe_gemm
-    "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_mxfp4", "moe_layer",
+    "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_mxfp4", "moe_gemm_w4a4", "moe_gemm_w4a8", "moe_layer",
 ]

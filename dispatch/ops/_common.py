@@ -121,7 +121,7 @@ def call(name: str, *args):
         if fast is not None:
             return fast(*args[:-1])
     _record.chosen = None
-    _record.want_plan = key is not None and os.environ.get(launch_plan.PLANS_ENV) == "1"
+    _record.want_plan = key is not None and os.environ.get(launch_plan.PLANS_ENV) != "0"
     try:
         out = _EAGER_IMPLS[name](*args)  # raises on bad input: nothing is remembered then
     finally:

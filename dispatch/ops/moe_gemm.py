@@ -1,6 +1,6 @@
 """MoE expert grouped GEMM ops: torch.library registration, fakes, typed public API.
 
-Contract: dispatch/reference/moe_gemm.py; layouts and conventions: docs/moe_gemm.md. Three weight formats over the
+Contract: dispatch/reference/moe_gemm.py; layouts and conventions: docs/moe_gemm.md. The weight formats over the
 two activation layouts `moe_align` / `moe_masked_layout` produce:
 
 * contiguous: a (M, K) rows grouped by expert, `m_indices` (M,) int32 expert id per row; -1 (padding) and
@@ -15,7 +15,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from triton_ops.contract.moe_gemm import check_bf16, check_fp8, check_mxfp4, check_row_weights
+from triton_ops.contract.moe_gemm import (
+    check_bf16,
+    check_fp8,
+    check_mxfp4,
+    check_row_weights,
+    check_w4a4,
+    check_w4a8,
+)
 
 from ._common import call, lowbit_op
 
@@ -39,6 +46,16 @@ def _check_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights):
     check_row_weights("moe_gemm_mxfp4", a, row_weights)
 
 
+def _check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights):
+    check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m)
+    check_row_weights("moe_gemm_w4a8", a, row_weights)
+
+
+def _check_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights):
+    check_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m)
+    check_row_weights("moe_gemm_w4a4", a_packed, row_weights)
+
+
 @lowbit_op("moe_gemm_bf16", mutates_args=(), check=_check_bf16)
 def _moe_gemm_bf16(a: Tensor, w: Tensor, m_indices: Tensor | None, masked_m: Tensor | None,
                    row_weights: Tensor | None, backend: str) -> Tensor:
@@ -55,6 +72,18 @@ def _moe_gemm_fp8(a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor, m_indi
 def _moe_gemm_mxfp4(a: Tensor, w_packed: Tensor, w_scale: Tensor, m_indices: Tensor | None,
                     masked_m: Tensor | None, row_weights: Tensor | None, backend: str) -> Tensor:
     return _out(a, w_packed.shape[1], torch.bfloat16)
+
+
+@lowbit_op("moe_gemm_w4a8", mutates_args=(), check=_check_w4a8)
+def _moe_gemm_w4a8(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, m_indices: Tensor | None,
+                   masked_m: Tensor | None, row_weights: Tensor | None, backend: str) -> Tensor:
+    return _out(a, w_packed.shape[1], torch.bfloat16)
+
+
+@lowbit_op("moe_gemm_w4a4", mutates_args=(), check=_check_w4a4)
+def _moe_gemm_w4a4(a_packed: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, m_indices: Tensor | None,
+                   masked_m: Tensor | None, row_weights: Tensor | None, backend: str) -> Tensor:
+    return _out(a_packed, w_packed.shape[1], torch.bfloat16)
 
 
 def moe_gemm_bf16(a: Tensor, w: Tensor, *, m_indices: Tensor | None = None, masked_m: Tensor | None = None,
@@ -79,6 +108,24 @@ def moe_gemm_mxfp4(a: Tensor, w_packed: Tensor, w_scale: Tensor, *, m_indices: T
     the low nibble (what `mxfp4_quantize` writes for (E*N, K) rows), w_scale uint8 (E, N, K/32) E8M0
     exponents (linear layout). Dequantized in registers; bf16 out."""
     return call("moe_gemm_mxfp4", a, w_packed, w_scale, m_indices, masked_m, row_weights, backend)
+
+
+def moe_gemm_w4a8(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, *,
+                  m_indices: Tensor | None = None, masked_m: Tensor | None = None,
+                  row_weights: Tensor | None = None, backend: str = "auto") -> Tensor:
+    """FP8 activations x MXFP4 weights (W4A8): a E4M3 with fp32 1x128 scales (`fp8_group_quantize`, row- or
+    column-major scales), weights as `moe_gemm_mxfp4` takes them. Through `tl.dot_scaled`: the native
+    block-scaled MMA on Blackwell, an upcast + WGMMA on Hopper. bf16 out."""
+    return call("moe_gemm_w4a8", a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights, backend)
+
+
+def moe_gemm_w4a4(a_packed: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, *,
+                  m_indices: Tensor | None = None, masked_m: Tensor | None = None,
+                  row_weights: Tensor | None = None, backend: str = "auto") -> Tensor:
+    """MXFP4 activations x MXFP4 weights (W4A4): a_packed uint8 (*rows, K/2) and a_scale uint8 (*rows, K/32)
+    as `mxfp4_quantize(x, scale_layout="linear")` writes them; weights as `moe_gemm_mxfp4` takes them. Through
+    `tl.dot_scaled` (native FP4 MMA on Blackwell, upcast on Hopper). bf16 out."""
+    return call("moe_gemm_w4a4", a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights, backend)
 
 
 # ------------------------------------------------------------------------------------------ self-check
@@ -119,6 +166,20 @@ def self_check_cases() -> list:
         scales = torch.randint(118, 128, (w.shape[0], w.shape[1], k // 32), generator=g, dtype=torch.uint8)
         return (a.bfloat16(), packed.to(dev), scales.to(dev), mi, None, None)
 
+    def w4(dev, small, fp4_acts):
+        k = 128 if small else 2048
+        a, w, mi, g = layout(dev, small, 4 if small else 32, k, 128 if small else 1024)
+        packed = torch.randint(0, 256, (w.shape[0], w.shape[1], k // 2), generator=g, dtype=torch.uint8)
+        scales = torch.randint(118, 128, (w.shape[0], w.shape[1], k // 32), generator=g, dtype=torch.uint8)
+        rows = a.shape[0]
+        if fp4_acts:
+            acts = (torch.randint(0, 256, (rows, k // 2), generator=g, dtype=torch.uint8).to(dev),
+                    torch.randint(122, 130, (rows, k // 32), generator=g, dtype=torch.uint8).to(dev))
+        else:
+            acts = ((a * 64).clamp(-448, 448).to(torch.float8_e4m3fn),
+                    (torch.rand(rows, k // 128, generator=g) / 64).to(dev))
+        return (*acts, packed.to(dev), scales.to(dev), mi, None, None)
+
     def close(out, ref):
         err = normalized_error(out, ref)
         return err <= 2e-2, f"normalized error {err:.2e}"
@@ -127,4 +188,6 @@ def self_check_cases() -> list:
         Case("moe_gemm_bf16", bf16, close, label="contiguous, moe_align rows"),
         Case("moe_gemm_fp8", fp8, close, label="contiguous, 1x128 / 128x128 scales"),
         Case("moe_gemm_mxfp4", mxfp4, close, label="contiguous, W4A16"),
+        Case("moe_gemm_w4a8", lambda d, s: w4(d, s, False), close, label="contiguous, FP8 x MXFP4"),
+        Case("moe_gemm_w4a4", lambda d, s: w4(d, s, True), close, label="contiguous, MXFP4 x MXFP4"),
     ]

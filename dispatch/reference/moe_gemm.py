@@ -76,6 +76,22 @@ def moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights=None):
     return _grouped(a.float(), w32, m_indices, masked_m, row_weights, torch.bfloat16)
 
 
+def moe_gemm_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights=None):
+    """E4M3 activations (fp32 1x128 scales) x MXFP4 weights: both dequantized exactly to fp32, then the GEMM."""
+    a32 = fp8_group_dequantize(a, a_scale, FP8_BLOCK, torch.float32)
+    return _grouped(a32, mxfp4_weight_dequantize(w_packed, w_scale), m_indices, masked_m, row_weights,
+                    torch.bfloat16)
+
+
+def moe_gemm_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights=None):
+    """MXFP4 activations (packed pairs, E8M0 per 32, linear layout) x MXFP4 weights, dequantized exactly."""
+    kh = a_packed.shape[-1]
+    a32 = mxfp4_weight_dequantize(a_packed.reshape(1, -1, kh), a_scale.reshape(1, -1, a_scale.shape[-1]))
+    a32 = a32.reshape(*a_packed.shape[:-1], 2 * kh)
+    return _grouped(a32, mxfp4_weight_dequantize(w_packed, w_scale), m_indices, masked_m, row_weights,
+                    torch.bfloat16)
+
+
 # ------------------------------------------------------------------ block-scaled FP4 x FP4 (sm_100 UMMA kernels)
 
 FP4_SF_VEC = {"nvfp4": 16, "mxfp4": 32}

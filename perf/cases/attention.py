@@ -681,6 +681,9 @@ def cases() -> list[BenchCase]:
         _prefill_case("llama", [16384], [16384], c["hq"], c["hkv"], c["dqk"], c["dv"], True),
         _prefill_case("llama", [16384], [16384], c["hq"], c["hkv"], c["dqk"], c["dv"], False),
         _prefill_case("llama", [2048] * 8, [2048] * 8, c["hq"], c["hkv"], c["dqk"], c["dv"], True),
+        # hd128 causal at 4k and 8k: the CuTeDSL sm_90 kernel (backend "cute") beside FA4 and the Gluon kernel
+        _prefill_case("llama", [4096] * 4, [4096] * 4, c["hq"], c["hkv"], c["dqk"], c["dv"], True),
+        _prefill_case("llama", [8192] * 2, [8192] * 2, c["hq"], c["hkv"], c["dqk"], c["dv"], True),
         _prefill_case("llama", [2048] * 8, [2048] * 8, c["hq"], c["hkv"], c["dqk"], c["dv"], False),
         _prefill_case("gpt-oss", [8192] * 2, [8192] * 2, 64, 8, 64, 64, True, (128, 0), sinks=True),
         _prefill_case("gpt-oss", [8192] * 2, [8192] * 2, 64, 8, 64, 64, True, sinks=True),

@@ -74,15 +74,22 @@ def weight_bytes(kind: str, experts: int, n: int, k: int) -> int:
         return experts * n * k * 2
     if kind == "fp8":
         return experts * n * k + experts * -(-n // FP8_BLOCK) * (k // FP8_BLOCK) * 4
-    return experts * n * k // 2 + experts * n * (k // MXFP4_BLOCK)  # mxfp4
+    return experts * n * k // 2 + experts * n * (k // MXFP4_BLOCK)  # mxfp4, w4a8, w4a4: MXFP4 weights
+
+
+def _act_bytes(kind: str, rows: int, k: int) -> int:
+    if kind in ("fp8", "w4a8"):
+        return rows * k + rows * (k // FP8_BLOCK) * 4
+    if kind == "w4a4":
+        return rows * k // 2 + rows * (k // MXFP4_BLOCK)
+    return rows * k * 2
 
 
 def moe_gemm_bytes(kind: str, counts: list[int], out_rows: int, n: int, k: int, index_elems: int) -> int:
     """Weights of the experts with rows + real activation rows (+ FP8 scales) + every output row + the indices."""
     real = sum(counts)
     experts = sum(1 for c in counts if c > 0)
-    act = real * k * (1 if kind == "fp8" else 2) + (real * (k // FP8_BLOCK) * 4 if kind == "fp8" else 0)
-    return weight_bytes(kind, experts, n, k) + act + out_rows * n * 2 + index_elems * 4
+    return weight_bytes(kind, experts, n, k) + _act_bytes(kind, real, k) + out_rows * n * 2 + index_elems * 4
 
 
 def moe_gemm_flops(counts: list[int], n: int, k: int) -> int:
@@ -114,7 +121,10 @@ def _weights(kind: str, e: int, n: int, k: int, device) -> dict:
 
 
 def _activations(kind: str, lead: tuple, k: int, device) -> dict:
-    if kind == "fp8":
+    if kind == "w4a4":
+        return {"a": torch.randint(0, 256, (*lead, k // 2), dtype=torch.uint8, device=device),
+                "a_scale": torch.randint(122, 130, (*lead, k // MXFP4_BLOCK), dtype=torch.uint8, device=device)}
+    if kind in ("fp8", "w4a8"):
         return {"a": _fp8_codes((*lead, k), device),
                 "a_scale": torch.rand(*lead, k // FP8_BLOCK, device=device).add_(0.5)}
     return {"a": torch.randn(*lead, k, device=device, dtype=BF16)}
@@ -137,8 +147,10 @@ def contiguous_ids(counts: list[int], pad_to: int, extra: dict[int, int] | None 
 
 def _a32(kind: str, i: dict, rows) -> torch.Tensor:
     a = i["a"][rows]
-    if kind == "fp8":
+    if kind in ("fp8", "w4a8"):
         return a.float() * i["a_scale"][rows].float().repeat_interleave(FP8_BLOCK, dim=-1)
+    if kind == "w4a4":
+        return ref.mxfp4_weight_dequantize(a[None], i["a_scale"][rows][None])[0]
     return a.float()
 
 
@@ -207,12 +219,14 @@ def _probe_peers(peers: dict, state: dict, inputs: dict, device: torch.device, w
 
 def _peers(kind: str, masked: bool, dense: bool) -> dict:
     peers: dict = {}
-    if kind in ("bf16", "mxfp4"):
+    if kind in ("bf16", "mxfp4", "w4a8", "w4a4"):
         wname = "w" if kind == "bf16" else "w_peer"
+        aname = "a_peer" if kind in ("w4a8", "w4a4") else "a"
         if masked:
-            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i["a"], i[wname].transpose(1, 2), out_dtype=BF16)
+            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i[aname], i[wname].transpose(1, 2),
+                                                                     out_dtype=BF16)
         else:
-            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i["a"], i[wname].transpose(1, 2),
+            peers["torch._grouped_mm"] = lambda i: torch._grouped_mm(i[aname], i[wname].transpose(1, 2),
                                                                      offs=i["offs"], out_dtype=BF16)
         if dense and kind == "bf16":
             peers["mm-dense"] = lambda i: torch.mm(i["a"], i["w"][0].t())
@@ -247,6 +261,10 @@ def _call(kind: str):
             return ops.moe_gemm_bf16(i["a"], i["w"], **lay, backend=b)
         if kind == "fp8":
             return ops.moe_gemm_fp8(i["a"], i["a_scale"], i["w"], i["w_scale"], **lay, backend=b)
+        if kind == "w4a8":
+            return ops.moe_gemm_w4a8(i["a"], i["a_scale"], i["w"], i["w_scale"], **lay, backend=b)
+        if kind == "w4a4":
+            return ops.moe_gemm_w4a4(i["a"], i["a_scale"], i["w"], i["w_scale"], **lay, backend=b)
         return ops.moe_gemm_mxfp4(i["a"], i["w"], i["w_scale"], **lay, backend=b)
     return call
 
@@ -258,6 +276,8 @@ def _contract(kind: str):
             return ref.moe_gemm_bf16(i["a"], i["w"], *lay)
         if kind == "fp8":
             return ref.moe_gemm_fp8(i["a"], i["a_scale"], i["w"], i["w_scale"], *lay)
+        if kind in ("w4a8", "w4a4"):
+            return getattr(ref, f"moe_gemm_{kind}")(i["a"], i["a_scale"], i["w"], i["w_scale"], *lay)
         return ref.moe_gemm_mxfp4(i["a"], i["w"], i["w_scale"], *lay)
     return reference
 
@@ -294,8 +314,10 @@ def _case(model: str, gemm: str, kind: str, e: int, n: int, k: int, *, counts: l
         if "torch._scaled_grouped_mm" in peers or "scaled_mm-dense" in peers:  # row-wise scales of the FP8 peers
             i["sa_row"] = torch.rand(*lead, device=device).add_(0.5)
             i["sb_row"] = torch.rand(e, n, device=device).add_(0.5).mul_(k ** -0.5)
-        if kind == "mxfp4" and "torch._grouped_mm" in peers:  # bf16 weights of the same shape for the bf16 peer
+        if kind != "bf16" and "torch._grouped_mm" in peers:  # bf16 operands of the same shape for the bf16 peer
             i["w_peer"] = torch.randn(e, n, k, device=device, dtype=BF16).mul_(k ** -0.5)
+            if kind in ("w4a8", "w4a4"):
+                i["a_peer"] = torch.randn(*lead, k, device=device, dtype=BF16)
         _probe_peers(peers, state, i, device, where)
         return i
 
@@ -315,7 +337,7 @@ def _case(model: str, gemm: str, kind: str, e: int, n: int, k: int, *, counts: l
                      lean_reference(kind, counts, masked) if full else _contract(kind), check,
                      bytes_moved=moe_gemm_bytes(kind, counts, out_rows, n, k, index_elems),
                      flops=moe_gemm_flops(counts, n, k), peers=peers, compile_reference=False, tier=tier,
-                     flops_dtype="fp8" if kind == "fp8" else "bf16")
+                     flops_dtype="fp8" if kind in ("fp8", "w4a8") else "bf16")
 
 
 def _quick_cases() -> list[BenchCase]:
@@ -327,6 +349,8 @@ def _quick_cases() -> list[BenchCase]:
         _case("quick", "gemm", "bf16", 4, 32, 64, counts=[3, 0, 5, 2], ids=bf16_ids, tier="quick"),
         _case("quick", "gemm", "fp8", 3, 32, 128, counts=[2, 0, 3], masked=True, max_m=4, tier="quick"),
         _case("quick", "gemm", "mxfp4", 3, 32, 64, counts=[2, 4, 0], ids=mx_ids, tier="quick"),
+        _case("quick", "gemm", "w4a8", 3, 32, 128, counts=[2, 4, 0], ids=mx_ids, tier="quick"),
+        _case("quick", "gemm", "w4a4", 3, 32, 64, counts=[2, 0, 3], masked=True, max_m=4, tier="quick"),
     ]
 
 
@@ -337,7 +361,10 @@ def cases() -> list[BenchCase]:
             out.append(_case("dsv3", gemm, kind, 32, n, k, rows=256))
             out.append(_case("dsv3", gemm, kind, 256, n, k, rows=16, masked=True))
     n, k = GPT_OSS_GEMM1
-    for kind in ("mxfp4", "bf16"):
+    for kind in ("mxfp4", "bf16", "w4a4"):
         out.append(_case("gpt-oss-120b", "gemm1", kind, 128, n, k, rows=16))
         out.append(_case("gpt-oss-120b", "gemm1", kind, 32, n, k, rows=256))
+    n, k = DSV3["gemm1"]  # W4A8 needs K % 128 (1x128 activation scales): DeepSeek dims
+    out.append(_case("dsv3", "gemm1", "w4a8", 256, n, k, rows=16, masked=True))
+    out.append(_case("dsv3", "gemm1", "w4a8", 32, n, k, rows=256))
     return out + _quick_cases()

@@ -22,7 +22,9 @@ Query s of sequence b sits at key position seqused_k[b] - Sq + s (bottom-right a
   block_size (seqused_k larger than the table) are masked the same way, and unused table entries past
   seqused_k are never read.
 * FP8: codes are exact in bf16/fp16, so the dots take the codes and the scales multiply the fp32 results (k
-  scale into the logit scale, v scale into the final normalization).
+  scale into the logit scale, v scale into the final normalization). On the GPU the dots run in fp16 (the
+  hardware converts a pair of E4M3 codes to fp16 in one instruction; to bf16 it takes three): q is converted to
+  fp16 after an exact power-of-two rescale of the tile (largest magnitude in [2^14, 2^15]) and P is rounded to fp16.
 * Interpreter: its tl.dot on bf16 operands is wrong (huge values), so there (DOT_F32) the dots run on fp32
   copies of the same 16-bit operands, with fp32 IEEE products.
 """
@@ -64,7 +66,9 @@ def _load_kv(ptr, rows, kok, d, D: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: t
     columns are 0. FP8 codes come back as their exact values (unscaled) in DOT_DTYPE."""
     m = kok[:, None] & (d < D)[None, :]
     x = tl.load(ptr + rows[:, None] + d[None, :], mask=m, other=0)
-    if FP8:
+    if FP8 and not EMULATE:  # one hardware convert per pair of codes (e4m3x2 -> f16x2 when DOT_DTYPE is fp16)
+        return x.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+    elif FP8:
         return e4m3_decode_fast(x, EMULATE).to(DOT_DTYPE)
     else:
         return x.to(DOT_DTYPE)
@@ -99,7 +103,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
                    D: tl.constexpr, DV: tl.constexpr, D_P: tl.constexpr, DV_P: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
                    WINDOW_RIGHT: tl.constexpr, HAS_SINK: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                   OUT_DTYPE: tl.constexpr, FINAL: tl.constexpr, DOT_F32: tl.constexpr, EMULATE: tl.constexpr):
+                   OUT_DTYPE: tl.constexpr, FINAL: tl.constexpr, DOT_F32: tl.constexpr, EMULATE: tl.constexpr,
+                   Q_TO_F16: tl.constexpr):
     # grid (B, Hkv * M_BLOCKS, num_splits). Packed row r = s * GROUP + g is query s, head hkv * GROUP + g.
     # Logits are kept in base 2 (qk_scale carries log2(e)), so the running softmax uses exp2.
     b = tl.program_id(0).to(tl.int64)
@@ -116,10 +121,21 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
     d = tl.arange(0, D_P)
     dv = tl.arange(0, DV_P)
     q = tl.load(q_ptr + b * q_sb + (s * q_ss + h * q_sh)[:, None] + d[None, :],
-                mask=rmask[:, None] & (d < D)[None, :], other=0.0).to(DOT_DTYPE)
+                mask=rmask[:, None] & (d < D)[None, :], other=0.0)
     scale = qk_scale
     if FP8:
         scale = scale * tl.load(ks_ptr + hkv * ks_sh)
+    if Q_TO_F16:
+        # bf16 q for fp16 dots (FP8 caches): q is divided by the power of two that puts its largest magnitude in
+        # [2^14, 2^15] (exact), so every element fp16 holds exactly (fp16 has more mantissa bits than bf16) unless
+        # it is 2^29 times smaller than the largest; the logit scale takes the factor back
+        qf = q.to(tl.float32)
+        qmax = tl.max(tl.max(tl.abs(qf), 1), 0)
+        qfac = tl.where(qmax > 0.0, tl.exp2(tl.ceil(tl.log2(qmax * (1.0 / 32768.0)))), 1.0)
+        q = (qf / qfac).to(DOT_DTYPE)
+        scale = scale * qfac
+    else:
+        q = q.to(DOT_DTYPE)
 
     # keys any row of this block may see, cut to this split's slice and to the table's capacity
     s_lo = (mb * BLOCK_M) // GROUP
@@ -151,8 +167,11 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
         ok = visible(q_pos[:, None], j[None, :], sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT) & kok[None, :]
         p, alpha, m_new, l_i = softmax_step(tl.where(ok, qk, float("-inf")), m_i, l_i)
         vt = _load_kv(v_ptr, page * v_sb + slot * v_so + hkv * v_sh, kok, dv, DV, FP8, DOT_DTYPE, EMULATE)
-        p16 = cast_out(p, OUT_DTYPE, EMULATE)  # P in the value dtype, as the tensor-core dot takes it
-        acc = acc * alpha[:, None] + _dot(p16.to(DOT_DTYPE), vt, DOT_F32)
+        if Q_TO_F16 or (FP8 and not DOT_F32):  # fp16 dots: P rounded once to fp16
+            p16 = p.to(DOT_DTYPE)
+        else:  # P in the value dtype, as the tensor-core dot takes it
+            p16 = cast_out(p, OUT_DTYPE, EMULATE).to(DOT_DTYPE)
+        acc = acc * alpha[:, None] + _dot(p16, vt, DOT_F32)
         m_i = m_new
 
     norm, lse = softmax_finish(m_i, l_i)
@@ -210,7 +229,9 @@ def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, 
     kps = cfg.block_n * max(1, cdiv(cdiv(max_ctx, splits), cfg.block_n))
     m_blocks = cdiv(sq * group, cfg.block_m)
     dot_f32 = dev.type == "cpu"
-    dot_dtype = tl.float32 if dot_f32 else TL_DTYPE[q.dtype]
+    # FP8 caches: fp16 dots on the GPU (codes convert to fp16 in one instruction per pair, not through fp32)
+    dot_dtype = tl.float32 if dot_f32 else (tl.float16 if fp8 else TL_DTYPE[q.dtype])
+    q_to_f16 = dot_dtype == tl.float16 and q.dtype == torch.bfloat16
     if sinks is not None and sinks.stride(0) != 1:
         sinks = sinks.contiguous()
     ks = k_scale if fp8 else q
@@ -227,7 +248,7 @@ def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, 
         DV_P=max(16, next_pow2(dv)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
         WINDOW_LEFT=int(window_left), WINDOW_RIGHT=int(window_right), HAS_SINK=sinks is not None, FP8=fp8,
         DOT_DTYPE=dot_dtype, OUT_DTYPE=TL_DTYPE[q.dtype], FINAL=splits == 1, DOT_F32=dot_f32,
-        EMULATE=emulate_formats(dev), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        EMULATE=emulate_formats(dev), Q_TO_F16=q_to_f16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     reduce_splits(o_buf, l_buf, out, lse, cfg.reduce_elems)
     return out, lse
 

@@ -101,13 +101,9 @@ def fp4_views(w_packed, w_scale):
     return w_packed, w_scale
 
 
-def check_mxfp4(a, w_packed, w_scale, m_indices, masked_m) -> None:
-    op = "moe_gemm_mxfp4"
-    w_packed, w_scale = fp4_views(w_packed, w_scale)
-    e = _check_layout(op, a, w_packed, m_indices, masked_m)
-    check_dtype(op, "a", a, (torch.bfloat16,))
+def _check_mxfp4_weights(op, a, w_packed, w_scale, k: int, e: int) -> None:
+    """MXFP4 weights: packed (E, N, K/2) uint8 and E8M0 (E, N, K/32) uint8 scales, on a's device."""
     check_dtype(op, "w", w_packed, (torch.uint8,))
-    k = a.shape[-1]
     if k % MXFP4_BLOCK:
         fail(op, "a", f"K={k} is not a multiple of {MXFP4_BLOCK} (one E8M0 scale per 32 weights)")
     if w_packed.shape[2] * 2 != k:
@@ -118,6 +114,45 @@ def check_mxfp4(a, w_packed, w_scale, m_indices, masked_m) -> None:
     if _shape(w_scale) != want:
         fail(op, "w_scale", f"expected shape {want}, got {_shape(w_scale)}")
     check_same_device(op, "a", a, "w_scale", w_scale)
+
+
+def check_mxfp4(a, w_packed, w_scale, m_indices, masked_m) -> None:
+    op = "moe_gemm_mxfp4"
+    w_packed, w_scale = fp4_views(w_packed, w_scale)
+    e = _check_layout(op, a, w_packed, m_indices, masked_m)
+    check_dtype(op, "a", a, (torch.bfloat16,))
+    _check_mxfp4_weights(op, a, w_packed, w_scale, a.shape[-1], e)
+
+
+def check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m) -> None:
+    """E4M3 activations with fp32 1x128 scales (fp8_group_quantize) x MXFP4 weights."""
+    op = "moe_gemm_w4a8"
+    w_packed, w_scale = fp4_views(w_packed, w_scale)
+    e = _check_layout(op, a, w_packed, m_indices, masked_m)
+    check_dtype(op, "a", a, (torch.float8_e4m3fn,))
+    k = a.shape[-1]
+    if k % FP8_BLOCK:
+        fail(op, "a", f"K={k} is not a multiple of {FP8_BLOCK} (one fp32 activation scale per 128 columns)")
+    _check_scale(op, "a_scale", a_scale, (*a.shape[:-1], k // FP8_BLOCK), a)
+    _check_mxfp4_weights(op, a, w_packed, w_scale, k, e)
+
+
+def check_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m) -> None:
+    """MXFP4 activations (packed pairs + E8M0 scales per 32, mxfp4_quantize's linear layout) x MXFP4 weights."""
+    op = "moe_gemm_w4a4"
+    a_packed, a_scale = fp4_views(a_packed, a_scale)
+    w_packed, w_scale = fp4_views(w_packed, w_scale)
+    e = _check_layout(op, a_packed, w_packed, m_indices, masked_m)
+    check_dtype(op, "a", a_packed, (torch.uint8,))
+    k = a_packed.shape[-1] * 2
+    check_tensor(op, "a_scale", a_scale)
+    check_dtype(op, "a_scale", a_scale, (torch.uint8,))
+    want = (*a_packed.shape[:-1], k // MXFP4_BLOCK)
+    if _shape(a_scale) != want:
+        fail(op, "a_scale", f"expected shape {want} (E8M0, one per 32 activations, the linear scale layout), got "
+                            f"{_shape(a_scale)}")
+    check_same_device(op, "a", a_packed, "a_scale", a_scale)
+    _check_mxfp4_weights(op, a_packed, w_packed, w_scale, k, e)
 
 
 def check_row_weights(op, a, row_weights) -> None:

@@ -17,7 +17,9 @@ from triton_ops.contract.arch import arch_of
 from triton_ops.contract.formats import MXFP4_BLOCK
 from triton_ops.contract.moe_gemm import FP8_BLOCK
 
-KINDS = ("bf16", "fp8", "mxfp4")
+KINDS = ("bf16", "fp8", "mxfp4", "w4a8", "w4a4")
+# Kinds whose K step is exactly one 1x128 activation scale group.
+_K128_KINDS = ("fp8", "w4a8")
 
 # archs with ~100 KB of shared memory per SM (consumer parts): one pipeline stage fewer on big tiles
 _SMALL_SMEM_ARCHS = ("sm_86", "sm_89", "sm_120", "sm_121")  # ~100 KB of shared memory per SM
@@ -38,10 +40,10 @@ class MoeGemmConfig:
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 return f"{name}={v} is not a power of two >= 16 (tl.dot)"
-        if kind == "fp8" and self.block_k != FP8_BLOCK:
-            return f"fp8 needs block_k={FP8_BLOCK} (one scale per K step), got {self.block_k}"
-        if kind == "mxfp4" and self.block_k % MXFP4_BLOCK:
-            return f"mxfp4 needs block_k a multiple of {MXFP4_BLOCK}, got {self.block_k}"
+        if kind in _K128_KINDS and self.block_k != FP8_BLOCK:
+            return f"{kind} needs block_k={FP8_BLOCK} (one activation scale per K step), got {self.block_k}"
+        if kind in ("mxfp4", "w4a4") and self.block_k % MXFP4_BLOCK:
+            return f"{kind} needs block_k a multiple of {MXFP4_BLOCK}, got {self.block_k}"
         if self.group_m < 1:
             return f"group_m={self.group_m} < 1"
         return None
@@ -69,15 +71,22 @@ def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGem
     Hopper), 3 stages (96 KB of shared memory; 2 on ~100 KB parts). GROUP_M 8 on prefill: the 8 M tiles of a
     group (mostly one expert) reuse each weight tile from L2.
     Interpreter: its cost is per program and per op, so the largest tiles that keep numpy arrays small."""
-    bk_min = FP8_BLOCK if kind == "fp8" else (MXFP4_BLOCK if kind == "mxfp4" else 16)
+    bk_min = MXFP4_BLOCK if kind in ("mxfp4", "w4a4") else 16
     if arch == "cpu":
         bm = min(64, max(16, next_pow2(m)))
         bn = min(256, max(16, next_pow2(n)))
-        bk = FP8_BLOCK if kind == "fp8" else min(128, max(bk_min, next_pow2(k)))
+        bk = FP8_BLOCK if kind in _K128_KINDS else min(128, max(bk_min, next_pow2(k)))
         return MoeGemmConfig(bm, bn, bk, group_m=1, num_warps=4, num_stages=1)
     if m <= 32:
         return MoeGemmConfig(16 if m <= 16 else 32, 64, 128, group_m=1, num_warps=4, num_stages=4)
     if m <= 64:
         return MoeGemmConfig(64, 128, 64 if kind == "bf16" else 128, group_m=4, num_warps=4, num_stages=3)
     stages = 2 if arch in _SMALL_SMEM_ARCHS else 3
-    return MoeGemmConfig(128, 128, 128 if kind == "fp8" else 64, group_m=8, num_warps=8, num_stages=stages)
+    if kind == "bf16" and arch not in _SMALL_SMEM_ARCHS:
+        # 5 stages (160 KB of shared memory): 0.81x / 0.80x torch._grouped_mm on DeepSeek's prefill GEMM1 / GEMM2
+        # against 0.65x / 0.68x with 3 (H100 sweep, perf/results/experiments/2026-11-25-h100-moe-gemm-prefill-
+        # tiles-*.json). 128x256 x 4 stages measured 0.83x / 0.82x but needs 255 registers and spills to the stack.
+        return MoeGemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=5)
+    # fp8 / w4a8: one activation scale per K step; w4a4: 128 FP4 values are 64 bytes a row, as bf16's 64 are 128
+    bk = 64 if kind in ("bf16", "mxfp4") else 128
+    return MoeGemmConfig(128, 128, bk, group_m=8, num_warps=8, num_stages=stages)

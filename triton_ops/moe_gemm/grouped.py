@@ -8,6 +8,10 @@ Weights are (E, N, K) with K contiguous (K-major), one of:
 * MXFP4 (`moe_gemm_mxfp4`, GPT-OSS W4A16): E2M1 pairs (E, N, K/2) uint8, element 2i in the low nibble, E8M0
   scales (E, N, K/32) (value = e2m1 * 2^(s - 127)), bf16 activations; dequantized to bf16 in registers (or,
   with `dot_scaled=True`, handed to tl.dot_scaled as "e2m1" with the scales), bf16 output.
+* MXFP4 weights with narrow activations through `tl.dot_scaled` (the native block-scaled MMA on Blackwell, an
+  upcast + WGMMA on sm_90): `moe_gemm_w4a8` (E4M3 activations with fp32 1x128 scales, as fp8_group_quantize
+  writes them; the activation scale multiplies each 128-wide K step) and `moe_gemm_w4a4` (MXFP4 activations:
+  packed pairs + E8M0 scales per 32 in the linear layout mxfp4_quantize writes).
 Optional fused epilogue on every entry: `row_weights` (fp32, one per row of a) multiplies each computed row
 before the one rounding (the top-k weights of GEMM2, so the combine only sums).
 
@@ -37,6 +41,8 @@ from triton_ops.contract.moe_gemm import (
     check_fp8,
     check_mxfp4,
     check_row_weights,
+    check_w4a4,
+    check_w4a8,
     contiguous_ids,
     fp4_views,
 )
@@ -44,7 +50,7 @@ from triton_ops.contract.moe_gemm import (
 from .config import FP8_BLOCK, MXFP4_BLOCK, MoeGemmConfig, pick_config, rows_per_expert
 from .dequant import e4m3_operand, mma, mxfp4_tile_t
 
-KIND_CODE = {"bf16": 0, "fp8": 1, "mxfp4": 2}
+KIND_CODE = {"bf16": 0, "fp8": 1, "mxfp4": 2, "w4a8": 3, "w4a4": 4}
 _MAX_GRID_Y = 65535  # CUDA grid dim y: the masked layout puts the experts there
 
 
@@ -60,10 +66,14 @@ def _expert_pass(a_ptr, a_off, sel, as_ptr, as_off, stride_ask, w_ptr, ws_ptr, e
     n64 = offs_n.to(tl.int64)
     w_cols = w_ptr + e64 * stride_we + n64[None, :] * stride_wn  # [1, BLOCK_N]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    A_PER_BYTE: tl.constexpr = 2 if KIND == 4 else 1  # W4A4: activations are packed E2M1 pairs too
+    offs_ka = tl.arange(0, BLOCK_K // A_PER_BYTE)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
         kmask = kk < K
-        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & kmask[None, :], other=0)
+        ka = k0 // A_PER_BYTE + offs_ka
+        a = tl.load(a_ptr + a_off[:, None] + ka[None, :], mask=sel[:, None] & (ka < K // A_PER_BYTE)[None, :],
+                    other=0)
         if KIND == 0:
             w = tl.load(w_cols + kk[:, None], mask=kmask[:, None] & nmask[None, :], other=0)
             acc = mma(a, w, acc, F32_DOT)
@@ -75,13 +85,26 @@ def _expert_pass(a_ptr, a_off, sel, as_ptr, as_off, stride_ask, w_ptr, ws_ptr, e
                           other=0.0)
             d = mma(e4m3_operand(a, EMULATE, F32_DOT), e4m3_operand(w, EMULATE, F32_DOT), None, F32_DOT)
             acc += d * (a_s[:, None] * w_s[None, :])
-        else:
+        else:  # MXFP4 weights: W4A16 (2), W4A8 (3), W4A4 (4)
             kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
             ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
             w_rows = w_ptr + e64 * stride_we + n64[:, None] * stride_wn  # [BLOCK_N, 1]
             sb = tl.load(ws_ptr + e64 * stride_wse + n64[:, None] * stride_wsn + ks[None, :] * stride_wsk,
                          mask=nmask[:, None] & (ks < K // 32)[None, :], other=0)
-            if DOT_SCALED:  # rhs: [BLOCK_K / 2, BLOCK_N] bytes packed along K; scales [BLOCK_N, BLOCK_K / 32]
+            if KIND == 3:  # e4m3 x e2m1 block-scaled MMA; the fp32 1x128 activation scale after each K step
+                packed = tl.load(w_cols + kh[:, None], mask=(kh < K // 2)[:, None] & nmask[None, :], other=0)
+                a_s = tl.load(as_ptr + as_off + (k0 // BLOCK_K) * stride_ask, mask=sel, other=0.0)
+                # unit E8M0 scales on the lhs (2^0): with no lhs scale Triton upcasts instead of using the
+                # native e4m3 x e2m1 MMA; the real fp32 scale is applied per step, as the FP8 GEMM does
+                unit = tl.full([BLOCK_M, BLOCK_K // 32], 127, tl.uint8)
+                d = tl.dot_scaled(a.to(tl.float8e4nv, bitcast=True), unit, "e4m3", packed, sb, "e2m1")
+                acc += d * a_s[:, None]
+            elif KIND == 4:  # e2m1 x e2m1 block-scaled MMA, E8M0 scales per 32 on both sides
+                packed = tl.load(w_cols + kh[:, None], mask=(kh < K // 2)[:, None] & nmask[None, :], other=0)
+                sa = tl.load(as_ptr + as_off[:, None] + ks[None, :] * stride_ask,
+                             mask=sel[:, None] & (ks < K // 32)[None, :], other=0)
+                acc = tl.dot_scaled(a, sa, "e2m1", packed, sb, "e2m1", acc)
+            elif DOT_SCALED:  # rhs: [BLOCK_K / 2, BLOCK_N] bytes packed along K; scales [BLOCK_N, BLOCK_K / 32]
                 packed = tl.load(w_cols + kh[:, None], mask=(kh < K // 2)[:, None] & nmask[None, :], other=0)
                 acc = tl.dot_scaled(a, None, "bf16", packed, sb, "e2m1", acc)
             else:
@@ -159,7 +182,7 @@ def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, row_weights, out_
     """a / w / scales already checked; 1-byte formats travel as uint8 views."""
     masked = masked_m is not None
     e, n = w.shape[0], w.shape[1]
-    k = a.shape[-1]
+    k = a.shape[-1] * (2 if kind == "w4a4" else 1)  # W4A4 activations: packed pairs
     rows = a.shape[1] if masked else a.shape[0]
     out = torch.empty(*a.shape[:-1], n, dtype=out_dtype, device=a.device)
     if out.numel() == 0:
@@ -222,6 +245,14 @@ def supports_moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, *rest) ->
     return _grid_refusal(w_packed, masked_m)
 
 
+def supports_moe_gemm_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, *rest) -> str | None:
+    return _grid_refusal(w_packed, masked_m)
+
+
+def supports_moe_gemm_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, *rest) -> str | None:
+    return _grid_refusal(w_packed, masked_m)
+
+
 # ---------------------------------------------------------------------------------------------- entries
 
 
@@ -255,3 +286,29 @@ def moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights=None, 
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch("mxfp4", a, None, w_packed, w_scale, m_indices, masked_m, row_weights, torch.bfloat16, config,
                    dot_scaled)
+
+
+def moe_gemm_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights=None, *,
+                  config: MoeGemmConfig | None = None):
+    """E4M3 activations with fp32 1x128 scales x MXFP4 weights -> bf16, through tl.dot_scaled ("e4m3" x "e2m1"
+    with the weights' E8M0 scales; the activation scale multiplies each 128-wide K step's result, as in the FP8
+    GEMM). Blackwell: native block-scaled MMA (UTCQMMA on sm_100a); sm_90: upcast + WGMMA."""
+    check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m)
+    check_row_weights("moe_gemm_w4a8", a, row_weights)
+    w_packed, w_scale = fp4_views(w_packed, w_scale)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    return _launch("w4a8", a.view(torch.uint8), a_scale, w_packed, w_scale, m_indices, masked_m, row_weights,
+                   torch.bfloat16, config)
+
+
+def moe_gemm_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights=None, *,
+                  config: MoeGemmConfig | None = None):
+    """MXFP4 activations x MXFP4 weights -> bf16, through tl.dot_scaled ("e2m1" x "e2m1", E8M0 scales per 32 on
+    both sides). Blackwell: native block-scaled MMA (UTCOMMA on sm_100a, OMMA.SF on sm_120a); sm_90: upcast."""
+    check_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m)
+    check_row_weights("moe_gemm_w4a4", a_packed, row_weights)
+    a_packed, a_scale = fp4_views(a_packed, a_scale)
+    w_packed, w_scale = fp4_views(w_packed, w_scale)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    return _launch("w4a4", a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights, torch.bfloat16,
+                   config)

@@ -1,0 +1,469 @@
+"""Hopper (sm_90a) forward attention in CuTeDSL: TMA loads, warpgroup MMA (WGMMA), online softmax in registers.
+
+COMPILED AND SASS-INSPECTED ON A CPU, NOT YET RUN ON A GPU: tests/test_cute_attention.py compiles it for sm_90a and
+checks its instructions; the GPU tests there (marked gpu) compare it with the shared reference on an H100/H200.
+Until they have passed, dispatch offers it only when asked for by name (backend="cute"; auto skips the row).
+
+Contract: dispatch/reference/attention.py (varlen q/k/v, GQA, causal + window bottom-right, sinks, natural-log
+LSE); arguments as in launch.py. D = 64 or 128, bf16 or fp16.
+
+One CTA per (query tile of 128 rows, query head); 3 warpgroups (registers split by setmaxnreg: 24 / 240 / 240):
+
+    warpgroup 0   producer   warp 0 issues the TMA loads: Q once, then K_j and V_j through a 2-stage ring each
+                             (its other three warps only lower their register limit and leave)
+    warpgroups 1-2 consumers each owns 64 query rows (the M mode of the tiled MMA is 2 x m64): per key tile
+                             S = Q K_j^T (SS WGMMA, fp32 in registers), mask (edge tiles only), online softmax
+                             (mask.py / softmax.py, rows reduced over the 4 threads of a quad), P to 16-bit in
+                             registers, O *= a, O += P V_j (RS WGMMA: A = P from registers, B = V^T from SMEM);
+                             then out = O / l stored row-predicated from registers, and lse.
+
+Schedules (config fields, both off by default until a GPU run has checked and timed them): plain, each WGMMA waited
+for before the softmax that needs it, the two consumer warpgroups interleaving on their own; `pingpong` (FA3's
+inter-warpgroup schedule): they take turns on the tensor core through two named barriers, one's softmax running
+while the other's PV_{j-1} + QK_j execute; `overlap` (FA3's intra-warpgroup overlap): QK_j and PV_{j-1} issued
+together, the softmax of tile j under PV_{j-1} (bf16 only in practice: with fp16 ptxas serializes the WGMMAs).
+
+Key tiles run from n_lo upwards (mask.tile_range); a tile is masked only when it is not inside every row's visible
+interval. Varlen: TMA boxes start at the sequence's first row; rows past the sequence are read (the next
+sequence's rows, or zeros past the tensor), masked to -inf for keys and never stored for queries (they must be
+finite, as in FA4 and the sm100 kernel).
+"""
+
+import dataclasses
+import functools
+
+from . import launch
+from . import mask as mask_mod
+from . import scheduler as sched_mod
+from . import softmax as sm_mod
+
+TILE_M = 128
+TILE_N = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class FmhaSm90Config(launch.AttentionConfig):
+    """The compile key (launch.AttentionConfig) for sm_90a."""
+
+    arch: str = "sm_90a"
+    NAME = "fmha_sm90"
+    ARCH_PREFIX = "sm_90"
+    ARCH_WHY = "WGMMA kernel needs sm_90a"
+    # FA3's inter-warpgroup ping-pong: the two consumer warpgroups take turns on the tensor core (named barriers),
+    # so one's softmax overlaps the other's GEMMs. Off until a GPU run has shown both settings correct and timed.
+    pingpong: bool = False
+    # FA3's intra-warpgroup overlap: QK_{j} issued together with PV_{j-1}, the softmax of tile j under PV_{j-1}.
+    overlap: bool = False
+    kv_stages = 2  # SMEM at D=128: Q 32 KiB + 2 x (K 32 + V 32) KiB
+
+
+def _kernel_class():
+    """Built on first use (needs nvidia-cutlass-dsl). No `from __future__ import annotations` here: the DSL
+    evaluates the kernel's annotations."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.memory as memory
+    import cutlass.pipeline as pipeline
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass import Float32, Int32, Int64
+    from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+
+    from . import wgmma
+
+    def group(n):
+        return pipeline.CooperativeGroup(pipeline.Agent.Thread, n)
+
+    class FmhaSm90:
+        THREADS = 128 * 3
+        CONSUMER_WARPS = 8
+        REGS_PRODUCER = 24
+        REGS_CONSUMER = 240
+
+        def __init__(self, cfg: FmhaSm90Config):
+            self.cfg = cfg
+            self.d = cfg.head_dim
+            self.spec = cfg.mask
+            self.stages = cfg.kv_stages
+
+        # ------------------------------------------------------------------------------------- host side
+
+        @cute.jit
+        def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                     mLSE: cute.Tensor | None, mCuQ: cute.Tensor, mCuK: cute.Tensor, mSink: cute.Tensor | None,
+                     softmax_scale: Float32, window_left: Int32, window_right: Int32, max_seqlen_q: Int32,
+                     stream):
+            d = self.d
+            dt = mQ.element_type
+            self.dtype = dt
+            total_q, hq = mQ.shape[0], mQ.shape[1]
+            total_k, hkv = mK.shape[0], mK.shape[1]
+
+            def seq_view(t, rows, heads):  # (tokens, D, heads): TMA boxes of (rows, D) per head
+                return cute.make_tensor(t.iterator, cute.make_layout((rows, d, heads),
+                                                                     stride=(t.stride[0], 1, t.stride[1])))
+
+            q, k, v, o = seq_view(mQ, total_q, hq), seq_view(mK, total_k, hkv), seq_view(mV, total_k, hkv), \
+                seq_view(mO, total_q, hq)
+            qk_mma, pv_mma = self.make_mmas()
+            q_sl = wgmma.smem_layout(dt, TILE_M, d)
+            k_sl = wgmma.smem_layout(dt, TILE_N, d, self.stages)
+            v_sl = wgmma.smem_layout(dt, TILE_N, d, self.stages)
+            op = cpasync.CopyBulkTensorTileG2SOp()
+            tma_q, tq_ = cpasync.make_tiled_tma_atom(op, q, q_sl, (TILE_M, d))
+            tma_k, tk_ = cpasync.make_tiled_tma_atom(op, k, cute.select(k_sl, mode=[0, 1]), (TILE_N, d))
+            tma_v, tv_ = cpasync.make_tiled_tma_atom(op, v, cute.select(v_sl, mode=[0, 1]), (TILE_N, d))
+            self.q_bytes = cute.size_in_bytes(dt, q_sl)
+            self.kv_bytes = cute.size_in_bytes(dt, cute.select(k_sl, mode=[0, 1]))
+
+            @cute.struct
+            class SharedStorage:
+                q_bar: cute.struct.MemRange[Int64, 2]
+                k_bar: cute.struct.MemRange[Int64, 2 * self.stages]
+                v_bar: cute.struct.MemRange[Int64, 2 * self.stages]
+                sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(q_sl)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(k_sl)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(v_sl)], 1024]
+
+            self.shared_storage = SharedStorage
+            num_batch = mCuQ.shape[0] - 1
+            scale_log2 = softmax_scale * Float32(sm_mod.LOG2E)
+            grid = sched_mod.launch_grid(self.cfg.schedule, total_q, num_batch, hq, max_seqlen_q, TILE_M)
+            self.kernel(qk_mma, pv_mma, tma_q, tq_, tma_k, tk_, tma_v, tv_, o, mLSE, mCuQ, mCuK, mSink, scale_log2,
+                        window_left, window_right, num_batch, hq, hq // hkv, q_sl, k_sl, v_sl).launch(
+                grid=grid, block=[self.THREADS, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+        def make_mmas(self):
+            """(S = Q K^T: SS, both K-major; O += P V: RS, P from registers, V^T MN-major), fp32 accumulators,
+            two m64 warpgroups along M."""
+            dt = self.dtype
+            qk = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
+                                                   (TILE_M // 64, 1, 1), (64, TILE_N))
+            pv = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32,
+                                                   (TILE_M // 64, 1, 1), (64, self.d),
+                                                   a_source=warpgroup.OperandSource.RMEM)
+            return qk, pv
+
+        # ----------------------------------------------------------------------------------- device side
+
+        @cute.kernel
+        def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tma_q: cute.CopyAtom, mQ: cute.Tensor,
+                   tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor, mO: cute.Tensor,
+                   mLSE: cute.Tensor | None, mCuQ: cute.Tensor, mCuK: cute.Tensor, mSink: cute.Tensor | None,
+                   scale_log2: Float32, window_left: Int32, window_right: Int32, num_batch: Int32, hq: Int32,
+                   group_size: Int32, q_sl: cute.ComposedLayout, k_sl: cute.ComposedLayout,
+                   v_sl: cute.ComposedLayout):
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            tidx, _, _ = cute.arch.thread_idx()
+            if warp == 0:
+                cpasync.prefetch_descriptor(tma_q)
+                cpasync.prefetch_descriptor(tma_k)
+                cpasync.prefetch_descriptor(tma_v)
+            smem = memory.SmemAllocator()
+            st = smem.allocate(self.shared_storage)
+            consumers = group(self.CONSUMER_WARPS)  # one arrive per consumer warp (lane 0) on release
+            q_pipe = pipeline.PipelineTmaAsync.create(
+                num_stages=1, producer_group=group(1), consumer_group=consumers, tx_count=self.q_bytes,
+                barrier_storage=st.q_bar.data_ptr(), defer_sync=True)
+            k_pipe = pipeline.PipelineTmaAsync.create(
+                num_stages=self.stages, producer_group=group(1), consumer_group=consumers, tx_count=self.kv_bytes,
+                barrier_storage=st.k_bar.data_ptr(), defer_sync=True)
+            v_pipe = pipeline.PipelineTmaAsync.create(
+                num_stages=self.stages, producer_group=group(1), consumer_group=consumers, tx_count=self.kv_bytes,
+                barrier_storage=st.v_bar.data_ptr(), defer_sync=True)
+            pipeline.pipeline_init_arrive(is_relaxed=True)
+            sQ = st.sQ.get_tensor(q_sl.outer, swizzle=q_sl.inner)
+            sK = st.sK.get_tensor(k_sl.outer, swizzle=k_sl.inner)
+            sV = st.sV.get_tensor(v_sl.outer, swizzle=v_sl.inner)
+            pipeline.pipeline_init_wait()  # CTA barrier: the mbarrier inits are visible to every warp
+
+            # setmaxnreg first thing in each branch; the tile is computed after it (values carried across it were
+            # spilled in the sm100 kernel)
+            if warp < 4:
+                cute.arch.setmaxregister_decrease(self.REGS_PRODUCER)
+                b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, TILE_M,
+                                                          self.spec.bounded_right)
+                if valid & (warp == 0):
+                    q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = sched_mod.sequence_tiles(
+                        self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, TILE_M, TILE_N)
+                    self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_pipe, k_pipe, v_pipe, q_start,
+                              k_start, m_block, h, h // group_size, n_lo, n_tiles)
+            else:
+                cute.arch.setmaxregister_increase(self.REGS_CONSUMER)
+                b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, TILE_M,
+                                                          self.spec.bounded_right)
+                if valid:
+                    q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = sched_mod.sequence_tiles(
+                        self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, TILE_M, TILE_N)
+                    sink_log2 = None
+                    if cutlass.const_expr(mSink is not None):
+                        sink_log2 = mSink[h] * Float32(sm_mod.LOG2E)
+                    self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, tidx - 128,
+                                 scale_log2, sink_log2, window_left, window_right, q_start, sq, sk, m_block, h,
+                                 n_lo, n_tiles, full_lo, full_hi)
+
+        # ----------------------------------------------------------------------------------------- roles
+
+        @cute.jit
+        def load(self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_pipe, k_pipe, v_pipe, q_start, k_start,
+                 m_block, h, hk, n_lo, n_tiles):
+            if n_tiles > 0:
+                one = cute.make_layout(1)
+                gQ = cute.local_tile(cute.domain_offset((q_start, 0), mQ[None, None, h]), (TILE_M, self.d),
+                                     (m_block, 0))
+                gK = cute.local_tile(cute.domain_offset((k_start, 0), mK[None, None, hk]), (TILE_N, self.d),
+                                     (None, 0))
+                gV = cute.local_tile(cute.domain_offset((k_start, 0), mV[None, None, hk]), (TILE_N, self.d),
+                                     (None, 0))
+                tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2),
+                                                   cute.group_modes(gQ, 0, 2))
+                tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2),
+                                                   cute.group_modes(gK, 0, 2))
+                tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2),
+                                                   cute.group_modes(gV, 0, 2))
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                q_pipe.producer_acquire(q_state)
+                cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
+                kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                for j in cutlass.range(n_tiles, unroll=1):
+                    kb = n_lo + j
+                    k_pipe.producer_acquire(kv)
+                    cute.copy(tma_k, tKgK[None, kb], tKsK[None, kv.index], tma_bar_ptr=k_pipe.producer_get_barrier(kv))
+                    v_pipe.producer_acquire(kv)
+                    cute.copy(tma_v, tVgV[None, kb], tVsV[None, kv.index], tma_bar_ptr=v_pipe.producer_get_barrier(kv))
+                    kv.advance()
+
+        @cute.jit
+        def consume(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, t, scale_log2, sink_log2,
+                    window_left, window_right, q_start, sq, sk, m_block, h, n_lo, n_tiles, full_lo, full_hi):
+            wg = t // 128
+            thr_qk = qk_mma.get_slice(t)
+            thr_pv = pv_mma.get_slice(t)
+            wg_qk = qk_mma.get_slice(wg * 128)  # the warpgroup's share of the operands (its 64 rows of Q)
+            wg_pv = pv_mma.get_slice(wg * 128)
+            tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
+            tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
+            tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(wgmma.transpose_view(sV)))
+            tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((TILE_M, TILE_N)))
+            acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((TILE_M, self.d)), Float32)
+            acc_o.fill(0.0)
+            o_mn = wgmma.acc_mn(acc_o)
+            s_coords = wgmma.acc_mn(thr_qk.partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
+            rows = cute.size(s_coords, mode=[0])  # 2 rows per thread (r and r + 8), TILE_N / 4 scores each
+            row_m = cute.make_rmem_tensor(cute.make_layout(rows), Float32)
+            row_l = cute.make_rmem_tensor(cute.make_layout(rows), Float32)
+            row_lo = cute.make_rmem_tensor(cute.make_layout(rows), Int32)
+            row_hi = cute.make_rmem_tensor(cute.make_layout(rows), Int32)
+            for r in cutlass.range_constexpr(rows):
+                row_m[r], row_l[r] = sm_mod.init_stats(sink_log2)
+                q_pos = m_block * TILE_M + s_coords[r, 0][0] + sk - sq
+                row_lo[r], row_hi[r] = mask_mod.row_key_bounds(self.spec, q_pos, sk, window_left, window_right)
+
+            if n_tiles > 0:
+                q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+                k_st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+                v_st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+                row_a = cute.make_rmem_tensor(cute.make_layout(rows), Float32)
+                step = (wg, wg_qk, tSrQ, tSrK, k_pipe, s_coords, row_m, row_l, row_lo, row_hi, row_a, scale_log2,
+                        full_lo, full_hi)
+                if cutlass.const_expr(self.cfg.pingpong):  # warpgroup 0 goes first: its own barrier pre-arrived
+                    if wg == 0:
+                        self.turn_pass(0)
+                    if cutlass.const_expr(not self.cfg.overlap):
+                        self.turn_wait(wg)
+                if cutlass.const_expr(not self.cfg.overlap):
+                    for j in cutlass.range(n_tiles, unroll=1):
+                        # S_j = Q K_j^T, then P_j; (ping-pong: PV_{j-1} and QK_j were this warpgroup's turn)
+                        r_p, k_st = self.scores_to_p(qk_mma, k_st, n_lo + j, *step, pass_turn=True)
+                        self.rescale_o(o_mn, row_a)
+                        tOrP.store(wgmma.acc_as_a(r_p).load())
+                        v_pipe.consumer_wait(v_st)
+                        if cutlass.const_expr(self.cfg.pingpong):
+                            self.turn_wait(wg)
+                        wgmma.gemm(pv_mma, acc_o, tOrP, tOrV[None, None, None, v_st.index], False)
+                        v_pipe.consumer_release(v_st)
+                        v_st.advance()
+                else:
+                    # FA3's intra-warpgroup overlap: QK_j and PV_{j-1} in flight together; the softmax of tile j
+                    # runs while PV_{j-1} still executes (O and P_{j-1}'s registers untouched until it is done)
+                    r_p, k_st = self.scores_to_p(qk_mma, k_st, n_lo, *step, pass_turn=False)
+                    tOrP.store(wgmma.acc_as_a(r_p).load())
+                    for j in cutlass.range(1, n_tiles, unroll=1):
+                        k_pipe.consumer_wait(k_st)
+                        if cutlass.const_expr(self.cfg.pingpong):
+                            self.turn_wait(wg)
+                        acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((TILE_M, TILE_N)), Float32)
+                        wgmma.gemm(qk_mma, acc_s, tSrQ, tSrK[None, None, None, k_st.index], True, wait=False)
+                        v_pipe.consumer_wait(v_st)
+                        wgmma.gemm(pv_mma, acc_o, tOrP, tOrV[None, None, None, v_st.index], False, wait=False)
+                        if cutlass.const_expr(self.cfg.pingpong):
+                            self.turn_pass(1 - wg)
+                        warpgroup.wait_group(1)  # QK_j done (PV_{j-1} may still run)
+                        k_pipe.consumer_release(k_st)
+                        k_st.advance()
+                        r_p = self.softmax_tile(acc_s, n_lo + j, s_coords, row_m, row_l, row_lo, row_hi, row_a,
+                                                scale_log2, full_lo, full_hi)
+                        warpgroup.wait_group(0)  # PV_{j-1} done: O and P's registers are free
+                        v_pipe.consumer_release(v_st)
+                        v_st.advance()
+                        self.rescale_o(o_mn, row_a)
+                        tOrP.store(wgmma.acc_as_a(r_p).load())
+                    v_pipe.consumer_wait(v_st)
+                    wgmma.gemm(pv_mma, acc_o, tOrP, tOrV[None, None, None, v_st.index], False)
+                    v_pipe.consumer_release(v_st)
+                if cutlass.const_expr(self.cfg.pingpong and not self.cfg.overlap):
+                    self.turn_pass(1 - wg)
+            self.epilogue(thr_pv, acc_o, o_mn, row_m, row_l, mO, mLSE, t, q_start, sq, m_block, h)
+
+        # Ping-pong turns: named barrier 1 + w (256 threads) completes when warpgroup w waits on it and the other
+        # warpgroup has passed it the turn. Per warpgroup and tile: one wait (before PV_j, the wait before QK_0
+        # first) and one pass (after issuing QK_j, and once at the end); both warpgroups visit the same n_tiles.
+        # Warpgroup 0 pre-passes its own first turn, so one pass of warpgroup 1 stays unmatched at exit (as FA3).
+
+        @staticmethod
+        def turn_wait(w):
+            cute.arch.barrier(barrier_id=1 + w, number_of_threads=256)
+
+        @staticmethod
+        def turn_pass(w):
+            cute.arch.barrier_arrive(barrier_id=1 + w, number_of_threads=256)
+
+        @cute.jit
+        def scores_to_p(self, qk_mma, k_st, kb, wg, wg_qk, tSrQ, tSrK, k_pipe, s_coords, row_m, row_l, row_lo,
+                        row_hi, row_a, scale_log2, full_lo, full_hi, pass_turn: cutlass.Constexpr[bool]):
+            """S = Q K_kb^T (waited for, K released), then softmax_tile: (P, the advanced K state; the caller
+            rebinds it, a state advanced inside a helper does not reach the caller's loop otherwise). Passes the
+            ping-pong turn once the GEMM is issued when asked."""
+            acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((TILE_M, TILE_N)), Float32)
+            k_pipe.consumer_wait(k_st)
+            wgmma.gemm(qk_mma, acc_s, tSrQ, tSrK[None, None, None, k_st.index], True, wait=False)
+            if cutlass.const_expr(self.cfg.pingpong and pass_turn):
+                self.turn_pass(1 - wg)
+            warpgroup.wait_group(0)
+            k_pipe.consumer_release(k_st)
+            k_st.advance()
+            r_p = self.softmax_tile(acc_s, kb, s_coords, row_m, row_l, row_lo, row_hi, row_a, scale_log2, full_lo,
+                                    full_hi)
+            return r_p, k_st
+
+        @cute.jit
+        def softmax_tile(self, acc_s, kb, s_coords, row_m, row_l, row_lo, row_hi, row_a, scale_log2, full_lo,
+                         full_hi, portable: cutlass.Constexpr[bool] = False):
+            """Mask (edge tiles), then per row: max over the quad, exp2 to 16-bit P, l and m updated, the rescale
+            factor of O in row_a. Returns P in the accumulator's layout (acc_as_a makes it the A operand).
+            `portable`: host-lowerable forms and no quad shuffles (the CPU tests run this on the host)."""
+            s_mn = wgmma.acc_mn(acc_s)
+            if (kb < full_lo) | (kb >= full_hi):  # an edge tile: some key of it is hidden from some row
+                for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                    mask_mod.apply_row_bounds(s_mn[r, None], s_coords[r, None], kb * TILE_N, row_lo[r], row_hi[r])
+            r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
+            p_mn = wgmma.acc_mn(r_p)
+            n_cols = cute.size(s_mn, mode=[1])
+            for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                s_row = cute.make_rmem_tensor(cute.make_layout(n_cols), Float32)  # compact copy (register renaming)
+                for i in cutlass.range_constexpr(n_cols):
+                    s_row[i] = s_mn[r, i]
+                row_max = wgmma.quad_max(sm_mod.tile_max(s_row, portable), portable)
+                m_new, m_safe, a = sm_mod.update_max(row_m[r], row_max, scale_log2, self.cfg.rescale_threshold,
+                                                     portable)
+                p_row = cute.make_rmem_tensor(cute.make_layout(n_cols), self.dtype)
+                row_sum = sm_mod.exp2_convert(s_row, p_row, scale_log2, m_safe, chunk=n_cols, portable=portable,
+                                              f32x2=False)
+                row_l[r] = row_l[r] * a + wgmma.quad_sum(row_sum, portable)
+                row_m[r] = m_new
+                row_a[r] = a
+                for i in cutlass.range_constexpr(n_cols):
+                    p_mn[r, i] = p_row[i]
+            return r_p
+
+        @cute.jit
+        def rescale_o(self, o_mn, row_a):
+            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+                for i in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                    o_mn[r, i] = o_mn[r, i] * row_a[r]
+
+        @cute.jit
+        def epilogue(self, thr_pv, acc_o, o_mn, row_m, row_l, mO, mLSE, t, q_start, sq, m_block, h,
+                     portable: cutlass.Constexpr[bool] = False):
+            """out = O / l in 16-bit, stored from registers for the rows inside the sequence; lse by the first
+            thread of each quad. mO: the (tokens, D, heads) view. `portable`: a division for rcp.approx (host runs)."""
+            gO = cute.local_tile(cute.domain_offset((q_start, 0), mO[None, None, h]), (TILE_M, self.d), (m_block, 0))
+            g_mn = wgmma.acc_mn(thr_pv.partition_C(gO))
+            c_mn = wgmma.acc_mn(thr_pv.partition_C(cute.make_identity_tensor((TILE_M, self.d))))
+            lse_row = cute.make_rmem_tensor(cute.make_layout(cute.size(o_mn, mode=[0])), Float32)
+            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+                inv_l, lse_row[r] = sm_mod.finalize(row_m[r], row_l[r], portable)
+                for i in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                    o_mn[r, i] = o_mn[r, i] * inv_l
+            r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
+            r_o.store(acc_o.load().to(self.dtype))
+            ro_mn = wgmma.acc_mn(r_o)
+            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+                row = m_block * TILE_M + c_mn[r, 0][0]
+                if row < sq:
+                    for i in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
+                        g_mn[r, i] = ro_mn[r, i]
+                    if cutlass.const_expr(mLSE is not None):
+                        if t % 4 == 0:
+                            mLSE[q_start + row, h] = lse_row[r]
+
+    return FmhaSm90
+
+
+@functools.cache
+def kernel_class():
+    return _kernel_class()
+
+
+# ------------------------------------------------------------------------------------------ compile
+
+
+def build(cfg: FmhaSm90Config, extra_options: str = ""):
+    """cute.compile the kernel for `cfg` (uncached; `extra_options`: keep/dump flags for the SASS tests)."""
+    return launch.build(kernel_class()(cfg), cfg, extra_options)
+
+
+def compiled(cfg: FmhaSm90Config):
+    """The TVM-FFI callable for `cfg`, through lowbit's compile cache."""
+    return launch.compiled(build, cfg)
+
+
+def dump(cfg: FmhaSm90Config):
+    """PTX + SASS of the kernel for `cfg` (cute_ops._sass.Dump), compiled for cfg.arch on any machine."""
+    return launch.dump(build, cfg)
+
+
+# ------------------------------------------------------------------------------------------ backend entry
+
+HARDWARE_STATUS = "compiled and SASS-checked for sm_90a on a CPU; not yet run on a GPU"
+
+
+def supports_attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                               causal, window_left, window_right, sinks, return_lse) -> str | None:
+    """Why `attention_prefill` below cannot take these arguments (None: it can); the triton backend's signature."""
+    why = launch.check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale)
+    if why is not None:
+        return why
+    from .._compile import target_arch
+
+    arch = target_arch(q.device.index)
+    if not arch.startswith("sm_90"):
+        return f"WGMMA kernel: needs sm_90a, device is {arch}"
+    return None
+
+
+def auto_skip_unverified(*args, **kwargs) -> str | None:
+    """auto_skip of the sm_90 cute attention_prefill row: offered only by name until its GPU tests have passed."""
+    return f"cute_ops.attention.fmha_sm90: {HARDWARE_STATUS} (backend='cute' runs it)"
+
+
+def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                      softmax_scale: float | None, causal: bool, window_left: int, window_right: int, sinks,
+                      return_lse: bool):
+    """(out (total_q, Hq, D) in q's dtype, lse (total_q, Hq) fp32): the triton backend's signature and contract.
+    lse is always computed."""
+    from .._compile import target_arch
+
+    cfg = FmhaSm90Config.for_call(q, causal, window_left, window_right, sinks, target_arch(q.device.index))
+    fn = compiled(cfg) if q.shape[0] else None
+    return launch.run(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_left,
+                      window_right, sinks)

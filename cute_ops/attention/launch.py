@@ -1,0 +1,182 @@
+"""Host-side pieces shared by the attention kernels: compile key hash, fake compile arguments, input checks.
+
+Both kernels (fmha_sm90, fmha_sm100) take the same argument list, in this order:
+
+    (q, k, v, o, lse | None, cu_seqlens_q, cu_seqlens_k, sinks | None, softmax_scale, window_left, window_right,
+     max_seqlen_q, stream)
+
+q/k/v/o (tokens, heads, D) with D contiguous and 16-byte aligned token/head strides (TMA), lse (total_q, Hq) fp32,
+cu_seqlens int32 (B + 1,), sinks (Hq,) fp32. Token counts, head counts and B are symbolic: one compiled object
+serves every batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import math
+from pathlib import Path
+
+from .softmax import DEFAULT_RESCALE_THRESHOLD
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+DTYPES = ("bf16", "fp16")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Everything static about one compiled attention kernel (the compile key); sequence lengths, batch, head
+    counts and the window sizes are runtime values. Each kernel subclasses it with its arch rule and name."""
+
+    dtype: str  # bf16 | fp16: q, k, v and o
+    head_dim: int  # 64 | 128 (Dqk = Dv)
+    causal: bool = False
+    has_window_left: bool = False  # window_left >= 0 (its value is a runtime argument)
+    has_window_right: bool = False
+    has_sink: bool = False
+    has_lse: bool = True
+    schedule: str = "packed"  # packed | grid (scheduler.py)
+    rescale_threshold: float = DEFAULT_RESCALE_THRESHOLD  # log2 units (softmax.py); 0: rescale O whenever the max grows
+    arch: str = ""
+
+    NAME = ""  # the kernel's name in the compile key
+    ARCH_PREFIX = ""  # the arch must start with it
+    ARCH_WHY = ""  # the error for another arch
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} not in {DTYPES}")
+        if self.head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head_dim {self.head_dim} not in {SUPPORTED_HEAD_DIMS}")
+        if self.schedule not in ("packed", "grid"):
+            raise ValueError(f"schedule {self.schedule!r}")
+        if not self.arch.startswith(self.ARCH_PREFIX):
+            raise ValueError(f"{self.ARCH_WHY}, not {self.arch}")
+
+    @property
+    def mask(self):
+        from .mask import MaskSpec
+
+        return MaskSpec(self.causal, self.has_window_left, self.has_window_right)
+
+    def key(self) -> tuple:
+        return (self.NAME, source_hash(), *dataclasses.astuple(self))
+
+    @classmethod
+    def for_call(cls, q, causal: bool, window_left: int, window_right: int, sinks, arch: str):
+        """The config of an `attention_prefill` call (PACKED schedule, lse always computed)."""
+        import torch
+
+        return cls({torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype], q.shape[-1], bool(causal),
+                   window_left >= 0, window_right >= 0, sinks is not None, True, "packed", arch=arch)
+
+
+@functools.cache
+def source_hash() -> str:
+    """cute_ops/_compile.fingerprint() covers the on-disk cache; the in-memory key hashes this package too."""
+    h = hashlib.sha256()
+    for src in sorted(Path(__file__).resolve().parent.glob("*.py")):
+        h.update(src.name.encode() + src.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def default_softmax_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
+
+
+def fake_args(dtype: str, head_dim: int, has_lse: bool, has_sink: bool):
+    """Symbolic compile-time arguments in the kernels' order (see the module docstring)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    dt = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[dtype]
+    d = head_dim
+    total_q, total_k, hq, hkv, nb1 = (cute.sym_int() for _ in range(5))
+
+    def tokens(rows, heads):  # (tokens, heads, D): D contiguous, token/head strides in 16-byte units
+        return cute.runtime.make_fake_tensor(dt, (rows, heads, d), stride=(cute.sym_int64(divisibility=8),
+                                                                           cute.sym_int64(divisibility=8), 1),
+                                             assumed_align=16)
+
+    q, k, v, o = tokens(total_q, hq), tokens(total_k, hkv), tokens(total_k, hkv), tokens(total_q, hq)
+    lse = (cute.runtime.make_fake_tensor(cutlass.Float32, (total_q, hq), stride=(cute.sym_int64(), 1),
+                                         assumed_align=4) if has_lse else None)
+    cu_q = cute.runtime.make_fake_tensor(cutlass.Int32, (nb1,), stride=(1,), assumed_align=4)
+    cu_k = cute.runtime.make_fake_tensor(cutlass.Int32, (nb1,), stride=(1,), assumed_align=4)
+    sinks = (cute.runtime.make_fake_tensor(cutlass.Float32, (hq,), stride=(1,), assumed_align=4)
+             if has_sink else None)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return (q, k, v, o, lse, cu_q, cu_k, sinks, cutlass.Float32(1.0), cutlass.Int32(-1), cutlass.Int32(-1),
+            cutlass.Int32(0), stream)
+
+
+def build(kernel, cfg: AttentionConfig, extra_options: str = ""):
+    """cute.compile `kernel` (an instance for `cfg`) for cfg.arch with TVM-FFI (uncached; `extra_options`:
+    keep/dump flags for the SASS tests)."""
+    import cutlass.cute as cute
+
+    return cute.compile(kernel, *fake_args(cfg.dtype, cfg.head_dim, cfg.has_lse, cfg.has_sink),
+                        options=f"--enable-tvm-ffi --gpu-arch {cfg.arch} {extra_options}".strip())
+
+
+def compiled(build_fn, cfg: AttentionConfig):
+    """The TVM-FFI callable `build_fn(cfg)` returns, through lowbit's compile cache (the key includes this
+    package's source hash)."""
+    from .. import _compile
+
+    return _compile.get_or_compile(cfg.key(), lambda: build_fn(cfg))
+
+
+def dump(build_fn, cfg: AttentionConfig):
+    """PTX + SASS of `build_fn(cfg, extra_options)` (cute_ops._sass.Dump), compiled for cfg.arch on any machine."""
+    from .._sass import compile_and_dump
+
+    return compile_and_dump(lambda extra: build_fn(cfg, extra))
+
+
+def check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale) -> str | None:
+    """Why the kernels cannot take these tensors (None: they can), device aside: dtypes, head dims, GQA ratio,
+    TMA layout rules, softmax_scale > 0 (the row max is taken before scaling), int32 cu_seqlens."""
+    import torch
+
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+    if q.dtype not in names or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtypes q={q.dtype} k={k.dtype} v={v.dtype}: needs bf16 or fp16, all the same"
+    d = q.shape[-1]
+    if d not in SUPPORTED_HEAD_DIMS or k.shape[-1] != d or v.shape[-1] != d:
+        return f"head dims q={d} k={k.shape[-1]} v={v.shape[-1]}: needs Dqk = Dv in {SUPPORTED_HEAD_DIMS}"
+    if q.shape[1] % k.shape[1]:
+        return f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} KV heads"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1 or t.stride(0) % 8 or t.stride(1) % 8 or t.data_ptr() % 16:
+            return f"{name}: TMA needs a unit stride on D and 16-byte aligned rows, heads and base"
+    if softmax_scale is not None and not softmax_scale > 0:
+        return f"softmax_scale={softmax_scale}: the kernel takes the row max before scaling (needs > 0)"
+    if cu_seqlens_q.dtype != torch.int32 or cu_seqlens_k.dtype != torch.int32:
+        return "cu_seqlens must be int32"
+    if q.device.type != "cuda":
+        return "the cute backend runs on CUDA tensors only"
+    return None
+
+
+def run(compiled_fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_left, window_right,
+        sinks):
+    """Allocate (out, lse) and call a compiled kernel with the shared argument list; lse is always computed."""
+    import torch
+
+    total_q, hq, d = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(total_q, hq, dtype=torch.float32, device=q.device)
+    if total_q == 0:  # a grid of zero CTAs is a launch error
+        return out, lse
+    scale = default_softmax_scale(d) if softmax_scale is None else float(softmax_scale)
+    sink_arg = None if sinks is None else sinks.to(torch.float32).contiguous()
+    args = (q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), sink_arg, scale,
+            int(window_left), int(window_right), int(max_seqlen_q))
+    if q.device.index is None or q.device.index == torch.cuda.current_device():
+        compiled_fn(*args)
+    else:  # the TVM-FFI env stream is the current device's current stream
+        with torch.cuda.device(q.device):
+            compiled_fn(*args)
+    return out, lse

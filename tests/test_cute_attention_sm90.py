@@ -1,0 +1,505 @@
+"""CuTeDSL Hopper attention (cute_ops/attention/fmha_sm90.py): CPU checks, and GPU tests for the lead's sm_90 run.
+
+The sibling of the sm100 kernel (tests/test_cute_attention.py covers the shared mask, softmax and scheduler modules
+and the tile-by-tile twin of the algorithm both kernels run). CPU: config and entry rules, the dispatch row, the
+WGMMA fragment facts the kernel's per-thread code relies on (run on the host), the compile and its SASS. GPU (marked
+gpu, sm_90 only): the kernel through dispatch (backend="cute") and with the ping-pong schedule against the fp64
+reference, and a timing report beside the backend auto picks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cute_ops import unavailable_reason
+from cute_ops.attention import mask as M
+from dispatch.reference.attention import attention_varlen
+from tests.helpers import assert_attention_close
+
+# range_constexpr over a row's columns is deliberate (see mask.apply_row_bounds); the DSL's hint about it is noise
+pytestmark = pytest.mark.filterwarnings("ignore:This static loop has")
+needs_dsl = pytest.mark.skipif(unavailable_reason() is not None, reason=f"cute backend: {unavailable_reason()}")
+
+
+def cu(lengths) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(list(lengths), dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32)
+
+
+@pytest.fixture
+def dsl_arch_sm90(monkeypatch):
+    """Trace host-run @cute.jit code for sm_90a (the DSL's arch is read once at import: CUTE_DSL_ARCH or sm_100a
+    on a machine without a GPU)."""
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    monkeypatch.setattr(CuTeDSL._get_dsl().envar, "arch", "sm_90a")
+
+
+def test_sm90_config_rejects_what_the_kernel_does_not_build():
+    from cute_ops.attention.fmha_sm90 import FmhaSm90Config
+
+    with pytest.raises(ValueError, match="head_dim"):
+        FmhaSm90Config("bf16", 256)
+    with pytest.raises(ValueError, match="dtype"):
+        FmhaSm90Config("fp32", 128)
+    with pytest.raises(ValueError, match="sm_90a"):
+        FmhaSm90Config("bf16", 128, arch="sm_100a")
+
+
+def test_sm90_entry_checks_and_auto_skip_on_cpu():
+    from cute_ops.attention import fmha_sm90
+
+    def reason(q, k, v, scale=0.125):
+        c = torch.tensor([0, q.shape[0]], dtype=torch.int32)
+        return fmha_sm90.supports_attention_prefill(q, k, v, c, c.clone(), q.shape[0], k.shape[0], scale, True, -1,
+                                                    -1, None, True)
+
+    q, k = torch.zeros(4, 4, 64, dtype=torch.float16), torch.zeros(4, 2, 64, dtype=torch.float16)
+    assert reason(q, k, k) == "the cute backend runs on CUDA tensors only"
+    assert "bf16 or fp16" in reason(q.float(), k.float(), k.float())
+    assert "Dqk = Dv" in reason(q[..., :32], k[..., :32], k[..., :32])
+    assert "row max" in reason(q, k, k, scale=0.0)
+    assert "not yet run on a GPU" in fmha_sm90.auto_skip_unverified(q, k, k)
+    from dispatch.registry import _load
+    from dispatch.table import TABLE
+
+    row = next(e for e in TABLE["attention_prefill"] if e.backend == "cute")
+    assert row.archs == ("sm_90",) and _load(row.impl) is fmha_sm90.attention_prefill
+    assert _load(row.auto_skip) is fmha_sm90.auto_skip_unverified, "auto must pass the unverified kernel over"
+
+
+@needs_dsl
+@pytest.mark.parametrize("d", [64, 128])
+def test_sm90_wgmma_fragments_line_up(dsl_arch_sm90, d):
+    """Evaluated on the host for threads of both consumer warpgroups: (1) the (rows, columns) view of the S
+    accumulator puts thread t on rows 64 * wg + 16 * warp + lane // 4 (+ 8) and columns 8 j + 2 (lane % 4) (+ 1), so
+    a row lives in one quad; (2) its A-operand view is element for element the A fragment of the RS MMA O += P V
+    (P goes to the tensor core with the right (row, key) at every register); (3) the O accumulator's rows are the
+    S rows (the per-row rescale and 1 / l apply to the right rows); (4) mask.apply_row_bounds with those
+    coordinates hides exactly the keys outside each row's [lo, hi)."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass import Float32
+    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+    from cutlass.cute.runtime import from_dlpack
+
+    from cute_ops.attention import wgmma
+
+    @cute.jit
+    def facts(out, scores, bounds, t):
+        dt = cutlass.BFloat16
+        qk = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (2, 1, 1),
+                                               (64, 128))
+        pv = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32, (2, 1, 1),
+                                               (64, d), a_source=warpgroup.OperandSource.RMEM)
+        tq, tp = qk.get_slice(t), pv.get_slice(t)
+        c_s = tq.partition_C(cute.make_identity_tensor((128, 128)))
+        s = wgmma.acc_mn(c_s)
+        a_from_s = wgmma.acc_as_a(c_s)
+        a = tp.partition_A(cute.make_identity_tensor((128, 128)))
+        o = wgmma.acc_mn(tp.partition_C(cute.make_identity_tensor((128, d))))
+        for r in cutlass.range_constexpr(2):
+            for i in cutlass.range_constexpr(32):
+                out[0, r * 32 + i, 0] = s[r, i][0]
+                out[0, r * 32 + i, 1] = s[r, i][1]
+            for i in cutlass.range_constexpr(d // 4):
+                out[3, r * 32 + i, 0] = o[r, i][0]
+                out[3, r * 32 + i, 1] = o[r, i][1]
+        for i in cutlass.range_constexpr(64):
+            out[1, i, 0] = a_from_s[i][0]
+            out[1, i, 1] = a_from_s[i][1]
+            out[2, i, 0] = a[i][0]
+            out[2, i, 1] = a[i][1]
+        acc = cute.make_rmem_tensor(qk.partition_shape_C((128, 128)), Float32)
+        acc.fill(0.0)
+        acc_rows = wgmma.acc_mn(acc)
+        for r in cutlass.range_constexpr(2):
+            mask_lo = bounds[r, 0]
+            mask_hi = bounds[r, 1]
+            M.apply_row_bounds(acc_rows[r, None], s[r, None], bounds[2, 0], mask_lo, mask_hi)
+            for i in cutlass.range_constexpr(32):
+                scores[r, i] = acc_rows[r, i]
+
+    for t in (0, 5, 37, 100, 130, 255):
+        out = torch.full((4, 64, 2), -1, dtype=torch.int32)
+        scores = torch.zeros(2, 32)
+        bounds = torch.tensor([[256 + 9, 256 + 70], [200, 256 + 3], [256, 0]], dtype=torch.int32)
+        facts(from_dlpack(out), from_dlpack(scores), from_dlpack(bounds), cutlass.Int32(t))
+        wg, warp, lane = t // 128, t % 128 // 32, t % 32
+        row0 = 64 * wg + 16 * warp + lane // 4
+        cols = [8 * j + 2 * (lane % 4) + c for j in range(16) for c in range(2)]
+        assert out[0, :32, 0].eq(row0).all() and out[0, 32:, 0].eq(row0 + 8).all(), (t, out[0, :, 0].tolist())
+        assert out[0, :32, 1].tolist() == cols and out[0, 32:, 1].tolist() == cols, t
+        assert torch.equal(out[1], out[2]), f"thread {t}: P's registers are not the RS MMA's A fragment"
+        for r in range(2):  # O (D columns): the S rows, and the same column pattern over D / 8 blocks
+            assert torch.equal(out[3, 32 * r:32 * r + d // 4], out[0, 32 * r:32 * r + d // 4]), f"thread {t}: O"
+        for r in range(2):
+            key = torch.tensor(cols) + 256
+            want = torch.where((key >= bounds[r, 0]) & (key < bounds[r, 1]), 0.0, float("-inf"))
+            assert torch.equal(scores[r], want), (t, r)
+
+
+@needs_dsl
+@pytest.mark.parametrize("threshold,sink", [(0.0, None), (8.0, None), (8.0, 1.5)])
+def test_sm90_softmax_tile_runs_on_the_host_like_the_model(dsl_arch_sm90, threshold, sink):
+    """The consumer's per-tile step (`softmax_tile`: element mask with the thread's accumulator coordinates, row
+    max, rescale factor, exp2 to bf16 P placed in the accumulator layout, l and m) traced from the kernel class and
+    run on the host for one thread (portable=True: no quad shuffles, so the thread's 32 columns of each row stand
+    for the row), against OnlineSoftmaxModel on those columns with the same mask."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass import Float32
+    from cutlass.cute.nvgpu import OperandMajorMode
+    from cutlass.cute.runtime import from_dlpack
+
+    from cute_ops.attention import fmha_sm90, wgmma
+    from cute_ops.attention import softmax as SM
+
+    tiles, t = 5, 45
+    g = torch.Generator().manual_seed(7)
+    scores = torch.randn(tiles, 2, 32, generator=g) * 3 + torch.arange(tiles)[:, None, None] * 6.0
+    bounds = torch.tensor([[150, 560], [0, 300]], dtype=torch.int32)  # [lo, hi) per row: both edges met
+    scale_log2 = 0.2 * SM.LOG2E
+    kern = fmha_sm90.kernel_class()(fmha_sm90.FmhaSm90Config("bf16", 128, rescale_threshold=threshold))
+
+    @cute.jit
+    def run(s_in, p_out, a_out, fin, bnd, n, scale):
+        kern.dtype = cutlass.BFloat16
+        dt = cutlass.BFloat16
+        qk = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (2, 1, 1),
+                                               (64, 128))
+        s_coords = wgmma.acc_mn(qk.get_slice(t).partition_C(cute.make_identity_tensor((128, 128))))
+        row_m = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+        row_l = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+        row_a = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+        row_lo = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Int32)
+        row_hi = cute.make_rmem_tensor(cute.make_layout(2), cutlass.Int32)
+        sink_log2 = None
+        if cutlass.const_expr(sink is not None):
+            sink_log2 = Float32(sink * SM.LOG2E)
+        for r in cutlass.range_constexpr(2):
+            row_m[r], row_l[r] = SM.init_stats(sink_log2)
+            row_lo[r] = bnd[r, 0]
+            row_hi[r] = bnd[r, 1]
+        for j in cutlass.range(n):
+            acc_s = cute.make_rmem_tensor(qk.partition_shape_C((128, 128)), Float32)
+            s_mn = wgmma.acc_mn(acc_s)
+            for r in cutlass.range_constexpr(2):
+                for i in cutlass.range_constexpr(32):
+                    s_mn[r, i] = s_in[j, r, i]
+            r_p = kern.softmax_tile(acc_s, j, s_coords, row_m, row_l, row_lo, row_hi, row_a, scale, 0, 0,
+                                    portable=True)
+            p_mn = wgmma.acc_mn(r_p)
+            for r in cutlass.range_constexpr(2):
+                a_out[j, r] = row_a[r]
+                for i in cutlass.range_constexpr(32):
+                    p_out[j, r, i] = p_mn[r, i].to(Float32)
+        for r in cutlass.range_constexpr(2):
+            fin[r, 0] = row_m[r]
+            fin[r, 1] = row_l[r]
+
+    p_dev, a_dev, fin = torch.zeros(tiles, 2, 32), torch.zeros(tiles, 2), torch.zeros(2, 2)
+    run(from_dlpack(scores), from_dlpack(p_dev), from_dlpack(a_dev), from_dlpack(fin), from_dlpack(bounds),
+        cutlass.Int32(tiles), Float32(scale_log2))
+    lane = t % 32
+    cols = torch.tensor([8 * j + 2 * (lane % 4) + c for j in range(16) for c in range(2)])
+    model = SM.OnlineSoftmaxModel(2, scale_log2, threshold, sink)
+    for j in range(tiles):
+        keys = cols + 128 * j
+        hidden = (keys[None, :] < bounds[:, :1]) | (keys[None, :] >= bounds[:, 1:])
+        p, a = model.step(scores[j].masked_fill(hidden, float("-inf")))
+        torch.testing.assert_close(a_dev[j], a, rtol=1e-5, atol=0, msg=f"rescale factor, tile {j}")
+        torch.testing.assert_close(p_dev[j], p.bfloat16().float(), rtol=1e-2, atol=0, msg=f"P, tile {j}")
+    torch.testing.assert_close(fin[:, 0], model.m, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(fin[:, 1], model.l, rtol=1e-4, atol=1e-6)
+
+
+@needs_dsl
+@pytest.mark.parametrize("t", [0, 6, 77, 201])
+def test_sm90_epilogue_runs_on_the_host(dsl_arch_sm90, t):
+    """The consumer's epilogue traced from the kernel class and run on the host for thread t, writing into a torch
+    (tokens, heads, D) tensor through the kernel's (tokens, D, heads) view: each of the thread's O values lands at
+    (q_start + 128 m_block + row, h, column) divided by its row's l, rows past the sequence are not written, and the
+    first thread of each quad writes its rows' natural-log lse (-inf for l = 0)."""
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass import Float32
+    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+    from cutlass.cute.runtime import from_dlpack
+
+    from cute_ops.attention import fmha_sm90, wgmma
+
+    d, hq, h, q_start, m_block = 64, 3, 2, 5, 1
+    sq = 128 + 70  # the second tile's rows 70..127 lie past the sequence
+    kern = fmha_sm90.kernel_class()(fmha_sm90.FmhaSm90Config("bf16", d))
+    out = torch.full((q_start + 2 * 128 + 4, hq, d), -7.0, dtype=torch.bfloat16)
+    lse = torch.full((out.shape[0], hq), -7.0)
+    stats = torch.tensor([[1.5, 4.0], [0.25, 0.0]])  # (m, l) per row (log2 units); the second row saw nothing
+
+    @cute.jit
+    def run(o_t, lse_t, st, tt):
+        kern.dtype = cutlass.BFloat16
+        dt = cutlass.BFloat16
+        pv = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32, (2, 1, 1),
+                                               (64, d), a_source=warpgroup.OperandSource.RMEM)
+        thr = pv.get_slice(tt)
+        m_o = cute.make_tensor(o_t.iterator, cute.make_layout((o_t.shape[0], d, hq),
+                                                               stride=(o_t.stride[0], 1, o_t.stride[1])))
+        acc_o = cute.make_rmem_tensor(thr.partition_shape_C((128, d)), Float32)
+        o_mn = wgmma.acc_mn(acc_o)
+        c_mn = wgmma.acc_mn(thr.partition_C(cute.make_identity_tensor((128, d))))
+        for r in cutlass.range_constexpr(2):
+            for i in cutlass.range_constexpr(d // 4):
+                o_mn[r, i] = Float32(c_mn[r, i][0] * 1000 + c_mn[r, i][1])  # row * 1000 + column
+        row_m = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+        row_l = cute.make_rmem_tensor(cute.make_layout(2), Float32)
+        for r in cutlass.range_constexpr(2):
+            row_m[r] = st[r, 0]
+            row_l[r] = st[r, 1]
+        kern.epilogue(thr, acc_o, o_mn, row_m, row_l, m_o, lse_t, tt, q_start, sq, m_block, h, portable=True)
+
+    run(from_dlpack(out), from_dlpack(lse), from_dlpack(stats), cutlass.Int32(t))
+    wg, warp, lane = t // 128, t % 128 // 32, t % 32
+    rows = [64 * wg + 16 * warp + lane // 4 + 8 * r for r in range(2)]
+    cols = [8 * j + 2 * (lane % 4) + c for j in range(d // 8) for c in range(2)]
+    want_out = torch.full_like(out, -7.0)
+    want_lse = torch.full_like(lse, -7.0)
+    for r, row in enumerate(rows):
+        if 128 * m_block + row >= sq:
+            continue
+        tok = q_start + 128 * m_block + row
+        inv = 1.0 / stats[r, 1] if stats[r, 1] > 0 else 0.0
+        want_out[tok, h, cols] = (torch.tensor([row * 1000.0 + c for c in cols]) * inv).bfloat16()
+        if lane % 4 == 0:
+            want_lse[tok, h] = (stats[r, 0] + math.log2(stats[r, 1])) * math.log(2) if stats[r, 1] > 0 else -math.inf
+    assert torch.equal(out, want_out), (out != want_out).nonzero()[:8].tolist()
+    torch.testing.assert_close(lse, want_lse, rtol=1e-6, atol=1e-6)
+
+
+@needs_dsl
+@pytest.mark.parametrize("dtype,d,extra", [
+    ("bf16", 128, dict(causal=True, has_window_left=True, has_sink=True)),
+    ("fp16", 64, dict(has_window_left=True, has_window_right=True, schedule="grid", rescale_threshold=0.0)),
+    ("bf16", 128, dict(causal=True, pingpong=True)),
+    ("bf16", 128, dict(causal=True, has_sink=True, overlap=True)),
+    ("fp16", 64, dict(has_window_left=True, overlap=True, pingpong=True)),
+])
+def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
+    """Record (nvidia-cutlass-dsl 4.8.1): bf16 D=128: HGMMA.64x128 16, UTMALDG.3D 6, MUFU.EX2 66, SHFL.BFLY 8,
+    STG.E 34, USETMAXREG 2, no local memory; fp16 D=64: HGMMA 12, UTMALDG 3, STG.E 18. Ping-pong: BAR.SYNC 3
+    (the CTA barrier, the first turn, the turn before PV), BAR.ARV 3 (warpgroup 0's own first turn, the turn
+    after QK, the last one); with the overlap, 2 and 2 (the turn before QK_j + PV_{j-1}, the pass after them).
+    Overlap: two call sites of each GEMM (the first tile's QK and the last PV outside the loop), 4 waits."""
+    from cute_ops.attention.fmha_sm90 import FmhaSm90Config, dump
+
+    d_ = dump(FmhaSm90Config(dtype, d, **extra))
+    ops = d_.opcodes()
+    assert "sm_90a" in d_.ptx.split(".target", 1)[1][:40]
+    # S = Q K^T: D / 16 k-steps of m64n128k16; O += P V: 128 keys / 16 k-steps of m64n{D}k16 with A from registers
+    sites = 2 if extra.get("overlap") else 1
+    assert d_.count("HGMMA") == sites * (d // 16 + 128 // 16), ops
+    ab = "bf16.bf16" if dtype == "bf16" else "f16.f16"
+    assert f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{ab}" in d_.ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.{ab} {{" in d_.ptx.replace("\t", " ")
+    assert any("wgmma.mma_async" in ln and "{%r" in ln.split("},", 1)[1][:8] for ln in d_.ptx.splitlines()
+               if "wgmma.mma_async" in ln and f"m64n{d}k16" in ln), "no WGMMA takes A (P) from registers"
+    # fp16 + overlap: ptxas serializes the WGMMAs (C7513: NVVM re-packs P's f16 halves into the RS operand registers
+    # after QK_j is issued), one ARRIVE / DEPBAR per HGMMA; bf16 keeps P packed and is not serialized
+    waits = d_.count("HGMMA") if (dtype == "fp16" and extra.get("overlap")) else 2 * sites
+    assert d_.count("WARPGROUP.ARRIVE") == waits and d_.count("WARPGROUP.DEPBAR") == waits, ops
+    assert d_.count("UTMALDG") == 3 * d // 64, ops  # Q, K, V: boxes of 64 columns (128-byte swizzle)
+    assert d_.count("SYNCS.ARRIVE.TRANS64") >= 3, ops  # expect-tx arrives of the TMA pipelines
+    assert d_.count("USETMAXREG") == 2, ops  # producer down, consumers up
+    assert d_.count("MUFU.EX2") >= 64 * sites, ops  # 2 rows x 32 keys per thread and tile
+    assert d_.count("SHFL.BFLY") >= 8, ops  # quad max and sum, 2 rows
+    assert d_.count("F2FP") >= 32, ops
+    assert d_.count("STG.E") == 2 * d // 8 + 2, ops  # 2 rows x D / 8 column pairs, and 2 lse values
+    assert d_.count("STL") == 0 and d_.count("LDL") == 0, ops
+    bars = {(False, False): (1, 0), (True, False): (3, 3), (False, True): (1, 0), (True, True): (2, 2)}
+    assert (d_.count("BAR.SYNC"), d_.count("BAR.ARV")) == bars[extra.get("pingpong", False),
+                                                                extra.get("overlap", False)], ops
+
+
+def _need_sm90():
+    if unavailable_reason() is not None:
+        pytest.skip(f"cute backend: {unavailable_reason()}")
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the sm90 CuTeDSL attention kernel runs on sm_90 (H100/H200) only")
+
+
+def _sm90_case(lq, lk, hq, hkv, d, dtype, causal, window, sink, seed=0, qkv_packed=False, variant=None):
+    """(out, lse, want_out, want_lse) of the cute backend on the GPU (through dispatch; with `variant`, a dict of
+    schedule fields of FmhaSm90Config, the compiled kernel of that variant directly) and the fp64 reference."""
+    import dispatch
+    from cute_ops.attention import fmha_sm90, launch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    tq, tk = sum(lq), sum(lk)
+    if qkv_packed:  # q, k, v as head slices of one (tokens, Hq + 2 Hkv, D) tensor: strided heads, as from a QKV GEMM
+        assert lq == lk
+        qkv = torch.randn(tq, hq + 2 * hkv, d, device="cuda", generator=g).to(dtype)
+        q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    else:
+        q = torch.randn(tq, hq, d, device="cuda", generator=g).to(dtype)
+        k = torch.randn(tk, hkv, d, device="cuda", generator=g).to(dtype)
+        v = torch.randn(tk, hkv, d, device="cuda", generator=g).to(dtype)
+    sinks = torch.randn(hq, device="cuda", generator=g) * 2 if sink else None
+    cu_q, cu_k = cu(lq).cuda(), cu(lk).cuda()
+    scale = 1.0 / math.sqrt(d)
+    if variant is None:
+        out, lse = dispatch.ops.attention_prefill(q, k, v, cu_q, cu_k, max(lq), max(lk), softmax_scale=scale,
+                                                  causal=causal, window=window, sinks=sinks, return_lse=True,
+                                                  backend="cute")
+    else:
+        cfg = fmha_sm90.FmhaSm90Config.for_call(q, causal, *window, sinks, "sm_90a")
+        fn = fmha_sm90.compiled(dataclasses.replace(cfg, **variant))
+        out, lse = launch.run(fn, q, k, v, cu_q, cu_k, max(lq), scale, *window, sinks)
+    want_out, want_lse = attention_varlen(q, k, v, cu_q, cu_k, scale, causal, window, sinks)
+    return out, lse, want_out, want_lse
+
+
+SM90_GPU_CASES = [  # lq, lk, hq, hkv, d, dtype, causal, window, sink
+    ([1000], [1000], 4, 4, 128, torch.bfloat16, True, (-1, -1), False),
+    ([1000], [1000], 4, 4, 128, torch.bfloat16, False, (-1, -1), False),
+    ([300, 0, 129, 1, 256], [300, 5, 700, 64, 256], 8, 2, 64, torch.float16, True, (100, -1), True),  # varlen GQA
+    ([513, 64], [1500, 64], 4, 1, 128, torch.bfloat16, False, (-1, 0), True),  # MQA, right window only
+    ([700, 77], [700, 900], 8, 2, 64, torch.bfloat16, False, (37, 11), False),  # both window sides, no causal
+    ([200, 3], [50, 0], 2, 2, 128, torch.float16, True, (-1, -1), False),  # sk < sq and sk = 0: empty rows
+    ([200, 3], [50, 0], 2, 2, 64, torch.bfloat16, True, (-1, -1), True),  # the same with sinks: lse = sink
+    ([1], [4096], 8, 8, 128, torch.bfloat16, True, (-1, -1), False),  # one query, many keys
+    ([2048], [2048], 8, 1, 128, torch.bfloat16, True, (256, -1), True),  # sliding window + sinks, MQA
+]
+
+
+def _case_id(c) -> str:
+    return (f"q{c[0]}-k{c[1]}-h{c[2]}/{c[3]}-d{c[4]}-{str(c[5])[6:]}-causal{int(c[6])}-w{c[7][0]},{c[7][1]}-"
+            f"sink{int(c[8])}").replace(" ", "")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", SM90_GPU_CASES, ids=_case_id)
+def test_gpu_sm90_matches_reference(case):
+    _need_sm90()
+    out, lse, want_out, want_lse = _sm90_case(*case)
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 {case}")
+
+
+SM90_VARIANTS = [dict(pingpong=True), dict(overlap=True), dict(pingpong=True, overlap=True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", SM90_VARIANTS, ids=lambda v: "+".join(v))
+@pytest.mark.parametrize("case", SM90_GPU_CASES[:3] + SM90_GPU_CASES[5:], ids=_case_id)
+def test_gpu_sm90_schedule_variants_match_reference(case, variant):
+    """The ping-pong and overlap schedules (config fields, off in the entry until this passes and is timed)."""
+    _need_sm90()
+    out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 {variant} {case}")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_strided_heads_and_grid_schedule():
+    """q/k/v as head slices of one packed QKV tensor (token stride 16 heads, not the head count); and the GRID
+    schedule (the entry uses PACKED) through the compiled function directly."""
+    _need_sm90()
+    out, lse, want_out, want_lse = _sm90_case([384, 129], [384, 129], 8, 4, 128, torch.bfloat16, True, (-1, -1),
+                                              True, seed=3, qkv_packed=True)
+    assert_attention_close(out, lse, want_out, want_lse, "sm90 packed qkv")
+
+    from cute_ops.attention import launch
+    from cute_ops.attention.fmha_sm90 import FmhaSm90Config, compiled
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    lq, lk = [130, 0, 257], [260, 7, 257]
+    q = torch.randn(sum(lq), 4, 64, device="cuda", generator=g).half()
+    k = torch.randn(sum(lk), 2, 64, device="cuda", generator=g).half()
+    v = torch.randn(sum(lk), 2, 64, device="cuda", generator=g).half()
+    cu_q, cu_k = cu(lq).cuda(), cu(lk).cuda()
+    fn = compiled(FmhaSm90Config("fp16", 64, causal=True, schedule="grid", rescale_threshold=0.0))
+    out, lse = launch.run(fn, q, k, v, cu_q, cu_k, max(lq), 0.125, -1, -1, None)
+    want_out, want_lse = attention_varlen(q, k, v, cu_q, cu_k, 0.125, True, (-1, -1), None)
+    assert_attention_close(out, lse, want_out, want_lse, "sm90 grid schedule")
+
+
+@st.composite
+def sm90_gpu_cases(draw):
+    n = draw(st.integers(1, 4))
+    lk = [draw(st.sampled_from([0, 1, 63, 128, 129, 300, 1000])) for _ in range(n)]
+    lq = [draw(st.sampled_from([s, s, 0, 1, min(s, 77), s + 50])) for s in lk]
+    hq, hkv = draw(st.sampled_from([(2, 2), (4, 1), (8, 2)]))
+    window = (draw(st.sampled_from([-1, -1, 0, 5, 200])), draw(st.sampled_from([-1, -1, 0, 40])))
+    return (lq, lk, hq, hkv, draw(st.sampled_from([64, 128])), draw(st.sampled_from([torch.bfloat16, torch.float16])),
+            draw(st.booleans()), window, draw(st.booleans()), draw(st.integers(0, 2**16)))
+
+
+@pytest.mark.gpu
+@given(case=sm90_gpu_cases())
+def test_gpu_sm90_drawn_cases_match_reference(case):
+    _need_sm90()
+    if sum(case[0]) == 0:
+        return  # nothing to compare (the entry returns empty tensors without a launch)
+    out, lse, want_out, want_lse = _sm90_case(*case)
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 {case}")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_timing_report():
+    """hd128 causal, 32 / 8 heads, 4 x 4096: the cute kernel (every schedule variant) beside the backend auto
+    picks (the Gluon kernel on sm_90) and FA4 where installed; CUDA-event times printed (run with -s), outputs
+    checked against auto's."""
+    _need_sm90()
+    import dispatch
+    from cute_ops.attention import fmha_sm90, launch
+
+    b, s_, hq, hkv, d = 4, 4096, 32, 8, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b * s_, hq, d, device="cuda", generator=g).bfloat16()
+    k = torch.randn(b * s_, hkv, d, device="cuda", generator=g).bfloat16()
+    v = torch.randn(b * s_, hkv, d, device="cuda", generator=g).bfloat16()
+    cu_ = cu([s_] * b).cuda()
+    scale = d ** -0.5
+    cfg = fmha_sm90.FmhaSm90Config.for_call(q, True, -1, -1, None, "sm_90a")
+    runs = {"auto": lambda: dispatch.ops.attention_prefill(q, k, v, cu_, cu_, s_, s_, softmax_scale=scale,
+                                                             causal=True, return_lse=True)}
+    try:  # FA4 (flash-attn-4) where installed, on the batched (B, S, H, D) views: the bar is >= 0.7x its time
+        from flash_attn import cute as fa4
+
+        views = [x.view(b, s_, *x.shape[1:]) for x in (q, k, v)]
+        runs["fa4"] = lambda: fa4.flash_attn_func(*views, softmax_scale=scale, causal=True)
+    except ImportError as exc:
+        print(f"sm90 attention timing: no FA4 peer ({exc})")
+    for variant in [{}, *SM90_VARIANTS]:
+        fn = fmha_sm90.compiled(dataclasses.replace(cfg, **variant))
+        runs[f"cute {'+'.join(variant) or 'plain'}"] = lambda fn=fn: launch.run(fn, q, k, v, cu_, cu_, s_, scale,
+                                                                             -1, -1, None)
+    flops = 4 * b * hq * d * (s_ * (s_ + 1) // 2)
+    outs, times = {}, {}
+    for name, run in runs.items():
+        try:
+            outs[name] = run()
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot run this call is reported, not fatal
+            if name != "fa4":
+                raise
+            print(f"sm90 attention timing: FA4 failed ({exc!r:.200})")
+            continue
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            run()
+        end.record()
+        torch.cuda.synchronize()
+        times[name] = start.elapsed_time(end) / 20
+        print(f"sm90 attention 4x4096 hd128 causal: {name}: {times[name] * 1e3:.1f} us, "
+              f"{flops / times[name] / 1e9:.0f} TFLOP/s, {times['auto'] / times[name]:.2f}x auto"
+              + (f", {times['fa4'] / times[name]:.2f}x fa4" if "fa4" in times else ""))
+    for name in times:
+        if name != "fa4":
+            assert_attention_close(*outs[name], *outs["auto"], f"timing report: {name} vs auto")
