@@ -48,6 +48,8 @@ ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward (sm_90a); not yet run on a GPU: onl
 # H100 at 26c069c: bf16 cache 0.78-0.92x cuDNN SDPA on a dense cache, 0.91 of copy at 16 x 8k; FP8 cache 0.96x the
 # bf16 peer's time (not yet the half-bytes speedup).
 ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE-merged; 0.78-0.92x cuDNN (H100)"
+# Not yet timed on a GPU (perf/cases/attention_mla.py has the cases): the only GPU backend of mla_decode.
+MLA_DECODE_WHY = "heads (x MTP queries) sharing keys packed per tile; FP8 dequant in registers; split-KV; untimed"
 # H100 at 26c069c: decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped GEMMs; prefill (256 rows
 # / expert) 0.47-0.69x them (untuned tiles; docs/moe_gemm.md).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
@@ -240,6 +242,9 @@ ROWS: tuple[Entry, ...] = (
                  supports="triton_ops.attention.decode:supports_attention_decode"),
     Entry("attention_decode", "torch", ALL, "dispatch.reference.attention:attention_decode", TORCH_REF,
           REFERENCE_WHY),
+    *triton_rows("mla_decode", "triton_ops.attention.mla_decode:mla_decode", MLA_DECODE_WHY,
+                 supports="triton_ops.attention.mla_decode:supports_mla_decode"),
+    Entry("mla_decode", "torch", ALL, "dispatch.reference.attention:mla_decode", TORCH_REF, REFERENCE_WHY),
     *triton_rows("merge_attn_states", "triton_ops.attention.merge:merge_attn_states", ONE_PASS,
                  supports="triton_ops.attention.merge:supports_merge_attn_states"),
     Entry("merge_attn_states", "torch", ALL, "dispatch.reference.attention:merge_attn_states", TORCH_REF,
