@@ -48,6 +48,8 @@ ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward (sm_90a); not yet run on a GPU: onl
 # H100 at 26c069c: bf16 cache 0.78-0.92x cuDNN SDPA on a dense cache, 0.91 of copy at 16 x 8k; FP8 cache 0.96x the
 # bf16 peer's time (not yet the half-bytes speedup).
 ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE-merged; 0.78-0.92x cuDNN (H100)"
+# Not yet timed on a GPU (perf/cases/attention_mla.py has the cases): the only GPU backend of mla_decode.
+MLA_DECODE_WHY = "heads (x MTP queries) sharing keys packed per tile; FP8 dequant in registers; split-KV; untimed"
 # H100 at 26c069c: decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped GEMMs; prefill (256 rows
 # / expert) 0.47-0.69x them (untuned tiles; docs/moe_gemm.md).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
@@ -74,6 +76,12 @@ CUTE_DECODE_WHY = "CuTeDSL; bit-exact; auto takes it at decode only (Triton's tw
 # sm_100/103: compiled and SASS-checked only, never run on Blackwell: ranked below Triton and refused unless
 # LOWBIT_CUTE_UNVERIFIED=1 (cute_ops.rmsnorm.HARDWARE_STATUS).
 CUTE_UNRUN_WHY = "CuTeDSL; compiled for sm_100a, never run on Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1"
+
+# CuTeDSL grouped GEMM on sm_90, bf16 / fp16 and FP8 (cute_ops/gemm/grouped_sm90.py: WGMMA, TMA loads through
+# per-group descriptors rewritten on the device): compiled and SASS-checked on a CPU, never run on a GPU yet, so
+# `auto` passes it over (auto_skip cute_ops.gemm.moe_sm90:unverified) unless LOWBIT_CUTE_UNVERIFIED=1;
+# backend="cute" forces it.
+CUTE_GEMM_UNRUN_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptor updates; not yet run on a GPU"
 
 DECODE_ROWS = 64  # the benchmarks' decode bucket (M <= 64 tokens)
 
@@ -201,9 +209,15 @@ ROWS: tuple[Entry, ...] = (
     *triton_rows("moe_gemm_bf16", "triton_ops.moe_gemm.grouped:moe_gemm_bf16", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_bf16"),
     Entry("moe_gemm_bf16", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_bf16", TORCH_REF, REFERENCE_WHY),
+    Entry("moe_gemm_bf16", "cute", ("sm_90",), "cute_ops.gemm.moe_sm90:moe_gemm_bf16", CUTE_UNMEASURED,
+          CUTE_GEMM_UNRUN_WHY, supports="cute_ops.gemm.moe_sm90:supports_moe_gemm_bf16",
+          auto_skip="cute_ops.gemm.moe_sm90:unverified"),
     *triton_rows("moe_gemm_fp8", "triton_ops.moe_gemm.grouped:moe_gemm_fp8", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_fp8"),
     Entry("moe_gemm_fp8", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_fp8", TORCH_REF, REFERENCE_WHY),
+    Entry("moe_gemm_fp8", "cute", ("sm_90",), "cute_ops.gemm.moe_sm90:moe_gemm_fp8", CUTE_UNMEASURED,
+          CUTE_GEMM_UNRUN_WHY, supports="cute_ops.gemm.moe_sm90:supports_moe_gemm_fp8",
+          auto_skip="cute_ops.gemm.moe_sm90:unverified"),
     *triton_rows("moe_gemm_mxfp4", "triton_ops.moe_gemm.grouped:moe_gemm_mxfp4", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_mxfp4"),
     Entry("moe_gemm_mxfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_mxfp4", TORCH_REF, REFERENCE_WHY),
@@ -241,6 +255,9 @@ ROWS: tuple[Entry, ...] = (
                  supports="triton_ops.attention.decode:supports_attention_decode"),
     Entry("attention_decode", "torch", ALL, "dispatch.reference.attention:attention_decode", TORCH_REF,
           REFERENCE_WHY),
+    *triton_rows("mla_decode", "triton_ops.attention.mla_decode:mla_decode", MLA_DECODE_WHY,
+                 supports="triton_ops.attention.mla_decode:supports_mla_decode"),
+    Entry("mla_decode", "torch", ALL, "dispatch.reference.attention:mla_decode", TORCH_REF, REFERENCE_WHY),
     *triton_rows("merge_attn_states", "triton_ops.attention.merge:merge_attn_states", ONE_PASS,
                  supports="triton_ops.attention.merge:supports_merge_attn_states"),
     Entry("merge_attn_states", "torch", ALL, "dispatch.reference.attention:merge_attn_states", TORCH_REF,

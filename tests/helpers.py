@@ -161,3 +161,39 @@ def assert_attention_close(out, lse, want_out, want_lse, what: str) -> None:
     if (~ninf).any():
         err = float((lse[~ninf] - want_lse.cpu()[~ninf]).abs().max())
         assert err <= LSE_TOLERANCE[out.dtype], f"{what}: lse abs error {err:.3e} > {LSE_TOLERANCE[out.dtype]}"
+
+
+def run_compile_script(script: str, timeout: int) -> str:
+    """Run a GPU-compile script (Python source) in a fresh process without TRITON_INTERPRET (the interpreter's
+    kernels cannot be compiled) from the repository root; its stdout. Skips the test where this host's Triton
+    cannot compile CUDA or the compile outlasts `timeout` seconds."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"compiling for the GPU took over {timeout} s on this host")
+    if proc.returncode and ("ptxas" in proc.stderr or "No such file" in proc.stderr):
+        pytest.skip(f"this Triton cannot compile CUDA on this host: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def random_block_table(g, batch: int, max_blocks: int, num_blocks: int, lens, block_size: int,
+                       bad_entries=()) -> torch.Tensor:
+    """int32 (batch, max_blocks) block table of a paged-cache test: each sequence owns a random permutation of
+    the cache's blocks for its used pages; the unused tail holds garbage ids (-1, num_blocks, +-2^30) that must
+    never be read. bad_entries: (b, block index, id) written in afterwards (g: a numpy Generator)."""
+    bt = torch.from_numpy(g.permutation(num_blocks)[: batch * max_blocks].reshape(batch, max_blocks).astype(np.int32))
+    for b, n in enumerate(lens):
+        used = -(-n // block_size)
+        bt[b, used:] = torch.from_numpy(g.choice([-1, num_blocks, 2**30, -(2**30)], max_blocks - used).astype(np.int32))
+    for b, i, page in bad_entries:
+        bt[b, i] = page
+    return bt

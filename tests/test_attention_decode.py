@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dispatch.reference.attention import attention_varlen, gather_paged
 from dispatch.reference.attention import merge_attn_states as merge_ref
-from tests.helpers import assert_attention_close
+from tests.helpers import assert_attention_close, random_block_table
 from triton_ops.attention.decode import (
     MAX_SPLITS,
     attention_decode,
@@ -84,12 +84,7 @@ def make_case(g, *, batch, lens, sq, hq, hkv, d, bs, max_blocks, kind, q_dtype, 
     if kind in ("bf16", "fp16"):
         q_dtype = k_cache.dtype
     q = torch.from_numpy(g.standard_normal((batch, sq, hq, d)).astype(np.float32)).to(q_dtype)
-    bt = torch.from_numpy(g.permutation(nb)[: batch * max_blocks].reshape(batch, max_blocks).astype(np.int32))
-    for b, n in enumerate(lens):
-        used = -(-n // bs)
-        bt[b, used:] = torch.from_numpy(g.choice([-1, nb, 2**30, -(2**30)], max_blocks - used).astype(np.int32))
-    for b, i, page in bad_entries:
-        bt[b, i] = page
+    bt = random_block_table(g, batch, max_blocks, nb, lens, bs, bad_entries)
     sk = torch.tensor(lens, dtype=torch.int32)
     sink = torch.from_numpy(g.normal(0.0, 2.0, hq).astype(np.float32)) if sinks else None
     return DecodeCase(q, k_cache, v_cache, k_deq, v_deq, bt, sk, 1.0 / math.sqrt(d), causal, window, sink,

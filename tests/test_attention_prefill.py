@@ -7,9 +7,6 @@ argument errors; a compile-only sm_90 check that the kernel uses the tensor core
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -18,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatch.reference.attention import attention_varlen, gather_paged
-from tests.helpers import assert_attention_close
+from tests.helpers import assert_attention_close, run_compile_script
 from triton_ops.attention.prefill import (
     PrefillConfig,
     _prefill_config,
@@ -342,19 +339,9 @@ def test_sm90_compile_uses_tensor_cores():
     """Compile for sm_90 without a GPU (a fresh process: the interpreter's kernels cannot be compiled) and check
     each config: 16-bit matmuls on wgmma, K/V loads pipelined as async copies, shared memory within the SM's,
     exponentials on ex2. (fp32 runs IEEE FMA dots: no wgmma.)"""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        proc = subprocess.run([sys.executable, "-c", _COMPILE], env=env, cwd=root, capture_output=True, text=True,
-                              timeout=240)
-    except subprocess.TimeoutExpired:
-        pytest.skip("compiling for sm_90 took over 240 s on this host")
-    if proc.returncode and ("ptxas" in proc.stderr or "No such file" in proc.stderr):
-        pytest.skip(f"this Triton cannot compile CUDA on this host: {proc.stderr.strip().splitlines()[-1]}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [line.split() for line in proc.stdout.splitlines() if line]
-    assert len(lines) == 5, proc.stdout
+    stdout = run_compile_script(_COMPILE, 240)
+    lines = [line.split() for line in stdout.splitlines() if line]
+    assert len(lines) == 5, stdout
     for dqk, dv, dtype, paged, wgmma, async_copies, shared, ex2 in lines:
         what = f"dqk={dqk} dv={dv} {dtype} paged={paged}"
         assert dtype == "float32" or int(wgmma) > 0, f"{what}: no wgmma"

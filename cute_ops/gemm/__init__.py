@@ -4,11 +4,15 @@
   (row, k-block) -> byte in torch, equal to `swizzle_scales_128x4`; the same atom as a CuTe layout over element
   coordinates, from which the kernels build their scale tensors and TMA descriptors.
 * `scheduler` (the model needs no DSL; `GroupedTileScheduler` does): static persistent tile order over groups
-  whose row extents come from device offsets (`moe_align`'s expert_offsets). Python model + device twin.
+  whose row extents come from device tensors (offsets, or starts + counts). Python model + device twins.
 * the torch twin of this GEMM is dispatch/reference/moe_gemm.py `grouped_blockscaled_gemm` (the contract decoders).
 * `blockscaled_sm100` (imports the DSL): grouped (MoE contiguous) NVFP4 / MXFP4 block-scaled GEMM for sm_100a:
   tcgen05 UMMA, TMEM accumulator, TMA loads of A / B / both scale tensors, bf16 epilogue. Compiled and
   SASS-inspected on the CPU only, never run on Blackwell hardware; not in dispatch/table.py.
+* `grouped_sm90` (imports the DSL): bf16 / fp16 / FP8 (block-scaled) grouped GEMM for sm_90a: WGMMA, TMA loads,
+  the A operand's TMA descriptor rewritten per group on the device (address + row extent from device tensors).
+  `moe_sm90` (torch only until a call compiles): its `moe_gemm_bf16` / `moe_gemm_fp8` backends (masked and
+  contiguous layouts). Compiled and SASS-checked on the CPU, not yet run on a GPU: the table rows are skipped by auto.
 
-Importing this package imports nothing heavy. See docs/cute.md ("Grouped block-scaled GEMM").
+Importing this package imports nothing heavy. See docs/cute.md ("Grouped GEMM on sm_90", "Grouped block-scaled GEMM").
 """

@@ -17,6 +17,11 @@ Row bounds: a tile covers rows [offsets[g] + m_tile * block_m, +block_m) clipped
 epilogue predicates its stores on row < row_end (rows past it belong to the next group). The block-scaled kernel
 additionally needs every offsets[g] to be a multiple of 128 (its scale atoms): `moe_align` with block_m a
 multiple of 128.
+
+Bounded form (the sm_90 grouped GEMM): group g owns rows [starts[g], starts[g] + counts[g]) (two device int32
+tensors [G]; groups need not be adjacent, ordered or aligned: the masked layout's groups start at g * max_m, the
+contiguous layout's where the expert's rows begin). Same linear order and walk, with rows_g = counts[g]; the
+offsets form is the special case starts = offsets[:-1], counts = offsets[1:] - offsets[:-1].
 """
 
 from __future__ import annotations
@@ -54,37 +59,45 @@ def total_tiles(offsets: Sequence[int], block_m: int, n_tiles: int) -> int:
 
 def tile_of(t: int, offsets: Sequence[int], block_m: int, n_tiles: int) -> GroupTile | None:
     """The tile with linear index t (None past the last tile), by a scan from group 0."""
-    return _walk(t, 0, 0, offsets, block_m, n_tiles)[0]
+    starts, counts = bounds_of_offsets(offsets)
+    return _walk(t, 0, 0, starts, counts, block_m, n_tiles)[0]
 
 
 def cta_tiles(cta: int, grid: int, offsets: Sequence[int], block_m: int, n_tiles: int) -> list[GroupTile]:
     """The tiles persistent CTA `cta` of `grid` handles, in order, with the forward-only cursor of the device code."""
+    return cta_tiles_bounded(cta, grid, *bounds_of_offsets(offsets), block_m, n_tiles)
+
+
+def bounds_of_offsets(offsets: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(starts, counts) of the offsets form."""
+    return list(offsets[:-1]), [offsets[g + 1] - offsets[g] for g in range(len(offsets) - 1)]
+
+
+def cta_tiles_bounded(cta: int, grid: int, starts: Sequence[int], counts: Sequence[int], block_m: int,
+                      n_tiles: int) -> list[GroupTile]:
+    """cta_tiles for groups given as (starts, counts): the walk of BoundedTileScheduler."""
     out, g, base, t = [], 0, 0, cta
     while True:
-        tile, g, base = _walk(t, g, base, offsets, block_m, n_tiles)
+        tile, g, base = _walk(t, g, base, starts, counts, block_m, n_tiles)
         if tile is None:
             return out
         out.append(tile)
         t += grid
 
 
-def _walk(t, g, base, offsets, block_m, n_tiles):
+def _walk(t, g, base, starts, counts, block_m, n_tiles):
     """Move the cursor (g, base) forward to the group holding tile t; mirrors GroupedTileScheduler.seek/coords."""
-    groups = len(offsets) - 1
-    while g < groups and t >= base + _group_tiles(offsets, g, block_m, n_tiles):
-        base += _group_tiles(offsets, g, block_m, n_tiles)
+    groups = len(counts)
+    while g < groups and t >= base + -(-counts[g] // block_m) * n_tiles:
+        base += -(-counts[g] // block_m) * n_tiles
         g += 1
     if g >= groups:
         return None, g, base
-    m_tiles = -(-(offsets[g + 1] - offsets[g]) // block_m)
+    m_tiles = -(-counts[g] // block_m)
     local = t - base
     m_tile, n_tile = local % m_tiles, local // m_tiles
-    row_start = offsets[g] + m_tile * block_m
-    return GroupTile(g, m_tile, n_tile, row_start, offsets[g + 1]), g, base
-
-
-def _group_tiles(offsets, g, block_m, n_tiles):
-    return -(-(offsets[g + 1] - offsets[g]) // block_m) * n_tiles
+    row_start = starts[g] + m_tile * block_m
+    return GroupTile(g, m_tile, n_tile, row_start, starts[g] + counts[g]), g, base
 
 
 # ----------------------------------------------------------------------------------------------- device
@@ -151,3 +164,35 @@ class GroupedTileScheduler:
         row_start = self.offsets[g] + m_tile * self.block_m
         return row_start // self.block_m, n_tile, row_start, self.offsets[g + 1]
 
+
+
+class BoundedTileScheduler(GroupedTileScheduler):
+    """GroupedTileScheduler over groups given as (starts, counts): int32 gmem tensors [num_groups], counts >= 0.
+    Same walk (`seek`); `coords` returns the row tile counted inside the group (the kernel's per-group TMA
+    descriptor starts at the group's first row), the column tile, row_start and row_end = starts[g] + counts[g]."""
+
+    def __init__(self, starts, counts, num_groups: int, block_m: int, n_tiles: int):
+        super().__init__(None, num_groups, block_m, n_tiles)
+        self.starts = starts
+        self.counts = counts
+
+    def __extract_mlir_values__(self):
+        return cutlass.extract_mlir_values(self.starts) + cutlass.extract_mlir_values(self.counts)
+
+    def __new_from_mlir_values__(self, values):
+        n = len(cutlass.extract_mlir_values(self.starts))
+        starts = cutlass.new_from_mlir_values(self.starts, values[:n])
+        counts = cutlass.new_from_mlir_values(self.counts, values[n:])
+        return BoundedTileScheduler(starts, counts, self.num_groups, self.block_m, self.n_tiles)
+
+    def _rows(self, g):
+        return self.counts[g]
+
+    def coords(self, t, g, base):
+        rows = self.counts[g]
+        start = self.starts[g]
+        m_tiles = (rows + (self.block_m - 1)) // self.block_m
+        local = t - base
+        m_tile = local % m_tiles
+        n_tile = local // m_tiles
+        return m_tile, n_tile, start + m_tile * self.block_m, start + rows

@@ -12,6 +12,7 @@ from .attention import (
     attention_prefill,
     attention_prefill_paged,
     merge_attn_states,
+    mla_decode,
 )
 from .kv_cache import (
     ds_kv_gather,
@@ -88,6 +89,7 @@ __all__ = [
     "moe_gather_fp8", "moe_hash_route", "moe_masked_layout", "moe_route",
     # attention
     "attention", "attention_decode", "attention_prefill", "attention_prefill_paged", "merge_attn_states",
+    "mla_decode",
     # moe_gemm
     "moe_gemm_bf16", "moe_gemm_fp8", "moe_gemm_mxfp4", "moe_gemm_w4a4", "moe_gemm_w4a8", "moe_gemm_swiglu",
     "moe_gemm_swiglu_fp8_group", "moe_gemm_combine", "moe_layer",

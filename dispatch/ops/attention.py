@@ -1,5 +1,5 @@
-"""Attention ops (prefill, paged prefill, paged decode with split-KV, LSE merge): torch.library registration,
-fakes, typed public API. Contract: dispatch/reference/attention.py; docs: docs/attention.md.
+"""Attention ops (prefill, paged prefill, paged decode with split-KV, DeepSeek MLA decode, LSE merge):
+torch.library registration, fakes, typed public API. Contract: dispatch/reference/attention.py; docs: docs/attention.md.
 
 Semantics shared by every op and backend: bottom-right aligned causal masks, sliding windows (left, right; -1 =
 unbounded), per-query-head sink logits in the softmax denominator (GPT-OSS), GQA/MQA (query head h reads KV head
@@ -19,8 +19,10 @@ from triton_ops.contract.attention import (
     check_attention_prefill,
     check_attention_prefill_paged,
     check_merge_attn_states,
+    check_mla_decode,
 )
 from triton_ops.contract.checks import check_tensor, fail
+from triton_ops.contract.kv_cache import DS_ROPE
 
 from ._common import call, lowbit_op
 
@@ -51,6 +53,13 @@ def _attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: 
                       sinks: Tensor | None, k_scale: Tensor | None, v_scale: Tensor | None, num_splits: int,
                       backend: str) -> tuple[Tensor, Tensor]:
     return q.new_empty((*q.shape[:-1], v_cache.shape[-1])), _lse_like(q, q.shape[:2])
+
+
+@lowbit_op("mla_decode", mutates_args=(), check=check_mla_decode)
+def _mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, seqused_k: Tensor, indices: Tensor | None,
+                layout: str, v_dim: int, softmax_scale: float | None, causal: bool, window_left: int,
+                num_splits: int, backend: str) -> tuple[Tensor, Tensor]:
+    return q.new_empty((*q.shape[:-1], v_dim)), _lse_like(q, q.shape[:2])
 
 
 @lowbit_op("merge_attn_states", mutates_args=(), check=check_merge_attn_states)
@@ -131,6 +140,36 @@ def attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: T
     return (out, lse) if return_lse else out
 
 
+def _mla_layout(kv_cache) -> str:
+    """The cache layout from its metadata: bf16 -> "bf16", else the DeepSeek FP8 layout of its token width."""
+    if not isinstance(kv_cache, Tensor) or kv_cache.dtype == torch.bfloat16:
+        return "bf16"
+    return {656: "v32", 584: "v4"}.get(kv_cache.shape[-1] if kv_cache.dim() else 0, f"{kv_cache.shape[-1]} B/token")
+
+
+def mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, seqused_k: Tensor, *, indices: Tensor | None = None,
+               layout: str | None = None, v_dim: int | None = None, softmax_scale: float | None = None,
+               causal: bool = True, window_left: int = -1, num_splits: int = 0, return_lse: bool = False,
+               backend: str = "auto") -> Tensor | tuple[Tensor, Tensor]:
+    """DeepSeek MLA decode (FlashMLA `flash_mla_with_kvcache` semantics, MQA over one latent head): q (B, Sq, H, D)
+    bf16 with Sq in 1..8 (query s sits at key position seqused_k[b] - Sq + s); kv_cache the paged latent, layout
+    "bf16" ((num_blocks, block_size, (1,) D) bf16), "v32" (DeepSeek V3.2, 656 B per token, D = 576) or "v4"
+    (DeepSeek V4, 584 B per token, D = 512), as `ds_kv_write` writes them (layout None: inferred from the cache's
+    dtype and token width). The key is the latent row (NoPE + 64 RoPE columns), the value its first v_dim columns
+    (default D - 64, the NoPE part). indices (B, Sq, topk) int32 selects the sparse variant: query (b, s) attends
+    to the key positions listed (entries < 0 or >= seqused_k[b] are unused; causal also drops positions after the
+    query's own). window_left >= 0 (V4's sliding-window layers, bf16 cache): a query at position p sees keys
+    p - window_left .. p only. softmax_scale defaults to 1/sqrt(D). num_splits <= 0 picks the split-KV count from
+    static sizes (never from seqused_k: CUDA graphs replay with new lengths). Returns out (B, Sq, H, v_dim) bf16,
+    and lse (B, Sq, H) fp32 (natural log; -inf for a row with no key) when return_lse."""
+    layout = _mla_layout(kv_cache) if layout is None else layout
+    if v_dim is None and isinstance(q, Tensor) and q.dim():
+        v_dim = q.shape[-1] - DS_ROPE
+    out, lse = call("mla_decode", q, kv_cache, block_table, seqused_k, indices, layout, v_dim,
+                    _scale(softmax_scale, q), bool(causal), int(window_left), int(num_splits), backend)
+    return (out, lse) if return_lse else out
+
+
 def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, *,
                       backend: str = "auto") -> tuple[Tensor, Tensor]:
     """Merge two attention results over disjoint key sets (vLLM merge_attn_states semantics): out (T, H, D),
@@ -190,6 +229,29 @@ def self_check_cases() -> list:
         return (torch.randn(t, h, d, generator=g).bfloat16().to(dev), lse_a.to(dev),
                 torch.randn(t, h, d, generator=g).bfloat16().to(dev), lse_b.to(dev))
 
+    def mla(layout, sparse):
+        def make(dev, small):
+            from ..reference.kv_cache import ds_kv_cache_empty, ds_kv_write
+
+            g = gen(8)
+            b, bs, h = (2, 16, 16) if small else (4, 64, 128)
+            lens = torch.tensor([37, 50] if small else [4000, 2500, 1, 4096], dtype=torch.int32)
+            max_blocks = -(-int(lens.max()) // bs)
+            nb = b * max_blocks + 2
+            d = 512 if layout == "v4" else 576
+            kv = torch.randn(nb * bs, d, generator=g)
+            cache = ds_kv_cache_empty(nb, bs, layout)
+            ds_kv_write(kv, torch.arange(nb * bs), cache, layout)
+            table = torch.randperm(nb, generator=g)[: b * max_blocks].view(b, max_blocks).to(torch.int32)
+            q = torch.randn(b, 2, h, d, generator=g).bfloat16()
+            idx = None
+            if sparse:
+                idx = torch.randint(-1, int(lens.max()), (b, 2, 32 if small else 2048), generator=g, dtype=torch.int32)
+                idx = idx.to(dev)
+            return (q.to(dev), cache.to(dev), table.to(dev), lens.to(dev), idx, layout, d - 64, d ** -0.5, True, -1,
+                    0)
+        return make
+
     def close(out, ref):
         err = normalized_error(out[0], ref[0])
         finite = torch.isfinite(ref[1])
@@ -204,4 +266,6 @@ def self_check_cases() -> list:
         Case("attention_decode", lambda dev, small: paged(dev, small, True), close,
              label="paged bf16, Sq=2, sinks, auto splits"),
         Case("merge_attn_states", merge, close, label="bf16, a -inf row"),
+        Case("mla_decode", mla("v32", False), close, label="V3.2 FP8 656 B, Sq=2, dense"),
+        Case("mla_decode", mla("v4", True), close, label="V4 FP8 584 B, Sq=2, sparse top-k"),
     ]

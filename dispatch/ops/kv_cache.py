@@ -10,14 +10,12 @@ import torch
 from torch import Tensor
 
 from triton_ops.contract import checks as C
-from triton_ops.contract.kv_cache import DS_LAYOUTS, DS_ROPE
+from triton_ops.contract.kv_cache import CACHE_DTYPES, DS_LAYOUTS, DS_ROPE, check_ds_cache
 
 from ..reference.kv_cache import ds_kv_cache_empty
 from ._common import call, lowbit_op
 from ._fake import is_fake
 from .rope import INDEX_DTYPES, check_heads, check_positions, debug_checks
-
-CACHE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 
 
 def _check_slots(op: str, arg: str, slots: Tensor, n: int, n_slots: int, ref: Tensor):
@@ -132,24 +130,6 @@ def _check_layout(op, layout):
         C.fail(op, "layout", f"{layout!r} is not one of {', '.join(DS_LAYOUTS)}")
 
 
-def _check_ds_cache(op, cache, layout):
-    L = DS_LAYOUTS[layout]
-    C.check_tensor(op, "cache", cache)
-    C.check_dtype(op, "cache", cache, CACHE_DTYPES)
-    if cache.dim() not in (3, 4) or cache.shape[-1] != L.token_bytes or (cache.dim() == 4 and cache.shape[2] != 1):
-        C.fail(op, "cache", f"expected [num_blocks, block_size, (1,) {L.token_bytes}] bytes for layout {layout}, "
-                            f"got shape {tuple(cache.shape)}")
-    bs = cache.shape[1]
-    st = cache.stride()
-    if st[-1] != 1 or st[1] != L.token_bytes:
-        C.fail(op, "cache", f"each block's bytes must be contiguous (strides (*, {L.token_bytes}, ..., 1)), got {st}")
-    align = 4 if layout == "v32" else 2
-    if cache.shape[0] > 1 and (st[0] < bs * L.token_bytes or st[0] % align):
-        C.fail(op, "cache", f"block stride {st[0]} must be >= {bs * L.token_bytes} and a multiple of {align}")
-    if cache.storage_offset() % align:
-        C.fail(op, "cache", f"storage offset {cache.storage_offset()} must be a multiple of {align}")
-
-
 def _check_ds_kv(op, kv, layout):
     L = DS_LAYOUTS[layout]
     C.check_tensor(op, "kv", kv)
@@ -166,7 +146,7 @@ def _check_ds_write(op, kv, slot_mapping, cache, layout):
     C.check_no_grad(op, kv=kv)
     _check_layout(op, layout)
     _check_ds_kv(op, kv, layout)
-    _check_ds_cache(op, cache, layout)
+    check_ds_cache(op, cache, layout)
     C.check_same_device(op, "cache", cache, "kv", kv)
     _check_slots(op, "slot_mapping", slot_mapping, kv.shape[0], cache.shape[0] * cache.shape[1], cache)
 
@@ -184,7 +164,7 @@ def _check_ds_gather(cache, slots, layout, out_dtype):
     op = "ds_kv_gather"
     _check_tensors(op, cache=cache, slots=slots)
     _check_layout(op, layout)
-    _check_ds_cache(op, cache, layout)
+    check_ds_cache(op, cache, layout)
     _check_slots(op, "slots", slots, slots.shape[0] if slots.dim() == 1 else -1, cache.shape[0] * cache.shape[1],
                  cache)
     if out_dtype not in C.FLOAT_INPUTS:

@@ -187,3 +187,72 @@ def attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale,
     out, lse = attention_varlen(q.reshape(bsz * sq, hq, d).float(), k, v, cu_q, cu_k, softmax_scale, causal,
                                 (window_left, window_right), sinks, valid)
     return out.to(q.dtype).view(bsz, sq, hq, -1), lse.view(bsz, sq, hq)
+
+
+# ------------------------------------------------------------------------------------------------ MLA decode
+# DeepSeek MLA decode (MQA over one latent KV head). Cache layouts: "bf16" (num_blocks, block_size, (1,) D) in
+# bf16, or the DeepSeek FP8 byte layouts "v32" (656 B / token, D = 576) and "v4" (584 B / token, D = 512) as
+# `ds_kv_write` writes them, dequantized as `ds_kv_gather` reads them. The key of a token is its whole latent
+# row (D = NoPE + 64 RoPE); its value is the row's first v_dim columns.
+
+MLA_LAYOUTS = ("bf16", "v32", "v4")
+
+
+def mla_latent_rows(kv_cache, layout, table_row, pos):
+    """fp32 latent rows [n, D] of positions `pos` (int64, >= 0) of one sequence read through its block-table row,
+    and their validity (page id inside [0, num_blocks)); invalid rows are 0."""
+    from .kv_cache import ds_kv_gather
+
+    nb, bs = kv_cache.shape[:2]
+    page = table_row[pos // bs].long() if pos.numel() else pos
+    ok = (page >= 0) & (page < nb)
+    page = page.clamp(0, max(nb - 1, 0))
+    if layout == "bf16":
+        rows = kv_cache[page, pos % bs].reshape(pos.shape[0], -1).float()
+    else:
+        rows = ds_kv_gather(kv_cache, page * bs + pos % bs, layout, torch.float32)
+    return torch.where(ok[:, None], rows, torch.zeros_like(rows)), ok
+
+
+def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal, window_left,
+               num_splits):
+    """q (B, Sq, H, D) against sequence b's latent rows. Dense (indices None): keys 0..seqused_k[b]-1 (at most the
+    table's capacity), bottom-right causal among the Sq queries when causal. Sparse: query (b, s) attends to the
+    keys at positions indices[b, s, :] (int32; entries < 0 or >= seqused_k[b] are unused; causal also drops those
+    after the query's own position; a repeated index counts once per occurrence). window_left >= 0: a query at
+    position p sees keys p - window_left .. p only (dense and sparse), -1 = unbounded. Keys behind a page id outside
+    [0, num_blocks) are masked. Returns (out (B, Sq, H, v_dim) in q's dtype, lse (B, Sq, H) fp32, natural log);
+    a row with no key is out 0, lse -inf."""
+    bsz, sq, h, d = q.shape
+    dev = q.device
+    cap = block_table.shape[1] * kv_cache.shape[1]
+    out = torch.zeros(bsz, sq, h, v_dim, dtype=q.dtype, device=dev)
+    lse = torch.full((bsz, sq, h), -math.inf, dtype=torch.float32, device=dev)
+    one_q = torch.tensor([0, 1], dtype=torch.int32, device=dev)
+    for b, n in enumerate(seqused_k.tolist()):
+        n = max(0, min(int(n), cap))
+        if indices is None:
+            if n == 0:
+                continue
+            rows, ok = mla_latent_rows(kv_cache, layout, block_table[b], torch.arange(n, device=dev))
+            cu_k = torch.tensor([0, n], dtype=torch.int32, device=dev)
+            o, l = attention_varlen(q[b].float(), rows[:, None], rows[:, None, :v_dim], one_q * sq, cu_k,
+                                    softmax_scale, causal, (window_left, -1), None, ok)
+            out[b], lse[b] = o.to(q.dtype), l
+            continue
+        for s in range(sq):
+            idx = indices[b, s].long()
+            keep = (idx >= 0) & (idx < n)
+            if causal:
+                keep &= idx <= n - sq + s
+            if window_left >= 0:
+                keep &= idx >= n - sq + s - window_left
+            if n == 0 or not bool(keep.any()):
+                continue
+            rows, ok = mla_latent_rows(kv_cache, layout, block_table[b], idx.clamp(0, n - 1))
+            ok &= keep
+            cu_k = torch.tensor([0, idx.shape[0]], dtype=torch.int32, device=dev)
+            o, l = attention_varlen(q[b, s:s + 1].float(), rows[:, None], rows[:, None, :v_dim], one_q, cu_k,
+                                    softmax_scale, False, (-1, -1), None, ok)
+            out[b, s], lse[b, s] = o[0].to(q.dtype), l[0]
+    return out, lse

@@ -16,6 +16,8 @@ Shapes (bf16 activations; docs/attention.md):
   serving engine reuses the pages a window has left), so the cache holds only the pages a kernel reads and the
   runner's L2 rotation makes enough copies of those (one 268 MB cache would keep the 4.5 MB window in L2).
 * `merge_attn_states`: T = 16384, H = 32, D = 128 bf16 (bytes-bound).
+* `mla_decode` (DeepSeek MLA, H = 128, bf16 / V3.2 / V4 latent caches, dense and top-k sparse):
+  perf/cases/attention_mla.py.
 Each op also has a "quick" case (tiny shapes for the CPU interpreter: GQA, sinks, windows, sq < sk, FP8 cache,
 an out-of-range page id, -inf LSE rows).
 
@@ -696,4 +698,6 @@ def cases() -> list[BenchCase]:
         _decode_case("gpt-oss", 16, 8192, 64, 8, 64, sinks=True, window=(128, 0)),
         _merge_case(16384, 32, 128),
     ]
-    return out + _quick_cases()
+    from perf.cases.attention_mla import mla_cases  # (it imports helpers from this module)
+
+    return out + _quick_cases() + mla_cases()

@@ -33,6 +33,11 @@ Checks: normalized max error max|out - ref| / max|ref| <= 2e-2, no NaN, same sha
   of it is not timed (a Python loop over up to 256 experts). The lowbit "torch" backend (the contract) is refused on
   full cases (BackendError -> "skipped": whole-tensor fp32 dequantization) and runs in --quick.
 
+lowbit providers: every backend of the op's table rows that can run here, each checked against the reference first:
+`lowbit:triton` everywhere, and on sm_90 `lowbit:cute` for the bf16 and FP8 cases (the CuTeDSL WGMMA grouped
+GEMM, cute_ops/gemm/grouped_sm90.py; auto does not pick it yet, the runner forces each backend), so those cases
+time it beside the Triton kernel and `torch._grouped_mm` / `torch._scaled_grouped_mm` in the same process.
+
 Peers (timed, not checked; each tried once on the first inputs made on a GPU, removed with the reason printed if it
 raises):
 * bf16: `torch._grouped_mm(a, w.transpose(1, 2), offs, out_dtype=bf16)` (contiguous: 2-D a, int32 cumulative row

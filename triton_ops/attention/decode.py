@@ -75,6 +75,26 @@ def _load_kv(ptr, rows, kok, d, D: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: t
 
 
 @triton.jit
+def softmax_step(qk, m_i, l_i):
+    """One key tile of the online softmax in base 2: qk [M, N] logits (log2 units, -inf where masked), running
+    max m_i and sum l_i [M] -> (p [M, N], alpha [M] to rescale the accumulator by, new max, new sum). A row with
+    nothing seen yet (max -inf) gets p = 0 and alpha = 1, never NaN."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def softmax_finish(m_i, l_i):
+    """(1 / sum, natural-log LSE) of the running softmax; 0 and -inf for a row that saw no key."""
+    seen = l_i > 0
+    norm = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)
+    return norm, tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_ptr, out_ptr, lse_ptr,
                    qk_scale, num_blocks, max_ctx, keys_per_split,
                    q_sb, q_ss, q_sh, k_sb, k_so, k_sh, v_sb, v_so, v_sh, bt_sb, ks_sh, vs_sh,
@@ -145,12 +165,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
         kt = _load_kv(k_ptr, page * k_sb + slot * k_so + hkv * k_sh, kok, d, D, FP8, DOT_DTYPE, EMULATE)
         qk = _dot(q, tl.trans(kt), DOT_F32) * scale
         ok = visible(q_pos[:, None], j[None, :], sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT) & kok[None, :]
-        qk = tl.where(ok, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet: no NaN
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_new, l_i = softmax_step(tl.where(ok, qk, float("-inf")), m_i, l_i)
         vt = _load_kv(v_ptr, page * v_sb + slot * v_so + hkv * v_sh, kok, dv, DV, FP8, DOT_DTYPE, EMULATE)
         if Q_TO_F16 or (FP8 and not DOT_F32):  # fp16 dots: P rounded once to fp16
             p16 = p.to(DOT_DTYPE)
@@ -159,12 +174,10 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
         acc = acc * alpha[:, None] + _dot(p16, vt, DOT_F32)
         m_i = m_new
 
-    seen = l_i > 0
-    norm = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)
+    norm, lse = softmax_finish(m_i, l_i)
     if FP8:
         norm = norm * tl.load(vs_ptr + hkv * vs_sh)
     o = acc * norm[:, None]
-    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
     orow = b * o_sb + s * o_ss + h * o_sh + split * o_sp
     om = rmask[:, None] & (dv < DV)[None, :]
     if FINAL:
@@ -211,12 +224,7 @@ def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, 
     if out.numel() == 0 and lse.numel() == 0:
         return out, lse
     splits = cfg.num_splits
-    if splits == 1:
-        o_buf, l_buf, o_sp, l_sp = out, lse, 0, 0
-    else:  # fp32 partials, sizes from static shapes only (CUDA-graph safe)
-        o_buf = torch.empty(bsz, sq, hq, splits, dv, dtype=torch.float32, device=dev)
-        l_buf = torch.empty(bsz, sq, hq, splits, dtype=torch.float32, device=dev)
-        o_sp, l_sp = o_buf.stride(3), l_buf.stride(3)
+    o_buf, l_buf, o_sp, l_sp = split_buffers(out, lse, splits)
     max_ctx = block_table.shape[1] * bs
     kps = cfg.block_n * max(1, cdiv(cdiv(max_ctx, splits), cfg.block_n))
     m_blocks = cdiv(sq * group, cfg.block_m)
@@ -241,15 +249,32 @@ def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, 
         WINDOW_LEFT=int(window_left), WINDOW_RIGHT=int(window_right), HAS_SINK=sinks is not None, FP8=fp8,
         DOT_DTYPE=dot_dtype, OUT_DTYPE=TL_DTYPE[q.dtype], FINAL=splits == 1, DOT_F32=dot_f32,
         EMULATE=emulate_formats(dev), Q_TO_F16=q_to_f16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if splits > 1:
-        rows = bsz * sq * hq
-        s_p = next_pow2(splits)
-        block_d = min(next_pow2(dv), max(16, cfg.reduce_elems // s_p))
-        block_r = max(1, min(next_pow2(rows), cfg.reduce_elems // (s_p * block_d)))
-        launch(_split_reduce_kernel, (cdiv(rows, block_r), cdiv(dv, block_d)),
-            o_buf, l_buf, out, lse, rows, splits, dv, BLOCK_R=block_r, S_P=s_p, BLOCK_D=block_d,
-            OUT_DTYPE=TL_DTYPE[q.dtype], EMULATE=emulate_formats(dev), num_warps=4)
+    reduce_splits(o_buf, l_buf, out, lse, cfg.reduce_elems)
     return out, lse
+
+
+def split_buffers(out, lse, splits: int):
+    """(partial out, partial lse, their split strides) for out (B, Sq, H, Dv) and lse (B, Sq, H): out and lse
+    themselves (stride 0) with one split, else fp32 (B, Sq, H, splits, Dv) / (B, Sq, H, splits) buffers, sized
+    from static shapes only (CUDA-graph safe)."""
+    if splits == 1:
+        return out, lse, 0, 0
+    o_buf = torch.empty(*out.shape[:3], splits, out.shape[3], dtype=torch.float32, device=out.device)
+    l_buf = torch.empty(*lse.shape, splits, dtype=torch.float32, device=out.device)
+    return o_buf, l_buf, o_buf.stride(3), l_buf.stride(3)
+
+
+def reduce_splits(o_buf, l_buf, out, lse, reduce_elems: int) -> None:
+    """Merge the split partials of `split_buffers` into out and lse by LSE (nothing to do with one split)."""
+    if o_buf is out:
+        return
+    rows, splits, dv = lse.numel(), l_buf.shape[-1], out.shape[-1]
+    s_p = next_pow2(splits)
+    block_d = min(next_pow2(dv), max(16, reduce_elems // s_p))
+    block_r = max(1, min(next_pow2(rows), reduce_elems // (s_p * block_d)))
+    launch(_split_reduce_kernel, (cdiv(rows, block_r), cdiv(dv, block_d)),
+        o_buf, l_buf, out, lse, rows, splits, dv, BLOCK_R=block_r, S_P=s_p, BLOCK_D=block_d,
+        OUT_DTYPE=TL_DTYPE[out.dtype], EMULATE=emulate_formats(out.device), num_warps=4)
 
 
 # ---------------------------------------------------------------------------------------------- config

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .checks import check_no_grad, fail
+from .kv_cache import DS_LAYOUTS, DS_ROPE, check_ds_cache
 
 FLOAT16 = (torch.bfloat16, torch.float16)
 QUERY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -86,6 +87,22 @@ def _kv_scales(op, k_cache, k_scale, v_scale, hkv, device, *, per_head: bool):
             fail(op, name, f"is on {s.device} but 'q' is on {device}")
 
 
+def _decode_table(op, block_table, seqused_k, bsz, device):
+    """block_table (B, max_blocks) int32 with contiguous rows and seqused_k (B,) int32 of a decode op."""
+    _tensor(op, "block_table", block_table, 2, (torch.int32,), device)
+    if block_table.shape[0] != bsz or (block_table.shape[1] > 1 and block_table.stride(1) != 1):
+        fail(op, "block_table", f"expected ({bsz}, max_blocks) with contiguous rows, got shape "
+                                f"{tuple(block_table.shape)} strides {block_table.stride()}")
+    _tensor(op, "seqused_k", seqused_k, 1, (torch.int32,), device)
+    if seqused_k.shape[0] != bsz:
+        fail(op, "seqused_k", f"expected ({bsz},), got {tuple(seqused_k.shape)}")
+
+
+def _num_splits(op, num_splits):
+    if not isinstance(num_splits, int):
+        fail(op, "num_splits", f"expected an int (<= 0: chosen from the shapes), got {num_splits!r}")
+
+
 def check_attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                             causal, window_left, window_right, sinks, return_lse) -> None:
     op = "attention_prefill"
@@ -136,15 +153,8 @@ def check_attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_
     _tensor(op, "q", q, 4, FLOAT16)
     bsz, _, hq, d = q.shape
     _qkv(op, q, k_cache, v_cache, ("q", "k_cache", "v_cache"), 4, (q.dtype,) + FP8_KV, q_ndim=4, q_dtypes=FLOAT16)
-    _tensor(op, "block_table", block_table, 2, (torch.int32,), q.device)
-    if block_table.shape[0] != bsz or (block_table.shape[1] > 1 and block_table.stride(1) != 1):
-        fail(op, "block_table", f"expected ({bsz}, max_blocks) with contiguous rows, got shape "
-                                f"{tuple(block_table.shape)} strides {block_table.stride()}")
-    _tensor(op, "seqused_k", seqused_k, 1, (torch.int32,), q.device)
-    if seqused_k.shape[0] != bsz:
-        fail(op, "seqused_k", f"expected ({bsz},), got {tuple(seqused_k.shape)}")
-    if not isinstance(num_splits, int):
-        fail(op, "num_splits", f"expected an int (<= 0: chosen from the shapes), got {num_splits!r}")
+    _decode_table(op, block_table, seqused_k, bsz, q.device)
+    _num_splits(op, num_splits)
     _scale(op, softmax_scale)
     _windows(op, window_left, window_right)
     _sinks(op, sinks, hq, q.device)
@@ -164,3 +174,51 @@ def check_merge_attn_states(out_a, lse_a, out_b, lse_b) -> None:
         if lse.shape != out_a.shape[:2]:
             fail(op, name, f"expected shape {tuple(out_a.shape[:2])} (tokens, heads), got {tuple(lse.shape)}")
     check_no_grad(op, out_a, out_b)
+
+
+MLA_LAYOUTS = ("bf16", "v32", "v4")
+MLA_MAX_Q = 8  # speculative (MTP) tokens per sequence
+
+
+def check_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal,
+                     window_left, num_splits) -> None:
+    op = "mla_decode"
+    _tensor(op, "q", q, 4, (torch.bfloat16,))
+    bsz, sq, _, d = q.shape
+    if q.stride(-1) != 1:
+        fail(op, "q", f"the last dim must be contiguous (stride 1), got strides {q.stride()}")
+    if not 1 <= sq <= MLA_MAX_Q:
+        fail(op, "q", f"{sq} queries per sequence: expected 1..{MLA_MAX_Q}")
+    if layout not in MLA_LAYOUTS:
+        fail(op, "layout", f"{layout!r} is not one of {', '.join(MLA_LAYOUTS)}")
+    if layout == "bf16":
+        if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() not in (3, 4):
+            fail(op, "kv_cache", "expected a (num_blocks, block_size, (1,) D) bf16 tensor")
+        _tensor(op, "kv_cache", kv_cache, kv_cache.dim(), (torch.bfloat16,), q.device)
+        if kv_cache.dim() == 4 and kv_cache.shape[2] != 1:
+            fail(op, "kv_cache", f"MLA has one latent KV head, got shape {tuple(kv_cache.shape)}")
+        if kv_cache.shape[-1] != d or kv_cache.stride(-1) != 1:
+            fail(op, "kv_cache", f"expected a contiguous latent of q's width {d}, got shape {tuple(kv_cache.shape)} "
+                                 f"strides {kv_cache.stride()}")
+        if d <= DS_ROPE:
+            fail(op, "q", f"head dim {d} leaves no NoPE part beside the {DS_ROPE} RoPE columns")
+    else:
+        check_ds_cache(op, kv_cache, layout, "kv_cache")
+        if kv_cache.device != q.device:
+            fail(op, "kv_cache", f"is on {kv_cache.device} but 'q' is on {q.device}")
+        if d != DS_LAYOUTS[layout].d:
+            fail(op, "q", f"head dim {d} != {DS_LAYOUTS[layout].d} of layout {layout}")
+    if kv_cache.shape[1] < 1:
+        fail(op, "kv_cache", "block_size must be >= 1")
+    _decode_table(op, block_table, seqused_k, bsz, q.device)
+    _num_splits(op, num_splits)
+    if indices is not None:
+        _tensor(op, "indices", indices, 3, (torch.int32,), q.device)
+        if indices.shape[:2] != (bsz, sq) or (indices.shape[2] > 1 and indices.stride(2) != 1):
+            fail(op, "indices", f"expected ({bsz}, {sq}, topk) with contiguous rows, got shape "
+                                f"{tuple(indices.shape)} strides {indices.stride()}")
+    if not isinstance(v_dim, int) or not 1 <= v_dim <= d:
+        fail(op, "v_dim", f"expected an int in 1..{d} (the value is the latent's first v_dim columns), got {v_dim!r}")
+    _scale(op, softmax_scale)
+    _windows(op, window_left, -1)
+    check_no_grad(op, q)

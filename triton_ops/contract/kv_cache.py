@@ -1,6 +1,11 @@
-"""Byte geometry of the KV-cache layouts lowbit writes and reads (docs/kv_cache.md draws the bytes)."""
+"""Byte geometry of the KV-cache layouts lowbit writes and reads (docs/kv_cache.md draws the bytes), and the
+cache check shared by the ops that write and read them (host metadata only)."""
 
 from __future__ import annotations
+
+import torch
+
+from . import checks
 
 DYNAMIC_EPS = 1e-10
 DS_SCALE_FLOOR = 1e-4
@@ -36,4 +41,27 @@ DS_LAYOUTS = {
 }
 
 
-# ------------------------------------------------------------------------------------------ generic
+# ------------------------------------------------------------------------------------------- checks
+
+
+CACHE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
+
+
+def check_ds_cache(op, cache, layout, arg="cache"):
+    """A [num_blocks, block_size, (1,) token_bytes] uint8 / E4M3 DeepSeek cache: each block's bytes contiguous, the
+    block stride and storage offset aligned for the kernels' bf16 / fp32 views."""
+    L = DS_LAYOUTS[layout]
+    checks.check_tensor(op, arg, cache)
+    checks.check_dtype(op, arg, cache, CACHE_DTYPES)
+    if cache.dim() not in (3, 4) or cache.shape[-1] != L.token_bytes or (cache.dim() == 4 and cache.shape[2] != 1):
+        checks.fail(op, arg, f"expected [num_blocks, block_size, (1,) {L.token_bytes}] bytes for layout {layout}, "
+                         f"got shape {tuple(cache.shape)}")
+    bs = cache.shape[1]
+    st = cache.stride()
+    if st[-1] != 1 or st[1] != L.token_bytes:
+        checks.fail(op, arg, f"each block's bytes must be contiguous (strides (*, {L.token_bytes}, ..., 1)), got {st}")
+    align = 4 if layout == "v32" else 2
+    if cache.shape[0] > 1 and (st[0] < bs * L.token_bytes or st[0] % align):
+        checks.fail(op, arg, f"block stride {st[0]} must be >= {bs * L.token_bytes} and a multiple of {align}")
+    if cache.storage_offset() % align:
+        checks.fail(op, arg, f"storage offset {cache.storage_offset()} must be a multiple of {align}")

@@ -1,0 +1,462 @@
+"""Grouped (MoE) bf16 / fp16 / FP8 GEMM for sm_90a: WGMMA, TMA loads, per-group TMA descriptors updated on the device.
+
+    out[r, :] = cast(row_weight[r] * sum_k a[r, k] * w[g, :, k])      for starts[g] <= r < starts[g] + counts[g]
+
+FP8 (E4M3 a and w, fp32 scales): sum_k becomes sum over 128-wide K blocks kb of
+(sum_{k in kb} a[r, k] * w[g, n, k]) * a_scale[r, kb] * w_scale[g, n // 128, kb]; out is bf16.
+
+COMPILED AND SASS-INSPECTED ON A CPU (tests/test_cute_gemm_sm90.py); NOT YET RUN ON A GPU. Launchers:
+cute_ops/gemm/moe_sm90.py (the `moe_gemm_bf16` / `moe_gemm_fp8` backends of the dispatch table's "cute" rows).
+
+Operands (K-major, contiguous):
+
+| arg | shape / dtype | what |
+| --- | --- | --- |
+| a | [M, K] bf16 / fp16 (FP8: uint8 E4M3 codes) | all rows of every group (masked layout: [E * max_m, K]) |
+| w | [G, N, K] same dtype | per-group weights |
+| out | [M, N] a's dtype (FP8: bf16) | a group's rows are written; other rows keep their values (launcher: zeros) |
+| starts, counts | [G] int32 | group g's rows: [starts[g], starts[g] + counts[g]), counts >= 0, inside [0, M) |
+| m_indices | [M] int32 or None | contiguous layout: a row is written only where m_indices[row] == g |
+| row_weights | [M] fp32 or None | multiplies each row before the one rounding |
+| workspace | [grid * SLOTS * 16] int64 | per-CTA TMA descriptor slots (128 bytes each, 128-byte aligned) |
+| a_scale, w_scale | FP8 only: [M, K/128] fp32 any strides; [G, ceil(N/128), K/128] fp32 | block scales |
+
+With m_indices, a group span that holds padding or other experts' rows still writes only its own rows.
+M is symbolic (one compile per (dtype, N, K, G, layout, row weights, tiles)); group sizes are data, read on the
+device only: a new routing never recompiles and the launch is CUDA-graph safe.
+
+Device-side descriptor update (what makes the groups' rows exact without host work): the A operand is loaded
+through a TMA descriptor whose base address is row starts[g] of `a` and whose row extent is counts[g]. TMA
+zero-fills rows past the extent, so a tile never reads another group's rows (nor rows past a masked count),
+however the groups are aligned. Each CTA owns SLOTS = stages + 1 descriptor slots in `workspace`; the load warp
+initializes them once from the kernel's base descriptor (a grid-constant parameter), and when its tile walk
+enters a new group it rewrites the next slot in place (`tensormap.replace` of the global address, the row extent
+and the strides), publishes it (`fence.proxy.tensormap::generic.release.gpu`) and acquires it for the TMA unit
+(`fence.proxy.tensormap::generic.acquire.gpu`) before the first load through it. A slot is rewritten only after
+`stages` further loads were issued, i.e. after every load through its previous contents completed (the producer
+re-acquires a stage only once the consumers released it), so no in-flight TMA reads a descriptor being edited.
+B is one 3-D descriptor (N, K, G) indexed by the group; out is written from registers (predicated per row).
+
+Kernel: persistent (one CTA per SM), one producer warp group (warp 0 issues the TMA loads; the group register
+budget is lowered to 40) and tile_m / 64 consumer warp groups (WGMMA 64 x tile_n x 16 from shared memory,
+fp32 accumulators in registers, 232 registers each), a `stages`-deep smem ring (PipelineTmaAsync: mbarriers with
+transaction bytes). The tile walk is scheduler.BoundedTileScheduler (every role walks the same order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from .scheduler import BoundedTileScheduler
+
+ROW_BYTES = 128  # bytes of one K stage per row: one 128B-swizzle row (64 bf16 / 128 E4M3 elements)
+FP8_BLOCK = 128  # FP8: K elements per activation / weight scale (= one K stage)
+SMEM_BYTES = 232448  # sm_90 per-CTA shared memory (227 KiB)
+SMEM_RESERVED = 1024  # mbarriers, alignment slack
+DESC_BYTES = 128  # one TMA descriptor
+WG = 128  # threads per warp group
+LOAD_REGS, MMA_REGS = 40, 232
+DTYPES = {"bf16": "BFloat16", "fp16": "Float16", "fp8": "Float8E4M3FN"}  # operand type; fp8 writes bf16
+LAYOUTS = ("contiguous", "masked")
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Everything static about one compiled kernel (the compile key). M and the group sizes are never here."""
+
+    dtype: str  # bf16 | fp16 (a, w and out) | fp8 (E4M3 a and w with fp32 1x128 / 128x128 scales, bf16 out)
+    n: int
+    k: int
+    num_groups: int
+    layout: str  # contiguous (m_indices row filter) | masked
+    row_weights: bool
+    tile_m: int  # 64 | 128 (one consumer warp group per 64 rows)
+    tile_n: int  # 64 | 128 | 256
+    stages: int  # smem ring depth
+    grid: int  # persistent CTAs (the SM count)
+    arch: str  # sm_90a
+    # False: no descriptor rewrite; A is loaded through the base descriptor at row starts[g] (rows past the group are
+    # read, not written). A bisection aid for a first GPU run (LOWBIT_CUTE_GEMM_DESC_UPDATE=0), not a product path.
+    desc_update: bool = True
+
+    def key(self) -> tuple:
+        return ("grouped_gemm_sm90", *dataclasses.astuple(self))
+
+    @property
+    def desc_slots(self) -> int:
+        return self.stages + 1
+
+    @property
+    def workspace_words(self) -> int:
+        """int64 words of the descriptor workspace the launcher allocates."""
+        return self.grid * self.desc_slots * DESC_BYTES // 8
+
+    @property
+    def threads(self) -> int:
+        return WG * (1 + self.tile_m // 64)
+
+
+def block_k(dtype: str) -> int:
+    return ROW_BYTES if dtype == "fp8" else ROW_BYTES // 2
+
+
+def stage_bytes(tile_m: int, tile_n: int) -> int:
+    return (tile_m + tile_n) * ROW_BYTES
+
+
+def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128, tile_n: int = 128) -> str | None:
+    """Why this problem cannot compile (None when it can)."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype!r}: one of {sorted(DTYPES)}"
+    if tile_m not in (64, 128) or tile_n not in (64, 128, 256):
+        return f"tile {tile_m}x{tile_n}: tile_m 64 / 128, tile_n 64 / 128 / 256"
+    if k <= 0 or k % 8:
+        return f"K={k} must be a positive multiple of 8 (16-byte TMA row pitch)"
+    if dtype == "fp8" and (k % FP8_BLOCK or tile_n != FP8_BLOCK):
+        return f"FP8: K={k} must be a multiple of {FP8_BLOCK} and tile_n {FP8_BLOCK} (one weight scale per tile)"
+    if n <= 0 or n % 8:
+        return f"N={n} must be a positive multiple of 8 (16-byte weight rows)"
+    if num_groups < 1:
+        return "needs at least one group"
+    return None
+
+
+def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_weights: bool, rows_per_group: int,
+                *, sm_count: int = 132, arch: str = "sm_90a", tile_m: int | None = None,
+                tile_n: int | None = None, stages: int | None = None) -> GemmConfig:
+    """Analytical (not tuned): 64-row tiles when groups hold <= 64 rows (decode: weight streaming, half the
+    wasted MMA rows), else 128; tile_n 256 for 128-row tiles with N a multiple of 256 (the CUTLASS Hopper
+    default), else 128; as many stages as fit (at most 8). tile_m / tile_n / stages override the rule."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
+    tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
+    tile_n = tile_n or (256 if tile_m == 128 and n % 256 == 0 and dtype != "fp8" else 128)
+    why = can_implement(dtype, n, k, num_groups, tile_m, tile_n)
+    if why:
+        raise ValueError(why)
+    fit = (SMEM_BYTES - SMEM_RESERVED) // stage_bytes(tile_m, tile_n)
+    if stages is not None and not 2 <= stages <= fit:
+        raise ValueError(f"stages={stages}: 2 to {fit} fit in shared memory for a {tile_m}x{tile_n} tile")
+    stages = stages or min(8, fit)
+    return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, sm_count, arch)
+
+
+# ------------------------------------------------------------------------------------------------- kernel
+
+
+class GroupedGemmSm90:
+    def __init__(self, cfg: GemmConfig):
+        self.cfg = cfg
+        self.fp8 = cfg.dtype == "fp8"
+        self.dtype = getattr(cutlass, DTYPES[cfg.dtype])
+        self.out_dtype = cutlass.BFloat16 if self.fp8 else self.dtype
+        self.bk = block_k(cfg.dtype)
+        self.k_tiles = -(-cfg.k // self.bk)
+        self.n_tiles = -(-cfg.n // cfg.tile_n)
+        self.mma_wgs = cfg.tile_m // 64
+        self.mma_warps = 4 * self.mma_wgs
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, w: cute.Tensor, out: cute.Tensor, starts: cute.Tensor, counts: cute.Tensor,
+                 m_indices, row_weights, workspace: cute.Tensor, a_scale, w_scale, stream):
+        cfg = self.cfg
+        m = a.shape[0]
+        n, k, groups = cfg.n, cfg.k, cfg.num_groups
+        # (rows, K, 1): the base descriptor; per group the load warp re-points it (address, rows)
+        # FP8 operands arrive as bytes: typed here
+        a_ptr = cute.recast_ptr(a.iterator, dtype=self.dtype) if cutlass.const_expr(self.fp8) else a.iterator
+        w_ptr = cute.recast_ptr(w.iterator, dtype=self.dtype) if cutlass.const_expr(self.fp8) else w.iterator
+        mA = cute.make_tensor(a_ptr, cute.make_layout((m, k, 1), stride=(k, 1, 0)))
+        mB = cute.make_tensor(w_ptr, cute.make_layout((n, k, groups), stride=(k, 1, n * k)))
+
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, cutlass.Float32,
+            (self.mma_wgs, 1, 1), tiler_mn=(64, cfg.tile_n))
+        a_smem = self._smem_layout(cfg.tile_m)
+        b_smem = self._smem_layout(cfg.tile_n)
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_a, tma_mA = cpasync.make_tiled_tma_atom(g2s, mA, cute.slice_(a_smem, (None, None, 0)),
+                                                    (cfg.tile_m, self.bk))
+        tma_b, tma_mB = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(b_smem, (None, None, 0)),
+                                                    (cfg.tile_n, self.bk))
+        self.tx_bytes = stage_bytes(cfg.tile_m, cfg.tile_n)
+
+        @cute.struct
+        class Storage:
+            bars: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(a_smem)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(b_smem)], 1024]
+
+        self.storage = Storage
+        self.kernel(tiled_mma, tma_a, tma_mA, tma_b, tma_mB, mA, out, starts, counts, m_indices, row_weights,
+                    workspace, a_scale, w_scale, a_smem, b_smem).launch(
+            grid=(cfg.grid, 1, 1), block=(cfg.threads, 1, 1), stream=stream, min_blocks_per_mp=1)
+
+    def _smem_layout(self, rows: int):
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, self.dtype, self.bk), self.dtype)
+        return cute.tile_to_shape(atom, (rows, self.bk, self.cfg.stages), order=(0, 1, 2))
+
+    @cute.kernel
+    def kernel(self, tiled_mma: cute.TiledMma, tma_a: cute.CopyAtom, mA_tma: cute.Tensor, tma_b: cute.CopyAtom,
+               mB_tma: cute.Tensor, mA: cute.Tensor, out: cute.Tensor, starts: cute.Tensor, counts: cute.Tensor,
+               m_indices, row_weights, workspace: cute.Tensor, a_scale, w_scale, a_smem: cute.ComposedLayout,
+               b_smem: cute.ComposedLayout):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+        if warp == 0:
+            cpasync.prefetch_descriptor(tma_a)
+            cpasync.prefetch_descriptor(tma_b)
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.storage)
+        sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
+        sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+        ring = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.bars.data_ptr(), num_stages=cfg.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.mma_warps),
+            tx_count=self.tx_bytes)
+
+        sched = BoundedTileScheduler(starts, counts, cfg.num_groups, cfg.tile_m, self.n_tiles)
+        wg = cute.arch.make_warp_uniform(tidx // WG)
+        if wg == 0:
+            cute.arch.warpgroup_reg_dealloc(LOAD_REGS)
+            if warp == 0:
+                self.produce(sched, bidx, ring, tma_a, mA_tma, tma_b, mB_tma, mA, workspace, sA, sB)
+        else:
+            cute.arch.warpgroup_reg_alloc(MMA_REGS)
+            self.consume(sched, bidx, tidx - WG, ring, tiled_mma, sA, sB, out, m_indices, row_weights, a_scale,
+                         w_scale)
+
+    # ------------------------------------------------------------------------------------ producer
+
+    def _slot_ptr(self, workspace, bidx, slot):
+        """Pointer (TMA-descriptor typed, 128-byte aligned, global) to this CTA's descriptor slot."""
+        ptr = workspace.iterator + (bidx * self.cfg.desc_slots + slot) * (DESC_BYTES // 8)
+        return utils.TensorMapManager(utils.TensorMapUpdateMode.GMEM, DESC_BYTES).get_tensormap_ptr(ptr)
+
+    @cute.jit
+    def produce(self, sched, bidx, ring, tma_a, mA_tma, tma_b, mB_tma, mA, workspace, sA, sB):
+        cfg = self.cfg
+        tmaps = utils.TensorMapManager(utils.TensorMapUpdateMode.GMEM, DESC_BYTES)
+        # Every slot of this CTA starts as a copy of the base descriptor (its fields other than address, extents
+        # and strides: box, swizzle, element type, are the ones every group uses)
+        with cute.arch.elect_one():
+            for s in cutlass.range_constexpr(cfg.desc_slots):
+                cpasync.copy_tensormap(tma_a, self._slot_ptr(workspace, bidx, s))
+        cute.arch.sync_warp()
+        tmaps.fence_tensormap_initialization()
+
+        gA = cute.local_tile(mA_tma, (cfg.tile_m, self.bk), (None, None, None))  # (bM, bK, RestM, RestK, 1)
+        gB = cute.local_tile(mB_tma, (cfg.tile_n, self.bk), (None, None, None))  # (bN, bK, RestN, RestK, G)
+        one = cute.make_layout(1)
+        tAsA, tAgA = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+        tBsB, tBgB = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
+        nctas = cutlass.Int32(cfg.grid)
+        t = cutlass.Int32(bidx)
+        g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
+        last_g = cutlass.Int32(-1)
+        slot = cutlass.Int32(cfg.desc_slots - 1)
+        while g < sched.num_groups:
+            m_tile, n_tile, _, _ = sched.coords(t, g, base)
+            if cutlass.const_expr(not cfg.desc_update):
+                gA_g = cute.local_tile(cute.domain_offset((sched.starts[g], 0, 0), mA_tma), (cfg.tile_m, self.bk),
+                                       (None, None, None))
+                _, tAgA_g = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 2),
+                                                  cute.group_modes(gA_g, 0, 2))
+                a_src_g = tAgA_g[(None, m_tile, None, 0)]
+            elif g != last_g:
+                # Re-point A at this group: base = its first row, rows = its count (TMA zero-fills past it)
+                slot = slot + 1
+                if slot == cfg.desc_slots:
+                    slot = cutlass.Int32(0)
+                group_a = cute.make_tensor(mA.iterator + cutlass.Int64(sched.starts[g]) * cfg.k,
+                                           cute.make_layout((sched.counts[g], cfg.k, 1), stride=(cfg.k, 1, 0)))
+                desc = self._slot_ptr(workspace, bidx, slot)
+                cpasync.update_tma_descriptor(tma_a, group_a, desc)
+                cute.arch.sync_warp()
+                cpasync.fence_tma_desc_release()
+                cpasync.fence_tma_desc_acquire(desc)
+                last_g = g
+            desc_a = tmaps.get_tensormap_ptr(self._slot_ptr(workspace, bidx, slot), cute.AddressSpace.generic)
+            a_src = tAgA[(None, m_tile, None, 0)]
+            b_src = tBgB[(None, n_tile, None, g)]
+            for kt in cutlass.range(self.k_tiles, unroll=1):
+                ring.producer_acquire(state)
+                bar = ring.producer_get_barrier(state)
+                if cutlass.const_expr(cfg.desc_update):
+                    cute.copy(tma_a, a_src[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar,
+                              tma_desc_ptr=desc_a)
+                else:
+                    cute.copy(tma_a, a_src_g[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_b, b_src[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                ring.producer_commit(state)
+                state.advance()
+            t = t + nctas
+            g, base = sched.seek(t, g, base)
+        ring.producer_tail(state)
+
+    # ------------------------------------------------------------------------------------ consumers
+
+    @cute.jit
+    def consume(self, sched, bidx, mma_tidx, ring, tiled_mma, sA, sB, out, m_indices, row_weights, a_scale,
+                w_scale):
+        cfg = self.cfg
+        # A / B: the warp group's view (every thread of a warp group sees the same smem descriptors); C: this
+        # thread's accumulator elements
+        thr_wg = tiled_mma.get_slice((mma_tidx // WG) * WG)
+        thr_mma = tiled_mma.get_slice(mma_tidx)
+        tCrA = tiled_mma.make_fragment_A(thr_wg.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_wg.partition_B(sB))
+        tile_mn = (cfg.tile_m, cfg.tile_n)
+        tCcC = thr_mma.partition_C(cute.make_identity_tensor(tile_mn))
+        acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+        part = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(self.fp8) else None
+        scale = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(self.fp8) else None
+        res = cute.make_rmem_tensor(tCcC.shape, self.out_dtype)
+        keep = cute.make_rmem_tensor(tCcC.shape, cutlass.Boolean)
+        k_blocks = cute.size(tCrA, mode=[2])
+        ldc = cfg.n
+
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+        nctas = cutlass.Int32(cfg.grid)
+        t = cutlass.Int32(bidx)
+        g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
+        while g < sched.num_groups:
+            _, n_tile, row_start, row_end = sched.coords(t, g, base)
+            acc.fill(0.0)
+            if cutlass.const_expr(self.fp8):
+                # Per 128-wide K stage: WGMMA into `part` (fresh), then acc += part * a_scale[row] * w_scale[tile]
+                # in fp32 registers (the contract's per-block scaling; also bounds the FP8 WGMMA's reduced-precision
+                # accumulation to one block). Scale rows are clamped into the group (rows past it are not written).
+                for kt in cutlass.range(self.k_tiles, unroll=1):
+                    sw = w_scale[g, n_tile, kt]
+                    ring.consumer_wait(read)
+                    warpgroup.fence()
+                    # (the accumulate flag is set here, not in a helper: the tracer carries tiled_mma through the
+                    # loop only when it sees the assignment in this body)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                        cute.gemm(tiled_mma, part, tCrA[(None, None, kb, read.index)],
+                                  tCrB[(None, None, kb, read.index)], part)
+                    warpgroup.commit_group()
+                    # the scale loads go out while the WGMMAs run (one load per distinct row after CSE)
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        scale[i] = a_scale[cutlass.min(row_start + tCcC[i][0], row_end - 1), kt] * sw
+                    warpgroup.wait_group(0)
+                    ring.consumer_release(read)
+                    read.advance()
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        acc[i] = acc[i] + part[i] * scale[i]
+            else:
+                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.fence()
+                # K tile 0: issue, keep one WGMMA batch in flight; then each next tile retires the previous one
+                ring.consumer_wait(read)
+                self._stage_mmas(tiled_mma, acc, tCrA, tCrB, read.index, k_blocks)
+                read.advance()
+                for _ in cutlass.range(1, self.k_tiles, unroll=1):
+                    ring.consumer_wait(read)
+                    self._stage_mmas(tiled_mma, acc, tCrA, tCrB, read.index, k_blocks)
+                    warpgroup.wait_group(1)
+                    ring.consumer_release(release)
+                    release.advance()
+                    read.advance()
+                warpgroup.wait_group(0)
+                ring.consumer_release(release)
+                release.advance()
+
+            # Epilogue: registers -> global, predicated per row (rows past the group's end belong to others)
+            col0 = n_tile * cfg.tile_n
+            gC = cute.make_tensor(out.iterator + (cutlass.Int64(row_start) * ldc + col0),
+                                  cute.make_layout(tile_mn, stride=(ldc, 1)))
+            tCgC = thr_mma.partition_C(gC)
+            assert cute.size(tCgC.shape[0][0]) == 2 and tCgC.layout.stride[0][0] == 1, tCgC.layout
+            # Per-row loads use the row clamped into the group: always in bounds, and unconditional, so the
+            # compiler keeps one load per distinct row of this thread (2 per 64-row warp group tile), not one per
+            # element
+            if cutlass.const_expr(row_weights is not None):
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    acc[i] = acc[i] * row_weights[cutlass.min(row_start + tCcC[i][0], row_end - 1)]
+            res.store(acc.load().to(self.out_dtype))
+            # every load before the first store (a store to `out` could alias them otherwise: no reuse)
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                r = row_start + tCcC[i][0]
+                ok = (r < row_end) & (col0 + tCcC[i][1] < cfg.n)
+                if cutlass.const_expr(m_indices is not None):
+                    ok = ok & (m_indices[cutlass.min(r, row_end - 1)] == g)
+                keep[i] = ok
+            # 4-byte stores of column pairs: the accumulator fragment's innermost mode is 2 adjacent columns
+            # (checked at compile time), at an even column of a row whose pitch N is a multiple of 8
+            for j in cutlass.range_constexpr(cute.size(acc) // 2):
+                if keep[2 * j]:
+                    dst = cute.make_tensor(cute.make_ptr(self.out_dtype, (tCgC.iterator + tCgC.layout(2 * j)).toint(),
+                                                         cute.AddressSpace.gmem, assumed_align=4), cute.make_layout(2))
+                    cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), dst)
+            t = t + nctas
+            g, base = sched.seek(t, g, base)
+
+    @staticmethod
+    def _stage_mmas(tiled_mma, acc, tCrA, tCrB, stage, k_blocks: int):
+        """The WGMMAs of one smem stage accumulating into `acc`, committed as one group."""
+        for kb in range(k_blocks):
+            crd = (None, None, kb, stage)
+            cute.gemm(tiled_mma, acc, tCrA[crd], tCrB[crd], acc)
+        warpgroup.commit_group()
+
+
+# --------------------------------------------------------------------------------------------- compile
+
+
+def _fake_args(cfg: GemmConfig):
+    fp8 = cfg.dtype == "fp8"
+    dt = cutlass.Uint8 if fp8 else getattr(cutlass, DTYPES[cfg.dtype])  # E4M3 codes are passed as bytes
+    out_dt = cutlass.BFloat16 if fp8 else dt
+    m = cute.sym_int()  # every row count is this one symbol (TVM-FFI checks they agree)
+    g, n, k = cfg.num_groups, cfg.n, cfg.k
+    a = cute.runtime.make_fake_tensor(dt, (m, k), stride=(k, 1), assumed_align=16)
+    w = cute.runtime.make_fake_tensor(dt, (g, n, k), stride=(n * k, k, 1), assumed_align=16)
+    out = cute.runtime.make_fake_tensor(out_dt, (m, n), stride=(n, 1), assumed_align=16)
+    starts = cute.runtime.make_fake_tensor(cutlass.Int32, (g,), stride=(1,), assumed_align=4)
+    counts = cute.runtime.make_fake_tensor(cutlass.Int32, (g,), stride=(1,), assumed_align=4)
+    m_indices = (cute.runtime.make_fake_tensor(cutlass.Int32, (m,), stride=(1,), assumed_align=4)
+                 if cfg.layout == "contiguous" else None)
+    row_weights = (cute.runtime.make_fake_tensor(cutlass.Float32, (m,), stride=(1,), assumed_align=4)
+                   if cfg.row_weights else None)
+    workspace = cute.runtime.make_fake_tensor(cutlass.Int64, (cfg.workspace_words,), stride=(1,),
+                                              assumed_align=DESC_BYTES)
+    a_scale = w_scale = None
+    if cfg.dtype == "fp8":  # 1x128 activation scales in any strides (row-major or column-major); weight scales dense
+        kb, nb = k // FP8_BLOCK, -(-n // FP8_BLOCK)
+        a_scale = cute.runtime.make_fake_tensor(cutlass.Float32, (m, kb), stride=(cute.sym_int64(), cute.sym_int64()),
+                                                assumed_align=4)
+        w_scale = cute.runtime.make_fake_tensor(cutlass.Float32, (g, nb, kb), stride=(nb * kb, kb, 1), assumed_align=4)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return a, w, out, starts, counts, m_indices, row_weights, workspace, a_scale, w_scale, stream
+
+
+def build(cfg: GemmConfig, extra_options: str = ""):
+    """cute.compile the kernel for `cfg` (uncached; `extra_options` e.g. keep/dump flags for SASS tests)."""
+    return cute.compile(GroupedGemmSm90(cfg), *_fake_args(cfg),
+                        options=f"--enable-tvm-ffi --gpu-arch {cfg.arch} {extra_options}".strip())
+
+
+def dump(cfg: GemmConfig):
+    """PTX + SASS of the kernel for `cfg` (cute_ops._sass.Dump), compiled for cfg.arch on any machine."""
+    from .._sass import compile_and_dump
+
+    return compile_and_dump(lambda extra: build(cfg, extra))

@@ -1,0 +1,167 @@
+"""CuTeDSL backends of `lowbit::moe_gemm_bf16` / `moe_gemm_fp8` on sm_90: the grouped WGMMA GEMM of grouped_sm90.py.
+
+Contract: dispatch/reference/moe_gemm.py (docs/moe_gemm.md); same signature as the op minus `backend`.
+NOT YET RUN ON A GPU: the table row is refused by `auto` (`auto_skip`) unless LOWBIT_CUTE_UNVERIFIED=1, and
+runs when forced with backend="cute".
+
+Layouts -> the kernel's groups (starts[g], counts[g]), built on the device (no host sync; graph-safe):
+* masked (E, max_m, K): a viewed as (E * max_m, K); starts = g * max_m (a cached constant), counts =
+  clamp(masked_m, 0, max_m).
+* contiguous (M, K) with m_indices: group g spans [first row with id g, last row with id g]; the kernel writes a
+  row of that span only where m_indices[row] == g, so padding (-1), out-of-range ids and any interleaving stay
+  correct (an interleaved layout only costs MMA work on rows that are then not written).
+Rows no group writes are 0: the output is allocated zeroed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import torch
+
+from .. import _compile
+
+UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
+DESC_UPDATE_ENV = "LOWBIT_CUTE_GEMM_DESC_UPDATE"
+HARDWARE_STATUS = ("CuTeDSL sm_90 grouped GEMM: compiled and SASS-checked on a CPU, not yet run on a GPU; auto "
+                   f"skips it (backend='cute' forces it; {UNVERIFIED_ENV}=1 lets auto take it)")
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+FP8_BLOCK = 128
+
+
+def unverified(*args, **kwargs) -> str | None:
+    """auto_skip of the sm_90 cute moe_gemm rows: not picked by auto before a GPU run shows it correct."""
+    return None if os.environ.get(UNVERIFIED_ENV) == "1" else HARDWARE_STATUS
+
+
+def _supports(a, w) -> str | None:
+    if a.device.type != "cuda":
+        return "the cute backend runs on CUDA tensors only"
+    n, k = w.shape[1], w.shape[2]
+    if k == 0:
+        return "K = 0 (nothing to reduce; the TMA descriptors need a non-empty K)"
+    if k * a.element_size() % 16 or n % 8:
+        return f"N={n}, K={k}: rows of a and w must be multiples of 16 bytes (TMA), N a multiple of 8"
+    if not a.is_contiguous() or not w.is_contiguous():
+        return "a and w must be contiguous (one TMA descriptor pitch for every group)"
+    if a.data_ptr() % 16 or w.data_ptr() % 16:
+        return "a and w must be 16-byte aligned (TMA)"
+    if w.shape[0] < 1:
+        return "needs at least one expert"
+    return None
+
+
+def supports_moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None) -> str | None:
+    if a.dtype not in _DTYPES or w.dtype != a.dtype:
+        return f"a {a.dtype} / w {w.dtype}: bf16 or fp16, both the same"
+    return _supports(a, w)
+
+
+def supports_moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights=None) -> str | None:
+    if a.dtype != torch.float8_e4m3fn or w.dtype != torch.float8_e4m3fn:
+        return f"a {a.dtype} / w {w.dtype}: only E4M3 (float8_e4m3fn)"
+    if a.shape[-1] % FP8_BLOCK:
+        return f"K={a.shape[-1]} is not a multiple of {FP8_BLOCK}"
+    return _supports(a, w)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+_MASKED_STARTS: dict = {}
+
+
+def _masked_starts(e: int, max_m: int, device: torch.device) -> torch.Tensor:
+    """g * max_m for g < E (int32), one cached constant per (E, max_m, device): never written, so graph-safe."""
+    key = (e, max_m, device)
+    t = _MASKED_STARTS.get(key)
+    if t is None:
+        t = torch.arange(e, dtype=torch.int32, device=device) * max_m
+        if not torch.cuda.is_current_stream_capturing():  # never keep a tensor of a graph's private pool
+            _MASKED_STARTS[key] = t
+    return t
+
+
+def contiguous_bounds(m_indices: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts, counts) int32 [E] of the contiguous layout: the span from the first to the last row of each expert
+    (an expert without rows: count 0). Device ops only (scatter_reduce), no host sync."""
+    ids = m_indices.reshape(-1).to(torch.int64)
+    rows = ids.numel()
+    slot = torch.where((ids >= 0) & (ids < e), ids, e)  # everything else lands in a dropped slot E
+    r = torch.arange(rows, dtype=torch.int64, device=ids.device)
+    first = torch.full((e + 1,), rows, dtype=torch.int64, device=ids.device).scatter_reduce_(0, slot, r, "amin")
+    last = torch.full((e + 1,), -1, dtype=torch.int64, device=ids.device).scatter_reduce_(0, slot, r, "amax")
+    counts = (last - first + 1).clamp_min_(0)[:e].to(torch.int32)
+    starts = first.clamp_max_(max(rows - 1, 0))[:e].to(torch.int32)
+    return starts, counts
+
+
+def config_for(kind: str, a, w, layout: str, row_weights: bool, arch: str, sm_count: int, tiles: dict | None = None):
+    """The kernel config for a call; `tiles` (tile_m / tile_n / stages) overrides the analytical rule."""
+    from .grouped_sm90 import pick_config
+
+    e, n, k = w.shape
+    per_group = a.shape[1] if layout == "masked" else max(1, a.shape[0] // e)
+    cfg = pick_config(kind, n, k, e, layout, row_weights, per_group, sm_count=sm_count, arch=arch, **(tiles or {}))
+    if os.environ.get(DESC_UPDATE_ENV) == "0":  # bisection aid: no device-side descriptor rewrite (see GemmConfig)
+        cfg = dataclasses.replace(cfg, desc_update=False)
+    return cfg
+
+
+def compiled(cfg):
+    """The TVM-FFI callable for `cfg` (compiled once per process, loaded from disk when cached)."""
+    from .grouped_sm90 import build
+
+    return _compile.get_or_compile(cfg.key(), lambda: build(cfg))
+
+
+def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=None, out_dtype=None, tiles=None):
+    e, n, k = w.shape
+    dev = a.device
+    masked = masked_m is not None
+    if masked:
+        max_m = a.shape[1]
+        a2 = a.view(e * max_m, k)
+        starts = _masked_starts(e, max_m, dev)
+        counts = masked_m.to(torch.int32).clamp(0, max_m)
+        ids = None
+    else:
+        a2 = a
+        ids = m_indices.to(torch.int32).contiguous()
+        starts, counts = contiguous_bounds(ids, e)
+    rows = a2.shape[0]
+    out = torch.zeros(rows, n, dtype=out_dtype or a.dtype, device=dev)
+    if rows and n:
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        cfg = config_for(kind, a, w, "masked" if masked else "contiguous", row_weights is not None,
+                         _compile.target_arch(index), _sm_count(index), tiles)
+        fn = compiled(cfg)
+        rw = None if row_weights is None else row_weights.reshape(-1).contiguous()
+        if kind == "fp8":  # (rows, K/128) in whatever strides it has (a copy only for an unmergeable 3-D view)
+            a_scale = a_scale.reshape(rows, k // FP8_BLOCK)
+            w_scale = w_scale.contiguous()
+        # descriptor slots: rewritten by the kernel before use; zeroed so bytes past what the DSL copies (it copies
+        # the first 64 of each 128-byte descriptor) are defined
+        workspace = torch.zeros(cfg.workspace_words, dtype=torch.int64, device=dev)
+        with torch.cuda.device(dev):  # the TVM-FFI env stream is the current device's current stream
+            fn(a2, w, out, starts, counts.contiguous(), ids, rw, workspace, a_scale, w_scale)
+    return out.view(*a.shape[:-1], n)
+
+
+# ------------------------------------------------------------------------- backend entry points
+# Same signatures as the torch ops in dispatch/ops/moe_gemm.py, minus `backend`.
+
+
+def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None, *, tiles: dict | None = None):
+    """tiles: {tile_m, tile_n, stages} overrides for tuning (the dispatcher never passes it)."""
+    return _run(_DTYPES[a.dtype], a, w, m_indices, masked_m, row_weights, tiles=tiles)
+
+
+def moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights=None, *, tiles: dict | None = None):
+    # E4M3 codes travel as bytes (the kernel types them): TVM-FFI checks byte tensors like any other
+    return _run("fp8", a.view(torch.uint8), w.view(torch.uint8), m_indices, masked_m, row_weights, a_scale, w_scale,
+                torch.bfloat16, tiles)

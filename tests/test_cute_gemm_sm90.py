@@ -1,0 +1,580 @@
+"""cute_ops/gemm sm_90a grouped GEMM (grouped_sm90.py + its moe_gemm backends moe_sm90.py).
+
+CPU: the bounded group scheduler (Python model, and the device class's own seek / coords source run on Python
+ints), the contiguous layout's spans, the launchers against the reference through a torch model of the kernel's
+contract, configs, the disk cache round trip, and (nvidia-cutlass-dsl) the kernel compiled for sm_90a with its
+SASS / PTX checked: WGMMA, TMA loads, the in-kernel descriptor rewrite and its proxy fences.
+GPU (`-m gpu`, sm_90): the backends vs dispatch/reference/moe_gemm.py, routing changes without a recompile, CUDA-graph
+replays with new group sizes, the dispatch row. NOT YET RUN ON A GPU.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+import torch
+
+from cute_ops.gemm import scheduler as sch
+from dispatch.reference import moe_gemm as ref
+from tests.helpers import assert_close
+
+try:
+    import cutlass.cute as cute
+except Exception:  # noqa: BLE001 - optional dependency: the DSL tests skip with the reason
+    cute = None
+
+needs_dsl = pytest.mark.skipif(cute is None, reason="nvidia-cutlass-dsl not installed: pip install 'lowbit[cute]'")
+
+
+def _random_bounds(rng, groups, gap):
+    """Groups as (starts, counts): any sizes (0 included), unaligned starts, optional holes between groups."""
+    starts, counts, row = [], [], 0
+    for _ in range(groups):
+        row += rng.choice([0, gap])
+        starts.append(row)
+        counts.append(rng.choice([0, 0, 1, 5, 63, 64, 65, 127, 128, 129, 300]))
+        row += counts[-1]
+    return starts, counts
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("grid", [1, 5, 132])
+def test_bounded_scheduler_walk_covers_every_tile_once(seed, grid):
+    rng = random.Random(100 + seed)
+    groups = rng.choice([1, 3, 32, 256])
+    starts, counts = _random_bounds(rng, groups, rng.choice([0, 7, 16]))
+    block_m, n_tiles = rng.choice([64, 128]), rng.choice([1, 2, 7])
+    want = [(g, mt, nt) for g in range(groups) for nt in range(n_tiles) for mt in range(-(-counts[g] // block_m))]
+    walked = {}
+    for cta in range(grid):
+        for i, tile in enumerate(sch.cta_tiles_bounded(cta, grid, starts, counts, block_m, n_tiles)):
+            walked[cta + i * grid] = tile
+    assert sorted(walked) == list(range(len(want)))
+    for t, (g, mt, nt) in enumerate(want):  # the documented order: groups, then column tiles, row tile fastest
+        tile = walked[t]
+        assert (tile.group, tile.m_tile, tile.n_tile) == (g, mt, nt)
+        assert tile.row_start == starts[g] + mt * block_m < tile.row_end == starts[g] + counts[g]
+
+
+def test_bounded_scheduler_equals_offsets_form():
+    offs = [0, 200, 200, 328, 1000]
+    starts, counts = sch.bounds_of_offsets(offs)
+    for grid in (1, 4, 132):
+        for cta in range(grid):
+            assert sch.cta_tiles(cta, grid, offs, 128, 3) == sch.cta_tiles_bounded(cta, grid, starts, counts, 128, 3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bounded_scheduler_device_code_matches_model(seed, monkeypatch):
+    """BoundedTileScheduler's own seek / coords (the code the kernel traces) run on Python ints and lists, with
+    cutlass.min / Int32 replaced by their integer meaning, walk exactly the model's tiles. `seek` is re-made from
+    its source text without the @cute.jit decorator (the DSL rewrites the decorated function once it has traced
+    it, e.g. after a kernel compile earlier in the process)."""
+    import inspect
+    import textwrap
+    import types
+
+    monkeypatch.setattr(sch, "cutlass", types.SimpleNamespace(min=min, Int32=int))
+    src = textwrap.dedent(inspect.getsource(sch.GroupedTileScheduler.seek))
+    namespace: dict = {}
+    exec(src[src.index("def seek"):], vars(sch).copy(), namespace)  # noqa: S102 - the module's own source
+    seek = namespace["seek"]
+    rng = random.Random(seed)
+    starts, counts = _random_bounds(rng, rng.choice([1, 5, 64]), rng.choice([0, 9]))
+    block_m, n_tiles, grid = rng.choice([64, 128]), rng.choice([1, 3]), rng.choice([1, 7, 132])
+    dev = sch.BoundedTileScheduler(starts, counts, len(counts), block_m, n_tiles)
+    for cta in range(grid):
+        got, t = [], cta
+        g, base = seek(dev, t, 0, 0)
+        while g < dev.num_groups:
+            m_tile, n_tile, row_start, row_end = dev.coords(t, g, base)
+            got.append(sch.GroupTile(g, m_tile, n_tile, row_start, row_end))
+            t += grid
+            g, base = seek(dev, t, g, base)
+        assert got == sch.cta_tiles_bounded(cta, grid, starts, counts, block_m, n_tiles), cta
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_contiguous_bounds_are_each_experts_row_span(seed):
+    """The launcher's (starts, counts) from m_indices (device ops only): first..last row of each expert."""
+    from cute_ops.gemm.moe_sm90 import contiguous_bounds
+
+    rng = random.Random(seed)
+    e = rng.choice([1, 4, 9])
+    if seed % 2:  # moe_align-like: experts in order, padded with -1, an out-of-range id at the end
+        ids = []
+        for x in range(e):
+            c = rng.choice([0, 1, 7, 40])
+            ids += [x] * c + [-1] * (-c % 8)
+        ids += [e + 2, -1]
+    else:  # anything: interleaved experts and junk ids
+        ids = [rng.randrange(-2, e + 2) for _ in range(rng.choice([1, 50, 300]))]
+    starts, counts = contiguous_bounds(torch.tensor(ids, dtype=torch.int32), e)
+    assert starts.dtype == counts.dtype == torch.int32
+    for x in range(e):
+        rows = [r for r, v in enumerate(ids) if v == x]
+        if rows:
+            assert (int(starts[x]), int(counts[x])) == (rows[0], rows[-1] - rows[0] + 1), x
+        else:
+            assert int(counts[x]) == 0, x
+
+
+def test_sm90_backend_refusals_and_auto_skip(monkeypatch):
+    from cute_ops.gemm import moe_sm90
+
+    a, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
+    assert "CUDA" in moe_sm90.supports_moe_gemm_bf16(a, w, torch.zeros(4, dtype=torch.int32), None)
+    monkeypatch.delenv(moe_sm90.UNVERIFIED_ENV, raising=False)
+    assert "not yet run on a GPU" in moe_sm90.unverified(a, w, None, None, None)
+    monkeypatch.setenv(moe_sm90.UNVERIFIED_ENV, "1")
+    assert moe_sm90.unverified(a, w, None, None, None) is None
+
+
+@needs_dsl
+def test_sm90_config_rules():
+    from cute_ops.gemm.grouped_sm90 import can_implement, pick_config, stage_bytes
+
+    assert can_implement("bf16", 4096, 7168, 256) is None
+    assert "multiple of 8" in can_implement("bf16", 4096, 7170, 8)
+    assert "dtype" in can_implement("fp4", 512, 512, 8)
+    assert can_implement("fp8", 512, 512, 8) is None
+    assert "multiple of 128" in can_implement("fp8", 512, 320, 8)
+    assert "tile_n 128" in can_implement("fp8", 512, 512, 8, tile_n=256)
+    assert pick_config("fp8", 4096, 7168, 32, "contiguous", False, 256).tile_n == 128
+    decode = pick_config("bf16", 4096, 7168, 256, "masked", False, 16)
+    assert (decode.tile_m, decode.tile_n, decode.threads) == (64, 128, 256)
+    prefill = pick_config("bf16", 4096, 7168, 32, "contiguous", True, 256)
+    assert (prefill.tile_m, prefill.tile_n, prefill.threads) == (128, 256, 384)
+    assert prefill.stages * stage_bytes(128, 256) <= 232448 - 1024 and prefill.stages == 4
+    assert prefill.desc_slots == prefill.stages + 1  # a slot is rewritten only after `stages` newer loads
+    with pytest.raises(ValueError):
+        pick_config("bf16", 512, 512, 4, "ragged", False, 16)
+    assert pick_config("bf16", 512, 512, 4, "masked", False, 16, tile_m=128, tile_n=256, stages=2).stages == 2
+    assert pick_config("bf16", 512, 512, 4, "masked", False, 16).desc_update
+    with pytest.raises(ValueError, match="stages"):
+        pick_config("bf16", 512, 512, 4, "masked", False, 16, tile_m=128, tile_n=256, stages=5)
+
+
+@needs_dsl
+def test_sm90_disk_cache_round_trip(tmp_path, monkeypatch):
+    """The compiled function exports to the disk cache and a fresh process-level lookup loads it back."""
+    from cute_ops import _compile
+    from cute_ops.gemm.grouped_sm90 import build, pick_config
+
+    monkeypatch.setenv("LOWBIT_CUTE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LOWBIT_CUTE_DISK_CACHE", "1")
+    cfg = pick_config("fp8", 256, 256, 3, "masked", True, 16)
+    key = cfg.key() + ("disk-cache-test",)
+    compiles, loads = _compile.STATS.compiles, _compile.STATS.disk_loads
+    _compile.get_or_compile(key, lambda: build(cfg))
+    _compile._memory.pop(key)
+    assert callable(_compile.get_or_compile(key, lambda: build(cfg)))
+    assert (_compile.STATS.compiles - compiles, _compile.STATS.disk_loads - loads) == (1, 1)
+    assert _compile.object_path(key).exists()
+
+
+@needs_dsl
+def test_sm90_bisection_variant_compiles_without_the_rewrite():
+    """desc_update=False (LOWBIT_CUTE_GEMM_DESC_UPDATE=0): same loads through the base descriptor, no rewrite."""
+    import dataclasses
+
+    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+
+    d = dump(dataclasses.replace(pick_config("bf16", 512, 256, 7, "contiguous", True, 64), desc_update=False))
+    ops = d.opcodes()
+    assert ops["UTMALDG.2D"] == 1 and ops["UTMALDG.3D"] == 1, ops
+    assert "tensormap.replace" not in d.ptx and "fence.proxy.tensormap" not in d.ptx
+    assert d.count("UTMACCTL.IV") == 0 and d.count("LDL") == 0, ops
+
+
+SM90_CASES = [("bf16", 4096, 7168, 256, "masked", False, 16), ("bf16", 4096, 7168, 32, "contiguous", True, 256),
+              ("fp16", 2880, 2880, 32, "contiguous", False, 96), ("fp8", 4096, 7168, 256, "masked", False, 16),
+              ("fp8", 7168, 2048, 32, "contiguous", True, 256)]
+_SM90_DUMPS: dict = {}
+
+
+def _sm90_dump(case):
+    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+
+    if case not in _SM90_DUMPS:
+        cfg = pick_config(*case)
+        _SM90_DUMPS[case] = cfg, dump(cfg)
+    return _SM90_DUMPS[case]
+
+
+@needs_dsl
+@pytest.mark.parametrize("case", SM90_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_sm90_grouped_gemm_sass(case):
+    cfg, d = _sm90_dump(case)
+    ops = d.opcodes()
+    assert "sm_90a" in d.ptx.split(".target", 1)[1][:40]
+    # WGMMA, fp32 accumulators, each consumer warp group its own 64 rows. bf16 / fp16: HGMMA 64 x tile_n x 16, 4
+    # per 64-wide K stage, issued in the first-K-tile block and in the loop body. FP8: QGMMA 64 x 128 x 32, 4 per
+    # 128-wide stage (one block scale), the first of them not accumulating (a fresh partial sum per block).
+    # (Dump.opcodes stops at the lowercase 'x' of the shape: read the full names from the listing)
+    mmas = re.findall(r"\b[HQ]GMMA\.[0-9x]+\.F32(?:\.BF16|\.E4M3\.E4M3)?\b", d.sass)
+    if cfg.dtype == "fp8":
+        assert mmas == ["QGMMA.64x128x32.F32.E4M3.E4M3"] * 4, ops
+        assert len(re.findall(r"QGMMA\.\S+ R\d+, gdesc\[UR\d+\], RZ, !UPT", d.sass)) == 1
+        # the per-block promotion: acc += part * (a_scale[row] * w_scale), one FFMA per accumulator element
+        assert ops["FFMA"] >= cfg.tile_n * 64 // 128, ops
+    else:
+        hgmma = f"HGMMA.64x{cfg.tile_n}x16.F32{'.BF16' if cfg.dtype == 'bf16' else ''}"
+        assert mmas == [hgmma] * 2 * 4, ops
+    assert d.count("WARPGROUP.ARRIVE") > 0 and d.count("WARPGROUP.DEPBAR") > 0, ops
+    # TMA: A 2-D through the rewritten per-CTA descriptor, B 3-D (the expert is a coordinate) through the kernel
+    # parameter; both base descriptors prefetched
+    assert ops["UTMALDG.2D"] == 1 and ops["UTMALDG.3D"] == 1, ops
+    assert ops["UTMACCTL.PF"] == 2, ops
+    # Device-side descriptor update. PTX: tensormap.replace of the global address, the extents and the strides
+    # of the slot in global memory, then the release / acquire proxy fences. SASS: the replaces are plain
+    # read-modify-write LDG / STG on the 128-byte slot; the release is a GPU-scope MEMBAR; the acquire invalidates
+    # the slot in the TMA unit's descriptor cache (UTMACCTL.IV).
+    assert d.ptx.count("tensormap.replace.tile.global_address.global.b1024.b64") == 1
+    assert d.ptx.count("tensormap.replace.tile.global_dim.global.b1024.b32") >= 2
+    assert d.ptx.count("tensormap.replace.tile.global_stride.global.b1024.b64") >= 1
+    assert d.ptx.count("fence.proxy.tensormap::generic.release.gpu;") == 1
+    assert d.ptx.count("fence.proxy.tensormap::generic.acquire.gpu") == 1
+    assert ops["UTMACCTL.IV"] == 1 and ops["MEMBAR.ALL.GPU"] >= 1, ops
+    # the slot initialization: the base descriptor copied to each of this CTA's slots (64 bytes each)
+    assert d.ptx.count("st.global.v2.b64") >= 4 * cfg.desc_slots
+    # warp specialization: producer registers lowered, consumers raised
+    assert ops["USETMAXREG.DEALLOC.CTAPOOL"] == 1 and ops["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1, ops
+    # epilogue: predicated 4-byte stores of column pairs from the accumulators (one per 2 accumulator elements of
+    # a thread), no 2-byte stores; the per-row loads (m_indices, row weights, FP8 activation scales) once per
+    # distinct row, not per element
+    assert d.ptx.count("st.global.b32") == cfg.tile_n * 64 // 128 // 2
+    assert d.count("STG.E.U16") == 0, ops
+    assert d.count("LDG") <= 32, ops
+    # no spills; no R2UR under a predicate (sm_90a raises an illegal-instruction error on one)
+    assert d.count("LDL") == 0 and d.count("STL") == 0, ops
+    assert not re.search(r"@!?U?P\w+\s+R2UR", d.sass)
+
+
+# ------------------------------------------------------------- launcher + a torch model of the kernel (CPU)
+
+
+def _kernel_model(cfg):
+    """The kernel's contract (grouped_sm90 module docstring) in torch, with its preconditions asserted: what the
+    launcher's layout -> groups mapping must feed it."""
+    from cute_ops.gemm.grouped_sm90 import FP8_BLOCK
+
+    def run(a, w, out, starts, counts, m_indices, row_weights, workspace, a_scale, w_scale):
+        rows, (e, n, k) = a.shape[0], w.shape
+        assert (cfg.n, cfg.k, cfg.num_groups) == (n, k, e) and a.shape == (rows, k) and out.shape == (rows, n)
+        assert starts.dtype == counts.dtype == torch.int32 and starts.shape == counts.shape == (e,)
+        assert starts.is_contiguous() and counts.is_contiguous() and a.is_contiguous() and w.is_contiguous()
+        assert workspace.dtype == torch.int64 and workspace.numel() == cfg.workspace_words
+        assert (m_indices is None) == (cfg.layout == "masked") and (row_weights is None) == (not cfg.row_weights)
+        if cfg.dtype == "fp8":
+            assert a.dtype == w.dtype == torch.uint8 and a_scale.shape == (rows, k // FP8_BLOCK)
+            a32 = a.view(torch.float8_e4m3fn).float() * a_scale.repeat_interleave(FP8_BLOCK, 1)
+            w32 = ref.fp8_block_dequantize(w.view(torch.float8_e4m3fn), w_scale)
+        else:
+            a32, w32 = a.float(), w.float()
+        for g in range(e):
+            s0, c = int(starts[g]), int(counts[g])
+            assert c >= 0 and (c == 0 or 0 <= s0 and s0 + c <= rows), (g, s0, c)
+            for r in range(s0, s0 + c):
+                if m_indices is None or int(m_indices[r]) == g:
+                    y = a32[r] @ w32[g].T
+                    out[r] = (y * row_weights[r] if row_weights is not None else y).to(out.dtype)
+
+    return run
+
+
+@pytest.fixture
+def modelled_kernel(monkeypatch):
+    """moe_sm90's launchers on CPU tensors, the compiled kernel replaced by _kernel_model."""
+    import contextlib
+
+    from cute_ops.gemm import moe_sm90
+
+    monkeypatch.setattr(moe_sm90, "compiled", _kernel_model)
+    monkeypatch.setattr(moe_sm90._compile, "target_arch", lambda index=None: "sm_90a")
+    monkeypatch.setattr(moe_sm90, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    return moe_sm90
+
+
+@pytest.mark.parametrize("row_weights", [False, True])
+def test_launcher_layouts_match_reference_on_a_kernel_model(modelled_kernel, row_weights):
+    for a, w, mi, mm, rw in (
+            (*_contiguous_case(5, 32, 64, [37, 0, 130, 1, 64], torch.bfloat16, 2, row_weights)[:3], None,
+             _contiguous_case(5, 32, 64, [37, 0, 130, 1, 64], torch.bfloat16, 2, row_weights)[3]),
+            (*_masked_case(6, 20, 24, 48, [0, 1, 17, 20, 500, -3], torch.float16, 1, row_weights)[:2], None,
+             *_masked_case(6, 20, 24, 48, [0, 1, 17, 20, 500, -3], torch.float16, 1, row_weights)[2:])):
+        out = modelled_kernel.moe_gemm_bf16(a, w, mi, mm, rw)
+        assert not torch.isnan(out).any()  # rows of no group are 0, never a NaN input row
+        _check(out, a, w, mi, mm, rw, "contiguous" if mm is None else "masked")
+    g = torch.Generator().manual_seed(5)  # interleaved experts
+    mi = torch.randint(-1, 4, (90,), generator=g, dtype=torch.int32)
+    a, w = torch.randn(90, 32, generator=g).bfloat16(), torch.randn(4, 16, 32, generator=g).bfloat16()
+    _check(modelled_kernel.moe_gemm_bf16(a, w, mi, None, None), a, w, mi, None, None, "interleaved")
+
+
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+@pytest.mark.parametrize("column_major", [False, True])
+def test_launcher_fp8_matches_reference_on_a_kernel_model(modelled_kernel, layout, column_major):
+    a, sa, w, ws, mi, mm, rw = _fp8_case(layout, column_major, True, n=136, k=256)
+    out = modelled_kernel.moe_gemm_fp8(a, sa, w, ws, mi, mm, rw)
+    assert out.dtype == torch.bfloat16 and not torch.isnan(out).any()
+    assert_close(out, ref.moe_gemm_fp8(a, sa, w, ws, mi, mm, rw), f"fp8 {layout}")
+
+
+# -------------------------------------------------------------------------------------- GPU (sm_90)
+
+
+def _sm90_gpu():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    pytest.importorskip("cutlass")
+
+
+def _masked_case(e, max_m, n, k, counts, dtype, seed, row_weights=False):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(e, max_m, k, generator=g).to(dtype)
+    masked_m = torch.tensor(counts, dtype=torch.int32)
+    live = torch.arange(max_m)[None, :] < masked_m.clamp(0, max_m)[:, None]
+    a[~live] = float("nan")  # rows past a count must never be read
+    w = (torch.randn(e, n, k, generator=g) / k ** 0.5).to(dtype)
+    rw = torch.rand(e, max_m, generator=g) + 0.5 if row_weights else None
+    return a, w, masked_m, rw
+
+
+def _contiguous_case(e, n, k, rows_per_expert, dtype, seed, row_weights=False, pad=8):
+    """moe_align-like rows: experts in order, each padded with -1 rows to a multiple of `pad`; plus one
+    out-of-range id. Padding / out-of-range rows hold NaN."""
+    g = torch.Generator().manual_seed(seed)
+    ids = []
+    for x, r in enumerate(rows_per_expert):
+        ids += [x] * r + [-1] * (-r % pad)
+    ids += [e + 3, -1]
+    m_indices = torch.tensor(ids, dtype=torch.int32)
+    a = torch.randn(len(ids), k, generator=g).to(dtype)
+    a[(m_indices < 0) | (m_indices >= e)] = float("nan")
+    w = (torch.randn(e, n, k, generator=g) / k ** 0.5).to(dtype)
+    rw = torch.rand(len(ids), generator=g) + 0.5 if row_weights else None
+    return a, w, m_indices, rw
+
+
+def _fp8_case(layout, column_major, row_weights, n=320, k=384):
+    """E4M3 operands with 1x128 activation scales (row- or column-major) and 128x128 weight scales; NaN codes
+    (0x7F) and NaN scales in every row that must not be read."""
+    from tests.test_moe_gemm import quant_a_fp8, quant_w_fp8
+
+    e = 5
+    if layout == "masked":
+        x, w32, ids, rw = _masked_case(e, 48, n, k, [0, 48, 7, 100, 1], torch.float32, 50, row_weights)
+    else:
+        x, w32, ids, rw = _contiguous_case(e, n, k, [33, 0, 140, 2, 64], torch.float32, 51, row_weights)
+    dead = torch.isnan(x[..., 0])
+    a, sa = quant_a_fp8(x.nan_to_num().reshape(-1, k), column_major)
+    a, sa = a.view(*x.shape), sa.view(*x.shape[:-1], k // 128)
+    a.view(torch.uint8)[dead] = 0x7F
+    sa = sa.clone()
+    sa[dead] = float("nan")
+    w, ws = quant_w_fp8(w32)
+    mi, mm = (ids, None) if layout == "contiguous" else (None, ids)
+    return a, sa, w, ws, mi, mm, rw
+
+
+def _check(out, a, w, m_indices, masked_m, rw, what):
+    want = ref.moe_gemm_bf16(a.cpu().float().nan_to_num(), w.cpu(), None if m_indices is None else m_indices.cpu(),
+                             None if masked_m is None else masked_m.cpu(),
+                             None if rw is None else rw.cpu()).to(a.dtype)
+    assert_close(out.cpu(), want, what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("row_weights", [False, True])
+def test_gpu_sm90_masked_matches_reference(dtype, row_weights):
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    # counts: empty, partial tiles, full, > max_m (clamped), negative (0)
+    a, w, mm, rw = _masked_case(6, 80, 384, 320, [0, 1, 17, 80, 500, -3], dtype, 1, row_weights)
+    dev = [None if t is None else t.cuda() for t in (a, w, mm, rw)]
+    out = moe_gemm_bf16(dev[0], dev[1], None, dev[2], dev[3])
+    torch.cuda.synchronize()
+    _check(out, a, w, None, mm, rw, "masked")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("row_weights", [False, True])
+def test_gpu_sm90_contiguous_matches_reference(dtype, row_weights):
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    # unaligned group starts (pad 8 < tile_m), an empty expert, one expert over two row tiles
+    a, w, mi, rw = _contiguous_case(5, 256, 192, [37, 0, 130, 1, 64], dtype, 2, row_weights)
+    dev = [None if t is None else t.cuda() for t in (a, w, mi, rw)]
+    out = moe_gemm_bf16(dev[0], dev[1], dev[2], None, dev[3])
+    torch.cuda.synchronize()
+    _check(out, a, w, mi, None, rw, "contiguous")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_contiguous_interleaved_ids():
+    """Rows of one expert not adjacent (the layout contract's worst case): spans overlap, still exact rows. Also a
+    partial last K stage (K = 200: TMA zero-fills past K) and a partial last column tile (N = 136)."""
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    g = torch.Generator().manual_seed(5)
+    m_indices = torch.randint(-1, 4, (200,), generator=g, dtype=torch.int32)
+    a = torch.randn(200, 200, generator=g).bfloat16()
+    w = (torch.randn(4, 136, 200, generator=g) / 14).bfloat16()
+    out = moe_gemm_bf16(a.cuda(), w.cuda(), m_indices.cuda(), None, None)
+    torch.cuda.synchronize()
+    _check(out, a, w, m_indices, None, None, "interleaved")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_routing_change_does_not_recompile():
+    _sm90_gpu()
+    from cute_ops import _compile
+    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    e, max_m, n, k = 8, 64, 256, 256
+    first = None
+    for seed, counts in enumerate(([64, 0, 3, 17, 64, 1, 40, 9], [0, 0, 0, 64, 2, 33, 0, 5], [1] * 8, [0] * 8)):
+        a, w, mm, _ = _masked_case(e, max_m, n, k, counts, torch.bfloat16, 10 + seed)
+        out = moe_gemm_bf16(a.cuda(), w.cuda(), None, mm.cuda(), None)
+        torch.cuda.synchronize()
+        _check(out, a, w, None, mm, None, f"routing {seed}")
+        if first is None:
+            first = _compile.STATS.compiles
+        assert _compile.STATS.compiles == first, "a new routing recompiled the kernel"
+    # contiguous: a different number of rows (M is symbolic) and different expert sizes
+    for seed, sizes in enumerate(([5, 60, 0, 128, 7, 1, 0, 33], [200, 0, 0, 0, 0, 0, 0, 1])):
+        a, w, mi, _ = _contiguous_case(e, n, k, sizes, torch.bfloat16, 20 + seed)
+        out = moe_gemm_bf16(a.cuda(), w.cuda(), mi.cuda(), None, None)
+        torch.cuda.synchronize()
+        _check(out, a, w, mi, None, None, f"contiguous routing {seed}")
+        if seed == 0:
+            first = _compile.STATS.compiles
+        assert _compile.STATS.compiles == first, "a new row count / routing recompiled the kernel"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+def test_gpu_sm90_cuda_graph_replays_with_new_group_sizes(layout):
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    e, n, k = 6, 256, 128
+    if layout == "masked":
+        a, w, ids, _ = _masked_case(e, 64, n, k, [64] * e, torch.bfloat16, 30)
+        a = a.nan_to_num()  # every row becomes live in some replay
+        routings = [torch.tensor(c, dtype=torch.int32) for c in ([3, 0, 64, 17, 1, 40], [0, 0, 0, 0, 0, 64],
+                                                                  [64, 64, 64, 64, 64, 64])]
+    else:
+        rows = 192
+        g = torch.Generator().manual_seed(31)
+        a = torch.randn(rows, k, generator=g).bfloat16()
+        w = (torch.randn(e, n, k, generator=g) / k ** 0.5).bfloat16()
+        routings = []
+        for sizes in ([32] * e, [0, 100, 0, 50, 0, 42], [192, 0, 0, 0, 0, 0]):
+            ids = torch.cat([torch.full((s,), x, dtype=torch.int32) for x, s in enumerate(sizes)])
+            routings.append(torch.cat([ids, torch.full((rows - len(ids),), -1, dtype=torch.int32)]))
+        ids = routings[0]
+    a_d, w_d, ids_d = a.cuda(), w.cuda(), ids.cuda()
+
+    def call():
+        if layout == "masked":
+            return moe_gemm_bf16(a_d, w_d, None, ids_d, None)
+        return moe_gemm_bf16(a_d, w_d, ids_d, None, None)
+
+    call()  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for i, r in enumerate(routings):
+        ids_d.copy_(r)
+        graph.replay()
+        torch.cuda.synchronize()
+        if layout == "masked":
+            _check(out, a, w, None, r, None, f"graph replay {i}")
+        else:
+            _check(out, a, w, r, None, None, f"graph replay {i}")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_dispatch_row(monkeypatch):
+    """backend='cute' runs it through the op; auto does not pick it before it is verified."""
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import UNVERIFIED_ENV
+
+    monkeypatch.delenv(UNVERIFIED_ENV, raising=False)
+    from dispatch import ops, registry
+    from dispatch.table import TABLE
+
+    a, w, mm, rw = _masked_case(4, 32, 128, 128, [5, 32, 0, 9], torch.bfloat16, 40, True)
+    out = ops.moe_gemm_bf16(a.cuda(), w.cuda(), masked_m=mm.cuda(), row_weights=rw.cuda(), backend="cute")
+    torch.cuda.synchronize()
+    _check(out, a, w, None, mm, rw, "ops.moe_gemm_bf16(backend='cute')")
+    args = (a.cuda(), w.cuda(), None, mm.cuda(), None)
+    assert registry.select(TABLE["moe_gemm_bf16"], "moe_gemm_bf16", "auto", args, {}).backend != "cute"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+@pytest.mark.parametrize("column_major", [False, True])
+@pytest.mark.parametrize("row_weights", [False, True])
+def test_gpu_sm90_fp8_matches_reference(layout, column_major, row_weights):
+    """E4M3 with 1x128 activation scales (row- or column-major) and 128x128 weight scales, bf16 out."""
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
+
+    a, sa, w, ws, mi, mm, rw = _fp8_case(layout, column_major, row_weights)  # N = 320: a partial scale block
+    dev = [None if t is None else t.cuda() for t in (a, sa, w, ws, mi, mm, rw)]
+    out = moe_gemm_fp8(*dev)
+    torch.cuda.synchronize()
+    want = ref.moe_gemm_fp8(a, sa, w, ws, mi, mm, rw)
+    assert_close(out.cpu(), want, f"fp8 {layout}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [dict(tile_m=64, tile_n=64), dict(tile_m=64, tile_n=256),
+                                   dict(tile_m=128, tile_n=128, stages=2), dict(tile_m=128, tile_n=256)],
+                         ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
+def test_gpu_sm90_tile_variants(tiles):
+    """Every tile shape the config rule or an override can pick, both layouts (stages=2: the slot ring at its
+    smallest, 3 descriptor slots, rewritten on nearly every tile)."""
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    a, w, mi, rw = _contiguous_case(7, 512, 256, [37, 0, 300, 1, 64, 129, 5], torch.bfloat16, 60, True)
+    out = moe_gemm_bf16(a.cuda(), w.cuda(), mi.cuda(), None, rw.cuda(), tiles=tiles)
+    torch.cuda.synchronize()
+    _check(out, a, w, mi, None, rw, f"contiguous {tiles}")
+    a, w, mm, _ = _masked_case(9, 160, 512, 256, [0, 160, 3, 64, 65, 1, 128, 129, 17], torch.bfloat16, 61)
+    out = moe_gemm_bf16(a.cuda(), w.cuda(), None, mm.cuda(), None, tiles=tiles)
+    torch.cuda.synchronize()
+    _check(out, a, w, None, mm, None, f"masked {tiles}")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_bisect_without_descriptor_update(monkeypatch):
+    """The same kernel with the device-side descriptor rewrite compiled out (A through the base descriptor at the
+    group's first row): if the tests above fail and this passes, the rewrite is the culprit."""
+    _sm90_gpu()
+    from cute_ops.gemm import moe_sm90
+
+    monkeypatch.setenv(moe_sm90.DESC_UPDATE_ENV, "0")
+    a, w, mi, rw = _contiguous_case(5, 256, 192, [37, 0, 130, 1, 64], torch.bfloat16, 2, True)
+    out = moe_sm90.moe_gemm_bf16(a.cuda(), w.cuda(), mi.cuda(), None, rw.cuda())
+    torch.cuda.synchronize()
+    _check(out, a, w, mi, None, rw, "contiguous, no descriptor rewrite")
+    a, w, mm, _ = _masked_case(6, 80, 384, 320, [0, 1, 17, 80, 500, -3], torch.bfloat16, 1)
+    out = moe_sm90.moe_gemm_bf16(a.cuda(), w.cuda(), None, mm.cuda(), None)
+    torch.cuda.synchronize()
+    _check(out, a, w, None, mm, None, "masked, no descriptor rewrite")
