@@ -443,31 +443,29 @@ def test_torch_compile_fullgraph():
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8"])
 def test_gpu_combine_and_layer_graph(kind):
-    """GEMM2 into token order at a decode size (64 tokens, top-8, 64 experts, N 1024, K 2048) against the chain on the
+    """GEMM2 into token order at a decode size (64 tokens, top-8, 64 experts, N 512, K 1024) against the chain on the
     same GPU (same kernel and config: same bytes); the fused layer against the chain, and captured in a CUDA graph
     and replayed (same bytes as eager)."""
     from dispatch import ops
     from dispatch.ops.moe_layer import moe_layer
+    from tests.test_moe_gemm import quant_w_fp8, quant_w_mxfp4
     g = torch.Generator().manual_seed(13)
     ids, src, inv, tw, lead, dead = _routed(g, 64, 8, 64, False, 0, None, "cuda")
-    a, a_s, w, w_s = _random_operands(kind, g, lead, dead, 64, 1024, 2048, "cuda")
+    a, a_s, w, w_s = _random_operands(kind, g, lead, dead, 64, 512, 1024, "cuda")
     got = ops.moe_gemm_combine(a, w, src, inv, tw, a_scale=a_s, w_scale=w_s, weights=kind, m_indices=ids["m_indices"])
     h = _chain_gemm(kind, a, a_s, w, w_s, ids)
     assert_same_bytes(got, tal.moe_combine(h, inv, tw, None, torch.bfloat16), f"{kind} combine")
     if kind == "bf16":
         return
-    x = torch.randn(64, 2048, generator=g).bfloat16().cuda()
-    topk = torch.stack([torch.randperm(64, generator=g)[:8] for _ in range(64)]).to(torch.int32).cuda()
-    if kind == "fp8":
-        from tests.test_moe_gemm import quant_w_fp8
-        w1, s1 = quant_w_fp8(torch.randn(64, 2048, 2048, generator=g) / 45)
-        w2, s2 = quant_w_fp8(torch.randn(64, 2048, 1024, generator=g) / 32)
-    else:
-        from tests.test_moe_gemm import quant_w_mxfp4
-        w1, s1 = quant_w_mxfp4(torch.randn(64, 2048, 2048, generator=g) / 45)
-        w2, s2 = quant_w_mxfp4(torch.randn(64, 2048, 1024, generator=g) / 32)
-    kw = dict(weights=kind, w1_scale=s1.cuda(), w2_scale=s2.cuda(), layout="masked", max_m=16)
-    w1, w2 = w1.cuda(), w2.cuda()
+    # the layer: 16 experts, top-4, hidden 1024, I 512 (weights quantized on the GPU: the CPU reference quantizers
+    # are slow at this size)
+    x = torch.randn(64, 1024, generator=g).bfloat16().cuda()
+    topk = torch.stack([torch.randperm(16, generator=g)[:4] for _ in range(64)]).to(torch.int32).cuda()
+    tw = torch.rand(64, 4, generator=g).cuda()
+    quant = quant_w_fp8 if kind == "fp8" else quant_w_mxfp4
+    w1, s1 = quant(torch.randn(16, 1024, 1024, generator=g).cuda() / 32)
+    w2, s2 = quant(torch.randn(16, 1024, 512, generator=g).cuda() / 23)
+    kw = dict(weights=kind, w1_scale=s1, w2_scale=s2, layout="masked", max_m=16)
     eager = moe_layer(x, topk, tw, w1, w2, **kw)
     # GEMM1's tiles differ between the paths, so the MMA order may too: a tolerance here (bytes: exact operands)
     assert_close(eager, moe_layer(x, topk, tw, w1, w2, **kw, fused=False), f"{kind} fused layer vs chain", factor=2)
