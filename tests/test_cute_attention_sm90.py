@@ -63,13 +63,14 @@ def test_sm90_entry_checks_and_auto_skip_on_cpu():
     assert "bf16 or fp16" in reason(q.float(), k.float(), k.float())
     assert "Dqk = Dv" in reason(q[..., :32], k[..., :32], k[..., :32])
     assert "row max" in reason(q, k, k, scale=0.0)
-    assert "not yet run on a GPU" in fmha_sm90.auto_skip_unverified(q, k, k)
+    assert "head dim 64 not timed" in fmha_sm90.auto_skip_untimed(q, k, k)
+    assert fmha_sm90.auto_skip_untimed(torch.zeros(4, 4, 128), k, k) is None
     from dispatch.registry import _load
     from dispatch.table import TABLE
 
     row = next(e for e in TABLE["attention_prefill"] if e.backend == "cute")
     assert row.archs == ("sm_90",) and _load(row.impl) is fmha_sm90.attention_prefill
-    assert _load(row.auto_skip) is fmha_sm90.auto_skip_unverified, "auto must pass the unverified kernel over"
+    assert _load(row.auto_skip) is fmha_sm90.auto_skip_untimed, "auto takes it only where it was timed"
 
 
 @needs_dsl
@@ -287,7 +288,7 @@ def test_sm90_epilogue_runs_on_the_host(dsl_arch_sm90, t):
 @pytest.mark.parametrize("dtype,d,extra", [
     ("bf16", 128, dict(causal=True, has_window_left=True, has_sink=True)),
     ("fp16", 64, dict(has_window_left=True, has_window_right=True, schedule="grid", rescale_threshold=0.0)),
-    ("bf16", 128, dict(causal=True, pingpong=True)),
+    ("bf16", 128, dict(causal=True, pingpong=False)),
     ("bf16", 128, dict(causal=True, has_sink=True, overlap=True)),
     ("fp16", 64, dict(has_window_left=True, overlap=True, pingpong=True)),
 ])
@@ -299,7 +300,8 @@ def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     Overlap: two call sites of each GEMM (the first tile's QK and the last PV outside the loop), 4 waits."""
     from cute_ops.attention.fmha_sm90 import FmhaSm90Config, dump
 
-    d_ = dump(FmhaSm90Config(dtype, d, **extra))
+    cfg = FmhaSm90Config(dtype, d, **extra)
+    d_ = dump(cfg)
     ops = d_.opcodes()
     assert "sm_90a" in d_.ptx.split(".target", 1)[1][:40]
     # S = Q K^T: D / 16 k-steps of m64n128k16; O += P V: 128 keys / 16 k-steps of m64n{D}k16 with A from registers
@@ -323,8 +325,7 @@ def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     assert d_.count("STG.E") == 2 * d // 8 + 2, ops  # 2 rows x D / 8 column pairs, and 2 lse values
     assert d_.count("STL") == 0 and d_.count("LDL") == 0, ops
     bars = {(False, False): (1, 0), (True, False): (3, 3), (False, True): (1, 0), (True, True): (2, 2)}
-    assert (d_.count("BAR.SYNC"), d_.count("BAR.ARV")) == bars[extra.get("pingpong", False),
-                                                                extra.get("overlap", False)], ops
+    assert (d_.count("BAR.SYNC"), d_.count("BAR.ARV")) == bars[cfg.pingpong, cfg.overlap], ops
 
 
 def _need_sm90():
@@ -391,11 +392,12 @@ def test_gpu_sm90_matches_reference(case):
     assert_attention_close(out, lse, want_out, want_lse, f"sm90 {case}")
 
 
-SM90_VARIANTS = [dict(pingpong=True), dict(overlap=True), dict(pingpong=True, overlap=True)]
+# schedules beside the default (ping-pong on, overlap off): no ping-pong, overlap alone, both
+SM90_VARIANTS = [dict(pingpong=False), dict(pingpong=False, overlap=True), dict(pingpong=True, overlap=True)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", SM90_VARIANTS, ids=lambda v: "+".join(v))
+@pytest.mark.parametrize("variant", SM90_VARIANTS, ids=lambda v: "+".join(f"{k}={int(x)}" for k, x in v.items()))
 @pytest.mark.parametrize("case", SM90_GPU_CASES[:3] + SM90_GPU_CASES[5:], ids=_case_id)
 def test_gpu_sm90_schedule_variants_match_reference(case, variant):
     """The ping-pong and overlap schedules (config fields, off in the entry until this passes and is timed)."""
@@ -452,8 +454,8 @@ def test_gpu_sm90_drawn_cases_match_reference(case):
 @pytest.mark.gpu
 def test_gpu_sm90_timing_report():
     """hd128 causal, 32 / 8 heads, 4 x 4096: the cute kernel (every schedule variant) beside the backend auto
-    picks (the Gluon kernel on sm_90) and FA4 where installed; CUDA-event times printed (run with -s), outputs
-    checked against auto's."""
+    picks by name "triton" (the Gluon kernel on sm_90) and FA4 where installed; CUDA-event times printed (run with -s),
+    outputs checked against the Triton kernel's."""
     _need_sm90()
     import dispatch
     from cute_ops.attention import fmha_sm90, launch
@@ -466,8 +468,8 @@ def test_gpu_sm90_timing_report():
     cu_ = cu([s_] * b).cuda()
     scale = d ** -0.5
     cfg = fmha_sm90.FmhaSm90Config.for_call(q, True, -1, -1, None, "sm_90a")
-    runs = {"auto": lambda: dispatch.ops.attention_prefill(q, k, v, cu_, cu_, s_, s_, softmax_scale=scale,
-                                                             causal=True, return_lse=True)}
+    runs = {"triton": lambda: dispatch.ops.attention_prefill(q, k, v, cu_, cu_, s_, s_, softmax_scale=scale,
+                                                               causal=True, return_lse=True, backend="triton")}
     try:  # FA4 (flash-attn-4) where installed, on the batched (B, S, H, D) views: the bar is >= 0.7x its time
         from flash_attn import cute as fa4
 
@@ -477,7 +479,8 @@ def test_gpu_sm90_timing_report():
         print(f"sm90 attention timing: no FA4 peer ({exc})")
     for variant in [{}, *SM90_VARIANTS]:
         fn = fmha_sm90.compiled(dataclasses.replace(cfg, **variant))
-        runs[f"cute {'+'.join(variant) or 'plain'}"] = lambda fn=fn: launch.run(fn, q, k, v, cu_, cu_, s_, scale,
+        label = "+".join(f"{name}={int(on)}" for name, on in variant.items()) or "default"
+        runs[f"cute {label}"] = lambda fn=fn: launch.run(fn, q, k, v, cu_, cu_, s_, scale,
                                                                              -1, -1, None)
     flops = 4 * b * hq * d * (s_ * (s_ + 1) // 2)
     outs, times = {}, {}
@@ -498,8 +501,8 @@ def test_gpu_sm90_timing_report():
         torch.cuda.synchronize()
         times[name] = start.elapsed_time(end) / 20
         print(f"sm90 attention 4x4096 hd128 causal: {name}: {times[name] * 1e3:.1f} us, "
-              f"{flops / times[name] / 1e9:.0f} TFLOP/s, {times['auto'] / times[name]:.2f}x auto"
+              f"{flops / times[name] / 1e9:.0f} TFLOP/s, {times['triton'] / times[name]:.2f}x triton"
               + (f", {times['fa4'] / times[name]:.2f}x fa4" if "fa4" in times else ""))
     for name in times:
         if name != "fa4":
-            assert_attention_close(*outs[name], *outs["auto"], f"timing report: {name} vs auto")
+            assert_attention_close(*outs[name], *outs["triton"], f"timing report: {name} vs triton")

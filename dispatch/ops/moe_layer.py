@@ -2,10 +2,11 @@
 GEMM2 into token order -> weighted combine, composed of the moe and moe_gemm ops (docs/moe_gemm.md).
 
 No host sync and static shapes throughout (the layouts' capacities depend on shapes only), so the layer is
-CUDA-graph capturable and torch.compile sees one custom op per stage. By default (fused=True) GEMM1 applies SwiGLU
-(and the FP8 quantization) in its epilogue, so its (rows, 2I) output never goes to memory, and GEMM2 scatters its
-rows into token order for the combine; fused=False runs the chain of separate ops (moe_gemm, swiglu, moe_combine)
-with the same bytes. The activations between GEMM1 and GEMM2 are written once (FP8: as codes + scales). Expert
+CUDA-graph capturable and torch.compile sees one custom op per stage. By default (fused=False) it runs the chain of
+separate ops (moe_gemm, swiglu, moe_combine), the path verified on a GPU; fused=True has GEMM1 apply SwiGLU (and
+the FP8 quantization) in its epilogue, so its (rows, 2I) output never goes to memory, and GEMM2 scatter its rows
+into token order for the combine (same bytes on the CPU; on the H100 the FP8-output GEMM1 differed from the chain,
+docs/moe_gemm.md). The activations between GEMM1 and GEMM2 are written once (FP8: as codes + scales). Expert
 parallelism: `expert_map` maps global to local expert ids (-1 = not on this rank); tokens routed elsewhere get no
 row and contribute nothing here.
 """
@@ -46,7 +47,7 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
               w2_scale: Tensor | None = None, activation: Literal["silu", "gptoss"] = "silu", interleave: int = 0,
               alpha: float = 1.702, limit: float | None = None, layout: Literal["contiguous", "masked"] = "contiguous",
               max_m: int | None = None, expert_map: Tensor | None = None, shared: Tensor | None = None,
-              fused: bool = True, backend: str = "auto") -> Tensor:
+              fused: bool = False, backend: str = "auto") -> Tensor:
     """y[t] = sum_j topk_weights[t, j] * W2[e] . act(W1[e] . hidden[t]) over the token's experts e = topk_ids[t, j]
     (+ shared[t]), in hidden's dtype.
 
