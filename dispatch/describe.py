@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from .registry import Entry, backend_unavailable
-from .table import BLACKWELL_ARCHS, TABLE, TRITON_UNRUN_ON_BLACKWELL
+from .table import BLACKWELL_ARCHS, CUTE_UNRUN_ON_BLACKWELL, TABLE, TRITON_UNRUN_ON_BLACKWELL
 
 
 def hardware_status(entry: Entry, arch: str) -> str:
     """What is known of `entry` on `arch`'s silicon where it needs saying, else "": a row that auto may take there but
-    that has never run on that chip (Triton rows on Blackwell: compiled and SASS-checked in CI only)."""
+    that has never run on that chip (Triton rows on Blackwell: compiled and SASS-checked in CI only; CuTe rows: the
+    same, and refused there unless LOWBIT_CUTE_UNVERIFIED=1)."""
     if entry.backend == "triton" and arch in BLACKWELL_ARCHS and arch in entry.archs:
         return TRITON_UNRUN_ON_BLACKWELL
+    if entry.backend == "cute" and arch in BLACKWELL_ARCHS and arch in entry.archs:
+        return CUTE_UNRUN_ON_BLACKWELL
     return ""
 
 

@@ -21,6 +21,8 @@ CUTE_BLACKWELL = ("sm_100", "sm_103")
 # --arch sm_121` prints TRITON_UNRUN_ON_BLACKWELL beside those rows (describe.py).
 BLACKWELL_ARCHS = ("sm_100", "sm_103", "sm_120", "sm_121")
 TRITON_UNRUN_ON_BLACKWELL = "compiled and SASS-checked in CI, never run on this chip"
+CUTE_UNRUN_ON_BLACKWELL = ("compiled and SASS-checked in CI, never run on this chip; refused unless "
+                           "LOWBIT_CUTE_UNVERIFIED=1")
 
 # Measured (perf/results/nvidia-h200.jsonl, H200, 2026-11-21): the Triton backend beat the torch backend in 59 of
 # 61 (case, timing) pairs; the two exceptions are host-bound eager decode calls (fp8_group_dequantize and plain
@@ -60,6 +62,8 @@ GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at th
 # (cute_ops/gemm/blockscaled_sm100.py) on sm_100: the Triton row serves the moe_align / moe_masked_layout layouts with
 # linear E8M0 scales; the CuTe kernel takes 128x4-swizzled scales over group offsets and has no launcher over these
 # layouts, so it has no row here yet. sm_90: upcast + WGMMA (correct, not the fast Hopper path).
+CUTE_GEMM_SM100_WHY = ("CuTeDSL tcgen05 block-scaled UMMA (UTCOMMA), TMEM accumulator; NVFP4 / MXFP4; compiled for "
+                       "sm_100a, never run on Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1")
 DOT_SCALED_WHY = "tl.dot_scaled: native block-scaled MMA on Blackwell (compiled only); upcast on Hopper"
 # Not measured yet (perf/cases/moe_gemm.py has the fused-vs-chain cases): ranked as the only kernel of the op.
 GEMM_SWIGLU = "GEMM1 with SwiGLU (+ FP8 1xG quant) in the epilogue: the gate and up outputs never go to memory"
@@ -237,6 +241,13 @@ ROWS: tuple[Entry, ...] = (
     *triton_rows("moe_gemm_mxfp4", "triton_ops.moe_gemm.grouped:moe_gemm_mxfp4", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_mxfp4"),
     Entry("moe_gemm_mxfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_mxfp4", TORCH_REF, REFERENCE_WHY),
+    # FP4 x FP4 over group offsets with swizzled scales: the sm_100 CuTeDSL UMMA kernel (compiled only: refused unless
+    # LOWBIT_CUTE_UNVERIFIED=1) and the reference; the moe_align-layout FP4 GEMMs with linear scales are the Triton
+    # dot_scaled rows of moe_gemm_w4a4 / moe_gemm_w4a8 (DOT_SCALED_WHY)
+    Entry("moe_gemm_blockscaled", "cute", CUTE_BLACKWELL, "cute_ops.gemm.moe_sm100:moe_gemm_blockscaled",
+          CUTE_UNMEASURED, CUTE_GEMM_SM100_WHY, "cute_ops.gemm.moe_sm100:supports_moe_gemm_blockscaled"),
+    Entry("moe_gemm_blockscaled", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_blockscaled", TORCH_REF,
+          REFERENCE_WHY),
     *triton_rows("moe_gemm_w4a8", "triton_ops.moe_gemm.grouped:moe_gemm_w4a8", DOT_SCALED_WHY,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_w4a8"),
     Entry("moe_gemm_w4a8", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_w4a8", TORCH_REF, REFERENCE_WHY),

@@ -20,6 +20,7 @@ from torch import Tensor
 from triton_ops.contract.formats import fp8_scale_storage
 from triton_ops.contract.moe_gemm import (
     check_bf16,
+    check_blockscaled,
     check_fp8,
     check_gemm_combine,
     check_gemm_swiglu,
@@ -60,6 +61,12 @@ def _check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights)
 def _check_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights):
     check_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m)
     check_row_weights("moe_gemm_w4a4", a_packed, row_weights)
+
+
+@lowbit_op("moe_gemm_blockscaled", mutates_args=(), check=check_blockscaled)
+def _moe_gemm_blockscaled(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, offsets: Tensor, alpha: Tensor,
+                          fmt: str, backend: str) -> Tensor:
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)
 
 
 @lowbit_op("moe_gemm_bf16", mutates_args=(), check=_check_bf16)
@@ -232,6 +239,17 @@ def moe_gemm_combine(a: Tensor, w: Tensor, src_rows: Tensor, inv_rows: Tensor, t
     layout's)."""
     return call("moe_gemm_combine", a, a_scale, w, w_scale, m_indices, masked_m, weights, src_rows, inv_rows,
                 topk_weights, shared, out_dtype, backend)
+
+
+def moe_gemm_blockscaled(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, offsets: Tensor, alpha: Tensor,
+                         fmt: str = "nvfp4", *, backend: str = "auto") -> Tensor:
+    """FP4 x FP4 grouped GEMM over group row offsets (Blackwell's block-scaled MMA): a [M, K/2] E2M1 pairs with
+    a_scale in the 128x4-swizzled layout (`nvfp4_quantize` / `mxfp4_quantize(..., scale_layout="swizzled")`), b
+    [G, N, K/2] with one swizzled scale container per group, offsets [G + 1] int32 group row starts and end
+    (`moe_align`'s expert offsets with block_m 128), alpha [G] fp32 (NVFP4: the product of the two global scales).
+    out [M, N] bf16; rows in no group are 0. sm_100: the CuTeDSL tcgen05 kernel (compiled only, never run on a
+    Blackwell chip: by LOWBIT_CUTE_UNVERIFIED=1); elsewhere the reference."""
+    return call("moe_gemm_blockscaled", a, a_scale, b, b_scale, offsets, alpha, fmt, backend)
 
 
 # ------------------------------------------------------------------------------------------ self-check

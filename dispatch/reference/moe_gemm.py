@@ -166,3 +166,17 @@ def grouped_blockscaled_gemm(a, sfa, b, sfb, offsets, alpha, fmt: str, out: torc
             w = fp4_blockscaled_decode(b[e], sfb[e], fmt)
             out[lo:hi] = (alpha[e].float() * (a32[lo:hi] @ w.T)).to(torch.bfloat16)
     return out
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+def moe_gemm_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt: str):
+    """The `moe_gemm_blockscaled` contract: group g owns rows [clamp(offsets[g]), clamp(offsets[g + 1])) (clamped to
+    [0, M]; empty when the end is not past the start), out = bf16(alpha[g] * dec(a) @ dec(b[g]).T) there, and rows in
+    no group are 0."""
+    m = a.shape[0]
+    offs = offsets.to(torch.int64).clamp(0, m)
+    offs = torch.maximum(offs, torch.cat([offs[:1], torch.cummax(offs, 0).values[:-1]]))  # ends never before starts
+    return grouped_blockscaled_gemm(_bytes(a), _bytes(a_scale), _bytes(b), _bytes(b_scale), offs, alpha.float(), fmt)

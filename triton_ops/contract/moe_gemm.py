@@ -248,3 +248,52 @@ def check_gemm_combine(op, weights, a, a_scale, w, w_scale, m_indices, masked_m,
             fail(op, "shared", f"expected shape ({inv_rows.shape[0]}, {n}), got {_shape(shared)}")
     if out_dtype not in FLOAT_OUT:
         fail(op, "out_dtype", f"{out_dtype} is not one of bfloat16, float16, float32")
+
+
+BLOCKSCALED_FORMATS = {"nvfp4": 16, "mxfp4": 32}  # elements per block scale
+SCALE_ATOM_ROWS, SCALE_ATOM_COLS = 128, 4  # the 128x4 swizzled scale layout's atom
+
+
+def check_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt) -> None:
+    """FP4 x FP4 grouped GEMM over group offsets: a [M, K/2] u8 (E2M1 pairs), a_scale [round_up(M, 128),
+    round_up(K/sf, 4)] u8 (128x4-swizzled, as nvfp4_quantize / mxfp4_quantize write with scale_layout="swizzled"),
+    b [G, N, K/2] u8, b_scale [G, round_up(N, 128), round_up(K/sf, 4)] u8, offsets [G + 1] int32, alpha [G] fp32."""
+    op = "moe_gemm_blockscaled"
+    if fmt not in BLOCKSCALED_FORMATS:
+        fail(op, "fmt", f"{fmt!r}: one of {sorted(BLOCKSCALED_FORMATS)}")
+    a, a_scale = fp4_views(a, a_scale)
+    b, b_scale = fp4_views(b, b_scale)
+    if isinstance(a_scale, torch.Tensor) and a_scale.dtype == torch.float8_e4m3fn:
+        a_scale = a_scale.view(torch.uint8)
+    if isinstance(b_scale, torch.Tensor) and b_scale.dtype == torch.float8_e4m3fn:
+        b_scale = b_scale.view(torch.uint8)
+    for name, t in (("a", a), ("a_scale", a_scale), ("b", b), ("b_scale", b_scale)):
+        check_tensor(op, name, t)
+        check_dtype(op, name, t, (torch.uint8,))
+        check_same_device(op, "a", a, name, t)
+    if a.dim() != 2:
+        fail(op, "a", f"expected [M, K/2] packed E2M1 pairs, got shape {_shape(a)}")
+    if b.dim() != 3 or b.shape[2] != a.shape[1]:
+        fail(op, "b", f"expected [G, N, K/2={a.shape[1]}] packed weights, got shape {_shape(b)}")
+    g, n = b.shape[0], b.shape[1]
+    k = 2 * a.shape[1]
+    sf = BLOCKSCALED_FORMATS[fmt]
+    if k % sf:
+        fail(op, "a", f"K={k} is not a multiple of {sf} ({fmt}: one scale per {sf} elements)")
+    cols = -(-(k // sf) // SCALE_ATOM_COLS) * SCALE_ATOM_COLS
+    want_a = (-(-a.shape[0] // SCALE_ATOM_ROWS) * SCALE_ATOM_ROWS, cols)
+    if _shape(a_scale) != want_a:
+        fail(op, "a_scale", f"expected the 128x4-swizzled container {want_a}, got {_shape(a_scale)}")
+    want_b = (g, -(-n // SCALE_ATOM_ROWS) * SCALE_ATOM_ROWS, cols)
+    if _shape(b_scale) != want_b:
+        fail(op, "b_scale", f"expected one 128x4-swizzled container per group {want_b}, got {_shape(b_scale)}")
+    check_tensor(op, "offsets", offsets)
+    check_dtype(op, "offsets", offsets, (torch.int32,))
+    if _shape(offsets) != (g + 1,):
+        fail(op, "offsets", f"expected shape ({g + 1},) (group row starts and the end), got {_shape(offsets)}")
+    check_tensor(op, "alpha", alpha)
+    check_dtype(op, "alpha", alpha, (torch.float32,))
+    if _shape(alpha) != (g,):
+        fail(op, "alpha", f"expected shape ({g},) (one output factor per group), got {_shape(alpha)}")
+    for name, t in (("offsets", offsets), ("alpha", alpha)):
+        check_same_device(op, "a", a, name, t)
