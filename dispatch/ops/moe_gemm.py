@@ -58,9 +58,9 @@ def _check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights)
     check_row_weights("moe_gemm_w4a8", a, row_weights)
 
 
-def _check_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights):
-    check_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m)
-    check_row_weights("moe_gemm_w4a4", a_packed, row_weights)
+def _check_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights):
+    check_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m)
+    check_row_weights("moe_gemm_w4a4", a, row_weights)
 
 
 @lowbit_op("moe_gemm_blockscaled", mutates_args=(), check=check_blockscaled)
@@ -94,9 +94,9 @@ def _moe_gemm_w4a8(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor
 
 
 @lowbit_op("moe_gemm_w4a4", mutates_args=(), check=_check_w4a4)
-def _moe_gemm_w4a4(a_packed: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, m_indices: Tensor | None,
+def _moe_gemm_w4a4(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, m_indices: Tensor | None,
                    masked_m: Tensor | None, row_weights: Tensor | None, backend: str) -> Tensor:
-    return _out(a_packed, w_packed.shape[1], torch.bfloat16)
+    return _out(a, w_packed.shape[1], torch.bfloat16)
 
 
 def moe_gemm_bf16(a: Tensor, w: Tensor, *, m_indices: Tensor | None = None, masked_m: Tensor | None = None,
@@ -132,13 +132,13 @@ def moe_gemm_w4a8(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor,
     return call("moe_gemm_w4a8", a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights, backend)
 
 
-def moe_gemm_w4a4(a_packed: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, *,
+def moe_gemm_w4a4(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, *,
                   m_indices: Tensor | None = None, masked_m: Tensor | None = None,
                   row_weights: Tensor | None = None, backend: str = "auto") -> Tensor:
-    """MXFP4 activations x MXFP4 weights (W4A4): a_packed uint8 (*rows, K/2) and a_scale uint8 (*rows, K/32)
+    """MXFP4 activations x MXFP4 weights (W4A4): a uint8 (*rows, K/2) and a_scale uint8 (*rows, K/32)
     as `mxfp4_quantize(x, scale_layout="linear")` writes them; weights as `moe_gemm_mxfp4` takes them. Through
     `tl.dot_scaled` (native FP4 MMA on Blackwell, upcast on Hopper). bf16 out."""
-    return call("moe_gemm_w4a4", a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights, backend)
+    return call("moe_gemm_w4a4", a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights, backend)
 
 
 # ------------------------------------------------------------------------ GEMM1 + SwiGLU (+ FP8 1xG quant)

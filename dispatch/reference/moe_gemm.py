@@ -85,11 +85,11 @@ def moe_gemm_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weight
                     torch.bfloat16)
 
 
-def moe_gemm_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights=None):
+def moe_gemm_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights=None):
     """MXFP4 activations (packed pairs, E8M0 per 32, linear layout) x MXFP4 weights, dequantized exactly."""
-    kh = a_packed.shape[-1]
-    a32 = mxfp4_weight_dequantize(a_packed.reshape(1, -1, kh), a_scale.reshape(1, -1, a_scale.shape[-1]))
-    a32 = a32.reshape(*a_packed.shape[:-1], 2 * kh)
+    kh = a.shape[-1]
+    a32 = mxfp4_weight_dequantize(a.reshape(1, -1, kh), a_scale.reshape(1, -1, a_scale.shape[-1]))
+    a32 = a32.reshape(*a.shape[:-1], 2 * kh)
     return _grouped(a32, mxfp4_weight_dequantize(w_packed, w_scale), m_indices, masked_m, row_weights,
                     torch.bfloat16)
 

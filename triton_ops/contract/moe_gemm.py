@@ -135,22 +135,22 @@ def check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, op: str = "mo
     _check_mxfp4_weights(op, a, w_packed, w_scale, k, e)
 
 
-def check_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m) -> None:
+def check_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m) -> None:
     """MXFP4 activations (packed pairs + E8M0 scales per 32, mxfp4_quantize's linear layout) x MXFP4 weights."""
     op = "moe_gemm_w4a4"
-    a_packed, a_scale = fp4_views(a_packed, a_scale)
+    a, a_scale = fp4_views(a, a_scale)
     w_packed, w_scale = fp4_views(w_packed, w_scale)
-    e = _check_layout(op, a_packed, w_packed, m_indices, masked_m)
-    check_dtype(op, "a", a_packed, (torch.uint8,))
-    k = a_packed.shape[-1] * 2
+    e = _check_layout(op, a, w_packed, m_indices, masked_m)
+    check_dtype(op, "a", a, (torch.uint8,))
+    k = a.shape[-1] * 2
     check_tensor(op, "a_scale", a_scale)
     check_dtype(op, "a_scale", a_scale, (torch.uint8,))
-    want = (*a_packed.shape[:-1], k // MXFP4_BLOCK)
+    want = (*a.shape[:-1], k // MXFP4_BLOCK)
     if _shape(a_scale) != want:
         fail(op, "a_scale", f"expected shape {want} (E8M0, one per 32 activations, the linear scale layout), got "
                             f"{_shape(a_scale)}")
-    check_same_device(op, "a", a_packed, "a_scale", a_scale)
-    _check_mxfp4_weights(op, a_packed, w_packed, w_scale, k, e)
+    check_same_device(op, "a", a, "a_scale", a_scale)
+    _check_mxfp4_weights(op, a, w_packed, w_scale, k, e)
 
 
 def check_row_weights(op, a, row_weights) -> None:

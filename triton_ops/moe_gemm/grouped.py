@@ -308,7 +308,7 @@ def supports_moe_gemm_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, *
     return _grid_refusal(w_packed, masked_m)
 
 
-def supports_moe_gemm_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, *rest) -> str | None:
+def supports_moe_gemm_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m, *rest) -> str | None:
     return _grid_refusal(w_packed, masked_m)
 
 
@@ -360,14 +360,14 @@ def moe_gemm_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weight
                    torch.bfloat16, config)
 
 
-def moe_gemm_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights=None, *,
+def moe_gemm_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights=None, *,
                   config: MoeGemmConfig | None = None):
     """MXFP4 activations x MXFP4 weights -> bf16, through tl.dot_scaled ("e2m1" x "e2m1", E8M0 scales per 32 on
     both sides). Blackwell: native block-scaled MMA (UTCOMMA on sm_100a, OMMA.SF on sm_120a); sm_90: upcast."""
-    check_w4a4(a_packed, a_scale, w_packed, w_scale, m_indices, masked_m)
-    check_row_weights("moe_gemm_w4a4", a_packed, row_weights)
-    a_packed, a_scale = fp4_views(a_packed, a_scale)
+    check_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m)
+    check_row_weights("moe_gemm_w4a4", a, row_weights)
+    a, a_scale = fp4_views(a, a_scale)
     w_packed, w_scale = fp4_views(w_packed, w_scale)
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
-    return _launch("w4a4", a_packed, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights, torch.bfloat16,
+    return _launch("w4a4", a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights, torch.bfloat16,
                    config)
