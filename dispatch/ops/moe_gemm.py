@@ -246,7 +246,8 @@ def moe_gemm_blockscaled(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor,
     """FP4 x FP4 grouped GEMM over group row offsets (Blackwell's block-scaled MMA): a [M, K/2] E2M1 pairs with
     a_scale in the 128x4-swizzled layout (`nvfp4_quantize` / `mxfp4_quantize(..., scale_layout="swizzled")`), b
     [G, N, K/2] with one swizzled scale container per group, offsets [G + 1] int32 group row starts and end
-    (`moe_align`'s expert offsets with block_m 128), alpha [G] fp32 (NVFP4: the product of the two global scales).
+    (`moe_align`'s expert offsets with block_m 128; the sm_100 kernel needs them multiples of 128 and does not check
+    the values: a device read), alpha [G] fp32 (NVFP4: the product of the two global scales).
     out [M, N] bf16; rows in no group are 0. sm_100: the CuTeDSL tcgen05 kernel (compiled only, never run on a
     Blackwell chip: by LOWBIT_CUTE_UNVERIFIED=1); elsewhere the reference."""
     return call("moe_gemm_blockscaled", a, a_scale, b, b_scale, offsets, alpha, fmt, backend)
@@ -330,6 +331,19 @@ def self_check_cases() -> list:
         err = normalized_error(*(fp8_group_dequantize(c, s, group, torch.float32) for c, s in (out, ref)))
         return err <= 3e-2, f"normalized error of the dequantized values {err:.2e}"
 
+    def blockscaled(dev, small):
+        g, n, k = (2, 128, 256) if small else (8, 1024, 2048)
+        m = 128 * g
+        gen = torch.Generator().manual_seed(5)
+        cols = -(-(k // 16) // 4) * 4
+        codes = lambda *shape: torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8).to(dev)
+        scales = lambda *shape: torch.randint(0x30, 0x40, shape, generator=gen, dtype=torch.uint8).to(dev)  # ~0.5-1
+        offsets = torch.arange(0, m + 1, 128, dtype=torch.int32)
+        offsets[1] = 0  # an empty first group
+        alpha = (torch.rand(g, generator=gen) + 0.5).to(dev)
+        return (codes(m, k // 2), scales(m, cols), codes(g, n, k // 2), scales(g, n, cols), offsets.to(dev), alpha,
+                "nvfp4")
+
     def close(out, ref):
         err = normalized_error(out, ref)
         return err <= 2e-2, f"normalized error {err:.2e}"
@@ -343,4 +357,5 @@ def self_check_cases() -> list:
         Case("moe_gemm_mxfp4", mxfp4, close, label="contiguous, W4A16"),
         Case("moe_gemm_w4a8", lambda d, s: w4(d, s, False), close, label="contiguous, FP8 x MXFP4"),
         Case("moe_gemm_w4a4", lambda d, s: w4(d, s, True), close, label="contiguous, MXFP4 x MXFP4"),
+        Case("moe_gemm_blockscaled", blockscaled, close, label="NVFP4 x NVFP4, group offsets, swizzled scales"),
     ]
