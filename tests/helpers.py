@@ -197,3 +197,28 @@ def random_block_table(g, batch: int, max_blocks: int, num_blocks: int, lens, bl
     for b, i, page in bad_entries:
         bt[b, i] = page
     return bt
+
+
+def fp4_grouped_operands(fmt: str, m: int, g: int, n: int, k: int, seed: int = 0):
+    """Grouped FP4 GEMM operands quantized by the reference quantizers with 128x4-swizzled scales: a [m, K/2],
+    its scales, b [g, n, K/2], per-group scales (uint8 bytes), and the fp32 dequantizations (deq_a, [deq_b per
+    group]); x ~ 3 N(0, 1), w ~ N(0, 1)."""
+    from dispatch.reference import quant
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen) * 3
+    w = torch.randn(g, n, k, generator=gen)
+    if fmt == "nvfp4":
+        gs = torch.tensor(1.0)
+        a, sfa, _ = quant.nvfp4_quantize(x, gs, swizzle=True)
+        bq = [quant.nvfp4_quantize(w[e], gs, swizzle=True) for e in range(g)]
+        deq_a = quant.nvfp4_dequantize(a, sfa, gs, True, torch.float32)
+        deq_b = [quant.nvfp4_dequantize(c, s, gs, True, torch.float32) for c, s, _ in bq]
+    else:
+        a, sfa = quant.mxfp4_quantize(x, "floor", swizzle=True)
+        bq = [quant.mxfp4_quantize(w[e], "floor", swizzle=True) for e in range(g)]
+        deq_a = quant.mxfp4_dequantize(a, sfa, True, torch.float32)
+        deq_b = [quant.mxfp4_dequantize(c, s, True, torch.float32) for c, s in bq]
+    b = torch.stack([q[0] for q in bq])
+    sfb = torch.stack([q[1].view(torch.uint8) for q in bq])
+    return a, sfa.view(torch.uint8), b, sfb, deq_a, deq_b

@@ -18,7 +18,7 @@ import torch
 
 from cute_ops.gemm import scale_layout as sl
 from cute_ops.gemm import scheduler as sch
-from tests.helpers import assert_close
+from tests.helpers import assert_close, fp4_grouped_operands
 
 try:  # module level: the traced function's annotations (cutlass.Constexpr) are resolved in these globals
     import cutlass
@@ -112,27 +112,11 @@ def test_scheduler_persistent_walk_covers_every_tile_once(seed, grid):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_reference_matches_contract_dequantizers(fmt):
-    from dispatch.reference import quant
     from dispatch.reference.moe_gemm import grouped_blockscaled_gemm
 
-    torch.manual_seed(0)
     g, n, k = 3, 128, 256
     offs = [0, 128, 128, 384]  # group 1 empty; M = 384 rows
-    x = torch.randn(offs[-1], k) * 3
-    w = torch.randn(g, n, k)
-    if fmt == "nvfp4":
-        gs = torch.tensor(1.0)
-        a, sfa, _ = quant.nvfp4_quantize(x, gs, swizzle=True)
-        bq = [quant.nvfp4_quantize(w[e], gs, swizzle=True) for e in range(g)]
-        deq_a = quant.nvfp4_dequantize(a, sfa, gs, True, torch.float32)
-        deq_b = [quant.nvfp4_dequantize(c, s, gs, True, torch.float32) for c, s, _ in bq]
-    else:
-        a, sfa = quant.mxfp4_quantize(x, "floor", swizzle=True)
-        bq = [quant.mxfp4_quantize(w[e], "floor", swizzle=True) for e in range(g)]
-        deq_a = quant.mxfp4_dequantize(a, sfa, True, torch.float32)
-        deq_b = [quant.mxfp4_dequantize(c, s, True, torch.float32) for c, s in bq]
-    b = torch.stack([q[0] for q in bq])
-    sfb = torch.stack([q[1].view(torch.uint8) for q in bq])
+    a, sfa, b, sfb, deq_a, deq_b = fp4_grouped_operands(fmt, offs[-1], g, n, k)
     alpha = torch.tensor([0.5, 2.0, 1.0])
     got = grouped_blockscaled_gemm(a, sfa.view(torch.uint8), b, sfb, torch.tensor(offs, dtype=torch.int32), alpha,
                                    fmt)

@@ -10,37 +10,15 @@ import pytest
 import torch
 
 from dispatch import ops
-from dispatch.reference import quant
-from tests.helpers import assert_close
+from tests.helpers import assert_close, fp4_grouped_operands
 from triton_ops.contract.checks import LowbitInputError
-
-
-def _operands(fmt: str, m: int, g: int, n: int, k: int, seed: int = 0):
-    """Quantized with lowbit's own quantizers (swizzled scales), and their fp32 dequantizations."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=gen) * 3
-    w = torch.randn(g, n, k, generator=gen)
-    if fmt == "nvfp4":
-        gs = torch.tensor(1.0)
-        a, sfa, _ = quant.nvfp4_quantize(x, gs, swizzle=True)
-        bq = [quant.nvfp4_quantize(w[e], gs, swizzle=True) for e in range(g)]
-        deq_a = quant.nvfp4_dequantize(a, sfa, gs, True, torch.float32)
-        deq_b = [quant.nvfp4_dequantize(c, s, gs, True, torch.float32) for c, s, _ in bq]
-    else:
-        a, sfa = quant.mxfp4_quantize(x, "floor", swizzle=True)
-        bq = [quant.mxfp4_quantize(w[e], "floor", swizzle=True) for e in range(g)]
-        deq_a = quant.mxfp4_dequantize(a, sfa, True, torch.float32)
-        deq_b = [quant.mxfp4_dequantize(c, s, True, torch.float32) for c, s in bq]
-    b = torch.stack([q[0] for q in bq])
-    sfb = torch.stack([q[1].view(torch.uint8) for q in bq])
-    return a, sfa.view(torch.uint8), b, sfb, deq_a, deq_b
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_op_matches_the_quantizers_math(fmt):
     g, n, k = 3, 128, 256
     offs = torch.tensor([0, 128, 128, 256], dtype=torch.int32)  # group 1 empty; rows 256..383 in no group
-    a, sfa, b, sfb, deq_a, deq_b = _operands(fmt, 384, g, n, k)
+    a, sfa, b, sfb, deq_a, deq_b = fp4_grouped_operands(fmt, 384, g, n, k)
     alpha = torch.tensor([0.5, 2.0, 1.0])
     out = ops.moe_gemm_blockscaled(a, sfa, b, sfb, offs, alpha, fmt)
     assert out.shape == (384, n) and out.dtype == torch.bfloat16
@@ -52,7 +30,7 @@ def test_op_matches_the_quantizers_math(fmt):
 
 def test_offsets_are_clamped():
     """Offsets past M, or going backwards, never read or write out of bounds: groups are clamped to [0, M]."""
-    a, sfa, b, sfb, deq_a, deq_b = _operands("mxfp4", 128, 2, 128, 128, seed=1)
+    a, sfa, b, sfb, deq_a, deq_b = fp4_grouped_operands("mxfp4", 128, 2, 128, 128, seed=1)
     offs = torch.tensor([64, 32, 10_000], dtype=torch.int32)  # group 0 backwards (empty), group 1 = rows 64..127
     out = ops.moe_gemm_blockscaled(a, sfa, b, sfb, offs, torch.ones(2), "mxfp4")
     assert torch.equal(out[:64], torch.zeros(64, 128, dtype=torch.bfloat16))
@@ -60,7 +38,7 @@ def test_offsets_are_clamped():
 
 
 def test_bad_inputs():
-    a, sfa, b, sfb, _, _ = _operands("nvfp4", 128, 2, 128, 128)
+    a, sfa, b, sfb, _, _ = fp4_grouped_operands("nvfp4", 128, 2, 128, 128)
     offs, alpha = torch.tensor([0, 64, 128], dtype=torch.int32), torch.ones(2)
     with pytest.raises(LowbitInputError, match=r"moe_gemm_blockscaled: argument 'fmt'"):
         ops.moe_gemm_blockscaled(a, sfa, b, sfb, offs, alpha, "fp8")
@@ -85,7 +63,7 @@ def test_table_rows_and_refusal(monkeypatch):
 
     rows = {(e.backend, e.archs) for e in TABLE["moe_gemm_blockscaled"]}
     assert ("cute", ("sm_100", "sm_103")) in rows and any(b == "torch" for b, _ in rows)
-    a, sfa, b, sfb, _, _ = _operands("nvfp4", 128, 2, 128, 256)
+    a, sfa, b, sfb, _, _ = fp4_grouped_operands("nvfp4", 128, 2, 128, 256)
     args = (a, sfa, b, sfb, torch.tensor([0, 64, 128], dtype=torch.int32), torch.ones(2), "nvfp4")
     monkeypatch.delenv(moe_sm100.UNVERIFIED_ENV, raising=False)
     assert "never run on a Blackwell chip" in moe_sm100.supports_moe_gemm_blockscaled(*args)
@@ -102,7 +80,7 @@ def test_gpu_blackwell_op_matches_reference(fmt, monkeypatch):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 10:
         pytest.skip("needs an sm_100 GPU")
     monkeypatch.setitem(os.environ, "LOWBIT_CUTE_UNVERIFIED", "1")
-    a, sfa, b, sfb, _, _ = _operands(fmt, 512, 4, 256, 512)
+    a, sfa, b, sfb, _, _ = fp4_grouped_operands(fmt, 512, 4, 256, 512)
     offs = torch.tensor([0, 128, 128, 384, 512], dtype=torch.int32)
     alpha = torch.tensor([1.0, 2.0, 0.5, 1.0])
     want = ops.moe_gemm_blockscaled(a, sfa, b, sfb, offs, alpha, fmt)
