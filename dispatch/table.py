@@ -21,8 +21,7 @@ CUTE_BLACKWELL = ("sm_100", "sm_103")
 # --arch sm_121` prints TRITON_UNRUN_ON_BLACKWELL beside those rows (describe.py).
 BLACKWELL_ARCHS = ("sm_100", "sm_103", "sm_120", "sm_121")
 TRITON_UNRUN_ON_BLACKWELL = "compiled and SASS-checked in CI, never run on this chip"
-CUTE_UNRUN_ON_BLACKWELL = ("compiled and SASS-checked in CI, never run on this chip; refused unless "
-                           "LOWBIT_CUTE_UNVERIFIED=1")
+CUTE_UNRUN_ON_BLACKWELL = "CuTeDSL build checked in CI, never run on it: refused unless LOWBIT_CUTE_UNVERIFIED=1"
 
 # Measured (perf/results/nvidia-h200.jsonl, H200, 2026-11-21): the Triton backend beat the torch backend in 59 of
 # 61 (case, timing) pairs; the two exceptions are host-bound eager decode calls (fp8_group_dequantize and plain

@@ -71,7 +71,7 @@ def test_table_rows_and_refusal(monkeypatch):
     assert "sm_100" in moe_sm100.supports_moe_gemm_blockscaled(*args)  # CPU tensors: not this kernel's device
     listing = format_table("sm_100")
     line = next(ln for ln in listing.splitlines() if ln.startswith("moe_gemm_blockscaled"))
-    assert "never run on this chip" in line
+    assert "never run on it" in line
 
 
 @pytest.mark.gpu
