@@ -103,12 +103,12 @@ _COMPILE = textwrap.dedent("""
     FakeTensor.data_ptr = lambda self: (1 << 20) + self.storage_offset() * self.element_size()
 
     from triton_ops import blackwell, kv_cache, quant, rmsnorm, rope, swiglu
-    from triton_ops.attention import decode, prefill
+    from triton_ops.attention import decode, mla_decode, prefill
     from triton_ops.moe import align, routing
-    from triton_ops.moe_gemm import grouped
+    from triton_ops.moe_gemm import fused, grouped
     from tests.test_blackwell_compile import launch_native_dot_scaled
     # decode's split rule reads the SM count: H100, B200, B300, RTX 5090, GB10
-    decode._sm_count = lambda index: {90: 132, 100: 148, 103: 148, 120: 170, 121: 48}[CC]
+    decode._sm_count = mla_decode._sm_count = lambda index: {90: 132, 100: 148, 103: 148, 120: 170, 121: 48}[CC]
 
     bf, f32, i32, u8, e4m3 = torch.bfloat16, torch.float32, torch.int32, torch.uint8, torch.float8_e4m3fn
     def E(*shape, dt=bf):
@@ -142,6 +142,11 @@ _COMPILE = textwrap.dedent("""
         "moe_gemm/w4a4": lambda: grouped.moe_gemm_w4a4(E(8192, 1440, dt=u8), E(8192, 90, dt=u8),
                                                        E(32, 5760, 1440, dt=u8), E(32, 5760, 90, dt=u8),
                                                        E(8192, dt=i32), None),
+        "moe_gemm/swiglu": lambda: fused.moe_gemm_swiglu(E(8192, 2048), None, E(32, 4096, 2048), None,
+                                                         E(8192, dt=i32), None, "bf16", 0, "silu", 1.702, None),
+        "attention/mla_decode": lambda: mla_decode.mla_decode(E(64, 1, 128, 576), E(4096, 64, 656, dt=u8),
+                                                              E(64, 128, dt=i32), E(64, dt=i32), None, "v32", 512,
+                                                              0.0417, True, -1, 0),
         "attention/prefill": lambda: prefill.attention_prefill(E(8192, 32, 128), E(8192, 8, 128), E(8192, 8, 128),
                                                                E(9, dt=i32), E(9, dt=i32), 1024, 1024, 0.088, True,
                                                                -1, -1, None, True),
@@ -271,6 +276,12 @@ EXPECT: dict[str, list[tuple[tuple[int, ...], tuple[str, ...]]]] = {
     "moe_gemm/mxfp4_dot_scaled": [((90,), (r"HGMMA\.64",)),
                                   (SM100, (r"UTCHMMA$", r"F2FP\.BF16\.E2M1\.UNPACK_B$")),
                                   (SM120, (r"HMMA\.16816\.F32\.BF16$", r"F2FP\.BF16\.E2M1\.UNPACK_B$"))],
+    # GEMM1 with SwiGLU in its epilogue: the bf16 grouped GEMM's tensor-core path
+    "moe_gemm/swiglu": [((90,), (r"HGMMA\.64",)), (SM100, (r"UTCHMMA$", *TCGEN05)),
+                        (SM120, (r"HMMA\.16816\.F32\.BF16$",))],
+    # MLA decode: 32 packed head rows per program, mma.sync on every chip (as decode), FP8 latent dequantized in
+    # registers
+    "attention/mla_decode": [(_ALL, (r"HMMA\.16816\.F32\.BF16$", r"MUFU\.EX2$"))],
     # lowbit's dot_scaled FP4-weight GEMMs: the native block-scaled MMA on Blackwell where both operands are narrow
     "moe_gemm/w4a8": [((90,), (r"HGMMA\.64",)), (SM100, (r"UTCQMMA$", *TCGEN05)),
                       (SM120, (r"HMMA\.16816\.F32\.BF16$", r"F2FP\.BF16\.E4M3\.UNPACK_B$"))],
