@@ -54,10 +54,11 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from triton_ops.contract.moe_gemm import FP8_BLOCK  # K elements per FP8 scale (= one K stage)
+
 from .scheduler import BoundedTileScheduler
 
 ROW_BYTES = 128  # bytes of one K stage per row: one 128B-swizzle row (64 bf16 / 128 E4M3 elements)
-FP8_BLOCK = 128  # FP8: K elements per activation / weight scale (= one K stage)
 SMEM_BYTES = 232448  # sm_90 per-CTA shared memory (227 KiB)
 SMEM_RESERVED = 1024  # mbarriers, alignment slack
 DESC_BYTES = 128  # one TMA descriptor

@@ -14,7 +14,8 @@ import os
 
 import torch
 
-from triton_ops.contract.arch import arch_of
+from triton_ops.contract.arch import arch_of, sm_count
+from triton_ops.contract.moe_gemm import blockscaled_views
 
 from .. import _compile
 
@@ -48,13 +49,14 @@ def compiled(fmt: str, n: int, k: int, num_groups: int, index: int):
     """The TVM-FFI callable for this problem's static sizes (compiled once per process, cached on disk)."""
     from .blockscaled_sm100 import build, pick_config
 
-    cfg = pick_config(fmt, n, k, num_groups, sm_count=torch.cuda.get_device_properties(index).multi_processor_count,
+    cfg = pick_config(fmt, n, k, num_groups, sm_count=sm_count(index),
                       arch=_compile.target_arch(index))
     return _compile.get_or_compile(cfg.key(), lambda: build(cfg))
 
 
 def moe_gemm_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt):
     """out [M, N] bf16: rows of group g = alpha[g] * dec(a) @ dec(b[g]).T; rows in no group are 0."""
+    a, a_scale, b, b_scale = blockscaled_views(a, a_scale, b, b_scale)
     g, n, kh = b.shape
     out = torch.zeros(a.shape[0], n, dtype=torch.bfloat16, device=a.device)
     if a.shape[0] and n:

@@ -16,10 +16,12 @@ Rows no group writes are 0: the output is allocated zeroed.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 
 import torch
+
+from triton_ops.contract.arch import sm_count as _sm_count  # module attribute: tests stub it
+from triton_ops.contract.moe_gemm import FP8_BLOCK
 
 from .. import _compile
 
@@ -31,7 +33,6 @@ HARDWARE_STATUS = "CuTeDSL sm_90 grouped GEMM: its 26 GPU tests passed on an H10
 # 0.79x torch._grouped_mm against Triton's 0.83x, bf16 decode (256 x 16, masked) 0.99x against Triton's 1.06x.
 PREFILL_ROWS_PER_EXPERT = 128  # FP8: auto takes the cute kernel from here (timed at 256); below, Triton
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-FP8_BLOCK = 128
 
 
 def _rows_per_expert(a, masked_m, w) -> int:
@@ -83,11 +84,6 @@ def supports_moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weigh
     if a.shape[-1] % FP8_BLOCK:
         return f"K={a.shape[-1]} is not a multiple of {FP8_BLOCK}"
     return _supports(a, w)
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 _MASKED_STARTS: dict = {}

@@ -38,29 +38,19 @@ def _out(a: Tensor, n: int, dtype: torch.dtype) -> Tensor:
     return a.new_empty((*a.shape[:-1], n), dtype=dtype)
 
 
-def _check_bf16(a, w, m_indices, masked_m, row_weights):
-    check_bf16(a, w, m_indices, masked_m)
-    check_row_weights("moe_gemm_bf16", a, row_weights)
+def _with_row_weights(op: str, check):
+    """The op's check: `check` on every argument but the trailing `row_weights`, then the row weights against a."""
+    def checked(*args):
+        check(*args[:-1])
+        check_row_weights(op, args[0], args[-1])
+    return checked
 
 
-def _check_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights):
-    check_fp8(a, a_scale, w, w_scale, m_indices, masked_m)
-    check_row_weights("moe_gemm_fp8", a, row_weights)
-
-
-def _check_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights):
-    check_mxfp4(a, w_packed, w_scale, m_indices, masked_m)
-    check_row_weights("moe_gemm_mxfp4", a, row_weights)
-
-
-def _check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights):
-    check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m)
-    check_row_weights("moe_gemm_w4a8", a, row_weights)
-
-
-def _check_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights):
-    check_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m)
-    check_row_weights("moe_gemm_w4a4", a, row_weights)
+_check_bf16 = _with_row_weights("moe_gemm_bf16", check_bf16)
+_check_fp8 = _with_row_weights("moe_gemm_fp8", check_fp8)
+_check_mxfp4 = _with_row_weights("moe_gemm_mxfp4", check_mxfp4)
+_check_w4a8 = _with_row_weights("moe_gemm_w4a8", check_w4a8)
+_check_w4a4 = _with_row_weights("moe_gemm_w4a4", check_w4a4)
 
 
 @lowbit_op("moe_gemm_blockscaled", mutates_args=(), check=check_blockscaled)
@@ -284,18 +274,20 @@ def self_check_cases() -> list:
         w_s = torch.rand(w.shape[0], -(-w.shape[1] // 128), k // 128, generator=g).to(dev) / 64
         return (a8, a_s, w8, w_s, mi, None, None)
 
-    def mxfp4(dev, small):
+    def mxfp4_weights(dev, small):
+        """(a fp32, packed MXFP4 weights, E8M0 scales, m_indices, generator, K) of the MXFP4-weight cases."""
         k = 128 if small else 2048
         a, w, mi, g = layout(dev, small, 4 if small else 32, k, 128 if small else 1024)
         packed = torch.randint(0, 256, (w.shape[0], w.shape[1], k // 2), generator=g, dtype=torch.uint8)
         scales = torch.randint(118, 128, (w.shape[0], w.shape[1], k // 32), generator=g, dtype=torch.uint8)
-        return (a.bfloat16(), packed.to(dev), scales.to(dev), mi, None, None)
+        return a, packed.to(dev), scales.to(dev), mi, g, k
+
+    def mxfp4(dev, small):
+        a, packed, scales, mi, _, _ = mxfp4_weights(dev, small)
+        return (a.bfloat16(), packed, scales, mi, None, None)
 
     def w4(dev, small, fp4_acts):
-        k = 128 if small else 2048
-        a, w, mi, g = layout(dev, small, 4 if small else 32, k, 128 if small else 1024)
-        packed = torch.randint(0, 256, (w.shape[0], w.shape[1], k // 2), generator=g, dtype=torch.uint8)
-        scales = torch.randint(118, 128, (w.shape[0], w.shape[1], k // 32), generator=g, dtype=torch.uint8)
+        a, packed, scales, mi, g, k = mxfp4_weights(dev, small)
         rows = a.shape[0]
         if fp4_acts:
             acts = (torch.randint(0, 256, (rows, k // 2), generator=g, dtype=torch.uint8).to(dev),
@@ -303,7 +295,7 @@ def self_check_cases() -> list:
         else:
             acts = ((a * 64).clamp(-448, 448).to(torch.float8_e4m3fn),
                     (torch.rand(rows, k // 128, generator=g) / 64).to(dev))
-        return (*acts, packed.to(dev), scales.to(dev), mi, None, None)
+        return (*acts, packed, scales, mi, None, None)
 
     def swiglu_fp8(dev, small):
         a8, a_s, w8, w_s, mi, _, _ = fp8(dev, small)

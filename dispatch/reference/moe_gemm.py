@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import torch
 
+from triton_ops.contract.formats import MXFP4_BLOCK
+from triton_ops.contract.moe_gemm import FP8_BLOCK, blockscaled_views
+
 from . import swiglu as SW
 from .formats import e2m1_decode, unpack_nibbles
 from .quant import e8m0_decode, fp8_group_dequantize, unswizzle_scales_128x4
-
-FP8_BLOCK = 128
-MXFP4_BLOCK = 32
 
 
 def _grouped(a32: torch.Tensor, w32: torch.Tensor, m_indices, masked_m, row_weights, out_dtype) -> torch.Tensor:
@@ -168,15 +168,11 @@ def grouped_blockscaled_gemm(a, sfa, b, sfb, offsets, alpha, fmt: str, out: torc
     return out
 
 
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
-
-
 def moe_gemm_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt: str):
-    """The `moe_gemm_blockscaled` contract: group g owns rows [clamp(offsets[g]), clamp(offsets[g + 1])) (clamped to
-    [0, M]; empty when the end is not past the start), out = bf16(alpha[g] * dec(a) @ dec(b[g]).T) there, and rows in
-    no group are 0."""
+    """The `moe_gemm_blockscaled` contract: offsets are clamped to [0, M] and each is raised to the largest one before
+    it, so groups never overlap; group g owns rows [offsets[g], offsets[g + 1]) of those (empty when equal), out =
+    bf16(alpha[g] * dec(a) @ dec(b[g]).T) there, and rows in no group are 0."""
     m = a.shape[0]
     offs = offsets.to(torch.int64).clamp(0, m)
     offs = torch.maximum(offs, torch.cat([offs[:1], torch.cummax(offs, 0).values[:-1]]))  # ends never before starts
-    return grouped_blockscaled_gemm(_bytes(a), _bytes(a_scale), _bytes(b), _bytes(b_scale), offs, alpha.float(), fmt)
+    return grouped_blockscaled_gemm(*blockscaled_views(a, a_scale, b, b_scale), offs, alpha.float(), fmt)

@@ -59,12 +59,12 @@ from dispatch import ops
 from dispatch.reference import moe_gemm as ref
 from dispatch.registry import BackendError
 from perf.cases.base import BenchCase
+from triton_ops.contract.formats import MXFP4_BLOCK
+from triton_ops.contract.moe_gemm import FP8_BLOCK
 
 TOL = 2e-2
 BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn
-FP8_BLOCK = 128
-MXFP4_BLOCK = 32
 FULL_TORCH_BACKEND = ("full-size case: the contract reference (dispatch/reference/moe_gemm.py) dequantizes every "
                       "expert's weights to fp32 at once (30 GB for 256 FP8 GEMM1 experts); it runs in --quick, and "
                       "the per-expert 'torch' provider is the torch number here")

@@ -32,16 +32,16 @@ Query s of sequence b sits at key position seqused_k[b] - Sq + s (bottom-right a
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from triton_ops._formats import cast_out, e4m3_decode_fast
+from triton_ops._formats import cast_out, e4m3_decode
 from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
 from triton_ops.attention.mask import key_range, visible
 from triton_ops.attention.merge import lse_weights, weighted_sum
+from triton_ops.contract.arch import sm_count as _sm_count  # module attribute: compile scripts stub it
 from triton_ops.contract.attention import FP8_KV, check_attention_decode
 
 LOG2E = 1.4426950408889634
@@ -66,10 +66,11 @@ def _load_kv(ptr, rows, kok, d, D: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: t
     columns are 0. FP8 codes come back as their exact values (unscaled) in DOT_DTYPE."""
     m = kok[:, None] & (d < D)[None, :]
     x = tl.load(ptr + rows[:, None] + d[None, :], mask=m, other=0)
-    if FP8 and not EMULATE:  # one hardware convert per pair of codes (e4m3x2 -> f16x2 when DOT_DTYPE is fp16)
-        return x.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
-    elif FP8:
-        return e4m3_decode_fast(x, EMULATE).to(DOT_DTYPE)
+    if FP8:
+        if EMULATE:
+            return e4m3_decode(x).to(DOT_DTYPE)
+        else:  # one hardware convert per pair of codes (e4m3x2 -> f16x2 when DOT_DTYPE is fp16)
+            return x.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
     else:
         return x.to(DOT_DTYPE)
 
@@ -167,7 +168,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
         ok = visible(q_pos[:, None], j[None, :], sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT) & kok[None, :]
         p, alpha, m_new, l_i = softmax_step(tl.where(ok, qk, float("-inf")), m_i, l_i)
         vt = _load_kv(v_ptr, page * v_sb + slot * v_so + hkv * v_sh, kok, dv, DV, FP8, DOT_DTYPE, EMULATE)
-        if Q_TO_F16 or (FP8 and not DOT_F32):  # fp16 dots: P rounded once to fp16
+        if FP8 and not DOT_F32:  # fp16 dots: P rounded once to fp16
             p16 = p.to(DOT_DTYPE)
         else:  # P in the value dtype, as the tensor-core dot takes it
             p16 = cast_out(p, OUT_DTYPE, EMULATE).to(DOT_DTYPE)
@@ -304,11 +305,6 @@ def choose_num_splits(programs: int, max_ctx: int, sm_count: int | None) -> int:
         return 1
     want = max(1, (TARGET_PROGRAMS_PER_SM * sm_count) // programs)
     return max(1, min(want, max_ctx // MIN_SPLIT_KEYS, MAX_SPLITS))
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def decode_config(batch: int, sq: int, hq: int, hkv: int, max_ctx: int, d: int, device: torch.device,

@@ -78,3 +78,9 @@ def env_reader(*names: str):
     key_set = frozenset(keys)
     present = raw.keys()
     return lambda: None if present.isdisjoint(key_set) else tuple(map(raw.get, keys))
+
+
+@functools.cache
+def sm_count(index: int) -> int:
+    """Streaming multiprocessors of CUDA device `index` (a device property: looked up once per device)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count

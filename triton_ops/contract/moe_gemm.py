@@ -254,6 +254,15 @@ BLOCKSCALED_FORMATS = {"nvfp4": 16, "mxfp4": 32}  # elements per block scale
 SCALE_ATOM_ROWS, SCALE_ATOM_COLS = 128, 4  # the 128x4 swizzled scale layout's atom
 
 
+def blockscaled_views(a, a_scale, b, b_scale):
+    """uint8 views of the block-scaled GEMM's operands: torch's packed-FP4 codes and E8M0 (MXFP4) or E4M3 (NVFP4)
+    scale bytes are accepted as they are; other dtypes pass through (and the checks name them)."""
+    a, a_scale = fp4_views(a, a_scale)
+    b, b_scale = fp4_views(b, b_scale)
+    e4m3 = lambda t: t.view(torch.uint8) if isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn else t
+    return a, e4m3(a_scale), b, e4m3(b_scale)
+
+
 def check_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt) -> None:
     """FP4 x FP4 grouped GEMM over group offsets: a [M, K/2] u8 (E2M1 pairs), a_scale [round_up(M, 128),
     round_up(K/sf, 4)] u8 (128x4-swizzled, as nvfp4_quantize / mxfp4_quantize write with scale_layout="swizzled"),
@@ -261,12 +270,7 @@ def check_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt) -> None:
     op = "moe_gemm_blockscaled"
     if fmt not in BLOCKSCALED_FORMATS:
         fail(op, "fmt", f"{fmt!r}: one of {sorted(BLOCKSCALED_FORMATS)}")
-    a, a_scale = fp4_views(a, a_scale)
-    b, b_scale = fp4_views(b, b_scale)
-    if isinstance(a_scale, torch.Tensor) and a_scale.dtype == torch.float8_e4m3fn:
-        a_scale = a_scale.view(torch.uint8)
-    if isinstance(b_scale, torch.Tensor) and b_scale.dtype == torch.float8_e4m3fn:
-        b_scale = b_scale.view(torch.uint8)
+    a, a_scale, b, b_scale = blockscaled_views(a, a_scale, b, b_scale)
     for name, t in (("a", a), ("a_scale", a_scale), ("b", b), ("b_scale", b_scale)):
         check_tensor(op, name, t)
         check_dtype(op, name, t, (torch.uint8,))
