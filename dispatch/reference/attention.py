@@ -84,17 +84,6 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return out.to(q.dtype), lse.to(torch.float32)
 
 
-def attention_batched(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), sinks=None):
-    """(B, Sq, Hq, D) / (B, Sk, Hkv, D) form of `attention_varlen`: (out (B, Sq, Hq, Dv), lse (B, Sq, Hq))."""
-    b, sq = q.shape[:2]
-    sk = k.shape[1]
-    cu_q = torch.arange(b + 1, dtype=torch.int32) * sq
-    cu_k = torch.arange(b + 1, dtype=torch.int32) * sk
-    out, lse = attention_varlen(q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
-                                v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, softmax_scale, causal, window, sinks)
-    return out.view(b, sq, *out.shape[1:]), lse.view(b, sq, -1)
-
-
 def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, seqlens: torch.Tensor) -> tuple[torch.Tensor,
                                                                                                   torch.Tensor]:
     """A paged cache (num_blocks, block_size, H, D) read through block_table (B, max_blocks) for per-sequence
