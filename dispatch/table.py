@@ -92,19 +92,6 @@ CUTE_GEMM_BF16_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: b
 DECODE_ROWS = 64  # the benchmarks' decode bucket (M <= 64 tokens)
 
 
-GEMM_SWIGLU_FP8_WHY = "fused GEMM1 + SwiGLU + FP8; on a GPU auto passes it over (bytes differ from the chain, H100)"
-
-
-def fused_fp8_out_on_gpu(a, *rest) -> str | None:
-    """auto_skip of the Triton moe_gemm_swiglu_fp8_group row on a GPU: on the H100 (94a35da) its codes differed from
-    the unfused chain's (bf16 weights, contiguous layout, split halves: 0x78 where the chain writes 0x00 in 114 of
-    736 groups) and a DeepSeek prefill case missed the benchmark's tolerance; the CPU interpreter gives the chain's
-    bytes. auto takes the reference until that is resolved; backend='triton' runs the kernel."""
-    if a.device.type != "cuda":
-        return None
-    return "Triton fused GEMM1 + SwiGLU + FP8: bytes differ from the unfused chain on the H100 (unresolved)"
-
-
 def cute_nvfp4_prefill(x, *rest) -> str | None:
     """auto_skip of the sm_90 CuTe rms_norm_nvfp4 row: prefill-sized calls go to Triton (see CUTE_DECODE_WHY)."""
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
@@ -256,11 +243,8 @@ ROWS: tuple[Entry, ...] = (
     *triton_rows("moe_gemm_swiglu", "triton_ops.moe_gemm.fused:moe_gemm_swiglu", GEMM_SWIGLU,
                  supports="triton_ops.moe_gemm.fused:supports_moe_gemm_swiglu"),
     Entry("moe_gemm_swiglu", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_swiglu", TORCH_REF, REFERENCE_WHY),
-    Entry("moe_gemm_swiglu_fp8_group", "triton", SM80_PLUS, "triton_ops.moe_gemm.fused:moe_gemm_swiglu_fp8_group",
-          TRITON_GPU, GEMM_SWIGLU_FP8_WHY, "triton_ops.moe_gemm.fused:supports_moe_gemm_swiglu_fp8_group",
-          auto_skip="dispatch.table:fused_fp8_out_on_gpu"),
-    Entry("moe_gemm_swiglu_fp8_group", "triton", ("cpu",), "triton_ops.moe_gemm.fused:moe_gemm_swiglu_fp8_group",
-          TRITON_INTERPRETER, INTERPRETER_WHY, "triton_ops.moe_gemm.fused:supports_moe_gemm_swiglu_fp8_group"),
+    *triton_rows("moe_gemm_swiglu_fp8_group", "triton_ops.moe_gemm.fused:moe_gemm_swiglu_fp8_group", GEMM_SWIGLU,
+                 supports="triton_ops.moe_gemm.fused:supports_moe_gemm_swiglu_fp8_group"),
     Entry("moe_gemm_swiglu_fp8_group", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_swiglu_fp8_group",
           TORCH_REF, REFERENCE_WHY),
     *triton_rows("moe_gemm_combine", "triton_ops.moe_gemm.fused:moe_gemm_combine", GEMM_COMBINE,

@@ -175,6 +175,30 @@ def quant_epilogue(
 
 
 @triton.jit
+def store_zero_rows(rows, row_in, col0, K, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, fp8_eps,
+                    FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """What quant_epilogue stores for y = 0 on the rows in row_in (plain or FP8 1xGROUP only): zeros in OUT_DTYPE,
+    or zero codes with the scale of an all-zero group. Stored directly rather than by running quant_epilogue on a
+    constant zero tile: compiled for sm_90 by Triton 3.6, that constant path stored wrong FP8 codes (random bytes
+    in place of 0x00, with the right scales) while the same call on the interpreter was exact."""
+    cols = col0 + tl.arange(0, BLOCK_N)
+    mask = row_in[:, None] & (cols < K)[None, :]
+    if FMT == FMT_NONE:
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], tl.zeros([BLOCK_M, BLOCK_N], OUT_DTYPE),
+                 mask=mask)
+    else:
+        tl.static_assert(FMT == FMT_FP8, "store_zero_rows: plain and FP8 group outputs only")
+        NG: tl.constexpr = BLOCK_N // GROUP
+        tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], tl.zeros([BLOCK_M, BLOCK_N], tl.uint8),
+                 mask=mask)
+        s, _ = fp8_group_scale(tl.zeros([BLOCK_M, NG], tl.float32), fp8_eps, UE8M0)
+        groups = col0 // GROUP + tl.arange(0, NG)
+        smask = row_in[:, None] & (groups < K // GROUP)[None, :]
+        tl.store(scale_ptr + rows[:, None] * stride_sm + groups[None, :] * stride_sg, s, mask=smask)
+
+
+@triton.jit
 def fp4_pack_store(
     w, lo, hi, rows, row_in, pcol, scol0, Kp, out_ptr, stride_om, scale_ptr, stride_sm, gs, gs_exact,
     scale_rows_bound, scale_cols_padded,

@@ -25,7 +25,14 @@ from triton_ops._formats import cast_out
 from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch
 from triton_ops.contract.moe_gemm import check_gemm_combine, check_gemm_swiglu, contiguous_ids, fp4_views
 from triton_ops.moe.align import moe_combine
-from triton_ops.quant_epilogue import FMT_FP8, FMT_NONE, alloc_epilogue_outputs, epilogue_geometry, quant_epilogue
+from triton_ops.quant_epilogue import (
+    FMT_FP8,
+    FMT_NONE,
+    alloc_epilogue_outputs,
+    epilogue_geometry,
+    quant_epilogue,
+    store_zero_rows,
+)
 from triton_ops.swiglu import silu_div_rn, swiglu_act
 
 from .config import MoeGemmConfig, pick_swiglu_gemm_config, rows_per_expert
@@ -92,12 +99,12 @@ def _moe_gemm_swiglu_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, out_ptr, scal
                           limit, fp8_eps, GPTOSS, CLAMP, DIV_RN, FMT, GROUP, UE8M0, OUT_DTYPE, EMULATE, BLOCK_M,
                           BLOCK_N)
             e = tl.min(tl.where(mi > e, mi, E), 0)
-    # rows that are not computed: gate = up = 0, i.e. what the SwiGLU op stores for its padding rows
-    zero = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    # rows that are not computed: gate = up = 0, so y = 0 for every activation (silu(0) * 0, GPT-OSS's 0 * sigmoid(0)
+    # * 1), i.e. what the SwiGLU op stores for its padding rows
     idle = rmask & ~done
     if tl.max(idle.to(tl.int32), 0) > 0:
-        _swiglu_store(zero, zero, out_rows, idle, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, alpha,
-                      limit, fp8_eps, GPTOSS, CLAMP, DIV_RN, FMT, GROUP, UE8M0, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
+        store_zero_rows(out_rows, idle, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, fp8_eps, FMT,
+                        GROUP, UE8M0, OUT_DTYPE, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
