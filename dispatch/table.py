@@ -44,10 +44,11 @@ ATTN_TL_WHY = "plain Triton FA2-style forward: every arch, masked tiles skipped 
 # not been timed side by side yet.
 ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.75-0.82x FA4 on hd128 (H100)"
 # CuTeDSL sm_90a forward (cute_ops/attention/fmha_sm90.py): GPU tests passed on an H100 (32c0b72); hd128 causal
-# 4 x 4096 (94a35da): 1052 us with ping-pong warpgroups = 0.87x FA4-sm90 and 1.15x the Gluon kernel in the same
-# process. auto takes it at hd128 (`auto_skip` cute_ops.attention.fmha_sm90:auto_skip_untimed); other head dims
-# keep the Triton kernels until timed.
-ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward, ping-pong warpgroups: 0.87x FA4, 1.15x Gluon at hd128 causal (H100)"
+# 4 x 4096 (8f1e790): 1038 us with ping-pong warpgroups = 0.89x FA4-sm90 and 1.15x the Gluon kernel in the same
+# process; GPT-OSS hd64 with sinks (2 x 8192): causal 0.71x FA4 / 1.08x Gluon, window 128 0.70x / 1.07x. auto takes
+# it at hd64 and hd128 (`auto_skip` cute_ops.attention.fmha_sm90:auto_skip_untimed); other head dims keep the
+# Triton kernels until timed.
+ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward, ping-pong warpgroups: 0.89x FA4 at hd128, 0.70x at GPT-OSS hd64 (H100)"
 # H100 at 26c069c: bf16 cache 0.78-0.92x cuDNN SDPA on a dense cache, 0.91 of copy at 16 x 8k; FP8 cache 0.96x the
 # bf16 peer's time (not yet the half-bytes speedup).
 ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE-merged; 0.78-0.92x cuDNN (H100)"
