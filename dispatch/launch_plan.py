@@ -7,7 +7,8 @@ except the data pointers. So the first eager call of a signature runs the backen
 sees every aten op and every `triton_ops._launch.launch`, and derives a plan:
 
 * allocations: the tensors the call created (shape, strides, dtype), re-created per call with torch.empty_strided,
-  zero-filled where the call zeroed them whole;
+  zero-filled where the call zeroed them whole, or filled by a copy of a view of an input where the call did that
+  before its first launch (e.g. a given scale returned as a copy);
 * launches: each compiled kernel with its grid and its arguments, where a tensor argument becomes "the data
   pointer of input i / allocation j plus a byte offset" (raw pointers: Triton's launcher takes ints), and every
   other argument a constant;
@@ -46,15 +47,16 @@ _PLAIN = (int, float, bool, str, type(None), torch.dtype)
 
 
 class _OpLog(TorchDispatchMode):
-    """Runs every aten op and remembers (op, args, kwargs, result)."""
+    """Runs every aten op and remembers (op, args, kwargs, result, launches made before it)."""
 
-    def __init__(self):
+    def __init__(self, launches: list | None = None):
         super().__init__()
         self.ops: list = []
+        self._launches = launches if launches is not None else []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self.ops.append((func, args, kwargs or {}, out))
+        self.ops.append((func, args, kwargs or {}, out, len(self._launches)))
         return out
 
 
@@ -72,6 +74,7 @@ class _Alloc:
     stride: tuple
     dtype: torch.dtype
     zero: bool = False
+    copy_from: tuple | None = None  # (input index, (shape, stride, storage offset relative to the input, dtype))
 
 
 @dataclasses.dataclass
@@ -99,6 +102,8 @@ class LaunchPlan:
             t = torch.empty_strided(a.shape, a.stride, dtype=a.dtype, device=dev)
             if a.zero:
                 t.zero_()
+            elif a.copy_from is not None:
+                t.copy_(_input_view(args[a.copy_from[0]], a.copy_from[1]))
             allocs.append(t)
         stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice()) if dev.type == "cuda" else 0
         for run, function, metadata, gx, gy, gz, template, slots in self._replay:
@@ -129,6 +134,11 @@ def _rebuild(spec, args, allocs):
     shape, stride, offset, dtype = spec[2]
     base = root if root.dtype == dtype else root.view(dtype)
     return base.as_strided(shape, stride, offset)
+
+
+def _input_view(root: torch.Tensor, view: tuple) -> torch.Tensor:
+    shape, stride, rel_offset, _ = view
+    return root.as_strided(shape, stride, root.storage_offset() + rel_offset)
 
 
 def _bound_values(record) -> list | None:
@@ -191,7 +201,7 @@ def record(impl, args: tuple):
 
     from triton_ops._launch import recording_launches
 
-    with recording_launches() as launches, _OpLog() as oplog:
+    with recording_launches() as launches, _OpLog(launches) as oplog:
         out = impl(*args)
     try:
         return out, _derive(out, args, launches, oplog.ops, knobs), None
@@ -212,19 +222,22 @@ def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
         raise NoPlan(f"inputs on {devices}, not one {device_type} device")
     device = next(iter(devices))
     allocs, alloc_meta = [], []
-    for func, fargs, _, res in ops:
+    for func, fargs, _, res, launched in ops:
         if func in _FACTORIES:
             allocs.append(res)
             alloc_meta.append(_Alloc(tuple(res.shape), res.stride(), res.dtype))
-        elif func in _ZEROING:
+        elif func in _ZEROING or func is aten.copy_.default:
             target = fargs[0]
             if func is aten.fill_.Scalar and fargs[1] != 0:
                 raise NoPlan(f"fill_ with {fargs[1]}")
             hit = [j for j, a in enumerate(allocs) if a.data_ptr() == target.data_ptr()
                    and a.numel() == target.numel() and target.is_contiguous() and a.is_contiguous()]
             if not hit:
-                raise NoPlan("zeroes a tensor that is not a whole allocation of the call")
-            alloc_meta[hit[0]].zero = True
+                raise NoPlan(f"{func} on a tensor that is not a whole allocation of the call")
+            if func is aten.copy_.default:
+                alloc_meta[hit[0]].copy_from = _copy_source(fargs[1], target, inputs, launched)
+            else:
+                alloc_meta[hit[0]].zero = True
         elif not _is_view_op(func, fargs, res):
             raise NoPlan(f"runs {func} (only allocations, zeroing and views are replayed)")
     keep, plan_launches = [], []
@@ -262,6 +275,18 @@ def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
     if not _same_tree(rebuilt, out):
         raise NoPlan("the rebuilt outputs differ from the recorded ones")
     return plan
+
+
+def _copy_source(src, dst, inputs: dict, launched: int) -> tuple:
+    """(input index, view) of a copy into a whole allocation that a plan can repeat: the source must be a view of
+    an input with the destination's dtype and shape, copied before the call's first launch."""
+    if launched:
+        raise NoPlan("a copy after a launch")
+    for i, x in inputs.items():
+        if (x.untyped_storage().data_ptr() == src.untyped_storage().data_ptr() and src.dtype == x.dtype == dst.dtype
+                and src.shape == dst.shape):
+            return i, (tuple(src.shape), src.stride(), src.storage_offset() - x.storage_offset(), src.dtype)
+    raise NoPlan("a copy whose source is not a view of an input")
 
 
 def _same_tree(a, b) -> bool:

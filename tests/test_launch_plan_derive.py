@@ -100,3 +100,32 @@ def test_no_plan_with_a_launch_hook_or_on_another_device():
     assert launch_plan._derive(out, (x,), launches, ops, empty_chain, device_type="cpu") is not None
     with pytest.raises(launch_plan.NoPlan, match="device"):
         launch_plan._derive(out, (x,), launches, ops, NO_HOOKS, device_type="cuda")
+
+
+def _copying_backend(x, g, compiled, launches, copy_after_launch=False):
+    """Returns a copy of the input g (a given scale) beside a launch's output, as swiglu_nvfp4 does."""
+    out = torch.empty(x.shape[0], dtype=torch.float32)
+    g_out = torch.empty(g.shape[0] - 1, dtype=g.dtype)
+    if not copy_after_launch:
+        g_out.copy_(g[1:])
+    launches.append(LaunchRecord(KERNEL, (1,), (x, out, g_out, x.shape[0]), {"BLOCK": 8}, compiled))
+    if copy_after_launch:
+        g_out.copy_(g[1:])
+    return out, g_out
+
+
+def test_a_copy_of_an_input_view_into_an_allocation_is_replayed():
+    compiled, launches = _FakeCompiled(), []
+    x, g = torch.randn(4), torch.randn(5)
+    with launch_plan._OpLog(launches) as oplog:
+        out = _copying_backend(x, g, compiled, launches)
+    plan = launch_plan._derive(out, (x, g), launches, oplog.ops, NO_HOOKS, device_type="cpu")
+    g2 = torch.randn(8)[2:7]  # another storage offset: the view is rebuilt relative to the new input
+    got = plan(torch.randn(4), g2)
+    assert torch.equal(got[1], g2[1:])
+    assert compiled.calls[-1][1][2] == got[1].data_ptr()
+    launches.clear()
+    with launch_plan._OpLog(launches) as oplog:
+        out = _copying_backend(x, g, compiled, launches, copy_after_launch=True)
+    with pytest.raises(launch_plan.NoPlan, match="after a launch"):
+        launch_plan._derive(out, (x, g), launches, oplog.ops, NO_HOOKS, device_type="cpu")

@@ -400,13 +400,15 @@ def moe_gather(x, src_rows, top_k, tile: tuple[int, int, int] | None = None):
 @triton.jit
 def _combine_kernel(eo_ptr, inv_ptr, w_ptr, sh_ptr, out_ptr, T, N, R, stride_eo, stride_sh,
                     K: tl.constexpr, HAS_SHARED: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
+                    BLOCK_N: tl.constexpr, TOKEN_ORDER: tl.constexpr = False):
     """One token x BLOCK_N columns per program (grid: N tiles fastest, so the programs of a token run together).
     Row ids and weights are scalars (one broadcast load each per slot), each slot's row is one [BLOCK_N] load:
     8 columns = 16 bytes per thread per slot, and the K loads are independent so all of them can be in
     flight at once. acc = ((0 + w0*v0) + w1*v1) + ...: the reference's order; the launch disables FMA
     contraction, so the GPU rounds w*v and the sum separately like torch (bytes equal the reference).
-    A slot whose row is outside [0, R) (R = rows of expert_out) is masked: not read, weight 0."""
+    A slot whose row is outside [0, R) (R = rows of expert_out) is masked: not read, weight 0. TOKEN_ORDER: the
+    rows are already in slot order (row t * K + j holds slot j of token t), inv_ptr only says which slots have one
+    (>= 0); slots without one are masked the same way."""
     nt = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
     tok = pid // nt
@@ -415,6 +417,8 @@ def _combine_kernel(eo_ptr, inv_ptr, w_ptr, sh_ptr, out_ptr, T, N, R, stride_eo,
     acc = tl.zeros([BLOCK_N], tl.float32)
     for j in tl.static_range(K):
         r = tl.load(inv_ptr + tok * K + j)
+        if TOKEN_ORDER:
+            r = tl.where(r >= 0, tok * K + j, -1)
         w = tl.load(w_ptr + tok * K + j).to(tl.float32)
         inr = (r >= 0) & (r < R)
         w = tl.where(inr, w, 0.0)
@@ -439,7 +443,10 @@ def combine_block_n(t: int, n: int, device: torch.device) -> int:
     return bn
 
 
-def moe_combine(expert_out, inv_rows, weights, shared, out_dtype, block_n: int | None = None):
+def moe_combine(expert_out, inv_rows, weights, shared, out_dtype, block_n: int | None = None,
+                token_order: bool = False):
+    """out[t] = sum_j weights[t, j] * expert_out[inv_rows[t, j]] (+ shared[t]); token_order: expert_out's row
+    t * k + j is slot j of token t, and inv_rows only marks the slots that have a row (>= 0)."""
     n = expert_out.shape[-1]
     t, k = inv_rows.shape
     out = torch.empty(t, n, dtype=out_dtype, device=expert_out.device)
@@ -457,7 +464,8 @@ def moe_combine(expert_out, inv_rows, weights, shared, out_dtype, block_n: int |
     launch(_combine_kernel, grid, eo, inv_rows.contiguous(), weights.contiguous(), out if sh is None else sh, out, t, n,
                           rows, eo.stride(0), 0 if sh is None else sh.stride(0), K=k, HAS_SHARED=sh is not None,
                           OUT_DTYPE=TL_DTYPE[out_dtype], EMULATE=emulate_formats(expert_out.device),
-                          BLOCK_N=bn, num_warps=max(1, min(8, bn // 256)), enable_fp_fusion=False)
+                          BLOCK_N=bn, TOKEN_ORDER=token_order, num_warps=max(1, min(8, bn // 256)),
+                          enable_fp_fusion=False)
     return out
 
 

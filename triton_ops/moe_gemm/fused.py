@@ -241,6 +241,4 @@ def moe_gemm_combine(a, a_scale, w, w_scale, m_indices, masked_m, weights, src_r
     a, a_scale, w, w_scale = _operands(weights, a, a_scale, w, w_scale)
     buf = _gemm_launch(weights, a, a_scale, w, w_scale, m_indices, masked_m, None, _OUT_DTYPE[weights] or a.dtype,
                        config, dst_rows=src_rows, n_dst=t * k)
-    slots = torch.arange(t * k, dtype=torch.int32, device=inv_rows.device).view(t, k)
-    slots = torch.where(inv_rows >= 0, slots, -1)
-    return moe_combine(buf, slots, topk_weights, shared, out_dtype)
+    return moe_combine(buf, inv_rows, topk_weights, shared, out_dtype, token_order=True)
