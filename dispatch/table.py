@@ -85,10 +85,11 @@ CUTE_UNRUN_WHY = "CuTeDSL; compiled for sm_100a, never run on Blackwell: refused
 
 # CuTeDSL grouped GEMM on sm_90, bf16 / fp16 and FP8 (cute_ops/gemm/grouped_sm90.py: WGMMA, TMA loads through
 # per-group descriptors rewritten on the device): GPU tests passed on an H100 (94a35da). Timed (cute_ops.gemm.
-# moe_sm90): FP8 prefill 0.69x torch._scaled_grouped_mm against Triton's 0.47x, so auto takes it for FP8 at >= 128
-# rows per expert; bf16 timed slower than Triton, so auto passes it over. backend="cute" forces either.
-CUTE_GEMM_FP8_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: FP8 prefill 0.69x vs Triton 0.47x"
-CUTE_GEMM_BF16_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: bf16 timed below Triton (H100)"
+# moe_sm90 cites the records): FP8 prefill 0.72-0.80x torch._scaled_grouped_mm, 1.5-1.7x Triton, so auto takes it
+# for FP8 at >= 128 rows per expert; bf16 0.92x torch._grouped_mm at 512 rows per expert (1.19x Triton), about
+# Triton's speed at 256, so auto takes it from 512. backend="cute" forces either.
+CUTE_GEMM_FP8_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: FP8 prefill 1.5-1.7x Triton (H100)"
+CUTE_GEMM_BF16_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: bf16 from 512 rows/expert (H100)"
 
 DECODE_ROWS = 64  # the benchmarks' decode bucket (M <= 64 tokens)
 

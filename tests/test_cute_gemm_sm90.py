@@ -127,10 +127,13 @@ def test_sm90_backend_refusals_and_auto_skip(monkeypatch):
     a, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
     assert "CUDA" in moe_sm90.supports_moe_gemm_bf16(a, w, torch.zeros(4, dtype=torch.int32), None)
     monkeypatch.delenv(moe_sm90.UNVERIFIED_ENV, raising=False)
-    assert "slower than Triton" in moe_sm90.auto_skip_bf16(a, w, None, None, None)
+    assert "Triton kernel was as fast" in moe_sm90.auto_skip_bf16(a, w, None, None, None)
     assert "decode" in moe_sm90.auto_skip_fp8(a, None, w, None, None, None)  # 2 rows per expert
     big = torch.zeros(2 * 256, 64, dtype=torch.bfloat16)
     assert moe_sm90.auto_skip_fp8(big, None, w, None, None, None) is None
+    assert moe_sm90.auto_skip_bf16(big, w, None, None, None) is not None  # 256 rows per expert: Triton
+    bigger = torch.zeros(2 * moe_sm90.BF16_ROWS_PER_EXPERT, 64, dtype=torch.bfloat16)
+    assert moe_sm90.auto_skip_bf16(bigger, w, None, None, None) is None
     monkeypatch.setenv(moe_sm90.UNVERIFIED_ENV, "1")
     assert moe_sm90.auto_skip_bf16(a, w, None, None, None) is None
 
@@ -512,7 +515,7 @@ def test_gpu_sm90_cuda_graph_replays_with_new_group_sizes(layout):
 
 @pytest.mark.gpu
 def test_gpu_sm90_dispatch_row(monkeypatch):
-    """backend='cute' runs it through the op; auto does not pick the bf16 row (timed slower than Triton)."""
+    """backend='cute' runs it through the op; auto does not pick the bf16 row at decode sizes."""
     _sm90_gpu()
     from cute_ops.gemm.moe_sm90 import UNVERIFIED_ENV
 

@@ -1,8 +1,8 @@
 """CuTeDSL backends of `lowbit::moe_gemm_bf16` / `moe_gemm_fp8` on sm_90: the grouped WGMMA GEMM of grouped_sm90.py.
 
 Contract: dispatch/reference/moe_gemm.py (docs/moe_gemm.md); same signature as the op minus `backend`.
-NOT YET RUN ON A GPU: the table row is refused by `auto` (`auto_skip`) unless LOWBIT_CUTE_UNVERIFIED=1, and
-runs when forced with backend="cute".
+Ran on an H100 (HARDWARE_STATUS); `auto` takes it where it was timed faster than the Triton kernel (auto_skip_bf16
+/ auto_skip_fp8), backend="cute" forces it.
 
 Layouts -> the kernel's groups (starts[g], counts[g]), built on the device (no host sync; graph-safe):
 * masked (E, max_m, K): a viewed as (E * max_m, K); starts = g * max_m (a cached constant), counts =
@@ -28,10 +28,14 @@ from .. import _compile
 UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
 DESC_UPDATE_ENV = "LOWBIT_CUTE_GEMM_DESC_UPDATE"
 HARDWARE_STATUS = "CuTeDSL sm_90 grouped GEMM: its 26 GPU tests passed on an H100 (94a35da)"
-# Measured on the H100 (94a35da, perf/results/nvidia-h100-80gb-hbm3.jsonl), DeepSeek-V3 GEMM1 shapes, one process:
-# FP8 prefill (32 experts x 256 rows) 0.69x torch._scaled_grouped_mm against the Triton kernel's 0.47x; bf16 prefill
-# 0.79x torch._grouped_mm against Triton's 0.83x, bf16 decode (256 x 16, masked) 0.99x against Triton's 1.06x.
-PREFILL_ROWS_PER_EXPERT = 128  # FP8: auto takes the cute kernel from here (timed at 256); below, Triton
+# Measured on the H100, DeepSeek-V3 GEMM1 (N 4096, K 7168), 32 experts, one process: at 94a35da
+# (perf/results/nvidia-h100-80gb-hbm3.jsonl) FP8 prefill (256 rows per expert) 0.69x torch._scaled_grouped_mm
+# against the Triton kernel's 0.47x; bf16 prefill 0.79x torch._grouped_mm against Triton's 0.83x, bf16 decode
+# (256 x 16, masked) 0.99x against Triton's 1.06x. At 76665c5
+# (perf/results/experiments/2026-11-25-h100-cute-gemm-tiles-76665c5.json): bf16 256 rows 0.77x (1.03x Triton),
+# 512 rows 0.92x (1.19x Triton); FP8 with 6 stages 0.72x at 256 rows, 0.80x at 512 (1.5-1.7x Triton).
+PREFILL_ROWS_PER_EXPERT = 128  # FP8: auto takes the cute kernel from here (timed at 256 and 512); below, Triton
+BF16_ROWS_PER_EXPERT = 512  # bf16: auto takes it from here (1.19x Triton at 512; within a few % either way at 256)
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -39,11 +43,13 @@ def _rows_per_expert(a, masked_m, w) -> int:
     return a.shape[1] if masked_m is not None else a.shape[0] // max(1, w.shape[0])
 
 
-def auto_skip_bf16(*args, **kwargs) -> str | None:
-    """auto_skip of the bf16 row: slower than the Triton kernel at every timed shape (see above)."""
-    if os.environ.get(UNVERIFIED_ENV) == "1":
+def auto_skip_bf16(a, w, m_indices, masked_m, *rest) -> str | None:
+    """auto_skip of the bf16 row: auto takes it from BF16_ROWS_PER_EXPERT rows per expert (timed faster than
+    Triton there); below, the two were within a few percent of each other across runs, and Triton stays."""
+    if os.environ.get(UNVERIFIED_ENV) == "1" or _rows_per_expert(a, masked_m, w) >= BF16_ROWS_PER_EXPERT:
         return None
-    return "cute moe_gemm_bf16: timed slower than Triton on the H100 (prefill 0.79x vs 0.83x, decode 0.99x vs 1.06x)"
+    return (f"cute moe_gemm_bf16: under {BF16_ROWS_PER_EXPERT} rows per expert the Triton kernel was as fast "
+            "(H100)")
 
 
 def auto_skip_fp8(a, a_scale, w, w_scale, m_indices, masked_m, *rest) -> str | None:
