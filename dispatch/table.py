@@ -62,8 +62,9 @@ GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at th
 # (cute_ops/gemm/blockscaled_sm100.py) on sm_100: the Triton row serves the moe_align / moe_masked_layout layouts with
 # linear E8M0 scales; the CuTe kernel takes 128x4-swizzled scales over group offsets and has no launcher over these
 # layouts, so it has no row here yet. sm_90: upcast + WGMMA (correct, not the fast Hopper path).
-CUTE_GEMM_SM100_WHY = ("CuTeDSL tcgen05 block-scaled UMMA (UTCOMMA), TMEM accumulator; NVFP4 / MXFP4; compiled for "
-                       "sm_100a, never run on Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1")
+CUTE_GEMM_SM100_WHY = ("CuTeDSL tcgen05 block-scaled UMMA (UTCOMMA), TMEM accumulator; NVFP4 / MXFP4; offsets and "
+                       "masked layouts, swap-AB tiles for <= 64 rows per expert; compiled for sm_100a, never run on "
+                       "Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1")
 DOT_SCALED_WHY = "tl.dot_scaled: native block-scaled MMA on Blackwell (compiled only); upcast on Hopper"
 # Not measured yet (perf/cases/moe_gemm.py has the fused-vs-chain cases): ranked as the only kernel of the op.
 GEMM_SWIGLU = "GEMM1 with SwiGLU (+ FP8 1xG quant) in the epilogue: the gate and up outputs never go to memory"
@@ -236,6 +237,11 @@ ROWS: tuple[Entry, ...] = (
           CUTE_UNMEASURED, CUTE_GEMM_SM100_WHY, "cute_ops.gemm.moe_sm100:supports_moe_gemm_blockscaled"),
     Entry("moe_gemm_blockscaled", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_blockscaled", TORCH_REF,
           REFERENCE_WHY),
+    Entry("moe_gemm_blockscaled_masked", "cute", CUTE_BLACKWELL,
+          "cute_ops.gemm.moe_sm100:moe_gemm_blockscaled_masked", CUTE_UNMEASURED, CUTE_GEMM_SM100_WHY,
+          "cute_ops.gemm.moe_sm100:supports_moe_gemm_blockscaled_masked"),
+    Entry("moe_gemm_blockscaled_masked", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_blockscaled_masked",
+          TORCH_REF, REFERENCE_WHY),
     *triton_rows("moe_gemm_w4a8", "triton_ops.moe_gemm.grouped:moe_gemm_w4a8", DOT_SCALED_WHY,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_w4a8"),
     Entry("moe_gemm_w4a8", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_w4a8", TORCH_REF, REFERENCE_WHY),

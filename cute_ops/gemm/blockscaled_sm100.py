@@ -51,7 +51,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.memory import SmemAllocator, TmemAllocator
 
 from . import scale_layout
-from .scheduler import GroupedTileScheduler
+from .scheduler import BoundedTileScheduler
 
 BLOCK_M = 128  # UMMA M (cta_group::1) = the scale atom's rows
 MMA_K = 64  # K of one FP4 UMMA instruction
@@ -78,18 +78,20 @@ FORMATS = {
 
 @dataclasses.dataclass(frozen=True)
 class GemmConfig:
-    """Everything static about one compiled kernel (the compile key). M is never here: it is symbolic."""
+    """Everything static about one compiled kernel (the compile key). M and the group extents are never here."""
 
     fmt: str  # nvfp4 | mxfp4
     n: int  # output columns (per group)
     k: int  # reduction length in elements
     num_groups: int  # G (experts)
-    tile_n: int  # UMMA N: 128 (2 TMEM accumulators) or 256 (1)
+    tile_n: int  # UMMA N: 128 (2 TMEM accumulators) or 256 (1); with swap_ab the token tile, 32 or 64
     ab_stages: int  # smem ring depth (A, B, SFA, SFB per stage)
     acc_stages: int  # TMEM accumulator buffers
     epi_cols: int  # accumulator columns per epilogue step (registers: epi_cols fp32 per thread)
     max_ctas: int  # persistent grid cap (the SM count)
     arch: str  # compile target, sm_100a
+    # Decode: out^T tiles = B[g] (128 output columns on the UMMA M side) x A rows^T (tile_n tokens on the N side)
+    swap_ab: bool = False
 
     def key(self) -> tuple:
         return ("blockscaled_grouped_gemm", *dataclasses.astuple(self))
@@ -98,21 +100,39 @@ class GemmConfig:
     def sf_vec(self) -> int:
         return FORMATS[self.fmt].sf_vec
 
+    @property
+    def rows_per_tile(self) -> int:
+        """Rows of A / out one tile covers (the scheduler's block_m)."""
+        return self.tile_n if self.swap_ab else BLOCK_M
+
+    @property
+    def cols_per_tile(self) -> int:
+        """Columns of out one tile covers."""
+        return BLOCK_M if self.swap_ab else self.tile_n
+
+
+SWAP_TILES = (32, 64)  # token tiles of the swap-AB variant (the token scales' TMEM column is 32 rows)
+SWAP_MAX_ROWS = 64  # pick_config: swap-AB when a group holds at most this many rows
+
 
 def stage_bytes(fmt: str, tile_n: int) -> int:
     sf_per_row = BLOCK_K // FORMATS[fmt].sf_vec
-    return (BLOCK_M + tile_n) * BLOCK_K // 2 + (BLOCK_M + tile_n) * sf_per_row
+    # the N side's scale tile is whole 128-row atoms
+    return (BLOCK_M + tile_n) * BLOCK_K // 2 + (BLOCK_M + scale_layout.round_up(tile_n, BLOCK_M)) * sf_per_row
 
 
-def can_implement(fmt: str, n: int, k: int, num_groups: int, tile_n: int = 128) -> str | None:
+def can_implement(fmt: str, n: int, k: int, num_groups: int, tile_n: int = 128, swap_ab: bool = False) -> str | None:
     """Why this problem cannot compile (None when it can)."""
     if fmt not in FORMATS:
         return f"format {fmt!r}: one of {sorted(FORMATS)}"
-    if tile_n not in (128, 256):
-        return f"tile_n={tile_n}: 128 or 256"
+    tiles = SWAP_TILES if swap_ab else (128, 256)
+    if tile_n not in tiles:
+        return f"tile_n={tile_n}: one of {tiles}" + (" (swap-AB token tile)" if swap_ab else "")
     if k <= 0 or k % BLOCK_K:
         return f"K={k} must be a positive multiple of {BLOCK_K} (one pipeline stage)"
-    if n <= 0 or n % tile_n:
+    if swap_ab and (n <= 0 or n % BLOCK_M):
+        return f"N={n} must be a positive multiple of {BLOCK_M} (swap-AB: the weight rows on the UMMA M side)"
+    if not swap_ab and (n <= 0 or n % tile_n):
         return f"N={n} must be a positive multiple of tile_n={tile_n}"
     if num_groups < 1:
         return "needs at least one group"
@@ -120,16 +140,24 @@ def can_implement(fmt: str, n: int, k: int, num_groups: int, tile_n: int = 128) 
 
 
 def pick_config(fmt: str, n: int, k: int, num_groups: int, *, tile_n: int | None = None, sm_count: int = 148,
-                arch: str = "sm_100a") -> GemmConfig:
-    """Analytical: tile_n 128 unless asked (two TMEM accumulators: the epilogue of tile i overlaps the MMAs of
-    tile i + 1; 256 fits only one next to the scale columns), as many smem stages as fit (at most 8)."""
+                arch: str = "sm_100a", rows_per_group: int | None = None, swap_ab: bool | None = None) -> GemmConfig:
+    """Analytical. swap_ab (unless given): when a group holds at most SWAP_MAX_ROWS rows (`rows_per_group`: the
+    masked layout's max_m, or the contiguous layout's rows / G), with a 32-token tile up to 32 rows, else 64 (a
+    128-row UMMA would leave 3/4 or more of its rows empty). Otherwise tile_n 128 unless asked (two TMEM
+    accumulators: the epilogue of tile i overlaps the MMAs of tile i + 1; 256 fits only one next to the scale
+    columns). As many smem stages as fit (at most 8)."""
+    if swap_ab is None:
+        swap_ab = rows_per_group is not None and rows_per_group <= SWAP_MAX_ROWS
+    if swap_ab:
+        tile_n = tile_n or (32 if rows_per_group is not None and rows_per_group <= 32 else 64)
     tile_n = tile_n or 128
-    why = can_implement(fmt, n, k, num_groups, tile_n)
+    why = can_implement(fmt, n, k, num_groups, tile_n, swap_ab)
     if why:
         raise ValueError(why)
-    acc_stages = 2 if tile_n == 128 else 1
+    acc_stages = 1 if tile_n == 256 else 2
     stages = min(8, (SMEM_BYTES - SMEM_RESERVED) // stage_bytes(fmt, tile_n))
-    return GemmConfig(fmt, n, k, num_groups, tile_n, stages, acc_stages, 32, sm_count, arch)
+    return GemmConfig(fmt, n, k, num_groups, tile_n, stages, acc_stages, min(32, tile_n) if not swap_ab else tile_n,
+                      sm_count, arch, swap_ab)
 
 
 # ------------------------------------------------------------------------------------------------- kernel
@@ -142,35 +170,46 @@ class GroupedBlockScaledGemmSm100:
         self.cfg = cfg
         self.sf_vec = cfg.sf_vec
         self.sf_dtype = getattr(cutlass, FORMATS[cfg.fmt].sf_dtype)
-        self.tile = (BLOCK_M, cfg.tile_n, BLOCK_K)
+        self.tile = (BLOCK_M, cfg.tile_n, BLOCK_K)  # UMMA (M, N, K) per tile
+        # the UMMA N side's scale tile: whole 128-row atoms (a 32 / 64-token tile reads its columns of one)
+        self.tile_sfb = (BLOCK_M, scale_layout.round_up(cfg.tile_n, BLOCK_M), BLOCK_K)
         self.k_tiles = cfg.k // BLOCK_K
-        self.n_tiles = cfg.n // cfg.tile_n
+        self.n_tiles = cfg.n // cfg.cols_per_tile
         self.epi_tile = (BLOCK_M, cfg.epi_cols)
 
-    def _mma_op(self):
-        shape = (BLOCK_M, self.cfg.tile_n, MMA_K)
+    def _mma_op(self, n: int):
+        shape = (BLOCK_M, n, MMA_K)
         args = (shape, tcgen05.CtaGroup.ONE, tcgen05.OperandSource.SMEM)
         op = getattr(tcgen05, FORMATS[self.cfg.fmt].mma_op)
         return op(self.sf_dtype, *args) if op is tcgen05.MmaMXF4NVF4Op else op(*args)
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, out: cute.Tensor,
-                 offsets: cute.Tensor, alpha: cute.Tensor, stream):
+                 starts: cute.Tensor, counts: cute.Tensor, alpha: cute.Tensor, stream):
         cfg = self.cfg
         m = a.shape[0]
         n, k, groups = cfg.n, cfg.k, cfg.num_groups
         # Byte tensors from the host, typed views here: FP4 elements, scale bytes as their float8 type
-        mA = cute.make_tensor(cute.recast_ptr(a.iterator, dtype=FP4),
-                              cute.make_ordered_layout((m, k, 1), order=(1, 0, 2)))
-        mB = cute.make_tensor(cute.recast_ptr(b.iterator, dtype=FP4),
+        mAct = cute.make_tensor(cute.recast_ptr(a.iterator, dtype=FP4),
+                                cute.make_ordered_layout((m, k, 1), order=(1, 0, 2)))
+        mW = cute.make_tensor(cute.recast_ptr(b.iterator, dtype=FP4),
                               cute.make_ordered_layout((n, k, groups), order=(1, 0, 2)))
-        mSFA = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=self.sf_dtype),
-                                scale_layout.scale_tensor_layout(mA.shape, self.sf_vec))
-        mSFB = cute.make_tensor(cute.recast_ptr(sfb.iterator, dtype=self.sf_dtype),
-                                scale_layout.scale_tensor_layout(mB.shape, self.sf_vec))
-        mC = cute.make_tensor(out.iterator, cute.make_ordered_layout((m, n, 1), order=(1, 0, 2)))
+        # the activation scale container has round_up(M, 128) rows (its own extent: M need not be a multiple of 128)
+        mSFAct = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=self.sf_dtype),
+                                  scale_layout.scale_tensor_layout((sfa.shape[0], k, 1), self.sf_vec))
+        mSFW = cute.make_tensor(cute.recast_ptr(sfb.iterator, dtype=self.sf_dtype),
+                                scale_layout.scale_tensor_layout(mW.shape, self.sf_vec))
+        if cutlass.const_expr(cfg.swap_ab):
+            # UMMA A = the weights (output columns on M), B = the tokens; C = out^T: (n, m) with the token stride n
+            mA, mB, mSFA, mSFB = mW, mAct, mSFW, mSFAct
+            mC = cute.make_tensor(out.iterator, cute.make_ordered_layout((n, m, 1), order=(0, 1, 2)))
+        else:
+            mA, mB, mSFA, mSFB = mAct, mW, mSFAct, mSFW
+            mC = cute.make_tensor(out.iterator, cute.make_ordered_layout((m, n, 1), order=(1, 0, 2)))
 
-        tiled_mma = cute.make_tiled_mma(self._mma_op())
+        tiled_mma = cute.make_tiled_mma(self._mma_op(cfg.tile_n))
+        # the N-side scales are loaded (and copied to TMEM) as whole 128-row atoms: partitioned by an N = 128 MMA
+        tiled_mma_sfb = cute.make_tiled_mma(self._mma_op(self.tile_sfb[1]))
         stages = cfg.ab_stages
         a_smem = sm100_utils.make_smem_layout_a(tiled_mma, self.tile, FP4, stages)
         b_smem = sm100_utils.make_smem_layout_b(tiled_mma, self.tile, FP4, stages)
@@ -190,8 +229,9 @@ class GroupedBlockScaledGemmSm100:
         # scale tiles: TMA'd with a 16-bit internal element type, as CUTLASS's block-scaled kernels do
         tma_sfa, tma_mSFA = cute.nvgpu.make_tiled_tma_atom_A(g2s, mSFA, stage0(sfa_smem), self.tile, tiled_mma,
                                                              one_cta.shape, internal_type=cutlass.Int16)
-        tma_sfb, tma_mSFB = cute.nvgpu.make_tiled_tma_atom_B(g2s, mSFB, stage0(sfb_smem), self.tile, tiled_mma,
-                                                             one_cta.shape, internal_type=cutlass.Int16)
+        tma_sfb, tma_mSFB = cute.nvgpu.make_tiled_tma_atom_B(g2s, mSFB, stage0(sfb_smem), self.tile_sfb,
+                                                             tiled_mma_sfb, one_cta.shape,
+                                                             internal_type=cutlass.Int16)
         self.tx_bytes = (cute.size_in_bytes(FP4, stage0(a_smem)) + cute.size_in_bytes(FP4, stage0(b_smem))
                          + cute.size_in_bytes(self.sf_dtype, stage0(sfa_smem))
                          + cute.size_in_bytes(self.sf_dtype, stage0(sfb_smem)))
@@ -204,18 +244,18 @@ class GroupedBlockScaledGemmSm100:
 
         self.storage = Storage
         # Upper bound of the tile count (every row a tile): the grid never exceeds it nor the SM count
-        max_tiles = (m // BLOCK_M) * self.n_tiles
+        max_tiles = (m // cfg.rows_per_tile) * self.n_tiles
         grid = cutlass.min(max_tiles, cutlass.Int32(cfg.max_ctas))
         grid = cutlass.max(grid, cutlass.Int32(1))
-        self.kernel(tiled_mma, tma_a, tma_mA, tma_b, tma_mB, tma_sfa, tma_mSFA, tma_sfb, tma_mSFB, mC,
-                    offsets, alpha, a_smem, b_smem, sfa_smem, sfb_smem).launch(
+        self.kernel(tiled_mma, tiled_mma_sfb, tma_a, tma_mA, tma_b, tma_mB, tma_sfa, tma_mSFA, tma_sfb, tma_mSFB,
+                    mC, starts, counts, alpha, a_smem, b_smem, sfa_smem, sfb_smem).launch(
             grid=(grid, 1, 1), block=(THREADS, 1, 1), stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
-    def kernel(self, tiled_mma: cute.TiledMma, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom,
-               mB: cute.Tensor, tma_sfa: cute.CopyAtom, mSFA: cute.Tensor, tma_sfb: cute.CopyAtom,
-               mSFB: cute.Tensor, mC: cute.Tensor, offsets: cute.Tensor, alpha: cute.Tensor,
-               a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout, sfa_smem: cute.Layout,
+    def kernel(self, tiled_mma: cute.TiledMma, tiled_mma_sfb: cute.TiledMma, tma_a: cute.CopyAtom, mA: cute.Tensor,
+               tma_b: cute.CopyAtom, mB: cute.Tensor, tma_sfa: cute.CopyAtom, mSFA: cute.Tensor,
+               tma_sfb: cute.CopyAtom, mSFB: cute.Tensor, mC: cute.Tensor, starts: cute.Tensor, counts: cute.Tensor,
+               alpha: cute.Tensor, a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout, sfa_smem: cute.Layout,
                sfb_smem: cute.Layout):
         cfg = self.cfg
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -255,7 +295,8 @@ class GroupedBlockScaledGemmSm100:
         tCgA = thr_mma.partition_A(cute.local_tile(mA, tile_mk, (None, None, None)))
         tCgB = thr_mma.partition_B(cute.local_tile(mB, tile_nk, (None, None, None)))
         tCgSFA = thr_mma.partition_A(cute.local_tile(mSFA, tile_mk, (None, None, None)))
-        tCgSFB = thr_mma.partition_B(cute.local_tile(mSFB, tile_nk, (None, None, None)))
+        tCgSFB = tiled_mma_sfb.get_slice(0).partition_B(
+            cute.local_tile(mSFB, cute.slice_(self.tile_sfb, (0, None, None)), (None, None, None)))
         tile_mn = cute.slice_(self.tile, (None, None, 0))
         tCgC = thr_mma.partition_C(cute.local_tile(mC, tile_mn, (None, None, None)))
         tCcC = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(mC.shape), tile_mn,
@@ -265,7 +306,9 @@ class GroupedBlockScaledGemmSm100:
         acc_shape = tiled_mma.partition_shape_C(self.tile[:2])
         tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, cfg.acc_stages))
 
-        sched = GroupedTileScheduler(offsets, cfg.num_groups, BLOCK_M, self.n_tiles)
+        # Groups as (starts, counts): one descriptor per operand, groups addressed by tile coordinates (no
+        # descriptor rewrites); rows past a group's count are computed from its own allocation and not written
+        sched = BoundedTileScheduler(starts, counts, cfg.num_groups, cfg.rows_per_tile, self.n_tiles)
 
         if warp == WARP_TMA:
             self.produce(sched, bidx, nctas, ab_pipe, tma_a, tma_b, tma_sfa, tma_sfb, tCgA, tCgB, tCgSFA,
@@ -283,6 +326,15 @@ class GroupedBlockScaledGemmSm100:
             tmem.relinquish_alloc_permit()
             epi_barrier.arrive_and_wait()
             tmem.free(acc_ptr)
+
+    def _tile(self, row_start, n_tile, g):
+        """Tile coordinates of the tile whose rows start at row_start (column tile n_tile, group g):
+        ((A tile, A l), (B tile, B l), N-side scale atom, (C tile m, C tile n)) in the UMMA's A / B / C terms."""
+        rows = self.cfg.rows_per_tile
+        act, wgt = (row_start // rows, 0), (n_tile, g)
+        if cutlass.const_expr(self.cfg.swap_ab):
+            return wgt, act, row_start // BLOCK_M, (n_tile, row_start // rows)
+        return act, wgt, n_tile, (row_start // rows, n_tile)
 
     # ------------------------------------------------------------------------------------ warp roles
 
@@ -306,11 +358,12 @@ class GroupedBlockScaledGemmSm100:
         t = cutlass.Int32(bidx)
         g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
         while g < sched.num_groups:
-            m_tile, n_tile, _, _ = sched.coords(t, g, base)
-            gA = tAgA[(None, m_tile, None, 0)]
-            gSFA = tAgSFA[(None, m_tile, None, 0)]
-            gB = tBgB[(None, n_tile, None, g)]
-            gSFB = tBgSFB[(None, n_tile, None, g)]
+            _, n_tile, row_start, _ = sched.coords(t, g, base)
+            (a_t, a_l), (b_t, b_l), sfb_t, _ = self._tile(row_start, n_tile, g)
+            gA = tAgA[(None, a_t, None, a_l)]
+            gSFA = tAgSFA[(None, a_t, None, a_l)]
+            gB = tBgB[(None, b_t, None, b_l)]
+            gSFB = tBgSFB[(None, sfb_t, None, b_l)]
             for kt in cutlass.range(self.k_tiles, unroll=1):
                 ab_pipe.producer_acquire(state)
                 bar = ab_pipe.producer_get_barrier(state)
@@ -348,6 +401,14 @@ class GroupedBlockScaledGemmSm100:
         g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
         while g < sched.num_groups:
             tCtAcc = tCtAcc_all[(None, None, None, acc_state.index)]
+            tCtSFB_mma = tCtSFB
+            if cutlass.const_expr(self.cfg.tile_n < BLOCK_M):
+                # The N side's scales were copied as a whole 128-row atom; one TMEM column holds 32 rows: the MMA
+                # reads this tile's rows from column (row_start % 128) / 32 on (CUTLASS's N = 64 shift, generalized)
+                _, _, row_start, _ = sched.coords(t, g, base)
+                shift = (row_start % BLOCK_M) // 32
+                tCtSFB_mma = cute.make_tensor(cute.recast_ptr(acc_ptr + sfb_col + shift, dtype=self.sf_dtype),
+                                              tCtSFB_layout)
             acc_pipe.producer_acquire(acc_state)
             for kt in cutlass.range(self.k_tiles, unroll=1):
                 ab_pipe.consumer_wait(ab_state)
@@ -358,7 +419,7 @@ class GroupedBlockScaledGemmSm100:
                     tiled_mma.set(tcgen05.Field.ACCUMULATE, (kt != 0) | (kb != 0))
                     crd = (None, None, kb, ab_state.index)
                     sf_crd = (None, None, kb)
-                    cute.gemm(tiled_mma, tCtAcc, [tCrA[crd], tCtSFA[sf_crd]], [tCrB[crd], tCtSFB[sf_crd]],
+                    cute.gemm(tiled_mma, tCtAcc, [tCrA[crd], tCtSFA[sf_crd]], [tCrB[crd], tCtSFB_mma[sf_crd]],
                               tCtAcc)
                 ab_pipe.consumer_release(ab_state)
                 ab_state.advance()
@@ -402,19 +463,29 @@ class GroupedBlockScaledGemmSm100:
         t = cutlass.Int32(bidx)
         g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
         while g < sched.num_groups:
-            m_tile, n_tile, _, row_end = sched.coords(t, g, base)
+            _, n_tile, row_start, row_end = sched.coords(t, g, base)
+            _, _, _, (c_m, c_n) = self._tile(row_start, n_tile, g)
             scale = alpha[g]
-            gC = tTR_gC[(None, None, None, 0, None, m_tile, n_tile, 0)]
-            # this thread's accumulator row (32x32b: one TMEM lane = one row per thread)
-            row = tTR_cC[(0, 0, 0, 0, 0, m_tile, n_tile, 0)][0]
+            gC = tTR_gC[(None, None, None, 0, None, c_m, c_n, 0)]
+            cC = tTR_cC[(None, None, None, 0, None, c_m, c_n, 0)]
             acc_pipe.consumer_wait(acc_state)
             tAcc = tTR_tAcc[(None, None, None, 0, None, acc_state.index)]
             for sub in cutlass.range_constexpr(n_sub):
                 cute.copy(t2r, tAcc[(None, None, None, sub)], tTR_rAcc)
                 cute.arch.fence_view_async_tmem_load()  # tcgen05.wait::ld: the registers are valid after it
                 tTR_rC.store((tTR_rAcc.load() * scale).to(cutlass.BFloat16))
-                if row < row_end:
-                    cute.copy(store, tTR_rC, gC[(None, None, None, sub)])
+                if cutlass.const_expr(self.cfg.swap_ab):
+                    # out^T: this thread's TMEM lane is one output column, its registers the tile's tokens (row
+                    # stride N): 2-byte stores (a warp's 32 lanes write 64 contiguous bytes of a row), each on
+                    # token < the group's end
+                    gC_sub, cC_sub = gC[(None, None, None, sub)], cC[(None, None, None, sub)]
+                    for i in cutlass.range_constexpr(cute.size(tTR_rC)):
+                        if cC_sub[i][1] < row_end:
+                            gC_sub[i] = tTR_rC[i]
+                else:
+                    # this thread's accumulator row (32x32b: one TMEM lane = one row per thread)
+                    if cC[(0, 0, 0, 0)][0] < row_end:
+                        cute.copy(store, tTR_rC, gC[(None, None, None, sub)])
             # every tcgen05.ld of this buffer has completed (waited above): hand it back to the MMA warp
             acc_pipe.consumer_release(acc_state)
             acc_state.advance()
@@ -422,24 +493,27 @@ class GroupedBlockScaledGemmSm100:
             g, base = sched.seek(t, g, base)
 
 
-
 # --------------------------------------------------------------------------------------------- compile
 
 
 def _fake_args(cfg: GemmConfig):
-    m = cute.sym_int(divisibility=BLOCK_M)  # every row count is this one symbol (TVM-FFI checks they agree)
+    # every activation row count is this one symbol (TVM-FFI checks they agree); the activation scale container has
+    # its own, round_up(M, 128) rows
+    m = cute.sym_int(divisibility=cfg.rows_per_tile)
+    m_sf = cute.sym_int(divisibility=BLOCK_M)
     u8 = cutlass.Uint8
     kb4 = scale_layout.round_up(cfg.k // cfg.sf_vec, scale_layout.ATOM_KBLOCKS)
     g, n, k = cfg.num_groups, cfg.n, cfg.k
     a = cute.runtime.make_fake_tensor(u8, (m, k // 2), stride=(k // 2, 1), assumed_align=16)
-    sfa = cute.runtime.make_fake_tensor(u8, (m, kb4), stride=(kb4, 1), assumed_align=16)
+    sfa = cute.runtime.make_fake_tensor(u8, (m_sf, kb4), stride=(kb4, 1), assumed_align=16)
     b = cute.runtime.make_fake_tensor(u8, (g, n, k // 2), stride=(n * k // 2, k // 2, 1), assumed_align=16)
     sfb = cute.runtime.make_fake_tensor(u8, (g, n, kb4), stride=(n * kb4, kb4, 1), assumed_align=16)
     out = cute.runtime.make_fake_tensor(cutlass.BFloat16, (m, n), stride=(n, 1), assumed_align=16)
-    offsets = cute.runtime.make_fake_tensor(cutlass.Int32, (g + 1,), stride=(1,), assumed_align=4)
+    starts = cute.runtime.make_fake_tensor(cutlass.Int32, (g,), stride=(1,), assumed_align=4)
+    counts = cute.runtime.make_fake_tensor(cutlass.Int32, (g,), stride=(1,), assumed_align=4)
     alpha = cute.runtime.make_fake_tensor(cutlass.Float32, (g,), stride=(1,), assumed_align=4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return a, b, sfa, sfb, out, offsets, alpha, stream
+    return a, b, sfa, sfb, out, starts, counts, alpha, stream
 
 
 def build(cfg: GemmConfig, extra_options: str = ""):

@@ -95,7 +95,7 @@ def supports_moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weigh
 _MASKED_STARTS: dict = {}
 
 
-def _masked_starts(e: int, max_m: int, device: torch.device) -> torch.Tensor:
+def masked_starts(e: int, max_m: int, device: torch.device) -> torch.Tensor:
     """g * max_m for g < E (int32), one cached constant per (E, max_m, device): never written, so graph-safe."""
     key = (e, max_m, device)
     t = _MASKED_STARTS.get(key)
@@ -146,7 +146,7 @@ def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=Non
     if masked:
         max_m = a.shape[1]
         a2 = a.view(e * max_m, k)
-        starts = _masked_starts(e, max_m, dev)
+        starts = masked_starts(e, max_m, dev)
         counts = masked_m.to(torch.int32).clamp(0, max_m)
         ids = None
     else:

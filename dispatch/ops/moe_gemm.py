@@ -21,6 +21,7 @@ from triton_ops.contract.formats import fp8_scale_storage
 from triton_ops.contract.moe_gemm import (
     check_bf16,
     check_blockscaled,
+    check_blockscaled_masked,
     check_fp8,
     check_gemm_combine,
     check_gemm_swiglu,
@@ -57,6 +58,12 @@ _check_w4a4 = _with_row_weights("moe_gemm_w4a4", check_w4a4)
 def _moe_gemm_blockscaled(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, offsets: Tensor, alpha: Tensor,
                           fmt: str, backend: str) -> Tensor:
     return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)
+
+
+@lowbit_op("moe_gemm_blockscaled_masked", mutates_args=(), check=check_blockscaled_masked)
+def _moe_gemm_blockscaled_masked(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, masked_m: Tensor,
+                                 alpha: Tensor, fmt: str, backend: str) -> Tensor:
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[1]), dtype=torch.bfloat16)
 
 
 @lowbit_op("moe_gemm_bf16", mutates_args=(), check=_check_bf16)
@@ -243,6 +250,17 @@ def moe_gemm_blockscaled(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor,
     return call("moe_gemm_blockscaled", a, a_scale, b, b_scale, offsets, alpha, fmt, backend)
 
 
+def moe_gemm_blockscaled_masked(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, masked_m: Tensor,
+                                alpha: Tensor, fmt: str = "nvfp4", *, backend: str = "auto") -> Tensor:
+    """moe_gemm_blockscaled over the masked layout: a [E, max_m, K/2] E2M1 pairs, a_scale the 128x4-swizzled
+    container of its E * max_m rows (the quantizer's output for the [E * max_m, K] view), b / b_scale / alpha as
+    moe_gemm_blockscaled, masked_m [E] int32 rows per expert (clamped to [0, max_m]; a device read, no host sync on
+    the kernel path). out [E, max_m, N] bf16, rows past an expert's count 0. sm_100: the CuTeDSL tcgen05 kernel
+    (swap-AB tiles for max_m <= 64; compiled only, never run on a Blackwell chip: by LOWBIT_CUTE_UNVERIFIED=1);
+    elsewhere the reference."""
+    return call("moe_gemm_blockscaled_masked", a, a_scale, b, b_scale, masked_m, alpha, fmt, backend)
+
+
 # ------------------------------------------------------------------------------------------ self-check
 
 
@@ -336,6 +354,12 @@ def self_check_cases() -> list:
         return (codes(m, k // 2), scales(m, cols), codes(g, n, k // 2), scales(g, n, cols), offsets.to(dev), alpha,
                 "nvfp4")
 
+    def blockscaled_masked(dev, small):
+        a, sfa, b, sfb, _, alpha, fmt = blockscaled(dev, small)
+        e = b.shape[0]
+        masked_m = torch.tensor([100, 128] + [7] * (e - 2), dtype=torch.int32)[:e]
+        return (a.view(e, 128, -1), sfa, b, sfb, masked_m.to(dev), alpha, fmt)
+
     def close(out, ref):
         err = normalized_error(out, ref)
         return err <= 2e-2, f"normalized error {err:.2e}"
@@ -350,4 +374,5 @@ def self_check_cases() -> list:
         Case("moe_gemm_w4a8", lambda d, s: w4(d, s, False), close, label="contiguous, FP8 x MXFP4"),
         Case("moe_gemm_w4a4", lambda d, s: w4(d, s, True), close, label="contiguous, MXFP4 x MXFP4"),
         Case("moe_gemm_blockscaled", blockscaled, close, label="NVFP4 x NVFP4, group offsets, swizzled scales"),
+        Case("moe_gemm_blockscaled_masked", blockscaled_masked, close, label="NVFP4 x NVFP4, masked layout"),
     ]

@@ -150,22 +150,29 @@ def fp4_blockscaled_decode(codes: torch.Tensor, swizzled_scales: torch.Tensor, f
     return (vals * s[..., None]).reshape(rows, k)
 
 
+def _blockscaled_groups(a, sfa, b, sfb, starts, counts, alpha, fmt: str, out: torch.Tensor | None):
+    """out[r] = bf16(alpha[g] * dec(a[r]) @ dec(b[g]).T) for starts[g] <= r < starts[g] + counts[g] (python ints);
+    other rows keep out's values (0 when out is None)."""
+    m, (g, n, _) = a.shape[0], b.shape
+    if out is None:
+        out = torch.zeros(m, n, dtype=torch.bfloat16, device=a.device)
+    a32 = fp4_blockscaled_decode(a, sfa, fmt)
+    for e in range(g):
+        lo, hi = starts[e], starts[e] + counts[e]
+        if hi > lo:
+            w = fp4_blockscaled_decode(b[e], sfb[e], fmt)
+            out[lo:hi] = (alpha[e].float() * (a32[lo:hi] @ w.T)).to(torch.bfloat16)
+    return out
+
+
 def grouped_blockscaled_gemm(a, sfa, b, sfb, offsets, alpha, fmt: str, out: torch.Tensor | None = None):
     """a [M, K/2] u8 with sfa (swizzled, all M rows), b [G, N, K/2] u8 with sfb [G, ...] (each group's own
     swizzled container), offsets [G + 1] int32, alpha [G] fp32 -> out [M, N] bf16:
     out[r] = bf16(alpha[g] * dec(a[r]) @ dec(b[g]).T) for offsets[g] <= r < offsets[g + 1]; rows in no group keep
     out's values (0 when out is None). fp32 products and sums: a GPU comparison needs a tolerance, not bit equality."""
-    m, (g, n, _) = a.shape[0], b.shape
-    if out is None:
-        out = torch.zeros(m, n, dtype=torch.bfloat16, device=a.device)
-    a32 = fp4_blockscaled_decode(a, sfa, fmt)
     offs = [int(x) for x in offsets.tolist()]
-    for e in range(g):
-        lo, hi = offs[e], offs[e + 1]
-        if hi > lo:
-            w = fp4_blockscaled_decode(b[e], sfb[e], fmt)
-            out[lo:hi] = (alpha[e].float() * (a32[lo:hi] @ w.T)).to(torch.bfloat16)
-    return out
+    counts = [hi - lo for lo, hi in zip(offs[:-1], offs[1:], strict=True)]
+    return _blockscaled_groups(a, sfa, b, sfb, offs[:-1], counts, alpha, fmt, out)
 
 
 def moe_gemm_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt: str):
@@ -176,3 +183,14 @@ def moe_gemm_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt: str):
     offs = offsets.to(torch.int64).clamp(0, m)
     offs = torch.maximum(offs, torch.cat([offs[:1], torch.cummax(offs, 0).values[:-1]]))  # ends never before starts
     return grouped_blockscaled_gemm(*blockscaled_views(a, a_scale, b, b_scale), offs, alpha.float(), fmt)
+
+
+def moe_gemm_blockscaled_masked(a, a_scale, b, b_scale, masked_m, alpha, fmt: str):
+    """The `moe_gemm_blockscaled_masked` contract: a [E, max_m, K/2] with a_scale the swizzled container of its
+    E * max_m rows; out [E, max_m, N] bf16, rows r < clamp(masked_m[e], 0, max_m) of expert e = bf16(alpha[e] *
+    dec(a[e, r]) @ dec(b[e]).T), every other row 0."""
+    e, max_m, kh = a.shape
+    counts = masked_m.to(torch.int64).clamp(0, max_m).tolist()
+    a2, sfa, b, sfb = blockscaled_views(a.reshape(e * max_m, kh), a_scale, b, b_scale)
+    out = _blockscaled_groups(a2, sfa, b, sfb, [x * max_m for x in range(e)], counts, alpha.float(), fmt, None)
+    return out.view(e, max_m, b.shape[1])

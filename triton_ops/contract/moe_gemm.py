@@ -263,41 +263,65 @@ def blockscaled_views(a, a_scale, b, b_scale):
     return a, e4m3(a_scale), b, e4m3(b_scale)
 
 
-def check_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt) -> None:
-    """FP4 x FP4 grouped GEMM over group offsets: a [M, K/2] u8 (E2M1 pairs), a_scale [round_up(M, 128),
-    round_up(K/sf, 4)] u8 (128x4-swizzled, as nvfp4_quantize / mxfp4_quantize write with scale_layout="swizzled"),
-    b [G, N, K/2] u8, b_scale [G, round_up(N, 128), round_up(K/sf, 4)] u8, offsets [G + 1] int32, alpha [G] fp32."""
-    op = "moe_gemm_blockscaled"
+def _check_blockscaled_operands(op, a, a_scale, b, b_scale, alpha, fmt, a_form: str):
+    """The operands both block-scaled layouts share: a (`a_form`: [M, K/2] or [E, max_m, K/2]) u8, the
+    128x4-swizzled scale container of all its rows, b [G, N, K/2], b_scale, alpha [G] fp32. Returns G."""
     if fmt not in BLOCKSCALED_FORMATS:
         fail(op, "fmt", f"{fmt!r}: one of {sorted(BLOCKSCALED_FORMATS)}")
-    a, a_scale, b, b_scale = blockscaled_views(a, a_scale, b, b_scale)
     for name, t in (("a", a), ("a_scale", a_scale), ("b", b), ("b_scale", b_scale)):
         check_tensor(op, name, t)
         check_dtype(op, name, t, (torch.uint8,))
         check_same_device(op, "a", a, name, t)
-    if a.dim() != 2:
-        fail(op, "a", f"expected [M, K/2] packed E2M1 pairs, got shape {_shape(a)}")
-    if b.dim() != 3 or b.shape[2] != a.shape[1]:
-        fail(op, "b", f"expected [G, N, K/2={a.shape[1]}] packed weights, got shape {_shape(b)}")
+    if a.dim() != a_form.count(",") + 1:
+        fail(op, "a", f"expected {a_form} packed E2M1 pairs, got shape {_shape(a)}")
+    rows = a.shape[0] * (a.shape[1] if a.dim() == 3 else 1)
+    if b.dim() != 3 or b.shape[2] != a.shape[-1]:
+        fail(op, "b", f"expected [G, N, K/2={a.shape[-1]}] packed weights, got shape {_shape(b)}")
     g, n = b.shape[0], b.shape[1]
-    k = 2 * a.shape[1]
+    k = 2 * a.shape[-1]
     sf = BLOCKSCALED_FORMATS[fmt]
     if k % sf:
         fail(op, "a", f"K={k} is not a multiple of {sf} ({fmt}: one scale per {sf} elements)")
     cols = -(-(k // sf) // SCALE_ATOM_COLS) * SCALE_ATOM_COLS
-    want_a = (-(-a.shape[0] // SCALE_ATOM_ROWS) * SCALE_ATOM_ROWS, cols)
+    want_a = (-(-rows // SCALE_ATOM_ROWS) * SCALE_ATOM_ROWS, cols)
     if _shape(a_scale) != want_a:
         fail(op, "a_scale", f"expected the 128x4-swizzled container {want_a}, got {_shape(a_scale)}")
     want_b = (g, -(-n // SCALE_ATOM_ROWS) * SCALE_ATOM_ROWS, cols)
     if _shape(b_scale) != want_b:
         fail(op, "b_scale", f"expected one 128x4-swizzled container per group {want_b}, got {_shape(b_scale)}")
-    check_tensor(op, "offsets", offsets)
-    check_dtype(op, "offsets", offsets, (torch.int32,))
-    if _shape(offsets) != (g + 1,):
-        fail(op, "offsets", f"expected shape ({g + 1},) (group row starts and the end), got {_shape(offsets)}")
     check_tensor(op, "alpha", alpha)
     check_dtype(op, "alpha", alpha, (torch.float32,))
     if _shape(alpha) != (g,):
         fail(op, "alpha", f"expected shape ({g},) (one output factor per group), got {_shape(alpha)}")
-    for name, t in (("offsets", offsets), ("alpha", alpha)):
-        check_same_device(op, "a", a, name, t)
+    check_same_device(op, "a", a, "alpha", alpha)
+    return g
+
+
+def check_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt) -> None:
+    """FP4 x FP4 grouped GEMM over group offsets: a [M, K/2] u8 (E2M1 pairs), a_scale [round_up(M, 128),
+    round_up(K/sf, 4)] u8 (128x4-swizzled, as nvfp4_quantize / mxfp4_quantize write with scale_layout="swizzled"),
+    b [G, N, K/2] u8, b_scale [G, round_up(N, 128), round_up(K/sf, 4)] u8, offsets [G + 1] int32, alpha [G] fp32."""
+    op = "moe_gemm_blockscaled"
+    a, a_scale, b, b_scale = blockscaled_views(a, a_scale, b, b_scale)
+    g = _check_blockscaled_operands(op, a, a_scale, b, b_scale, alpha, fmt, "[M, K/2]")
+    check_tensor(op, "offsets", offsets)
+    check_dtype(op, "offsets", offsets, (torch.int32,))
+    if _shape(offsets) != (g + 1,):
+        fail(op, "offsets", f"expected shape ({g + 1},) (group row starts and the end), got {_shape(offsets)}")
+    check_same_device(op, "a", a, "offsets", offsets)
+
+
+def check_blockscaled_masked(a, a_scale, b, b_scale, masked_m, alpha, fmt) -> None:
+    """The masked layout: a [E, max_m, K/2] u8, a_scale the 128x4-swizzled container of its E * max_m rows
+    [round_up(E * max_m, 128), round_up(K/sf, 4)] (the quantizers' output for a [E * max_m, K] view), b [E, N, K/2],
+    b_scale as check_blockscaled, masked_m [E] int32 (rows per expert, clamped to [0, max_m]), alpha [E] fp32."""
+    op = "moe_gemm_blockscaled_masked"
+    a, a_scale, b, b_scale = blockscaled_views(a, a_scale, b, b_scale)
+    e = _check_blockscaled_operands(op, a, a_scale, b, b_scale, alpha, fmt, "[E, max_m, K/2]")
+    if e != a.shape[0]:
+        fail(op, "b", f"expected {a.shape[0]} experts (a's first dimension), got {e}")
+    check_tensor(op, "masked_m", masked_m)
+    check_dtype(op, "masked_m", masked_m, (torch.int32,))
+    if _shape(masked_m) != (e,):
+        fail(op, "masked_m", f"expected shape ({e},) (rows per expert), got {_shape(masked_m)}")
+    check_same_device(op, "a", a, "masked_m", masked_m)
