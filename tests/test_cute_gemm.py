@@ -107,6 +107,25 @@ def test_scheduler_persistent_walk_covers_every_tile_once(seed, grid):
             assert t.row_start % 128 == 0
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("block", [32, 64, 128])
+def test_scheduler_masked_tiles_stay_in_their_allocation(seed, block):
+    """The sm_100 kernel's masked groups (starts g * max_m, counts clamped to [0, max_m], max_m a multiple of the
+    tile's rows): every tile starts on a tile boundary of its own group's allocation and ends inside it, so a tile
+    reads no other group's rows; the rows it may write end at the count."""
+    rng = random.Random(seed)
+    e, max_m = rng.choice([1, 4, 32]), block * rng.choice([1, 2, 3])
+    counts = [min(max(rng.choice([-2, 0, 1, block - 1, block, max_m, max_m + 5]), 0), max_m) for _ in range(e)]
+    starts = [g * max_m for g in range(e)]
+    grid = rng.choice([1, 7, 148])
+    tiles = [t for cta in range(grid) for t in sch.cta_tiles_bounded(cta, grid, starts, counts, block, 2)]
+    assert len(tiles) == sum(-(-c // block) for c in counts) * 2
+    for t in tiles:
+        lo = t.group * max_m
+        assert t.row_start % block == 0 and lo <= t.row_start and t.row_start + block <= lo + max_m
+        assert t.row_end == lo + counts[t.group] and t.row_start < t.row_end
+
+
 # ------------------------------------------------------------------------------------ torch twin (CPU)
 
 
@@ -161,10 +180,15 @@ SASS_CASES = [("nvfp4", 128, 4096, 7168, 256), ("mxfp4", 128, 512, 1024, 8), ("n
               ("mxfp4", 256, 2048, 4096, 32)]
 
 
-def _cfg(fmt, tile_n, n, k, groups):
+# swap-AB (decode): (format, token tile, N, K, groups, True): DeepSeek-V3 GEMM1 at 32 / 64 tokens per expert, small
+SWAP_CASES = [("nvfp4", 32, 4096, 7168, 256, True), ("mxfp4", 64, 512, 1024, 8, True),
+              ("nvfp4", 64, 7168, 2048, 256, True)]
+
+
+def _cfg(fmt, tile_n, n, k, groups, swap_ab=False):
     from cute_ops.gemm.blockscaled_sm100 import pick_config
 
-    return pick_config(fmt, n, k, groups, tile_n=tile_n, arch="sm_100a")
+    return pick_config(fmt, n, k, groups, tile_n=tile_n, arch="sm_100a", swap_ab=swap_ab)
 
 
 @needs_dsl
@@ -180,6 +204,24 @@ def test_config_refusals():
     cfg = pick_config("nvfp4", 4096, 7168, 256)
     assert (cfg.tile_n, cfg.acc_stages, cfg.ab_stages) == (128, 2, 6)
     assert pick_config("nvfp4", 4096, 7168, 256, tile_n=256).acc_stages == 1
+    # swap-AB: token tiles 32 / 64, N a multiple of the 128 weight rows on the UMMA M side
+    assert "tile_n=16" in can_implement("nvfp4", 4096, 7168, 256, 16, swap_ab=True)
+    assert "multiple of 128" in can_implement("nvfp4", 192, 7168, 256, 64, swap_ab=True)
+    assert can_implement("nvfp4", 4096, 7168, 256, 32, swap_ab=True) is None
+
+
+@needs_dsl
+@pytest.mark.parametrize("rows,want", [(None, (False, 128)), (16, (True, 32)), (32, (True, 32)), (48, (True, 64)),
+                                       (64, (True, 64)), (65, (False, 128)), (4096, (False, 128))])
+def test_swap_ab_rule(rows, want):
+    """pick_config's static rule: swap-AB with a 32-token tile up to 32 rows per group, 64 up to 64, else the
+    128-row tile."""
+    from cute_ops.gemm.blockscaled_sm100 import pick_config
+
+    cfg = pick_config("nvfp4", 4096, 7168, 256, rows_per_group=rows)
+    assert (cfg.swap_ab, cfg.tile_n) == want
+    assert cfg.rows_per_tile == (cfg.tile_n if cfg.swap_ab else 128)
+    assert cfg.cols_per_tile == (128 if cfg.swap_ab else cfg.tile_n)
 
 
 _DUMPS: dict = {}
@@ -218,7 +260,7 @@ def test_sm100_blockscaled_grouped_gemm_sass(case):
     assert d.ptx.count("tcgen05.wait::ld") >= tile_n // cfg.epi_cols  # each load waited before its registers
     # TMA loads: A, B (3-D: the group is a coordinate), SFA, SFB; descriptors prefetched
     assert d.count("UTMALDG") == 4, ops
-    assert d.count("UTMACCTL") >= 1, ops
+    _assert_no_descriptor_update(d)
     # scale factors smem -> TMEM before the MMAs
     assert d.count("UTCCP") > 0, ops
     # bf16 epilogue: 16-byte stores of each thread's row, times alpha, converted with F2FP.BF16
@@ -229,16 +271,54 @@ def test_sm100_blockscaled_grouped_gemm_sass(case):
     assert d.count("LDL") == 0 and d.count("STL") == 0, ops
 
 
+def _assert_no_descriptor_update(d):
+    """Groups are tile coordinates in one descriptor per operand: the four descriptors are prefetched
+    (UTMACCTL.PF) and never rewritten (no tensormap.replace / tensormap proxy fences, no UTMACCTL.IV), unlike the
+    sm_90 grouped GEMM's per-group A descriptor."""
+    ops = d.opcodes()
+    assert ops["UTMACCTL.PF"] == 4 and d.count("UTMACCTL") == 4, ops
+    assert "tensormap.replace" not in d.ptx and "fence.proxy.tensormap" not in d.ptx
+
+
+@needs_dsl
+@pytest.mark.parametrize("case", SWAP_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_sm100_swap_ab_sass(case):
+    """Swap-AB: out^T tiles = B[g] (128 weight rows, UMMA M) x the group's tokens (UMMA N = 32 / 64), the weight
+    scales on the M side and the token scales (whole 128-row atoms, read from the tile's TMEM column) on the N
+    side; the epilogue stores out[token, n] transposed back."""
+    from cute_ops.gemm.blockscaled_sm100 import BLOCK_K, MMA_K
+
+    fmt, tokens = case[:2]
+    d = _dump(case)
+    assert "sm_100a" in d.ptx.split(".target", 1)[1][:40]
+    ops = d.opcodes()
+    assert d.count("UTCOMMA") == BLOCK_K // MMA_K and d.count("UTCQMMA") == 0 and d.count("UTCHMMA") == 0, ops
+    assert (ops["UTCOMMA.4X"] == BLOCK_K // MMA_K) == (fmt == "nvfp4"), ops
+    block = "block16" if fmt == "nvfp4" else "block32"
+    assert f"tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale.{block}" in d.ptx
+    assert d.count("UTCBAR") >= 2, ops
+    # TMEM loads of 32 tokens each: thread i = output column i, its registers = 32 of the tile's tokens
+    assert d.count("LDTM") == tokens // 32, ops
+    assert "tcgen05.ld.sync.aligned.32x32b.x32.b32" in d.ptx
+    assert d.count("UTMALDG") == 4 and d.count("UTCCP") > 0, ops
+    _assert_no_descriptor_update(d)
+    # transposed stores: one 2-byte store per token of the tile (each predicated on the group's end), nothing else
+    assert ops["STG.E.U16"] == tokens and d.count("STG") == tokens, ops
+    assert d.count("F2FP.BF16") > 0, ops
+    assert d.count("LDL") == 0 and d.count("STL") == 0, ops
+
+
 @needs_dsl
 def test_sm100_sass_counts_report(capsys):
     """Prints the instruction counts docs/cute.md records (not asserted beyond the test above)."""
     rows = []
-    for case in SASS_CASES:
+    for case in SASS_CASES + SWAP_CASES:
         d = _dump(case)
         names = ("UTCOMMA.4X", "UTCOMMA", "UTCBAR", "LDTM", "UTMALDG.2D", "UTMALDG.3D", "UTMALDG.4D",
-                 "UTCCP.T.S.4", "STG.E.128", "F2FP.BF16.F32.PACK_AB")
+                 "UTCCP.T.S.4", "UTMACCTL.PF", "STG.E.128", "STG.E.U16", "F2FP.BF16.F32.PACK_AB")
         ops = d.opcodes()
-        rows.append("{} tile_n={} N={} K={} G={}: ".format(*case) + ", ".join(f"{n} {ops.get(n, 0)}" for n in names))
+        head = "{} tile_n={} N={} K={} G={}".format(*case[:5]) + (" swap-AB" if len(case) > 5 else "")
+        rows.append(head + ": " + ", ".join(f"{n} {ops.get(n, 0)}" for n in names))
     with capsys.disabled():
         print("\n[sm_100a grouped block-scaled GEMM SASS]\n  " + "\n  ".join(rows))
 
@@ -273,6 +353,7 @@ def test_gpu_blackwell_matches_reference(fmt):
     fn = build(pick_config(fmt, n, k, g))
     dev = [t.cuda() for t in (a, b, sfa, sfb)]
     out = torch.full((m, n), 7.0, dtype=torch.bfloat16, device="cuda")
-    fn(*dev, out, offs.cuda(), alpha.cuda())
+    starts, counts = offs[:-1].contiguous(), (offs[1:] - offs[:-1]).contiguous()
+    fn(*dev, out, starts.cuda(), counts.cuda(), alpha.cuda())
     torch.cuda.synchronize()
     assert_close(out.cpu(), want, "grouped block-scaled GEMM")

@@ -1,6 +1,8 @@
-"""moe_gemm_blockscaled: FP4 x FP4 grouped GEMM over group row offsets with 128x4-swizzled scales (the sm_100
-CuTeDSL UMMA kernel's op; elsewhere the reference). CPU: the op against the quant ops' own dequantizers, the offsets
-contract (clamped, rows in no group are 0), argument errors, the table rows; GPU: sm_100 only (never run here)."""
+"""moe_gemm_blockscaled / moe_gemm_blockscaled_masked: FP4 x FP4 grouped GEMM over group row offsets or the masked
+layout, with 128x4-swizzled scales (the sm_100 CuTeDSL UMMA kernel's ops; elsewhere the reference). CPU: the ops
+against the quant ops' own dequantizers, the offsets contract (clamped, rows in no group are 0) and the masked one
+(counts clamped to [0, max_m], rows past them 0), the launcher's device-side group bounds, argument errors, the table
+rows; GPU: sm_100 only (never run here)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,54 @@ def test_offsets_are_clamped():
     assert_close(out[64:], (deq_a[64:] @ deq_b[1].T).bfloat16(), "group 1 clamped to M")
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_masked_op_matches_the_quantizers_math(fmt):
+    e, max_m, n, k = 3, 64, 128, 256
+    a, sfa, b, sfb, deq_a, deq_b = fp4_grouped_operands(fmt, e * max_m, e, n, k, seed=2)
+    masked_m = torch.tensor([64, -3, 100], dtype=torch.int32)  # full, negative (empty), above max_m (clamped)
+    alpha = torch.tensor([0.5, 2.0, 1.5])
+    out = ops.moe_gemm_blockscaled_masked(a.view(e, max_m, -1), sfa, b, sfb, masked_m, alpha, fmt)
+    assert out.shape == (e, max_m, n) and out.dtype == torch.bfloat16
+    for x, count in enumerate((64, 0, 64)):
+        rows = deq_a[x * max_m:x * max_m + count]
+        assert_close(out[x, :count], (alpha[x] * (rows @ deq_b[x].T)).bfloat16(), f"{fmt} expert {x}")
+        assert torch.equal(out[x, count:], torch.zeros(max_m - count, n, dtype=torch.bfloat16))
+
+
+def test_masked_rows_past_the_count_are_zero_and_unread():
+    """A partial count: rows past it are 0 whatever a holds there (NaN-free garbage codes) and the computed rows
+    equal the offsets form over the same rows."""
+    e, max_m, n, k = 2, 128, 128, 128
+    a, sfa, b, sfb, _, _ = fp4_grouped_operands("nvfp4", e * max_m, e, n, k, seed=3)
+    masked_m = torch.tensor([5, 77], dtype=torch.int32)
+    alpha = torch.tensor([1.0, 0.25])
+    out = ops.moe_gemm_blockscaled_masked(a.view(e, max_m, -1), sfa, b, sfb, masked_m, alpha, "nvfp4")
+    offs = torch.tensor([0, 5, 5], dtype=torch.int32)
+    g0 = ops.moe_gemm_blockscaled(a, sfa, b, sfb, offs, alpha, "nvfp4")
+    assert torch.equal(out[0, :5], g0[:5])
+    assert torch.equal(out[0, 5:], torch.zeros(max_m - 5, n, dtype=torch.bfloat16))
+    offs1 = torch.tensor([0, 0, max_m + 77], dtype=torch.int32)
+    g1 = ops.moe_gemm_blockscaled(a, sfa, b, sfb, offs1, alpha, "nvfp4")
+    assert torch.equal(out[1, :77], g1[max_m:max_m + 77])
+    assert torch.equal(out[1, 77:], torch.zeros(max_m - 77, n, dtype=torch.bfloat16))
+
+
+def test_launcher_group_bounds_follow_the_contract():
+    """The sm_100 launcher's (starts, counts), built with device ops: offsets clamped and made non-decreasing as
+    the reference does; masked starts g * max_m."""
+    from cute_ops.gemm import moe_sm100
+
+    m = 512
+    for offs in ([0, 128, 128, 512], [64, 32, 10_000], [-5, 256, 128, 384], [0, 0, 0]):
+        t = torch.tensor(offs, dtype=torch.int32)
+        starts, counts = moe_sm100.offsets_bounds(t, m)
+        assert starts.dtype == counts.dtype == torch.int32
+        want = [min(max(x, 0), m) for x in offs]
+        want = [max(want[: i + 1]) for i in range(len(want))]
+        assert starts.tolist() == want[:-1] and counts.tolist() == [b - a for a, b in zip(want, want[1:])]
+    assert moe_sm100.masked_starts(4, 64, torch.device("cpu")).tolist() == [0, 64, 128, 192]
+
+
 def test_bad_inputs():
     a, sfa, b, sfb, _, _ = fp4_grouped_operands("nvfp4", 128, 2, 128, 128)
     offs, alpha = torch.tensor([0, 64, 128], dtype=torch.int32), torch.ones(2)
@@ -52,6 +102,27 @@ def test_bad_inputs():
         ops.moe_gemm_blockscaled(a, sfa, b, sfb, offs.long(), alpha, "nvfp4")
     with pytest.raises(LowbitInputError, match=r"argument 'alpha': dtype float64"):
         ops.moe_gemm_blockscaled(a, sfa, b, sfb, offs, alpha.double(), "nvfp4")
+
+
+def test_masked_bad_inputs():
+    e, max_m = 2, 64
+    a, sfa, b, sfb, _, _ = fp4_grouped_operands("nvfp4", e * max_m, e, 128, 128)
+    a3, mm, alpha = a.view(e, max_m, -1), torch.tensor([3, 64], dtype=torch.int32), torch.ones(2)
+    op = ops.moe_gemm_blockscaled_masked
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_blockscaled_masked: argument 'a': expected \[E, max_m"):
+        op(a, sfa, b, sfb, mm, alpha, "nvfp4")
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_blockscaled_masked: argument 'fmt'"):
+        op(a3, sfa, b, sfb, mm, alpha, "fp8")
+    with pytest.raises(LowbitInputError, match=r"argument 'a_scale': expected the 128x4-swizzled container"):
+        op(a3, sfa[:, :4], b, sfb, mm, alpha, "nvfp4")
+    with pytest.raises(LowbitInputError, match=r"argument 'b': expected 2 experts"):
+        op(a3, sfa, b[:1], sfb[:1], mm, alpha[:1], "nvfp4")
+    with pytest.raises(LowbitInputError, match=r"argument 'masked_m': expected shape \(2,\)"):
+        op(a3, sfa, b, sfb, mm[:1], alpha, "nvfp4")
+    with pytest.raises(LowbitInputError, match=r"argument 'masked_m': dtype int64"):
+        op(a3, sfa, b, sfb, mm.long(), alpha, "nvfp4")
+    with pytest.raises(LowbitInputError, match=r"argument 'alpha': dtype float64"):
+        op(a3, sfa, b, sfb, mm, alpha.double(), "nvfp4")
 
 
 def test_table_rows_and_refusal(monkeypatch):
@@ -72,6 +143,13 @@ def test_table_rows_and_refusal(monkeypatch):
     listing = format_table("sm_100")
     line = next(ln for ln in listing.splitlines() if ln.startswith("moe_gemm_blockscaled"))
     assert "never run on it" in line
+    masked = {(e.backend, e.archs) for e in TABLE["moe_gemm_blockscaled_masked"]}
+    assert masked == rows
+    margs = (a.view(2, 64, -1), sfa, b, sfb, torch.tensor([3, 64], dtype=torch.int32), torch.ones(2), "nvfp4")
+    monkeypatch.delenv(moe_sm100.UNVERIFIED_ENV, raising=False)
+    assert "never run on a Blackwell chip" in moe_sm100.supports_moe_gemm_blockscaled_masked(*margs)
+    monkeypatch.setenv(moe_sm100.UNVERIFIED_ENV, "1")
+    assert "sm_100" in moe_sm100.supports_moe_gemm_blockscaled_masked(*margs)
 
 
 @pytest.mark.gpu
@@ -86,3 +164,20 @@ def test_gpu_blackwell_op_matches_reference(fmt, monkeypatch):
     want = ops.moe_gemm_blockscaled(a, sfa, b, sfb, offs, alpha, fmt)
     got = ops.moe_gemm_blockscaled(*(t.cuda() for t in (a, sfa, b, sfb, offs, alpha)), fmt, backend="cute")
     assert_close(got.cpu(), want, f"{fmt} on sm_100")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("max_m", [32, 64, 128])  # swap-AB 32- and 64-token tiles, the 128-row tile
+def test_gpu_blackwell_masked_op_matches_reference(fmt, max_m, monkeypatch):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 10:
+        pytest.skip("needs an sm_100 GPU")
+    monkeypatch.setitem(os.environ, "LOWBIT_CUTE_UNVERIFIED", "1")
+    e, n, k = 4, 256, 512
+    a, sfa, b, sfb, _, _ = fp4_grouped_operands(fmt, e * max_m, e, n, k)
+    masked_m = torch.tensor([max_m, 0, 5, max_m + 9], dtype=torch.int32)
+    alpha = torch.tensor([1.0, 2.0, 0.5, 1.0])
+    args = (a.view(e, max_m, -1), sfa, b, sfb, masked_m, alpha)
+    want = ops.moe_gemm_blockscaled_masked(*args, fmt)
+    got = ops.moe_gemm_blockscaled_masked(*(t.cuda() for t in args), fmt, backend="cute")
+    assert_close(got.cpu(), want, f"{fmt} masked max_m={max_m} on sm_100")

@@ -156,8 +156,7 @@ def pick_config(fmt: str, n: int, k: int, num_groups: int, *, tile_n: int | None
         raise ValueError(why)
     acc_stages = 1 if tile_n == 256 else 2
     stages = min(8, (SMEM_BYTES - SMEM_RESERVED) // stage_bytes(fmt, tile_n))
-    return GemmConfig(fmt, n, k, num_groups, tile_n, stages, acc_stages, min(32, tile_n) if not swap_ab else tile_n,
-                      sm_count, arch, swap_ab)
+    return GemmConfig(fmt, n, k, num_groups, tile_n, stages, acc_stages, 32, sm_count, arch, swap_ab)
 
 
 # ------------------------------------------------------------------------------------------------- kernel

@@ -101,7 +101,8 @@ def masked_starts(e: int, max_m: int, device: torch.device) -> torch.Tensor:
     t = _MASKED_STARTS.get(key)
     if t is None:
         t = torch.arange(e, dtype=torch.int32, device=device) * max_m
-        if not torch.cuda.is_current_stream_capturing():  # never keep a tensor of a graph's private pool
+        # never keep a tensor of a graph's private pool
+        if torch.device(device).type != "cuda" or not torch.cuda.is_current_stream_capturing():
             _MASKED_STARTS[key] = t
     return t
 
