@@ -1,9 +1,10 @@
-"""Grouped (MoE contiguous) block-scaled FP4 GEMM for sm_100a: tcgen05 UMMA, TMEM accumulator, TMA loads.
+"""Grouped (MoE) block-scaled FP4 GEMM for sm_100a: tcgen05 UMMA, TMEM accumulator, TMA loads.
 
 COMPILED AND SASS-INSPECTED ONLY (tests/test_cute_gemm.py, CPU, CUTE_DSL_ARCH=sm_100a); never run on Blackwell
-hardware. Not registered in dispatch/table.py.
+hardware. Launchers: cute_ops/gemm/moe_sm100.py (the sm_100 rows of `moe_gemm_blockscaled` and
+`moe_gemm_blockscaled_masked`, refused unless LOWBIT_CUTE_UNVERIFIED=1).
 
-    out[r, :] = bf16(alpha[g] * sum_k dec(a[r, k]) * dec(b[g, :, k]))     for offsets[g] <= r < offsets[g + 1]
+    out[r, :] = bf16(alpha[g] * sum_k dec(a[r, k]) * dec(b[g, :, k]))     for starts[g] <= r < starts[g] + counts[g]
 
 where dec(x) = e2m1(x) * its block scale (NVFP4: E4M3 per 16 elements; MXFP4: E8M0 per 32) and alpha[g] is an fp32
 per-group factor (NVFP4: the product of the two global scales; MXFP4: 1). Operands (all K-major, K contiguous):
@@ -11,19 +12,38 @@ per-group factor (NVFP4: the product of the two global scales; MXFP4: 1). Operan
 | arg | shape / dtype | layout |
 | --- | --- | --- |
 | a | [M, K/2] uint8 | E2M1 pairs, element 2i in the low nibble (`nvFP4_quantize` / `mxFP4_quantize` codes) |
-| sfa | [M, round_up(K/sf_vec, 4)] uint8 | 128x4 swizzled (`swizzle_scales_128x4`), M a multiple of 128 |
+| sfa | [round_up(M, 128), round_up(K/sf_vec, 4)] uint8 | 128x4 swizzled (`swizzle_scales_128x4`) |
 | b | [G, N, K/2] uint8 | per-group weights, same packing |
 | sfb | [G, N, round_up(K/sf_vec, 4)] uint8 | each group's [N, K/sf_vec] swizzled, N a multiple of 128 |
 | out | [M, N] bf16 | rows outside every group are not written |
-| offsets | [G + 1] int32 | group row starts (`moe_align`'s expert_offsets), each a multiple of 128 |
+| starts, counts | [G] int32 | group g's rows [starts[g], starts[g] + counts[g]); starts[g] a multiple of the tile's rows |
 | alpha | [G] fp32 | per-group output factor |
 
-M (total rows, a multiple of 128: `moe_align` capacity with block_m = 128) is symbolic: one compile serves every
-batch. N, K, G and the format are static (the compile key, `GemmConfig`).
+Layouts (the launcher builds starts / counts on the device): contiguous offsets (starts = offsets[:-1], multiples of
+128: `moe_align` with block_m = 128), masked [E, max_m, K/2] viewed as [E * max_m, K/2] (starts = g * max_m,
+counts = clamp(masked_m, 0, max_m), max_m a multiple of the tile's rows). Every operand has ONE TMA descriptor
+(a grid constant); a tile addresses its group by tile coordinates (the row tile row_start / rows_per_tile, the
+group index as B's third coordinate) and the epilogue predicates its stores on the group's end: no descriptor is
+rewritten on the device (contrast grouped_sm90.py). A tile never reads rows outside its group's allocation because
+starts and the allocation (masked: max_m) are multiples of the tile's rows; rows past counts[g] inside it are
+computed and not written. M (rows, a multiple of the tile's rows) is symbolic: one compile serves every batch; the
+sfa container's rows are their own symbol (a multiple of 128). N, K, G, the format and the variant are static (the
+compile key, `GemmConfig`).
+
+Variants:
+* default: UMMA 128 (rows of a) x tile_n (128 / 256 columns of out) x 64; A and SFA from a, B and SFB from b[g].
+* swap_ab (decode, <= 64 rows per group): out^T tiles. UMMA M = 128 output columns (A = b[g], the weight scales as
+  SFA), UMMA N = tile_n in (32, 64) rows of a (B = a, the token scales as SFB). A 128-row UMMA over a 16-row expert
+  wastes 7/8 of the MMA; with the tokens on N it wastes at most the tile's padding. The token scales are TMA'd as
+  their whole 128-row swizzle atom (TMEM copy unchanged; with max_m < 128 the atom also holds the next groups'
+  scales, read and unused) and the MMA reads the tile's rows from TMEM column (row_start % 128) / 32 on (one column
+  = 32 rows of the atom: CUTLASS's N = 64 shift, generalized to 32). The epilogue thread i owns output column
+  n0 + i (its TMEM lane) and stores its tile_n tokens as 2-byte stores out[row, n0 + i], each predicated on
+  row < the group's end (a warp writes 64 contiguous bytes of one row per store).
 
 Kernel anatomy (one CTA per SM, persistent; warp roles):
-* warp 5, TMA producer: for each tile of the static group scheduler (scheduler.py) and each 256-wide K step,
-  TMA-loads the A tile (128 x 256), the B tile (tile_n x 256) of the tile's group, and both scale tiles into one
+* warp 5, TMA producer: for each tile of the static group scheduler (scheduler.BoundedTileScheduler) and each
+  256-wide K step, TMA-loads the A tile (128 x 256), the B tile (tile_n x 256), and both scale tiles into one
   stage of an `ab_stages`-deep smem ring (PipelineTmaUmma: mbarrier with transaction bytes).
 * warp 4, MMA issuer: copies the stage's scale factors smem -> TMEM (tcgen05.cp 4x32x128b), then issues 4 block-
   scaled UMMAs (tcgen05.mma.kind::mxf4nvf4.block_scale.block16 / .block32 = SASS UTCOMMA.4X / UTCOMMA,
@@ -31,11 +51,13 @@ Kernel anatomy (one CTA per SM, persistent; warp roles):
   stage with tcgen05.commit; commits the finished accumulator to the epilogue (PipelineUmmaAsync; `acc_stages`
   TMEM buffers, so with 2 the next tile's MMAs overlap this tile's epilogue).
 * warps 0-3, epilogue: TMEM -> registers (tcgen05.ld 32x32b: thread i owns accumulator row i) in `epi_cols`-wide
-  column slices, times alpha[g], to bf16, 16-byte global stores predicated on row < the group's end.
+  column slices, times alpha[g], to bf16; default: 16-byte global stores predicated on row < the group's end;
+  swap_ab: the transposed 2-byte stores above.
 
 What it is not (yet): no 2-CTA (cta_group::2) 256-row tiles, no clusters / TMA multicast, no TMA-store epilogue
-(rows are stored straight from registers: each thread writes 2 x 16 B per 16 columns of its own row), no
-masked layout, K must be a multiple of 256 (K = 2880 of GPT-OSS is refused), N a multiple of tile_n.
+(rows are stored straight from registers), K must be a multiple of 256 (K = 2880 of GPT-OSS is refused), N a
+multiple of tile_n (swap_ab: of 128), swap_ab token tiles below 32 (a 16-row tile would start mid-column of the
+token scales' TMEM layout) and masked max_m not a multiple of the tile's rows.
 """
 
 from __future__ import annotations
