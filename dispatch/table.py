@@ -60,8 +60,9 @@ GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at th
 # tl.dot_scaled FP4-weight GEMMs. sm_100 / sm_120: the native block-scaled MMA (UTCQMMA / UTCOMMA / OMMA.SF, compiled
 # and SASS-checked in CI, never run on those chips). Rule between this row and the CuTeDSL UMMA GEMM
 # (cute_ops/gemm/blockscaled_sm100.py) on sm_100: the Triton row serves the moe_align / moe_masked_layout layouts with
-# linear E8M0 scales; the CuTe kernel takes 128x4-swizzled scales over group offsets and has no launcher over these
-# layouts, so it has no row here yet. sm_90: upcast + WGMMA (correct, not the fast Hopper path).
+# linear E8M0 scales and bf16 / FP8 activations; the CuTe kernel takes FP4 activations with 128x4-swizzled scales
+# (group offsets or the masked layout: its own ops, moe_gemm_blockscaled(_masked)), so it has no row here yet. sm_90:
+# upcast + WGMMA (correct, not the fast Hopper path).
 CUTE_GEMM_SM100_WHY = ("CuTeDSL tcgen05 block-scaled UMMA (UTCOMMA), TMEM accumulator; NVFP4 / MXFP4; offsets and "
                        "masked layouts, swap-AB tiles for <= 64 rows per expert; compiled for sm_100a, never run on "
                        "Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1")
@@ -230,9 +231,10 @@ ROWS: tuple[Entry, ...] = (
     *triton_rows("moe_gemm_mxfp4", "triton_ops.moe_gemm.grouped:moe_gemm_mxfp4", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_mxfp4"),
     Entry("moe_gemm_mxfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_mxfp4", TORCH_REF, REFERENCE_WHY),
-    # FP4 x FP4 over group offsets with swizzled scales: the sm_100 CuTeDSL UMMA kernel (compiled only: refused unless
-    # LOWBIT_CUTE_UNVERIFIED=1) and the reference; the moe_align-layout FP4 GEMMs with linear scales are the Triton
-    # dot_scaled rows of moe_gemm_w4a4 / moe_gemm_w4a8 (DOT_SCALED_WHY)
+    # FP4 x FP4 over group offsets or the masked layout, with swizzled scales: the sm_100 CuTeDSL UMMA kernel (compiled
+    # only: refused unless LOWBIT_CUTE_UNVERIFIED=1; swap-AB tiles for masked max_m <= 64) and the reference; the
+    # moe_align-layout FP4 GEMMs with linear scales are the Triton dot_scaled rows of moe_gemm_w4a4 / moe_gemm_w4a8
+    # (DOT_SCALED_WHY)
     Entry("moe_gemm_blockscaled", "cute", CUTE_BLACKWELL, "cute_ops.gemm.moe_sm100:moe_gemm_blockscaled",
           CUTE_UNMEASURED, CUTE_GEMM_SM100_WHY, "cute_ops.gemm.moe_sm100:supports_moe_gemm_blockscaled"),
     Entry("moe_gemm_blockscaled", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_blockscaled", TORCH_REF,

@@ -4,8 +4,9 @@ CPU, no DSL needed: the scale layout's byte offsets vs the contract's `swizzle_s
 scheduler's Python model (every tile exactly once, in the documented order, rows inside their group), the torch
 twin of the GEMM vs the contract's dequantizers.
 CPU, nvidia-cutlass-dsl (skipped with the reason without it): the CuTe form of the scale layout traced and
-evaluated vs the same offsets; the kernel compiled for sm_100a (no GPU: `--gpu-arch`) and its SASS checked for the
-block-scaled UMMA, the tcgen05 commit barrier, TMEM loads, TMA loads and the scale-factor TMEM copies.
+evaluated vs the same offsets; the kernel compiled for sm_100a (no GPU: `--gpu-arch`), default and swap-AB
+variants, and its SASS checked for the block-scaled UMMA, the tcgen05 commit barrier, TMEM loads, TMA loads, the
+scale-factor TMEM copies, the epilogue's stores, no spills and no device-side descriptor rewrites.
 GPU (`-m gpu`, Blackwell only): bytes vs the torch twin. NEVER RUN: no Blackwell GPU has been available.
 """
 

@@ -83,7 +83,8 @@ def test_launcher_group_bounds_follow_the_contract():
         assert starts.dtype == counts.dtype == torch.int32
         want = [min(max(x, 0), m) for x in offs]
         want = [max(want[: i + 1]) for i in range(len(want))]
-        assert starts.tolist() == want[:-1] and counts.tolist() == [b - a for a, b in zip(want, want[1:])]
+        assert starts.tolist() == want[:-1]
+        assert counts.tolist() == [b - a for a, b in zip(want[:-1], want[1:], strict=True)]
     assert moe_sm100.masked_starts(4, 64, torch.device("cpu")).tolist() == [0, 64, 128, 192]
 
 

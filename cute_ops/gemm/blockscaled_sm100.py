@@ -16,7 +16,7 @@ per-group factor (NVFP4: the product of the two global scales; MXFP4: 1). Operan
 | b | [G, N, K/2] uint8 | per-group weights, same packing |
 | sfb | [G, N, round_up(K/sf_vec, 4)] uint8 | each group's [N, K/sf_vec] swizzled, N a multiple of 128 |
 | out | [M, N] bf16 | rows outside every group are not written |
-| starts, counts | [G] int32 | group g's rows [starts[g], starts[g] + counts[g]); starts[g] a multiple of the tile's rows |
+| starts, counts | [G] int32 | group g: rows [starts[g], +counts[g]), starts[g] a multiple of the tile's rows |
 | alpha | [G] fp32 | per-group output factor |
 
 Layouts (the launcher builds starts / counts on the device): contiguous offsets (starts = offsets[:-1], multiples of

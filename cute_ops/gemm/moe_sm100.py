@@ -31,51 +31,39 @@ UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
 HARDWARE_STATUS = ("CuTeDSL sm_100a block-scaled grouped GEMM: compiled and SASS-checked in CI, never run on a "
                    f"Blackwell chip (set {UNVERIFIED_ENV}=1 to run it)")
 ARCHS = ("sm_100", "sm_103")
-ROW_ALIGN = 128  # group offsets and M: multiples of the UMMA tile's rows (the scale atom)
 
 
-def _supports_device(a, a_scale, b, b_scale) -> str | None:
+def _supports(a, a_scale, b, b_scale, fmt, rows: int, rows_per_group: int | None, what: str) -> str | None:
+    """Why the kernel cannot take a call whose group starts are multiples of `rows` (None: it can): the chip, the
+    static sizes, and `rows` a multiple of the tile's rows (so no tile reads past its group's allocation)."""
     if os.environ.get(UNVERIFIED_ENV) != "1":
         return HARDWARE_STATUS
     if a.device.type != "cuda" or arch_of(a.device) not in ARCHS:
         return f"tcgen05 kernel: needs an sm_100 / sm_103 GPU, got {arch_of(a.device)}"
     if not all(t.is_contiguous() for t in (a, a_scale, b, b_scale)):
         return "operands must be contiguous (one TMA descriptor each)"
-    return None
-
-
-def supports_moe_gemm_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt) -> str | None:
-    """Why the sm_100 kernel cannot take this call (None: it can)."""
-    why = _supports_device(a, a_scale, b, b_scale)
-    if why is not None:
-        return why
     from .blockscaled_sm100 import can_implement
 
     g, n, kh = b.shape
     why = can_implement(fmt, n, 2 * kh, g)
     if why is not None:
         return why
-    if a.shape[0] % ROW_ALIGN:
-        return f"M={a.shape[0]} is not a multiple of {ROW_ALIGN} (moe_align with block_m=128 gives such layouts)"
+    tile_rows = config(fmt, n, 2 * kh, g, rows_per_group, 148, "sm_100a").rows_per_tile
+    if rows % tile_rows:
+        return f"{what}={rows} is not a multiple of {tile_rows} (the rows of this call's tiles)"
     return None
+
+
+def supports_moe_gemm_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt) -> str | None:
+    """Why the sm_100 kernel cannot take this call (None: it can). M a multiple of 128: moe_align with block_m=128
+    gives such layouts (its offsets too, which the kernel reads on the device and does not check)."""
+    return _supports(a, a_scale, b, b_scale, fmt, a.shape[0], None, "M")
 
 
 def supports_moe_gemm_blockscaled_masked(a, a_scale, b, b_scale, masked_m, alpha, fmt) -> str | None:
-    """Why the sm_100 kernel cannot take this masked call (None: it can): max_m must be a multiple of the tile's
-    rows (128, or the swap-AB token tile), so a tile never reads past its group's allocation."""
-    why = _supports_device(a, a_scale, b, b_scale)
-    if why is not None:
-        return why
-    from .blockscaled_sm100 import can_implement
-
-    g, n, kh = b.shape
-    cfg_why = can_implement(fmt, n, 2 * kh, g)
-    if cfg_why is not None:
-        return cfg_why
-    rows = config(fmt, n, 2 * kh, g, a.shape[1], 148, "sm_100a").rows_per_tile
-    if a.shape[1] % rows:
-        return f"max_m={a.shape[1]} is not a multiple of {rows} (the tile's rows for this max_m)"
-    return None
+    """Why the sm_100 kernel cannot take this masked call (None: it can): max_m a multiple of the tile's rows (128,
+    or the swap-AB token tile the rule picks for it)."""
+    return _supports(a, a_scale, b, b_scale, fmt, a.shape[1], a.shape[1], "max_m")
 
 
 def config(fmt: str, n: int, k: int, num_groups: int, rows_per_group: int | None, sms: int, arch: str):

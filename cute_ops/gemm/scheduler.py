@@ -16,8 +16,8 @@ whole CTA's walk costs O(G + its tiles) loads of `offsets`.
 Row bounds: a tile covers rows [offsets[g] + m_tile * block_m, +block_m) clipped at row_end = offsets[g + 1]; the
 epilogue predicates its stores on row < row_end (rows past it belong to the next group).
 
-Bounded form (the sm_90 and sm_100 grouped GEMMs): group g owns rows [starts[g], starts[g] + counts[g]) (two device int32
-tensors [G]; groups need not be adjacent, ordered or aligned: the masked layout's groups start at g * max_m, the
+Bounded form (the sm_90 and sm_100 grouped GEMMs): group g owns rows [starts[g], starts[g] + counts[g]) (two device
+int32 tensors [G]; groups need not be adjacent, ordered or aligned: the masked layout's groups start at g * max_m, the
 contiguous layout's where the expert's rows begin). Same linear order and walk, with rows_g = counts[g]; the
 offsets form is the special case starts = offsets[:-1], counts = offsets[1:] - offsets[:-1]. The sm_100 block-scaled
 kernel addresses a tile by its row tile row_start / block_m, so it needs every starts[g] to be a multiple of block_m

@@ -304,11 +304,7 @@ def check_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt) -> None:
     op = "moe_gemm_blockscaled"
     a, a_scale, b, b_scale = blockscaled_views(a, a_scale, b, b_scale)
     g = _check_blockscaled_operands(op, a, a_scale, b, b_scale, alpha, fmt, "[M, K/2]")
-    check_tensor(op, "offsets", offsets)
-    check_dtype(op, "offsets", offsets, (torch.int32,))
-    if _shape(offsets) != (g + 1,):
-        fail(op, "offsets", f"expected shape ({g + 1},) (group row starts and the end), got {_shape(offsets)}")
-    check_same_device(op, "a", a, "offsets", offsets)
+    _check_int32_vector(op, a, "offsets", offsets, g + 1, "group row starts and the end")
 
 
 def check_blockscaled_masked(a, a_scale, b, b_scale, masked_m, alpha, fmt) -> None:
@@ -320,8 +316,12 @@ def check_blockscaled_masked(a, a_scale, b, b_scale, masked_m, alpha, fmt) -> No
     e = _check_blockscaled_operands(op, a, a_scale, b, b_scale, alpha, fmt, "[E, max_m, K/2]")
     if e != a.shape[0]:
         fail(op, "b", f"expected {a.shape[0]} experts (a's first dimension), got {e}")
-    check_tensor(op, "masked_m", masked_m)
-    check_dtype(op, "masked_m", masked_m, (torch.int32,))
-    if _shape(masked_m) != (e,):
-        fail(op, "masked_m", f"expected shape ({e},) (rows per expert), got {_shape(masked_m)}")
-    check_same_device(op, "a", a, "masked_m", masked_m)
+    _check_int32_vector(op, a, "masked_m", masked_m, e, "rows per expert")
+
+
+def _check_int32_vector(op, a, name, t, size, what):
+    check_tensor(op, name, t)
+    check_dtype(op, name, t, (torch.int32,))
+    if _shape(t) != (size,):
+        fail(op, name, f"expected shape ({size},) ({what}), got {_shape(t)}")
+    check_same_device(op, "a", a, name, t)
