@@ -225,6 +225,40 @@ def test_swap_ab_rule(rows, want):
     assert cfg.cols_per_tile == (128 if cfg.swap_ab else cfg.tile_n)
 
 
+@needs_dsl
+@pytest.mark.parametrize("swap_ab,tile_n", [(False, 128), (False, 256), (True, 32), (True, 64)])
+def test_epilogue_thread_owns_one_accumulator_row(swap_ab, tile_n):
+    """The epilogue's partition (the kernel's own `epi_partition`) traced on the host over an identity C tensor:
+    thread t's registers of epilogue step s in C tile (i, j) are C[i * 128 + t, j * tile_n + s * 32 + r], r < 32.
+    C is out (rows x columns) by default; with swap_ab it is out^T, so thread t holds output column i * 128 + t
+    for 32 consecutive tokens, each stored to out[token, column] predicated on the token."""
+    from cute_ops.gemm.blockscaled_sm100 import BLOCK_M, GroupedBlockScaledGemmSm100, pick_config
+
+    cfg = pick_config("nvfp4", 512, 512, 2, tile_n=tile_n, swap_ab=swap_ab)
+    kern = GroupedBlockScaledGemmSm100(cfg)
+    got = {}
+    tile_i, tile_j = 1, 2
+
+    @cute.jit
+    def trace(tidx: cutlass.Constexpr):
+        tiled_mma = cute.make_tiled_mma(kern._mma_op(cfg.tile_n))
+        acc = tiled_mma.make_fragment_C(cute.append(tiled_mma.partition_shape_C(kern.tile[:2]), cfg.acc_stages))
+        ident = cute.make_identity_tensor((4 * BLOCK_M, 4 * cfg.tile_n, 1))
+        tCcC = tiled_mma.get_slice(0).partition_C(
+            cute.local_tile(ident, cute.slice_(kern.tile, (None, None, 0)), (None, None, None)))
+        _, _, part = kern.epi_partition(tidx, acc)
+        cC = part(tCcC)
+        for s_ in cutlass.range_constexpr(cute.size(cC, mode=[4])):
+            step = cC[(None, None, None, 0, s_, tile_i, tile_j, 0)]
+            got[(tidx, s_)] = [tuple(step[i][:2]) for i in range(cute.size(step))]
+
+    for t in (0, 31, 32, 77, 127):
+        cute.compile(trace, t)
+        for s_ in range(tile_n // cfg.epi_cols):
+            want = [(tile_i * BLOCK_M + t, tile_j * tile_n + s_ * cfg.epi_cols + r) for r in range(cfg.epi_cols)]
+            assert got[(t, s_)] == want, (t, s_)
+
+
 _DUMPS: dict = {}
 
 

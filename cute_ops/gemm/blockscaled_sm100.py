@@ -460,21 +460,27 @@ class GroupedBlockScaledGemmSm100:
         src = tcgen05.get_s2t_smem_desc_tensor(tiled, thr.partition_S(sSF_compact))
         return tiled, src, thr.partition_D(tSF_compact)
 
-    @cute.jit
-    def epilogue(self, sched, bidx, nctas, tidx, acc_pipe, acc_ptr, tCtAcc_fake, tCgC, tCcC, alpha):
-        tCtAcc_all = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
+    def epi_partition(self, tidx, tCtAcc_all):
+        """This thread's share of the epilogue: the TMEM -> register copy (tcgen05.ld 32x32b, epi_cols columns), its
+        source (T2R, T2R_M, T2R_N, #EPI_M, #EPI_N, ACC_STAGE), and the function that partitions an MMA-partitioned
+        C-shaped tensor (tCgC, tCcC) the same way: (T2R, T2R_M, T2R_N, #EPI_M, #EPI_N, RestM, RestN, RestL).
+        Traced on the host by tests/test_cute_gemm.py (which output element each register of a thread is)."""
         # (EPI_M, EPI_N, #EPI_M, #EPI_N, ACC_STAGE)
         tAcc_epi = cute.flat_divide(tCtAcc_all[((None, None), 0, 0, None)], self.epi_tile)
         t2r_atom = cute.make_copy_atom(tcgen05.Ld32x32bOp(tcgen05.Repetition(self.cfg.epi_cols)),
                                        cutlass.Float32)
         t2r = tcgen05.make_tmem_copy(t2r_atom, tAcc_epi[(None, None, 0, 0, 0)])
         thr_t2r = t2r.get_slice(tidx)
-        tTR_tAcc = thr_t2r.partition_S(tAcc_epi)  # (T2R, T2R_M, T2R_N, #EPI_M, #EPI_N, ACC_STAGE)
-        # (T2R, T2R_M, T2R_N, #EPI_M, #EPI_N, RestM, RestN, RestL)
-        tTR_gC = thr_t2r.partition_D(cute.flat_divide(tCgC[((None, None), 0, 0, None, None, None)],
-                                                      self.epi_tile))
-        tTR_cC = thr_t2r.partition_D(cute.flat_divide(tCcC[((None, None), 0, 0, None, None, None)],
-                                                      self.epi_tile))
+
+        def part(tCxC):
+            return thr_t2r.partition_D(cute.flat_divide(tCxC[((None, None), 0, 0, None, None, None)], self.epi_tile))
+
+        return t2r, thr_t2r.partition_S(tAcc_epi), part
+
+    @cute.jit
+    def epilogue(self, sched, bidx, nctas, tidx, acc_pipe, acc_ptr, tCtAcc_fake, tCgC, tCcC, alpha):
+        t2r, tTR_tAcc, epi_part = self.epi_partition(tidx, cute.make_tensor(acc_ptr, tCtAcc_fake.layout))
+        tTR_gC, tTR_cC = epi_part(tCgC), epi_part(tCcC)
         tTR_rAcc = cute.make_rmem_tensor(tTR_gC[(None, None, None, 0, 0, 0, 0, 0)].shape, cutlass.Float32)
         tTR_rC = cute.make_rmem_tensor(tTR_rAcc.shape, cutlass.BFloat16)
         store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.BFloat16, num_bits_per_copy=128)
