@@ -259,6 +259,38 @@ def test_epilogue_thread_owns_one_accumulator_row(swap_ab, tile_n):
             assert got[(t, s_)] == want, (t, s_)
 
 
+@needs_dsl
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_swap_ab_token_scale_column_shift(fmt):
+    """The swap-AB MMA reads its token scales from TMEM column (row_start % 128) / 32 on. That holds if the DSL's
+    TMEM layout of the N-side scales (traced here for 32 / 64 / 128-token tiles: the same layout, built from the
+    whole 128-row atom) puts row 32 c + l of the atom at lane l, column c (4 bytes per column)."""
+    import cutlass.utils.blockscaled_layout as bl
+
+    from cute_ops.gemm.blockscaled_sm100 import BLOCK_M, GroupedBlockScaledGemmSm100, pick_config
+
+    got = {}
+    for tile_n in (32, 64, 128):
+        kern = GroupedBlockScaledGemmSm100(pick_config(fmt, 256, 512, 2, tile_n=tile_n, swap_ab=tile_n < 128))
+
+        @cute.jit
+        def trace():
+            tiled_mma = cute.make_tiled_mma(kern._mma_op(kern.cfg.tile_n))  # noqa: B023 - traced right here
+            smem = bl.make_smem_layout_sfb(tiled_mma, kern.tile, kern.sf_vec, 1)  # noqa: B023
+            lay = bl.make_tmem_layout_sfb(tiled_mma, kern.tile, kern.sf_vec,  # noqa: B023
+                                          cute.slice_(smem, (None, None, None, 0)))
+            got["layout"] = (lay.shape, lay.stride)
+
+        cute.compile(trace)
+        got[tile_n] = got.pop("layout")
+    assert got[32] == got[64] == got[128]
+    shape, stride = got[128]
+    (rows_shape, _), (rows_stride, _) = shape[0][0], stride[0][0]  # ((32, 4), 4 copies): row modes
+    lane = rows_stride[0]
+    for r in range(BLOCK_M):
+        assert sl.crd2idx(r, rows_shape, rows_stride) == (r % 32) * lane + (r // 32) * 4, r
+
+
 _DUMPS: dict = {}
 
 
