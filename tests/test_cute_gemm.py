@@ -394,9 +394,12 @@ def test_sm100_sass_counts_report(capsys):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", [{}, {"swap_ab": True, "tile_n": 32}, {"swap_ab": True, "tile_n": 64}],
+                         ids=["default", "swap32", "swap64"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_gpu_blackwell_matches_reference(fmt):
-    """NEVER RUN (no Blackwell GPU available): the kernel vs the torch twin on a small MoE problem."""
+def test_gpu_blackwell_matches_reference(fmt, variant):
+    """NEVER RUN (no Blackwell GPU available): the kernel (default and swap-AB tiles, groups as starts + counts of
+    128-aligned offsets) vs the torch twin on a small MoE problem."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 10:
         pytest.skip("needs an sm_100 GPU")
     pytest.importorskip("cutlass")
@@ -417,7 +420,7 @@ def test_gpu_blackwell_matches_reference(fmt):
     alpha = torch.tensor([1.0, 2.0, 0.5, 1.0])
     want = grouped_blockscaled_gemm(a, sfa, b, sfb, offs, alpha, fmt,
                                     out=torch.full((m, n), 7.0, dtype=torch.bfloat16))
-    fn = build(pick_config(fmt, n, k, g))
+    fn = build(pick_config(fmt, n, k, g, **variant))
     dev = [t.cuda() for t in (a, b, sfa, sfb)]
     out = torch.full((m, n), 7.0, dtype=torch.bfloat16, device="cuda")
     starts, counts = offs[:-1].contiguous(), (offs[1:] - offs[:-1]).contiguous()
