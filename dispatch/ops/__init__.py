@@ -45,7 +45,7 @@ from .moe_gemm import (
     moe_gemm_w4a4,
     moe_gemm_w4a8,
 )
-from .moe_layer import moe_layer
+from .moe_layer import moe_layer, moe_layer_routed
 from .quant import (
     FP8GroupQuantized,
     MXFP4Quantized,
@@ -94,5 +94,5 @@ __all__ = [
     # moe_gemm
     "moe_gemm_bf16", "moe_gemm_blockscaled", "moe_gemm_fp8", "moe_gemm_mxfp4", "moe_gemm_w4a4", "moe_gemm_w4a8",
     "moe_gemm_swiglu",
-    "moe_gemm_swiglu_fp8_group", "moe_gemm_combine", "moe_layer",
+    "moe_gemm_swiglu_fp8_group", "moe_gemm_combine", "moe_layer", "moe_layer_routed",
 ]
