@@ -321,8 +321,6 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
     bsz, sq, h, _ = q.shape
     sparse = indices is not None
     keys = indices.shape[2] if sparse else block_table.shape[1] * kv_cache.shape[1]
-    # a value past the NoPE part (V4's whole-row value) keeps one column chunk: the mma tiles
-    tiles = "mma" if v_dim > q.shape[-1] - DS_ROPE else "auto"
-    cfg = cfg or mla_config(bsz, sq, h, keys, sparse, q.device, num_splits, tiles)
+    cfg = cfg or mla_config(bsz, sq, h, keys, sparse, q.device, num_splits)
     return _launch(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal, window_left,
                    cfg)
