@@ -211,8 +211,8 @@ class FlashMlaDecode:
         _, _, h, d = q.shape
         if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
             return "FlashMLA library is built for sm_90a only"
-        if self.v_dim != 512:
-            return f"v_dim {self.v_dim}: FlashMLA decodes 512-wide values only"
+        if self.v_dim > 512:
+            return f"v_dim {self.v_dim}: FlashMLA decodes 512-wide values"
         if idx is None:
             if self.layout != "bf16" or d != 576 or cache.shape[1] != 64:
                 return "FlashMLA sm90 dense decode: bf16 cache, D 576, page 64 only (no dense FP8 path on sm90)"
@@ -246,12 +246,13 @@ class FlashMlaDecode:
         return self.run(i)[0]
 
     def run(self, i: dict):
-        """(out (B, Sq, H, v_dim) bf16, lse (B, Sq, H) fp32 natural log)."""
+        """(out (B, Sq, H, v_dim) bf16, lse (B, Sq, H) fp32 natural log). FlashMLA always computes 512 value
+        columns (V4: the whole 512-wide head); v_dim < 512 returns the first v_dim of them (a view)."""
         import torch
 
         q, cache, table, prep, lib = i["q"], i["cache"], i["table"], i["flashmla"], self.lib
         bsz, sq, h, d = q.shape
-        dev, dv, parts = q.device, self.v_dim, prep["parts"]
+        dev, dv, parts = q.device, 512, prep["parts"]  # FlashMLA's value width; a narrower v_dim is its prefix
         out = torch.empty(bsz, sq, h, dv, dtype=q.dtype, device=dev)
         lse = torch.empty(bsz, sq, h, dtype=torch.float32, device=dev)
         lse_acc = torch.empty((bsz + parts) * sq * h, dtype=torch.float32, device=dev)
@@ -270,7 +271,7 @@ class FlashMlaDecode:
                 table.data_ptr(), bsz, sq, h, 1, d, dv, cache.shape[0], cache.shape[1], table.stride(0),
                 cache.stride(0), cache.stride(1), d, self.scale, int(self.causal), *ws)
         self._raise(rc)
-        return out, lse
+        return out[..., : self.v_dim], lse
 
     def probe(self, i: dict) -> str | None:
         """None if this peer runs on these inputs (and matches `check`), else why not."""

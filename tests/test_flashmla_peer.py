@@ -113,14 +113,15 @@ def _case(layout, lens, topk, sq, seed, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout,topk", [("bf16", 0), ("v32", 128), ("v4", 128), ("v32", 2048), ("v4", 1024)])
+@pytest.mark.parametrize("layout,topk,v_dim", [("bf16", 0, 512), ("v32", 128, 512), ("v4", 128, 512),
+                                                ("v4", 128, 448), ("v32", 2048, 512), ("v4", 1024, 448)])
 @pytest.mark.parametrize("sq", [1, 2])
-def test_gpu_peer_matches_reference(layout, topk, sq):
+def test_gpu_peer_matches_reference(layout, topk, v_dim, sq):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("FlashMLA library is sm_90a only")
     _library_or_skip()
     d = WIDTH[layout]
-    v_dim, scale = 512, 1.0 / math.sqrt(192)
+    scale = 1.0 / math.sqrt(192)
     # dense: every query sees a key (len >= Sq); sparse: every list names some valid position
     lens = [700, 2100, 4096] if topk else [2, 63, 64, 65, 700, 2100]
     i = _case(layout, lens, topk, sq, 7, torch.device("cuda"))
@@ -129,4 +130,4 @@ def test_gpu_peer_matches_reference(layout, topk, sq):
     assert fn.probe(i) is None
     out, lse = fn.run(i)
     want = mla_reference(i["q"], i["cache"], i["table"], i["seqused"], i["indices"], layout, v_dim, scale, True, -1, 0)
-    assert_attention_close(out, lse, *want, f"flashmla {layout} d={d} topk={topk} Sq={sq}")
+    assert_attention_close(out, lse, *want, f"flashmla {layout} d={d} v={v_dim} topk={topk} Sq={sq}")
