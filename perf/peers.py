@@ -211,6 +211,8 @@ class FlashMlaDecode:
         _, _, h, d = q.shape
         if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
             return "FlashMLA library is built for sm_90a only"
+        if q.dtype != torch.bfloat16 or i["table"].dtype != torch.int32 or i["seqused"].dtype != torch.int32:
+            return "FlashMLA takes bf16 q and int32 block table / lengths"
         if self.v_dim > 512:
             return f"v_dim {self.v_dim}: FlashMLA decodes 512-wide values"
         if idx is None:
