@@ -10,7 +10,7 @@ import math
 import torch
 
 from .checks import check_dtype, check_same_device, check_tensor, fail
-from .formats import MXFP4_BLOCK, cdiv
+from .formats import MXFP4_BLOCK, NVFP4_BLOCK, cdiv
 
 FP8_BLOCK = 128  # DeepGEMM block scales: 1x128 activations, 128x128 weights
 
@@ -151,6 +151,36 @@ def check_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m) -> None:
                             f"{_shape(a_scale)}")
     check_same_device(op, "a", a, "a_scale", a_scale)
     _check_mxfp4_weights(op, a, w_packed, w_scale, k, e)
+
+
+def nvfp4_views(w_packed, w_scale):
+    """uint8 views of torch's packed-FP4 codes and float8_e4m3fn block scales (same bytes)."""
+    w_packed, _ = fp4_views(w_packed, None)
+    if isinstance(w_scale, torch.Tensor) and w_scale.dtype == torch.float8_e4m3fn:
+        w_scale = w_scale.view(torch.uint8)
+    return w_packed, w_scale
+
+
+def check_nvfp4(a, w_packed, w_scale, w_global, m_indices, masked_m, op: str = "moe_gemm_nvfp4") -> None:
+    """bf16 / fp16 activations x NVFP4 weights: E2M1 pairs (E, N, K/2) uint8, E4M3 block scales per 16 (E, N, K/16)
+    (uint8 codes or float8_e4m3fn), fp32 global scales (E,), one per expert."""
+    w_packed, w_scale = nvfp4_views(w_packed, w_scale)
+    e = _check_layout(op, a, w_packed, m_indices, masked_m)
+    check_dtype(op, "a", a, (torch.bfloat16, torch.float16))
+    check_dtype(op, "w", w_packed, (torch.uint8,))
+    k = a.shape[-1]
+    if k % NVFP4_BLOCK:
+        fail(op, "a", f"K={k} is not a multiple of {NVFP4_BLOCK} (one E4M3 scale per 16 weights)")
+    if w_packed.shape[2] * 2 != k:
+        fail(op, "w", f"expected packed (E, N, K/2={k // 2}) bytes, got shape {_shape(w_packed)}")
+    check_tensor(op, "w_scale", w_scale)
+    check_dtype(op, "w_scale", w_scale, (torch.uint8,))
+    want = (e, w_packed.shape[1], k // NVFP4_BLOCK)
+    if _shape(w_scale) != want:
+        fail(op, "w_scale", f"expected shape {want} (E4M3, one per 16 weights, the linear scale layout), got "
+                            f"{_shape(w_scale)}")
+    check_same_device(op, "a", a, "w_scale", w_scale)
+    _check_scale(op, "w_global", w_global, (e,), a)
 
 
 def check_row_weights(op, a, row_weights) -> None:
