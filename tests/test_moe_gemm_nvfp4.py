@@ -29,7 +29,7 @@ SCALE_EDITS = {"subnormal": (0x01, 0x08), "zero": (0x00, 0x01), "max": (0x7E, 0x
 def quant_w_nvfp4(w32: torch.Tensor, edit: str | None = None, seed: int = 0):
     """fp32 (E, N, K) -> (codes (E, N, K/2) uint8, scales (E, N, K/16) float8_e4m3fn, global (E,) fp32): each
     expert through nvfp4_quantize (its own computed global scale), stacked. edit: overwrite about a third of the
-    block scales with that kind of E4M3 byte (SCALE_EDITS)."""
+    block scales with that kind of E4M3 byte (SCALE_EDITS). Runs on w32's device (the quantizer is plain torch)."""
     qs = [nvfp4_quantize(w32[e], None, False) for e in range(w32.shape[0])]
     codes = torch.stack([q[0] for q in qs])
     scales = torch.stack([q[1] for q in qs])
@@ -37,8 +37,8 @@ def quant_w_nvfp4(w32: torch.Tensor, edit: str | None = None, seed: int = 0):
     if edit is not None and scales.numel():
         g = torch.Generator().manual_seed(seed)
         lo, hi = SCALE_EDITS[edit]
-        pick = torch.rand(scales.shape, generator=g) < 1 / 3
-        new = torch.randint(lo, hi, scales.shape, generator=g, dtype=torch.uint8)
+        pick = (torch.rand(scales.shape, generator=g) < 1 / 3).to(scales.device)
+        new = torch.randint(lo, hi, scales.shape, generator=g, dtype=torch.uint8).to(scales.device)
         s8 = scales.view(torch.uint8)
         s8[pick] = new[pick]
     return codes, scales, gs
@@ -46,9 +46,7 @@ def quant_w_nvfp4(w32: torch.Tensor, edit: str | None = None, seed: int = 0):
 
 def run_nvfp4(case: Case, dtype=torch.bfloat16, edit=None, uint8_scales=False, seed=0, **kw):
     """(got, want) of one layout case with NVFP4 weights and `dtype` activations."""
-    wp, ws, wg = quant_w_nvfp4(case.w32.cpu(), edit, seed)
-    dev = case.x.device
-    wp, ws, wg = wp.to(dev), ws.to(dev), wg.to(dev)
+    wp, ws, wg = quant_w_nvfp4(case.w32, edit, seed)
     if uint8_scales:
         ws = ws.view(torch.uint8)
     a = _poison_rows(case.x.to(dtype), case.dead)
