@@ -416,4 +416,4 @@ def moe_gemm_nvfp4(a, w_packed, w_scale, w_global, m_indices, masked_m, row_weig
     w_packed, w_scale = nvfp4_views(w_packed, w_scale)
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch("nvfp4", a, None, w_packed, w_scale, m_indices, masked_m, row_weights, a.dtype, config,
-                   w_global=w_global.float())
+                   w_global=w_global)
