@@ -125,6 +125,18 @@ def test_nan_scale_byte_and_zero_global():
     assert_close(got[:2, keep], want[:2, keep], "finite columns")
 
 
+@pytest.mark.parametrize("rows", [16, 4096], ids=["decode", "prefill"])
+def test_gpu_tile_configs_under_the_interpreter(rows):
+    """The configs the sm_90 rule picks (decode 16 x 64 x 128, 4 stages; prefill 128 x 128 x 64, 8 warps) at
+    GPT-OSS's K = 2880, run by the interpreter: the tiles the GPU runs, on a small problem."""
+    from triton_ops.moe_gemm.config import pick_config_for_arch
+    cfg = pick_config_for_arch("nvfp4", rows, 5760, 2880, "sm_90")
+    ids = [0] * 20 + [-1] * 4 + [1] * 9 + [7] + [1] * 2
+    m_indices, x, dead, w32 = _contig(2, ids, k=2880, n=80)
+    case = Case("nvfp4", x, dead, m_indices, None, w32, torch.rand(len(ids)), f"nvfp4 sm_90 config {cfg}")
+    check_nvfp4(case, config=cfg)
+
+
 # ---------------------------------------------------------------------------------------------- dispatch
 
 
@@ -211,3 +223,4 @@ def test_gpu_prefill_tile_gpt_oss_k():
     """The 128 x 128 x 64 prefill tile at GPT-OSS's K = 2880 (45 K steps, no tail), 256 rows per expert."""
     case = _gpu_case("nvfp4", False, e=4, rows=2048, n=512, k=2880)
     check_nvfp4(dataclasses.replace(_to_cuda(case), desc="gpu nvfp4 prefill K=2880"))
+
