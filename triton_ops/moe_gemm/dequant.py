@@ -72,6 +72,6 @@ def mxfp4_tile_t(packed, sbytes, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F
 def nvfp4_tile_t(packed, sbytes, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  EMULATE: tl.constexpr, F32_DOT: tl.constexpr):
     """NVFP4 without its global scale: E4M3 scale bytes [BLOCK_N, BLOCK_K // 16] -> the DTYPE (bf16 / fp16)
-    operand e2m1 * e4m3. Exact in both: the product has at most 5 significant bits and lies in [2^-10, 2688]
+    operand e2m1 * e4m3. Exact in both: the product has at most 6 significant bits and lies in [2^-10, 2688]
     (0 included); E4M3 NaN bytes (0x7F / 0xFF) give NaN, as in the reference."""
     return fp4_tile_t(packed, e4m3_decode_fast(sbytes, EMULATE), BLOCK_N, BLOCK_K, 16, DTYPE, F32_DOT)
