@@ -48,6 +48,29 @@ def test_sm90_config_rejects_what_the_kernel_does_not_build():
         FmhaSm90Config("fp32", 128)
     with pytest.raises(ValueError, match="sm_90a"):
         FmhaSm90Config("bf16", 128, arch="sm_100a")
+    with pytest.raises(ValueError, match="tile_m"):
+        FmhaSm90Config("bf16", 64, tile_m=256)
+    with pytest.raises(ValueError, match="tile_n"):
+        FmhaSm90Config("bf16", 64, tile_n=120)
+    with pytest.raises(ValueError, match="spills"):  # three consumer warpgroups have 160 registers each
+        FmhaSm90Config("bf16", 128, tile_m=192)
+    with pytest.raises(ValueError, match="spills"):
+        FmhaSm90Config("bf16", 64, tile_m=192, tile_n=144, overlap=True)
+    with pytest.raises(ValueError, match="SMEM"):  # 32 KiB Q + 3 x 64 KiB K / V
+        FmhaSm90Config("bf16", 128, kv_stages=4)
+    assert FmhaSm90Config("bf16", 128, kv_stages=3).smem_bytes() == 1024 + 32768 + 3 * 65536
+
+
+def test_sm90_for_call_keeps_the_timed_tiles_at_every_head_dim():
+    """The entry's config: 128 x 128 tiles, two consumer warpgroups, ping-pong, 2-stage K/V ring, at hd128 (timed)
+    and at hd64 (the 192-row variants are GPU-test and timing-report variants until they are timed)."""
+    from cute_ops.attention.fmha_sm90 import FmhaSm90Config
+
+    for d in (64, 128):
+        q = torch.zeros(4, 8, d, dtype=torch.bfloat16)
+        cfg = FmhaSm90Config.for_call(q, True, 128, 0, torch.zeros(8), "sm_90a")
+        assert (cfg.tile_m, cfg.tile_n, cfg.kv_stages, cfg.pingpong, cfg.overlap) == (128, 128, 2, True, False)
+        assert cfg.consumer_warpgroups == 2 and (cfg.has_window_left, cfg.has_window_right, cfg.has_sink)
 
 
 def test_sm90_entry_checks_and_auto_skip_on_cpu():
@@ -282,6 +305,17 @@ def test_sm90_epilogue_runs_on_the_host(dsl_arch_sm90, tile_m, t):
     torch.testing.assert_close(lse, want_lse, rtol=1e-6, atol=1e-6)
 
 
+# hd64 tile variants (FmhaSm90Config fields; for_call keeps 128 x 128 at every head dim until they are timed):
+# three consumer warpgroups (the 192-row query tile of FA3 / FA4 at hd64) with the ping-pong ring, with FA4's
+# intra-warpgroup overlap as well, without ping-pong, with a 4-deep K/V ring; two warpgroups over 192-key tiles;
+# three over 160-key tiles. Each compiles for sm_90a without spills with the GPT-OSS window
+# mask (test_sm90_sass_has_wgmma_and_tma).
+SM90_HD64_VARIANTS = [dict(tile_m=192), dict(tile_m=192, overlap=True), dict(tile_m=192, pingpong=False),
+                      dict(tile_m=192, kv_stages=4), dict(tile_n=192, kv_stages=3),
+                      dict(tile_m=192, tile_n=160, kv_stages=3)]
+GPT_OSS_WINDOW = dict(causal=True, has_window_left=True, has_window_right=True, has_sink=True)  # window (128, 0)
+
+
 @needs_dsl
 @pytest.mark.parametrize("dtype,d,extra", [
     ("bf16", 128, dict(causal=True, has_window_left=True, has_sink=True)),
@@ -289,13 +323,10 @@ def test_sm90_epilogue_runs_on_the_host(dsl_arch_sm90, tile_m, t):
     ("bf16", 128, dict(causal=True, pingpong=False)),
     ("bf16", 128, dict(causal=True, has_sink=True, overlap=True)),
     ("fp16", 64, dict(has_window_left=True, overlap=True, pingpong=True)),
-    ("bf16", 64, dict(causal=True, has_sink=True)),  # the hd64 GPT-OSS configs, then the variants for them
+    ("bf16", 64, dict(causal=True, has_sink=True)),  # GPT-OSS causal as for_call builds it, and with 192 rows
     ("bf16", 64, dict(causal=True, has_sink=True, tile_m=192)),
-    ("bf16", 64, dict(has_window_left=True, has_window_right=True, has_sink=True, tile_m=192, overlap=True)),
     ("fp16", 64, dict(causal=True, tile_m=192, pingpong=False, kv_stages=4)),
-    ("bf16", 64, dict(causal=True, has_sink=True, tile_n=192, kv_stages=3)),
-    ("bf16", 64, dict(has_window_left=True, has_window_right=True, has_sink=True, tile_m=192, tile_n=160,
-                      kv_stages=3)),
+    *[("bf16", 64, dict(GPT_OSS_WINDOW, **v)) for v in SM90_HD64_VARIANTS],
 ])
 def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     """Record (nvidia-cutlass-dsl 4.8.1): bf16 D=128: HGMMA.64x128 16, UTMALDG.3D 6, MUFU.EX2 66, SHFL.BFLY 8,
@@ -394,6 +425,8 @@ SM90_GPU_CASES = [  # lq, lk, hq, hkv, d, dtype, causal, window, sink
     ([200, 3], [50, 0], 2, 2, 64, torch.bfloat16, True, (-1, -1), True),  # the same with sinks: lse = sink
     ([1], [4096], 8, 8, 128, torch.bfloat16, True, (-1, -1), False),  # one query, many keys
     ([2048], [2048], 8, 1, 128, torch.bfloat16, True, (256, -1), True),  # sliding window + sinks, MQA
+    ([1000, 577], [1000, 577], 8, 1, 64, torch.bfloat16, True, (-1, -1), True),  # GPT-OSS causal + sinks
+    ([700, 1300], [700, 1300], 8, 1, 64, torch.bfloat16, True, (128, 0), True),  # GPT-OSS window 128 + sinks
 ]
 
 
@@ -410,15 +443,34 @@ def test_gpu_sm90_matches_reference(case):
     assert_attention_close(out, lse, want_out, want_lse, f"sm90 {case}")
 
 
+def _variant_id(v) -> str:
+    return "+".join(f"{k}={int(x)}" for k, x in v.items()) or "default"
+
+
 # schedules beside the default (ping-pong on, overlap off): no ping-pong, overlap alone, both
 SM90_VARIANTS = [dict(pingpong=False), dict(pingpong=False, overlap=True), dict(pingpong=True, overlap=True)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", SM90_VARIANTS, ids=lambda v: "+".join(f"{k}={int(x)}" for k, x in v.items()))
+@pytest.mark.parametrize("variant", SM90_VARIANTS, ids=_variant_id)
 @pytest.mark.parametrize("case", SM90_GPU_CASES[:3] + SM90_GPU_CASES[5:], ids=_case_id)
 def test_gpu_sm90_schedule_variants_match_reference(case, variant):
     """The ping-pong and overlap schedules (config fields, off in the entry until this passes and is timed)."""
+    _need_sm90()
+    out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 {variant} {case}")
+
+
+SM90_HD64_CASES = [SM90_GPU_CASES[2], *SM90_GPU_CASES[-2:]]  # varlen GQA fp16 with empty sequences; GPT-OSS
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", SM90_HD64_VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("case", SM90_HD64_CASES, ids=_case_id)
+def test_gpu_sm90_hd64_tile_variants_match_reference(case, variant):
+    """The hd64 tile variants (192-row query tiles: three consumer warpgroups; other tile_n and ring depths)
+    against the fp64 reference: causal, window (128, 0) and (100, -1), sinks, GQA / MQA, varlen with an empty
+    sequence and lengths that are not multiples of 192 or 128."""
     _need_sm90()
     out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
     assert_attention_close(out, lse, want_out, want_lse, f"sm90 {variant} {case}")
@@ -472,8 +524,9 @@ def test_gpu_sm90_drawn_cases_match_reference(case):
 # (label, batch, seqlen, hq, hkv, head dim, window_left, sinks, cute variants beyond the default)
 TIMING_CASES = [
     ("llama 4x4096 hd128 causal", 4, 4096, 32, 8, 128, -1, False, SM90_VARIANTS),
-    ("gpt-oss 2x8192 hd64 causal sinks", 2, 8192, 64, 8, 64, -1, True, [dict(pingpong=False)]),
-    ("gpt-oss 2x8192 hd64 window 128 sinks", 2, 8192, 64, 8, 64, 128, True, [dict(pingpong=False)]),
+    ("gpt-oss 2x8192 hd64 causal sinks", 2, 8192, 64, 8, 64, -1, True, [dict(pingpong=False), *SM90_HD64_VARIANTS]),
+    ("gpt-oss 2x8192 hd64 window 128 sinks", 2, 8192, 64, 8, 64, 128, True,
+     [dict(pingpong=False), *SM90_HD64_VARIANTS]),
 ]
 
 
@@ -511,7 +564,7 @@ def test_gpu_sm90_timing_report(case):
         print(f"sm90 attention timing: no FA4 peer ({exc})")
     for variant in [{}, *variants]:
         fn = fmha_sm90.compiled(dataclasses.replace(cfg, **variant))
-        name = "+".join(f"{key}={int(on)}" for key, on in variant.items()) or "default"
+        name = _variant_id(variant)
         runs[f"cute {name}"] = lambda fn=fn: launch.run(fn, q, k, v, cu_, cu_, s_, scale, window[0], window[1],
                                                         sinks)
     keys = torch.arange(s_)
