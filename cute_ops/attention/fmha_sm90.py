@@ -75,7 +75,7 @@ class FmhaSm90Config(launch.AttentionConfig):
             raise ValueError(f"kv_stages {self.kv_stages} not in [1, 8]")
         # ptxas spills at 160 registers beyond these (nvidia-cutlass-dsl 4.8.1, sm_90a): S (tile_n / 2 fp32 per
         # thread) and O (head_dim / 2) live together; with the overlap P_{j-1} (tile_n / 4) as well. Compiled:
-        # hd64 x 128 136 registers, x 160 156, overlap x 128 156; spills: hd64 x 192, hd128 x 128, overlap x 144.
+        # hd64 x 128 137 registers, x 160 156, overlap x 128 157; spills: hd64 x 192, hd128 x 128, overlap x 144.
         if self.tile_m == 192 and (self.head_dim + self.tile_n > 224 or (self.overlap and self.tile_n > 128)):
             raise ValueError(f"tile_m 192 (160 registers) with head_dim {self.head_dim}, tile_n {self.tile_n}, "
                              f"overlap {self.overlap}: spills (needs head_dim + tile_n <= 224, overlap tile_n <= 128)")
