@@ -22,6 +22,17 @@ from pathlib import Path
 class Dump:
     ptx: str
     sass: str
+    usage: str = ""  # `cuobjdump -res-usage` of the cubin(s)
+
+    def resources(self) -> dict[str, int]:
+        """The first kernel's resource line: {'REG': registers per thread at launch, 'STACK', 'SHARED' (static
+        bytes), 'LOCAL', ...}; empty when no usage was recorded."""
+        m = re.search(r"REG:\d+.*", self.usage)
+        return {k: int(v) for k, v in re.findall(r"(\w+):(\d+)", m.group(0))} if m else {}
+
+    def max_register(self) -> int:
+        """The highest general register index the SASS names (+1: the registers the busiest branch touches)."""
+        return max((int(r) for r in re.findall(r"\bR(\d+)\b", self.sass)), default=-1) + 1
 
     def opcodes(self) -> collections.Counter:
         """SASS opcode (with modifiers, e.g. 'LDG.E.128') -> count."""
@@ -63,6 +74,14 @@ def disassemble(cubin: Path) -> str:
     raise RuntimeError("no cuobjdump/nvdisasm found (install triton or nvidia-cuda-nvdisasm)")
 
 
+def resource_usage(cubin: Path) -> str:
+    """`cuobjdump -res-usage` of a cubin ('' without cuobjdump)."""
+    tool = find_tool("cuobjdump")
+    if not tool:
+        return ""
+    return subprocess.run([tool, "-res-usage", str(cubin)], check=True, capture_output=True, text=True).stdout
+
+
 def compile_and_dump(compile_fn: Callable[[str], object]) -> Dump:
     """`compile_fn(extra_options)` must call cute.compile with `extra_options` appended to its options."""
     with tempfile.TemporaryDirectory(prefix="lowbit-cute-dump-") as d:
@@ -73,4 +92,5 @@ def compile_and_dump(compile_fn: Callable[[str], object]) -> Dump:
             raise RuntimeError(f"cute.compile kept no cubin in {d}: {sorted(p.name for p in Path(d).rglob('*'))}")
         sass = "\n".join(disassemble(c) for c in cubins)
         ptx = "\n".join(p.read_text() for p in ptxs)
-    return Dump(ptx=ptx, sass=sass)
+        usage = "\n".join(resource_usage(c) for c in cubins)
+    return Dump(ptx=ptx, sass=sass, usage=usage)

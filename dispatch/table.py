@@ -67,6 +67,9 @@ CUTE_GEMM_SM100_WHY = ("CuTeDSL tcgen05 block-scaled UMMA (UTCOMMA), TMEM accumu
                        "masked layouts, swap-AB tiles for <= 64 rows per expert; compiled for sm_100a, never run on "
                        "Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1")
 DOT_SCALED_WHY = "tl.dot_scaled: native block-scaled MMA on Blackwell (compiled only); upcast on Hopper"
+# NVFP4 weights, bf16 / fp16 activations: the grouped kernel with e2m1 * e4m3 dequantized in registers (Triton 3.6
+# cannot lower tl.dot_scaled with NVFP4 scales on sm_90). Not run on a GPU yet: ranked as the only kernel of the op.
+NVFP4_W4A16_WHY = "NVFP4 weights dequantized in registers (E4M3 scales per 16, global per expert); not timed yet"
 # Not measured yet (perf/cases/moe_gemm.py has the fused-vs-chain cases): ranked as the only kernel of the op.
 GEMM_SWIGLU = "GEMM1 with SwiGLU (+ FP8 1xG quant) in the epilogue: the gate and up outputs never go to memory"
 GEMM_COMBINE = "GEMM2 scattering rows into token order, then the slot-order combine: 2 launches, no atomics"
@@ -231,6 +234,9 @@ ROWS: tuple[Entry, ...] = (
     *triton_rows("moe_gemm_mxfp4", "triton_ops.moe_gemm.grouped:moe_gemm_mxfp4", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_mxfp4"),
     Entry("moe_gemm_mxfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_mxfp4", TORCH_REF, REFERENCE_WHY),
+    *triton_rows("moe_gemm_nvfp4", "triton_ops.moe_gemm.grouped:moe_gemm_nvfp4", NVFP4_W4A16_WHY,
+                 supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_nvfp4"),
+    Entry("moe_gemm_nvfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_nvfp4", TORCH_REF, REFERENCE_WHY),
     # FP4 x FP4 over group offsets or the masked layout, with swizzled scales: the sm_100 CuTeDSL UMMA kernel (compiled
     # only: refused unless LOWBIT_CUTE_UNVERIFIED=1; swap-AB tiles for masked max_m <= 64) and the reference; the
     # moe_align-layout FP4 GEMMs with linear scales are the Triton dot_scaled rows of moe_gemm_w4a4 / moe_gemm_w4a8

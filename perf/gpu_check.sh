@@ -110,10 +110,11 @@ fi
 
 if want eager; then
   # Host cost per eager call of every op at a tiny shape vs torch's F.rms_norm (perf/eager.py), with a cProfile
-  # breakdown of EAGER_PROFILE ops.
+  # breakdown of EAGER_PROFILE ops; the whole-suite run also compares the fused ops with torch eager / Liger at
+  # decode shapes (--decode).
   # shellcheck disable=SC2086
   timeout "${EAGER_TIME:-240}" python3 -m perf.eager --out "$OUT/eager.json" ${FAMILY_OPS:+--ops $(echo $FAMILY_OPS | tr ' ' ',')} \
-      --profile "${EAGER_PROFILE:-rms_norm,swiglu_mxfp4,fp8_group_quantize}" > "$OUT/eager.log" 2>&1
+      --profile "${EAGER_PROFILE:-rms_norm,swiglu_mxfp4,fp8_group_quantize}" $([ -z "${FAMILY:-}" ] && echo --decode) > "$OUT/eager.log" 2>&1
   note "eager (rc=$?): $(grep -c 'lowbit\|triton\|cute\|torch' "$OUT/eager.log") lines"
   head -60 "$OUT/eager.log"
 fi

@@ -5,7 +5,8 @@ One line per (op, case, provider, timing) per run. GPU runs append to `perf/resu
 interpreter and wall-clock numbers are never mistaken for GPU numbers.
 
 Record fields (schema 1): schema, run_id, timestamp, git_commit, git_dirty, device, device_slug, arch,
-versions{torch, triton, cutlass_dsl, liger, python}, roofline{copy_gbps, bf16_tflops, fp8_tflops, how},
+versions{torch, triton, cutlass_dsl, liger, flashmla (commit of the peer library), python},
+roofline{copy_gbps, bf16_tflops, fp8_tflops, how},
 op, case, bucket, params, provider, kind, note, timing ("events" | "cuda-graph" | "cpu-wallclock"), status
 ("ok" | "wrong" | "error" | "skipped"), error, verified, median_us, p20_us, p80_us, samples,
 calls_per_sample, bytes_moved, flops, gbps, tflops, roofline_frac, bound, vs{provider: ratio}, repro, quick.
@@ -71,6 +72,12 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def _flashmla_commit() -> str | None:
+    from perf.peers import flashmla_version
+
+    return flashmla_version()
+
+
 def run_metadata(device: torch.device, roof, quick: bool) -> dict:
     """What every record of this run shares. LOWBIT_GIT_COMMIT overrides the commit (a copy without .git)."""
     import triton
@@ -91,7 +98,7 @@ def run_metadata(device: torch.device, roof, quick: bool) -> dict:
         device_slug=device_slug(device),
         arch=arch,
         versions=dict(torch=torch.__version__, triton=triton.__version__, cutlass_dsl=_version("nvidia-cutlass-dsl"),
-                      liger=_version("liger-kernel"), python=platform.python_version()),
+                      liger=_version("liger-kernel"), flashmla=_flashmla_commit(), python=platform.python_version()),
         roofline=dataclasses.asdict(roof),
         quick=quick,
         interpret=os.environ.get("TRITON_INTERPRET") == "1",

@@ -38,9 +38,10 @@ _COMPILE = textwrap.dedent("""
     tool = next((os.path.join(bindir, t) for t in ("cuobjdump", "nvdisasm") if os.path.exists(os.path.join(bindir, t))),
                 None)
     res = {"triton": triton.__version__, "configs": []}
-    for d, dt, causal, window, sink in ((128, torch.bfloat16, True, (-1, -1), False),
-                                        (64, torch.float16, False, (128, 0), True)):
-        c = P.compile_sm90(d, d, dt, hq=8, hkv=1, causal=causal, window=window, sink=sink)
+    for d, dv, dt, causal, window, sink in ((128, 128, torch.bfloat16, True, (-1, -1), False),
+                                            (64, 64, torch.float16, False, (128, 0), True),
+                                            (192, 128, torch.bfloat16, True, (-1, -1), False)):
+        c = P.compile_sm90(d, dv, dt, hq=8, hkv=1, causal=causal, window=window, sink=sink)
         ptx = c.asm["ptx"]
         r = {"d": d, "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor"),
              "ex2": ptx.count("ex2.approx"), "smem": c.metadata.shared, "sass": None}
@@ -142,6 +143,7 @@ def test_refuses_host_tensors_and_other_tritons():
 def test_config_rule():
     assert P.sm90_prefill_config(128, 128) == P.Sm90PrefillConfig(128, 128, 2, 8)
     assert P.sm90_prefill_config(64, 64) == P.Sm90PrefillConfig(128, 128, 3, 8)
+    assert P.sm90_prefill_config(192, 128) == P.Sm90PrefillConfig(128, 128, 2, 8)
     with pytest.raises(ValueError):
         P.sm90_prefill_config(96, 96)
 
@@ -165,23 +167,23 @@ def _cu(lengths) -> torch.Tensor:
     return torch.tensor(c, dtype=torch.int32, device="cuda")
 
 
-def _make(lq, lk, hq, hkv, d, dtype, seed, fused=False):
+def _make(lq, lk, hq, hkv, d, dtype, seed, fused=False, dv=None):
     g = torch.Generator(device="cuda").manual_seed(seed)
     tq, tk = sum(lq), sum(lk)
     if fused:  # q | k | v heads side by side in one row per token, as a fused QKV projection writes them
-        assert tq == tk
+        assert tq == tk and dv is None
         buf = torch.randn(tq, hq + 2 * hkv, d, generator=g, device="cuda").to(dtype)
         return buf[:, :hq], buf[:, hq:hq + hkv], buf[:, hq + hkv:]
     q = torch.randn(tq, hq, d, generator=g, device="cuda").to(dtype)
     k = torch.randn(tk, hkv, d, generator=g, device="cuda").to(dtype)
-    v = torch.randn(tk, hkv, d, generator=g, device="cuda").to(dtype)
+    v = torch.randn(tk, hkv, dv or d, generator=g, device="cuda").to(dtype)
     return q, k, v
 
 
-def _check(lq, lk, hq, hkv, d, dtype, causal, window=(-1, -1), sink=False, seed=0, fused=False):
+def _check(lq, lk, hq, hkv, d, dtype, causal, window=(-1, -1), sink=False, seed=0, fused=False, dv=None):
     from dispatch.reference.attention import attention_varlen
 
-    q, k, v = _make(lq, lk, hq, hkv, d, dtype, seed, fused)
+    q, k, v = _make(lq, lk, hq, hkv, d, dtype, seed, fused, dv)
     cq, ck = _cu(lq), _cu(lk)
     sinks = torch.randn(hq, device="cuda") * 2 if sink else None
     scale = 1.0 / math.sqrt(d)
@@ -190,7 +192,7 @@ def _check(lq, lk, hq, hkv, d, dtype, causal, window=(-1, -1), sink=False, seed=
     out, lse = P.attention_prefill(*args)
     torch.cuda.synchronize()
     want_out, want_lse = attention_varlen(q, k, v, cq, ck, scale, causal, window, sinks)  # fp64 on the GPU
-    what = f"hd {d} {dtype} causal={causal} window={window} sink={sink} gqa {hq}:{hkv} lq={lq} lk={lk}"
+    what = f"hd {d}/{dv or d} {dtype} causal={causal} window={window} sink={sink} gqa {hq}:{hkv} lq={lq} lk={lk}"
     assert not torch.isnan(lse).any(), f"{what}: NaN in lse"
     assert_attention_close(out, lse, want_out, want_lse, what)
 
@@ -210,6 +212,17 @@ LK = [1, 900, 17, 1500, 2000, 128]  # sq < sk, sq == sk, length 0 / 1, a sequenc
 def test_gpu_matches_reference(d, dtype, causal, window, sink, hq, hkv):
     _needs_sm90()
     _check(LQ, LK, hq, hkv, d, dtype, causal, window, sink)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,causal,window,sink,hq,hkv", [
+    (torch.bfloat16, True, (-1, -1), False, 4, 4),
+    (torch.float16, False, (128, 0), True, 4, 2),
+])
+def test_gpu_deepseek_head_dims(dtype, causal, window, sink, hq, hkv):
+    """DeepSeek MLA prefill: qk head dim 192 (128 no-rope + 64 rope), v 128; Q / K tiles as two TMA parts."""
+    _needs_sm90()
+    _check(LQ, LK, hq, hkv, 192, dtype, causal, window, sink, dv=128)
 
 
 @pytest.mark.gpu

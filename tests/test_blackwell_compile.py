@@ -136,6 +136,9 @@ _COMPILE = textwrap.dedent("""
         "moe_gemm/mxfp4_dot_scaled": lambda: grouped.moe_gemm_mxfp4(E(8192, 2880), E(32, 5760, 1440, dt=u8),
                                                                     E(32, 5760, 90, dt=u8), E(8192, dt=i32), None,
                                                                     dot_scaled=True),
+        "moe_gemm/nvfp4": lambda: grouped.moe_gemm_nvfp4(E(8192, 2880), E(32, 5760, 1440, dt=u8),
+                                                         E(32, 5760, 180, dt=u8), E(32, dt=f32), E(8192, dt=i32),
+                                                         None),
         "moe_gemm/w4a8": lambda: grouped.moe_gemm_w4a8(E(8192, 2048, dt=e4m3), E(8192, 16, dt=f32),
                                                        E(32, 5760, 1024, dt=u8), E(32, 5760, 64, dt=u8),
                                                        E(8192, dt=i32), None),
@@ -271,6 +274,10 @@ EXPECT: dict[str, list[tuple[tuple[int, ...], tuple[str, ...]]]] = {
                      (SM120, (r"QMMA\.16832\.F32\.E4M3\.E4M3$",))],
     "moe_gemm/mxfp4": [((90,), (r"HGMMA\.64",)), (SM100, (r"UTCHMMA$", *TCGEN05)),
                        (SM120, (r"HMMA\.16816\.F32\.BF16$",))],
+    # NVFP4 W4A16: e2m1 * e4m3 dequantized in registers (the E4M3 scales through the hardware e4m3 -> f16 convert),
+    # then the bf16 grouped GEMM's tensor-core path
+    "moe_gemm/nvfp4": [(_ALL, (r"F2FP\.F16\.E4M3\.UNPACK_B$",)), ((90,), (r"HGMMA\.64",)),
+                       (SM100, (r"UTCHMMA$", *TCGEN05)), (SM120, (r"HMMA\.16816\.F32\.BF16$",))],
     # bf16 activations x e2m1 weights: Triton upcasts the weights (hardware e2m1 -> bf16 on Blackwell) and runs the
     # 16-bit MMA; no native fp4 MMA (that needs both operands narrow: see the probes below)
     "moe_gemm/mxfp4_dot_scaled": [((90,), (r"HGMMA\.64",)),

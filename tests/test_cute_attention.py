@@ -53,7 +53,8 @@ def cu(lengths) -> torch.Tensor:
 def mask_cases(draw):
     sq, sk = draw(st.integers(0, 40)), draw(st.integers(0, 40))
     window = (draw(st.sampled_from(WINDOW_LEFTS)), draw(st.sampled_from(WINDOW_RIGHTS)))
-    tiles = draw(st.sampled_from([(4, 4), (8, 4), (4, 8), (16, 16), (128, 128)]))
+    tiles = draw(st.sampled_from([(4, 4), (8, 4), (4, 8), (16, 16), (128, 128), (12, 8), (6, 10), (192, 128),
+                                   (128, 192)]))  # and tiles that are not powers of two (the sm90 192-row tile)
     return sq, sk, draw(st.booleans()), window, tiles
 
 
@@ -142,14 +143,15 @@ def _device_ranges(spec, cases, tile_m, tile_n):
 
 
 @needs_dsl
+@pytest.mark.parametrize("tile_m,tile_n", [(16, 8), (12, 20)])
 @pytest.mark.parametrize("causal,left,right", [(False, -1, -1), (True, -1, -1), (True, 5, -1), (False, 3, 2)])
-def test_device_mask_formulas_run_on_the_host_like_the_twins(causal, left, right):
+def test_device_mask_formulas_run_on_the_host_like_the_twins(causal, left, right, tile_m, tile_n):
     spec = M.MaskSpec.of(causal, left, right)
     cases = [(m, sq, sk, left, right, q_pos) for sq, sk in ((1, 1), (40, 40), (7, 300), (300, 7), (129, 0))
-             for m in range(-(-sq // 16)) for q_pos in (-3, 0, 17)]
-    for case, got in zip(cases, _device_ranges(spec, cases, 16, 8), strict=True):
+             for m in range(-(-sq // tile_m)) for q_pos in (-3, 0, 17)]
+    for case, got in zip(cases, _device_ranges(spec, cases, tile_m, tile_n), strict=True):
         m, sq, sk, _, _, q_pos = case
-        assert got[:4] == list(M.tile_range(spec, m, sq, sk, left, right, 16, 8)), case
+        assert got[:4] == list(M.tile_range(spec, m, sq, sk, left, right, tile_m, tile_n)), case
         assert got[4:] == list(M.row_key_bounds(spec, q_pos, sk, left, right)), case
 
 
@@ -257,7 +259,7 @@ def test_tmem_partitions_map_thread_t_to_row_t_in_column_order():
 
 
 @given(lengths=st.lists(st.sampled_from([0, 0, 1, 5, 16, 17, 127, 128, 129, 300]), min_size=0, max_size=70),
-       heads=st.integers(1, 4), tile_m=st.sampled_from([16, 128]), reverse_m=st.booleans())
+       heads=st.integers(1, 4), tile_m=st.sampled_from([16, 128, 12, 192]), reverse_m=st.booleans())
 def test_packed_scheduler_maps_indices_onto_the_real_tiles_once(lengths, heads, tile_m, reverse_m):
     cu_q = cu(lengths).tolist()
     bound = S.packed_grid_size(cu_q[-1], len(lengths), heads, tile_m)

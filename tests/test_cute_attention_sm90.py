@@ -48,6 +48,29 @@ def test_sm90_config_rejects_what_the_kernel_does_not_build():
         FmhaSm90Config("fp32", 128)
     with pytest.raises(ValueError, match="sm_90a"):
         FmhaSm90Config("bf16", 128, arch="sm_100a")
+    with pytest.raises(ValueError, match="tile_m"):
+        FmhaSm90Config("bf16", 64, tile_m=256)
+    with pytest.raises(ValueError, match="tile_n"):
+        FmhaSm90Config("bf16", 64, tile_n=120)
+    with pytest.raises(ValueError, match="spills"):  # three consumer warpgroups have 160 registers each
+        FmhaSm90Config("bf16", 128, tile_m=192)
+    with pytest.raises(ValueError, match="spills"):
+        FmhaSm90Config("bf16", 64, tile_m=192, tile_n=144, overlap=True)
+    with pytest.raises(ValueError, match="SMEM"):  # 32 KiB Q + 3 x 64 KiB K / V
+        FmhaSm90Config("bf16", 128, kv_stages=4)
+    assert FmhaSm90Config("bf16", 128, kv_stages=3).smem_bytes() == 1024 + 32768 + 3 * 65536
+
+
+def test_sm90_for_call_keeps_the_timed_tiles_at_every_head_dim():
+    """The entry's config: 128 x 128 tiles, two consumer warpgroups, ping-pong, 2-stage K/V ring, at hd128 (timed)
+    and at hd64 (the 192-row variants are GPU-test and timing-report variants until they are timed)."""
+    from cute_ops.attention.fmha_sm90 import FmhaSm90Config
+
+    for d in (64, 128):
+        q = torch.zeros(4, 8, d, dtype=torch.bfloat16)
+        cfg = FmhaSm90Config.for_call(q, True, 128, 0, torch.zeros(8), "sm_90a")
+        assert (cfg.tile_m, cfg.tile_n, cfg.kv_stages, cfg.pingpong, cfg.overlap) == (128, 128, 2, True, False)
+        assert cfg.consumer_warpgroups == 2 and (cfg.has_window_left, cfg.has_window_right, cfg.has_sink)
 
 
 def test_sm90_entry_checks_and_auto_skip_on_cpu():
@@ -75,71 +98,72 @@ def test_sm90_entry_checks_and_auto_skip_on_cpu():
 
 
 @needs_dsl
-@pytest.mark.parametrize("d", [64, 128])
-def test_sm90_wgmma_fragments_line_up(dsl_arch_sm90, d):
-    """Evaluated on the host for threads of both consumer warpgroups: (1) the (rows, columns) view of the S
-    accumulator puts thread t on rows 64 * wg + 16 * warp + lane // 4 (+ 8) and columns 8 j + 2 (lane % 4) (+ 1), so
-    a row lives in one quad; (2) its A-operand view is element for element the A fragment of the RS MMA O += P V
-    (P goes to the tensor core with the right (row, key) at every register); (3) the O accumulator's rows are the
-    S rows (the per-row rescale and 1 / l apply to the right rows); (4) mask.apply_row_bounds with those
-    coordinates hides exactly the keys outside each row's [lo, hi)."""
+@pytest.mark.parametrize("d,tile_m,tile_n", [(64, 128, 128), (128, 128, 128), (64, 192, 128), (64, 128, 192),
+                                             (64, 192, 160)])
+def test_sm90_wgmma_fragments_line_up(dsl_arch_sm90, d, tile_m, tile_n):
+    """Evaluated on the host for threads of every consumer warpgroup, with the kernel's own tiled MMAs for the
+    config's tile_m x tile_n: (1) the (rows, columns) view of the S accumulator puts thread t on rows
+    64 * wg + 16 * warp + lane // 4 (+ 8) and columns 8 j + 2 (lane % 4) (+ 1), so a row lives in one quad; (2) its
+    A-operand view is element for element the A fragment of the RS MMA O += P V (P goes to the tensor core with the
+    right (row, key) at every register); (3) the O accumulator's rows are the S rows (the per-row rescale and 1 / l
+    apply to the right rows); (4) mask.apply_row_bounds with those coordinates hides exactly the keys outside each
+    row's [lo, hi)."""
     import cutlass
     import cutlass.cute as cute
-    import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass import Float32
-    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
     from cutlass.cute.runtime import from_dlpack
 
-    from cute_ops.attention import wgmma
+    from cute_ops.attention import fmha_sm90, wgmma
+
+    kern = fmha_sm90.kernel_class()(fmha_sm90.FmhaSm90Config("bf16", d, tile_m=tile_m, tile_n=tile_n))
+    n = tile_n // 4  # columns of one row per thread
 
     @cute.jit
     def facts(out, scores, bounds, t):
-        dt = cutlass.BFloat16
-        qk = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (2, 1, 1),
-                                               (64, 128))
-        pv = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32, (2, 1, 1),
-                                               (64, d), a_source=warpgroup.OperandSource.RMEM)
+        kern.dtype = cutlass.BFloat16
+        qk, pv = kern.make_mmas()
         tq, tp = qk.get_slice(t), pv.get_slice(t)
-        c_s = tq.partition_C(cute.make_identity_tensor((128, 128)))
+        c_s = tq.partition_C(cute.make_identity_tensor((tile_m, tile_n)))
         s = wgmma.acc_mn(c_s)
         a_from_s = wgmma.acc_as_a(c_s)
-        a = tp.partition_A(cute.make_identity_tensor((128, 128)))
-        o = wgmma.acc_mn(tp.partition_C(cute.make_identity_tensor((128, d))))
+        a = tp.partition_A(cute.make_identity_tensor((tile_m, tile_n)))
+        o = wgmma.acc_mn(tp.partition_C(cute.make_identity_tensor((tile_m, d))))
         for r in cutlass.range_constexpr(2):
-            for i in cutlass.range_constexpr(32):
-                out[0, r * 32 + i, 0] = s[r, i][0]
-                out[0, r * 32 + i, 1] = s[r, i][1]
+            for i in cutlass.range_constexpr(n):
+                out[0, r * n + i, 0] = s[r, i][0]
+                out[0, r * n + i, 1] = s[r, i][1]
             for i in cutlass.range_constexpr(d // 4):
-                out[3, r * 32 + i, 0] = o[r, i][0]
-                out[3, r * 32 + i, 1] = o[r, i][1]
-        for i in cutlass.range_constexpr(64):
+                out[3, r * n + i, 0] = o[r, i][0]
+                out[3, r * n + i, 1] = o[r, i][1]
+        for i in cutlass.range_constexpr(2 * n):
             out[1, i, 0] = a_from_s[i][0]
             out[1, i, 1] = a_from_s[i][1]
             out[2, i, 0] = a[i][0]
             out[2, i, 1] = a[i][1]
-        acc = cute.make_rmem_tensor(qk.partition_shape_C((128, 128)), Float32)
+        acc = cute.make_rmem_tensor(qk.partition_shape_C((tile_m, tile_n)), Float32)
         acc.fill(0.0)
         acc_rows = wgmma.acc_mn(acc)
         for r in cutlass.range_constexpr(2):
             mask_lo = bounds[r, 0]
             mask_hi = bounds[r, 1]
             M.apply_row_bounds(acc_rows[r, None], s[r, None], bounds[2, 0], mask_lo, mask_hi)
-            for i in cutlass.range_constexpr(32):
+            for i in cutlass.range_constexpr(n):
                 scores[r, i] = acc_rows[r, i]
 
-    for t in (0, 5, 37, 100, 130, 255):
-        out = torch.full((4, 64, 2), -1, dtype=torch.int32)
-        scores = torch.zeros(2, 32)
+    threads = (0, 5, 37, 100, 130, 255) + ((260, 301, 383) if tile_m == 192 else ())
+    for t in threads:
+        out = torch.full((4, 2 * n, 2), -1, dtype=torch.int32)
+        scores = torch.zeros(2, n)
         bounds = torch.tensor([[256 + 9, 256 + 70], [200, 256 + 3], [256, 0]], dtype=torch.int32)
         facts(from_dlpack(out), from_dlpack(scores), from_dlpack(bounds), cutlass.Int32(t))
         wg, warp, lane = t // 128, t % 128 // 32, t % 32
         row0 = 64 * wg + 16 * warp + lane // 4
-        cols = [8 * j + 2 * (lane % 4) + c for j in range(16) for c in range(2)]
-        assert out[0, :32, 0].eq(row0).all() and out[0, 32:, 0].eq(row0 + 8).all(), (t, out[0, :, 0].tolist())
-        assert out[0, :32, 1].tolist() == cols and out[0, 32:, 1].tolist() == cols, t
+        cols = [8 * j + 2 * (lane % 4) + c for j in range(tile_n // 8) for c in range(2)]
+        assert out[0, :n, 0].eq(row0).all() and out[0, n:, 0].eq(row0 + 8).all(), (t, out[0, :, 0].tolist())
+        assert out[0, :n, 1].tolist() == cols and out[0, n:, 1].tolist() == cols, t
         assert torch.equal(out[1], out[2]), f"thread {t}: P's registers are not the RS MMA's A fragment"
         for r in range(2):  # O (D columns): the S rows, and the same column pattern over D / 8 blocks
-            assert torch.equal(out[3, 32 * r:32 * r + d // 4], out[0, 32 * r:32 * r + d // 4]), f"thread {t}: O"
+            assert torch.equal(out[3, n * r:n * r + d // 4], out[0, n * r:n * r + d // 4]), f"thread {t}: O"
         for r in range(2):
             key = torch.tensor(cols) + 256
             want = torch.where((key >= bounds[r, 0]) & (key < bounds[r, 1]), 0.0, float("-inf"))
@@ -147,36 +171,37 @@ def test_sm90_wgmma_fragments_line_up(dsl_arch_sm90, d):
 
 
 @needs_dsl
-@pytest.mark.parametrize("threshold,sink", [(0.0, None), (8.0, None), (8.0, 1.5)])
-def test_sm90_softmax_tile_runs_on_the_host_like_the_model(dsl_arch_sm90, threshold, sink):
+@pytest.mark.parametrize("threshold,sink,tiles_cfg", [
+    (0.0, None, (128, 128, 128, 45)), (8.0, None, (128, 128, 128, 45)), (8.0, 1.5, (128, 128, 128, 45)),
+    (8.0, 1.5, (64, 192, 160, 300))])
+def test_sm90_softmax_tile_runs_on_the_host_like_the_model(dsl_arch_sm90, threshold, sink, tiles_cfg):
     """The consumer's per-tile step (`softmax_tile`: element mask with the thread's accumulator coordinates, row
     max, rescale factor, exp2 to bf16 P placed in the accumulator layout, l and m) traced from the kernel class and
-    run on the host for one thread (portable=True: no quad shuffles, so the thread's 32 columns of each row stand
-    for the row), against OnlineSoftmaxModel on those columns with the same mask."""
+    run on the host for one thread (portable=True: no quad shuffles, so the thread's tile_n / 4 columns of each row
+    stand for the row), against OnlineSoftmaxModel on those columns with the same mask. tiles_cfg: (head dim,
+    tile_m, tile_n, thread); the 192 x 160 one is a thread of the third consumer warpgroup."""
     import cutlass
     import cutlass.cute as cute
-    import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass import Float32
-    from cutlass.cute.nvgpu import OperandMajorMode
     from cutlass.cute.runtime import from_dlpack
 
     from cute_ops.attention import fmha_sm90, wgmma
     from cute_ops.attention import softmax as SM
 
-    tiles, t = 5, 45
+    d, tile_m, tile_n, t = tiles_cfg
+    tiles, cols_n = 5, tile_n // 4
     g = torch.Generator().manual_seed(7)
-    scores = torch.randn(tiles, 2, 32, generator=g) * 3 + torch.arange(tiles)[:, None, None] * 6.0
+    scores = torch.randn(tiles, 2, cols_n, generator=g) * 3 + torch.arange(tiles)[:, None, None] * 6.0
     bounds = torch.tensor([[150, 560], [0, 300]], dtype=torch.int32)  # [lo, hi) per row: both edges met
     scale_log2 = 0.2 * SM.LOG2E
-    kern = fmha_sm90.kernel_class()(fmha_sm90.FmhaSm90Config("bf16", 128, rescale_threshold=threshold))
+    kern = fmha_sm90.kernel_class()(fmha_sm90.FmhaSm90Config("bf16", d, rescale_threshold=threshold,
+                                                                 tile_m=tile_m, tile_n=tile_n))
 
     @cute.jit
     def run(s_in, p_out, a_out, fin, bnd, n, scale):
         kern.dtype = cutlass.BFloat16
-        dt = cutlass.BFloat16
-        qk = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (2, 1, 1),
-                                               (64, 128))
-        s_coords = wgmma.acc_mn(qk.get_slice(t).partition_C(cute.make_identity_tensor((128, 128))))
+        qk, _ = kern.make_mmas()
+        s_coords = wgmma.acc_mn(qk.get_slice(t).partition_C(cute.make_identity_tensor((tile_m, tile_n))))
         row_m = cute.make_rmem_tensor(cute.make_layout(2), Float32)
         row_l = cute.make_rmem_tensor(cute.make_layout(2), Float32)
         row_a = cute.make_rmem_tensor(cute.make_layout(2), Float32)
@@ -190,30 +215,30 @@ def test_sm90_softmax_tile_runs_on_the_host_like_the_model(dsl_arch_sm90, thresh
             row_lo[r] = bnd[r, 0]
             row_hi[r] = bnd[r, 1]
         for j in cutlass.range(n):
-            acc_s = cute.make_rmem_tensor(qk.partition_shape_C((128, 128)), Float32)
+            acc_s = cute.make_rmem_tensor(qk.partition_shape_C((tile_m, tile_n)), Float32)
             s_mn = wgmma.acc_mn(acc_s)
             for r in cutlass.range_constexpr(2):
-                for i in cutlass.range_constexpr(32):
+                for i in cutlass.range_constexpr(cols_n):
                     s_mn[r, i] = s_in[j, r, i]
             r_p = kern.softmax_tile(acc_s, j, s_coords, row_m, row_l, row_lo, row_hi, row_a, scale, 0, 0,
                                     portable=True)
             p_mn = wgmma.acc_mn(r_p)
             for r in cutlass.range_constexpr(2):
                 a_out[j, r] = row_a[r]
-                for i in cutlass.range_constexpr(32):
+                for i in cutlass.range_constexpr(cols_n):
                     p_out[j, r, i] = p_mn[r, i].to(Float32)
         for r in cutlass.range_constexpr(2):
             fin[r, 0] = row_m[r]
             fin[r, 1] = row_l[r]
 
-    p_dev, a_dev, fin = torch.zeros(tiles, 2, 32), torch.zeros(tiles, 2), torch.zeros(2, 2)
+    p_dev, a_dev, fin = torch.zeros(tiles, 2, cols_n), torch.zeros(tiles, 2), torch.zeros(2, 2)
     run(from_dlpack(scores), from_dlpack(p_dev), from_dlpack(a_dev), from_dlpack(fin), from_dlpack(bounds),
         cutlass.Int32(tiles), Float32(scale_log2))
     lane = t % 32
-    cols = torch.tensor([8 * j + 2 * (lane % 4) + c for j in range(16) for c in range(2)])
+    cols = torch.tensor([8 * j + 2 * (lane % 4) + c for j in range(tile_n // 8) for c in range(2)])
     model = SM.OnlineSoftmaxModel(2, scale_log2, threshold, sink)
     for j in range(tiles):
-        keys = cols + 128 * j
+        keys = cols + tile_n * j
         hidden = (keys[None, :] < bounds[:, :1]) | (keys[None, :] >= bounds[:, 1:])
         p, a = model.step(scores[j].masked_fill(hidden, float("-inf")))
         torch.testing.assert_close(a_dev[j], a, rtol=1e-5, atol=0, msg=f"rescale factor, tile {j}")
@@ -223,40 +248,36 @@ def test_sm90_softmax_tile_runs_on_the_host_like_the_model(dsl_arch_sm90, thresh
 
 
 @needs_dsl
-@pytest.mark.parametrize("t", [0, 6, 77, 201])
-def test_sm90_epilogue_runs_on_the_host(dsl_arch_sm90, t):
+@pytest.mark.parametrize("tile_m,t", [(128, 0), (128, 6), (128, 77), (128, 201), (192, 130), (192, 300), (192, 383)])
+def test_sm90_epilogue_runs_on_the_host(dsl_arch_sm90, tile_m, t):
     """The consumer's epilogue traced from the kernel class and run on the host for thread t, writing into a torch
     (tokens, heads, D) tensor through the kernel's (tokens, D, heads) view: each of the thread's O values lands at
-    (q_start + 128 m_block + row, h, column) divided by its row's l, rows past the sequence are not written, and the
+    (q_start + tile_m m_block + row, h, column) divided by its row's l, rows past the sequence are not written, and the
     first thread of each quad writes its rows' natural-log lse (-inf for l = 0)."""
     import cutlass
     import cutlass.cute as cute
-    import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass import Float32
-    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
     from cutlass.cute.runtime import from_dlpack
 
     from cute_ops.attention import fmha_sm90, wgmma
 
     d, hq, h, q_start, m_block = 64, 3, 2, 5, 1
-    sq = 128 + 70  # the second tile's rows 70..127 lie past the sequence
-    kern = fmha_sm90.kernel_class()(fmha_sm90.FmhaSm90Config("bf16", d))
-    out = torch.full((q_start + 2 * 128 + 4, hq, d), -7.0, dtype=torch.bfloat16)
+    sq = tile_m + 70  # the second tile's rows 70.. lie past the sequence
+    kern = fmha_sm90.kernel_class()(fmha_sm90.FmhaSm90Config("bf16", d, tile_m=tile_m))
+    out = torch.full((q_start + 2 * tile_m + 4, hq, d), -7.0, dtype=torch.bfloat16)
     lse = torch.full((out.shape[0], hq), -7.0)
     stats = torch.tensor([[1.5, 4.0], [0.25, 0.0]])  # (m, l) per row (log2 units); the second row saw nothing
 
     @cute.jit
     def run(o_t, lse_t, st, tt):
         kern.dtype = cutlass.BFloat16
-        dt = cutlass.BFloat16
-        pv = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32, (2, 1, 1),
-                                               (64, d), a_source=warpgroup.OperandSource.RMEM)
+        _, pv = kern.make_mmas()
         thr = pv.get_slice(tt)
         m_o = cute.make_tensor(o_t.iterator, cute.make_layout((o_t.shape[0], d, hq),
                                                                stride=(o_t.stride[0], 1, o_t.stride[1])))
-        acc_o = cute.make_rmem_tensor(thr.partition_shape_C((128, d)), Float32)
+        acc_o = cute.make_rmem_tensor(thr.partition_shape_C((tile_m, d)), Float32)
         o_mn = wgmma.acc_mn(acc_o)
-        c_mn = wgmma.acc_mn(thr.partition_C(cute.make_identity_tensor((128, d))))
+        c_mn = wgmma.acc_mn(thr.partition_C(cute.make_identity_tensor((tile_m, d))))
         for r in cutlass.range_constexpr(2):
             for i in cutlass.range_constexpr(d // 4):
                 o_mn[r, i] = Float32(c_mn[r, i][0] * 1000 + c_mn[r, i][1])  # row * 1000 + column
@@ -274,15 +295,26 @@ def test_sm90_epilogue_runs_on_the_host(dsl_arch_sm90, t):
     want_out = torch.full_like(out, -7.0)
     want_lse = torch.full_like(lse, -7.0)
     for r, row in enumerate(rows):
-        if 128 * m_block + row >= sq:
+        if tile_m * m_block + row >= sq:
             continue
-        tok = q_start + 128 * m_block + row
+        tok = q_start + tile_m * m_block + row
         inv = 1.0 / stats[r, 1] if stats[r, 1] > 0 else 0.0
         want_out[tok, h, cols] = (torch.tensor([row * 1000.0 + c for c in cols]) * inv).bfloat16()
         if lane % 4 == 0:
             want_lse[tok, h] = (stats[r, 0] + math.log2(stats[r, 1])) * math.log(2) if stats[r, 1] > 0 else -math.inf
     assert torch.equal(out, want_out), (out != want_out).nonzero()[:8].tolist()
     torch.testing.assert_close(lse, want_lse, rtol=1e-6, atol=1e-6)
+
+
+# hd64 tile variants (FmhaSm90Config fields; for_call keeps 128 x 128 at every head dim until they are timed):
+# three consumer warpgroups (the 192-row query tile of FA3 / FA4 at hd64) with the ping-pong ring, with FA4's
+# intra-warpgroup overlap as well, without ping-pong, with a 4-deep K/V ring; two warpgroups over 192-key tiles;
+# three over 160-key tiles. Each compiles for sm_90a without spills with the GPT-OSS window
+# mask (test_sm90_sass_has_wgmma_and_tma).
+SM90_HD64_VARIANTS = [dict(tile_m=192), dict(tile_m=192, overlap=True), dict(tile_m=192, pingpong=False),
+                      dict(tile_m=192, kv_stages=4), dict(tile_n=192, kv_stages=3),
+                      dict(tile_m=192, tile_n=160, kv_stages=3)]
+GPT_OSS_WINDOW = dict(causal=True, has_window_left=True, has_window_right=True, has_sink=True)  # window (128, 0)
 
 
 @needs_dsl
@@ -292,24 +324,32 @@ def test_sm90_epilogue_runs_on_the_host(dsl_arch_sm90, t):
     ("bf16", 128, dict(causal=True, pingpong=False)),
     ("bf16", 128, dict(causal=True, has_sink=True, overlap=True)),
     ("fp16", 64, dict(has_window_left=True, overlap=True, pingpong=True)),
+    ("bf16", 64, dict(causal=True, has_sink=True)),  # GPT-OSS causal as for_call builds it, and with 192 rows
+    ("bf16", 64, dict(causal=True, has_sink=True, tile_m=192)),
+    ("fp16", 64, dict(causal=True, tile_m=192, pingpong=False, kv_stages=4)),
+    *[("bf16", 64, dict(GPT_OSS_WINDOW, **v)) for v in SM90_HD64_VARIANTS],
 ])
 def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     """Record (nvidia-cutlass-dsl 4.8.1): bf16 D=128: HGMMA.64x128 16, UTMALDG.3D 6, MUFU.EX2 66, SHFL.BFLY 8,
     STG.E 34, USETMAXREG 2, no local memory; fp16 D=64: HGMMA 12, UTMALDG 3, STG.E 18. Ping-pong: BAR.SYNC 3
     (the CTA barrier, the first turn, the turn before PV), BAR.ARV 3 (warpgroup 0's own first turn, the turn
     after QK, the last one); with the overlap, 2 and 2 (the turn before QK_j + PV_{j-1}, the pass after them).
-    Overlap: two call sites of each GEMM (the first tile's QK and the last PV outside the loop), 4 waits."""
-    from cute_ops.attention.fmha_sm90 import FmhaSm90Config, dump
+    Overlap: two call sites of each GEMM (the first tile's QK and the last PV outside the loop), 4 waits.
+    Registers (REG at launch; registers the SASS names): 128 x 128: 168, 142 of 240 at hd64 causal + sinks;
+    192 x 128 (three consumer warpgroups, 512 threads): 128, 137 of 160; with the overlap 156 of 160; 128 x 192:
+    168, 177 of 240; 192 x 160: 156 of 160. The launch limit (65536 / threads) and setmaxnreg's split are checked."""
+    from cute_ops.attention.fmha_sm90 import REGS, FmhaSm90Config, dump
 
     cfg = FmhaSm90Config(dtype, d, **extra)
     d_ = dump(cfg)
     ops = d_.opcodes()
     assert "sm_90a" in d_.ptx.split(".target", 1)[1][:40]
-    # S = Q K^T: D / 16 k-steps of m64n128k16; O += P V: 128 keys / 16 k-steps of m64n{D}k16 with A from registers
+    # S = Q K^T: D / 16 k-steps of m64n{tile_n}k16; O += P V: tile_n / 16 k-steps of m64n{D}k16, A from registers
+    tn = cfg.tile_n
     sites = 2 if extra.get("overlap") else 1
-    assert d_.count("HGMMA") == sites * (d // 16 + 128 // 16), ops
+    assert d_.count("HGMMA") == sites * (d // 16 + tn // 16), ops
     ab = "bf16.bf16" if dtype == "bf16" else "f16.f16"
-    assert f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{ab}" in d_.ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{tn}k16.f32.{ab}" in d_.ptx
     assert f"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.{ab} {{" in d_.ptx.replace("\t", " ")
     assert any("wgmma.mma_async" in ln and "{%r" in ln.split("},", 1)[1][:8] for ln in d_.ptx.splitlines()
                if "wgmma.mma_async" in ln and f"m64n{d}k16" in ln), "no WGMMA takes A (P) from registers"
@@ -320,13 +360,22 @@ def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     assert d_.count("UTMALDG") == 3 * d // 64, ops  # Q, K, V: boxes of 64 columns (128-byte swizzle)
     assert d_.count("SYNCS.ARRIVE.TRANS64") >= 3, ops  # expect-tx arrives of the TMA pipelines
     assert d_.count("USETMAXREG") == 2, ops  # producer down, consumers up
-    assert d_.count("MUFU.EX2") >= 64 * sites, ops  # 2 rows x 32 keys per thread and tile
+    assert d_.count("MUFU.EX2") >= tn // 2 * sites, ops  # 2 rows x tile_n / 4 keys per thread and tile
     assert d_.count("SHFL.BFLY") >= 8, ops  # quad max and sum, 2 rows
-    assert d_.count("F2FP") >= 32, ops
+    assert d_.count("F2FP") >= tn // 4, ops
     assert d_.count("STG.E") == 2 * d // 8 + 2, ops  # 2 rows x D / 8 column pairs, and 2 lse values
     assert d_.count("STL") == 0 and d_.count("LDL") == 0, ops
     bars = {(False, False): (1, 0), (True, False): (3, 3), (False, True): (1, 0), (True, True): (2, 2)}
     assert (d_.count("BAR.SYNC"), d_.count("BAR.ARV")) == bars[cfg.pingpong, cfg.overlap], ops
+    threads = 128 * (1 + cfg.consumer_warpgroups)
+    res = d_.resources()
+    assert f".reqntid {threads}, 1, 1" in d_.ptx, "the launch block is not the one the registers were split for"
+    assert res["REG"] * threads <= 65536 and res["LOCAL"] == 0 and res["STACK"] == 0, res
+    producer, consumer = REGS[cfg.consumer_warpgroups]
+    assert 128 * producer + 128 * cfg.consumer_warpgroups * consumer <= 65536
+    setmax = [ln.split()[-1].rstrip(";") for ln in d_.ptx.splitlines() if "setmaxnreg" in ln]
+    assert setmax == [str(producer), str(consumer)], setmax
+    assert d_.max_register() <= consumer, (d_.max_register(), consumer)
 
 
 def _need_sm90():
@@ -377,6 +426,8 @@ SM90_GPU_CASES = [  # lq, lk, hq, hkv, d, dtype, causal, window, sink
     ([200, 3], [50, 0], 2, 2, 64, torch.bfloat16, True, (-1, -1), True),  # the same with sinks: lse = sink
     ([1], [4096], 8, 8, 128, torch.bfloat16, True, (-1, -1), False),  # one query, many keys
     ([2048], [2048], 8, 1, 128, torch.bfloat16, True, (256, -1), True),  # sliding window + sinks, MQA
+    ([1000, 577], [1000, 577], 8, 1, 64, torch.bfloat16, True, (-1, -1), True),  # GPT-OSS causal + sinks
+    ([700, 1300], [700, 1300], 8, 1, 64, torch.bfloat16, True, (128, 0), True),  # GPT-OSS window 128 + sinks
 ]
 
 
@@ -393,15 +444,34 @@ def test_gpu_sm90_matches_reference(case):
     assert_attention_close(out, lse, want_out, want_lse, f"sm90 {case}")
 
 
+def _variant_id(v) -> str:
+    return "+".join(f"{k}={int(x)}" for k, x in v.items()) or "default"
+
+
 # schedules beside the default (ping-pong on, overlap off): no ping-pong, overlap alone, both
 SM90_VARIANTS = [dict(pingpong=False), dict(pingpong=False, overlap=True), dict(pingpong=True, overlap=True)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", SM90_VARIANTS, ids=lambda v: "+".join(f"{k}={int(x)}" for k, x in v.items()))
+@pytest.mark.parametrize("variant", SM90_VARIANTS, ids=_variant_id)
 @pytest.mark.parametrize("case", SM90_GPU_CASES[:3] + SM90_GPU_CASES[5:], ids=_case_id)
 def test_gpu_sm90_schedule_variants_match_reference(case, variant):
     """The ping-pong and overlap schedules (config fields, off in the entry until this passes and is timed)."""
+    _need_sm90()
+    out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 {variant} {case}")
+
+
+SM90_HD64_CASES = [SM90_GPU_CASES[2], *SM90_GPU_CASES[-2:]]  # varlen GQA fp16 with empty sequences; GPT-OSS
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", SM90_HD64_VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("case", SM90_HD64_CASES, ids=_case_id)
+def test_gpu_sm90_hd64_tile_variants_match_reference(case, variant):
+    """The hd64 tile variants (192-row query tiles: three consumer warpgroups; other tile_n and ring depths)
+    against the fp64 reference: causal, window (128, 0) and (100, -1), sinks, GQA / MQA, varlen with an empty
+    sequence and lengths that are not multiples of 192 or 128."""
     _need_sm90()
     out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
     assert_attention_close(out, lse, want_out, want_lse, f"sm90 {variant} {case}")
@@ -453,10 +523,13 @@ def test_gpu_sm90_drawn_cases_match_reference(case):
 
 
 # (label, batch, seqlen, hq, hkv, head dim, window_left, sinks, cute variants beyond the default)
+# the 192-row tile with ping-pong, with overlap, with a deeper ring, and the wider key tile (without ping-pong: timed
+# at 8f1e790, no faster)
+HD64_TIMED = [SM90_HD64_VARIANTS[0], SM90_HD64_VARIANTS[1], SM90_HD64_VARIANTS[3], SM90_HD64_VARIANTS[4]]
 TIMING_CASES = [
     ("llama 4x4096 hd128 causal", 4, 4096, 32, 8, 128, -1, False, SM90_VARIANTS),
-    ("gpt-oss 2x8192 hd64 causal sinks", 2, 8192, 64, 8, 64, -1, True, [dict(pingpong=False)]),
-    ("gpt-oss 2x8192 hd64 window 128 sinks", 2, 8192, 64, 8, 64, 128, True, [dict(pingpong=False)]),
+    ("gpt-oss 2x8192 hd64 causal sinks", 2, 8192, 64, 8, 64, -1, True, HD64_TIMED),
+    ("gpt-oss 2x8192 hd64 window 128 sinks", 2, 8192, 64, 8, 64, 128, True, HD64_TIMED),
 ]
 
 
@@ -494,7 +567,7 @@ def test_gpu_sm90_timing_report(case):
         print(f"sm90 attention timing: no FA4 peer ({exc})")
     for variant in [{}, *variants]:
         fn = fmha_sm90.compiled(dataclasses.replace(cfg, **variant))
-        name = "+".join(f"{key}={int(on)}" for key, on in variant.items()) or "default"
+        name = _variant_id(variant)
         runs[f"cute {name}"] = lambda fn=fn: launch.run(fn, q, k, v, cu_, cu_, s_, scale, window[0], window[1],
                                                         sinks)
     keys = torch.arange(s_)

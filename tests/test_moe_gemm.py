@@ -115,7 +115,7 @@ ENTRIES = {"bf16": (tri.moe_gemm_bf16, ref.moe_gemm_bf16), "fp16": (tri.moe_gemm
            "fp8": (tri.moe_gemm_fp8, ref.moe_gemm_fp8), "mxfp4": (tri.moe_gemm_mxfp4, ref.moe_gemm_mxfp4),
            "w4a8": (tri.moe_gemm_w4a8, ref.moe_gemm_w4a8), "w4a4": (tri.moe_gemm_w4a4, ref.moe_gemm_w4a4)}
 K_CHOICES = {"bf16": [128, 200, 256], "fp16": [128, 256], "fp8": [128, 256], "mxfp4": [128, 160, 256],
-             "w4a8": [128, 256], "w4a4": [64, 160, 256]}
+             "w4a8": [128, 256], "w4a4": [64, 160, 256], "nvfp4": [128, 160, 208]}  # nvfp4: test_moe_gemm_nvfp4
 
 
 @st.composite
@@ -249,7 +249,7 @@ def test_strided_operands():
 @pytest.mark.parametrize("arch", ["cpu", "sm_80", "sm_89", "sm_90", "sm_100"])
 def test_default_configs_are_valid(arch):
     """Every rule's pick runs its kind (fp8: BLOCK_K 128); decode picks small BLOCK_M, prefill 128."""
-    for kind in ("bf16", "fp8", "mxfp4", "w4a8", "w4a4"):
+    for kind in ("bf16", "fp8", "mxfp4", "w4a8", "w4a4", "nvfp4"):
         for m in (1, 16, 32, 64, 128, 4096):
             cfg = pick_config_for_arch(kind, m, 4096, 7168, arch)
             assert cfg.refusal(kind) is None, (kind, m, cfg)

@@ -397,6 +397,12 @@ _COMPILE = textwrap.dedent("""
         consts = dict(KIND=CODE[kind], MASKED=False, HAS_RW=False, SCATTER=True)
         print("scatter", kind, 0, *compile_(G._moe_gemm_kernel, {**ptrs, "rw_ptr": "*fp32", "out_ptr": "*bf16",
                                                                  "dst_ptr": "*i32"}, consts, cfg))
+    # NVFP4 W4A16 (a plain grouped-GEMM kind, not a fused one): GPT-OSS GEMM1 prefill, row weights
+    cfg = pick_config_for_arch("nvfp4", 4096, 5760, 2880, "sm_90")
+    ptrs = dict(a_ptr="*bf16", as_ptr="*fp32", w_ptr="*u8", ws_ptr="*u8", ids_ptr="*i32", rw_ptr="*fp32",
+                out_ptr="*bf16", dst_ptr="*i32")
+    consts = dict(KIND=G.KIND_CODE["nvfp4"], MASKED=False, HAS_RW=True, SCATTER=False)
+    print("plain", "nvfp4", 0, *compile_(G._moe_gemm_kernel, ptrs, consts, cfg))
 """)
 SM90_SHARED = 232448  # bytes of shared memory one CTA may use on an H100
 
@@ -404,12 +410,13 @@ SM90_SHARED = 232448  # bytes of shared memory one CTA may use on an H100
 def test_sm90_compile_uses_wgmma():
     """Compile the prefill configs for sm_90 without a GPU (a fresh process: the interpreter's kernels cannot be
     compiled): GEMM1 + SwiGLU (bf16 and FP8 outputs, interleaved gate/up rows) and the scattering GEMM2, every
-    weight kind, on wgmma with pipelined (async-copy) operand loads within the SM's shared memory."""
+    weight kind, and the plain GEMM with NVFP4 weights, on wgmma with pipelined (async-copy) operand loads within the
+    SM's shared memory."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    lines = [ln.split() for ln in res.stdout.splitlines() if ln.startswith(("swiglu", "scatter"))]
-    assert len(lines) == 12, res.stdout
+    lines = [ln.split() for ln in res.stdout.splitlines() if ln.startswith(("swiglu", "scatter", "plain"))]
+    assert len(lines) == 13, res.stdout
     for what, kind, fmt, wgmma, async_copies, shared in lines:
         assert int(wgmma) > 0, f"{what} {kind} fmt={fmt}: no wgmma"
         assert int(async_copies) > 0, f"{what} {kind} fmt={fmt}: operand loads not pipelined (no async copy)"

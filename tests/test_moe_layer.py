@@ -139,3 +139,22 @@ def test_fused_layer_equals_the_chain(device, weights, layout):
     want = moe_layer(x, ids, w, w1[:3], w2[:3], **{**kw, "w1_scale": s1 if s1 is None else s1[:3],
                                                    "w2_scale": s2 if s2 is None else s2[:3]}, fused=False)
     assert_same_bytes(got, want, f"{weights} {layout}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_routed_layer_equals_route_then_layer(device):
+    """moe_layer_routed = moe_route on the logits, then moe_layer on its ids and weights (DeepSeek-V3 preset)."""
+    from dispatch.ops import moe_route
+    from dispatch.ops.moe_layer import moe_layer_routed
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(T, H, generator=g).bfloat16().to(device)
+    logits = torch.randn(T, E, generator=g).to(device)
+    bias = torch.randn(E, generator=g).to(device)
+    w1, w2 = _bf16_experts(g, device)
+    route = dict(scoring="sigmoid", bias=bias, renormalize=True, routed_scaling=2.5, num_groups=2, topk_groups=1)
+    b = _backend(device)
+    got = moe_layer_routed(x, logits, w1, w2, top_k=K, **route, layout="masked", max_m=T, backend=b)
+    r = moe_route(logits, K, **route, backend=b)
+    want = moe_layer(x, r.topk_ids, r.topk_weights, w1, w2, layout="masked", max_m=T, backend=b)
+    assert_same_bytes(got, want, "routed layer")

@@ -1,27 +1,28 @@
 """Hopper (sm_90a) forward attention in CuTeDSL: TMA loads, warpgroup MMA (WGMMA), online softmax in registers.
 
-COMPILED AND SASS-INSPECTED ON A CPU, NOT YET RUN ON A GPU: tests/test_cute_attention.py compiles it for sm_90a and
-checks its instructions; the GPU tests there (marked gpu) compare it with the shared reference on an H100/H200.
-Until they have passed, dispatch offers it only when asked for by name (backend="cute"; auto skips the row).
+The default tiles (128 x 128, two consumer warpgroups) ran on an H100 (HARDWARE_STATUS below); the 192-row tile
+(three consumer warpgroups) and other tile_n / kv_stages values are compiled and SASS-checked on a CPU only
+(tests/test_cute_attention_sm90.py), with GPU tests and timing variants waiting for a run.
 
 Contract: dispatch/reference/attention.py (varlen q/k/v, GQA, causal + window bottom-right, sinks, natural-log
 LSE); arguments as in launch.py. D = 64 or 128, bf16 or fp16.
 
-One CTA per (query tile of 128 rows, query head); 3 warpgroups (registers split by setmaxnreg: 24 / 240 / 240):
+One CTA per (query tile of tile_m = 128 or 192 rows, query head); 1 + tile_m / 64 warpgroups (registers split by
+setmaxnreg: 24 / 240 / 240 with two consumers, 24 / 160 / 160 / 160 with three):
 
-    warpgroup 0   producer   warp 0 issues the TMA loads: Q once, then K_j and V_j through a 2-stage ring each
-                             (its other three warps only lower their register limit and leave)
-    warpgroups 1-2 consumers each owns 64 query rows (the M mode of the tiled MMA is 2 x m64): per key tile
+    warpgroup 0   producer   warp 0 issues the TMA loads: Q once, then K_j and V_j (tile_n keys) through a
+                             kv_stages ring each (its other three warps only lower their register limit and leave)
+    warpgroups 1+ consumers  each owns 64 query rows (the M mode of the tiled MMA is tile_m / 64 x m64): per key tile
                              S = Q K_j^T (SS WGMMA, fp32 in registers), mask (edge tiles only), online softmax
                              (mask.py / softmax.py, rows reduced over the 4 threads of a quad), P to 16-bit in
                              registers, O *= a, O += P V_j (RS WGMMA: A = P from registers, B = V^T from SMEM);
                              then out = O / l stored row-predicated from registers, and lse.
 
-Schedules (config fields, both off by default until a GPU run has checked and timed them): plain, each WGMMA waited
-for before the softmax that needs it, the two consumer warpgroups interleaving on their own; `pingpong` (FA3's
-inter-warpgroup schedule): they take turns on the tensor core through two named barriers, one's softmax running
-while the other's PV_{j-1} + QK_j execute; `overlap` (FA3's intra-warpgroup overlap): QK_j and PV_{j-1} issued
-together, the softmax of tile j under PV_{j-1} (bf16 only in practice: with fp16 ptxas serializes the WGMMAs).
+Schedules (config fields): plain, each WGMMA waited for before the softmax that needs it, the consumer warpgroups
+interleaving on their own; `pingpong` (FA3's inter-warpgroup schedule, the default): they take turns on the tensor
+core through named barriers (a ring 0 -> 1 (-> 2) -> 0), one's softmax running while the others' PV_{j-1} + QK_j
+execute; `overlap` (FA3's intra-warpgroup overlap): QK_j and PV_{j-1} issued together, the softmax of tile j under
+PV_{j-1} (bf16 at tile_n = 128 only in practice: with fp16 or another tile_n ptxas serializes the WGMMAs).
 
 Key tiles run from n_lo upwards (mask.tile_range); a tile is masked only when it is not inside every row's visible
 interval. Varlen: TMA boxes start at the sequence's first row; rows past the sequence are read (the next
@@ -37,8 +38,10 @@ from . import mask as mask_mod
 from . import scheduler as sched_mod
 from . import softmax as sm_mod
 
-TILE_M = 128
-TILE_N = 128
+SMEM_BYTES = 227 * 1024  # the most dynamic shared memory one sm_90 CTA may use
+# setmaxnreg limits per consumer warpgroup count (producer, consumers): 65536 registers per SM, one CTA of
+# 128 * (1 + consumers) threads; 3 consumers: 24 * 128 + 160 * 384 <= 65536 (168 would not fit)
+REGS = {2: (24, 240), 3: (24, 160)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,13 +52,45 @@ class FmhaSm90Config(launch.AttentionConfig):
     NAME = "fmha_sm90"
     ARCH_PREFIX = "sm_90"
     ARCH_WHY = "WGMMA kernel needs sm_90a"
-    # FA3's inter-warpgroup ping-pong: the two consumer warpgroups take turns on the tensor core (named barriers),
-    # so one's softmax overlaps the other's GEMMs. On: H100, hd128 causal 4 x 4096 (94a35da), 0.87x FA4 against
+    # FA3's inter-warpgroup ping-pong: the consumer warpgroups take turns on the tensor core (named barriers),
+    # so one's softmax overlaps the others' GEMMs. On: H100, hd128 causal 4 x 4096 (94a35da), 0.87x FA4 against
     # 0.79x without it; `overlap` measured 0.84x alone and 0.83x with ping-pong, so it stays off.
     pingpong: bool = True
     # FA3's intra-warpgroup overlap: QK_{j} issued together with PV_{j-1}, the softmax of tile j under PV_{j-1}.
     overlap: bool = False
-    kv_stages = 2  # SMEM at D=128: Q 32 KiB + 2 x (K 32 + V 32) KiB
+    # Query rows per CTA: 64 per consumer warpgroup, 128 (two) or 192 (three; FA3 / FA4 use 192 x 128 at hd64,
+    # where a key tile carries half the MMA work per softmax element of hd128 and a third warpgroup's softmax can
+    # hide under the other two's GEMMs). 192 at hd64 compiles without spills at 160 registers; not timed on a GPU.
+    tile_m: int = 128
+    tile_n: int = 128  # keys per K/V tile: a multiple of 16 (the P V k-step), at most 256 (WGMMA N, TMA box)
+    kv_stages: int = 2  # K/V ring depth; SMEM at D=128: Q 32 KiB + 2 x (K 32 + V 32) KiB
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.tile_m not in (128, 192):
+            raise ValueError(f"tile_m {self.tile_m} not in (128, 192) (64 rows per consumer warpgroup)")
+        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
+            raise ValueError(f"tile_n {self.tile_n}: needs a multiple of 16 in [16, 256]")
+        if not 1 <= self.kv_stages <= 8:
+            raise ValueError(f"kv_stages {self.kv_stages} not in [1, 8]")
+        # ptxas spills at 160 registers beyond these (nvidia-cutlass-dsl 4.8.1, sm_90a): S (tile_n / 2 fp32 per
+        # thread) and O (head_dim / 2) live together; with the overlap P_{j-1} (tile_n / 4) as well. Compiled:
+        # hd64 x 128 137 registers, x 160 156, overlap x 128 157; spills: hd64 x 192, hd128 x 128, overlap x 144.
+        if self.tile_m == 192 and (self.head_dim + self.tile_n > 224 or (self.overlap and self.tile_n > 128)):
+            raise ValueError(f"tile_m 192 (160 registers) with head_dim {self.head_dim}, tile_n {self.tile_n}, "
+                             f"overlap {self.overlap}: spills (needs head_dim + tile_n <= 224, overlap tile_n <= 128)")
+        if self.smem_bytes() > SMEM_BYTES:
+            raise ValueError(f"SMEM {self.smem_bytes()} bytes > {SMEM_BYTES}: fewer kv_stages or smaller tiles")
+
+    @property
+    def consumer_warpgroups(self) -> int:
+        return self.tile_m // 64
+
+    def smem_bytes(self) -> int:
+        """Dynamic SMEM of the kernel's SharedStorage: the mbarriers (padded to the 1024-byte alignment of the
+        swizzled tiles), Q, and kv_stages of K and V (16-bit)."""
+        tiles = 2 * self.head_dim * (self.tile_m + 2 * self.kv_stages * self.tile_n)
+        return 1024 + tiles
 
 
 def _kernel_class():
@@ -75,16 +110,15 @@ def _kernel_class():
         return pipeline.CooperativeGroup(pipeline.Agent.Thread, n)
 
     class FmhaSm90:
-        THREADS = 128 * 3
-        CONSUMER_WARPS = 8
-        REGS_PRODUCER = 24
-        REGS_CONSUMER = 240
-
         def __init__(self, cfg: FmhaSm90Config):
             self.cfg = cfg
             self.d = cfg.head_dim
             self.spec = cfg.mask
             self.stages = cfg.kv_stages
+            self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
+            self.wgs = cfg.consumer_warpgroups
+            self.threads = 128 * (1 + self.wgs)
+            self.regs_producer, self.regs_consumer = REGS[self.wgs]
 
         # ------------------------------------------------------------------------------------- host side
 
@@ -106,13 +140,14 @@ def _kernel_class():
             q, k, v, o = seq_view(mQ, total_q, hq), seq_view(mK, total_k, hkv), seq_view(mV, total_k, hkv), \
                 seq_view(mO, total_q, hq)
             qk_mma, pv_mma = self.make_mmas()
-            q_sl = wgmma.smem_layout(dt, TILE_M, d)
-            k_sl = wgmma.smem_layout(dt, TILE_N, d, self.stages)
-            v_sl = wgmma.smem_layout(dt, TILE_N, d, self.stages)
+            tm, tn = self.tile_m, self.tile_n
+            q_sl = wgmma.smem_layout(dt, tm, d)
+            k_sl = wgmma.smem_layout(dt, tn, d, self.stages)
+            v_sl = wgmma.smem_layout(dt, tn, d, self.stages)
             op = cpasync.CopyBulkTensorTileG2SOp()
-            tma_q, tq_ = cpasync.make_tiled_tma_atom(op, q, q_sl, (TILE_M, d))
-            tma_k, tk_ = cpasync.make_tiled_tma_atom(op, k, cute.select(k_sl, mode=[0, 1]), (TILE_N, d))
-            tma_v, tv_ = cpasync.make_tiled_tma_atom(op, v, cute.select(v_sl, mode=[0, 1]), (TILE_N, d))
+            tma_q, tq_ = cpasync.make_tiled_tma_atom(op, q, q_sl, (tm, d))
+            tma_k, tk_ = cpasync.make_tiled_tma_atom(op, k, cute.select(k_sl, mode=[0, 1]), (tn, d))
+            tma_v, tv_ = cpasync.make_tiled_tma_atom(op, v, cute.select(v_sl, mode=[0, 1]), (tn, d))
             self.q_bytes = cute.size_in_bytes(dt, q_sl)
             self.kv_bytes = cute.size_in_bytes(dt, cute.select(k_sl, mode=[0, 1]))
 
@@ -125,22 +160,24 @@ def _kernel_class():
                 sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(k_sl)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(v_sl)], 1024]
 
+            if cutlass.const_expr(SharedStorage.size_in_bytes() != self.cfg.smem_bytes()):  # __post_init__ rule
+                raise AssertionError(f"SMEM {SharedStorage.size_in_bytes()} != {self.cfg.smem_bytes()} bytes")
             self.shared_storage = SharedStorage
             num_batch = mCuQ.shape[0] - 1
             scale_log2 = softmax_scale * Float32(sm_mod.LOG2E)
-            grid = sched_mod.launch_grid(self.cfg.schedule, total_q, num_batch, hq, max_seqlen_q, TILE_M)
+            grid = sched_mod.launch_grid(self.cfg.schedule, total_q, num_batch, hq, max_seqlen_q, tm)
             self.kernel(qk_mma, pv_mma, tma_q, tq_, tma_k, tk_, tma_v, tv_, o, mLSE, mCuQ, mCuK, mSink, scale_log2,
                         window_left, window_right, num_batch, hq, hq // hkv, q_sl, k_sl, v_sl).launch(
-                grid=grid, block=[self.THREADS, 1, 1], stream=stream, min_blocks_per_mp=1)
+                grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
         def make_mmas(self):
             """(S = Q K^T: SS, both K-major; O += P V: RS, P from registers, V^T MN-major), fp32 accumulators,
-            two m64 warpgroups along M."""
+            one m64 warpgroup per 64 rows along M (2 or 3)."""
             dt = self.dtype
             qk = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
-                                                   (TILE_M // 64, 1, 1), (64, TILE_N))
+                                                   (self.wgs, 1, 1), (64, self.tile_n))
             pv = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32,
-                                                   (TILE_M // 64, 1, 1), (64, self.d),
+                                                   (self.wgs, 1, 1), (64, self.d),
                                                    a_source=warpgroup.OperandSource.RMEM)
             return qk, pv
 
@@ -161,7 +198,7 @@ def _kernel_class():
                 cpasync.prefetch_descriptor(tma_v)
             smem = memory.SmemAllocator()
             st = smem.allocate(self.shared_storage)
-            consumers = group(self.CONSUMER_WARPS)  # one arrive per consumer warp (lane 0) on release
+            consumers = group(4 * self.wgs)  # one arrive per consumer warp (lane 0) on release
             q_pipe = pipeline.PipelineTmaAsync.create(
                 num_stages=1, producer_group=group(1), consumer_group=consumers, tx_count=self.q_bytes,
                 barrier_storage=st.q_bar.data_ptr(), defer_sync=True)
@@ -180,21 +217,21 @@ def _kernel_class():
             # setmaxnreg first thing in each branch; the tile is computed after it (values carried across it were
             # spilled in the sm100 kernel)
             if warp < 4:
-                cute.arch.setmaxregister_decrease(self.REGS_PRODUCER)
-                b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, TILE_M,
+                cute.arch.setmaxregister_decrease(self.regs_producer)
+                b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, self.tile_m,
                                                           self.spec.bounded_right)
                 if valid & (warp == 0):
                     q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = sched_mod.sequence_tiles(
-                        self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, TILE_M, TILE_N)
+                        self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, self.tile_m, self.tile_n)
                     self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_pipe, k_pipe, v_pipe, q_start,
                               k_start, m_block, h, h // group_size, n_lo, n_tiles)
             else:
-                cute.arch.setmaxregister_increase(self.REGS_CONSUMER)
-                b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, TILE_M,
+                cute.arch.setmaxregister_increase(self.regs_consumer)
+                b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, self.tile_m,
                                                           self.spec.bounded_right)
                 if valid:
                     q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = sched_mod.sequence_tiles(
-                        self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, TILE_M, TILE_N)
+                        self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, self.tile_m, self.tile_n)
                     sink_log2 = None
                     if cutlass.const_expr(mSink is not None):
                         sink_log2 = mSink[h] * Float32(sm_mod.LOG2E)
@@ -209,11 +246,11 @@ def _kernel_class():
                  m_block, h, hk, n_lo, n_tiles):
             if n_tiles > 0:
                 one = cute.make_layout(1)
-                gQ = cute.local_tile(cute.domain_offset((q_start, 0), mQ[None, None, h]), (TILE_M, self.d),
+                gQ = cute.local_tile(cute.domain_offset((q_start, 0), mQ[None, None, h]), (self.tile_m, self.d),
                                      (m_block, 0))
-                gK = cute.local_tile(cute.domain_offset((k_start, 0), mK[None, None, hk]), (TILE_N, self.d),
+                gK = cute.local_tile(cute.domain_offset((k_start, 0), mK[None, None, hk]), (self.tile_n, self.d),
                                      (None, 0))
-                gV = cute.local_tile(cute.domain_offset((k_start, 0), mV[None, None, hk]), (TILE_N, self.d),
+                gV = cute.local_tile(cute.domain_offset((k_start, 0), mV[None, None, hk]), (self.tile_n, self.d),
                                      (None, 0))
                 tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2),
                                                    cute.group_modes(gQ, 0, 2))
@@ -244,19 +281,19 @@ def _kernel_class():
             tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
             tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
             tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(wgmma.transpose_view(sV)))
-            tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((TILE_M, TILE_N)))
-            acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((TILE_M, self.d)), Float32)
+            tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
+            acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((self.tile_m, self.d)), Float32)
             acc_o.fill(0.0)
             o_mn = wgmma.acc_mn(acc_o)
-            s_coords = wgmma.acc_mn(thr_qk.partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
-            rows = cute.size(s_coords, mode=[0])  # 2 rows per thread (r and r + 8), TILE_N / 4 scores each
+            s_coords = wgmma.acc_mn(thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
+            rows = cute.size(s_coords, mode=[0])  # 2 rows per thread (r and r + 8), tile_n / 4 scores each
             row_m = cute.make_rmem_tensor(cute.make_layout(rows), Float32)
             row_l = cute.make_rmem_tensor(cute.make_layout(rows), Float32)
             row_lo = cute.make_rmem_tensor(cute.make_layout(rows), Int32)
             row_hi = cute.make_rmem_tensor(cute.make_layout(rows), Int32)
             for r in cutlass.range_constexpr(rows):
                 row_m[r], row_l[r] = sm_mod.init_stats(sink_log2)
-                q_pos = m_block * TILE_M + s_coords[r, 0][0] + sk - sq
+                q_pos = m_block * self.tile_m + s_coords[r, 0][0] + sk - sq
                 row_lo[r], row_hi[r] = mask_mod.row_key_bounds(self.spec, q_pos, sk, window_left, window_right)
 
             if n_tiles > 0:
@@ -292,12 +329,12 @@ def _kernel_class():
                         k_pipe.consumer_wait(k_st)
                         if cutlass.const_expr(self.cfg.pingpong):
                             self.turn_wait(wg)
-                        acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((TILE_M, TILE_N)), Float32)
+                        acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
                         wgmma.gemm(qk_mma, acc_s, tSrQ, tSrK[None, None, None, k_st.index], True, wait=False)
                         v_pipe.consumer_wait(v_st)
                         wgmma.gemm(pv_mma, acc_o, tOrP, tOrV[None, None, None, v_st.index], False, wait=False)
                         if cutlass.const_expr(self.cfg.pingpong):
-                            self.turn_pass(1 - wg)
+                            self.turn_pass(self.next_wg(wg))
                         warpgroup.wait_group(1)  # QK_j done (PV_{j-1} may still run)
                         k_pipe.consumer_release(k_st)
                         k_st.advance()
@@ -312,13 +349,23 @@ def _kernel_class():
                     wgmma.gemm(pv_mma, acc_o, tOrP, tOrV[None, None, None, v_st.index], False)
                     v_pipe.consumer_release(v_st)
                 if cutlass.const_expr(self.cfg.pingpong and not self.cfg.overlap):
-                    self.turn_pass(1 - wg)
+                    self.turn_pass(self.next_wg(wg))
             self.epilogue(thr_pv, acc_o, o_mn, row_m, row_l, mO, mLSE, t, q_start, sq, m_block, h)
 
-        # Ping-pong turns: named barrier 1 + w (256 threads) completes when warpgroup w waits on it and the other
-        # warpgroup has passed it the turn. Per warpgroup and tile: one wait (before PV_j, the wait before QK_0
-        # first) and one pass (after issuing QK_j, and once at the end); both warpgroups visit the same n_tiles.
-        # Warpgroup 0 pre-passes its own first turn, so one pass of warpgroup 1 stays unmatched at exit (as FA3).
+        # Ping-pong turns, one token going round the consumer warpgroups 0 -> 1 (-> 2) -> 0: named barrier 1 + w
+        # (256 threads) completes when warpgroup w waits on it and its predecessor has passed it the turn. Per
+        # warpgroup and tile: one wait (before PV_j, the wait before QK_0 first) and one pass (after issuing QK_j,
+        # and once at the end), strictly alternating, so no barrier ever holds two passes; every warpgroup of a CTA
+        # visits the same n_tiles. With the overlap: one wait before QK_j + PV_{j-1} and one pass after, for
+        # j >= 1. Warpgroup 0 pre-passes its own first turn, so one pass stays unmatched at exit (as in FA3).
+
+        @cute.jit
+        def next_wg(self, wg):
+            if cutlass.const_expr(self.wgs == 2):
+                nxt = 1 - wg
+            else:
+                nxt = (wg + 1) % self.wgs
+            return nxt
 
         @staticmethod
         def turn_wait(w):
@@ -334,11 +381,11 @@ def _kernel_class():
             """S = Q K_kb^T (waited for, K released), then softmax_tile: (P, the advanced K state; the caller
             rebinds it, a state advanced inside a helper does not reach the caller's loop otherwise). Passes the
             ping-pong turn once the GEMM is issued when asked."""
-            acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((TILE_M, TILE_N)), Float32)
+            acc_s = cute.make_rmem_tensor(wg_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
             k_pipe.consumer_wait(k_st)
             wgmma.gemm(qk_mma, acc_s, tSrQ, tSrK[None, None, None, k_st.index], True, wait=False)
             if cutlass.const_expr(self.cfg.pingpong and pass_turn):
-                self.turn_pass(1 - wg)
+                self.turn_pass(self.next_wg(wg))
             warpgroup.wait_group(0)
             k_pipe.consumer_release(k_st)
             k_st.advance()
@@ -355,7 +402,7 @@ def _kernel_class():
             s_mn = wgmma.acc_mn(acc_s)
             if (kb < full_lo) | (kb >= full_hi):  # an edge tile: some key of it is hidden from some row
                 for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-                    mask_mod.apply_row_bounds(s_mn[r, None], s_coords[r, None], kb * TILE_N, row_lo[r], row_hi[r])
+                    mask_mod.apply_row_bounds(s_mn[r, None], s_coords[r, None], kb * self.tile_n, row_lo[r], row_hi[r])
             r_p = cute.make_rmem_tensor_like(acc_s, self.dtype)
             p_mn = wgmma.acc_mn(r_p)
             n_cols = cute.size(s_mn, mode=[1])
@@ -387,9 +434,10 @@ def _kernel_class():
                      portable: cutlass.Constexpr[bool] = False):
             """out = O / l in 16-bit, stored from registers for the rows inside the sequence; lse by the first
             thread of each quad. mO: the (tokens, D, heads) view. `portable`: a division for rcp.approx (host runs)."""
-            gO = cute.local_tile(cute.domain_offset((q_start, 0), mO[None, None, h]), (TILE_M, self.d), (m_block, 0))
+            gO = cute.local_tile(cute.domain_offset((q_start, 0), mO[None, None, h]), (self.tile_m, self.d),
+                                 (m_block, 0))
             g_mn = wgmma.acc_mn(thr_pv.partition_C(gO))
-            c_mn = wgmma.acc_mn(thr_pv.partition_C(cute.make_identity_tensor((TILE_M, self.d))))
+            c_mn = wgmma.acc_mn(thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.d))))
             lse_row = cute.make_rmem_tensor(cute.make_layout(cute.size(o_mn, mode=[0])), Float32)
             for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
                 inv_l, lse_row[r] = sm_mod.finalize(row_m[r], row_l[r], portable)
@@ -399,7 +447,7 @@ def _kernel_class():
             r_o.store(acc_o.load().to(self.dtype))
             ro_mn = wgmma.acc_mn(r_o)
             for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
-                row = m_block * TILE_M + c_mn[r, 0][0]
+                row = m_block * self.tile_m + c_mn[r, 0][0]
                 if row < sq:
                     for i in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
                         g_mn[r, i] = ro_mn[r, i]

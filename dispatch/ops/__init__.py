@@ -41,12 +41,13 @@ from .moe_gemm import (
     moe_gemm_combine,
     moe_gemm_fp8,
     moe_gemm_mxfp4,
+    moe_gemm_nvfp4,
     moe_gemm_swiglu,
     moe_gemm_swiglu_fp8_group,
     moe_gemm_w4a4,
     moe_gemm_w4a8,
 )
-from .moe_layer import moe_layer
+from .moe_layer import moe_layer, moe_layer_routed
 from .quant import (
     FP8GroupQuantized,
     MXFP4Quantized,
@@ -94,7 +95,6 @@ __all__ = [
     "mla_decode",
     # moe_gemm
     "moe_gemm_bf16", "moe_gemm_blockscaled", "moe_gemm_blockscaled_masked", "moe_gemm_fp8", "moe_gemm_mxfp4",
-    "moe_gemm_w4a4", "moe_gemm_w4a8",
-    "moe_gemm_swiglu",
-    "moe_gemm_swiglu_fp8_group", "moe_gemm_combine", "moe_layer",
+    "moe_gemm_w4a4", "moe_gemm_w4a8", "moe_gemm_nvfp4", "moe_gemm_swiglu",
+    "moe_gemm_swiglu_fp8_group", "moe_gemm_combine", "moe_layer", "moe_layer_routed",
 ]

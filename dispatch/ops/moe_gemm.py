@@ -26,6 +26,7 @@ from triton_ops.contract.moe_gemm import (
     check_gemm_combine,
     check_gemm_swiglu,
     check_mxfp4,
+    check_nvfp4,
     check_row_weights,
     check_w4a4,
     check_w4a8,
@@ -50,6 +51,7 @@ def _with_row_weights(op: str, check):
 _check_bf16 = _with_row_weights("moe_gemm_bf16", check_bf16)
 _check_fp8 = _with_row_weights("moe_gemm_fp8", check_fp8)
 _check_mxfp4 = _with_row_weights("moe_gemm_mxfp4", check_mxfp4)
+_check_nvfp4 = _with_row_weights("moe_gemm_nvfp4", check_nvfp4)
 _check_w4a8 = _with_row_weights("moe_gemm_w4a8", check_w4a8)
 _check_w4a4 = _with_row_weights("moe_gemm_w4a4", check_w4a4)
 
@@ -82,6 +84,12 @@ def _moe_gemm_fp8(a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor, m_indi
 def _moe_gemm_mxfp4(a: Tensor, w_packed: Tensor, w_scale: Tensor, m_indices: Tensor | None,
                     masked_m: Tensor | None, row_weights: Tensor | None, backend: str) -> Tensor:
     return _out(a, w_packed.shape[1], torch.bfloat16)
+
+
+@lowbit_op("moe_gemm_nvfp4", mutates_args=(), check=_check_nvfp4)
+def _moe_gemm_nvfp4(a: Tensor, w_packed: Tensor, w_scale: Tensor, w_global: Tensor, m_indices: Tensor | None,
+                    masked_m: Tensor | None, row_weights: Tensor | None, backend: str) -> Tensor:
+    return _out(a, w_packed.shape[1], a.dtype)
 
 
 @lowbit_op("moe_gemm_w4a8", mutates_args=(), check=_check_w4a8)
@@ -118,6 +126,16 @@ def moe_gemm_mxfp4(a: Tensor, w_packed: Tensor, w_scale: Tensor, *, m_indices: T
     the low nibble (what `mxfp4_quantize` writes for (E*N, K) rows), w_scale uint8 (E, N, K/32) E8M0
     exponents (linear layout). Dequantized in registers; bf16 out."""
     return call("moe_gemm_mxfp4", a, w_packed, w_scale, m_indices, masked_m, row_weights, backend)
+
+
+def moe_gemm_nvfp4(a: Tensor, w_packed: Tensor, w_scale: Tensor, w_global: Tensor, *,
+                   m_indices: Tensor | None = None, masked_m: Tensor | None = None,
+                   row_weights: Tensor | None = None, backend: str = "auto") -> Tensor:
+    """bf16 / fp16 activations x NVFP4 weights (W4A16): w_packed uint8 (E, N, K/2) e2m1 codes (element 2i in the
+    low nibble), w_scale (E, N, K/16) E4M3 block scales (uint8 codes or float8_e4m3fn; the linear layout), w_global
+    fp32 (E,) decode-form global scale per expert: value = e2m1 * e4m3 * w_global[e]. What `nvfp4_quantize(w[e])`
+    writes for each expert (codes, scales, global_scale), stacked. K a multiple of 16. Out: a's dtype."""
+    return call("moe_gemm_nvfp4", a, w_packed, w_scale, w_global, m_indices, masked_m, row_weights, backend)
 
 
 def moe_gemm_w4a8(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, *,
@@ -304,6 +322,14 @@ def self_check_cases() -> list:
         a, packed, scales, mi, _, _ = mxfp4_weights(dev, small)
         return (a.bfloat16(), packed, scales, mi, None, None)
 
+    def nvfp4(dev, small):
+        """NVFP4 weights from random bytes: any code, E4M3 scales 2^-4 .. 2^0 (0x20-0x38), a global per expert."""
+        a, packed, _, mi, g, k = mxfp4_weights(dev, small)
+        e, n = packed.shape[:2]
+        scales = torch.randint(0x20, 0x39, (e, n, k // 16), generator=g, dtype=torch.uint8)
+        w_global = torch.rand(e, generator=g) + 0.5
+        return (a.bfloat16(), packed, scales.to(dev), w_global.to(dev), mi, None, None)
+
     def w4(dev, small, fp4_acts):
         a, packed, scales, mi, g, k = mxfp4_weights(dev, small)
         rows = a.shape[0]
@@ -371,6 +397,7 @@ def self_check_cases() -> list:
         Case("moe_gemm_bf16", bf16, close, label="contiguous, moe_align rows"),
         Case("moe_gemm_fp8", fp8, close, label="contiguous, 1x128 / 128x128 scales"),
         Case("moe_gemm_mxfp4", mxfp4, close, label="contiguous, W4A16"),
+        Case("moe_gemm_nvfp4", nvfp4, close, label="contiguous, NVFP4 W4A16"),
         Case("moe_gemm_w4a8", lambda d, s: w4(d, s, False), close, label="contiguous, FP8 x MXFP4"),
         Case("moe_gemm_w4a4", lambda d, s: w4(d, s, True), close, label="contiguous, MXFP4 x MXFP4"),
         Case("moe_gemm_blockscaled", blockscaled, close, label="NVFP4 x NVFP4, group offsets, swizzled scales"),

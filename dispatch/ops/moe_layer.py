@@ -2,13 +2,14 @@
 GEMM2 into token order -> weighted combine, composed of the moe and moe_gemm ops (docs/moe_gemm.md).
 
 No host sync and static shapes throughout (the layouts' capacities depend on shapes only), so the layer is
-CUDA-graph capturable and torch.compile sees one custom op per stage. By default (fused=False) it runs the chain of
-separate ops (moe_gemm, swiglu, moe_combine), the path verified on a GPU; fused=True has GEMM1 apply SwiGLU (and
-the FP8 quantization) in its epilogue, so its (rows, 2I) output never goes to memory, and GEMM2 scatter its rows
-into token order for the combine (same bytes on the CPU; on the H100 the FP8-output GEMM1 differed from the chain,
-docs/moe_gemm.md). The activations between GEMM1 and GEMM2 are written once (FP8: as codes + scales). Expert
-parallelism: `expert_map` maps global to local expert ids (-1 = not on this rank); tokens routed elsewhere get no
-row and contribute nothing here.
+CUDA-graph capturable and torch.compile sees one custom op per stage. fused=False runs the chain of separate ops
+(moe_gemm, swiglu, moe_combine); fused=True (the default for FP8 weights, where it was timed faster) has GEMM1
+apply SwiGLU (and the FP8 quantization) in its epilogue, so its (rows, 2I) output never goes to memory, and GEMM2
+scatter its rows into token order for the combine (the same bytes as the chain, on the CPU interpreter and on the
+H100: docs/moe_gemm.md). The activations between GEMM1 and GEMM2 are written once (FP8: as codes + scales).
+Expert parallelism: `expert_map` maps global to local expert ids (-1 = not on this rank); tokens routed elsewhere
+get no row and contribute nothing here.
+`moe_layer_routed` takes router logits instead of a routing and runs `moe_route` first.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from triton_ops.contract import checks as C
 
-from .moe import moe_align, moe_combine, moe_gather, moe_gather_fp8, moe_masked_layout
+from .moe import moe_align, moe_combine, moe_gather, moe_gather_fp8, moe_masked_layout, moe_route
 from .moe_gemm import (
     moe_gemm_bf16,
     moe_gemm_combine,
@@ -47,7 +48,7 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
               w2_scale: Tensor | None = None, activation: Literal["silu", "gptoss"] = "silu", interleave: int = 0,
               alpha: float = 1.702, limit: float | None = None, layout: Literal["contiguous", "masked"] = "contiguous",
               max_m: int | None = None, expert_map: Tensor | None = None, shared: Tensor | None = None,
-              fused: bool = False, backend: str = "auto") -> Tensor:
+              fused: bool | None = None, backend: str = "auto") -> Tensor:
     """y[t] = sum_j topk_weights[t, j] * W2[e] . act(W1[e] . hidden[t]) over the token's experts e = topk_ids[t, j]
     (+ shared[t]), in hidden's dtype.
 
@@ -60,7 +61,9 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     .) rows per expert (decode; tokens past max_m for an expert are dropped, as moe_masked_layout defines).
     fused: GEMM1 with SwiGLU (+ quantization) in its epilogue and GEMM2 scattered into token order
     (moe_gemm_swiglu[_fp8_group], moe_gemm_combine: 4 launches + the align); False: the chain of separate ops
-    (moe_gemm_*, swiglu[_fp8_group], moe_combine). Same bytes given the same GEMM accumulators."""
+    (moe_gemm_*, swiglu[_fp8_group], moe_combine). Same bytes given the same GEMM accumulators. None (default):
+    fused for FP8 weights (timed faster than the chain at prefill on an H100: GEMM1 + SwiGLU + FP8 1.08x, GEMM2 +
+    combine 1.23x; even at decode), the chain otherwise (MXFP4 GEMM1 + SwiGLU timed 0.97x the chain)."""
     for name, t in (("hidden", hidden), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w1", w1),
                     ("w2", w2)):
         C.check_tensor(OP, name, t)
@@ -74,6 +77,8 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         C.fail(OP, "hidden", f"expected hidden (T, H) and topk_ids (T, k), got {tuple(hidden.shape)} and "
                              f"{tuple(topk_ids.shape)}")
     num_experts, top_k = w1.shape[0], topk_ids.shape[1]
+    if fused is None:
+        fused = weights == "fp8"
     act = dict(interleave=interleave, activation=activation, alpha=alpha, limit=limit)
     if layout == "contiguous":
         lay = moe_align(topk_ids, num_experts, _block_m(topk_ids.numel() / max(num_experts, 1)),
@@ -105,6 +110,21 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         a = swiglu(h, **act, **act_place, backend=backend)
         out = gemm(a, w2, *scale2, **place, backend=backend)
     return moe_combine(out, inv_rows, topk_weights, shared=shared, out_dtype=hidden.dtype, backend=backend)
+
+
+def moe_layer_routed(hidden: Tensor, router_logits: Tensor, w1: Tensor, w2: Tensor, *, top_k: int,
+                     scoring: Literal["softmax", "sigmoid", "sqrt_softplus"] = "softmax", bias: Tensor | None = None,
+                     renormalize: bool = False, routed_scaling: float = 1.0, num_groups: int = 1,
+                     topk_groups: int = 1, backend: str = "auto", **layer) -> Tensor:
+    """moe_layer from router logits [T, E]: `moe_route` (its scoring presets: GPT-OSS softmax + renormalize,
+    DeepSeek-V3 sigmoid + bias + groups + routed_scaling, DeepSeek-V4 sqrt_softplus + bias) picks each token's
+    top_k experts and weights on the device, then the layer runs on them; `layer` takes moe_layer's keyword
+    arguments (weights, scales, activation, layout, expert_map, shared, fused, ...). With expert parallelism the
+    logits cover the global experts and `expert_map` maps them to this rank's."""
+    routing = moe_route(router_logits, top_k, scoring=scoring, bias=bias, renormalize=renormalize,
+                        routed_scaling=routed_scaling, num_groups=num_groups, topk_groups=topk_groups,
+                        backend=backend)
+    return moe_layer(hidden, routing.topk_ids, routing.topk_weights, w1, w2, backend=backend, **layer)
 
 
 def _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, weights, w1_scale, w2_scale, act,

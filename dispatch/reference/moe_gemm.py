@@ -13,6 +13,9 @@ Formats:
 * mxfp4: E2M1 pairs (E, N, K/2) uint8 (element 2i in the low nibble), E8M0 scales (E, N, K/32) uint8, value =
   e2m1 * 2^(s - 127) (s = 0 -> 2^-127, 0xFF -> NaN); bf16 activations; bf16 output.
 * w4a8: the mxfp4 weights with the fp8 activations (E4M3 codes + fp32 1x128 scales); bf16 output.
+* nvfp4: E2M1 pairs (E, N, K/2) uint8 as for mxfp4, E4M3 scales (E, N, K/16) (uint8 codes or float8_e4m3fn), fp32
+  global scales (E,): value = (e2m1 * e4m3) * global[e] in fp32 (the first product exact, one fp32 rounding for
+  the second, as nvfp4_dequantize); bf16 / fp16 activations, output in their dtype.
 Optional `row_weights` (fp32, a.shape[:-1]): each computed row is multiplied by its weight before the cast
 (the fused top-k weighting of GEMM2); zero rows stay zero.
 """
@@ -21,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from triton_ops.contract.formats import MXFP4_BLOCK
-from triton_ops.contract.moe_gemm import FP8_BLOCK, blockscaled_views
+from triton_ops.contract.formats import MXFP4_BLOCK, NVFP4_BLOCK
+from triton_ops.contract.moe_gemm import FP8_BLOCK, blockscaled_views, nvfp4_views
 
 from . import swiglu as SW
 from .formats import e2m1_decode, unpack_nibbles
@@ -64,6 +67,15 @@ def mxfp4_weight_dequantize(packed: torch.Tensor, scales: torch.Tensor) -> torch
     return (vals * e8m0_decode(scales.view(torch.uint8))[..., None]).reshape(e, n, kh * 2)
 
 
+def nvfp4_weight_dequantize(packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """E2M1 pairs (E, N, K/2) + E4M3 scales (E, N, K/16) + fp32 global scales (E,) -> fp32 (E, N, K)."""
+    packed, scales = nvfp4_views(packed, scales)
+    e, n, kh = packed.shape
+    vals = e2m1_decode(unpack_nibbles(packed)).reshape(e, n, kh * 2 // NVFP4_BLOCK, NVFP4_BLOCK)
+    s = scales.view(torch.float8_e4m3fn).float()
+    return ((vals * s[..., None]) * global_scale.float().reshape(e, 1, 1, 1)).reshape(e, n, kh * 2)
+
+
 def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None):
     return _grouped(a.float(), w.float(), m_indices, masked_m, row_weights, a.dtype)
 
@@ -76,6 +88,12 @@ def moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights=None):
 def moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights=None):
     w32 = mxfp4_weight_dequantize(w_packed, w_scale)
     return _grouped(a.float(), w32, m_indices, masked_m, row_weights, torch.bfloat16)
+
+
+def moe_gemm_nvfp4(a, w_packed, w_scale, w_global, m_indices, masked_m, row_weights=None):
+    """bf16 / fp16 activations x NVFP4 weights, dequantized to fp32 (nvfp4_weight_dequantize); a's dtype out."""
+    w32 = nvfp4_weight_dequantize(w_packed, w_scale, w_global)
+    return _grouped(a.float(), w32, m_indices, masked_m, row_weights, a.dtype)
 
 
 def moe_gemm_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights=None):

@@ -19,7 +19,10 @@ Check: the normalized max error <= 2e-2 against `eager_mla` below, an fp32 torch
 contract (latents gathered and dequantized through the lowbit gather op, materialized logits, softmax, PV); the
 fp64 contract reference (dispatch/reference/attention.py:mla_decode) checks the quick cases. Peers: `sdpa` (torch
 SDPA with whatever backend it picks for a 576-wide head, on a dense (B, 1, context, 576) bf16 copy of the
-dequantized latents, enable_gqa, V = its first 512 columns), dense cases only; FlashMLA is not on the GPU image.
+dequantized latents, enable_gqa, V = its first 512 columns), dense cases only; `flashmla` (FlashMLA's sm90 kernels
+through the C-ABI library of perf/peers.py, where it is present): the bf16 dense cases (its dense decode has no FP8
+cache on sm90) and the V3.2 / V4 sparse cases (its sparse FP8 decode; our logical index lists turned into its
+physical slots at make time), checked against `eager_mla` in its probe.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 
 from dispatch import ops
 from dispatch.reference import attention as ref
+from perf import peers as peer_libs
 from perf.cases.base import BenchCase
 
 PAGE = 64
@@ -83,6 +87,11 @@ def _mla_case(layout: str, bsz: int, ctx: int, topk: int = 0, h: int = 128, tier
     if full and not topk:
         peers["sdpa"] = lambda i: torch.nn.functional.scaled_dot_product_attention(
             i["q"].transpose(1, 2), i["dense"], i["dense"][..., :v_dim], scale=scale, enable_gqa=True)
+    if full and (topk or layout == "bf16"):
+        flashmla = peer_libs.flashmla_mla_decode(layout, v_dim, scale, check=lambda i, got: _check(got, eager_mla(
+            i["q"], i["cache"], layout, i["table"], i["seqused"], i["indices"], v_dim, scale)))
+        if flashmla is not None:
+            peers["flashmla"] = flashmla
 
     def make(device):
         from perf.cases.attention import _probe_peers

@@ -1,5 +1,6 @@
 """Benchmark cases for the MoE expert grouped GEMMs: `moe_gemm_bf16`, `moe_gemm_fp8` (W8A8, DeepGEMM block scales),
-`moe_gemm_mxfp4` (W4A16, GPT-OSS), over the contiguous (`m_indices`) and masked (`masked_m`) layouts (docs/moe_gemm.md).
+`moe_gemm_mxfp4` (W4A16, GPT-OSS), `moe_gemm_nvfp4` (NVFP4 W4A16), over the contiguous (`m_indices`) and masked
+(`masked_m`) layouts (docs/moe_gemm.md).
 
 Shapes (balanced routing: every expert gets the same number of rows, so the peers' offsets describe the same work):
 * DeepSeek-V3 experts (hidden 7168, intermediate 2048): GEMM1 N = 4096 (gate + up), K = 7168; GEMM2 N = 7168,
@@ -8,8 +9,8 @@ Shapes (balanced routing: every expert gets the same number of rows, so the peer
     shard) bound the memory: the runner holds ~3 copies of the inputs, and 256 bf16 GEMM1 experts are 15 GB each;
   - decode: all 256 experts x 16 rows, masked layout (E, max_m = 16, K) with masked_m = 16 (a 512-token batch at
     top-8): weight streaming, 15 / 7.5 GB of GEMM1 weights in bf16 / FP8 per call.
-* GPT-OSS-120b GEMM1 (hidden 2880, intermediate 2880): N = 5760, K = 2880, MXFP4 W4A16 and bf16, contiguous
-  layout: decode 128 experts x 16 rows, prefill-like 32 experts x 256 rows.
+* GPT-OSS-120b GEMM1 (hidden 2880, intermediate 2880): N = 5760, K = 2880, MXFP4 W4A16, NVFP4 W4A16 (K = 180 x 16)
+  and bf16, contiguous layout: decode 128 experts x 16 rows, prefill-like 32 experts x 256 rows.
 Fused epilogues (`fused_cases`, below): GEMM1 + SwiGLU (+ FP8 1x128) and GEMM2 + combine against the unfused
 chain of separate ops, at DeepSeek-V3 / GPT-OSS decode (64 tokens) and prefill (4096 tokens) routings.
 Each op also has a "quick" case (tiny shapes for the CPU interpreter) with padding rows (id -1), an out-of-range
@@ -20,10 +21,11 @@ rows `moe_align` gives for balanced routing with block_m 16 / 128, minus its sta
 so the timed work is the real rows only (the kernels skip padding tiles but still write their zero rows).
 
 FLOP model: 2 * (real rows) * N * K; flops_dtype "fp8" for the FP8 cases (held against the fp8 `_scaled_mm`
-roof), "bf16" otherwise (MXFP4 weights are dequantized to bf16 operands). Bytes model (read + written once): the
+roof), "bf16" otherwise (MXFP4 / NVFP4 weights are dequantized to bf16 operands). Bytes model (read + written once): the
 weights of every expert that has rows (bf16 2 B, E4M3 1 B + fp32 128x128 block scales, MXFP4 0.5 B + one E8M0 byte
-per 32), the real activation rows (+ fp32 1x128 scales for FP8), every output row of the layout (bf16; padding
-rows are written as zeros), and the index vector (m_indices, or masked_m).
+per 32, NVFP4 0.5 B + one E4M3 byte per 16 + an fp32 global per expert), the real activation rows (+ fp32 1x128
+scales for FP8), every output row of the layout (bf16; padding rows are written as zeros), and the index vector
+(m_indices, or masked_m).
 
 Checks: normalized max error max|out - ref| / max|ref| <= 2e-2, no NaN, same shape. The reference:
 * quick cases: the contract, dispatch/reference/moe_gemm.py (padding rows and masked counts included);
@@ -46,9 +48,10 @@ raises):
 * fp8: `torch._scaled_grouped_mm` with row-wise fp32 scales (scale_a per row, scale_b per (expert, column): a
   coarser scaling than the 1x128 / 128x128 blocks of the lowbit op), and on the prefill shapes `scaled_mm-dense`:
   one row-wise `torch._scaled_mm` of the same FLOPs;
-* mxfp4: `torch._grouped_mm` on bf16 weights of the same shape (4x the weight bytes: the bar a W4A16 kernel must
-  beat by reading fewer bytes), and `triton-dot_scaled`: the lowbit Triton kernel with `dot_scaled=True`
-  (tl.dot_scaled on E2M1 + E8M0 instead of the in-register dequantization the dispatcher runs).
+* mxfp4 and nvfp4: `torch._grouped_mm` on bf16 weights of the same shape (4x the weight bytes: the bar a W4A16
+  kernel must beat by reading fewer bytes); for mxfp4 also `triton-dot_scaled`: the lowbit Triton kernel with
+  `dot_scaled=True` (tl.dot_scaled on E2M1 + E8M0 instead of the in-register dequantization the dispatcher runs;
+  NVFP4 has no such variant: Triton 3.6 cannot lower NVFP4 scales in tl.dot_scaled on sm_90).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from dispatch import ops
 from dispatch.reference import moe_gemm as ref
 from dispatch.registry import BackendError
 from perf.cases.base import BenchCase
-from triton_ops.contract.formats import MXFP4_BLOCK
+from triton_ops.contract.formats import MXFP4_BLOCK, NVFP4_BLOCK
 from triton_ops.contract.moe_gemm import FP8_BLOCK
 
 TOL = 2e-2
@@ -81,6 +84,8 @@ def weight_bytes(kind: str, experts: int, n: int, k: int) -> int:
         return experts * n * k * 2
     if kind == "fp8":
         return experts * n * k + experts * -(-n // FP8_BLOCK) * (k // FP8_BLOCK) * 4
+    if kind == "nvfp4":
+        return experts * n * k // 2 + experts * n * (k // NVFP4_BLOCK) + experts * 4
     return experts * n * k // 2 + experts * n * (k // MXFP4_BLOCK)  # mxfp4, w4a8, w4a4: MXFP4 weights
 
 
@@ -122,6 +127,10 @@ def _weights(kind: str, e: int, n: int, k: int, device) -> dict:
     if kind == "fp8":
         return {"w": _fp8_codes((e, n, k), device),
                 "w_scale": torch.rand(e, -(-n // FP8_BLOCK), k // FP8_BLOCK, device=device).add_(0.5).mul_(k ** -0.5)}
+    if kind == "nvfp4":  # any code byte; E4M3 scales 2^-4 .. 2^0 (bytes 0x20-0x38, no NaN), a global per expert
+        return {"w": torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=device),
+                "w_scale": torch.randint(0x20, 0x39, (e, n, k // NVFP4_BLOCK), dtype=torch.uint8, device=device),
+                "w_global": torch.rand(e, device=device).add_(0.5)}
     # mxfp4: any byte is a valid pair of E2M1 codes; E8M0 exponents around 2^-5 .. 2^0 (no NaN byte 0xFF)
     return {"w": torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=device),
             "w_scale": torch.randint(122, 128, (e, n, k // MXFP4_BLOCK), dtype=torch.uint8, device=device)}
@@ -166,6 +175,8 @@ def _w32(kind: str, i: dict, e: int) -> torch.Tensor:
         return i["w"][e].float()
     if kind == "fp8":
         return ref.fp8_block_dequantize(i["w"][e:e + 1], i["w_scale"][e:e + 1])[0]
+    if kind == "nvfp4":
+        return ref.nvfp4_weight_dequantize(i["w"][e:e + 1], i["w_scale"][e:e + 1], i["w_global"][e:e + 1])[0]
     return ref.mxfp4_weight_dequantize(i["w"][e:e + 1], i["w_scale"][e:e + 1])[0]
 
 
@@ -175,7 +186,8 @@ def lean_reference(kind: str, counts: list[int], masked: bool):
 
     def reference(i):
         a, w = i["a"], i["w"]
-        out = torch.zeros(*a.shape[:-1], w.shape[1], dtype=a.dtype if kind == "bf16" else BF16, device=a.device)
+        dtype = a.dtype if kind in ("bf16", "nvfp4") else BF16
+        out = torch.zeros(*a.shape[:-1], w.shape[1], dtype=dtype, device=a.device)
         start = 0
         for e, c in enumerate(counts):
             if not c:
@@ -226,7 +238,7 @@ def _probe_peers(peers: dict, state: dict, inputs: dict, device: torch.device, w
 
 def _peers(kind: str, masked: bool, dense: bool) -> dict:
     peers: dict = {}
-    if kind in ("bf16", "mxfp4", "w4a8", "w4a4"):
+    if kind in ("bf16", "mxfp4", "nvfp4", "w4a8", "w4a4"):
         wname = "w" if kind == "bf16" else "w_peer"
         aname = "a_peer" if kind in ("w4a8", "w4a4") else "a"
         if masked:
@@ -272,6 +284,8 @@ def _call(kind: str):
             return ops.moe_gemm_w4a8(i["a"], i["a_scale"], i["w"], i["w_scale"], **lay, backend=b)
         if kind == "w4a4":
             return ops.moe_gemm_w4a4(i["a"], i["a_scale"], i["w"], i["w_scale"], **lay, backend=b)
+        if kind == "nvfp4":
+            return ops.moe_gemm_nvfp4(i["a"], i["w"], i["w_scale"], i["w_global"], **lay, backend=b)
         return ops.moe_gemm_mxfp4(i["a"], i["w"], i["w_scale"], **lay, backend=b)
     return call
 
@@ -285,6 +299,8 @@ def _contract(kind: str):
             return ref.moe_gemm_fp8(i["a"], i["a_scale"], i["w"], i["w_scale"], *lay)
         if kind in ("w4a8", "w4a4"):
             return getattr(ref, f"moe_gemm_{kind}")(i["a"], i["a_scale"], i["w"], i["w_scale"], *lay)
+        if kind == "nvfp4":
+            return ref.moe_gemm_nvfp4(i["a"], i["w"], i["w_scale"], i["w_global"], *lay)
         return ref.moe_gemm_mxfp4(i["a"], i["w"], i["w_scale"], *lay)
     return reference
 
@@ -358,6 +374,7 @@ def _quick_cases() -> list[BenchCase]:
         _case("quick", "gemm", "mxfp4", 3, 32, 64, counts=[2, 4, 0], ids=mx_ids, tier="quick"),
         _case("quick", "gemm", "w4a8", 3, 32, 128, counts=[2, 4, 0], ids=mx_ids, tier="quick"),
         _case("quick", "gemm", "w4a4", 3, 32, 64, counts=[2, 0, 3], masked=True, max_m=4, tier="quick"),
+        _case("quick", "gemm", "nvfp4", 3, 32, 48, counts=[2, 4, 0], ids=mx_ids, tier="quick"),  # K = 3 x 16
     ]
 
 
@@ -567,7 +584,7 @@ def cases() -> list[BenchCase]:
             out.append(_case("dsv3", gemm, kind, 32, n, k, rows=256))
             out.append(_case("dsv3", gemm, kind, 256, n, k, rows=16, masked=True))
     n, k = GPT_OSS_GEMM1
-    for kind in ("mxfp4", "bf16", "w4a4"):
+    for kind in ("mxfp4", "bf16", "w4a4", "nvfp4"):
         out.append(_case("gpt-oss-120b", "gemm1", kind, 128, n, k, rows=16))
         out.append(_case("gpt-oss-120b", "gemm1", kind, 32, n, k, rows=256))
     n, k = DSV3["gemm1"]  # W4A8 needs K % 128 (1x128 activation scales): DeepSeek dims

@@ -76,7 +76,7 @@ except Exception as exc:  # pragma: no cover - depends on the installed Triton
 
 OP = "attention_prefill"
 TRITON_VERSIONS = ("3.6.",)  # the Gluon API this kernel was written and compile-checked against
-HEAD_DIMS = ((64, 64), (128, 128))  # (qk, v) head dims with a tuned configuration
+HEAD_DIMS = ((64, 64), (128, 128), (192, 128))  # (qk, v) head dims with a configuration (192: DeepSeek MLA prefill)
 MAX_BATCH = 65535  # the batch rides the second grid axis
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -87,6 +87,27 @@ def _issue_load(desc, row, col, bar, smem, pred):
     """TMA of one [rows, D] tile into `smem`, completing on `bar` (skipped, with its byte count, unless pred)."""
     mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
     _tma_load(desc, [row, col], bar, smem, pred=pred)
+
+
+@gluon.jit
+def _issue_qk_load(desc, desc2, row, col, bar, smem, smem2, pred, SPLIT: gl.constexpr):
+    """A Q or K tile. SPLIT (head dim 192 = 128 + 64; TMA boxes are powers of two): its two column parts, desc at
+    col and desc2 at col + desc's width, completing on one barrier."""
+    if SPLIT:
+        mbarrier.expect(bar, desc.block_type.nbytes + desc2.block_type.nbytes, pred=pred)
+        _tma_load(desc, [row, col], bar, smem, pred=pred)
+        _tma_load(desc2, [row, col + desc.block_type.shape[1]], bar, smem2, pred=pred)
+    else:
+        _issue_load(desc, row, col, bar, smem, pred)
+
+
+@gluon.jit
+def _qk_mma(q_smem, q2_smem, k_tile, k2_tile, acc, SPLIT: gl.constexpr):
+    """S = Q K^T issued async (SPLIT: two chained wgmmas over the head dim's two parts, one accumulator)."""
+    s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), acc, use_acc=False, is_async=True)
+    if SPLIT:
+        s = warpgroup_mma(q2_smem, k2_tile.permute((1, 0)), s, is_async=True)
+    return s
 
 
 @gluon.jit
@@ -115,9 +136,9 @@ def _softmax_tile(s, n, m_i, l_i, q_pos, sk, qk_scale, MASK: gl.constexpr, CAUSA
 
 @gluon.jit
 def _tile_step(t, p, o, m_i, l_i, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, k_bars, v_bars, k_row, k_col,
-               v_col, n_start, n_tiles, q_pos, sk, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr,
-               WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-               o_layout: gl.constexpr, p_layout: gl.constexpr):
+               v_col, n_start, n_tiles, q_pos, sk, qk_scale, k2_desc, q2_smem, k2_smem, MASK: gl.constexpr,
+               CAUSAL: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, STAGES: gl.constexpr,
+               s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr, SPLIT: gl.constexpr):
     """Key tile t >= 1: S_t = Q K_t^T and O += P_{t-1} V_{t-1} in flight together, the softmax of S_t under the
     second, then the rescale of O. Refills K slot t % STAGES (tile t + STAGES) once S_t is read and V slot
     (t - 1) % STAGES (tile t - 1 + STAGES) once P_{t-1} V_{t-1} is done. Returns (P_t, O, m, l)."""
@@ -127,15 +148,14 @@ def _tile_step(t, p, o, m_i, l_i, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem
     slot = t % STAGES
     prev = (t - 1) % STAGES
     mbarrier.wait(k_bars.index(slot), (t // STAGES) & 1)
-    s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32,
-                                                                                s_layout),
-                          use_acc=False, is_async=True)
+    s_tok = _qk_mma(q_smem, q2_smem, k_smem.index(slot), k2_smem.index(slot),
+                    gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), SPLIT)
     mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
     o_tok = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_t done; P_{t-1} V_{t-1} may still run
     _cta_barrier()  # K slot `slot` is read in every warpgroup: refill it
-    _issue_load(k_desc, k_row + n_start + (t + STAGES) * BLOCK_N, k_col, k_bars.index(slot), k_smem.index(slot),
-                t + STAGES < n_tiles)
+    _issue_qk_load(k_desc, k2_desc, k_row + n_start + (t + STAGES) * BLOCK_N, k_col, k_bars.index(slot),
+                   k_smem.index(slot), k2_smem.index(slot), t + STAGES < n_tiles, SPLIT)
     p_new, m_i, l_i, alpha = _softmax_tile(s, n_start + t * BLOCK_N, m_i, l_i, q_pos, sk, qk_scale, MASK, CAUSAL,
                                            WINDOW_LEFT, WINDOW_RIGHT, p_layout, DTYPE)
     # P_{t-1} is a register operand of the MMA in flight: keep it alive through the wait.
@@ -149,9 +169,9 @@ def _tile_step(t, p, o, m_i, l_i, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem
 
 @gluon.jit
 def _attend(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, q_row, q_col, k_row, k_col,
-            v_col, n_start, n_tiles, f_lo, f_hi, q_pos, sk, qk_scale, m_i, l_i,
+            v_col, n_start, n_tiles, f_lo, f_hi, q_pos, sk, qk_scale, m_i, l_i, q2_desc, k2_desc, q2_smem, k2_smem,
             CAUSAL: gl.constexpr, WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, STAGES: gl.constexpr,
-            s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+            s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr, SPLIT: gl.constexpr):
     """The pipelined key loop over n_tiles >= 1 tiles from key n_start. Returns (O unnormalised, m, l)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -159,20 +179,21 @@ def _attend(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bar
     DTYPE: gl.constexpr = q_desc.dtype
 
     # Prologue: Q, then the first STAGES K / V tiles (as many as exist).
-    _issue_load(q_desc, q_row, q_col, q_bar, q_smem, True)
+    _issue_qk_load(q_desc, q2_desc, q_row, q_col, q_bar, q_smem, q2_smem, True, SPLIT)
     for i in gl.static_range(STAGES):
-        _issue_load(k_desc, k_row + n_start + i * BLOCK_N, k_col, k_bars.index(i), k_smem.index(i), i < n_tiles)
+        _issue_qk_load(k_desc, k2_desc, k_row + n_start + i * BLOCK_N, k_col, k_bars.index(i), k_smem.index(i),
+                       k2_smem.index(i), i < n_tiles, SPLIT)
         _issue_load(v_desc, k_row + n_start + i * BLOCK_N, v_col, v_bars.index(i), v_smem.index(i), i < n_tiles)
 
     # Tile 0 (always masked: one tile): S only, there is no P V to overlap with yet.
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_bars.index(0), 0)
-    s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
-                          use_acc=False, is_async=True)
+    s_tok = _qk_mma(q_smem, q2_smem, k_smem.index(0), k2_smem.index(0),
+                    gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), SPLIT)
     s = warpgroup_mma_wait(0, deps=(s_tok, ))
     _cta_barrier()  # every warpgroup is done reading K slot 0: refill it
-    _issue_load(k_desc, k_row + n_start + STAGES * BLOCK_N, k_col, k_bars.index(0), k_smem.index(0),
-                STAGES < n_tiles)
+    _issue_qk_load(k_desc, k2_desc, k_row + n_start + STAGES * BLOCK_N, k_col, k_bars.index(0), k_smem.index(0),
+                   k2_smem.index(0), STAGES < n_tiles, SPLIT)
     p, m_i, l_i, alpha = _softmax_tile(s, n_start, m_i, l_i, q_pos, sk, qk_scale, True, CAUSAL, WINDOW_LEFT,
                                        WINDOW_RIGHT, p_layout, DTYPE)
     o = gl.zeros([BLOCK_M, DV], gl.float32, o_layout)
@@ -186,16 +207,19 @@ def _attend(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bar
     t_b = gl.maximum(t_hi, t_a)
     for t in range(1, t_a):
         p, o, m_i, l_i = _tile_step(t, p, o, m_i, l_i, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, k_bars,
-                                    v_bars, k_row, k_col, v_col, n_start, n_tiles, q_pos, sk, qk_scale, True, CAUSAL,
-                                    WINDOW_LEFT, WINDOW_RIGHT, STAGES, s_layout, o_layout, p_layout)
+                                    v_bars, k_row, k_col, v_col, n_start, n_tiles, q_pos, sk, qk_scale, k2_desc,
+                                    q2_smem, k2_smem, True, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, STAGES, s_layout,
+                                    o_layout, p_layout, SPLIT)
     for t in range(t_a, t_b):
         p, o, m_i, l_i = _tile_step(t, p, o, m_i, l_i, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, k_bars,
-                                    v_bars, k_row, k_col, v_col, n_start, n_tiles, q_pos, sk, qk_scale, False,
-                                    CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, STAGES, s_layout, o_layout, p_layout)
+                                    v_bars, k_row, k_col, v_col, n_start, n_tiles, q_pos, sk, qk_scale, k2_desc,
+                                    q2_smem, k2_smem, False, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, STAGES, s_layout,
+                                    o_layout, p_layout, SPLIT)
     for t in range(t_b, n_tiles):
         p, o, m_i, l_i = _tile_step(t, p, o, m_i, l_i, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, k_bars,
-                                    v_bars, k_row, k_col, v_col, n_start, n_tiles, q_pos, sk, qk_scale, True, CAUSAL,
-                                    WINDOW_LEFT, WINDOW_RIGHT, STAGES, s_layout, o_layout, p_layout)
+                                    v_bars, k_row, k_col, v_col, n_start, n_tiles, q_pos, sk, qk_scale, k2_desc,
+                                    q2_smem, k2_smem, True, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, STAGES, s_layout,
+                                    o_layout, p_layout, SPLIT)
 
     # Last P V.
     last = n_tiles - 1
@@ -207,11 +231,14 @@ def _attend(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bar
 
 @gluon.jit(do_not_specialize=["total_q", "total_k"])
 def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, sink_ptr, cu_q_ptr, cu_k_ptr, total_q, total_k,
-                          qk_scale, HQ: gl.constexpr, GROUP: gl.constexpr, CAUSAL: gl.constexpr,
+                          qk_scale, q2_desc, k2_desc, HQ: gl.constexpr, GROUP: gl.constexpr, CAUSAL: gl.constexpr,
                           WINDOW_LEFT: gl.constexpr, WINDOW_RIGHT: gl.constexpr, HAS_SINK: gl.constexpr,
-                          STAGES: gl.constexpr, num_warps: gl.constexpr):
+                          STAGES: gl.constexpr, SPLIT_D: gl.constexpr, num_warps: gl.constexpr):
+    """SPLIT_D > 0: the qk head dim is q_desc's width + SPLIT_D, read through a second pair of descriptors
+    (q2_desc / k2_desc: the last SPLIT_D columns); otherwise q2_desc / k2_desc are unused."""
+    SPLIT: gl.constexpr = SPLIT_D > 0
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    DQK: gl.constexpr = q_desc.block_type.shape[1]
+    DQK: gl.constexpr = q_desc.block_type.shape[1] + SPLIT_D
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     DV: gl.constexpr = v_desc.block_type.shape[1]
     DTYPE: gl.constexpr = q_desc.dtype
@@ -255,8 +282,15 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, sink_ptr, cu_q
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
         l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_layout)
 
-    q_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_M, DQK], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(DTYPE, [STAGES, BLOCK_N, DQK], k_desc.layout)
+    DA: gl.constexpr = q_desc.block_type.shape[1]
+    q_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_M, DA], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(DTYPE, [STAGES, BLOCK_N, DA], k_desc.layout)
+    if SPLIT:
+        q2_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_M, SPLIT_D], q2_desc.layout)
+        k2_smem = gl.allocate_shared_memory(DTYPE, [STAGES, BLOCK_N, SPLIT_D], k2_desc.layout)
+    else:
+        q2_smem = q_smem
+        k2_smem = k_smem
     v_smem = gl.allocate_shared_memory(DTYPE, [STAGES, BLOCK_N, DV], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -270,7 +304,8 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, sink_ptr, cu_q
     if n_tiles > 0:
         o, m_i, l_i = _attend(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, q0 + start_m,
                               h * DQK, k0, kvh * DQK, kvh * DV, n_start, n_tiles, f_lo, f_hi, q_pos, sk, qk_scale,
-                              m_i, l_i, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, STAGES, s_layout, o_layout, p_layout)
+                              m_i, l_i, q2_desc, k2_desc, q2_smem, k2_smem, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, STAGES,
+                              s_layout, o_layout, p_layout, SPLIT)
 
     # Epilogue: l = 0 only where no key (and no sink) was seen; O is 0 there too, so out = 0, lse = -inf.
     seen = l_i > 0.0
@@ -315,6 +350,8 @@ def sm90_prefill_config(dqk: int, dv: int) -> Sm90PrefillConfig:
         return Sm90PrefillConfig(block_m=128, block_n=128, stages=2, num_warps=8)
     if (dqk, dv) == (64, 64):
         return Sm90PrefillConfig(block_m=128, block_n=128, stages=3, num_warps=8)
+    if (dqk, dv) == (192, 128):  # Q 48 KB + 2 x (K 48 + V 32) KB = 208 KB
+        return Sm90PrefillConfig(block_m=128, block_n=128, stages=2, num_warps=8)
     raise ValueError(f"no sm_90 prefill configuration for head dims ({dqk}, {dv})")
 
 
@@ -329,12 +366,26 @@ def _GL_DTYPE():  # noqa: N802 - a constant, built lazily (gl may be missing)
     return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def _descriptor(t: torch.Tensor, block_rows: int):
-    """2-D TMA descriptor over a packed (total, H, D) tensor seen as (total, H * D), tiles [block_rows, D]."""
+def _descriptor(t: torch.Tensor, block_rows: int, width: int | None = None):
+    """2-D TMA descriptor over a packed (total, H, D) tensor seen as (total, H * D), tiles [block_rows, width]
+    (default D; a power of two: a split head dim takes one descriptor per part)."""
     total, heads, d = t.shape
+    width = width or d
     row_stride = t.stride(0) if total > 1 else heads * d  # a single row's stride is never used
-    return TensorDescriptor(t, [total, heads * d], [row_stride, 1], [block_rows, d],
-                            _smem_layout(block_rows, d, t.dtype))
+    return TensorDescriptor(t, [total, heads * d], [row_stride, 1], [block_rows, width],
+                            _smem_layout(block_rows, width, t.dtype))
+
+
+def _qk_descriptors(q, k, cfg):
+    """(q_desc, k_desc, q2_desc, k2_desc, SPLIT_D): a power-of-two qk head dim is one descriptor each (the second
+    pair repeats the first, unused); 192 is 128 + 64, two column parts per tile (TMA boxes are powers of two)."""
+    d = q.shape[2]
+    if d & (d - 1) == 0:
+        qd, kd = _descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n)
+        return qd, kd, qd, kd, 0
+    a = 1 << (d.bit_length() - 1)
+    return (_descriptor(q, cfg.block_m, a), _descriptor(k, cfg.block_n, a), _descriptor(q, cfg.block_m, d - a),
+            _descriptor(k, cfg.block_n, d - a), d - a)
 
 
 # ------------------------------------------------------------------------------------------- checks
@@ -429,12 +480,13 @@ def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
     if sinks is not None and sinks.dtype != torch.float32:
         sinks = sinks.float()
     grid = (-(-int(max_seqlen_q) // cfg.block_m) * hq, batch)
+    q_desc, k_desc, q2_desc, k2_desc, split_d = _qk_descriptors(q, k, cfg)
     _attn_fwd_sm90_kernel[grid](
-        _descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n), out, lse,
+        q_desc, k_desc, _descriptor(v, cfg.block_n), out, lse,
         cu_seqlens_q if sinks is None else sinks, cu_seqlens_q, cu_seqlens_k, total_q, k.shape[0],
-        float(softmax_scale) * LOG2E, HQ=hq, GROUP=hq // k.shape[1], CAUSAL=bool(causal),
+        float(softmax_scale) * LOG2E, q2_desc, k2_desc, HQ=hq, GROUP=hq // k.shape[1], CAUSAL=bool(causal),
         WINDOW_LEFT=int(window_left), WINDOW_RIGHT=int(window_right), HAS_SINK=sinks is not None,
-        STAGES=cfg.stages, num_warps=cfg.num_warps)
+        STAGES=cfg.stages, SPLIT_D=split_d, num_warps=cfg.num_warps)
     return out, lse
 
 
@@ -461,12 +513,12 @@ def compile_sm90(dqk: int = 128, dv: int = 128, dtype: torch.dtype = torch.bfloa
     out = torch.empty(total, hq, dv, dtype=dtype)
     lse = torch.empty(total, hq)
     cu = torch.zeros(2, dtype=torch.int32)
-    args = dict(q_desc=_descriptor(q, cfg.block_m), k_desc=_descriptor(k, cfg.block_n),
-                v_desc=_descriptor(v, cfg.block_n), o_ptr=out, lse_ptr=lse,
+    q_desc, k_desc, q2_desc, k2_desc, split_d = _qk_descriptors(q, k, cfg)
+    args = dict(q_desc=q_desc, k_desc=k_desc, v_desc=_descriptor(v, cfg.block_n), o_ptr=out, lse_ptr=lse,
                 sink_ptr=torch.empty(hq) if sink else cu, cu_q_ptr=cu, cu_k_ptr=cu, total_q=total, total_k=total,
-                qk_scale=0.1)
+                qk_scale=0.1, q2_desc=q2_desc, k2_desc=k2_desc)
     consts = dict(HQ=hq, GROUP=hq // hkv, CAUSAL=causal, WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1],
-                  HAS_SINK=sink, STAGES=cfg.stages, num_warps=cfg.num_warps)
+                  HAS_SINK=sink, STAGES=cfg.stages, SPLIT_D=split_d, num_warps=cfg.num_warps)
     fn = _attn_fwd_sm90_kernel
     sig = {}
     for p in fn.params:

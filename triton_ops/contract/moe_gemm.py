@@ -10,7 +10,7 @@ import math
 import torch
 
 from .checks import check_dtype, check_same_device, check_tensor, fail
-from .formats import MXFP4_BLOCK, cdiv
+from .formats import MXFP4_BLOCK, NVFP4_BLOCK, cdiv
 
 FP8_BLOCK = 128  # DeepGEMM block scales: 1x128 activations, 128x128 weights
 
@@ -101,18 +101,21 @@ def fp4_views(w_packed, w_scale):
     return w_packed, w_scale
 
 
-def _check_mxfp4_weights(op, a, w_packed, w_scale, k: int, e: int) -> None:
-    """MXFP4 weights: packed (E, N, K/2) uint8 and E8M0 (E, N, K/32) uint8 scales, on a's device."""
+def _check_fp4_weights(op, a, w_packed, w_scale, k: int, e: int, block: int = MXFP4_BLOCK,
+                       scale: str = "E8M0") -> None:
+    """FP4 weights: packed (E, N, K/2) uint8 and one uint8 scale per `block` weights (E, N, K/block) (MXFP4: E8M0
+    per 32; NVFP4: E4M3 per 16), on a's device."""
     check_dtype(op, "w", w_packed, (torch.uint8,))
-    if k % MXFP4_BLOCK:
-        fail(op, "a", f"K={k} is not a multiple of {MXFP4_BLOCK} (one E8M0 scale per 32 weights)")
+    if k % block:
+        fail(op, "a", f"K={k} is not a multiple of {block} (one {scale} scale per {block} weights)")
     if w_packed.shape[2] * 2 != k:
         fail(op, "w", f"expected packed (E, N, K/2={k // 2}) bytes, got shape {_shape(w_packed)}")
     check_tensor(op, "w_scale", w_scale)
     check_dtype(op, "w_scale", w_scale, (torch.uint8,))
-    want = (e, w_packed.shape[1], k // MXFP4_BLOCK)
+    want = (e, w_packed.shape[1], k // block)
     if _shape(w_scale) != want:
-        fail(op, "w_scale", f"expected shape {want}, got {_shape(w_scale)}")
+        fail(op, "w_scale", f"expected shape {want} ({scale}, one per {block} weights, the linear scale layout), "
+                            f"got {_shape(w_scale)}")
     check_same_device(op, "a", a, "w_scale", w_scale)
 
 
@@ -120,7 +123,7 @@ def check_mxfp4(a, w_packed, w_scale, m_indices, masked_m, op: str = "moe_gemm_m
     w_packed, w_scale = fp4_views(w_packed, w_scale)
     e = _check_layout(op, a, w_packed, m_indices, masked_m)
     check_dtype(op, "a", a, (torch.bfloat16,))
-    _check_mxfp4_weights(op, a, w_packed, w_scale, a.shape[-1], e)
+    _check_fp4_weights(op, a, w_packed, w_scale, a.shape[-1], e)
 
 
 def check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, op: str = "moe_gemm_w4a8") -> None:
@@ -132,7 +135,7 @@ def check_w4a8(a, a_scale, w_packed, w_scale, m_indices, masked_m, op: str = "mo
     if k % FP8_BLOCK:
         fail(op, "a", f"K={k} is not a multiple of {FP8_BLOCK} (one fp32 activation scale per 128 columns)")
     _check_scale(op, "a_scale", a_scale, (*a.shape[:-1], k // FP8_BLOCK), a)
-    _check_mxfp4_weights(op, a, w_packed, w_scale, k, e)
+    _check_fp4_weights(op, a, w_packed, w_scale, k, e)
 
 
 def check_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m) -> None:
@@ -150,7 +153,25 @@ def check_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m) -> None:
         fail(op, "a_scale", f"expected shape {want} (E8M0, one per 32 activations, the linear scale layout), got "
                             f"{_shape(a_scale)}")
     check_same_device(op, "a", a, "a_scale", a_scale)
-    _check_mxfp4_weights(op, a, w_packed, w_scale, k, e)
+    _check_fp4_weights(op, a, w_packed, w_scale, k, e)
+
+
+def nvfp4_views(w_packed, w_scale):
+    """uint8 views of torch's packed-FP4 codes and float8_e4m3fn block scales (same bytes)."""
+    w_packed, _ = fp4_views(w_packed, None)
+    if isinstance(w_scale, torch.Tensor) and w_scale.dtype == torch.float8_e4m3fn:
+        w_scale = w_scale.view(torch.uint8)
+    return w_packed, w_scale
+
+
+def check_nvfp4(a, w_packed, w_scale, w_global, m_indices, masked_m, op: str = "moe_gemm_nvfp4") -> None:
+    """bf16 / fp16 activations x NVFP4 weights: E2M1 pairs (E, N, K/2) uint8, E4M3 block scales per 16 (E, N, K/16)
+    (uint8 codes or float8_e4m3fn), fp32 global scales (E,), one per expert."""
+    w_packed, w_scale = nvfp4_views(w_packed, w_scale)
+    e = _check_layout(op, a, w_packed, m_indices, masked_m)
+    check_dtype(op, "a", a, (torch.bfloat16, torch.float16))
+    _check_fp4_weights(op, a, w_packed, w_scale, a.shape[-1], e, NVFP4_BLOCK, "E4M3")
+    _check_scale(op, "w_global", w_global, (e,), a)
 
 
 def check_row_weights(op, a, row_weights) -> None:

@@ -17,7 +17,7 @@ from triton_ops.contract.arch import arch_of
 from triton_ops.contract.formats import MXFP4_BLOCK
 from triton_ops.contract.moe_gemm import FP8_BLOCK
 
-KINDS = ("bf16", "fp8", "mxfp4", "w4a8", "w4a4")
+KINDS = ("bf16", "fp8", "mxfp4", "w4a8", "w4a4", "nvfp4")
 # Kinds whose K step is exactly one 1x128 activation scale group.
 _K128_KINDS = ("fp8", "w4a8")
 
@@ -29,7 +29,8 @@ _SMALL_SMEM_ARCHS = ("sm_86", "sm_89", "sm_120", "sm_121")  # ~100 KB of shared 
 class MoeGemmConfig:
     block_m: int  # rows per program; a tile whose rows span several experts runs one K loop per expert present
     block_n: int  # output columns per program
-    block_k: int  # K per step (fp8: exactly 128, one activation and one weight scale per step; mxfp4: 32 * j)
+    block_k: int  # K per step (fp8: exactly 128, one activation and one weight scale per step; mxfp4: 32 * j;
+                  # nvfp4: any, a power of two >= 16 is a whole number of 16-wide scale blocks)
     group_m: int  # M tiles per swizzle group: the programs of one group walk the same weight N tile (L2 reuse)
     num_warps: int  # warps per program (GPU only)
     num_stages: int  # software-pipeline depth of the K loop (GPU only)
@@ -67,7 +68,7 @@ def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGem
     """Decode (<= 32 rows per expert): BLOCK_M 16 / 32 so little of each tile is padding, and BLOCK_N 64 so a
     handful of rows still spreads over N/64 programs per expert; BLOCK_K 128 (16-byte-plus loads of the
     weight stream, which is all the traffic there). Mid (<= 64): 64x128. Prefill: 128x128 with BLOCK_K 64
-    (bf16, mxfp4: 32 KB of operands per stage) or 128 (fp8: 32 KB too), 8 warps (two consumer warpgroups on
+    (bf16, mxfp4, nvfp4: 32 KB of operands per stage) or 128 (fp8: 32 KB too), 8 warps (two consumer warpgroups on
     Hopper), 3 stages (96 KB of shared memory; 2 on ~100 KB parts). GROUP_M 8 on prefill: the 8 M tiles of a
     group (mostly one expert) reuse each weight tile from L2.
     Interpreter: its cost is per program and per op, so the largest tiles that keep numpy arrays small."""
@@ -88,7 +89,7 @@ def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGem
         # tiles-*.json). 128x256 x 4 stages measured 0.83x / 0.82x but needs 255 registers and spills to the stack.
         return MoeGemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=5)
     # fp8 / w4a8: one activation scale per K step; w4a4: 128 FP4 values are 64 bytes a row, as bf16's 64 are 128
-    bk = 64 if kind in ("bf16", "mxfp4") else 128
+    bk = 64 if kind in ("bf16", "mxfp4", "nvfp4") else 128
     return MoeGemmConfig(128, 128, bk, group_m=8, num_warps=8, num_stages=stages)
 
 

@@ -1,5 +1,5 @@
-"""In-register operand preparation shared by the grouped GEMM kernels: FP4 / FP8 weight tiles to MMA operands,
-and the one tl.dot wrapper that knows the interpreter's limits.
+"""In-register operand preparation shared by the grouped GEMM kernels: FP4 (MXFP4, NVFP4) / FP8 weight tiles to MMA
+operands, and the one tl.dot wrapper that knows the interpreter's limits.
 
 Interpreter traps these work around (triton 3.9, checked on the CPU): tl.dot on bf16 operands returns garbage
 (the bf16 bits are multiplied as integers), and fp8 -> fp32 casts are wrong (see _formats.py). So under the
@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from triton_ops._formats import e2m1_decode_nibble, e4m3_decode, unpack_nibbles
+from triton_ops._formats import e2m1_decode_nibble, e4m3_decode, e4m3_decode_fast, unpack_nibbles
 
 
 @triton.jit
@@ -49,13 +49,29 @@ def e8m0_to_f32(sbyte):
 
 
 @triton.jit
-def mxfp4_tile_t(packed, sbytes, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32_DOT: tl.constexpr):
-    """[BLOCK_N, BLOCK_K // 2] packed E2M1 bytes (element 2i in the low nibble) and [BLOCK_N, BLOCK_K // 32]
-    E8M0 scales -> the [BLOCK_K, BLOCK_N] weight operand (bf16; fp32 under the interpreter). code * 2^e has
-    at most two significant bits, so the bf16 value is exact unless it leaves bf16's range (fp32's)."""
+def fp4_tile_t(packed, scale, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SF_VEC: tl.constexpr,
+               DTYPE: tl.constexpr, F32_DOT: tl.constexpr):
+    """[BLOCK_N, BLOCK_K // 2] packed E2M1 bytes (element 2i in the low nibble) and fp32 [BLOCK_N, BLOCK_K // SF_VEC]
+    block scales -> the [BLOCK_K, BLOCK_N] weight operand e2m1 * scale in DTYPE (fp32 under the interpreter)."""
     codes = unpack_nibbles(packed, BLOCK_N, BLOCK_K).to(tl.int32)
-    v = tl.reshape(e2m1_decode_nibble(codes), [BLOCK_N, BLOCK_K // 32, 32])
-    v = tl.reshape(v * e8m0_to_f32(sbytes)[:, :, None], [BLOCK_N, BLOCK_K])
+    v = tl.reshape(e2m1_decode_nibble(codes), [BLOCK_N, BLOCK_K // SF_VEC, SF_VEC])
+    v = tl.reshape(v * scale[:, :, None], [BLOCK_N, BLOCK_K])
     if not F32_DOT:
-        v = v.to(tl.bfloat16)
+        v = v.to(DTYPE)
     return tl.trans(v)
+
+
+@triton.jit
+def mxfp4_tile_t(packed, sbytes, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32_DOT: tl.constexpr):
+    """MXFP4: E8M0 scale bytes [BLOCK_N, BLOCK_K // 32] -> the bf16 operand. code * 2^e has at most two
+    significant bits, so the bf16 value is exact unless it leaves bf16's range (fp32's)."""
+    return fp4_tile_t(packed, e8m0_to_f32(sbytes), BLOCK_N, BLOCK_K, 32, tl.bfloat16, F32_DOT)
+
+
+@triton.jit
+def nvfp4_tile_t(packed, sbytes, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EMULATE: tl.constexpr, F32_DOT: tl.constexpr):
+    """NVFP4 without its global scale: E4M3 scale bytes [BLOCK_N, BLOCK_K // 16] -> the DTYPE (bf16 / fp16)
+    operand e2m1 * e4m3. Exact in both: the product has at most 6 significant bits and lies in [2^-10, 2688]
+    (0 included); E4M3 NaN bytes (0x7F / 0xFF) give NaN, as in the reference."""
+    return fp4_tile_t(packed, e4m3_decode_fast(sbytes, EMULATE), BLOCK_N, BLOCK_K, 16, DTYPE, F32_DOT)

@@ -12,6 +12,11 @@ Weights are (E, N, K) with K contiguous (K-major), one of:
   upcast + WGMMA on sm_90): `moe_gemm_w4a8` (E4M3 activations with fp32 1x128 scales, as fp8_group_quantize
   writes them; the activation scale multiplies each 128-wide K step) and `moe_gemm_w4a4` (MXFP4 activations:
   packed pairs + E8M0 scales per 32 in the linear layout mxfp4_quantize writes).
+* NVFP4 (`moe_gemm_nvfp4`, W4A16): E2M1 pairs (E, N, K/2) uint8 as for MXFP4, E4M3 scales per 16 (E, N, K/16)
+  (the linear layout nvfp4_quantize writes), an fp32 global scale per expert (E,); value = e2m1 * e4m3 *
+  global[e]. bf16 / fp16 activations, output in their dtype. e2m1 * e4m3 is dequantized in registers (exact in
+  bf16 and fp16), the global scale multiplies the expert's fp32 sums once (hand-written: Triton 3.6 cannot lower
+  tl.dot_scaled with NVFP4 scales on sm_90).
 Optional fused epilogue on every entry: `row_weights` (fp32, one per row of a) multiplies each computed row
 before the one rounding (the top-k weights of GEMM2, so the combine only sums).
 
@@ -36,21 +41,24 @@ import triton.language as tl
 
 from triton_ops._formats import cast_out
 from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch
+from triton_ops.contract.formats import NVFP4_BLOCK
 from triton_ops.contract.moe_gemm import (
     check_bf16,
     check_fp8,
     check_mxfp4,
+    check_nvfp4,
     check_row_weights,
     check_w4a4,
     check_w4a8,
     contiguous_ids,
     fp4_views,
+    nvfp4_views,
 )
 
 from .config import FP8_BLOCK, MXFP4_BLOCK, MoeGemmConfig, pick_config, rows_per_expert
-from .dequant import e4m3_operand, mma, mxfp4_tile_t
+from .dequant import e4m3_operand, mma, mxfp4_tile_t, nvfp4_tile_t
 
-KIND_CODE = {"bf16": 0, "fp8": 1, "mxfp4": 2, "w4a8": 3, "w4a4": 4}
+KIND_CODE = {"bf16": 0, "fp8": 1, "mxfp4": 2, "w4a8": 3, "w4a4": 4, "nvfp4": 5}
 _MAX_GRID_Y = 65535  # CUDA grid dim y: the masked layout puts the experts there
 
 
@@ -73,6 +81,14 @@ def _weight_step(a, a_s, k0, w_ptr, ws_ptr, e64, n64, nmask, K, acc, stride_we, 
                       other=0.0)
         d = mma(e4m3_operand(a, EMULATE, F32_DOT), e4m3_operand(w, EMULATE, F32_DOT), None, F32_DOT)
         acc += d * (a_s[:, None] * w_s[None, :])
+    elif KIND == 5:  # NVFP4 W4A16: E2M1 pairs + E4M3 scales per 16 (the expert's global scale: expert_pass)
+        kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        w_rows = w_ptr + e64 * stride_we + n64[:, None] * stride_wn  # [BLOCK_N, 1]
+        sb = tl.load(ws_ptr + e64 * stride_wse + n64[:, None] * stride_wsn + ks[None, :] * stride_wsk,
+                     mask=nmask[:, None] & (ks < K // 16)[None, :], other=0)
+        packed = tl.load(w_rows + kh[None, :], mask=nmask[:, None] & (kh < K // 2)[None, :], other=0)
+        acc = mma(a, nvfp4_tile_t(packed, sb, a.dtype, BLOCK_N, BLOCK_K, EMULATE, F32_DOT), acc, F32_DOT)
     else:  # MXFP4 weights: W4A16 (2), W4A8 (3), W4A4 (4)
         kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
@@ -106,7 +122,9 @@ def expert_pass(a_ptr, a_off, sel, as_ptr, as_off, stride_ask, w_ptr, ws_ptr, e,
     """fp32 [BLOCK_M, BLOCK_N] = sum over K of a[rows] * w[e, offs_n] for the rows in `sel` (the others read
     as zero; their results are not stored). a_off / as_off: int64 element offsets of the rows in a / a_scale.
     DUAL: a second accumulator over the weight rows offs_n2 (same mask) from the same activation loads (the gate
-    and up columns of a fused SwiGLU); returns (acc, acc2), acc2 is acc when not DUAL."""
+    and up columns of a fused SwiGLU); returns (acc, acc2), acc2 is acc when not DUAL.
+    as_ptr: the activation scales (FP8 / W4A8 / W4A4), or for NVFP4 weights the fp32 global scale per expert (E,),
+    which multiplies the fp32 sums once at the end (value = e2m1 * e4m3 * global[e])."""
     e64 = e.to(tl.int64)
     n64 = offs_n.to(tl.int64)
     n64b = offs_n2.to(tl.int64)
@@ -131,6 +149,10 @@ def expert_pass(a_ptr, a_off, sel, as_ptr, as_off, stride_ask, w_ptr, ws_ptr, e,
             acc2 = _weight_step(a, a_s, k0, w_ptr, ws_ptr, e64, n64b, nmask, K, acc2, stride_we, stride_wn,
                                 stride_wse, stride_wsn, stride_wsk, KIND, EMULATE, F32_DOT, DOT_SCALED, BLOCK_N,
                                 BLOCK_K)
+    if KIND == 5:
+        gs = tl.load(as_ptr + e64)
+        acc = acc * gs
+        acc2 = acc2 * gs
     if DUAL:
         return acc, acc2
     else:
@@ -238,9 +260,10 @@ def layout_args(a, a_scale, w, w_scale, m_indices, masked_m):
 
 
 def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, row_weights, out_dtype, config, dot_scaled=False,
-            dst_rows=None, n_dst=0):
+            dst_rows=None, n_dst=0, w_global=None):
     """a / w / scales already checked; 1-byte formats travel as uint8 views. dst_rows (int32, a.shape[:-1]):
-    scatter layout row r to output row dst_rows[r] of an (n_dst, N) output (rows outside [0, n_dst) unwritten)."""
+    scatter layout row r to output row dst_rows[r] of an (n_dst, N) output (rows outside [0, n_dst) unwritten).
+    w_global: NVFP4's fp32 (E,) global scales (the kernel reads them through the activation-scale pointer)."""
     masked = masked_m is not None
     e, n = w.shape[0], w.shape[1]
     k = a.shape[-1] * (2 if kind == "w4a4" else 1)  # W4A4 activations: packed pairs
@@ -258,6 +281,8 @@ def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, row_weights, out_
     ids, strides = layout_args(a, a_scale, w, w_scale, m_indices, masked_m)
     grid = (cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n), e if masked else 1)
     dummy = w  # never read when the kind has no scales
+    if w_global is not None:
+        a_scale = w_global.contiguous()  # after layout_args: no activation-scale strides for this kind
     launch(_moe_gemm_kernel, grid,
         a, dummy if a_scale is None else a_scale, w, dummy if w_scale is None else w_scale, ids,
         dummy if row_weights is None else row_weights.contiguous(), out,
@@ -301,6 +326,14 @@ def supports_moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, *rest) ->
         return f"activations {a.dtype}: W4A16 takes bf16 (E8M0-scaled weights can leave fp16's range)"
     if a.shape[-1] % MXFP4_BLOCK:
         return f"K={a.shape[-1]} is not a multiple of {MXFP4_BLOCK}"
+    return _grid_refusal(w_packed, masked_m)
+
+
+def supports_moe_gemm_nvfp4(a, w_packed, w_scale, w_global, m_indices, masked_m, *rest) -> str | None:
+    if a.dtype not in (torch.bfloat16, torch.float16):
+        return f"activations {a.dtype} are not bf16 / fp16"
+    if a.shape[-1] % NVFP4_BLOCK:
+        return f"K={a.shape[-1]} is not a multiple of {NVFP4_BLOCK}"
     return _grid_refusal(w_packed, masked_m)
 
 
@@ -371,3 +404,16 @@ def moe_gemm_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weight
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch("w4a4", a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weights, torch.bfloat16,
                    config)
+
+
+def moe_gemm_nvfp4(a, w_packed, w_scale, w_global, m_indices, masked_m, row_weights=None, *,
+                   config: MoeGemmConfig | None = None):
+    """bf16 / fp16 activations x NVFP4 weights (W4A16) -> a's dtype: E2M1 pairs (E, N, K/2), E4M3 scales per 16
+    (E, N, K/16), fp32 global scale per expert (E,). e2m1 * e4m3 is dequantized to a's dtype in registers (exact),
+    the global scale multiplies each expert's fp32 sums once. row_weights: as moe_gemm_bf16."""
+    check_nvfp4(a, w_packed, w_scale, w_global, m_indices, masked_m)
+    check_row_weights("moe_gemm_nvfp4", a, row_weights)
+    w_packed, w_scale = nvfp4_views(w_packed, w_scale)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    return _launch("nvfp4", a, None, w_packed, w_scale, m_indices, masked_m, row_weights, a.dtype, config,
+                   w_global=w_global)
