@@ -443,8 +443,9 @@ GPU_CASES += [pytest.param("bf16-512", 0, 2, w, id=f"bf16-512-window{w}") for w 
 @pytest.mark.parametrize("layout,topk,sq,window", GPU_CASES)
 def test_gpu_real_shapes(layout, topk, sq, window):
     """H = 128, 576 / 512-wide latents, lengths up to 8k (and an empty and a one-key sequence), page 64, the
-    cache written by the Triton write kernel, auto splits and 1 split; V4 (and the 512-wide bf16 cache of the
-    sliding-window layers) with the value as the whole row at Sq = 2."""
+    cache written by the Triton write kernel, auto splits and 1 split with the chip's tiles (sm_90: wgmma), auto
+    splits with the mma tiles; V4 (and the 512-wide bf16 cache of the sliding-window layers) with the value as
+    the whole row at Sq = 2."""
     g = np.random.default_rng(21)
     lens = [8192, 0, 1, 5000, 8191, 130]
     d = 512 if layout == "bf16-512" else None
@@ -452,10 +453,12 @@ def test_gpu_real_shapes(layout, topk, sq, window):
     c = make_case(g, layout=layout, d=d, batch=len(lens), lens=lens, sq=sq, h=128, bs=64, max_blocks=128, topk=topk,
                   v_dim=512 if (d or WIDTH[layout]) == 512 and sq == 2 else None, window_left=window, device="cuda")
     want = c.reference()
-    for splits in (0, 1):
-        out, lse = mla_decode(*c.args(splits))
+    keys = topk or c.block_table.shape[1] * 64
+    mma = mla_config(len(lens), sq, 128, keys, topk > 0, c.q.device, 0, "mma")
+    for splits, cfg in ((0, None), (1, None), (0, mma)):  # the chip's tiles (wgmma on sm_90), the mma tiles
+        out, lse = mla_decode(*c.args(splits), cfg=cfg)
         assert_attention_close(out, lse, *want, f"gpu {layout} d={d} topk={topk} Sq={sq} window={window} "
-                                                f"splits={splits}")
+                                                f"splits={splits} cfg={cfg}")
 
 
 @pytest.mark.gpu

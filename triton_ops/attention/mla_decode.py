@@ -253,12 +253,13 @@ class MlaConfig:
 def mla_config(batch: int, sq: int, h: int, keys: int, sparse: bool, device: torch.device,
                num_splits: int = 0, tiles: str = "auto") -> MlaConfig:
     """keys: the table's capacity (dense) or topk (sparse). tiles: "wgmma", "mma" or "auto" (the GPU default).
-    "wgmma" (auto on sm_90 with >= 64 rows per sequence, or per (sequence, query) sparse): 64-128 rows x 32 keys,
-    the 512 value columns split between two programs (v_split 2), 4 warps per 64 rows; tl.dot with M >= 64 and
-    operands in shared memory lowers to wgmma. sm_90 compiles (Triton 3.6): 128 rows at 8 warps 252-255
-    registers, no spills, 205-221 KB shared memory (Q alone is 128 x 576 bf16); with H = 128 the two column
-    halves' programs read each key tile (adjacent in launch order), each computing the whole QK^T. 64 keys per
-    step, or 64 rows x 512 columns in one program, spill. "mma" (the former GPU tiles; auto elsewhere): 32 rows
+    "wgmma" (auto on sm_90 with >= 64 rows per sequence, or per (sequence, query) sparse): the 512 value columns
+    split between two programs (v_split 2), 4 warps per 64 rows; tl.dot with M >= 64 and operands in shared
+    memory lowers to wgmma. 128 rows x 32 keys, 3 stages: sm_90 compiles (Triton 3.6 and 3.9) 226-255
+    registers, no spills, 205-222 KB shared memory (Q alone is 128 x 576 bf16); with H = 128 the two column
+    halves' programs read each key tile (adjacent in launch order), each computing the whole QK^T. 64 rows x
+    16 keys, 2 stages (32 keys spill a few bytes). 64 keys per step, or 64 rows x 512 columns in one program,
+    spill. "mma" (the former GPU tiles; auto elsewhere): 32 rows
     x 16 keys at 8 warps, mma.sync, 164-209 registers without spills; with H = 128 four programs read each key
     tile. Interpreter (auto): up to 128 rows x 64 keys, one column chunk (it pays per program and per op).
     num_splits 0: decode.choose_num_splits over all programs."""
@@ -279,9 +280,9 @@ def mla_config(batch: int, sq: int, h: int, keys: int, sparse: bool, device: tor
         programs = batch * (sq if sparse else 1) * cdiv(rows, block_m) * v_split
         num_splits = choose_num_splits(programs, keys, sm)
     per_split = cdiv(max(keys, 1), num_splits)
-    cap = 64 if cpu else 32 if tiles == "wgmma" else 16
+    cap = 64 if cpu else 32 if tiles == "wgmma" and block_m >= 128 else 16
     block_n = max(16, min(cap, 1 << (per_split.bit_length() - 1)))
-    stages = 3 if tiles == "wgmma" else 2
+    stages = 3 if tiles == "wgmma" and block_m >= 128 else 2
     return MlaConfig(num_splits, block_n, block_m, num_warps, stages, 32768 if cpu else 4096, v_split)
 
 
@@ -376,6 +377,8 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
     bsz, sq, h, _ = q.shape
     sparse = indices is not None
     keys = indices.shape[2] if sparse else block_table.shape[1] * kv_cache.shape[1]
-    cfg = cfg or mla_config(bsz, sq, h, keys, sparse, q.device, num_splits)
+    # a value past the NoPE part (V4's whole-row value) keeps one column chunk: the mma tiles
+    tiles = "mma" if v_dim > q.shape[-1] - DS_ROPE else "auto"
+    cfg = cfg or mla_config(bsz, sq, h, keys, sparse, q.device, num_splits, tiles)
     return _launch(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal, window_left,
                    cfg)
