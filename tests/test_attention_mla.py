@@ -106,12 +106,13 @@ def make_case(g, *, layout, batch, lens, sq, h, bs, max_blocks, topk=0, v_dim=No
                    layout, v_dim, 1.0 / math.sqrt(192), causal, window_left)
 
 
-def small_tiles(c: MlaCase, splits: int):
-    """The GPU's tile shapes at a small size: 16 rows, 16-key tiles (several per split)."""
+def small_tiles(c: MlaCase, splits: int, v_split: int = 1):
+    """The GPU's tile shapes at a small size: 16 rows, 16-key tiles (several per split); v_split 2: the value
+    columns split between two programs (the sm_90 wgmma tiles)."""
     bsz, sq, h, _ = c.q.shape
     keys = c.indices.shape[2] if c.indices is not None else c.block_table.shape[1] * c.kv_cache.shape[1]
     cfg = mla_config(bsz, sq, h, keys, c.indices is not None, c.q.device, splits)
-    return dataclasses.replace(cfg, block_m=16, block_n=16)
+    return dataclasses.replace(cfg, block_m=16, block_n=16, v_split=v_split)
 
 
 # ---------------------------------------------------------------------------------------------- tests
@@ -135,7 +136,7 @@ def mla_cases(draw):
     causal = draw(st.booleans())
     window = draw(st.sampled_from([-1, -1, 0, 5, 40]))
     splits = draw(st.sampled_from([1, 2, 3]))
-    tiles = draw(st.booleans())
+    tiles = draw(st.sampled_from([0, 1, 2]))  # 0: the interpreter's config; 1, 2: small tiles, v_split 1 / 2
     c = make_case(g, layout=layout, batch=batch, lens=lens, sq=sq, h=h, bs=bs, max_blocks=max_blocks, topk=topk,
                   v_dim=v_dim, causal=causal, window_left=window)
     desc = (f"{layout} B={batch} lens={lens} Sq={sq} H={h} bs={bs} topk={topk} v_dim={v_dim} causal={causal} "
@@ -147,7 +148,7 @@ def mla_cases(draw):
 @given(case=mla_cases())
 def test_mla_matches_reference(case):
     c, splits, tiles, desc = case
-    out, lse = mla_decode(*c.args(splits), cfg=small_tiles(c, splits) if tiles else None)
+    out, lse = mla_decode(*c.args(splits), cfg=small_tiles(c, splits, tiles) if tiles else None)
     assert_attention_close(out, lse, *c.reference(), desc)
 
 
@@ -165,9 +166,10 @@ def test_mla_layouts_poisoned(layout, topk, sq):
         c = make_case(g, layout=layout, batch=len(lens), lens=lens, sq=sq, h=16, bs=16, max_blocks=6, topk=topk,
                       v_dim=WIDTH[layout] - 64 + v_extra, causal=causal)
         want = c.reference()
-        for splits in (1, 3):
-            out, lse = mla_decode(*c.args(splits), cfg=small_tiles(c, splits))
-            assert_attention_close(out, lse, *want, f"{layout} topk={topk} Sq={sq} v_dim={c.v_dim} splits={splits}")
+        for splits, v_split in ((1, 2), (3, 1), (3, 2)):
+            out, lse = mla_decode(*c.args(splits), cfg=small_tiles(c, splits, v_split))
+            assert_attention_close(out, lse, *want, f"{layout} topk={topk} Sq={sq} v_dim={c.v_dim} splits={splits} "
+                                                    f"v_split={v_split}")
         assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()  # no key: out 0, lse -inf
 
 
@@ -233,7 +235,7 @@ def test_new_lengths_in_place(topk):
 
     g = np.random.default_rng(12)
     c = make_case(g, layout="v32", batch=3, lens=[64] * 3, sq=2, h=16, bs=16, max_blocks=4, topk=topk)
-    cfg = small_tiles(c, 3)
+    cfg = small_tiles(c, 3, 2)
     launches = []
     for lens in ([37, 64, 5], [1, 0, 63], [64, 17, 32]):
         c.seqused_k.copy_(torch.tensor(lens, dtype=torch.int32))
@@ -374,6 +376,12 @@ _COMPILE = textwrap.dedent("""
                                            E(64, dt=i32), E(64, 1, 2048, dt=i32), "v32", 512, 0.1, True, -1, 0),
         "v4/sparse/v512": lambda: M.mla_decode(E(4, 2, 128, 512), E(8192, 64, 1, 584, dt=u8), E(4, 128, dt=i32),
                                                E(4, dt=i32), E(4, 2, 1024, dt=i32), "v4", 512, 0.1, True, -1, 0),
+        "v32/dense/mma": lambda: M.mla_decode(E(64, 1, 128, 576), E(8192, 64, 1, 656, dt=u8), E(64, 128, dt=i32),
+                                              E(64, dt=i32), None, "v32", 512, 0.1, True, -1, 0,
+                                              M.mla_config(64, 1, 128, 8192, False, E(1).device, 0, "mma")),
+        "bf16/sparse/h64": lambda: M.mla_decode(E(64, 1, 64, 576), E(8192, 64, 1, 576), E(64, 128, dt=i32),
+                                                E(64, dt=i32), E(64, 1, 2048, dt=i32), "bf16", 512, 0.1, True, -1,
+                                                0),
     }
     class Ptr:
         def __init__(self, t):
@@ -399,23 +407,27 @@ _COMPILE = textwrap.dedent("""
                                    text=True, check=True).stdout
         regs, stack = (int(v) for v in re.search(r"REG:(\\d+) STACK:(\\d+)", usage).groups())
         print("LOWBIT", json.dumps(dict(case=case, regs=regs, stack=stack, shared=c.metadata.shared,
-                                        mma=c.asm["ptx"].count("mma.sync"))), flush=True)
+                                        mma=c.asm["ptx"].count("mma.sync"),
+                                        wgmma=c.asm["ptx"].count("wgmma.mma_async"))), flush=True)
 """)
 
 
 def test_sm90_compile_no_spills():
     """Compile the kernel for sm_90 without a GPU (a fresh process: the interpreter's kernels cannot be compiled),
-    through the launcher's own configs at the real shapes (H = 128, top-2048): tensor-core MMAs, no local-memory
-    stack (register spills), shared memory within an H100's."""
+    through the launcher's own configs at the real shapes (H = 128 and 64, top-2048) and the former mma.sync
+    tiles: wgmma where the launcher picks the 64-128-row tiles (mma.sync in the V4 whole-row-value case and the
+    mma tiles), no local-memory stack (register spills), shared memory within an H100's."""
     import triton
 
     if tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 6):
         pytest.skip(f"Triton {triton.__version__}")
     stdout = run_compile_script(_COMPILE, 400)
     recs = [json.loads(line[7:]) for line in stdout.splitlines() if line.startswith("LOWBIT ")]
-    assert len(recs) == 5, stdout
+    assert len(recs) == 7, stdout
     for r in recs:
-        assert r["mma"] > 0 and r["stack"] == 0 and r["shared"] <= 232448, r
+        wgmma = r["case"] not in ("v4/sparse/v512", "v32/dense/mma")
+        assert (r["wgmma"] > 0 if wgmma else r["mma"] > 0 and r["wgmma"] == 0), r
+        assert r["stack"] == 0 and r["shared"] <= 232448, r
 
 
 # ------------------------------------------------------------------------------------------------- GPU
@@ -431,8 +443,9 @@ GPU_CASES += [pytest.param("bf16-512", 0, 2, w, id=f"bf16-512-window{w}") for w 
 @pytest.mark.parametrize("layout,topk,sq,window", GPU_CASES)
 def test_gpu_real_shapes(layout, topk, sq, window):
     """H = 128, 576 / 512-wide latents, lengths up to 8k (and an empty and a one-key sequence), page 64, the
-    cache written by the Triton write kernel, auto splits and 1 split; V4 (and the 512-wide bf16 cache of the
-    sliding-window layers) with the value as the whole row at Sq = 2."""
+    cache written by the Triton write kernel, auto splits and 1 split with the chip's tiles (sm_90: wgmma), auto
+    splits with the mma tiles; V4 (and the 512-wide bf16 cache of the sliding-window layers) with the value as
+    the whole row at Sq = 2."""
     g = np.random.default_rng(21)
     lens = [8192, 0, 1, 5000, 8191, 130]
     d = 512 if layout == "bf16-512" else None
@@ -440,10 +453,12 @@ def test_gpu_real_shapes(layout, topk, sq, window):
     c = make_case(g, layout=layout, d=d, batch=len(lens), lens=lens, sq=sq, h=128, bs=64, max_blocks=128, topk=topk,
                   v_dim=512 if (d or WIDTH[layout]) == 512 and sq == 2 else None, window_left=window, device="cuda")
     want = c.reference()
-    for splits in (0, 1):
-        out, lse = mla_decode(*c.args(splits))
+    keys = topk or c.block_table.shape[1] * 64
+    mma = mla_config(len(lens), sq, 128, keys, topk > 0, c.q.device, 0, "mma")
+    for splits, cfg in ((0, None), (1, None), (0, mma)):  # the chip's tiles (wgmma on sm_90), the mma tiles
+        out, lse = mla_decode(*c.args(splits), cfg=cfg)
         assert_attention_close(out, lse, *want, f"gpu {layout} d={d} topk={topk} Sq={sq} window={window} "
-                                                f"splits={splits}")
+                                                f"splits={splits} cfg={cfg}")
 
 
 @pytest.mark.gpu

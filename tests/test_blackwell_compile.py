@@ -286,9 +286,10 @@ EXPECT: dict[str, list[tuple[tuple[int, ...], tuple[str, ...]]]] = {
     # GEMM1 with SwiGLU in its epilogue: the bf16 grouped GEMM's tensor-core path
     "moe_gemm/swiglu": [((90,), (r"HGMMA\.64",)), (SM100, (r"UTCHMMA$", *TCGEN05)),
                         (SM120, (r"HMMA\.16816\.F32\.BF16$",))],
-    # MLA decode: 32 packed head rows per program, mma.sync on every chip (as decode), FP8 latent dequantized in
-    # registers
-    "attention/mla_decode": [(_ALL, (r"HMMA\.16816\.F32\.BF16$", r"MUFU\.EX2$"))],
+    # MLA decode, FP8 latent dequantized in registers: 128 head rows per program with wgmma on sm_90a, 32 rows with
+    # mma.sync on the other chips (as decode)
+    "attention/mla_decode": [(_ALL, (r"MUFU\.EX2$",)), ((90,), (r"HGMMA\.64",)),
+                             (SM100 + SM120, (r"HMMA\.16816\.F32\.BF16$",))],
     # lowbit's dot_scaled FP4-weight GEMMs: the native block-scaled MMA on Blackwell where both operands are narrow
     "moe_gemm/w4a8": [((90,), (r"HGMMA\.64",)), (SM100, (r"UTCQMMA$", *TCGEN05)),
                       (SM120, (r"HMMA\.16816\.F32\.BF16$", r"F2FP\.BF16\.E4M3\.UNPACK_B$"))],
