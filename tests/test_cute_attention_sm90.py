@@ -61,16 +61,22 @@ def test_sm90_config_rejects_what_the_kernel_does_not_build():
     assert FmhaSm90Config("bf16", 128, kv_stages=3).smem_bytes() == 1024 + 32768 + 3 * 65536
 
 
-def test_sm90_for_call_keeps_the_timed_tiles_at_every_head_dim():
-    """The entry's config: 128 x 128 tiles, two consumer warpgroups, ping-pong, 2-stage K/V ring, at hd128 (timed)
-    and at hd64 (the 192-row variants are GPU-test and timing-report variants until they are timed)."""
+def test_sm90_for_call_picks_the_timed_tiles():
+    """The entry's config: 128 x 128 tiles, two consumer warpgroups, ping-pong, 2-stage K/V ring at hd128 and at
+    hd64 with a sliding window; hd64 without one: the 192-row tile (three warpgroups), with overlap in bf16."""
     from cute_ops.attention.fmha_sm90 import FmhaSm90Config
 
+    def tiles(d, window_left, dtype=torch.bfloat16):
+        cfg = FmhaSm90Config.for_call(torch.zeros(4, 8, d, dtype=dtype), True, window_left, 0, torch.zeros(8),
+                                      "sm_90a")
+        assert cfg.has_sink and cfg.has_window_left == (window_left >= 0)
+        return cfg.tile_m, cfg.tile_n, cfg.kv_stages, cfg.pingpong, cfg.overlap
+
     for d in (64, 128):
-        q = torch.zeros(4, 8, d, dtype=torch.bfloat16)
-        cfg = FmhaSm90Config.for_call(q, True, 128, 0, torch.zeros(8), "sm_90a")
-        assert (cfg.tile_m, cfg.tile_n, cfg.kv_stages, cfg.pingpong, cfg.overlap) == (128, 128, 2, True, False)
-        assert cfg.consumer_warpgroups == 2 and (cfg.has_window_left, cfg.has_window_right, cfg.has_sink)
+        assert tiles(d, 128) == (128, 128, 2, True, False)
+    assert tiles(128, -1) == (128, 128, 2, True, False)
+    assert tiles(64, -1) == (192, 128, 2, True, True)
+    assert tiles(64, -1, torch.float16) == (192, 128, 2, True, False)
 
 
 def test_sm90_entry_checks_and_auto_skip_on_cpu():

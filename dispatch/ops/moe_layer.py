@@ -121,6 +121,8 @@ def moe_layer_routed(hidden: Tensor, router_logits: Tensor, w1: Tensor, w2: Tens
     top_k experts and weights on the device, then the layer runs on them; `layer` takes moe_layer's keyword
     arguments (weights, scales, activation, layout, expert_map, shared, fused, ...). With expert parallelism the
     logits cover the global experts and `expert_map` maps them to this rank's."""
+    for name, t in (("hidden", hidden), ("router_logits", router_logits), ("w1", w1), ("w2", w2)):
+        C.check_tensor("moe_layer_routed", name, t)
     routing = moe_route(router_logits, top_k, scoring=scoring, bias=bias, renormalize=renormalize,
                         routed_scaling=routed_scaling, num_groups=num_groups, topk_groups=topk_groups,
                         backend=backend)
