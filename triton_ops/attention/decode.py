@@ -25,6 +25,10 @@ Query s of sequence b sits at key position seqused_k[b] - Sq + s (bottom-right a
   scale into the logit scale, v scale into the final normalization). On the GPU the dots run in fp16 (the
   hardware converts a pair of E4M3 codes to fp16 in one instruction; to bf16 it takes three): q is converted to
   fp16 after an exact power-of-two rescale of the tile (largest magnitude in [2^14, 2^15]) and P is rounded to fp16.
+  V's codes are converted in the layout they are loaded in and reach the dot's operand layout as fp16 (16-byte
+  shared stores, transposed ldmatrix); converted after that move, a transposed 8-bit operand is read byte by byte.
+* Page tiles: where the key tile divides the page size, a tile reads one block-table entry and its K / V rows
+  are one base address plus loop-invariant offsets (else one table entry and one 64-bit address per key).
 * Interpreter: its tl.dot on bf16 operands is wrong (huge values), so there (DOT_F32) the dots run on fp32
   copies of the same 16-bit operands, with fp32 IEEE products.
 """
@@ -356,7 +360,9 @@ def decode_config(batch: int, sq: int, hq: int, hkv: int, max_ctx: int, d: int, 
     """num_splits 0: `choose_num_splits`. GPU: 64-key tiles (32 at head dim > 128), up to 64 packed rows per
     program, 4 warps (8 for the largest tiles). Interpreter: larger tiles (cost per program and per op).
     The key tile shrinks toward the per-split slice so that small contexts still get distinct splits.
-    Page tiles (one table entry per key tile) wherever the tile divides the page (the launcher checks).
+    Page tiles (one table entry per key tile, where the tile divides the page: the launcher checks) for FP8 caches
+    and on the interpreter; a 16-bit cache on the GPU keeps the per-key gather (sm_90a: page tiles take its
+    registers from 114 to 138, one program per SM fewer, untimed).
     FP8 caches on the GPU (sm_89+, the e4m3x2 -> f16x2 convert): V converted to fp16 before its operand layout
     (`v_f16_smem`), 3 pipeline stages (the next tile's copies stay in flight while one is computed: a program's
     FP8 tiles are half a 16-bit tile's bytes), and twice the programs per SM from the split rule, for the same
@@ -374,7 +380,7 @@ def decode_config(batch: int, sq: int, hq: int, hkv: int, max_ctx: int, d: int, 
     block_n = max(16, min(block_n, 1 << (per_split.bit_length() - 1)))
     big = block_m * max(d, 64) >= 8192
     return DecodeConfig(num_splits, block_n, block_m, 8 if big and not cpu else 4, 3 if fp8_gpu else 2,
-                        32768 if cpu else 4096, page_tiles=True, v_f16_smem=fp8_gpu)
+                        32768 if cpu else 4096, page_tiles=cpu or fp8, v_f16_smem=fp8_gpu)
 
 
 # ---------------------------------------------------------------------------------------------- checks
