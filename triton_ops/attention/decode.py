@@ -75,11 +75,20 @@ def _e4m3_to_f16_opaque(x):
 
 
 @triton.jit
-def _load_kv(ptr, offs, m, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr,
-             OPAQUE_CVT: tl.constexpr):
-    """[BLOCK_N, D_P] key or value tile at element offsets `offs` from ptr, 0 where ~m. FP8 codes come back as their
-    exact values (unscaled) in DOT_DTYPE; OPAQUE_CVT: through `_e4m3_to_f16_opaque` (fp16 dots only)."""
-    x = tl.load(ptr + offs, mask=m, other=0)
+def _tile_ptrs(ptr, row, slot, hkv, s_b, s_o, s_h, tile, cols, PAGE_TILE: tl.constexpr):
+    """[BLOCK_N, D_P] element pointers of a key or value tile: row (page id, int64) and slot are scalars for a page
+    tile (one base address plus the loop-invariant `tile` offsets), else per-key vectors (a table entry per key)."""
+    if PAGE_TILE:
+        return ptr + (row * s_b + slot * s_o + hkv * s_h) + tile
+    else:
+        return ptr + (row * s_b + slot * s_o + hkv * s_h)[:, None] + cols[None, :]
+
+
+@triton.jit
+def _load_kv(ptrs, m, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr, OPAQUE_CVT: tl.constexpr):
+    """Key or value tile at ptrs, 0 where ~m. FP8 codes come back as their exact values (unscaled) in DOT_DTYPE;
+    OPAQUE_CVT: through `_e4m3_to_f16_opaque` (fp16 dots only)."""
+    x = tl.load(ptrs, mask=m, other=0)
     if FP8:
         if EMULATE:
             return e4m3_decode(x).to(DOT_DTYPE)
@@ -121,7 +130,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
                    WINDOW_RIGHT: tl.constexpr, HAS_SINK: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
                    OUT_DTYPE: tl.constexpr, FINAL: tl.constexpr, DOT_F32: tl.constexpr, EMULATE: tl.constexpr,
-                   Q_TO_F16: tl.constexpr, PAGE_TILE: tl.constexpr, V_OPAQUE_CVT: tl.constexpr):
+                   Q_TO_F16: tl.constexpr, PAGE_TILE: tl.constexpr, K_OPAQUE_CVT: tl.constexpr,
+                   V_OPAQUE_CVT: tl.constexpr):
     # grid (B, Hkv * M_BLOCKS, num_splits). Packed row r = s * GROUP + g is query s, head hkv * GROUP + g.
     # Logits are kept in base 2 (qk_scale carries log2(e)), so the running softmax uses exp2.
     b = tl.program_id(0).to(tl.int64)
@@ -175,10 +185,6 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
     kv_rows = tl.arange(0, BLOCK_N)
     k_tile = (kv_rows * k_so)[:, None] + d[None, :]  # PAGE_TILE: a tile's offsets from its first key (loop-invariant)
     v_tile = (kv_rows * v_so)[:, None] + dv[None, :]
-    kcols = (d < D)[None, :]
-    vcols = (dv < DV)[None, :]
-    k_head = k_ptr + hkv * k_sh
-    v_head = v_ptr + hkv * v_sh
     for n0 in tl.range(start, hi, BLOCK_N):
         j = n0 + kv_rows
         inb = j < hi
@@ -186,25 +192,20 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
             page = tl.load(bt_row + n0 // BS)
             pok = (page >= 0) & (page < num_blocks)  # a bad page: its keys masked, never dereferenced
             kok = inb & (tl.zeros([BLOCK_N], tl.int32) + pok.to(tl.int32) != 0)
-            row0 = tl.where(pok, page, 0).to(tl.int64)
-            k_base = k_head + row0 * k_sb + (n0 % BS) * k_so
-            v_base = v_head + row0 * v_sb + (n0 % BS) * v_so
-            k_offs = k_tile
-            v_offs = v_tile
+            row = tl.where(pok, page, 0).to(tl.int64)
+            slot = n0 % BS
         else:  # a table entry per key
             page = tl.load(bt_row + j // BS, mask=inb, other=-1)
             kok = inb & (page >= 0) & (page < num_blocks)  # bad pages: masked keys, never dereferenced
-            page = page.to(tl.int64)
+            row = page.to(tl.int64)
             slot = (j % BS).to(tl.int64)
-            k_base = k_head
-            v_base = v_head
-            k_offs = (page * k_sb + slot * k_so)[:, None] + d[None, :]
-            v_offs = (page * v_sb + slot * v_so)[:, None] + dv[None, :]
-        kt = _load_kv(k_base, k_offs, kok[:, None] & kcols, FP8, DOT_DTYPE, EMULATE, False)
+        kt = _load_kv(_tile_ptrs(k_ptr, row, slot, hkv, k_sb, k_so, k_sh, k_tile, d, PAGE_TILE),
+                      kok[:, None] & (d < D)[None, :], FP8, DOT_DTYPE, EMULATE, K_OPAQUE_CVT)
         qk = _dot(q, tl.trans(kt), DOT_F32) * scale
         ok = visible(q_pos[:, None], j[None, :], sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT) & kok[None, :]
         p, alpha, m_new, l_i = softmax_step(tl.where(ok, qk, float("-inf")), m_i, l_i)
-        vt = _load_kv(v_base, v_offs, kok[:, None] & vcols, FP8, DOT_DTYPE, EMULATE, V_OPAQUE_CVT)
+        vt = _load_kv(_tile_ptrs(v_ptr, row, slot, hkv, v_sb, v_so, v_sh, v_tile, dv, PAGE_TILE),
+                      kok[:, None] & (dv < DV)[None, :], FP8, DOT_DTYPE, EMULATE, V_OPAQUE_CVT)
         if FP8 and not DOT_F32:  # fp16 dots: P rounded once to fp16
             p16 = p.to(DOT_DTYPE)
         else:  # P in the value dtype, as the tensor-core dot takes it
@@ -272,6 +273,7 @@ def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, 
     q_to_f16 = dot_dtype == tl.float16 and q.dtype == torch.bfloat16
     # one table entry per key tile where the tile divides the page (and a page's offsets fit int32)
     page_tile = cfg.page_tiles and bs % cfg.block_n == 0 and bs * max(kc.stride(1), vc.stride(1)) < 2**31
+    f16_codes = fp8 and dot_dtype == tl.float16  # FP8 codes converted to fp16 on the GPU
     if sinks is not None and sinks.stride(0) != 1:
         sinks = sinks.contiguous()
     ks = k_scale if fp8 else q
@@ -289,8 +291,8 @@ def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, 
         WINDOW_LEFT=int(window_left), WINDOW_RIGHT=int(window_right), HAS_SINK=sinks is not None, FP8=fp8,
         DOT_DTYPE=dot_dtype, OUT_DTYPE=TL_DTYPE[q.dtype], FINAL=splits == 1, DOT_F32=dot_f32,
         EMULATE=emulate_formats(dev), Q_TO_F16=q_to_f16, PAGE_TILE=page_tile,
-        V_OPAQUE_CVT=cfg.v_f16_smem and fp8 and dot_dtype == tl.float16, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        K_OPAQUE_CVT=cfg.k_f16_smem and f16_codes, V_OPAQUE_CVT=cfg.v_f16_smem and f16_codes,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     reduce_splits(o_buf, l_buf, out, lse, cfg.reduce_elems)
     return out, lse
 
@@ -341,6 +343,9 @@ class DecodeConfig:
     # FP8 caches on the GPU: V's codes converted to fp16 in the layout they are loaded in, then to the dot's operand
     # layout through shared memory as fp16 (else the codes go to the operand layout first: byte-wise shared loads)
     v_f16_smem: bool = False
+    # the same for K (off by default: sm_90a drops K's 8-bit operand-layout register moves, 449 -> 420 instructions
+    # per 64-key tile, but adds a 16 KB fp16 shared round trip and 2 barriers per tile and 15 registers; untimed)
+    k_f16_smem: bool = False
 
 
 def choose_num_splits(programs: int, max_ctx: int, sm_count: int | None,
