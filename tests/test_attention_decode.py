@@ -302,6 +302,26 @@ def test_split_rule():
     assert cfg.num_splits == 1 and cfg.block_m == 16
 
 
+def test_config_rule_by_cache_dtype(monkeypatch):
+    """The GPU's choices from static shapes (an H100 described, nothing launched): FP8 caches get page tiles, V
+    converted before its operand layout, 3 stages and ~4 programs per SM; 16-bit caches keep the per-key gather,
+    2 stages and ~2 programs per SM; before sm_89 (no e4m3x2 -> f16x2 convert) FP8 keeps the 16-bit choices but page
+    tiles. Llama 16 x 8k, page 64."""
+    from triton_ops.attention import decode
+
+    monkeypatch.setattr(decode, "_sm_count", lambda index: 132)
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setenv("LOWBIT_ARCH", "sm_90")
+    f8 = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, True)
+    bf = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, False)
+    assert (f8.num_splits, f8.block_n, f8.num_stages, f8.page_tiles, f8.v_f16_smem) == (4, 64, 3, True, True)
+    assert (bf.num_splits, bf.block_n, bf.num_stages, bf.page_tiles, bf.v_f16_smem) == (2, 64, 2, False, False)
+    monkeypatch.setenv("LOWBIT_ARCH", "sm_80")
+    old = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, True)
+    assert (old.num_splits, old.num_stages, old.page_tiles, old.v_f16_smem) == (2, 2, True, False)
+    assert choose_num_splits(128, 8192, 132, per_sm=4) == 4
+
+
 def test_supports_and_argument_errors():
     g = np.random.default_rng(1)
     c = make_case(g, batch=1, lens=[5], sq=1, hq=2, hkv=1, d=64, bs=16, max_blocks=1, kind="fp8_head",
@@ -375,13 +395,15 @@ def test_merge_ignores_values_of_empty_parts():
 @pytest.mark.parametrize("kind", ["bf16", "fp8_head", "fp8_tensor"])
 @pytest.mark.parametrize("splits", [0, 1, 8])
 @pytest.mark.parametrize("sq,d", [(1, 128), (4, 128), (2, 256)])
-def test_gpu_large_decode(kind, splits, sq, d):
+@pytest.mark.parametrize("bs", [16, 64])
+def test_gpu_large_decode(kind, splits, sq, d, bs):
+    """Page 16: a table entry per key; page 64: page tiles (one entry per key tile)."""
     g = np.random.default_rng(11)
     lens = [0, 1, 517, 1000, 1023, 64]
-    c = make_case(g, batch=len(lens), lens=lens, sq=sq, hq=32, hkv=4, d=d, bs=16, max_blocks=64, kind=kind,
+    c = make_case(g, batch=len(lens), lens=lens, sq=sq, hq=32, hkv=4, d=d, bs=bs, max_blocks=1024 // bs, kind=kind,
                   q_dtype=torch.bfloat16, causal=True, window=(-1, -1) if sq != 4 else (255, 0), sinks=True)
     out, lse = attention_decode(*c.args("cuda"), splits)
-    assert_attention_close(out, lse, *reference_decode(c), f"{kind} splits={splits} Sq={sq} D={d}")
+    assert_attention_close(out, lse, *reference_decode(c), f"{kind} splits={splits} Sq={sq} D={d} page={bs}")
 
 
 @pytest.mark.gpu
@@ -416,3 +438,24 @@ def test_gpu_cuda_graph_new_lengths(splits):
         graph.replay()
         torch.cuda.synchronize()
         assert_attention_close(out, lse, *reference_decode(c, lens=lens), f"graph replay lens={lens}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["bf16", "fp8_head", "fp8_tensor"])
+def test_gpu_page_tiles_bad_pages_poisoned(kind):
+    """Page 64 on the GPU (FP8: page tiles): table entries outside [0, num_blocks) mask their pages' keys, and
+    every slot no sequence reads (pages behind bad entries included) is NaN; 0 / 1 / 3 splits."""
+    g = np.random.default_rng(14)
+    bs, mb, lens = 64, 8, [512, 300, 77, 0]
+    c = make_case(g, batch=4, lens=lens, sq=1, hq=32, hkv=8, d=128, bs=bs, max_blocks=mb, kind=kind,
+                  q_dtype=torch.bfloat16, causal=False, window=(-1, -1), sinks=True)
+    bt_ok = c.block_table.clone()
+    c.block_table[0, 2] = -1
+    c.block_table[1, 0] = c.k_cache.shape[0] + 5
+    c = poison_unread(c, lens)
+    keep = [torch.tensor([i // bs != 2 for i in range(512)]), torch.tensor([i // bs != 0 for i in range(300)]),
+            torch.ones(77, dtype=torch.bool), torch.ones(0, dtype=torch.bool)]
+    args = c.args("cuda")
+    want = reference_decode(dataclasses.replace(c, block_table=bt_ok), keep=keep)
+    for splits in (0, 1, 3):
+        assert_attention_close(*attention_decode(*args, splits), *want, f"{kind} page tiles splits={splits}")

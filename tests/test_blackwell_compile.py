@@ -156,6 +156,10 @@ _COMPILE = textwrap.dedent("""
         "attention/decode": lambda: decode.attention_decode(E(64, 1, 32, 128), E(4096, 16, 8, 128),
                                                             E(4096, 16, 8, 128), E(64, 64, dt=i32), E(64, dt=i32),
                                                             0.088, True, -1, -1, None, None, None, 0),
+        "attention/decode_fp8": lambda: decode.attention_decode(E(16, 1, 32, 128), E(2048, 64, 8, 128, dt=e4m3),
+                                                                E(2048, 64, 8, 128, dt=e4m3), E(16, 128, dt=i32),
+                                                                E(16, dt=i32), 0.088, True, -1, -1, None, E(8, dt=f32),
+                                                                E(8, dt=f32), 0),
         "blackwell/e2m1x2_hw": lambda: blackwell.e2m1x2_pack_hw(E(1 << 20, dt=f32)),
         "probe/dot_scaled_mxfp4": lambda: launch_native_dot_scaled("e2m1", False),
         "probe/dot_scaled_nvfp4": lambda: launch_native_dot_scaled("e2m1", True),
@@ -299,6 +303,10 @@ EXPECT: dict[str, list[tuple[tuple[int, ...], tuple[str, ...]]]] = {
                           (SM100, (r"UTCHMMA$", *TCGEN05)), (SM120, (r"HMMA\.16816\.F32\.BF16$",))],
     # decode: 16-64 packed rows per program, mma.sync on every chip (also Hopper)
     "attention/decode": [(_ALL, (r"HMMA\.16816\.F32\.BF16$", r"MUFU\.EX2$", r"LDGSTS\.E\.BYPASS\.128$"))],
+    # FP8 cache: fp16 dots on hardware-converted codes, V converted before the operand layout (fp16 transposed
+    # ldmatrix, never byte-wise shared loads: asserted below), 16-byte copies
+    "attention/decode_fp8": [(_ALL, (r"HMMA\.16816\.F32$", r"F2FP\.F16\.E4M3\.UNPACK_B$", r"LDGSTS\.E\.BYPASS\.128$",
+                                     r"LDSM\.16\.MT88\.4$"))],
     "blackwell/e2m1x2_hw": [(SM100 + SM120, (r"F2FP\.SATFINITE\.E2M1\.F32\.PACK_AB_MERGE_C$",))],
     # tl.dot_scaled with both operands narrow: native block-scaled MMA on Blackwell (UTCOMMA / UTCQMMA =
     # tcgen05.mma.kind::mxf4(nvf4) / mxf8f6f4; OMMA.SF = mma.sync.kind::mxf4(nvf4).block_scale), upcast + 16-bit MMA
@@ -350,6 +358,8 @@ def test_family_instructions(compiled, case, cc):
     assert not missing, f"sm_{cc} {case}: no {missing} in the SASS (tensor-core ops: {mma})"
     foreign = [op for op in mma if re.match(FOREIGN_MMA[cc], op)]
     assert not foreign, f"sm_{cc} {case}: another chip's MMA {foreign}"
+    if case == "attention/decode_fp8":
+        assert not _has(ops, r"LDS\.U8$"), f"sm_{cc}: byte-wise shared loads in the FP8 decode"
     if case == "moe_gemm/mxfp4_dot_scaled":  # recorded fact: no native fp4 MMA for bf16 x e2m1
         assert not _has(ops, r"(UTCOMMA|OMMA|UTCQMMA|QMMA)"), f"sm_{cc}: {mma}"
 

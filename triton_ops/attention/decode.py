@@ -25,6 +25,10 @@ Query s of sequence b sits at key position seqused_k[b] - Sq + s (bottom-right a
   scale into the logit scale, v scale into the final normalization). On the GPU the dots run in fp16 (the
   hardware converts a pair of E4M3 codes to fp16 in one instruction; to bf16 it takes three): q is converted to
   fp16 after an exact power-of-two rescale of the tile (largest magnitude in [2^14, 2^15]) and P is rounded to fp16.
+  V's codes are converted in the layout they are loaded in and reach the dot's operand layout as fp16 (16-byte
+  shared stores, transposed ldmatrix); converted after that move, a transposed 8-bit operand is read byte by byte.
+* Page tiles: where the key tile divides the page size, a tile reads one block-table entry and its K / V rows
+  are one base address plus loop-invariant offsets (else one table entry and one 64-bit address per key).
 * Interpreter: its tl.dot on bf16 operands is wrong (huge values), so there (DOT_F32) the dots run on fp32
   copies of the same 16-bit operands, with fp32 IEEE products.
 """
@@ -41,6 +45,7 @@ from triton_ops._formats import cast_out, e4m3_decode
 from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
 from triton_ops.attention.mask import key_range, visible
 from triton_ops.attention.merge import lse_weights, weighted_sum
+from triton_ops.contract.arch import arch_at_least, arch_of
 from triton_ops.contract.arch import sm_count as _sm_count  # module attribute: compile scripts stub it
 from triton_ops.contract.attention import FP8_KV, check_attention_decode
 
@@ -60,15 +65,35 @@ def _dot(a, b, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _load_kv(ptr, rows, kok, d, D: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
-             EMULATE: tl.constexpr):
-    """[BLOCK_N, D_P] key or value tile at row offsets `rows` (int64, element units); masked rows and padded
-    columns are 0. FP8 codes come back as their exact values (unscaled) in DOT_DTYPE."""
-    m = kok[:, None] & (d < D)[None, :]
-    x = tl.load(ptr + rows[:, None] + d[None, :], mask=m, other=0)
+def _e4m3_to_f16_opaque(x):
+    """uint8 E4M3 codes -> fp16 (hardware, 4 codes per instruction pair), as an impure inline asm: the dot-operand
+    layout conversion then stays after it (fp16 through shared memory, 16-byte stores and transposed ldmatrix)
+    instead of being hoisted above the convert onto the 8-bit codes (byte-wise shared loads for a transposed V)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r", [x], dtype=tl.float16, is_pure=False, pack=4)
+
+
+@triton.jit
+def _tile_ptrs(ptr, row, slot, hkv, s_b, s_o, s_h, tile, cols, PAGE_TILE: tl.constexpr):
+    """[BLOCK_N, D_P] element pointers of a key or value tile: row (page id, int64) and slot are scalars for a page
+    tile (one base address plus the loop-invariant `tile` offsets), else per-key vectors (a table entry per key)."""
+    if PAGE_TILE:
+        return ptr + (row * s_b + slot * s_o + hkv * s_h) + tile
+    else:
+        return ptr + (row * s_b + slot * s_o + hkv * s_h)[:, None] + cols[None, :]
+
+
+@triton.jit
+def _load_kv(ptrs, m, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr, EMULATE: tl.constexpr, OPAQUE_CVT: tl.constexpr):
+    """Key or value tile at ptrs, 0 where ~m. FP8 codes come back as their exact values (unscaled) in DOT_DTYPE;
+    OPAQUE_CVT: through `_e4m3_to_f16_opaque` (fp16 dots only)."""
+    x = tl.load(ptrs, mask=m, other=0)
     if FP8:
         if EMULATE:
             return e4m3_decode(x).to(DOT_DTYPE)
+        elif OPAQUE_CVT:
+            return _e4m3_to_f16_opaque(x)
         else:  # one hardware convert per pair of codes (e4m3x2 -> f16x2 when DOT_DTYPE is fp16)
             return x.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
     else:
@@ -105,7 +130,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
                    WINDOW_RIGHT: tl.constexpr, HAS_SINK: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
                    OUT_DTYPE: tl.constexpr, FINAL: tl.constexpr, DOT_F32: tl.constexpr, EMULATE: tl.constexpr,
-                   Q_TO_F16: tl.constexpr):
+                   Q_TO_F16: tl.constexpr, PAGE_TILE: tl.constexpr, K_OPAQUE_CVT: tl.constexpr,
+                   V_OPAQUE_CVT: tl.constexpr):
     # grid (B, Hkv * M_BLOCKS, num_splits). Packed row r = s * GROUP + g is query s, head hkv * GROUP + g.
     # Logits are kept in base 2 (qk_scale carries log2(e)), so the running softmax uses exp2.
     b = tl.program_id(0).to(tl.int64)
@@ -156,18 +182,30 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
         l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV_P], tl.float32)
     bt_row = bt_ptr + b * bt_sb
+    kv_rows = tl.arange(0, BLOCK_N)
+    k_tile = (kv_rows * k_so)[:, None] + d[None, :]  # PAGE_TILE: a tile's offsets from its first key (loop-invariant)
+    v_tile = (kv_rows * v_so)[:, None] + dv[None, :]
     for n0 in tl.range(start, hi, BLOCK_N):
-        j = n0 + tl.arange(0, BLOCK_N)
+        j = n0 + kv_rows
         inb = j < hi
-        page = tl.load(bt_row + j // BS, mask=inb, other=-1)
-        kok = inb & (page >= 0) & (page < num_blocks)  # bad pages: masked keys, never dereferenced
-        page = page.to(tl.int64)
-        slot = (j % BS).to(tl.int64)
-        kt = _load_kv(k_ptr, page * k_sb + slot * k_so + hkv * k_sh, kok, d, D, FP8, DOT_DTYPE, EMULATE)
+        if PAGE_TILE:  # BLOCK_N divides the page size: one table entry per tile, one base address
+            page = tl.load(bt_row + n0 // BS)
+            pok = (page >= 0) & (page < num_blocks)  # a bad page: its keys masked, never dereferenced
+            kok = inb & (tl.zeros([BLOCK_N], tl.int32) + pok.to(tl.int32) != 0)
+            row = tl.where(pok, page, 0).to(tl.int64)
+            slot = n0 % BS
+        else:  # a table entry per key
+            page = tl.load(bt_row + j // BS, mask=inb, other=-1)
+            kok = inb & (page >= 0) & (page < num_blocks)  # bad pages: masked keys, never dereferenced
+            row = page.to(tl.int64)
+            slot = (j % BS).to(tl.int64)
+        kt = _load_kv(_tile_ptrs(k_ptr, row, slot, hkv, k_sb, k_so, k_sh, k_tile, d, PAGE_TILE),
+                      kok[:, None] & (d < D)[None, :], FP8, DOT_DTYPE, EMULATE, K_OPAQUE_CVT)
         qk = _dot(q, tl.trans(kt), DOT_F32) * scale
         ok = visible(q_pos[:, None], j[None, :], sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT) & kok[None, :]
         p, alpha, m_new, l_i = softmax_step(tl.where(ok, qk, float("-inf")), m_i, l_i)
-        vt = _load_kv(v_ptr, page * v_sb + slot * v_so + hkv * v_sh, kok, dv, DV, FP8, DOT_DTYPE, EMULATE)
+        vt = _load_kv(_tile_ptrs(v_ptr, row, slot, hkv, v_sb, v_so, v_sh, v_tile, dv, PAGE_TILE),
+                      kok[:, None] & (dv < DV)[None, :], FP8, DOT_DTYPE, EMULATE, V_OPAQUE_CVT)
         if FP8 and not DOT_F32:  # fp16 dots: P rounded once to fp16
             p16 = p.to(DOT_DTYPE)
         else:  # P in the value dtype, as the tensor-core dot takes it
@@ -233,6 +271,9 @@ def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, 
     # FP8 caches: fp16 dots on the GPU (codes convert to fp16 in one instruction per pair, not through fp32)
     dot_dtype = tl.float32 if dot_f32 else (tl.float16 if fp8 else TL_DTYPE[q.dtype])
     q_to_f16 = dot_dtype == tl.float16 and q.dtype == torch.bfloat16
+    # one table entry per key tile where the tile divides the page (and a page's offsets fit int32)
+    page_tile = cfg.page_tiles and bs % cfg.block_n == 0 and bs * max(kc.stride(1), vc.stride(1)) < 2**31
+    f16_codes = fp8 and dot_dtype == tl.float16  # FP8 codes converted to fp16 on the GPU
     if sinks is not None and sinks.stride(0) != 1:
         sinks = sinks.contiguous()
     ks = k_scale if fp8 else q
@@ -249,7 +290,9 @@ def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, 
         DV_P=max(16, next_pow2(dv)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
         WINDOW_LEFT=int(window_left), WINDOW_RIGHT=int(window_right), HAS_SINK=sinks is not None, FP8=fp8,
         DOT_DTYPE=dot_dtype, OUT_DTYPE=TL_DTYPE[q.dtype], FINAL=splits == 1, DOT_F32=dot_f32,
-        EMULATE=emulate_formats(dev), Q_TO_F16=q_to_f16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        EMULATE=emulate_formats(dev), Q_TO_F16=q_to_f16, PAGE_TILE=page_tile,
+        K_OPAQUE_CVT=cfg.k_f16_smem and f16_codes, V_OPAQUE_CVT=cfg.v_f16_smem and f16_codes,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     reduce_splits(o_buf, l_buf, out, lse, cfg.reduce_elems)
     return out, lse
 
@@ -294,35 +337,55 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     reduce_elems: int  # partial-output elements per program of the split reduction
+    # key tiles inside one page (block_n divides the page size): one table entry and one base address per tile, the
+    # tile's offsets loop-invariant (else a table entry and a 64-bit address per key)
+    page_tiles: bool = False
+    # FP8 caches on the GPU: V's codes converted to fp16 in the layout they are loaded in, then to the dot's operand
+    # layout through shared memory as fp16 (else the codes go to the operand layout first: byte-wise shared loads)
+    v_f16_smem: bool = False
+    # the same for K (off by default: sm_90a drops K's 8-bit operand-layout register moves, 449 -> 420 instructions
+    # per 64-key tile, but adds a 16 KB fp16 shared round trip and 2 barriers per tile and 15 registers; untimed)
+    k_f16_smem: bool = False
 
 
-def choose_num_splits(programs: int, max_ctx: int, sm_count: int | None) -> int:
+def choose_num_splits(programs: int, max_ctx: int, sm_count: int | None,
+                      per_sm: int = TARGET_PROGRAMS_PER_SM) -> int:
     """The split rule, from static sizes only: programs = B x Hkv x row blocks, max_ctx = max_blocks x
     block_size, sm_count None on the interpreter (which pays per program: no splits). Split until the grid
-    holds ~TARGET_PROGRAMS_PER_SM programs per SM, keeping >= MIN_SPLIT_KEYS keys of capacity per split and
-    at most MAX_SPLITS splits."""
+    holds ~per_sm programs per SM, keeping >= MIN_SPLIT_KEYS keys of capacity per split and at most MAX_SPLITS
+    splits."""
     if sm_count is None or programs <= 0:
         return 1
-    want = max(1, (TARGET_PROGRAMS_PER_SM * sm_count) // programs)
+    want = max(1, (per_sm * sm_count) // programs)
     return max(1, min(want, max_ctx // MIN_SPLIT_KEYS, MAX_SPLITS))
 
 
 def decode_config(batch: int, sq: int, hq: int, hkv: int, max_ctx: int, d: int, device: torch.device,
-                  num_splits: int = 0) -> DecodeConfig:
+                  num_splits: int = 0, fp8: bool = False) -> DecodeConfig:
     """num_splits 0: `choose_num_splits`. GPU: 64-key tiles (32 at head dim > 128), up to 64 packed rows per
     program, 4 warps (8 for the largest tiles). Interpreter: larger tiles (cost per program and per op).
-    The key tile shrinks toward the per-split slice so that small contexts still get distinct splits."""
+    The key tile shrinks toward the per-split slice so that small contexts still get distinct splits.
+    Page tiles (one table entry per key tile, where the tile divides the page: the launcher checks) for FP8 caches
+    and on the interpreter; a 16-bit cache on the GPU keeps the per-key gather (sm_90a: page tiles take its
+    registers from 114 to 138, one program per SM fewer, untimed).
+    FP8 caches on the GPU (sm_89+, the e4m3x2 -> f16x2 convert): V converted to fp16 before its operand layout
+    (`v_f16_smem`), 3 pipeline stages (the next tile's copies stay in flight while one is computed: a program's
+    FP8 tiles are half a 16-bit tile's bytes), and twice the programs per SM from the split rule, for the same
+    bytes in flight per SM as a 16-bit cache."""
     cpu = device.type == "cpu"
+    fp8_gpu = fp8 and not cpu and arch_at_least(arch_of(device), "sm_89")
     rows = sq * (hq // max(hkv, 1))
     block_m = max(16, min(next_pow2(rows), 128 if cpu else 64))
     if num_splits <= 0:
         sm = None if cpu else _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        num_splits = choose_num_splits(batch * hkv * cdiv(rows, block_m), max_ctx, sm)
+        per_sm = TARGET_PROGRAMS_PER_SM * (2 if fp8_gpu else 1)
+        num_splits = choose_num_splits(batch * hkv * cdiv(rows, block_m), max_ctx, sm, per_sm)
     block_n = 128 if cpu else (64 if d <= 128 else 32)
     per_split = cdiv(max(max_ctx, 1), num_splits)
     block_n = max(16, min(block_n, 1 << (per_split.bit_length() - 1)))
     big = block_m * max(d, 64) >= 8192
-    return DecodeConfig(num_splits, block_n, block_m, 8 if big and not cpu else 4, 2, 32768 if cpu else 4096)
+    return DecodeConfig(num_splits, block_n, block_m, 8 if big and not cpu else 4, 3 if fp8_gpu else 2,
+                        32768 if cpu else 4096, page_tiles=cpu or fp8, v_f16_smem=fp8_gpu)
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -349,12 +412,13 @@ def attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale:
                      window_left: int, window_right: int, sinks, k_scale, v_scale, num_splits: int,
                      cfg: DecodeConfig | None = None):
     """(out (B, Sq, Hq, Dv) in q's dtype, lse (B, Sq, Hq) fp32); see the module docstring. num_splits <= 0
-    picks the split count with `choose_num_splits`; cfg overrides the whole configuration."""
+    picks the split count with `choose_num_splits`; cfg overrides the whole configuration (`DecodeConfig`'s
+    defaults for page_tiles / v_f16_smem are the per-key-gather, codes-to-operand-layout kernel)."""
     check_attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, window_left,
                            window_right, sinks, k_scale, v_scale, num_splits)
     bsz, sq, hq, d = q.shape
     max_ctx = block_table.shape[1] * k_cache.shape[1]
     cfg = cfg or decode_config(bsz, sq, hq, k_cache.shape[2], max_ctx, max(d, v_cache.shape[-1]), q.device,
-                               num_splits)
+                               num_splits, k_cache.dtype in FP8_KV)
     return _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, window_left, window_right,
                    sinks, k_scale, v_scale, cfg)
