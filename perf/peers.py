@@ -16,6 +16,9 @@ DeepSeek puts RoPE in the trailing 64). A case that wants a peer checked can wra
 FlashMLA (deepseek-ai/FlashMLA) has no wheel for the GPU image; its sm90 decode kernels are built into a plain
 shared library with a C ABI (`flashmla_library_path()`, loaded with ctypes, CUDA runtime linked statically) and
 `flashmla_mla_decode` wraps it for the `mla_decode` cases; that peer verifies itself in its probe.
+
+OpenAI's triton_kernels (`triton_kernels_moe_mxfp4`) is Python source exported from the triton repository at the
+installed triton's release tag (`_triton_kernels_on_path`); it is the GPT-OSS MXFP4 MoE GEMM peer.
 """
 
 from __future__ import annotations
@@ -23,9 +26,12 @@ from __future__ import annotations
 import ctypes
 import importlib
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 _REASONS: dict[str, str] = {}
 
@@ -306,3 +312,88 @@ def flashmla_mla_decode(layout: str, v_dim: int, scale: float, causal: bool = Tr
     reason goes to `unavailable_reasons()`). Per-shape limits are found by `probe` on the first GPU inputs."""
     lib = _flashmla_lib()
     return None if lib is None else FlashMlaDecode(lib, layout, v_dim, scale, causal, check)
+
+
+# ----------------------------------------------------------------------------------------- triton_kernels
+#
+# OpenAI's triton_kernels (triton's python/triton_kernels, the GPT-OSS MoE kernels) is not published as a wheel:
+# its source, exported at the triton release tag that matches the installed triton, lives in a directory holding
+# the `triton_kernels` package, named by $LOWBIT_TRITON_KERNELS or, by default, the repository's
+# .whl/triton_kernels_src (ignored by git, carried to the GPU machine with .whl).
+
+TRITON_KERNELS_ENV = "LOWBIT_TRITON_KERNELS"
+TRITON_KERNELS_DEFAULT = Path(__file__).resolve().parents[1] / ".whl" / "triton_kernels_src"
+
+
+def _triton_kernels_on_path() -> None:
+    root = os.environ.get(TRITON_KERNELS_ENV) or str(TRITON_KERNELS_DEFAULT)
+    if os.path.isdir(os.path.join(root, "triton_kernels")) and root not in sys.path:
+        sys.path.insert(0, root)
+
+
+def mxfp4_kn_views(w: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Our MXFP4 weights as triton_kernels' (E, K, N) right-hand operand, without copying a byte.
+
+    w: (E, N, K/2) uint8, two E2M1 codes per byte along K, element 2i in the low nibble; w_scale: (E, N, K/32)
+    uint8 E8M0. triton_kernels quantizes its weight along K (mx_axis=1 of (E, K, N)) and packs the same way (the
+    even element in the low nibble), so the bytes stay as they are and only the axes swap: the packed weight is
+    viewed (E, K/2, N) with K contiguous (stride(-2) == 1, what matmul_ogs asserts for MX weights) and the scales
+    (E, K/32, N)."""
+    if w.dtype != torch.uint8 or w_scale.dtype != torch.uint8 or w.ndim != 3 or w_scale.ndim != 3:
+        raise ValueError(f"expected uint8 (E, N, K/2) weights and (E, N, K/32) scales, got {w.dtype} "
+                         f"{tuple(w.shape)} / {w_scale.dtype} {tuple(w_scale.shape)}")
+    if w_scale.shape[:2] != w.shape[:2] or w.shape[2] * 2 != w_scale.shape[2] * 32 or w.stride(2) != 1:
+        raise ValueError(f"weights {tuple(w.shape)} and scales {tuple(w_scale.shape)} do not describe one "
+                         "K-contiguous MXFP4 tensor (32 elements per scale)")
+    return w.transpose(1, 2), w_scale.transpose(1, 2)
+
+
+def contiguous_slice_sizes(m_indices: torch.Tensor, experts: int) -> torch.Tensor:
+    """Rows per expert (int32, on m_indices' device) of a contiguous layout, for triton_kernels' ragged matmul,
+    which takes expert e's rows at offset sum(sizes[:e]). The layout must hold only real rows grouped by expert in
+    ascending order: padding rows (-1), ids >= experts or unsorted rows raise ValueError."""
+    ids = m_indices.to(torch.int64)
+    if ids.numel() and bool(((ids < 0) | (ids >= experts)).any()):
+        raise ValueError("m_indices has padding rows (-1) or ids out of range: triton_kernels' ragged layout "
+                         "has no padding rows")
+    if ids.numel() > 1 and bool((ids[1:] < ids[:-1]).any()):
+        raise ValueError("m_indices rows are not grouped by expert in ascending order")
+    return torch.bincount(ids, minlength=experts).to(torch.int32)
+
+
+def triton_kernels_moe_mxfp4(num_warps: int = 8) -> Callable | None:
+    """prepare(w, w_scale, m_indices) -> fn(a) -> out (M, N) bf16, expert e's rows of a (M, K) bf16 times its
+    MXFP4 weights transposed (W4A16, GPT-OSS), through triton_kernels' `matmul_ogs` on a ragged routing.
+
+    prepare runs once per set of weights, outside the timing, as an engine prepacks at load: it swizzles the
+    weights and scales into the layouts triton_kernels picks for this GPU (on sm_90 the Hopper MX value layout and
+    the scale layout for `num_warps` warps, which the kernel then launches with) and builds the ragged-tensor
+    metadata (row counts, offsets, block schedules) from m_indices. fn(a) is the timed call. None when the package
+    cannot be imported (see `_triton_kernels_on_path`)."""
+    _triton_kernels_on_path()
+    mo = _import("triton_kernels.matmul_ogs")
+    if mo is None:
+        return None
+    tk = importlib.import_module("triton_kernels.tensor")
+    layout = importlib.import_module("triton_kernels.tensor_details.layout")
+
+    def prepare(w: torch.Tensor, w_scale: torch.Tensor, m_indices: torch.Tensor) -> Callable:
+        experts = w.shape[0]
+        wv, sv = mxfp4_kn_views(w, w_scale)
+        w_layout, w_opts = layout.make_default_matmul_mxfp4_w_layout(mx_axis=1)
+        s_layout, s_opts = layout.make_default_matmul_mxfp4_w_scale_layout(mx_axis=1, num_warps=num_warps)
+        w_tk = tk.convert_layout(tk.wrap_torch_tensor(wv, dtype=tk.FP4), w_layout, **w_opts)
+        s_tk = tk.convert_layout(tk.wrap_torch_tensor(sv), s_layout, **s_opts)
+        sizes = contiguous_slice_sizes(m_indices, experts)
+        rows = int(sizes.sum())
+        meta = tk.make_ragged_tensor_metadata(sizes, rows)
+        routing = mo.RoutingData(None, meta.slice_sizes, experts, 1, meta,
+                                 expected_tokens_per_expt=max(1, rows // experts))
+        precision = mo.PrecisionConfig(weight_scale=s_tk, out_dtype=torch.bfloat16)
+
+        def triton_kernels_moe_mxfp4_fn(a: torch.Tensor) -> torch.Tensor:
+            return mo.matmul_ogs(a, w_tk, None, routing_data=routing, precision_config=precision)
+
+        return triton_kernels_moe_mxfp4_fn
+
+    return prepare

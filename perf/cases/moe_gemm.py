@@ -52,6 +52,9 @@ raises):
   kernel must beat by reading fewer bytes); for mxfp4 also `triton-dot_scaled`: the lowbit Triton kernel with
   `dot_scaled=True` (tl.dot_scaled on E2M1 + E8M0 instead of the in-register dequantization the dispatcher runs;
   NVFP4 has no such variant: Triton 3.6 cannot lower NVFP4 scales in tl.dot_scaled on sm_90).
+* mxfp4, contiguous layout: `triton_kernels`, OpenAI's `matmul_ogs` (the GPT-OSS MoE kernel, perf/peers.py) on the
+  same MXFP4 bytes, swizzled into its layout for the GPU and with its ragged routing metadata built once per input
+  set in make (not timed, as an engine prepacks at load).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ import torch
 from dispatch import ops
 from dispatch.reference import moe_gemm as ref
 from dispatch.registry import BackendError
+from perf import peers as P
 from perf.cases.base import BenchCase
 from triton_ops.contract.formats import MXFP4_BLOCK, NVFP4_BLOCK
 from triton_ops.contract.moe_gemm import FP8_BLOCK
@@ -236,7 +240,7 @@ def _probe_peers(peers: dict, state: dict, inputs: dict, device: torch.device, w
             print(f"perf: {where}: peer {name} skipped: {_why(exc)}")
 
 
-def _peers(kind: str, masked: bool, dense: bool) -> dict:
+def _peers(kind: str, masked: bool, dense: bool, decode: bool = False) -> dict:
     peers: dict = {}
     if kind in ("bf16", "mxfp4", "nvfp4", "w4a8", "w4a4"):
         wname = "w" if kind == "bf16" else "w_peer"
@@ -267,7 +271,29 @@ def _peers(kind: str, masked: bool, dense: bool) -> dict:
             return moe_gemm_mxfp4(i["a"], i["w"], i["w_scale"], i.get("m_indices"), i.get("masked_m"),
                                   dot_scaled=True)
         peers["triton-dot_scaled"] = dot_scaled
+        # warps of the swizzled scale layout, which the kernel launches with: 4 at decode (vLLM's default for
+        # small batches), 8 otherwise (triton_kernels' own tests)
+        if not masked and (prepare := P.triton_kernels_moe_mxfp4(num_warps=4 if decode else 8)) is not None:
+            peers["triton_kernels"] = lambda i: i["triton_kernels"](i["a"])
+            peers["triton_kernels"].prepare = prepare
     return peers
+
+
+def _prepare_peers(peers: dict, i: dict, device: torch.device, where: str) -> None:
+    """Prepacking of the peers that carry a `prepare` (triton_kernels: swizzled weights, routing metadata), once
+    per made input set on a GPU, outside the timing; a failure removes the peer with the reason printed."""
+    for name, fn in list(peers.items()):
+        prepare = getattr(fn, "prepare", None)
+        if prepare is None:
+            continue
+        if device.type != "cuda":
+            peers.pop(name)
+            continue
+        try:
+            i[name] = prepare(i["w"], i["w_scale"], i["m_indices"])
+        except Exception as exc:
+            peers.pop(name)
+            print(f"perf: {where}: peer {name} skipped: {_why(exc)}")
 
 
 # ---------------------------------------------------------------------------------------------------- cases
@@ -322,7 +348,7 @@ def _case(model: str, gemm: str, kind: str, e: int, n: int, k: int, *, counts: l
         ids = ids if ids is not None else contiguous_ids(counts, 1)
         lead = (len(ids),)
         out_rows, index_elems = len(ids), len(ids)
-    peers = _peers(kind, masked, dense=full and bucket == "prefill") if full else {}
+    peers = _peers(kind, masked, dense=full and bucket == "prefill", decode=bucket == "decode") if full else {}
     state: dict = {}
     where = f"moe_gemm_{kind} [{model} {gemm}]"
 
@@ -341,6 +367,7 @@ def _case(model: str, gemm: str, kind: str, e: int, n: int, k: int, *, counts: l
             i["w_peer"] = torch.randn(e, n, k, device=device, dtype=BF16).mul_(k ** -0.5)
             if kind in ("w4a8", "w4a4"):
                 i["a_peer"] = torch.randn(*lead, k, device=device, dtype=BF16)
+        _prepare_peers(peers, i, device, where)
         _probe_peers(peers, state, i, device, where)
         return i
 
