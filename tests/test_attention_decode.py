@@ -304,9 +304,9 @@ def test_split_rule():
 
 def test_config_rule_by_cache_dtype(monkeypatch):
     """The GPU's choices from static shapes (an H100 described, nothing launched): FP8 caches get page tiles, V
-    converted before its operand layout, 3 stages and ~4 programs per SM; 16-bit caches keep the per-key gather,
-    2 stages and ~2 programs per SM; before sm_89 (no e4m3x2 -> f16x2 convert) FP8 keeps the 16-bit choices but page
-    tiles. Llama 16 x 8k, page 64."""
+    converted before its operand layout, 3 stages and ~4 programs per SM; 16-bit caches page tiles, 2 stages and ~2
+    programs per SM; before sm_89 (no e4m3x2 -> f16x2 convert) FP8 keeps the 16-bit choices. Llama 16 x 8k, page
+    64."""
     from triton_ops.attention import decode
 
     monkeypatch.setattr(decode, "_sm_count", lambda index: 132)
@@ -315,7 +315,7 @@ def test_config_rule_by_cache_dtype(monkeypatch):
     f8 = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, True)
     bf = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, False)
     assert (f8.num_splits, f8.block_n, f8.num_stages, f8.page_tiles, f8.v_f16_smem) == (4, 64, 3, True, True)
-    assert (bf.num_splits, bf.block_n, bf.num_stages, bf.page_tiles, bf.v_f16_smem) == (2, 64, 2, False, False)
+    assert (bf.num_splits, bf.block_n, bf.num_stages, bf.page_tiles, bf.v_f16_smem) == (2, 64, 2, True, False)
     monkeypatch.setenv("LOWBIT_ARCH", "sm_80")
     old = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, True)
     assert (old.num_splits, old.num_stages, old.page_tiles, old.v_f16_smem) == (2, 2, True, False)

@@ -365,9 +365,9 @@ def decode_config(batch: int, sq: int, hq: int, hkv: int, max_ctx: int, d: int, 
     """num_splits 0: `choose_num_splits`. GPU: 64-key tiles (32 at head dim > 128), up to 64 packed rows per
     program, 4 warps (8 for the largest tiles). Interpreter: larger tiles (cost per program and per op).
     The key tile shrinks toward the per-split slice so that small contexts still get distinct splits.
-    Page tiles (one table entry per key tile, where the tile divides the page: the launcher checks) for FP8 caches
-    and on the interpreter; a 16-bit cache on the GPU keeps the per-key gather (sm_90a: page tiles take its
-    registers from 114 to 138, one program per SM fewer, untimed).
+    Page tiles (one table entry per key tile, where the tile divides the page: the launcher checks) everywhere:
+    on a 16-bit cache they take sm_90a's registers from 114 to 138 but were faster at every timed shape (H100,
+    e6c9d36, page 64: Llama 16 x 8k 190 vs 198 us, 64 x 8k 808 vs 902 us, GPT-OSS sinks 16 x 8k 119 vs 137 us).
     FP8 caches on the GPU (sm_89+, the e4m3x2 -> f16x2 convert): V converted to fp16 before its operand layout
     (`v_f16_smem`), 3 pipeline stages (the next tile's copies stay in flight while one is computed: a program's
     FP8 tiles are half a 16-bit tile's bytes), and twice the programs per SM from the split rule, for the same
@@ -385,7 +385,7 @@ def decode_config(batch: int, sq: int, hq: int, hkv: int, max_ctx: int, d: int, 
     block_n = max(16, min(block_n, 1 << (per_split.bit_length() - 1)))
     big = block_m * max(d, 64) >= 8192
     return DecodeConfig(num_splits, block_n, block_m, 8 if big and not cpu else 4, 3 if fp8_gpu else 2,
-                        32768 if cpu else 4096, page_tiles=cpu or fp8, v_f16_smem=fp8_gpu)
+                        32768 if cpu else 4096, page_tiles=True, v_f16_smem=fp8_gpu)
 
 
 # ---------------------------------------------------------------------------------------------- checks
