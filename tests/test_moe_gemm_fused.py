@@ -23,6 +23,7 @@ from dispatch.reference import moe_gemm as ref
 from dispatch.reference.moe import moe_align, moe_masked_layout
 from dispatch.reference.quant import fp8_group_dequantize
 from tests.helpers import DEVICES, assert_close, assert_same_bytes
+from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
 from triton_ops import swiglu as tsw
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe import align as tal
@@ -57,7 +58,6 @@ def _nvfp4_weights(g, e, n, k, device):
     """NVFP4 (codes, E4M3 scales, fp32 global per expert) of integer weights with a power-of-two factor 1 .. 4 per
     16-wide block, so the E4M3 block scales span few binades (exact sums with _exact_operands' activations), the
     experts far apart (their own global scales)."""
-    from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
     w32 = torch.randint(-8, 9, (e, n, k // 16, 16), generator=g).float()
     w32 = w32 * 2.0 ** torch.randint(0, 3, (e, n, k // 16, 1), generator=g).float()
     w32 = w32.reshape(e, n, k) * torch.tensor([3.0 ** x for x in range(e)])[:, None, None]
@@ -104,7 +104,6 @@ def _random_operands(kind, g, lead, dead, e, n2, k, device):
         return [*(t.to(device) for t in (codes, a_s, *(quant_w_fp8 if kind == "fp8" else quant_w_mxfp4)(w))), None]
     if kind in ("mxfp4", "nvfp4"):
         from tests.test_moe_gemm import quant_w_mxfp4
-        from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
         a = a.bfloat16()
         a[dead] = float("nan")
         w4 = quant_w_mxfp4(w) + (None,) if kind == "mxfp4" else quant_w_nvfp4(w)
@@ -546,7 +545,6 @@ def test_gpu_combine_and_layer_graph(kind):
     from dispatch import ops
     from dispatch.ops.moe_layer import moe_layer
     from tests.test_moe_gemm import quant_w_fp8, quant_w_mxfp4
-    from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
     g = torch.Generator().manual_seed(13)
     ids, src, inv, tw, lead, dead = _routed(g, 64, 8, 64, False, 0, None, "cuda")
     a, a_s, w, w_s, w_g = _random_operands(kind, g, lead, dead, 64, 512, 1024, "cuda")
