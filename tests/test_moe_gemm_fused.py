@@ -499,8 +499,8 @@ SM90_SHARED = 232448  # bytes of shared memory one CTA may use on an H100
 def test_sm90_compile_uses_wgmma():
     """Compile the prefill configs for sm_90 without a GPU (a fresh process: the interpreter's kernels cannot be
     compiled): GEMM1 + SwiGLU (bf16 and FP8 outputs, interleaved gate/up rows) and the scattering GEMM2, every
-    weight kind (NVFP4 included), and the plain GEMM with NVFP4 weights and row weights, on wgmma with pipelined (async-copy) operand loads within the
-    SM's shared memory."""
+    weight kind (NVFP4 included), and the plain GEMM with NVFP4 weights and row weights, on wgmma with pipelined
+    (async-copy) operand loads within the SM's shared memory."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]

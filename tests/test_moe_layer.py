@@ -1,5 +1,5 @@
-"""The MoE layer composition (dispatch/ops/moe_layer.py): contiguous and masked layouts, bf16 / FP8 / MXFP4 / NVFP4 experts,
-expert parallelism, against the layer's math and against the same composition on the reference backends."""
+"""The MoE layer composition (dispatch/ops/moe_layer.py): contiguous and masked layouts, bf16 / FP8 / MXFP4 / NVFP4
+experts, expert parallelism, against the layer's math and against the same composition on the reference backends."""
 
 from __future__ import annotations
 

@@ -60,8 +60,9 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     moe_gather_fp8, before GEMM2 by the fused swiglu_fp8_group), "mxfp4" (W4A16: w1/w2 packed e2m1 (E, N, K/2)
     uint8 with E8M0 scales (E, N, K/32)), "w4a8" (those MXFP4 weights with FP8 activations quantized as for
     "fp8"), "nvfp4" (W4A16, hidden bf16 / fp16: packed e2m1 (E, N, K/2) uint8 with E4M3 scales per 16 (E, N,
-    K/16) and fp32 (E,) global scales per expert w1_global / w2_global, which only nvfp4 takes). layout: "contiguous" (moe_align rows; prefill) or "masked" (E, max_m,
-    .) rows per expert (decode; tokens past max_m for an expert are dropped, as moe_masked_layout defines).
+    K/16) and fp32 (E,) global scales per expert w1_global / w2_global, which only nvfp4 takes). layout:
+    "contiguous" (moe_align rows; prefill) or "masked" (E, max_m, .) rows per expert (decode; tokens past max_m
+    for an expert are dropped, as moe_masked_layout defines).
     fused: GEMM1 with SwiGLU (+ quantization) in its epilogue and GEMM2 scattered into token order
     (moe_gemm_swiglu[_fp8_group], moe_gemm_combine: 4 launches + the align); False: the chain of separate ops
     (moe_gemm_*, swiglu[_fp8_group], moe_combine). Same bytes given the same GEMM accumulators. None (default):
