@@ -355,6 +355,8 @@ def test_nvfp4_global_scale_is_checked():
         f(a, None, w, w_s, **kw, w_global=w_g.bfloat16())
     with pytest.raises(LowbitInputError, match=rf"{arg}: expected a torch.Tensor"):
         f(a, None, w, w_s, **kw, w_global=1.0)
+    with pytest.raises(LowbitInputError, match=rf"{arg}: is on meta but 'a' is on cpu"):
+        f(a, None, w, w_s, **kw, w_global=w_g.to("meta"))
     with pytest.raises(LowbitInputError, match=r"moe_gemm_swiglu: argument 'a_scale': NVFP4 W4A16 takes"):
         f(a, torch.ones(a.shape[0], 1), w, w_s, **kw, w_global=w_g)
     with pytest.raises(LowbitInputError, match=r"moe_gemm_swiglu: argument 'w_scale': expected shape \(2, 64, 4\)"):
