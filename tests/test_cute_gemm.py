@@ -515,17 +515,11 @@ def test_dense_launcher_matches_reference_on_a_kernel_model(monkeypatch, row_wei
     """moe_sm100.moe_gemm_bf16 on CPU tensors with the compiled kernel replaced by the model above: unaligned
     contiguous groups (moe_align padding, an out-of-range id, interleaved experts) and masked max_m not a multiple
     of 128 (counts above max_m, negative) equal the reference; NaN rows no group owns are never written."""
-    import contextlib
-
     from cute_ops.gemm import moe_sm100
-    from tests.test_cute_gemm_sm90 import _check, _contiguous_case, _masked_case
+    from tests.test_cute_gemm_sm90 import _check, _contiguous_case, _masked_case, stub_cuda_launch
 
-    monkeypatch.setattr(moe_sm100, "compiled", _dense_kernel_model)
-    monkeypatch.setattr(moe_sm100._compile, "target_arch", lambda index=None: "sm_100a")
+    stub_cuda_launch(monkeypatch, moe_sm100, _dense_kernel_model, "sm_100a")
     monkeypatch.setattr(moe_sm100, "sm_count", lambda index: 148)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     a, w, mi, rw = _contiguous_case(5, 128, 64, [37, 0, 130, 1, 200], torch.bfloat16, 2, row_weights)
     out = moe_sm100.moe_gemm_bf16(a, w, mi, None, rw)
     assert not torch.isnan(out).any()

@@ -291,19 +291,25 @@ def _kernel_model(cfg):
     return run
 
 
-@pytest.fixture
-def modelled_kernel(monkeypatch):
-    """moe_sm90's launchers on CPU tensors, the compiled kernel replaced by _kernel_model."""
+def stub_cuda_launch(monkeypatch, module, model, arch: str):
+    """A CuTe launcher module run on CPU tensors: its compiled kernel replaced by `model(cfg)`, the CUDA device /
+    arch queries it makes stubbed."""
     import contextlib
 
-    from cute_ops.gemm import moe_sm90
-
-    monkeypatch.setattr(moe_sm90, "compiled", _kernel_model)
-    monkeypatch.setattr(moe_sm90._compile, "target_arch", lambda index=None: "sm_90a")
-    monkeypatch.setattr(moe_sm90, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(module, "compiled", model)
+    monkeypatch.setattr(module._compile, "target_arch", lambda index=None: arch)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+
+@pytest.fixture
+def modelled_kernel(monkeypatch):
+    """moe_sm90's launchers on CPU tensors, the compiled kernel replaced by _kernel_model."""
+    from cute_ops.gemm import moe_sm90
+
+    stub_cuda_launch(monkeypatch, moe_sm90, _kernel_model, "sm_90a")
+    monkeypatch.setattr(moe_sm90, "_sm_count", lambda index: 132)
     return moe_sm90
 
 

@@ -1,8 +1,9 @@
-"""Grouped (MoE) block-scaled FP4 GEMM for sm_100a: tcgen05 UMMA, TMEM accumulator, TMA loads.
+"""Grouped (MoE) block-scaled FP4 GEMM for sm_100a: tcgen05 UMMA, TMEM accumulator, TMA loads; the same pipeline
+with dense bf16 / fp16 operands (fmt "bf16" / "fp16", see "Dense formats" below).
 
 COMPILED AND SASS-INSPECTED ONLY (tests/test_cute_gemm.py, CPU, CUTE_DSL_ARCH=sm_100a); never run on Blackwell
-hardware. Launchers: cute_ops/gemm/moe_sm100.py (the sm_100 rows of `moe_gemm_blockscaled` and
-`moe_gemm_blockscaled_masked`, refused unless LOWBIT_CUTE_UNVERIFIED=1).
+hardware. Launchers: cute_ops/gemm/moe_sm100.py (the sm_100 rows of `moe_gemm_blockscaled`,
+`moe_gemm_blockscaled_masked` and `moe_gemm_bf16`, refused unless LOWBIT_CUTE_UNVERIFIED=1).
 
     out[r, :] = bf16(alpha[g] * sum_k dec(a[r, k]) * dec(b[g, :, k]))     for starts[g] <= r < starts[g] + counts[g]
 
@@ -53,6 +54,15 @@ Kernel anatomy (one CTA per SM, persistent; warp roles):
 * warps 0-3, epilogue: TMEM -> registers (tcgen05.ld 32x32b: thread i owns accumulator row i) in `epi_cols`-wide
   column slices, times alpha[g], to bf16; default: 16-byte global stores predicated on row < the group's end;
   swap_ab: the transposed 2-byte stores above.
+
+Dense formats (bf16 / fp16, `moe_gemm_bf16`): a and b are 16-bit tensors ([M, K], [G, N, K]); no scale factor is
+loaded, copied to TMEM or passed to the MMA (tcgen05.mma kind::f16 = SASS UTCHMMA, 128 x tile_n x 16, 4 per
+64-wide K stage: 128 bytes per row as for FP4); out in the operand dtype; K any multiple of 8 (TMA zero-fills the
+last stage); two TMEM accumulators at tile_n 256 too (no scale columns); never swap-AB. Groups start on any row: the
+launcher passes each span aligned down to its 128-row tile as (starts, counts) and the group's own first row as
+`lo`; the epilogue writes row r only for lo[g] <= r < end, and where m_indices[r] == g when m_indices is given, times
+row_weights[r] when given (both loaded once per tile at the row clamped into the span). M is any row count (TMA
+zero-fills past it); alpha, sfa, sfb are None.
 
 What it is not (yet): no 2-CTA (cta_group::2) 256-row tiles, no clusters / TMA multicast, no TMA-store epilogue
 (rows are stored straight from registers), K must be a multiple of 256 (K = 2880 of GPT-OSS is refused), N a
