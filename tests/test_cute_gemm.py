@@ -551,6 +551,40 @@ def test_dense_bounds_and_refusals(monkeypatch):
     assert moe_sm100.dense_tile_n(384, 256) == 128
 
 
+def test_dense_row_on_blackwell_fake_tensors(monkeypatch):
+    """(Fake) sm_100 CUDA tensors of DeepSeek-V3 shapes: the row refuses without the opt-in (auto stays on Triton),
+    takes both layouts with it, and `backend="cute"` selects the sm_100 row (not the sm_90 one)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from cute_ops.gemm import moe_sm100
+    from dispatch.ops._common import backend_for
+    from dispatch.registry import select
+    from dispatch.table import TABLE
+
+    monkeypatch.setenv("LOWBIT_ARCH", "sm_100")
+    monkeypatch.setattr(FakeTensor, "data_ptr", lambda self: (1 << 20) + self.storage_offset() * self.element_size())
+    bf, i32 = torch.bfloat16, torch.int32
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        def E(*shape, dt=bf):
+            return torch.empty(*shape, dtype=dt, device="cuda")
+
+        a, w, mi = E(8192, 7168), E(256, 4096, 7168), E(8192, dt=i32)
+        a3, w2, mm, rw = E(256, 64, 2048), E(256, 7168, 2048), E(256, dt=i32), E(256, 64, dt=torch.float32)
+        monkeypatch.delenv(moe_sm100.UNVERIFIED_ENV, raising=False)
+        assert moe_sm100.supports_moe_gemm_bf16(a, w, mi, None) == moe_sm100.DENSE_HARDWARE_STATUS
+        assert backend_for("moe_gemm_bf16", a, w, mi, None, None) == "triton"
+        monkeypatch.setenv(moe_sm100.UNVERIFIED_ENV, "1")
+        assert moe_sm100.supports_moe_gemm_bf16(a, w, mi, None) is None
+        assert moe_sm100.supports_moe_gemm_bf16(a3, w2, None, mm, rw) is None
+        assert "tile_n" in moe_sm100.supports_moe_gemm_bf16(E(64, 512), E(8, 200, 512), E(64, dt=i32), None)
+        assert "bf16 or fp16" in moe_sm100.supports_moe_gemm_bf16(a.float(), w.float(), mi, None)
+        strided = torch.empty_strided((8192, 7168), (1, 8192), dtype=bf, device="cuda")
+        assert "contiguous" in moe_sm100.supports_moe_gemm_bf16(strided, w, mi, None)
+        assert backend_for("moe_gemm_bf16", a, w, mi, None, None) == "triton"  # below Triton's priority
+        entry = select(TABLE["moe_gemm_bf16"], "moe_gemm_bf16", "cute", (a3, w2, None, mm, rw), {})
+        assert entry.impl == "cute_ops.gemm.moe_sm100:moe_gemm_bf16"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
