@@ -39,21 +39,21 @@ FUSED = "fused single pass; bytes equal the reference"
 ONE_PASS = "one fused pass; bytes equal the reference"
 MOE = "one launch at decode (align: 3 at T*k > 1024); no atomics, deterministic"
 ATTN_TL_WHY = "plain Triton FA2-style forward: every arch, masked tiles skipped by loop bounds"
-# H100 at 26c069c (perf/results/nvidia-h100-80gb-hbm3.jsonl): hd128 0.75-0.82x FA4-sm90 and 0.74-0.87x cuDNN SDPA
-# (events), GPT-OSS hd64 + sinks 0.64x FA4. Ranked above the plain kernel for its TMA + wgmma pipeline; the two have
-# not been timed side by side yet.
-ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.75-0.82x FA4 on hd128 (H100)"
-# CuTeDSL sm_90a forward (cute_ops/attention/fmha_sm90.py): GPU tests passed on an H100 (32c0b72); hd128 causal
-# 4 x 4096 (8f1e790): 1038 us with ping-pong warpgroups = 0.89x FA4-sm90 and 1.15x the Gluon kernel in the same
-# process; GPT-OSS hd64 with sinks (2 x 8192): causal 0.71x FA4 / 1.08x Gluon, window 128 0.70x / 1.07x. auto takes
-# it at hd64 and hd128 (`auto_skip` cute_ops.attention.fmha_sm90:auto_skip_untimed); other head dims keep the
-# Triton kernels until timed.
-ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward, ping-pong warpgroups: 0.89x FA4 at hd128, 0.70x at GPT-OSS hd64 (H100)"
-# H100 at 26c069c: bf16 cache 0.78-0.92x cuDNN SDPA on a dense cache, 0.91 of copy at 16 x 8k; FP8 cache 0.96x the
-# bf16 peer's time (not yet the half-bytes speedup).
-ATTN_DECODE_WHY = "GQA heads packed per KV head; split-KV from static sizes, LSE-merged; 0.78-0.92x cuDNN (H100)"
-# Not yet timed on a GPU (perf/cases/attention_mla.py has the cases): the only GPU backend of mla_decode.
-MLA_DECODE_WHY = "heads (x MTP queries) sharing keys packed per tile; FP8 dequant in registers; split-KV; untimed"
+# H100 (perf/results/nvidia-h100-80gb-hbm3.jsonl): hd128 0.72-0.81x FA4-sm90 (a918ed1, events), GPT-OSS hd64 + sinks
+# 0.63-0.73x; DeepSeek (192, 128) 0.76-0.78x (e2bc444 / a918ed1), the only fast path for those head dims. Ranked above
+# the plain kernel for its TMA + wgmma pipeline; below the cute row where that one runs.
+ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.72-0.81x FA4 hd128, 0.78x (192, 128) (H100)"
+# CuTeDSL sm_90a forward (cute_ops/attention/fmha_sm90.py): GPU tests passed on an H100 (32c0b72, 4fdecc4); the
+# prefill benchmark set (a918ed1, events, same process): hd128 0.85-0.95x FA4-sm90, GPT-OSS hd64 causal + sinks
+# 0.96x (192-row tile), windowed 0.65x (docs/attention.md has the ncu reason); 1.05-1.3x the Gluon kernel. auto
+# takes it at hd64 and hd128 (`auto_skip` cute_ops.attention.fmha_sm90:auto_skip_untimed).
+ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward, ping-pong warpgroups: 0.85-0.96x FA4 (windowed hd64 0.65x) (H100)"
+# H100 at 0818b2c (CUDA graph): bf16 cache 0.88-0.97x cuDNN SDPA on a dense cache (median 0.95x); FP8 cache 1.72x
+# our bf16 path and 1.62x cuDNN's bf16 at 16 x 8k (page tiles, V converted to fp16 before its operand layout).
+ATTN_DECODE_WHY = "GQA heads packed per KV head; page tiles; split-KV, LSE-merged; 0.88-0.97x cuDNN, FP8 1.7x (H100)"
+# H100 at 4fdecc4 / 0818b2c: the sm_90 wgmma tiles 4.5-7.4x the mma tiles, 0.33-0.45x FlashMLA (docs/attention.md).
+# The only GPU backend of mla_decode.
+MLA_DECODE_WHY = "heads sharing keys packed per tile (wgmma on sm_90); FP8 dequant in registers; 0.33-0.45x FlashMLA"
 # H100 at 26c069c: decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped GEMMs; prefill (256 rows
 # / expert) 0.47-0.69x them (untuned tiles; docs/moe_gemm.md).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
@@ -71,9 +71,9 @@ CUTE_GEMM_BF16_SM100_WHY = ("CuTeDSL tcgen05 dense UMMA (UTCHMMA), TMEM accumula
                             "sm_100a, never run on Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1")
 DOT_SCALED_WHY = "tl.dot_scaled: native block-scaled MMA on Blackwell (compiled only); upcast on Hopper"
 # NVFP4 weights, bf16 / fp16 activations: the grouped kernel with e2m1 * e4m3 dequantized in registers (Triton 3.6
-# cannot lower tl.dot_scaled with NVFP4 scales on sm_90). Not run on a GPU yet: ranked as the only kernel of the op.
-NVFP4_W4A16_WHY = "NVFP4 weights dequantized in registers (E4M3 scales per 16, global per expert); not timed yet"
-# Not measured yet (perf/cases/moe_gemm.py has the fused-vs-chain cases): ranked as the only kernel of the op.
+# cannot lower tl.dot_scaled with NVFP4 scales on sm_90). H100 (2e20168): decode 1.45x torch._grouped_mm bf16.
+NVFP4_W4A16_WHY = "NVFP4 weights dequantized in registers (E4M3 scales per 16, global per expert); 1.45x bf16 decode"
+# H100 at e2bc444: FP8 GEMM1 + SwiGLU + FP8 1.08x the chain, GEMM2 + combine 1.23x (prefill); MXFP4 GEMM1 0.97x.
 GEMM_SWIGLU = "GEMM1 with SwiGLU (+ FP8 1xG quant) in the epilogue: the gate and up outputs never go to memory"
 GEMM_COMBINE = "GEMM2 scattering rows into token order, then the slot-order combine: 2 launches, no atomics"
 NORM = "one fused pass (NVFP4 with computed global scale: 2); bytes = reference composition"

@@ -1,5 +1,5 @@
-"""The MoE layer composition (dispatch/ops/moe_layer.py): contiguous and masked layouts, bf16 / FP8 / MXFP4 experts,
-expert parallelism, against the layer's math and against the same composition on the reference backends."""
+"""The MoE layer composition (dispatch/ops/moe_layer.py): contiguous and masked layouts, bf16 / FP8 / MXFP4 / NVFP4
+experts, expert parallelism, against the layer's math and against the same composition on the reference backends."""
 
 from __future__ import annotations
 
@@ -77,8 +77,27 @@ def _mxfp4_weights(g, device):
     return [t.to(device) for t in (w1, w2, s1, s2)]
 
 
+def _nvfp4_weights(g, device):
+    """NVFP4 experts through the repo's nvfp4_quantize (tests/test_moe_gemm_fused.py:_nvfp4_weights: integer weights,
+    a power-of-two factor per block, so GEMM sums on a coarse activation grid are exact), the global scales divided
+    by 2^10 (the same codes and block scales, weights of a usual size): w1, w2, s1, s2 and the globals g1, g2."""
+    from tests.test_moe_gemm_fused import _nvfp4_weights as nvfp4
+
+    (w1, s1, g1), (w2, s2, g2) = nvfp4(g, E, 2 * I, H, device), nvfp4(g, E, H, I, device)
+    return w1, w2, s1, s2, g1 / 1024, g2 / 1024
+
+
+def _quantized_experts(weights, g, device):
+    """(w1, w2, moe_layer's scale keyword arguments) of a quantized weight kind."""
+    if weights == "nvfp4":
+        w1, w2, s1, s2, g1, g2 = _nvfp4_weights(g, device)
+        return w1, w2, dict(w1_scale=s1, w2_scale=s2, w1_global=g1, w2_global=g2)
+    w1, w2, s1, s2 = (_fp8_weights if weights == "fp8" else _mxfp4_weights)(g, device)
+    return w1, w2, dict(w1_scale=s1, w2_scale=s2)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("weights", ["fp8", "mxfp4", "w4a8"])
+@pytest.mark.parametrize("weights", ["fp8", "mxfp4", "w4a8", "nvfp4"])
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 def test_quantized_layer_matches_the_reference_backends(device, weights, layout):
     """The kernels' composition against the same composition on the torch reference backends (both quantize the
@@ -86,11 +105,11 @@ def test_quantized_layer_matches_the_reference_backends(device, weights, layout)
     g = torch.Generator().manual_seed(2)
     x = torch.randn(T, H, generator=g).bfloat16().to(device)
     ids, w = _routing(g, device)
-    w1, w2, s1, s2 = (_fp8_weights if weights == "fp8" else _mxfp4_weights)(g, device)
-    kw = dict(weights=weights, w1_scale=s1, w2_scale=s2, layout=layout, max_m=T)
-    got = moe_layer(x, ids, w, w1, w2, **kw, backend=_backend(device))
-    want = moe_layer(x.cpu(), ids.cpu(), w.cpu(), w1.cpu(), w2.cpu(), **{**kw, "w1_scale": s1.cpu(),
-                     "w2_scale": s2.cpu()}, backend="torch")
+    w1, w2, scales = _quantized_experts(weights, g, device)
+    kw = dict(weights=weights, layout=layout, max_m=T)
+    got = moe_layer(x, ids, w, w1, w2, **kw, **scales, backend=_backend(device))
+    want = moe_layer(x.cpu(), ids.cpu(), w.cpu(), w1.cpu(), w2.cpu(), **kw,
+                     **{k: v.cpu() for k, v in scales.items()}, backend="torch")
     assert bool(torch.isfinite(got).all())
     assert_close(got.cpu(), want, f"{weights} {layout}", factor=2)
 
@@ -107,10 +126,22 @@ def test_bad_arguments_are_named():
         moe_layer(x, ids, w, w1, w2, layout="masked")
     with pytest.raises(LowbitInputError, match="moe_layer: argument 'hidden'"):
         moe_layer([1.0], ids, w, w1, w2)
+    w4, s4, g4 = torch.zeros(E, 2 * I, H // 2, dtype=torch.uint8), torch.zeros(E, 2 * I, H // 16), torch.ones(E)
+    with pytest.raises(LowbitInputError, match="moe_layer: argument 'w1_scale': NVFP4 weights need"):
+        moe_layer(x, ids, w, w4, w4, weights="nvfp4", w1_global=g4, w2_global=g4)
+    with pytest.raises(LowbitInputError, match="moe_layer: argument 'w1_global': NVFP4 weights need"):
+        moe_layer(x, ids, w, w4, w4, weights="nvfp4", w1_scale=s4, w2_scale=s4, w2_global=g4)
+    with pytest.raises(LowbitInputError, match="moe_layer: argument 'w2_global': NVFP4 weights need"):
+        moe_layer(x, ids, w, w4, w4, weights="nvfp4", w1_scale=s4, w2_scale=s4, w1_global=g4)
+    with pytest.raises(LowbitInputError, match=r"moe_layer: argument 'w1_global': only NVFP4 weights take global "
+                                               r"scales \(bf16 weights"):
+        moe_layer(x, ids, w, w1, w2, w1_global=g4)
+    with pytest.raises(LowbitInputError, match="moe_layer: argument 'w2_global': only NVFP4"):
+        moe_layer(x, ids, w, w1, w2, weights="fp8", w1_scale=s4, w2_scale=s4, w2_global=g4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("weights", ["bf16", "fp8", "mxfp4", "w4a8"])
+@pytest.mark.parametrize("weights", ["bf16", "fp8", "mxfp4", "w4a8", "nvfp4"])
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 def test_fused_layer_equals_the_chain(device, weights, layout):
     """fused=True (GEMM1 + SwiGLU epilogue, GEMM2 into token order) against fused=False (separate ops), GPT-OSS
@@ -122,28 +153,30 @@ def test_fused_layer_equals_the_chain(device, weights, layout):
     if weights == "bf16":
         w1 = (torch.randint(-8, 9, (E, 2 * I, H), generator=g) / 64).bfloat16().to(device)
         w2 = (torch.randint(-8, 9, (E, H, I), generator=g) / 64).bfloat16().to(device)
-        s1 = s2 = None
+        scales = {}
     elif weights == "fp8":
         w1 = torch.randint(-8, 9, (E, 2 * I, H), generator=g).float().to(torch.float8_e4m3fn).to(device)
         w2 = torch.randint(-8, 9, (E, H, I), generator=g).float().to(torch.float8_e4m3fn).to(device)
         s1 = (2.0 ** torch.randint(-8, -6, (E, 2 * I // 128, H // 128), generator=g).float()).to(device)
         s2 = (2.0 ** torch.randint(-8, -6, (E, H // 128, I // 128), generator=g).float()).to(device)
+        scales = dict(w1_scale=s1, w2_scale=s2)
     else:
-        w1, w2, s1, s2 = _mxfp4_weights(g, device)
+        w1, w2, scales = _quantized_experts(weights, g, device)
     shared = torch.randn(T, H, generator=g).bfloat16().to(device)
     expert_map = torch.tensor([0, 1, 2, -1], dtype=torch.int32).to(device)
-    kw = dict(weights=weights, w1_scale=s1, w2_scale=s2, layout=layout, max_m=4, activation="gptoss", interleave=1,
-              limit=7.0, shared=shared, expert_map=expert_map, backend=_backend(device))
-    got = moe_layer(x, ids, w, w1[:3], w2[:3], **{**kw, "w1_scale": s1 if s1 is None else s1[:3],
-                                                  "w2_scale": s2 if s2 is None else s2[:3]}, fused=True)
-    want = moe_layer(x, ids, w, w1[:3], w2[:3], **{**kw, "w1_scale": s1 if s1 is None else s1[:3],
-                                                   "w2_scale": s2 if s2 is None else s2[:3]}, fused=False)
+    kw = dict(weights=weights, layout=layout, max_m=4, activation="gptoss", interleave=1, limit=7.0, shared=shared,
+              expert_map=expert_map, backend=_backend(device))
+    local = {k: v[:3] for k, v in scales.items()}  # the rank's 3 experts
+    got = moe_layer(x, ids, w, w1[:3], w2[:3], **kw, **local, fused=True)
+    want = moe_layer(x, ids, w, w1[:3], w2[:3], **kw, **local, fused=False)
     assert_same_bytes(got, want, f"{weights} {layout}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_routed_layer_equals_route_then_layer(device):
-    """moe_layer_routed = moe_route on the logits, then moe_layer on its ids and weights (DeepSeek-V3 preset)."""
+@pytest.mark.parametrize("weights", ["bf16", "nvfp4"])
+def test_routed_layer_equals_route_then_layer(device, weights):
+    """moe_layer_routed = moe_route on the logits, then moe_layer on its ids and weights (DeepSeek-V3 preset); the
+    layer's keyword arguments (NVFP4's scales and global scales) pass through."""
     from dispatch.ops import moe_route
     from dispatch.ops.moe_layer import moe_layer_routed
 
@@ -151,10 +184,14 @@ def test_routed_layer_equals_route_then_layer(device):
     x = torch.randn(T, H, generator=g).bfloat16().to(device)
     logits = torch.randn(T, E, generator=g).to(device)
     bias = torch.randn(E, generator=g).to(device)
-    w1, w2 = _bf16_experts(g, device)
+    if weights == "bf16":
+        (w1, w2), scales = _bf16_experts(g, device), {}
+    else:
+        w1, w2, scales = _quantized_experts(weights, g, device)
     route = dict(scoring="sigmoid", bias=bias, renormalize=True, routed_scaling=2.5, num_groups=2, topk_groups=1)
     b = _backend(device)
-    got = moe_layer_routed(x, logits, w1, w2, top_k=K, **route, layout="masked", max_m=T, backend=b)
+    lay = dict(weights=weights, **scales, layout="masked", max_m=T, backend=b)
+    got = moe_layer_routed(x, logits, w1, w2, top_k=K, **route, **lay)
     r = moe_route(logits, K, **route, backend=b)
-    want = moe_layer(x, r.topk_ids, r.topk_weights, w1, w2, layout="masked", max_m=T, backend=b)
+    want = moe_layer(x, r.topk_ids, r.topk_weights, w1, w2, **lay)
     assert_same_bytes(got, want, "routed layer")

@@ -159,25 +159,27 @@ def moe_gemm_w4a4(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor,
 # ------------------------------------------------------------------------ GEMM1 + SwiGLU (+ FP8 1xG quant)
 
 
-def _check_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit):
+def _check_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit,
+                       w_global):
     check_gemm_swiglu("moe_gemm_swiglu", weights, a, a_scale, w, w_scale, m_indices, masked_m, interleave,
-                      activation, alpha, limit)
+                      activation, alpha, limit, w_global=w_global)
 
 
 def _check_gemm_swiglu_fp8(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
-                           limit, group_size, quant_eps, ue8m0, column_major):
+                           limit, group_size, quant_eps, ue8m0, column_major, w_global):
     check_gemm_swiglu("moe_gemm_swiglu_fp8_group", weights, a, a_scale, w, w_scale, m_indices, masked_m,
-                      interleave, activation, alpha, limit, group_size, quant_eps)
+                      interleave, activation, alpha, limit, group_size, quant_eps, w_global=w_global)
 
 
 def _swiglu_out_dtype(a: Tensor, weights: str) -> torch.dtype:
-    return a.dtype if weights == "bf16" else torch.bfloat16
+    return a.dtype if weights in ("bf16", "nvfp4") else torch.bfloat16
 
 
 @lowbit_op("moe_gemm_swiglu", mutates_args=(), check=_check_gemm_swiglu)
 def _moe_gemm_swiglu(a: Tensor, a_scale: Tensor | None, w: Tensor, w_scale: Tensor | None,
                      m_indices: Tensor | None, masked_m: Tensor | None, weights: str, interleave: int,
-                     activation: str, alpha: float, limit: float | None, backend: str) -> Tensor:
+                     activation: str, alpha: float, limit: float | None, w_global: Tensor | None,
+                     backend: str) -> Tensor:
     return _out(a, w.shape[1] // 2, _swiglu_out_dtype(a, weights))
 
 
@@ -185,7 +187,7 @@ def _moe_gemm_swiglu(a: Tensor, a_scale: Tensor | None, w: Tensor, w_scale: Tens
 def _moe_gemm_swiglu_fp8_group(a: Tensor, a_scale: Tensor | None, w: Tensor, w_scale: Tensor | None,
                                m_indices: Tensor | None, masked_m: Tensor | None, weights: str, interleave: int,
                                activation: str, alpha: float, limit: float | None, group_size: int,
-                               quant_eps: float, ue8m0: bool, column_major: bool,
+                               quant_eps: float, ue8m0: bool, column_major: bool, w_global: Tensor | None,
                                backend: str) -> tuple[Tensor, Tensor]:
     i = w.shape[1] // 2
     return (_out(a, i, torch.float8_e4m3fn),
@@ -197,63 +199,65 @@ def _sw(interleave, activation, alpha, limit):
 
 
 def moe_gemm_swiglu(a: Tensor, w: Tensor, *, a_scale: Tensor | None = None, w_scale: Tensor | None = None,
-                    weights: Literal["bf16", "fp8", "mxfp4", "w4a8"] = "bf16", m_indices: Tensor | None = None,
-                    masked_m: Tensor | None = None, interleave: int = 0,
+                    weights: Literal["bf16", "fp8", "mxfp4", "w4a8", "nvfp4"] = "bf16",
+                    m_indices: Tensor | None = None, masked_m: Tensor | None = None, interleave: int = 0,
                     activation: Literal["silu", "gptoss"] = "silu", alpha: float = 1.702, limit: float | None = None,
-                    backend: str = "auto") -> Tensor:
+                    backend: str = "auto", w_global: Tensor | None = None) -> Tensor:
     """MoE GEMM1 with SwiGLU in its epilogue: y = swiglu(a @ w[e].T) over the layout, w (E, 2I, K) with gate|up
     halves (interleave 0) or chunks of `interleave` rows alternating gate/up. Operands as moe_gemm_<weights>
-    takes them (fp8: a_scale + w_scale; mxfp4: packed w + w_scale). Bytes = moe_gemm_<weights> -> swiglu
-    (same activation arguments; uncomputed rows 0) given the same accumulators. Out: (rows, I), a's dtype for
-    bf16/fp16, else bf16."""
+    takes them (fp8: a_scale + w_scale; mxfp4: packed w + w_scale; nvfp4: packed w + E4M3 w_scale + fp32 (E,)
+    w_global, which only nvfp4 takes). Bytes = moe_gemm_<weights> -> swiglu (same activation arguments;
+    uncomputed rows 0) given the same accumulators. Out: (rows, I), a's dtype for bf16/fp16 and nvfp4, else
+    bf16."""
     return call("moe_gemm_swiglu", a, a_scale, w, w_scale, m_indices, masked_m, weights,
-                *_sw(interleave, activation, alpha, limit), backend)
+                *_sw(interleave, activation, alpha, limit), w_global, backend)
 
 
 def moe_gemm_swiglu_fp8_group(a: Tensor, w: Tensor, *, a_scale: Tensor | None = None, w_scale: Tensor | None = None,
-                              weights: Literal["bf16", "fp8", "mxfp4", "w4a8"] = "bf16",
+                              weights: Literal["bf16", "fp8", "mxfp4", "w4a8", "nvfp4"] = "bf16",
                               m_indices: Tensor | None = None, masked_m: Tensor | None = None, interleave: int = 0,
                               activation: Literal["silu", "gptoss"] = "silu", alpha: float = 1.702,
                               limit: float | None = None, group_size: int = 128, quant_eps: float = 1e-10,
                               ue8m0: bool = False, column_major_scales: bool = False,
-                              backend: str = "auto") -> FP8GroupQuantized:
+                              backend: str = "auto", w_global: Tensor | None = None) -> FP8GroupQuantized:
     """moe_gemm_swiglu with its output quantized to FP8 E4M3 1 x group_size groups in the same pass: the codes
     and scales fp8_group_quantize writes (what moe_gemm_fp8 reads as GEMM2's activations). Bytes = moe_gemm ->
-    swiglu_fp8_group."""
+    swiglu_fp8_group. w_global: NVFP4's global scales (nvfp4 only), as moe_gemm_swiglu."""
     return FP8GroupQuantized(*call("moe_gemm_swiglu_fp8_group", a, a_scale, w, w_scale, m_indices, masked_m,
                                    weights, *_sw(interleave, activation, alpha, limit), int(group_size),
-                                   float(quant_eps), bool(ue8m0), bool(column_major_scales), backend))
+                                   float(quant_eps), bool(ue8m0), bool(column_major_scales), w_global, backend))
 
 
 # ---------------------------------------------------------------- GEMM2 scattered into token order + combine
 
 
 def _check_gemm_combine(a, a_scale, w, w_scale, m_indices, masked_m, weights, src_rows, inv_rows, topk_weights,
-                        shared, out_dtype):
+                        shared, out_dtype, w_global):
     check_gemm_combine("moe_gemm_combine", weights, a, a_scale, w, w_scale, m_indices, masked_m, src_rows, inv_rows,
-                       topk_weights, shared, out_dtype)
+                       topk_weights, shared, out_dtype, w_global)
 
 
 @lowbit_op("moe_gemm_combine", mutates_args=(), check=_check_gemm_combine)
 def _moe_gemm_combine(a: Tensor, a_scale: Tensor | None, w: Tensor, w_scale: Tensor | None,
                       m_indices: Tensor | None, masked_m: Tensor | None, weights: str, src_rows: Tensor,
                       inv_rows: Tensor, topk_weights: Tensor, shared: Tensor | None, out_dtype: torch.dtype,
-                      backend: str) -> Tensor:
+                      w_global: Tensor | None, backend: str) -> Tensor:
     return a.new_empty((inv_rows.shape[0], w.shape[1]), dtype=out_dtype)
 
 
 def moe_gemm_combine(a: Tensor, w: Tensor, src_rows: Tensor, inv_rows: Tensor, topk_weights: Tensor, *,
                      a_scale: Tensor | None = None, w_scale: Tensor | None = None,
-                     weights: Literal["bf16", "fp8", "mxfp4", "w4a8"] = "bf16", m_indices: Tensor | None = None,
-                     masked_m: Tensor | None = None, shared: Tensor | None = None,
-                     out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
+                     weights: Literal["bf16", "fp8", "mxfp4", "w4a8", "nvfp4"] = "bf16",
+                     m_indices: Tensor | None = None, masked_m: Tensor | None = None, shared: Tensor | None = None,
+                     out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto",
+                     w_global: Tensor | None = None) -> Tensor:
     """MoE GEMM2 into token order: y[t] = sum_j topk_weights[t, j] * (a @ w[e].T)[row of (t, j)] (+ shared[t]),
     (T, N) in out_dtype. The GEMM's epilogue scatters each row (rounded to the GEMM's dtype) to its entry t * k + j
     (src_rows: moe_align's sorted_token_ids / moe_masked_layout's src_rows), then a combine sums each token's k
     slots in slot order in fp32 (no atomics). Bytes = moe_gemm_<weights> -> moe_combine (inv_rows: the same
-    layout's)."""
+    layout's). w_global: NVFP4's fp32 (E,) global scales (nvfp4 only)."""
     return call("moe_gemm_combine", a, a_scale, w, w_scale, m_indices, masked_m, weights, src_rows, inv_rows,
-                topk_weights, shared, out_dtype, backend)
+                topk_weights, shared, out_dtype, w_global, backend)
 
 
 def moe_gemm_blockscaled(a: Tensor, a_scale: Tensor, b: Tensor, b_scale: Tensor, offsets: Tensor, alpha: Tensor,
@@ -344,11 +348,15 @@ def self_check_cases() -> list:
     def swiglu_fp8(dev, small):
         a8, a_s, w8, w_s, mi, _, _ = fp8(dev, small)
         return (a8, a_s, w8, w_s, mi, None, "fp8", 0, "silu", 1.702, None, 64 if small else 128, 1e-10, False,
-                False)
+                False, None)
 
     def swiglu_mx(dev, small):
         a, packed, scales, mi, _, _ = mxfp4(dev, small)
-        return (a, None, packed, scales, mi, None, "mxfp4", 1, "gptoss", 1.702, 7.0)
+        return (a, None, packed, scales, mi, None, "mxfp4", 1, "gptoss", 1.702, 7.0, None)
+
+    def swiglu_nv(dev, small):
+        a, packed, scales, w_global, mi, _, _ = nvfp4(dev, small)
+        return (a, None, packed, scales, mi, None, "nvfp4", 0, "silu", 1.702, None, w_global)
 
     def combine(dev, small):
         g = torch.Generator().manual_seed(4)
@@ -359,7 +367,17 @@ def self_check_cases() -> list:
         w = (torch.randn(e, n, k, generator=g) / k ** 0.5).bfloat16()
         tw = torch.rand(t, top_k, generator=g)
         return tuple(x.to(dev) if isinstance(x, torch.Tensor) else x
-                     for x in (a, None, w, None, mi, None, "bf16", src, inv, tw, None, torch.bfloat16))
+                     for x in (a, None, w, None, mi, None, "bf16", src, inv, tw, None, torch.bfloat16, None))
+
+    def combine_nv(dev, small):
+        """GEMM2 with NVFP4 weights: the bf16 case's layout, its weights' shapes as NVFP4 bytes."""
+        a, _, w, _, mi, _, _, src, inv, tw, _, out_dtype, _ = combine(dev, small)
+        g = torch.Generator().manual_seed(6)
+        e, n, k = w.shape
+        packed = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8).to(dev)
+        scales = torch.randint(0x20, 0x39, (e, n, k // 16), generator=g, dtype=torch.uint8).to(dev)
+        w_global = (torch.rand(e, generator=g) / k ** 0.5).to(dev)
+        return (a, None, packed, scales, mi, None, "nvfp4", src, inv, tw, None, out_dtype, w_global)
 
     def close_fp8(out, ref):
         from ..reference.quant import fp8_group_dequantize
@@ -393,7 +411,9 @@ def self_check_cases() -> list:
     return [
         Case("moe_gemm_swiglu_fp8_group", swiglu_fp8, close_fp8, label="FP8 W8A8 GEMM1 + silu + 1xG quant"),
         Case("moe_gemm_swiglu", swiglu_mx, close, label="MXFP4 GEMM1 + GPT-OSS swiglu, interleaved"),
+        Case("moe_gemm_swiglu", swiglu_nv, close, label="NVFP4 GEMM1 + silu"),
         Case("moe_gemm_combine", combine, close, label="bf16 GEMM2 into token order + combine"),
+        Case("moe_gemm_combine", combine_nv, close, label="NVFP4 GEMM2 into token order + combine"),
         Case("moe_gemm_bf16", bf16, close, label="contiguous, moe_align rows"),
         Case("moe_gemm_fp8", fp8, close, label="contiguous, 1x128 / 128x128 scales"),
         Case("moe_gemm_mxfp4", mxfp4, close, label="contiguous, W4A16"),

@@ -27,6 +27,7 @@ from .moe_gemm import (
     moe_gemm_combine,
     moe_gemm_fp8,
     moe_gemm_mxfp4,
+    moe_gemm_nvfp4,
     moe_gemm_swiglu,
     moe_gemm_swiglu_fp8_group,
     moe_gemm_w4a8,
@@ -34,7 +35,7 @@ from .moe_gemm import (
 from .swiglu import swiglu, swiglu_fp8_group
 
 OP = "moe_layer"
-FORMATS = ("bf16", "fp8", "mxfp4", "w4a8")
+FORMATS = ("bf16", "fp8", "mxfp4", "w4a8", "nvfp4")
 
 
 def _block_m(rows_per_expert: float) -> int:
@@ -44,11 +45,12 @@ def _block_m(rows_per_expert: float) -> int:
 
 
 def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor, w2: Tensor, *,
-              weights: Literal["bf16", "fp8", "mxfp4", "w4a8"] = "bf16", w1_scale: Tensor | None = None,
+              weights: Literal["bf16", "fp8", "mxfp4", "w4a8", "nvfp4"] = "bf16", w1_scale: Tensor | None = None,
               w2_scale: Tensor | None = None, activation: Literal["silu", "gptoss"] = "silu", interleave: int = 0,
               alpha: float = 1.702, limit: float | None = None, layout: Literal["contiguous", "masked"] = "contiguous",
               max_m: int | None = None, expert_map: Tensor | None = None, shared: Tensor | None = None,
-              fused: bool | None = None, backend: str = "auto") -> Tensor:
+              fused: bool | None = None, backend: str = "auto", w1_global: Tensor | None = None,
+              w2_global: Tensor | None = None) -> Tensor:
     """y[t] = sum_j topk_weights[t, j] * W2[e] . act(W1[e] . hidden[t]) over the token's experts e = topk_ids[t, j]
     (+ shared[t]), in hidden's dtype.
 
@@ -57,13 +59,16 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     block scales w1_scale / w2_scale; activations quantized to 1x128 groups on the way: before GEMM1 by
     moe_gather_fp8, before GEMM2 by the fused swiglu_fp8_group), "mxfp4" (W4A16: w1/w2 packed e2m1 (E, N, K/2)
     uint8 with E8M0 scales (E, N, K/32)), "w4a8" (those MXFP4 weights with FP8 activations quantized as for
-    "fp8"). layout: "contiguous" (moe_align rows; prefill) or "masked" (E, max_m,
-    .) rows per expert (decode; tokens past max_m for an expert are dropped, as moe_masked_layout defines).
+    "fp8"), "nvfp4" (W4A16, hidden bf16 / fp16: packed e2m1 (E, N, K/2) uint8 with E4M3 scales per 16 (E, N,
+    K/16) and fp32 (E,) global scales per expert w1_global / w2_global, which only nvfp4 takes). layout:
+    "contiguous" (moe_align rows; prefill) or "masked" (E, max_m, .) rows per expert (decode; tokens past max_m
+    for an expert are dropped, as moe_masked_layout defines).
     fused: GEMM1 with SwiGLU (+ quantization) in its epilogue and GEMM2 scattered into token order
     (moe_gemm_swiglu[_fp8_group], moe_gemm_combine: 4 launches + the align); False: the chain of separate ops
     (moe_gemm_*, swiglu[_fp8_group], moe_combine). Same bytes given the same GEMM accumulators. None (default):
     fused for FP8 weights (timed faster than the chain at prefill on an H100: GEMM1 + SwiGLU + FP8 1.08x, GEMM2 +
-    combine 1.23x; even at decode), the chain otherwise (MXFP4 GEMM1 + SwiGLU timed 0.97x the chain)."""
+    combine 1.23x; even at decode), the chain otherwise (MXFP4 GEMM1 + SwiGLU timed 0.97x the chain; NVFP4 not
+    timed yet)."""
     for name, t in (("hidden", hidden), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w1", w1),
                     ("w2", w2)):
         C.check_tensor(OP, name, t)
@@ -73,6 +78,13 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         C.fail(OP, "w1_scale", "FP8 weights need w1_scale and w2_scale (128x128 block scales)")
     if weights in ("mxfp4", "w4a8") and (w1_scale is None or w2_scale is None):
         C.fail(OP, "w1_scale", "MXFP4 weights need w1_scale and w2_scale (E8M0 per 32)")
+    if weights == "nvfp4" and (w1_scale is None or w2_scale is None):
+        C.fail(OP, "w1_scale", "NVFP4 weights need w1_scale and w2_scale (E4M3 per 16)")
+    for name, g in (("w1_global", w1_global), ("w2_global", w2_global)):
+        if weights == "nvfp4" and g is None:
+            C.fail(OP, name, "NVFP4 weights need w1_global and w2_global (fp32 (E,), a global scale per expert)")
+        if weights != "nvfp4" and g is not None:
+            C.fail(OP, name, f"only NVFP4 weights take global scales ({weights} weights: give None)")
     if hidden.dim() != 2 or topk_ids.dim() != 2:
         C.fail(OP, "hidden", f"expected hidden (T, H) and topk_ids (T, k), got {tuple(hidden.shape)} and "
                              f"{tuple(topk_ids.shape)}")
@@ -95,7 +107,7 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         C.fail(OP, "layout", f"{layout!r} is not 'contiguous' or 'masked'")
     if fused:
         return _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, weights, w1_scale, w2_scale,
-                              act, shared, backend)
+                              act, shared, backend, w1_global, w2_global)
     if weights in ("fp8", "w4a8"):
         gemm = moe_gemm_fp8 if weights == "fp8" else moe_gemm_w4a8
         g = moe_gather_fp8(hidden, rows, top_k, backend=backend)
@@ -104,8 +116,9 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         out = gemm(a.codes, a.scales, w2, w2_scale, **place, backend=backend)
     else:
         x = moe_gather(hidden, rows, top_k, backend=backend)
-        gemm = moe_gemm_bf16 if weights == "bf16" else moe_gemm_mxfp4
-        scale1, scale2 = ((), ()) if weights == "bf16" else ((w1_scale,), (w2_scale,))
+        gemm = {"bf16": moe_gemm_bf16, "mxfp4": moe_gemm_mxfp4, "nvfp4": moe_gemm_nvfp4}[weights]
+        scale1, scale2 = {"bf16": ((), ()), "mxfp4": ((w1_scale,), (w2_scale,)),
+                          "nvfp4": ((w1_scale, w1_global), (w2_scale, w2_global))}[weights]
         h = gemm(x, w1, *scale1, **place, backend=backend)
         a = swiglu(h, **act, **act_place, backend=backend)
         out = gemm(a, w2, *scale2, **place, backend=backend)
@@ -119,8 +132,8 @@ def moe_layer_routed(hidden: Tensor, router_logits: Tensor, w1: Tensor, w2: Tens
     """moe_layer from router logits [T, E]: `moe_route` (its scoring presets: GPT-OSS softmax + renormalize,
     DeepSeek-V3 sigmoid + bias + groups + routed_scaling, DeepSeek-V4 sqrt_softplus + bias) picks each token's
     top_k experts and weights on the device, then the layer runs on them; `layer` takes moe_layer's keyword
-    arguments (weights, scales, activation, layout, expert_map, shared, fused, ...). With expert parallelism the
-    logits cover the global experts and `expert_map` maps them to this rank's."""
+    arguments (weights, scales, w1_global / w2_global, activation, layout, expert_map, shared, fused, ...). With
+    expert parallelism the logits cover the global experts and `expert_map` maps them to this rank's."""
     for name, t in (("hidden", hidden), ("router_logits", router_logits), ("w1", w1), ("w2", w2)):
         C.check_tensor("moe_layer_routed", name, t)
     routing = moe_route(router_logits, top_k, scoring=scoring, bias=bias, renormalize=renormalize,
@@ -130,7 +143,7 @@ def moe_layer_routed(hidden: Tensor, router_logits: Tensor, w1: Tensor, w2: Tens
 
 
 def _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, weights, w1_scale, w2_scale, act,
-                   shared, backend):
+                   shared, backend, w1_global=None, w2_global=None):
     """gather -> GEMM1 with SwiGLU (+ FP8 1x128 quantization) in its epilogue -> GEMM2 scattered into token order
     -> slot-order combine: the same bytes as the unfused chain, without the (rows, 2I) GEMM1 output in memory."""
     if weights in ("fp8", "w4a8"):
@@ -140,10 +153,11 @@ def _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, w
         x2, s2 = a.codes, a.scales
     else:
         x = moe_gather(hidden, rows, top_k, backend=backend)
-        x2 = moe_gemm_swiglu(x, w1, w_scale=w1_scale, weights=weights, **place, **act, backend=backend)
+        x2 = moe_gemm_swiglu(x, w1, w_scale=w1_scale, weights=weights, **place, **act, backend=backend,
+                             w_global=w1_global)
         s2 = None
     return moe_gemm_combine(x2, w2, rows, inv_rows, topk_weights, a_scale=s2, w_scale=w2_scale, weights=weights,
-                            **place, shared=shared, out_dtype=hidden.dtype, backend=backend)
+                            **place, shared=shared, out_dtype=hidden.dtype, backend=backend, w_global=w2_global)
 
 
 def moe_layer_reference(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor, w2: Tensor,

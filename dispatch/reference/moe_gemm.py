@@ -115,7 +115,10 @@ def moe_gemm_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weight
 # ------------------------------------------------------------------ GEMM1 + SwiGLU (+ FP8 1xG quantization)
 
 
-def _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m):
+def _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global=None):
+    """moe_gemm_<weights> (the plain reference, w_global: NVFP4's global scales)."""
+    if weights == "nvfp4":
+        return moe_gemm_nvfp4(a, w, w_scale, w_global, m_indices, masked_m)
     if weights == "fp8":
         return moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m)
     if weights == "mxfp4":
@@ -125,29 +128,31 @@ def _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m):
     return moe_gemm_bf16(a, w, m_indices, masked_m)
 
 
-def moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit):
+def moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit,
+                    w_global=None):
     """The chain moe_gemm_<weights> -> swiglu over the same layout: h = the GEMM's output (rounded to its dtype),
-    y = swiglu(h) (w (E, 2I, K): gate|up halves or interleaved at `interleave`), uncomputed rows 0."""
-    h = _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m)
+    y = swiglu(h) (w (E, 2I, K): gate|up halves or interleaved at `interleave`), uncomputed rows 0. w_global:
+    NVFP4's fp32 (E,) global scales (None for the other kinds)."""
+    h = _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global)
     return SW.swiglu(h, interleave, activation, alpha, limit, m_indices, masked_m)
 
 
 def moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
-                              limit, group_size, quant_eps, ue8m0, column_major):
+                              limit, group_size, quant_eps, ue8m0, column_major, w_global=None):
     """moe_gemm_swiglu, then fp8_group_quantize of its (rounded) output: the chain moe_gemm -> swiglu_fp8_group."""
-    h = _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m)
+    h = _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global)
     return SW.swiglu_fp8_group(h, interleave, activation, alpha, limit, m_indices, masked_m, None, group_size,
                                quant_eps, ue8m0, column_major)
 
 
 def moe_gemm_combine(a, a_scale, w, w_scale, m_indices, masked_m, weights, src_rows, inv_rows, topk_weights, shared,
-                     out_dtype):
+                     out_dtype, w_global=None):
     """The chain moe_gemm_<weights> -> moe_combine: y[t] = sum_j topk_weights[t, j] * h[inv_rows[t, j]] (slot order,
     fp32, rows -1 skipped) + shared[t], one rounding to out_dtype; h the GEMM's rounded output. src_rows (the
     layout's entry per row) is where a fused kernel scatters h; the layout makes it the inverse of inv_rows."""
     from .moe import moe_combine
 
-    h = _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m)
+    h = _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global)
     return moe_combine(h, inv_rows, topk_weights, shared, out_dtype)
 
 

@@ -516,7 +516,7 @@ def _swiglu_case(model: str, kind: str, fp8_out: bool, tokens: int, top_k: int, 
     def fused(i, b):
         fn = ops.moe_gemm_swiglu_fp8_group if fp8_out else ops.moe_gemm_swiglu
         return fn(i["a"], i["w"], a_scale=i.get("a_scale"), w_scale=i.get("w_scale"), weights=kind, **_lay(i), **act,
-                  **quant, backend=b)
+                  **quant, backend=b, w_global=i.get("w_global"))
 
     def chain(i):
         h = _call(kind)(i, "auto")
@@ -563,7 +563,7 @@ def _combine_case(model: str, kind: str, tokens: int, top_k: int, e_global: int,
             raise BackendError(FULL_TORCH_BACKEND)
         return ops.moe_gemm_combine(i["a"], i["w"], i["src_rows"], i["inv_rows"], i["topk_weights"],
                                     a_scale=i.get("a_scale"), w_scale=i.get("w_scale"), weights=kind, **_lay(i),
-                                    backend=b)
+                                    backend=b, w_global=i.get("w_global"))
 
     def chain(i):
         return ops.moe_combine(_call(kind)(i, "auto"), i["inv_rows"], i["topk_weights"])
@@ -594,13 +594,18 @@ def fused_cases() -> list[BenchCase]:
         _swiglu_case("dsv3", "bf16", False, 64, 8, 256, 256, DSV3_I, h_dsv3, silu, masked=True),
         _swiglu_case("gpt-oss-120b", "mxfp4", False, 64, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
         _swiglu_case("gpt-oss-120b", "mxfp4", False, 4096, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
+        _swiglu_case("gpt-oss-120b", "nvfp4", False, 64, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
+        _swiglu_case("gpt-oss-120b", "nvfp4", False, 4096, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
         _combine_case("dsv3", "fp8", 64, 8, 256, 256, h_dsv3, DSV3_I, masked=True),
         _combine_case("dsv3", "fp8", 4096, 8, 256, 32, h_dsv3, DSV3_I),
         _combine_case("gpt-oss-120b", "mxfp4", 4096, 4, 128, 128, h_oss, GPT_OSS_I),
+        _combine_case("gpt-oss-120b", "nvfp4", 4096, 4, 128, 128, h_oss, GPT_OSS_I),
         # tiny shapes for the CPU interpreter (CI): masked, contiguous with padding, expert parallel
         _swiglu_case("quick", "fp8", True, 8, 2, 4, 4, 128, 128, silu, masked=True, max_m=8, tier="quick"),
         _swiglu_case("quick", "mxfp4", False, 8, 2, 4, 4, 64, 64, gptoss, tier="quick"),
         _combine_case("quick", "fp8", 8, 2, 4, 2, 64, 128, tier="quick"),
+        _swiglu_case("quick", "nvfp4", False, 8, 2, 4, 4, 64, 64, gptoss, tier="quick"),
+        _combine_case("quick", "nvfp4", 8, 2, 4, 2, 64, 64, tier="quick"),
     ]
 
 

@@ -188,15 +188,25 @@ def check_row_weights(op, a, row_weights) -> None:
 
 # ------------------------------------------------------------------ GEMM1 + SwiGLU (+ FP8 1xG quantization)
 
-WEIGHT_KINDS = ("bf16", "fp8", "mxfp4", "w4a8")
+WEIGHT_KINDS = ("bf16", "fp8", "mxfp4", "w4a8", "nvfp4")
 ACTIVATIONS = ("silu", "gptoss")  # dispatch/reference/swiglu.py
 
 
-def check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m) -> None:
+def check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global=None) -> None:
     """The GEMM operands as the moe_gemm_<weights> op takes them (a_scale: FP8 activations (fp8, w4a8); w_scale:
-    every kind but bf16)."""
+    every kind but bf16; w_global: NVFP4's fp32 (E,) global scale per expert, required for nvfp4, refused for the
+    other kinds)."""
     if weights not in WEIGHT_KINDS:
         fail(op, "weights", f"{weights!r} is not one of {', '.join(WEIGHT_KINDS)}")
+    if weights == "nvfp4":
+        if a_scale is not None:
+            fail(op, "a_scale", "NVFP4 W4A16 takes bf16 / fp16 activations without scales (give None)")
+        if w_global is None:
+            fail(op, "w_global", "NVFP4 weights need w_global: fp32 (E,), the global scale of each expert")
+        check_nvfp4(a, w, w_scale, w_global, m_indices, masked_m, op)
+        return
+    if w_global is not None:
+        fail(op, "w_global", f"only NVFP4 weights take a global scale ({weights} weights: give None)")
     if weights == "bf16":
         for name, t in (("a_scale", a_scale), ("w_scale", w_scale)):
             if t is not None:
@@ -213,10 +223,10 @@ def check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m
 
 
 def check_gemm_swiglu(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activation, alpha,
-                      limit, group_size=None, quant_eps=None) -> None:
+                      limit, group_size=None, quant_eps=None, w_global=None) -> None:
     """The GEMM operands (check_gemm_operands), then the SwiGLU arguments on the (E, 2I, K) weights' I, then the
     FP8 group arguments (group_size given)."""
-    check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m)
+    check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global)
     two_i = w.shape[1]
     if two_i % 2:
         fail(op, "w", f"N={two_i} is odd; expected (E, 2I, K) holding gate and up rows")
@@ -245,10 +255,10 @@ FLOAT_OUT = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def check_gemm_combine(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, src_rows, inv_rows, topk_weights,
-                       shared, out_dtype) -> None:
+                       shared, out_dtype, w_global=None) -> None:
     """The GEMM operands, then the layout's two index maps (src_rows: entry t * k + j per row, sentinel T * k;
     inv_rows (T, k): row of each entry, -1 = none), the top-k weights and the optional shared output."""
-    check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m)
+    check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global)
     for name, t in (("src_rows", src_rows), ("inv_rows", inv_rows), ("topk_weights", topk_weights)):
         check_tensor(op, name, t)
         check_same_device(op, "a", a, name, t)

@@ -12,7 +12,9 @@ same BLOCK_K steps, fp32 accumulation). Rows that are not computed (padding, out
 gate = up = 0, so they store what the SwiGLU op stores for its padding rows: y = 0, quantized as zeros.
 
 Layouts and weight kinds: as grouped.py (contiguous m_indices / masked masked_m; bf16/fp16, FP8 W8A8 128x128
-block-scaled, MXFP4 W4A16, MXFP4 x FP8 W4A8). Contract: dispatch/reference/moe_gemm.py:moe_gemm_swiglu.
+block-scaled, MXFP4 W4A16, MXFP4 x FP8 W4A8, NVFP4 W4A16). NVFP4's fp32 global scale per expert (w_global) travels
+through the activation-scale pointer, as in the plain GEMM: expert_pass multiplies both accumulators by it before
+the epilogue. Contract: dispatch/reference/moe_gemm.py:moe_gemm_swiglu.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ import triton.language as tl
 
 from triton_ops._formats import cast_out
 from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch
-from triton_ops.contract.moe_gemm import check_gemm_combine, check_gemm_swiglu, contiguous_ids, fp4_views
+from triton_ops.contract.moe_gemm import (
+    check_gemm_combine,
+    check_gemm_swiglu,
+    contiguous_ids,
+    fp4_views,
+    nvfp4_views,
+)
 from triton_ops.moe.align import moe_combine
 from triton_ops.quant_epilogue import (
     FMT_FP8,
@@ -40,7 +48,7 @@ from .grouped import KIND_CODE, _grid_refusal, expert_pass, layout_args, tile_of
 from .grouped import _launch as _gemm_launch
 
 # the GEMM's output dtype per weight kind (None: a's dtype)
-_OUT_DTYPE = {"bf16": None, "fp8": torch.bfloat16, "mxfp4": torch.bfloat16, "w4a8": torch.bfloat16}
+_OUT_DTYPE = {"bf16": None, "fp8": torch.bfloat16, "mxfp4": torch.bfloat16, "w4a8": torch.bfloat16, "nvfp4": None}
 
 
 @triton.jit
@@ -126,8 +134,10 @@ def _swiglu_store(gate, up, out_rows, row_in, col0, I, out_ptr, stride_om, scale
 
 
 def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activation, alpha, limit, fmt,
-            group=128, quant_eps=1e-10, ue8m0=False, column_major=False, config=None, dot_scaled=False):
-    """Operands already checked; 1-byte formats travel as uint8 views. Returns out (FMT_NONE) or (codes, scales)."""
+            group=128, quant_eps=1e-10, ue8m0=False, column_major=False, config=None, dot_scaled=False,
+            w_global=None):
+    """Operands already checked; 1-byte formats travel as uint8 views. Returns out (FMT_NONE) or (codes, scales).
+    w_global: NVFP4's fp32 (E,) global scales (read through the activation-scale pointer, as grouped._launch)."""
     masked = masked_m is not None
     e, i = w.shape[0], w.shape[1] // 2
     k = a.shape[-1]
@@ -150,6 +160,8 @@ def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activ
     ids, strides = layout_args(a, a_scale, w, w_scale, m_indices, masked_m)
     grid = (cdiv(rows, cfg.block_m) * cdiv(i, cfg.block_n), e if masked else 1)
     dummy = w  # never read when the kind has no scales
+    if w_global is not None:
+        a_scale = w_global.contiguous()  # after layout_args: no activation-scale strides for this kind
     out_arg = out.view(torch.uint8) if fmt == FMT_FP8 else out
     launch(_moe_gemm_swiglu_kernel, grid,
         a, dummy if a_scale is None else a_scale, w, dummy if w_scale is None else w_scale, ids, out_arg, scales,
@@ -164,9 +176,11 @@ def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activ
 
 
 def _operands(weights, a, a_scale, w, w_scale):
-    """The uint8 views the kernel reads (FP8 codes, FP4 pairs / E8M0 scales)."""
+    """The uint8 views the kernel reads (FP8 codes, FP4 pairs / E8M0 / E4M3 scales)."""
     if weights == "fp8":
         return a.view(torch.uint8), a_scale, w.view(torch.uint8), w_scale
+    if weights == "nvfp4":
+        return (a, a_scale, *nvfp4_views(w, w_scale))
     if weights in ("mxfp4", "w4a8"):
         w, w_scale = fp4_views(w, w_scale)
     if weights == "w4a8":
@@ -184,34 +198,37 @@ def supports_moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weight
         return f"a {a.dtype} / w {w.dtype}: only E4M3 (float8_e4m3fn) is implemented"
     if weights == "w4a8" and a.dtype != torch.float8_e4m3fn:
         return f"activations {a.dtype}: only E4M3 (float8_e4m3fn) is implemented"
+    if weights == "nvfp4" and a.dtype not in (torch.bfloat16, torch.float16):
+        return f"activations {a.dtype} are not bf16 / fp16"
     return _grid_refusal(w, masked_m)
 
 
 # ---------------------------------------------------------------------------------------------- entries
 
 
-def moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit, *,
-                    config: MoeGemmConfig | None = None, dot_scaled: bool = False):
-    """GEMM1 (weights "bf16" / "fp8" / "mxfp4", operands as moe_gemm_<weights> takes them, w (E, 2I, K)) with
-    SwiGLU: (rows, I) in the GEMM's output dtype (a's for bf16/fp16, else bf16)."""
+def moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit,
+                    w_global=None, *, config: MoeGemmConfig | None = None, dot_scaled: bool = False):
+    """GEMM1 (weights "bf16" / "fp8" / "mxfp4" / "w4a8" / "nvfp4", operands as moe_gemm_<weights> takes them, w
+    (E, 2I, K); w_global: NVFP4's fp32 (E,) global scales) with SwiGLU: (rows, I) in the GEMM's output dtype (a's
+    for bf16/fp16 and NVFP4, else bf16)."""
     check_gemm_swiglu("moe_gemm_swiglu", weights, a, a_scale, w, w_scale, m_indices, masked_m, interleave,
-                      activation, alpha, limit)
+                      activation, alpha, limit, w_global=w_global)
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch(weights, *_operands(weights, a, a_scale, w, w_scale), m_indices, masked_m, interleave,
-                   activation, alpha, limit, FMT_NONE, config=config, dot_scaled=dot_scaled)
+                   activation, alpha, limit, FMT_NONE, config=config, dot_scaled=dot_scaled, w_global=w_global)
 
 
 def moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
-                              limit, group_size, quant_eps, ue8m0, column_major, *,
+                              limit, group_size, quant_eps, ue8m0, column_major, w_global=None, *,
                               config: MoeGemmConfig | None = None, dot_scaled: bool = False):
     """moe_gemm_swiglu, its output quantized to FP8 E4M3 1x group_size groups: (codes, fp32 scales) as
     fp8_group_quantize writes them (column_major: the TMA-aligned layout; ue8m0: power-of-two scales)."""
     check_gemm_swiglu("moe_gemm_swiglu_fp8_group", weights, a, a_scale, w, w_scale, m_indices, masked_m,
-                      interleave, activation, alpha, limit, group_size, quant_eps)
+                      interleave, activation, alpha, limit, group_size, quant_eps, w_global=w_global)
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch(weights, *_operands(weights, a, a_scale, w, w_scale), m_indices, masked_m, interleave,
                    activation, alpha, limit, FMT_FP8, group=group_size, quant_eps=quant_eps, ue8m0=ue8m0,
-                   column_major=column_major, config=config, dot_scaled=dot_scaled)
+                   column_major=column_major, config=config, dot_scaled=dot_scaled, w_global=w_global)
 
 
 def supports_moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation,
@@ -229,16 +246,16 @@ def supports_moe_gemm_combine(a, a_scale, w, w_scale, m_indices, masked_m, weigh
 
 
 def moe_gemm_combine(a, a_scale, w, w_scale, m_indices, masked_m, weights, src_rows, inv_rows, topk_weights, shared,
-                     out_dtype, *, config: MoeGemmConfig | None = None):
+                     out_dtype, w_global=None, *, config: MoeGemmConfig | None = None):
     """GEMM2 whose epilogue stores each row at its entry t * k + j (src_rows) of a (T * k, N) buffer in token
     order (rounded to the GEMM's dtype, as moe_gemm_<weights> rounds it), then the combine over each token's k
     slots in slot order (fp32, weights applied there, no atomics): bytes = moe_gemm_<weights> -> moe_combine.
     Slots without a row (inv_rows -1: not local or dropped) are never read, so the buffer needs no clearing."""
     check_gemm_combine("moe_gemm_combine", weights, a, a_scale, w, w_scale, m_indices, masked_m, src_rows, inv_rows,
-                       topk_weights, shared, out_dtype)
+                       topk_weights, shared, out_dtype, w_global)
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     t, k = inv_rows.shape
     a, a_scale, w, w_scale = _operands(weights, a, a_scale, w, w_scale)
     buf = _gemm_launch(weights, a, a_scale, w, w_scale, m_indices, masked_m, None, _OUT_DTYPE[weights] or a.dtype,
-                       config, dst_rows=src_rows, n_dst=t * k)
+                       config, dst_rows=src_rows, n_dst=t * k, w_global=w_global)
     return moe_combine(buf, inv_rows, topk_weights, shared, out_dtype, token_order=True)
