@@ -586,12 +586,13 @@ def test_dense_row_on_blackwell_fake_tensors(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+@pytest.mark.parametrize("layout", ["contiguous", "masked", "contiguous-tile256"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("row_weights", [False, True])
 def test_gpu_blackwell_dense_matches_reference(monkeypatch, layout, dtype, row_weights):
     """NEVER RUN (no Blackwell GPU available): `moe_gemm_bf16` with backend="cute" on sm_100 (unaligned
-    contiguous groups, masked max_m not a multiple of 128, NaN in rows no group owns) vs the reference."""
+    contiguous groups, masked max_m not a multiple of 128 and a partial last K stage, NaN in rows no group owns; the
+    256-column tile from 128 rows per expert) vs the reference."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 10:
         pytest.skip("needs an sm_100 GPU")
     pytest.importorskip("cutlass")
@@ -603,9 +604,13 @@ def test_gpu_blackwell_dense_matches_reference(monkeypatch, layout, dtype, row_w
     if layout == "masked":
         a, w, mm, rw = _masked_case(5, 100, 256, 200, [0, 100, 7, 300, 1], dtype, 3, row_weights)
         mi = None
-    else:
+    elif layout == "contiguous":
         a, w, mi, rw = _contiguous_case(5, 384, 512, [33, 0, 140, 2, 300], dtype, 4, row_weights)
         mm = None
+    else:
+        a, w, mi, rw = _contiguous_case(4, 512, 256, [200, 0, 301, 250], dtype, 5, row_weights)
+        mm = None
+        assert moe_sm100.dense_config(a, w, False, row_weights).tile_n == 256
     dev = [None if t is None else t.cuda() for t in (a, w, mi, mm, rw)]
     out = dispatch.moe_gemm_bf16(*dev, backend="cute")
     torch.cuda.synchronize()
