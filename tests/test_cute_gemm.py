@@ -13,6 +13,7 @@ GPU (`-m gpu`, Blackwell only): bytes vs the torch twin. NEVER RUN: no Blackwell
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -473,6 +474,14 @@ def test_sm100_dense_grouped_gemm_sass(case):
     ops = d.opcodes()
     assert "tcgen05.mma.cta_group::1.kind::f16" in d.ptx and "block_scale" not in d.ptx
     assert ops["UTCHMMA"] == 4 and d.count("UTCHMMA") == 4, ops
+    # the instruction descriptor (PTX immediates; the runtime negate-A bit selects between two): D fp32 (1), A and
+    # B bf16 (1) / fp16 (0), both K-major, N = tile_n, M = 128
+    code = 1 if fmt == "bf16" else 0
+    idescs = [int(v) for pair in re.findall(r"selp\.b32\s+%r\d+, (\d+), (\d+), %p\d+;", d.ptx) for v in pair
+              if int(v) >> 24 & 31 == 128 >> 4 and int(v) >> 17 & 63 == tile_n >> 3]
+    assert idescs, "no instruction descriptor found"
+    for v in idescs:
+        assert (v >> 4 & 3, v >> 7 & 7, v >> 10 & 7, v >> 15 & 3) == (1, code, code, 0), bin(v)
     assert d.count("UTCOMMA") == 0 and d.count("UTCQMMA") == 0 and d.count("UTCCP") == 0, ops
     assert d.count("UTCBAR") >= 2, ops
     assert d.count("LDTM") == tile_n // 32, ops
