@@ -624,3 +624,23 @@ def test_gpu_blackwell_dense_matches_reference(monkeypatch, layout, dtype, row_w
     out = dispatch.moe_gemm_bf16(*dev, backend="cute")
     torch.cuda.synchronize()
     _check(out, a, w, mi, mm, rw, f"sm_100 cute moe_gemm_bf16 {layout}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+def test_gpu_blackwell_dense_routing_and_graph(monkeypatch, layout):
+    """NEVER RUN (no Blackwell GPU available): the sm_100 moe_gemm_bf16 backend through the sm_90 kernel's checks:
+    new routings and row counts without a recompile, and CUDA-graph replays with new group sizes."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 10:
+        pytest.skip("needs an sm_100 GPU")
+    pytest.importorskip("cutlass")
+    from cute_ops.gemm import moe_sm100
+    from tests.test_cute_gemm_sm90 import (
+        check_graph_replays_with_new_group_sizes,
+        check_routing_change_does_not_recompile,
+    )
+
+    monkeypatch.setenv(moe_sm100.UNVERIFIED_ENV, "1")
+    if layout == "masked":
+        check_routing_change_does_not_recompile(moe_sm100.moe_gemm_bf16)
+    check_graph_replays_with_new_group_sizes(moe_sm100.moe_gemm_bf16, layout)
