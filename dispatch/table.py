@@ -66,6 +66,9 @@ GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at th
 CUTE_GEMM_SM100_WHY = ("CuTeDSL tcgen05 block-scaled UMMA (UTCOMMA), TMEM accumulator; NVFP4 / MXFP4; offsets and "
                        "masked layouts, swap-AB tiles for <= 64 rows per expert; compiled for sm_100a, never run on "
                        "Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1")
+CUTE_GEMM_BF16_SM100_WHY = ("CuTeDSL tcgen05 dense UMMA (UTCHMMA), TMEM accumulator, the block-scaled kernel's "
+                            "pipeline without scales; contiguous and masked layouts, row weights; compiled for "
+                            "sm_100a, never run on Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1")
 DOT_SCALED_WHY = "tl.dot_scaled: native block-scaled MMA on Blackwell (compiled only); upcast on Hopper"
 # NVFP4 weights, bf16 / fp16 activations: the grouped kernel with e2m1 * e4m3 dequantized in registers (Triton 3.6
 # cannot lower tl.dot_scaled with NVFP4 scales on sm_90). H100 (2e20168): decode 1.45x torch._grouped_mm bf16.
@@ -225,6 +228,8 @@ ROWS: tuple[Entry, ...] = (
     Entry("moe_gemm_bf16", "cute", ("sm_90",), "cute_ops.gemm.moe_sm90:moe_gemm_bf16", CUTE_UNMEASURED,
           CUTE_GEMM_BF16_WHY, supports="cute_ops.gemm.moe_sm90:supports_moe_gemm_bf16",
           auto_skip="cute_ops.gemm.moe_sm90:auto_skip_bf16"),
+    Entry("moe_gemm_bf16", "cute", CUTE_BLACKWELL, "cute_ops.gemm.moe_sm100:moe_gemm_bf16", CUTE_UNMEASURED,
+          CUTE_GEMM_BF16_SM100_WHY, supports="cute_ops.gemm.moe_sm100:supports_moe_gemm_bf16"),
     *triton_rows("moe_gemm_fp8", "triton_ops.moe_gemm.grouped:moe_gemm_fp8", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_fp8"),
     Entry("moe_gemm_fp8", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_fp8", TORCH_REF, REFERENCE_WHY),

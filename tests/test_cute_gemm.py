@@ -13,6 +13,7 @@ GPU (`-m gpu`, Blackwell only): bytes vs the torch twin. NEVER RUN: no Blackwell
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -424,6 +425,222 @@ def test_gpu_blackwell_matches_reference(fmt, variant):
     dev = [t.cuda() for t in (a, b, sfa, sfb)]
     out = torch.full((m, n), 7.0, dtype=torch.bfloat16, device="cuda")
     starts, counts = offs[:-1].contiguous(), (offs[1:] - offs[:-1]).contiguous()
-    fn(*dev, out, starts.cuda(), counts.cuda(), alpha.cuda())
+    fn(*dev, out, starts.cuda(), counts.cuda(), alpha.cuda(), None, None, None)
     torch.cuda.synchronize()
     assert_close(out.cpu(), want, "grouped block-scaled GEMM")
+
+
+# ------------------------------------------------------- dense bf16 / fp16 variant (moe_gemm_bf16 on sm_100)
+
+# (format, tile_n, N, K, groups, m_indices, row_weights): DeepSeek-V3 GEMM1 (contiguous, row weights) and GEMM2
+# (masked), and a small fp16 one
+DENSE_CASES = [("bf16", 128, 4096, 7168, 256, True, True), ("bf16", 256, 7168, 2048, 256, False, False),
+               ("fp16", 128, 512, 1000, 8, True, False)]
+
+
+def _dense_cfg(fmt, tile_n, n, k, groups, m_indices, row_weights):
+    from cute_ops.gemm.blockscaled_sm100 import pick_config
+
+    return pick_config(fmt, n, k, groups, tile_n=tile_n, arch="sm_100a", m_indices=m_indices,
+                       row_weights=row_weights)
+
+
+def test_dense_config_rules():
+    from cute_ops.gemm.blockscaled_sm100 import can_implement, pick_config, stage_bytes
+
+    cfg = pick_config("bf16", 4096, 7168, 256, rows_per_group=16)  # never swap-AB; 2 accumulators at either tile
+    assert not cfg.swap_ab and cfg.dense and cfg.acc_stages == 2 and cfg.rows_per_tile == 128
+    assert cfg.ab_stages == 7 and stage_bytes("bf16", 128) == 256 * 128
+    assert pick_config("fp16", 7168, 2048, 8, tile_n=256).ab_stages == 4
+    assert can_implement("bf16", 4096, 1004, 8) is not None  # 16-byte TMA rows
+    assert can_implement("bf16", 4096, 1000, 8) is None  # partial last stage: zero-filled
+    assert can_implement("bf16", 4096, 1024, 8, 32, swap_ab=True) is not None
+    with pytest.raises(ValueError):
+        pick_config("nvfp4", 4096, 7168, 8, row_weights=True)
+
+
+@needs_dsl
+@pytest.mark.parametrize("case", DENSE_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_sm100_dense_grouped_gemm_sass(case):
+    """The same pipeline without scale factors: tcgen05.mma kind::f16 (UTCHMMA), 4 per 64-wide K stage, A and B TMA
+    loads only (no UTCCP), TMEM -> registers, 16-byte stores in the operand dtype, no spills."""
+    from cute_ops.gemm.blockscaled_sm100 import dump
+
+    fmt, tile_n = case[:2]
+    if case not in _DUMPS:
+        _DUMPS[case] = dump(_dense_cfg(*case))
+    d = _DUMPS[case]
+    assert "sm_100a" in d.ptx.split(".target", 1)[1][:40]
+    ops = d.opcodes()
+    assert "tcgen05.mma.cta_group::1.kind::f16" in d.ptx and "block_scale" not in d.ptx
+    assert ops["UTCHMMA"] == 4 and d.count("UTCHMMA") == 4, ops
+    # the instruction descriptor (PTX immediates; the runtime negate-A bit selects between two): D fp32 (1), A and
+    # B bf16 (1) / fp16 (0), both K-major, N = tile_n, M = 128
+    code = 1 if fmt == "bf16" else 0
+    idescs = [int(v) for pair in re.findall(r"selp\.b32\s+%r\d+, (\d+), (\d+), %p\d+;", d.ptx) for v in pair
+              if int(v) >> 24 & 31 == 128 >> 4 and int(v) >> 17 & 63 == tile_n >> 3]
+    assert idescs, "no instruction descriptor found"
+    for v in idescs:
+        assert (v >> 4 & 3, v >> 7 & 7, v >> 10 & 7, v >> 15 & 3) == (1, code, code, 0), bin(v)
+    assert d.count("UTCOMMA") == 0 and d.count("UTCQMMA") == 0 and d.count("UTCCP") == 0, ops
+    assert d.count("UTCBAR") >= 2, ops
+    assert d.count("LDTM") == tile_n // 32, ops
+    assert d.ptx.count("tcgen05.wait::ld") >= tile_n // 32
+    # A (2-D) and B (3-D: the group is a coordinate), both descriptors prefetched and never rewritten
+    assert ops["UTMALDG.2D"] == 1 and ops["UTMALDG.3D"] == 1 and d.count("UTMALDG") == 2, ops
+    assert ops["UTMACCTL.PF"] == 2 and d.count("UTMACCTL") == 2, ops
+    assert "tensormap.replace" not in d.ptx and "fence.proxy.tensormap" not in d.ptx
+    assert d.count("STG.E.128") == tile_n * 2 // 16 and d.count("STG") == d.count("STG.E.128"), ops
+    assert d.count("F2FP.BF16" if fmt == "bf16" else "F2FP.F16") > 0, ops
+    assert d.count("LDL") == 0 and d.count("STL") == 0, ops
+
+
+def _dense_kernel_model(cfg):
+    """The dense kernel's contract in torch with its preconditions asserted (what moe_sm100.moe_gemm_bf16 must feed
+    it): tile-aligned spans (starts multiples of 128, same ends), rows written only in [lo, end) and, contiguous,
+    where m_indices[row] == g."""
+    def run(a, w, sfa, sfb, out, starts, counts, alpha, lo, m_indices, row_weights):
+        rows, (e, n, k) = a.shape[0], w.shape
+        assert (cfg.n, cfg.k, cfg.num_groups, cfg.dense) == (n, k, e, True) and out.shape == (rows, n)
+        assert sfa is None and sfb is None and alpha is None and out.dtype == a.dtype == w.dtype
+        assert all(t.dtype == torch.int32 and t.shape == (e,) and t.is_contiguous() for t in (starts, counts, lo))
+        assert (m_indices is not None) == cfg.m_indices and (row_weights is not None) == cfg.row_weights
+        for g in range(e):
+            s0, c, first = int(starts[g]), int(counts[g]), int(lo[g])
+            assert c >= 0 and s0 % 128 == 0, (g, s0)
+            if c == 0:
+                continue
+            assert s0 <= first < s0 + c <= rows and first - s0 < 128, (g, s0, c, first)
+            for r in range(first, s0 + c):
+                if m_indices is None or int(m_indices[r]) == g:
+                    y = a[r].float() @ w[g].float().T
+                    out[r] = (y * row_weights[r] if row_weights is not None else y).to(out.dtype)
+
+    return run
+
+
+@pytest.mark.parametrize("row_weights", [False, True])
+def test_dense_launcher_matches_reference_on_a_kernel_model(monkeypatch, row_weights):
+    """moe_sm100.moe_gemm_bf16 on CPU tensors with the compiled kernel replaced by the model above: unaligned
+    contiguous groups (moe_align padding, an out-of-range id, interleaved experts) and masked max_m not a multiple
+    of 128 (counts above max_m, negative) equal the reference; NaN rows no group owns are never written."""
+    from cute_ops.gemm import moe_sm100
+    from tests.test_cute_gemm_sm90 import _check, _contiguous_case, _masked_case, stub_cuda_launch
+
+    stub_cuda_launch(monkeypatch, moe_sm100, _dense_kernel_model, "sm_100a")
+    monkeypatch.setattr(moe_sm100, "sm_count", lambda index: 148)
+    a, w, mi, rw = _contiguous_case(5, 128, 64, [37, 0, 130, 1, 200], torch.bfloat16, 2, row_weights)
+    out = moe_sm100.moe_gemm_bf16(a, w, mi, None, rw)
+    assert not torch.isnan(out).any()
+    _check(out, a, w, mi, None, rw, "contiguous")
+    a, w, mm, rw = _masked_case(6, 100, 256, 48, [0, 1, 99, 100, 500, -3], torch.float16, 1, row_weights)
+    out = moe_sm100.moe_gemm_bf16(a, w, None, mm, rw)
+    assert not torch.isnan(out).any()
+    _check(out, a, w, None, mm, rw, "masked")
+    g = torch.Generator().manual_seed(5)  # interleaved experts: overlapping spans
+    mi = torch.randint(-1, 4, (300,), generator=g, dtype=torch.int32)
+    a, w = torch.randn(300, 32, generator=g).bfloat16(), torch.randn(4, 128, 32, generator=g).bfloat16()
+    _check(moe_sm100.moe_gemm_bf16(a, w, mi, None, None), a, w, mi, None, None, "interleaved")
+
+
+def test_dense_bounds_and_refusals(monkeypatch):
+    from cute_ops.gemm import moe_sm100
+
+    starts, counts = torch.tensor([0, 130, 300, 5], dtype=torch.int32), torch.tensor([130, 0, 45, 0],
+                                                                                     dtype=torch.int32)
+    s, c = moe_sm100.dense_bounds(starts, counts)
+    assert s.tolist() == [0, 128, 256, 0] and c.tolist() == [130, 0, 89, 0]
+    a, w = torch.zeros(64, 256, dtype=torch.bfloat16), torch.zeros(2, 256, 256, dtype=torch.bfloat16)
+    mi = torch.zeros(64, dtype=torch.int32)
+    monkeypatch.delenv(moe_sm100.UNVERIFIED_ENV, raising=False)
+    assert "never run on a Blackwell chip" in moe_sm100.supports_moe_gemm_bf16(a, w, mi, None)
+    monkeypatch.setenv(moe_sm100.UNVERIFIED_ENV, "1")
+    assert "sm_100" in moe_sm100.supports_moe_gemm_bf16(a, w, mi, None)  # CPU tensors: not this kernel's device
+    assert moe_sm100.dense_tile_n(4096, 256) == 256 and moe_sm100.dense_tile_n(4096, 16) == 128
+    assert moe_sm100.dense_tile_n(384, 256) == 128
+
+
+def test_dense_row_on_blackwell_fake_tensors(monkeypatch):
+    """(Fake) sm_100 CUDA tensors of DeepSeek-V3 shapes: the row refuses without the opt-in (auto stays on Triton),
+    takes both layouts with it, and `backend="cute"` selects the sm_100 row (not the sm_90 one)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from cute_ops.gemm import moe_sm100
+    from dispatch.ops._common import backend_for
+    from dispatch.registry import select
+    from dispatch.table import TABLE
+
+    monkeypatch.setenv("LOWBIT_ARCH", "sm_100")
+    monkeypatch.setattr(FakeTensor, "data_ptr", lambda self: (1 << 20) + self.storage_offset() * self.element_size())
+    bf, i32 = torch.bfloat16, torch.int32
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        def E(*shape, dt=bf):
+            return torch.empty(*shape, dtype=dt, device="cuda")
+
+        a, w, mi = E(8192, 7168), E(256, 4096, 7168), E(8192, dt=i32)
+        a3, w2, mm, rw = E(256, 64, 2048), E(256, 7168, 2048), E(256, dt=i32), E(256, 64, dt=torch.float32)
+        monkeypatch.delenv(moe_sm100.UNVERIFIED_ENV, raising=False)
+        assert moe_sm100.supports_moe_gemm_bf16(a, w, mi, None) == moe_sm100.DENSE_HARDWARE_STATUS
+        assert backend_for("moe_gemm_bf16", a, w, mi, None, None) == "triton"
+        monkeypatch.setenv(moe_sm100.UNVERIFIED_ENV, "1")
+        assert moe_sm100.supports_moe_gemm_bf16(a, w, mi, None) is None
+        assert moe_sm100.supports_moe_gemm_bf16(a3, w2, None, mm, rw) is None
+        assert "tile_n" in moe_sm100.supports_moe_gemm_bf16(E(64, 512), E(8, 200, 512), E(64, dt=i32), None)
+        assert "bf16 or fp16" in moe_sm100.supports_moe_gemm_bf16(a.float(), w.float(), mi, None)
+        strided = torch.empty_strided((8192, 7168), (1, 8192), dtype=bf, device="cuda")
+        assert "contiguous" in moe_sm100.supports_moe_gemm_bf16(strided, w, mi, None)
+        assert backend_for("moe_gemm_bf16", a, w, mi, None, None) == "triton"  # below Triton's priority
+        entry = select(TABLE["moe_gemm_bf16"], "moe_gemm_bf16", "cute", (a3, w2, None, mm, rw), {})
+        assert entry.impl == "cute_ops.gemm.moe_sm100:moe_gemm_bf16"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["contiguous", "masked", "contiguous-tile256"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("row_weights", [False, True])
+def test_gpu_blackwell_dense_matches_reference(monkeypatch, layout, dtype, row_weights):
+    """NEVER RUN (no Blackwell GPU available): `moe_gemm_bf16` with backend="cute" on sm_100 (unaligned
+    contiguous groups, masked max_m not a multiple of 128 and a partial last K stage, NaN in rows no group owns; the
+    256-column tile from 128 rows per expert) vs the reference."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 10:
+        pytest.skip("needs an sm_100 GPU")
+    pytest.importorskip("cutlass")
+    import dispatch
+    from cute_ops.gemm import moe_sm100
+    from tests.test_cute_gemm_sm90 import _check, _contiguous_case, _masked_case
+
+    monkeypatch.setenv(moe_sm100.UNVERIFIED_ENV, "1")
+    if layout == "masked":
+        a, w, mm, rw = _masked_case(5, 100, 256, 200, [0, 100, 7, 300, 1], dtype, 3, row_weights)
+        mi = None
+    elif layout == "contiguous":
+        a, w, mi, rw = _contiguous_case(5, 384, 512, [33, 0, 140, 2, 300], dtype, 4, row_weights)
+        mm = None
+    else:
+        a, w, mi, rw = _contiguous_case(4, 512, 256, [200, 0, 301, 250], dtype, 5, row_weights)
+        mm = None
+        assert moe_sm100.dense_config(a, w, False, row_weights).tile_n == 256
+    dev = [None if t is None else t.cuda() for t in (a, w, mi, mm, rw)]
+    out = dispatch.moe_gemm_bf16(*dev, backend="cute")
+    torch.cuda.synchronize()
+    _check(out, a, w, mi, mm, rw, f"sm_100 cute moe_gemm_bf16 {layout}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["masked", "contiguous"])
+def test_gpu_blackwell_dense_routing_and_graph(monkeypatch, layout):
+    """NEVER RUN (no Blackwell GPU available): the sm_100 moe_gemm_bf16 backend through the sm_90 kernel's checks:
+    new routings and row counts without a recompile, and CUDA-graph replays with new group sizes."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 10:
+        pytest.skip("needs an sm_100 GPU")
+    pytest.importorskip("cutlass")
+    from cute_ops.gemm import moe_sm100
+    from tests.test_cute_gemm_sm90 import (
+        check_graph_replays_with_new_group_sizes,
+        check_routing_change_does_not_recompile,
+    )
+
+    monkeypatch.setenv(moe_sm100.UNVERIFIED_ENV, "1")
+    if layout == "masked":
+        check_routing_change_does_not_recompile(moe_sm100.moe_gemm_bf16)
+    check_graph_replays_with_new_group_sizes(moe_sm100.moe_gemm_bf16, layout)

@@ -291,19 +291,25 @@ def _kernel_model(cfg):
     return run
 
 
-@pytest.fixture
-def modelled_kernel(monkeypatch):
-    """moe_sm90's launchers on CPU tensors, the compiled kernel replaced by _kernel_model."""
+def stub_cuda_launch(monkeypatch, module, model, arch: str):
+    """A CuTe launcher module run on CPU tensors: its compiled kernel replaced by `model(cfg)`, the CUDA device /
+    arch queries it makes stubbed."""
     import contextlib
 
-    from cute_ops.gemm import moe_sm90
-
-    monkeypatch.setattr(moe_sm90, "compiled", _kernel_model)
-    monkeypatch.setattr(moe_sm90._compile, "target_arch", lambda index=None: "sm_90a")
-    monkeypatch.setattr(moe_sm90, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(module, "compiled", model)
+    monkeypatch.setattr(module._compile, "target_arch", lambda index=None: arch)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+
+@pytest.fixture
+def modelled_kernel(monkeypatch):
+    """moe_sm90's launchers on CPU tensors, the compiled kernel replaced by _kernel_model."""
+    from cute_ops.gemm import moe_sm90
+
+    stub_cuda_launch(monkeypatch, moe_sm90, _kernel_model, "sm_90a")
+    monkeypatch.setattr(moe_sm90, "_sm_count", lambda index: 132)
     return moe_sm90
 
 
@@ -445,8 +451,15 @@ def test_gpu_sm90_contiguous_interleaved_ids():
 @pytest.mark.gpu
 def test_gpu_sm90_routing_change_does_not_recompile():
     _sm90_gpu()
-    from cute_ops import _compile
     from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    check_routing_change_does_not_recompile(moe_gemm_bf16)
+
+
+def check_routing_change_does_not_recompile(moe_gemm_bf16):
+    """Four masked routings (one all-empty) and two contiguous row counts through one compiled kernel of the backend
+    `moe_gemm_bf16` (also run by the sm_100 kernel's test)."""
+    from cute_ops import _compile
 
     e, max_m, n, k = 8, 64, 256, 256
     first = None
@@ -475,6 +488,12 @@ def test_gpu_sm90_cuda_graph_replays_with_new_group_sizes(layout):
     _sm90_gpu()
     from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
 
+    check_graph_replays_with_new_group_sizes(moe_gemm_bf16, layout)
+
+
+def check_graph_replays_with_new_group_sizes(moe_gemm_bf16, layout):
+    """One CUDA-graph capture of the backend `moe_gemm_bf16`, replayed with new group sizes written into the
+    captured routing tensor (also run by the sm_100 kernel's test)."""
     e, n, k = 6, 256, 128
     if layout == "masked":
         a, w, ids, _ = _masked_case(e, 64, n, k, [64] * e, torch.bfloat16, 30)

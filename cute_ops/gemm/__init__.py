@@ -8,9 +8,11 @@
 * the torch twin of this GEMM is dispatch/reference/moe_gemm.py `grouped_blockscaled_gemm` (the contract decoders).
 * `blockscaled_sm100` (imports the DSL): grouped (MoE, groups as starts + counts) NVFP4 / MXFP4 block-scaled GEMM
   for sm_100a: tcgen05 UMMA, TMEM accumulator, TMA loads of A / B / both scale tensors, bf16 epilogue; a swap-AB
-  variant for decode. `moe_sm100` (torch only until a call compiles): its `moe_gemm_blockscaled` /
-  `moe_gemm_blockscaled_masked` backends (offsets and masked layouts). Compiled and SASS-inspected on the CPU only,
-  never run on Blackwell hardware: the table rows are refused unless LOWBIT_CUTE_UNVERIFIED=1.
+  variant for decode; the same pipeline with dense bf16 / fp16 operands (tcgen05 kind::f16). `moe_sm100` (torch
+  only until a call compiles): its `moe_gemm_blockscaled` / `moe_gemm_blockscaled_masked` backends (offsets and
+  masked layouts) and the sm_100 `moe_gemm_bf16` backend (contiguous and masked layouts, row weights). Compiled
+  and SASS-inspected on the CPU only, never run on Blackwell hardware: the table rows are refused unless
+  LOWBIT_CUTE_UNVERIFIED=1.
 * `grouped_sm90` (imports the DSL): bf16 / fp16 / FP8 (block-scaled) grouped GEMM for sm_90a: WGMMA, TMA loads,
   the A operand's TMA descriptor rewritten per group on the device (address + row extent from device tensors).
   `moe_sm90` (torch only until a call compiles): its `moe_gemm_bf16` / `moe_gemm_fp8` backends (masked and

@@ -1,5 +1,6 @@
-"""The `moe_gemm_blockscaled` / `moe_gemm_blockscaled_masked` backends on sm_100: the CuTeDSL tcgen05 block-scaled
-grouped GEMM (cute_ops/gemm/blockscaled_sm100.py) behind the ops' signatures.
+"""The `moe_gemm_blockscaled` / `moe_gemm_blockscaled_masked` / `moe_gemm_bf16` backends on sm_100: the CuTeDSL
+tcgen05 grouped GEMM (cute_ops/gemm/blockscaled_sm100.py; block-scaled FP4, or dense bf16 / fp16 operands) behind the
+ops' signatures.
 
 Compiled and SASS-checked in CI for sm_100a; never run on a Blackwell chip, so the supports functions refuse it
 unless LOWBIT_CUTE_UNVERIFIED=1 (the rule every never-run CuTe row follows, docs/cute.md). What runs on other chips
@@ -12,6 +13,10 @@ launcher (moe_sm90.py) builds them:
 * masked (E, max_m, K/2): a viewed as (E * max_m, K/2); starts = g * max_m (a cached constant), counts =
   clamp(masked_m, 0, max_m). max_m a multiple of the tile's rows, so no tile reads past its group's rows.
 The config (pick_config) takes the swap-AB variant when a group holds at most 64 rows (masked max_m, or M / G).
+`moe_gemm_bf16` (the contract of dispatch/reference/moe_gemm.py: contiguous m_indices or masked masked_m, optional
+row_weights): groups as moe_sm90 builds them (contiguous_bounds / masked_starts), which start on any row; the kernel
+is given each span aligned down to its 128-row tile (dense_bounds) and the group's own first row (`lo`), and writes a
+row only inside [lo, end) and, contiguous, where m_indices[row] == g; rows are scaled by row_weights in the epilogue.
 Anatomy: checks (triton_ops/contract/moe_gemm.py, run by the op) -> supports -> config and compile cache -> entry.
 """
 
@@ -25,21 +30,33 @@ from triton_ops.contract.arch import arch_of, sm_count
 from triton_ops.contract.moe_gemm import blockscaled_views
 
 from .. import _compile
-from .moe_sm90 import masked_starts
+from .moe_sm90 import contiguous_bounds, masked_starts
 
 UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
 HARDWARE_STATUS = ("CuTeDSL sm_100a block-scaled grouped GEMM: compiled and SASS-checked in CI, never run on a "
                    f"Blackwell chip (set {UNVERIFIED_ENV}=1 to run it)")
+DENSE_HARDWARE_STATUS = ("CuTeDSL sm_100a bf16 / fp16 grouped GEMM (tcgen05 UMMA): compiled and SASS-checked in CI, "
+                         f"never run on a Blackwell chip (set {UNVERIFIED_ENV}=1 to run it)")
 ARCHS = ("sm_100", "sm_103")
+_DENSE = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+TILE_ROWS = 128  # the dense kernel's row tile (UMMA M)
+
+
+def _unverified_device(a, status: str) -> str | None:
+    """The gate every never-run sm_100 row shares: the opt-in, then an sm_100 / sm_103 CUDA device."""
+    if os.environ.get(UNVERIFIED_ENV) != "1":
+        return status
+    if a.device.type != "cuda" or arch_of(a.device) not in ARCHS:
+        return f"tcgen05 kernel: needs an sm_100 / sm_103 GPU, got {arch_of(a.device)}"
+    return None
 
 
 def _supports(a, a_scale, b, b_scale, fmt, rows: int, rows_per_group: int | None, what: str) -> str | None:
     """Why the kernel cannot take a call whose group starts are multiples of `rows` (None: it can): the chip, the
     static sizes, and `rows` a multiple of the tile's rows (so no tile reads past its group's allocation)."""
-    if os.environ.get(UNVERIFIED_ENV) != "1":
-        return HARDWARE_STATUS
-    if a.device.type != "cuda" or arch_of(a.device) not in ARCHS:
-        return f"tcgen05 kernel: needs an sm_100 / sm_103 GPU, got {arch_of(a.device)}"
+    why = _unverified_device(a, HARDWARE_STATUS)
+    if why is not None:
+        return why
     if not all(t.is_contiguous() for t in (a, a_scale, b, b_scale)):
         return "operands must be contiguous (one TMA descriptor each)"
     from .blockscaled_sm100 import can_implement
@@ -95,7 +112,7 @@ def _launch(a2, a_scale, b, b_scale, starts, counts, alpha, fmt, rows_per_group)
         index = a2.device.index if a2.device.index is not None else torch.cuda.current_device()
         cfg = config(fmt, n, 2 * kh, g, rows_per_group, sm_count(index), _compile.target_arch(index))
         with torch.cuda.device(a2.device):  # the TVM-FFI env stream is the current device's current stream
-            compiled(cfg)(a2, b, a_scale, b_scale, out, starts, counts, alpha.contiguous())
+            compiled(cfg)(a2, b, a_scale, b_scale, out, starts, counts, alpha.contiguous(), None, None, None)
     return out
 
 
@@ -114,3 +131,67 @@ def moe_gemm_blockscaled_masked(a, a_scale, b, b_scale, masked_m, alpha, fmt):
     counts = masked_m.to(torch.int32).clamp(0, max_m).contiguous()
     out = _launch(a2, a_scale, b, b_scale, masked_starts(e, max_m, a.device), counts, alpha, fmt, max_m)
     return out.view(e, max_m, b.shape[1])
+
+
+# ------------------------------------------------------------------------- moe_gemm_bf16 (dense operands)
+
+
+def dense_tile_n(n: int, rows_per_group: int) -> int:
+    """Analytical: 256 output columns per tile when N allows and groups fill a 128-row tile, else 128."""
+    return 256 if n % 256 == 0 and rows_per_group >= TILE_ROWS else 128
+
+
+def dense_config(a, w, masked: bool, row_weights: bool, sms: int = 148, arch: str = "sm_100a"):
+    """The kernel config of a moe_gemm_bf16 call (M / E rows per group for the contiguous layout)."""
+    from .blockscaled_sm100 import pick_config
+
+    e, n, k = w.shape
+    per_group = a.shape[1] if masked else a.shape[0] // max(1, e)
+    return pick_config(_DENSE[a.dtype], n, k, e, tile_n=dense_tile_n(n, per_group), sm_count=sms, arch=arch,
+                       m_indices=not masked, row_weights=row_weights)
+
+
+def supports_moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None) -> str | None:
+    """Why the sm_100 kernel cannot take this call (None: it can): the opt-in and chip, 16-bit operands of one dtype,
+    contiguous and 16-byte aligned (one TMA descriptor each), N a multiple of the column tile."""
+    why = _unverified_device(a, DENSE_HARDWARE_STATUS)
+    if why is not None:
+        return why
+    if a.dtype not in _DENSE or w.dtype != a.dtype:
+        return f"a {a.dtype} / w {w.dtype}: bf16 or fp16, both the same"
+    if not a.is_contiguous() or not w.is_contiguous() or a.data_ptr() % 16 or w.data_ptr() % 16:
+        return "a and w must be contiguous and 16-byte aligned (one TMA descriptor each)"
+    from .blockscaled_sm100 import can_implement
+
+    e, n, k = w.shape
+    return can_implement(_DENSE[a.dtype], n, k, e, 128)
+
+
+def dense_bounds(starts: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scheduler's groups: each non-empty span [start, start + count) widened down to its 128-row tile boundary
+    (same end), so every tile is a tile coordinate of the one A descriptor. Device ops only."""
+    head = starts % TILE_ROWS
+    return (starts - head).contiguous(), torch.where(counts > 0, counts + head, 0).to(torch.int32).contiguous()
+
+
+def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None):
+    """out in a's dtype: row r of group g = row_weights[r] * a[r] @ w[g].T (fp32 accumulation); contiguous
+    (M, K) with m_indices or masked (E, max_m, K) with masked_m; rows no group writes are 0."""
+    e, n, k = w.shape
+    masked = masked_m is not None
+    if masked:
+        max_m = a.shape[1]
+        a2, ids = a.view(e * max_m, k), None
+        starts, counts = masked_starts(e, max_m, a.device), masked_m.to(torch.int32).clamp(0, max_m)
+    else:
+        a2, ids = a, m_indices.to(torch.int32).contiguous()
+        starts, counts = contiguous_bounds(ids, e)
+    out = torch.zeros(a2.shape[0], n, dtype=a.dtype, device=a.device)
+    if a2.shape[0] and n:
+        index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+        cfg = dense_config(a, w, masked, row_weights is not None, sm_count(index), _compile.target_arch(index))
+        rw = None if row_weights is None else row_weights.reshape(-1).contiguous()
+        tile_starts, tile_counts = dense_bounds(starts, counts)
+        with torch.cuda.device(a.device):  # the TVM-FFI env stream is the current device's current stream
+            compiled(cfg)(a2, w, None, None, out, tile_starts, tile_counts, None, starts.contiguous(), ids, rw)
+    return out.view(*a.shape[:-1], n)
