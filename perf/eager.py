@@ -131,7 +131,8 @@ def decode_compare(dev, rows=(16, 64)) -> list[dict]:
 
 
 def run(ops: list[str] | None, profile: list[str], decode: bool = False) -> dict:
-    from dispatch.ops._common import backend_for, call
+    from dispatch.launch_plan import LaunchPlan
+    from dispatch.ops._common import _FAST, _PLAN_REFUSALS, backend_for, call
     from dispatch.selfcheck import all_cases
 
     dev = torch.device("cuda")
@@ -151,9 +152,6 @@ def run(ops: list[str] | None, profile: list[str], decode: bool = False) -> dict
         except Exception as exc:  # report, do not hide: the record says what failed
             records.append(dict(op=case.op, label=case.label, backend=backend, error=repr(exc)[:300]))
             continue
-        from dispatch.launch_plan import LaunchPlan
-        from dispatch.ops._common import _FAST, _PLAN_REFUSALS
-
         planned = any(n == case.op and isinstance(v, LaunchPlan) for (n, _), v in _FAST.items())
         records.append(dict(op=case.op, label=case.label, provider="lowbit", backend=backend,
                             host_us=round(us, 2), host_ratio=round(us / base, 3), launch_plan=planned,

@@ -184,8 +184,6 @@ def flashmla_physical_indices(indices, table, seqused, page: int, causal: bool):
     """Our sparse index lists (logical positions in each sequence) -> FlashMLA's (physical cache slots,
     block * page + offset; -1 = skip): positions < 0, >= seqused_k, past the table or (causal) after the query's
     own position -> -1. indices (B, Sq, topk) int32, table (B, max_blocks) int32, seqused (B,) int32."""
-    import torch
-
     bsz, sq, _ = indices.shape
     pos = indices.long()
     limit = seqused.long().view(bsz, 1, 1).expand(bsz, sq, 1)
@@ -212,8 +210,6 @@ class FlashMlaDecode:
 
     def _why_not(self, i: dict) -> str | None:
         q, cache, idx = i["q"], i["cache"], i["indices"]
-        import torch
-
         _, _, h, d = q.shape
         if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
             return "FlashMLA library is built for sm_90a only"
@@ -229,8 +225,6 @@ class FlashMlaDecode:
         return None
 
     def prepare(self, i: dict) -> None:
-        import torch
-
         if "flashmla" in i:
             return
         q, idx, lib = i["q"], i["indices"], self.lib
@@ -256,8 +250,6 @@ class FlashMlaDecode:
     def run(self, i: dict):
         """(out (B, Sq, H, v_dim) bf16, lse (B, Sq, H) fp32 natural log). FlashMLA always computes 512 value
         columns (V4: the whole 512-wide head); v_dim < 512 returns the first v_dim of them (a view)."""
-        import torch
-
         q, cache, table, prep, lib = i["q"], i["cache"], i["table"], i["flashmla"], self.lib
         bsz, sq, h, d = q.shape
         dev, dv, parts = q.device, 512, prep["parts"]  # FlashMLA's value width; a narrower v_dim is its prefix
@@ -283,8 +275,6 @@ class FlashMlaDecode:
 
     def probe(self, i: dict) -> str | None:
         """None if this peer runs on these inputs (and matches `check`), else why not."""
-        import torch
-
         q, table = i["q"], i["table"]
         why = self._why_not(i)
         if why is None and not (q.is_contiguous() and table.stride(-1) == 1 and i["cache"].stride(-1) == 1):
