@@ -64,6 +64,13 @@ class FmhaSm90Config(launch.AttentionConfig):
     tile_m: int = 128
     tile_n: int = 128  # keys per K/V tile: a multiple of 16 (the P V k-step), at most 256 (WGMMA N, TMA box)
     kv_stages: int = 2  # K/V ring depth; SMEM at D=128: Q 32 KiB + 2 x (K 32 + V 32) KiB
+    # Persistent grid of this many CTAs (the SM count; 0: one CTA per tile). Each CTA walks the PACKED tile order
+    # with stride `persistent` (a static schedule); Q gets a 2-stage ring, so the producer loads the next tile's Q
+    # and first K / V tiles while the consumers still work on this one, and the pipelines' phases and the
+    # ping-pong turn carry over from tile to tile: the next tile's loads and one warpgroup's first GEMMs overlap
+    # the other's epilogue. For short key ranges (a 128-key window: 2-3 key tiles per query tile), where the
+    # per-tile prologue / epilogue is not hidden. Not timed on a GPU yet.
+    persistent: int = 0
 
     def __post_init__(self):
         super().__post_init__()
@@ -73,6 +80,8 @@ class FmhaSm90Config(launch.AttentionConfig):
             raise ValueError(f"tile_n {self.tile_n}: needs a multiple of 16 in [16, 256]")
         if not 1 <= self.kv_stages <= 8:
             raise ValueError(f"kv_stages {self.kv_stages} not in [1, 8]")
+        if self.persistent < 0 or (self.persistent and self.schedule != "packed"):
+            raise ValueError(f"persistent {self.persistent}: a CTA count >= 0, with the packed schedule only")
         # ptxas spills at 160 registers beyond these (nvidia-cutlass-dsl 4.8.1, sm_90a): S (tile_n / 2 fp32 per
         # thread) and O (head_dim / 2) live together; with the overlap P_{j-1} (tile_n / 4) as well. Compiled:
         # hd64 x 128 137 registers, x 160 156, overlap x 128 157; spills: hd64 x 192, hd128 x 128, overlap x 144.
@@ -86,10 +95,15 @@ class FmhaSm90Config(launch.AttentionConfig):
     def consumer_warpgroups(self) -> int:
         return self.tile_m // 64
 
+    @property
+    def q_stages(self) -> int:
+        """Q buffers: 2 with the persistent grid (the next tile's Q loads during this one), else 1."""
+        return 2 if self.persistent else 1
+
     def smem_bytes(self) -> int:
         """Dynamic SMEM of the kernel's SharedStorage: the mbarriers (padded to the 1024-byte alignment of the
-        swizzled tiles), Q, and kv_stages of K and V (16-bit)."""
-        tiles = 2 * self.head_dim * (self.tile_m + 2 * self.kv_stages * self.tile_n)
+        swizzled tiles), q_stages of Q, and kv_stages of K and V (16-bit)."""
+        tiles = 2 * self.head_dim * (self.q_stages * self.tile_m + 2 * self.kv_stages * self.tile_n)
         return 1024 + tiles
 
     @classmethod
@@ -98,11 +112,22 @@ class FmhaSm90Config(launch.AttentionConfig):
         consumer warpgroups) with intra-warpgroup overlap (bf16; fp16 with overlap serializes its WGMMAs, so
         fp16 takes the 192-row tile alone). H100, GPT-OSS causal + sinks, 2 x 8192 (2e20168): 2289 us = 0.89x FA4
         against 2859 us (0.71x) with 128 x 128; with a 128-key window the 192-row tiles were slower (502-509 us
-        against 474), so windowed calls keep 128 x 128."""
+        against 474), so windowed calls keep 128 x 128, on the persistent grid (one CTA per SM)."""
         cfg = super().for_call(q, causal, window_left, window_right, sinks, arch)
-        if cfg.head_dim == 64 and window_left < 0:
+        if window_left >= 0:
+            return dataclasses.replace(cfg, persistent=_sm_count(q))
+        if cfg.head_dim == 64:
             return dataclasses.replace(cfg, tile_m=192, overlap=cfg.dtype == "bf16")
         return cfg
+
+
+def _sm_count(q) -> int:
+    """SMs of q's device (an H100 SXM's 132 for host tensors: the CPU compile tests)."""
+    if not q.is_cuda:
+        return 132
+    from triton_ops.contract.arch import sm_count
+
+    return sm_count(q.device.index if q.device.index is not None else 0)
 
 
 def _kernel_class():
@@ -153,19 +178,20 @@ def _kernel_class():
                 seq_view(mO, total_q, hq)
             qk_mma, pv_mma = self.make_mmas()
             tm, tn = self.tile_m, self.tile_n
-            q_sl = wgmma.smem_layout(dt, tm, d)
+            q_sl = wgmma.smem_layout(dt, tm, d, self.cfg.q_stages if self.cfg.persistent else None)
             k_sl = wgmma.smem_layout(dt, tn, d, self.stages)
             v_sl = wgmma.smem_layout(dt, tn, d, self.stages)
             op = cpasync.CopyBulkTensorTileG2SOp()
-            tma_q, tq_ = cpasync.make_tiled_tma_atom(op, q, q_sl, (tm, d))
+            q_box = cute.select(q_sl, mode=[0, 1]) if cutlass.const_expr(self.cfg.persistent) else q_sl
+            tma_q, tq_ = cpasync.make_tiled_tma_atom(op, q, q_box, (tm, d))
             tma_k, tk_ = cpasync.make_tiled_tma_atom(op, k, cute.select(k_sl, mode=[0, 1]), (tn, d))
             tma_v, tv_ = cpasync.make_tiled_tma_atom(op, v, cute.select(v_sl, mode=[0, 1]), (tn, d))
-            self.q_bytes = cute.size_in_bytes(dt, q_sl)
+            self.q_bytes = cute.size_in_bytes(dt, q_box)
             self.kv_bytes = cute.size_in_bytes(dt, cute.select(k_sl, mode=[0, 1]))
 
             @cute.struct
             class SharedStorage:
-                q_bar: cute.struct.MemRange[Int64, 2]
+                q_bar: cute.struct.MemRange[Int64, 2 * self.cfg.q_stages]
                 k_bar: cute.struct.MemRange[Int64, 2 * self.stages]
                 v_bar: cute.struct.MemRange[Int64, 2 * self.stages]
                 sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(q_sl)], 1024]
@@ -178,6 +204,8 @@ def _kernel_class():
             num_batch = mCuQ.shape[0] - 1
             scale_log2 = softmax_scale * Float32(sm_mod.LOG2E)
             grid = sched_mod.launch_grid(self.cfg.schedule, total_q, num_batch, hq, max_seqlen_q, tm)
+            if cutlass.const_expr(self.cfg.persistent):  # CTAs past the last tile exit at once
+                grid = (self.cfg.persistent, 1, 1)
             self.kernel(qk_mma, pv_mma, tma_q, tq_, tma_k, tk_, tma_v, tv_, o, mLSE, mCuQ, mCuK, mSink, scale_log2,
                         window_left, window_right, num_batch, hq, hq // hkv, q_sl, k_sl, v_sl).launch(
                 grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
@@ -212,7 +240,7 @@ def _kernel_class():
             st = smem.allocate(self.shared_storage)
             consumers = group(4 * self.wgs)  # one arrive per consumer warp (lane 0) on release
             q_pipe = pipeline.PipelineTmaAsync.create(
-                num_stages=1, producer_group=group(1), consumer_group=consumers, tx_count=self.q_bytes,
+                num_stages=self.cfg.q_stages, producer_group=group(1), consumer_group=consumers, tx_count=self.q_bytes,
                 barrier_storage=st.q_bar.data_ptr(), defer_sync=True)
             k_pipe = pipeline.PipelineTmaAsync.create(
                 num_stages=self.stages, producer_group=group(1), consumer_group=consumers, tx_count=self.kv_bytes,
@@ -228,15 +256,25 @@ def _kernel_class():
 
             # setmaxnreg first thing in each branch; the tile is computed after it (values carried across it were
             # spilled in the sm100 kernel)
+            loads = (tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_pipe, k_pipe, v_pipe)
             if warp < 4:
                 cute.arch.setmaxregister_decrease(self.regs_producer)
-                b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, self.tile_m,
-                                                          self.spec.bounded_right)
-                if valid & (warp == 0):
-                    q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = sched_mod.sequence_tiles(
-                        self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, self.tile_m, self.tile_n)
-                    self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_pipe, k_pipe, v_pipe, q_start,
-                              k_start, m_block, h, h // group_size, n_lo, n_tiles)
+                if cutlass.const_expr(self.cfg.persistent):
+                    if warp == 0:
+                        self.load_tiles(loads, mCuQ, mCuK, num_batch, hq, group_size, window_left, window_right)
+                else:
+                    b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, self.tile_m,
+                                                              self.spec.bounded_right)
+                    if valid & (warp == 0):
+                        q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = sched_mod.sequence_tiles(
+                            self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, self.tile_m, self.tile_n)
+                        self.load(*loads, q_start, k_start, m_block, h, h // group_size, n_lo, n_tiles,
+                                  pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1),
+                                  pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages))
+            elif cutlass.const_expr(self.cfg.persistent):
+                cute.arch.setmaxregister_increase(self.regs_consumer)
+                self.consume_tiles(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mCuQ, mCuK, mSink,
+                                   tidx - 128, scale_log2, window_left, window_right, num_batch, hq)
             else:
                 cute.arch.setmaxregister_increase(self.regs_consumer)
                 b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, self.tile_m,
@@ -247,15 +285,54 @@ def _kernel_class():
                     sink_log2 = None
                     if cutlass.const_expr(mSink is not None):
                         sink_log2 = mSink[h] * Float32(sm_mod.LOG2E)
+                    consumer = pipeline.PipelineUserType.Consumer
                     self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, tidx - 128,
                                  scale_log2, sink_log2, window_left, window_right, q_start, sq, sk, m_block, h,
-                                 n_lo, n_tiles, full_lo, full_hi)
+                                 n_lo, n_tiles, full_lo, full_hi, pipeline.make_pipeline_state(consumer, 1),
+                                 pipeline.make_pipeline_state(consumer, self.stages),
+                                 pipeline.make_pipeline_state(consumer, self.stages))
 
         # ----------------------------------------------------------------------------------------- roles
 
+        # Persistent grid: CTA c takes work items c, c + grid, c + 2 grid, ... of the PACKED order (a static
+        # schedule; scheduler.packed_tile_device maps each to (batch, query tile, head)). The producer warp and
+        # every consumer warp walk the same sequence on their own; the pipeline states and the ping-pong turn
+        # carry over from one tile to the next, and tiles without keys (n_tiles = 0) load nothing on either side.
+
+        @cute.jit
+        def first_tile(self, mCuQ, num_batch, hq):
+            bx, _, _ = cute.arch.block_idx()
+            tile = Int32(bx)
+            b, m_block, h, valid = sched_mod.packed_tile_device(mCuQ, num_batch, tile, hq, self.tile_m,
+                                                                self.spec.bounded_right)
+            return tile, b, m_block, h, valid
+
+        @cute.jit
+        def next_tile(self, tile, mCuQ, num_batch, hq):
+            nx, _, _ = cute.arch.grid_dim()
+            tile = tile + Int32(nx)
+            b, m_block, h, valid = sched_mod.packed_tile_device(mCuQ, num_batch, tile, hq, self.tile_m,
+                                                                self.spec.bounded_right)
+            return tile, b, m_block, h, valid
+
+        @cute.jit
+        def load_tiles(self, loads, mCuQ, mCuK, num_batch, hq, group_size, window_left, window_right):
+            """The producer warp's loop over its persistent CTA's tiles."""
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.q_stages)
+            kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            tile, b, m_block, h, valid = self.first_tile(mCuQ, num_batch, hq)
+            while valid:
+                q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = sched_mod.sequence_tiles(
+                    self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, self.tile_m, self.tile_n)
+                q_state, kv = self.load(*loads, q_start, k_start, m_block, h, h // group_size, n_lo, n_tiles,
+                                        q_state, kv)
+                tile, b, m_block, h, valid = self.next_tile(tile, mCuQ, num_batch, hq)
+
         @cute.jit
         def load(self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, q_pipe, k_pipe, v_pipe, q_start, k_start,
-                 m_block, h, hk, n_lo, n_tiles):
+                 m_block, h, hk, n_lo, n_tiles, q_state, kv):
+            """TMA loads of one tile (Q, then K_j and V_j for its n_tiles key tiles); returns the advanced
+            producer states of the Q and K / V rings."""
             if n_tiles > 0:
                 one = cute.make_layout(1)
                 gQ = cute.local_tile(cute.domain_offset((q_start, 0), mQ[None, None, h]), (self.tile_m, self.d),
@@ -266,14 +343,15 @@ def _kernel_class():
                                      (None, 0))
                 tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2),
                                                    cute.group_modes(gQ, 0, 2))
+                if cutlass.const_expr(self.cfg.persistent):
+                    tQsQ = tQsQ[None, q_state.index]
                 tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2),
                                                    cute.group_modes(gK, 0, 2))
                 tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2),
                                                    cute.group_modes(gV, 0, 2))
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                 q_pipe.producer_acquire(q_state)
                 cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=q_pipe.producer_get_barrier(q_state))
-                kv = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                q_state.advance()
                 for j in cutlass.range(n_tiles, unroll=1):
                     kb = n_lo + j
                     k_pipe.producer_acquire(kv)
@@ -281,16 +359,47 @@ def _kernel_class():
                     v_pipe.producer_acquire(kv)
                     cute.copy(tma_v, tVgV[None, kb], tVsV[None, kv.index], tma_bar_ptr=v_pipe.producer_get_barrier(kv))
                     kv.advance()
+            return q_state, kv
+
+        @cute.jit
+        def consume_tiles(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mCuQ, mCuK, mSink, t,
+                          scale_log2, window_left, window_right, num_batch, hq):
+            """A consumer warpgroup's loop over its persistent CTA's tiles. Ping-pong: warpgroup 0 pre-passes
+            its first turn once, before the first tile; every tile then ends with the turn passed on, so the token
+            goes round unbroken from tile to tile."""
+            consumer = pipeline.PipelineUserType.Consumer
+            q_st = pipeline.make_pipeline_state(consumer, self.cfg.q_stages)
+            k_st = pipeline.make_pipeline_state(consumer, self.stages)
+            v_st = pipeline.make_pipeline_state(consumer, self.stages)
+            if cutlass.const_expr(self.cfg.pingpong):
+                if t // 128 == 0:
+                    self.turn_pass(0)
+            tile, b, m_block, h, valid = self.first_tile(mCuQ, num_batch, hq)
+            while valid:
+                q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = sched_mod.sequence_tiles(
+                    self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, self.tile_m, self.tile_n)
+                sink_log2 = None
+                if cutlass.const_expr(mSink is not None):
+                    sink_log2 = mSink[h] * Float32(sm_mod.LOG2E)
+                q_st, k_st, v_st = self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, t,
+                                                scale_log2, sink_log2, window_left, window_right, q_start, sq, sk,
+                                                m_block, h, n_lo, n_tiles, full_lo, full_hi, q_st, k_st, v_st)
+                tile, b, m_block, h, valid = self.next_tile(tile, mCuQ, num_batch, hq)
 
         @cute.jit
         def consume(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, t, scale_log2, sink_log2,
-                    window_left, window_right, q_start, sq, sk, m_block, h, n_lo, n_tiles, full_lo, full_hi):
+                    window_left, window_right, q_start, sq, sk, m_block, h, n_lo, n_tiles, full_lo, full_hi, q_st,
+                    k_st, v_st):
+            """One tile of a consumer warpgroup: the key-tile loop, then the epilogue; returns the advanced
+            consumer states of the Q and K / V rings."""
             wg = t // 128
             thr_qk = qk_mma.get_slice(t)
             thr_pv = pv_mma.get_slice(t)
             wg_qk = qk_mma.get_slice(wg * 128)  # the warpgroup's share of the operands (its 64 rows of Q)
             wg_pv = pv_mma.get_slice(wg * 128)
             tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
+            if cutlass.const_expr(self.cfg.persistent):
+                tSrQ = tSrQ[None, None, None, q_st.index]
             tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
             tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(wgmma.transpose_view(sV)))
             tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
@@ -309,15 +418,14 @@ def _kernel_class():
                 row_lo[r], row_hi[r] = mask_mod.row_key_bounds(self.spec, q_pos, sk, window_left, window_right)
 
             if n_tiles > 0:
-                q_pipe.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
-                k_st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-                v_st = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+                q_pipe.consumer_wait(q_st)
                 row_a = cute.make_rmem_tensor(cute.make_layout(rows), Float32)
                 step = (wg, wg_qk, tSrQ, tSrK, k_pipe, s_coords, row_m, row_l, row_lo, row_hi, row_a, scale_log2,
                         full_lo, full_hi)
                 if cutlass.const_expr(self.cfg.pingpong):  # warpgroup 0 goes first: its own barrier pre-arrived
-                    if wg == 0:
-                        self.turn_pass(0)
+                    if cutlass.const_expr(not self.cfg.persistent):  # (persistent: once, in consume_tiles)
+                        if wg == 0:
+                            self.turn_pass(0)
                     if cutlass.const_expr(not self.cfg.overlap):
                         self.turn_wait(wg)
                 if cutlass.const_expr(not self.cfg.overlap):
@@ -360,9 +468,14 @@ def _kernel_class():
                     v_pipe.consumer_wait(v_st)
                     wgmma.gemm(pv_mma, acc_o, tOrP, tOrV[None, None, None, v_st.index], False)
                     v_pipe.consumer_release(v_st)
+                    v_st.advance()
                 if cutlass.const_expr(self.cfg.pingpong and not self.cfg.overlap):
                     self.turn_pass(self.next_wg(wg))
+                if cutlass.const_expr(self.cfg.persistent):  # every QK of the tile is done: Q's buffer is free
+                    q_pipe.consumer_release(q_st)
+                    q_st.advance()
             self.epilogue(thr_pv, acc_o, o_mn, row_m, row_l, mO, mLSE, t, q_start, sq, m_block, h)
+            return q_st, k_st, v_st
 
         # Ping-pong turns, one token going round the consumer warpgroups 0 -> 1 (-> 2) -> 0: named barrier 1 + w
         # (256 threads) completes when warpgroup w waits on it and its predecessor has passed it the turn. Per
