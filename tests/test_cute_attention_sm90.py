@@ -63,20 +63,21 @@ def test_sm90_config_rejects_what_the_kernel_does_not_build():
 
 def test_sm90_for_call_picks_the_timed_tiles():
     """The entry's config: 128 x 128 tiles, two consumer warpgroups, ping-pong, 2-stage K/V ring at hd128 and at
-    hd64 with a sliding window; hd64 without one: the 192-row tile (three warpgroups), with overlap in bf16."""
+    hd64 with a sliding window (there on the persistent grid); hd64 without one: the 192-row tile (three
+    warpgroups), with overlap in bf16."""
     from cute_ops.attention.fmha_sm90 import FmhaSm90Config
 
     def tiles(d, window_left, dtype=torch.bfloat16):
         cfg = FmhaSm90Config.for_call(torch.zeros(4, 8, d, dtype=dtype), True, window_left, 0, torch.zeros(8),
                                       "sm_90a")
         assert cfg.has_sink and cfg.has_window_left == (window_left >= 0)
-        return cfg.tile_m, cfg.tile_n, cfg.kv_stages, cfg.pingpong, cfg.overlap
+        return cfg.tile_m, cfg.tile_n, cfg.kv_stages, cfg.pingpong, cfg.overlap, cfg.persistent
 
-    for d in (64, 128):
-        assert tiles(d, 128) == (128, 128, 2, True, False)
-    assert tiles(128, -1) == (128, 128, 2, True, False)
-    assert tiles(64, -1) == (192, 128, 2, True, True)
-    assert tiles(64, -1, torch.float16) == (192, 128, 2, True, False)
+    for d in (64, 128):  # a sliding window: the persistent grid, one CTA per SM (132 for host tensors)
+        assert tiles(d, 128) == (128, 128, 2, True, False, 132)
+    assert tiles(128, -1) == (128, 128, 2, True, False, 0)
+    assert tiles(64, -1) == (192, 128, 2, True, True, 0)
+    assert tiles(64, -1, torch.float16) == (192, 128, 2, True, False, 0)
 
 
 def test_sm90_entry_checks_and_auto_skip_on_cpu():
@@ -322,6 +323,14 @@ SM90_HD64_VARIANTS = [  # fully specified: the base config may already be the 19
     dict(tile_m=192, kv_stages=4, overlap=False), dict(tile_m=128, tile_n=192, kv_stages=3, overlap=False),
     dict(tile_m=192, tile_n=160, kv_stages=3, overlap=False)]
 GPT_OSS_WINDOW = dict(causal=True, has_window_left=True, has_window_right=True, has_sink=True)  # window (128, 0)
+# the persistent grid (dtype, head dim, other fields, CTAs): the same instruction counts as one CTA per tile (one
+# call site per GEMM and load, the same turn barriers); registers: 151 of 240 at hd64 window, 182 at hd128,
+# 137 of 160 with 192 rows
+SM90_PERSISTENT_SASS = [
+    ("bf16", 64, GPT_OSS_WINDOW, 132), ("bf16", 128, dict(causal=True, has_sink=True), 132),
+    ("fp16", 64, dict(has_window_left=True, overlap=True), 7), ("bf16", 64, dict(GPT_OSS_WINDOW, pingpong=False), 1),
+    ("bf16", 64, dict(GPT_OSS_WINDOW, tile_m=192, kv_stages=3), 132),
+    ("bf16", 128, dict(GPT_OSS_WINDOW, overlap=True), 132)]
 
 
 @needs_dsl
@@ -335,6 +344,7 @@ GPT_OSS_WINDOW = dict(causal=True, has_window_left=True, has_window_right=True, 
     ("bf16", 64, dict(causal=True, has_sink=True, tile_m=192)),
     ("fp16", 64, dict(causal=True, tile_m=192, pingpong=False, kv_stages=4)),
     *[("bf16", 64, dict(GPT_OSS_WINDOW, **v)) for v in SM90_HD64_VARIANTS],
+    *[(dt, d, dict(extra, persistent=n)) for dt, d, extra, n in SM90_PERSISTENT_SASS],
 ])
 def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     """Record (nvidia-cutlass-dsl 4.8.1): bf16 D=128: HGMMA.64x128 16, UTMALDG.3D 6, MUFU.EX2 66, SHFL.BFLY 8,
@@ -383,6 +393,8 @@ def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     setmax = [ln.split()[-1].rstrip(";") for ln in d_.ptx.splitlines() if "setmaxnreg" in ln]
     assert setmax == [str(producer), str(consumer)], setmax
     assert d_.max_register() <= consumer, (d_.max_register(), consumer)
+    # the persistent tile walk steps by the grid size; one CTA per tile never reads it
+    assert ("%nctaid.x" in d_.ptx) == bool(cfg.persistent)
 
 
 def _need_sm90():

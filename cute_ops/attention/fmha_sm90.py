@@ -88,6 +88,9 @@ class FmhaSm90Config(launch.AttentionConfig):
         if self.tile_m == 192 and (self.head_dim + self.tile_n > 224 or (self.overlap and self.tile_n > 128)):
             raise ValueError(f"tile_m 192 (160 registers) with head_dim {self.head_dim}, tile_n {self.tile_n}, "
                              f"overlap {self.overlap}: spills (needs head_dim + tile_n <= 224, overlap tile_n <= 128)")
+        # with the persistent grid the tile loop's state adds registers: 192 x 128 with overlap spills (35 STL)
+        if self.tile_m == 192 and self.overlap and self.persistent:
+            raise ValueError("tile_m 192 with overlap on the persistent grid spills (160 registers)")
         if self.smem_bytes() > SMEM_BYTES:
             raise ValueError(f"SMEM {self.smem_bytes()} bytes > {SMEM_BYTES}: fewer kv_stages or smaller tiles")
 

@@ -1,6 +1,6 @@
 """Varlen tile scheduling from cu_seqlens_q: which (batch, query tile, query head) a CTA works on.
 
-Two schedules, one CTA per tile (no persistence yet):
+Two schedules, one CTA per tile, and a persistent form of PACKED (the sm90 kernel's `persistent` field):
 
 * GRID   grid = (ceil(max_seqlen_q / tile_m), Hq, B); CTA (x, y, z) takes query tile x of head y of sequence z,
          and exits at once when tile x starts past that sequence's end. Needs max_seqlen_q on the host (the
@@ -14,8 +14,12 @@ Two schedules, one CTA per tile (no persistence yet):
          tiles in L2) and, with reverse_m (causal), the last query tile -- the one with the most keys -- goes
          first.
 
+* PERSISTENT grid = (number of SMs,); CTA c walks PACKED work items c, c + grid, c + 2 grid, ... (each mapped by
+         the same scan) until one lies past the last tile: a static round-robin over the PACKED order, so with
+         reverse_m the longest tiles of a sequence are dealt out first.
+
 `packed_tile` (host) runs the same chunked algorithm on a list, so the CPU tests check the device arithmetic
-(bijection with the real tiles, the bound, the order) without a GPU.
+(bijection with the real tiles, the bound, the order) without a GPU; `persistent_tiles` is the persistent walk.
 """
 
 from __future__ import annotations
@@ -72,6 +76,16 @@ def packed_tile(cu_seqlens_q: list[int], tile_idx: int, heads: int, tile_m: int,
         before += incl[-1]
         base += WARP
     return None
+
+
+def persistent_tiles(cu_seqlens_q: list[int], cta: int, grid: int, heads: int, tile_m: int,
+                     reverse_m: bool = False) -> list[tuple[int, int, int]]:
+    """The (b, m_block, h) tiles persistent CTA `cta` of `grid` handles, in order (the device loop)."""
+    out, idx = [], cta
+    while (tile := packed_tile(cu_seqlens_q, idx, heads, tile_m, reverse_m)) is not None:
+        out.append(tile)
+        idx += grid
+    return out
 
 
 # ------------------------------------------------------------------------------------------ device side
