@@ -7,8 +7,8 @@ The default tiles (128 x 128, two consumer warpgroups) ran on an H100 (HARDWARE_
 Contract: dispatch/reference/attention.py (varlen q/k/v, GQA, causal + window bottom-right, sinks, natural-log
 LSE); arguments as in launch.py. D = 64 or 128, bf16 or fp16.
 
-One CTA per (query tile of tile_m = 128 or 192 rows, query head); 1 + tile_m / 64 warpgroups (registers split by
-setmaxnreg: 24 / 240 / 240 with two consumers, 24 / 160 / 160 / 160 with three):
+One CTA per (query tile of tile_m = 128 or 192 rows, query head), or a persistent grid (below); 1 + tile_m / 64
+warpgroups (registers split by setmaxnreg: 24 / 240 / 240 with two consumers, 24 / 160 / 160 / 160 with three):
 
     warpgroup 0   producer   warp 0 issues the TMA loads: Q once, then K_j and V_j (tile_n keys) through a
                              kv_stages ring each (its other three warps only lower their register limit and leave)
@@ -23,6 +23,15 @@ interleaving on their own; `pingpong` (FA3's inter-warpgroup schedule, the defau
 core through named barriers (a ring 0 -> 1 (-> 2) -> 0), one's softmax running while the others' PV_{j-1} + QK_j
 execute; `overlap` (FA3's intra-warpgroup overlap): QK_j and PV_{j-1} issued together, the softmax of tile j under
 PV_{j-1} (bf16 at tile_n = 128 only in practice: with fp16 or another tile_n ptxas serializes the WGMMAs).
+
+Persistent grid (`persistent` = the SM count; for_call turns it on for sliding-window calls, where a query tile
+visits only 2-3 key tiles and the per-tile prologue / epilogue dominated): grid = one CTA per SM, each walking the
+PACKED tile order with stride grid (scheduler.persistent_tiles is its host model). The roles loop over the same tile
+sequence on their own: the producer warp issues the next tile's Q (a 2-stage Q ring; consumers free a buffer once
+the tile's last QK is done) and K / V as soon as the rings have room, so they are in SMEM when the consumers start
+it; the pipeline states and the ping-pong token carry over (warpgroup 0 pre-passes its first turn once per CTA), so
+one warpgroup's epilogue runs under the other's first GEMMs of the next tile. Compiled and SASS-checked on a CPU;
+GPU tests and timing pending.
 
 Key tiles run from n_lo upwards (mask.tile_range); a tile is masked only when it is not inside every row's visible
 interval. Varlen: TMA boxes start at the sequence's first row; rows past the sequence are read (the next
