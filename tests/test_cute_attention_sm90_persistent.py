@@ -10,7 +10,15 @@ from hypothesis import strategies as st
 
 from cute_ops.attention import scheduler as S
 from tests.helpers import assert_attention_close
-from tests.test_cute_attention_sm90 import SM90_GPU_CASES, _case_id, _need_sm90, _sm90_case, _variant_id, cu
+from tests.test_cute_attention_sm90 import (
+    SM90_GPU_CASES,
+    _case_id,
+    _need_sm90,
+    _sm90_case,
+    _variant_id,
+    cu,
+    sm90_gpu_cases,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:This static loop has")
 
@@ -91,25 +99,13 @@ def test_gpu_sm90_persistent_gpt_oss_window_many_tiles(persistent):
     assert_attention_close(out, lse, want_out, want_lse, f"sm90 persistent={persistent} gpt-oss window")
 
 
-@st.composite
-def persistent_cases(draw):
-    n = draw(st.integers(1, 5))
-    lk = [draw(st.sampled_from([0, 1, 63, 128, 129, 300, 700])) for _ in range(n)]
-    lq = [draw(st.sampled_from([s, s, 0, 1, min(s, 77), s + 50])) for s in lk]
-    hq, hkv = draw(st.sampled_from([(2, 2), (4, 1), (8, 2)]))
-    window = (draw(st.sampled_from([-1, 0, 5, 128, 200])), draw(st.sampled_from([-1, -1, 0, 40])))
-    case = (lq, lk, hq, hkv, draw(st.sampled_from([64, 128])), draw(st.sampled_from([torch.bfloat16, torch.float16])),
-            draw(st.booleans()), window, draw(st.booleans()), draw(st.integers(0, 2**16)))
-    return case, dict(persistent=draw(st.sampled_from([1, 2, 5, 132])), tile_m=128, overlap=False)
-
-
 @pytest.mark.gpu
 @settings(max_examples=40, deadline=None)
-@given(drawn=persistent_cases())
-def test_gpu_sm90_persistent_drawn_cases_match_reference(drawn):
+@given(case=sm90_gpu_cases(), persistent=st.sampled_from([1, 2, 5, 132]))
+def test_gpu_sm90_persistent_drawn_cases_match_reference(case, persistent):
     _need_sm90()
-    case, variant = drawn
     if sum(case[0]) == 0:
         return  # nothing to compare (the entry returns empty tensors without a launch)
+    variant = dict(persistent=persistent, tile_m=128, overlap=False)
     out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
     assert_attention_close(out, lse, want_out, want_lse, f"sm90 persistent {variant} {case}")

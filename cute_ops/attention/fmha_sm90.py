@@ -292,11 +292,8 @@ def _kernel_class():
                 b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, self.tile_m,
                                                           self.spec.bounded_right)
                 if valid:
-                    q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = sched_mod.sequence_tiles(
-                        self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, self.tile_m, self.tile_n)
-                    sink_log2 = None
-                    if cutlass.const_expr(mSink is not None):
-                        sink_log2 = mSink[h] * Float32(sm_mod.LOG2E)
+                    q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi, sink_log2 = self.tile_args(
+                        mCuQ, mCuK, mSink, b, m_block, h, window_left, window_right)
                     consumer = pipeline.PipelineUserType.Consumer
                     self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, tidx - 128,
                                  scale_log2, sink_log2, window_left, window_right, q_start, sq, sk, m_block, h,
@@ -374,6 +371,17 @@ def _kernel_class():
             return q_state, kv
 
         @cute.jit
+        def tile_args(self, mCuQ, mCuK, mSink, b, m_block, h, window_left, window_right):
+            """A consumer's per-tile values: sequence_tiles' eight, then the sink's logit in log2 units (None
+            without sinks)."""
+            q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = sched_mod.sequence_tiles(
+                self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, self.tile_m, self.tile_n)
+            sink_log2 = None
+            if cutlass.const_expr(mSink is not None):
+                sink_log2 = mSink[h] * Float32(sm_mod.LOG2E)
+            return q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi, sink_log2
+
+        @cute.jit
         def consume_tiles(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mCuQ, mCuK, mSink, t,
                           scale_log2, window_left, window_right, num_batch, hq):
             """A consumer warpgroup's loop over its persistent CTA's tiles. Ping-pong: warpgroup 0 pre-passes
@@ -388,11 +396,8 @@ def _kernel_class():
                     self.turn_pass(0)
             tile, b, m_block, h, valid = self.first_tile(mCuQ, num_batch, hq)
             while valid:
-                q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi = sched_mod.sequence_tiles(
-                    self.spec, mCuQ, mCuK, b, m_block, window_left, window_right, self.tile_m, self.tile_n)
-                sink_log2 = None
-                if cutlass.const_expr(mSink is not None):
-                    sink_log2 = mSink[h] * Float32(sm_mod.LOG2E)
+                q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi, sink_log2 = self.tile_args(
+                    mCuQ, mCuK, mSink, b, m_block, h, window_left, window_right)
                 q_st, k_st, v_st = self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, t,
                                                 scale_log2, sink_log2, window_left, window_right, q_start, sq, sk,
                                                 m_block, h, n_lo, n_tiles, full_lo, full_hi, q_st, k_st, v_st)
