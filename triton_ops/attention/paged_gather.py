@@ -1,0 +1,142 @@
+"""Gather of a paged K / V cache into contiguous varlen K / V (Triton): the first half of the gathered paged-prefix
+prefill (`cute_ops/attention/paged_prefill.py` composes it with the contiguous sm_90 forward).
+
+Contract: dispatch/reference/attention.py `gather_paged` (positions 0..n_b-1 of sequence b read through its
+block-table row), with n_b = clamp(seqused_k[b], 0, capacity) and capacity = block_table.shape[1] * block_size.
+
+Layout of the result (static sizes, no host read of a device value): k (B * capacity, Hkv, Dqk) and v
+(B * capacity, Hkv, Dv) in the output dtype; sequence b owns rows cu_k[b]:cu_k[b + 1] with cu_k = [0, cumsum(n)]
+(computed on the device), rows past cu_k[B] are never written. The buffers are sized by the block table's width:
+that is the only bound on the keys the op's arguments give without reading seqused_k.
+
+FP8 E4M3 caches (float8_e4m3fn or uint8 bytes) are dequantized in the same pass: value = code * scale (per-tensor
+fp32 scale), rounded once to the output dtype (RNE). 16-bit caches without scales are copied bit for bit.
+
+Keys the contiguous kernel cannot mask: a page id outside [0, num_blocks) (its rows are written as zeros, never
+read) and seqused_k[b] past the capacity. Either sets flags[b] = 1 (flags must start at 0): the caller recomputes
+those sequences with a kernel that masks per key (the plain paged prefill, `FLAGGED`).
+
+Shape of the work: one program per (BLOCK_T positions, sequence); the row is the slot's Hkv * D contiguous
+elements, copied in BLOCK_C-column chunks; the block-table entry is loaded once per row.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from triton_ops._formats import cast_out, e4m3_decode_fast
+from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
+from triton_ops.contract.attention import FP8_KV
+
+BLOCK_T = 32  # positions per program
+MAX_BLOCK_C = 512  # columns per chunk: 32 x 512 elements = 16 KB of bf16 per chunk and program
+
+
+@triton.jit
+def _copy_rows(src_ptr, dst_ptr, src_row, dst_row, row_ok, scale_ptr, WIDTH: tl.constexpr, BLOCK_C: tl.constexpr,
+               FP8: tl.constexpr, SCALE: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    """dst[dst_row, :WIDTH] = src[src_row, :WIDTH] (dequantized: code * scale); row_ok False: the row is written
+    as zeros and not read. Rows are element offsets (int64); dst_row < 0: not written."""
+    write = dst_row >= 0
+    if SCALE:
+        scale = tl.load(scale_ptr)
+    for c0 in tl.static_range(0, WIDTH, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        cm = c < WIDTH
+        ld = row_ok[:, None] & cm[None, :]
+        if FP8:
+            x = e4m3_decode_fast(tl.load(src_ptr + src_row[:, None] + c[None, :], mask=ld, other=0), EMULATE)
+            if SCALE:
+                x = x * scale
+            x = cast_out(x, OUT_DTYPE, EMULATE)
+        elif SCALE:
+            x = tl.load(src_ptr + src_row[:, None] + c[None, :], mask=ld, other=0).to(tl.float32) * scale
+            x = cast_out(x, OUT_DTYPE, EMULATE)
+        else:  # a bit-exact copy
+            x = tl.load(src_ptr + src_row[:, None] + c[None, :], mask=ld, other=0)
+        tl.store(dst_ptr + dst_row[:, None] + c[None, :], x, mask=write[:, None] & cm[None, :])
+
+
+@triton.jit
+def _gather_kernel(k_ptr, v_ptr, ko_ptr, vo_ptr, bt_ptr, used_ptr, cu_ptr, flag_ptr, ks_ptr, vs_ptr, num_pages,
+                   bt_cols, bt_stride, k_sb, k_st, v_sb, v_st,
+                   PAGE_SIZE: tl.constexpr, WK: tl.constexpr, WV: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_CK: tl.constexpr, BLOCK_CV: tl.constexpr, FP8: tl.constexpr,
+                   SCALE: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    t0 = tl.program_id(0) * BLOCK_T
+    b = tl.program_id(1)
+    used = tl.load(used_ptr + b)
+    cap = bt_cols * PAGE_SIZE
+    n = tl.minimum(tl.maximum(used, 0), cap)
+    if t0 == 0:
+        if used > cap:  # keys past the table: masked by contract, not representable contiguously
+            tl.store(flag_ptr + b, 1)
+    if t0 >= n:
+        return
+    j = t0 + tl.arange(0, BLOCK_T)
+    live = j < n
+    page = tl.load(bt_ptr + b.to(tl.int64) * bt_stride + j // PAGE_SIZE, mask=live, other=0)
+    ok = live & (page >= 0) & (page < num_pages)
+    if tl.max((live & ~ok).to(tl.int32), 0) > 0:  # an out-of-range page id: masked by contract
+        tl.store(flag_ptr + b, 1)
+    page = tl.where(ok, page, 0).to(tl.int64)
+    slot = (j % PAGE_SIZE).to(tl.int64)
+    dst = tl.where(live, tl.load(cu_ptr + b).to(tl.int64) + j, -1)
+    _copy_rows(k_ptr, ko_ptr, page * k_sb + slot * k_st, dst * WK, ok, ks_ptr, WK, BLOCK_CK, FP8, SCALE,
+               OUT_DTYPE, EMULATE)
+    _copy_rows(v_ptr, vo_ptr, page * v_sb + slot * v_st, dst * WV, ok, vs_ptr, WV, BLOCK_CV, FP8, SCALE,
+               OUT_DTYPE, EMULATE)
+
+
+def gather_reason(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                  seqused_k: torch.Tensor) -> str | None:
+    """Why `gather_paged_kv` cannot take these caches (None: it can)."""
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.dim() != 4 or c.stride(3) != 1 or c.stride(2) != c.shape[3]:
+            return f"{name}: each slot's (Hkv, D) must be contiguous, got shape {tuple(c.shape)} strides {c.stride()}"
+    if block_table.dim() != 2 or block_table.stride(1) != 1 or block_table.dtype != torch.int32:
+        return "block_table must be int32 (B, max_blocks) with unit column stride"
+    if seqused_k.dtype != torch.int32 or seqused_k.dim() != 1 or seqused_k.stride(0) != 1:
+        return "seqused_k must be contiguous int32 (B,)"
+    return None
+
+
+def gather_paged_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    seqused_k: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(k (B * cap, Hkv, Dqk), v (B * cap, Hkv, Dv) in `dtype`, cu_k (B + 1,) int32, flags (B,) int32, cap):
+    see the module docstring. `gather_reason` first; k_scale / v_scale: per-tensor fp32 (one element) or None."""
+    bsz, cols = block_table.shape
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
+    dqk, dv = k_cache.shape[3], v_cache.shape[3]
+    cap = cols * page
+    dev = k_cache.device
+    rows = max(bsz * cap, 1)  # one row at least: a zero-row tensor gives the TMA of the consumer nothing to describe
+    k = torch.empty((rows, hkv, dqk), dtype=dtype, device=dev)
+    v = torch.empty((rows, hkv, dv), dtype=dtype, device=dev)
+    flags = torch.zeros(bsz, dtype=torch.int32, device=dev)
+    cu_k = torch.zeros(bsz + 1, dtype=torch.int32, device=dev)
+    if bsz == 0:
+        return k, v, cu_k, flags, cap
+    torch.cumsum(seqused_k.clamp(0, cap), 0, dtype=torch.int32, out=cu_k[1:])
+    if cap == 0:
+        flags.copy_((seqused_k > 0).to(torch.int32))
+        return k, v, cu_k, flags, cap
+    fp8 = k_cache.dtype in FP8_KV
+    if fp8:  # the kernel reads E4M3 as bytes
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    scaled = k_scale is not None
+    wk, wv = hkv * dqk, hkv * dv
+    grid = (cdiv(cap, BLOCK_T), bsz)
+    launch(_gather_kernel, grid, k_cache, v_cache, k, v, block_table, seqused_k, cu_k, flags,
+           k_scale if scaled else flags, v_scale if scaled else flags, k_cache.shape[0], cols, block_table.stride(0),
+           k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+           PAGE_SIZE=page, WK=wk, WV=wv, BLOCK_T=BLOCK_T,
+           BLOCK_CK=min(next_pow2(wk), MAX_BLOCK_C), BLOCK_CV=min(next_pow2(wv), MAX_BLOCK_C), FP8=fp8,
+           SCALE=scaled, OUT_DTYPE=TL_DTYPE[dtype], EMULATE=emulate_formats(dev), num_warps=4)
+    return k, v, cu_k, flags, cap
+
+
+__all__ = ["gather_paged_kv", "gather_reason"]
