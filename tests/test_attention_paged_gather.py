@@ -13,8 +13,8 @@ import torch
 from dispatch.reference.attention import attention_prefill_paged as ref_paged
 from tests.helpers import assert_attention_close, run_compile_script
 from tests.test_attention_prefill import make_paged
-from triton_ops.attention.paged_gather import gather_paged_kv, gather_reason
-from triton_ops.attention.prefill import attention_prefill_paged_flagged
+from triton_ops.attention.paged_gather import gather_paged_kv, gather_reason, gathered_prefill_paged
+from triton_ops.attention.prefill import attention_prefill, attention_prefill_paged, attention_prefill_paged_flagged
 
 
 def torch_gather(cache, table, used, scale, dtype):
@@ -102,6 +102,57 @@ def test_gather_bad_pages_masked_and_flagged():
     assert flags.tolist() == [0, 0, 0, 0]
 
 
+def test_gather_window_leaves_out_unseen_keys():
+    # window_left 5: sequence b keeps key positions from n - Sq - 5 (>= 0) on; a bad page id before that is not read
+    lq, lk = [3, 0, 16, 1, 9], [40, 5, 16, 70, 12]
+    q, kc, vc, cq, table, used, _, _, _, _, _ = make_paged(lq, lk, 2, 2, 32, 16, torch.bfloat16, "16bit", 4)
+    table[3, 1] = -1  # positions 16..31 of sequence 3: before its first kept key 64
+    k, v, cu_k, flags, cap = gather_paged_kv(kc, vc, table, used, None, None, torch.bfloat16, cq, 5)
+    start = [max(0, n - s - 5) for n, s in zip(lk, lq, strict=True)]
+    assert cu_k.tolist() == [0, *torch.tensor([n - a for n, a in zip(lk, start, strict=True)]).cumsum(0).tolist()]
+    full = torch_gather(kc, table, used, None, torch.bfloat16)
+    full_cu = [0, *torch.tensor(lk).cumsum(0).tolist()]
+    want = torch.cat([full[full_cu[b] + start[b]:full_cu[b + 1]] for b in range(len(lk))])
+    assert torch.equal(bits(k[:int(cu_k[-1])]), bits(want))
+    assert flags.tolist() == [0] * len(lk)
+
+
+@pytest.mark.parametrize("page,kv_kind,causal,window,sink,bad", [
+    (16, "16bit", True, (-1, -1), False, False),
+    (16, "16bit", True, (7, -1), True, True),
+    (64, "fp8", True, (-1, -1), True, False),
+    (16, "u8", False, (9, 3), False, True),
+    (16, "16bit", False, (-1, 0), True, False),
+    (16, "fp8", True, (-1, -1), False, True),
+])
+def test_gathered_composition_matches_reference(page, kv_kind, causal, window, sink, bad):
+    # the composition (gather, a contiguous forward, the flagged fixup) with the plain contiguous Triton kernel as
+    # the forward (the cute one needs a GPU and has the same contract): the paged reference's answer
+    lq, lk = [3, 0, 16, 1, 6], [40, 5, 16, 70, 6]
+    q, kc, vc, cq, table, used, ks, vs, _, _, _ = make_paged(lq, lk, 4, 2, 32, page, torch.bfloat16, kv_kind, 7)
+    if bad:  # first pages: flagged (the fixup) without a window; with one, before its first kept key (not read)
+        table[0, 0] = kc.shape[0] + 1
+        table[3, 0] = -5
+    sinks = torch.tensor([0.0, 1.0, -1.0, 3.0]) if sink else None
+    args = (q, kc, vc, cq, table, used, max(lq), 0.15, causal, window[0], window[1], sinks, ks, vs)
+    out, lse = gathered_prefill_paged(attention_prefill, *args)
+    want_out, want_lse = ref_paged(*args)
+    assert_attention_close(out, lse, want_out, want_lse, f"page={page} {kv_kind} window={window}")
+
+
+def test_gathered_composition_seqused_past_table_is_the_plain_kernel():
+    # keys past the table's width count as masked positions in the plain kernel: the flagged fixup keeps that
+    lq, lk = [3, 4], [20, 30]
+    q, kc, vc, cq, table, used, _, _, _, _, _ = make_paged(lq, lk, 2, 1, 32, 16, torch.bfloat16, "16bit", 8)
+    used[1] = 40  # table width 2 pages of 16
+    args = (q, kc, vc, cq, table, used, 4, 0.2, True, -1, -1, None, None, None)
+    out, lse = gathered_prefill_paged(attention_prefill, *args)
+    want_out, want_lse = attention_prefill_paged(*args)
+    assert torch.equal(out[3:], want_out[3:]) and torch.equal(lse[3:], want_lse[3:])
+    ref_out, ref_lse = ref_paged(*args)
+    assert_attention_close(out[:3], lse[:3], ref_out[:3], ref_lse[:3], "unflagged sequence")
+
+
 def test_gather_empty():
     kc = torch.zeros(4, 16, 2, 32, dtype=torch.bfloat16)
     k, v, cu_k, flags, cap = gather_paged_kv(kc, kc, torch.zeros(0, 3, dtype=torch.int32),
@@ -144,13 +195,14 @@ _COMPILE = textwrap.dedent("""
     import triton, triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton_ops.attention import paged_gather as G
-    ptrs = ("k_ptr", "v_ptr", "ko_ptr", "vo_ptr", "bt_ptr", "used_ptr", "cu_ptr", "flag_ptr", "ks_ptr", "vs_ptr")
-    for fp8 in (False, True):  # Llama's 8 KV heads of 128, pages of 64: a bf16 copy, an E4M3 dequant to bf16
+    ptrs = ("k_ptr", "v_ptr", "ko_ptr", "vo_ptr", "bt_ptr", "used_ptr", "cu_ptr", "start_ptr", "flag_ptr", "ks_ptr",
+            "vs_ptr")
+    for fp8 in (False, True):  # Llama's 8 KV heads of 128, pages of 64: a bf16 copy, an E4M3 dequant to bf16 (window)
         w = 8 * 128
-        sig = dict.fromkeys(ptrs[4:8], "*i32") | dict.fromkeys(ptrs[8:], "*fp32")
+        sig = dict.fromkeys(ptrs[4:9], "*i32") | dict.fromkeys(ptrs[9:], "*fp32")
         sig |= dict(k_ptr="*u8" if fp8 else "*bf16", v_ptr="*u8" if fp8 else "*bf16", ko_ptr="*bf16", vo_ptr="*bf16")
         sig |= dict.fromkeys(("num_pages", "bt_cols", "bt_stride", "k_sb", "k_st", "v_sb", "v_st"), "i32")
-        consts = dict(PAGE_SIZE=64, WK=w, WV=w, BLOCK_T=G.BLOCK_T, BLOCK_CK=min(w, G.MAX_BLOCK_C),
+        consts = dict(PAGE_SIZE=64, START=fp8, WK=w, WV=w, BLOCK_T=G.BLOCK_T, BLOCK_CK=min(w, G.MAX_BLOCK_C),
                       BLOCK_CV=min(w, G.MAX_BLOCK_C), FP8=fp8, SCALE=fp8, OUT_DTYPE=tl.bfloat16, EMULATE=False)
         sig |= dict.fromkeys(consts, "constexpr")
         names = [p.name for p in G._gather_kernel.params]

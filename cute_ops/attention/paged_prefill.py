@@ -5,7 +5,8 @@ device value on the host:
 1. `triton_ops.attention.paged_gather.gather_paged_kv`: each sequence's seqused_k keys (its cached prefix and its
    new tokens: the KV write ops have already put the new tokens into the cache, so the cache holds them all) read
    through the block table into contiguous varlen K / V in q's dtype (FP8 E4M3 caches dequantized in the same
-   pass), with cu_seqlens_k computed on the device. Buffers sized B x block-table width (module docstring there).
+   pass), with cu_seqlens_k computed on the device; with a sliding window only the keys some query sees. Buffers
+   sized B x block-table width (module docstring there).
 2. `fmha_sm90.attention_prefill` on (q, gathered k, v, cu_seqlens_q, cu_seqlens_k): bottom-right causal, windows,
    sinks, GQA and the LSE as for any packed varlen call; sequence b's query s sits at key position
    n_b - Sq_b + s, as the paged contract puts it.
@@ -68,17 +69,11 @@ def attention_prefill_paged(q, k_cache, v_cache, cu_seqlens_q, block_table, sequ
                             softmax_scale: float | None, causal: bool, window_left: int, window_right: int, sinks,
                             k_scale, v_scale):
     """(out (total_q, Hq, Dv) in q's dtype, lse (total_q, Hq) fp32): gather, contiguous forward, fixup (above)."""
-    from triton_ops.attention.paged_gather import gather_paged_kv
-    from triton_ops.attention.prefill import attention_prefill_paged_flagged
+    from triton_ops.attention.paged_gather import gathered_prefill_paged
 
-    k, v, cu_k, flags, cap = gather_paged_kv(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale, q.dtype)
-    out, lse = fmha_sm90.attention_prefill(q, k, v, cu_seqlens_q, cu_k, max_seqlen_q, cap, softmax_scale, causal,
-                                           window_left, window_right, sinks, True)
-    if q.shape[0] and block_table.shape[0]:
-        attention_prefill_paged_flagged(out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k,
-                                        max_seqlen_q, softmax_scale, causal, window_left, window_right, sinks,
-                                        k_scale, v_scale, flags)
-    return out, lse
+    return gathered_prefill_paged(fmha_sm90.attention_prefill, q, k_cache, v_cache, cu_seqlens_q, block_table,
+                                  seqused_k, max_seqlen_q, softmax_scale, causal, window_left, window_right, sinks,
+                                  k_scale, v_scale)
 
 
 __all__ = ["attention_prefill_paged", "supports_attention_prefill_paged"]

@@ -7,7 +7,10 @@ block-table row), with n_b = clamp(seqused_k[b], 0, capacity) and capacity = blo
 Layout of the result (static sizes, no host read of a device value): k (B * capacity, Hkv, Dqk) and v
 (B * capacity, Hkv, Dv) in the output dtype; sequence b owns rows cu_k[b]:cu_k[b + 1] with cu_k = [0, cumsum(n)]
 (computed on the device), rows past cu_k[B] are never written. The buffers are sized by the block table's width:
-that is the only bound on the keys the op's arguments give without reading seqused_k.
+the op's arguments bound the keys by nothing smaller without reading seqused_k on the host. With a sliding window
+(window_left >= 0) the keys no query sees, those before n_b - Sq_b - window_left, are left out (Sq_b from
+cu_seqlens_q, on the device): bottom-right alignment keeps the visibility of the rest, so a 128-key window gathers
+about Sq_b + 128 keys per sequence whatever its prefix.
 
 FP8 E4M3 caches (float8_e4m3fn or uint8 bytes) are dequantized in the same pass: value = code * scale (per-tensor
 fp32 scale), rounded once to the output dtype (RNE). 16-bit caches without scales are copied bit for bit.
@@ -60,9 +63,9 @@ def _copy_rows(src_ptr, dst_ptr, src_row, dst_row, row_ok, scale_ptr, WIDTH: tl.
 
 
 @triton.jit
-def _gather_kernel(k_ptr, v_ptr, ko_ptr, vo_ptr, bt_ptr, used_ptr, cu_ptr, flag_ptr, ks_ptr, vs_ptr, num_pages,
-                   bt_cols, bt_stride, k_sb, k_st, v_sb, v_st,
-                   PAGE_SIZE: tl.constexpr, WK: tl.constexpr, WV: tl.constexpr,
+def _gather_kernel(k_ptr, v_ptr, ko_ptr, vo_ptr, bt_ptr, used_ptr, cu_ptr, start_ptr, flag_ptr, ks_ptr, vs_ptr,
+                   num_pages, bt_cols, bt_stride, k_sb, k_st, v_sb, v_st,
+                   PAGE_SIZE: tl.constexpr, START: tl.constexpr, WK: tl.constexpr, WV: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_CK: tl.constexpr, BLOCK_CV: tl.constexpr, FP8: tl.constexpr,
                    SCALE: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
     t0 = tl.program_id(0) * BLOCK_T
@@ -73,16 +76,20 @@ def _gather_kernel(k_ptr, v_ptr, ko_ptr, vo_ptr, bt_ptr, used_ptr, cu_ptr, flag_
     if t0 == 0:
         if used > cap:  # keys past the table: masked by contract, not representable contiguously
             tl.store(flag_ptr + b, 1)
-    if t0 >= n:
+    first = 0
+    if START:  # keys before `first` are seen by no query (a window): not gathered
+        first = tl.load(start_ptr + b)
+    if t0 >= n - first:
         return
-    j = t0 + tl.arange(0, BLOCK_T)
-    live = j < n
-    page = tl.load(bt_ptr + b.to(tl.int64) * bt_stride + j // PAGE_SIZE, mask=live, other=0)
+    j = t0 + tl.arange(0, BLOCK_T)  # gathered row of the sequence; its key position is first + j
+    live = j < n - first
+    pos = first + j
+    page = tl.load(bt_ptr + b.to(tl.int64) * bt_stride + pos // PAGE_SIZE, mask=live, other=0)
     ok = live & (page >= 0) & (page < num_pages)
     if tl.max((live & ~ok).to(tl.int32), 0) > 0:  # an out-of-range page id: masked by contract
         tl.store(flag_ptr + b, 1)
     page = tl.where(ok, page, 0).to(tl.int64)
-    slot = (j % PAGE_SIZE).to(tl.int64)
+    slot = (pos % PAGE_SIZE).to(tl.int64)
     dst = tl.where(live, tl.load(cu_ptr + b).to(tl.int64) + j, -1)
     _copy_rows(k_ptr, ko_ptr, page * k_sb + slot * k_st, dst * WK, ok, ks_ptr, WK, BLOCK_CK, FP8, SCALE,
                OUT_DTYPE, EMULATE)
@@ -105,9 +112,13 @@ def gather_reason(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: tor
 
 def gather_paged_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seqused_k: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
-                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+                    dtype: torch.dtype, cu_seqlens_q: torch.Tensor | None = None,
+                    window_left: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(k (B * cap, Hkv, Dqk), v (B * cap, Hkv, Dv) in `dtype`, cu_k (B + 1,) int32, flags (B,) int32, cap):
-    see the module docstring. `gather_reason` first; k_scale / v_scale: per-tensor fp32 (one element) or None."""
+    see the module docstring. `gather_reason` first; k_scale / v_scale: per-tensor fp32 (one element) or None.
+    cu_seqlens_q and window_left >= 0 (a sliding window): sequence b's keys before n_b - Sq_b - window_left are seen
+    by no query and are left out (its gathered rows are the key positions from there to n_b - 1); the alignment is
+    bottom-right, so the kept keys keep their visibility."""
     bsz, cols = block_table.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     dqk, dv = k_cache.shape[3], v_cache.shape[3]
@@ -120,7 +131,13 @@ def gather_paged_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: t
     cu_k = torch.zeros(bsz + 1, dtype=torch.int32, device=dev)
     if bsz == 0:
         return k, v, cu_k, flags, cap
-    torch.cumsum(seqused_k.clamp(0, cap), 0, dtype=torch.int32, out=cu_k[1:])
+    n = seqused_k.clamp(0, cap)
+    start = None
+    if cu_seqlens_q is not None and window_left >= 0:
+        sq = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).clamp_min(0)
+        start = (n - sq - int(window_left)).clamp_min(0).to(torch.int32)
+        n = n - start
+    torch.cumsum(n, 0, dtype=torch.int32, out=cu_k[1:])
     if cap == 0:
         flags.copy_((seqused_k > 0).to(torch.int32))
         return k, v, cu_k, flags, cap
@@ -130,13 +147,34 @@ def gather_paged_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: t
     scaled = k_scale is not None
     wk, wv = hkv * dqk, hkv * dv
     grid = (cdiv(cap, BLOCK_T), bsz)
-    launch(_gather_kernel, grid, k_cache, v_cache, k, v, block_table, seqused_k, cu_k, flags,
+    launch(_gather_kernel, grid, k_cache, v_cache, k, v, block_table, seqused_k, cu_k,
+           flags if start is None else start, flags,
            k_scale if scaled else flags, v_scale if scaled else flags, k_cache.shape[0], cols, block_table.stride(0),
            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-           PAGE_SIZE=page, WK=wk, WV=wv, BLOCK_T=BLOCK_T,
+           PAGE_SIZE=page, START=start is not None, WK=wk, WV=wv, BLOCK_T=BLOCK_T,
            BLOCK_CK=min(next_pow2(wk), MAX_BLOCK_C), BLOCK_CV=min(next_pow2(wv), MAX_BLOCK_C), FP8=fp8,
            SCALE=scaled, OUT_DTYPE=TL_DTYPE[dtype], EMULATE=emulate_formats(dev), num_warps=4)
     return k, v, cu_k, flags, cap
 
 
-__all__ = ["gather_paged_kv", "gather_reason"]
+def gathered_prefill_paged(forward, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q: int,
+                           softmax_scale: float | None, causal: bool, window_left: int, window_right: int, sinks,
+                           k_scale, v_scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """`attention_prefill_paged` (signature and contract) through a contiguous varlen forward `forward` (the
+    `attention_prefill` entry signature): the gather above, `forward` on the gathered K / V, then the plain paged
+    kernel over the flagged sequences only (out-of-range page ids, seqused_k past the table: keys a contiguous
+    kernel cannot mask), so the result is the plain kernel's wherever the gather cannot represent the keys."""
+    from triton_ops.attention.prefill import attention_prefill_paged_flagged
+
+    k, v, cu_k, flags, cap = gather_paged_kv(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale, q.dtype,
+                                             cu_seqlens_q, window_left)
+    out, lse = forward(q, k, v, cu_seqlens_q, cu_k, max_seqlen_q, cap, softmax_scale, causal, window_left,
+                       window_right, sinks, True)
+    if q.shape[0] and block_table.shape[0]:
+        attention_prefill_paged_flagged(out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k,
+                                        max_seqlen_q, softmax_scale, causal, window_left, window_right, sinks,
+                                        k_scale, v_scale, flags)
+    return out, lse
+
+
+__all__ = ["gather_paged_kv", "gather_reason", "gathered_prefill_paged"]
