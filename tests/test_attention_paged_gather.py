@@ -13,7 +13,7 @@ import torch
 from dispatch.reference.attention import attention_prefill_paged as ref_paged
 from tests.helpers import assert_attention_close, run_compile_script
 from tests.test_attention_prefill import make_paged
-from triton_ops.attention.paged_gather import gather_paged_kv, gather_reason, gathered_prefill_paged
+from triton_ops.attention.paged_gather import PAD_ROWS, gather_paged_kv, gather_reason, gathered_prefill_paged
 from triton_ops.attention.prefill import attention_prefill, attention_prefill_paged, attention_prefill_paged_flagged
 
 
@@ -45,7 +45,9 @@ def run_gather(kc, vc, table, used, ks, vs, dtype):
     assert cap == table.shape[1] * kc.shape[1]
     assert cu_k.tolist() == [0, *n.cumsum(0).tolist()]
     total = int(cu_k[-1])
-    assert k.shape[0] >= total and v.shape[0] >= total
+    assert k.shape[0] == v.shape[0] == table.numel() * kc.shape[1] + PAD_ROWS
+    # zeros after the last key (a consumer's last tile reads them; the outputs start as NaN: conftest's poison)
+    assert not k[total:total + PAD_ROWS].any() and not v[total:total + PAD_ROWS].any()
     return k[:total], v[:total], flags
 
 
@@ -201,9 +203,10 @@ _COMPILE = textwrap.dedent("""
         w = 8 * 128
         sig = dict.fromkeys(ptrs[4:9], "*i32") | dict.fromkeys(ptrs[9:], "*fp32")
         sig |= dict(k_ptr="*u8" if fp8 else "*bf16", v_ptr="*u8" if fp8 else "*bf16", ko_ptr="*bf16", vo_ptr="*bf16")
-        sig |= dict.fromkeys(("num_pages", "bt_cols", "bt_stride", "k_sb", "k_st", "v_sb", "v_st"), "i32")
-        consts = dict(PAGE_SIZE=64, START=fp8, WK=w, WV=w, BLOCK_T=G.BLOCK_T, BLOCK_CK=min(w, G.MAX_BLOCK_C),
-                      BLOCK_CV=min(w, G.MAX_BLOCK_C), FP8=fp8, SCALE=fp8, OUT_DTYPE=tl.bfloat16, EMULATE=False)
+        sig |= dict.fromkeys(("num_pages", "bt_cols", "bt_stride", "k_sb", "k_st", "v_sb", "v_st", "batch"), "i32")
+        consts = dict(PAGE_SIZE=64, START=fp8, PAD=G.PAD_ROWS, WK=w, WV=w, BLOCK_T=G.BLOCK_T,
+                      BLOCK_CK=min(w, G.MAX_BLOCK_C), BLOCK_CV=min(w, G.MAX_BLOCK_C), FP8=fp8, SCALE=fp8,
+                      OUT_DTYPE=tl.bfloat16, EMULATE=False)
         sig |= dict.fromkeys(consts, "constexpr")
         names = [p.name for p in G._gather_kernel.params]
         # as a launch specializes them: aligned pointers, strides that are multiples of 16
@@ -220,10 +223,10 @@ _COMPILE = textwrap.dedent("""
 
 def test_sm90_compile_copies_16_bytes_per_access():
     """The gather at copy bandwidth: compiled for sm_90, every global load and store of a row is 16 bytes wide
-    (128 threads, 32 rows of 1024 elements of K and of V: 64 stores of bf16 per thread; 64 loads of bf16, 32 of
-    E4M3 bytes), no local memory, E4M3 decoded by the hardware convert."""
+    (128 threads, 32 rows of 1024 elements of K and of V: 64 stores of bf16 per thread, and 64 more in the zero
+    rows' branch; 64 loads of bf16, 32 of E4M3 bytes), no local memory, E4M3 decoded by the hardware convert."""
     lines = [line.split() for line in run_compile_script(_COMPILE, 240).splitlines() if line]
-    assert lines == [["False", "64", "64", "0", "0"], ["True", "32", "64", "0", lines[1][4]]], lines
+    assert lines == [["False", "64", "128", "0", "0"], ["True", "32", "128", "0", lines[1][4]]], lines
     assert int(lines[1][4]) > 0, lines
 
 

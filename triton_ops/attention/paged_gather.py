@@ -4,13 +4,14 @@ prefill (`cute_ops/attention/paged_prefill.py` composes it with the contiguous s
 Contract: dispatch/reference/attention.py `gather_paged` (positions 0..n_b-1 of sequence b read through its
 block-table row), with n_b = clamp(seqused_k[b], 0, capacity) and capacity = block_table.shape[1] * block_size.
 
-Layout of the result (static sizes, no host read of a device value): k (B * capacity, Hkv, Dqk) and v
-(B * capacity, Hkv, Dv) in the output dtype; sequence b owns rows cu_k[b]:cu_k[b + 1] with cu_k = [0, cumsum(n)]
-(computed on the device), rows past cu_k[B] are never written. The buffers are sized by the block table's width:
-the op's arguments bound the keys by nothing smaller without reading seqused_k on the host. With a sliding window
-(window_left >= 0) the keys no query sees, those before n_b - Sq_b - window_left, are left out (Sq_b from
-cu_seqlens_q, on the device): bottom-right alignment keeps the visibility of the rest, so a 128-key window gathers
-about Sq_b + 128 keys per sequence whatever its prefix.
+Layout of the result (static sizes, no host read of a device value): k (B * capacity + PAD_ROWS, Hkv, Dqk) and v
+(B * capacity + PAD_ROWS, Hkv, Dv) in the output dtype; sequence b owns rows cu_k[b]:cu_k[b + 1] with
+cu_k = [0, cumsum(n)] (computed on the device); the PAD_ROWS rows after cu_k[B] are written as zeros, the rest
+never. The buffers are sized by the block table's width: the op's arguments bound the keys by nothing smaller
+without reading seqused_k on the host. With a sliding window (window_left >= 0) the keys no query sees, those
+before n_b - Sq_b - window_left, are left out (Sq_b from cu_seqlens_q, on the device): bottom-right alignment
+keeps the visibility of the rest, so a 128-key window gathers about Sq_b + 128 keys per sequence whatever its
+prefix.
 
 FP8 E4M3 caches (float8_e4m3fn or uint8 bytes) are dequantized in the same pass: value = code * scale (per-tensor
 fp32 scale), rounded once to the output dtype (RNE). 16-bit caches without scales are copied bit for bit.
@@ -34,6 +35,9 @@ from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow
 from triton_ops.contract.attention import FP8_KV
 
 BLOCK_T = 32  # positions per program
+# zero rows written after the last gathered key: a contiguous consumer's last K / V tile (up to 256 keys in the cute
+# and Gluon kernels) reads past it and masks those keys, and a masked key adds 0 * V, so V there must be finite
+PAD_ROWS = 256
 MAX_BLOCK_C = 512  # columns per chunk: 32 x 512 elements = 16 KB of bf16 per chunk and program
 
 
@@ -64,12 +68,21 @@ def _copy_rows(src_ptr, dst_ptr, src_row, dst_row, row_ok, scale_ptr, WIDTH: tl.
 
 @triton.jit
 def _gather_kernel(k_ptr, v_ptr, ko_ptr, vo_ptr, bt_ptr, used_ptr, cu_ptr, start_ptr, flag_ptr, ks_ptr, vs_ptr,
-                   num_pages, bt_cols, bt_stride, k_sb, k_st, v_sb, v_st,
-                   PAGE_SIZE: tl.constexpr, START: tl.constexpr, WK: tl.constexpr, WV: tl.constexpr,
+                   num_pages, bt_cols, bt_stride, k_sb, k_st, v_sb, v_st, batch,
+                   PAGE_SIZE: tl.constexpr, START: tl.constexpr, PAD: tl.constexpr, WK: tl.constexpr,
+                   WV: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_CK: tl.constexpr, BLOCK_CV: tl.constexpr, FP8: tl.constexpr,
                    SCALE: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
     t0 = tl.program_id(0) * BLOCK_T
     b = tl.program_id(1)
+    if b == batch - 1:
+        if t0 < PAD:  # zero rows after the last key: a consumer's last K / V tile reads them (and masks them)
+            pad = tl.load(cu_ptr + batch).to(tl.int64) + t0 + tl.arange(0, BLOCK_T)
+            none = tl.zeros([BLOCK_T], dtype=tl.int64)
+            _copy_rows(k_ptr, ko_ptr, none, pad * WK, none != 0, ks_ptr, WK, BLOCK_CK, FP8, False, OUT_DTYPE,
+                       EMULATE)
+            _copy_rows(v_ptr, vo_ptr, none, pad * WV, none != 0, vs_ptr, WV, BLOCK_CV, FP8, False, OUT_DTYPE,
+                       EMULATE)
     used = tl.load(used_ptr + b)
     cap = bt_cols * PAGE_SIZE
     n = tl.minimum(tl.maximum(used, 0), cap)
@@ -114,8 +127,9 @@ def gather_paged_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: t
                     seqused_k: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
                     dtype: torch.dtype, cu_seqlens_q: torch.Tensor | None = None,
                     window_left: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """(k (B * cap, Hkv, Dqk), v (B * cap, Hkv, Dv) in `dtype`, cu_k (B + 1,) int32, flags (B,) int32, cap):
-    see the module docstring. `gather_reason` first; k_scale / v_scale: per-tensor fp32 (one element) or None.
+    """(k (B * cap + PAD_ROWS, Hkv, Dqk), v (B * cap + PAD_ROWS, Hkv, Dv) in `dtype`, cu_k (B + 1,) int32,
+    flags (B,) int32, cap): see the module docstring. `gather_reason` first; k_scale / v_scale: per-tensor fp32
+    (one element) or None.
     cu_seqlens_q and window_left >= 0 (a sliding window): sequence b's keys before n_b - Sq_b - window_left are seen
     by no query and are left out (its gathered rows are the key positions from there to n_b - 1); the alignment is
     bottom-right, so the kept keys keep their visibility."""
@@ -124,7 +138,7 @@ def gather_paged_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: t
     dqk, dv = k_cache.shape[3], v_cache.shape[3]
     cap = cols * page
     dev = k_cache.device
-    rows = max(bsz * cap, 1)  # one row at least: a zero-row tensor gives the TMA of the consumer nothing to describe
+    rows = bsz * cap + PAD_ROWS
     k = torch.empty((rows, hkv, dqk), dtype=dtype, device=dev)
     v = torch.empty((rows, hkv, dv), dtype=dtype, device=dev)
     flags = torch.zeros(bsz, dtype=torch.int32, device=dev)
@@ -138,20 +152,17 @@ def gather_paged_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: t
         start = (n - sq - int(window_left)).clamp_min(0).to(torch.int32)
         n = n - start
     torch.cumsum(n, 0, dtype=torch.int32, out=cu_k[1:])
-    if cap == 0:
-        flags.copy_((seqused_k > 0).to(torch.int32))
-        return k, v, cu_k, flags, cap
     fp8 = k_cache.dtype in FP8_KV
     if fp8:  # the kernel reads E4M3 as bytes
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     scaled = k_scale is not None
     wk, wv = hkv * dqk, hkv * dv
-    grid = (cdiv(cap, BLOCK_T), bsz)
+    grid = (cdiv(max(cap, PAD_ROWS), BLOCK_T), bsz)
     launch(_gather_kernel, grid, k_cache, v_cache, k, v, block_table, seqused_k, cu_k,
            flags if start is None else start, flags,
            k_scale if scaled else flags, v_scale if scaled else flags, k_cache.shape[0], cols, block_table.stride(0),
-           k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-           PAGE_SIZE=page, START=start is not None, WK=wk, WV=wv, BLOCK_T=BLOCK_T,
+           k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), bsz,
+           PAGE_SIZE=page, START=start is not None, PAD=PAD_ROWS, WK=wk, WV=wv, BLOCK_T=BLOCK_T,
            BLOCK_CK=min(next_pow2(wk), MAX_BLOCK_C), BLOCK_CV=min(next_pow2(wv), MAX_BLOCK_C), FP8=fp8,
            SCALE=scaled, OUT_DTYPE=TL_DTYPE[dtype], EMULATE=emulate_formats(dev), num_warps=4)
     return k, v, cu_k, flags, cap
