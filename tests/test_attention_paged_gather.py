@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dispatch.reference.attention import attention_prefill_paged as ref_paged
 from tests.helpers import assert_attention_close, run_compile_script
@@ -140,6 +142,36 @@ def test_gathered_composition_matches_reference(page, kv_kind, causal, window, s
     out, lse = gathered_prefill_paged(attention_prefill, *args)
     want_out, want_lse = ref_paged(*args)
     assert_attention_close(out, lse, want_out, want_lse, f"page={page} {kv_kind} window={window}")
+
+
+@st.composite
+def paged_cases(draw):
+    """Small chunked-prefill batches: per sequence keys 0..40 with 0..keys new queries (sq <= sk, as a chunked
+    prefill has), a window or not, causal or not, sinks, 16-bit or FP8 caches, and a few out-of-range page ids."""
+    b = draw(st.integers(1, 3))
+    lk = [draw(st.integers(0, 40)) for _ in range(b)]
+    lq = [draw(st.integers(0, n)) for n in lk]
+    window = (draw(st.sampled_from([-1, 0, 3, 17])), draw(st.sampled_from([-1, 0, 5])))
+    return dict(lq=lq, lk=lk, causal=draw(st.booleans()), window=window, sink=draw(st.booleans()),
+                kv_kind=draw(st.sampled_from(["16bit", "fp8"])), page=draw(st.sampled_from([16, 32])),
+                bad=draw(st.lists(st.tuples(st.integers(0, b - 1), st.integers(0, 2)), max_size=2)),
+                seed=draw(st.integers(0, 99)))
+
+
+@given(case=paged_cases())
+def test_gathered_composition_drawn(case):
+    lq, lk = case["lq"], case["lk"]
+    q, kc, vc, cq, table, used, ks, vs, _, _, _ = make_paged(lq, lk, 2, 1, 16, case["page"], torch.bfloat16,
+                                                             case["kv_kind"], case["seed"])
+    for b, col in case["bad"]:
+        if col < table.shape[1]:
+            table[b, col] = -1 if col % 2 else kc.shape[0]
+    sinks = torch.tensor([0.5, -2.0]) if case["sink"] else None
+    window = case["window"]
+    args = (q, kc, vc, cq, table, used, max(lq), 0.3, case["causal"], window[0], window[1], sinks, ks, vs)
+    out, lse = gathered_prefill_paged(attention_prefill, *args)
+    want_out, want_lse = ref_paged(*args)
+    assert_attention_close(out, lse, want_out, want_lse, str(case))
 
 
 def test_gathered_composition_seqused_past_table_is_the_plain_kernel():
