@@ -1,7 +1,10 @@
 """Gathered paged-prefix prefill: the page gather (triton_ops/attention/paged_gather.py) bit for bit against a torch
 gather through the block table (16-bit caches copied, FP8 E4M3 dequantized and rounded once), its flags for
-out-of-range page ids and seqused_k past the table (those rows zero, never read), the plain kernel's flagged-only
-fixup; on a GPU, the composed sm_90 path (gather + CuTeDSL forward + fixup) against the shared reference."""
+out-of-range page ids and seqused_k past the table (those rows zero, never read), the zero rows after the last key,
+the window's left-out keys, the plain kernel's flagged-only fixup, a compile-only sm_90 check of 16-byte accesses;
+the composition (gather, contiguous forward, fixup) with the plain contiguous Triton forward on the interpreter
+(pinned and drawn batches); on a GPU, the sm_90 cute row (gather + CuTeDSL forward + fixup) against the shared
+reference, and under CUDA-graph replay with new seqused_k."""
 
 from __future__ import annotations
 
