@@ -47,6 +47,10 @@ ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.72-0.
 # prefill benchmark set (a918ed1, events, same process): hd128 0.85-0.95x FA4-sm90, GPT-OSS hd64 causal + sinks
 # 0.96x (192-row tile), windowed 0.65x (docs/attention.md has the ncu reason); 1.05-1.3x the Gluon kernel. auto
 # takes it at hd64 and hd128 (`auto_skip` cute_ops.attention.fmha_sm90:auto_skip_untimed).
+# Paged-prefix prefill on sm_90 (cute_ops/attention/paged_prefill.py): one Triton gather of the used pages (FP8
+# dequantized) into contiguous K / V, the CuTeDSL forward above, and the plain paged kernel over the sequences with
+# an out-of-range page id (flagged by the gather). Not yet timed on a GPU.
+ATTN_PAGED_GATHER_WHY = "gather pages to contiguous K / V (one copy pass), then the CuTeDSL sm_90 forward; untimed"
 ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward, ping-pong warpgroups: 0.85-0.96x FA4 (windowed hd64 0.65x) (H100)"
 # H100 at 0818b2c (CUDA graph): bf16 cache 0.88-0.97x cuDNN SDPA on a dense cache (median 0.95x); FP8 cache 1.72x
 # our bf16 path and 1.62x cuDNN's bf16 at 16 x 8k (page tiles, V converted to fp16 before its operand layout).
@@ -282,6 +286,10 @@ ROWS: tuple[Entry, ...] = (
                  supports="triton_ops.attention.prefill:supports_attention_prefill"),
     Entry("attention_prefill", "torch", ALL, "dispatch.reference.attention:attention_prefill", TORCH_REF,
           REFERENCE_WHY),
+    # sm_90: gather the used pages into contiguous K / V, then the cute forward (ATTN_PAGED_GATHER_WHY); below the
+    # plain kernel under auto until timed (backend="cute" runs it).
+    Entry("attention_prefill_paged", "cute", ("sm_90",), "cute_ops.attention.paged_prefill:attention_prefill_paged",
+          CUTE_UNMEASURED, ATTN_PAGED_GATHER_WHY, "cute_ops.attention.paged_prefill:supports_attention_prefill_paged"),
     *triton_rows("attention_prefill_paged", "triton_ops.attention.prefill:attention_prefill_paged", ATTN_TL_WHY,
                  supports="triton_ops.attention.prefill:supports_attention_prefill_paged"),
     Entry("attention_prefill_paged", "torch", ALL, "dispatch.reference.attention:attention_prefill_paged",

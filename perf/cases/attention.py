@@ -7,7 +7,8 @@ Shapes (bf16 activations; docs/attention.md):
   keep the suite short, the per-head work is the same); varlen lengths [8192, 4096, 1024, 512, 128, 17] hd 128
   causal. The lowbit call is `ops.attention_prefill` (varlen) on packed (B*S, H, D) tensors with prebuilt cu_seqlens.
 * chunked prefill (`attention_prefill_paged`): 4 sequences of 8192 cached keys whose last 1024 are the new queries,
-  hd 128 32 / 8, page 64, causal.
+  hd 128 32 / 8, page 64, causal. On sm_90 the runner times each backend of the table: `lowbit:triton` (the plain
+  paged kernel) and `lowbit:cute` (the gathered path: pages copied to contiguous K / V, then the cute forward).
 * decode (`attention_decode`, bucket "decode", one query per sequence, page 64, every sequence at the full context):
   Llama hd 128 32 / 8 at B x context 1 x 8192, 16 x 8192, 64 x 8192, 256 x 1024, 1 x 131072 (bf16 cache), and
   16 x 8192 with an FP8 E4M3 cache (per-tensor fp32 scales); GPT-OSS hd 64 64 / 8 with sinks, full and window

@@ -124,14 +124,15 @@ def _attend_tile(acc, m_i, l_i, q, q_pos, n, sk, k0, b, kvh, k_ptr, v_ptr, bt_pt
 
 @triton.jit
 def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, sink_ptr, cu_q_ptr, cu_k_ptr, bt_ptr, used_ptr,
-                         ks_ptr, vs_ptr, total_q, total_k, num_pages, bt_cols, bt_stride,
+                         ks_ptr, vs_ptr, flag_ptr, total_q, total_k, num_pages, bt_cols, bt_stride,
                          q_st, q_sh, k_sb, k_st, k_sh, v_sb, v_st, v_sh, o_st, o_sh, sm_scale,
                          HQ: tl.constexpr, GROUP: tl.constexpr, DQK: tl.constexpr, DV: tl.constexpr,
                          DQK_P: tl.constexpr, DV_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
                          HAS_SINK: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
                          FP8_KV: tl.constexpr, KV_SCALE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                         OUT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr):
+                         OUT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, EMULATE: tl.constexpr,
+                         FLAGGED: tl.constexpr = False):
     # Grid (query blocks x HQ, batch): heads fastest, so the GROUP heads sharing a KV head run side by side and
     # their K/V tiles are L2 hits; the batch rides the second axis (65535 sequences per launch).
     pid = tl.program_id(0)
@@ -139,6 +140,9 @@ def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, sink_ptr, cu_q_ptr
     h = pid % HQ
     start_m = (pid // HQ) * BLOCK_M
     kvh = h // GROUP
+    if FLAGGED:  # only the sequences flagged (a fixup after another kernel wrote the rest)
+        if tl.load(flag_ptr + b) == 0:
+            return
     # Clamp the sequence's rows into the tensors, whatever cu_seqlens say (see the module docstring).
     q0 = tl.minimum(tl.maximum(tl.load(cu_q_ptr + b), 0), total_q)
     sq = tl.minimum(tl.maximum(tl.load(cu_q_ptr + b + 1) - q0, 0), total_q - q0)
@@ -213,11 +217,12 @@ def _attn_prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, sink_ptr, cu_q_ptr
 
 
 def _launch_args(q, k, v, out, lse, sinks, cu_q, cu_k, block_table, seqused_k, k_scale, v_scale, softmax_scale,
-                 causal, window_left, window_right, cfg, emulate, interpret):
+                 causal, window_left, window_right, cfg, emulate, interpret, flags=None):
     """(positional args, constexprs) of _attn_prefill_kernel for one call; paged when block_table is given
     (k / v are then caches (num_blocks, block_size, Hkv, D)). emulate: `emulate_formats`; interpret: the
     interpreter runs it (every dot in fp32: its tl.dot reads bf16 tiles as raw uint16). Also used to compile the
-    kernel without a GPU (host tensors, emulate and interpret False)."""
+    kernel without a GPU (host tensors, emulate and interpret False). flags (B,) int32: only the sequences whose
+    flag is nonzero are computed (`FLAGGED`); the other rows of out / lse are left as they are."""
     paged = block_table is not None
     hq, dqk = q.shape[1], q.shape[2]
     hkv, dv = k.shape[-2], v.shape[-1]
@@ -233,7 +238,8 @@ def _launch_args(q, k, v, out, lse, sinks, cu_q, cu_k, block_table, seqused_k, k
         kb, vb = (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1))
         pages = (dummy, dummy, k.shape[0], 0, 0, 0)
     args = (q, k, v, out, lse, dummy if sinks is None else sinks, cu_q, dummy if paged else cu_k, pages[0],
-            pages[1], k_scale if kv_scale else dummy, v_scale if kv_scale else dummy, q.shape[0], pages[2],
+            pages[1], k_scale if kv_scale else dummy, v_scale if kv_scale else dummy,
+            dummy if flags is None else flags, q.shape[0], pages[2],
             pages[3], pages[4], pages[5], q.stride(0), q.stride(1), *kb, *vb, out.stride(0), out.stride(1),
             1.0 / math.sqrt(dqk) if softmax_scale is None else float(softmax_scale))
     consts = dict(
@@ -242,15 +248,18 @@ def _launch_args(q, k, v, out, lse, sinks, cu_q, cu_k, block_table, seqused_k, k
         WINDOW_RIGHT=int(window_right), HAS_SINK=sinks is not None, PAGED=paged,
         PAGE_SIZE=k.shape[1] if paged else 1, FP8_KV=fp8, KV_SCALE=kv_scale,
         DOT_DTYPE=tl.float32 if interpret else TL_DTYPE[q.dtype], OUT_DTYPE=TL_DTYPE[q.dtype],
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", EMULATE=emulate)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", EMULATE=emulate, FLAGGED=flags is not None)
     return args, consts
 
 
 def _launch(q, k, v, cu_q, cu_k, block_table, seqused_k, k_scale, v_scale, max_seqlen_q, softmax_scale, causal,
-            window_left, window_right, sinks, cfg):
+            window_left, window_right, sinks, cfg, flags=None, out_lse=None):
     total_q, hq = q.shape[0], q.shape[1]
-    out = torch.empty((total_q, hq, v.shape[-1]), dtype=q.dtype, device=q.device)
-    lse = torch.empty((total_q, hq), dtype=torch.float32, device=q.device)
+    if out_lse is None:
+        out = torch.empty((total_q, hq, v.shape[-1]), dtype=q.dtype, device=q.device)
+        lse = torch.empty((total_q, hq), dtype=torch.float32, device=q.device)
+    else:
+        out, lse = out_lse
     batch = cu_q.shape[0] - 1
     if total_q == 0 or hq == 0 or batch <= 0 or max_seqlen_q <= 0:
         return out, lse
@@ -259,7 +268,7 @@ def _launch(q, k, v, cu_q, cu_k, block_table, seqused_k, k_scale, v_scale, max_s
         sinks = sinks.float()
     args, consts = _launch_args(q, k, v, out, lse, sinks, cu_q, cu_k, block_table, seqused_k, k_scale, v_scale,
                                 softmax_scale, causal, window_left, window_right, cfg, emulate_formats(q.device),
-                                q.device.type == "cpu")
+                                q.device.type == "cpu", flags)
     grid = (cdiv(max_seqlen_q, cfg.block_m) * hq, batch)
     launch(_attn_prefill_kernel, grid, *args, **consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                                enable_fp_fusion=True)
@@ -367,5 +376,17 @@ def attention_prefill_paged(q, k_cache, v_cache, cu_seqlens_q, block_table, sequ
                    int(max_seqlen_q), softmax_scale, causal, window_left, window_right, sinks, cfg)
 
 
-__all__ = ["PrefillConfig", "attention_prefill", "attention_prefill_paged", "prefill_config",
+def attention_prefill_paged_flagged(out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k,
+                                    max_seqlen_q: int, softmax_scale: float, causal: bool, window_left: int,
+                                    window_right: int, sinks: torch.Tensor | None, k_scale: torch.Tensor | None,
+                                    v_scale: torch.Tensor | None, flags: torch.Tensor) -> None:
+    """`attention_prefill_paged` for the sequences b with flags[b] != 0 only, written into out / lse in place (the
+    other rows are left as they are). The gathered paged prefill's fixup for keys a contiguous kernel cannot mask
+    (paged_gather.py); the programs of unflagged sequences read one flag and exit. Inputs as checked by the op."""
+    _launch(q, k_cache, v_cache, cu_seqlens_q, None, block_table, seqused_k, k_scale, v_scale, int(max_seqlen_q),
+            softmax_scale, causal, window_left, window_right, sinks, None, flags, (out, lse))
+
+
+__all__ = ["PrefillConfig", "attention_prefill", "attention_prefill_paged", "attention_prefill_paged_flagged",
+           "prefill_config",
            "supports_attention_prefill", "supports_attention_prefill_paged"]

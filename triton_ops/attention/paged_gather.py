@@ -1,0 +1,191 @@
+"""Gather of a paged K / V cache into contiguous varlen K / V (Triton): the first half of the gathered paged-prefix
+prefill (`cute_ops/attention/paged_prefill.py` composes it with the contiguous sm_90 forward).
+
+Contract: dispatch/reference/attention.py `gather_paged` (positions 0..n_b-1 of sequence b read through its
+block-table row), with n_b = clamp(seqused_k[b], 0, capacity) and capacity = block_table.shape[1] * block_size.
+
+Layout of the result (static sizes, no host read of a device value): k (B * capacity + PAD_ROWS, Hkv, Dqk) and v
+(B * capacity + PAD_ROWS, Hkv, Dv) in the output dtype; sequence b owns rows cu_k[b]:cu_k[b + 1] with
+cu_k = [0, cumsum(n)] (computed on the device); the PAD_ROWS rows after cu_k[B] are written as zeros, the rest
+never. The buffers are sized by the block table's width: the op's arguments bound the keys by nothing smaller
+without reading seqused_k on the host. With a sliding window (window_left >= 0) the keys no query sees, those
+before n_b - Sq_b - window_left, are left out (Sq_b from cu_seqlens_q, on the device): bottom-right alignment
+keeps the visibility of the rest, so a 128-key window gathers about Sq_b + 128 keys per sequence whatever its
+prefix.
+
+FP8 E4M3 caches (float8_e4m3fn or uint8 bytes) are dequantized in the same pass: value = code * scale (per-tensor
+fp32 scale), rounded once to the output dtype (RNE). 16-bit caches without scales are copied bit for bit.
+
+Keys the contiguous kernel cannot mask: a page id outside [0, num_blocks) (its rows are written as zeros, never
+read) and seqused_k[b] past the capacity. Either sets flags[b] = 1 (flags must start at 0): the caller recomputes
+those sequences with a kernel that masks per key (the plain paged prefill, `FLAGGED`).
+
+Shape of the work: one program per (BLOCK_T positions, sequence); the row is the slot's Hkv * D contiguous
+elements, copied in BLOCK_C-column chunks; the block-table entry is loaded once per row.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from triton_ops._formats import cast_out, e4m3_decode_fast
+from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
+from triton_ops.contract.attention import FP8_KV
+
+BLOCK_T = 32  # positions per program
+# zero rows written after the last gathered key: a contiguous consumer's last K / V tile (up to 256 keys in the cute
+# and Gluon kernels) reads past it and masks those keys, and a masked key adds 0 * V, so V there must be finite
+PAD_ROWS = 256
+MAX_BLOCK_C = 512  # columns per chunk: 32 x 512 elements = 16 KB of bf16 per chunk and program
+
+
+@triton.jit
+def _copy_rows(src_ptr, dst_ptr, src_row, dst_row, row_ok, scale_ptr, WIDTH: tl.constexpr, BLOCK_C: tl.constexpr,
+               FP8: tl.constexpr, SCALE: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    """dst[dst_row, :WIDTH] = src[src_row, :WIDTH] (dequantized: code * scale); row_ok False: the row is written
+    as zeros and not read. Rows are element offsets (int64); dst_row < 0: not written."""
+    write = dst_row >= 0
+    if SCALE:
+        scale = tl.load(scale_ptr)
+    for c0 in tl.static_range(0, WIDTH, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        cm = c < WIDTH
+        ld = row_ok[:, None] & cm[None, :]
+        if FP8:
+            x = e4m3_decode_fast(tl.load(src_ptr + src_row[:, None] + c[None, :], mask=ld, other=0), EMULATE)
+            if SCALE:
+                x = x * scale
+            x = cast_out(x, OUT_DTYPE, EMULATE)
+        elif SCALE:
+            x = tl.load(src_ptr + src_row[:, None] + c[None, :], mask=ld, other=0).to(tl.float32) * scale
+            x = cast_out(x, OUT_DTYPE, EMULATE)
+        else:  # a bit-exact copy
+            x = tl.load(src_ptr + src_row[:, None] + c[None, :], mask=ld, other=0)
+        tl.store(dst_ptr + dst_row[:, None] + c[None, :], x, mask=write[:, None] & cm[None, :])
+
+
+@triton.jit
+def _gather_kernel(k_ptr, v_ptr, ko_ptr, vo_ptr, bt_ptr, used_ptr, cu_ptr, start_ptr, flag_ptr, ks_ptr, vs_ptr,
+                   num_pages, bt_cols, bt_stride, k_sb, k_st, v_sb, v_st, batch,
+                   PAGE_SIZE: tl.constexpr, START: tl.constexpr, PAD: tl.constexpr, WK: tl.constexpr,
+                   WV: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_CK: tl.constexpr, BLOCK_CV: tl.constexpr, FP8: tl.constexpr,
+                   SCALE: tl.constexpr, OUT_DTYPE: tl.constexpr, EMULATE: tl.constexpr):
+    t0 = tl.program_id(0) * BLOCK_T
+    b = tl.program_id(1)
+    if b == batch - 1:
+        if t0 < PAD:  # zero rows after the last key: a consumer's last K / V tile reads them (and masks them)
+            pad = tl.load(cu_ptr + batch).to(tl.int64) + t0 + tl.arange(0, BLOCK_T)
+            none = tl.zeros([BLOCK_T], dtype=tl.int64)
+            _copy_rows(k_ptr, ko_ptr, none, pad * WK, none != 0, ks_ptr, WK, BLOCK_CK, FP8, False, OUT_DTYPE,
+                       EMULATE)
+            _copy_rows(v_ptr, vo_ptr, none, pad * WV, none != 0, vs_ptr, WV, BLOCK_CV, FP8, False, OUT_DTYPE,
+                       EMULATE)
+    used = tl.load(used_ptr + b)
+    cap = bt_cols * PAGE_SIZE
+    n = tl.minimum(tl.maximum(used, 0), cap)
+    if t0 == 0:
+        if used > cap:  # keys past the table: masked by contract, not representable contiguously
+            tl.store(flag_ptr + b, 1)
+    first = 0
+    if START:  # keys before `first` are seen by no query (a window): not gathered
+        first = tl.load(start_ptr + b)
+    if t0 >= n - first:
+        return
+    j = t0 + tl.arange(0, BLOCK_T)  # gathered row of the sequence; its key position is first + j
+    live = j < n - first
+    pos = first + j
+    page = tl.load(bt_ptr + b.to(tl.int64) * bt_stride + pos // PAGE_SIZE, mask=live, other=0)
+    ok = live & (page >= 0) & (page < num_pages)
+    if tl.max((live & ~ok).to(tl.int32), 0) > 0:  # an out-of-range page id: masked by contract
+        tl.store(flag_ptr + b, 1)
+    page = tl.where(ok, page, 0).to(tl.int64)
+    slot = (pos % PAGE_SIZE).to(tl.int64)
+    dst = tl.where(live, tl.load(cu_ptr + b).to(tl.int64) + j, -1)
+    _copy_rows(k_ptr, ko_ptr, page * k_sb + slot * k_st, dst * WK, ok, ks_ptr, WK, BLOCK_CK, FP8, SCALE,
+               OUT_DTYPE, EMULATE)
+    _copy_rows(v_ptr, vo_ptr, page * v_sb + slot * v_st, dst * WV, ok, vs_ptr, WV, BLOCK_CV, FP8, SCALE,
+               OUT_DTYPE, EMULATE)
+
+
+def gather_reason(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                  seqused_k: torch.Tensor) -> str | None:
+    """Why `gather_paged_kv` cannot take these caches (None: it can)."""
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.dim() != 4 or c.stride(3) != 1 or c.stride(2) != c.shape[3]:
+            return f"{name}: each slot's (Hkv, D) must be contiguous, got shape {tuple(c.shape)} strides {c.stride()}"
+    if block_table.dim() != 2 or block_table.stride(1) != 1 or block_table.dtype != torch.int32:
+        return "block_table must be int32 (B, max_blocks) with unit column stride"
+    if seqused_k.dtype != torch.int32 or seqused_k.dim() != 1 or seqused_k.stride(0) != 1:
+        return "seqused_k must be contiguous int32 (B,)"
+    return None
+
+
+def gather_paged_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    seqused_k: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+                    dtype: torch.dtype, cu_seqlens_q: torch.Tensor | None = None,
+                    window_left: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(k (B * cap + PAD_ROWS, Hkv, Dqk), v (B * cap + PAD_ROWS, Hkv, Dv) in `dtype`, cu_k (B + 1,) int32,
+    flags (B,) int32, cap): see the module docstring. `gather_reason` first; k_scale / v_scale: per-tensor fp32
+    (one element) or None.
+    cu_seqlens_q and window_left >= 0 (a sliding window): sequence b's keys before n_b - Sq_b - window_left are seen
+    by no query and are left out (its gathered rows are the key positions from there to n_b - 1); the alignment is
+    bottom-right, so the kept keys keep their visibility."""
+    bsz, cols = block_table.shape
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
+    dqk, dv = k_cache.shape[3], v_cache.shape[3]
+    cap = cols * page
+    dev = k_cache.device
+    rows = bsz * cap + PAD_ROWS
+    k = torch.empty((rows, hkv, dqk), dtype=dtype, device=dev)
+    v = torch.empty((rows, hkv, dv), dtype=dtype, device=dev)
+    flags = torch.zeros(bsz, dtype=torch.int32, device=dev)
+    cu_k = torch.zeros(bsz + 1, dtype=torch.int32, device=dev)
+    if bsz == 0:
+        return k, v, cu_k, flags, cap
+    n = seqused_k.clamp(0, cap)
+    start = None
+    if cu_seqlens_q is not None and window_left >= 0:
+        sq = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).clamp_min(0)
+        start = (n - sq - int(window_left)).clamp_min(0).to(torch.int32)
+        n = n - start
+    torch.cumsum(n, 0, dtype=torch.int32, out=cu_k[1:])
+    fp8 = k_cache.dtype in FP8_KV
+    if fp8:  # the kernel reads E4M3 as bytes
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    scaled = k_scale is not None
+    wk, wv = hkv * dqk, hkv * dv
+    grid = (cdiv(max(cap, PAD_ROWS), BLOCK_T), bsz)
+    launch(_gather_kernel, grid, k_cache, v_cache, k, v, block_table, seqused_k, cu_k,
+           flags if start is None else start, flags,
+           k_scale if scaled else flags, v_scale if scaled else flags, k_cache.shape[0], cols, block_table.stride(0),
+           k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), bsz,
+           PAGE_SIZE=page, START=start is not None, PAD=PAD_ROWS, WK=wk, WV=wv, BLOCK_T=BLOCK_T,
+           BLOCK_CK=min(next_pow2(wk), MAX_BLOCK_C), BLOCK_CV=min(next_pow2(wv), MAX_BLOCK_C), FP8=fp8,
+           SCALE=scaled, OUT_DTYPE=TL_DTYPE[dtype], EMULATE=emulate_formats(dev), num_warps=4)
+    return k, v, cu_k, flags, cap
+
+
+def gathered_prefill_paged(forward, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q: int,
+                           softmax_scale: float | None, causal: bool, window_left: int, window_right: int, sinks,
+                           k_scale, v_scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """`attention_prefill_paged` (signature and contract) through a contiguous varlen forward `forward` (the
+    `attention_prefill` entry signature): the gather above, `forward` on the gathered K / V, then the plain paged
+    kernel over the flagged sequences only (out-of-range page ids, seqused_k past the table: keys a contiguous
+    kernel cannot mask), so the result is the plain kernel's wherever the gather cannot represent the keys."""
+    from triton_ops.attention.prefill import attention_prefill_paged_flagged
+
+    k, v, cu_k, flags, cap = gather_paged_kv(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale, q.dtype,
+                                             cu_seqlens_q, window_left)
+    out, lse = forward(q, k, v, cu_seqlens_q, cu_k, max_seqlen_q, cap, softmax_scale, causal, window_left,
+                       window_right, sinks, True)
+    if q.shape[0] and block_table.shape[0]:
+        attention_prefill_paged_flagged(out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k,
+                                        max_seqlen_q, softmax_scale, causal, window_left, window_right, sinks,
+                                        k_scale, v_scale, flags)
+    return out, lse
+
+
+__all__ = ["gather_paged_kv", "gather_reason", "gathered_prefill_paged"]
