@@ -86,6 +86,14 @@ class GemmConfig:
     # False: no descriptor rewrite; A is loaded through the base descriptor at row starts[g] (rows past the group are
     # read, not written). A bisection aid for a first GPU run (LOWBIT_CUTE_GEMM_DESC_UPDATE=0), not a product path.
     desc_update: bool = True
+    # FP8 promotion schedule. 0: each K stage's WGMMAs are waited for (wait_group 0) before its promotion
+    # acc += part * scale, scales loaded while they run (the kernel timed first). U >= 1: runs of U stages over two
+    # partial-sum buffers, stage i + 1's WGMMAs issued before stage i's promotion (wait_group 1), so the promotion
+    # overlaps the tensor cores (192 accumulator registers per thread at 64 x 128); U = 1 is the 0 schedule in
+    # this code path (a baseline for scale_prefetch).
+    promote_run: int = 0
+    # FP8, promote_run >= 1: each stage's scales are loaded one stage ahead (during the previous stage's WGMMAs)
+    scale_prefetch: bool = False
 
     def key(self) -> tuple:
         return ("grouped_gemm_sm90", *dataclasses.astuple(self))
@@ -131,10 +139,12 @@ def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128
 
 def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_weights: bool, rows_per_group: int,
                 *, sm_count: int = 132, arch: str = "sm_90a", tile_m: int | None = None,
-                tile_n: int | None = None, stages: int | None = None) -> GemmConfig:
+                tile_n: int | None = None, stages: int | None = None,
+                promote_run: int | None = None, scale_prefetch: bool | None = None) -> GemmConfig:
     """Analytical (not tuned): 64-row tiles when groups hold <= 64 rows (decode: weight streaming, half the
     wasted MMA rows), else 128; tile_n 256 for 128-row tiles with N a multiple of 256 (the CUTLASS Hopper
-    default), else 128; as many stages as fit (at most 8). tile_m / tile_n / stages override the rule."""
+    default), else 128; as many stages as fit (at most 8); FP8 promotion without overlap (the timed one) until the
+    overlapped form is timed. tile_m / tile_n / stages / promote_run / scale_prefetch override the rule."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
@@ -148,7 +158,13 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     # FP8 6 rather than the 7 that fit: 2-3% faster at 256 and 512 rows per expert (H100, 76665c5,
     # perf/results/experiments/2026-11-25-h100-cute-gemm-tiles-76665c5.json)
     stages = stages or min(6 if dtype == "fp8" else 8, fit)
-    return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, sm_count, arch)
+    promote_run, scale_prefetch = promote_run or 0, bool(scale_prefetch)
+    if (promote_run or scale_prefetch) and dtype != "fp8":
+        raise ValueError("promote_run / scale_prefetch: FP8 only (the bf16 / fp16 main loop has no promotion)")
+    if promote_run < 0 or (scale_prefetch and not promote_run):
+        raise ValueError(f"promote_run={promote_run} (>= 0), scale_prefetch={scale_prefetch} (needs promote_run >= 1)")
+    return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, sm_count, arch,
+                      promote_run=promote_run, scale_prefetch=scale_prefetch)
 
 
 # ------------------------------------------------------------------------------------------------- kernel
@@ -329,6 +345,16 @@ class GroupedGemmSm90:
         acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
         part = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(self.fp8) else None
         scale = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(self.fp8) else None
+        overlap = self.fp8 and cfg.promote_run > 0
+        # promote_run >= 1: the second partial-sum buffer; two scale slots: this thread's 2 distinct rows' a_scale
+        # (sa[2 * slot + half]) and the tile's w_scale (sw2[slot]); the thread's 2 rows (clamped into the group)
+        part2 = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(overlap) else None
+        sa = cute.make_rmem_tensor(4, cutlass.Float32) if cutlass.const_expr(overlap) else None
+        sw2 = cute.make_rmem_tensor(2, cutlass.Float32) if cutlass.const_expr(overlap) else None
+        rows = cute.make_rmem_tensor(2, cutlass.Int32) if cutlass.const_expr(overlap) else None
+        if cutlass.const_expr(overlap):
+            # the fragment is ((2 columns, 2 row halves, tile_n / 8), 1, 1): element i is in row half (i // 2) % 2
+            assert cute.size(acc) == cfg.tile_n // 2 and cute.size(acc.shape[0][1]) == 2, acc.layout
         res = cute.make_rmem_tensor(tCcC.shape, self.out_dtype)
         keep = cute.make_rmem_tensor(tCcC.shape, cutlass.Boolean)
         k_blocks = cute.size(tCrA, mode=[2])
@@ -342,7 +368,59 @@ class GroupedGemmSm90:
         while g < sched.num_groups:
             _, n_tile, row_start, row_end = sched.coords(t, g, base)
             acc.fill(0.0)
-            if cutlass.const_expr(self.fp8):
+            if cutlass.const_expr(overlap):
+                # Runs of U = promote_run stages: stage i of a run goes into buffer i % 2 (part / part2); once stage
+                # i + 1's WGMMAs are issued, wait_group(1) retires stage i's and its promotion runs while stage
+                # i + 1's are on the tensor cores; a run ends with wait_group(0) (nothing in flight across a loop
+                # edge: ptxas serializes every WGMMA of the kernel when an in-flight accumulator crosses one).
+                # Scale slot b (sa[2b + half], sw2[b]) holds the scales of the run's stages with i % 2 == b.
+                for h in cutlass.range_constexpr(2):
+                    rows[h] = cutlass.min(row_start + tCcC[2 * h][0], row_end - 1)
+                if cutlass.const_expr(cfg.scale_prefetch):
+                    self._load_scales(sa, sw2, 0, a_scale, w_scale, rows, g, n_tile, 0)
+                run = cfg.promote_run
+                for tail in cutlass.range_constexpr(2):  # the whole runs, then the rest (a shorter run)
+                    length = run if tail == 0 else self.k_tiles % run
+                    first = (self.k_tiles // run) * run
+                    if cutlass.const_expr(length > 0):
+                        for r in cutlass.range(self.k_tiles // run if tail == 0 else 1, unroll=1):
+                            kt0 = r * run if tail == 0 else first
+                            for i in cutlass.range_constexpr(length):
+                                cur, prev = (part, part2) if i % 2 == 0 else (part2, part)
+                                if cutlass.const_expr(i > 0):  # the previous stage's scale products (before a
+                                    f0 = sa[2 * (1 - i % 2)] * sw2[1 - i % 2]  # prefetch refills its slot)
+                                    f1 = sa[2 * (1 - i % 2) + 1] * sw2[1 - i % 2]
+                                if cutlass.const_expr(cfg.scale_prefetch):  # the next stage's (clamped at the last)
+                                    self._load_scales(sa, sw2, (i + 1) % 2, a_scale, w_scale, rows, g, n_tile,
+                                                      cutlass.min(kt0 + i + 1, self.k_tiles - 1))
+                                else:
+                                    self._load_scales(sa, sw2, i % 2, a_scale, w_scale, rows, g, n_tile, kt0 + i)
+                                ring.consumer_wait(read)
+                                warpgroup.fence()
+                                for kb in cutlass.range_constexpr(k_blocks):
+                                    tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                                    cute.gemm(tiled_mma, cur, tCrA[(None, None, kb, read.index)],
+                                              tCrB[(None, None, kb, read.index)], cur)
+                                warpgroup.commit_group()
+                                read.advance()
+                                if cutlass.const_expr(i > 0):
+                                    warpgroup.wait_group(1)
+                                    ring.consumer_release(release)
+                                    release.advance()
+                                    self._promote(acc, prev, f0, f1)
+                            last = (length - 1) % 2
+                            f0 = sa[2 * last] * sw2[last]
+                            f1 = sa[2 * last + 1] * sw2[last]
+                            warpgroup.wait_group(0)
+                            ring.consumer_release(release)
+                            release.advance()
+                            self._promote(acc, part2 if last else part, f0, f1)
+                            if cutlass.const_expr(cfg.scale_prefetch and length % 2 == 1):
+                                # the next run's first stage reads slot 0; an odd run prefetched it into slot 1
+                                for h in cutlass.range_constexpr(2):
+                                    sa[h] = sa[2 + h]
+                                sw2[0] = sw2[1]
+            elif cutlass.const_expr(self.fp8):
                 # Per 128-wide K stage: WGMMA into `part` (fresh), then acc += part * a_scale[row] * w_scale[tile]
                 # in fp32 registers (the contract's per-block scaling; also bounds the FP8 WGMMA's reduced-precision
                 # accumulation to one block). Scale rows are clamped into the group (rows past it are not written).
@@ -412,6 +490,19 @@ class GroupedGemmSm90:
                     cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), dst)
             t = t + nctas
             g, base = sched.seek(t, g, base)
+
+    @staticmethod
+    def _promote(acc, part, f0, f1):
+        """acc += part * f, f = f0 in the thread's first row half, f1 in its second."""
+        for i in range(cute.size(acc)):
+            acc[i] = acc[i] + part[i] * (f1 if (i // 2) % 2 else f0)
+
+    @staticmethod
+    def _load_scales(sa, sw, slot: int, a_scale, w_scale, rows, g, n_tile, kt):
+        """Scale slot `slot` <- stage kt's: the thread's 2 rows' a_scale and the tile's w_scale."""
+        sw[slot] = w_scale[g, n_tile, kt]
+        for h in range(2):
+            sa[2 * slot + h] = a_scale[rows[h], kt]
 
     @staticmethod
     def _stage_mmas(tiled_mma, acc, tCrA, tCrB, stage, k_blocks: int):
