@@ -41,6 +41,15 @@ Kernel: persistent (one CTA per SM), one producer warp group (warp 0 issues the 
 budget is lowered to 40) and tile_m / 64 consumer warp groups (WGMMA 64 x tile_n x 16 from shared memory,
 fp32 accumulators in registers, 232 registers each), a `stages`-deep smem ring (PipelineTmaAsync: mbarriers with
 transaction bytes). The tile walk is scheduler.BoundedTileScheduler (every role walks the same order).
+
+FP8 promotion schedules (GemmConfig.promote_run, scale_prefetch): promote_run 0 waits for each stage's WGMMAs
+(wait_group 0) and then promotes them; the other consumer warp group's WGMMAs keep the tensor cores busy meanwhile.
+promote_run U >= 1 issues stage i + 1's WGMMAs (into a second partial-sum buffer) before promoting stage i
+(wait_group 1), in runs of U stages that end with wait_group 0: ptxas serializes every WGMMA of the kernel (C7514)
+when accumulator registers of an in-flight WGMMA are copied or read across a loop edge, so nothing is in flight
+where the dynamic loop turns. scale_prefetch loads each stage's scales during the previous stage's WGMMAs. Every
+schedule computes the same FFMA per element and block: outputs are bit-equal. A 128 x 256 FP8 tile does not fit:
+a 64 x 256 warp group tile needs 128 accumulator + 128 partial-sum registers per thread.
 """
 
 from __future__ import annotations
@@ -66,6 +75,10 @@ WG = 128  # threads per warp group
 LOAD_REGS, MMA_REGS = 40, 232
 DTYPES = {"bf16": "BFloat16", "fp16": "Float16", "fp8": "Float8E4M3FN"}  # operand type; fp8 writes bf16
 LAYOUTS = ("contiguous", "masked")
+# FP8 promotion schedule the rule picks for prefill-sized groups (>= FP8_PREFILL_ROWS rows per group): (promote_run,
+# scale_prefetch). (0, False) = the schedule timed at 76665c5 until the run schedules are timed (docs/cute.md)
+FP8_PREFILL_SCHEDULE = (0, False)
+FP8_PREFILL_ROWS = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,8 +156,9 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
                 promote_run: int | None = None, scale_prefetch: bool | None = None) -> GemmConfig:
     """Analytical (not tuned): 64-row tiles when groups hold <= 64 rows (decode: weight streaming, half the
     wasted MMA rows), else 128; tile_n 256 for 128-row tiles with N a multiple of 256 (the CUTLASS Hopper
-    default), else 128; as many stages as fit (at most 8); FP8 promotion without overlap (the timed one) until the
-    overlapped form is timed. tile_m / tile_n / stages / promote_run / scale_prefetch override the rule."""
+    default), else 128; as many stages as fit (at most 8); FP8 groups of >= FP8_PREFILL_ROWS rows: the
+    FP8_PREFILL_SCHEDULE promotion schedule, else promote_run 0. tile_m / tile_n / stages / promote_run /
+    scale_prefetch override the rule."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
@@ -158,6 +172,8 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     # FP8 6 rather than the 7 that fit: 2-3% faster at 256 and 512 rows per expert (H100, 76665c5,
     # perf/results/experiments/2026-11-25-h100-cute-gemm-tiles-76665c5.json)
     stages = stages or min(6 if dtype == "fp8" else 8, fit)
+    if dtype == "fp8" and promote_run is None and scale_prefetch is None and rows_per_group >= FP8_PREFILL_ROWS:
+        promote_run, scale_prefetch = FP8_PREFILL_SCHEDULE
     promote_run, scale_prefetch = promote_run or 0, bool(scale_prefetch)
     if (promote_run or scale_prefetch) and dtype != "fp8":
         raise ValueError("promote_run / scale_prefetch: FP8 only (the bf16 / fp16 main loop has no promotion)")
