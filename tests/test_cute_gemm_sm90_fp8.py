@@ -24,7 +24,7 @@ from tests.helpers import assert_close
 from tests.test_cute_gemm_sm90 import _contiguous_case, _masked_case, _sm90_gpu, needs_dsl
 
 # (promote_run, scale_prefetch): every schedule the FP8 prefill sweep times
-SCHEDULES = [(1, True), (2, False), (2, True), (4, True), (3, True)]
+SCHEDULES = [(1, True), (2, False), (2, True), (3, True), (4, True), (8, True)]
 
 
 @needs_dsl
@@ -46,6 +46,7 @@ def test_fp8_schedule_config_rules():
 
 
 SASS_CASES = [(("fp8", 4096, 7168, 32, "contiguous", False, 512), 4, True),  # 56 stages: 14 runs of 4
+              (("fp8", 4096, 7168, 32, "contiguous", False, 256), 8, True),
               (("fp8", 7168, 2048, 32, "masked", True, 256), 3, True),  # 16 stages: 5 runs of 3 + a run of 1
               (("fp8", 7168, 2048, 32, "contiguous", True, 256), 2, False),
               (("fp8", 4096, 7168, 32, "contiguous", False, 512), 1, True)]
@@ -141,9 +142,11 @@ def test_gpu_fp8_schedules_match_reference_and_base(schedule, layout, ue8m0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", [(4, True), (2, False)], ids=lambda s: f"run{s[0]}-pf{int(s[1])}")
+@pytest.mark.parametrize("schedule", [(4, True, None), (8, True, None), (4, True, 7), (2, False, None)],
+                         ids=lambda s: f"run{s[0]}-pf{int(s[1])}-stages{s[2] or 6}")
 def test_gpu_fp8_schedules_deepseek_dims(schedule):
-    """DeepSeek-V3 GEMM1 (N 4096, K 7168: 56 stages), 8 experts of uneven sizes, bit-equal to the base kernel."""
+    """DeepSeek-V3 GEMM1 (N 4096, K 7168: 56 stages), 8 experts of uneven sizes, bit-equal to the base kernel
+    (the schedules and the 7-stage ring the sweep times)."""
     _sm90_gpu()
     from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
 
@@ -156,7 +159,8 @@ def test_gpu_fp8_schedules_deepseek_dims(schedule):
     w = torch.randn(e, n, k, device="cuda", generator=g).mul(4).clamp(-448, 448).to(torch.float8_e4m3fn)
     sa = torch.rand(ids.numel(), k // 128, device="cuda", generator=g) + 0.5
     sw = torch.rand(e, n // 128, k // 128, device="cuda", generator=g) * 0.01
-    out = moe_gemm_fp8(a, sa, w, sw, ids, None, tiles=dict(promote_run=schedule[0], scale_prefetch=schedule[1]))
+    run, prefetch, stages = schedule
+    out = moe_gemm_fp8(a, sa, w, sw, ids, None, tiles=dict(promote_run=run, scale_prefetch=prefetch, stages=stages))
     base = moe_gemm_fp8(a, sa, w, sw, ids, None)
     torch.cuda.synchronize()
     assert torch.equal(out, base), (out.float() - base.float()).abs().max()
