@@ -23,8 +23,9 @@ from dispatch.reference.quant import fp8_group_quantize
 from tests.helpers import assert_close
 from tests.test_cute_gemm_sm90 import _contiguous_case, _masked_case, _sm90_gpu, needs_dsl
 
-# (promote_run, scale_prefetch): every schedule the FP8 prefill sweep times
-SCHEDULES = [(1, True), (2, False), (2, True), (3, True), (4, True), (8, True)]
+# (promote_run, scale_prefetch, epilogue_prefetch): every schedule the FP8 prefill sweep times, and more
+SCHEDULES = [(1, True, False), (2, False, True), (2, True, False), (3, True, True), (4, True, False),
+             (4, True, True), (8, True, True)]
 
 
 @needs_dsl
@@ -45,20 +46,21 @@ def test_fp8_schedule_config_rules():
         pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, promote_run=-1)
 
 
-SASS_CASES = [(("fp8", 4096, 7168, 32, "contiguous", False, 512), 4, True),  # 56 stages: 14 runs of 4
-              (("fp8", 4096, 7168, 32, "contiguous", False, 256), 8, True),
-              (("fp8", 7168, 2048, 32, "masked", True, 256), 3, True),  # 16 stages: 5 runs of 3 + a run of 1
-              (("fp8", 7168, 2048, 32, "contiguous", True, 256), 2, False),
-              (("fp8", 4096, 7168, 32, "contiguous", False, 512), 1, True)]
+SASS_CASES = [(("fp8", 4096, 7168, 32, "contiguous", False, 512), 4, True, False),  # 56 stages: 14 runs of 4
+              (("fp8", 4096, 7168, 32, "contiguous", False, 256), 8, True, True),
+              (("fp8", 7168, 2048, 32, "masked", True, 256), 3, True, True),  # 16 stages: 5 runs of 3 + 1
+              (("fp8", 7168, 2048, 32, "contiguous", True, 256), 2, False, True),
+              (("fp8", 4096, 7168, 32, "contiguous", False, 512), 1, True, False)]
 
 
 @needs_dsl
-@pytest.mark.parametrize("case", SASS_CASES, ids=lambda c: f"{c[0][1]}x{c[0][2]}-{c[0][4]}-run{c[1]}-pf{int(c[2])}")
+@pytest.mark.parametrize("case", SASS_CASES,
+                         ids=lambda c: f"{c[0][1]}x{c[0][2]}-{c[0][4]}-run{c[1]}-pf{int(c[2])}-ep{int(c[3])}")
 def test_fp8_schedule_sass(case):
     from cute_ops.gemm.grouped_sm90 import dump, pick_config
 
-    shape, run, prefetch = case
-    cfg = pick_config(*shape, promote_run=run, scale_prefetch=prefetch)
+    shape, run, prefetch, epilogue_prefetch = case
+    cfg = pick_config(*shape, promote_run=run, scale_prefetch=prefetch, epilogue_prefetch=epilogue_prefetch)
     d = dump(cfg)
     ops = d.opcodes()
     k_tiles = cfg.k // 128
@@ -79,6 +81,12 @@ def test_fp8_schedule_sass(case):
     assert d.count("LDL") == 0 and d.count("STL") == 0, ops
     assert not re.search(r"@!?U?P\w+\s+R2UR", d.sass)
     assert d.ptx.count("st.global.b32") == cfg.tile_n * 64 // 128 // 2 and d.count("STG.E.U16") == 0, ops
+    if epilogue_prefetch and cfg.layout == "contiguous" and cfg.row_weights:
+        # m_indices and row weights loaded at the tile's start: after the last QGMMA only the tile walk's loads
+        # (the next tile's group bounds) remain; without the prefetch 4 more (2 rows x 2 values)
+        seq = re.findall(r"\b(LDG|QGMMA)", d.sass)
+        last = len(seq) - 1 - seq[::-1].index("QGMMA")
+        assert seq[last:].count("LDG") <= 3, seq[last:]
 
 
 # -------------------------------------------------------------------------------------- GPU (sm_90)
@@ -120,30 +128,32 @@ def _case(layout: str, ue8m0: bool, column_major: bool, row_weights: bool, n=320
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"run{s[0]}-pf{int(s[1])}")
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"run{s[0]}-pf{int(s[1])}-ep{int(s[2])}")
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["fp32", "ue8m0"])
 def test_gpu_fp8_schedules_match_reference_and_base(schedule, layout, ue8m0):
     _sm90_gpu()
     from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
 
-    run, prefetch = schedule
+    run, prefetch, epilogue_prefetch = schedule
     column_major = layout == "masked"  # both scale layouts, across the two layouts
     host = _case(layout, ue8m0, column_major, row_weights=ue8m0)
     if ue8m0:
         assert all(math.log2(float(v)).is_integer() for v in host[3].flatten()[:64])
     dev = [None if t is None else t.cuda() for t in host]
-    out = moe_gemm_fp8(*dev, tiles=dict(promote_run=run, scale_prefetch=prefetch))
+    out = moe_gemm_fp8(*dev, tiles=dict(promote_run=run, scale_prefetch=prefetch,
+                                        epilogue_prefetch=epilogue_prefetch))
     base = moe_gemm_fp8(*dev)
     torch.cuda.synchronize()
-    assert_close(out.cpu(), ref.moe_gemm_fp8(*host), f"fp8 {layout} run={run} prefetch={prefetch}")
+    assert_close(out.cpu(), ref.moe_gemm_fp8(*host), f"fp8 {layout} {schedule}")
     # same products and FFMAs per element and block as the promote_run=0 kernel: bit-equal
     assert torch.equal(out, base), (out.float() - base.float()).abs().max()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", [(4, True, None), (8, True, None), (4, True, 7), (2, False, None)],
-                         ids=lambda s: f"run{s[0]}-pf{int(s[1])}-stages{s[2] or 6}")
+@pytest.mark.parametrize("schedule", [(4, True, False, None), (8, True, True, None), (4, True, True, 7),
+                                      (2, False, False, None)],
+                         ids=lambda s: f"run{s[0]}-pf{int(s[1])}-ep{int(s[2])}-stages{s[3] or 6}")
 def test_gpu_fp8_schedules_deepseek_dims(schedule):
     """DeepSeek-V3 GEMM1 (N 4096, K 7168: 56 stages), 8 experts of uneven sizes, bit-equal to the base kernel
     (the schedules and the 7-stage ring the sweep times)."""
@@ -159,11 +169,46 @@ def test_gpu_fp8_schedules_deepseek_dims(schedule):
     w = torch.randn(e, n, k, device="cuda", generator=g).mul(4).clamp(-448, 448).to(torch.float8_e4m3fn)
     sa = torch.rand(ids.numel(), k // 128, device="cuda", generator=g) + 0.5
     sw = torch.rand(e, n // 128, k // 128, device="cuda", generator=g) * 0.01
-    run, prefetch, stages = schedule
-    out = moe_gemm_fp8(a, sa, w, sw, ids, None, tiles=dict(promote_run=run, scale_prefetch=prefetch, stages=stages))
+    run, prefetch, epilogue_prefetch, stages = schedule
+    out = moe_gemm_fp8(a, sa, w, sw, ids, None, tiles=dict(promote_run=run, scale_prefetch=prefetch, stages=stages,
+                                                           epilogue_prefetch=epilogue_prefetch))
     base = moe_gemm_fp8(a, sa, w, sw, ids, None)
     torch.cuda.synchronize()
     assert torch.equal(out, base), (out.float() - base.float()).abs().max()
     rows = torch.arange(0, ids.numel(), 97, device="cuda")
     want = ref.moe_gemm_fp8(a[rows].cpu(), sa[rows].cpu(), w.cpu(), sw.cpu(), ids[rows].cpu(), None)
     assert_close(out[rows].cpu(), want, "fp8 DeepSeek GEMM1 dims, sampled rows")
+
+
+@needs_dsl
+def test_epilogue_prefetch_sass_bf16():
+    """epilogue_prefetch on the bf16 kernel (128 x 256 tile, contiguous, row weights): compiles without spills, the
+    same stores."""
+    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+
+    cfg = pick_config("bf16", 4096, 7168, 32, "contiguous", True, 256, epilogue_prefetch=True)
+    d = dump(cfg)
+    ops = d.opcodes()
+    assert re.findall(r"\bHGMMA\.[0-9x]+\.F32\S*", d.sass) == ["HGMMA.64x256x16.F32.BF16"] * 8, ops
+    assert d.count("LDL") == 0 and d.count("STL") == 0, ops
+    assert d.ptx.count("st.global.b32") == cfg.tile_n * 64 // 128 // 2 and d.count("STG.E.U16") == 0, ops
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+def test_gpu_bf16_epilogue_prefetch(layout):
+    """epilogue_prefetch on the bf16 kernel (both tile shapes the rule picks), bit-equal to the kernel without it."""
+    _sm90_gpu()
+    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+
+    for tiles in (dict(tile_m=128, tile_n=256), dict(tile_m=64, tile_n=128)):
+        if layout == "contiguous":
+            a, w, mi, rw = _contiguous_case(7, 512, 256, [37, 0, 300, 1, 64, 129, 5], torch.bfloat16, 62, True)
+            args = (a.cuda(), w.cuda(), mi.cuda(), None, rw.cuda())
+        else:
+            a, w, mm, rw = _masked_case(5, 160, 512, 256, [0, 160, 3, 65, 129], torch.bfloat16, 63, True)
+            args = (a.cuda(), w.cuda(), None, mm.cuda(), rw.cuda())
+        out = moe_gemm_bf16(*args, tiles=dict(tiles, epilogue_prefetch=True))
+        base = moe_gemm_bf16(*args, tiles=tiles)
+        torch.cuda.synchronize()
+        assert torch.equal(out, base), (tiles, (out.float() - base.float()).abs().max())

@@ -107,6 +107,9 @@ class GemmConfig:
     promote_run: int = 0
     # FP8, promote_run >= 1: each stage's scales are loaded one stage ahead (during the previous stage's WGMMAs)
     scale_prefetch: bool = False
+    # True: the epilogue's per-row values (m_indices, row weights) are loaded when the tile starts, not after its
+    # main loop (their latency, once per tile, hidden under the WGMMAs; K = 2048 has only 16 stages per tile)
+    epilogue_prefetch: bool = False
 
     def key(self) -> tuple:
         return ("grouped_gemm_sm90", *dataclasses.astuple(self))
@@ -153,12 +156,13 @@ def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128
 def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_weights: bool, rows_per_group: int,
                 *, sm_count: int = 132, arch: str = "sm_90a", tile_m: int | None = None,
                 tile_n: int | None = None, stages: int | None = None,
-                promote_run: int | None = None, scale_prefetch: bool | None = None) -> GemmConfig:
+                promote_run: int | None = None, scale_prefetch: bool | None = None,
+                epilogue_prefetch: bool = False) -> GemmConfig:
     """Analytical (not tuned): 64-row tiles when groups hold <= 64 rows (decode: weight streaming, half the
     wasted MMA rows), else 128; tile_n 256 for 128-row tiles with N a multiple of 256 (the CUTLASS Hopper
     default), else 128; as many stages as fit (at most 8); FP8 groups of >= FP8_PREFILL_ROWS rows: the
     FP8_PREFILL_SCHEDULE promotion schedule, else promote_run 0. tile_m / tile_n / stages / promote_run /
-    scale_prefetch override the rule."""
+    scale_prefetch / epilogue_prefetch override the rule."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
@@ -180,7 +184,8 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     if promote_run < 0 or (scale_prefetch and not promote_run):
         raise ValueError(f"promote_run={promote_run} (>= 0), scale_prefetch={scale_prefetch} (needs promote_run >= 1)")
     return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, sm_count, arch,
-                      promote_run=promote_run, scale_prefetch=scale_prefetch)
+                      promote_run=promote_run, scale_prefetch=scale_prefetch,
+                      epilogue_prefetch=bool(epilogue_prefetch))
 
 
 # ------------------------------------------------------------------------------------------------- kernel
@@ -367,8 +372,14 @@ class GroupedGemmSm90:
         part2 = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(overlap) else None
         sa = cute.make_rmem_tensor(4, cutlass.Float32) if cutlass.const_expr(overlap) else None
         sw2 = cute.make_rmem_tensor(2, cutlass.Float32) if cutlass.const_expr(overlap) else None
-        rows = cute.make_rmem_tensor(2, cutlass.Int32) if cutlass.const_expr(overlap) else None
-        if cutlass.const_expr(overlap):
+        by_row = overlap or cfg.epilogue_prefetch
+        rows = cute.make_rmem_tensor(2, cutlass.Int32) if cutlass.const_expr(by_row) else None
+        # epilogue_prefetch: this thread's 2 rows' m_indices and row weights, loaded when the tile starts
+        row_ids = cute.make_rmem_tensor(2, cutlass.Int32) if cutlass.const_expr(
+            cfg.epilogue_prefetch and m_indices is not None) else None
+        row_ws = cute.make_rmem_tensor(2, cutlass.Float32) if cutlass.const_expr(
+            cfg.epilogue_prefetch and row_weights is not None) else None
+        if cutlass.const_expr(by_row):
             # the fragment is ((2 columns, 2 row halves, tile_n / 8), 1, 1): element i is in row half (i // 2) % 2
             assert cute.size(acc) == cfg.tile_n // 2 and cute.size(acc.shape[0][1]) == 2, acc.layout
         res = cute.make_rmem_tensor(tCcC.shape, self.out_dtype)
@@ -384,14 +395,19 @@ class GroupedGemmSm90:
         while g < sched.num_groups:
             _, n_tile, row_start, row_end = sched.coords(t, g, base)
             acc.fill(0.0)
+            if cutlass.const_expr(by_row):
+                for h in cutlass.range_constexpr(2):
+                    rows[h] = cutlass.min(row_start + tCcC[2 * h][0], row_end - 1)
+                    if cutlass.const_expr(row_ids is not None):
+                        row_ids[h] = m_indices[rows[h]]
+                    if cutlass.const_expr(row_ws is not None):
+                        row_ws[h] = row_weights[rows[h]]
             if cutlass.const_expr(overlap):
                 # Runs of U = promote_run stages: stage i of a run goes into buffer i % 2 (part / part2); once stage
                 # i + 1's WGMMAs are issued, wait_group(1) retires stage i's and its promotion runs while stage
                 # i + 1's are on the tensor cores; a run ends with wait_group(0) (nothing in flight across a loop
                 # edge: ptxas serializes every WGMMA of the kernel when an in-flight accumulator crosses one).
                 # Scale slot b (sa[2b + half], sw2[b]) holds the scales of the run's stages with i % 2 == b.
-                for h in cutlass.range_constexpr(2):
-                    rows[h] = cutlass.min(row_start + tCcC[2 * h][0], row_end - 1)
                 if cutlass.const_expr(cfg.scale_prefetch):
                     self._load_scales(sa, sw2, 0, a_scale, w_scale, rows, g, n_tile, 0)
                 run = cfg.promote_run
@@ -486,7 +502,10 @@ class GroupedGemmSm90:
             # Per-row loads use the row clamped into the group: always in bounds, and unconditional, so the
             # compiler keeps one load per distinct row of this thread (2 per 64-row warp group tile), not one per
             # element
-            if cutlass.const_expr(row_weights is not None):
+            if cutlass.const_expr(row_ws is not None):
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    acc[i] = acc[i] * row_ws[(i // 2) % 2]
+            elif cutlass.const_expr(row_weights is not None):
                 for i in cutlass.range_constexpr(cute.size(acc)):
                     acc[i] = acc[i] * row_weights[cutlass.min(row_start + tCcC[i][0], row_end - 1)]
             res.store(acc.load().to(self.out_dtype))
@@ -494,7 +513,9 @@ class GroupedGemmSm90:
             for i in cutlass.range_constexpr(cute.size(acc)):
                 r = row_start + tCcC[i][0]
                 ok = (r < row_end) & (col0 + tCcC[i][1] < cfg.n)
-                if cutlass.const_expr(m_indices is not None):
+                if cutlass.const_expr(row_ids is not None):
+                    ok = ok & (row_ids[(i // 2) % 2] == g)
+                elif cutlass.const_expr(m_indices is not None):
                     ok = ok & (m_indices[cutlass.min(r, row_end - 1)] == g)
                 keep[i] = ok
             # 4-byte stores of column pairs: the accumulator fragment's innermost mode is 2 adjacent columns
