@@ -11,6 +11,7 @@ scales, row weights.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -23,9 +24,10 @@ from dispatch.reference.quant import fp8_group_quantize
 from tests.helpers import assert_close
 from tests.test_cute_gemm_sm90 import _contiguous_case, _masked_case, _sm90_gpu, needs_dsl
 
-# (promote_run, scale_prefetch, epilogue_prefetch): every schedule the FP8 prefill sweep times, and more
-SCHEDULES = [(1, True, False), (2, False, True), (2, True, False), (3, True, True), (4, True, False),
-             (4, True, True), (8, True, True)]
+# (promote_run, scale_prefetch, epilogue_prefetch, epilogue): every schedule the FP8 prefill sweep times, and more
+SCHEDULES = [(1, True, False, "direct"), (2, False, True, "smem"), (2, True, False, "direct"),
+             (3, True, True, "direct"), (4, True, False, "smem"), (4, True, True, "direct"), (8, True, True, "smem"),
+             (0, False, False, "smem")]
 
 
 @needs_dsl
@@ -46,21 +48,23 @@ def test_fp8_schedule_config_rules():
         pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, promote_run=-1)
 
 
-SASS_CASES = [(("fp8", 4096, 7168, 32, "contiguous", False, 512), 4, True, False),  # 56 stages: 14 runs of 4
-              (("fp8", 4096, 7168, 32, "contiguous", False, 256), 8, True, True),
-              (("fp8", 7168, 2048, 32, "masked", True, 256), 3, True, True),  # 16 stages: 5 runs of 3 + 1
-              (("fp8", 7168, 2048, 32, "contiguous", True, 256), 2, False, True),
-              (("fp8", 4096, 7168, 32, "contiguous", False, 512), 1, True, False)]
+SASS_CASES = [(("fp8", 4096, 7168, 32, "contiguous", False, 512), 4, True, False, "direct"),  # 56 stages: 14 runs
+              (("fp8", 4096, 7168, 32, "contiguous", False, 256), 8, True, True, "direct"),
+              (("fp8", 7168, 2048, 32, "masked", True, 256), 3, True, True, "direct"),  # 16 stages: 5 runs of 3 + 1
+              (("fp8", 7168, 2048, 32, "contiguous", True, 256), 2, False, True, "direct"),
+              (("fp8", 4096, 7168, 32, "contiguous", False, 512), 1, True, False, "direct"),
+              (("fp8", 4096, 7168, 32, "contiguous", True, 512), 4, True, True, "smem")]
 
 
 @needs_dsl
 @pytest.mark.parametrize("case", SASS_CASES,
-                         ids=lambda c: f"{c[0][1]}x{c[0][2]}-{c[0][4]}-run{c[1]}-pf{int(c[2])}-ep{int(c[3])}")
+                         ids=lambda c: f"{c[0][1]}x{c[0][2]}-{c[0][4]}-run{c[1]}-pf{int(c[2])}-ep{int(c[3])}-{c[4]}")
 def test_fp8_schedule_sass(case):
     from cute_ops.gemm.grouped_sm90 import dump, pick_config
 
-    shape, run, prefetch, epilogue_prefetch = case
-    cfg = pick_config(*shape, promote_run=run, scale_prefetch=prefetch, epilogue_prefetch=epilogue_prefetch)
+    shape, run, prefetch, epilogue_prefetch, epilogue = case
+    cfg = pick_config(*shape, promote_run=run, scale_prefetch=prefetch, epilogue_prefetch=epilogue_prefetch,
+                      epilogue=epilogue)
     d = dump(cfg)
     ops = d.opcodes()
     k_tiles = cfg.k // 128
@@ -80,13 +84,45 @@ def test_fp8_schedule_sass(case):
     assert ops["USETMAXREG.DEALLOC.CTAPOOL"] == 1 and ops["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1, ops
     assert d.count("LDL") == 0 and d.count("STL") == 0, ops
     assert not re.search(r"@!?U?P\w+\s+R2UR", d.sass)
-    assert d.ptx.count("st.global.b32") == cfg.tile_n * 64 // 128 // 2 and d.count("STG.E.U16") == 0, ops
-    if epilogue_prefetch and cfg.layout == "contiguous" and cfg.row_weights:
+    if epilogue == "smem":
+        _assert_smem_epilogue(cfg, d)
+    else:
+        assert d.ptx.count("st.global.b32") == cfg.tile_n * 64 // 128 // 2 and d.count("STG.E.U16") == 0, ops
+    if epilogue_prefetch and cfg.layout == "contiguous" and cfg.row_weights and epilogue == "direct":
         # m_indices and row weights loaded at the tile's start: after the last QGMMA only the tile walk's loads
         # (the next tile's group bounds) remain; without the prefetch 4 more (2 rows x 2 values)
         seq = re.findall(r"\b(LDG|QGMMA)", d.sass)
         last = len(seq) - 1 - seq[::-1].index("QGMMA")
         assert seq[last:].count("LDG") <= 3, seq[last:]
+
+
+def _assert_smem_epilogue(cfg, d):
+    """Per thread: one 4-byte smem write per accumulator pair, 16-byte smem reads and predicated 16-byte global
+    stores of its chunks (64 x tile_n x 2 bytes per warp group / 128 threads / 16 bytes), the two warp-group
+    barriers; no 4-byte or 2-byte global stores of the output."""
+    ops = d.opcodes()
+    chunks = 64 * cfg.tile_n * 2 // 128 // 16
+    assert ops["STS"] == cfg.tile_n // 4 and ops["LDS.128"] == chunks, ops
+    # STG.E.128 also writes the descriptor slots (4 per slot)
+    assert ops["STG.E.128"] == chunks + 4 * cfg.desc_slots and d.ptx.count("st.global.b32") == 0, ops
+    assert d.count("STG.E.U16") == 0 and ops["BAR.SYNC.DEFER_BLOCKING"] == 3, ops
+    assert d.count("LDL") == 0 and d.count("STL") == 0, ops
+
+
+@needs_dsl
+def test_smem_epilogue_config_and_sass_bf16():
+    """The smem epilogue's staging tile costs stages (128 x 256 bf16: 3 instead of 4); its SASS at 128 x 256."""
+    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+
+    assert pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, epilogue="smem").stages == 6
+    assert pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, epilogue="smem", stages=6).stages == 6
+    with pytest.raises(ValueError, match="stages"):
+        pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, epilogue="smem", stages=7)
+    with pytest.raises(ValueError, match="epilogue"):
+        pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, epilogue="tma")
+    cfg = pick_config("bf16", 4096, 7168, 32, "contiguous", True, 256, epilogue="smem")
+    assert (cfg.tile_m, cfg.tile_n, cfg.stages) == (128, 256, 3)
+    _assert_smem_epilogue(cfg, dump(cfg))
 
 
 # -------------------------------------------------------------------------------------- GPU (sm_90)
@@ -128,21 +164,21 @@ def _case(layout: str, ue8m0: bool, column_major: bool, row_weights: bool, n=320
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"run{s[0]}-pf{int(s[1])}-ep{int(s[2])}")
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"run{s[0]}-pf{int(s[1])}-ep{int(s[2])}-{s[3]}")
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["fp32", "ue8m0"])
 def test_gpu_fp8_schedules_match_reference_and_base(schedule, layout, ue8m0):
     _sm90_gpu()
     from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
 
-    run, prefetch, epilogue_prefetch = schedule
+    run, prefetch, epilogue_prefetch, epilogue = schedule
     column_major = layout == "masked"  # both scale layouts, across the two layouts
     host = _case(layout, ue8m0, column_major, row_weights=ue8m0)
     if ue8m0:
         assert all(math.log2(float(v)).is_integer() for v in host[3].flatten()[:64])
     dev = [None if t is None else t.cuda() for t in host]
     out = moe_gemm_fp8(*dev, tiles=dict(promote_run=run, scale_prefetch=prefetch,
-                                        epilogue_prefetch=epilogue_prefetch))
+                                        epilogue_prefetch=epilogue_prefetch, epilogue=epilogue))
     base = moe_gemm_fp8(*dev)
     torch.cuda.synchronize()
     assert_close(out.cpu(), ref.moe_gemm_fp8(*host), f"fp8 {layout} {schedule}")
@@ -151,12 +187,13 @@ def test_gpu_fp8_schedules_match_reference_and_base(schedule, layout, ue8m0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", [(4, True, False, None), (8, True, True, None), (4, True, True, 7),
-                                      (2, False, False, None)],
-                         ids=lambda s: f"run{s[0]}-pf{int(s[1])}-ep{int(s[2])}-stages{s[3] or 6}")
+@pytest.mark.parametrize("schedule", [(4, True, False, None, "direct"), (8, True, True, None, "direct"),
+                                      (4, True, True, 7, "direct"), (2, False, False, None, "direct"),
+                                      (4, True, True, None, "smem"), (0, False, False, None, "smem")],
+                         ids=lambda s: f"run{s[0]}-pf{int(s[1])}-ep{int(s[2])}-stages{s[3] or 6}-{s[4]}")
 def test_gpu_fp8_schedules_deepseek_dims(schedule):
     """DeepSeek-V3 GEMM1 (N 4096, K 7168: 56 stages), 8 experts of uneven sizes, bit-equal to the base kernel
-    (the schedules and the 7-stage ring the sweep times)."""
+    (the schedules, the 7-stage ring and the smem epilogue the sweep times)."""
     _sm90_gpu()
     from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
 
@@ -169,9 +206,9 @@ def test_gpu_fp8_schedules_deepseek_dims(schedule):
     w = torch.randn(e, n, k, device="cuda", generator=g).mul(4).clamp(-448, 448).to(torch.float8_e4m3fn)
     sa = torch.rand(ids.numel(), k // 128, device="cuda", generator=g) + 0.5
     sw = torch.rand(e, n // 128, k // 128, device="cuda", generator=g) * 0.01
-    run, prefetch, epilogue_prefetch, stages = schedule
+    run, prefetch, epilogue_prefetch, stages, epilogue = schedule
     out = moe_gemm_fp8(a, sa, w, sw, ids, None, tiles=dict(promote_run=run, scale_prefetch=prefetch, stages=stages,
-                                                           epilogue_prefetch=epilogue_prefetch))
+                                                           epilogue_prefetch=epilogue_prefetch, epilogue=epilogue))
     base = moe_gemm_fp8(a, sa, w, sw, ids, None)
     torch.cuda.synchronize()
     assert torch.equal(out, base), (out.float() - base.float()).abs().max()
@@ -196,19 +233,23 @@ def test_epilogue_prefetch_sass_bf16():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
-def test_gpu_bf16_epilogue_prefetch(layout):
-    """epilogue_prefetch on the bf16 kernel (both tile shapes the rule picks), bit-equal to the kernel without it."""
+def test_gpu_bf16_epilogue_variants(layout):
+    """epilogue_prefetch and the smem epilogue on the bf16 kernel (both tile shapes the rule picks, and 64 x 64 / 64
+    x 256), bit-equal to the kernel without them."""
     _sm90_gpu()
     from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
 
-    for tiles in (dict(tile_m=128, tile_n=256), dict(tile_m=64, tile_n=128)):
+    for tiles, extra in itertools.product(
+            (dict(tile_m=128, tile_n=256), dict(tile_m=64, tile_n=128), dict(tile_m=64, tile_n=64),
+             dict(tile_m=64, tile_n=256)),
+            (dict(epilogue_prefetch=True), dict(epilogue="smem"), dict(epilogue_prefetch=True, epilogue="smem"))):
         if layout == "contiguous":
             a, w, mi, rw = _contiguous_case(7, 512, 256, [37, 0, 300, 1, 64, 129, 5], torch.bfloat16, 62, True)
             args = (a.cuda(), w.cuda(), mi.cuda(), None, rw.cuda())
         else:
             a, w, mm, rw = _masked_case(5, 160, 512, 256, [0, 160, 3, 65, 129], torch.bfloat16, 63, True)
             args = (a.cuda(), w.cuda(), None, mm.cuda(), rw.cuda())
-        out = moe_gemm_bf16(*args, tiles=dict(tiles, epilogue_prefetch=True))
+        out = moe_gemm_bf16(*args, tiles=dict(tiles, **extra))
         base = moe_gemm_bf16(*args, tiles=tiles)
         torch.cuda.synchronize()
-        assert torch.equal(out, base), (tiles, (out.float() - base.float()).abs().max())
+        assert torch.equal(out, base), (tiles, extra, (out.float() - base.float()).abs().max())

@@ -110,6 +110,10 @@ class GemmConfig:
     # True: the epilogue's per-row values (m_indices, row weights) are loaded when the tile starts, not after its
     # main loop (their latency, once per tile, hidden under the WGMMAs; K = 2048 has only 16 stages per tile)
     epilogue_prefetch: bool = False
+    # direct: predicated 4-byte stores of column pairs from the accumulator registers. smem: each consumer warp group
+    # stages its 64 rows in shared memory (16-byte chunks XOR-swizzled by row: conflict-free) and writes them with
+    # coalesced predicated 16-byte stores (tile_m * tile_n * 2 bytes of smem: fewer stages may fit)
+    epilogue: str = "direct"
 
     def key(self) -> tuple:
         return ("grouped_gemm_sm90", *dataclasses.astuple(self))
@@ -136,6 +140,15 @@ def stage_bytes(tile_m: int, tile_n: int) -> int:
     return (tile_m + tile_n) * ROW_BYTES
 
 
+EPILOGUES = ("direct", "smem")
+CHUNK = 8  # 2-byte output elements per 16-byte chunk of the smem epilogue
+
+
+def epilogue_bytes(epilogue: str, tile_m: int, tile_n: int) -> int:
+    """Shared memory of the output staging tile (2-byte outputs)."""
+    return tile_m * tile_n * 2 if epilogue == "smem" else 0
+
+
 def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128, tile_n: int = 128) -> str | None:
     """Why this problem cannot compile (None when it can)."""
     if dtype not in DTYPES:
@@ -157,12 +170,12 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
                 *, sm_count: int = 132, arch: str = "sm_90a", tile_m: int | None = None,
                 tile_n: int | None = None, stages: int | None = None,
                 promote_run: int | None = None, scale_prefetch: bool | None = None,
-                epilogue_prefetch: bool = False) -> GemmConfig:
+                epilogue_prefetch: bool = False, epilogue: str = "direct") -> GemmConfig:
     """Analytical (not tuned): 64-row tiles when groups hold <= 64 rows (decode: weight streaming, half the
     wasted MMA rows), else 128; tile_n 256 for 128-row tiles with N a multiple of 256 (the CUTLASS Hopper
     default), else 128; as many stages as fit (at most 8); FP8 groups of >= FP8_PREFILL_ROWS rows: the
     FP8_PREFILL_SCHEDULE promotion schedule, else promote_run 0. tile_m / tile_n / stages / promote_run /
-    scale_prefetch / epilogue_prefetch override the rule."""
+    scale_prefetch / epilogue_prefetch / epilogue override the rule."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
@@ -170,7 +183,9 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     why = can_implement(dtype, n, k, num_groups, tile_m, tile_n)
     if why:
         raise ValueError(why)
-    fit = (SMEM_BYTES - SMEM_RESERVED) // stage_bytes(tile_m, tile_n)
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"epilogue {epilogue!r}: one of {EPILOGUES}")
+    fit = (SMEM_BYTES - SMEM_RESERVED - epilogue_bytes(epilogue, tile_m, tile_n)) // stage_bytes(tile_m, tile_n)
     if stages is not None and not 2 <= stages <= fit:
         raise ValueError(f"stages={stages}: 2 to {fit} fit in shared memory for a {tile_m}x{tile_n} tile")
     # FP8 6 rather than the 7 that fit: 2-3% faster at 256 and 512 rows per expert (H100, 76665c5,
@@ -185,7 +200,7 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
         raise ValueError(f"promote_run={promote_run} (>= 0), scale_prefetch={scale_prefetch} (needs promote_run >= 1)")
     return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, sm_count, arch,
                       promote_run=promote_run, scale_prefetch=scale_prefetch,
-                      epilogue_prefetch=bool(epilogue_prefetch))
+                      epilogue_prefetch=bool(epilogue_prefetch), epilogue=epilogue)
 
 
 # ------------------------------------------------------------------------------------------------- kernel
@@ -233,6 +248,8 @@ class GroupedGemmSm90:
             bars: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
             sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(a_smem)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(b_smem)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, max(1, epilogue_bytes(
+                cfg.epilogue, cfg.tile_m, cfg.tile_n) // 2)], 1024]
 
         self.storage = Storage
         self.kernel(tiled_mma, tma_a, tma_mA, tma_b, tma_mB, mA, out, starts, counts, m_indices, row_weights,
@@ -262,6 +279,7 @@ class GroupedGemmSm90:
         storage = smem.allocate(self.storage)
         sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
         sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+        sC = storage.sC.get_tensor(cute.make_layout(max(1, epilogue_bytes(cfg.epilogue, cfg.tile_m, cfg.tile_n) // 2)))
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.bars.data_ptr(), num_stages=cfg.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
@@ -276,7 +294,7 @@ class GroupedGemmSm90:
                 self.produce(sched, bidx, ring, tma_a, mA_tma, tma_b, mB_tma, mA, workspace, sA, sB)
         else:
             cute.arch.warpgroup_reg_alloc(MMA_REGS)
-            self.consume(sched, bidx, tidx - WG, ring, tiled_mma, sA, sB, out, m_indices, row_weights, a_scale,
+            self.consume(sched, bidx, tidx - WG, ring, tiled_mma, sA, sB, sC, out, m_indices, row_weights, a_scale,
                          w_scale)
 
     # ------------------------------------------------------------------------------------ producer
@@ -352,7 +370,7 @@ class GroupedGemmSm90:
     # ------------------------------------------------------------------------------------ consumers
 
     @cute.jit
-    def consume(self, sched, bidx, mma_tidx, ring, tiled_mma, sA, sB, out, m_indices, row_weights, a_scale,
+    def consume(self, sched, bidx, mma_tidx, ring, tiled_mma, sA, sB, sC, out, m_indices, row_weights, a_scale,
                 w_scale):
         cfg = self.cfg
         # A / B: the warp group's view (every thread of a warp group sees the same smem descriptors); C: this
@@ -509,24 +527,77 @@ class GroupedGemmSm90:
                 for i in cutlass.range_constexpr(cute.size(acc)):
                     acc[i] = acc[i] * row_weights[cutlass.min(row_start + tCcC[i][0], row_end - 1)]
             res.store(acc.load().to(self.out_dtype))
-            # every load before the first store (a store to `out` could alias them otherwise: no reuse)
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                r = row_start + tCcC[i][0]
-                ok = (r < row_end) & (col0 + tCcC[i][1] < cfg.n)
-                if cutlass.const_expr(row_ids is not None):
-                    ok = ok & (row_ids[(i // 2) % 2] == g)
-                elif cutlass.const_expr(m_indices is not None):
-                    ok = ok & (m_indices[cutlass.min(r, row_end - 1)] == g)
-                keep[i] = ok
-            # 4-byte stores of column pairs: the accumulator fragment's innermost mode is 2 adjacent columns
-            # (checked at compile time), at an even column of a row whose pitch N is a multiple of 8
-            for j in cutlass.range_constexpr(cute.size(acc) // 2):
-                if keep[2 * j]:
-                    dst = cute.make_tensor(cute.make_ptr(self.out_dtype, (tCgC.iterator + tCgC.layout(2 * j)).toint(),
-                                                         cute.AddressSpace.gmem, assumed_align=4), cute.make_layout(2))
-                    cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), dst)
+            if cutlass.const_expr(cfg.epilogue == "smem"):
+                self._smem_epilogue(sC, res, tCcC, mma_tidx, out, m_indices, g, row_start, row_end, col0)
+            else:
+                # every load before the first store (a store to `out` could alias them otherwise: no reuse)
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    r = row_start + tCcC[i][0]
+                    ok = (r < row_end) & (col0 + tCcC[i][1] < cfg.n)
+                    if cutlass.const_expr(row_ids is not None):
+                        ok = ok & (row_ids[(i // 2) % 2] == g)
+                    elif cutlass.const_expr(m_indices is not None):
+                        ok = ok & (m_indices[cutlass.min(r, row_end - 1)] == g)
+                    keep[i] = ok
+                # 4-byte stores of column pairs: the accumulator fragment's innermost mode is 2 adjacent columns
+                # (checked at compile time), at an even column of a row whose pitch N is a multiple of 8
+                for j in cutlass.range_constexpr(cute.size(acc) // 2):
+                    if keep[2 * j]:
+                        addr = (tCgC.iterator + tCgC.layout(2 * j)).toint()
+                        dst = cute.make_tensor(cute.make_ptr(self.out_dtype, addr, cute.AddressSpace.gmem,
+                                                             assumed_align=4), cute.make_layout(2))
+                        cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), dst)
             t = t + nctas
             g, base = sched.seek(t, g, base)
+
+    @cute.jit
+    def _smem_epilogue(self, sC, res, tCcC, mma_tidx, out, m_indices, g, row_start, row_end, col0):
+        """Stage this warp group's 64 x tile_n output rows in smem, then coalesced predicated 16-byte stores.
+        Chunk c of row r (CHUNK columns) sits at chunk c ^ (r % 8) of the row: the fragment's 4-byte writes (8 rows
+        x 4 column pairs of one chunk per warp instruction) and the 16-byte reads are bank-conflict free. r is the
+        output row (row_start + ...), not the row in the tile: the addresses then change per tile, and the compiler
+        does not hoist 32 of them out of the tile loop into registers the main loop needs (spills)."""
+        cfg = self.cfg
+        wg = mma_tidx // WG
+        lt = mma_tidx % WG
+        per_row = cfg.tile_n // CHUNK
+        passes = 64 * per_row // WG
+        base = sC.iterator + wg * 64 * cfg.tile_n
+        for j in cutlass.range_constexpr(cute.size(res) // 2):
+            rl = tCcC[2 * j][0] - wg * 64
+            col = tCcC[2 * j][1]
+            off = rl * cfg.tile_n + ((col // CHUNK) ^ ((row_start + rl) % 8)) * CHUNK + col % CHUNK
+            staged = cute.make_tensor(cute.make_ptr(self.out_dtype, (base + off).toint(), cute.AddressSpace.smem,
+                                                    assumed_align=4), cute.make_layout(2))
+            cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), staged)
+        # the row predicates (their loads overlap the barrier wait); each thread's chunk rows are lt // per_row +
+        # p * (WG // per_row)
+        ok = cute.make_rmem_tensor(passes, cutlass.Boolean)
+        for p in cutlass.range_constexpr(passes):
+            c = lt + p * WG
+            r = row_start + wg * 64 + c // per_row
+            keep = (r < row_end) & (col0 + (c % per_row) * CHUNK < cfg.n)
+            if cutlass.const_expr(m_indices is not None):
+                keep = keep & (m_indices[cutlass.min(r, row_end - 1)] == g)
+            ok[p] = keep
+        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=WG)
+        chunk = cute.make_rmem_tensor(CHUNK, self.out_dtype)
+        for p in cutlass.range_constexpr(passes):
+            c = lt + p * WG
+            rl = c // per_row
+            ch = c % per_row
+            src = cute.make_tensor(cute.make_ptr(self.out_dtype, (base + rl * cfg.tile_n + (ch ^ ((row_start + rl) % 8))
+                                                                  * CHUNK)
+                                                 .toint(), cute.AddressSpace.smem, assumed_align=16),
+                                   cute.make_layout(CHUNK))
+            cute.autovec_copy(src, chunk)
+            if ok[p]:
+                dst = cute.make_tensor(cute.make_ptr(self.out_dtype, (out.iterator + (
+                    cutlass.Int64(row_start + wg * 64 + rl) * cfg.n + col0 + ch * CHUNK)).toint(),
+                    cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(CHUNK))
+                cute.autovec_copy(chunk, dst)
+        # the next tile's writes reuse these rows
+        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=WG)
 
     @staticmethod
     def _promote(acc, part, f0, f1):
