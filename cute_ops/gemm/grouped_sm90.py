@@ -35,7 +35,8 @@ and the strides), publishes it (`fence.proxy.tensormap::generic.release.gpu`) an
 (`fence.proxy.tensormap::generic.acquire.gpu`) before the first load through it. A slot is rewritten only after
 `stages` further loads were issued, i.e. after every load through its previous contents completed (the producer
 re-acquires a stage only once the consumers released it), so no in-flight TMA reads a descriptor being edited.
-B is one 3-D descriptor (N, K, G) indexed by the group; out is written from registers (predicated per row).
+B is one 3-D descriptor (N, K, G) indexed by the group; out is written from registers (predicated per row), or
+(epilogue="smem") staged per warp group in shared memory and written as coalesced 16-byte chunks.
 
 Kernel: persistent (one CTA per SM), one producer warp group (warp 0 issues the TMA loads; the group register
 budget is lowered to 40) and tile_m / 64 consumer warp groups (WGMMA 64 x tile_n x 16 from shared memory,
