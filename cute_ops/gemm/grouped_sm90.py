@@ -244,13 +244,20 @@ class GroupedGemmSm90:
                                                     (cfg.tile_n, self.bk))
         self.tx_bytes = stage_bytes(cfg.tile_m, cfg.tile_n)
 
-        @cute.struct
-        class Storage:
-            bars: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(a_smem)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(b_smem)], 1024]
-            sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, max(1, epilogue_bytes(
-                cfg.epilogue, cfg.tile_m, cfg.tile_n) // 2)], 1024]
+        # the shared-memory struct: mbarriers, the A / B rings, and (epilogue="smem") the output staging tile
+        if cutlass.const_expr(cfg.epilogue == "smem"):
+            @cute.struct
+            class Storage:
+                bars: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+                sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(a_smem)], 1024]
+                sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(b_smem)], 1024]
+                sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cfg.tile_m * cfg.tile_n], 1024]
+        else:
+            @cute.struct
+            class Storage:
+                bars: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+                sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(a_smem)], 1024]
+                sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(b_smem)], 1024]
 
         self.storage = Storage
         self.kernel(tiled_mma, tma_a, tma_mA, tma_b, tma_mB, mA, out, starts, counts, m_indices, row_weights,
@@ -280,7 +287,8 @@ class GroupedGemmSm90:
         storage = smem.allocate(self.storage)
         sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
         sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
-        sC = storage.sC.get_tensor(cute.make_layout(max(1, epilogue_bytes(cfg.epilogue, cfg.tile_m, cfg.tile_n) // 2)))
+        sC = (storage.sC.get_tensor(cute.make_layout(cfg.tile_m * cfg.tile_n))
+              if cutlass.const_expr(cfg.epilogue == "smem") else None)
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.bars.data_ptr(), num_stages=cfg.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
