@@ -35,12 +35,22 @@ and the strides), publishes it (`fence.proxy.tensormap::generic.release.gpu`) an
 (`fence.proxy.tensormap::generic.acquire.gpu`) before the first load through it. A slot is rewritten only after
 `stages` further loads were issued, i.e. after every load through its previous contents completed (the producer
 re-acquires a stage only once the consumers released it), so no in-flight TMA reads a descriptor being edited.
-B is one 3-D descriptor (N, K, G) indexed by the group; out is written from registers (predicated per row).
+B is one 3-D descriptor (N, K, G) indexed by the group; out is written from registers (predicated per row), or
+(epilogue="smem") staged per warp group in shared memory and written as coalesced 16-byte chunks.
 
 Kernel: persistent (one CTA per SM), one producer warp group (warp 0 issues the TMA loads; the group register
 budget is lowered to 40) and tile_m / 64 consumer warp groups (WGMMA 64 x tile_n x 16 from shared memory,
 fp32 accumulators in registers, 232 registers each), a `stages`-deep smem ring (PipelineTmaAsync: mbarriers with
 transaction bytes). The tile walk is scheduler.BoundedTileScheduler (every role walks the same order).
+
+FP8 promotion schedules (GemmConfig.promote_run, scale_prefetch): promote_run 0 waits for each stage's WGMMAs
+(wait_group 0) and then promotes them; the other consumer warp group's WGMMAs keep the tensor cores busy meanwhile.
+promote_run U >= 1 issues stage i + 1's WGMMAs (into a second partial-sum buffer) before promoting stage i
+(wait_group 1), in runs of U stages that end with wait_group 0: ptxas serializes every WGMMA of the kernel (C7514)
+when accumulator registers of an in-flight WGMMA are copied or read across a loop edge, so nothing is in flight
+where the dynamic loop turns. scale_prefetch loads each stage's scales during the previous stage's WGMMAs. Every
+schedule computes the same FFMA per element and block: outputs are bit-equal. A 128 x 256 FP8 tile does not fit:
+a 64 x 256 warp group tile needs 128 accumulator + 128 partial-sum registers per thread.
 """
 
 from __future__ import annotations
@@ -66,6 +76,10 @@ WG = 128  # threads per warp group
 LOAD_REGS, MMA_REGS = 40, 232
 DTYPES = {"bf16": "BFloat16", "fp16": "Float16", "fp8": "Float8E4M3FN"}  # operand type; fp8 writes bf16
 LAYOUTS = ("contiguous", "masked")
+# FP8 promotion schedule the rule picks for prefill-sized groups (>= FP8_PREFILL_ROWS rows per group): (promote_run,
+# scale_prefetch). (0, False) = the schedule timed at 76665c5 until the run schedules are timed (docs/cute.md)
+FP8_PREFILL_SCHEDULE = (0, False)
+FP8_PREFILL_ROWS = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +100,21 @@ class GemmConfig:
     # False: no descriptor rewrite; A is loaded through the base descriptor at row starts[g] (rows past the group are
     # read, not written). A bisection aid for a first GPU run (LOWBIT_CUTE_GEMM_DESC_UPDATE=0), not a product path.
     desc_update: bool = True
+    # FP8 promotion schedule. 0: each K stage's WGMMAs are waited for (wait_group 0) before its promotion
+    # acc += part * scale, scales loaded while they run (the kernel timed first). U >= 1: runs of U stages over two
+    # partial-sum buffers, stage i + 1's WGMMAs issued before stage i's promotion (wait_group 1), so the promotion
+    # overlaps the tensor cores (192 accumulator registers per thread at 64 x 128); U = 1 is the 0 schedule in
+    # this code path (a baseline for scale_prefetch).
+    promote_run: int = 0
+    # FP8, promote_run >= 1: each stage's scales are loaded one stage ahead (during the previous stage's WGMMAs)
+    scale_prefetch: bool = False
+    # True: the epilogue's per-row values (m_indices, row weights) are loaded when the tile starts, not after its
+    # main loop (their latency, once per tile, hidden under the WGMMAs; K = 2048 has only 16 stages per tile)
+    epilogue_prefetch: bool = False
+    # direct: predicated 4-byte stores of column pairs from the accumulator registers. smem: each consumer warp group
+    # stages its 64 rows in shared memory (16-byte chunks XOR-swizzled by row: conflict-free) and writes them with
+    # coalesced predicated 16-byte stores (tile_m * tile_n * 2 bytes of smem: fewer stages may fit)
+    epilogue: str = "direct"
 
     def key(self) -> tuple:
         return ("grouped_gemm_sm90", *dataclasses.astuple(self))
@@ -112,6 +141,15 @@ def stage_bytes(tile_m: int, tile_n: int) -> int:
     return (tile_m + tile_n) * ROW_BYTES
 
 
+EPILOGUES = ("direct", "smem")
+CHUNK = 8  # 2-byte output elements per 16-byte chunk of the smem epilogue
+
+
+def epilogue_bytes(epilogue: str, tile_m: int, tile_n: int) -> int:
+    """Shared memory of the output staging tile (2-byte outputs)."""
+    return tile_m * tile_n * 2 if epilogue == "smem" else 0
+
+
 def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128, tile_n: int = 128) -> str | None:
     """Why this problem cannot compile (None when it can)."""
     if dtype not in DTYPES:
@@ -131,10 +169,14 @@ def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128
 
 def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_weights: bool, rows_per_group: int,
                 *, sm_count: int = 132, arch: str = "sm_90a", tile_m: int | None = None,
-                tile_n: int | None = None, stages: int | None = None) -> GemmConfig:
+                tile_n: int | None = None, stages: int | None = None,
+                promote_run: int | None = None, scale_prefetch: bool | None = None,
+                epilogue_prefetch: bool = False, epilogue: str = "direct") -> GemmConfig:
     """Analytical (not tuned): 64-row tiles when groups hold <= 64 rows (decode: weight streaming, half the
     wasted MMA rows), else 128; tile_n 256 for 128-row tiles with N a multiple of 256 (the CUTLASS Hopper
-    default), else 128; as many stages as fit (at most 8). tile_m / tile_n / stages override the rule."""
+    default), else 128; as many stages as fit (at most 8); FP8 groups of >= FP8_PREFILL_ROWS rows: the
+    FP8_PREFILL_SCHEDULE promotion schedule, else promote_run 0. tile_m / tile_n / stages / promote_run /
+    scale_prefetch / epilogue_prefetch / epilogue override the rule."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
@@ -142,13 +184,24 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     why = can_implement(dtype, n, k, num_groups, tile_m, tile_n)
     if why:
         raise ValueError(why)
-    fit = (SMEM_BYTES - SMEM_RESERVED) // stage_bytes(tile_m, tile_n)
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"epilogue {epilogue!r}: one of {EPILOGUES}")
+    fit = (SMEM_BYTES - SMEM_RESERVED - epilogue_bytes(epilogue, tile_m, tile_n)) // stage_bytes(tile_m, tile_n)
     if stages is not None and not 2 <= stages <= fit:
         raise ValueError(f"stages={stages}: 2 to {fit} fit in shared memory for a {tile_m}x{tile_n} tile")
     # FP8 6 rather than the 7 that fit: 2-3% faster at 256 and 512 rows per expert (H100, 76665c5,
     # perf/results/experiments/2026-11-25-h100-cute-gemm-tiles-76665c5.json)
     stages = stages or min(6 if dtype == "fp8" else 8, fit)
-    return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, sm_count, arch)
+    if dtype == "fp8" and promote_run is None and scale_prefetch is None and rows_per_group >= FP8_PREFILL_ROWS:
+        promote_run, scale_prefetch = FP8_PREFILL_SCHEDULE
+    promote_run, scale_prefetch = promote_run or 0, bool(scale_prefetch)
+    if (promote_run or scale_prefetch) and dtype != "fp8":
+        raise ValueError("promote_run / scale_prefetch: FP8 only (the bf16 / fp16 main loop has no promotion)")
+    if promote_run < 0 or (scale_prefetch and not promote_run):
+        raise ValueError(f"promote_run={promote_run} (>= 0), scale_prefetch={scale_prefetch} (needs promote_run >= 1)")
+    return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, sm_count, arch,
+                      promote_run=promote_run, scale_prefetch=scale_prefetch,
+                      epilogue_prefetch=bool(epilogue_prefetch), epilogue=epilogue)
 
 
 # ------------------------------------------------------------------------------------------------- kernel
@@ -191,11 +244,20 @@ class GroupedGemmSm90:
                                                     (cfg.tile_n, self.bk))
         self.tx_bytes = stage_bytes(cfg.tile_m, cfg.tile_n)
 
-        @cute.struct
-        class Storage:
-            bars: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(a_smem)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(b_smem)], 1024]
+        # the shared-memory struct: mbarriers, the A / B rings, and (epilogue="smem") the output staging tile
+        if cutlass.const_expr(cfg.epilogue == "smem"):
+            @cute.struct
+            class Storage:
+                bars: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+                sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(a_smem)], 1024]
+                sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(b_smem)], 1024]
+                sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cfg.tile_m * cfg.tile_n], 1024]
+        else:
+            @cute.struct
+            class Storage:
+                bars: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
+                sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(a_smem)], 1024]
+                sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(b_smem)], 1024]
 
         self.storage = Storage
         self.kernel(tiled_mma, tma_a, tma_mA, tma_b, tma_mB, mA, out, starts, counts, m_indices, row_weights,
@@ -225,6 +287,8 @@ class GroupedGemmSm90:
         storage = smem.allocate(self.storage)
         sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
         sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+        sC = (storage.sC.get_tensor(cute.make_layout(cfg.tile_m * cfg.tile_n))
+              if cutlass.const_expr(cfg.epilogue == "smem") else None)
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.bars.data_ptr(), num_stages=cfg.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
@@ -239,7 +303,7 @@ class GroupedGemmSm90:
                 self.produce(sched, bidx, ring, tma_a, mA_tma, tma_b, mB_tma, mA, workspace, sA, sB)
         else:
             cute.arch.warpgroup_reg_alloc(MMA_REGS)
-            self.consume(sched, bidx, tidx - WG, ring, tiled_mma, sA, sB, out, m_indices, row_weights, a_scale,
+            self.consume(sched, bidx, tidx - WG, ring, tiled_mma, sA, sB, sC, out, m_indices, row_weights, a_scale,
                          w_scale)
 
     # ------------------------------------------------------------------------------------ producer
@@ -315,7 +379,7 @@ class GroupedGemmSm90:
     # ------------------------------------------------------------------------------------ consumers
 
     @cute.jit
-    def consume(self, sched, bidx, mma_tidx, ring, tiled_mma, sA, sB, out, m_indices, row_weights, a_scale,
+    def consume(self, sched, bidx, mma_tidx, ring, tiled_mma, sA, sB, sC, out, m_indices, row_weights, a_scale,
                 w_scale):
         cfg = self.cfg
         # A / B: the warp group's view (every thread of a warp group sees the same smem descriptors); C: this
@@ -329,6 +393,22 @@ class GroupedGemmSm90:
         acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
         part = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(self.fp8) else None
         scale = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(self.fp8) else None
+        overlap = self.fp8 and cfg.promote_run > 0
+        # promote_run >= 1: the second partial-sum buffer; two scale slots: this thread's 2 distinct rows' a_scale
+        # (sa[2 * slot + half]) and the tile's w_scale (sw2[slot]); the thread's 2 rows (clamped into the group)
+        part2 = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(overlap) else None
+        sa = cute.make_rmem_tensor(4, cutlass.Float32) if cutlass.const_expr(overlap) else None
+        sw2 = cute.make_rmem_tensor(2, cutlass.Float32) if cutlass.const_expr(overlap) else None
+        by_row = overlap or cfg.epilogue_prefetch
+        rows = cute.make_rmem_tensor(2, cutlass.Int32) if cutlass.const_expr(by_row) else None
+        # epilogue_prefetch: this thread's 2 rows' m_indices and row weights, loaded when the tile starts
+        row_ids = cute.make_rmem_tensor(2, cutlass.Int32) if cutlass.const_expr(
+            cfg.epilogue_prefetch and m_indices is not None) else None
+        row_ws = cute.make_rmem_tensor(2, cutlass.Float32) if cutlass.const_expr(
+            cfg.epilogue_prefetch and row_weights is not None) else None
+        if cutlass.const_expr(by_row):
+            # the fragment is ((2 columns, 2 row halves, tile_n / 8), 1, 1): element i is in row half (i // 2) % 2
+            assert cute.size(acc) == cfg.tile_n // 2 and cute.size(acc.shape[0][1]) == 2, acc.layout
         res = cute.make_rmem_tensor(tCcC.shape, self.out_dtype)
         keep = cute.make_rmem_tensor(tCcC.shape, cutlass.Boolean)
         k_blocks = cute.size(tCrA, mode=[2])
@@ -342,7 +422,64 @@ class GroupedGemmSm90:
         while g < sched.num_groups:
             _, n_tile, row_start, row_end = sched.coords(t, g, base)
             acc.fill(0.0)
-            if cutlass.const_expr(self.fp8):
+            if cutlass.const_expr(by_row):
+                for h in cutlass.range_constexpr(2):
+                    rows[h] = cutlass.min(row_start + tCcC[2 * h][0], row_end - 1)
+                    if cutlass.const_expr(row_ids is not None):
+                        row_ids[h] = m_indices[rows[h]]
+                    if cutlass.const_expr(row_ws is not None):
+                        row_ws[h] = row_weights[rows[h]]
+            if cutlass.const_expr(overlap):
+                # Runs of U = promote_run stages: stage i of a run goes into buffer i % 2 (part / part2); once stage
+                # i + 1's WGMMAs are issued, wait_group(1) retires stage i's and its promotion runs while stage
+                # i + 1's are on the tensor cores; a run ends with wait_group(0) (nothing in flight across a loop
+                # edge: ptxas serializes every WGMMA of the kernel when an in-flight accumulator crosses one).
+                # Scale slot b (sa[2b + half], sw2[b]) holds the scales of the run's stages with i % 2 == b.
+                if cutlass.const_expr(cfg.scale_prefetch):
+                    self._load_scales(sa, sw2, 0, a_scale, w_scale, rows, g, n_tile, 0)
+                run = cfg.promote_run
+                for tail in cutlass.range_constexpr(2):  # the whole runs, then the rest (a shorter run)
+                    length = run if tail == 0 else self.k_tiles % run
+                    first = (self.k_tiles // run) * run
+                    if cutlass.const_expr(length > 0):
+                        for r in cutlass.range(self.k_tiles // run if tail == 0 else 1, unroll=1):
+                            kt0 = r * run if tail == 0 else first
+                            for i in cutlass.range_constexpr(length):
+                                cur, prev = (part, part2) if i % 2 == 0 else (part2, part)
+                                if cutlass.const_expr(i > 0):  # the previous stage's scale products (before a
+                                    f0 = sa[2 * (1 - i % 2)] * sw2[1 - i % 2]  # prefetch refills its slot)
+                                    f1 = sa[2 * (1 - i % 2) + 1] * sw2[1 - i % 2]
+                                if cutlass.const_expr(cfg.scale_prefetch):  # the next stage's (clamped at the last)
+                                    self._load_scales(sa, sw2, (i + 1) % 2, a_scale, w_scale, rows, g, n_tile,
+                                                      cutlass.min(kt0 + i + 1, self.k_tiles - 1))
+                                else:
+                                    self._load_scales(sa, sw2, i % 2, a_scale, w_scale, rows, g, n_tile, kt0 + i)
+                                ring.consumer_wait(read)
+                                warpgroup.fence()
+                                for kb in cutlass.range_constexpr(k_blocks):
+                                    tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                                    cute.gemm(tiled_mma, cur, tCrA[(None, None, kb, read.index)],
+                                              tCrB[(None, None, kb, read.index)], cur)
+                                warpgroup.commit_group()
+                                read.advance()
+                                if cutlass.const_expr(i > 0):
+                                    warpgroup.wait_group(1)
+                                    ring.consumer_release(release)
+                                    release.advance()
+                                    self._promote(acc, prev, f0, f1)
+                            last = (length - 1) % 2
+                            f0 = sa[2 * last] * sw2[last]
+                            f1 = sa[2 * last + 1] * sw2[last]
+                            warpgroup.wait_group(0)
+                            ring.consumer_release(release)
+                            release.advance()
+                            self._promote(acc, part2 if last else part, f0, f1)
+                            if cutlass.const_expr(cfg.scale_prefetch and length % 2 == 1):
+                                # the next run's first stage reads slot 0; an odd run prefetched it into slot 1
+                                for h in cutlass.range_constexpr(2):
+                                    sa[h] = sa[2 + h]
+                                sw2[0] = sw2[1]
+            elif cutlass.const_expr(self.fp8):
                 # Per 128-wide K stage: WGMMA into `part` (fresh), then acc += part * a_scale[row] * w_scale[tile]
                 # in fp32 registers (the contract's per-block scaling; also bounds the FP8 WGMMA's reduced-precision
                 # accumulation to one block). Scale rows are clamped into the group (rows past it are not written).
@@ -392,26 +529,97 @@ class GroupedGemmSm90:
             # Per-row loads use the row clamped into the group: always in bounds, and unconditional, so the
             # compiler keeps one load per distinct row of this thread (2 per 64-row warp group tile), not one per
             # element
-            if cutlass.const_expr(row_weights is not None):
+            if cutlass.const_expr(row_ws is not None):
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    acc[i] = acc[i] * row_ws[(i // 2) % 2]
+            elif cutlass.const_expr(row_weights is not None):
                 for i in cutlass.range_constexpr(cute.size(acc)):
                     acc[i] = acc[i] * row_weights[cutlass.min(row_start + tCcC[i][0], row_end - 1)]
             res.store(acc.load().to(self.out_dtype))
-            # every load before the first store (a store to `out` could alias them otherwise: no reuse)
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                r = row_start + tCcC[i][0]
-                ok = (r < row_end) & (col0 + tCcC[i][1] < cfg.n)
-                if cutlass.const_expr(m_indices is not None):
-                    ok = ok & (m_indices[cutlass.min(r, row_end - 1)] == g)
-                keep[i] = ok
-            # 4-byte stores of column pairs: the accumulator fragment's innermost mode is 2 adjacent columns
-            # (checked at compile time), at an even column of a row whose pitch N is a multiple of 8
-            for j in cutlass.range_constexpr(cute.size(acc) // 2):
-                if keep[2 * j]:
-                    dst = cute.make_tensor(cute.make_ptr(self.out_dtype, (tCgC.iterator + tCgC.layout(2 * j)).toint(),
-                                                         cute.AddressSpace.gmem, assumed_align=4), cute.make_layout(2))
-                    cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), dst)
+            if cutlass.const_expr(cfg.epilogue == "smem"):
+                self._smem_epilogue(sC, res, tCcC, mma_tidx, out, m_indices, g, row_start, row_end, col0)
+            else:
+                # every load before the first store (a store to `out` could alias them otherwise: no reuse)
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    r = row_start + tCcC[i][0]
+                    ok = (r < row_end) & (col0 + tCcC[i][1] < cfg.n)
+                    if cutlass.const_expr(row_ids is not None):
+                        ok = ok & (row_ids[(i // 2) % 2] == g)
+                    elif cutlass.const_expr(m_indices is not None):
+                        ok = ok & (m_indices[cutlass.min(r, row_end - 1)] == g)
+                    keep[i] = ok
+                # 4-byte stores of column pairs: the accumulator fragment's innermost mode is 2 adjacent columns
+                # (checked at compile time), at an even column of a row whose pitch N is a multiple of 8
+                for j in cutlass.range_constexpr(cute.size(acc) // 2):
+                    if keep[2 * j]:
+                        addr = (tCgC.iterator + tCgC.layout(2 * j)).toint()
+                        dst = cute.make_tensor(cute.make_ptr(self.out_dtype, addr, cute.AddressSpace.gmem,
+                                                             assumed_align=4), cute.make_layout(2))
+                        cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), dst)
             t = t + nctas
             g, base = sched.seek(t, g, base)
+
+    @cute.jit
+    def _smem_epilogue(self, sC, res, tCcC, mma_tidx, out, m_indices, g, row_start, row_end, col0):
+        """Stage this warp group's 64 x tile_n output rows in smem, then coalesced predicated 16-byte stores.
+        Chunk c of row r (CHUNK columns) sits at chunk c ^ (r % 8) of the row: the fragment's 4-byte writes (8 rows
+        x 4 column pairs of one chunk per warp instruction) and the 16-byte reads are bank-conflict free. r is the
+        output row (row_start + ...), not the row in the tile: the addresses then change per tile, and the compiler
+        does not hoist 32 of them out of the tile loop into registers the main loop needs (spills)."""
+        cfg = self.cfg
+        wg = mma_tidx // WG
+        lt = mma_tidx % WG
+        per_row = cfg.tile_n // CHUNK
+        passes = 64 * per_row // WG
+        base = sC.iterator + wg * 64 * cfg.tile_n
+        for j in cutlass.range_constexpr(cute.size(res) // 2):
+            rl = tCcC[2 * j][0] - wg * 64
+            col = tCcC[2 * j][1]
+            off = rl * cfg.tile_n + ((col // CHUNK) ^ ((row_start + rl) % 8)) * CHUNK + col % CHUNK
+            staged = cute.make_tensor(cute.make_ptr(self.out_dtype, (base + off).toint(), cute.AddressSpace.smem,
+                                                    assumed_align=4), cute.make_layout(2))
+            cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), staged)
+        # the row predicates (their loads overlap the barrier wait); each thread's chunk rows are lt // per_row +
+        # p * (WG // per_row)
+        ok = cute.make_rmem_tensor(passes, cutlass.Boolean)
+        for p in cutlass.range_constexpr(passes):
+            c = lt + p * WG
+            r = row_start + wg * 64 + c // per_row
+            keep = (r < row_end) & (col0 + (c % per_row) * CHUNK < cfg.n)
+            if cutlass.const_expr(m_indices is not None):
+                keep = keep & (m_indices[cutlass.min(r, row_end - 1)] == g)
+            ok[p] = keep
+        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=WG)
+        chunk = cute.make_rmem_tensor(CHUNK, self.out_dtype)
+        for p in cutlass.range_constexpr(passes):
+            c = lt + p * WG
+            rl = c // per_row
+            ch = c % per_row
+            src = cute.make_tensor(cute.make_ptr(self.out_dtype, (base + rl * cfg.tile_n + (ch ^ ((row_start + rl) % 8))
+                                                                  * CHUNK)
+                                                 .toint(), cute.AddressSpace.smem, assumed_align=16),
+                                   cute.make_layout(CHUNK))
+            cute.autovec_copy(src, chunk)
+            if ok[p]:
+                dst = cute.make_tensor(cute.make_ptr(self.out_dtype, (out.iterator + (
+                    cutlass.Int64(row_start + wg * 64 + rl) * cfg.n + col0 + ch * CHUNK)).toint(),
+                    cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(CHUNK))
+                cute.autovec_copy(chunk, dst)
+        # the next tile's writes reuse these rows
+        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=WG)
+
+    @staticmethod
+    def _promote(acc, part, f0, f1):
+        """acc += part * f, f = f0 in the thread's first row half, f1 in its second."""
+        for i in range(cute.size(acc)):
+            acc[i] = acc[i] + part[i] * (f1 if (i // 2) % 2 else f0)
+
+    @staticmethod
+    def _load_scales(sa, sw, slot: int, a_scale, w_scale, rows, g, n_tile, kt):
+        """Scale slot `slot` <- stage kt's: the thread's 2 rows' a_scale and the tile's w_scale."""
+        sw[slot] = w_scale[g, n_tile, kt]
+        for h in range(2):
+            sa[2 * slot + h] = a_scale[rows[h], kt]
 
     @staticmethod
     def _stage_mmas(tiled_mma, acc, tCrA, tCrB, stage, k_blocks: int):
