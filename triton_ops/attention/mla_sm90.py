@@ -44,10 +44,11 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_ops.attention.decode import MAX_Q, _sm_count, reduce_splits, split_buffers
+from triton_ops._launch import launch
+from triton_ops.attention.decode import MAX_Q, reduce_splits, split_buffers
 from triton_ops.attention.mask import key_range
 from triton_ops.attention.prefill_sm90 import LOG2E, _version_reason
-from triton_ops.contract.arch import arch_of
+from triton_ops.contract.arch import arch_of, sm_count
 from triton_ops.contract.attention import check_mla_decode
 from triton_ops.contract.kv_cache import DS_ROPE
 
@@ -65,6 +66,7 @@ try:  # Gluon's Hopper API (see prefill_sm90.py for the version notes)
 
     _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
     _cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+    _GLUON_OK = True
 except Exception:  # pragma: no cover - refused through prefill_sm90._version_reason
 
     class _NoGluon:
@@ -73,6 +75,7 @@ except Exception:  # pragma: no cover - refused through prefill_sm90._version_re
             return fn if fn is not None else (lambda f: f)
 
     gluon = _NoGluon()
+    _GLUON_OK = False
 
 OP = "mla_decode"
 PAGE_SIZE = 64  # tokens per cache page = keys per tile
@@ -287,6 +290,10 @@ def _cache_2d(kv_cache: torch.Tensor) -> torch.Tensor:
     return kv_cache.as_strided((nb * bs, kv_cache.shape[-1]), (kv_cache.stride(1), 1))
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 # ------------------------------------------------------------------------------------------- checks
 
 
@@ -351,11 +358,11 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
     if out.numel() == 0:
         return out, lse
     m_blocks = -(-(sq * h) // ROWS)
-    splits = num_splits if num_splits > 0 else choose_splits(m_blocks * bsz, max_pages, _sm_count(q.device.index))
+    splits = num_splits if num_splits > 0 else choose_splits(m_blocks * bsz, max_pages, sm_count(_index(q.device)))
     splits = max(1, min(splits, max(max_pages, 1)))
     pps = max(1, -(-max_pages // splits))
     o_buf, l_buf, o_sp, l_sp = split_buffers(out, lse, splits)
-    if max_pages == 0:  # no keys at all: out 0, lse -inf
+    if max_pages == 0 or kv_cache.shape[0] == 0:  # no keys at all: out 0, lse -inf
         out.zero_()
         lse.fill_(-math.inf)
         return out, lse
@@ -364,7 +371,7 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
         q2d = q2d.contiguous()
     if block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
-    _mla_sm90_kernel[(m_blocks, bsz, splits)](
+    launch(_mla_sm90_kernel, (m_blocks, bsz, splits),
         *_descriptors(q2d, _cache_2d(kv_cache)), block_table, seqused_k, o_buf, l_buf,
         float(softmax_scale) * LOG2E, kv_cache.shape[0], pps, max_pages, block_table.stride(0),
         o_buf.stride(0), o_buf.stride(1), o_buf.stride(2), o_sp, l_buf.stride(0), l_buf.stride(1), l_buf.stride(2),
@@ -376,15 +383,16 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
 # ------------------------------------------------------------------------------------------- compile-only
 
 
-def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = False):
+def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = False, any_version: bool = False):
     """Compile the kernel for sm_90a without a GPU (host tensors only describe the arguments); returns Triton's
-    compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`, `.metadata`). For tests and inspection."""
+    compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`, `.metadata`). For tests and inspection. any_version: compile
+    with a Triton other than the one the kernel is run with (3.6), as a check of the source's portability."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
     reason = _version_reason()
-    if reason:
+    if reason and not (any_version and _GLUON_OK):
         raise RuntimeError(reason)
     bsz, nb, max_pages = 2, 8, 4
     q = torch.empty(bsz * sq * h, NOPE + DS_ROPE, dtype=torch.bfloat16)
