@@ -19,10 +19,11 @@ Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
   64 x 32 halves (no QK^T is computed twice), then the online softmax (the row max / sum cross the two halves
   through shared memory), P (bf16) written to shared memory, and O (64 x 512 fp32) as two 64 x 256 halves,
   O += P V, each warpgroup reading all of P and its half of V.
-* Iteration t: issue S_t (async) behind the P V of tile t - 1 (issued at the end of iteration t - 1); wait for
-  P V (the older group): the buffer of tile t - 1 and P's buffer are free, refill the buffer with tile t + 1;
-  wait for S_t, softmax, rescale O, write P_t, issue P_t V_t. A tile is resident from its S to its P V; the next
-  one lands while the current one is computed.
+* Iteration t: wait for tile t's barrier; S_t = Q K_t^T (two chained async wgmmas: NoPE, RoPE), wait; softmax
+  (masked keys -inf); rescale O; P_t to shared memory (fence, CTA barrier); O += P_t V_t, wait; CTA barrier;
+  refill the buffer with tile t + 2. A tile is resident for one iteration and its successor's load has a whole
+  iteration to land. No wgmma is in flight across the loop's back edge: carrying one (P V of tile t overlapping
+  S of tile t + 1) makes ptxas serialize every wgmma of the kernel (C7514), which the compile test checks.
 * Masking: page ids outside [0, num_blocks) load from row num_blocks * 64, past the TMA view's end: the tile is
   zero filled (never read out of bounds) and its keys are masked. Keys past the sequence length in its last page
   are masked, and (cache slots no sequence writes may hold anything, NaN included: 0 x NaN would leak into
