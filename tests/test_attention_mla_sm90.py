@@ -40,10 +40,12 @@ _COMPILE = textwrap.dedent("""
     tool = next((os.path.join(bindir, t) for t in ("cuobjdump", "nvdisasm") if os.path.exists(os.path.join(bindir, t))),
                 None)
     res = {"triton": triton.__version__, "configs": []}
-    for sq, h, causal, final in ((1, 128, True, False), (2, 128, True, True), (3, 16, False, False)):
-        c = M.compile_sm90(sq, h, causal, final, any_version=True)
+    for sq, h, causal, final, ov in ((1, 128, True, False, False), (2, 128, True, True, False),
+                                     (3, 16, False, False, False), (1, 128, True, False, True),
+                                     (2, 128, True, True, True)):
+        c = M.compile_sm90(sq, h, causal, final, any_version=True, overlap=ov)
         ptx = c.asm["ptx"]
-        r = {"cfg": [sq, h, causal, final], "wgmma": ptx.count("wgmma.mma_async"),
+        r = {"cfg": [sq, h, causal, final, ov], "wgmma": ptx.count("wgmma.mma_async"),
              "tma": ptx.count("cp.async.bulk.tensor"), "mbar_wait": ptx.count("mbarrier.try_wait"),
              "smem": c.metadata.shared, "sass": None}
         if tool:
@@ -56,11 +58,20 @@ _COMPILE = textwrap.dedent("""
                 text = out.stdout
                 op = r"^\\s*(?:/\\*[0-9a-f]+\\*/)?\\s*(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]+)"
                 ins = [m.group(1) for m in re.finditer(op, text, re.M)]
+                # exponentials between each `wait for S` (DEPBAR.LE gsb0, 0x1) and the next wgmma wait
+                windows, inside = [], None
+                for line in text.splitlines():
+                    if "DEPBAR.LE" in line and "gsb0" in line:
+                        if inside is not None:
+                            windows.append(inside)
+                        inside = 0 if "0x1" in line else None
+                    elif inside is not None and "MUFU.EX2" in line:
+                        inside += 1
                 r["sass"] = {"HGMMA": text.count("HGMMA."), "HGMMA_S": text.count("HGMMA.64x32x16"),
                              "HGMMA_O": text.count("HGMMA.64x256x16"), "UTMALDG": text.count("UTMALDG"),
                              "SYNCS": text.count("SYNCS."), "wait0": text.count("DEPBAR.LE gsb0, 0x0"),
                              "STL": sum(i.startswith("STL") for i in ins),
-                             "LDL": sum(i.startswith("LDL") for i in ins)}
+                             "LDL": sum(i.startswith("LDL") for i in ins), "ex2_between_waits": windows}
         res["configs"].append(r)
     print(json.dumps(res))
 """)
@@ -77,7 +88,7 @@ def _check_compile(env, spills_ok=False):
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     for r in res["configs"]:
-        what = f"triton {res['triton']} (Sq, H, causal, final) = {r['cfg']}"
+        what = f"triton {res['triton']} (Sq, H, causal, final, overlap) = {r['cfg']}"
         assert r["wgmma"] > 0 and r["tma"] > 0 and r["mbar_wait"] > 0, f"{what}: {r}"
         assert r["smem"] <= 232448, f"{what}: {r['smem']} bytes of shared memory"
         sass = r["sass"]
@@ -89,6 +100,8 @@ def _check_compile(env, spills_ok=False):
         # ptxas serializes wgmma (a wait after every HGMMA) when it cannot prove an accumulator is left alone
         # while its MMA runs; the kernel waits twice per key tile (S, then P V) in each of its three tile copies.
         assert sass["wait0"] < sass["HGMMA"] // 4, f"{what}: wgmma serialized by ptxas: {sass}"
+        if r["cfg"][4]:  # the overlap schedule: the softmax (16 exponentials per thread) between the two waits
+            assert sass["ex2_between_waits"] and min(sass["ex2_between_waits"]) >= 8, f"{what}: {sass}"
     return res
 
 
@@ -177,8 +190,10 @@ def test_gpu_matches_reference(lens, sq, h, causal, splits):
     assert M.supports_mla_decode_sm90(*c.args()) is None, M.supports_mla_decode_sm90(*c.args())
     want = c.reference()
     for s in splits:
-        out, lse = M.mla_decode(*c.args(s))
-        assert_attention_close(out, lse, *want, f"sm90 gluon lens={lens} Sq={sq} H={h} causal={causal} splits={s}")
+        for ov in (False, True):
+            out, lse = M.mla_decode(*c.args(s), overlap=ov)
+            assert_attention_close(out, lse, *want, f"sm90 gluon lens={lens} Sq={sq} H={h} causal={causal} "
+                                                    f"splits={s} overlap={ov}")
 
 
 @pytest.mark.gpu
@@ -193,8 +208,9 @@ def test_gpu_bad_page_ids_are_masked_keys():
                   bad_entries=[(0, 0, -1), (0, 5, nb), (1, 2, 2**30), (2, 2, -(2**30))])
     want = c.reference()
     for s in (0, 1, 2):
-        out, lse = M.mla_decode(*c.args(s))
-        assert_attention_close(out, lse, *want, f"bad page ids, splits={s}")
+        for ov in (False, True):
+            out, lse = M.mla_decode(*c.args(s), overlap=ov)
+            assert_attention_close(out, lse, *want, f"bad page ids, splits={s} overlap={ov}")
 
 
 @pytest.mark.gpu
@@ -221,22 +237,24 @@ def test_gpu_dispatch_routes_by_argument():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("splits", [0, 1])
-def test_gpu_cuda_graph_new_lengths(splits):
+def test_gpu_cuda_graph_new_lengths(splits, overlap):
     """Capture once, then change seqused_k in place between replays: the result follows."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU")
     g = np.random.default_rng(34)
     c = make_case(g, layout="bf16", batch=3, lens=[4096] * 3, sq=2, h=128, bs=64, max_blocks=64, device="cuda")
     args = c.args(splits)
-    M.mla_decode(*args)  # compile outside the capture
+    M.mla_decode(*args, overlap=overlap)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out, lse = M.mla_decode(*args)
+        out, lse = M.mla_decode(*args, overlap=overlap)
     for lens in ([3000, 4096, 5], [1, 0, 4095], [4096, 17, 2048]):
         c.seqused_k.copy_(torch.tensor(lens, dtype=torch.int32))
         graph.replay()
         torch.cuda.synchronize()
-        assert_attention_close(out, lse, *c.reference(), f"graph replay lens={lens} splits={splits}")
+        assert_attention_close(out, lse, *c.reference(), f"graph replay lens={lens} splits={splits} "
+                                                         f"overlap={overlap}")
     assert math.isfinite(float(out.float().abs().max()))

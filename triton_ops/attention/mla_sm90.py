@@ -24,6 +24,9 @@ Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
   refill the buffer with tile t + 2. A tile is resident for one iteration and its successor's load has a whole
   iteration to land. No wgmma is in flight across the loop's back edge: carrying one (P V of tile t overlapping
   S of tile t + 1) makes ptxas serialize every wgmma of the kernel (C7514), which the compile test checks.
+  OVERLAP (`mla_decode(..., overlap=True)`, FA3's intra-warpgroup overlap, as prefill_sm90.py): issue S_t, then
+  P_{t-1} V_{t-1}; the softmax of tile t runs under that MMA; a tile is then resident from its S to the next
+  step's P V, so its successor's refill is issued mid-step (less time to land). Which wins is for the GPU to say.
 * Masking: page ids outside [0, num_blocks) load from row num_blocks * 64, past the TMA view's end: the tile is
   zero filled (never read out of bounds) and its keys are masked. Keys past the sequence length in its last page
   are masked, and (cache slots no sequence writes may hold anything, NaN included: 0 x NaN would leak into
@@ -135,12 +138,10 @@ def _softmax_tile(s, k0, lo, hi, page_ok, q_pos, m_i, l_i, qk_scale, CAUSAL: gl.
 
 
 @gluon.jit
-def _tile(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc, kr_desc, bt_row, p0, n_tiles,
-          num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL: gl.constexpr, TAIL: gl.constexpr, FIRST: gl.constexpr,
-          s_layout: gl.constexpr, o_layout: gl.constexpr, num_warps: gl.constexpr):
-    """Key tile t (see the module docstring). FIRST: t = 0 (O starts here). TAIL: the tile may hold the sequence's
-    last key (its rows past it are zeroed before P V). Returns (O, m, l). Both MMAs are waited for inside the
-    step: a wgmma still in flight across the loop's back edge makes ptxas serialize every wgmma of the kernel."""
+def _wait_tile_issue_s(t, kn_smem, kr_smem, q_smem, qr_smem, bars, p0, sk, TAIL: gl.constexpr,
+                       s_layout: gl.constexpr, num_warps: gl.constexpr):
+    """Wait for key tile t's buffer; TAIL: zero its value rows past the sequence end; issue S_t = Q K_t^T (two
+    async wgmma groups: NoPE, RoPE). Returns S's token."""
     slot = t % 2
     k0 = (p0 + t) * PAGE
     mbarrier.wait(bars.index(slot), (t // 2) & 1)
@@ -149,7 +150,19 @@ def _tile(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_de
             _zero_rows_from(kn_smem.index(slot), sk - k0, num_warps)
     s = warpgroup_mma(q_smem, kn_smem.index(slot).permute((1, 0)), gl.zeros([BLOCK_M, PAGE], gl.float32, s_layout),
                       use_acc=False, is_async=True)
-    s = warpgroup_mma(qr_smem, kr_smem.index(slot).permute((1, 0)), s, is_async=True)
+    return warpgroup_mma(qr_smem, kr_smem.index(slot).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _tile(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc, kr_desc, bt_row, p0, n_tiles,
+          num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL: gl.constexpr, TAIL: gl.constexpr, FIRST: gl.constexpr,
+          s_layout: gl.constexpr, o_layout: gl.constexpr, num_warps: gl.constexpr):
+    """Key tile t (see the module docstring). FIRST: t = 0 (O starts here). TAIL: the tile may hold the sequence's
+    last key (its rows past it are zeroed before P V). Returns (O, m, l). Both MMAs are waited for inside the
+    step: a wgmma still in flight across the loop's back edge makes ptxas serialize every wgmma of the kernel."""
+    slot = t % 2
+    k0 = (p0 + t) * PAGE
+    s = _wait_tile_issue_s(t, kn_smem, kr_smem, q_smem, qr_smem, bars, p0, sk, TAIL, s_layout, num_warps)
     page = gl.load(bt_row + p0 + t)
     s = warpgroup_mma_wait(0, deps=(s, ))
     p, m_i, l_i, alpha = _softmax_tile(s, k0, lo, hi, (page >= 0) & (page < num_blocks), q_pos, m_i, l_i,
@@ -167,11 +180,42 @@ def _tile(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_de
     return o, m_i, l_i
 
 
+@gluon.jit
+def _tile_overlap(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc, kr_desc, bt_row, p0,
+                  n_tiles, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL: gl.constexpr, TAIL: gl.constexpr,
+                  FIRST: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, num_warps: gl.constexpr):
+    """The OVERLAP schedule's key tile t (FA3's intra-warpgroup overlap): P_{t-1} waits in shared memory and tile
+    t - 1 in the other buffer. Issue S_t, then P_{t-1} V_{t-1}; wait for S_t only and run the softmax of tile t
+    while the tensor cores do P_{t-1} V_{t-1}; wait for it, refill its buffer with tile t + 1, rescale O, write
+    P_t. Both MMAs retire inside the step (nothing in flight across the back edge). The refill is issued later
+    than in the plain schedule (tile t + 1 has the rest of this step to land, not a whole step). FIRST: t = 0,
+    S and the softmax only."""
+    slot = t % 2
+    k0 = (p0 + t) * PAGE
+    s = _wait_tile_issue_s(t, kn_smem, kr_smem, q_smem, qr_smem, bars, p0, sk, TAIL, s_layout, num_warps)
+    if not FIRST:
+        o = warpgroup_mma(p_smem, kn_smem.index(1 - slot), o, is_async=True)
+    page = gl.load(bt_row + p0 + t)
+    s = warpgroup_mma_wait(1 - FIRST, deps=(s, ))  # S_t done; P_{t-1} V_{t-1} may still run
+    p, m_i, l_i, alpha = _softmax_tile(s, k0, lo, hi, (page >= 0) & (page < num_blocks), q_pos, m_i, l_i,
+                                       qk_scale, CAUSAL)
+    if not FIRST:
+        o = warpgroup_mma_wait(0, deps=(o, ))
+        _cta_barrier()  # both warpgroups are done with tile t - 1's buffer and with P: refill it with tile t + 1
+        _load_tile(kn_desc, kr_desc, bt_row, p0 + t + 1, num_blocks, bars.index(1 - slot), kn_smem.index(1 - slot),
+                   kr_smem.index(1 - slot), t + 1 < n_tiles)
+        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+    p_smem.store(p.to(gl.bfloat16))
+    fence_async_shared()
+    _cta_barrier()  # P_t complete (both halves) and visible to wgmma
+    return o, m_i, l_i
+
+
 @gluon.jit(do_not_specialize=["num_blocks", "pages_per_split"])
 def _mla_sm90_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, lse_ptr, qk_scale, num_blocks,
                      pages_per_split, max_pages, bt_sb, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp,
                      SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     # wgmma layouts: one warpgroup (4 warps) over the 64 rows, the two warpgroups side by side along N.
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
                                                        instr_shape=[16, PAGE // (num_warps // 4), 16])
@@ -224,17 +268,24 @@ def _mla_sm90_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr
         # The last page holding keys of this sequence (its rows past sk are zeroed before their P V): every
         # tile from there on takes the TAIL path; the others run without the check.
         t_tail = gl.minimum(gl.maximum(sk // PAGE - p0, 1), n_tiles)
-        o, m_i, l_i = _tile(0, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc, kr_desc,
-                            bt_row, p0, n_tiles, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL, True, True,
-                            s_layout, o_layout, num_warps)
+        if OVERLAP:
+            step: gl.constexpr = _tile_overlap
+        else:
+            step: gl.constexpr = _tile
+        o, m_i, l_i = step(0, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc, kr_desc, bt_row,
+                           p0, n_tiles, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL, True, True, s_layout,
+                           o_layout, num_warps)
         for t in range(1, t_tail):
-            o, m_i, l_i = _tile(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc,
-                                kr_desc, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL,
-                                False, False, s_layout, o_layout, num_warps)
+            o, m_i, l_i = step(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc, kr_desc,
+                               bt_row, p0, n_tiles, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL, False, False,
+                               s_layout, o_layout, num_warps)
         for t in range(t_tail, n_tiles):
-            o, m_i, l_i = _tile(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc,
-                                kr_desc, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL,
-                                True, False, s_layout, o_layout, num_warps)
+            o, m_i, l_i = step(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc, kr_desc,
+                               bt_row, p0, n_tiles, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL, True, False,
+                               s_layout, o_layout, num_warps)
+        if OVERLAP:  # the last tile's P V
+            o = warpgroup_mma(p_smem, kn_smem.index((n_tiles - 1) % 2), o, is_async=True)
+            o = warpgroup_mma_wait(0, deps=(o, ))
 
     # Epilogue: l = 0 where no key was seen (O is 0 there too): out 0, lse -inf. Stores straight from the wgmma
     # layout with a row mask (rows past Sq * H belong to the next sequence, or nothing).
@@ -342,10 +393,11 @@ def supports_mla_decode_sm90(q, kv_cache, block_table, seqused_k, indices, layou
 
 
 def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim: int, softmax_scale: float,
-               causal: bool, window_left: int, num_splits: int):
+               causal: bool, window_left: int, num_splits: int, *, overlap: bool = False):
     """(out (B, Sq, H, 512) bf16, lse (B, Sq, H) fp32); see the module docstring. Call
     `supports_mla_decode_sm90` first (the dispatcher does). num_splits <= 0 picks the split count from static
-    sizes."""
+    sizes. overlap: the OVERLAP schedule (`_tile_overlap`: the softmax of tile t under P V of tile t - 1, the
+    refill later); not yet timed against the default."""
     check_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal,
                      window_left, num_splits)
     reason = supports_mla_decode_sm90(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale,
@@ -376,7 +428,7 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
         *_descriptors(q2d, _cache_2d(kv_cache)), block_table, seqused_k, o_buf, l_buf,
         float(softmax_scale) * LOG2E, kv_cache.shape[0], pps, max_pages, block_table.stride(0),
         o_buf.stride(0), o_buf.stride(1), o_buf.stride(2), o_sp, l_buf.stride(0), l_buf.stride(1), l_buf.stride(2),
-        l_sp, SQ=sq, H=h, CAUSAL=bool(causal), FINAL=splits == 1, num_warps=NUM_WARPS)
+        l_sp, SQ=sq, H=h, CAUSAL=bool(causal), FINAL=splits == 1, OVERLAP=bool(overlap), num_warps=NUM_WARPS)
     reduce_splits(o_buf, l_buf, out, lse, 4096)
     return out, lse
 
@@ -384,7 +436,8 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
 # ------------------------------------------------------------------------------------------- compile-only
 
 
-def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = False, any_version: bool = False):
+def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = False, any_version: bool = False,
+                 overlap: bool = False):
     """Compile the kernel for sm_90a without a GPU (host tensors only describe the arguments); returns Triton's
     compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`, `.metadata`). For tests and inspection. any_version: compile
     with a Triton other than the one the kernel is run with (3.6), as a check of the source's portability."""
@@ -407,7 +460,7 @@ def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = F
                 qk_scale=0.1, num_blocks=nb, pages_per_split=2, max_pages=max_pages, bt_sb=max_pages,
                 o_sb=out.stride(0), o_ss=out.stride(1), o_sh=out.stride(2), o_sp=out.stride(3), l_sb=lse.stride(0),
                 l_ss=lse.stride(1), l_sh=lse.stride(2), l_sp=lse.stride(3))
-    consts = dict(SQ=sq, H=h, CAUSAL=causal, FINAL=final, num_warps=NUM_WARPS)
+    consts = dict(SQ=sq, H=h, CAUSAL=causal, FINAL=final, OVERLAP=overlap, num_warps=NUM_WARPS)
     fn = _mla_sm90_kernel
     sig = {}
     for p in fn.params:
