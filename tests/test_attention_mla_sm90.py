@@ -258,3 +258,32 @@ def test_gpu_cuda_graph_new_lengths(splits, overlap):
         assert_attention_close(out, lse, *c.reference(), f"graph replay lens={lens} splits={splits} "
                                                          f"overlap={overlap}")
     assert math.isfinite(float(out.float().abs().max()))
+
+
+def test_launcher_dry_run(monkeypatch):
+    """The host side on CPU tensors up to the launch (the kernel itself is stubbed): grid, TMA views of q and of
+    the cache (token rows, page-row tiles), the split buffers, the final flag."""
+    seen = []
+    monkeypatch.setattr(M, "supports_mla_decode_sm90", lambda *a: None)
+    monkeypatch.setattr(M, "launch", lambda kernel, grid, *args, **kw: seen.append((grid, args, kw)))
+    monkeypatch.setattr(M, "reduce_splits", lambda o_buf, l_buf, out, lse, n: o_buf is out or seen.append("reduce"))
+    g = np.random.default_rng(1)
+    c = make_case(g, layout="bf16", batch=3, lens=[300, 5, 64], sq=2, h=48, bs=64, max_blocks=6)
+    M.mla_decode(*c.args(3))
+    (grid, args, kw), red = seen
+    assert grid == (2, 3, 3) and red == "reduce"  # ceil(2 x 48 / 64) row blocks, B, splits
+    qd, qrd, knd, krd = args[:4]
+    nb = c.kv_cache.shape[0]
+    assert qd.shape == [3 * 2 * 48, 576] and qd.strides == [576, 1] and qd.block_shape == [64, 512]
+    assert qrd.block_shape == [64, 64] and qrd.base.data_ptr() == qd.base.data_ptr()
+    assert knd.shape == [nb * 64, 576] and knd.strides == [576, 1] and knd.block_shape == [64, 512]
+    assert krd.block_shape == [64, 64] and knd.base.data_ptr() == c.kv_cache.data_ptr()
+    bt, seq, o_buf, l_buf = args[4:8]
+    assert bt is c.block_table and seq is c.seqused_k
+    assert o_buf.shape == (3, 2, 48, 3, 512) and o_buf.dtype == torch.float32 and l_buf.shape == (3, 2, 48, 3)
+    assert args[9] == nb and args[10] == 2 and args[11] == 6  # num_blocks, pages per split, table capacity
+    assert kw["SQ"] == 2 and kw["H"] == 48 and kw["FINAL"] is False and kw["num_warps"] == 8
+    seen.clear()
+    M.mla_decode(*c.args(1))
+    (grid, args, kw), = seen  # one split: bf16 straight into out, no reduction
+    assert grid == (2, 3, 1) and kw["FINAL"] is True and args[6].dtype == torch.bfloat16
