@@ -45,13 +45,12 @@ import functools
 import math
 
 import torch
-import triton
 import triton.language as tl
 
 from triton_ops._launch import launch
 from triton_ops.attention.decode import MAX_Q, reduce_splits, split_buffers
 from triton_ops.attention.mask import key_range
-from triton_ops.attention.prefill_sm90 import LOG2E, _version_reason
+from triton_ops.attention.prefill_sm90 import LOG2E, _version_reason, compile_gluon_sm90
 from triton_ops.contract.arch import arch_of, sm_count
 from triton_ops.contract.attention import check_mla_decode
 from triton_ops.contract.kv_cache import DS_ROPE
@@ -441,10 +440,6 @@ def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = F
     """Compile the kernel for sm_90a without a GPU (host tensors only describe the arguments); returns Triton's
     compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`, `.metadata`). For tests and inspection. any_version: compile
     with a Triton other than the one the kernel is run with (3.6), as a check of the source's portability."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
     reason = _version_reason()
     if reason and not (any_version and _GLUON_OK):
         raise RuntimeError(reason)
@@ -461,17 +456,4 @@ def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = F
                 o_sb=out.stride(0), o_ss=out.stride(1), o_sh=out.stride(2), o_sp=out.stride(3), l_sb=lse.stride(0),
                 l_ss=lse.stride(1), l_sh=lse.stride(2), l_sp=lse.stride(3))
     consts = dict(SQ=sq, H=h, CAUSAL=causal, FINAL=final, OVERLAP=overlap, num_warps=NUM_WARPS)
-    fn = _mla_sm90_kernel
-    sig = {}
-    for p in fn.params:
-        if p.name in consts:
-            sig[p.name] = "constexpr"
-        elif p.name in ("num_blocks", "pages_per_split"):  # do_not_specialize
-            sig[p.name] = "i32"
-        else:
-            sig[p.name] = mangle_type(args[p.name])
-    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k, v in args.items()
-             if isinstance(v, torch.Tensor)}
-    src = GluonASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
-                         attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=NUM_WARPS))
+    return compile_gluon_sm90(_mla_sm90_kernel, args, consts, ("num_blocks", "pages_per_split"))
