@@ -13,11 +13,8 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -26,7 +23,7 @@ import torch
 
 from tests.helpers import assert_attention_close
 from tests.test_attention_mla import make_case
-from tests.test_attention_sm90 import ROOT, _triton36_env
+from tests.test_attention_sm90 import ROOT, _triton36_env, run_compile_json
 from triton_ops.attention import mla_sm90 as M
 
 # ------------------------------------------------------------------------------------------- compile-only (CPU)
@@ -52,15 +49,7 @@ _COMPILE = textwrap.dedent("""
 
 
 def _check_compile(env, spills_ok=False):
-    try:
-        proc = subprocess.run([sys.executable, "-c", _COMPILE], env=env, cwd=ROOT, capture_output=True, text=True,
-                              timeout=600)
-    except subprocess.TimeoutExpired:
-        pytest.skip("compiling the sm_90 kernel took over 600 s on this host")
-    if proc.returncode and "ptxas" in proc.stderr and "No such file" in proc.stderr:
-        pytest.skip(f"this Triton cannot compile CUDA on this host: {proc.stderr.strip().splitlines()[-1]}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_compile_json(_COMPILE, env)
     for r in res["configs"]:
         what = f"triton {res['triton']} (Sq, H, causal, final, overlap) = {r['cfg']}"
         assert r["wgmma"] > 0 and r["tma"] > 0 and r["mbar_wait"] > 0, f"{what}: {r}"

@@ -64,20 +64,26 @@ def _triton36_env():
                   f"compile the sm_90 Gluon kernel; the installed Triton is {triton.__version__}")
 
 
-def test_sm90_compile_uses_wgmma_and_tma():
-    """Compile for sm_90a without a GPU (fresh process: Triton 3.6, no interpreter) and check the machine code."""
-    env, why = _triton36_env()
-    if env is None:
-        pytest.skip(why)
+def run_compile_json(script: str, env: dict) -> dict:
+    """Run a compile script in a fresh process (env: its Triton) from the repository root; its last stdout line
+    as JSON. Skips where this host cannot compile CUDA or the compile outlasts 600 s."""
     try:
-        proc = subprocess.run([sys.executable, "-c", _COMPILE], env=env, cwd=ROOT, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
                               timeout=600)
     except subprocess.TimeoutExpired:
         pytest.skip("compiling the sm_90 kernel took over 600 s on this host")
     if proc.returncode and "ptxas" in proc.stderr and "No such file" in proc.stderr:
         pytest.skip(f"this Triton cannot compile CUDA on this host: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_sm90_compile_uses_wgmma_and_tma():
+    """Compile for sm_90a without a GPU (fresh process: Triton 3.6, no interpreter) and check the machine code."""
+    env, why = _triton36_env()
+    if env is None:
+        pytest.skip(why)
+    res = run_compile_json(_COMPILE, env)
     assert res["triton"].startswith(P.TRITON_VERSIONS), res["triton"]
     for r in res["configs"]:
         what = f"hd {r['d']}"

@@ -50,8 +50,8 @@ import triton.language as tl
 from triton_ops._launch import launch
 from triton_ops.attention.decode import MAX_Q, reduce_splits, split_buffers
 from triton_ops.attention.mask import key_range
-from triton_ops.attention.prefill_sm90 import LOG2E, _version_reason, compile_gluon_sm90
-from triton_ops.contract.arch import arch_of, sm_count
+from triton_ops.attention.prefill_sm90 import LOG2E, _version_reason, compile_gluon_sm90, sm90_gluon_reason
+from triton_ops.contract.arch import sm_count
 from triton_ops.contract.attention import check_mla_decode
 from triton_ops.contract.kv_cache import DS_ROPE
 
@@ -351,14 +351,9 @@ def _index(device: torch.device) -> int:
 def supports_mla_decode_sm90(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal,
                              window_left, num_splits) -> str | None:
     """None when the sm_90 Gluon kernel takes this call, else why not."""
-    reason = _version_reason()
+    reason = sm90_gluon_reason(q)
     if reason:
         return reason
-    if q.device.type != "cuda":
-        return f"needs CUDA tensors, got {q.device}"
-    arch = arch_of(q.device)
-    if arch != "sm_90":
-        return f"written for sm_90 (Hopper wgmma / TMA), this device is {arch}"
     if layout != "bf16" or kv_cache.dtype != torch.bfloat16:
         return f"bf16 latent cache only (layout {layout!r}: the FP8 layouts stay on the portable kernel)"
     if indices is not None:

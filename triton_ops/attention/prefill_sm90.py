@@ -401,6 +401,19 @@ def _version_reason() -> str | None:
     return None
 
 
+def sm90_gluon_reason(t: torch.Tensor) -> str | None:
+    """Why a Gluon sm_90 kernel cannot run on t's device with this Triton, or None."""
+    reason = _version_reason()
+    if reason:
+        return reason
+    if t.device.type != "cuda":
+        return f"needs CUDA tensors, got {t.device}"
+    arch = arch_of(t.device)
+    if arch != "sm_90":
+        return f"written for sm_90 (Hopper wgmma / TMA), this device is {arch}"
+    return None
+
+
 def _tma_reason(name: str, t: torch.Tensor) -> str | None:
     """Can a 2-D (total, H * D) descriptor with [rows, D] tiles read t (total, H, D)?"""
     total, heads, d = t.shape
@@ -418,14 +431,9 @@ def _tma_reason(name: str, t: torch.Tensor) -> str | None:
 def supports_attention_prefill_sm90(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                                     causal, window_left, window_right, sinks, return_lse) -> str | None:
     """None when the sm_90 Gluon kernel takes this call, else why not."""
-    reason = _version_reason()
+    reason = sm90_gluon_reason(q)
     if reason:
         return reason
-    if q.device.type != "cuda":
-        return f"needs CUDA tensors, got {q.device}"
-    arch = arch_of(q.device)
-    if arch != "sm_90":
-        return f"written for sm_90 (Hopper wgmma / TMA), this device is {arch}"
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"q dtype {q.dtype} is not bf16 / fp16"
     if k.dtype != q.dtype or v.dtype != q.dtype:
