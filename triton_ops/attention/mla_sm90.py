@@ -95,9 +95,14 @@ MIN_SPLIT_PAGES = 4  # below 256 keys a split no longer pays for its partials an
 
 @gluon.jit
 def _load_tile(kn_desc, kr_desc, bt_row, p, num_blocks, bar, kn_smem, kr_smem, pred):
-    """TMA of page table entry p (NoPE + RoPE parts) into one buffer, completing on `bar` (skipped unless pred).
-    A page id outside [0, num_blocks) reads past the view's end: zero fill."""
-    page = gl.load(bt_row + p, mask=pred, other=0)
+    """TMA of page table entry p (NoPE + RoPE parts) into one buffer, completing on `bar` (skipped unless pred)."""
+    _load_page(kn_desc, kr_desc, gl.load(bt_row + p, mask=pred, other=0), num_blocks, bar, kn_smem, kr_smem, pred)
+
+
+@gluon.jit
+def _load_page(kn_desc, kr_desc, page, num_blocks, bar, kn_smem, kr_smem, pred):
+    """TMA of cache page `page` into one buffer, completing on `bar` (skipped unless pred). A page id outside
+    [0, num_blocks) reads past the view's end: zero fill."""
     row = gl.where((page >= 0) & (page < num_blocks), page, num_blocks) * PAGE
     mbarrier.expect(bar, kn_desc.block_type.nbytes + kr_desc.block_type.nbytes, pred=pred)
     _tma_load(kn_desc, [row, 0], bar, kn_smem, pred=pred)
@@ -161,6 +166,7 @@ def _tile(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_de
     step: a wgmma still in flight across the loop's back edge makes ptxas serialize every wgmma of the kernel."""
     slot = t % 2
     k0 = (p0 + t) * PAGE
+    nxt = gl.load(bt_row + p0 + t + 2, mask=t + 2 < n_tiles, other=0)  # the refill's page id, off the refill's path
     s = _wait_tile_issue_s(t, kn_smem, kr_smem, q_smem, qr_smem, bars, p0, sk, TAIL, s_layout, num_warps)
     page = gl.load(bt_row + p0 + t)
     s = warpgroup_mma_wait(0, deps=(s, ))
@@ -174,8 +180,8 @@ def _tile(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_de
     o = warpgroup_mma(p_smem, kn_smem.index(slot), o, use_acc=not FIRST, is_async=True)
     o = warpgroup_mma_wait(0, deps=(o, ))
     _cta_barrier()  # both warpgroups are done with this buffer and with P: refill it with tile t + 2
-    _load_tile(kn_desc, kr_desc, bt_row, p0 + t + 2, num_blocks, bars.index(slot), kn_smem.index(slot),
-               kr_smem.index(slot), t + 2 < n_tiles)
+    _load_page(kn_desc, kr_desc, nxt, num_blocks, bars.index(slot), kn_smem.index(slot), kr_smem.index(slot),
+               t + 2 < n_tiles)
     return o, m_i, l_i
 
 
@@ -191,6 +197,7 @@ def _tile_overlap(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bar
     S and the softmax only."""
     slot = t % 2
     k0 = (p0 + t) * PAGE
+    nxt = gl.load(bt_row + p0 + t + 1, mask=t + 1 < n_tiles, other=0)  # the refill's page id
     s = _wait_tile_issue_s(t, kn_smem, kr_smem, q_smem, qr_smem, bars, p0, sk, TAIL, s_layout, num_warps)
     if not FIRST:
         o = warpgroup_mma(p_smem, kn_smem.index(1 - slot), o, is_async=True)
@@ -201,7 +208,7 @@ def _tile_overlap(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bar
     if not FIRST:
         o = warpgroup_mma_wait(0, deps=(o, ))
         _cta_barrier()  # both warpgroups are done with tile t - 1's buffer and with P: refill it with tile t + 1
-        _load_tile(kn_desc, kr_desc, bt_row, p0 + t + 1, num_blocks, bars.index(1 - slot), kn_smem.index(1 - slot),
+        _load_page(kn_desc, kr_desc, nxt, num_blocks, bars.index(1 - slot), kn_smem.index(1 - slot),
                    kr_smem.index(1 - slot), t + 1 < n_tiles)
         o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
     p_smem.store(p.to(gl.bfloat16))
