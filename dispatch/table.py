@@ -56,8 +56,12 @@ ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward, ping-pong warpgroups: 0.85-0.96x F
 # our bf16 path and 1.62x cuDNN's bf16 at 16 x 8k (page tiles, V converted to fp16 before its operand layout).
 ATTN_DECODE_WHY = "GQA heads packed per KV head; page tiles; split-KV, LSE-merged; 0.88-0.97x cuDNN, FP8 1.7x (H100)"
 # H100 at 4fdecc4 / 0818b2c: the sm_90 wgmma tiles 4.5-7.4x the mma tiles, 0.33-0.45x FlashMLA (docs/attention.md).
-# The only GPU backend of mla_decode.
+# The GPU backend of mla_decode for every call the sm_90 Gluon row (MLA_SM90_WHY) refuses.
 MLA_DECODE_WHY = "heads sharing keys packed per tile (wgmma on sm_90); FP8 dequant in registers; 0.33-0.45x FlashMLA"
+# sm_90 Gluon MLA decode (triton_ops/attention/mla_sm90.py): FlashMLA's structure (Q resident in shared memory, one TMA
+# page tile serving K and V, two warpgroups splitting S and O); bf16 dense cache, D 576, page 64 only. Compiled and
+# SASS-checked on CPU (Triton 3.6); not yet timed on a GPU. Ranked above the portable kernel for its structure.
+MLA_SM90_WHY = "Gluon TMA page tiles + warpgroup MMA, Q resident (sm_90a, Triton 3.6): bf16 dense cache; untimed"
 # H100 at 26c069c: decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped GEMMs; prefill (256 rows
 # / expert) 0.47-0.69x them (untuned tiles; docs/moe_gemm.md).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
@@ -298,6 +302,8 @@ ROWS: tuple[Entry, ...] = (
                  supports="triton_ops.attention.decode:supports_attention_decode"),
     Entry("attention_decode", "torch", ALL, "dispatch.reference.attention:attention_decode", TORCH_REF,
           REFERENCE_WHY),
+    Entry("mla_decode", "triton", ("sm_90",), "triton_ops.attention.mla_sm90:mla_decode", TRITON_SM90_GLUON,
+          MLA_SM90_WHY, "triton_ops.attention.mla_sm90:supports_mla_decode_sm90"),
     *triton_rows("mla_decode", "triton_ops.attention.mla_decode:mla_decode", MLA_DECODE_WHY,
                  supports="triton_ops.attention.mla_decode:supports_mla_decode"),
     Entry("mla_decode", "torch", ALL, "dispatch.reference.attention:mla_decode", TORCH_REF, REFERENCE_WHY),

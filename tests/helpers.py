@@ -222,3 +222,41 @@ def fp4_grouped_operands(fmt: str, m: int, g: int, n: int, k: int, seed: int = 0
     b = torch.stack([q[0] for q in bq])
     sfb = torch.stack([q[1].view(torch.uint8) for q in bq])
     return a, sfa.view(torch.uint8), b, sfb, deq_a, deq_b
+
+
+def sass_stats(cubin: bytes) -> dict | None:
+    """Counts from the SASS of a Hopper cubin (None without cuobjdump / nvdisasm): HGMMA (and per shape), UTMALDG,
+    SYNCS (mbarrier), BAR.SYNC, STL / LDL (spills), `wait0` (WARPGROUP.DEPBAR.LE gsb0, 0x0: one per HGMMA when
+    ptxas serializes wgmma) and `ex2_between_waits`: the MUFU.EX2 count between each `wait for S` (DEPBAR.LE gsb0,
+    0x1) and the next wgmma wait (the softmax overlapping an MMA)."""
+    import collections
+    import os
+    import re
+    import tempfile
+    from pathlib import Path
+
+    from cute_ops._sass import disassemble, find_tool
+
+    if not (find_tool("cuobjdump") or find_tool("nvdisasm")):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        text = disassemble(Path(f.name))
+    finally:
+        os.unlink(f.name)
+    op = r"^\s*(?:/\*[0-9a-f]+\*/)?\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)"
+    ins = [m.group(1) for m in re.finditer(op, text, re.M)]
+    windows, inside = [], None
+    for line in text.splitlines():
+        if "DEPBAR.LE" in line and "gsb0" in line:
+            if inside is not None:
+                windows.append(inside)
+            inside = 0 if "0x1" in line else None
+        elif inside is not None and "MUFU.EX2" in line:
+            inside += 1
+    shapes = collections.Counter(re.findall(r"HGMMA\.(\d+x\d+x\d+)", text))
+    return {"HGMMA": text.count("HGMMA."), "HGMMA_shapes": dict(shapes), "UTMALDG": text.count("UTMALDG"),
+            "SYNCS": text.count("SYNCS."), "BAR": text.count("BAR.SYNC"), "wait0": text.count("DEPBAR.LE gsb0, 0x0"),
+            "STL": sum(i.startswith("STL") for i in ins), "LDL": sum(i.startswith("LDL") for i in ins),
+            "ex2_between_waits": windows}

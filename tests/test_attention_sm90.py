@@ -30,13 +30,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ------------------------------------------------------------------------------------------- compile-only (CPU)
 
 _COMPILE = textwrap.dedent("""
-    import json, os, re, subprocess, sys, tempfile
+    import json, os
     os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernel
     import torch, triton
     from triton_ops.attention import prefill_sm90 as P
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    tool = next((os.path.join(bindir, t) for t in ("cuobjdump", "nvdisasm") if os.path.exists(os.path.join(bindir, t))),
-                None)
+    from tests.helpers import sass_stats
     res = {"triton": triton.__version__, "configs": []}
     for d, dv, dt, causal, window, sink in ((128, 128, torch.bfloat16, True, (-1, -1), False),
                                             (64, 64, torch.float16, False, (128, 0), True),
@@ -44,29 +42,7 @@ _COMPILE = textwrap.dedent("""
         c = P.compile_sm90(d, dv, dt, hq=8, hkv=1, causal=causal, window=window, sink=sink)
         ptx = c.asm["ptx"]
         r = {"d": d, "wgmma": ptx.count("wgmma.mma_async"), "tma": ptx.count("cp.async.bulk.tensor"),
-             "ex2": ptx.count("ex2.approx"), "smem": c.metadata.shared, "sass": None}
-        if tool:
-            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-                f.write(c.asm["cubin"])
-            cmd = [tool, "-sass", f.name] if tool.endswith("cuobjdump") else [tool, f.name]
-            out = subprocess.run(cmd, capture_output=True, text=True)
-            os.unlink(f.name)
-            if out.returncode == 0:
-                op = r"^\\s*(?:/\\*[0-9a-f]+\\*/)?\\s*(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]+)"
-                ins = [m.group(1) for m in re.finditer(op, out.stdout, re.M)]
-                text = out.stdout
-                # exponentials between each `wait for S` (DEPBAR.LE gsb0, 0x1) and the next wgmma wait
-                windows, inside = [], None
-                for line in text.splitlines():
-                    if "DEPBAR.LE" in line and "gsb0" in line:
-                        if inside is not None:
-                            windows.append(inside)
-                        inside = 0 if "0x1" in line else None
-                    elif inside is not None and "MUFU.EX2" in line:
-                        inside += 1
-                r["sass"] = {"HGMMA": text.count("HGMMA."), "UTMALDG": text.count("UTMALDG"),
-                             "BAR": text.count("BAR.SYNC"), "STL": sum(i.startswith("STL") for i in ins),
-                             "LDL": sum(i.startswith("LDL") for i in ins), "ex2_between_waits": windows}
+             "ex2": ptx.count("ex2.approx"), "smem": c.metadata.shared, "sass": sass_stats(c.asm["cubin"])}
         res["configs"].append(r)
     print(json.dumps(res))
 """)
@@ -88,20 +64,26 @@ def _triton36_env():
                   f"compile the sm_90 Gluon kernel; the installed Triton is {triton.__version__}")
 
 
-def test_sm90_compile_uses_wgmma_and_tma():
-    """Compile for sm_90a without a GPU (fresh process: Triton 3.6, no interpreter) and check the machine code."""
-    env, why = _triton36_env()
-    if env is None:
-        pytest.skip(why)
+def run_compile_json(script: str, env: dict) -> dict:
+    """Run a compile script in a fresh process (env: its Triton) from the repository root; its last stdout line
+    as JSON. Skips where this host cannot compile CUDA or the compile outlasts 600 s."""
     try:
-        proc = subprocess.run([sys.executable, "-c", _COMPILE], env=env, cwd=ROOT, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True,
                               timeout=600)
     except subprocess.TimeoutExpired:
         pytest.skip("compiling the sm_90 kernel took over 600 s on this host")
     if proc.returncode and "ptxas" in proc.stderr and "No such file" in proc.stderr:
         pytest.skip(f"this Triton cannot compile CUDA on this host: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_sm90_compile_uses_wgmma_and_tma():
+    """Compile for sm_90a without a GPU (fresh process: Triton 3.6, no interpreter) and check the machine code."""
+    env, why = _triton36_env()
+    if env is None:
+        pytest.skip(why)
+    res = run_compile_json(_COMPILE, env)
     assert res["triton"].startswith(P.TRITON_VERSIONS), res["triton"]
     for r in res["configs"]:
         what = f"hd {r['d']}"

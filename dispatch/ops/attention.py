@@ -240,8 +240,11 @@ def self_check_cases() -> list:
             nb = b * max_blocks + 2
             d = 512 if layout == "v4" else 576
             kv = torch.randn(nb * bs, d, generator=g)
-            cache = ds_kv_cache_empty(nb, bs, layout)
-            ds_kv_write(kv, torch.arange(nb * bs), cache, layout)
+            if layout == "bf16":
+                cache = kv.bfloat16().view(nb, bs, 1, d)
+            else:
+                cache = ds_kv_cache_empty(nb, bs, layout)
+                ds_kv_write(kv, torch.arange(nb * bs), cache, layout)
             table = torch.randperm(nb, generator=g)[: b * max_blocks].view(b, max_blocks).to(torch.int32)
             q = torch.randn(b, 2, h, d, generator=g).bfloat16()
             idx = None
@@ -266,6 +269,7 @@ def self_check_cases() -> list:
         Case("attention_decode", lambda dev, small: paged(dev, small, True), close,
              label="paged bf16, Sq=2, sinks, auto splits"),
         Case("merge_attn_states", merge, close, label="bf16, a -inf row"),
+        Case("mla_decode", mla("bf16", False), close, label="bf16 576, Sq=2, dense (sm_90: the Gluon kernel)"),
         Case("mla_decode", mla("v32", False), close, label="V3.2 FP8 656 B, Sq=2, dense"),
         Case("mla_decode", mla("v4", True), close, label="V4 FP8 584 B, Sq=2, sparse top-k"),
     ]

@@ -401,6 +401,19 @@ def _version_reason() -> str | None:
     return None
 
 
+def sm90_gluon_reason(t: torch.Tensor) -> str | None:
+    """Why a Gluon sm_90 kernel cannot run on t's device with this Triton, or None."""
+    reason = _version_reason()
+    if reason:
+        return reason
+    if t.device.type != "cuda":
+        return f"needs CUDA tensors, got {t.device}"
+    arch = arch_of(t.device)
+    if arch != "sm_90":
+        return f"written for sm_90 (Hopper wgmma / TMA), this device is {arch}"
+    return None
+
+
 def _tma_reason(name: str, t: torch.Tensor) -> str | None:
     """Can a 2-D (total, H * D) descriptor with [rows, D] tiles read t (total, H, D)?"""
     total, heads, d = t.shape
@@ -418,14 +431,9 @@ def _tma_reason(name: str, t: torch.Tensor) -> str | None:
 def supports_attention_prefill_sm90(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                                     causal, window_left, window_right, sinks, return_lse) -> str | None:
     """None when the sm_90 Gluon kernel takes this call, else why not."""
-    reason = _version_reason()
+    reason = sm90_gluon_reason(q)
     if reason:
         return reason
-    if q.device.type != "cuda":
-        return f"needs CUDA tensors, got {q.device}"
-    arch = arch_of(q.device)
-    if arch != "sm_90":
-        return f"written for sm_90 (Hopper wgmma / TMA), this device is {arch}"
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"q dtype {q.dtype} is not bf16 / fp16"
     if k.dtype != q.dtype or v.dtype != q.dtype:
@@ -498,10 +506,6 @@ def compile_sm90(dqk: int = 128, dv: int = 128, dtype: torch.dtype = torch.bfloa
                  cfg: Sm90PrefillConfig | None = None):
     """Compile the kernel for sm_90a without a GPU (host tensors only describe the arguments); returns Triton's
     compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`, `.metadata`). For tests and inspection."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
     reason = _version_reason()
     if reason:
         raise RuntimeError(reason)
@@ -519,12 +523,22 @@ def compile_sm90(dqk: int = 128, dv: int = 128, dtype: torch.dtype = torch.bfloa
                 qk_scale=0.1, q2_desc=q2_desc, k2_desc=k2_desc)
     consts = dict(HQ=hq, GROUP=hq // hkv, CAUSAL=causal, WINDOW_LEFT=window[0], WINDOW_RIGHT=window[1],
                   HAS_SINK=sink, STAGES=cfg.stages, SPLIT_D=split_d, num_warps=cfg.num_warps)
-    fn = _attn_fwd_sm90_kernel
+    return compile_gluon_sm90(_attn_fwd_sm90_kernel, args, consts, ("total_q", "total_k"))
+
+
+def compile_gluon_sm90(fn, args: dict, consts: dict, unspecialized: tuple[str, ...] = ()):
+    """Compile the Gluon kernel fn for sm_90a without a GPU. args: the non-constexpr arguments by name (host
+    tensors and descriptors only describe them), consts: the constexprs and num_warps, unspecialized: the
+    do_not_specialize int arguments (i32)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
     sig = {}
     for p in fn.params:
         if p.name in consts:
             sig[p.name] = "constexpr"
-        elif p.name in ("total_q", "total_k"):  # do_not_specialize
+        elif p.name in unspecialized:
             sig[p.name] = "i32"
         else:
             sig[p.name] = mangle_type(args[p.name])
@@ -533,4 +547,4 @@ def compile_sm90(dqk: int = 128, dv: int = 128, dtype: torch.dtype = torch.bfloa
              if isinstance(v, torch.Tensor)}
     src = GluonASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
                          attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.num_warps))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=consts["num_warps"]))
