@@ -157,6 +157,26 @@ bool pack_one(uint8_t t, PyObject* v, char* dst) {
   return PyErr_Occurred() == nullptr;
 }
 
+// Packs values[i] as type types[i]: at 8-byte aligned offsets (aligned) or back to back; the offsets are appended.
+bool pack_values(PyObject* types, PyObject* values, bool aligned, std::vector<char>& out, std::vector<size_t>& offsets) {
+  Py_ssize_t n = PyBytes_GET_SIZE(types);
+  const uint8_t* codes = reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(types));
+  PyObject* fast = PySequence_Fast(values, "expected a sequence of parameter values");
+  if (!fast) return false;
+  bool ok = PySequence_Fast_GET_SIZE(fast) == n;
+  if (!ok) PyErr_SetString(PyExc_ValueError, "parameter types and values differ in length");
+  for (Py_ssize_t i = 0; ok && i < n; ++i) {
+    size_t at = aligned ? out.size() + (8 - out.size() % 8) % 8 : out.size();
+    out.resize(at + (aligned ? 8 : param_size(codes[i])), 0);
+    offsets.push_back(at);
+    char buf[8] = {0};
+    ok = pack_one(codes[i], PySequence_Fast_GET_ITEM(fast, i), buf);
+    std::memcpy(out.data() + at, buf, param_size(codes[i]));
+  }
+  Py_DECREF(fast);
+  return ok;
+}
+
 // ------------------------------------------------------------------------------------------------ plans
 struct Alloc {
   std::vector<int64_t> sizes, strides;
@@ -333,24 +353,13 @@ bool parse_launch(PyObject* d, Launch& l) {
     return false;
   l.function = reinterpret_cast<CUfunction>(function);
   l.pdl = pdl;
+  if (!pack_values(types, values, true, l.blob, l.offsets)) return false;
   Py_ssize_t n = PyBytes_GET_SIZE(types);
   const uint8_t* codes = reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(types));
-  PyObject* fast = PySequence_Fast(values, "expected a sequence of parameter values");
-  if (!fast) return false;
-  if (PySequence_Fast_GET_SIZE(fast) != n) {
-    Py_DECREF(fast);
-    PyErr_SetString(PyExc_ValueError, "parameter types and values differ in length");
-    return false;
+  for (int i = 0; i < 2; ++i) {  // the global and profile scratch pointers: null
+    l.offsets.push_back(l.blob.size());
+    l.blob.resize(l.blob.size() + 8, 0);
   }
-  l.blob.assign(static_cast<size_t>(n + 2) * 8, 0);  // + global and profile scratch (null pointers)
-  for (Py_ssize_t i = 0; i < n + 2; ++i) l.offsets.push_back(static_cast<size_t>(i) * 8);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    if (!pack_one(codes[i], PySequence_Fast_GET_ITEM(fast, i), l.blob.data() + l.offsets[i])) {
-      Py_DECREF(fast);
-      return false;
-    }
-  }
-  Py_DECREF(fast);
   PyObject* sfast = PySequence_Fast(slots, "expected a sequence of pointer slots");
   if (!sfast) return false;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(sfast); ++i) {
@@ -684,30 +693,9 @@ PyObject* py_size(PyObject*, PyObject*) { return PyLong_FromSize_t(g_plans.size(
 PyObject* py_pack(PyObject*, PyObject* args) {
   PyObject *types, *values;
   if (!PyArg_ParseTuple(args, "SO", &types, &values)) return nullptr;
-  Py_ssize_t n = PyBytes_GET_SIZE(types);
-  const uint8_t* codes = reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(types));
-  PyObject* fast = PySequence_Fast(values, "values");
-  if (!fast) return nullptr;
-  if (PySequence_Fast_GET_SIZE(fast) != n) {
-    Py_DECREF(fast);
-    PyErr_SetString(PyExc_ValueError, "types and values differ in length");
-    return nullptr;
-  }
-  std::string out;
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    char buf[8] = {0};
-    if (codes[i] == 0 || codes[i] >= kTypeEnd) {
-      Py_DECREF(fast);
-      PyErr_Format(PyExc_ValueError, "unsupported parameter type code %d", static_cast<int>(codes[i]));
-      return nullptr;
-    }
-    if (!pack_one(codes[i], PySequence_Fast_GET_ITEM(fast, i), buf)) {
-      Py_DECREF(fast);
-      return nullptr;
-    }
-    out.append(buf, param_size(codes[i]));
-  }
-  Py_DECREF(fast);
+  std::vector<char> out;
+  std::vector<size_t> offsets;
+  if (!pack_values(types, values, false, out, offsets)) return nullptr;
   return PyBytes_FromStringAndSize(out.data(), static_cast<Py_ssize_t>(out.size()));
 }
 

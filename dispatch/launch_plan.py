@@ -22,8 +22,8 @@ current stream, as Triton's own launch does, so CUDA-graph capture works unchang
 
 Plans are on by default for every Triton row on CUDA; PLANS_ENV=0 turns them off (every call then runs the backend
 function). A plan the C++ extension can run is also registered there (dispatch/native_replay.py): later calls
-with its signature then replay in one Python-to-C++ call. The replay of every op's self-check case is checked against the reference on the GPU
-(tests/test_launch_plan.py).
+with its signature then replay in one Python-to-C++ call. The replay of every op's self-check case is checked
+against the reference on the GPU, natively and in Python (tests/test_launch_plan.py).
 """
 
 from __future__ import annotations

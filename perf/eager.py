@@ -5,7 +5,9 @@
 Each record: op, backend (what `auto` picked), host_us (wall time per call of N back-to-back calls, median of
 5 batches; the kernels are tiny, so the GPU idles and the wall time is the host's), host_ratio = host_us /
 torch F.rms_norm's host_us at M=16 x 7168 bf16 measured in the same process. Peers: torch eager equivalents
-and Liger where installed. `--profile` adds a cProfile breakdown (top functions by own time) per named op.
+and Liger where installed. `launch_plan`: the op's calls replay a launch plan; `native_replay`: in the C++ replay
+(dispatch/native_replay.py; else `no_native` says why). `--profile` adds a cProfile breakdown (top functions by
+own time) per named op.
 Calls go through the public path (`dispatch.ops._common.call`, what every `ops.*` wrapper calls).
 """
 

@@ -14,7 +14,7 @@ import torch
 
 from dispatch import launch_plan, native_replay, use_backend
 from dispatch.ops import _common
-from tests.test_launch_plan_derive import NO_HOOKS, _backend, _copying_backend, _FakeCompiled, _record
+from tests.test_launch_plan_derive import NO_HOOKS, _copying_backend, _FakeCompiled, _record
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +226,10 @@ def test_a_plan_with_launches_needs_a_cuda_device(native):
                                  outputs=("const", None))
     with pytest.raises(RuntimeError, match="CUDA"):
         native.register("toy_launch", (torch.randn(2), "auto"), native_replay.describe(plan))
+    launch = (1, 1, 1, 1, 4, 1, 0, False, bytes([4]), [0], [(0, True, 0, 0)])  # a pointer slot on an i32
+    with pytest.raises(ValueError, match="non-pointer"):
+        native.register("toy_launch", (torch.randn(2), "auto"), ("cuda", 0, [], [launch], ("const", None), None))
+    assert not native_replay.planned("toy_launch", (torch.randn(2), "auto"))
 
 
 def test_unavailable_extension_falls_back_to_python(monkeypatch, caplog):

@@ -119,7 +119,8 @@ def call(name: str, *args):
     In plain eager calls it skips the custom-op dispatcher's Python layers (tens of microseconds per call), and
     after the first call with a given signature also the checks and the table choice (~20 us on the H200's
     host): the backend function the first call chose runs directly (or the launcher its table row prepared for that
-    signature: `Entry.specialize`). Any change of the backend overrides
+    signature: `Entry.specialize`), or its launch plan (dispatch/launch_plan.py), which the C++ replay runs in one
+    call, key included, where it can (dispatch/native_replay.py). Any change of the backend overrides
     (use_backend, LOWBIT_BACKEND, LOWBIT_ARCH, ...) is part of the signature. A first call logs what auto
     dispatch skipped (registry.select, debug level); repeated calls with the same signature do not.
     """
