@@ -588,14 +588,20 @@ PyObject* py_call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     PyErr_SetString(PyExc_TypeError, "call(name, args: tuple)");
     return nullptr;
   }
+  std::string key;
+  key.reserve(256);
+  bool keyed;
   try {
-    std::string key;
-    key.reserve(256);
-    if (!make_key(argv[0], argv[1], key)) {
-      if (PyErr_Occurred()) return nullptr;
-      Py_INCREF(g_miss);
-      return g_miss;
-    }
+    keyed = make_key(argv[0], argv[1], key);
+  } catch (const std::exception&) {  // e.g. a tensor subclass without data: the Python path decides
+    keyed = false;
+  }
+  if (!keyed) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_INCREF(g_miss);
+    return g_miss;
+  }
+  try {
     auto it = g_plans.find(key);
     if (it == g_plans.end()) {
       Py_INCREF(g_miss);

@@ -147,9 +147,9 @@ def adopt(name: str, args: tuple, plan) -> bool:
         return False
     try:
         kept = mod.register(name, tuple(args), describe(plan))
-    except NoNative as exc:
-        REFUSALS[name] = str(exc)
-        log.debug("lowbit native replay: none for %s: %s", name, exc)
+    except Exception as exc:  # NoNative, or what the extension refused (no driver): the Python replay serves it
+        REFUSALS[name] = str(exc) if isinstance(exc, NoNative) else f"{type(exc).__name__}: {exc}"
+        log.debug("lowbit native replay: none for %s: %s", name, REFUSALS[name])
         return False
     REFUSALS[name] = None if kept else "the call's arguments have no native key"
     return kept

@@ -230,6 +230,8 @@ def test_a_plan_with_launches_needs_a_cuda_device(native):
     with pytest.raises(ValueError, match="non-pointer"):
         native.register("toy_launch", (torch.randn(2), "auto"), ("cuda", 0, [], [launch], ("const", None), None))
     assert not native_replay.planned("toy_launch", (torch.randn(2), "auto"))
+    assert not native_replay.adopt("toy_launch", (torch.randn(2), "auto"), plan)  # refused, never raised
+    assert "CUDA" in native_replay.REFUSALS["toy_launch"]
 
 
 def test_unavailable_extension_falls_back_to_python(monkeypatch, caplog):
