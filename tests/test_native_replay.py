@@ -289,3 +289,92 @@ def test_the_extension_builds_without_ninja(monkeypatch, tmp_path):
     mod = native_replay._compile_directly("lowbit_replay_direct_check", cpp_extension)
     assert mod.pack(bytes([4, 12]), [-2, 0.5]) == struct.pack("<if", -2, 0.5)
     assert (tmp_path / "lowbit_replay_direct_check" / "lowbit_replay_direct_check.so").exists()
+
+
+# A stand-in libcuda.so.1 that records the last cuLaunchKernelEx: what the extension hands the driver is checked on
+# the CPU (in a subprocess: the stand-in must never meet a real driver).
+_FAKE_DRIVER = r"""
+#include <stdint.h>
+#include <string.h>
+typedef struct { int id; char pad[4]; union { char raw[64]; void* align; } value; } Attr;
+typedef struct { unsigned gx, gy, gz, bx, by, bz, shared; void* stream; Attr* attrs; unsigned n; } Config;
+static Config last; static Attr attrs[4]; static uint64_t params[64]; static int expect, launches; static void* fn;
+int cuLaunchKernelEx(const Config* c, void* f, void** p, void** extra) {
+  last = *c; memcpy(attrs, c->attrs, sizeof(Attr) * (c->n < 4 ? c->n : 4)); fn = f; launches++;
+  for (int i = 0; i < expect; ++i) memcpy(&params[i], p[i], 8);
+  return extra == 0 ? 0 : 1;
+}
+int cuCtxGetCurrent(void** c) { *c = (void*)1; return 0; }
+int cuDeviceGet(int* d, int o) { *d = o; return 0; }
+int cuDevicePrimaryCtxRetain(void** c, int d) { *c = (void*)1; return 0; }
+int cuCtxSetCurrent(void* c) { return 0; }
+int cuFuncSetAttribute(void* f, int a, int v) { return 0; }
+int cuGetErrorString(int r, const char** s) { *s = "fake"; return 0; }
+void fake_expect(int n) { expect = n; }
+int fake_launches(void) { return launches; }
+void* fake_function(void) { return fn; }
+void fake_config(unsigned* out) { memcpy(out, &last, 7 * sizeof(unsigned)); out[7] = last.n; }
+uint64_t fake_stream(void) { return (uint64_t)last.stream; }
+void fake_attr(int i, int* out) { out[0] = attrs[i].id; memcpy(out + 1, attrs[i].value.raw, 12); }
+uint64_t fake_param(int i) { return params[i]; }
+"""
+
+_FAKE_RUN = r"""
+import ctypes, json, sys
+import torch
+lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+from dispatch import native_replay
+mod = native_replay.module()
+mod.init((native_replay.NATIVE_ENV,), None, lambda: 0, lambda device: 0x5000)
+x = torch.randn(64)
+empty = (0xF00, 0, 1, 1, 4, 1, 0, False, bytes([4]), [1], [])  # an empty grid: not launched
+launch = (0xF00, 3, 2, 1, 4, 2, 1024, True, bytes([1, 1, 4, 11, 2]), [0, 0xABC0, -7, 0.5, 1], [(0, True, 0, 16)])
+assert mod.register("fake", (x, "auto"), ("cuda", 0, [], [empty, launch], ("input", 0), None))
+lib.fake_expect(7)
+assert mod.call("fake", (x, "auto")) is x
+cfg = (ctypes.c_uint * 8)()
+lib.fake_config(cfg)
+attrs = []
+for i in range(cfg[7]):
+    a = (ctypes.c_int * 4)()
+    lib.fake_attr(i, a)
+    attrs.append(list(a))
+lib.fake_param.restype = lib.fake_stream.restype = lib.fake_function.restype = ctypes.c_uint64
+print(json.dumps(dict(launches=lib.fake_launches(), function=lib.fake_function(), config=list(cfg),
+                      stream=lib.fake_stream(), attrs=attrs, params=[lib.fake_param(i) for i in range(7)],
+                      x=x.data_ptr())))
+"""
+
+
+def test_what_the_driver_receives(native, tmp_path):
+    """Grid x clusters, block = 32 x warps, shared memory, the current stream, the PDL / cluster attributes, every
+    parameter (a pointer slot filled with the input's address + offset, the packed constants) and the two null
+    scratch pointers, as Triton's launcher passes them; an empty grid is not launched."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("a stand-in driver must not meet the real one (the GPU tests launch for real)")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in driver")
+    (tmp_path / "fake.c").write_text(_FAKE_DRIVER)
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib), str(tmp_path / "fake.c")],
+                   check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", _FAKE_RUN, str(lib)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["launches"] == 1 and got["function"] == 0xF00 and got["stream"] == 0x5000
+    assert got["config"] == [3 * 2, 2, 1, 128, 1, 1, 1024, 3]  # grid x num_ctas, 32 x 4 warps, shared, 3 attributes
+    pdl, cluster, policy = got["attrs"]
+    assert pdl[:2] == [6, 1] and cluster == [4, 2, 1, 1] and policy[:2] == [5, 1]
+    mask = [2**64 - 1, 2**64 - 1, 2**32 - 1, 2**16 - 1, 2**8 - 1, 2**64 - 1, 2**64 - 1]
+    params = [p & m for p, m in zip(got["params"], mask, strict=True)]
+    bf16_half = struct.unpack("<H", _bf16_truncated(0.5))[0]
+    assert params == [got["x"] + 16, 0xABC0, 2**32 - 7, bf16_half, 1, 0, 0]
