@@ -166,6 +166,7 @@ def run(ops: list[str] | None, profile: list[str], decode: bool = False) -> dict
             breakdowns[case.op] = profile_breakdown(fn)
     return dict(device=torch.cuda.get_device_name(), torch=torch.__version__, date=datetime.date.today().isoformat(),
                 baseline="torch F.rms_norm M=16 x 7168 bf16", baseline_us=round(base, 2), records=records,
+                native_replay_built=native_replay.module() is not None,
                 breakdowns=breakdowns, decode=decode_compare(dev) if decode else [])
 
 

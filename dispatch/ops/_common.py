@@ -26,7 +26,6 @@ from ..table import TABLE
 _EAGER_IMPLS: dict = {}
 
 
-
 class _FastPaths(dict):
     """(op, signature) -> the chosen backend function, for calls whose checks passed and whose table choice is
     known. Clearing it also drops the native replay's plans (dispatch/native_replay.py)."""
