@@ -21,8 +21,9 @@ Triton launch hook -> no plan; the backend function then runs as usual). Plans r
 current stream, as Triton's own launch does, so CUDA-graph capture works unchanged.
 
 Plans are on by default for every Triton row on CUDA; PLANS_ENV=0 turns them off (every call then runs the backend
-function). The replay of every op's self-check case is checked against the reference on the GPU
-(tests/test_launch_plan.py).
+function). A plan the C++ extension can run is also registered there (dispatch/native_replay.py): later calls
+with its signature then replay in one Python-to-C++ call. The replay of every op's self-check case is checked
+against the reference on the GPU, natively and in Python (tests/test_launch_plan.py).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class LaunchPlan:
     launches: list  # [(run, function, packed_metadata, grid3, [arg spec])]
     outputs: object  # spec tree of the returned value
     keep: list  # tensors the launches read that the call did not create (the backend's persistent buffers)
+    kernels: list = dataclasses.field(default_factory=list)  # the CompiledKernel of each launch (native replay)
 
     def __post_init__(self):
         # What a call does, pre-resolved: each launch's argument list with the constants in place, and the
@@ -265,7 +267,7 @@ def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
     outputs = _output_spec(out, inputs, allocs)
     if outputs is None:
         raise NoPlan("an output is neither an allocation of the call nor an input")
-    plan = LaunchPlan(device, alloc_meta, plan_launches, outputs, keep)
+    plan = LaunchPlan(device, alloc_meta, plan_launches, outputs, keep, [rec.compiled for rec in launches])
     # Self-check against the recorded call: rebuilt from its own tensors, every pointer and output must match.
     for (_, _, _, _, specs), rec in zip(plan_launches, launches, strict=True):
         for spec, (v, _) in zip(specs, _bound_values(rec), strict=True):

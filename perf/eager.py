@@ -5,7 +5,9 @@
 Each record: op, backend (what `auto` picked), host_us (wall time per call of N back-to-back calls, median of
 5 batches; the kernels are tiny, so the GPU idles and the wall time is the host's), host_ratio = host_us /
 torch F.rms_norm's host_us at M=16 x 7168 bf16 measured in the same process. Peers: torch eager equivalents
-and Liger where installed. `--profile` adds a cProfile breakdown (top functions by own time) per named op.
+and Liger where installed. `launch_plan`: the op's calls replay a launch plan; `native_replay`: in the C++ replay
+(dispatch/native_replay.py; else `no_native` says why). `--profile` adds a cProfile breakdown (top functions by
+own time) per named op.
 Calls go through the public path (`dispatch.ops._common.call`, what every `ops.*` wrapper calls).
 """
 
@@ -131,6 +133,7 @@ def decode_compare(dev, rows=(16, 64)) -> list[dict]:
 
 
 def run(ops: list[str] | None, profile: list[str], decode: bool = False) -> dict:
+    from dispatch import native_replay
     from dispatch.launch_plan import LaunchPlan
     from dispatch.ops._common import _FAST, _PLAN_REFUSALS, backend_for, call
     from dispatch.selfcheck import all_cases
@@ -153,13 +156,17 @@ def run(ops: list[str] | None, profile: list[str], decode: bool = False) -> dict
             records.append(dict(op=case.op, label=case.label, backend=backend, error=repr(exc)[:300]))
             continue
         planned = any(n == case.op and isinstance(v, LaunchPlan) for (n, _), v in _FAST.items())
+        native = planned and native_replay.planned(case.op, (*args, "auto"))
         records.append(dict(op=case.op, label=case.label, provider="lowbit", backend=backend,
                             host_us=round(us, 2), host_ratio=round(us / base, 3), launch_plan=planned,
-                            **({} if planned else {"no_plan": _PLAN_REFUSALS.get(case.op)})))
+                            native_replay=native,
+                            **({} if planned else {"no_plan": _PLAN_REFUSALS.get(case.op)}),
+                            **({"no_native": native_replay.REFUSALS.get(case.op)} if planned and not native else {})))
         if case.op in profile:
             breakdowns[case.op] = profile_breakdown(fn)
     return dict(device=torch.cuda.get_device_name(), torch=torch.__version__, date=datetime.date.today().isoformat(),
                 baseline="torch F.rms_norm M=16 x 7168 bf16", baseline_us=round(base, 2), records=records,
+                native_replay_built=native_replay.module() is not None,
                 breakdowns=breakdowns, decode=decode_compare(dev) if decode else [])
 
 
@@ -178,7 +185,8 @@ def main() -> None:
         json.dump(result, f, indent=1)
     for r in result["records"]:
         print(f"{r['op']:<28} {r.get('backend', r.get('provider', '')):<8} {r.get('host_us', 'ERR'):>8} "
-              f"{r.get('host_ratio', r.get('error', ''))} {'' if r.get('launch_plan', True) else r.get('no_plan')}")
+              f"{r.get('host_ratio', r.get('error', ''))} {'native' if r.get('native_replay') else ''} "
+              f"{'' if r.get('launch_plan', True) else r.get('no_plan')} {r.get('no_native') or ''}")
     for r in result["decode"]:
         peers = ", ".join(f"{k} {v}" for k, v in r["peers_us"].items())
         print(f"decode M={r['M']:<3} {r['op']:<20} lowbit {r['lowbit_us']:>8} us | {peers} | "

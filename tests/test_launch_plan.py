@@ -1,12 +1,14 @@
 """Eager launch plans (dispatch/launch_plan.py): the second eager call of a signature replays the first call's
-allocations and compiled launches; it must give the reference's result on new values, for every op."""
+allocations and compiled launches; it must give the reference's result on new values, for every op, through the
+native replay (dispatch/native_replay.py) and through the Python one. A natively replayed call can be captured in
+a CUDA graph."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dispatch import launch_plan
+from dispatch import launch_plan, native_replay
 from dispatch.ops import _common
 from dispatch.selfcheck import all_cases, byte_mismatches
 from dispatch.table import TABLE
@@ -33,9 +35,12 @@ CASES = all_cases()
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.op}-{i}" for i, c in enumerate(CASES)])
-def test_replayed_call_matches_reference(case, monkeypatch):
+def test_replayed_call_matches_reference(case, native, monkeypatch):
     monkeypatch.setenv(launch_plan.PLANS_ENV, "1")
+    if not native:
+        monkeypatch.setenv(native_replay.NATIVE_ENV, "0")
     args = case.make_args(torch.device("cuda"), True)
     _common._FAST.clear()
     first = _perturbed(args, 1)
@@ -44,6 +49,10 @@ def test_replayed_call_matches_reference(case, monkeypatch):
     ref_args = _perturbed(args, 2)  # the same values, for the reference
     key = (case.op, _common._signature((*second, "auto")))
     fast = _common._FAST.get(key)
+    if native and isinstance(fast, launch_plan.LaunchPlan):  # every Triton plan must replay natively
+        assert native_replay.module() is not None, "the native replay extension did not build"
+        assert native_replay.planned(case.op, (*second, "auto")), \
+            f"{case.op} ({case.label}): no native replay: {native_replay.REFUSALS.get(case.op)}"
     out = _common.call(case.op, *second, "auto")
     want = getattr(torch.ops.lowbit, case.op)(*ref_args, "torch")
     if out is not None:
@@ -54,6 +63,36 @@ def test_replayed_call_matches_reference(case, monkeypatch):
             assert byte_mismatches(got, ref) == 0, f"{case.op}: argument {i} differs after the replayed call"
     if any(e.backend == "triton" for e in TABLE[case.op]):  # which ops replay a plan, and why not (-s shows it)
         print(f"\n{case.op}: {type(fast).__name__} {_common._PLAN_REFUSALS.get(case.op) or ''}")
+
+
+@pytest.mark.gpu
+def test_native_replay_is_captured_by_a_cuda_graph(monkeypatch):
+    monkeypatch.setenv(launch_plan.PLANS_ENV, "1")
+    _common._FAST.clear()
+    case = args = None
+    for c in CASES:  # the first case with outputs (not in-place) whose plan replays natively
+        if c.op not in ("swiglu_fp8_group", "fp8_group_quantize", "swiglu", "rms_norm_fp8_group"):
+            continue
+        a = c.make_args(torch.device("cuda"), True)
+        if _common.call(c.op, *a, "auto") is not None and native_replay.planned(c.op, (*a, "auto")):
+            case, args = c, a
+            break
+    assert case is not None, f"no natively replayed case: {native_replay.REFUSALS}"
+    static = _perturbed(args, 3)
+    _common.call(case.op, *static, "auto")  # replayed natively once outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _common.call(case.op, *static, "auto")
+    new, ref_args = _perturbed(args, 4), _perturbed(args, 4)
+    for dst, src in zip(static, new, strict=True):
+        if isinstance(dst, torch.Tensor):
+            dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = getattr(torch.ops.lowbit, case.op)(*ref_args, "torch")
+    ok, msg = case.compare(_absent_as_empty(out, want), want)
+    assert ok, f"{case.op} ({case.label}) replayed from a CUDA graph: {msg}"
 
 
 def _absent_as_empty(out, want):

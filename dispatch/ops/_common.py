@@ -18,15 +18,24 @@ import torch
 
 from triton_ops.contract.arch import ARCH_ENV, env_reader
 
-from .. import launch_plan
+from .. import launch_plan, native_replay
 from ..registry import BACKEND_ENV, _load, _scoped, select
 from ..table import TABLE
 
 # name -> the op's Python implementation (checks + table choice + backend call), registered by `lowbit_op`.
 _EAGER_IMPLS: dict = {}
 
-# (op, signature) -> the chosen backend function, for calls whose checks passed and whose table choice is known.
-_FAST: dict = {}
+
+class _FastPaths(dict):
+    """(op, signature) -> the chosen backend function, for calls whose checks passed and whose table choice is
+    known. Clearing it also drops the native replay's plans (dispatch/native_replay.py)."""
+
+    def clear(self) -> None:
+        super().clear()
+        native_replay.clear()
+
+
+_FAST: dict = _FastPaths()
 _FAST_MAX = 4096  # signatures; cleared when full (shapes churn only in odd workloads)
 # Environment that select() or a backend's refusal reads on every call (tests and users flip these at runtime).
 # The last one turns on value checks that sync (ops/rope.py): while it is set, every call takes the checked path.
@@ -109,12 +118,18 @@ def call(name: str, *args):
     In plain eager calls it skips the custom-op dispatcher's Python layers (tens of microseconds per call), and
     after the first call with a given signature also the checks and the table choice (~20 us on the H200's
     host): the backend function the first call chose runs directly (or the launcher its table row prepared for that
-    signature: `Entry.specialize`). Any change of the backend overrides
+    signature: `Entry.specialize`), or its launch plan (dispatch/launch_plan.py), which the C++ replay runs in one
+    call, key included, where it can (dispatch/native_replay.py). Any change of the backend overrides
     (use_backend, LOWBIT_BACKEND, LOWBIT_ARCH, ...) is part of the signature. A first call logs what auto
     dispatch skipped (registry.select, debug level); repeated calls with the same signature do not.
     """
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
         return getattr(torch.ops.lowbit, name)(*args)
+    native = native_replay.call
+    if native is not None:  # a plan the C++ replay holds: key, allocations, launches and outputs in one call
+        out = native(name, args)
+        if out is not native_replay.MISS:
+            return out
     key = _signature(args)
     if key is not None:
         fast = _FAST.get((name, key))
@@ -138,6 +153,8 @@ def call(name: str, *args):
         # rows get an eager launch plan where the first call allowed one (dispatch/launch_plan.py).
         prepared = _load(entry.specialize)(*args[:-1]) if entry.specialize is not None else None
         _FAST[(name, key)] = prepared or plan or impl
+        if not prepared and plan is not None:
+            native_replay.adopt(name, args, plan)
     return out
 
 

@@ -1,0 +1,754 @@
+// Native replay of eager launch plans (dispatch/native_replay.py builds and drives it).
+//
+// One call from Python does what LaunchPlan.__call__ does: the call's signature key from the argument tuple
+// (the fields of dispatch/ops/_common.py `_signature`), the plan lookup, the allocations (at::empty_strided,
+// zero-filled or copied from a view of an input), the pointer slots, one cuLaunchKernelEx per compiled kernel on
+// the current stream with the parameters packed as Triton's launcher packs them, and the outputs (allocations,
+// inputs or views of allocations). A call whose key has no plan returns the module's MISS object.
+//
+// No CUDA header or CUDA library is needed to build it: the few driver prototypes and structs are declared here,
+// and libcuda.so.1 is opened with dlopen on the first registered plan that launches a kernel.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_strided.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+// ---------------------------------------------------------------------------------------- CUDA driver, by hand
+using CUresult = int;
+using CUcontext = void*;
+using CUstream = void*;
+using CUfunction = void*;
+using CUdevice = int;
+
+union LaunchAttrValue {  // CUlaunchAttributeValue: a 64-byte union
+  char pad[64];
+  struct { unsigned x, y, z; } cluster_dim;
+  int i;
+  void* align;
+};
+struct LaunchAttr {  // CUlaunchAttribute
+  int id;
+  char pad[4];
+  LaunchAttrValue value;
+};
+struct LaunchConfig {  // CUlaunchConfig
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
+  CUstream stream;
+  LaunchAttr* attrs;
+  unsigned num_attrs;
+};
+constexpr int kAttrCooperative = 2, kAttrClusterDim = 4, kAttrClusterPolicy = 5, kAttrPdl = 6;
+constexpr int kClusterPolicySpread = 1, kFuncNonPortableCluster = 14;
+
+struct Driver {
+  CUresult (*launch_ex)(const LaunchConfig*, CUfunction, void**, void**) = nullptr;
+  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
+  CUresult (*device_get)(CUdevice*, int) = nullptr;
+  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*ctx_set_current)(CUcontext) = nullptr;
+  CUresult (*func_set_attribute)(CUfunction, int, int) = nullptr;
+  CUresult (*get_error_string)(CUresult, const char**) = nullptr;
+  bool ok = false;
+};
+Driver g_driver;
+
+template <typename F>
+bool load_symbol(void* lib, const char* name, F& out) {
+  out = reinterpret_cast<F>(dlsym(lib, name));
+  return out != nullptr;
+}
+
+bool load_driver() {
+  if (g_driver.ok) return true;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) return false;
+  Driver d;
+  d.ok = load_symbol(lib, "cuLaunchKernelEx", d.launch_ex) && load_symbol(lib, "cuCtxGetCurrent", d.ctx_get_current) &&
+         load_symbol(lib, "cuDeviceGet", d.device_get) &&
+         load_symbol(lib, "cuDevicePrimaryCtxRetain", d.primary_ctx_retain) &&
+         load_symbol(lib, "cuCtxSetCurrent", d.ctx_set_current) &&
+         load_symbol(lib, "cuFuncSetAttribute", d.func_set_attribute) &&
+         load_symbol(lib, "cuGetErrorString", d.get_error_string);
+  if (d.ok) g_driver = d;
+  return d.ok;
+}
+
+bool cuda_check(CUresult r) {
+  if (r == 0) return true;
+  const char* msg = nullptr;
+  if (g_driver.get_error_string) g_driver.get_error_string(r, &msg);
+  PyErr_Format(PyExc_RuntimeError, "lowbit native replay [CUDA]: %s (%d)", msg ? msg : "unknown error", r);
+  return false;
+}
+
+bool ensure_context() {  // as Triton's launcher: a context must be current (device 0's primary one otherwise)
+  CUcontext ctx = nullptr;
+  if (!cuda_check(g_driver.ctx_get_current(&ctx))) return false;
+  if (ctx) return true;
+  CUdevice dev;
+  return cuda_check(g_driver.device_get(&dev, 0)) && cuda_check(g_driver.primary_ctx_retain(&ctx, dev)) &&
+         cuda_check(g_driver.ctx_set_current(ctx));
+}
+
+// ------------------------------------------------------------------------------------- parameter packing
+// Type codes: Triton 3.9's extractor indices (driver.c); Triton 3.6's generated launcher maps to the same sizes
+// (dispatch/native_replay.py translates its signature strings).
+enum : uint8_t { kPtr = 1, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kFp16, kBf16, kFp32, kFp64, kTypeEnd };
+
+size_t param_size(uint8_t t) {
+  switch (t) {
+    case kI8: case kU8: return 1;
+    case kI16: case kU16: case kFp16: case kBf16: return 2;
+    case kI32: case kU32: case kFp32: return 4;
+    default: return 8;
+  }
+}
+
+// Writes v as a parameter of type t at dst (param_size(t) bytes); false with a Python error set otherwise.
+bool pack_one(uint8_t t, PyObject* v, char* dst) {
+  if (t == kPtr) {
+    uint64_t p = v == Py_None ? 0 : PyLong_AsUnsignedLongLong(v);
+    std::memcpy(dst, &p, 8);
+  } else if (t >= kI8 && t <= kU64) {
+    // Two's complement truncation to the parameter's width, as the launchers' C casts do.
+    uint64_t u;
+    if (t == kU64) {
+      u = PyLong_AsUnsignedLongLong(v);
+    } else {
+      u = static_cast<uint64_t>(PyLong_AsLongLong(v));
+    }
+    std::memcpy(dst, &u, param_size(t));  // little-endian: the low bytes
+  } else if (t >= kFp16 && t <= kFp64) {
+    double d = PyFloat_AsDouble(v);
+    if (t == kFp16) {
+#if 0x030600B1 <= PY_VERSION_HEX && PY_VERSION_HEX <= 0x030B00A1
+      _PyFloat_Pack2(d, reinterpret_cast<unsigned char*>(dst), 1);
+#else
+      PyFloat_Pack2(d, dst, 1);
+#endif
+    } else if (t == kBf16) {  // Triton truncates the fp32 value's low half
+      float f = static_cast<float>(d);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      uint16_t h = static_cast<uint16_t>(u >> 16);
+      std::memcpy(dst, &h, 2);
+    } else if (t == kFp32) {
+      float f = static_cast<float>(d);
+      std::memcpy(dst, &f, 4);
+    } else {
+      std::memcpy(dst, &d, 8);
+    }
+  } else {
+    PyErr_Format(PyExc_ValueError, "unsupported parameter type code %d", static_cast<int>(t));
+    return false;
+  }
+  return PyErr_Occurred() == nullptr;
+}
+
+// Packs values[i] as type types[i]: at 8-byte aligned offsets (aligned) or back to back; the offsets are appended.
+bool pack_values(PyObject* types, PyObject* values, bool aligned, std::vector<char>& out, std::vector<size_t>& offsets) {
+  Py_ssize_t n = PyBytes_GET_SIZE(types);
+  const uint8_t* codes = reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(types));
+  PyObject* fast = PySequence_Fast(values, "expected a sequence of parameter values");
+  if (!fast) return false;
+  bool ok = PySequence_Fast_GET_SIZE(fast) == n;
+  if (!ok) PyErr_SetString(PyExc_ValueError, "parameter types and values differ in length");
+  for (Py_ssize_t i = 0; ok && i < n; ++i) {
+    size_t at = aligned ? out.size() + (8 - out.size() % 8) % 8 : out.size();
+    out.resize(at + (aligned ? 8 : param_size(codes[i])), 0);
+    offsets.push_back(at);
+    char buf[8] = {0};
+    ok = pack_one(codes[i], PySequence_Fast_GET_ITEM(fast, i), buf);
+    std::memcpy(out.data() + at, buf, param_size(codes[i]));
+  }
+  Py_DECREF(fast);
+  return ok;
+}
+
+// ------------------------------------------------------------------------------------------------ plans
+struct Alloc {
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype;
+  bool zero = false;
+  int copy_input = -1;  // input index of the copied view, -1: none
+  std::vector<int64_t> copy_sizes, copy_strides;
+  int64_t copy_offset = 0;  // storage offset relative to the input's
+};
+
+struct Slot {
+  size_t param;
+  bool from_input;
+  int index;
+  int64_t offset;
+};
+
+struct Launch {
+  CUfunction function;
+  unsigned gx, gy, gz, num_warps, num_ctas, shared;
+  bool pdl;
+  std::vector<char> blob;  // every parameter at an 8-byte aligned offset, the two scratch pointers last (null)
+  std::vector<size_t> offsets;
+  std::vector<Slot> slots;
+};
+
+struct Out {
+  enum Kind { kTuple, kConst, kInput, kAlloc, kView } kind;
+  int index = 0;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  at::ScalarType dtype = at::ScalarType::Undefined;
+  PyObject* value = nullptr;  // kConst (a strong reference)
+  std::vector<Out> children;
+};
+
+struct Plan {
+  c10::Device device{c10::DeviceType::CPU};
+  std::vector<Alloc> allocs;
+  std::vector<Launch> launches;
+  Out out;
+  PyObject* keep = nullptr;  // strong reference: what the plan's constant pointers point into
+};
+
+std::unordered_map<std::string, std::unique_ptr<Plan>> g_plans;
+std::vector<std::string> g_env_names;  // _SELECT_ENV and the native knob; the last one set means: no key
+PyObject* g_scope = nullptr;           // the backend-scope context variable (registry._scoped)
+PyObject* g_miss = nullptr;            // returned when a call has no plan
+PyObject* g_get_device = nullptr;      // torch._C._cuda_getDevice
+PyObject* g_get_stream = nullptr;      // torch._C._cuda_getCurrentRawStream
+
+template <typename T>
+void put(std::string& key, const T& v) {
+  key.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+// The call's key: op name, env values, then per argument what `_signature` keeps. False: no key (a kind of
+// argument or a state that always takes the checked path); a Python error may then be set only on failure.
+bool make_key(PyObject* name, PyObject* args, std::string& key) {
+  Py_ssize_t n;
+  const char* s = PyUnicode_AsUTF8AndSize(name, &n);
+  if (!s) return false;
+  key.append(s, n);
+  key.push_back('\0');
+  for (size_t i = 0; i < g_env_names.size(); ++i) {
+    const char* v = getenv(g_env_names[i].c_str());
+    if (v && i + 1 == g_env_names.size()) return false;
+    if (v) {
+      key.push_back('S');
+      put(key, std::strlen(v));
+      key.append(v);
+    } else {
+      key.push_back('N');
+    }
+  }
+  if (g_scope) {
+    PyObject* scope = nullptr;
+    if (PyContextVar_Get(g_scope, nullptr, &scope) < 0) return false;
+    bool empty = scope && PyTuple_Check(scope) && PyTuple_GET_SIZE(scope) == 0;
+    Py_XDECREF(scope);
+    if (!empty) return false;
+  }
+  Py_ssize_t count = PyTuple_GET_SIZE(args);
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    PyObject* a = PyTuple_GET_ITEM(args, i);
+    if (a == Py_None) {
+      key.push_back('n');
+    } else if (PyBool_Check(a)) {
+      key.push_back(a == Py_True ? 'T' : 'F');
+    } else if (PyLong_CheckExact(a)) {
+      int overflow = 0;
+      long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
+      if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return false;
+      }
+      key.push_back('i');
+      put(key, v);
+    } else if (PyFloat_CheckExact(a)) {
+      key.push_back('f');
+      put(key, PyFloat_AS_DOUBLE(a));
+    } else if (PyUnicode_CheckExact(a)) {
+      Py_ssize_t len;
+      const char* str = PyUnicode_AsUTF8AndSize(a, &len);
+      if (!str) return false;
+      key.push_back('s');
+      put(key, len);
+      key.append(str, len);
+    } else if (Py_TYPE(a) == &THPDtypeType) {
+      key.push_back('d');
+      put(key, static_cast<int8_t>(reinterpret_cast<THPDtype*>(a)->scalar_type));
+    } else if (THPVariable_Check(a)) {
+      const at::Tensor& t = THPVariable_Unpack(a);
+      if (t.requires_grad() || t.layout() != c10::kStrided || !t.has_storage()) return false;
+      key.push_back('t');
+      put(key, static_cast<int8_t>(t.scalar_type()));
+      put(key, static_cast<int8_t>(t.device().type()));
+      put(key, static_cast<int8_t>(t.device().index()));
+      put(key, static_cast<int32_t>(t.dim()));
+      for (int64_t d : t.sizes()) put(key, d);
+      for (int64_t d : t.strides()) put(key, d);
+      auto ptr = reinterpret_cast<uintptr_t>(t.data_ptr());
+      put(key, static_cast<uint8_t>((t.storage_offset() & 15) << 4 | (ptr & 15)));
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+// ------------------------------------------------------------------------------- plan description parsing
+bool int_list(PyObject* seq, std::vector<int64_t>& out) {
+  PyObject* fast = PySequence_Fast(seq, "expected a sequence of ints");
+  if (!fast) return false;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    out.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i)));
+  }
+  Py_DECREF(fast);
+  return PyErr_Occurred() == nullptr;
+}
+
+bool dtype_of(PyObject* obj, at::ScalarType& out) {
+  if (Py_TYPE(obj) != &THPDtypeType) {
+    PyErr_SetString(PyExc_TypeError, "expected a torch.dtype");
+    return false;
+  }
+  out = reinterpret_cast<THPDtype*>(obj)->scalar_type;
+  return true;
+}
+
+bool parse_alloc(PyObject* d, Alloc& a) {
+  PyObject *sizes, *strides, *dtype, *copy;
+  int zero;
+  if (!PyArg_ParseTuple(d, "OOOpO", &sizes, &strides, &dtype, &zero, &copy)) return false;
+  a.zero = zero;
+  if (!int_list(sizes, a.sizes) || !int_list(strides, a.strides) || !dtype_of(dtype, a.dtype)) return false;
+  if (copy != Py_None) {
+    PyObject *csizes, *cstrides;
+    long long rel;
+    if (!PyArg_ParseTuple(copy, "iOOL", &a.copy_input, &csizes, &cstrides, &rel)) return false;
+    a.copy_offset = rel;
+    if (!int_list(csizes, a.copy_sizes) || !int_list(cstrides, a.copy_strides)) return false;
+  }
+  return true;
+}
+
+bool parse_launch(PyObject* d, Launch& l) {
+  unsigned long long function;
+  int pdl;
+  PyObject *types, *values, *slots;
+  if (!PyArg_ParseTuple(d, "KIIIIIIpSOO", &function, &l.gx, &l.gy, &l.gz, &l.num_warps, &l.num_ctas, &l.shared, &pdl,
+                        &types, &values, &slots))
+    return false;
+  l.function = reinterpret_cast<CUfunction>(function);
+  l.pdl = pdl;
+  if (!pack_values(types, values, true, l.blob, l.offsets)) return false;
+  Py_ssize_t n = PyBytes_GET_SIZE(types);
+  const uint8_t* codes = reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(types));
+  for (int i = 0; i < 2; ++i) {  // the global and profile scratch pointers: null
+    l.offsets.push_back(l.blob.size());
+    l.blob.resize(l.blob.size() + 8, 0);
+  }
+  PyObject* sfast = PySequence_Fast(slots, "expected a sequence of pointer slots");
+  if (!sfast) return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(sfast); ++i) {
+    Slot s;
+    Py_ssize_t param;
+    int from_input;
+    long long offset;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(sfast, i), "npiL", &param, &from_input, &s.index, &offset) ||
+        param < 0 || param >= n || codes[param] != kPtr) {
+      Py_DECREF(sfast);
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a pointer slot on a non-pointer parameter");
+      return false;
+    }
+    s.param = static_cast<size_t>(param);
+    s.from_input = from_input;
+    s.offset = offset;
+    l.slots.push_back(s);
+  }
+  Py_DECREF(sfast);
+  return true;
+}
+
+bool parse_out(PyObject* d, Out& o) {
+  if (!PyTuple_Check(d) || PyTuple_GET_SIZE(d) < 2) {
+    PyErr_SetString(PyExc_ValueError, "bad output spec");
+    return false;
+  }
+  const char* kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(d, 0));
+  if (!kind) return false;
+  PyObject* a1 = PyTuple_GET_ITEM(d, 1);
+  if (!std::strcmp(kind, "tuple")) {
+    o.kind = Out::kTuple;
+    PyObject* fast = PySequence_Fast(a1, "expected a sequence of output specs");
+    if (!fast) return false;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
+      o.children.emplace_back();
+      if (!parse_out(PySequence_Fast_GET_ITEM(fast, i), o.children.back())) {
+        Py_DECREF(fast);
+        return false;
+      }
+    }
+    Py_DECREF(fast);
+    return true;
+  }
+  if (!std::strcmp(kind, "const")) {
+    o.kind = Out::kConst;
+    Py_INCREF(a1);
+    o.value = a1;
+    return true;
+  }
+  o.index = static_cast<int>(PyLong_AsLong(a1));
+  if (!std::strcmp(kind, "input")) {
+    o.kind = Out::kInput;
+  } else if (!std::strcmp(kind, "alloc")) {
+    o.kind = Out::kAlloc;
+  } else if (!std::strcmp(kind, "view") && PyTuple_GET_SIZE(d) == 6) {
+    o.kind = Out::kView;
+    o.offset = PyLong_AsLongLong(PyTuple_GET_ITEM(d, 4));
+    if (!int_list(PyTuple_GET_ITEM(d, 2), o.sizes) || !int_list(PyTuple_GET_ITEM(d, 3), o.strides) ||
+        !dtype_of(PyTuple_GET_ITEM(d, 5), o.dtype))
+      return false;
+  } else {
+    PyErr_Format(PyExc_ValueError, "bad output spec kind %s", kind);
+    return false;
+  }
+  return PyErr_Occurred() == nullptr;
+}
+
+void release_out(Out& o) {
+  Py_XDECREF(o.value);
+  o.value = nullptr;
+  for (auto& c : o.children) release_out(c);
+}
+
+void release(Plan* p) {
+  release_out(p->out);
+  Py_XDECREF(p->keep);
+  p->keep = nullptr;
+}
+
+// ------------------------------------------------------------------------------------------------ replay
+PyObject* build_out(const Out& o, PyObject* args, const std::vector<at::Tensor>& allocs) {
+  switch (o.kind) {
+    case Out::kTuple: {
+      PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(o.children.size()));
+      if (!t) return nullptr;
+      for (size_t i = 0; i < o.children.size(); ++i) {
+        PyObject* c = build_out(o.children[i], args, allocs);
+        if (!c) {
+          Py_DECREF(t);
+          return nullptr;
+        }
+        PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), c);
+      }
+      return t;
+    }
+    case Out::kConst:
+      Py_INCREF(o.value);
+      return o.value;
+    case Out::kInput: {
+      PyObject* a = PyTuple_GET_ITEM(args, o.index);
+      Py_INCREF(a);
+      return a;
+    }
+    case Out::kAlloc:
+      return THPVariable_Wrap(allocs[o.index]);
+    case Out::kView: {
+      const at::Tensor& root = allocs[o.index];
+      at::Tensor base = root.scalar_type() == o.dtype ? root : root.view(o.dtype);
+      return THPVariable_Wrap(base.as_strided(o.sizes, o.strides, o.offset));
+    }
+  }
+  return nullptr;
+}
+
+bool current_stream(CUstream& stream) {
+  PyObject* dev = PyObject_CallNoArgs(g_get_device);
+  if (!dev) return false;
+  PyObject* s = PyObject_CallOneArg(g_get_stream, dev);
+  Py_DECREF(dev);
+  if (!s) return false;
+  stream = reinterpret_cast<CUstream>(PyLong_AsUnsignedLongLong(s));
+  Py_DECREF(s);
+  return PyErr_Occurred() == nullptr;
+}
+
+bool launch_one(const Launch& l, CUstream stream, PyObject* args, const std::vector<at::Tensor>& allocs) {
+  if (static_cast<uint64_t>(l.gx) * l.gy * l.gz == 0) return true;  // Triton skips empty grids
+  // The parameter block: the packed constants, then the pointer slots filled for this call.
+  void* params[64];
+  std::vector<void*> big;
+  void** p = params;
+  if (l.offsets.size() > 64) {
+    big.resize(l.offsets.size());
+    p = big.data();
+  }
+  alignas(8) char local[64 * 8];
+  std::vector<char> heap;
+  char* blob = local;
+  if (l.blob.size() > sizeof(local)) {
+    heap.resize(l.blob.size());
+    blob = heap.data();
+  }
+  std::memcpy(blob, l.blob.data(), l.blob.size());
+  for (const Slot& s : l.slots) {
+    const at::Tensor& t = s.from_input ? THPVariable_Unpack(PyTuple_GET_ITEM(args, s.index)) : allocs[s.index];
+    uint64_t ptr = reinterpret_cast<uint64_t>(t.data_ptr()) + static_cast<uint64_t>(s.offset);
+    std::memcpy(blob + l.offsets[s.param], &ptr, 8);
+  }
+  for (size_t i = 0; i < l.offsets.size(); ++i) p[i] = blob + l.offsets[i];
+  LaunchAttr attrs[4];
+  std::memset(attrs, 0, sizeof(attrs));
+  unsigned n = 0;
+  if (l.pdl) {
+    attrs[n].id = kAttrPdl;
+    attrs[n++].value.i = 1;
+  }
+  if (l.num_ctas != 1) {
+    attrs[n].id = kAttrClusterDim;
+    attrs[n++].value.cluster_dim = {l.num_ctas, 1, 1};
+    attrs[n].id = kAttrClusterPolicy;
+    attrs[n++].value.i = kClusterPolicySpread;
+    if (l.num_ctas == 16 && !cuda_check(g_driver.func_set_attribute(l.function, kFuncNonPortableCluster, 1)))
+      return false;
+  }
+  LaunchConfig config{l.gx * l.num_ctas, l.gy, l.gz, 32 * l.num_warps, 1, 1, l.shared, stream, attrs, n};
+  return cuda_check(g_driver.launch_ex(&config, l.function, p, nullptr));
+}
+
+PyObject* execute(const Plan& plan, PyObject* args) {
+  std::vector<at::Tensor> allocs;
+  allocs.reserve(plan.allocs.size());
+  auto options = at::TensorOptions().device(plan.device);
+  for (const Alloc& a : plan.allocs) {
+    at::Tensor t = at::empty_strided(a.sizes, a.strides, options.dtype(a.dtype));
+    if (a.zero) {
+      t.zero_();
+    } else if (a.copy_input >= 0) {
+      const at::Tensor& x = THPVariable_Unpack(PyTuple_GET_ITEM(args, a.copy_input));
+      t.copy_(x.as_strided(a.copy_sizes, a.copy_strides, x.storage_offset() + a.copy_offset));
+    }
+    allocs.push_back(std::move(t));
+  }
+  if (!plan.launches.empty()) {
+    CUstream stream;
+    if (!ensure_context() || !current_stream(stream)) return nullptr;
+    for (const Launch& l : plan.launches) {
+      if (!launch_one(l, stream, args, allocs)) return nullptr;
+    }
+  }
+  return build_out(plan.out, args, allocs);
+}
+
+// ---------------------------------------------------------------------------------------- module functions
+// init(env_names, scope_contextvar, get_device, get_stream): what keys read, and how the stream is found.
+PyObject* py_init(PyObject*, PyObject* args) {
+  PyObject *names, *scope, *get_device, *get_stream;
+  if (!PyArg_ParseTuple(args, "OOOO", &names, &scope, &get_device, &get_stream)) return nullptr;
+  PyObject* fast = PySequence_Fast(names, "expected a sequence of env names");
+  if (!fast) return nullptr;
+  g_env_names.clear();
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
+    const char* s = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(fast, i));
+    if (!s) {
+      Py_DECREF(fast);
+      return nullptr;
+    }
+    g_env_names.emplace_back(s);
+  }
+  Py_DECREF(fast);
+  Py_XDECREF(g_scope);
+  Py_XDECREF(g_get_device);
+  Py_XDECREF(g_get_stream);
+  g_scope = scope == Py_None ? nullptr : scope;
+  Py_XINCREF(g_scope);
+  Py_INCREF(get_device);
+  Py_INCREF(get_stream);
+  g_get_device = get_device;
+  g_get_stream = get_stream;
+  Py_RETURN_NONE;
+}
+
+// call(name, args): the op's outputs from its plan, or MISS.
+PyObject* py_call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
+  if (argc != 2 || !PyTuple_Check(argv[1])) {
+    PyErr_SetString(PyExc_TypeError, "call(name, args: tuple)");
+    return nullptr;
+  }
+  std::string key;
+  key.reserve(256);
+  bool keyed;
+  try {
+    keyed = make_key(argv[0], argv[1], key);
+  } catch (const std::exception&) {  // e.g. a tensor subclass without data: the Python path decides
+    keyed = false;
+  }
+  if (!keyed) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_INCREF(g_miss);
+    return g_miss;
+  }
+  try {
+    auto it = g_plans.find(key);
+    if (it == g_plans.end()) {
+      Py_INCREF(g_miss);
+      return g_miss;
+    }
+    return execute(*it->second, argv[1]);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+// register(name, args, (device_type, device_index, allocs, launches, outputs, keep)) -> whether it was kept.
+PyObject* py_register(PyObject*, PyObject* args) {
+  PyObject *name, *call_args, *desc;
+  if (!PyArg_ParseTuple(args, "UO!O!", &name, &PyTuple_Type, &call_args, &PyTuple_Type, &desc)) return nullptr;
+  try {
+    std::string key;
+    if (!make_key(name, call_args, key)) {
+      if (PyErr_Occurred()) return nullptr;
+      Py_RETURN_FALSE;
+    }
+    const char* device_type;
+    int device_index;
+    PyObject *allocs, *launches, *outputs, *keep;
+    if (!PyArg_ParseTuple(desc, "siOOOO", &device_type, &device_index, &allocs, &launches, &outputs, &keep))
+      return nullptr;
+    auto plan = std::make_unique<Plan>();
+    bool cuda = !std::strcmp(device_type, "cuda");
+    plan->device = cuda ? c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_index))
+                        : c10::Device(c10::DeviceType::CPU);
+    bool ok = true;
+    PyObject* fa = PySequence_Fast(allocs, "allocs");
+    if (!fa) return nullptr;
+    for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(fa); ++i) {
+      plan->allocs.emplace_back();
+      ok = parse_alloc(PySequence_Fast_GET_ITEM(fa, i), plan->allocs.back());
+    }
+    Py_DECREF(fa);
+    PyObject* fl = ok ? PySequence_Fast(launches, "launches") : nullptr;
+    ok = ok && fl;
+    for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(fl); ++i) {
+      plan->launches.emplace_back();
+      ok = parse_launch(PySequence_Fast_GET_ITEM(fl, i), plan->launches.back());
+    }
+    Py_XDECREF(fl);
+    ok = ok && parse_out(outputs, plan->out);
+    if (ok && !plan->launches.empty() && (!cuda || !load_driver())) {
+      PyErr_SetString(PyExc_RuntimeError, cuda ? "libcuda.so.1 or a driver symbol is unavailable"
+                                               : "kernel launches need a CUDA device");
+      ok = false;
+    }
+    if (!ok) {
+      release(plan.get());
+      return nullptr;
+    }
+    Py_INCREF(keep);
+    plan->keep = keep;
+    auto it = g_plans.find(key);
+    if (it != g_plans.end()) release(it->second.get());
+    g_plans[key] = std::move(plan);
+    Py_RETURN_TRUE;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+// lookup(name, args) -> whether a call with these arguments has a plan.
+PyObject* py_lookup(PyObject*, PyObject* args) {
+  PyObject *name, *call_args;
+  if (!PyArg_ParseTuple(args, "UO!", &name, &PyTuple_Type, &call_args)) return nullptr;
+  try {
+    std::string key;
+    if (!make_key(name, call_args, key)) {
+      if (PyErr_Occurred()) return nullptr;
+      Py_RETURN_FALSE;
+    }
+    return PyBool_FromLong(g_plans.count(key));
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyObject* py_clear(PyObject*, PyObject*) {
+  for (auto& kv : g_plans) release(kv.second.get());
+  g_plans.clear();
+  Py_RETURN_NONE;
+}
+
+PyObject* py_size(PyObject*, PyObject*) { return PyLong_FromSize_t(g_plans.size()); }
+
+// pack(type_codes: bytes, values) -> the parameters' bytes back to back, each param_size(code) long.
+PyObject* py_pack(PyObject*, PyObject* args) {
+  PyObject *types, *values;
+  if (!PyArg_ParseTuple(args, "SO", &types, &values)) return nullptr;
+  std::vector<char> out;
+  std::vector<size_t> offsets;
+  if (!pack_values(types, values, false, out, offsets)) return nullptr;
+  return PyBytes_FromStringAndSize(out.data(), static_cast<Py_ssize_t>(out.size()));
+}
+
+// key(name, args) -> the key bytes, or None (for tests).
+PyObject* py_key(PyObject*, PyObject* args) {
+  PyObject *name, *call_args;
+  if (!PyArg_ParseTuple(args, "UO!", &name, &PyTuple_Type, &call_args)) return nullptr;
+  std::string key;
+  if (!make_key(name, call_args, key)) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_RETURN_NONE;
+  }
+  return PyBytes_FromStringAndSize(key.data(), static_cast<Py_ssize_t>(key.size()));
+}
+
+PyMethodDef kMethods[] = {
+    {"init", py_init, METH_VARARGS, "init(env_names, scope_var, get_device, get_stream)"},
+    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_call)), METH_FASTCALL,
+     "call(name, args) -> outputs or MISS"},
+    {"register", py_register, METH_VARARGS, "register(name, args, plan_description) -> bool"},
+    {"lookup", py_lookup, METH_VARARGS, "lookup(name, args) -> bool"},
+    {"clear", py_clear, METH_NOARGS, "drop every plan"},
+    {"size", py_size, METH_NOARGS, "number of plans"},
+    {"pack", py_pack, METH_VARARGS, "pack(type_codes, values) -> bytes"},
+    {"key", py_key, METH_VARARGS, "key(name, args) -> bytes or None"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "lowbit_replay", nullptr, -1, kMethods};
+
+}  // namespace
+
+#define LOWBIT_CAT2(a, b) a##b
+#define LOWBIT_CAT(a, b) LOWBIT_CAT2(a, b)
+
+PyMODINIT_FUNC LOWBIT_CAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
+  PyObject* m = PyModule_Create(&kModule);
+  if (!m) return nullptr;
+  g_miss = PyObject_CallNoArgs(reinterpret_cast<PyObject*>(&PyBaseObject_Type));
+  if (!g_miss) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  Py_INCREF(g_miss);
+  if (PyModule_AddObject(m, "MISS", g_miss) < 0) {
+    Py_DECREF(g_miss);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}

@@ -1,0 +1,258 @@
+"""Native replay of eager launch plans: one Python-to-C++ call per replayed op call.
+
+A LaunchPlan (dispatch/launch_plan.py) replayed in Python costs ~15-20 us of host time per call: the signature key,
+torch.empty_strided per output, the pointer slots and views, and Triton's launcher, each a Python-level call. The
+extension built from dispatch/_replay.cpp does all of it in one call: it computes the call's key from the argument
+tuple (the fields of dispatch/ops/_common.py `_signature`, plus the env names below), finds the plan, allocates
+with at::empty_strided (zeroing or copying as the plan says), fills the pointer parameters and launches each
+compiled kernel with cuLaunchKernelEx on the current stream (libcuda.so.1 opened with dlopen; the parameters
+packed as the installed Triton's launcher packs them, the global / profile scratch pointers last and null), then
+returns the outputs.
+
+Derivation stays in Python: `adopt` converts a plan the extension can run (no global or profile scratch, no
+cooperative launch, no tensor descriptors, only pointer / integer / float parameters) and registers it under the
+call's key; any other plan keeps its Python replay (`REFUSALS` says why). The extension is compiled on first use
+into torch's extensions cache under a name that hashes its source, torch's and Python's versions (with torch's
+ninja build where ninja is installed, else one direct compiler call). Without a compiler, or with NATIVE_ENV=0,
+plans replay in Python (one debug log line says why).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("lowbit.dispatch")
+NATIVE_ENV = "LOWBIT_EAGER_NATIVE"
+_SOURCE = Path(__file__).with_name("_replay.cpp")
+
+# The extension's `call(name, args)` once it is loaded (None before and without it), and what it returns for a
+# call without a plan.
+call = None
+MISS = object()
+# op -> why its last plan was not converted (None: it was).
+REFUSALS: dict = {}
+_state: dict = {"module": None, "tried": False}
+
+# Triton 3.6's generated launcher: signature string -> parameter type code (the extension's codes, which are
+# Triton 3.9's extractor indices; 3.9's launcher gives its codes as `kernel_signature` bytes).
+_CODES_36 = {"i1": 2, "i8": 2, "i16": 3, "i32": 4, "i64": 5, "u1": 6, "u8": 6, "u16": 7, "u32": 8, "u64": 9,
+             "fp16": 10, "bf16": 11, "fp32": 12, "f32": 12, "fp64": 13}
+PTR = 1
+_FLOAT_CODES = frozenset({10, 11, 12, 13})
+
+
+class NoNative(Exception):
+    """Why a plan keeps its Python replay."""
+
+
+def module():
+    """The extension (built on first use), or None where it cannot be built or NATIVE_ENV=0."""
+    if _state["tried"]:
+        return _state["module"]
+    _state["tried"] = True
+    if os.environ.get(NATIVE_ENV) == "0":
+        log.debug("lowbit native replay: off (%s=0)", NATIVE_ENV)
+        return None
+    try:
+        _state["module"] = _build()
+    except Exception as exc:  # no compiler, no headers, no ninja: the Python replay serves every call
+        log.debug("lowbit native replay: unavailable (%s: %s); plans replay in Python", type(exc).__name__, exc)
+    return _state["module"]
+
+
+def _build():
+    global call
+    from torch.utils import cpp_extension
+
+    from . import registry
+    from .ops._common import _SELECT_ENV
+
+    source = _SOURCE.read_bytes()
+    tag = hashlib.sha256(source + f"{torch.__version__}|{sys.version_info[:2]}".encode()).hexdigest()[:16]
+    name = f"lowbit_replay_{tag}"
+    if cpp_extension.is_ninja_available():
+        mod = cpp_extension.load(name=name, sources=[str(_SOURCE)], extra_cflags=["-O2"], verbose=False)
+    else:
+        mod = _compile_directly(name, cpp_extension)
+    get_device = getattr(torch._C, "_cuda_getDevice", None)
+    get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get_device is None or get_stream is None:  # a CPU build of torch: plans without launches only
+        get_device = get_stream = _no_cuda
+    # The key reads NATIVE_ENV and every env name `_signature` reads; the last one set means no key (as there).
+    mod.init((NATIVE_ENV, *_SELECT_ENV), registry._scoped, get_device, get_stream)
+    call = mod.call
+    globals()["MISS"] = mod.MISS
+    return mod
+
+
+def _compile_directly(name: str, cpp_extension):
+    """The extension built by one compiler call (no ninja), cached as <extensions dir>/<name>/<name>.so."""
+    import importlib.machinery
+    import importlib.util
+    import shutil
+    import subprocess
+    import sysconfig
+    import tempfile
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions") / name
+    target = root / f"{name}.so"
+    if not target.exists():
+        cxx = os.environ.get("CXX") or next(filter(None, map(shutil.which, ("c++", "g++", "clang++"))), None)
+        if cxx is None:
+            raise OSError("no C++ compiler (c++, g++, clang++ or $CXX)")
+        root.mkdir(parents=True, exist_ok=True)
+        includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+        libs = cpp_extension.library_paths()
+        abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+        with tempfile.TemporaryDirectory(dir=root) as tmp:
+            out = Path(tmp) / target.name
+            errors = []
+            for std in ("c++20", "c++17"):  # torch's own standard differs between releases
+                cmd = [cxx, f"-std={std}", "-O2", "-shared", "-fPIC", f"-DTORCH_EXTENSION_NAME={name}",
+                       f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-isystem{p}" for p in includes), str(_SOURCE),
+                       *(f"-L{p}" for p in libs), *(f"-Wl,-rpath,{p}" for p in libs),
+                       "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python", "-o", str(out)]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode == 0:
+                    os.replace(out, target)  # atomic: concurrent builds leave one complete file
+                    break
+                errors.append(proc.stderr[-2000:])
+            else:
+                raise OSError(f"{cxx} failed: {errors[-1]}")
+    spec = importlib.util.spec_from_file_location(name, target,
+                                                  loader=importlib.machinery.ExtensionFileLoader(name, str(target)))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _no_cuda(*_):
+    raise RuntimeError("this torch build has no CUDA")
+
+
+def adopt(name: str, args: tuple, plan) -> bool:
+    """Register `plan` for calls of op `name` with the signature of `args` (the public call's arguments, backend
+    last) when the extension can run it; False (and REFUSALS[name] says why) otherwise."""
+    if os.environ.get(NATIVE_ENV) == "0":
+        return False
+    mod = module()
+    if mod is None:
+        REFUSALS[name] = "the native replay extension is unavailable"
+        return False
+    try:
+        kept = mod.register(name, tuple(args), describe(plan))
+    except Exception as exc:  # NoNative, or what the extension refused (no driver): the Python replay serves it
+        REFUSALS[name] = str(exc) if isinstance(exc, NoNative) else f"{type(exc).__name__}: {exc}"
+        log.debug("lowbit native replay: none for %s: %s", name, REFUSALS[name])
+        return False
+    REFUSALS[name] = None if kept else "the call's arguments have no native key"
+    return kept
+
+
+def planned(name: str, args: tuple) -> bool:
+    """Whether a call of op `name` with these arguments (backend last) replays natively."""
+    mod = _state["module"]
+    return mod is not None and mod.lookup(name, tuple(args))
+
+
+def clear() -> None:
+    if _state["module"] is not None:
+        _state["module"].clear()
+
+
+def describe(plan) -> tuple:
+    """The extension's description of a LaunchPlan: (device type, device index, allocations, launches, outputs,
+    what to keep alive). Raises NoNative for what the extension cannot replicate."""
+    allocs = []
+    for a in plan.allocs:
+        copy = None
+        if a.copy_from is not None:
+            index, (shape, stride, rel, _dtype) = a.copy_from
+            copy = (index, tuple(shape), tuple(stride), rel)
+        allocs.append((tuple(a.shape), tuple(a.stride), a.dtype, bool(a.zero), copy))
+    launches = [_describe_launch(launch, compiled) for launch, compiled in
+                zip(plan.launches, plan.kernels, strict=True)]
+    device = plan.device
+    index = device.index if device.index is not None else 0
+    return (device.type, index, allocs, launches, _describe_out(plan.outputs), plan)
+
+
+def param_codes(compiled) -> bytes:
+    """The parameter type codes of a compiled kernel's non-constexpr parameters, as its launcher packs them."""
+    launcher = compiled.run
+    sig = list(compiled.src.signature.values())
+    if any(not isinstance(t, str) or t.startswith(("tensordesc", "nvTmaDesc")) for t in sig):
+        raise NoNative("a tuple or tensor-descriptor parameter")
+    kernel_sig = [t for t in sig if t != "constexpr"]
+    codes = getattr(launcher, "kernel_signature", None)
+    if codes is not None:  # Triton's C launcher with extractor indices (3.7+)
+        codes = bytes(codes)
+        if len(codes) != len(kernel_sig):
+            raise NoNative("the launcher's parameter list differs from the kernel's signature")
+    else:  # the generated launcher (3.6): C types from the signature strings
+        try:
+            codes = bytes(PTR if t.startswith("*") else _CODES_36[t] for t in kernel_sig)
+        except KeyError as exc:
+            raise NoNative(f"a parameter of type {exc.args[0]}") from None
+    if any(not PTR <= c <= 13 for c in codes):
+        raise NoNative("a parameter type the native launcher does not pack")
+    return codes
+
+
+def _describe_launch(launch, compiled) -> tuple:
+    _run, function, metadata, grid, specs = launch
+    if compiled is None or getattr(compiled, "src", None) is None or not hasattr(compiled.src, "signature"):
+        raise NoNative("no compiled kernel source signature")
+    launcher = compiled.run
+    for attr in ("global_scratch_size", "profile_scratch_size", "launch_cooperative_grid", "gsan_enabled"):
+        if getattr(launcher, attr, 0) or getattr(compiled.metadata, attr, 0):
+            raise NoNative(f"the kernel needs {attr}")
+    if getattr(compiled.metadata, "tensordesc_meta", None):
+        raise NoNative("tensor descriptors")
+    if not (isinstance(metadata, tuple) and len(metadata) == 3 and all(isinstance(m, int) for m in metadata)):
+        raise NoNative(f"kernel metadata {metadata!r} is not (num_warps, num_ctas, shared)")
+    num_warps, num_ctas, shared = metadata
+    sig = list(compiled.src.signature.values())
+    if len(sig) != len(specs):
+        raise NoNative("the launch's arguments differ from the kernel's signature")
+    codes = param_codes(compiled)
+    values, slots = [], []
+    for spec, ty in zip(specs, sig, strict=True):
+        if ty == "constexpr":
+            continue
+        code = codes[len(values)]
+        if spec[0] != "const":
+            if code != PTR:
+                raise NoNative(f"a tensor passed as a {ty} parameter")
+            slots.append((len(values), spec[0] == "input", spec[1], spec[2]))
+            values.append(0)
+            continue
+        value = spec[1]
+        ok = (value is None or isinstance(value, int)) if code == PTR else (
+            isinstance(value, (int, float)) if code in _FLOAT_CODES else isinstance(value, int))
+        if not ok:
+            raise NoNative(f"a {type(value).__name__} value for a {ty} parameter")
+        values.append(value)
+    gx, gy, gz = grid
+    pdl = bool(getattr(launcher, "launch_pdl", False) or getattr(compiled.metadata, "launch_pdl", False))
+    return (int(function), gx, gy, gz, num_warps, num_ctas, shared, pdl, codes, values, slots)
+
+
+def _describe_out(spec) -> tuple:
+    kind = spec[0]
+    if kind == "tuple":
+        return ("tuple", tuple(_describe_out(s) for s in spec[1]))
+    if kind == "const":
+        return spec
+    if spec[2] is None:
+        return (kind, spec[1])
+    if kind != "alloc":
+        raise NoNative("an output view of an input")
+    shape, stride, offset, dtype = spec[2]
+    return ("view", spec[1], tuple(shape), tuple(stride), offset, dtype)

@@ -1,0 +1,380 @@
+"""The native replay of launch plans (dispatch/native_replay.py, dispatch/_replay.cpp) on the CPU: its call key
+makes the decisions of `_signature`, it packs each Triton parameter type as Triton's launcher does, it replays a
+plan's allocations and outputs, and everything falls back to the Python replay when it is off or unavailable."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+import types
+
+import pytest
+import torch
+
+from dispatch import launch_plan, native_replay, use_backend
+from dispatch.ops import _common
+from tests.test_launch_plan_derive import NO_HOOKS, _copying_backend, _FakeCompiled, _record
+
+
+@pytest.fixture(scope="module")
+def native():
+    mod = native_replay.module()
+    if mod is None:
+        pytest.skip("the native replay extension cannot be built here (no C++ compiler or ninja)")
+    return mod
+
+
+@pytest.fixture(autouse=True)
+def _no_plans_left():
+    yield
+    native_replay.clear()
+
+
+# ------------------------------------------------------------------------------------------------------- key
+def _variants():
+    """Argument tuples (backend last) that differ from the first in one field `_signature` keeps, or not at all."""
+    base = torch.randn(64, 32)
+    x, w = base[:8], torch.randn(32)
+    same = (torch.randn(64, 32)[:8], torch.randn(32), 1e-6, "auto")
+    return [
+        ("base", (x, w, 1e-6, "auto")),
+        ("same metadata, other values", same),
+        ("dtype", (x.to(torch.float16), w, 1e-6, "auto")),
+        ("shape", (base[:9], w, 1e-6, "auto")),
+        ("strides", (torch.randn(32, 8).t(), w, 1e-6, "auto")),
+        ("storage offset not 16-aligned", (base.view(-1)[1:257].view(8, 32), w, 1e-6, "auto")),
+        ("plain value", (x, w, 1e-5, "auto")),
+        ("backend", (x, w, 1e-6, "triton")),
+        ("int vs float", (x, w, 2, "auto")),
+        ("None", (x, None, 1e-6, "auto")),
+        ("dtype argument", (x, w, torch.float16, "auto")),
+        ("another dtype argument", (x, w, torch.bfloat16, "auto")),
+    ]
+
+
+def test_key_makes_the_decisions_of_signature(native):
+    variants = _variants()
+    for name_a, a in variants:
+        for name_b, b in variants:
+            python_same = _common._signature(a) == _common._signature(b)
+            native_same = native.key("rms_norm", a) == native.key("rms_norm", b)
+            assert python_same == native_same, (name_a, name_b)
+    assert native.key("rms_norm", variants[0][1]) != native.key("swiglu", variants[0][1])  # the op is in the key
+
+
+def test_no_key_for_the_checked_path(native, monkeypatch):
+    x = torch.randn(4, 8)
+    assert native.key("rms_norm", (x.requires_grad_(), "auto")) is None  # autograd inputs take the checked path
+    assert native.key("rms_norm", ([1, 2], "auto")) is None  # another kind of argument
+    assert native.key("rms_norm", (1 << 70, "auto")) is None  # an int beyond int64
+    with use_backend("torch"):  # a backend scope: the Python path (its key holds the scope)
+        assert native.key("rms_norm", (torch.randn(2), "auto")) is None
+    monkeypatch.setenv("LOWBIT_CHECK_INDICES", "1")  # value checks on: every call takes the checked path
+    assert _common._signature((torch.randn(2), "auto")) is None
+    assert native.key("rms_norm", (torch.randn(2), "auto")) is None
+
+
+@pytest.mark.parametrize("env", ["LOWBIT_BACKEND", "LOWBIT_ARCH", launch_plan.PLANS_ENV, native_replay.NATIVE_ENV])
+def test_env_overrides_are_part_of_the_key(native, monkeypatch, env):
+    args = (torch.randn(4, 8), "auto")
+    before = native.key("rms_norm", args)
+    monkeypatch.setenv(env, "1")
+    assert native.key("rms_norm", args) not in (None, before)
+    monkeypatch.delenv(env)
+    assert native.key("rms_norm", args) == before
+
+
+# --------------------------------------------------------------------------------------------------- packing
+def _bf16_truncated(v: float) -> bytes:
+    return struct.pack("<f", v)[2:]
+
+
+PACK_CASES = [  # (type code, values, the reference packing of one value)
+    (native_replay.PTR, [0, None, 0x7F00_1234_5678, 2**64 - 16], lambda v: struct.pack("<Q", v or 0)),
+    (2, [0, 1, -1, 127, -128, True], lambda v: struct.pack("<b", v)),
+    (3, [0, -1, 32767, -32768], lambda v: struct.pack("<h", v)),
+    (4, [0, 7, -1, 2**31 - 1, -(2**31), False], lambda v: struct.pack("<i", v)),
+    (5, [0, -1, 2**63 - 1, -(2**63)], lambda v: struct.pack("<q", v)),
+    (6, [0, 255, 1], lambda v: struct.pack("<B", v)),
+    (7, [0, 65535], lambda v: struct.pack("<H", v)),
+    (8, [0, 2**32 - 1], lambda v: struct.pack("<I", v)),
+    (9, [0, 2**64 - 1], lambda v: struct.pack("<Q", v)),
+    (10, [0.0, -2.5, 1e-6, 65504.0, 1 / 3, 3], lambda v: struct.pack("<e", v)),
+    (11, [0.0, 1.0, -3.14159, 1e-6, 1 / 3, 7], _bf16_truncated),
+    (12, [0.0, 1e-6, -1 / 3, 3.4e38, math.inf, 5], lambda v: struct.pack("<f", v)),
+    (13, [0.0, 1e-300, -1 / 3, math.pi, 9], lambda v: struct.pack("<d", v)),
+]
+
+
+@pytest.mark.parametrize("code,values,ref", PACK_CASES, ids=[str(c[0]) for c in PACK_CASES])
+def test_packing_of_each_triton_type(native, code, values, ref):
+    assert native.pack(bytes([code] * len(values)), values) == b"".join(ref(v) for v in values)
+
+
+def test_packing_of_a_mixed_parameter_list(native):
+    codes = bytes([1, 4, 11, 2, 5, 12])
+    values = [0x1000, -3, 0.5, 1, 1 << 40, 2.0]
+    want = struct.pack("<Qi", 0x1000, -3) + _bf16_truncated(0.5) + struct.pack("<bqf", 1, 1 << 40, 2.0)
+    assert native.pack(codes, values) == want
+    with pytest.raises(ValueError):
+        native.pack(bytes([0]), [1])
+
+
+def test_param_codes_follow_the_installed_launcher():
+    src = types.SimpleNamespace(signature={"x": "*bf16", "n": "i32", "flag": "i1", "eps": "fp32", "B": "constexpr",
+                                           "u": "u1", "s": "bf16"})
+    old = types.SimpleNamespace(src=src, run=types.SimpleNamespace())  # 3.6: C types from the signature strings
+    assert native_replay.param_codes(old) == bytes([1, 4, 2, 12, 6, 11])
+    new = types.SimpleNamespace(src=src, run=types.SimpleNamespace(kernel_signature=bytes([1, 4, 4, 12, 8, 11])))
+    assert native_replay.param_codes(new) == bytes([1, 4, 4, 12, 8, 11])  # 3.9: the launcher's own codes
+    desc = types.SimpleNamespace(src=types.SimpleNamespace(signature={"d": "tensordesc<bf16[64, 64]>"}), run=None)
+    with pytest.raises(native_replay.NoNative):
+        native_replay.param_codes(desc)
+
+
+def _compiled(signature, **launcher):
+    """A CompiledKernel as the conversion reads it."""
+    run = types.SimpleNamespace(global_scratch_size=0, profile_scratch_size=0, launch_cooperative_grid=False,
+                                launch_pdl=False)
+    for k, v in launcher.items():
+        setattr(run, k, v)
+    return types.SimpleNamespace(src=types.SimpleNamespace(signature=signature), run=run,
+                                 metadata=types.SimpleNamespace())
+
+
+SIG = {"x_ptr": "*fp32", "out_ptr": "*u8", "scale_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+
+
+def test_a_launch_becomes_packed_constants_and_pointer_slots():
+    launch = (None, 0x1234, (4, 2, 48), (3, 1, 1),
+              [("input", 0, 32), ("alloc", 1, 0), ("const", 0xABC0), ("const", 7), ("const", 64)])
+    got = native_replay._describe_launch(launch, _compiled(SIG))
+    function, gx, gy, gz, warps, ctas, shared, pdl, codes, values, slots = got
+    assert (function, gx, gy, gz, warps, ctas, shared, pdl) == (0x1234, 3, 1, 1, 4, 2, 48, False)
+    assert codes == bytes([1, 1, 1, 4]) and values == [0, 0, 0xABC0, 7]  # the constexpr is not a parameter
+    assert slots == [(0, True, 0, 32), (1, False, 1, 0)]
+
+
+@pytest.mark.parametrize("attr,value", [("global_scratch_size", 256), ("profile_scratch_size", 64),
+                                        ("launch_cooperative_grid", True), ("gsan_enabled", True)])
+def test_kernels_the_native_launcher_cannot_replicate_keep_the_python_replay(attr, value):
+    launch = (None, 1, (4, 1, 0), (1, 1, 1), [("input", 0, 0), ("alloc", 0, 0), ("const", 0), ("const", 1),
+                                              ("const", 8)])
+    with pytest.raises(native_replay.NoNative, match=attr):
+        native_replay._describe_launch(launch, _compiled(SIG, **{attr: value}))
+    bad = (None, 1, (4, 1, 0), (1, 1, 1), [("input", 0, 0), ("alloc", 0, 0), ("const", 0), ("input", 0, 0),
+                                           ("const", 8)])
+    with pytest.raises(native_replay.NoNative, match="tensor passed"):
+        native_replay._describe_launch(bad, _compiled(SIG))
+
+
+# ---------------------------------------------------------------------------------------------------- replay
+def _without_launches(plan):
+    """The plan's allocations and outputs only (the CPU has nothing to launch)."""
+    return dataclasses.replace(plan, launches=[], kernels=[])
+
+
+def test_replay_of_allocations_zeroing_and_views(native):
+    x = torch.randn(5, 8)
+    out, launches, ops = _record(x, _FakeCompiled())
+    plan = _without_launches(launch_plan._derive(out, (x,), launches, ops, NO_HOOKS, device_type="cpu"))
+    assert native.register("toy", (x, "auto"), native_replay.describe(plan))
+    y = torch.randn(5, 8)
+    got = native.call("toy", (y, "auto"))
+    want = plan(y)
+    for g, w in zip(got, want, strict=True):
+        assert (g.shape, g.stride(), g.dtype, g.storage_offset()) == (w.shape, w.stride(), w.dtype, w.storage_offset())
+    assert float(got[1]) == 0.0  # zeroed again
+    assert got[0].data_ptr() != native.call("toy", (y, "auto"))[0].data_ptr()  # fresh outputs each call
+    assert native.call("toy", (torch.randn(6, 8), "auto")) is native.MISS  # another shape: no plan
+    assert native.call("toy", (y.double(), "auto")) is native.MISS  # another dtype: no plan
+
+
+def test_replay_of_a_copy_from_an_input_view(native):
+    launches = []
+    x, g = torch.randn(4), torch.randn(5)
+    with launch_plan._OpLog(launches) as oplog:
+        out = _copying_backend(x, g, _FakeCompiled(), launches)
+    plan = _without_launches(launch_plan._derive(out, (x, g), launches, oplog.ops, NO_HOOKS, device_type="cpu"))
+    assert native.register("toy_copy", (x, g, "auto"), native_replay.describe(plan))
+    g2 = torch.randn(21)[16:]  # same alignment bits, another storage: the view is rebuilt relative to it
+    got = native.call("toy_copy", (torch.randn(4), g2, "auto"))
+    assert torch.equal(got[1], g2[1:])
+
+
+def test_public_call_takes_the_native_replay_and_falls_back(native, monkeypatch):
+    x = torch.randn(4, 8)
+    plan = launch_plan.LaunchPlan(torch.device("cpu"), [], [], ("tuple", [("input", 0, None), ("const", None)]), [])
+    args = (x, torch.randn(8), 1e-6, "auto")
+    assert native.register("rms_norm_fp8_group", args, native_replay.describe(plan))
+    assert native_replay.planned("rms_norm_fp8_group", args)
+    got = _common.call("rms_norm_fp8_group", *args)  # the registered plan answers (the real op would not)
+    assert got[0] is x and got[1] is None
+    monkeypatch.setenv(native_replay.NATIVE_ENV, "0")  # off: the key differs, the call misses
+    assert not native_replay.planned("rms_norm_fp8_group", args)
+    assert native.call("rms_norm_fp8_group", args) is native.MISS
+    assert not native_replay.adopt("rms_norm_fp8_group", args, plan)
+    monkeypatch.delenv(native_replay.NATIVE_ENV)
+    _common._FAST.clear()  # clearing the fast paths drops the native plans too
+    assert not native_replay.planned("rms_norm_fp8_group", args)
+
+
+def test_a_plan_with_launches_needs_a_cuda_device(native):
+    plan = types.SimpleNamespace(allocs=[], launches=[(None, 1, (4, 1, 0), (1, 1, 1), [("const", 0)])],
+                                 kernels=[_compiled({"p": "*fp32"})], device=torch.device("cpu"),
+                                 outputs=("const", None))
+    with pytest.raises(RuntimeError, match="CUDA"):
+        native.register("toy_launch", (torch.randn(2), "auto"), native_replay.describe(plan))
+    launch = (1, 1, 1, 1, 4, 1, 0, False, bytes([4]), [0], [(0, True, 0, 0)])  # a pointer slot on an i32
+    with pytest.raises(ValueError, match="non-pointer"):
+        native.register("toy_launch", (torch.randn(2), "auto"), ("cuda", 0, [], [launch], ("const", None), None))
+    assert not native_replay.planned("toy_launch", (torch.randn(2), "auto"))
+    assert not native_replay.adopt("toy_launch", (torch.randn(2), "auto"), plan)  # refused, never raised
+    assert "CUDA" in native_replay.REFUSALS["toy_launch"]
+
+
+def test_unavailable_extension_falls_back_to_python(monkeypatch, caplog):
+    monkeypatch.setattr(native_replay, "_state", {"module": None, "tried": False})
+
+    def no_compiler():
+        raise OSError("no C++ compiler")
+
+    monkeypatch.setattr(native_replay, "_build", no_compiler)
+    with caplog.at_level("DEBUG", logger="lowbit.dispatch"):
+        assert native_replay.module() is None
+        assert not native_replay.adopt("swiglu", (torch.randn(2), "auto"), object())
+    assert "unavailable" in caplog.text and native_replay.REFUSALS["swiglu"]
+    monkeypatch.setattr(native_replay, "_state", {"module": None, "tried": False})
+    monkeypatch.setenv(native_replay.NATIVE_ENV, "0")
+    assert native_replay.module() is None  # off: nothing is built
+
+
+def test_packed_sizes_match_a_compiled_kernels_parameters():
+    """The generated-launcher mapping (Triton 3.6) against the PTX parameter list of a kernel compiled for sm_90
+    with the installed Triton: one parameter per non-constexpr argument, of the size the kernel declares, then the
+    global and profile scratch pointers."""
+    import re
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    def toy(x_ptr, n, flag, eps, big, h, BLOCK: tl.constexpr):
+        o = tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + o + big, mask=o < n)
+        tl.store(x_ptr + o, tl.where(flag, v * eps + h, v), mask=o < n)
+
+    sig = {"x_ptr": "*fp32", "n": "i32", "flag": "i1", "eps": "fp32", "big": "i64", "h": "bf16", "BLOCK": "constexpr"}
+    kernel = JITFunction(toy)  # compiled for the GPU target even where the tests run the interpreter
+    compiled = triton.compile(ASTSource(kernel, sig, constexprs={(6,): 128}), target=GPUTarget("cuda", 90, 32))
+    params = re.search(r"\.entry\s+\w+\((.*?)\)", compiled.asm["ptx"], re.S).group(1).split(",")
+    size = {"u64": 8, "u32": 4, "u8": 1, "f32": 4}
+    declared = [int(m.group(1)) if (m := re.search(r"\.b8 \w+\[(\d+)\]", p)) else size[p.split()[1][1:]]
+                for p in params]
+    codes = native_replay.param_codes(types.SimpleNamespace(src=compiled.src, run=types.SimpleNamespace()))
+    sizes = {1: 8, 2: 1, 4: 4, 5: 8, 11: 2, 12: 4}
+    assert [sizes[c] for c in codes] + [8, 8] == declared
+
+
+def test_the_extension_builds_without_ninja(monkeypatch, tmp_path):
+    """The direct compiler call (machines without ninja) gives a working module."""
+    from torch.utils import cpp_extension
+
+    if native_replay.module() is None:
+        pytest.skip("the native replay extension cannot be built here")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    mod = native_replay._compile_directly("lowbit_replay_direct_check", cpp_extension)
+    assert mod.pack(bytes([4, 12]), [-2, 0.5]) == struct.pack("<if", -2, 0.5)
+    assert (tmp_path / "lowbit_replay_direct_check" / "lowbit_replay_direct_check.so").exists()
+
+
+# A stand-in libcuda.so.1 that records the last cuLaunchKernelEx: what the extension hands the driver is checked on
+# the CPU (in a subprocess: the stand-in must never meet a real driver).
+_FAKE_DRIVER = r"""
+#include <stdint.h>
+#include <string.h>
+typedef struct { int id; char pad[4]; union { char raw[64]; void* align; } value; } Attr;
+typedef struct { unsigned gx, gy, gz, bx, by, bz, shared; void* stream; Attr* attrs; unsigned n; } Config;
+static Config last; static Attr attrs[4]; static uint64_t params[64]; static int expect, launches; static void* fn;
+int cuLaunchKernelEx(const Config* c, void* f, void** p, void** extra) {
+  last = *c; memcpy(attrs, c->attrs, sizeof(Attr) * (c->n < 4 ? c->n : 4)); fn = f; launches++;
+  for (int i = 0; i < expect; ++i) memcpy(&params[i], p[i], 8);
+  return extra == 0 ? 0 : 1;
+}
+int cuCtxGetCurrent(void** c) { *c = (void*)1; return 0; }
+int cuDeviceGet(int* d, int o) { *d = o; return 0; }
+int cuDevicePrimaryCtxRetain(void** c, int d) { *c = (void*)1; return 0; }
+int cuCtxSetCurrent(void* c) { return 0; }
+int cuFuncSetAttribute(void* f, int a, int v) { return 0; }
+int cuGetErrorString(int r, const char** s) { *s = "fake"; return 0; }
+void fake_expect(int n) { expect = n; }
+int fake_launches(void) { return launches; }
+void* fake_function(void) { return fn; }
+void fake_config(unsigned* out) { memcpy(out, &last, 7 * sizeof(unsigned)); out[7] = last.n; }
+uint64_t fake_stream(void) { return (uint64_t)last.stream; }
+void fake_attr(int i, int* out) { out[0] = attrs[i].id; memcpy(out + 1, attrs[i].value.raw, 12); }
+uint64_t fake_param(int i) { return params[i]; }
+"""
+
+_FAKE_RUN = r"""
+import ctypes, json, sys
+import torch
+lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+from dispatch import native_replay
+mod = native_replay.module()
+mod.init((native_replay.NATIVE_ENV,), None, lambda: 0, lambda device: 0x5000)
+x = torch.randn(64)
+empty = (0xF00, 0, 1, 1, 4, 1, 0, False, bytes([4]), [1], [])  # an empty grid: not launched
+launch = (0xF00, 3, 2, 1, 4, 2, 1024, True, bytes([1, 1, 4, 11, 2]), [0, 0xABC0, -7, 0.5, 1], [(0, True, 0, 16)])
+assert mod.register("fake", (x, "auto"), ("cuda", 0, [], [empty, launch], ("input", 0), None))
+lib.fake_expect(7)
+assert mod.call("fake", (x, "auto")) is x
+cfg = (ctypes.c_uint * 8)()
+lib.fake_config(cfg)
+attrs = []
+for i in range(cfg[7]):
+    a = (ctypes.c_int * 4)()
+    lib.fake_attr(i, a)
+    attrs.append(list(a))
+lib.fake_param.restype = lib.fake_stream.restype = lib.fake_function.restype = ctypes.c_uint64
+print(json.dumps(dict(launches=lib.fake_launches(), function=lib.fake_function(), config=list(cfg),
+                      stream=lib.fake_stream(), attrs=attrs, params=[lib.fake_param(i) for i in range(7)],
+                      x=x.data_ptr())))
+"""
+
+
+def test_what_the_driver_receives(native, tmp_path):
+    """Grid x clusters, block = 32 x warps, shared memory, the current stream, the PDL / cluster attributes, every
+    parameter (a pointer slot filled with the input's address + offset, the packed constants) and the two null
+    scratch pointers, as Triton's launcher passes them; an empty grid is not launched."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("a stand-in driver must not meet the real one (the GPU tests launch for real)")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in driver")
+    (tmp_path / "fake.c").write_text(_FAKE_DRIVER)
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib), str(tmp_path / "fake.c")],
+                   check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", _FAKE_RUN, str(lib)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["launches"] == 1 and got["function"] == 0xF00 and got["stream"] == 0x5000
+    assert got["config"] == [3 * 2, 2, 1, 128, 1, 1, 1024, 3]  # grid x num_ctas, 32 x 4 warps, shared, 3 attributes
+    pdl, cluster, policy = got["attrs"]
+    assert pdl[:2] == [6, 1] and cluster == [4, 2, 1, 1] and policy[:2] == [5, 1]
+    mask = [2**64 - 1, 2**64 - 1, 2**32 - 1, 2**16 - 1, 2**8 - 1, 2**64 - 1, 2**64 - 1]
+    params = [p & m for p, m in zip(got["params"], mask, strict=True)]
+    bf16_half = struct.unpack("<H", _bf16_truncated(0.5))[0]
+    assert params == [got["x"] + 16, 0xABC0, 2**32 - 7, bf16_half, 1, 0, 0]
