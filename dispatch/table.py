@@ -49,8 +49,9 @@ ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.72-0.
 # takes it at hd64 and hd128 (`auto_skip` cute_ops.attention.fmha_sm90:auto_skip_untimed).
 # Paged-prefix prefill on sm_90 (cute_ops/attention/paged_prefill.py): one Triton gather of the used pages (FP8
 # dequantized) into contiguous K / V, the CuTeDSL forward above, and the plain paged kernel over the sequences with
-# an out-of-range page id (flagged by the gather). Not yet timed on a GPU.
-ATTN_PAGED_GATHER_WHY = "gather pages to contiguous K / V (one copy pass), then the CuTeDSL sm_90 forward; untimed"
+# an out-of-range page id (flagged by the gather). H200 at 7053888 (CUDA graph, same process): 0.88-0.92x FA4 with
+# its page table (Llama hd128 32/8 and GPT-OSS hd64 sinks; the gather is 4-14% of the time), 2.5-3.3x the plain kernel.
+ATTN_PAGED_GATHER_WHY = "gather pages to contiguous K / V, then the CuTeDSL sm_90 forward: 0.88-0.92x FA4 paged (H200)"
 ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward, ping-pong warpgroups: 0.85-0.96x FA4 (windowed hd64 0.65x) (H100)"
 # H100 at 0818b2c (CUDA graph): bf16 cache 0.88-0.97x cuDNN SDPA on a dense cache (median 0.95x); FP8 cache 1.72x
 # our bf16 path and 1.62x cuDNN's bf16 at 16 x 8k (page tiles, V converted to fp16 before its operand layout).
@@ -290,10 +291,9 @@ ROWS: tuple[Entry, ...] = (
                  supports="triton_ops.attention.prefill:supports_attention_prefill"),
     Entry("attention_prefill", "torch", ALL, "dispatch.reference.attention:attention_prefill", TORCH_REF,
           REFERENCE_WHY),
-    # sm_90: gather the used pages into contiguous K / V, then the cute forward (ATTN_PAGED_GATHER_WHY); below the
-    # plain kernel under auto until timed (backend="cute" runs it).
+    # sm_90: gather the used pages into contiguous K / V, then the cute forward (ATTN_PAGED_GATHER_WHY).
     Entry("attention_prefill_paged", "cute", ("sm_90",), "cute_ops.attention.paged_prefill:attention_prefill_paged",
-          CUTE_UNMEASURED, ATTN_PAGED_GATHER_WHY, "cute_ops.attention.paged_prefill:supports_attention_prefill_paged"),
+          CUTE_MEASURED_FASTER, ATTN_PAGED_GATHER_WHY, "cute_ops.attention.paged_prefill:supports_attention_prefill_paged"),
     *triton_rows("attention_prefill_paged", "triton_ops.attention.prefill:attention_prefill_paged", ATTN_TL_WHY,
                  supports="triton_ops.attention.prefill:supports_attention_prefill_paged"),
     Entry("attention_prefill_paged", "torch", ALL, "dispatch.reference.attention:attention_prefill_paged",
