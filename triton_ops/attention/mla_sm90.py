@@ -90,6 +90,7 @@ BLOCK_M: tl.constexpr = tl.constexpr(ROWS)
 D_NOPE: tl.constexpr = tl.constexpr(NOPE)
 ROPE_W: tl.constexpr = tl.constexpr(DS_ROPE)
 MAX_SPLITS = 64
+SCHEDULES = ("serial", "overlap", "pingpong")  # see the module docstring; "serial" is the default
 MIN_SPLIT_PAGES = 4  # below 256 keys a split no longer pays for its partials and the merge
 
 
@@ -217,6 +218,20 @@ def _tile_overlap(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bar
     return o, m_i, l_i
 
 
+@gluon.jit
+def _key_span(seq_ptr, b, split, r0, pages_per_split, max_pages, SQ: gl.constexpr, H: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """Sequence b's length sk and the keys [lo, hi) that row block r0.. of split `split` sees: tiles p0.. (n)."""
+    sk = gl.minimum(gl.maximum(gl.load(seq_ptr + b), 0), max_pages * PAGE)
+    s_lo = r0 // H
+    s_hi = gl.minimum((r0 + BLOCK_M - 1) // H, SQ - 1)
+    lo, hi = key_range(sk - SQ + s_lo, sk - SQ + s_hi, sk, CAUSAL, -1, -1)
+    lo = gl.maximum(lo, split * pages_per_split * PAGE)
+    hi = gl.minimum(hi, (split + 1) * pages_per_split * PAGE)
+    p0 = lo // PAGE
+    return sk, lo, hi, p0, gl.where(hi > lo, (hi + PAGE - 1) // PAGE - p0, 0)
+
+
 @gluon.jit(do_not_specialize=["num_blocks", "pages_per_split"])
 def _mla_sm90_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, lse_ptr, qk_scale, num_blocks,
                      pages_per_split, max_pages, bt_sb, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp,
@@ -229,19 +244,10 @@ def _mla_sm90_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr
                                                        instr_shape=[16, D_NOPE // (num_warps // 4), 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    mb = gl.program_id(0)
     b = gl.program_id(1)
     split = gl.program_id(2)
-    max_ctx = max_pages * PAGE
-    sk = gl.minimum(gl.maximum(gl.load(seq_ptr + b), 0), max_ctx)
-    r0 = mb * BLOCK_M
-    s_lo = r0 // H
-    s_hi = gl.minimum((r0 + BLOCK_M - 1) // H, SQ - 1)
-    lo, hi = key_range(sk - SQ + s_lo, sk - SQ + s_hi, sk, CAUSAL, -1, -1)
-    lo = gl.maximum(lo, split * pages_per_split * PAGE)
-    hi = gl.minimum(hi, (split + 1) * pages_per_split * PAGE)
-    p0 = lo // PAGE
-    n_tiles = gl.where(hi > lo, (hi + PAGE - 1) // PAGE - p0, 0)
+    r0 = gl.program_id(0) * BLOCK_M
+    sk, lo, hi, p0, n_tiles = _key_span(seq_ptr, b, split, r0, pages_per_split, max_pages, SQ, H, CAUSAL)
 
     rows = r0 + gl.arange(0, BLOCK_M, layout=row_layout)
     q_pos = sk - SQ + rows // H
@@ -312,6 +318,208 @@ def _mla_sm90_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr
              mask=rows < SQ * H)
 
 
+# ------------------------------------------------------------------------------------------- PINGPONG schedule
+
+HALF: tl.constexpr = tl.constexpr(NOPE // 2)
+# Registers per thread of each compute warpgroup (setmaxnreg): 12 warps at launch hold 168 each; the TMA
+# partition keeps the rest (24).
+WS_REGS: tl.constexpr = tl.constexpr(240)
+
+
+@gluon.jit
+def _ws_producer(q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem, q_bar, full, empty, bt_row,
+                 q_row, p0, n_tiles, num_blocks):
+    """PINGPONG's TMA partition: Q once, then key tile t into buffer t % 2 as soon as both compute warpgroups
+    released tile t - 2 (empty[t % 2])."""
+    if n_tiles > 0:
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+        _tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
+        _tma_load(qr_desc, [q_row, D_NOPE], q_bar, qr_smem.index(0))
+    for t in range(n_tiles):
+        slot = t % 2
+        if t >= 2:
+            mbarrier.wait(empty.index(slot), (t // 2 - 1) & 1)
+        _load_page(kn_desc, kr_desc, gl.load(bt_row + p0 + t), num_blocks, full.index(slot), kn_smem.index(slot),
+                   kr_smem.index(slot), True)
+
+
+@gluon.jit
+def _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W: gl.constexpr, s_layout: gl.constexpr,
+              o_layout: gl.constexpr):
+    """Wait for the owner of tile j to publish P_j (in the RoPE part of its buffer, whose S is done) and the
+    running (m_j, l_j); rescale O to m_j and issue O += P_j V_j on this warpgroup's 256 columns (async)."""
+    so = j % 2
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    mbarrier.wait(sm_bar.index(so), (j // 2) & 1)
+    m_j = ml_smem.index(2 * so).load(row_layout)
+    l_j = ml_smem.index(2 * so + 1).load(row_layout)
+    alpha = gl.exp2(m_i - gl.where(m_j == float("-inf"), 0.0, m_j))
+    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+    o = warpgroup_mma(kr_smem.index(so), kn_smem.index(so).slice(W * HALF, HALF, dim=1), o, is_async=True)
+    return o, m_j, l_j
+
+
+@gluon.jit
+def _ws_release(o, bar):
+    """Wait for every MMA of this warpgroup, then release a buffer (one arrival for the four warps)."""
+    o = warpgroup_mma_wait(0, deps=(o, ))
+    _cta_barrier()
+    mbarrier.arrive(bar)
+    return o
+
+
+@gluon.jit
+def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_smem,
+             kn_smem, kr_smem, ml_smem, full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos, qk_scale,
+             CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """Warpgroup W's share of tiles j (the other warpgroup's) and j + 1 (its own: HAS_OWN). Issue S_{j+1} =
+    Q K_{j+1}^T; consume P_j (`_ws_other`); the softmax of tile j + 1, chained on (m_j, l_j); publish P_{j+1} and
+    (m_{j+1}, l_{j+1}) and issue O += P_{j+1} V_{j+1}. OTHER = 0: no tile j (warpgroup 0's tile 0). The P V of
+    tile j runs under the softmax of tile j + 1; every MMA retires inside the call (nothing in flight across a
+    back edge)."""
+    if HAS_OWN:
+        t = j + 1
+        slot = t % 2
+        k0 = (p0 + t) * PAGE
+        mbarrier.wait(full.index(slot), (t // 2) & 1)
+        if k0 + PAGE > sk:  # the sequence's last page: its rows past sk are zeroed before any P V
+            _zero_rows_from(kn_smem.index(slot), sk - k0, 4)
+        # Q's buffer index t >> 30 is 0, but not to the compiler: the Q descriptors are rebuilt per tile instead
+        # of being hoisted out of the loop (36 64-bit values: spills)
+        s = warpgroup_mma(q_smem.index(t >> 30), kn_smem.index(slot).permute((1, 0)),
+                          gl.zeros([BLOCK_M, PAGE], gl.float32, s_layout), use_acc=False, is_async=True)
+        s = warpgroup_mma(qr_smem.index(t >> 30), kr_smem.index(slot).permute((1, 0)), s, is_async=True)
+    if OTHER:
+        o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, s_layout, o_layout)
+    if HAS_OWN:
+        page = gl.load(bt_row + p0 + t)
+        s = warpgroup_mma_wait(0 + OTHER, deps=(s, ))  # S done; P_j V_j may still run
+        p, m_i, l_i, alpha = _softmax_tile(s, k0, lo, hi, (page >= 0) & (page < num_blocks), q_pos, m_i, l_i,
+                                           qk_scale, CAUSAL)
+    if OTHER:
+        o = _ws_release(o, empty.index(j % 2))
+    if HAS_OWN:
+        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+        kr_smem.index(slot).store(p.to(gl.bfloat16))
+        ml_smem.index(2 * slot).store(m_i)
+        ml_smem.index(2 * slot + 1).store(l_i)
+        fence_async_shared()
+        _cta_barrier()  # P_{j+1} and (m, l) complete: publish them
+        mbarrier.arrive(sm_bar.index(slot))
+        o = warpgroup_mma(kr_smem.index(slot), kn_smem.index(slot).slice(W * HALF, HALF, dim=1), o, is_async=True)
+        o = _ws_release(o, empty.index(slot))
+    return o, m_i, l_i
+
+
+@gluon.jit
+def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row,
+                p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh,
+                o_sp, l_sb, l_ss, l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr,
+                FINAL: gl.constexpr):
+    """Compute warpgroup W of PINGPONG: the S and softmax of tiles t = W (mod 2), O columns [256 W, 256 W + 256)
+    of every tile, then its half of the epilogue."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, PAGE, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows = r0 + gl.arange(0, BLOCK_M, layout=row_layout)
+    q_pos = sk - SQ + rows // H
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_layout)
+    o = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+    if n_tiles > 0:
+        mbarrier.wait(q_bar, 0)
+        if W == 0:  # tile 0: warpgroup 0's, no other tile before it
+            o, m_i, l_i = _ws_pair(-1, False, True, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, full,
+                                   sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL,
+                                   s_layout, o_layout)
+        # pairs (j, j + 1), j the other warpgroup's tile: j = 1, 3, ... (warpgroup 0), 0, 2, ... (1)
+        n_pairs = (n_tiles - 1 + W) // 2
+        for i in range(n_pairs):
+            o, m_i, l_i = _ws_pair(2 * i + 1 - W, True, True, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
+                                   ml_smem, full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos,
+                                   qk_scale, CAUSAL, s_layout, o_layout)
+        j_last = 2 * n_pairs + 1 - W
+        if j_last == n_tiles - 1:  # the last tile is the other warpgroup's: its P V alone
+            o, m_i, l_i = _ws_pair(j_last, True, False, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem,
+                                   full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL,
+                                   s_layout, o_layout)
+    # Epilogue (as the other schedules'): this warpgroup's 256 columns; warpgroup 0 writes the LSE.
+    seen = l_i > 0.0
+    inv = gl.convert_layout(gl.where(seen, 1.0 / l_i, 0.0), gl.SliceLayout(1, o_layout), assert_trivial=True)
+    o = o * gl.expand_dims(inv, 1)
+    o_rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    o_cols = W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+    o_off = (b.to(gl.int64) * o_sb + (o_rows // H) * o_ss + (o_rows % H) * o_sh + split * o_sp)
+    o_ptrs = out_ptr + gl.expand_dims(o_off, 1) + gl.expand_dims(o_cols, 0)
+    o_mask = gl.expand_dims(o_rows < SQ * H, 1)
+    if FINAL:
+        gl.store(o_ptrs, o.to(gl.bfloat16), mask=o_mask)
+    else:
+        gl.store(o_ptrs, o, mask=o_mask)
+    if W == 0:
+        lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        gl.store(lse_ptr + b.to(gl.int64) * l_sb + (rows // H) * l_ss + (rows % H) * l_sh + split * l_sp, lse,
+                 mask=rows < SQ * H)
+
+
+@gluon.jit
+def _ws_compute0(q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row, p0, n_tiles,
+                 num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
+                 l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr):
+    _ws_compute(0, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row, p0, n_tiles,
+                num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
+                l_sh, l_sp, SQ, H, CAUSAL, FINAL)
+
+
+@gluon.jit
+def _ws_compute1(q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row, p0, n_tiles,
+                 num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
+                 l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr):
+    _ws_compute(1, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row, p0, n_tiles,
+                num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
+                l_sh, l_sp, SQ, H, CAUSAL, FINAL)
+
+
+@gluon.jit(do_not_specialize=["num_blocks", "pages_per_split"])
+def _mla_ws_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, lse_ptr, qk_scale, num_blocks,
+                   pages_per_split, max_pages, bt_sb, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp,
+                   SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """PINGPONG: the TMA loads (this partition, 4 warps) and the two compute warpgroups (worker partitions)."""
+    b = gl.program_id(1)
+    split = gl.program_id(2)
+    r0 = gl.program_id(0) * BLOCK_M
+    sk, lo, hi, p0, n_tiles = _key_span(seq_ptr, b, split, r0, pages_per_split, max_pages, SQ, H, CAUSAL)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_M, D_NOPE], q_desc.layout)
+    qr_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_M, ROPE_W], qr_desc.layout)
+    kn_smem = gl.allocate_shared_memory(gl.bfloat16, [2, PAGE, D_NOPE], kn_desc.layout)
+    kr_smem = gl.allocate_shared_memory(gl.bfloat16, [2, PAGE, ROPE_W], kr_desc.layout)
+    ml_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    sm_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(sm_bar.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrival per compute warpgroup
+    bt_row = bt_ptr + b.to(gl.int64) * bt_sb
+    q_row = (b * SQ * H + r0).to(gl.int32)
+    # (The argument tuples are written out: a tuple assigned to a variable turns its constexprs into tensors.)
+    gl.warp_specialize([(_ws_producer, (q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem, q_bar,
+                                        full, empty, bt_row, q_row, p0, n_tiles, num_blocks)),
+                        (_ws_compute0, (q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row,
+                                        p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr,
+                                        o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL)),
+                        (_ws_compute1, (q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row,
+                                        p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr,
+                                        o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL))],
+                       [4, 4], [WS_REGS, WS_REGS])
+
+
 # ------------------------------------------------------------------------------------------- config
 
 
@@ -346,6 +554,15 @@ def _cache_2d(kv_cache: torch.Tensor) -> torch.Tensor:
     """The cache (num_blocks, 64, (1,) 576) as its (num_blocks * 64, 576) token rows (a view)."""
     nb, bs = kv_cache.shape[:2]
     return kv_cache.as_strided((nb * bs, kv_cache.shape[-1]), (kv_cache.stride(1), 1))
+
+
+def _kernel_and_consts(sq: int, h: int, causal: bool, final: bool, schedule: str):
+    """The kernel of `schedule` and its constexprs (PINGPONG: num_warps is its first warpgroup's; the second
+    and the TMA warp are worker partitions)."""
+    consts = dict(SQ=sq, H=h, CAUSAL=causal, FINAL=final)
+    if schedule == "pingpong":
+        return _mla_ws_kernel, dict(consts, num_warps=4)
+    return _mla_sm90_kernel, dict(consts, OVERLAP=schedule == "overlap", num_warps=NUM_WARPS)
 
 
 def _index(device: torch.device) -> int:
@@ -394,11 +611,12 @@ def supports_mla_decode_sm90(q, kv_cache, block_table, seqused_k, indices, layou
 
 
 def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim: int, softmax_scale: float,
-               causal: bool, window_left: int, num_splits: int, *, overlap: bool = False):
+               causal: bool, window_left: int, num_splits: int, *, schedule: str = "serial"):
     """(out (B, Sq, H, 512) bf16, lse (B, Sq, H) fp32); see the module docstring. Call
     `supports_mla_decode_sm90` first (the dispatcher does). num_splits <= 0 picks the split count from static
-    sizes. overlap: the OVERLAP schedule (`_tile_overlap`: the softmax of tile t under P V of tile t - 1, the
-    refill later); not yet timed against the default."""
+    sizes. schedule: one of SCHEDULES (the module docstring)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"lowbit.{OP} (sm_90 Gluon): schedule {schedule!r} is not one of {SCHEDULES}")
     check_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal,
                      window_left, num_splits)
     reason = supports_mla_decode_sm90(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale,
@@ -425,11 +643,12 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
         q2d = q2d.contiguous()
     if block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
-    launch(_mla_sm90_kernel, (m_blocks, bsz, splits),
+    kernel, consts = _kernel_and_consts(sq, h, bool(causal), splits == 1, schedule)
+    launch(kernel, (m_blocks, bsz, splits),
         *_descriptors(q2d, _cache_2d(kv_cache)), block_table, seqused_k, o_buf, l_buf,
         float(softmax_scale) * LOG2E, kv_cache.shape[0], pps, max_pages, block_table.stride(0),
         o_buf.stride(0), o_buf.stride(1), o_buf.stride(2), o_sp, l_buf.stride(0), l_buf.stride(1), l_buf.stride(2),
-        l_sp, SQ=sq, H=h, CAUSAL=bool(causal), FINAL=splits == 1, OVERLAP=bool(overlap), num_warps=NUM_WARPS)
+        l_sp, **consts)
     reduce_splits(o_buf, l_buf, out, lse, 4096)
     return out, lse
 
@@ -438,7 +657,7 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
 
 
 def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = False, any_version: bool = False,
-                 overlap: bool = False):
+                 schedule: str = "serial"):
     """Compile the kernel for sm_90a without a GPU (host tensors only describe the arguments); returns Triton's
     compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`, `.metadata`). For tests and inspection. any_version: compile
     with a Triton other than the one the kernel is run with (3.6), as a check of the source's portability."""
@@ -457,5 +676,5 @@ def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = F
                 qk_scale=0.1, num_blocks=nb, pages_per_split=2, max_pages=max_pages, bt_sb=max_pages,
                 o_sb=out.stride(0), o_ss=out.stride(1), o_sh=out.stride(2), o_sp=out.stride(3), l_sb=lse.stride(0),
                 l_ss=lse.stride(1), l_sh=lse.stride(2), l_sp=lse.stride(3))
-    consts = dict(SQ=sq, H=h, CAUSAL=causal, FINAL=final, OVERLAP=overlap, num_warps=NUM_WARPS)
-    return compile_gluon_sm90(_mla_sm90_kernel, args, consts, ("num_blocks", "pages_per_split"))
+    kernel, consts = _kernel_and_consts(sq, h, causal, final, schedule)
+    return compile_gluon_sm90(kernel, args, consts, ("num_blocks", "pages_per_split"))
