@@ -2,13 +2,15 @@
 
 * CPU: compile for sm_90a in a fresh process with Triton 3.6 (LOWBIT_TRITON36_PATH, or the installed Triton when it
   is 3.6.x), and with the installed Triton when it is another version (the source's portability), and check the
-  machine code: wgmma, TMA and mbarrier waits in the PTX; HGMMA (64x32 for S, 64x256 for O: the two warpgroups
-  split both), UTMALDG, SYNCS (mbarrier), no local-memory spills, wgmma not serialized by ptxas, shared memory
-  within an H100's.
+  machine code of each schedule: wgmma, TMA and mbarrier waits in the PTX; HGMMA (serial / overlap: 64x32 for S,
+  64x256 for O, the two warpgroups split both; pingpong: 64x64 S of a warpgroup's own tiles, 64x256 O, and
+  setmaxnreg between the partitions), UTMALDG, SYNCS (mbarrier), no local-memory spills, wgmma not serialized by
+  ptxas, shared memory within an H100's.
 * CPU: the refusal predicate and the split rule.
 * GPU (-m gpu, an sm_90 device): H = 128 / 64 / 16, Sq 1..4 folded into the rows, causal or not, lengths 0 / 1 /
   page edges / 8k, permuted pages, garbage and out-of-range page ids, NaN in every cache slot no sequence
-  writes, split counts 1..7 and auto, the dispatcher's choice, a CUDA graph replayed with new lengths.
+  writes, split counts 1..7 and auto, every schedule, the dispatcher's choice, a CUDA graph replayed with new
+  lengths.
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ _COMPILE = textwrap.dedent("""
     from tests.helpers import sass_stats
     from triton_ops.attention import mla_sm90 as M
     res = {"triton": triton.__version__, "configs": []}
-    for sq, h, causal, final, ov in ((1, 128, True, False, False), (2, 128, True, True, False),
-                                     (3, 16, False, False, False), (1, 128, True, False, True),
-                                     (2, 128, True, True, True)):
-        c = M.compile_sm90(sq, h, causal, final, any_version=True, overlap=ov)
+    for sq, h, causal, final, sched in ((1, 128, True, False, "serial"), (2, 128, True, True, "serial"),
+                                        (3, 16, False, False, "serial"), (1, 128, True, False, "overlap"),
+                                        (2, 128, True, True, "overlap"), (1, 128, True, False, "pingpong"),
+                                        (2, 128, True, True, "pingpong"), (3, 16, False, False, "pingpong")):
+        c = M.compile_sm90(sq, h, causal, final, any_version=True, schedule=sched)
         ptx = c.asm["ptx"]
-        res["configs"].append({"cfg": [sq, h, causal, final, ov], "wgmma": ptx.count("wgmma.mma_async"),
-                               "tma": ptx.count("cp.async.bulk.tensor"), "mbar_wait": ptx.count("mbarrier.try_wait"),
+        res["configs"].append({"cfg": [sq, h, causal, final, sched], "wgmma": ptx.count("wgmma.mma_async"),
+                               "tma": ptx.count("cp.async.bulk.tensor"), "setmaxnreg": ptx.count("setmaxnreg"),
+                               "mbar_wait": ptx.count("mbarrier.try_wait"),
                                "smem": c.metadata.shared, "sass": sass_stats(c.asm["cubin"])})
     print(json.dumps(res))
 """)
@@ -51,20 +55,28 @@ _COMPILE = textwrap.dedent("""
 def _check_compile(env, spills_ok=False):
     res = run_compile_json(_COMPILE, env)
     for r in res["configs"]:
-        what = f"triton {res['triton']} (Sq, H, causal, final, overlap) = {r['cfg']}"
+        what = f"triton {res['triton']} (Sq, H, causal, final, schedule) = {r['cfg']}"
+        sched = r["cfg"][4]
         assert r["wgmma"] > 0 and r["tma"] > 0 and r["mbar_wait"] > 0, f"{what}: {r}"
         assert r["smem"] <= 232448, f"{what}: {r['smem']} bytes of shared memory"
         sass = r["sass"]
         if sass is None:
             continue  # no cuobjdump / nvdisasm with this Triton: PTX checks only
         shapes = sass["HGMMA_shapes"]
-        assert set(shapes) == {"64x32x16", "64x256x16"}, f"{what}: the warpgroups do not split S and O: {sass}"
+        if sched == "pingpong":  # each warpgroup: the whole S of its tiles, its 256 columns of O
+            assert set(shapes) == {"64x64x16", "64x256x16"}, f"{what}: {sass}"
+            assert r["setmaxnreg"] > 0, f"{what}: no register reallocation between the partitions"
+        else:
+            assert set(shapes) == {"64x32x16", "64x256x16"}, f"{what}: the warpgroups do not split S and O: {sass}"
         assert sass["UTMALDG"] > 0 and sass["SYNCS"] > 0, f"{what}: {sass}"
         assert spills_ok or (sass["STL"] == 0 and sass["LDL"] == 0), f"{what}: register spills {sass}"
         # ptxas serializes wgmma (a wait after every HGMMA) when it cannot prove an accumulator is left alone
-        # while its MMA runs; the kernel waits twice per key tile (S, then P V) in each of its three tile copies.
+        # while its MMA runs; the kernel waits twice per key tile (S, then P V) in each of its three tile copies
+        # (PINGPONG: one full wait per P V site, 8 in all).
         assert sass["wait0"] < sass["HGMMA"] // 4, f"{what}: wgmma serialized by ptxas: {sass}"
-        if r["cfg"][4]:  # the overlap schedule: the softmax (16 exponentials per thread) between the two waits
+        if sched == "pingpong":  # S of the own tile waited with the other tile's P V still running
+            assert sass["ex2_between_waits"], f"{what}: {sass}"
+        if sched == "overlap":  # the softmax (16 exponentials per thread) between the two waits
             assert sass["ex2_between_waits"] and min(sass["ex2_between_waits"]) >= 8, f"{what}: {sass}"
     return res
 
@@ -154,10 +166,10 @@ def test_gpu_matches_reference(lens, sq, h, causal, splits):
     assert M.supports_mla_decode_sm90(*c.args()) is None, M.supports_mla_decode_sm90(*c.args())
     want = c.reference()
     for s in splits:
-        for ov in (False, True):
-            out, lse = M.mla_decode(*c.args(s), overlap=ov)
+        for sched in M.SCHEDULES:
+            out, lse = M.mla_decode(*c.args(s), schedule=sched)
             assert_attention_close(out, lse, *want, f"sm90 gluon lens={lens} Sq={sq} H={h} causal={causal} "
-                                                    f"splits={s} overlap={ov}")
+                                                    f"splits={s} schedule={sched}")
 
 
 @pytest.mark.gpu
@@ -172,9 +184,9 @@ def test_gpu_bad_page_ids_are_masked_keys():
                   bad_entries=[(0, 0, -1), (0, 5, nb), (1, 2, 2**30), (2, 2, -(2**30))])
     want = c.reference()
     for s in (0, 1, 2):
-        for ov in (False, True):
-            out, lse = M.mla_decode(*c.args(s), overlap=ov)
-            assert_attention_close(out, lse, *want, f"bad page ids, splits={s} overlap={ov}")
+        for sched in M.SCHEDULES:
+            out, lse = M.mla_decode(*c.args(s), schedule=sched)
+            assert_attention_close(out, lse, *want, f"bad page ids, splits={s} schedule={sched}")
 
 
 @pytest.mark.gpu
@@ -201,26 +213,26 @@ def test_gpu_dispatch_routes_by_argument():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("schedule", M.SCHEDULES)
 @pytest.mark.parametrize("splits", [0, 1])
-def test_gpu_cuda_graph_new_lengths(splits, overlap):
+def test_gpu_cuda_graph_new_lengths(splits, schedule):
     """Capture once, then change seqused_k in place between replays: the result follows."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU")
     g = np.random.default_rng(34)
     c = make_case(g, layout="bf16", batch=3, lens=[4096] * 3, sq=2, h=128, bs=64, max_blocks=64, device="cuda")
     args = c.args(splits)
-    M.mla_decode(*args, overlap=overlap)  # compile outside the capture
+    M.mla_decode(*args, schedule=schedule)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out, lse = M.mla_decode(*args, overlap=overlap)
+        out, lse = M.mla_decode(*args, schedule=schedule)
     for lens in ([3000, 4096, 5], [1, 0, 4095], [4096, 17, 2048]):
         c.seqused_k.copy_(torch.tensor(lens, dtype=torch.int32))
         graph.replay()
         torch.cuda.synchronize()
         assert_attention_close(out, lse, *c.reference(), f"graph replay lens={lens} splits={splits} "
-                                                         f"overlap={overlap}")
+                                                         f"schedule={schedule}")
     assert math.isfinite(float(out.float().abs().max()))
 
 
@@ -251,3 +263,9 @@ def test_launcher_dry_run(monkeypatch):
     M.mla_decode(*c.args(1))
     (grid, args, kw), = seen  # one split: bf16 straight into out, no reduction
     assert grid == (2, 3, 1) and kw["FINAL"] is True and args[6].dtype == torch.bfloat16
+    seen.clear()
+    M.mla_decode(*c.args(3), schedule="pingpong")  # the same arguments, the warp-specialized kernel
+    (grid, args, kw), _ = seen
+    assert grid == (2, 3, 3) and kw["num_warps"] == 4 and "OVERLAP" not in kw and kw["FINAL"] is False
+    with pytest.raises(ValueError, match="schedule"):
+        M.mla_decode(*c.args(3), schedule="fast")

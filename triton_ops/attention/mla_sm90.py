@@ -24,9 +24,21 @@ Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
   refill the buffer with tile t + 2. A tile is resident for one iteration and its successor's load has a whole
   iteration to land. No wgmma is in flight across the loop's back edge: carrying one (P V of tile t overlapping
   S of tile t + 1) makes ptxas serialize every wgmma of the kernel (C7514), which the compile test checks.
-  OVERLAP (`mla_decode(..., overlap=True)`, FA3's intra-warpgroup overlap, as prefill_sm90.py): issue S_t, then
-  P_{t-1} V_{t-1}; the softmax of tile t runs under that MMA; a tile is then resident from its S to the next
-  step's P V, so its successor's refill is issued mid-step (less time to land). Which wins is for the GPU to say.
+* Schedules (`mla_decode(..., schedule=)`, SCHEDULES; "serial" is the default):
+  SERIAL: the iteration above.
+  OVERLAP (FA3's intra-warpgroup overlap, as prefill_sm90.py): issue S_t, then P_{t-1} V_{t-1}; the softmax of
+  tile t runs under that MMA; a tile is then resident from its S to the next step's P V, so its successor's refill
+  is issued mid-step (less time to land). Slower than SERIAL on an H200 (0.81-0.90x).
+  PINGPONG (`_mla_ws_kernel`, FlashMLA's sm90 structure in Gluon's warp_specialize): a TMA partition (4 warps, 24
+  registers) loads Q and then tile t into buffer t % 2 once both compute warpgroups released tile t - 2; compute
+  warpgroup w (240 registers each, setmaxnreg) owns the tiles t = w (mod 2): it computes their whole S (64 x 64,
+  wgmma 64x64) and softmax, while O stays split by columns (each warpgroup 64 x 256, all tiles). The softmax chain
+  crosses warpgroups: the owner of tile t takes the running (m, l) after tile t - 1 from shared memory, writes P_t
+  (bf16) over the RoPE part of tile t's buffer (free once S_t is done: no extra P buffer, so Q + 2 tiles = 216 KB)
+  and (m_t, l_t), and signals one mbarrier; both warpgroups then rescale their O and add P_t V_t. A warpgroup's
+  step (`_ws_pair`) issues S of its next tile, then the P V of the other's tile, runs its softmax under that MMA,
+  publishes, adds its own P V: while one warpgroup does a softmax the other keeps the tensor cores busy. Buffers
+  are released (empty mbarrier, two arrivals) after each warpgroup's last MMA on them.
 * Masking: page ids outside [0, num_blocks) load from row num_blocks * 64, past the TMA view's end: the tile is
   zero filled (never read out of bounds) and its keys are masked. Keys past the sequence length in its last page
   are masked, and (cache slots no sequence writes may hold anything, NaN included: 0 x NaN would leak into
