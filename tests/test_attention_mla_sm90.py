@@ -40,7 +40,9 @@ _COMPILE = textwrap.dedent("""
     for sq, h, causal, final, sched in ((1, 128, True, False, "serial"), (2, 128, True, True, "serial"),
                                         (3, 16, False, False, "serial"), (1, 128, True, False, "overlap"),
                                         (2, 128, True, True, "overlap"), (1, 128, True, False, "pingpong"),
-                                        (2, 128, True, True, "pingpong"), (3, 16, False, False, "pingpong")):
+                                        (2, 128, True, True, "pingpong"), (3, 16, False, False, "pingpong"),
+                                        (1, 128, True, False, "pingpong_pv_first"),
+                                        (2, 128, True, True, "pingpong_pv_first")):
         c = M.compile_sm90(sq, h, causal, final, any_version=True, schedule=sched)
         ptx = c.asm["ptx"]
         res["configs"].append({"cfg": [sq, h, causal, final, sched], "wgmma": ptx.count("wgmma.mma_async"),
@@ -63,7 +65,7 @@ def _check_compile(env, spills_ok=False):
         if sass is None:
             continue  # no cuobjdump / nvdisasm with this Triton: PTX checks only
         shapes = sass["HGMMA_shapes"]
-        if sched == "pingpong":  # each warpgroup: the whole S of its tiles, its 256 columns of O
+        if sched.startswith("pingpong"):  # each warpgroup: the whole S of its tiles, its 256 columns of O
             assert set(shapes) == {"64x64x16", "64x256x16"}, f"{what}: {sass}"
             assert r["setmaxnreg"] > 0, f"{what}: no register reallocation between the partitions"
         else:

@@ -39,6 +39,9 @@ Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
   step (`_ws_pair`) issues S of its next tile, then the P V of the other's tile, runs its softmax under that MMA,
   publishes, adds its own P V: while one warpgroup does a softmax the other keeps the tensor cores busy. Buffers
   are released (empty mbarrier, two arrivals) after each warpgroup's last MMA on them.
+  PINGPONG_PV_FIRST: the same, but the P V of the other's tile is issued before waiting for the own tile's load
+  (which lands that much later without a stall: with two buffers a tile's refill can only start once both
+  warpgroups are done with the tile before it) and retires with S, releasing its buffer before the softmax.
 * Masking: page ids outside [0, num_blocks) load from row num_blocks * 64, past the TMA view's end: the tile is
   zero filled (never read out of bounds) and its keys are masked. Keys past the sequence length in its last page
   are masked, and (cache slots no sequence writes may hold anything, NaN included: 0 x NaN would leak into
@@ -102,7 +105,7 @@ BLOCK_M: tl.constexpr = tl.constexpr(ROWS)
 D_NOPE: tl.constexpr = tl.constexpr(NOPE)
 ROPE_W: tl.constexpr = tl.constexpr(DS_ROPE)
 MAX_SPLITS = 64
-SCHEDULES = ("serial", "overlap", "pingpong")  # see the module docstring; "serial" is the default
+SCHEDULES = ("serial", "overlap", "pingpong", "pingpong_pv_first")  # see the module docstring; "serial" is the default
 MIN_SPLIT_PAGES = 4  # below 256 keys a split no longer pays for its partials and the merge
 
 
@@ -381,14 +384,17 @@ def _ws_release(o, bar):
 
 
 @gluon.jit
-def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_smem,
-             kn_smem, kr_smem, ml_smem, full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos, qk_scale,
-             CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_FIRST: gl.constexpr, o, m_i, l_i,
+             q_smem, qr_smem, kn_smem, kr_smem, ml_smem, full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk,
+             q_pos, qk_scale, CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
     """Warpgroup W's share of tiles j (the other warpgroup's) and j + 1 (its own: HAS_OWN). Issue S_{j+1} =
     Q K_{j+1}^T; consume P_j (`_ws_other`); the softmax of tile j + 1, chained on (m_j, l_j); publish P_{j+1} and
     (m_{j+1}, l_{j+1}) and issue O += P_{j+1} V_{j+1}. OTHER = 0: no tile j (warpgroup 0's tile 0). The P V of
-    tile j runs under the softmax of tile j + 1; every MMA retires inside the call (nothing in flight across a
-    back edge)."""
+    tile j runs under the softmax of tile j + 1; PV_FIRST: P V of tile j is issued before the wait for tile
+    j + 1's load (which gets that much more time to land) and retires with S (the softmax then runs beside the
+    other warpgroup's MMAs only). Every MMA retires inside the call (nothing in flight across a back edge)."""
+    if OTHER and PV_FIRST:
+        o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, s_layout, o_layout)
     if HAS_OWN:
         t = j + 1
         slot = t % 2
@@ -401,14 +407,16 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, o, 
         s = warpgroup_mma(q_smem.index(t >> 30), kn_smem.index(slot).permute((1, 0)),
                           gl.zeros([BLOCK_M, PAGE], gl.float32, s_layout), use_acc=False, is_async=True)
         s = warpgroup_mma(qr_smem.index(t >> 30), kr_smem.index(slot).permute((1, 0)), s, is_async=True)
-    if OTHER:
+    if OTHER and not PV_FIRST:
         o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, s_layout, o_layout)
     if HAS_OWN:
         page = gl.load(bt_row + p0 + t)
-        s = warpgroup_mma_wait(0 + OTHER, deps=(s, ))  # S done; P_j V_j may still run
+        s = warpgroup_mma_wait(0 + (OTHER and not PV_FIRST), deps=(s, ))  # S done; P_j V_j may still run
+        if OTHER and PV_FIRST:  # P_j V_j retired with S: release tile j before the softmax
+            o = _ws_release(o, empty.index(j % 2))
         p, m_i, l_i, alpha = _softmax_tile(s, k0, lo, hi, (page >= 0) & (page < num_blocks), q_pos, m_i, l_i,
                                            qk_scale, CAUSAL)
-    if OTHER:
+    if OTHER and not (HAS_OWN and PV_FIRST):
         o = _ws_release(o, empty.index(j % 2))
     if HAS_OWN:
         o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
@@ -427,7 +435,7 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, o, 
 def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row,
                 p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh,
                 o_sp, l_sb, l_ss, l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr,
-                FINAL: gl.constexpr):
+                FINAL: gl.constexpr, PV_FIRST: gl.constexpr):
     """Compute warpgroup W of PINGPONG: the S and softmax of tiles t = W (mod 2), O columns [256 W, 256 W + 256)
     of every tile, then its half of the epilogue."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -443,20 +451,20 @@ def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_b
     if n_tiles > 0:
         mbarrier.wait(q_bar, 0)
         if W == 0:  # tile 0: warpgroup 0's, no other tile before it
-            o, m_i, l_i = _ws_pair(-1, False, True, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, full,
-                                   sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL,
-                                   s_layout, o_layout)
+            o, m_i, l_i = _ws_pair(-1, False, True, W, PV_FIRST, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
+                                   ml_smem, full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos,
+                                   qk_scale, CAUSAL, s_layout, o_layout)
         # pairs (j, j + 1), j the other warpgroup's tile: j = 1, 3, ... (warpgroup 0), 0, 2, ... (1)
         n_pairs = (n_tiles - 1 + W) // 2
         for i in range(n_pairs):
-            o, m_i, l_i = _ws_pair(2 * i + 1 - W, True, True, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
-                                   ml_smem, full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos,
+            o, m_i, l_i = _ws_pair(2 * i + 1 - W, True, True, W, PV_FIRST, o, m_i, l_i, q_smem, qr_smem, kn_smem,
+                                   kr_smem, ml_smem, full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos,
                                    qk_scale, CAUSAL, s_layout, o_layout)
         j_last = 2 * n_pairs + 1 - W
         if j_last == n_tiles - 1:  # the last tile is the other warpgroup's: its P V alone
-            o, m_i, l_i = _ws_pair(j_last, True, False, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem,
-                                   full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL,
-                                   s_layout, o_layout)
+            o, m_i, l_i = _ws_pair(j_last, True, False, W, PV_FIRST, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
+                                   ml_smem, full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos,
+                                   qk_scale, CAUSAL, s_layout, o_layout)
     # Epilogue (as the other schedules'): this warpgroup's 256 columns; warpgroup 0 writes the LSE.
     seen = l_i > 0.0
     inv = gl.convert_layout(gl.where(seen, 1.0 / l_i, 0.0), gl.SliceLayout(1, o_layout), assert_trivial=True)
@@ -479,26 +487,28 @@ def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_b
 @gluon.jit
 def _ws_compute0(q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row, p0, n_tiles,
                  num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
-                 l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr):
+                 l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr,
+                 PV_FIRST: gl.constexpr):
     _ws_compute(0, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row, p0, n_tiles,
                 num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
-                l_sh, l_sp, SQ, H, CAUSAL, FINAL)
+                l_sh, l_sp, SQ, H, CAUSAL, FINAL, PV_FIRST)
 
 
 @gluon.jit
 def _ws_compute1(q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row, p0, n_tiles,
                  num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
-                 l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr):
+                 l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr,
+                 PV_FIRST: gl.constexpr):
     _ws_compute(1, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row, p0, n_tiles,
                 num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
-                l_sh, l_sp, SQ, H, CAUSAL, FINAL)
+                l_sh, l_sp, SQ, H, CAUSAL, FINAL, PV_FIRST)
 
 
 @gluon.jit(do_not_specialize=["num_blocks", "pages_per_split"])
 def _mla_ws_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, lse_ptr, qk_scale, num_blocks,
                    pages_per_split, max_pages, bt_sb, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp,
                    SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr,
-                   num_warps: gl.constexpr):
+                   PV_FIRST: gl.constexpr, num_warps: gl.constexpr):
     """PINGPONG: the TMA loads (this partition, 4 warps) and the two compute warpgroups (worker partitions)."""
     b = gl.program_id(1)
     split = gl.program_id(2)
@@ -525,10 +535,12 @@ def _mla_ws_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, 
                                         full, empty, bt_row, q_row, p0, n_tiles, num_blocks)),
                         (_ws_compute0, (q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row,
                                         p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr,
-                                        o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL)),
+                                        o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL,
+                                        PV_FIRST)),
                         (_ws_compute1, (q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row,
                                         p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr,
-                                        o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL))],
+                                        o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL,
+                                        PV_FIRST))],
                        [4, 4], [WS_REGS, WS_REGS])
 
 
@@ -572,8 +584,8 @@ def _kernel_and_consts(sq: int, h: int, causal: bool, final: bool, schedule: str
     """The kernel of `schedule` and its constexprs (PINGPONG: num_warps is its first warpgroup's; the second
     and the TMA warp are worker partitions)."""
     consts = dict(SQ=sq, H=h, CAUSAL=causal, FINAL=final)
-    if schedule == "pingpong":
-        return _mla_ws_kernel, dict(consts, num_warps=4)
+    if schedule.startswith("pingpong"):
+        return _mla_ws_kernel, dict(consts, PV_FIRST=schedule == "pingpong_pv_first", num_warps=4)
     return _mla_sm90_kernel, dict(consts, OVERLAP=schedule == "overlap", num_warps=NUM_WARPS)
 
 
