@@ -234,6 +234,31 @@ def _tile_overlap(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bar
 
 
 @gluon.jit
+def _store_out(o, m_i, l_i, rows, col0, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp,
+               SQ: gl.constexpr, H: gl.constexpr, FINAL: gl.constexpr, LSE: gl.constexpr):
+    """Epilogue: O / l into columns col0.. of the output (bf16 when FINAL, else the fp32 split partial) and (LSE)
+    the log-sum-exp; l = 0 where no key was seen (O is 0 there too): out 0, lse -inf. Stores straight from the
+    wgmma layout with a row mask (rows past Sq * H belong to the next sequence, or nothing)."""
+    o_layout: gl.constexpr = o.type.layout
+    seen = l_i > 0.0
+    inv = gl.convert_layout(gl.where(seen, 1.0 / l_i, 0.0), gl.SliceLayout(1, o_layout), assert_trivial=True)
+    o = o * gl.expand_dims(inv, 1)
+    o_rows = gl.convert_layout(rows, gl.SliceLayout(1, o_layout), assert_trivial=True)
+    o_cols = col0 + gl.arange(0, o.shape[1], layout=gl.SliceLayout(0, o_layout))
+    o_off = (b.to(gl.int64) * o_sb + (o_rows // H) * o_ss + (o_rows % H) * o_sh + split * o_sp)
+    o_ptrs = out_ptr + gl.expand_dims(o_off, 1) + gl.expand_dims(o_cols, 0)
+    o_mask = gl.expand_dims(o_rows < SQ * H, 1)
+    if FINAL:
+        gl.store(o_ptrs, o.to(gl.bfloat16), mask=o_mask)
+    else:
+        gl.store(o_ptrs, o, mask=o_mask)
+    if LSE:
+        lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        gl.store(lse_ptr + b.to(gl.int64) * l_sb + (rows // H) * l_ss + (rows % H) * l_sh + split * l_sp, lse,
+                 mask=rows < SQ * H)
+
+
+@gluon.jit
 def _key_span(seq_ptr, b, split, r0, pages_per_split, max_pages, SQ: gl.constexpr, H: gl.constexpr,
               CAUSAL: gl.constexpr):
     """Sequence b's length sk and the keys [lo, hi) that row block r0.. of split `split` sees: tiles p0.. (n)."""
@@ -314,23 +339,8 @@ def _mla_sm90_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr
             o = warpgroup_mma(p_smem, kn_smem.index((n_tiles - 1) % 2), o, is_async=True)
             o = warpgroup_mma_wait(0, deps=(o, ))
 
-    # Epilogue: l = 0 where no key was seen (O is 0 there too): out 0, lse -inf. Stores straight from the wgmma
-    # layout with a row mask (rows past Sq * H belong to the next sequence, or nothing).
-    seen = l_i > 0.0
-    lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
-    inv = gl.convert_layout(gl.where(seen, 1.0 / l_i, 0.0), gl.SliceLayout(1, o_layout), assert_trivial=True)
-    o = o * gl.expand_dims(inv, 1)
-    o_rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    o_cols = gl.arange(0, D_NOPE, layout=gl.SliceLayout(0, o_layout))
-    o_off = (b.to(gl.int64) * o_sb + (o_rows // H) * o_ss + (o_rows % H) * o_sh + split * o_sp)
-    o_ptrs = out_ptr + gl.expand_dims(o_off, 1) + gl.expand_dims(o_cols, 0)
-    o_mask = gl.expand_dims(o_rows < SQ * H, 1)
-    if FINAL:
-        gl.store(o_ptrs, o.to(gl.bfloat16), mask=o_mask)
-    else:
-        gl.store(o_ptrs, o, mask=o_mask)
-    gl.store(lse_ptr + b.to(gl.int64) * l_sb + (rows // H) * l_ss + (rows % H) * l_sh + split * l_sp, lse,
-             mask=rows < SQ * H)
+    _store_out(o, m_i, l_i, rows, 0, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H,
+               FINAL, True)
 
 
 # ------------------------------------------------------------------------------------------- PINGPONG schedule
@@ -465,43 +475,9 @@ def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_b
             o, m_i, l_i = _ws_pair(j_last, True, False, W, PV_FIRST, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
                                    ml_smem, full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos,
                                    qk_scale, CAUSAL, s_layout, o_layout)
-    # Epilogue (as the other schedules'): this warpgroup's 256 columns; warpgroup 0 writes the LSE.
-    seen = l_i > 0.0
-    inv = gl.convert_layout(gl.where(seen, 1.0 / l_i, 0.0), gl.SliceLayout(1, o_layout), assert_trivial=True)
-    o = o * gl.expand_dims(inv, 1)
-    o_rows = r0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    o_cols = W * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
-    o_off = (b.to(gl.int64) * o_sb + (o_rows // H) * o_ss + (o_rows % H) * o_sh + split * o_sp)
-    o_ptrs = out_ptr + gl.expand_dims(o_off, 1) + gl.expand_dims(o_cols, 0)
-    o_mask = gl.expand_dims(o_rows < SQ * H, 1)
-    if FINAL:
-        gl.store(o_ptrs, o.to(gl.bfloat16), mask=o_mask)
-    else:
-        gl.store(o_ptrs, o, mask=o_mask)
-    if W == 0:
-        lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
-        gl.store(lse_ptr + b.to(gl.int64) * l_sb + (rows // H) * l_ss + (rows % H) * l_sh + split * l_sp, lse,
-                 mask=rows < SQ * H)
-
-
-@gluon.jit
-def _ws_compute0(q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row, p0, n_tiles,
-                 num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
-                 l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr,
-                 PV_FIRST: gl.constexpr):
-    _ws_compute(0, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row, p0, n_tiles,
-                num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
-                l_sh, l_sp, SQ, H, CAUSAL, FINAL, PV_FIRST)
-
-
-@gluon.jit
-def _ws_compute1(q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row, p0, n_tiles,
-                 num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
-                 l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr,
-                 PV_FIRST: gl.constexpr):
-    _ws_compute(1, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row, p0, n_tiles,
-                num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
-                l_sh, l_sp, SQ, H, CAUSAL, FINAL, PV_FIRST)
+    # Epilogue: this warpgroup's 256 columns; warpgroup 0 writes the LSE.
+    _store_out(o, m_i, l_i, rows, W * HALF, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh,
+               l_sp, SQ, H, FINAL, W == 0)
 
 
 @gluon.jit(do_not_specialize=["num_blocks", "pages_per_split"])
@@ -533,14 +509,14 @@ def _mla_ws_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, 
     # (The argument tuples are written out: a tuple assigned to a variable turns its constexprs into tensors.)
     gl.warp_specialize([(_ws_producer, (q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem, q_bar,
                                         full, empty, bt_row, q_row, p0, n_tiles, num_blocks)),
-                        (_ws_compute0, (q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row,
-                                        p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr,
-                                        o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL,
-                                        PV_FIRST)),
-                        (_ws_compute1, (q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row,
-                                        p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr,
-                                        o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL,
-                                        PV_FIRST))],
+                        (_ws_compute, (0, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty,
+                                       bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr,
+                                       lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL,
+                                       PV_FIRST)),
+                        (_ws_compute, (1, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty,
+                                       bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr,
+                                       lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL,
+                                       PV_FIRST))],
                        [4, 4], [WS_REGS, WS_REGS])
 
 
