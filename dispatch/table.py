@@ -60,9 +60,9 @@ ATTN_DECODE_WHY = "GQA heads packed per KV head; page tiles; split-KV, LSE-merge
 # The GPU backend of mla_decode for every call the sm_90 Gluon row (MLA_SM90_WHY) refuses.
 MLA_DECODE_WHY = "heads sharing keys packed per tile (wgmma on sm_90); FP8 dequant in registers; 0.33-0.45x FlashMLA"
 # sm_90 Gluon MLA decode (triton_ops/attention/mla_sm90.py): FlashMLA's structure (Q resident in shared memory, one TMA
-# page tile serving K and V, two warpgroups splitting S and O); bf16 dense cache, D 576, page 64 only. Compiled and
-# SASS-checked on CPU (Triton 3.6); not yet timed on a GPU. Ranked above the portable kernel for its structure.
-MLA_SM90_WHY = "Gluon TMA page tiles + warpgroup MMA, Q resident (sm_90a, Triton 3.6): bf16 dense cache; untimed"
+# page tile serving K and V, two warpgroups splitting S and O); bf16 dense cache, D 576, page 64 only. H200 at
+# 8b63d6c (default schedule): 2.1-2.3x the portable kernel, 0.63-0.67x FlashMLA (docs/attention.md).
+MLA_SM90_WHY = "Gluon TMA page tiles + warpgroup MMA, Q resident (sm_90a, Triton 3.6): bf16 dense; 0.63-0.67x FlashMLA"
 # H100 at 26c069c: decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped GEMMs; prefill (256 rows
 # / expert) 0.47-0.69x them (untuned tiles; docs/moe_gemm.md).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
@@ -293,7 +293,8 @@ ROWS: tuple[Entry, ...] = (
           REFERENCE_WHY),
     # sm_90: gather the used pages into contiguous K / V, then the cute forward (ATTN_PAGED_GATHER_WHY).
     Entry("attention_prefill_paged", "cute", ("sm_90",), "cute_ops.attention.paged_prefill:attention_prefill_paged",
-          CUTE_MEASURED_FASTER, ATTN_PAGED_GATHER_WHY, "cute_ops.attention.paged_prefill:supports_attention_prefill_paged"),
+          CUTE_MEASURED_FASTER, ATTN_PAGED_GATHER_WHY,
+          "cute_ops.attention.paged_prefill:supports_attention_prefill_paged"),
     *triton_rows("attention_prefill_paged", "triton_ops.attention.prefill:attention_prefill_paged", ATTN_TL_WHY,
                  supports="triton_ops.attention.prefill:supports_attention_prefill_paged"),
     Entry("attention_prefill_paged", "torch", ALL, "dispatch.reference.attention:attention_prefill_paged",
