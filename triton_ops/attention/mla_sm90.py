@@ -39,9 +39,10 @@ Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
   step (`_ws_pair`) issues S of its next tile, then the P V of the other's tile, runs its softmax under that MMA,
   publishes, adds its own P V: while one warpgroup does a softmax the other keeps the tensor cores busy. Buffers
   are released (empty mbarrier, two arrivals) after each warpgroup's last MMA on them.
-  PINGPONG_PV_FIRST: the same, but the P V of the other's tile is issued before waiting for the own tile's load
-  (which lands that much later without a stall: with two buffers a tile's refill can only start once both
-  warpgroups are done with the tile before it) and retires with S, releasing its buffer before the softmax.
+  PINGPONG_PV_FIRST: the same, but the P V of the other's tile runs and its buffer is released before waiting for
+  the own tile's load. With two buffers the refill of tile t + 2 can only start once both warpgroups are done with
+  tile t; in PINGPONG the other warpgroup's release of tile t waits behind its own next tile's load (S first),
+  which couples the loads; here it does not.
 * Masking: page ids outside [0, num_blocks) load from row num_blocks * 64, past the TMA view's end: the tile is
   zero filled (never read out of bounds) and its keys are masked. Keys past the sequence length in its last page
   are masked, and (cache slots no sequence writes may hold anything, NaN included: 0 x NaN would leak into
@@ -400,11 +401,13 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
     """Warpgroup W's share of tiles j (the other warpgroup's) and j + 1 (its own: HAS_OWN). Issue S_{j+1} =
     Q K_{j+1}^T; consume P_j (`_ws_other`); the softmax of tile j + 1, chained on (m_j, l_j); publish P_{j+1} and
     (m_{j+1}, l_{j+1}) and issue O += P_{j+1} V_{j+1}. OTHER = 0: no tile j (warpgroup 0's tile 0). The P V of
-    tile j runs under the softmax of tile j + 1; PV_FIRST: P V of tile j is issued before the wait for tile
-    j + 1's load (which gets that much more time to land) and retires with S (the softmax then runs beside the
-    other warpgroup's MMAs only). Every MMA retires inside the call (nothing in flight across a back edge)."""
-    if OTHER and PV_FIRST:
+    tile j runs under the softmax of tile j + 1; PV_FIRST: P V of tile j runs (and tile j is released) before the
+    wait for tile j + 1's load, so a late load never holds up the release that the refill of tile j + 2 waits for
+    (the softmax then runs beside the other warpgroup's MMAs only). Every MMA retires inside the call (nothing in
+    flight across a back edge)."""
+    if OTHER and PV_FIRST:  # P_j V_j retired and tile j released before this warpgroup waits for its own tile
         o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, s_layout, o_layout)
+        o = _ws_release(o, empty.index(j % 2))
     if HAS_OWN:
         t = j + 1
         slot = t % 2
@@ -422,11 +425,9 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
     if HAS_OWN:
         page = gl.load(bt_row + p0 + t)
         s = warpgroup_mma_wait(0 + (OTHER and not PV_FIRST), deps=(s, ))  # S done; P_j V_j may still run
-        if OTHER and PV_FIRST:  # P_j V_j retired with S: release tile j before the softmax
-            o = _ws_release(o, empty.index(j % 2))
         p, m_i, l_i, alpha = _softmax_tile(s, k0, lo, hi, (page >= 0) & (page < num_blocks), q_pos, m_i, l_i,
                                            qk_scale, CAUSAL)
-    if OTHER and not (HAS_OWN and PV_FIRST):
+    if OTHER and not PV_FIRST:
         o = _ws_release(o, empty.index(j % 2))
     if HAS_OWN:
         o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
