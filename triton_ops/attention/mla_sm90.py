@@ -30,15 +30,16 @@ Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
   tile t runs under that MMA; a tile is then resident from its S to the next step's P V, so its successor's refill
   is issued mid-step (less time to land). Slower than SERIAL on an H200 (0.81-0.90x).
   PINGPONG (`_mla_ws_kernel`, FlashMLA's sm90 structure in Gluon's warp_specialize): a TMA partition (4 warps, 24
-  registers) loads Q and then tile t into buffer t % 2 once both compute warpgroups released tile t - 2; compute
-  warpgroup w (240 registers each, setmaxnreg) owns the tiles t = w (mod 2): it computes their whole S (64 x 64,
-  wgmma 64x64) and softmax, while O stays split by columns (each warpgroup 64 x 256, all tiles). The softmax chain
-  crosses warpgroups: the owner of tile t takes the running (m, l) after tile t - 1 from shared memory, writes P_t
-  (bf16) over the RoPE part of tile t's buffer (free once S_t is done: no extra P buffer, so Q + 2 tiles = 216 KB)
-  and (m_t, l_t), and signals one mbarrier; both warpgroups then rescale their O and add P_t V_t. A warpgroup's
-  step (`_ws_pair`) issues S of its next tile, then the P V of the other's tile, runs its softmax under that MMA,
-  publishes, adds its own P V: while one warpgroup does a softmax the other keeps the tensor cores busy. Buffers
-  are released (empty mbarrier, two arrivals) after each warpgroup's last MMA on them.
+  registers) loads Q, then key tile t into slot t % 2 in three parts with their own full / empty mbarriers: NoPE
+  half h (256 columns: warpgroup h's O columns, so after the owner's S only warpgroup h reads it and releases it
+  alone) and the RoPE part (released by both). Compute warpgroup w (240 registers each, setmaxnreg) owns the tiles
+  t = w (mod 2): their whole S (64 x 64, wgmma 64x64, issued part by part as the parts land) and softmax, while O
+  stays split by columns (each warpgroup 64 x 256, all tiles). The softmax chain crosses warpgroups: the owner of
+  tile t takes the running (m, l) after tile t - 1 from shared memory, writes P_t (bf16) over the RoPE part of
+  tile t's slot (free once S_t is done: no extra P buffer, so Q + 2 tiles = 217 KB) and (m_t, l_t), and signals
+  one mbarrier; both warpgroups then rescale their O and add P_t V_t. A warpgroup's step (`_ws_pair`) issues S of
+  its next tile, then the P V of the other's tile, runs its softmax under that MMA, publishes, adds its own P V:
+  while one warpgroup does a softmax the other keeps the tensor cores busy.
   PINGPONG_PV_FIRST: the same, but the P V of the other's tile runs and its buffer is released before waiting for
   the own tile's load. With two buffers the refill of tile t + 2 can only start once both warpgroups are done with
   tile t; in PINGPONG the other warpgroup's release of tile t waits behind its own next tile's load (S first),
@@ -128,12 +129,12 @@ def _load_page(kn_desc, kr_desc, page, num_blocks, bar, kn_smem, kr_smem, pred):
 
 @gluon.jit
 def _zero_rows_from(kn_smem, valid, num_warps: gl.constexpr):
-    """Zero rows valid.. of a [PAGE, D_NOPE] value tile in shared memory (64 columns at a time), then make the
+    """Zero rows valid.. of a [PAGE, width] value tile in shared memory (64 columns at a time), then make the
     stores visible to the async proxy (wgmma) and to every warp."""
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     rows = gl.arange(0, PAGE, layout=gl.SliceLayout(1, blk))
     keep = gl.expand_dims(rows < valid, 1)
-    for c in gl.static_range(D_NOPE // 64):
+    for c in gl.static_range(kn_smem.shape[1] // 64):
         part = kn_smem.slice(c * 64, 64, dim=1)
         x = part.load(blk)
         part.store(gl.where(keep, x, gl.zeros_like(x)))
@@ -353,20 +354,30 @@ WS_REGS: tl.constexpr = tl.constexpr(240)
 
 
 @gluon.jit
-def _ws_producer(q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem, q_bar, full, empty, bt_row,
-                 q_row, p0, n_tiles, num_blocks):
-    """PINGPONG's TMA partition: Q once, then key tile t into buffer t % 2 as soon as both compute warpgroups
-    released tile t - 2 (empty[t % 2])."""
+def _ws_producer(q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem, q_bar, full_n, full_r, empty_n,
+                 empty_r, bt_row, q_row, p0, n_tiles, num_blocks):
+    """PINGPONG's TMA partition: Q once, then key tile t into slot s = t % 2 in three parts, each as soon as the
+    warpgroups are done with that part of tile t - 2: the NoPE half h = s (warpgroup s's O columns: free when
+    warpgroup s is done with the tile), the other half, the RoPE part (which held P: free when both are done)."""
     if n_tiles > 0:
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
         _tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
+        _tma_load(q_desc, [q_row, HALF], q_bar, q_smem.index(1))
         _tma_load(qr_desc, [q_row, D_NOPE], q_bar, qr_smem.index(0))
     for t in range(n_tiles):
-        slot = t % 2
+        s = t % 2
+        page = gl.load(bt_row + p0 + t)
+        row = gl.where((page >= 0) & (page < num_blocks), page, num_blocks) * PAGE  # past the end: zero fill
+        for k in gl.static_range(2):
+            h = s * (1 - k) + (1 - s) * k  # the owner's half first
+            if t >= 2:
+                mbarrier.wait(empty_n.index(2 * s + h), (t // 2 - 1) & 1)
+            mbarrier.expect(full_n.index(2 * s + h), kn_desc.block_type.nbytes)
+            _tma_load(kn_desc, [row, h * HALF], full_n.index(2 * s + h), kn_smem.index(2 * s + h))
         if t >= 2:
-            mbarrier.wait(empty.index(slot), (t // 2 - 1) & 1)
-        _load_page(kn_desc, kr_desc, gl.load(bt_row + p0 + t), num_blocks, full.index(slot), kn_smem.index(slot),
-                   kr_smem.index(slot), True)
+            mbarrier.wait(empty_r.index(s), (t // 2 - 1) & 1)
+        mbarrier.expect(full_r.index(s), kr_desc.block_type.nbytes)
+        _tma_load(kr_desc, [row, D_NOPE], full_r.index(s), kr_smem.index(s))
 
 
 @gluon.jit
@@ -381,45 +392,55 @@ def _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W: gl.constexpr, s_l
     l_j = ml_smem.index(2 * so + 1).load(row_layout)
     alpha = gl.exp2(m_i - gl.where(m_j == float("-inf"), 0.0, m_j))
     o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
-    o = warpgroup_mma(kr_smem.index(so), kn_smem.index(so).slice(W * HALF, HALF, dim=1), o, is_async=True)
+    o = warpgroup_mma(kr_smem.index(so), kn_smem.index(2 * so + W), o, is_async=True)
     return o, m_j, l_j
 
 
 @gluon.jit
-def _ws_release(o, bar):
-    """Wait for every MMA of this warpgroup, then release a buffer (one arrival for the four warps)."""
+def _ws_release(o, slot, empty_n, empty_r, W: gl.constexpr):
+    """Wait for every MMA of warpgroup W, then release its NoPE half of buffer `slot` and its share of the RoPE
+    part (one arrival each for the four warps)."""
     o = warpgroup_mma_wait(0, deps=(o, ))
     _cta_barrier()
-    mbarrier.arrive(bar)
+    mbarrier.arrive(empty_n.index(2 * slot + W))
+    mbarrier.arrive(empty_r.index(slot))
     return o
 
 
 @gluon.jit
 def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_FIRST: gl.constexpr, o, m_i, l_i,
-             q_smem, qr_smem, kn_smem, kr_smem, ml_smem, full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk,
-             q_pos, qk_scale, CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
-    """Warpgroup W's share of tiles j (the other warpgroup's) and j + 1 (its own: HAS_OWN). Issue S_{j+1} =
-    Q K_{j+1}^T; consume P_j (`_ws_other`); the softmax of tile j + 1, chained on (m_j, l_j); publish P_{j+1} and
-    (m_{j+1}, l_{j+1}) and issue O += P_{j+1} V_{j+1}. OTHER = 0: no tile j (warpgroup 0's tile 0). The P V of
-    tile j runs under the softmax of tile j + 1; PV_FIRST: P V of tile j runs (and tile j is released) before the
-    wait for tile j + 1's load, so a late load never holds up the release that the refill of tile j + 2 waits for
-    (the softmax then runs beside the other warpgroup's MMAs only). Every MMA retires inside the call (nothing in
-    flight across a back edge)."""
-    if OTHER and PV_FIRST:  # P_j V_j retired and tile j released before this warpgroup waits for its own tile
+             q_smem, qr_smem, kn_smem, kr_smem, ml_smem, full_n, full_r, sm_bar, empty_n, empty_r, bt_row, p0,
+             num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
+             o_layout: gl.constexpr):
+    """Warpgroup W's share of tiles j (the other warpgroup's) and j + 1 (its own, slot W: HAS_OWN). Issue
+    S_{j+1} = Q K_{j+1}^T part by part as the parts land; consume P_j (`_ws_other`); the softmax of tile j + 1,
+    chained on (m_j, l_j); publish P_{j+1} and (m_{j+1}, l_{j+1}) and issue O += P_{j+1} V_{j+1}. OTHER = 0: no
+    tile j (warpgroup 0's tile 0). The P V of tile j runs under the softmax of tile j + 1; PV_FIRST: P V of tile
+    j runs (and tile j is released) before the wait for tile j + 1's load, so a late load never holds up the
+    release that the refill of tile j + 2 waits for (the softmax then runs beside the other warpgroup's MMAs
+    only). Every MMA retires inside the call (nothing in flight across a back edge)."""
+    if OTHER and PV_FIRST:
         o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, s_layout, o_layout)
-        o = _ws_release(o, empty.index(j % 2))
+        o = _ws_release(o, j % 2, empty_n, empty_r, W)
     if HAS_OWN:
         t = j + 1
-        slot = t % 2
         k0 = (p0 + t) * PAGE
-        mbarrier.wait(full.index(slot), (t // 2) & 1)
+        ph = (t // 2) & 1
         if k0 + PAGE > sk:  # the sequence's last page: its rows past sk are zeroed before any P V
-            _zero_rows_from(kn_smem.index(slot), sk - k0, 4)
-        # Q's buffer index t >> 30 is 0, but not to the compiler: the Q descriptors are rebuilt per tile instead
+            mbarrier.wait(full_n.index(2 * W), ph)
+            mbarrier.wait(full_n.index(2 * W + 1), ph)
+            _zero_rows_from(kn_smem.index(2 * W), sk - k0, 4)
+            _zero_rows_from(kn_smem.index(2 * W + 1), sk - k0, 4)
+        # Q's buffer index (t >> 30 = 0) is opaque to the compiler: the Q descriptors are rebuilt per tile instead
         # of being hoisted out of the loop (36 64-bit values: spills)
-        s = warpgroup_mma(q_smem.index(t >> 30), kn_smem.index(slot).permute((1, 0)),
+        qz = t >> 30
+        mbarrier.wait(full_n.index(2 * W + W), ph)
+        s = warpgroup_mma(q_smem.index(W + qz), kn_smem.index(2 * W + W).permute((1, 0)),
                           gl.zeros([BLOCK_M, PAGE], gl.float32, s_layout), use_acc=False, is_async=True)
-        s = warpgroup_mma(qr_smem.index(t >> 30), kr_smem.index(slot).permute((1, 0)), s, is_async=True)
+        mbarrier.wait(full_n.index(2 * W + 1 - W), ph)
+        s = warpgroup_mma(q_smem.index(1 - W + qz), kn_smem.index(2 * W + 1 - W).permute((1, 0)), s, is_async=True)
+        mbarrier.wait(full_r.index(W), ph)
+        s = warpgroup_mma(qr_smem.index(qz), kr_smem.index(W).permute((1, 0)), s, is_async=True)
     if OTHER and not PV_FIRST:
         o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, s_layout, o_layout)
     if HAS_OWN:
@@ -428,25 +449,25 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
         p, m_i, l_i, alpha = _softmax_tile(s, k0, lo, hi, (page >= 0) & (page < num_blocks), q_pos, m_i, l_i,
                                            qk_scale, CAUSAL)
     if OTHER and not PV_FIRST:
-        o = _ws_release(o, empty.index(j % 2))
+        o = _ws_release(o, j % 2, empty_n, empty_r, W)
     if HAS_OWN:
         o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
-        kr_smem.index(slot).store(p.to(gl.bfloat16))
-        ml_smem.index(2 * slot).store(m_i)
-        ml_smem.index(2 * slot + 1).store(l_i)
+        kr_smem.index(W).store(p.to(gl.bfloat16))
+        ml_smem.index(2 * W).store(m_i)
+        ml_smem.index(2 * W + 1).store(l_i)
         fence_async_shared()
         _cta_barrier()  # P_{j+1} and (m, l) complete: publish them
-        mbarrier.arrive(sm_bar.index(slot))
-        o = warpgroup_mma(kr_smem.index(slot), kn_smem.index(slot).slice(W * HALF, HALF, dim=1), o, is_async=True)
-        o = _ws_release(o, empty.index(slot))
+        mbarrier.arrive(sm_bar.index(W))
+        o = warpgroup_mma(kr_smem.index(W), kn_smem.index(2 * W + W), o, is_async=True)
+        o = _ws_release(o, W, empty_n, empty_r, W)
     return o, m_i, l_i
 
 
 @gluon.jit
-def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty, bt_row,
-                p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh,
-                o_sp, l_sb, l_ss, l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr,
-                FINAL: gl.constexpr, PV_FIRST: gl.constexpr):
+def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, sm_bar,
+                empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr,
+                lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr,
+                CAUSAL: gl.constexpr, FINAL: gl.constexpr, PV_FIRST: gl.constexpr):
     """Compute warpgroup W of PINGPONG: the S and softmax of tiles t = W (mod 2), O columns [256 W, 256 W + 256)
     of every tile, then its half of the epilogue."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -463,19 +484,19 @@ def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_b
         mbarrier.wait(q_bar, 0)
         if W == 0:  # tile 0: warpgroup 0's, no other tile before it
             o, m_i, l_i = _ws_pair(-1, False, True, W, PV_FIRST, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
-                                   ml_smem, full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos,
-                                   qk_scale, CAUSAL, s_layout, o_layout)
+                                   ml_smem, full_n, full_r, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi,
+                                   sk, q_pos, qk_scale, CAUSAL, s_layout, o_layout)
         # pairs (j, j + 1), j the other warpgroup's tile: j = 1, 3, ... (warpgroup 0), 0, 2, ... (1)
         n_pairs = (n_tiles - 1 + W) // 2
         for i in range(n_pairs):
             o, m_i, l_i = _ws_pair(2 * i + 1 - W, True, True, W, PV_FIRST, o, m_i, l_i, q_smem, qr_smem, kn_smem,
-                                   kr_smem, ml_smem, full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos,
-                                   qk_scale, CAUSAL, s_layout, o_layout)
+                                   kr_smem, ml_smem, full_n, full_r, sm_bar, empty_n, empty_r, bt_row, p0,
+                                   num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL, s_layout, o_layout)
         j_last = 2 * n_pairs + 1 - W
         if j_last == n_tiles - 1:  # the last tile is the other warpgroup's: its P V alone
             o, m_i, l_i = _ws_pair(j_last, True, False, W, PV_FIRST, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
-                                   ml_smem, full, sm_bar, empty, bt_row, p0, num_blocks, lo, hi, sk, q_pos,
-                                   qk_scale, CAUSAL, s_layout, o_layout)
+                                   ml_smem, full_n, full_r, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi,
+                                   sk, q_pos, qk_scale, CAUSAL, s_layout, o_layout)
     # Epilogue: this warpgroup's 256 columns; warpgroup 0 writes the LSE.
     _store_out(o, m_i, l_i, rows, W * HALF, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh,
                l_sp, SQ, H, FINAL, W == 0)
@@ -491,33 +512,40 @@ def _mla_ws_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, 
     split = gl.program_id(2)
     r0 = gl.program_id(0) * BLOCK_M
     sk, lo, hi, p0, n_tiles = _key_span(seq_ptr, b, split, r0, pages_per_split, max_pages, SQ, H, CAUSAL)
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_M, D_NOPE], q_desc.layout)
+    # Q as two 256-column halves + RoPE; key buffers: NoPE half h of slot s at index 2 s + h (warpgroup h's O
+    # columns), the RoPE part (later P) of slot s. 64 + 8 + 4 x 32 + 2 x 8 KB.
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, HALF], q_desc.layout)
     qr_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_M, ROPE_W], qr_desc.layout)
-    kn_smem = gl.allocate_shared_memory(gl.bfloat16, [2, PAGE, D_NOPE], kn_desc.layout)
+    kn_smem = gl.allocate_shared_memory(gl.bfloat16, [4, PAGE, HALF], kn_desc.layout)
     kr_smem = gl.allocate_shared_memory(gl.bfloat16, [2, PAGE, ROPE_W], kr_desc.layout)
     ml_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    full_n = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    empty_n = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    full_r = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty_r = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     sm_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(4):
+        mbarrier.init(full_n.index(i), count=1)
+        mbarrier.init(empty_n.index(i), count=1)  # NoPE half h: only warpgroup h reads it after the owner's S
     for i in gl.static_range(2):
-        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(full_r.index(i), count=1)
+        mbarrier.init(empty_r.index(i), count=2)  # the RoPE part holds P, read by both warpgroups
         mbarrier.init(sm_bar.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # one arrival per compute warpgroup
     bt_row = bt_ptr + b.to(gl.int64) * bt_sb
     q_row = (b * SQ * H + r0).to(gl.int32)
     # (The argument tuples are written out: a tuple assigned to a variable turns its constexprs into tensors.)
     gl.warp_specialize([(_ws_producer, (q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem, q_bar,
-                                        full, empty, bt_row, q_row, p0, n_tiles, num_blocks)),
-                        (_ws_compute, (0, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty,
-                                       bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr,
-                                       lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL,
-                                       PV_FIRST)),
-                        (_ws_compute, (1, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full, sm_bar, empty,
-                                       bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr,
-                                       lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL,
-                                       PV_FIRST))],
+                                        full_n, full_r, empty_n, empty_r, bt_row, q_row, p0, n_tiles, num_blocks)),
+                        (_ws_compute, (0, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, sm_bar,
+                                       empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split,
+                                       qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ,
+                                       H, CAUSAL, FINAL, PV_FIRST)),
+                        (_ws_compute, (1, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, sm_bar,
+                                       empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split,
+                                       qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ,
+                                       H, CAUSAL, FINAL, PV_FIRST))],
                        [4, 4], [WS_REGS, WS_REGS])
 
 
@@ -542,12 +570,13 @@ def _smem_layout(rows: int, cols: int):
     return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
 
 
-def _descriptors(q2d: torch.Tensor, kv2d: torch.Tensor):
-    """(Q NoPE, Q RoPE, K NoPE, K RoPE) TMA descriptors over q (rows, 576) and the cache (num_blocks * 64, 576)."""
+def _descriptors(q2d: torch.Tensor, kv2d: torch.Tensor, nope_box: int = NOPE):
+    """(Q NoPE, Q RoPE, K NoPE, K RoPE) TMA descriptors over q (rows, 576) and the cache (num_blocks * 64, 576);
+    the NoPE boxes are nope_box columns wide (the pingpong schedules load 256-column halves)."""
     def desc(t, rows, cols):
         return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [rows, cols], _smem_layout(rows, cols))
 
-    return (desc(q2d, ROWS, NOPE), desc(q2d, ROWS, DS_ROPE), desc(kv2d, PAGE_SIZE, NOPE),
+    return (desc(q2d, ROWS, nope_box), desc(q2d, ROWS, DS_ROPE), desc(kv2d, PAGE_SIZE, nope_box),
             desc(kv2d, PAGE_SIZE, DS_ROPE))
 
 
@@ -558,12 +587,12 @@ def _cache_2d(kv_cache: torch.Tensor) -> torch.Tensor:
 
 
 def _kernel_and_consts(sq: int, h: int, causal: bool, final: bool, schedule: str):
-    """The kernel of `schedule` and its constexprs (PINGPONG: num_warps is its first warpgroup's; the second
-    and the TMA warp are worker partitions)."""
+    """The kernel of `schedule`, its constexprs and its NoPE TMA box width (PINGPONG: num_warps is the TMA
+    partition's; the two compute warpgroups are worker partitions)."""
     consts = dict(SQ=sq, H=h, CAUSAL=causal, FINAL=final)
     if schedule.startswith("pingpong"):
-        return _mla_ws_kernel, dict(consts, PV_FIRST=schedule == "pingpong_pv_first", num_warps=4)
-    return _mla_sm90_kernel, dict(consts, OVERLAP=schedule == "overlap", num_warps=NUM_WARPS)
+        return _mla_ws_kernel, dict(consts, PV_FIRST=schedule == "pingpong_pv_first", num_warps=4), NOPE // 2
+    return _mla_sm90_kernel, dict(consts, OVERLAP=schedule == "overlap", num_warps=NUM_WARPS), NOPE
 
 
 def _index(device: torch.device) -> int:
@@ -644,9 +673,9 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
         q2d = q2d.contiguous()
     if block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
-    kernel, consts = _kernel_and_consts(sq, h, bool(causal), splits == 1, schedule)
+    kernel, consts, nope_box = _kernel_and_consts(sq, h, bool(causal), splits == 1, schedule)
     launch(kernel, (m_blocks, bsz, splits),
-        *_descriptors(q2d, _cache_2d(kv_cache)), block_table, seqused_k, o_buf, l_buf,
+        *_descriptors(q2d, _cache_2d(kv_cache), nope_box), block_table, seqused_k, o_buf, l_buf,
         float(softmax_scale) * LOG2E, kv_cache.shape[0], pps, max_pages, block_table.stride(0),
         o_buf.stride(0), o_buf.stride(1), o_buf.stride(2), o_sp, l_buf.stride(0), l_buf.stride(1), l_buf.stride(2),
         l_sp, **consts)
@@ -672,10 +701,10 @@ def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = F
     seq = torch.empty(bsz, dtype=torch.int32)
     out = torch.empty(bsz, sq, h, 2, NOPE)
     lse = torch.empty(bsz, sq, h, 2)
-    qd, qrd, knd, krd = _descriptors(q, kv)
+    kernel, consts, nope_box = _kernel_and_consts(sq, h, causal, final, schedule)
+    qd, qrd, knd, krd = _descriptors(q, kv, nope_box)
     args = dict(q_desc=qd, qr_desc=qrd, kn_desc=knd, kr_desc=krd, bt_ptr=bt, seq_ptr=seq, out_ptr=out, lse_ptr=lse,
                 qk_scale=0.1, num_blocks=nb, pages_per_split=2, max_pages=max_pages, bt_sb=max_pages,
                 o_sb=out.stride(0), o_ss=out.stride(1), o_sh=out.stride(2), o_sp=out.stride(3), l_sb=lse.stride(0),
                 l_ss=lse.stride(1), l_sh=lse.stride(2), l_sp=lse.stride(3))
-    kernel, consts = _kernel_and_consts(sq, h, causal, final, schedule)
     return compile_gluon_sm90(kernel, args, consts, ("num_blocks", "pages_per_split"))
