@@ -269,5 +269,7 @@ def test_launcher_dry_run(monkeypatch):
     M.mla_decode(*c.args(3), schedule="pingpong")  # the same arguments, the warp-specialized kernel
     (grid, args, kw), _ = seen
     assert grid == (2, 3, 3) and kw["num_warps"] == 4 and "OVERLAP" not in kw and kw["FINAL"] is False
+    assert kw["PV_FIRST"] is False and args[0].block_shape == [64, 256] and args[2].block_shape == [64, 256]
+    assert args[1].block_shape == [64, 64] and args[3].block_shape == [64, 64]  # NoPE halves, RoPE
     with pytest.raises(ValueError, match="schedule"):
         M.mla_decode(*c.args(3), schedule="fast")
