@@ -155,8 +155,9 @@ GPU_CASES = [  # (lens, sq, h, causal, splits)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("schedule", M.SCHEDULES)
 @pytest.mark.parametrize("lens,sq,h,causal,splits", GPU_CASES)
-def test_gpu_matches_reference(lens, sq, h, causal, splits):
+def test_gpu_matches_reference(lens, sq, h, causal, splits, schedule):
     """Permuted pages (each sequence its own random permutation), garbage ids past the used pages, NaN in every
     cache slot no sequence writes (the last page's tail included), several split counts."""
     if not _sm90():
@@ -168,14 +169,14 @@ def test_gpu_matches_reference(lens, sq, h, causal, splits):
     assert M.supports_mla_decode_sm90(*c.args()) is None, M.supports_mla_decode_sm90(*c.args())
     want = c.reference()
     for s in splits:
-        for sched in M.SCHEDULES:
-            out, lse = M.mla_decode(*c.args(s), schedule=sched)
-            assert_attention_close(out, lse, *want, f"sm90 gluon lens={lens} Sq={sq} H={h} causal={causal} "
-                                                    f"splits={s} schedule={sched}")
+        out, lse = M.mla_decode(*c.args(s), schedule=schedule)
+        assert_attention_close(out, lse, *want, f"sm90 gluon lens={lens} Sq={sq} H={h} causal={causal} "
+                                                f"splits={s} schedule={schedule}")
 
 
 @pytest.mark.gpu
-def test_gpu_bad_page_ids_are_masked_keys():
+@pytest.mark.parametrize("schedule", M.SCHEDULES)
+def test_gpu_bad_page_ids_are_masked_keys(schedule):
     """Page ids -1, num_blocks and 2^30 inside the used range: masked keys (TMA zero fill, never read)."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU")
@@ -186,9 +187,8 @@ def test_gpu_bad_page_ids_are_masked_keys():
                   bad_entries=[(0, 0, -1), (0, 5, nb), (1, 2, 2**30), (2, 2, -(2**30))])
     want = c.reference()
     for s in (0, 1, 2):
-        for sched in M.SCHEDULES:
-            out, lse = M.mla_decode(*c.args(s), schedule=sched)
-            assert_attention_close(out, lse, *want, f"bad page ids, splits={s} schedule={sched}")
+        out, lse = M.mla_decode(*c.args(s), schedule=schedule)
+        assert_attention_close(out, lse, *want, f"bad page ids, splits={s} schedule={schedule}")
 
 
 @pytest.mark.gpu
