@@ -24,7 +24,7 @@ Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
   refill the buffer with tile t + 2. A tile is resident for one iteration and its successor's load has a whole
   iteration to land. No wgmma is in flight across the loop's back edge: carrying one (P V of tile t overlapping
   S of tile t + 1) makes ptxas serialize every wgmma of the kernel (C7514), which the compile test checks.
-* Schedules (`mla_decode(..., schedule=)`, SCHEDULES; "serial" is the default):
+* Schedules (`mla_decode(..., schedule=)`, SCHEDULES; DEFAULT_SCHEDULE = "serial"):
   SERIAL: the iteration above.
   OVERLAP (FA3's intra-warpgroup overlap, as prefill_sm90.py): issue S_t, then P_{t-1} V_{t-1}; the softmax of
   tile t runs under that MMA; a tile is then resident from its S to the next step's P V, so its successor's refill
@@ -107,7 +107,8 @@ BLOCK_M: tl.constexpr = tl.constexpr(ROWS)
 D_NOPE: tl.constexpr = tl.constexpr(NOPE)
 ROPE_W: tl.constexpr = tl.constexpr(DS_ROPE)
 MAX_SPLITS = 64
-SCHEDULES = ("serial", "overlap", "pingpong", "pingpong_pv_first")  # see the module docstring; "serial" is the default
+SCHEDULES = ("serial", "overlap", "pingpong", "pingpong_pv_first")  # see the module docstring
+DEFAULT_SCHEDULE = "serial"  # the one timed best so far (H200, 8b63d6c: serial vs overlap)
 MIN_SPLIT_PAGES = 4  # below 256 keys a split no longer pays for its partials and the merge
 
 
@@ -641,10 +642,11 @@ def supports_mla_decode_sm90(q, kv_cache, block_table, seqused_k, indices, layou
 
 
 def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim: int, softmax_scale: float,
-               causal: bool, window_left: int, num_splits: int, *, schedule: str = "serial"):
+               causal: bool, window_left: int, num_splits: int, *, schedule: str | None = None):
     """(out (B, Sq, H, 512) bf16, lse (B, Sq, H) fp32); see the module docstring. Call
     `supports_mla_decode_sm90` first (the dispatcher does). num_splits <= 0 picks the split count from static
-    sizes. schedule: one of SCHEDULES (the module docstring)."""
+    sizes. schedule: one of SCHEDULES (the module docstring), None = DEFAULT_SCHEDULE."""
+    schedule = DEFAULT_SCHEDULE if schedule is None else schedule
     if schedule not in SCHEDULES:
         raise ValueError(f"lowbit.{OP} (sm_90 Gluon): schedule {schedule!r} is not one of {SCHEDULES}")
     check_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal,
