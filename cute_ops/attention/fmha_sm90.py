@@ -80,6 +80,12 @@ class FmhaSm90Config(launch.AttentionConfig):
     # the other's epilogue. For short key ranges (a 128-key window: 2-3 key tiles per query tile), where the
     # per-tile prologue / epilogue is not hidden. Not timed on a GPU yet.
     persistent: int = 0
+    # O epilogue through SMEM: each consumer warpgroup writes its 64 x D slice of out = O / l into its own SMEM
+    # buffer (stmatrix) and one warp issues a TMA store (UTMASTG) of it, waited for (bulk read done) only before
+    # the warpgroup's next epilogue reuses the buffer, so the store drains while the next tile's GEMMs run. Slices
+    # that end inside a sequence other than the last are stored from registers as without it (a TMA box would
+    # write into the next sequence's rows). SMEM: + tile_m x D 16-bit.
+    o_tma: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -114,8 +120,9 @@ class FmhaSm90Config(launch.AttentionConfig):
 
     def smem_bytes(self) -> int:
         """Dynamic SMEM of the kernel's SharedStorage: the mbarriers (padded to the 1024-byte alignment of the
-        swizzled tiles), q_stages of Q, and kv_stages of K and V (16-bit)."""
-        tiles = 2 * self.head_dim * (self.q_stages * self.tile_m + 2 * self.kv_stages * self.tile_n)
+        swizzled tiles), q_stages of Q, kv_stages of K and V (16-bit), and the O staging tile with o_tma."""
+        rows = (self.q_stages + self.o_tma) * self.tile_m + 2 * self.kv_stages * self.tile_n
+        tiles = 2 * self.head_dim * rows
         return 1024 + tiles
 
     @classmethod
@@ -152,6 +159,7 @@ def _kernel_class():
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass import Float32, Int32, Int64
     from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+    from cutlass.cute.nvgpu.warp import StMatrix8x8x16bOp
 
     from . import wgmma
 
@@ -200,6 +208,12 @@ def _kernel_class():
             tma_v, tv_ = cpasync.make_tiled_tma_atom(op, v, cute.select(v_sl, mode=[0, 1]), (tn, d))
             self.q_bytes = cute.size_in_bytes(dt, q_box)
             self.kv_bytes = cute.size_in_bytes(dt, cute.select(k_sl, mode=[0, 1]))
+            tma_o, to_, o_sl = None, None, None
+            if cutlass.const_expr(self.cfg.o_tma):  # one (64, D) box per consumer warpgroup
+                o_sl = wgmma.smem_layout(dt, 64, d, self.wgs)
+                tma_o, to_ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), o,
+                                                         cute.select(o_sl, mode=[0, 1]), (64, d))
+            o_elems = cute.cosize(o_sl) if cutlass.const_expr(self.cfg.o_tma) else 0
 
             @cute.struct
             class SharedStorage:
@@ -209,6 +223,8 @@ def _kernel_class():
                 sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(q_sl)], 1024]
                 sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(k_sl)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(v_sl)], 1024]
+                if cutlass.const_expr(o_elems):
+                    sO: cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
 
             if cutlass.const_expr(SharedStorage.size_in_bytes() != self.cfg.smem_bytes()):  # __post_init__ rule
                 raise AssertionError(f"SMEM {SharedStorage.size_in_bytes()} != {self.cfg.smem_bytes()} bytes")
@@ -218,8 +234,8 @@ def _kernel_class():
             grid = sched_mod.launch_grid(self.cfg.schedule, total_q, num_batch, hq, max_seqlen_q, tm)
             if cutlass.const_expr(self.cfg.persistent):  # CTAs past the last tile exit at once
                 grid = (self.cfg.persistent, 1, 1)
-            self.kernel(qk_mma, pv_mma, tma_q, tq_, tma_k, tk_, tma_v, tv_, o, mLSE, mCuQ, mCuK, mSink, scale_log2,
-                        window_left, window_right, num_batch, hq, hq // hkv, q_sl, k_sl, v_sl).launch(
+            self.kernel(qk_mma, pv_mma, tma_q, tq_, tma_k, tk_, tma_v, tv_, o, tma_o, to_, mLSE, mCuQ, mCuK, mSink,
+                        scale_log2, window_left, window_right, num_batch, hq, hq // hkv, q_sl, k_sl, v_sl, o_sl).launch(
                 grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
         def make_mmas(self):
@@ -238,10 +254,11 @@ def _kernel_class():
         @cute.kernel
         def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tma_q: cute.CopyAtom, mQ: cute.Tensor,
                    tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor, mO: cute.Tensor,
-                   mLSE: cute.Tensor | None, mCuQ: cute.Tensor, mCuK: cute.Tensor, mSink: cute.Tensor | None,
-                   scale_log2: Float32, window_left: Int32, window_right: Int32, num_batch: Int32, hq: Int32,
-                   group_size: Int32, q_sl: cute.ComposedLayout, k_sl: cute.ComposedLayout,
-                   v_sl: cute.ComposedLayout):
+                   tma_o: cute.CopyAtom | None, mO_tma: cute.Tensor | None, mLSE: cute.Tensor | None,
+                   mCuQ: cute.Tensor, mCuK: cute.Tensor, mSink: cute.Tensor | None, scale_log2: Float32,
+                   window_left: Int32, window_right: Int32, num_batch: Int32, hq: Int32, group_size: Int32,
+                   q_sl: cute.ComposedLayout, k_sl: cute.ComposedLayout, v_sl: cute.ComposedLayout,
+                   o_sl: cute.ComposedLayout | None):
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             tidx, _, _ = cute.arch.thread_idx()
             if warp == 0:
@@ -264,6 +281,12 @@ def _kernel_class():
             sQ = st.sQ.get_tensor(q_sl.outer, swizzle=q_sl.inner)
             sK = st.sK.get_tensor(k_sl.outer, swizzle=k_sl.inner)
             sV = st.sV.get_tensor(v_sl.outer, swizzle=v_sl.inner)
+            sO = None
+            if cutlass.const_expr(self.cfg.o_tma):
+                sO = st.sO.get_tensor(o_sl.outer, swizzle=o_sl.inner)
+                if warp == 0:
+                    cpasync.prefetch_descriptor(tma_o)
+            outs = (mO, mLSE, tma_o, mO_tma, sO)
             pipeline.pipeline_init_wait()  # CTA barrier: the mbarrier inits are visible to every warp
 
             # setmaxnreg first thing in each branch; the tile is computed after it (values carried across it were
@@ -285,8 +308,9 @@ def _kernel_class():
                                   pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages))
             elif cutlass.const_expr(self.cfg.persistent):
                 cute.arch.setmaxregister_increase(self.regs_consumer)
-                self.consume_tiles(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mCuQ, mCuK, mSink,
+                self.consume_tiles(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, outs, mCuQ, mCuK, mSink,
                                    tidx - 128, scale_log2, window_left, window_right, num_batch, hq)
+                self.drain_o_store(tidx - 128)
             else:
                 cute.arch.setmaxregister_increase(self.regs_consumer)
                 b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, self.tile_m,
@@ -295,11 +319,12 @@ def _kernel_class():
                     q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi, sink_log2 = self.tile_args(
                         mCuQ, mCuK, mSink, b, m_block, h, window_left, window_right)
                     consumer = pipeline.PipelineUserType.Consumer
-                    self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, tidx - 128,
+                    self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, outs, tidx - 128,
                                  scale_log2, sink_log2, window_left, window_right, q_start, sq, sk, m_block, h,
                                  n_lo, n_tiles, full_lo, full_hi, pipeline.make_pipeline_state(consumer, 1),
                                  pipeline.make_pipeline_state(consumer, self.stages),
                                  pipeline.make_pipeline_state(consumer, self.stages))
+                    self.drain_o_store(tidx - 128)
 
         # ----------------------------------------------------------------------------------------- roles
 
@@ -382,7 +407,7 @@ def _kernel_class():
             return q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi, sink_log2
 
         @cute.jit
-        def consume_tiles(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mCuQ, mCuK, mSink, t,
+        def consume_tiles(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, outs, mCuQ, mCuK, mSink, t,
                           scale_log2, window_left, window_right, num_batch, hq):
             """A consumer warpgroup's loop over its persistent CTA's tiles. Ping-pong: warpgroup 0 pre-passes
             its first turn once, before the first tile; every tile then ends with the turn passed on, so the token
@@ -398,13 +423,13 @@ def _kernel_class():
             while valid:
                 q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi, sink_log2 = self.tile_args(
                     mCuQ, mCuK, mSink, b, m_block, h, window_left, window_right)
-                q_st, k_st, v_st = self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, t,
+                q_st, k_st, v_st = self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, outs, t,
                                                 scale_log2, sink_log2, window_left, window_right, q_start, sq, sk,
                                                 m_block, h, n_lo, n_tiles, full_lo, full_hi, q_st, k_st, v_st)
                 tile, b, m_block, h, valid = self.next_tile(tile, mCuQ, num_batch, hq)
 
         @cute.jit
-        def consume(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, t, scale_log2, sink_log2,
+        def consume(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, outs, t, scale_log2, sink_log2,
                     window_left, window_right, q_start, sq, sk, m_block, h, n_lo, n_tiles, full_lo, full_hi, q_st,
                     k_st, v_st):
             """One tile of a consumer warpgroup: the key-tile loop, then the epilogue; returns the advanced
@@ -491,7 +516,8 @@ def _kernel_class():
                 if cutlass.const_expr(self.cfg.persistent):  # every QK of the tile is done: Q's buffer is free
                     q_pipe.consumer_release(q_st)
                     q_st.advance()
-            self.epilogue(thr_pv, acc_o, o_mn, row_m, row_l, mO, mLSE, t, q_start, sq, m_block, h)
+            self.epilogue(thr_pv, acc_o, o_mn, row_m, row_l, outs[0], outs[1], t, q_start, sq, m_block, h,
+                          o_smem=outs[2:])
             return q_st, k_st, v_st
 
         # Ping-pong turns, one token going round the consumer warpgroups 0 -> 1 (-> 2) -> 0: named barrier 1 + w
@@ -573,9 +599,12 @@ def _kernel_class():
 
         @cute.jit
         def epilogue(self, thr_pv, acc_o, o_mn, row_m, row_l, mO, mLSE, t, q_start, sq, m_block, h,
-                     portable: cutlass.Constexpr[bool] = False):
-            """out = O / l in 16-bit, stored from registers for the rows inside the sequence; lse by the first
-            thread of each quad. mO: the (tokens, D, heads) view. `portable`: a division for rcp.approx (host runs)."""
+                     portable: cutlass.Constexpr[bool] = False, o_smem=None):
+            """out = O / l in 16-bit and lse (by the first thread of each quad), for the rows inside the sequence.
+            mO: the (tokens, D, heads) view. O from registers, or with o_tma (o_smem = (TMA atom, its tensor, sO))
+            through the warpgroup's SMEM slice and a TMA store where the slice may be written whole: it lies inside
+            the sequence, or the sequence ends the tensor (the box is clipped there). `portable`: a division for
+            rcp.approx (host runs)."""
             gO = cute.local_tile(cute.domain_offset((q_start, 0), mO[None, None, h]), (self.tile_m, self.d),
                                  (m_block, 0))
             g_mn = wgmma.acc_mn(thr_pv.partition_C(gO))
@@ -588,14 +617,65 @@ def _kernel_class():
             r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
             r_o.store(acc_o.load().to(self.dtype))
             ro_mn = wgmma.acc_mn(r_o)
-            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+            if cutlass.const_expr(o_smem is not None and self.cfg.o_tma):
+                wg = t // 128
+                row0 = m_block * self.tile_m + wg * 64  # the warpgroup's first row (warpgroup-uniform branch)
+                if (row0 < sq) & ((row0 + 64 <= sq) | (q_start + sq == mO.shape[0])):
+                    self.store_o_tma(r_o, *o_smem, t, q_start, m_block, h)
+                    self.store_rows(ro_mn, g_mn, c_mn, lse_row, mLSE, t, q_start, sq, m_block, h, False)
+                else:
+                    self.store_rows(ro_mn, g_mn, c_mn, lse_row, mLSE, t, q_start, sq, m_block, h, True)
+            else:
+                self.store_rows(ro_mn, g_mn, c_mn, lse_row, mLSE, t, q_start, sq, m_block, h, True)
+
+        @cute.jit
+        def store_rows(self, ro_mn, g_mn, c_mn, lse_row, mLSE, t, q_start, sq, m_block, h,
+                       with_o: cutlass.Constexpr[bool]):
+            """Row-predicated stores from registers: O's values (with_o) and the lse of the thread's rows."""
+            for r in cutlass.range_constexpr(cute.size(ro_mn, mode=[0])):
                 row = m_block * self.tile_m + c_mn[r, 0][0]
                 if row < sq:
-                    for i in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                        g_mn[r, i] = ro_mn[r, i]
+                    if cutlass.const_expr(with_o):
+                        for i in cutlass.range_constexpr(cute.size(ro_mn, mode=[1])):
+                            g_mn[r, i] = ro_mn[r, i]
                     if cutlass.const_expr(mLSE is not None):
                         if t % 4 == 0:
                             mLSE[q_start + row, h] = lse_row[r]
+
+        @cute.jit
+        def store_o_tma(self, r_o, tma_o, mO_tma, sO, t, q_start, m_block, h):
+            """The warpgroup's 64 rows of O (16-bit, in the accumulator layout) into its SMEM slice (stmatrix), then
+            one TMA store of the (64, D) box by the warpgroup's first warp. The slice is reused only after that
+            warp has seen the previous store's SMEM reads complete (bulk wait_group.read) and the warpgroup has met
+            on its epilogue barrier, so the store of tile i drains during tile i + 1."""
+            wg = t // 128
+            bar = 1 + self.wgs + wg  # named barriers 1 .. wgs are the ping-pong turns
+            first_warp = t % 128 < 32
+            if first_warp:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.barrier(barrier_id=bar, number_of_threads=128)
+            one_wg = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, OperandMajorMode.K,
+                                                       OperandMajorMode.MN, Float32, (1, 1, 1), (64, self.d),
+                                                       a_source=warpgroup.OperandSource.RMEM)
+            st_atom = cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dtype)
+            thr = cute.make_tiled_copy_C(st_atom, one_wg).get_slice(t % 128)
+            cute.copy(st_atom, thr.retile(r_o), thr.partition_D(sO[None, None, wg]))
+            cute.arch.fence_view_async_shared()  # the generic-proxy writes, visible to the TMA (async proxy)
+            cute.arch.barrier(barrier_id=bar, number_of_threads=128)
+            if first_warp:
+                gO = cute.local_tile(cute.domain_offset((q_start, 0), mO_tma[None, None, h]), (64, self.d), (None, 0))
+                tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                                   cute.group_modes(gO, 0, 2))
+                with cute.arch.elect_one():  # one thread issues the store (its warp waits on its bulk group)
+                    cute.copy(tma_o, tOsO[None, wg], tOgO[None, m_block * self.wgs + wg])
+                    cute.arch.cp_async_bulk_commit_group()
+
+        @cute.jit
+        def drain_o_store(self, t):
+            """Before the CTA exits: the warpgroup's last TMA store has read its SMEM."""
+            if cutlass.const_expr(self.cfg.o_tma):
+                if t % 128 < 32:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     return FmhaSm90
 
