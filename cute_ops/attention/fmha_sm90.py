@@ -41,6 +41,7 @@ finite, as in FA4 and the sm100 kernel).
 
 import dataclasses
 import functools
+import typing
 
 from . import launch
 from . import mask as mask_mod
@@ -127,17 +128,40 @@ class FmhaSm90Config(launch.AttentionConfig):
 
     @classmethod
     def for_call(cls, q, causal: bool, window_left: int, window_right: int, sinks, arch: str):
-        """The shared rule, then the head-dim-64 tile: without a sliding window, FA3 / FA4's 192-row Q tile (three
-        consumer warpgroups) with intra-warpgroup overlap (bf16; fp16 with overlap serializes its WGMMAs, so
-        fp16 takes the 192-row tile alone). H100, GPT-OSS causal + sinks, 2 x 8192 (2e20168): 2289 us = 0.89x FA4
-        against 2859 us (0.71x) with 128 x 128; with a 128-key window the 192-row tiles were slower (502-509 us
-        against 474), so windowed calls keep 128 x 128, on the persistent grid (one CTA per SM)."""
+        """The shared rule, then FOR_CALL's row for (head dim, sliding window, causal): tile_m, the overlap (bf16
+        only: with fp16 ptxas serializes its WGMMAs), the persistent grid (one CTA per SM) and the O epilogue."""
         cfg = super().for_call(q, causal, window_left, window_right, sinks, arch)
-        if window_left >= 0:
-            return dataclasses.replace(cfg, persistent=_sm_count(q))
-        if cfg.head_dim == 64:
-            return dataclasses.replace(cfg, tile_m=192, overlap=cfg.dtype == "bf16")
-        return cfg
+        row = FOR_CALL[cfg.head_dim, window_left >= 0, bool(causal)]
+        return dataclasses.replace(cfg, tile_m=row.tile_m, overlap=row.overlap and cfg.dtype == "bf16",
+                                   persistent=_sm_count(q) if row.persistent else 0, o_tma=row.o_tma)
+
+
+class CallRule(typing.NamedTuple):
+    tile_m: int = 128
+    overlap: bool = False  # bf16 only
+    persistent: bool = False  # one CTA per SM
+    o_tma: bool = False
+
+
+# for_call's rule per (head dim, sliding window (window_left >= 0), causal). Measured rows name their record; rows
+# marked DEFAULT are the settings chosen without a timing of their own: set them from .lab/swa_prefill.py (it times
+# one CTA per tile, the persistent grid and the o_tma epilogue on each prefill case, beside FA4).
+#   hd64 no window: FA3 / FA4's 192-row tile with overlap: H100, GPT-OSS causal + sinks 2 x 8192 (2e20168) 0.89x FA4
+#     against 0.71x with 128 x 128 (the persistent grid does not fit 192 x 128 + overlap in 160 registers).
+#   windows: the persistent grid: H200, GPT-OSS hd64 64 / 8 window (128, 0) + sinks 2 x 8192 (7053888) 0.798x FA4
+#     against 0.646x one CTA per tile; 192 rows 0.803x (within noise), kv_stages 3 / 4 0.784x / 0.765x. 128 x 128 on
+#     H100 (2e20168): 474 us against 502-509 us with 192 rows (one CTA per tile).
+#   hd128 causal: the persistent grid: H200, Llama 32 / 8 8 x 2048 (7053888) 0.938x FA4 against 0.889x.
+FOR_CALL = {
+    (64, False, False): CallRule(tile_m=192, overlap=True),  # DEFAULT (as causal)
+    (64, False, True): CallRule(tile_m=192, overlap=True),
+    (64, True, False): CallRule(persistent=True),  # DEFAULT (as causal)
+    (64, True, True): CallRule(persistent=True),  # o_tma: DEFAULT off until timed
+    (128, False, False): CallRule(),  # DEFAULT: persistent / o_tma until timed
+    (128, False, True): CallRule(persistent=True),  # o_tma: DEFAULT off until timed
+    (128, True, False): CallRule(persistent=True),  # DEFAULT (as hd64)
+    (128, True, True): CallRule(persistent=True),  # DEFAULT (as hd64)
+}
 
 
 def _sm_count(q) -> int:
