@@ -678,11 +678,7 @@ def _kernel_class():
             if first_warp:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.barrier(barrier_id=bar, number_of_threads=128)
-            one_wg = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, OperandMajorMode.K,
-                                                       OperandMajorMode.MN, Float32, (1, 1, 1), (64, self.d),
-                                                       a_source=warpgroup.OperandSource.RMEM)
-            st_atom = cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dtype)
-            thr = cute.make_tiled_copy_C(st_atom, one_wg).get_slice(t % 128)
+            st_atom, thr = self.o_smem_copy(t)
             cute.copy(st_atom, thr.retile(r_o), thr.partition_D(sO[None, None, wg]))
             cute.arch.fence_view_async_shared()  # the generic-proxy writes, visible to the TMA (async proxy)
             cute.arch.barrier(barrier_id=bar, number_of_threads=128)
@@ -693,6 +689,15 @@ def _kernel_class():
                 with cute.arch.elect_one():  # one thread issues the store (its warp waits on its bulk group)
                     cute.copy(tma_o, tOsO[None, wg], tOgO[None, m_block * self.wgs + wg])
                     cute.arch.cp_async_bulk_commit_group()
+
+        def o_smem_copy(self, t):
+            """(stmatrix.x4 atom, thread t's slice of its tiled copy) over one warpgroup's (64, D) accumulator: the
+            thread's O fragment (the same per-thread layout in the 2- or 3-warpgroup MMA) retiled as its source."""
+            one_wg = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, OperandMajorMode.K,
+                                                       OperandMajorMode.MN, Float32, (1, 1, 1), (64, self.d),
+                                                       a_source=warpgroup.OperandSource.RMEM)
+            st_atom = cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dtype)
+            return st_atom, cute.make_tiled_copy_C(st_atom, one_wg).get_slice(t % 128)
 
         @cute.jit
         def drain_o_store(self, t):
