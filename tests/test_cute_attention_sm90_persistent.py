@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 
 from cute_ops.attention import scheduler as S
 from tests.helpers import assert_attention_close
-from tests.test_cute_attention_sm90 import (  # noqa: F401 (dsl_arch_sm90: a fixture)
+from tests.test_cute_attention_sm90 import (
     SM90_GPU_CASES,
     _case_id,
     _need_sm90,
     _sm90_case,
     _variant_id,
     cu,
-    dsl_arch_sm90,
+    dsl_arch_sm90,  # noqa: F401 (a fixture, used by name)
     needs_dsl,
     sm90_gpu_cases,
 )
@@ -47,8 +47,9 @@ def test_persistent_config_rules():
 
 
 @needs_dsl
+@pytest.mark.usefixtures("dsl_arch_sm90")
 @pytest.mark.parametrize("d,tile_m", [(64, 128), (128, 128), (64, 192)])
-def test_o_tma_register_to_smem_mapping(dsl_arch_sm90, d, tile_m):
+def test_o_tma_register_to_smem_mapping(d, tile_m):
     """Evaluated on the host with the kernel's own objects: for threads of every consumer warpgroup, the O fragment
     of the tile's MMA (2 or 3 warpgroups) retiled for the epilogue's stmatrix copy (built over one warpgroup's
     (64, D) slice) holds, value for value, the (row, column) the copy writes there, 64 * wg rows down: each O value
