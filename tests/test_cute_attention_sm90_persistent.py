@@ -113,19 +113,31 @@ PERSISTENT_HD64_VARIANTS = [dict(persistent=4, tile_m=192, overlap=False),
                             dict(persistent=6, tile_m=128, kv_stages=4, overlap=False)]
 
 
+# The O epilogue through SMEM + TMA store (o_tma), on the persistent grid and with one CTA per tile: two and three
+# consumer warpgroups, with and without ping-pong. SM90_GPU_CASES hold varlen batches with empty sequences and
+# sk = 0, slices that end inside a sequence (register stores) and last sequences that end inside a slice (the TMA
+# box clipped at the tensor's end), windows, sinks, GQA / MQA; every case checks the LSE.
+O_TMA_VARIANTS = [dict(o_tma=True, persistent=3, tile_m=128, overlap=False),
+                  dict(o_tma=True, persistent=132, tile_m=128, overlap=False),
+                  dict(o_tma=True, persistent=0, tile_m=128, overlap=False),
+                  dict(o_tma=True, persistent=1, tile_m=128, pingpong=False, overlap=False)]
+O_TMA_HD64_VARIANTS = [dict(o_tma=True, persistent=4, tile_m=192, overlap=False),
+                       dict(o_tma=True, persistent=0, tile_m=192, overlap=True)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", PERSISTENT_VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("variant", PERSISTENT_VARIANTS + O_TMA_VARIANTS, ids=_variant_id)
 @pytest.mark.parametrize("case", SM90_GPU_CASES, ids=_case_id)
 def test_gpu_sm90_persistent_matches_reference(case, variant):
     """Causal, windows (left, right, both), sinks, GQA / MQA, varlen with empty sequences and sk = 0 (tiles with no
-    key tile: neither role touches the pipelines), sk < sq, LSE."""
+    key tile: neither role touches the pipelines), sk < sq, LSE; the persistent grid and the o_tma epilogue."""
     _need_sm90()
     out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
-    assert_attention_close(out, lse, want_out, want_lse, f"sm90 persistent {variant} {case}")
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 {variant} {case}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", PERSISTENT_HD64_VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("variant", PERSISTENT_HD64_VARIANTS + O_TMA_HD64_VARIANTS, ids=_variant_id)
 @pytest.mark.parametrize("case", [c for c in SM90_GPU_CASES if c[4] == 64], ids=_case_id)
 def test_gpu_sm90_persistent_hd64_tiles_match_reference(case, variant):
     _need_sm90()
@@ -145,45 +157,15 @@ def test_gpu_sm90_persistent_gpt_oss_window_many_tiles(persistent):
 
 
 @pytest.mark.gpu
-@settings(max_examples=40, deadline=None)
-@given(case=sm90_gpu_cases(), persistent=st.sampled_from([1, 2, 5, 132]))
-def test_gpu_sm90_persistent_drawn_cases_match_reference(case, persistent):
+@settings(max_examples=60, deadline=None)
+@given(case=sm90_gpu_cases(), persistent=st.sampled_from([0, 1, 2, 5, 132]), o_tma=st.booleans())
+def test_gpu_sm90_persistent_drawn_cases_match_reference(case, persistent, o_tma):
     _need_sm90()
     if sum(case[0]) == 0:
         return  # nothing to compare (the entry returns empty tensors without a launch)
-    variant = dict(persistent=persistent, tile_m=128, overlap=False)
+    variant = dict(persistent=persistent, tile_m=128, overlap=False, o_tma=o_tma)
     out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
-    assert_attention_close(out, lse, want_out, want_lse, f"sm90 persistent {variant} {case}")
-
-
-# The O epilogue through SMEM + TMA store (o_tma), on the persistent grid and with one CTA per tile: two and three
-# consumer warpgroups, with and without ping-pong. SM90_GPU_CASES hold varlen batches with empty sequences and
-# sk = 0, slices that end inside a sequence (register stores) and last sequences that end inside a slice (the TMA
-# box clipped at the tensor's end), windows, sinks, GQA / MQA; every case checks the LSE.
-O_TMA_VARIANTS = [dict(o_tma=True, persistent=3, tile_m=128, overlap=False),
-                  dict(o_tma=True, persistent=132, tile_m=128, overlap=False),
-                  dict(o_tma=True, persistent=0, tile_m=128, overlap=False),
-                  dict(o_tma=True, persistent=1, tile_m=128, pingpong=False, overlap=False)]
-O_TMA_HD64_VARIANTS = [dict(o_tma=True, persistent=4, tile_m=192, overlap=False),
-                       dict(o_tma=True, persistent=0, tile_m=192, overlap=True)]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", O_TMA_VARIANTS, ids=_variant_id)
-@pytest.mark.parametrize("case", SM90_GPU_CASES, ids=_case_id)
-def test_gpu_sm90_o_tma_matches_reference(case, variant):
-    _need_sm90()
-    out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
-    assert_attention_close(out, lse, want_out, want_lse, f"sm90 o_tma {variant} {case}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", O_TMA_HD64_VARIANTS, ids=_variant_id)
-@pytest.mark.parametrize("case", [c for c in SM90_GPU_CASES if c[4] == 64], ids=_case_id)
-def test_gpu_sm90_o_tma_hd64_tiles_match_reference(case, variant):
-    _need_sm90()
-    out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
-    assert_attention_close(out, lse, want_out, want_lse, f"sm90 o_tma {variant} {case}")
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 {variant} {case}")
 
 
 @pytest.mark.gpu
@@ -199,15 +181,3 @@ def test_gpu_sm90_o_tma_ragged_batch(d, persistent):
     out, lse, want_out, want_lse = _sm90_case(*case, seed=5, variant=dict(o_tma=True, persistent=persistent,
                                                                            tile_m=128, overlap=False))
     assert_attention_close(out, lse, want_out, want_lse, f"sm90 o_tma ragged d={d} persistent={persistent}")
-
-
-@pytest.mark.gpu
-@settings(max_examples=30, deadline=None)
-@given(case=sm90_gpu_cases(), persistent=st.sampled_from([0, 2, 132]))
-def test_gpu_sm90_o_tma_drawn_cases_match_reference(case, persistent):
-    _need_sm90()
-    if sum(case[0]) == 0:
-        return  # nothing to compare (the entry returns empty tensors without a launch)
-    variant = dict(o_tma=True, persistent=persistent, tile_m=128, overlap=False)
-    out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
-    assert_attention_close(out, lse, want_out, want_lse, f"sm90 o_tma {variant} {case}")
