@@ -39,6 +39,8 @@ from .moe_gemm import (
     moe_gemm_blockscaled,
     moe_gemm_blockscaled_masked,
     moe_gemm_combine,
+    moe_gemm_fp4_prepack,
+    moe_gemm_fp4_prepacked,
     moe_gemm_fp8,
     moe_gemm_mxfp4,
     moe_gemm_nvfp4,

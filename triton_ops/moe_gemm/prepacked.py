@@ -1,0 +1,252 @@
+"""FP4-weight (MXFP4 / NVFP4, W4A16) MoE GEMM over prepacked weights: the decode kernel for Hopper.
+
+Weights come from `moe_gemm_fp4_prepack` (layout: triton_ops/contract/fp4_prepack.py): int32 words whose nibbles
+are ordered so that one 16-byte load per thread holds its warpgroup-MMA A-fragment weights of 128 K, and a shift
+plus two masks turn a word into a packed bf16x2 (fp16x2) register. The kernel is swap-AB: the weight rows are the
+MMA's M side (BLOCK_W = 64 / 128 rows per tile, dequantized in registers and fed as the register A operand of the
+warpgroup MMA on sm_90), the tokens of one expert the N side (BLOCK_T = 16 / 32 / 64, from shared memory), so a
+decode tile of 16 tokens wastes no MMA rows. Accumulator [BLOCK_W, BLOCK_T] fp32, stored transposed.
+
+E2M1 -> bf16 on packed words: bits ((x & 0x00080008) << 12) | ((x & 0x00070007) << 6) are the two codes' values
+times 2^-126 (the code's 3 magnitude bits land on bf16's two lowest exponent bits and top mantissa bit: code 1 =
+0.5 becomes the subnormal 2^-127, exact). One packed bf16x2 multiply by 2^126 (exact: subnormal inputs are kept)
+and one by the block scale (exact: the scale is a power of two for MXFP4, an E4M3 of <= 4
+significant bits for NVFP4, and e2m1 has <= 2) give the operand; the two multiplies cannot be folded into one
+(2^126 * 2^(s - 127) leaves bf16's range for s >= 129). The multiplies are `fma.rn.bf16x2` with a -0 addend (an
+exact multiply, sm_80+; `mul.bf16x2` needs sm_90). fp16 (NVFP4 with fp16 activations): `<< 9`, 2^-14 and
+`fma.rn.f16x2`. Under the interpreter (no inline PTX, broken bf16 dot) the same bit patterns are widened to fp32
+and multiplied there, so the layout and the bit trick are what the CPU tests check.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from triton_ops._formats import cast_out, e4m3_decode_fast
+from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch
+from triton_ops.contract.fp4_prepack import CHUNK, check_fp4_prepacked
+from triton_ops.contract.moe_gemm import check_row_weights, contiguous_ids
+
+from .config import MoeGemmConfig, pick_prepacked_config, rows_per_expert
+from .dequant import e8m0_to_f32, mma
+
+_MAX_GRID_Y = 65535
+_BIAS_F32 = 8.507059173023462e37  # 2^126 (bf16 bit trick), fp32
+_BIAS_F16_F32 = 16384.0  # 2^14 (fp16 bit trick)
+
+
+@triton.jit
+def _pair_bits(y, FP16: tl.constexpr):
+    """Packed 16-bit halves of y's low nibbles (bits 0-3 and 16-19) -> the two values' bf16 (fp16) bits, the
+    value times 2^-126 (2^-14)."""
+    if FP16:
+        return ((y & 0x00080008) << 12) | ((y & 0x00070007) << 9)
+    else:
+        return ((y & 0x00080008) << 12) | ((y & 0x00070007) << 6)
+
+
+@triton.jit
+def _pair(words, P: tl.constexpr, sc, F32_DOT: tl.constexpr, FP16: tl.constexpr):
+    """The pair p = 2 s + h of every word: [..., 2] (b = 0, 1) operand values, e2m1 * scale. sc: fp32 scale values
+    (interpreter) or int32 words holding the scale's bf16 (fp16) bits in both halves (GPU)."""
+    y = words >> (4 * P)
+    sc = tl.broadcast_to(sc, y.shape)
+    if F32_DOT:
+        bits = _pair_bits(y, False)
+        lo = (bits << 16).to(tl.float32, bitcast=True) * _BIAS_F32
+        hi = (bits & -65536).to(tl.float32, bitcast=True) * _BIAS_F32
+        return tl.join(lo * sc, hi * sc)
+    else:
+        bits = _pair_bits(y, FP16)
+        if FP16:
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 t, c, z; mov.b32 c, 0x74007400; mov.b32 z, 0x80008000; fma.rn.f16x2 t, $2, c, z; "
+                "fma.rn.f16x2 t, t, $3, z; "
+                "mov.b32 {$0, $1}, t; }",
+                "=h,=h,r,r", [bits, sc], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+        else:
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 t, c, z; mov.b32 c, 0x7E807E80; mov.b32 z, 0x80008000; fma.rn.bf16x2 t, $2, c, z; "
+                "fma.rn.bf16x2 t, t, $3, z; "
+                "mov.b32 {$0, $1}, t; }",
+                "=h,=h,r,r", [bits, sc], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+        return tl.join(lo, hi)
+
+
+@triton.jit
+def dequant_prepacked(words, sc0, sc1, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, F32_DOT: tl.constexpr,
+                      FP16: tl.constexpr):
+    """words [BLOCK_W, U, 4 (c), 4 (t)] int32 (U = BLOCK_K / 128 chunks), sc0 / sc1 [BLOCK_W, U, 1, 4] the scales of
+    the elements with s = 0 / 1 -> the [BLOCK_W, BLOCK_K] operand in K order (k = 128 u + 32 t + 16 s + 8 h + 2 c +
+    b): four pairs (p = 2 s + h), joined and permuted (register relabelling only: a thread keeps its words)."""
+    v = tl.join(tl.join(_pair(words, 0, sc0, F32_DOT, FP16), _pair(words, 1, sc0, F32_DOT, FP16)),
+                tl.join(_pair(words, 2, sc1, F32_DOT, FP16), _pair(words, 3, sc1, F32_DOT, FP16)))
+    v = tl.permute(v, (0, 1, 3, 6, 5, 2, 4))  # (W, u, c, t, b, h, s) -> (W, u, t, s, h, c, b)
+    return tl.reshape(v, [BLOCK_W, BLOCK_K])
+
+
+@triton.jit
+def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr):
+    """Scale bytes -> fp32 values (interpreter) or int32 words with the DTYPE bits of the value in both halves."""
+    if NVFP4:
+        f = e4m3_decode_fast(sb, EMULATE)
+        if F32_DOT:
+            return f
+        h = f.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    else:
+        if F32_DOT:
+            return e8m0_to_f32(sb)
+        b = sb.to(tl.int32)
+        h = tl.where(b == 0, 0x40, b << 7)  # bf16 2^(b - 127); b = 0: the subnormal 2^-127
+        h = tl.where(b == 255, 0x7FC0, h)  # NaN
+    return h | (h << 16)
+
+
+@triton.jit
+def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, wmask, K, KW, KS,
+                    NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
+                    BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 [BLOCK_W, BLOCK_T] = w[rows] @ a[tokens].T over K for the tokens in `sel` (others read as zero).
+    v_rows / s_rows: pointers to the tile's weight rows in the prepacked values / scales."""
+    U: tl.constexpr = BLOCK_K // 128
+    acc = tl.zeros([BLOCK_W, BLOCK_T], tl.float32)
+    wi = tl.arange(0, BLOCK_K // 8)
+    ka = tl.arange(0, BLOCK_K)
+    SB: tl.constexpr = 16 if NVFP4 else 32
+    si = tl.arange(0, BLOCK_K // SB)
+    for k0 in range(0, K, BLOCK_K):
+        kw = k0 // 8 + wi
+        words = tl.load(v_rows[:, None] + kw[None, :], mask=wmask[:, None] & (kw < KW)[None, :], other=0)
+        ks = k0 // SB + si
+        sb = tl.load(s_rows[:, None] + ks[None, :], mask=wmask[:, None] & (ks < KS)[None, :], other=0)
+        sc = _scale_words(sb, NVFP4, DTYPE, F32_DOT, EMULATE)
+        if NVFP4:  # scale index 8 u + 2 t + s
+            sc0, sc1 = tl.split(tl.reshape(sc, [BLOCK_W, U, 4, 2]))
+            sc0 = tl.reshape(sc0, [BLOCK_W, U, 1, 4])
+            sc1 = tl.reshape(sc1, [BLOCK_W, U, 1, 4])
+        else:  # scale index 4 u + t
+            sc0 = tl.reshape(sc, [BLOCK_W, U, 1, 4])
+            sc1 = sc0
+        wt = dequant_prepacked(tl.reshape(words, [BLOCK_W, U, 4, 4]), sc0, sc1, BLOCK_W, BLOCK_K, F32_DOT,
+                               DTYPE == tl.float16)
+        kk = k0 + ka
+        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
+        acc = mma(wt, tl.trans(a), acc, F32_DOT)
+    return acc
+
+
+@triton.jit
+def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, M, N, K, E, KW, KS,
+                          stride_ae, stride_am,
+                          NVFP4: tl.constexpr, MASKED: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr,
+                          F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
+                          BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program (axis 0) = one [BLOCK_T tokens, BLOCK_W weight rows] output tile, the weight tiles of one token tile
+    adjacent (activations reused from L2); masked layout: axis 1 = expert. Every output element in range is
+    written once: computed rows by their expert's pass, the others as zeros."""
+    pid = tl.program_id(0)
+    num_w = tl.cdiv(N, BLOCK_W)
+    pid_t = pid // num_w
+    offs_w = (pid % num_w) * BLOCK_W + tl.arange(0, BLOCK_W)
+    wmask = offs_w < N
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < M
+    rows64 = rows.to(tl.int64)
+    w64 = offs_w.to(tl.int64)
+    if MASKED:
+        e = tl.program_id(1)
+        e64 = e.to(tl.int64)
+        cnt = tl.minimum(tl.maximum(tl.load(ids_ptr + e), 0), M)
+        flat = e64 * M + rows64
+        out_t = out_ptr + flat[None, :] * N + w64[:, None]
+        done = rows < cnt
+        if pid_t * BLOCK_T < cnt:
+            acc = _prepacked_pass(a_ptr, e64 * stride_ae + rows64 * stride_am, done, v_ptr + (e64 * N + w64) * KW,
+                                  s_ptr + (e64 * N + w64) * KS, wmask, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE,
+                                  BLOCK_W, BLOCK_T, BLOCK_K)
+            if NVFP4:
+                acc = acc * tl.load(g_ptr + e64)
+            if HAS_RW:
+                acc *= tl.load(rw_ptr + flat, mask=done, other=0.0)[None, :]
+            tl.store(out_t, cast_out(acc, out_ptr.dtype.element_ty, EMULATE), mask=wmask[:, None] & done[None, :])
+    else:
+        out_t = out_ptr + rows64[None, :] * N + w64[:, None]
+        mi = tl.load(ids_ptr + rows, mask=rmask, other=-1)
+        done = (mi >= 0) & (mi < E)
+        mi = tl.where(done, mi, E)
+        e = tl.min(mi, 0)
+        while e < E:  # one pass per expert present in the tile, in increasing id order
+            sel = mi == e
+            e64 = e.to(tl.int64)
+            acc = _prepacked_pass(a_ptr, rows64 * stride_am, sel, v_ptr + (e64 * N + w64) * KW,
+                                  s_ptr + (e64 * N + w64) * KS, wmask, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE,
+                                  BLOCK_W, BLOCK_T, BLOCK_K)
+            if NVFP4:
+                acc = acc * tl.load(g_ptr + e64)
+            if HAS_RW:
+                acc *= tl.load(rw_ptr + rows, mask=sel, other=0.0)[None, :]
+            tl.store(out_t, cast_out(acc, out_ptr.dtype.element_ty, EMULATE), mask=wmask[:, None] & sel[None, :])
+            e = tl.min(tl.where(mi > e, mi, E), 0)
+    zero = tl.zeros([BLOCK_W, BLOCK_T], out_ptr.dtype.element_ty)
+    tl.store(out_t, zero, mask=wmask[:, None] & (rmask & ~done)[None, :])
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+
+
+def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, config):
+    masked = masked_m is not None
+    e, n = values.shape[0], values.shape[1]
+    k = a.shape[-1]
+    rows = a.shape[1] if masked else a.shape[0]
+    out = torch.empty(*a.shape[:-1], n, dtype=a.dtype, device=a.device)
+    if out.numel() == 0:
+        return out
+    cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), n, k, a.device)
+    reason = prepacked_refusal(cfg)
+    if reason:
+        raise ValueError(f"moe_gemm_fp4_prepacked: config {cfg}: {reason}")
+    grid = (cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n), e if masked else 1)
+    dummy = scales
+    launch(_fp4_prepacked_kernel, grid,
+           a, values, scales, dummy if w_global is None else w_global.contiguous(),
+           masked_m if masked else m_indices, dummy if row_weights is None else row_weights.contiguous(), out,
+           rows, n, k, e, values.shape[2], scales.shape[2],
+           a.stride(0) if masked else 0, a.stride(1) if masked else a.stride(0),
+           NVFP4=fmt == "nvfp4", MASKED=masked, HAS_RW=row_weights is not None, DTYPE=TL_DTYPE[a.dtype],
+           F32_DOT=a.device.type != "cuda", EMULATE=emulate_formats(a.device),
+           BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k,
+           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def prepacked_refusal(cfg: MoeGemmConfig) -> str | None:
+    """Why `cfg` cannot run the prepacked kernel (block_m: tokens per tile, block_n: weight rows per tile)."""
+    for name in ("block_m", "block_n", "block_k"):
+        v = getattr(cfg, name)
+        if v < 16 or v & (v - 1):
+            return f"{name}={v} is not a power of two >= 16 (tl.dot)"
+    if cfg.block_k % CHUNK:
+        return f"block_k={cfg.block_k} is not a multiple of the layout's {CHUNK}-element chunk"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- supports / entry
+
+
+def supports_moe_gemm_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, *rest) -> str | None:
+    if masked_m is not None and w_values.shape[0] > _MAX_GRID_Y:
+        return f"E={w_values.shape[0]} > {_MAX_GRID_Y} experts on grid axis 1 (masked layout)"
+    return None
+
+
+def moe_gemm_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, row_weights=None, *,
+                           config: MoeGemmConfig | None = None):
+    """a x prepacked FP4 weights (moe_gemm_fp4_prepack's output) -> a's dtype; the math of moe_gemm_mxfp4 /
+    moe_gemm_nvfp4 on the unpacked weights. config: block_m = tokens per tile, block_n = weight rows per tile."""
+    check_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m)
+    check_row_weights("moe_gemm_fp4_prepacked", a, row_weights)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    return _launch(fmt, a, w_values, w_scales, w_global, m_indices, masked_m, row_weights, config)
