@@ -376,6 +376,21 @@ def self_check_cases() -> list:
         w_global = torch.rand(e, generator=g) + 0.5
         return (a.bfloat16(), packed, scales.to(dev), w_global.to(dev), mi, None, None)
 
+    def prepacked(dev, small, fmt):
+        """The MXFP4 / NVFP4 cases' weights through the prepack (reference: the unpacked weights' contract)."""
+        from ..reference.moe_gemm import moe_gemm_fp4_prepack
+        if fmt == "mxfp4":
+            a, packed, scales, mi, _, _ = mxfp4(dev, small)
+            w_global = None
+        else:
+            a, packed, scales, w_global, mi, _, _ = nvfp4(dev, small)
+        vals, sc = moe_gemm_fp4_prepack(packed, scales, fmt)
+        return (a, vals, sc, w_global, fmt, mi, None, None)
+
+    def prepack(dev, small):
+        _, packed, scales, _, _, _, _ = nvfp4(dev, small)
+        return (packed, scales, "nvfp4")
+
     def w4(dev, small, fp4_acts):
         a, packed, scales, mi, g, k = mxfp4_weights(dev, small)
         rows = a.shape[0]
@@ -461,6 +476,9 @@ def self_check_cases() -> list:
         Case("moe_gemm_mxfp4", mxfp4, close, label="contiguous, W4A16"),
         Case("moe_gemm_nvfp4", nvfp4, close, label="contiguous, NVFP4 W4A16"),
         Case("moe_gemm_w4a8", lambda d, s: w4(d, s, False), close, label="contiguous, FP8 x MXFP4"),
+        Case("moe_gemm_fp4_prepack", prepack, label="NVFP4 weights to the prepacked layout"),
+        Case("moe_gemm_fp4_prepacked", lambda d, s: prepacked(d, s, "mxfp4"), close, label="prepacked MXFP4 W4A16"),
+        Case("moe_gemm_fp4_prepacked", lambda d, s: prepacked(d, s, "nvfp4"), close, label="prepacked NVFP4 W4A16"),
         Case("moe_gemm_w4a4", lambda d, s: w4(d, s, True), close, label="contiguous, MXFP4 x MXFP4"),
         Case("moe_gemm_blockscaled", blockscaled, close, label="NVFP4 x NVFP4, group offsets, swizzled scales"),
         Case("moe_gemm_blockscaled_masked", blockscaled_masked, close, label="NVFP4 x NVFP4, masked layout"),
