@@ -341,7 +341,8 @@ _COMPILE = textwrap.dedent("""
                            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
         ptx = c.asm["ptx"]
         # register A: `wgmma... {acc}, {a regs}, b_desc, ...`; shared A would be a 64-bit descriptor
-        reg_a = len(re.findall(r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n\\d+k16\\.f32\\.\\w+\\.\\w+ \\{[^}]*\\}, \\{", ptx))
+        wgmma_a = r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n\\d+k16\\.f32\\.\\w+\\.\\w+ \\{[^}]*\\}, \\{"
+        reg_a = len(re.findall(wgmma_a, ptx))
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(c.asm["cubin"])
         sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name], capture_output=True,

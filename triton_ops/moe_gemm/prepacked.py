@@ -138,6 +138,21 @@ def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, wmask, K, KW, KS,
 
 
 @triton.jit
+def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w64, wmask, N, K, KW, KS,
+                 NVFP4: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr,
+                 EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Expert e64's pass over the tile's tokens in `sel`, then (NVFP4) its global scale, the row weights (rw_rows:
+    pointers to the tokens' weights) and the one rounding, stored to the selected tokens' columns of out_t."""
+    acc = _prepacked_pass(a_ptr, a_off, sel, v_ptr + (e64 * N + w64) * KW, s_ptr + (e64 * N + w64) * KS, wmask, K,
+                          KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K)
+    if NVFP4:
+        acc = acc * tl.load(g_ptr + e64)
+    if HAS_RW:
+        acc *= tl.load(rw_rows, mask=sel, other=0.0)[None, :]
+    tl.store(out_t, cast_out(acc, out_t.dtype.element_ty, EMULATE), mask=wmask[:, None] & sel[None, :])
+
+
+@triton.jit
 def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, M, N, K, E, KW, KS,
                           stride_ae, stride_am,
                           NVFP4: tl.constexpr, MASKED: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr,
@@ -163,14 +178,9 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
         out_t = out_ptr + flat[None, :] * N + w64[:, None]
         done = rows < cnt
         if pid_t * BLOCK_T < cnt:
-            acc = _prepacked_pass(a_ptr, e64 * stride_ae + rows64 * stride_am, done, v_ptr + (e64 * N + w64) * KW,
-                                  s_ptr + (e64 * N + w64) * KS, wmask, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE,
-                                  BLOCK_W, BLOCK_T, BLOCK_K)
-            if NVFP4:
-                acc = acc * tl.load(g_ptr + e64)
-            if HAS_RW:
-                acc *= tl.load(rw_ptr + flat, mask=done, other=0.0)[None, :]
-            tl.store(out_t, cast_out(acc, out_ptr.dtype.element_ty, EMULATE), mask=wmask[:, None] & done[None, :])
+            _expert_tile(a_ptr, e64 * stride_ae + rows64 * stride_am, done, v_ptr, s_ptr, g_ptr, rw_ptr + flat,
+                         out_t, e64, w64, wmask, N, K, KW, KS, NVFP4, HAS_RW, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                         BLOCK_T, BLOCK_K)
     else:
         out_t = out_ptr + rows64[None, :] * N + w64[:, None]
         mi = tl.load(ids_ptr + rows, mask=rmask, other=-1)
@@ -179,15 +189,9 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
         e = tl.min(mi, 0)
         while e < E:  # one pass per expert present in the tile, in increasing id order
             sel = mi == e
-            e64 = e.to(tl.int64)
-            acc = _prepacked_pass(a_ptr, rows64 * stride_am, sel, v_ptr + (e64 * N + w64) * KW,
-                                  s_ptr + (e64 * N + w64) * KS, wmask, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE,
-                                  BLOCK_W, BLOCK_T, BLOCK_K)
-            if NVFP4:
-                acc = acc * tl.load(g_ptr + e64)
-            if HAS_RW:
-                acc *= tl.load(rw_ptr + rows, mask=sel, other=0.0)[None, :]
-            tl.store(out_t, cast_out(acc, out_ptr.dtype.element_ty, EMULATE), mask=wmask[:, None] & sel[None, :])
+            _expert_tile(a_ptr, rows64 * stride_am, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
+                         e.to(tl.int64), w64, wmask, N, K, KW, KS, NVFP4, HAS_RW, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                         BLOCK_T, BLOCK_K)
             e = tl.min(tl.where(mi > e, mi, E), 0)
     zero = tl.zeros([BLOCK_W, BLOCK_T], out_ptr.dtype.element_ty)
     tl.store(out_t, zero, mask=wmask[:, None] & (rmask & ~done)[None, :])
