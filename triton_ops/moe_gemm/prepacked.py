@@ -48,50 +48,63 @@ def _pair_bits(y, FP16: tl.constexpr):
 
 
 @triton.jit
-def _pair(words, P: tl.constexpr, sc, F32_DOT: tl.constexpr, FP16: tl.constexpr):
-    """The pair p = 2 s + h of every word: [..., 2] (b = 0, 1) operand values, e2m1 * scale. sc: fp32 scale values
-    (interpreter) or int32 words holding the scale's bf16 (fp16) bits in both halves (GPU)."""
+def _pair(words, P: tl.constexpr, sc, F32_DOT: tl.constexpr, FP16: tl.constexpr, FOLDED: tl.constexpr):
+    """The pair p = 2 s + h of every word: [..., 2] (b = 0, 1) operand values. sc: fp32 scale values (interpreter)
+    or int32 words holding the scale's bf16 (fp16) bits in both halves (GPU). FOLDED (NVFP4): sc already holds
+    the bit trick's bias (one multiply: e2m1 * e4m3 * 2^-7); else two multiplies, by the bias then by sc."""
     y = words >> (4 * P)
     sc = tl.broadcast_to(sc, y.shape)
-    if F32_DOT:
+    if F32_DOT:  # the bf16 bit patterns, widened to fp32 (exact), the same multiplies
         bits = _pair_bits(y, False)
-        lo = (bits << 16).to(tl.float32, bitcast=True) * _BIAS_F32
-        hi = (bits & -65536).to(tl.float32, bitcast=True) * _BIAS_F32
+        lo = (bits << 16).to(tl.float32, bitcast=True)
+        hi = (bits & -65536).to(tl.float32, bitcast=True)
+        if not FOLDED:
+            lo = lo * _BIAS_F32
+            hi = hi * _BIAS_F32
         return tl.join(lo * sc, hi * sc)
     else:
         bits = _pair_bits(y, FP16)
-        if FP16:
+        if FP16:  # NVFP4 only: always folded
             lo, hi = tl.inline_asm_elementwise(
-                "{ .reg .b32 t, c, z; mov.b32 c, 0x74007400; mov.b32 z, 0x80008000; fma.rn.f16x2 t, $2, c, z; "
-                "fma.rn.f16x2 t, t, $3, z; "
-                "mov.b32 {$0, $1}, t; }",
+                "{ .reg .b32 t, z; mov.b32 z, 0x80008000; fma.rn.f16x2 t, $2, $3, z; mov.b32 {$0, $1}, t; }",
                 "=h,=h,r,r", [bits, sc], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+        elif FOLDED:
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 t, z; mov.b32 z, 0x80008000; fma.rn.bf16x2 t, $2, $3, z; mov.b32 {$0, $1}, t; }",
+                "=h,=h,r,r", [bits, sc], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
         else:
             lo, hi = tl.inline_asm_elementwise(
                 "{ .reg .b32 t, c, z; mov.b32 c, 0x7E807E80; mov.b32 z, 0x80008000; fma.rn.bf16x2 t, $2, c, z; "
-                "fma.rn.bf16x2 t, t, $3, z; "
-                "mov.b32 {$0, $1}, t; }",
+                "fma.rn.bf16x2 t, t, $3, z; mov.b32 {$0, $1}, t; }",
                 "=h,=h,r,r", [bits, sc], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
         return tl.join(lo, hi)
 
 
 @triton.jit
 def dequant_prepacked(words, sc0, sc1, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, F32_DOT: tl.constexpr,
-                      FP16: tl.constexpr):
+                      FP16: tl.constexpr, FOLDED: tl.constexpr):
     """words [BLOCK_W, U, 4 (c), 4 (t)] int32 (U = BLOCK_K / 128 chunks), sc0 / sc1 [BLOCK_W, U, 1, 4] the scales of
     the elements with s = 0 / 1 -> the [BLOCK_W, BLOCK_K] operand in K order (k = 128 u + 32 t + 16 s + 8 h + 2 c +
     b): four pairs (p = 2 s + h), joined and permuted (register relabelling only: a thread keeps its words)."""
-    v = tl.join(tl.join(_pair(words, 0, sc0, F32_DOT, FP16), _pair(words, 1, sc0, F32_DOT, FP16)),
-                tl.join(_pair(words, 2, sc1, F32_DOT, FP16), _pair(words, 3, sc1, F32_DOT, FP16)))
+    v = tl.join(tl.join(_pair(words, 0, sc0, F32_DOT, FP16, FOLDED), _pair(words, 1, sc0, F32_DOT, FP16, FOLDED)),
+                tl.join(_pair(words, 2, sc1, F32_DOT, FP16, FOLDED), _pair(words, 3, sc1, F32_DOT, FP16, FOLDED)))
     v = tl.permute(v, (0, 1, 3, 6, 5, 2, 4))  # (W, u, c, t, b, h, s) -> (W, u, t, s, h, c, b)
     return tl.reshape(v, [BLOCK_W, BLOCK_K])
 
 
 @triton.jit
 def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr):
-    """Scale bytes -> fp32 values (interpreter) or int32 words with the DTYPE bits of the value in both halves."""
+    """Scale bytes -> fp32 values (interpreter) or int32 words with the DTYPE bits of the value in both halves.
+    NVFP4: e4m3 * 2^119 (bf16 bit trick, interpreter) / 2^7 (fp16): the bit trick's bias 2^126 / 2^14 folded in,
+    less 2^7 (the largest E4M3, 448, times 2^119 is bf16's largest power-of-two binade), which the fp32 sums get
+    back after the K loop. Exact: every E4M3 times 2^119 (2^7) is a normal bf16 (fp16).
+    MXFP4: 2^(s - 127) itself (2^126 * 2^(s - 127) leaves bf16's range for s >= 129)."""
     if NVFP4:
         f = e4m3_decode_fast(sb, EMULATE)
+        if F32_DOT or DTYPE == tl.bfloat16:
+            f = f * 6.646139978924579e35  # 2^119
+        else:
+            f = f * 128.0
         if F32_DOT:
             return f
         h = f.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
@@ -130,10 +143,12 @@ def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, wmask, K, KW, KS,
             sc0 = tl.reshape(sc, [BLOCK_W, U, 1, 4])
             sc1 = sc0
         wt = dequant_prepacked(tl.reshape(words, [BLOCK_W, U, 4, 4]), sc0, sc1, BLOCK_W, BLOCK_K, F32_DOT,
-                               DTYPE == tl.float16)
+                               DTYPE == tl.float16, NVFP4)
         kk = k0 + ka
         a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
         acc = mma(wt, tl.trans(a), acc, F32_DOT)
+    if NVFP4:
+        acc = acc * 128.0  # the 2^-7 the folded scales leave on every operand (exact)
     return acc
 
 
