@@ -45,9 +45,10 @@ def _contig_case(e, ids, k, n, row_weights=False):
     return Case("mxfp4", x, dead, mi, None, w32, rw, f"contiguous ids={ids}")
 
 
-def _run(fmt, case, dtype=torch.bfloat16, device="cpu", config=None):
-    """(got, want): the prepacked kernel on `device` and the linear-layout contract on the CPU."""
-    wp, ws, wg = _linear_weights(fmt, case.w32)
+def _run(fmt, case, dtype=torch.bfloat16, device="cpu", config=None, weights=None):
+    """(got, want): the prepacked kernel on `device` and the linear-layout contract on the CPU (weights: the linear
+    (codes, scales, global) if already quantized)."""
+    wp, ws, wg = weights or _linear_weights(fmt, case.w32)
     a = _poison_rows(case.x.to(dtype), case.dead)
     vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
     dev = lambda t: None if t is None else t.to(device)
@@ -60,14 +61,16 @@ def _run(fmt, case, dtype=torch.bfloat16, device="cpu", config=None):
     return got, want
 
 
-def _check(fmt, case, dtype=torch.bfloat16, device="cpu", config=None):
-    got, want = _run(fmt, case, dtype, device, config)
+def _check(fmt, case, dtype=torch.bfloat16, device="cpu", config=None, weights=None):
+    """The kernel's output against the contract (normalized error, no NaN, uncomputed rows 0); returns it."""
+    got, want = _run(fmt, case, dtype, device, config, weights)
     what = f"{case.desc} {fmt} {dtype} {config}"
     assert got.dtype == dtype, what
     assert_close(got.cpu(), want, what)
     assert not torch.isnan(got.float()).any(), f"{what}: NaN in the output (unwritten or poisoned rows)"
     dead = got.cpu()[case.dead]
     assert torch.equal(dead, torch.zeros_like(dead)), f"{what}: uncomputed rows are not zero"
+    return got
 
 
 # ---------------------------------------------------------------------------------------------- the layout
@@ -162,13 +165,15 @@ def test_one_hot_rows_give_the_weights_exactly(fmt, device):
     wp, ws, wg = _edge_weights(fmt, e, n, k, device)
     w32 = (ref.mxfp4_weight_dequantize(wp, ws) if fmt == "mxfp4"
            else ref.nvfp4_weight_dequantize(wp, ws, wg))  # (E, N, K) fp32
-    a = torch.eye(k).repeat(e, 1).bfloat16()  # (E * K, K): expert x's rows x*K .. x*K+K-1
+    # (E * K, K): expert x's rows x*K .. x*K+K-1; 2^20 keeps the fp32 sums of the smallest weights (2^-128 for E8M0
+    # 0) out of fp32's subnormals, so the MMA's handling of those is not what this checks
+    a = (torch.eye(k) * 2.0 ** 20).repeat(e, 1).bfloat16()
     mi = torch.arange(e, dtype=torch.int32).repeat_interleave(k)
     vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
     dev = lambda t: None if t is None else t.to(device)
     got = ops.moe_gemm_fp4_prepacked(dev(a), dev(vals), dev(scales), fmt=fmt, w_global=dev(wg), m_indices=dev(mi),
                                      backend="triton")
-    want = (w32.transpose(1, 2).reshape(e * k, n) + 0.0).bfloat16()  # a sum of +-0 products: +0
+    want = (w32.transpose(1, 2).reshape(e * k, n) * 2.0 ** 20 + 0.0).bfloat16()  # a sum of +-0 products: +0
     assert_same_bytes(got.cpu(), want, f"{fmt} one-hot rows")
 
 
@@ -204,20 +209,23 @@ def test_configs():
 
 def test_bad_inputs():
     """Linear weights passed as prepacked, shapes for another K, wrong format / global scale: named errors."""
-    a = torch.randn(4, 256).bfloat16()
+    a = torch.randn(4, 640).bfloat16()  # K = 640: the MXFP4 / NVFP4 scale rows differ (32 / 48 B)
     mi = torch.zeros(4, dtype=torch.int32)
-    wp, ws = quant_w_mxfp4(torch.randn(2, 64, 256))
+    wp, ws = quant_w_mxfp4(torch.randn(2, 64, 640))
     ws = ws.view(torch.uint8)
     vals, scales = ops.moe_gemm_fp4_prepack(wp, ws, "mxfp4")
     call = lambda *args, **kw: ops.moe_gemm_fp4_prepacked(*args, m_indices=mi, **kw)
     with pytest.raises(LowbitInputError, match=r"moe_gemm_fp4_prepacked: argument 'w_values': dtype uint8: expected "
                                                r"the int32 words"):
         call(a, wp, ws, fmt="mxfp4")
-    with pytest.raises(LowbitInputError, match=r"argument 'w_values': expected prepacked shape \(2, 64, 32\) for "
-                                               r"K=256"):
-        call(a, vals[:, :, :16].contiguous(), scales, fmt="mxfp4")
-    with pytest.raises(LowbitInputError, match=r"argument 'w_scales': expected prepacked nvfp4 scale shape"):
+    with pytest.raises(LowbitInputError, match=r"argument 'w_values': expected prepacked shape \(2, 64, 80\) for "
+                                               r"K=640"):
+        call(a, vals[:, :, :32].contiguous(), scales, fmt="mxfp4")
+    with pytest.raises(LowbitInputError, match=r"argument 'w_scales': expected prepacked nvfp4 scale shape "
+                                               r"\(2, 64, 48\) for K=640"):
         call(a, vals, scales, fmt="nvfp4", w_global=torch.ones(2))
+    with pytest.raises(LowbitInputError, match=r"argument 'w_scales': expected prepacked mxfp4 scale shape"):
+        call(a, vals, ws, fmt="mxfp4")  # the linear scales (K/32 = 20 per row) where 32 are expected
     with pytest.raises(LowbitInputError, match=r"argument 'fmt': expected one of"):
         call(a, vals, scales, fmt="fp4")
     with pytest.raises(LowbitInputError, match=r"argument 'w_global': MXFP4 weights have no global scale"):
@@ -227,11 +235,11 @@ def test_bad_inputs():
     with pytest.raises(LowbitInputError, match=r"argument 'w_values': must be contiguous"):
         call(a, vals.transpose(0, 1).contiguous().transpose(0, 1), scales, fmt="mxfp4")
     with pytest.raises(LowbitInputError, match=r"moe_gemm_fp4_prepack: argument 'w_scale': expected shape "
-                                               r"\(2, 64, 8\)"):
-        ops.moe_gemm_fp4_prepack(wp, ws[:, :, :4], "mxfp4")
+                                               r"\(2, 64, 20\)"):
+        ops.moe_gemm_fp4_prepack(wp, ws[:, :, :10], "mxfp4")
     with pytest.raises(LowbitInputError, match=r"moe_gemm_fp4_prepack: argument 'fmt'"):
         ops.moe_gemm_fp4_prepack(wp, ws, "int4")
-    nv_s = torch.zeros(2, 64, 16, dtype=torch.uint8)
+    nv_s = torch.zeros(2, 64, 40, dtype=torch.uint8)
     nv_vals, nv_scales = ops.moe_gemm_fp4_prepack(wp, nv_s, "nvfp4")
     with pytest.raises(LowbitInputError, match=r"argument 'w_global': NVFP4 weights need"):
         call(a, nv_vals, nv_scales, fmt="nvfp4")
@@ -279,9 +287,8 @@ def test_gpu_decode_matches_reference_and_old_kernel(fmt, masked):
     close to the linear-layout kernel's output on the same GPU (fp32 sums in another order)."""
     from triton_ops.moe_gemm import grouped
     case = _gpu_decode_case(masked)
-    _check(fmt, case, device="cuda")
-    got, _ = _run(fmt, case, device="cuda")
     wp, ws, wg = _linear_weights(fmt, case.w32)
+    got = _check(fmt, case, device="cuda", weights=(wp, ws, wg))
     a = _poison_rows(case.x.bfloat16(), case.dead).cuda()
     ids = [None if t is None else t.cuda() for t in (case.m_indices, case.masked_m, case.row_weights)]
     old = (grouped.moe_gemm_mxfp4(a, wp.cuda(), ws.cuda(), *ids) if fmt == "mxfp4"

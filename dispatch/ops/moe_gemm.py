@@ -163,7 +163,8 @@ def moe_gemm_fp4_prepack(w_packed: Tensor, w_scale: Tensor, fmt: Literal["mxfp4"
                          backend: str = "auto") -> tuple[Tensor, Tensor]:
     """One-time weight preparation for `moe_gemm_fp4_prepacked`: the quantizer's linear FP4 weights (w_packed
     (E, N, K/2) uint8 / float4_e2m1fn_x2 codes, w_scale (E, N, K/block): MXFP4 E8M0 per 32 or NVFP4 E4M3 per 16)
-    -> (values int32 (E, N, KP/8), scales uint8 (E, N, KP/block)), KP = K rounded up to 128: the nibbles reordered
+    -> (values int32 (E, N, KP/8), scales uint8 (E, N, SP)), KP = K rounded up to 128, SP = KP/block rounded up to
+    16: the nibbles reordered
     so each thread of the Hopper decode kernel loads its MMA fragment with one 16-byte load and converts it with
     packed bit operations (layout: triton_ops/contract/fp4_prepack.py). No value changes (exact round trip)."""
     return call("moe_gemm_fp4_prepack", w_packed, w_scale, fmt, backend)

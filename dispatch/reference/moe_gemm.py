@@ -117,7 +117,7 @@ def moe_gemm_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weight
 
 
 def moe_gemm_fp4_prepack(w_packed, w_scale, fmt: str):
-    """The quantizer's linear FP4 weights -> (int32 values (E, N, KP/8), uint8 scales (E, N, KP/block)), the layout
+    """The quantizer's linear FP4 weights -> (int32 values (E, N, KP/8), uint8 scales (E, N, SP)), the layout
     of triton_ops/contract/fp4_prepack.py (a byte permutation plus padding: no value changes)."""
     w_packed, w_scale = nvfp4_views(w_packed, w_scale)
     k = w_packed.shape[-1] * 2

@@ -14,9 +14,9 @@ with element (s, h, b) at bits 16 b + 4 (2 s + h) (an e2m1 code per nibble). So:
 * `w >> 4 p` puts the pair (b = 0, b = 1) of p = 2 s + h in the low nibbles of both 16-bit halves, so
   `((x & 0x00080008) << 12) | ((x & 0x00070007) << 6)` is the pair's two bf16 values times 2^-126, packed as the
   MMA's bf16x2 register (fp16: `<< 9` and 2^-14), with no per-element work.
-Scales: uint8 (E, N, KP / block) (MXFP4: E8M0 per 32; NVFP4: E4M3 per 16) in K order, the padding filled with
-the unit scale (127 / 0x38) so a padded zero code never meets a NaN scale. A row's scale bytes of one K chunk are
-4 (MXFP4) or 8 (NVFP4) contiguous, aligned bytes.
+Scales: uint8 (E, N, SP), SP = KP / block rounded up to a multiple of 16 (MXFP4: E8M0 per 32; NVFP4: E4M3 per 16),
+in K order, the padding filled with the unit scale (127 / 0x38) so a padded zero code never meets a NaN scale. Rows
+start 16-byte aligned, so a row's scale bytes of one K chunk (4 for MXFP4, 8 for NVFP4) are one aligned load.
 """
 
 from __future__ import annotations
@@ -36,10 +36,17 @@ def padded_k(k: int) -> int:
     return -(-k // CHUNK) * CHUNK
 
 
+SCALE_ROW_ALIGN = 16  # bytes: prepacked scale rows are padded to a multiple of this
+
+
+def scale_row(k: int, fmt: str) -> int:
+    """SP: the prepacked scale bytes per weight row for K = k."""
+    return -(-(padded_k(k) // FP4_BLOCKS[fmt]) // SCALE_ROW_ALIGN) * SCALE_ROW_ALIGN
+
+
 def prepacked_shapes(e: int, n: int, k: int, fmt: str) -> tuple[tuple, tuple]:
     """(values shape, scales shape) of the prepacked layout of (E, N, K) FP4 weights."""
-    kp = padded_k(k)
-    return (e, n, kp // 8), (e, n, kp // FP4_BLOCKS[fmt])
+    return (e, n, padded_k(k) // 8), (e, n, scale_row(k, fmt))
 
 
 def _chunks(codes: torch.Tensor) -> torch.Tensor:
@@ -70,8 +77,8 @@ def unpack_values(values: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def prepack_scales(w_scale: torch.Tensor, k: int, fmt: str) -> torch.Tensor:
-    """Linear scale bytes (E, N, K/block) -> (E, N, KP/block), the padding the unit scale."""
-    pad = padded_k(k) // FP4_BLOCKS[fmt] - w_scale.shape[-1]
+    """Linear scale bytes (E, N, K/block) -> (E, N, SP), the padding the unit scale."""
+    pad = scale_row(k, fmt) - w_scale.shape[-1]
     return torch.nn.functional.pad(w_scale, (0, pad), value=UNIT_SCALE[fmt]).contiguous()
 
 
@@ -105,7 +112,7 @@ def check_prepack(w_packed, w_scale, fmt, op: str = "moe_gemm_fp4_prepack") -> N
 
 
 def check_prepacked_weights(op: str, a, values, scales, fmt, k: int, e: int) -> None:
-    """Prepacked values int32 (E, N, KP/8) and scales uint8 (E, N, KP/block) for K = k, on a's device."""
+    """Prepacked values int32 (E, N, KP/8) and scales uint8 (E, N, SP) for K = k, on a's device."""
     check_fmt(op, fmt)
     block = FP4_BLOCKS[fmt]
     if k % block:
