@@ -99,36 +99,65 @@ def test_prepack_round_trip_is_exact(fmt, e, n, chunks, seed):
 
 
 def test_prepack_element_positions():
-    """Element k of a row sits where the layout says: word 16 u + 4 c + t, bits 16 b + 4 (2 s + h), with
-    k = 128 u + 32 t + 16 s + 8 h + 2 c + b."""
+    """Element k of a row sits where the layout says: word 16 u + 4 c + t, half b, slot p = 2 s + h (sign at
+    SIGN_BIT[p], magnitude at MAG_BITS[p]), with k = 128 u + 32 t + 16 s + 8 h + 2 c + b."""
     g = torch.Generator().manual_seed(1)
     k = 288
     wp = torch.randint(0, 256, (2, 3, k // 2), generator=g, dtype=torch.uint8)
     words = FP.prepack_values(wp).to(torch.int64) & 0xFFFFFFFF
-    codes = torch.stack((wp & 15, wp >> 4), -1).reshape(2, 3, k)
+    codes = torch.stack((wp & 15, wp >> 4), -1).reshape(2, 3, k).to(torch.int64)
     for kk in range(k):
         u, r = divmod(kk, 128)
         t, r = divmod(r, 32)
         s, r = divmod(r, 16)
         h, r = divmod(r, 8)
         c, b = divmod(r, 2)
-        nib = (words[..., 16 * u + 4 * c + t] >> (16 * b + 4 * (2 * s + h))) & 15
-        assert torch.equal(nib.to(torch.uint8), codes[..., kk]), kk
+        half = (words[..., 16 * u + 4 * c + t] >> (16 * b)) & 0xFFFF
+        p = 2 * s + h
+        got = ((half >> FP.SIGN_BIT[p]) & 1) << 3
+        for j, pos in enumerate(FP.MAG_BITS[p]):
+            got |= ((half >> pos) & 1) << (2 - j)
+        assert torch.equal(got, codes[..., kk]), kk
+
+
+def _kernel_bits(w: torch.Tensor, p: int, fp16: bool) -> torch.Tensor:
+    """The kernel's extraction (prepacked._pair_bits) in torch: int64 words -> the pair's 16-bit halves' bits."""
+    m = 0x81C081C0
+    if p == 0:
+        bits = w & m
+    elif p == 1:
+        bits = (w << 3) & m
+    elif p == 2:
+        bits = (w << 6) & m
+    else:
+        bits = ((w << 1) & 0x80008000) | ((w >> 3) & 0x01800180) | ((w >> 7) & 0x00400040)
+    if fp16:
+        bits = (bits & 0x80008000) | ((bits & 0x01C001C0) << 3)
+    return bits & 0xFFFFFFFF
 
 
 def test_bit_trick_is_exact_for_every_code():
-    """The conversion the kernel does on packed words, done here on every code in both 16-bit halves of a word:
-    bf16 bits ((x & 8) << 12 | (x & 7) << 6) = e2m1 * 2^-126 (code 1 is the bf16 subnormal 2^-127), fp16 bits
-    ((x & 8) << 12 | (x & 7) << 9) = e2m1 * 2^-14 (code 1 the fp16 subnormal 2^-15); times 2^126 / 2^14 the e2m1
-    value, signed zero included."""
-    codes = torch.arange(16, dtype=torch.int32)
-    x = codes | (codes.flip(0) << 16)  # two codes per word, as the layout packs them
-    want = e2m1_decode(torch.cat((codes, codes.flip(0))).to(torch.uint8))
-    for dtype, shift, bias in ((torch.bfloat16, 6, 2.0 ** 126), (torch.float16, 9, 2.0 ** 14)):
-        bits = ((x & 0x00080008) << 12) | ((x & 0x00070007) << shift)
-        halves = torch.cat((bits & 0xFFFF, (bits >> 16) & 0xFFFF)).to(torch.int16)
-        got = halves.view(dtype).double() * bias
-        assert torch.equal(got, want.double()), f"{dtype}: {got} != {want}"
+    """Every code in every slot of both halves, prepacked, then the kernel's mask-and-shift extraction: bf16 bits =
+    e2m1 * 2^-126 (code 1 the bf16 subnormal 2^-127), fp16 bits = e2m1 * 2^-14 (code 1 the fp16 subnormal 2^-15);
+    times 2^126 / 2^14 the e2m1 value, signed zero included, and no bits of other slots or the other half leak in."""
+    g = torch.Generator().manual_seed(2)
+    codes = torch.randint(0, 16, (64, 128), generator=g, dtype=torch.uint8)
+    codes[:, :16] = torch.arange(16, dtype=torch.uint8)  # every code at positions of every slot and half
+    codes[:16, :] = torch.arange(16, dtype=torch.uint8)[:, None]
+    wp = (codes[:, 0::2] | (codes[:, 1::2] << 4))[None]
+    words = FP.prepack_values(wp)[0].to(torch.int64) & 0xFFFFFFFF  # (64, 16)
+    want = e2m1_decode(codes).double()
+    for dtype, bias in ((torch.bfloat16, 2.0 ** 126), (torch.float16, 2.0 ** 14)):
+        got = torch.empty(64, 128, dtype=torch.float64)
+        for p in range(4):
+            bits = _kernel_bits(words, p, dtype == torch.float16)
+            for b in range(2):
+                v = ((bits >> (16 * b)) & 0xFFFF).to(torch.int32).to(torch.int16).view(dtype).double() * bias
+                for c in range(4):
+                    for t in range(4):
+                        k = 32 * t + 16 * (p // 2) + 8 * (p % 2) + 2 * c + b
+                        got[:, k] = v[:, 4 * c + t]
+        assert torch.equal(got, want), f"{dtype}: {(got != want).nonzero()[:5].tolist()}"
         assert torch.equal(torch.signbit(got), torch.signbit(want)), f"{dtype}: signed zeros"
 
 

@@ -7,13 +7,20 @@ Values: int32 (E, N, KP / 8), KP = K rounded up to a multiple of CHUNK = 128 (pa
 
     k = 128 u + 32 t + 16 s + 8 h + 2 c + b        (s, h, b in {0, 1})
 
-with element (s, h, b) at bits 16 b + 4 (2 s + h) (an e2m1 code per nibble). So:
+with the elements of half b (bits 16 b .. 16 b + 15) in the 4 slots p = 2 s + h of that half. A slot holds an
+e2m1 code as its sign bit and 3 magnitude bits (m2 m1 m0) at these bits of the half (SIGN_BIT, MAG_BITS):
+
+    p = 0: sign 15, magnitude 8 7 6      p = 1: sign 12, magnitude 5 4 3
+    p = 2: sign 9,  magnitude 2 1 0      p = 3: sign 14, magnitude 11 10 13
+
+So:
 * a word holds exactly the weights one thread of a warpgroup MMA's register A fragment needs at K offset 2c of 8
   consecutive 16-wide K steps (each thread owns columns 2c, 2c + 1, 2c + 8, 2c + 9 of a step), and the 4 words of
   one (row, c) are contiguous: one 16-byte load per thread per row and 128 K;
-* `w >> 4 p` puts the pair (b = 0, b = 1) of p = 2 s + h in the low nibbles of both 16-bit halves, so
-  `((x & 0x00080008) << 12) | ((x & 0x00070007) << 6)` is the pair's two bf16 values times 2^-126, packed as the
-  MMA's bf16x2 register (fp16: `<< 9` and 2^-14), with no per-element work.
+* bf16 bits (sign 15, exponent bits 8 7, mantissa bit 6) of the pair (b = 0, 1) of slot p, each value times
+  2^-126, packed as the MMA's bf16x2 register, are one or two operations on the word: `w & M`, `(w << 3) & M`,
+  `(w << 6) & M` (M = 0x81C081C0), and `(w << 1) & 0x80008000 | (w >> 3) & 0x01800180 | (w >> 7) & 0x00400040`
+  (slot 3). fp16 bits (magnitude at 11 10 9, the value times 2^-14): the bf16 bits with the magnitude shifted up 3.
 Scales: uint8 (E, N, SP), SP = KP / block rounded up to a multiple of 16 (MXFP4: E8M0 per 32; NVFP4: E4M3 per 16),
 in K order, the padding filled with the unit scale (127 / 0x38) so a padded zero code never meets a NaN scale. Rows
 start 16-byte aligned, so a row's scale bytes of one K chunk (4 for MXFP4, 8 for NVFP4) are one aligned load.
@@ -55,6 +62,32 @@ def _chunks(codes: torch.Tensor) -> torch.Tensor:
     return codes.reshape(e, n, kp // CHUNK, 4, 2, 2, 4, 2)
 
 
+SIGN_BIT = (15, 12, 9, 14)  # per slot p = 2 s + h of a 16-bit half
+MAG_BITS = ((8, 7, 6), (5, 4, 3), (2, 1, 0), (11, 10, 13))  # (m2, m1, m0) per slot
+
+
+def _encode_halves(codes: torch.Tensor) -> torch.Tensor:
+    """codes (..., 4 slots) -> int32 (...) 16-bit halves."""
+    c = codes.to(torch.int32)
+    half = torch.zeros(c.shape[:-1], dtype=torch.int32, device=c.device)
+    for p in range(4):
+        half |= ((c[..., p] >> 3) & 1) << SIGN_BIT[p]
+        for j, pos in enumerate(MAG_BITS[p]):
+            half |= ((c[..., p] >> (2 - j)) & 1) << pos
+    return half
+
+
+def _decode_halves(half: torch.Tensor) -> torch.Tensor:
+    """int32 (...) 16-bit halves -> codes (..., 4 slots) uint8."""
+    out = []
+    for p in range(4):
+        c = ((half >> SIGN_BIT[p]) & 1) << 3
+        for j, pos in enumerate(MAG_BITS[p]):
+            c |= ((half >> pos) & 1) << (2 - j)
+        out.append(c)
+    return torch.stack(out, dim=-1).to(torch.uint8)
+
+
 def prepack_values(w_packed: torch.Tensor) -> torch.Tensor:
     """Linear E2M1 pairs (E, N, K/2) uint8 (element 2i in the low nibble) -> int32 words (E, N, KP/8)."""
     e, n, kh = w_packed.shape
@@ -62,16 +95,16 @@ def prepack_values(w_packed: torch.Tensor) -> torch.Tensor:
     codes = torch.stack((w_packed & 0xF, w_packed >> 4), dim=-1).reshape(e, n, k)
     codes = torch.nn.functional.pad(codes, (0, padded_k(k) - k))
     x = _chunks(codes).permute(0, 1, 2, 6, 3, 7, 4, 5)  # (E, N, U, c, t, b, s, h)
-    # byte 2 b + s of a word = codes (s, h=0) | (s, h=1) << 4 of its half b (little-endian int32)
-    byte = x[..., 0] | (x[..., 1] << 4)  # (E, N, U, c, t, b, s)
+    half = _encode_halves(x.reshape(*x.shape[:-2], 4))  # (E, N, U, c, t, b): slot p = 2 s + h
+    byte = torch.stack((half & 0xFF, half >> 8), dim=-1).to(torch.uint8)  # little-endian: half b = bytes 2b, 2b+1
     return byte.reshape(e, n, -1, 4).contiguous().view(torch.int32).reshape(e, n, -1)
 
 
 def unpack_values(values: torch.Tensor, k: int) -> torch.Tensor:
     """The inverse of prepack_values: int32 words (E, N, KP/8) -> linear E2M1 pairs (E, N, K/2) uint8."""
     e, n, _ = values.shape
-    byte = values.contiguous().view(torch.uint8).reshape(e, n, -1, 4, 4, 2, 2)  # (E, N, U, c, t, b, s)
-    x = torch.stack((byte & 0xF, byte >> 4), dim=-1)  # (E, N, U, c, t, b, s, h)
+    byte = values.contiguous().view(torch.uint8).reshape(e, n, -1, 4, 4, 2, 2).to(torch.int32)  # (.., c, t, b, 2)
+    x = _decode_halves(byte[..., 0] | (byte[..., 1] << 8)).reshape(e, n, -1, 4, 4, 2, 2, 2)  # (.., b, s, h)
     codes = x.permute(0, 1, 2, 4, 6, 7, 3, 5).reshape(e, n, -1)[..., :k]  # (E, N, U, t, s, h, c, b)
     return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous()
 

@@ -1,21 +1,23 @@
 """FP4-weight (MXFP4 / NVFP4, W4A16) MoE GEMM over prepacked weights: the decode kernel for Hopper.
 
-Weights come from `moe_gemm_fp4_prepack` (layout: triton_ops/contract/fp4_prepack.py): int32 words whose nibbles
-are ordered so that one 16-byte load per thread holds its warpgroup-MMA A-fragment weights of 128 K, and a shift
-plus two masks turn a word into a packed bf16x2 (fp16x2) register. The kernel is swap-AB: the weight rows are the
-MMA's M side (BLOCK_W = 64 / 128 rows per tile, dequantized in registers and fed as the register A operand of the
-warpgroup MMA on sm_90), the tokens of one expert the N side (BLOCK_T = 16 / 32 / 64, from shared memory), so a
-decode tile of 16 tokens wastes no MMA rows. Accumulator [BLOCK_W, BLOCK_T] fp32, stored transposed.
+Weights come from `moe_gemm_fp4_prepack` (layout: triton_ops/contract/fp4_prepack.py): int32 words whose codes
+are placed so that one 16-byte load per thread holds its warpgroup-MMA A-fragment weights of 128 K, and one or two
+shift / mask operations per pair turn a word into a packed bf16x2 (fp16x2) register. The kernel is swap-AB: the
+weight rows are the MMA's M side (BLOCK_W = 64 / 128 rows per tile, dequantized in registers and fed as the
+register A operand of the warpgroup MMA on sm_90), the tokens of one expert the N side (BLOCK_T = 16 / 32 / 64, from
+shared memory), so a decode tile of 16 tokens wastes no MMA rows. Accumulator [BLOCK_W, BLOCK_T] fp32, stored
+transposed.
 
-E2M1 -> bf16 on packed words: bits ((x & 0x00080008) << 12) | ((x & 0x00070007) << 6) are the two codes' values
-times 2^-126 (the code's 3 magnitude bits land on bf16's two lowest exponent bits and top mantissa bit: code 1 =
-0.5 becomes the subnormal 2^-127, exact). One packed bf16x2 multiply by 2^126 (exact: subnormal inputs are kept)
-and one by the block scale (exact: the scale is a power of two for MXFP4, an E4M3 of <= 4
-significant bits for NVFP4, and e2m1 has <= 2) give the operand; the two multiplies cannot be folded into one
-(2^126 * 2^(s - 127) leaves bf16's range for s >= 129). The multiplies are `fma.rn.bf16x2` with a -0 addend (an
-exact multiply, sm_80+; `mul.bf16x2` needs sm_90). fp16 (NVFP4 with fp16 activations): `<< 9`, 2^-14 and
-`fma.rn.f16x2`. Under the interpreter (no inline PTX, broken bf16 dot) the same bit patterns are widened to fp32
-and multiplied there, so the layout and the bit trick are what the CPU tests check.
+E2M1 -> bf16 on packed words: a code's sign lands on bf16's sign bit and its 3 magnitude bits on bf16's two lowest
+exponent bits and top mantissa bit, which is the code's value times 2^-126 (code 1 = 0.5 becomes the subnormal
+2^-127, exact). MXFP4: one packed multiply by 2^126 (exact: subnormal inputs are kept) and one by the block scale
+2^(s - 127) give the operand (they cannot be folded into one: 2^126 * 2^(s - 127) leaves bf16's range for
+s >= 129). NVFP4: one multiply by the scale word e4m3 * 2^119 (the bias folded in, less 2^7, which the fp32 sums get
+back after the K loop); exact (e2m1 has <= 2 significant bits, E4M3 <= 4). The multiplies are `fma.rn.bf16x2` with a
+-0 addend (an exact multiply, sm_80+; `mul.bf16x2` needs sm_90). fp16 (NVFP4 with fp16 activations): the magnitude
+3 bits higher (the value times 2^-14), scale word e4m3 * 2^7, `fma.rn.f16x2`. Under the interpreter (no inline PTX,
+broken bf16 dot) the same bf16 bit patterns are widened to fp32 and multiplied there, so the layout and the bit
+trick are what the CPU tests check.
 """
 
 from __future__ import annotations
@@ -33,18 +35,29 @@ from .config import MoeGemmConfig, pick_prepacked_config, rows_per_expert
 from .dequant import e8m0_to_f32, mma
 
 _MAX_GRID_Y = 65535
-_BIAS_F32 = 8.507059173023462e37  # 2^126 (bf16 bit trick), fp32
-_BIAS_F16_F32 = 16384.0  # 2^14 (fp16 bit trick)
+_BIAS_F32 = tl.constexpr(8.507059173023462e37)  # 2^126 (the bf16 bit trick's bias), fp32
+
+
+# 0x81C081C0 as int32: per 16-bit half, bf16's sign bit and the code's 3 magnitude bits (exponent 8 7, mantissa 6)
+_M = tl.constexpr(-2118090304)
+_SIGN = tl.constexpr(-2147450880)  # 0x80008000
 
 
 @triton.jit
-def _pair_bits(y, FP16: tl.constexpr):
-    """Packed 16-bit halves of y's low nibbles (bits 0-3 and 16-19) -> the two values' bf16 (fp16) bits, the
-    value times 2^-126 (2^-14)."""
-    if FP16:
-        return ((y & 0x00080008) << 12) | ((y & 0x00070007) << 9)
+def _pair_bits(w, P: tl.constexpr, FP16: tl.constexpr):
+    """Slot P (= 2 s + h) of both 16-bit halves of the words -> the two values' bf16 (fp16) bits, each value times
+    2^-126 (2^-14); the slot positions are fp4_prepack.SIGN_BIT / MAG_BITS."""
+    if P == 0:
+        bits = w & _M
+    elif P == 1:
+        bits = (w << 3) & _M
+    elif P == 2:
+        bits = (w << 6) & _M
     else:
-        return ((y & 0x00080008) << 12) | ((y & 0x00070007) << 6)
+        bits = ((w << 1) & _SIGN) | ((w >> 3) & 0x01800180) | ((w >> 7) & 0x00400040)
+    if FP16:  # the magnitude 3 bits up: fp16's exponent bits 11 10, mantissa bit 9
+        bits = (bits & _SIGN) | ((bits & 0x01C001C0) << 3)
+    return bits
 
 
 @triton.jit
@@ -52,10 +65,9 @@ def _pair(words, P: tl.constexpr, sc, F32_DOT: tl.constexpr, FP16: tl.constexpr,
     """The pair p = 2 s + h of every word: [..., 2] (b = 0, 1) operand values. sc: fp32 scale values (interpreter)
     or int32 words holding the scale's bf16 (fp16) bits in both halves (GPU). FOLDED (NVFP4): sc already holds
     the bit trick's bias (one multiply: e2m1 * e4m3 * 2^-7); else two multiplies, by the bias then by sc."""
-    y = words >> (4 * P)
-    sc = tl.broadcast_to(sc, y.shape)
+    sc = tl.broadcast_to(sc, words.shape)
     if F32_DOT:  # the bf16 bit patterns, widened to fp32 (exact), the same multiplies
-        bits = _pair_bits(y, False)
+        bits = _pair_bits(words, P, False)
         lo = (bits << 16).to(tl.float32, bitcast=True)
         hi = (bits & -65536).to(tl.float32, bitcast=True)
         if not FOLDED:
@@ -63,7 +75,7 @@ def _pair(words, P: tl.constexpr, sc, F32_DOT: tl.constexpr, FP16: tl.constexpr,
             hi = hi * _BIAS_F32
         return tl.join(lo * sc, hi * sc)
     else:
-        bits = _pair_bits(y, FP16)
+        bits = _pair_bits(words, P, FP16)
         if FP16:  # NVFP4 only: always folded
             lo, hi = tl.inline_asm_elementwise(
                 "{ .reg .b32 t, z; mov.b32 z, 0x80008000; fma.rn.f16x2 t, $2, $3, z; mov.b32 {$0, $1}, t; }",
