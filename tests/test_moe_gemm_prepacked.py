@@ -225,8 +225,10 @@ def test_nan_scales_and_tiles_spanning_experts(fmt):
 
 
 def test_configs():
-    """Larger K steps and token tiles than the default: the same results; configs the layout cannot run refused."""
-    case = _contig_case(2, [0] * 20 + [1] * 12, k=160, n=128, row_weights=True)
+    """Larger K steps (a step past the row's last chunk: masked) and token tiles than the default, a partial last
+    weight tile (N = 144: rows past N read clamped, never stored): the same results; configs the layout cannot run
+    refused."""
+    case = _contig_case(2, [0] * 20 + [1] * 12, k=160, n=144, row_weights=True)
     for cfg in (MoeGemmConfig(32, 64, 256, 1, 4, 1), MoeGemmConfig(16, 128, 128, 1, 4, 1)):
         _check("mxfp4", case, config=cfg)
     with pytest.raises(ValueError, match="multiple of the layout's 128"):

@@ -130,11 +130,14 @@ def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.const
 
 
 @triton.jit
-def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, wmask, K, KW, KS,
+def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
                     NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
                     BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
     """fp32 [BLOCK_W, BLOCK_T] = w[rows] @ a[tokens].T over K for the tokens in `sel` (others read as zero).
-    v_rows / s_rows: pointers to the tile's weight rows in the prepacked values / scales."""
+    v_rows / s_rows: pointers to the tile's weight rows in the prepacked values / scales, all in range (the caller
+    clamps rows past N; their results are not stored), so the weight loads need no row mask, and no K mask when a
+    step is one 128-K chunk (K <= KP: the chunk is in the row). Longer steps mask the words and scales past the row
+    (a zero code with a NaN scale byte of the next row would make NaN)."""
     U: tl.constexpr = BLOCK_K // 128
     acc = tl.zeros([BLOCK_W, BLOCK_T], tl.float32)
     wi = tl.arange(0, BLOCK_K // 8)
@@ -143,9 +146,13 @@ def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, wmask, K, KW, KS,
     si = tl.arange(0, BLOCK_K // SB)
     for k0 in range(0, K, BLOCK_K):
         kw = k0 // 8 + wi
-        words = tl.load(v_rows[:, None] + kw[None, :], mask=wmask[:, None] & (kw < KW)[None, :], other=0)
         ks = k0 // SB + si
-        sb = tl.load(s_rows[:, None] + ks[None, :], mask=wmask[:, None] & (ks < KS)[None, :], other=0)
+        if BLOCK_K == 128:
+            words = tl.load(v_rows[:, None] + kw[None, :])
+            sb = tl.load(s_rows[:, None] + ks[None, :])
+        else:
+            words = tl.load(v_rows[:, None] + kw[None, :], mask=(kw < KW)[None, :], other=0)
+            sb = tl.load(s_rows[:, None] + ks[None, :], mask=(ks < KS)[None, :], other=0)
         sc = _scale_words(sb, NVFP4, DTYPE, F32_DOT, EMULATE)
         if NVFP4:  # scale index 8 u + 2 t + s
             sc0, sc1 = tl.split(tl.reshape(sc, [BLOCK_W, U, 4, 2]))
@@ -170,8 +177,9 @@ def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w6
                  EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
     """Expert e64's pass over the tile's tokens in `sel`, then (NVFP4) its global scale, the row weights (rw_rows:
     pointers to the tokens' weights) and the one rounding, stored to the selected tokens' columns of out_t."""
-    acc = _prepacked_pass(a_ptr, a_off, sel, v_ptr + (e64 * N + w64) * KW, s_ptr + (e64 * N + w64) * KS, wmask, K,
-                          KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K)
+    w_in = e64 * N + tl.minimum(w64, N - 1)  # rows past N read row N - 1 (never stored)
+    acc = _prepacked_pass(a_ptr, a_off, sel, v_ptr + w_in * KW, s_ptr + w_in * KS, K, KW, KS, NVFP4, DTYPE, F32_DOT,
+                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K)
     if NVFP4:
         acc = acc * tl.load(g_ptr + e64)
     if HAS_RW:
