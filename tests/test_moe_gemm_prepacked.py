@@ -23,7 +23,7 @@ from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
 from triton_ops.contract import fp4_prepack as FP
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe_gemm import prepacked as tri
-from triton_ops.moe_gemm.config import MoeGemmConfig
+from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch
 
 BLOCK = {"mxfp4": 32, "nvfp4": 16}
 
@@ -233,6 +233,11 @@ def test_configs():
         _check("mxfp4", case, config=cfg)
     with pytest.raises(ValueError, match="multiple of the layout's 128"):
         _run("mxfp4", case, config=MoeGemmConfig(16, 64, 64, 1, 4, 1))
+    for arch in ("cpu", "sm_80", "sm_90", "sm_100", "sm_120"):
+        for m in (1, 16, 17, 32, 64, 256):
+            cfg = pick_prepacked_config_for_arch(m, 5760, 2880, arch)
+            assert tri.prepacked_refusal(cfg) is None, (arch, m, cfg)
+            assert cfg.block_m >= min(m, 64), (arch, m, cfg)
 
 
 # ---------------------------------------------------------------------------------------------- bad inputs
