@@ -87,6 +87,12 @@ def test_prepack_round_trip_is_exact(fmt, e, n, chunks, seed):
     wp = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
     ws = torch.randint(0, 256, (e, n, k // BLOCK[fmt]), generator=g, dtype=torch.uint8)
     vals, scales = ops.moe_gemm_fp4_prepack(wp, ws, fmt)
+    # torch's own dtypes for the same bytes (packed FP4 codes, E8M0 / E4M3 scales) give the same result
+    views = {"mxfp4": getattr(torch, "float8_e8m0fnu", None), "nvfp4": torch.float8_e4m3fn}
+    fp4 = getattr(torch, "float4_e2m1fn_x2", None)
+    if fp4 is not None and views[fmt] is not None:
+        v2, s2 = ops.moe_gemm_fp4_prepack(wp.view(fp4), ws.view(views[fmt]), fmt)
+        assert torch.equal(v2, vals) and torch.equal(s2, scales)
     assert (tuple(vals.shape), tuple(scales.shape)) == FP.prepacked_shapes(e, n, k, fmt)
     assert vals.dtype == torch.int32 and scales.dtype == torch.uint8
     back_w, back_s = ref.moe_gemm_fp4_unpack(vals, scales, k, fmt)

@@ -31,6 +31,8 @@ from triton_ops.contract.moe_gemm import (
     check_row_weights,
     check_w4a4,
     check_w4a8,
+    fp4_views,
+    nvfp4_views,
 )
 
 from ._common import call, lowbit_op
@@ -107,8 +109,7 @@ def _moe_gemm_w4a4(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor
 
 
 def _check_prepack(w_packed, w_scale, fmt):
-    from triton_ops.contract.moe_gemm import nvfp4_views
-    check_prepack(*nvfp4_views(w_packed, w_scale), fmt)
+    check_prepack(*fp4_views(*nvfp4_views(w_packed, w_scale)), fmt)
 
 
 @lowbit_op("moe_gemm_fp4_prepack", mutates_args=(), check=_check_prepack)

@@ -26,7 +26,7 @@ import torch
 
 from triton_ops.contract import fp4_prepack as FP
 from triton_ops.contract.formats import MXFP4_BLOCK, NVFP4_BLOCK
-from triton_ops.contract.moe_gemm import FP8_BLOCK, blockscaled_views, nvfp4_views
+from triton_ops.contract.moe_gemm import FP8_BLOCK, blockscaled_views, fp4_views, nvfp4_views
 
 from . import swiglu as SW
 from .formats import e2m1_decode, unpack_nibbles
@@ -119,7 +119,7 @@ def moe_gemm_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weight
 def moe_gemm_fp4_prepack(w_packed, w_scale, fmt: str):
     """The quantizer's linear FP4 weights -> (int32 values (E, N, KP/8), uint8 scales (E, N, SP)), the layout
     of triton_ops/contract/fp4_prepack.py (a byte permutation plus padding: no value changes)."""
-    w_packed, w_scale = nvfp4_views(w_packed, w_scale)
+    w_packed, w_scale = fp4_views(*nvfp4_views(w_packed, w_scale))  # torch's FP4 / E4M3 / E8M0 dtypes: their bytes
     k = w_packed.shape[-1] * 2
     return FP.prepack_values(w_packed), FP.prepack_scales(w_scale, k, fmt)
 

@@ -126,10 +126,10 @@ def check_fmt(op: str, fmt) -> None:
 
 def check_prepack(w_packed, w_scale, fmt, op: str = "moe_gemm_fp4_prepack") -> None:
     """The prepack op's inputs: the quantizer's linear layout, (E, N, K/2) uint8 codes + (E, N, K/block) scales."""
-    check_fmt(op, fmt)
-    block = FP4_BLOCKS[fmt]
     check_tensor(op, "w_packed", w_packed)
     check_tensor(op, "w_scale", w_scale)
+    check_fmt(op, fmt)
+    block = FP4_BLOCKS[fmt]
     check_dtype(op, "w_packed", w_packed, (torch.uint8,))
     check_dtype(op, "w_scale", w_scale, (torch.uint8,))
     if w_packed.dim() != 3:
