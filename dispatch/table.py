@@ -82,6 +82,10 @@ DOT_SCALED_WHY = "tl.dot_scaled: native block-scaled MMA on Blackwell (compiled 
 # NVFP4 weights, bf16 / fp16 activations: the grouped kernel with e2m1 * e4m3 dequantized in registers (Triton 3.6
 # cannot lower tl.dot_scaled with NVFP4 scales on sm_90). H100 (2e20168): decode 1.45x torch._grouped_mm bf16.
 NVFP4_W4A16_WHY = "NVFP4 weights dequantized in registers (E4M3 scales per 16, global per expert); 1.45x bf16 decode"
+# FP4 weights prepacked once (moe_gemm_fp4_prepack) into a register-fragment layout: swap-AB tiles (weights on the
+# warpgroup MMA's M side, from registers), packed bit-trick E2M1 conversion. GPU timings pending.
+FP4_PREPACKED_WHY = "prepacked FP4 weights: swap-AB decode kernel, register-A wgmma, bit-trick E2M1 (untimed)"
+FP4_PREPACK_WHY = "one-time weight layout change (byte permutation + padding): torch on any device"
 # H100 at e2bc444: FP8 GEMM1 + SwiGLU + FP8 1.08x the chain, GEMM2 + combine 1.23x (prefill); MXFP4 GEMM1 0.97x.
 GEMM_SWIGLU = "GEMM1 with SwiGLU (+ FP8 1xG quant) in the epilogue: the gate and up outputs never go to memory"
 GEMM_COMBINE = "GEMM2 scattering rows into token order, then the slot-order combine: 2 launches, no atomics"
@@ -264,6 +268,13 @@ ROWS: tuple[Entry, ...] = (
           "cute_ops.gemm.moe_sm100:supports_moe_gemm_blockscaled_masked"),
     Entry("moe_gemm_blockscaled_masked", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_blockscaled_masked",
           TORCH_REF, REFERENCE_WHY),
+    # prepacked FP4 weights (moe_gemm_fp4_prepack's layout): the swap-AB decode kernel; the prepack is torch work
+    Entry("moe_gemm_fp4_prepack", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_fp4_prepack", TORCH_REF,
+          FP4_PREPACK_WHY),
+    *triton_rows("moe_gemm_fp4_prepacked", "triton_ops.moe_gemm.prepacked:moe_gemm_fp4_prepacked", FP4_PREPACKED_WHY,
+                 supports="triton_ops.moe_gemm.prepacked:supports_moe_gemm_fp4_prepacked"),
+    Entry("moe_gemm_fp4_prepacked", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_fp4_prepacked", TORCH_REF,
+          REFERENCE_WHY),
     *triton_rows("moe_gemm_w4a8", "triton_ops.moe_gemm.grouped:moe_gemm_w4a8", DOT_SCALED_WHY,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_w4a8"),
     Entry("moe_gemm_w4a8", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_w4a8", TORCH_REF, REFERENCE_WHY),
@@ -293,7 +304,8 @@ ROWS: tuple[Entry, ...] = (
           REFERENCE_WHY),
     # sm_90: gather the used pages into contiguous K / V, then the cute forward (ATTN_PAGED_GATHER_WHY).
     Entry("attention_prefill_paged", "cute", ("sm_90",), "cute_ops.attention.paged_prefill:attention_prefill_paged",
-          CUTE_MEASURED_FASTER, ATTN_PAGED_GATHER_WHY, "cute_ops.attention.paged_prefill:supports_attention_prefill_paged"),
+          CUTE_MEASURED_FASTER, ATTN_PAGED_GATHER_WHY,
+          "cute_ops.attention.paged_prefill:supports_attention_prefill_paged"),
     *triton_rows("attention_prefill_paged", "triton_ops.attention.prefill:attention_prefill_paged", ATTN_TL_WHY,
                  supports="triton_ops.attention.prefill:supports_attention_prefill_paged"),
     Entry("attention_prefill_paged", "torch", ALL, "dispatch.reference.attention:attention_prefill_paged",
