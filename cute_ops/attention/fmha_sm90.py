@@ -25,19 +25,18 @@ execute; `overlap` (FA3's intra-warpgroup overlap): QK_j and PV_{j-1} issued tog
 PV_{j-1} (bf16 at tile_n = 128 only in practice: with fp16 or another tile_n ptxas serializes the WGMMAs).
 
 Persistent grid (`persistent` = the SM count; for_call's FOR_CALL table turns it on for sliding-window calls, where
-a query tile visits only 2-3 key tiles and the per-tile prologue / epilogue dominated, and for hd128 causal): grid =
-one CTA per SM, each walking the
-PACKED tile order with stride grid (scheduler.persistent_tiles is its host model). The roles loop over the same tile
+a query tile visits only 2-3 key tiles and the per-tile prologue / epilogue dominated, and for hd128): grid = one
+CTA per SM, each walking the PACKED tile order with stride grid (scheduler.persistent_tiles is its host
+model). The roles loop over the same tile
 sequence on their own: the producer warp issues the next tile's Q (a 2-stage Q ring; consumers free a buffer once
 the tile's last QK is done) and K / V as soon as the rings have room, so they are in SMEM when the consumers start
 it; the pipeline states and the ping-pong token carry over (warpgroup 0 pre-passes its first turn once per CTA), so
-one warpgroup's epilogue runs under the other's first GEMMs of the next tile. GPU tests passed and timed on an
-H200 (7053888): GPT-OSS window 0.646x -> 0.798x FA4, hd128 causal 8 x 2048 0.889x -> 0.938x.
+one warpgroup's epilogue runs under the other's first GEMMs of the next tile. GPU tests passed on an H200.
 
-O epilogue (`o_tma`, off by default until timed): per consumer warpgroup, out = O / l to 16-bit, stmatrix into the
+O epilogue (`o_tma`, on in every FOR_CALL row): per consumer warpgroup, out = O / l to 16-bit, stmatrix into the
 warpgroup's (64, D) SMEM slice, one TMA store, waited for (bulk read) only before the slice's next use, so on the
 persistent grid the store drains under the next tile; slices ending inside a sequence other than the last keep
-the register stores. Compiled and SASS-checked on a CPU; GPU tests and timing pending.
+the register stores. GPU tests passed on an H200 (ab9bae7); timings in FOR_CALL's comment.
 
 Key tiles run from n_lo upwards (mask.tile_range); a tile is masked only when it is not inside every row's visible
 interval. Varlen: TMA boxes start at the sequence's first row; rows past the sequence are read (the next
@@ -149,24 +148,24 @@ class CallRule(typing.NamedTuple):
     o_tma: bool = False
 
 
-# for_call's rule per (head dim, sliding window (window_left >= 0), causal). Measured rows name their record; rows
-# marked DEFAULT are the settings chosen without a timing of their own: set them from .lab/swa_prefill.py (it times
-# one CTA per tile, the persistent grid and the o_tma epilogue on each prefill case, beside FA4).
-#   hd64 no window: FA3 / FA4's 192-row tile with overlap: H100, GPT-OSS causal + sinks 2 x 8192 (2e20168) 0.89x FA4
-#     against 0.71x with 128 x 128 (the persistent grid does not fit 192 x 128 + overlap in 160 registers).
-#   windows: the persistent grid: H200, GPT-OSS hd64 64 / 8 window (128, 0) + sinks 2 x 8192 (7053888) 0.798x FA4
-#     against 0.646x one CTA per tile; 192 rows 0.803x (within noise), kv_stages 3 / 4 0.784x / 0.765x. 128 x 128 on
-#     H100 (2e20168): 474 us against 502-509 us with 192 rows (one CTA per tile).
-#   hd128 causal: the persistent grid: H200, Llama 32 / 8 8 x 2048 (7053888) 0.938x FA4 against 0.889x.
+# for_call's rule per (head dim, sliding window (window_left >= 0), causal), from one H200 run of the prefill case set
+# beside FA4 (ab9bae7, perf/results/experiments/2026-11-26-h200-attention-sm90-epilogue-ab9bae7.json; events):
+#   hd64 no window: FA3 / FA4's 192-row tile with overlap and the O TMA store: GPT-OSS causal + sinks 2 x 8192 0.912x
+#     FA4 (0.868x with register stores; the persistent grid does not fit 192 x 128 + overlap in 160 registers).
+#   windows: the persistent grid + O TMA store: GPT-OSS hd64 64 / 8 window (128, 0) + sinks 2 x 8192 0.961x FA4
+#     against 0.799x persistent alone, 0.644x one CTA per tile (192 rows 0.846x, with overlap 0.918x).
+#   hd128: the persistent grid + O TMA store: Llama 32 / 8 causal 8 x 2048 1.004x (0.884x one CTA per tile),
+#     4 x 4096 0.929x, 2 x 8192 0.932x, 1 x 16384 0.886x (0.914x one CTA per tile), varlen 0.836x; non-causal
+#     8 x 2048 0.976x (0.895x), 1 x 16384 0.874x (0.880x). hd128 with a window takes the hd64 window rule.
 FOR_CALL = {
-    (64, False, False): CallRule(tile_m=192, overlap=True),  # DEFAULT (as causal)
-    (64, False, True): CallRule(tile_m=192, overlap=True),
-    (64, True, False): CallRule(persistent=True),  # DEFAULT (as causal)
-    (64, True, True): CallRule(persistent=True),  # o_tma: DEFAULT off until timed
-    (128, False, False): CallRule(),  # DEFAULT: persistent / o_tma until timed
-    (128, False, True): CallRule(persistent=True),  # o_tma: DEFAULT off until timed
-    (128, True, False): CallRule(persistent=True),  # DEFAULT (as hd64)
-    (128, True, True): CallRule(persistent=True),  # DEFAULT (as hd64)
+    (64, False, False): CallRule(tile_m=192, overlap=True, o_tma=True),  # as causal
+    (64, False, True): CallRule(tile_m=192, overlap=True, o_tma=True),
+    (64, True, False): CallRule(persistent=True, o_tma=True),  # as causal
+    (64, True, True): CallRule(persistent=True, o_tma=True),
+    (128, False, False): CallRule(persistent=True, o_tma=True),
+    (128, False, True): CallRule(persistent=True, o_tma=True),
+    (128, True, False): CallRule(persistent=True, o_tma=True),  # as hd64
+    (128, True, True): CallRule(persistent=True, o_tma=True),  # as hd64
 }
 
 
