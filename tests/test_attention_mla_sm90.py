@@ -247,7 +247,7 @@ def test_launcher_dry_run(monkeypatch):
     monkeypatch.setattr(M, "reduce_splits", lambda o_buf, l_buf, out, lse, n: o_buf is out or seen.append("reduce"))
     g = np.random.default_rng(1)
     c = make_case(g, layout="bf16", batch=3, lens=[300, 5, 64], sq=2, h=48, bs=64, max_blocks=6)
-    M.mla_decode(*c.args(3))
+    M.mla_decode(*c.args(3), schedule="serial")
     (grid, args, kw), red = seen
     assert grid == (2, 3, 3) and red == "reduce"  # ceil(2 x 48 / 64) row blocks, B, splits
     qd, qrd, knd, krd = args[:4]
@@ -262,7 +262,7 @@ def test_launcher_dry_run(monkeypatch):
     assert args[9] == nb and args[10] == 2 and args[11] == 6  # num_blocks, pages per split, table capacity
     assert kw["SQ"] == 2 and kw["H"] == 48 and kw["FINAL"] is False and kw["num_warps"] == 8
     seen.clear()
-    M.mla_decode(*c.args(1))
+    M.mla_decode(*c.args(1), schedule="serial")
     (grid, args, kw), = seen  # one split: bf16 straight into out, no reduction
     assert grid == (2, 3, 1) and kw["FINAL"] is True and args[6].dtype == torch.bfloat16
     seen.clear()
@@ -271,5 +271,9 @@ def test_launcher_dry_run(monkeypatch):
     assert grid == (2, 3, 3) and kw["num_warps"] == 4 and "OVERLAP" not in kw and kw["FINAL"] is False
     assert kw["PV_FIRST"] is False and args[0].block_shape == [64, 256] and args[2].block_shape == [64, 256]
     assert args[1].block_shape == [64, 64] and args[3].block_shape == [64, 64]  # NoPE halves, RoPE
+    seen.clear()
+    M.mla_decode(*c.args(3))  # the default schedule
+    (grid, args, kw), _ = seen
+    assert M.DEFAULT_SCHEDULE == "pingpong_pv_first" and kw["PV_FIRST"] is True and kw["num_warps"] == 4
     with pytest.raises(ValueError, match="schedule"):
         M.mla_decode(*c.args(3), schedule="fast")
