@@ -76,9 +76,13 @@ WG = 128  # threads per warp group
 LOAD_REGS, MMA_REGS = 40, 232
 DTYPES = {"bf16": "BFloat16", "fp16": "Float16", "fp8": "Float8E4M3FN"}  # operand type; fp8 writes bf16
 LAYOUTS = ("contiguous", "masked")
-# FP8 promotion schedule the rule picks for prefill-sized groups (>= FP8_PREFILL_ROWS rows per group): (promote_run,
-# scale_prefetch). (0, False) = the schedule timed at 76665c5 until the run schedules are timed (docs/cute.md)
-FP8_PREFILL_SCHEDULE = (0, False)
+# FP8 schedule the rule picks for prefill-sized groups (>= FP8_PREFILL_ROWS rows per group): promote_run (runs of 8
+# stages, 4 for K <= FP8_SHORT_K), scale_prefetch, epilogue_prefetch, the smem epilogue. Timed best on an H200 at e2bc450
+# (perf/results/experiments/2026-11-26-h200-moe-gemm-fp8-prefill-schedules-e2bc450.json, docs/cute.md).
+FP8_PREFILL_SCHEDULE = dict(promote_run=8, scale_prefetch=True, epilogue_prefetch=True, epilogue="smem")
+FP8_SHORT_K, FP8_SHORT_K_RUN = 2048, 4
+# the FP8 prefill default until e2bc450 (pass as overrides to reproduce it)
+FP8_PREVIOUS_SCHEDULE = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
 FP8_PREFILL_ROWS = 128
 
 
@@ -171,12 +175,13 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
                 *, sm_count: int = 132, arch: str = "sm_90a", tile_m: int | None = None,
                 tile_n: int | None = None, stages: int | None = None,
                 promote_run: int | None = None, scale_prefetch: bool | None = None,
-                epilogue_prefetch: bool = False, epilogue: str = "direct") -> GemmConfig:
+                epilogue_prefetch: bool | None = None, epilogue: str | None = None) -> GemmConfig:
     """Analytical (not tuned): 64-row tiles when groups hold <= 64 rows (decode: weight streaming, half the
     wasted MMA rows), else 128; tile_n 256 for 128-row tiles with N a multiple of 256 (the CUTLASS Hopper
     default), else 128; as many stages as fit (at most 8); FP8 groups of >= FP8_PREFILL_ROWS rows: the
-    FP8_PREFILL_SCHEDULE promotion schedule, else promote_run 0. tile_m / tile_n / stages / promote_run /
-    scale_prefetch / epilogue_prefetch / epilogue override the rule."""
+    FP8_PREFILL_SCHEDULE fields (promote_run FP8_SHORT_K_RUN for K <= FP8_SHORT_K), else the plain kernel
+    (promote_run 0, direct epilogue). tile_m / tile_n / stages / promote_run / scale_prefetch / epilogue_prefetch /
+    epilogue override the rule field by field (scale_prefetch follows an overridden promote_run 0: off)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
@@ -184,6 +189,17 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     why = can_implement(dtype, n, k, num_groups, tile_m, tile_n)
     if why:
         raise ValueError(why)
+    rule = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
+    if dtype == "fp8" and rows_per_group >= FP8_PREFILL_ROWS:
+        rule = dict(FP8_PREFILL_SCHEDULE)
+        if k <= FP8_SHORT_K:
+            rule["promote_run"] = FP8_SHORT_K_RUN
+    if promote_run is not None and scale_prefetch is None:
+        scale_prefetch = rule["scale_prefetch"] and promote_run > 0
+    promote_run = rule["promote_run"] if promote_run is None else promote_run
+    scale_prefetch = rule["scale_prefetch"] if scale_prefetch is None else bool(scale_prefetch)
+    epilogue_prefetch = rule["epilogue_prefetch"] if epilogue_prefetch is None else bool(epilogue_prefetch)
+    epilogue = epilogue or rule["epilogue"]
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue {epilogue!r}: one of {EPILOGUES}")
     fit = (SMEM_BYTES - SMEM_RESERVED - epilogue_bytes(epilogue, tile_m, tile_n)) // stage_bytes(tile_m, tile_n)
@@ -192,9 +208,6 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     # FP8 6 rather than the 7 that fit: 2-3% faster at 256 and 512 rows per expert (H100, 76665c5,
     # perf/results/experiments/2026-11-25-h100-cute-gemm-tiles-76665c5.json)
     stages = stages or min(6 if dtype == "fp8" else 8, fit)
-    if dtype == "fp8" and promote_run is None and scale_prefetch is None and rows_per_group >= FP8_PREFILL_ROWS:
-        promote_run, scale_prefetch = FP8_PREFILL_SCHEDULE
-    promote_run, scale_prefetch = promote_run or 0, bool(scale_prefetch)
     if (promote_run or scale_prefetch) and dtype != "fp8":
         raise ValueError("promote_run / scale_prefetch: FP8 only (the bf16 / fp16 main loop has no promotion)")
     if promote_run < 0 or (scale_prefetch and not promote_run):
