@@ -4,9 +4,9 @@ scale_prefetch).
 CPU: the config fields' rules and defaults, and each schedule compiled for sm_90a with its SASS checked: the WGMMAs
 of a run issued ahead of the previous stage's promotion (WARPGROUP.DEPBAR 1, so ptxas did not serialize them), one
 wait-all per run, no spills. GPU (`-m gpu`, sm_90): every schedule against the reference and bit-equal to the
-rule's default kernel (same FFMA per element and block; the previous default, promote_run 0, is one of them), contiguous (padding rows, out-of-range ids, an expert with 0
-rows, unaligned starts) and masked layouts, fp32 and UE8M0 (power-of-two) scales, row- and column-major activation
-scales, row weights.
+rule's default kernel (same FFMA per element and block; the previous default, promote_run 0, is one of them),
+contiguous (padding rows, out-of-range ids, an expert with 0 rows, unaligned starts) and masked layouts, fp32 and
+UE8M0 (power-of-two) scales, row- and column-major activation scales, row weights.
 """
 
 from __future__ import annotations

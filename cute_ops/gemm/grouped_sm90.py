@@ -76,9 +76,9 @@ WG = 128  # threads per warp group
 LOAD_REGS, MMA_REGS = 40, 232
 DTYPES = {"bf16": "BFloat16", "fp16": "Float16", "fp8": "Float8E4M3FN"}  # operand type; fp8 writes bf16
 LAYOUTS = ("contiguous", "masked")
-# FP8 schedule the rule picks for prefill-sized groups (>= FP8_PREFILL_ROWS rows per group): promote_run (runs of 8
-# stages, 4 for K <= FP8_SHORT_K), scale_prefetch, epilogue_prefetch, the smem epilogue. Timed best on an H200 at e2bc450
-# (perf/results/experiments/2026-11-26-h200-moe-gemm-fp8-prefill-schedules-e2bc450.json, docs/cute.md).
+# FP8 schedule the rule picks for prefill-sized groups (>= FP8_PREFILL_ROWS rows per group): promote_run (runs
+# of 8 stages, 4 for K <= FP8_SHORT_K), scale_prefetch, epilogue_prefetch, the smem epilogue. Timed best on an H200
+# at e2bc450 (perf/results/experiments/2026-11-26-h200-moe-gemm-fp8-prefill-schedules-e2bc450.json, docs/cute.md).
 FP8_PREFILL_SCHEDULE = dict(promote_run=8, scale_prefetch=True, epilogue_prefetch=True, epilogue="smem")
 FP8_SHORT_K, FP8_SHORT_K_RUN = 2048, 4
 # the FP8 prefill default until e2bc450 (pass as overrides to reproduce it)
