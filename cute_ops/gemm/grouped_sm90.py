@@ -42,6 +42,10 @@ Kernel: persistent (one CTA per SM), one producer warp group (warp 0 issues the 
 budget is lowered to 40) and tile_m / 64 consumer warp groups (WGMMA 64 x tile_n x 16 from shared memory,
 fp32 accumulators in registers, 232 registers each), a `stages`-deep smem ring (PipelineTmaAsync: mbarriers with
 transaction bytes). The tile walk is scheduler.BoundedTileScheduler (every role walks the same order).
+cluster_m 2: clusters of 2 CTAs walk pairs of row tiles (same group and weight column tile); each CTA TMA-loads half
+of every B stage and multicasts it to both, and a stage is refilled once both CTAs' consumers released it.
+wg_stagger: the second consumer warp group starts wg_stagger stages behind the first (one named barrier), so their
+tile boundaries (drain, epilogue, next tile's start) fall at different times.
 
 FP8 promotion schedules (GemmConfig.promote_run, scale_prefetch): promote_run 0 waits for each stage's WGMMAs
 (wait_group 0) and then promotes them; the other consumer warp group's WGMMAs keep the tensor cores busy meanwhile.
