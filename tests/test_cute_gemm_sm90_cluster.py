@@ -21,7 +21,7 @@ from cute_ops.gemm import scheduler as S
 from dispatch.reference import moe_gemm as ref
 from tests.helpers import assert_close
 from tests.test_cute_gemm_sm90 import _contiguous_case, _masked_case, _sm90_gpu, needs_dsl
-from tests.test_cute_gemm_sm90_fp8 import _case
+from tests.test_cute_gemm_sm90_fp8 import _case, deepseek_case, deepseek_sampled_reference
 
 # the schedule the variants run on in the small cases (groups under 128 rows get the plain kernel from the rule)
 SCHEDULE = dict(promote_run=4, scale_prefetch=True, epilogue_prefetch=True, epilogue="smem")
@@ -154,19 +154,9 @@ def test_gpu_variants_deepseek_dims(dims):
     _sm90_gpu()
     from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
 
-    n, k = dims
-    e = 8
-    counts = [256, 0, 37, 512, 129, 1, 300, 128]
-    ids = torch.cat([torch.full((c,), i, dtype=torch.int32) for i, c in enumerate(counts)] + [
-        torch.full((5,), -1, dtype=torch.int32)]).cuda()
-    g = torch.Generator(device="cuda").manual_seed(6)
-    a = torch.randn(ids.numel(), k, device="cuda", generator=g).clamp(-448, 448).to(torch.float8_e4m3fn)
-    w = torch.randn(e, n, k, device="cuda", generator=g).mul(4).clamp(-448, 448).to(torch.float8_e4m3fn)
-    sa = torch.rand(ids.numel(), k // 128, device="cuda", generator=g) + 0.5
-    sw = torch.rand(e, n // 128, k // 128, device="cuda", generator=g) * 0.01
+    a, sa, w, sw, ids = deepseek_case(*dims, 6)
     base = moe_gemm_fp8(a, sa, w, sw, ids, None)
-    rows = torch.arange(0, ids.numel(), 97, device="cuda")
-    want = ref.moe_gemm_fp8(a[rows].cpu(), sa[rows].cpu(), w.cpu(), sw.cpu(), ids[rows].cpu(), None)
+    rows, want = deepseek_sampled_reference(a, sa, w, sw, ids)
     for variant in (dict(cluster_m=2), dict(wg_stagger=2), dict(cluster_m=2, wg_stagger=2)):
         out = moe_gemm_fp8(a, sa, w, sw, ids, None, tiles=variant)
         torch.cuda.synchronize()

@@ -214,24 +214,36 @@ def test_gpu_fp8_schedules_deepseek_dims(schedule):
     _sm90_gpu()
     from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
 
-    e, n, k = 8, 4096, 7168
-    counts = [256, 0, 37, 512, 129, 1, 300, 128]
-    ids = torch.cat([torch.full((c,), i, dtype=torch.int32) for i, c in enumerate(counts)] + [
-        torch.full((5,), -1, dtype=torch.int32)]).cuda()
-    g = torch.Generator(device="cuda").manual_seed(5)
-    a = torch.randn(ids.numel(), k, device="cuda", generator=g).clamp(-448, 448).to(torch.float8_e4m3fn)
-    w = torch.randn(e, n, k, device="cuda", generator=g).mul(4).clamp(-448, 448).to(torch.float8_e4m3fn)
-    sa = torch.rand(ids.numel(), k // 128, device="cuda", generator=g) + 0.5
-    sw = torch.rand(e, n // 128, k // 128, device="cuda", generator=g) * 0.01
+    a, sa, w, sw, ids = deepseek_case(4096, 7168, 5)
     run, prefetch, epilogue_prefetch, stages, epilogue = schedule
     out = moe_gemm_fp8(a, sa, w, sw, ids, None, tiles=dict(promote_run=run, scale_prefetch=prefetch, stages=stages,
                                                            epilogue_prefetch=epilogue_prefetch, epilogue=epilogue))
     base = moe_gemm_fp8(a, sa, w, sw, ids, None)
     torch.cuda.synchronize()
     assert torch.equal(out, base), (out.float() - base.float()).abs().max()
-    rows = torch.arange(0, ids.numel(), 97, device="cuda")
-    want = ref.moe_gemm_fp8(a[rows].cpu(), sa[rows].cpu(), w.cpu(), sw.cpu(), ids[rows].cpu(), None)
+    rows, want = deepseek_sampled_reference(a, sa, w, sw, ids)
     assert_close(out[rows].cpu(), want, "fp8 DeepSeek GEMM1 dims, sampled rows")
+
+
+def deepseek_case(n: int, k: int, seed: int):
+    """(a, a_scale, w, w_scale, m_indices) on the GPU: 8 experts of uneven sizes (256, 0, 37, 512, 129, 1, 300, 128
+    rows: odd row-tile counts, an empty expert) and 5 padding rows."""
+    e = 8
+    counts = [256, 0, 37, 512, 129, 1, 300, 128]
+    ids = torch.cat([torch.full((c,), i, dtype=torch.int32) for i, c in enumerate(counts)] + [
+        torch.full((5,), -1, dtype=torch.int32)]).cuda()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(ids.numel(), k, device="cuda", generator=g).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w = torch.randn(e, n, k, device="cuda", generator=g).mul(4).clamp(-448, 448).to(torch.float8_e4m3fn)
+    sa = torch.rand(ids.numel(), k // 128, device="cuda", generator=g) + 0.5
+    sw = torch.rand(e, n // 128, k // 128, device="cuda", generator=g) * 0.01
+    return a, sa, w, sw, ids
+
+
+def deepseek_sampled_reference(a, sa, w, sw, ids):
+    """(every 97th row, the reference output of those rows on the CPU)."""
+    rows = torch.arange(0, ids.numel(), 97, device="cuda")
+    return rows, ref.moe_gemm_fp8(a[rows].cpu(), sa[rows].cpu(), w.cpu(), sw.cpu(), ids[rows].cpu(), None)
 
 
 @needs_dsl
