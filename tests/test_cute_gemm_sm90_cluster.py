@@ -25,7 +25,7 @@ from tests.test_cute_gemm_sm90_fp8 import _case, deepseek_case, deepseek_sampled
 
 # the schedule the variants run on in the small cases (groups under 128 rows get the plain kernel from the rule)
 SCHEDULE = dict(promote_run=4, scale_prefetch=True, epilogue_prefetch=True, epilogue="smem")
-VARIANTS = [dict(cluster_m=2), dict(wg_stagger=2), dict(cluster_m=2, wg_stagger=1),
+VARIANTS = [dict(cluster_m=2), dict(wg_stagger=2), dict(wg_stagger=5), dict(cluster_m=2, wg_stagger=1),
             dict(cluster_m=2, promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct"),
             dict(wg_stagger=3, epilogue="direct")]
 
@@ -70,11 +70,15 @@ def test_variant_config_rules():
     assert pick_config("fp8", 7168, 2048, 32, "contiguous", False, 256, wg_stagger=3).wg_stagger == 3
     with pytest.raises(ValueError, match="cluster_m"):
         pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, cluster_m=4)
-    for bad in (dict(wg_stagger=8), dict(wg_stagger=1, promote_run=0), dict(wg_stagger=1, tile_m=64)):
+    assert pick_config("fp8", 7168, 2048, 32, "contiguous", False, 256, wg_stagger=5).wg_stagger == 5  # in run 2
+    # stage wg_stagger must load before the lagging group released anything: below the 6 stages
+    for bad in (dict(wg_stagger=6), dict(wg_stagger=1, promote_run=0), dict(wg_stagger=1, tile_m=64)):
         with pytest.raises(ValueError, match="wg_stagger"):
             pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, **bad)
-    with pytest.raises(ValueError, match="wg_stagger"):  # a run longer than the tile's 2 stages
+    with pytest.raises(ValueError, match="wg_stagger"):  # no whole run: a run longer than the tile's 2 stages
         pick_config("fp8", 512, 256, 4, "masked", False, 256, promote_run=4, wg_stagger=1)
+    with pytest.raises(ValueError, match="wg_stagger"):  # 9 stages in runs of 4: the tail stage 8 is not traced
+        pick_config("fp8", 512, 1152, 4, "masked", False, 256, promote_run=4, stages=6, wg_stagger=8)
     with pytest.raises(ValueError, match="wg_stagger"):
         pick_config("bf16", 4096, 7168, 32, "contiguous", False, 512, wg_stagger=1)
 
@@ -83,6 +87,7 @@ SASS_CASES = [(("fp8", 4096, 7168, 32, "contiguous", True, 512), dict(cluster_m=
               (("fp8", 7168, 2048, 32, "masked", False, 256), dict(cluster_m=2, wg_stagger=2)),  # GEMM2, runs of 4
               (("fp8", 7168, 2048, 32, "contiguous", True, 256), dict(wg_stagger=2)),
               (("fp8", 4096, 7168, 32, "contiguous", False, 256), dict(wg_stagger=4)),
+              (("fp8", 7168, 2048, 32, "contiguous", False, 512), dict(wg_stagger=5)),  # arrives in the second run
               (("bf16", 4096, 7168, 32, "contiguous", True, 512), dict(cluster_m=2))]
 
 
@@ -157,7 +162,7 @@ def test_gpu_variants_deepseek_dims(dims):
     a, sa, w, sw, ids = deepseek_case(*dims, 6)
     base = moe_gemm_fp8(a, sa, w, sw, ids, None)
     rows, want = deepseek_sampled_reference(a, sa, w, sw, ids)
-    for variant in (dict(cluster_m=2), dict(wg_stagger=2), dict(cluster_m=2, wg_stagger=2)):
+    for variant in (dict(cluster_m=2), dict(wg_stagger=2), dict(wg_stagger=4), dict(cluster_m=2, wg_stagger=2)):
         out = moe_gemm_fp8(a, sa, w, sw, ids, None, tiles=variant)
         torch.cuda.synchronize()
         assert torch.equal(out, base), (variant, (out.float() - base.float()).abs().max())

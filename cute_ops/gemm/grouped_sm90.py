@@ -133,6 +133,8 @@ class GemmConfig:
     # issued stage wg_stagger of its own (a named barrier, once per kernel), so each group's tile boundary (WGMMA
     # drain, last promotion, epilogue, next tile's start) falls while the other issues WGMMAs. The groups still share
     # every stage (a slot is refilled once both released it): the lead group sees stages - wg_stagger slots ahead.
+    # The offset is self-restoring: while one group is at its boundary the other runs alone and regains the stages
+    # it lost; the tensor cores idle max(0, boundary - wg_stagger x one group's stage time) per tile.
     wg_stagger: int = 0
 
     def key(self) -> tuple:
@@ -238,9 +240,12 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
         raise ValueError(f"cluster_m={cluster_m}: 1 or 2 (with at least that many SMs)")
     grid = sm_count - sm_count % cluster_m
     k_tiles = -(-k // block_k(dtype))
-    if wg_stagger and not (tile_m == 128 and 0 < wg_stagger < promote_run <= k_tiles and dtype == "fp8"):
-        raise ValueError(f"wg_stagger={wg_stagger}: FP8 with tile_m 128 and 0 < wg_stagger < promote_run <= K stages "
-                         f"(promote_run={promote_run}, {k_tiles} stages)")
+    # the lead group arrives inside a whole run (the tail run is not traced for it); stage wg_stagger must load while
+    # the other group has released nothing (stages - 1 at most)
+    whole = k_tiles // promote_run * promote_run if promote_run else 0
+    if wg_stagger and not (tile_m == 128 and 0 < wg_stagger < min(whole, stages) and dtype == "fp8"):
+        raise ValueError(f"wg_stagger={wg_stagger}: FP8 with tile_m 128, promote_run >= 1 and 0 < wg_stagger < "
+                         f"min(stages, whole runs' stages) ({stages}, {whole} here)")
     return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, grid, arch,
                       promote_run=promote_run, scale_prefetch=scale_prefetch,
                       epilogue_prefetch=bool(epilogue_prefetch), epilogue=epilogue, cluster_m=cluster_m,
@@ -524,8 +529,8 @@ class GroupedGemmSm90:
                                               tCrB[(None, None, kb, read.index)], cur)
                                 warpgroup.commit_group()
                                 read.advance()
-                                if cutlass.const_expr(0 < cfg.wg_stagger == i and tail == 0):
-                                    if (t < nctas) & (r == 0) & (my_wg == 0):  # the first tile (t is its walker id)
+                                if cutlass.const_expr(cfg.wg_stagger and i == cfg.wg_stagger % run and tail == 0):
+                                    if (t < nctas) & (r == cfg.wg_stagger // run) & (my_wg == 0):  # the first tile (t is its walker id)
                                         cute.arch.barrier_arrive(barrier_id=STAGGER_BARRIER, number_of_threads=2 * WG)
                                 if cutlass.const_expr(i > 0):
                                     warpgroup.wait_group(1)
