@@ -529,8 +529,9 @@ class GroupedGemmSm90:
                                               tCrB[(None, None, kb, read.index)], cur)
                                 warpgroup.commit_group()
                                 read.advance()
+                                # wg_stagger: group 0 after issuing stage wg_stagger of its first tile (t < nctas)
                                 if cutlass.const_expr(cfg.wg_stagger and i == cfg.wg_stagger % run and tail == 0):
-                                    if (t < nctas) & (r == cfg.wg_stagger // run) & (my_wg == 0):  # the first tile (t is its walker id)
+                                    if (t < nctas) & (r == cfg.wg_stagger // run) & (my_wg == 0):
                                         cute.arch.barrier_arrive(barrier_id=STAGGER_BARRIER, number_of_threads=2 * WG)
                                 if cutlass.const_expr(i > 0):
                                     warpgroup.wait_group(1)
