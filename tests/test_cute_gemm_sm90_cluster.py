@@ -83,6 +83,32 @@ def test_variant_config_rules():
         pick_config("bf16", 4096, 7168, 32, "contiguous", False, 512, wg_stagger=1)
 
 
+@needs_dsl
+def test_launcher_cluster_grid_is_the_clusters_that_fit(monkeypatch):
+    """cluster_m 2: the launcher's grid is 2 x the clusters the occupancy query says run at once (capped by the SM
+    count rounded down to even); the kernel model still gets every group's rows."""
+    from cute_ops.gemm import moe_sm90
+    from tests.test_cute_gemm_sm90 import _kernel_model, stub_cuda_launch
+
+    grids = []
+
+    def model(cfg):
+        grids.append((cfg.cluster_m, cfg.grid, cfg.clusters))
+        return _kernel_model(cfg)
+
+    stub_cuda_launch(monkeypatch, moe_sm90, model, "sm_90a")
+    monkeypatch.setattr(moe_sm90, "_sm_count", lambda index: 133)
+    for fit, want in ((60, 120), (80, 132)):
+        monkeypatch.setattr(moe_sm90, "max_active_clusters", lambda index, size, fit=fit: fit)
+        a, w, mi, rw = _contiguous_case(3, 16, 32, [5, 0, 9], torch.bfloat16, 3, True)
+        out = moe_sm90.moe_gemm_bf16(a, w, mi, None, rw, tiles=dict(cluster_m=2))
+        assert grids[-1] == (2, want, want // 2)
+        want_out = ref.moe_gemm_bf16(a, w, mi, None, rw)
+        assert_close(out, want_out, "bf16 contiguous through the cluster launcher")
+    moe_sm90.moe_gemm_bf16(a, w, mi, None, rw)
+    assert grids[-1] == (1, 133, 133)
+
+
 SASS_CASES = [(("fp8", 4096, 7168, 32, "contiguous", True, 512), dict(cluster_m=2)),  # GEMM1, runs of 8
               (("fp8", 7168, 2048, 32, "masked", False, 256), dict(cluster_m=2, wg_stagger=2)),  # GEMM2, runs of 4
               (("fp8", 7168, 2048, 32, "contiguous", True, 256), dict(wg_stagger=2)),
