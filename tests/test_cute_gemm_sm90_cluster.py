@@ -1,6 +1,7 @@
 """Tile-boundary variants of the sm_90a grouped GEMM (cute_ops/gemm/grouped_sm90.py): GemmConfig.cluster_m (CTA pairs
-walking row-tile pairs, the B stage TMA-multicast to both) and wg_stagger (the two consumer warp groups offset by a
-few stages, so one group's tile boundary overlaps the other's WGMMAs).
+walking row-tile pairs, the B stage TMA-multicast to both), wg_stagger (the two consumer warp groups offset by a
+few stages, so one group's tile boundary overlaps the other's WGMMAs) and producer_ahead (the next tile's A
+descriptor rewritten after this tile's first load).
 
 CPU: config rules; the pair walk's model (every row tile of every group exactly once, the pair's extra row tile
 past its group writes nothing); each variant compiled for sm_90a with its SASS checked (one multicast B load, the
@@ -26,6 +27,7 @@ from tests.test_cute_gemm_sm90_fp8 import _case, deepseek_case, deepseek_sampled
 # the schedule the variants run on in the small cases (groups under 128 rows get the plain kernel from the rule)
 SCHEDULE = dict(promote_run=4, scale_prefetch=True, epilogue_prefetch=True, epilogue="smem")
 VARIANTS = [dict(cluster_m=2), dict(wg_stagger=2), dict(wg_stagger=5), dict(cluster_m=2, wg_stagger=1),
+            dict(producer_ahead=True), dict(producer_ahead=True, cluster_m=2, wg_stagger=2),
             dict(cluster_m=2, promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct"),
             dict(wg_stagger=3, epilogue="direct")]
 
@@ -64,7 +66,9 @@ def test_variant_config_rules():
     from cute_ops.gemm.grouped_sm90 import pick_config
 
     base = pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512)
-    assert (base.cluster_m, base.wg_stagger, base.clusters) == (1, 0, 132)
+    assert (base.cluster_m, base.wg_stagger, base.clusters, base.producer_ahead) == (1, 0, 132, False)
+    ahead = pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, producer_ahead=True)
+    assert ahead.producer_ahead and ahead.key() != base.key()
     pair = pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, sm_count=133, cluster_m=2)
     assert (pair.grid, pair.clusters) == (132, 66) and pair.key() != base.key()
     assert pick_config("fp8", 7168, 2048, 32, "contiguous", False, 256, wg_stagger=3).wg_stagger == 3
@@ -114,7 +118,10 @@ SASS_CASES = [(("fp8", 4096, 7168, 32, "contiguous", True, 512), dict(cluster_m=
               (("fp8", 7168, 2048, 32, "contiguous", True, 256), dict(wg_stagger=2)),
               (("fp8", 4096, 7168, 32, "contiguous", False, 256), dict(wg_stagger=4)),
               (("fp8", 7168, 2048, 32, "contiguous", False, 512), dict(wg_stagger=5)),  # arrives in the second run
-              (("bf16", 4096, 7168, 32, "contiguous", True, 512), dict(cluster_m=2))]
+              (("bf16", 4096, 7168, 32, "contiguous", True, 512), dict(cluster_m=2)),
+              (("fp8", 7168, 2048, 32, "contiguous", True, 256), dict(producer_ahead=True)),
+              (("fp8", 7168, 2048, 32, "masked", False, 256), dict(producer_ahead=True, cluster_m=2, wg_stagger=2)),
+              (("bf16", 4096, 7168, 256, "masked", False, 16), dict(producer_ahead=True))]
 
 
 @needs_dsl
@@ -152,6 +159,11 @@ def test_variant_sass(case):
         assert sorted(bars) == ["BAR.ARV 0x3, 0x100", "BAR.SYNC.DEFER_BLOCKING 0x3, 0x100"], bars
     else:
         assert bars == [] and ops["BAR.ARV"] == 0, ops
+    # the A descriptor rewrite: at the first tile's start, and (producer_ahead) after each tile's first load
+    sites = 2 if cfg.producer_ahead else 1
+    assert d.ptx.count("tensormap.replace.tile.global_address.global.b1024.b64") == sites
+    assert d.ptx.count("fence.proxy.tensormap::generic.release.gpu;") == sites
+    assert d.ptx.count("fence.proxy.tensormap::generic.acquire.gpu") == sites and ops["UTMACCTL.IV"] == sites, ops
 
 
 # -------------------------------------------------------------------------------------- GPU (sm_90)
@@ -171,7 +183,8 @@ def test_gpu_variants_match_reference_and_base(variant, layout, ue8m0):
     dev = [None if t is None else t.cuda() for t in host]
     tiles = dict(SCHEDULE, **variant)
     out = moe_gemm_fp8(*dev, tiles=tiles)
-    base = moe_gemm_fp8(*dev, tiles={k: v for k, v in tiles.items() if k not in ("cluster_m", "wg_stagger")})
+    base = moe_gemm_fp8(*dev, tiles={k: v for k, v in tiles.items()
+                                     if k not in ("cluster_m", "wg_stagger", "producer_ahead")})
     torch.cuda.synchronize()
     assert_close(out.cpu(), ref.moe_gemm_fp8(*host), f"fp8 {layout} {variant}")
     assert torch.equal(out, base), (out.float() - base.float()).abs().max()
@@ -188,7 +201,8 @@ def test_gpu_variants_deepseek_dims(dims):
     a, sa, w, sw, ids = deepseek_case(*dims, 6)
     base = moe_gemm_fp8(a, sa, w, sw, ids, None)
     rows, want = deepseek_sampled_reference(a, sa, w, sw, ids)
-    for variant in (dict(cluster_m=2), dict(wg_stagger=2), dict(wg_stagger=4), dict(cluster_m=2, wg_stagger=2)):
+    for variant in (dict(cluster_m=2), dict(wg_stagger=2), dict(wg_stagger=4), dict(cluster_m=2, wg_stagger=2),
+                    dict(producer_ahead=True)):
         out = moe_gemm_fp8(a, sa, w, sw, ids, None, tiles=variant)
         torch.cuda.synchronize()
         assert torch.equal(out, base), (variant, (out.float() - base.float()).abs().max())
@@ -197,8 +211,9 @@ def test_gpu_variants_deepseek_dims(dims):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
-def test_gpu_bf16_cluster(layout):
-    """cluster_m 2 on the bf16 kernel (128 x 256: each CTA multicasts 128 weight rows; and 128 x 128), bit-equal."""
+def test_gpu_bf16_variants(layout):
+    """cluster_m 2 on the bf16 kernel (128 x 256: each CTA multicasts 128 weight rows; and 128 x 128), producer_ahead
+    (64 x 128 tiles: a new group nearly every tile; and with multicast), bit-equal."""
     _sm90_gpu()
     from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
 
@@ -208,8 +223,11 @@ def test_gpu_bf16_cluster(layout):
     else:
         a, w, mm, rw = _masked_case(5, 400, 512, 256, [0, 400, 3, 265, 129], torch.bfloat16, 65, True)
         args = (a.cuda(), w.cuda(), None, mm.cuda(), rw.cuda())
-    for tiles in (dict(tile_m=128, tile_n=256), dict(tile_m=128, tile_n=128, epilogue="smem")):
-        out = moe_gemm_bf16(*args, tiles=dict(tiles, cluster_m=2))
+    for tiles, variant in ((dict(tile_m=128, tile_n=256), dict(cluster_m=2)),
+                           (dict(tile_m=128, tile_n=128, epilogue="smem"), dict(cluster_m=2)),
+                           (dict(tile_m=64, tile_n=128), dict(producer_ahead=True)),
+                           (dict(tile_m=128, tile_n=256), dict(producer_ahead=True, cluster_m=2))):
+        out = moe_gemm_bf16(*args, tiles=dict(tiles, **variant))
         base = moe_gemm_bf16(*args, tiles=tiles)
         torch.cuda.synchronize()
-        assert torch.equal(out, base), (tiles, (out.float() - base.float()).abs().max())
+        assert torch.equal(out, base), (tiles, variant, (out.float() - base.float()).abs().max())

@@ -136,6 +136,11 @@ class GemmConfig:
     # The offset is self-restoring: while one group is at its boundary the other runs alone and regains the stages
     # it lost; the tensor cores idle max(0, boundary - wg_stagger x one group's stage time) per tile.
     wg_stagger: int = 0
+    # True: the producer finds the next tile right after issuing this tile's first stage and, when the next tile
+    # enters a new group, rewrites and fences its A descriptor then (the slot rule below still holds: the slot it
+    # rewrites was last loaded through >= stages loads earlier), not when the next tile starts: the rewrite's global
+    # round trips and fences leave the gap between two tiles' loads (GEMM2 at 32 x 256 rows changes group every tile)
+    producer_ahead: bool = False
 
     def key(self) -> tuple:
         return ("grouped_gemm_sm90", *dataclasses.astuple(self))
@@ -198,14 +203,15 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
                 tile_n: int | None = None, stages: int | None = None,
                 promote_run: int | None = None, scale_prefetch: bool | None = None,
                 epilogue_prefetch: bool | None = None, epilogue: str | None = None,
-                cluster_m: int = 1, wg_stagger: int = 0) -> GemmConfig:
+                cluster_m: int = 1, wg_stagger: int = 0, producer_ahead: bool = False) -> GemmConfig:
     """Analytical (not tuned): 64-row tiles when groups hold <= 64 rows (decode: weight streaming, half the
     wasted MMA rows), else 128; tile_n 256 for 128-row tiles with N a multiple of 256 (the CUTLASS Hopper
     default), else 128; as many stages as fit (at most 8); FP8 groups of >= FP8_PREFILL_ROWS rows: the
     FP8_PREFILL_SCHEDULE fields (promote_run FP8_SHORT_K_RUN for K <= FP8_SHORT_K), else the plain kernel
     (promote_run 0, direct epilogue). tile_m / tile_n / stages / promote_run / scale_prefetch / epilogue_prefetch /
     epilogue override the rule field by field (scale_prefetch follows an overridden promote_run 0: off); cluster_m 2
-    (B multicast over CTA pairs) and wg_stagger (offset consumer warp groups) are variants, not the rule's."""
+    (B multicast over CTA pairs), wg_stagger (offset consumer warp groups) and producer_ahead (descriptor rewrites a
+    tile early) are variants, not the rule's."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
@@ -249,7 +255,7 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, grid, arch,
                       promote_run=promote_run, scale_prefetch=scale_prefetch,
                       epilogue_prefetch=bool(epilogue_prefetch), epilogue=epilogue, cluster_m=cluster_m,
-                      wg_stagger=wg_stagger)
+                      wg_stagger=wg_stagger, producer_ahead=bool(producer_ahead))
 
 
 # ------------------------------------------------------------------------------------------------- kernel
@@ -403,22 +409,15 @@ class GroupedGemmSm90:
                 _, tAgA_g = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 2),
                                                   cute.group_modes(gA_g, 0, 2))
                 a_src_g = tAgA_g[(None, m_tile, None, 0)]
-            elif g != last_g:
-                # Re-point A at this group: base = its first row, rows = its count (TMA zero-fills past it)
-                slot = slot + 1
-                if slot == cfg.desc_slots:
-                    slot = cutlass.Int32(0)
-                group_a = cute.make_tensor(mA.iterator + cutlass.Int64(sched.starts[g]) * cfg.k,
-                                           cute.make_layout((sched.counts[g], cfg.k, 1), stride=(cfg.k, 1, 0)))
-                desc = self._slot_ptr(workspace, bidx, slot)
-                cpasync.update_tma_descriptor(tma_a, group_a, desc)
-                cute.arch.sync_warp()
-                cpasync.fence_tma_desc_release()
-                cpasync.fence_tma_desc_acquire(desc)
+            elif g != last_g:  # (producer_ahead: only the first tile; the others' were rewritten a tile early)
+                slot = self._point_a(tma_a, mA, workspace, bidx, sched, g, slot)
                 last_g = g
             desc_a = tmaps.get_tensormap_ptr(self._slot_ptr(workspace, bidx, slot), cute.AddressSpace.generic)
             a_src = tAgA[(None, m_tile, None, 0)]
             b_src = tBgB[(None, n_tile, None, g)]
+            t_next, g_next, base_next = t, g, base
+            if cutlass.const_expr(cfg.producer_ahead):
+                t_next = t + nctas
             for kt in cutlass.range(self.k_tiles, unroll=1):
                 ring.producer_acquire(state)
                 bar = ring.producer_get_barrier(state)
@@ -434,9 +433,35 @@ class GroupedGemmSm90:
                     cute.copy(tma_b, b_src[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
                 ring.producer_commit(state)
                 state.advance()
-            t = t + nctas
-            g, base = sched.seek(t, g, base)
+                if cutlass.const_expr(cfg.producer_ahead):
+                    if kt == 0:  # the next tile's walk and, in a new group, its descriptor
+                        g_next, base_next = sched.seek(t_next, g, base)
+                        if cutlass.const_expr(cfg.desc_update):
+                            if (g_next < sched.num_groups) & (g_next != last_g):
+                                slot = self._point_a(tma_a, mA, workspace, bidx, sched, g_next, slot)
+                                last_g = g_next
+            if cutlass.const_expr(not cfg.producer_ahead):
+                t_next = t + nctas
+                g_next, base_next = sched.seek(t_next, g, base)
+            t, g, base = t_next, g_next, base_next
         ring.producer_tail(state)
+
+    @cute.jit
+    def _point_a(self, tma_a, mA, workspace, bidx, sched, g, slot):
+        """Re-point A at group g in the next descriptor slot (returned): base = its first row, rows = its count (TMA
+        zero-fills past it); published (release) and acquired for this thread's loads."""
+        cfg = self.cfg
+        slot = slot + 1
+        if slot == cfg.desc_slots:
+            slot = cutlass.Int32(0)
+        group_a = cute.make_tensor(mA.iterator + cutlass.Int64(sched.starts[g]) * cfg.k,
+                                   cute.make_layout((sched.counts[g], cfg.k, 1), stride=(cfg.k, 1, 0)))
+        desc = self._slot_ptr(workspace, bidx, slot)
+        cpasync.update_tma_descriptor(tma_a, group_a, desc)
+        cute.arch.sync_warp()
+        cpasync.fence_tma_desc_release()
+        cpasync.fence_tma_desc_acquire(desc)
+        return slot
 
     # ------------------------------------------------------------------------------------ consumers
 
