@@ -205,7 +205,8 @@ def _sm90_dump(case):
     from cute_ops.gemm.grouped_sm90 import dump, pick_config
 
     if case not in _SM90_DUMPS:
-        cfg = pick_config(*case)
+        # FP8 prefill: the plain schedule this test describes (the rule's schedules: tests/test_cute_gemm_sm90_fp8.py)
+        cfg = pick_config(*case, promote_run=0, epilogue_prefetch=False, epilogue="direct")
         _SM90_DUMPS[case] = cfg, dump(cfg)
     return _SM90_DUMPS[case]
 

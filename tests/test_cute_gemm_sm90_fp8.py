@@ -4,9 +4,9 @@ scale_prefetch).
 CPU: the config fields' rules and defaults, and each schedule compiled for sm_90a with its SASS checked: the WGMMAs
 of a run issued ahead of the previous stage's promotion (WARPGROUP.DEPBAR 1, so ptxas did not serialize them), one
 wait-all per run, no spills. GPU (`-m gpu`, sm_90): every schedule against the reference and bit-equal to the
-promote_run=0 kernel (same FFMA per element and block), contiguous (padding rows, out-of-range ids, an expert with 0
-rows, unaligned starts) and masked layouts, fp32 and UE8M0 (power-of-two) scales, row- and column-major activation
-scales, row weights.
+rule's default kernel (same FFMA per element and block; the previous default, promote_run 0, is one of them),
+contiguous (padding rows, out-of-range ids, an expert with 0 rows, unaligned starts) and masked layouts, fp32 and
+UE8M0 (power-of-two) scales, row- and column-major activation scales, row weights.
 """
 
 from __future__ import annotations
@@ -27,23 +27,36 @@ from tests.test_cute_gemm_sm90 import _contiguous_case, _masked_case, _sm90_gpu,
 # (promote_run, scale_prefetch, epilogue_prefetch, epilogue): every schedule the FP8 prefill sweep times, and more
 SCHEDULES = [(1, True, False, "direct"), (2, False, True, "smem"), (2, True, False, "direct"),
              (3, True, True, "direct"), (4, True, False, "smem"), (4, True, True, "direct"), (8, True, True, "smem"),
-             (0, False, False, "smem")]
+             (0, False, False, "smem"), (0, False, False, "direct")]
 
 
 @needs_dsl
 def test_fp8_schedule_config_rules():
-    from cute_ops.gemm.grouped_sm90 import FP8_PREFILL_SCHEDULE, pick_config
+    from cute_ops.gemm.grouped_sm90 import FP8_PREFILL_SCHEDULE, FP8_PREVIOUS_SCHEDULE, pick_config
+
+    def fields(cfg):
+        return dict(promote_run=cfg.promote_run, scale_prefetch=cfg.scale_prefetch,
+                    epilogue_prefetch=cfg.epilogue_prefetch, epilogue=cfg.epilogue)
 
     base = pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512)
-    assert (base.promote_run, base.scale_prefetch, base.stages, base.tile_n) == (*FP8_PREFILL_SCHEDULE, 6, 128)
+    assert fields(base) == FP8_PREFILL_SCHEDULE and (base.stages, base.tile_n) == (6, 128)
+    assert fields(base) == dict(promote_run=8, scale_prefetch=True, epilogue_prefetch=True, epilogue="smem")
+    short_k = pick_config("fp8", 7168, 2048, 32, "contiguous", False, 256)  # 16 stages per tile: runs of 4
+    assert fields(short_k) == dict(FP8_PREFILL_SCHEDULE, promote_run=4) and short_k.stages == 6
     decode = pick_config("fp8", 4096, 7168, 256, "masked", False, 16)
-    assert (decode.promote_run, decode.scale_prefetch) == (0, False)
-    cfg = pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, promote_run=4, scale_prefetch=True)
-    assert (cfg.promote_run, cfg.scale_prefetch) == (4, True) and cfg.key() != base.key()
+    assert fields(decode) == FP8_PREVIOUS_SCHEDULE
+    assert fields(pick_config("bf16", 4096, 7168, 32, "contiguous", False, 512)) == FP8_PREVIOUS_SCHEDULE
+    previous = pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, **FP8_PREVIOUS_SCHEDULE)
+    assert fields(previous) == FP8_PREVIOUS_SCHEDULE and previous.stages == 6 and previous.key() != base.key()
+    # field by field: an overridden promote_run 0 turns the rule's scale_prefetch off; the rest stays the rule's
+    assert fields(pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, promote_run=0)) == dict(
+        FP8_PREFILL_SCHEDULE, promote_run=0, scale_prefetch=False)
+    cfg = pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, promote_run=4, epilogue="direct")
+    assert fields(cfg) == dict(FP8_PREFILL_SCHEDULE, promote_run=4, epilogue="direct")
     with pytest.raises(ValueError, match="FP8 only"):
         pick_config("bf16", 4096, 7168, 32, "contiguous", False, 512, promote_run=2)
     with pytest.raises(ValueError, match="needs promote_run"):
-        pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, scale_prefetch=True)
+        pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, promote_run=0, scale_prefetch=True)
     with pytest.raises(ValueError, match="promote_run=-1"):
         pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, promote_run=-1)
 
@@ -53,7 +66,10 @@ SASS_CASES = [(("fp8", 4096, 7168, 32, "contiguous", False, 512), 4, True, False
               (("fp8", 7168, 2048, 32, "masked", True, 256), 3, True, True, "direct"),  # 16 stages: 5 runs of 3 + 1
               (("fp8", 7168, 2048, 32, "contiguous", True, 256), 2, False, True, "direct"),
               (("fp8", 4096, 7168, 32, "contiguous", False, 512), 1, True, False, "direct"),
-              (("fp8", 4096, 7168, 32, "contiguous", True, 512), 4, True, True, "smem")]
+              (("fp8", 4096, 7168, 32, "contiguous", True, 512), 4, True, True, "smem"),
+              # the rule's defaults: GEMM1 (runs of 8), GEMM2 (K 2048: runs of 4)
+              (("fp8", 4096, 7168, 32, "contiguous", False, 256), 8, True, True, "smem"),
+              (("fp8", 7168, 2048, 32, "contiguous", True, 256), 4, True, True, "smem")]
 
 
 @needs_dsl
@@ -182,12 +198,13 @@ def test_gpu_fp8_schedules_match_reference_and_base(schedule, layout, ue8m0):
     base = moe_gemm_fp8(*dev)
     torch.cuda.synchronize()
     assert_close(out.cpu(), ref.moe_gemm_fp8(*host), f"fp8 {layout} {schedule}")
-    # same products and FFMAs per element and block as the promote_run=0 kernel: bit-equal
+    # same products and FFMAs per element and block as the default kernel: bit-equal
     assert torch.equal(out, base), (out.float() - base.float()).abs().max()
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("schedule", [(4, True, False, None, "direct"), (8, True, True, None, "direct"),
+                                      (0, False, False, None, "direct"), (8, True, True, None, "smem"),
                                       (4, True, True, 7, "direct"), (2, False, False, None, "direct"),
                                       (4, True, True, None, "smem"), (0, False, False, None, "smem")],
                          ids=lambda s: f"run{s[0]}-pf{int(s[1])}-ep{int(s[2])}-stages{s[3] or 6}-{s[4]}")
@@ -197,24 +214,36 @@ def test_gpu_fp8_schedules_deepseek_dims(schedule):
     _sm90_gpu()
     from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
 
-    e, n, k = 8, 4096, 7168
-    counts = [256, 0, 37, 512, 129, 1, 300, 128]
-    ids = torch.cat([torch.full((c,), i, dtype=torch.int32) for i, c in enumerate(counts)] + [
-        torch.full((5,), -1, dtype=torch.int32)]).cuda()
-    g = torch.Generator(device="cuda").manual_seed(5)
-    a = torch.randn(ids.numel(), k, device="cuda", generator=g).clamp(-448, 448).to(torch.float8_e4m3fn)
-    w = torch.randn(e, n, k, device="cuda", generator=g).mul(4).clamp(-448, 448).to(torch.float8_e4m3fn)
-    sa = torch.rand(ids.numel(), k // 128, device="cuda", generator=g) + 0.5
-    sw = torch.rand(e, n // 128, k // 128, device="cuda", generator=g) * 0.01
+    a, sa, w, sw, ids = deepseek_case(4096, 7168, 5)
     run, prefetch, epilogue_prefetch, stages, epilogue = schedule
     out = moe_gemm_fp8(a, sa, w, sw, ids, None, tiles=dict(promote_run=run, scale_prefetch=prefetch, stages=stages,
                                                            epilogue_prefetch=epilogue_prefetch, epilogue=epilogue))
     base = moe_gemm_fp8(a, sa, w, sw, ids, None)
     torch.cuda.synchronize()
     assert torch.equal(out, base), (out.float() - base.float()).abs().max()
-    rows = torch.arange(0, ids.numel(), 97, device="cuda")
-    want = ref.moe_gemm_fp8(a[rows].cpu(), sa[rows].cpu(), w.cpu(), sw.cpu(), ids[rows].cpu(), None)
+    rows, want = deepseek_sampled_reference(a, sa, w, sw, ids)
     assert_close(out[rows].cpu(), want, "fp8 DeepSeek GEMM1 dims, sampled rows")
+
+
+def deepseek_case(n: int, k: int, seed: int):
+    """(a, a_scale, w, w_scale, m_indices) on the GPU: 8 experts of uneven sizes (256, 0, 37, 512, 129, 1, 300, 128
+    rows: odd row-tile counts, an empty expert) and 5 padding rows."""
+    e = 8
+    counts = [256, 0, 37, 512, 129, 1, 300, 128]
+    ids = torch.cat([torch.full((c,), i, dtype=torch.int32) for i, c in enumerate(counts)] + [
+        torch.full((5,), -1, dtype=torch.int32)]).cuda()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(ids.numel(), k, device="cuda", generator=g).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w = torch.randn(e, n, k, device="cuda", generator=g).mul(4).clamp(-448, 448).to(torch.float8_e4m3fn)
+    sa = torch.rand(ids.numel(), k // 128, device="cuda", generator=g) + 0.5
+    sw = torch.rand(e, n // 128, k // 128, device="cuda", generator=g) * 0.01
+    return a, sa, w, sw, ids
+
+
+def deepseek_sampled_reference(a, sa, w, sw, ids):
+    """(every 97th row, the reference output of those rows on the CPU)."""
+    rows = torch.arange(0, ids.numel(), 97, device="cuda")
+    return rows, ref.moe_gemm_fp8(a[rows].cpu(), sa[rows].cpu(), w.cpu(), sw.cpu(), ids[rows].cpu(), None)
 
 
 @needs_dsl

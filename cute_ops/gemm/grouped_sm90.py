@@ -42,6 +42,10 @@ Kernel: persistent (one CTA per SM), one producer warp group (warp 0 issues the 
 budget is lowered to 40) and tile_m / 64 consumer warp groups (WGMMA 64 x tile_n x 16 from shared memory,
 fp32 accumulators in registers, 232 registers each), a `stages`-deep smem ring (PipelineTmaAsync: mbarriers with
 transaction bytes). The tile walk is scheduler.BoundedTileScheduler (every role walks the same order).
+cluster_m 2: clusters of 2 CTAs walk pairs of row tiles (same group and weight column tile); each CTA TMA-loads half
+of every B stage and multicasts it to both, and a stage is refilled once both CTAs' consumers released it.
+wg_stagger: the second consumer warp group starts wg_stagger stages behind the first (one named barrier), so their
+tile boundaries (drain, epilogue, next tile's start) fall at different times.
 
 FP8 promotion schedules (GemmConfig.promote_run, scale_prefetch): promote_run 0 waits for each stage's WGMMAs
 (wait_group 0) and then promotes them; the other consumer warp group's WGMMAs keep the tensor cores busy meanwhile.
@@ -73,12 +77,17 @@ SMEM_BYTES = 232448  # sm_90 per-CTA shared memory (227 KiB)
 SMEM_RESERVED = 1024  # mbarriers, alignment slack
 DESC_BYTES = 128  # one TMA descriptor
 WG = 128  # threads per warp group
+STAGGER_BARRIER = 3  # named barrier of wg_stagger (1 + warp group: the smem epilogue's)
 LOAD_REGS, MMA_REGS = 40, 232
 DTYPES = {"bf16": "BFloat16", "fp16": "Float16", "fp8": "Float8E4M3FN"}  # operand type; fp8 writes bf16
 LAYOUTS = ("contiguous", "masked")
-# FP8 promotion schedule the rule picks for prefill-sized groups (>= FP8_PREFILL_ROWS rows per group): (promote_run,
-# scale_prefetch). (0, False) = the schedule timed at 76665c5 until the run schedules are timed (docs/cute.md)
-FP8_PREFILL_SCHEDULE = (0, False)
+# FP8 schedule the rule picks for prefill-sized groups (>= FP8_PREFILL_ROWS rows per group): promote_run (runs
+# of 8 stages, 4 for K <= FP8_SHORT_K), scale_prefetch, epilogue_prefetch, the smem epilogue. Timed best on an H200
+# at e2bc450 (perf/results/experiments/2026-11-26-h200-moe-gemm-fp8-prefill-schedules-e2bc450.json, docs/cute.md).
+FP8_PREFILL_SCHEDULE = dict(promote_run=8, scale_prefetch=True, epilogue_prefetch=True, epilogue="smem")
+FP8_SHORT_K, FP8_SHORT_K_RUN = 2048, 4
+# the FP8 prefill default until e2bc450 (pass as overrides to reproduce it)
+FP8_PREVIOUS_SCHEDULE = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
 FP8_PREFILL_ROWS = 128
 
 
@@ -115,6 +124,23 @@ class GemmConfig:
     # stages its 64 rows in shared memory (16-byte chunks XOR-swizzled by row: conflict-free) and writes them with
     # coalesced predicated 16-byte stores (tile_m * tile_n * 2 bytes of smem: fewer stages may fit)
     epilogue: str = "direct"
+    # 1: one CTA per tile. 2: clusters of 2 CTAs along M walk pairs of row tiles of the same weight column tile (the
+    # scheduler's row tile is 2 x tile_m); each CTA TMA-loads half of the B stage and multicasts it to both, so a CTA
+    # pulls 3/4 of the stage bytes through L2 (at 128 x 128). A pair's second row tile past the group computes on
+    # zero-filled rows and writes nothing. The stage's empty barrier counts both CTAs' consumer warps.
+    cluster_m: int = 1
+    # FP8, promote_run >= 1, two consumer warp groups: warp group 1 starts its first tile only once warp group 0 has
+    # issued stage wg_stagger of its own (a named barrier, once per kernel), so each group's tile boundary (WGMMA
+    # drain, last promotion, epilogue, next tile's start) falls while the other issues WGMMAs. The groups still share
+    # every stage (a slot is refilled once both released it): the lead group sees stages - wg_stagger slots ahead.
+    # The offset is self-restoring: while one group is at its boundary the other runs alone and regains the stages
+    # it lost; the tensor cores idle max(0, boundary - wg_stagger x one group's stage time) per tile.
+    wg_stagger: int = 0
+    # True: the producer finds the next tile right after issuing this tile's first stage and, when the next tile
+    # enters a new group, rewrites and fences its A descriptor then (the slot rule below still holds: the slot it
+    # rewrites was last loaded through >= stages loads earlier), not when the next tile starts: the rewrite's global
+    # round trips and fences leave the gap between two tiles' loads (GEMM2 at 32 x 256 rows changes group every tile)
+    producer_ahead: bool = False
 
     def key(self) -> tuple:
         return ("grouped_gemm_sm90", *dataclasses.astuple(self))
@@ -127,6 +153,11 @@ class GemmConfig:
     def workspace_words(self) -> int:
         """int64 words of the descriptor workspace the launcher allocates."""
         return self.grid * self.desc_slots * DESC_BYTES // 8
+
+    @property
+    def clusters(self) -> int:
+        """Tile walkers: clusters of cluster_m CTAs (the grid is a multiple of cluster_m)."""
+        return self.grid // self.cluster_m
 
     @property
     def threads(self) -> int:
@@ -171,12 +202,16 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
                 *, sm_count: int = 132, arch: str = "sm_90a", tile_m: int | None = None,
                 tile_n: int | None = None, stages: int | None = None,
                 promote_run: int | None = None, scale_prefetch: bool | None = None,
-                epilogue_prefetch: bool = False, epilogue: str = "direct") -> GemmConfig:
+                epilogue_prefetch: bool | None = None, epilogue: str | None = None,
+                cluster_m: int = 1, wg_stagger: int = 0, producer_ahead: bool = False) -> GemmConfig:
     """Analytical (not tuned): 64-row tiles when groups hold <= 64 rows (decode: weight streaming, half the
     wasted MMA rows), else 128; tile_n 256 for 128-row tiles with N a multiple of 256 (the CUTLASS Hopper
     default), else 128; as many stages as fit (at most 8); FP8 groups of >= FP8_PREFILL_ROWS rows: the
-    FP8_PREFILL_SCHEDULE promotion schedule, else promote_run 0. tile_m / tile_n / stages / promote_run /
-    scale_prefetch / epilogue_prefetch / epilogue override the rule."""
+    FP8_PREFILL_SCHEDULE fields (promote_run FP8_SHORT_K_RUN for K <= FP8_SHORT_K), else the plain kernel
+    (promote_run 0, direct epilogue). tile_m / tile_n / stages / promote_run / scale_prefetch / epilogue_prefetch /
+    epilogue override the rule field by field (scale_prefetch follows an overridden promote_run 0: off); cluster_m 2
+    (B multicast over CTA pairs), wg_stagger (offset consumer warp groups) and producer_ahead (descriptor rewrites a
+    tile early) are variants, not the rule's."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
@@ -184,6 +219,17 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     why = can_implement(dtype, n, k, num_groups, tile_m, tile_n)
     if why:
         raise ValueError(why)
+    rule = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
+    if dtype == "fp8" and rows_per_group >= FP8_PREFILL_ROWS:
+        rule = dict(FP8_PREFILL_SCHEDULE)
+        if k <= FP8_SHORT_K:
+            rule["promote_run"] = FP8_SHORT_K_RUN
+    if promote_run is not None and scale_prefetch is None:
+        scale_prefetch = rule["scale_prefetch"] and promote_run > 0
+    promote_run = rule["promote_run"] if promote_run is None else promote_run
+    scale_prefetch = rule["scale_prefetch"] if scale_prefetch is None else bool(scale_prefetch)
+    epilogue_prefetch = rule["epilogue_prefetch"] if epilogue_prefetch is None else bool(epilogue_prefetch)
+    epilogue = epilogue or rule["epilogue"]
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue {epilogue!r}: one of {EPILOGUES}")
     fit = (SMEM_BYTES - SMEM_RESERVED - epilogue_bytes(epilogue, tile_m, tile_n)) // stage_bytes(tile_m, tile_n)
@@ -192,16 +238,24 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     # FP8 6 rather than the 7 that fit: 2-3% faster at 256 and 512 rows per expert (H100, 76665c5,
     # perf/results/experiments/2026-11-25-h100-cute-gemm-tiles-76665c5.json)
     stages = stages or min(6 if dtype == "fp8" else 8, fit)
-    if dtype == "fp8" and promote_run is None and scale_prefetch is None and rows_per_group >= FP8_PREFILL_ROWS:
-        promote_run, scale_prefetch = FP8_PREFILL_SCHEDULE
-    promote_run, scale_prefetch = promote_run or 0, bool(scale_prefetch)
     if (promote_run or scale_prefetch) and dtype != "fp8":
         raise ValueError("promote_run / scale_prefetch: FP8 only (the bf16 / fp16 main loop has no promotion)")
     if promote_run < 0 or (scale_prefetch and not promote_run):
         raise ValueError(f"promote_run={promote_run} (>= 0), scale_prefetch={scale_prefetch} (needs promote_run >= 1)")
-    return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, sm_count, arch,
+    if cluster_m not in (1, 2) or sm_count < cluster_m:
+        raise ValueError(f"cluster_m={cluster_m}: 1 or 2 (with at least that many SMs)")
+    grid = sm_count - sm_count % cluster_m
+    k_tiles = -(-k // block_k(dtype))
+    # the lead group arrives inside a whole run (the tail run is not traced for it); stage wg_stagger must load while
+    # the other group has released nothing (stages - 1 at most)
+    whole = k_tiles // promote_run * promote_run if promote_run else 0
+    if wg_stagger and not (tile_m == 128 and 0 < wg_stagger < min(whole, stages) and dtype == "fp8"):
+        raise ValueError(f"wg_stagger={wg_stagger}: FP8 with tile_m 128, promote_run >= 1 and 0 < wg_stagger < "
+                         f"min(stages, whole runs' stages) ({stages}, {whole} here)")
+    return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, grid, arch,
                       promote_run=promote_run, scale_prefetch=scale_prefetch,
-                      epilogue_prefetch=bool(epilogue_prefetch), epilogue=epilogue)
+                      epilogue_prefetch=bool(epilogue_prefetch), epilogue=epilogue, cluster_m=cluster_m,
+                      wg_stagger=wg_stagger, producer_ahead=bool(producer_ahead))
 
 
 # ------------------------------------------------------------------------------------------------- kernel
@@ -240,8 +294,9 @@ class GroupedGemmSm90:
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_a, tma_mA = cpasync.make_tiled_tma_atom(g2s, mA, cute.slice_(a_smem, (None, None, 0)),
                                                     (cfg.tile_m, self.bk))
-        tma_b, tma_mB = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(b_smem, (None, None, 0)),
-                                                    (cfg.tile_n, self.bk))
+        b_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if cutlass.const_expr(cfg.cluster_m > 1) else g2s
+        tma_b, tma_mB = cpasync.make_tiled_tma_atom(b_op, mB, cute.slice_(b_smem, (None, None, 0)),
+                                                    (cfg.tile_n, self.bk), num_multicast=cfg.cluster_m)
         self.tx_bytes = stage_bytes(cfg.tile_m, cfg.tile_n)
 
         # the shared-memory struct: mbarriers, the A / B rings, and (epilogue="smem") the output staging tile
@@ -262,7 +317,8 @@ class GroupedGemmSm90:
         self.storage = Storage
         self.kernel(tiled_mma, tma_a, tma_mA, tma_b, tma_mB, mA, out, starts, counts, m_indices, row_weights,
                     workspace, a_scale, w_scale, a_smem, b_smem).launch(
-            grid=(cfg.grid, 1, 1), block=(cfg.threads, 1, 1), stream=stream, min_blocks_per_mp=1)
+            grid=(cfg.grid, 1, 1), block=(cfg.threads, 1, 1), stream=stream, min_blocks_per_mp=1,
+            **(dict(cluster=(cfg.cluster_m, 1, 1)) if cfg.cluster_m > 1 else {}))
 
     def _smem_layout(self, rows: int):
         atom = warpgroup.make_smem_layout_atom(
@@ -292,10 +348,13 @@ class GroupedGemmSm90:
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.bars.data_ptr(), num_stages=cfg.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.mma_warps),
-            tx_count=self.tx_bytes)
+            # cluster_m 2: each consumer warp releases a stage in both CTAs (the peer multicasts into it)
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.mma_warps * cfg.cluster_m),
+            tx_count=self.tx_bytes, cta_layout_vmnk=cute.make_layout((1, cfg.cluster_m, 1, 1)))
 
-        sched = BoundedTileScheduler(starts, counts, cfg.num_groups, cfg.tile_m, self.n_tiles)
+        # cluster_m 2: the walk is over row-tile pairs (cluster_m * tile_m rows); the CTA takes the pair's row tile
+        # bidx % cluster_m (the rank in its cluster: clusters are consecutive CTAs of the 1-D grid)
+        sched = BoundedTileScheduler(starts, counts, cfg.num_groups, cfg.tile_m * cfg.cluster_m, self.n_tiles)
         wg = cute.arch.make_warp_uniform(tidx // WG)
         if wg == 0:
             cute.arch.warpgroup_reg_dealloc(LOAD_REGS)
@@ -329,38 +388,36 @@ class GroupedGemmSm90:
         gB = cute.local_tile(mB_tma, (cfg.tile_n, self.bk), (None, None, None))  # (bN, bK, RestN, RestK, G)
         one = cute.make_layout(1)
         tAsA, tAgA = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
-        tBsB, tBgB = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+        rank = bidx % cfg.cluster_m
+        # cluster_m 2: this CTA's half of each B stage, multicast to both CTAs of the cluster (mask 0b11)
+        tBsB, tBgB = cpasync.tma_partition(tma_b, rank if cutlass.const_expr(cfg.cluster_m > 1) else 0,
+                                           cute.make_layout(cfg.cluster_m), cute.group_modes(sB, 0, 2),
+                                           cute.group_modes(gB, 0, 2))
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-        nctas = cutlass.Int32(cfg.grid)
-        t = cutlass.Int32(bidx)
+        nctas = cutlass.Int32(cfg.clusters)
+        t = cutlass.Int32(bidx // cfg.cluster_m)
         g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
         last_g = cutlass.Int32(-1)
         slot = cutlass.Int32(cfg.desc_slots - 1)
         while g < sched.num_groups:
             m_tile, n_tile, _, _ = sched.coords(t, g, base)
+            m_tile = m_tile * cfg.cluster_m + rank
             if cutlass.const_expr(not cfg.desc_update):
                 gA_g = cute.local_tile(cute.domain_offset((sched.starts[g], 0, 0), mA_tma), (cfg.tile_m, self.bk),
                                        (None, None, None))
                 _, tAgA_g = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 2),
                                                   cute.group_modes(gA_g, 0, 2))
                 a_src_g = tAgA_g[(None, m_tile, None, 0)]
-            elif g != last_g:
-                # Re-point A at this group: base = its first row, rows = its count (TMA zero-fills past it)
-                slot = slot + 1
-                if slot == cfg.desc_slots:
-                    slot = cutlass.Int32(0)
-                group_a = cute.make_tensor(mA.iterator + cutlass.Int64(sched.starts[g]) * cfg.k,
-                                           cute.make_layout((sched.counts[g], cfg.k, 1), stride=(cfg.k, 1, 0)))
-                desc = self._slot_ptr(workspace, bidx, slot)
-                cpasync.update_tma_descriptor(tma_a, group_a, desc)
-                cute.arch.sync_warp()
-                cpasync.fence_tma_desc_release()
-                cpasync.fence_tma_desc_acquire(desc)
+            elif g != last_g:  # (producer_ahead: only the first tile; the others' were rewritten a tile early)
+                slot = self._point_a(tma_a, mA, workspace, bidx, sched, g, slot)
                 last_g = g
             desc_a = tmaps.get_tensormap_ptr(self._slot_ptr(workspace, bidx, slot), cute.AddressSpace.generic)
             a_src = tAgA[(None, m_tile, None, 0)]
             b_src = tBgB[(None, n_tile, None, g)]
+            t_next, g_next, base_next = t, g, base
+            if cutlass.const_expr(cfg.producer_ahead):
+                t_next = t + nctas
             for kt in cutlass.range(self.k_tiles, unroll=1):
                 ring.producer_acquire(state)
                 bar = ring.producer_get_barrier(state)
@@ -369,12 +426,42 @@ class GroupedGemmSm90:
                               tma_desc_ptr=desc_a)
                 else:
                     cute.copy(tma_a, a_src_g[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                cute.copy(tma_b, b_src[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                if cutlass.const_expr(cfg.cluster_m > 1):
+                    cute.copy(tma_b, b_src[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
+                              mcast_mask=cutlass.Int16((1 << cfg.cluster_m) - 1))
+                else:
+                    cute.copy(tma_b, b_src[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
                 ring.producer_commit(state)
                 state.advance()
-            t = t + nctas
-            g, base = sched.seek(t, g, base)
+                if cutlass.const_expr(cfg.producer_ahead):
+                    if kt == 0:  # the next tile's walk and, in a new group, its descriptor
+                        g_next, base_next = sched.seek(t_next, g, base)
+                        if cutlass.const_expr(cfg.desc_update):
+                            if (g_next < sched.num_groups) & (g_next != last_g):
+                                slot = self._point_a(tma_a, mA, workspace, bidx, sched, g_next, slot)
+                                last_g = g_next
+            if cutlass.const_expr(not cfg.producer_ahead):
+                t_next = t + nctas
+                g_next, base_next = sched.seek(t_next, g, base)
+            t, g, base = t_next, g_next, base_next
         ring.producer_tail(state)
+
+    @cute.jit
+    def _point_a(self, tma_a, mA, workspace, bidx, sched, g, slot):
+        """Re-point A at group g in the next descriptor slot (returned): base = its first row, rows = its count (TMA
+        zero-fills past it); published (release) and acquired for this thread's loads."""
+        cfg = self.cfg
+        slot = slot + 1
+        if slot == cfg.desc_slots:
+            slot = cutlass.Int32(0)
+        group_a = cute.make_tensor(mA.iterator + cutlass.Int64(sched.starts[g]) * cfg.k,
+                                   cute.make_layout((sched.counts[g], cfg.k, 1), stride=(cfg.k, 1, 0)))
+        desc = self._slot_ptr(workspace, bidx, slot)
+        cpasync.update_tma_descriptor(tma_a, group_a, desc)
+        cute.arch.sync_warp()
+        cpasync.fence_tma_desc_release()
+        cpasync.fence_tma_desc_acquire(desc)
+        return slot
 
     # ------------------------------------------------------------------------------------ consumers
 
@@ -416,11 +503,16 @@ class GroupedGemmSm90:
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        nctas = cutlass.Int32(cfg.grid)
-        t = cutlass.Int32(bidx)
+        nctas = cutlass.Int32(cfg.clusters)
+        t = cutlass.Int32(bidx // cfg.cluster_m)
         g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
+        my_wg = cute.arch.make_warp_uniform(mma_tidx // WG)
+        if cutlass.const_expr(cfg.wg_stagger):  # group 0 arrives in its first tile (both walk the same tiles)
+            if (my_wg == 1) & (g < sched.num_groups):
+                cute.arch.barrier(barrier_id=STAGGER_BARRIER, number_of_threads=2 * WG)
         while g < sched.num_groups:
             _, n_tile, row_start, row_end = sched.coords(t, g, base)
+            row_start = row_start + (bidx % cfg.cluster_m) * cfg.tile_m  # past row_end: nothing is written
             acc.fill(0.0)
             if cutlass.const_expr(by_row):
                 for h in cutlass.range_constexpr(2):
@@ -462,6 +554,10 @@ class GroupedGemmSm90:
                                               tCrB[(None, None, kb, read.index)], cur)
                                 warpgroup.commit_group()
                                 read.advance()
+                                # wg_stagger: group 0 after issuing stage wg_stagger of its first tile (t < nctas)
+                                if cutlass.const_expr(cfg.wg_stagger and i == cfg.wg_stagger % run and tail == 0):
+                                    if (t < nctas) & (r == cfg.wg_stagger // run) & (my_wg == 0):
+                                        cute.arch.barrier_arrive(barrier_id=STAGGER_BARRIER, number_of_threads=2 * WG)
                                 if cutlass.const_expr(i > 0):
                                     warpgroup.wait_group(1)
                                     ring.consumer_release(release)

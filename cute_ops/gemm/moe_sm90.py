@@ -121,6 +121,21 @@ def contiguous_bounds(m_indices: torch.Tensor, e: int) -> tuple[torch.Tensor, to
     return starts, counts
 
 
+_MAX_CLUSTERS: dict = {}
+
+
+def max_active_clusters(index: int, size: int) -> int:
+    """Clusters of `size` CTAs that run at once on device `index` (one CTA per SM with all of its shared memory:
+    the kernel's occupancy), from the driver's occupancy query; cached per (device, size)."""
+    key = (index, size)
+    if key not in _MAX_CLUSTERS:
+        from cutlass.utils import HardwareInfo
+
+        with torch.cuda.device(index):
+            _MAX_CLUSTERS[key] = HardwareInfo(index).get_max_active_clusters(size)
+    return _MAX_CLUSTERS[key]
+
+
 def config_for(kind: str, a, w, layout: str, row_weights: bool, arch: str, sm_count: int, tiles: dict | None = None):
     """The kernel config for a call; `tiles` (tile_m / tile_n / stages) overrides the analytical rule."""
     from .grouped_sm90 import pick_config
@@ -158,8 +173,12 @@ def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=Non
     out = torch.zeros(rows, n, dtype=out_dtype or a.dtype, device=dev)
     if rows and n:
         index = dev.index if dev.index is not None else torch.cuda.current_device()
+        sms = _sm_count(index)
+        cluster = (tiles or {}).get("cluster_m", 1)
+        if cluster > 1:  # a persistent grid of clusters that all run at once (a late cluster would run its walk alone)
+            sms = min(sms, cluster * max_active_clusters(index, cluster))
         cfg = config_for(kind, a, w, "masked" if masked else "contiguous", row_weights is not None,
-                         _compile.target_arch(index), _sm_count(index), tiles)
+                         _compile.target_arch(index), sms, tiles)
         fn = compiled(cfg)
         rw = None if row_weights is None else row_weights.reshape(-1).contiguous()
         if kind == "fp8":  # (rows, K/128) in whatever strides it has (a copy only for an unmergeable 3-D view)
