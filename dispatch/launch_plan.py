@@ -97,6 +97,12 @@ class LaunchPlan:
             slots = tuple((pos, s[0] == "input", s[1], s[2]) for pos, s in enumerate(specs) if s[0] != "const")
             self._replay.append((run, function, metadata, grid[0], grid[1], grid[2], template, slots))
 
+    def census(self) -> dict:
+        """What one replay does: allocations (and their bytes), zero-fills, copies and launches."""
+        nbytes = [_alloc_bytes(a) for a in self.allocs]
+        return dict(allocs=len(self.allocs), alloc_bytes=sum(nbytes), zero_fills=sum(a.zero for a in self.allocs),
+                    copies=sum(a.copy_from is not None for a in self.allocs), launches=len(self.launches))
+
     def __call__(self, *args):
         dev = self.device
         allocs = []
@@ -114,6 +120,13 @@ class LaunchPlan:
                 values[pos] = (args[index] if from_input else allocs[index]).data_ptr() + offset
             run(gx, gy, gz, stream, function, metadata, None, None, None, *values)
         return _rebuild(self.outputs, args, allocs)
+
+
+def _alloc_bytes(a: _Alloc) -> int:
+    """Bytes an allocation of this shape and these strides spans (0 when empty)."""
+    if any(d == 0 for d in a.shape):
+        return 0
+    return (1 + sum((d - 1) * s for d, s in zip(a.shape, a.stride, strict=True))) * a.dtype.itemsize
 
 
 def _value(spec, args, allocs):
@@ -191,6 +204,23 @@ def _hooks_set(hook) -> bool:
     """A Triton launch hook that would run: Triton 3.6 keeps a HookChain (never None; empty: nothing runs),
     older versions a callable or None."""
     return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def census(ops: list, launches: list) -> dict:
+    """What a recorded call did, counted as a plan would replay it: allocations (and their bytes), whole
+    zero-fills, copies, launches, and aten ops that are none of these (any of those: no plan)."""
+    out = dict(allocs=0, alloc_bytes=0, zero_fills=0, copies=0, launches=len(launches), other_ops=[])
+    for func, fargs, _, res, _ in ops:
+        if func in _FACTORIES:
+            out["allocs"] += 1
+            out["alloc_bytes"] += res.untyped_storage().nbytes()
+        elif func in _ZEROING:
+            out["zero_fills"] += 1
+        elif func is aten.copy_.default:
+            out["copies"] += 1
+        elif not _is_view_op(func, fargs, res):
+            out["other_ops"].append(str(func))
+    return out
 
 
 class NoPlan(Exception):

@@ -4,10 +4,10 @@ A LaunchPlan (dispatch/launch_plan.py) replayed in Python costs ~15-20 us of hos
 torch.empty_strided per output, the pointer slots and views, and Triton's launcher, each a Python-level call. The
 extension built from dispatch/_replay.cpp does all of it in one call: it computes the call's key from the argument
 tuple (the fields of dispatch/ops/_common.py `_signature`, plus the env names below), finds the plan, allocates
-with at::empty_strided (zeroing or copying as the plan says), fills the pointer parameters and launches each
-compiled kernel with cuLaunchKernelEx on the current stream (libcuda.so.1 opened with dlopen; the parameters
-packed as the installed Triton's launcher packs them, the global / profile scratch pointers last and null), then
-returns the outputs.
+(`block_layout`: one at::empty per call for the plan's small allocations, zero-fills as one driver memset),
+fills the pointer parameters and launches each compiled kernel with cuLaunchKernelEx on the current stream
+(libcuda.so.1 opened with dlopen; the parameters packed as the installed Triton's launcher packs them, the global /
+profile scratch pointers last and null), then returns the outputs.
 
 Derivation stays in Python: `adopt` converts a plan the extension can run (no global or profile scratch, no
 cooperative launch, no tensor descriptors, only pointer / integer / float parameters) and registers it under the
@@ -27,9 +27,15 @@ from pathlib import Path
 
 import torch
 
+from . import launch_plan
+
 log = logging.getLogger("lowbit.dispatch")
 NATIVE_ENV = "LOWBIT_EAGER_NATIVE"
 _SOURCE = Path(__file__).with_name("_replay.cpp")
+_HEADER = _SOURCE.with_name("_replay_driver.h")  # included by _SOURCE
+# One block per call: allocations of at most BLOCK_MEMBER_MAX bytes share it, each at a BLOCK_ALIGN aligned offset.
+BLOCK_ALIGN = 256
+BLOCK_MEMBER_MAX = 1 << 20
 
 # The extension's `call(name, args)` once it is loaded (None before and without it), and what it returns for a
 # call without a plan.
@@ -73,7 +79,7 @@ def _build():
     from . import registry
     from .ops._common import _SELECT_ENV
 
-    source = _SOURCE.read_bytes()
+    source = _SOURCE.read_bytes() + _HEADER.read_bytes()
     tag = hashlib.sha256(source + f"{torch.__version__}|{sys.version_info[:2]}".encode()).hexdigest()[:16]
     name = f"lowbit_replay_{tag}"
     if cpp_extension.is_ninja_available():
@@ -166,21 +172,51 @@ def clear() -> None:
         _state["module"].clear()
 
 
+def block_layout(allocs: list) -> tuple[list[int], int, int]:
+    """Where a call's allocations go: (byte offset of each in the call's one block, -1 where it is allocated alone;
+    the block's bytes; how many bytes from the block's start are zeroed).
+
+    Allocations of at most BLOCK_MEMBER_MAX bytes share the block (when there are two or more): each at a
+    BLOCK_ALIGN (256) byte aligned offset (every dtype's alignment, and what the caching allocator gives a tensor
+    of its own), none overlapping another, the zero-filled ones first so that one memset clears them all (the
+    padding between them included). Each is a tensor of its own on the block's storage (own metadata and version
+    counter): torch semantics are those of separate allocations, except that the memory is returned when the last
+    of them dies (an output kept alive keeps the block, small allocations only, alive; record_stream on one
+    records the block), and an in-place `resize_` of an output to more elements would reach into the next
+    allocation's bytes (as for any view; torch's out= ops warn before resizing a non-empty output): outputs are
+    not to be grown in place. Larger allocations (prefill shapes) keep an allocation of their own."""
+    sizes = [launch_plan._alloc_bytes(a) for a in allocs]
+    members = [j for j, n in enumerate(sizes) if n <= BLOCK_MEMBER_MAX]
+    offsets = [-1] * len(allocs)
+    if len(members) < 2:
+        return offsets, 0, 0
+    at = zero_end = 0
+    for j in sorted(members, key=lambda j: not allocs[j].zero):  # zero-filled first, else in plan order
+        offsets[j] = at
+        at += -(-max(sizes[j], 1) // BLOCK_ALIGN) * BLOCK_ALIGN
+        if allocs[j].zero:
+            zero_end = at
+    return offsets, at, zero_end
+
+
 def describe(plan) -> tuple:
     """The extension's description of a LaunchPlan: (device type, device index, allocations, launches, outputs,
-    what to keep alive). Raises NoNative for what the extension cannot replicate."""
+    what to keep alive, block bytes, zeroed block bytes). Raises NoNative for what the extension cannot
+    replicate."""
+    offsets, block_bytes, block_zero = block_layout(plan.allocs)
     allocs = []
-    for a in plan.allocs:
+    for a, offset in zip(plan.allocs, offsets, strict=True):
         copy = None
         if a.copy_from is not None:
             index, (shape, stride, rel, _dtype) = a.copy_from
             copy = (index, tuple(shape), tuple(stride), rel)
-        allocs.append((tuple(a.shape), tuple(a.stride), a.dtype, bool(a.zero), copy))
+        allocs.append((tuple(a.shape), tuple(a.stride), a.dtype, bool(a.zero), copy, offset,
+                       launch_plan._alloc_bytes(a)))
     launches = [_describe_launch(launch, compiled) for launch, compiled in
                 zip(plan.launches, plan.kernels, strict=True)]
     device = plan.device
     index = device.index if device.index is not None else 0
-    return (device.type, index, allocs, launches, _describe_out(plan.outputs), plan)
+    return (device.type, index, allocs, launches, _describe_out(plan.outputs), plan, block_bytes, block_zero)
 
 
 def param_codes(compiled) -> bytes:

@@ -183,12 +183,79 @@ def test_replay_of_allocations_zeroing_and_views(native):
     y = torch.randn(5, 8)
     got = native.call("toy", (y, "auto"))
     want = plan(y)
-    for g, w in zip(got, want, strict=True):
-        assert (g.shape, g.stride(), g.dtype, g.storage_offset()) == (w.shape, w.stride(), w.dtype, w.storage_offset())
+    for g, w in zip(got, want, strict=True):  # the same tensors; the native ones on one block (block_layout)
+        assert (g.shape, g.stride(), g.dtype) == (w.shape, w.stride(), w.dtype)
+    assert got[0].untyped_storage().data_ptr() == got[1].untyped_storage().data_ptr()
     assert float(got[1]) == 0.0  # zeroed again
     assert got[0].data_ptr() != native.call("toy", (y, "auto"))[0].data_ptr()  # fresh outputs each call
     assert native.call("toy", (torch.randn(6, 8), "auto")) is native.MISS  # another shape: no plan
     assert native.call("toy", (y.double(), "auto")) is native.MISS  # another dtype: no plan
+
+
+def _alloc(shape, dtype, zero=False):
+    stride = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        stride[i] = stride[i + 1] * shape[i + 1]
+    return launch_plan._Alloc(tuple(shape), tuple(stride), dtype, zero)
+
+
+_BLOCK_ALLOCS = [_alloc((3, 5), torch.float32), _alloc((7,), torch.uint8, zero=True), _alloc((0, 4), torch.bfloat16),
+                 _alloc((300,), torch.float64), _alloc((2, 3), torch.int32, zero=True),
+                 _alloc((native_replay.BLOCK_MEMBER_MAX // 2 + 1, 2), torch.int8),  # just over the limit: alone
+                 _alloc((1,), torch.float8_e4m3fn)]
+
+
+def test_block_layout_offsets_alignment_and_no_overlap():
+    offsets, total, zero = native_replay.block_layout(_BLOCK_ALLOCS)
+    assert offsets[5] == -1  # above BLOCK_MEMBER_MAX: an allocation of its own
+    spans = sorted((offsets[j], offsets[j] + max(launch_plan._alloc_bytes(a), 1))
+                   for j, a in enumerate(_BLOCK_ALLOCS) if offsets[j] >= 0)
+    assert all(o % native_replay.BLOCK_ALIGN == 0 for o, _ in spans)
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))  # disjoint
+    assert total % native_replay.BLOCK_ALIGN == 0 and spans[-1][1] <= total
+    # the zero-filled ones come first and are exactly the zeroed prefix
+    assert sorted(offsets[j] for j in (1, 4)) == [0, native_replay.BLOCK_ALIGN] and zero == 2 * native_replay.BLOCK_ALIGN
+    assert offsets[0] == zero  # then the others in plan order
+    assert native_replay.block_layout(_BLOCK_ALLOCS[:1]) == ([-1], 0, 0)  # one allocation: nothing to share
+    assert native_replay.block_layout([_BLOCK_ALLOCS[0], _BLOCK_ALLOCS[5]]) == ([-1, -1], 0, 0)
+
+
+def test_block_members_are_distinct_tensors_on_one_storage(native):
+    x = torch.randn(4)
+    plan = launch_plan.LaunchPlan(torch.device("cpu"), _BLOCK_ALLOCS, [],
+                                  ("tuple", [("alloc", j, None) for j in range(len(_BLOCK_ALLOCS))]), [])
+    desc = native_replay.describe(plan)
+    offsets, total, _ = native_replay.block_layout(_BLOCK_ALLOCS)
+    assert native.register("toy_block", (x, "auto"), desc)
+    for _ in range(2):
+        got = native.call("toy_block", (x, "auto"))
+        base = got[0].untyped_storage().data_ptr()
+        for j, (t, a) in enumerate(zip(got, _BLOCK_ALLOCS, strict=True)):
+            assert (tuple(t.shape), t.stride(), t.dtype) == (a.shape, a.stride, a.dtype)
+            if offsets[j] < 0:
+                assert t.untyped_storage().data_ptr() != base and t.storage_offset() == 0
+            else:
+                assert t.untyped_storage().data_ptr() == base and t.untyped_storage().nbytes() == total
+                assert t.storage_offset() * t.element_size() == offsets[j]
+        assert got[1].eq(0).all() and got[4].eq(0).all()  # the zeroed prefix
+        for t in got:  # each is written alone: no other member changes
+            before = [u.clone() for u in got]
+            t.view(-1).view(torch.uint8).fill_(0xA5) if t.numel() else None
+            assert all(torch.equal(u.view(torch.uint8), b.view(torch.uint8)) for u, b in zip(got, before, strict=True)
+                       if u is not t)
+        versions = [t._version for t in got]
+        got[0].add_(1)  # own version counters (in-place on one member leaves the others' alone)
+        assert [t._version for t in got] == [versions[0] + 1, *versions[1:]]
+
+
+def test_a_misplaced_block_member_is_refused(native):
+    x = torch.randn(4)
+    a = ((4,), (1,), torch.float32, False, None, 128, 16)  # not 256-aligned
+    with pytest.raises(ValueError, match="block"):
+        native.register("toy_bad", (x, "auto"), ("cpu", 0, [a], [], ("alloc", 0, None), None, 512, 0))
+    a = ((4,), (1,), torch.float32, True, None, 256, 16)  # zeroed, but past the zeroed prefix
+    with pytest.raises(ValueError, match="block"):
+        native.register("toy_bad", (x, "auto"), ("cpu", 0, [a], [], ("alloc", 0, None), None, 512, 256))
 
 
 def test_replay_of_a_copy_from_an_input_view(native):
@@ -310,6 +377,15 @@ int cuDevicePrimaryCtxRetain(void** c, int d) { *c = (void*)1; return 0; }
 int cuCtxSetCurrent(void* c) { return 0; }
 int cuFuncSetAttribute(void* f, int a, int v) { return 0; }
 int cuGetErrorString(int r, const char** s) { *s = "fake"; return 0; }
+static uint64_t memsets[8][4]; static int n_memsets;  /* width, pointer, count, stream */
+static int memset_call(int width, uint64_t p, uint64_t n, void* s) {
+  if (n_memsets < 8) { uint64_t m[4] = {width, p, n, (uint64_t)s}; memcpy(memsets[n_memsets], m, sizeof(m)); }
+  n_memsets++; return 0;
+}
+int cuMemsetD8Async(uint64_t p, unsigned char v, size_t n, void* s) { return v ? 1 : memset_call(8, p, n, s); }
+int cuMemsetD32Async(uint64_t p, unsigned v, size_t n, void* s) { return v ? 1 : memset_call(32, p, n, s); }
+int fake_memsets(void) { return n_memsets; }
+uint64_t fake_memset(int i, int f) { return memsets[i][f]; }
 void fake_expect(int n) { expect = n; }
 int fake_launches(void) { return launches; }
 void* fake_function(void) { return fn; }
@@ -340,16 +416,21 @@ for i in range(cfg[7]):
     lib.fake_attr(i, a)
     attrs.append(list(a))
 lib.fake_param.restype = lib.fake_stream.restype = lib.fake_function.restype = ctypes.c_uint64
+lib.fake_memset.restype = ctypes.c_uint64
+for ptr, n in ((0x10000, 512), (0x10000, 6), (0x10002, 8), (0x10000, 0)):  # words where both allow; none for 0
+    mod.memset(ptr, n, 0x7000)
+memsets = [[lib.fake_memset(i, f) for f in range(4)] for i in range(lib.fake_memsets())]
 print(json.dumps(dict(launches=lib.fake_launches(), function=lib.fake_function(), config=list(cfg),
                       stream=lib.fake_stream(), attrs=attrs, params=[lib.fake_param(i) for i in range(7)],
-                      x=x.data_ptr())))
+                      x=x.data_ptr(), memsets=memsets)))
 """
 
 
 def test_what_the_driver_receives(native, tmp_path):
     """Grid x clusters, block = 32 x warps, shared memory, the current stream, the PDL / cluster attributes, every
     parameter (a pointer slot filled with the input's address + offset, the packed constants) and the two null
-    scratch pointers, as Triton's launcher passes them; an empty grid is not launched."""
+    scratch pointers, as Triton's launcher passes them; an empty grid is not launched. Zero-fills are driver
+    memsets."""
     import json
     import os
     import shutil
@@ -378,3 +459,5 @@ def test_what_the_driver_receives(native, tmp_path):
     params = [p & m for p, m in zip(got["params"], mask, strict=True)]
     bf16_half = struct.unpack("<H", _bf16_truncated(0.5))[0]
     assert params == [got["x"] + 16, 0xABC0, 2**32 - 7, bf16_half, 1, 0, 0]
+    # zero-fills: one asynchronous driver memset on the given stream, 32-bit words where pointer and size allow
+    assert got["memsets"] == [[32, 0x10000, 128, 0x7000], [8, 0x10000, 6, 0x7000], [8, 0x10002, 8, 0x7000]]

@@ -1,0 +1,185 @@
+// The CUDA driver entry points and Triton's parameter packing of the native replay (included by _replay.cpp
+// only): no CUDA header or library is needed to build it, the few driver prototypes and structs are declared
+// here, and libcuda.so.1 is opened with dlopen on the first registered plan that launches a kernel or zeroes
+// device memory.
+
+#pragma once
+
+#include <Python.h>
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// ---------------------------------------------------------------------------------------- CUDA driver, by hand
+using CUresult = int;
+using CUcontext = void*;
+using CUstream = void*;
+using CUfunction = void*;
+using CUdevice = int;
+
+union LaunchAttrValue {  // CUlaunchAttributeValue: a 64-byte union
+  char pad[64];
+  struct { unsigned x, y, z; } cluster_dim;
+  int i;
+  void* align;
+};
+struct LaunchAttr {  // CUlaunchAttribute
+  int id;
+  char pad[4];
+  LaunchAttrValue value;
+};
+struct LaunchConfig {  // CUlaunchConfig
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
+  CUstream stream;
+  LaunchAttr* attrs;
+  unsigned num_attrs;
+};
+constexpr int kAttrCooperative = 2, kAttrClusterDim = 4, kAttrClusterPolicy = 5, kAttrPdl = 6;
+constexpr int kClusterPolicySpread = 1, kFuncNonPortableCluster = 14;
+
+struct Driver {
+  CUresult (*launch_ex)(const LaunchConfig*, CUfunction, void**, void**) = nullptr;
+  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
+  CUresult (*device_get)(CUdevice*, int) = nullptr;
+  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*ctx_set_current)(CUcontext) = nullptr;
+  CUresult (*func_set_attribute)(CUfunction, int, int) = nullptr;
+  CUresult (*get_error_string)(CUresult, const char**) = nullptr;
+  CUresult (*memset_d8)(uint64_t, unsigned char, size_t, CUstream) = nullptr;
+  CUresult (*memset_d32)(uint64_t, unsigned int, size_t, CUstream) = nullptr;
+  bool ok = false;
+};
+Driver g_driver;
+
+template <typename F>
+bool load_symbol(void* lib, const char* name, F& out) {
+  out = reinterpret_cast<F>(dlsym(lib, name));
+  return out != nullptr;
+}
+
+bool load_driver() {
+  if (g_driver.ok) return true;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) return false;
+  Driver d;
+  d.ok = load_symbol(lib, "cuLaunchKernelEx", d.launch_ex) && load_symbol(lib, "cuCtxGetCurrent", d.ctx_get_current) &&
+         load_symbol(lib, "cuDeviceGet", d.device_get) &&
+         load_symbol(lib, "cuDevicePrimaryCtxRetain", d.primary_ctx_retain) &&
+         load_symbol(lib, "cuCtxSetCurrent", d.ctx_set_current) &&
+         load_symbol(lib, "cuFuncSetAttribute", d.func_set_attribute) &&
+         load_symbol(lib, "cuGetErrorString", d.get_error_string) &&
+         load_symbol(lib, "cuMemsetD8Async", d.memset_d8) && load_symbol(lib, "cuMemsetD32Async", d.memset_d32);
+  if (d.ok) g_driver = d;
+  return d.ok;
+}
+
+bool cuda_check(CUresult r) {
+  if (r == 0) return true;
+  const char* msg = nullptr;
+  if (g_driver.get_error_string) g_driver.get_error_string(r, &msg);
+  PyErr_Format(PyExc_RuntimeError, "lowbit native replay [CUDA]: %s (%d)", msg ? msg : "unknown error", r);
+  return false;
+}
+
+bool ensure_context() {  // as Triton's launcher: a context must be current (device 0's primary one otherwise)
+  CUcontext ctx = nullptr;
+  if (!cuda_check(g_driver.ctx_get_current(&ctx))) return false;
+  if (ctx) return true;
+  CUdevice dev;
+  return cuda_check(g_driver.device_get(&dev, 0)) && cuda_check(g_driver.primary_ctx_retain(&ctx, dev)) &&
+         cuda_check(g_driver.ctx_set_current(ctx));
+}
+
+// Zeroes n bytes at ptr: on the device with one asynchronous driver memset on `stream` (32-bit words where ptr
+// and n allow, else bytes), on the host with memset. No ATen op and no kernel launch of its own.
+bool zero_bytes(bool cuda, void* ptr, size_t n, CUstream stream) {
+  if (n == 0) return true;
+  if (!cuda) {
+    std::memset(ptr, 0, n);
+    return true;
+  }
+  auto p = reinterpret_cast<uint64_t>(ptr);
+  if (p % 4 == 0 && n % 4 == 0) return cuda_check(g_driver.memset_d32(p, 0u, n / 4, stream));
+  return cuda_check(g_driver.memset_d8(p, 0, n, stream));
+}
+
+// ------------------------------------------------------------------------------------- parameter packing
+// Type codes: Triton 3.9's extractor indices (driver.c); Triton 3.6's generated launcher maps to the same sizes
+// (dispatch/native_replay.py translates its signature strings).
+enum : uint8_t { kPtr = 1, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kFp16, kBf16, kFp32, kFp64, kTypeEnd };
+
+size_t param_size(uint8_t t) {
+  switch (t) {
+    case kI8: case kU8: return 1;
+    case kI16: case kU16: case kFp16: case kBf16: return 2;
+    case kI32: case kU32: case kFp32: return 4;
+    default: return 8;
+  }
+}
+
+// Writes v as a parameter of type t at dst (param_size(t) bytes); false with a Python error set otherwise.
+bool pack_one(uint8_t t, PyObject* v, char* dst) {
+  if (t == kPtr) {
+    uint64_t p = v == Py_None ? 0 : PyLong_AsUnsignedLongLong(v);
+    std::memcpy(dst, &p, 8);
+  } else if (t >= kI8 && t <= kU64) {
+    // Two's complement truncation to the parameter's width, as the launchers' C casts do.
+    uint64_t u;
+    if (t == kU64) {
+      u = PyLong_AsUnsignedLongLong(v);
+    } else {
+      u = static_cast<uint64_t>(PyLong_AsLongLong(v));
+    }
+    std::memcpy(dst, &u, param_size(t));  // little-endian: the low bytes
+  } else if (t >= kFp16 && t <= kFp64) {
+    double d = PyFloat_AsDouble(v);
+    if (t == kFp16) {
+#if 0x030600B1 <= PY_VERSION_HEX && PY_VERSION_HEX <= 0x030B00A1
+      _PyFloat_Pack2(d, reinterpret_cast<unsigned char*>(dst), 1);
+#else
+      PyFloat_Pack2(d, dst, 1);
+#endif
+    } else if (t == kBf16) {  // Triton truncates the fp32 value's low half
+      float f = static_cast<float>(d);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      uint16_t h = static_cast<uint16_t>(u >> 16);
+      std::memcpy(dst, &h, 2);
+    } else if (t == kFp32) {
+      float f = static_cast<float>(d);
+      std::memcpy(dst, &f, 4);
+    } else {
+      std::memcpy(dst, &d, 8);
+    }
+  } else {
+    PyErr_Format(PyExc_ValueError, "unsupported parameter type code %d", static_cast<int>(t));
+    return false;
+  }
+  return PyErr_Occurred() == nullptr;
+}
+
+// Packs values[i] as type types[i]: at 8-byte aligned offsets (aligned) or back to back; the offsets are appended.
+bool pack_values(PyObject* types, PyObject* values, bool aligned, std::vector<char>& out, std::vector<size_t>& offsets) {
+  Py_ssize_t n = PyBytes_GET_SIZE(types);
+  const uint8_t* codes = reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(types));
+  PyObject* fast = PySequence_Fast(values, "expected a sequence of parameter values");
+  if (!fast) return false;
+  bool ok = PySequence_Fast_GET_SIZE(fast) == n;
+  if (!ok) PyErr_SetString(PyExc_ValueError, "parameter types and values differ in length");
+  for (Py_ssize_t i = 0; ok && i < n; ++i) {
+    size_t at = aligned ? out.size() + (8 - out.size() % 8) % 8 : out.size();
+    out.resize(at + (aligned ? 8 : param_size(codes[i])), 0);
+    offsets.push_back(at);
+    char buf[8] = {0};
+    ok = pack_one(codes[i], PySequence_Fast_GET_ITEM(fast, i), buf);
+    std::memcpy(out.data() + at, buf, param_size(codes[i]));
+  }
+  Py_DECREF(fast);
+  return ok;
+}
+
+}  // namespace
