@@ -591,6 +591,27 @@ PyObject* py_lookup(PyObject*, PyObject* args) {
   }
 }
 
+// drop(name, args) -> whether a plan for calls with these arguments was registered (and is now dropped).
+PyObject* py_drop(PyObject*, PyObject* args) {
+  PyObject *name, *call_args;
+  if (!PyArg_ParseTuple(args, "UO!", &name, &PyTuple_Type, &call_args)) return nullptr;
+  try {
+    std::string key;
+    if (!make_key(name, call_args, key)) {
+      if (PyErr_Occurred()) return nullptr;
+      Py_RETURN_FALSE;
+    }
+    auto it = g_plans.find(key);
+    if (it == g_plans.end()) Py_RETURN_FALSE;
+    release(it->second.get());
+    g_plans.erase(it);
+    Py_RETURN_TRUE;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
 PyObject* py_clear(PyObject*, PyObject*) {
   for (auto& kv : g_plans) release(kv.second.get());
   g_plans.clear();
@@ -641,6 +662,7 @@ PyMethodDef kMethods[] = {
      "call(name, args) -> outputs or MISS"},
     {"register", py_register, METH_VARARGS, "register(name, args, plan_description) -> bool"},
     {"lookup", py_lookup, METH_VARARGS, "lookup(name, args) -> bool"},
+    {"drop", py_drop, METH_VARARGS, "drop(name, args) -> whether a plan was dropped"},
     {"clear", py_clear, METH_NOARGS, "drop every plan"},
     {"size", py_size, METH_NOARGS, "number of plans"},
     {"pack", py_pack, METH_VARARGS, "pack(type_codes, values) -> bytes"},

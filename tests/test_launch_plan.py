@@ -95,6 +95,42 @@ def test_native_replay_is_captured_by_a_cuda_graph(monkeypatch):
     assert ok, f"{case.op} ({case.label}) replayed from a CUDA graph: {msg}"
 
 
+@pytest.mark.gpu
+def test_native_block_allocation_and_driver_memsets():
+    """A CUDA plan's small allocations share one block; the zero-filled ones (in the block, and one allocated alone)
+    are zeroed by driver memsets on the current stream, also when the call is captured in a CUDA graph."""
+    mod = native_replay.module()
+    assert mod is not None, "the native replay extension did not build"
+    big = native_replay.BLOCK_MEMBER_MAX + 6  # alone, and a byte count that takes the 8-bit memset
+    allocs = [launch_plan._Alloc((3, 5), (5, 1), torch.float32, zero=True), launch_plan._Alloc((7,), (1,), torch.uint8),
+              launch_plan._Alloc((big,), (1,), torch.int8, zero=True), launch_plan._Alloc((4,), (1,), torch.int32)]
+    plan = launch_plan.LaunchPlan(torch.device("cuda"), allocs, [], ("tuple", [("alloc", j, None) for j in range(4)]),
+                                  [])
+    x = torch.zeros(4, device="cuda")
+    assert mod.register("toy_block_cuda", (x, "auto"), native_replay.describe(plan))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # fresh memory each call, zeroed again on this stream
+            out = mod.call("toy_block_cuda", (x, "auto"))
+            for t in out:
+                assert t.device.type == "cuda"
+            assert out[0].untyped_storage().data_ptr() == out[1].untyped_storage().data_ptr() \
+                == out[3].untyped_storage().data_ptr() != out[2].untyped_storage().data_ptr()
+            assert int(out[0].ne(0).sum()) == 0 and int(out[2].ne(0).sum()) == 0
+            for t in out:
+                t.fill_(-1)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = mod.call("toy_block_cuda", (x, "auto"))
+        for t in captured:
+            t.fill_(-1)
+        graph.replay()
+    torch.cuda.synchronize()
+    assert int(captured[0].ne(0).sum()) == 0 and int(captured[2].ne(0).sum()) == 0
+    native_replay.clear()
+
+
 def _absent_as_empty(out, want):
     """The eager fast path returns a backend's None for an absent optional output where the torch op returns an
     empty tensor (the public wrappers accept both)."""

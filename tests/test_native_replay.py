@@ -211,10 +211,11 @@ def test_block_layout_offsets_alignment_and_no_overlap():
     spans = sorted((offsets[j], offsets[j] + max(launch_plan._alloc_bytes(a), 1))
                    for j, a in enumerate(_BLOCK_ALLOCS) if offsets[j] >= 0)
     assert all(o % native_replay.BLOCK_ALIGN == 0 for o, _ in spans)
-    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))  # disjoint
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans[:-1], spans[1:], strict=True))  # disjoint
     assert total % native_replay.BLOCK_ALIGN == 0 and spans[-1][1] <= total
     # the zero-filled ones come first and are exactly the zeroed prefix
-    assert sorted(offsets[j] for j in (1, 4)) == [0, native_replay.BLOCK_ALIGN] and zero == 2 * native_replay.BLOCK_ALIGN
+    align = native_replay.BLOCK_ALIGN
+    assert sorted(offsets[j] for j in (1, 4)) == [0, align] and zero == 2 * align
     assert offsets[0] == zero  # then the others in plan order
     assert native_replay.block_layout(_BLOCK_ALLOCS[:1]) == ([-1], 0, 0)  # one allocation: nothing to share
     assert native_replay.block_layout([_BLOCK_ALLOCS[0], _BLOCK_ALLOCS[5]]) == ([-1, -1], 0, 0)
@@ -246,6 +247,14 @@ def test_block_members_are_distinct_tensors_on_one_storage(native):
         versions = [t._version for t in got]
         got[0].add_(1)  # own version counters (in-place on one member leaves the others' alone)
         assert [t._version for t in got] == [versions[0] + 1, *versions[1:]]
+
+
+def test_drop_removes_one_plan(native):
+    x = torch.randn(4)
+    desc = ("cpu", 0, [], [], ("input", 0, None), None)
+    assert native.register("toy_a", (x, "auto"), desc) and native.register("toy_b", (x, "auto"), desc)
+    assert native.drop("toy_a", (x, "auto")) and not native.drop("toy_a", (x, "auto"))
+    assert native.call("toy_a", (x, "auto")) is native.MISS and native.call("toy_b", (x, "auto")) is x
 
 
 def test_a_misplaced_block_member_is_refused(native):
