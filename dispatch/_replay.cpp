@@ -9,7 +9,8 @@
 // Allocations: the plan's small ones share one block per call (one at::empty; each allocation a tensor of its own
 // on the block's storage at the 256-byte aligned offset dispatch/native_replay.py `block_layout` gave it), the
 // zero-filled ones first so that one driver memset zeroes them all; larger ones are allocated alone
-// (at::empty_strided, zeroed by a driver memset). Copies from a view of an input stay ATen copies.
+// (at::empty_strided, zeroed by a driver memset). A copy from a dense view of an input is one driver memcpy
+// (other copies stay ATen copies).
 //
 // The CUDA driver entry points and the parameter packing are in _replay_driver.h (no CUDA header or library is
 // needed to build either file).
@@ -40,6 +41,7 @@ struct Alloc {
   int copy_input = -1;  // input index of the copied view, -1: none
   std::vector<int64_t> copy_sizes, copy_strides;
   int64_t copy_offset = 0;  // storage offset relative to the input's
+  bool copy_flat = false;  // the copied view and the allocation are both dense in row-major order: one memcpy
   int64_t block_offset = -1;  // byte offset in the call's block, -1: allocated alone
   int64_t nbytes = 0;         // bytes it spans (what a zero-fill clears)
 };
@@ -393,6 +395,17 @@ bool launch_one(const Launch& l, CUstream stream, PyObject* args, const std::vec
   return cuda_check(g_driver.launch_ex(&config, l.function, p, nullptr));
 }
 
+// Row-major dense (strides of size-1 dimensions do not matter).
+bool dense(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  int64_t expected = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] == 0) return true;
+    if (sizes[i] != 1 && strides[i] != expected) return false;
+    expected *= sizes[i];
+  }
+  return true;
+}
+
 // A tensor of its own (own TensorImpl, version counter and metadata) on the block's storage: what at::empty
 // makes, without a dispatcher call or an allocator call of its own.
 at::Tensor block_member(const at::Tensor& block, const Alloc& a, c10::DispatchKeySet keys) {
@@ -425,7 +438,13 @@ PyObject* execute(const Plan& plan, PyObject* args) {
     }
     if (a.copy_input >= 0) {
       const at::Tensor& x = THPVariable_Unpack(PyTuple_GET_ITEM(args, a.copy_input));
-      t.copy_(x.as_strided(a.copy_sizes, a.copy_strides, x.storage_offset() + a.copy_offset));
+      if (a.copy_flat) {  // a driver copy (no ATen op, no kernel of its own)
+        const char* src = static_cast<const char*>(x.data_ptr()) + a.copy_offset * x.element_size();
+        if (!copy_bytes(cuda, t.data_ptr(), src, static_cast<size_t>(t.numel() * t.element_size()), stream))
+          return nullptr;
+      } else {
+        t.copy_(x.as_strided(a.copy_sizes, a.copy_strides, x.storage_offset() + a.copy_offset));
+      }
     }
     allocs.push_back(std::move(t));
   }
@@ -545,6 +564,11 @@ PyObject* py_register(PyObject*, PyObject* args) {
             (!a.zero || a.block_offset + a.nbytes <= block_zero));
       if (!ok) PyErr_SetString(PyExc_ValueError, "an allocation outside the call's block or misaligned in it");
       plan->needs_driver = plan->needs_driver || (cuda && a.zero && a.block_offset < 0 && a.nbytes > 0);
+    }
+    for (Alloc& a : plan->allocs) {  // dense copies become one memcpy (the source has the allocation's dtype)
+      a.copy_flat = a.copy_input >= 0 && dense(a.sizes, a.strides) && dense(a.copy_sizes, a.copy_strides) &&
+                    a.sizes == a.copy_sizes;
+      plan->needs_driver = plan->needs_driver || (cuda && a.copy_flat);
     }
     if (ok && !(block_zero >= 0 && block_zero <= block_bytes)) {
       PyErr_SetString(PyExc_ValueError, "the zeroed prefix exceeds the call's block");

@@ -51,6 +51,7 @@ struct Driver {
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
   CUresult (*memset_d8)(uint64_t, unsigned char, size_t, CUstream) = nullptr;
   CUresult (*memset_d32)(uint64_t, unsigned int, size_t, CUstream) = nullptr;
+  CUresult (*memcpy_async)(uint64_t, uint64_t, size_t, CUstream) = nullptr;
   bool ok = false;
 };
 Driver g_driver;
@@ -72,7 +73,8 @@ bool load_driver() {
          load_symbol(lib, "cuCtxSetCurrent", d.ctx_set_current) &&
          load_symbol(lib, "cuFuncSetAttribute", d.func_set_attribute) &&
          load_symbol(lib, "cuGetErrorString", d.get_error_string) &&
-         load_symbol(lib, "cuMemsetD8Async", d.memset_d8) && load_symbol(lib, "cuMemsetD32Async", d.memset_d32);
+         load_symbol(lib, "cuMemsetD8Async", d.memset_d8) && load_symbol(lib, "cuMemsetD32Async", d.memset_d32) &&
+         load_symbol(lib, "cuMemcpyAsync", d.memcpy_async);
   if (d.ok) g_driver = d;
   return d.ok;
 }
@@ -105,6 +107,17 @@ bool zero_bytes(bool cuda, void* ptr, size_t n, CUstream stream) {
   auto p = reinterpret_cast<uint64_t>(ptr);
   if (p % 4 == 0 && n % 4 == 0) return cuda_check(g_driver.memset_d32(p, 0u, n / 4, stream));
   return cuda_check(g_driver.memset_d8(p, 0, n, stream));
+}
+
+// Copies n bytes from src to dst: on the device with one asynchronous driver copy on `stream` (unified
+// addressing: any two device pointers), on the host with memcpy.
+bool copy_bytes(bool cuda, void* dst, const void* src, size_t n, CUstream stream) {
+  if (n == 0) return true;
+  if (!cuda) {
+    std::memcpy(dst, src, n);
+    return true;
+  }
+  return cuda_check(g_driver.memcpy_async(reinterpret_cast<uint64_t>(dst), reinterpret_cast<uint64_t>(src), n, stream));
 }
 
 // ------------------------------------------------------------------------------------- parameter packing

@@ -11,7 +11,8 @@ time goes, for every case above the BAR by default (`--profile over`), for all (
 ops: the plan's census (allocations, bytes, those in the per-call block, zero-fills, copies, launches) and, for a
 native replay, the time of the public call, of the extension's call alone, of the same plan without its launches
 (key + allocations + outputs) and of an empty plan (key + lookup); for any other path a cProfile listing (top
-functions by own time).
+functions by own time); for every one the host's submit time and the GPU's time per call (`per_call_us`: where
+the GPU's time is the larger, the kernels set host_us, not the host path).
 Calls go through the public path (`dispatch.ops._common.call`, what every `ops.*` wrapper calls).
 """
 
@@ -45,6 +46,23 @@ def host_us(fn, calls: int = CALLS, batches: int = BATCHES) -> float:
         torch.cuda.synchronize()
         per_call.append((time.perf_counter() - t0) / calls * 1e6)
     return statistics.median(per_call)
+
+
+def submit_and_gpu_us(fn, calls: int = CALLS) -> dict:
+    """Per call: host time to submit `calls` back-to-back calls (no synchronization inside the timed loop) and GPU
+    time between events around them. host_us ~ gpu_us means the op's GPU work, not its host path, sets host_us."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    submit = (time.perf_counter() - t0) / calls * 1e6
+    end.record()
+    torch.cuda.synchronize()
+    return dict(submit=round(submit, 2), gpu=round(start.elapsed_time(end) * 1e3 / calls, 2))
 
 
 def profile_breakdown(fn, calls: int = CALLS, top: int = 18) -> str:
@@ -97,9 +115,12 @@ def breakdown(op: str, args: tuple, fn) -> dict:
 
     plan = _FAST.get((op, _signature((*args, "auto"))))
     if isinstance(plan, LaunchPlan) and native_replay.planned(op, (*args, "auto")):
-        return native_breakdown(op, args, plan)
-    out = plan.census() if isinstance(plan, LaunchPlan) else {"fast_path": type(plan).__name__}
-    out["profile"] = profile_breakdown(fn)
+        out = native_breakdown(op, args, plan)
+    else:
+        name = getattr(plan, "__qualname__", repr(plan))
+        out = plan.census() if isinstance(plan, LaunchPlan) else {"fast_path": name}
+        out["profile"] = profile_breakdown(fn)
+    out["per_call_us"] = submit_and_gpu_us(fn)
     return out
 
 

@@ -98,15 +98,17 @@ def test_native_replay_is_captured_by_a_cuda_graph(monkeypatch):
 @pytest.mark.gpu
 def test_native_block_allocation_and_driver_memsets():
     """A CUDA plan's small allocations share one block; the zero-filled ones (in the block, and one allocated alone)
-    are zeroed by driver memsets on the current stream, also when the call is captured in a CUDA graph."""
+    are zeroed by driver memsets on the current stream, also when the call is captured in a CUDA graph; a copy
+    of an input view is a driver memcpy."""
     mod = native_replay.module()
     assert mod is not None, "the native replay extension did not build"
     big = native_replay.BLOCK_MEMBER_MAX + 6  # alone, and a byte count that takes the 8-bit memset
     allocs = [launch_plan._Alloc((3, 5), (5, 1), torch.float32, zero=True), launch_plan._Alloc((7,), (1,), torch.uint8),
-              launch_plan._Alloc((big,), (1,), torch.int8, zero=True), launch_plan._Alloc((4,), (1,), torch.int32)]
-    plan = launch_plan.LaunchPlan(torch.device("cuda"), allocs, [], ("tuple", [("alloc", j, None) for j in range(4)]),
+              launch_plan._Alloc((big,), (1,), torch.int8, zero=True), launch_plan._Alloc((4,), (1,), torch.int32),
+              launch_plan._Alloc((3,), (1,), torch.float32, copy_from=(0, ((3,), (1,), 1, torch.float32)))]
+    plan = launch_plan.LaunchPlan(torch.device("cuda"), allocs, [], ("tuple", [("alloc", j, None) for j in range(5)]),
                                   [])
-    x = torch.zeros(4, device="cuda")
+    x = torch.arange(4, device="cuda", dtype=torch.float32)
     assert mod.register("toy_block_cuda", (x, "auto"), native_replay.describe(plan))
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -117,6 +119,7 @@ def test_native_block_allocation_and_driver_memsets():
             assert out[0].untyped_storage().data_ptr() == out[1].untyped_storage().data_ptr() \
                 == out[3].untyped_storage().data_ptr() != out[2].untyped_storage().data_ptr()
             assert int(out[0].ne(0).sum()) == 0 and int(out[2].ne(0).sum()) == 0
+            assert out[4].tolist() == [1.0, 2.0, 3.0]  # the copy of x[1:] (a driver memcpy)
             for t in out:
                 t.fill_(-1)
         torch.cuda.synchronize()

@@ -279,6 +279,20 @@ def test_replay_of_a_copy_from_an_input_view(native):
     assert torch.equal(got[1], g2[1:])
 
 
+def test_replay_of_strided_and_dense_copies(native):
+    """A dense view is copied as bytes (a driver memcpy on the GPU), a strided one by ATen: both give the view."""
+    x = torch.randn(4)
+    dense = ((2, 3), (3, 1), torch.float32, False, (1, (2, 3), (3, 1), 2), -1, 24)
+    strided = ((2, 3), (3, 1), torch.float32, False, (1, (2, 3), (1, 2), 1), -1, 24)
+    desc = ("cpu", 0, [dense, strided], [], ("tuple", [("alloc", 0, None), ("alloc", 1, None)]), None)
+    g = torch.randn(16)
+    assert native.register("toy_copies", (x, g, "auto"), desc)
+    g2 = torch.randn(32)[16:]  # same alignment bits, another storage offset
+    got = native.call("toy_copies", (x, g2, "auto"))
+    assert torch.equal(got[0], g2[2:8].view(2, 3))
+    assert torch.equal(got[1], g2.as_strided((2, 3), (1, 2), g2.storage_offset() + 1))
+
+
 def test_public_call_takes_the_native_replay_and_falls_back(native, monkeypatch):
     x = torch.randn(4, 8)
     plan = launch_plan.LaunchPlan(torch.device("cpu"), [], [], ("tuple", [("input", 0, None), ("const", None)]), [])
@@ -393,6 +407,7 @@ static int memset_call(int width, uint64_t p, uint64_t n, void* s) {
 }
 int cuMemsetD8Async(uint64_t p, unsigned char v, size_t n, void* s) { return v ? 1 : memset_call(8, p, n, s); }
 int cuMemsetD32Async(uint64_t p, unsigned v, size_t n, void* s) { return v ? 1 : memset_call(32, p, n, s); }
+int cuMemcpyAsync(uint64_t d, uint64_t s, size_t n, void* st) { return 1; }  /* not expected here */
 int fake_memsets(void) { return n_memsets; }
 uint64_t fake_memset(int i, int f) { return memsets[i][f]; }
 void fake_expect(int n) { expect = n; }
