@@ -10,15 +10,17 @@ sees every aten op and every `triton_ops._launch.launch`, and derives a plan:
   zero-filled where the call zeroed them whole, or filled by a copy of a view of an input where the call did that
   before its first launch (e.g. a given scale returned as a copy);
 * launches: each compiled kernel with its grid and its arguments, where a tensor argument becomes "the data
-  pointer of input i / allocation j plus a byte offset" (raw pointers: Triton's launcher takes ints), and every
-  other argument a constant;
+  pointer of input i / allocation j plus a byte offset" (raw pointers: Triton's launcher takes ints), a host
+  tensor descriptor (Gluon / Triton `TensorDescriptor`) over an input or allocation becomes a copy of it with
+  that tensor as its base (its shape, strides and block are fixed by the signature; Triton's launcher encodes
+  it), and every other argument a constant;
 * outputs: which allocation (or input) each returned tensor is, as a view with its shape, strides and dtype.
 
 The plan is used only when it reproduces the recorded call exactly: rebuilt from the recorded call's own tensors,
 every pointer and every output must come out identical, and the call must have done nothing but allocate, zero,
-take views and launch (any other aten op, a launch argument of another kind, such as a TMA descriptor, or a
-Triton launch hook -> no plan; the backend function then runs as usual). Plans replay on the current device's
-current stream, as Triton's own launch does, so CUDA-graph capture works unchanged.
+take views and launch (any other aten op, a launch argument of another kind, or a Triton launch hook -> no plan;
+the backend function then runs as usual). Plans with tensor descriptors replay in Python only. Plans replay on the
+current device's current stream, as Triton's own launch does, so CUDA-graph capture works unchanged.
 
 Plans are on by default for every Triton row on CUDA; PLANS_ENV=0 turns them off (every call then runs the backend
 function). A plan the C++ extension can run is also registered there (dispatch/native_replay.py): later calls
@@ -28,6 +30,7 @@ against the reference on the GPU, natively and in Python (tests/test_launch_plan
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import logging
@@ -94,8 +97,10 @@ class LaunchPlan:
         self._replay = []
         for run, function, metadata, grid, specs in self.launches:
             template = [s[1] if s[0] == "const" else 0 for s in specs]
-            slots = tuple((pos, s[0] == "input", s[1], s[2]) for pos, s in enumerate(specs) if s[0] != "const")
-            self._replay.append((run, function, metadata, grid[0], grid[1], grid[2], template, slots))
+            slots = tuple((pos, s[0] == "input", s[1], s[2]) for pos, s in enumerate(specs)
+                          if s[0] in ("input", "alloc"))
+            descs = tuple((pos, s[1] == "input", s[2], s[3]) for pos, s in enumerate(specs) if s[0] == "desc")
+            self._replay.append((run, function, metadata, grid[0], grid[1], grid[2], template, slots, descs))
 
     def census(self) -> dict:
         """What one replay does: allocations (and their bytes), zero-fills, copies and launches."""
@@ -114,10 +119,12 @@ class LaunchPlan:
                 t.copy_(_input_view(args[a.copy_from[0]], a.copy_from[1]))
             allocs.append(t)
         stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice()) if dev.type == "cuda" else 0
-        for run, function, metadata, gx, gy, gz, template, slots in self._replay:
+        for run, function, metadata, gx, gy, gz, template, slots, descs in self._replay:
             values = template.copy()
             for pos, from_input, index, offset in slots:
                 values[pos] = (args[index] if from_input else allocs[index]).data_ptr() + offset
+            for pos, from_input, index, desc in descs:
+                values[pos] = _rebased(desc, args[index] if from_input else allocs[index])
             run(gx, gy, gz, stream, function, metadata, None, None, None, *values)
         return _rebuild(self.outputs, args, allocs)
 
@@ -127,6 +134,30 @@ def _alloc_bytes(a: _Alloc) -> int:
     if any(d == 0 for d in a.shape):
         return 0
     return (1 + sum((d - 1) * s for d, s in zip(a.shape, a.stride, strict=True))) * a.dtype.itemsize
+
+
+def _rebased(desc, base: torch.Tensor):
+    """A copy of a host tensor descriptor with another base tensor (same metadata: the signature fixes it)."""
+    out = copy.copy(desc)
+    out.base = base
+    return out
+
+
+def _is_descriptor(v) -> bool:
+    """A host tensor descriptor (triton.tools.tensor_descriptor / Gluon's TensorDescriptor): a tensor base with a
+    block shape."""
+    return isinstance(getattr(v, "base", None), torch.Tensor) and hasattr(v, "block_shape")
+
+
+def _descriptor_spec(v, inputs: dict, allocs: list) -> tuple:
+    """("desc", "input" | "alloc", index, template without its base) for a descriptor over an input or an
+    allocation of the call as a whole (the same data, shape, strides and dtype; not a view into one)."""
+    where = _locate(v.base, inputs, allocs)
+    if where is not None and where[2] == 0:
+        root = inputs[where[1]] if where[0] == "input" else allocs[where[1]]
+        if (root.shape, root.stride(), root.dtype) == (v.base.shape, v.base.stride(), v.base.dtype):
+            return ("desc", where[0], where[1], _rebased(v, None))
+    raise NoPlan("a tensor descriptor over a tensor that is not an input or an allocation of the call")
 
 
 def _value(spec, args, allocs):
@@ -289,6 +320,8 @@ def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
                 specs.append(where)
             elif isinstance(v, _PLAIN):
                 specs.append(("const", v))
+            elif _is_descriptor(v):
+                specs.append(_descriptor_spec(v, inputs, allocs))
             else:
                 raise NoPlan(f"a launch argument of type {type(v).__name__}")
         grid = tuple(rec.grid) + (1,) * (3 - len(rec.grid))
@@ -303,6 +336,8 @@ def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
         for spec, (v, _) in zip(specs, _bound_values(rec), strict=True):
             if isinstance(v, torch.Tensor) and spec[0] != "const" and _value(spec, args, allocs) != v.data_ptr():
                 raise NoPlan("a rebuilt pointer differs from the recorded one")
+            if spec[0] == "desc" and (args if spec[1] == "input" else allocs)[spec[2]].data_ptr() != v.base.data_ptr():
+                raise NoPlan("a rebuilt descriptor's base differs from the recorded one")
     rebuilt = _rebuild(outputs, args, allocs)
     if not _same_tree(rebuilt, out):
         raise NoPlan("the rebuilt outputs differ from the recorded ones")
