@@ -99,7 +99,7 @@ class LaunchPlan:
             template = [s[1] if s[0] == "const" else 0 for s in specs]
             slots = tuple((pos, s[0] == "input", s[1], s[2]) for pos, s in enumerate(specs)
                           if s[0] in ("input", "alloc"))
-            descs = tuple((pos, s[1] == "input", s[2], s[3]) for pos, s in enumerate(specs) if s[0] == "desc")
+            descs = tuple((pos, s[1] == "input", s[2], s[3], s[4]) for pos, s in enumerate(specs) if s[0] == "desc")
             self._replay.append((run, function, metadata, grid[0], grid[1], grid[2], template, slots, descs))
 
     def census(self) -> dict:
@@ -123,8 +123,8 @@ class LaunchPlan:
             values = template.copy()
             for pos, from_input, index, offset in slots:
                 values[pos] = (args[index] if from_input else allocs[index]).data_ptr() + offset
-            for pos, from_input, index, desc in descs:
-                values[pos] = _rebased(desc, args[index] if from_input else allocs[index])
+            for pos, from_input, index, desc, view in descs:
+                values[pos] = _rebased(desc, _descriptor_base(args[index] if from_input else allocs[index], view))
             run(gx, gy, gz, stream, function, metadata, None, None, None, *values)
         return _rebuild(self.outputs, args, allocs)
 
@@ -150,14 +150,30 @@ def _is_descriptor(v) -> bool:
 
 
 def _descriptor_spec(v, inputs: dict, allocs: list) -> tuple:
-    """("desc", "input" | "alloc", index, template without its base) for a descriptor over an input or an
-    allocation of the call as a whole (the same data, shape, strides and dtype; not a view into one)."""
+    """("desc", "input" | "alloc", index, template without its base, view) for a descriptor over an input or an
+    allocation of the call, or over a view of one: view None for the root itself, else (shape, strides, storage
+    offset relative to the root's, dtype) of the base."""
     where = _locate(v.base, inputs, allocs)
-    if where is not None and where[2] == 0:
-        root = inputs[where[1]] if where[0] == "input" else allocs[where[1]]
-        if (root.shape, root.stride(), root.dtype) == (v.base.shape, v.base.stride(), v.base.dtype):
-            return ("desc", where[0], where[1], _rebased(v, None))
-    raise NoPlan("a tensor descriptor over a tensor that is not an input or an allocation of the call")
+    if where is None:
+        raise NoPlan("a tensor descriptor over a tensor that is not an input or an allocation of the call")
+    root, base = (inputs[where[1]] if where[0] == "input" else allocs[where[1]]), v.base
+    view = None
+    if (root.data_ptr(), root.shape, root.stride(), root.dtype) != (base.data_ptr(), base.shape, base.stride(),
+                                                                    base.dtype):
+        if where[2] % base.element_size() or (root.storage_offset() * root.element_size()) % base.element_size():
+            raise NoPlan("a tensor descriptor's base is not element-aligned in its root")
+        rel = base.storage_offset() - root.storage_offset() * root.element_size() // base.element_size()
+        view = (tuple(base.shape), base.stride(), rel, base.dtype)
+    return ("desc", where[0], where[1], _rebased(v, None), view)
+
+
+def _descriptor_base(root: torch.Tensor, view):
+    if view is None:
+        return root
+    shape, stride, rel, dtype = view
+    if root.dtype != dtype:
+        root = root.view(dtype)
+    return root.as_strided(shape, stride, root.storage_offset() + rel)
 
 
 def _value(spec, args, allocs):
@@ -336,8 +352,11 @@ def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
         for spec, (v, _) in zip(specs, _bound_values(rec), strict=True):
             if isinstance(v, torch.Tensor) and spec[0] != "const" and _value(spec, args, allocs) != v.data_ptr():
                 raise NoPlan("a rebuilt pointer differs from the recorded one")
-            if spec[0] == "desc" and (args if spec[1] == "input" else allocs)[spec[2]].data_ptr() != v.base.data_ptr():
-                raise NoPlan("a rebuilt descriptor's base differs from the recorded one")
+            if spec[0] == "desc":
+                base = _descriptor_base((args if spec[1] == "input" else allocs)[spec[2]], spec[4])
+                if (base.data_ptr(), base.shape, base.stride(), base.dtype) != (v.base.data_ptr(), v.base.shape,
+                                                                                v.base.stride(), v.base.dtype):
+                    raise NoPlan("a rebuilt descriptor's base differs from the recorded one")
     rebuilt = _rebuild(outputs, args, allocs)
     if not _same_tree(rebuilt, out):
         raise NoPlan("the rebuilt outputs differ from the recorded ones")

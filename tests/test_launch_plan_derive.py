@@ -179,10 +179,24 @@ def _tensordesc_compiled():
                                  metadata=types.SimpleNamespace(), function=1)
 
 
-def test_a_descriptor_over_a_view_gets_no_plan():
+def test_a_descriptor_over_a_view_of_an_input_is_rebuilt_as_that_view():
     compiled, launches = _FakeCompiled(), []
     x = torch.randn(5, 8)
     with launch_plan._OpLog(launches) as oplog:
         out = _descriptor_backend(x, compiled, launches, base_of_view=True)
+    plan = launch_plan._derive(out, (x,), launches, oplog.ops, NO_HOOKS, device_type="cpu")
+    y = torch.randn(21, 8)[16:]  # another storage offset, the same alignment bits
+    plan(y)
+    d_in = compiled.calls[-1][1][0]
+    assert d_in.base.data_ptr() == y[1:].data_ptr() and d_in.base.shape == (4, 8) and d_in.base.stride() == (8, 1)
+
+
+def test_a_descriptor_over_a_tensor_of_its_own_gets_no_plan():
+    compiled, launches = _FakeCompiled(), []
+    x, other = torch.randn(5, 8), torch.randn(5, 8)  # other: neither an input nor an allocation of the call
+    with launch_plan._OpLog(launches) as oplog:
+        out = torch.empty(5, 4)
+        launches.append(LaunchRecord(KERNEL, (3,), (_Descriptor(other, [5, 8], [8, 1], [2, 8]), out, x, 5),
+                                     {"BLOCK": 8}, compiled))
     with pytest.raises(launch_plan.NoPlan, match="descriptor"):
         launch_plan._derive(out, (x,), launches, oplog.ops, NO_HOOKS, device_type="cpu")
