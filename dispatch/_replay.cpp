@@ -53,13 +53,28 @@ struct Slot {
   int64_t offset;
 };
 
+// A tensor descriptor parameter (kTma): the CUtensorMap Triton 3.6's launcher encodes (fillTMADescriptor), for
+// the base address of input / allocation `index` plus `offset` bytes; everything else is fixed per signature.
+struct TmaSlot {
+  size_t param;
+  bool from_input;
+  int index;
+  int64_t offset;
+  int elem_type, swizzle, fill;
+  unsigned rank;
+  uint64_t dims[5], strides[5];  // innermost first; strides in bytes (rank - 1 of them)
+  unsigned box[5];
+};
+
 struct Launch {
   CUfunction function;
   unsigned gx, gy, gz, num_warps, num_ctas, shared;
   bool pdl;
-  std::vector<char> blob;  // every parameter at an 8-byte aligned offset, the two scratch pointers last (null)
+  std::vector<char> blob;  // every parameter at an 8-byte (a kTma 64-byte) aligned offset, the two scratch
+                           // pointers last (null)
   std::vector<size_t> offsets;
   std::vector<Slot> slots;
+  std::vector<TmaSlot> tma;
 };
 
 struct Out {
@@ -209,12 +224,40 @@ bool parse_alloc(PyObject* d, Alloc& a) {
   return true;
 }
 
+// (param, from_input, index, offset, elem_type, swizzle, fill, dims, strides, box) -> a TmaSlot.
+bool parse_tma(PyObject* d, Py_ssize_t n_params, const uint8_t* codes, TmaSlot& t) {
+  Py_ssize_t param;
+  int from_input;
+  long long offset;
+  PyObject *dims, *strides, *box;
+  if (!PyArg_ParseTuple(d, "npiLiiiOOO", &param, &from_input, &t.index, &offset, &t.elem_type, &t.swizzle, &t.fill,
+                        &dims, &strides, &box))
+    return false;
+  std::vector<int64_t> dv, sv, bv;
+  if (!int_list(dims, dv) || !int_list(strides, sv) || !int_list(box, bv)) return false;
+  if (param < 0 || param >= n_params || codes[param] != kTma || dv.empty() || dv.size() > 5 ||
+      sv.size() + 1 != dv.size() || bv.size() != dv.size()) {
+    PyErr_SetString(PyExc_ValueError, "a bad tensor-descriptor slot");
+    return false;
+  }
+  t.param = static_cast<size_t>(param);
+  t.from_input = from_input;
+  t.offset = offset;
+  t.rank = static_cast<unsigned>(dv.size());
+  for (unsigned i = 0; i < t.rank; ++i) {
+    t.dims[i] = static_cast<uint64_t>(dv[i]);
+    t.box[i] = static_cast<unsigned>(bv[i]);
+    t.strides[i] = i + 1 < t.rank ? static_cast<uint64_t>(sv[i]) : 0;
+  }
+  return true;
+}
+
 bool parse_launch(PyObject* d, Launch& l) {
   unsigned long long function;
   int pdl;
-  PyObject *types, *values, *slots;
-  if (!PyArg_ParseTuple(d, "KIIIIIIpSOO", &function, &l.gx, &l.gy, &l.gz, &l.num_warps, &l.num_ctas, &l.shared, &pdl,
-                        &types, &values, &slots))
+  PyObject *types, *values, *slots, *tma = nullptr;
+  if (!PyArg_ParseTuple(d, "KIIIIIIpSOO|O", &function, &l.gx, &l.gy, &l.gz, &l.num_warps, &l.num_ctas, &l.shared,
+                        &pdl, &types, &values, &slots, &tma))
     return false;
   l.function = reinterpret_cast<CUfunction>(function);
   l.pdl = pdl;
@@ -244,6 +287,18 @@ bool parse_launch(PyObject* d, Launch& l) {
     l.slots.push_back(s);
   }
   Py_DECREF(sfast);
+  if (tma && tma != Py_None) {
+    PyObject* tfast = PySequence_Fast(tma, "expected a sequence of tensor-descriptor slots");
+    if (!tfast) return false;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(tfast); ++i) {
+      l.tma.emplace_back();
+      if (!parse_tma(PySequence_Fast_GET_ITEM(tfast, i), n, codes, l.tma.back())) {
+        Py_DECREF(tfast);
+        return false;
+      }
+    }
+    Py_DECREF(tfast);
+  }
   return true;
 }
 
@@ -362,18 +417,26 @@ bool launch_one(const Launch& l, CUstream stream, PyObject* args, const std::vec
     big.resize(l.offsets.size());
     p = big.data();
   }
-  alignas(8) char local[64 * 8];
+  alignas(64) char local[1024];
   std::vector<char> heap;
   char* blob = local;
-  if (l.blob.size() > sizeof(local)) {
-    heap.resize(l.blob.size());
-    blob = heap.data();
+  if (l.blob.size() > sizeof(local)) {  // 64-byte aligned, as the tensor maps in it must be
+    heap.resize(l.blob.size() + 64);
+    blob = heap.data() + (64 - reinterpret_cast<uintptr_t>(heap.data()) % 64) % 64;
   }
   std::memcpy(blob, l.blob.data(), l.blob.size());
   for (const Slot& s : l.slots) {
     const at::Tensor& t = s.from_input ? THPVariable_Unpack(PyTuple_GET_ITEM(args, s.index)) : allocs[s.index];
     uint64_t ptr = reinterpret_cast<uint64_t>(t.data_ptr()) + static_cast<uint64_t>(s.offset);
     std::memcpy(blob + l.offsets[s.param], &ptr, 8);
+  }
+  static const unsigned kElementStrides[5] = {1, 1, 1, 1, 1};
+  for (const TmaSlot& s : l.tma) {  // interleave none, L2 promotion 128 B: as Triton's fillTMADescriptor
+    const at::Tensor& t = s.from_input ? THPVariable_Unpack(PyTuple_GET_ITEM(args, s.index)) : allocs[s.index];
+    char* base = static_cast<char*>(t.data_ptr()) + s.offset;
+    if (!cuda_check(g_driver.encode_tiled(blob + l.offsets[s.param], s.elem_type, s.rank, base, s.dims, s.strides,
+                                          s.box, kElementStrides, 0, s.swizzle, 2, s.fill)))
+      return false;
   }
   for (size_t i = 0; i < l.offsets.size(); ++i) p[i] = blob + l.offsets[i];
   LaunchAttr attrs[4];
@@ -581,6 +644,12 @@ PyObject* py_register(PyObject*, PyObject* args) {
     } else if (ok && plan->needs_driver && !load_driver()) {
       PyErr_SetString(PyExc_RuntimeError, "libcuda.so.1 or a driver symbol is unavailable");
       ok = false;
+    }
+    for (const Launch& l : plan->launches) {
+      if (ok && !l.tma.empty() && !g_driver.encode_tiled) {
+        PyErr_SetString(PyExc_RuntimeError, "the driver has no cuTensorMapEncodeTiled");
+        ok = false;
+      }
     }
     if (!ok) {
       release(plan.get());

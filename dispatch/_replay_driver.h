@@ -52,6 +52,9 @@ struct Driver {
   CUresult (*memset_d8)(uint64_t, unsigned char, size_t, CUstream) = nullptr;
   CUresult (*memset_d32)(uint64_t, unsigned int, size_t, CUstream) = nullptr;
   CUresult (*memcpy_async)(uint64_t, uint64_t, size_t, CUstream) = nullptr;
+  // cuTensorMapEncodeTiled (optional: only plans with tensor descriptors need it)
+  CUresult (*encode_tiled)(void*, int, unsigned, void*, const uint64_t*, const uint64_t*, const unsigned*,
+                           const unsigned*, int, int, int, int) = nullptr;
   bool ok = false;
 };
 Driver g_driver;
@@ -75,7 +78,10 @@ bool load_driver() {
          load_symbol(lib, "cuGetErrorString", d.get_error_string) &&
          load_symbol(lib, "cuMemsetD8Async", d.memset_d8) && load_symbol(lib, "cuMemsetD32Async", d.memset_d32) &&
          load_symbol(lib, "cuMemcpyAsync", d.memcpy_async);
-  if (d.ok) g_driver = d;
+  if (d.ok) {
+    load_symbol(lib, "cuTensorMapEncodeTiled", d.encode_tiled);
+    g_driver = d;
+  }
   return d.ok;
 }
 
@@ -123,10 +129,12 @@ bool copy_bytes(bool cuda, void* dst, const void* src, size_t n, CUstream stream
 // ------------------------------------------------------------------------------------- parameter packing
 // Type codes: Triton 3.9's extractor indices (driver.c); Triton 3.6's generated launcher maps to the same sizes
 // (dispatch/native_replay.py translates its signature strings).
-enum : uint8_t { kPtr = 1, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kFp16, kBf16, kFp32, kFp64, kTypeEnd };
+// kTma: a CUtensorMap passed by value (128 bytes, 64-byte aligned), encoded per call (TmaSlot in _replay.cpp).
+enum : uint8_t { kPtr = 1, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kFp16, kBf16, kFp32, kFp64, kTma, kTypeEnd };
 
 size_t param_size(uint8_t t) {
   switch (t) {
+    case kTma: return 128;
     case kI8: case kU8: return 1;
     case kI16: case kU16: case kFp16: case kBf16: return 2;
     case kI32: case kU32: case kFp32: return 4;
@@ -136,7 +144,9 @@ size_t param_size(uint8_t t) {
 
 // Writes v as a parameter of type t at dst (param_size(t) bytes); false with a Python error set otherwise.
 bool pack_one(uint8_t t, PyObject* v, char* dst) {
-  if (t == kPtr) {
+  if (t == kTma) {  // encoded per call; zeros until then
+    std::memset(dst, 0, 128);
+  } else if (t == kPtr) {
     uint64_t p = v == Py_None ? 0 : PyLong_AsUnsignedLongLong(v);
     std::memcpy(dst, &p, 8);
   } else if (t >= kI8 && t <= kU64) {
@@ -184,12 +194,14 @@ bool pack_values(PyObject* types, PyObject* values, bool aligned, std::vector<ch
   bool ok = PySequence_Fast_GET_SIZE(fast) == n;
   if (!ok) PyErr_SetString(PyExc_ValueError, "parameter types and values differ in length");
   for (Py_ssize_t i = 0; ok && i < n; ++i) {
-    size_t at = aligned ? out.size() + (8 - out.size() % 8) % 8 : out.size();
-    out.resize(at + (aligned ? 8 : param_size(codes[i])), 0);
+    size_t align = codes[i] == kTma ? 64 : 8;
+    size_t at = aligned ? out.size() + (align - out.size() % align) % align : out.size();
+    size_t size = param_size(codes[i]);
+    out.resize(at + (aligned && size < 8 ? 8 : size), 0);
     offsets.push_back(at);
-    char buf[8] = {0};
+    alignas(64) char buf[128] = {0};
     ok = pack_one(codes[i], PySequence_Fast_GET_ITEM(fast, i), buf);
-    std::memcpy(out.data() + at, buf, param_size(codes[i]));
+    std::memcpy(out.data() + at, buf, size);
   }
   Py_DECREF(fast);
   return ok;

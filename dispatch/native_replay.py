@@ -10,8 +10,10 @@ fills the pointer parameters and launches each compiled kernel with cuLaunchKern
 profile scratch pointers last and null), then returns the outputs.
 
 Derivation stays in Python: `adopt` converts a plan the extension can run (no global or profile scratch, no
-cooperative launch, no tensor descriptors, only pointer / integer / float parameters) and registers it under the
-call's key; any other plan keeps its Python replay (`REFUSALS` says why). The extension is compiled on first use
+cooperative launch, only pointer / integer / float parameters and, with Triton 3.6's launcher, host tensor
+descriptors: the extension encodes each one's CUtensorMap per call with cuTensorMapEncodeTiled as Triton's
+fillTMADescriptor does, then passes its shape and strides) and registers it under the call's key; any other plan
+keeps its Python replay (`REFUSALS` says why). The extension is compiled on first use
 into torch's extensions cache under a name that hashes its source, torch's and Python's versions (with torch's
 ninja build where ninja is installed, else one direct compiler call). Without a compiler, or with NATIVE_ENV=0,
 plans replay in Python (one debug log line says why).
@@ -50,7 +52,11 @@ _state: dict = {"module": None, "tried": False}
 _CODES_36 = {"i1": 2, "i8": 2, "i16": 3, "i32": 4, "i64": 5, "u1": 6, "u8": 6, "u16": 7, "u32": 8, "u64": 9,
              "fp16": 10, "bf16": 11, "fp32": 12, "f32": 12, "fp64": 13}
 PTR = 1
+I32, I64 = 4, 5
+TMA = 14  # a CUtensorMap by value (the extension encodes it per call)
 _FLOAT_CODES = frozenset({10, 11, 12, 13})
+# Triton 3.6's TMA element types: the kernel's (device) enum -> the driver's (host) one (its driver.py).
+_TMA_DTYPE_DEVICE_TO_HOST = {8: 10, 9: 8, 10: 9}
 
 
 class NoNative(Exception):
@@ -249,35 +255,91 @@ def _describe_launch(launch, compiled) -> tuple:
     for attr in ("global_scratch_size", "profile_scratch_size", "launch_cooperative_grid", "gsan_enabled"):
         if getattr(launcher, attr, 0) or getattr(compiled.metadata, attr, 0):
             raise NoNative(f"the kernel needs {attr}")
-    if getattr(compiled.metadata, "tensordesc_meta", None):
-        raise NoNative("tensor descriptors")
     if not (isinstance(metadata, tuple) and len(metadata) == 3 and all(isinstance(m, int) for m in metadata)):
         raise NoNative(f"kernel metadata {metadata!r} is not (num_warps, num_ctas, shared)")
     num_warps, num_ctas, shared = metadata
     sig = list(compiled.src.signature.values())
     if len(sig) != len(specs):
         raise NoNative("the launch's arguments differ from the kernel's signature")
+    if any(isinstance(t, str) and t.startswith("tensordesc") for t in sig):
+        codes, values, slots, tma = _with_descriptors(compiled, sig, specs)
+    else:
+        codes, (values, slots), tma = param_codes(compiled), _plain_params(compiled, sig, specs), []
+    gx, gy, gz = grid
+    pdl = bool(getattr(launcher, "launch_pdl", False) or getattr(compiled.metadata, "launch_pdl", False))
+    return (int(function), gx, gy, gz, num_warps, num_ctas, shared, pdl, codes, values, slots, tma)
+
+
+def _plain_params(compiled, sig, specs) -> tuple[list, list]:
+    """(values, pointer slots) of a launch whose parameters are pointers and scalars."""
     codes = param_codes(compiled)
     values, slots = [], []
     for spec, ty in zip(specs, sig, strict=True):
-        if ty == "constexpr":
+        if ty != "constexpr":
+            _add_param(codes[len(values)], ty, spec, values, slots)
+    return values, slots
+
+
+def _add_param(code: int, ty: str, spec, values: list, slots: list) -> None:
+    """Appends a pointer (a slot filled per call) or scalar parameter of type code `code`."""
+    if spec[0] in ("input", "alloc"):
+        if code != PTR:
+            raise NoNative(f"a tensor passed as a {ty} parameter")
+        slots.append((len(values), spec[0] == "input", spec[1], spec[2]))
+        values.append(0)
+        return
+    if spec[0] != "const":
+        raise NoNative(f"a {spec[0]} argument for a {ty} parameter")
+    value = spec[1]
+    ok = (value is None or isinstance(value, int)) if code == PTR else (
+        isinstance(value, (int, float)) if code in _FLOAT_CODES else isinstance(value, int))
+    if not ok:
+        raise NoNative(f"a {type(value).__name__} value for a {ty} parameter")
+    values.append(value)
+
+
+def _with_descriptors(compiled, sig, specs) -> tuple:
+    """(codes, values, pointer slots, tensor-descriptor slots) of a launch with host tensor descriptors, as Triton
+    3.6's generated launcher expands them: each descriptor the kernel takes as a TMA descriptor becomes a
+    CUtensorMap (encoded per call from the base address; here its fixed encoding arguments, innermost dimension
+    first, as fillTMADescriptor orders them), then its shape (i32 each) and strides (i64 each)."""
+    if getattr(compiled.run, "kernel_signature", None) is not None:
+        raise NoNative("tensor descriptors with this Triton's launcher (the native replay follows Triton 3.6's)")
+    metas = list(getattr(compiled.metadata, "tensordesc_meta", None) or [])
+    codes, values, slots, tma = [], [], [], []
+    n_desc = 0
+    for spec, ty in zip(specs, sig, strict=True):
+        if not (isinstance(ty, str) and ty.startswith("tensordesc")):
+            if ty != "constexpr":
+                code = PTR if ty.startswith("*") else _CODES_36.get(ty)
+                if code is None:
+                    raise NoNative(f"a parameter of type {ty}")
+                codes.append(code)
+                _add_param(code, ty, spec, values, slots)
             continue
-        code = codes[len(values)]
-        if spec[0] != "const":
-            if code != PTR:
-                raise NoNative(f"a tensor passed as a {ty} parameter")
-            slots.append((len(values), spec[0] == "input", spec[1], spec[2]))
-            values.append(0)
-            continue
-        value = spec[1]
-        ok = (value is None or isinstance(value, int)) if code == PTR else (
-            isinstance(value, (int, float)) if code in _FLOAT_CODES else isinstance(value, int))
-        if not ok:
-            raise NoNative(f"a {type(value).__name__} value for a {ty} parameter")
-        values.append(value)
-    gx, gy, gz = grid
-    pdl = bool(getattr(launcher, "launch_pdl", False) or getattr(compiled.metadata, "launch_pdl", False))
-    return (int(function), gx, gy, gz, num_warps, num_ctas, shared, pdl, codes, values, slots)
+        meta = metas[n_desc] if n_desc < len(metas) else None
+        n_desc += 1
+        if meta is None or spec[0] != "desc":
+            raise NoNative("a tensor descriptor the kernel takes as a pointer, or another argument for one")
+        _, kind, index, template, view = spec
+        shape, strides = [int(d) for d in template.shape], [int(d) for d in template.strides]
+        if meta.get("fp4_padded"):
+            shape[-1] *= 2
+        if strides[-1] != 1 or not 1 <= len(shape) <= 5:
+            raise NoNative("a tensor descriptor with a non-unit inner stride or rank > 5")
+        elem = int(meta["elem_size"])
+        offset = 0 if view is None else view[2] * view[3].itemsize
+        fill = 1 if getattr(template, "padding", "zero") == "nan" else 0
+        tma.append((len(values), kind == "input", index, offset,
+                    _TMA_DTYPE_DEVICE_TO_HOST.get(int(meta["elem_type"]), int(meta["elem_type"])),
+                    int(meta["swizzle"]), fill, shape[::-1], [elem * st for st in strides[-2::-1]],
+                    [int(b) for b in meta["block_size"]][::-1]))
+        codes += [TMA] + [I32] * len(shape) + [I64] * len(strides)
+        values += [0, *shape, *strides]
+    if n_desc != len(metas):
+        raise NoNative("the kernel's tensor-descriptor metadata differs from its descriptor parameters")
+    return bytes(codes), values, slots, tma
+
 
 
 def _describe_out(spec) -> tuple:

@@ -166,10 +166,14 @@ def test_host_tensor_descriptors_are_rebased_on_each_call():
     from dispatch import native_replay
 
     run, function, _, grid, specs = plan.launches[0]
-    as_compiled = dataclasses.replace(plan, launches=[(run, function, (4, 1, 0), grid, specs)],
+    as_compiled = dataclasses.replace(plan, launches=[(run, 1, (4, 1, 0), grid, specs)],
                                       kernels=[_tensordesc_compiled()])
-    with pytest.raises(native_replay.NoNative, match="tensor-descriptor"):  # native refuses them: Python replays
+    with pytest.raises(native_replay.NoNative, match="as a pointer"):  # no TMA metadata: Python replays it
         native_replay.describe(as_compiled)
+    meta = dict(swizzle=3, elem_size=4, elem_type=7, block_size=[2, 8], fp4_padded=False)
+    as_compiled.kernels[0].metadata.tensordesc_meta = [meta, dict(meta, block_size=[2, 4])]
+    launch = native_replay.describe(as_compiled)[3][0]  # with it: the extension encodes both per call
+    assert [t[:4] for t in launch[11]] == [(0, True, 0, 0), (5, False, 0, 0)]  # map, 2 x i32, 2 x i64 each
 
 
 def _tensordesc_compiled():

@@ -150,10 +150,38 @@ def test_a_launch_becomes_packed_constants_and_pointer_slots():
     launch = (None, 0x1234, (4, 2, 48), (3, 1, 1),
               [("input", 0, 32), ("alloc", 1, 0), ("const", 0xABC0), ("const", 7), ("const", 64)])
     got = native_replay._describe_launch(launch, _compiled(SIG))
-    function, gx, gy, gz, warps, ctas, shared, pdl, codes, values, slots = got
+    function, gx, gy, gz, warps, ctas, shared, pdl, codes, values, slots, tma = got
+    assert tma == []
     assert (function, gx, gy, gz, warps, ctas, shared, pdl) == (0x1234, 3, 1, 1, 4, 2, 48, False)
     assert codes == bytes([1, 1, 1, 4]) and values == [0, 0, 0xABC0, 7]  # the constexpr is not a parameter
     assert slots == [(0, True, 0, 32), (1, False, 1, 0)]
+
+
+def test_tensor_descriptors_expand_as_triton_36_launcher_does():
+    """A descriptor parameter becomes a CUtensorMap slot (encoding arguments innermost first, byte strides, the
+    host element type, the base's byte offset in its root) and its shape (i32) and strides (i64); an fp4-padded
+    one doubles its inner dimension. Triton's C launcher (3.7+, `kernel_signature`) keeps the Python replay."""
+    from dispatch.launch_plan import _rebased
+
+    sig = {"a_desc": "tensordesc<bf16[64, 128]>", "n": "i32", "b_desc": "tensordesc<u8[32, 64]>", "BLOCK": "constexpr"}
+    metas = [dict(swizzle=3, elem_size=2, elem_type=9, block_size=[64, 128], fp4_padded=False),
+             dict(swizzle=2, elem_size=1, elem_type=0, block_size=[32, 64], fp4_padded=True)]
+    desc = types.SimpleNamespace(base=None, shape=[300, 1024], strides=[2048, 1], block_shape=[64, 128],
+                                 padding="zero")
+    fp4 = _rebased(desc, None)
+    fp4.shape, fp4.strides = [10, 32], [64, 1]
+    specs = [("desc", "input", 0, desc, (None, None, 4, torch.bfloat16)), ("const", 7),
+             ("desc", "alloc", 1, fp4, None), ("const", 64)]
+    compiled = types.SimpleNamespace(src=types.SimpleNamespace(signature=sig), run=types.SimpleNamespace(),
+                                     metadata=types.SimpleNamespace(tensordesc_meta=metas))
+    codes, values, slots, tma = native_replay._with_descriptors(compiled, list(sig.values()), specs)
+    assert list(codes) == [14, 4, 4, 5, 5, 4, 14, 4, 4, 5, 5]
+    assert values == [0, 300, 1024, 2048, 1, 7, 0, 10, 64, 64, 1] and slots == []
+    assert tma == [(0, True, 0, 8, 8, 3, 0, [1024, 300], [4096], [128, 64]),
+                   (6, False, 1, 0, 0, 2, 0, [64, 10], [64], [64, 32])]
+    compiled.run.kernel_signature = b"\x01"
+    with pytest.raises(native_replay.NoNative, match="3.6"):
+        native_replay._with_descriptors(compiled, list(sig.values()), specs)
 
 
 @pytest.mark.parametrize("attr,value", [("global_scratch_size", 256), ("profile_scratch_size", 64),
@@ -389,11 +417,14 @@ _FAKE_DRIVER = r"""
 typedef struct { int id; char pad[4]; union { char raw[64]; void* align; } value; } Attr;
 typedef struct { unsigned gx, gy, gz, bx, by, bz, shared; void* stream; Attr* attrs; unsigned n; } Config;
 static Config last; static Attr attrs[4]; static uint64_t params[64]; static int expect, launches; static void* fn;
+static uint64_t map_tail;
 int cuLaunchKernelEx(const Config* c, void* f, void** p, void** extra) {
   last = *c; memcpy(attrs, c->attrs, sizeof(Attr) * (c->n < 4 ? c->n : 4)); fn = f; launches++;
   for (int i = 0; i < expect; ++i) memcpy(&params[i], p[i], 8);
+  if (expect > 1) memcpy(&map_tail, (char*)p[1] + 120, 8);  /* the last 8 bytes of a map in parameter 1 */
   return extra == 0 ? 0 : 1;
 }
+uint64_t fake_map_tail(void) { return map_tail; }
 int cuCtxGetCurrent(void** c) { *c = (void*)1; return 0; }
 int cuDeviceGet(int* d, int o) { *d = o; return 0; }
 int cuDevicePrimaryCtxRetain(void** c, int d) { *c = (void*)1; return 0; }
@@ -408,6 +439,19 @@ static int memset_call(int width, uint64_t p, uint64_t n, void* s) {
 int cuMemsetD8Async(uint64_t p, unsigned char v, size_t n, void* s) { return v ? 1 : memset_call(8, p, n, s); }
 int cuMemsetD32Async(uint64_t p, unsigned v, size_t n, void* s) { return v ? 1 : memset_call(32, p, n, s); }
 int cuMemcpyAsync(uint64_t d, uint64_t s, size_t n, void* st) { return 1; }  /* not expected here */
+static uint64_t encoded[24]; static int n_encoded;  /* the last cuTensorMapEncodeTiled's arguments */
+int cuTensorMapEncodeTiled(void* map, int type, unsigned rank, void* addr, const uint64_t* dims,
+                           const uint64_t* strides, const unsigned* box, const unsigned* es, int il, int sw, int l2,
+                           int fill) {
+  uint64_t a = (uint64_t)addr; memcpy(map, &a, 8); memset((char*)map + 8, 0xAB, 120);  /* marks the whole map */
+  encoded[0] = type; encoded[1] = rank; encoded[2] = a; encoded[3] = il; encoded[4] = sw; encoded[5] = l2;
+  encoded[6] = fill; encoded[7] = (uint64_t)map % 64;
+  for (unsigned i = 0; i < rank; ++i) { encoded[8 + i] = dims[i]; encoded[13 + i] = box[i] | ((uint64_t)es[i] << 32); }
+  for (unsigned i = 0; i + 1 < rank; ++i) encoded[18 + i] = strides[i];
+  n_encoded++; return 0;
+}
+uint64_t fake_encoded(int i) { return encoded[i]; }
+int fake_n_encoded(void) { return n_encoded; }
 int fake_memsets(void) { return n_memsets; }
 uint64_t fake_memset(int i, int f) { return memsets[i][f]; }
 void fake_expect(int n) { expect = n; }
@@ -444,9 +488,18 @@ lib.fake_memset.restype = ctypes.c_uint64
 for ptr, n in ((0x10000, 512), (0x10000, 6), (0x10002, 8), (0x10000, 0)):  # words where both allow; none for 0
     mod.memset(ptr, n, 0x7000)
 memsets = [[lib.fake_memset(i, f) for f in range(4)] for i in range(lib.fake_memsets())]
-print(json.dumps(dict(launches=lib.fake_launches(), function=lib.fake_function(), config=list(cfg),
-                      stream=lib.fake_stream(), attrs=attrs, params=[lib.fake_param(i) for i in range(7)],
-                      x=x.data_ptr(), memsets=memsets)))
+result = dict(launches=lib.fake_launches(), function=lib.fake_function(), config=list(cfg), stream=lib.fake_stream(),
+              attrs=attrs, params=[lib.fake_param(i) for i in range(7)], x=x.data_ptr(), memsets=memsets)
+# a tensor descriptor over x[2:] (a view 8 bytes in): an i32, the map, its shape (i32 x 2), its strides (i64 x 2)
+tma = (0xF01, 1, 1, 1, 4, 1, 0, False, bytes([4, 14, 4, 4, 5, 5]), [9, 0, 62, 1, 1, 1], [],
+       [(1, True, 0, 8, 10, 3, 0, [1, 62], [4], [1, 16])])
+assert mod.register("fake_tma", (x, "auto"), ("cuda", 0, [], [tma], ("input", 0), None))
+lib.fake_expect(8)
+mod.call("fake_tma", (x, "auto"))
+lib.fake_encoded.restype = lib.fake_map_tail.restype = ctypes.c_uint64
+result.update(encoded=[lib.fake_encoded(i) for i in range(20)], n_encoded=lib.fake_n_encoded(),
+              tma_params=[lib.fake_param(i) for i in range(8)], map_tail=lib.fake_map_tail())
+print(json.dumps(result))
 """
 
 
@@ -485,3 +538,11 @@ def test_what_the_driver_receives(native, tmp_path):
     assert params == [got["x"] + 16, 0xABC0, 2**32 - 7, bf16_half, 1, 0, 0]
     # zero-fills: one asynchronous driver memset on the given stream, 32-bit words where pointer and size allow
     assert got["memsets"] == [[32, 0x10000, 128, 0x7000], [8, 0x10000, 6, 0x7000], [8, 0x10002, 8, 0x7000]]
+    # a tensor descriptor: encoded per call for the base address (input + offset) into a 64-byte aligned map that
+    # is passed whole, then its shape and strides as plain parameters
+    enc = got["encoded"]
+    assert got["n_encoded"] == 1 and enc[:8] == [10, 2, got["x"] + 8, 0, 3, 2, 0, 0]
+    assert enc[8:10] == [1, 62] and enc[13:15] == [1 | 1 << 32, 16 | 1 << 32] and enc[18] == 4
+    assert got["tma_params"][0] & 0xFFFFFFFF == 9 and got["tma_params"][1] == got["x"] + 8
+    assert got["map_tail"] == 0xABABABABABABABAB
+    assert [p & 0xFFFFFFFF for p in got["tma_params"][2:4]] == [62, 1] and got["tma_params"][4:8] == [1, 1, 0, 0]
