@@ -667,25 +667,9 @@ PyObject* py_register(PyObject*, PyObject* args) {
   }
 }
 
-// lookup(name, args) -> whether a call with these arguments has a plan.
-PyObject* py_lookup(PyObject*, PyObject* args) {
-  PyObject *name, *call_args;
-  if (!PyArg_ParseTuple(args, "UO!", &name, &PyTuple_Type, &call_args)) return nullptr;
-  try {
-    std::string key;
-    if (!make_key(name, call_args, key)) {
-      if (PyErr_Occurred()) return nullptr;
-      Py_RETURN_FALSE;
-    }
-    return PyBool_FromLong(g_plans.count(key));
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-    return nullptr;
-  }
-}
-
-// drop(name, args) -> whether a plan for calls with these arguments was registered (and is now dropped).
-PyObject* py_drop(PyObject*, PyObject* args) {
+// lookup(name, args) -> whether a call with these arguments has a plan; drop(name, args): the same, and the plan
+// is dropped.
+PyObject* find_plan(PyObject* args, bool drop) {
   PyObject *name, *call_args;
   if (!PyArg_ParseTuple(args, "UO!", &name, &PyTuple_Type, &call_args)) return nullptr;
   try {
@@ -696,14 +680,20 @@ PyObject* py_drop(PyObject*, PyObject* args) {
     }
     auto it = g_plans.find(key);
     if (it == g_plans.end()) Py_RETURN_FALSE;
-    release(it->second.get());
-    g_plans.erase(it);
+    if (drop) {
+      release(it->second.get());
+      g_plans.erase(it);
+    }
     Py_RETURN_TRUE;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
   }
 }
+
+PyObject* py_lookup(PyObject*, PyObject* args) { return find_plan(args, false); }
+
+PyObject* py_drop(PyObject*, PyObject* args) { return find_plan(args, true); }
 
 PyObject* py_clear(PyObject*, PyObject*) {
   for (auto& kv : g_plans) release(kv.second.get());
