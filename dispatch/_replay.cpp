@@ -361,6 +361,17 @@ void release(Plan* p) {
 }
 
 // ------------------------------------------------------------------------------------------------ replay
+// A tensor of its own (own TensorImpl, version counter and metadata) on `root`'s storage, `byte_offset` bytes into
+// it: what at::empty or a view makes, without a dispatcher call or an allocator call of its own.
+at::Tensor tensor_on(const at::Tensor& root, at::ScalarType dtype, const std::vector<int64_t>& sizes,
+                     const std::vector<int64_t>& strides, int64_t byte_offset) {
+  c10::DispatchKeySet keys(root.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(root.storage()), keys,
+                                                   caffe2::TypeMeta::fromScalarType(dtype));
+  impl->set_sizes_and_strides(sizes, strides, byte_offset / static_cast<int64_t>(c10::elementSize(dtype)));
+  return at::Tensor(std::move(impl));
+}
+
 PyObject* build_out(const Out& o, PyObject* args, const std::vector<at::Tensor>& allocs) {
   switch (o.kind) {
     case Out::kTuple: {
@@ -387,10 +398,12 @@ PyObject* build_out(const Out& o, PyObject* args, const std::vector<at::Tensor>&
     case Out::kAlloc:
       return THPVariable_Wrap(allocs[o.index]);
     case Out::kView: {
+      // o.offset (elements of o.dtype) is relative to the allocation's start (a block member starts at its own
+      // storage offset, a multiple of 256 bytes)
       const at::Tensor& root = allocs[o.index];
-      at::Tensor base = root.scalar_type() == o.dtype ? root : root.view(o.dtype);
-      // o.offset is relative to the allocation's start (a block member starts at its own storage offset)
-      return THPVariable_Wrap(base.as_strided(o.sizes, o.strides, base.storage_offset() + o.offset));
+      int64_t start = root.storage_offset() * static_cast<int64_t>(root.element_size());
+      return THPVariable_Wrap(tensor_on(root, o.dtype, o.sizes, o.strides,
+                                        start + o.offset * static_cast<int64_t>(c10::elementSize(o.dtype))));
     }
   }
   return nullptr;
@@ -469,15 +482,6 @@ bool dense(const std::vector<int64_t>& sizes, const std::vector<int64_t>& stride
   return true;
 }
 
-// A tensor of its own (own TensorImpl, version counter and metadata) on the block's storage: what at::empty
-// makes, without a dispatcher call or an allocator call of its own.
-at::Tensor block_member(const at::Tensor& block, const Alloc& a, c10::DispatchKeySet keys) {
-  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(block.storage()), keys,
-                                                   caffe2::TypeMeta::fromScalarType(a.dtype));
-  impl->set_sizes_and_strides(a.sizes, a.strides, a.block_offset / static_cast<int64_t>(c10::elementSize(a.dtype)));
-  return at::Tensor(std::move(impl));
-}
-
 PyObject* execute(const Plan& plan, PyObject* args) {
   bool cuda = plan.device.is_cuda();
   CUstream stream = nullptr;
@@ -488,13 +492,12 @@ PyObject* execute(const Plan& plan, PyObject* args) {
     block = at::empty({plan.block_bytes}, options.dtype(at::kByte));
     if (!zero_bytes(cuda, block.data_ptr(), static_cast<size_t>(plan.block_zero), stream)) return nullptr;
   }
-  c10::DispatchKeySet keys(cuda ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU);
   std::vector<at::Tensor> allocs;
   allocs.reserve(plan.allocs.size());
   for (const Alloc& a : plan.allocs) {
     at::Tensor t;
     if (a.block_offset >= 0) {
-      t = block_member(block, a, keys);  // zeroed with the block's prefix where a.zero
+      t = tensor_on(block, a.dtype, a.sizes, a.strides, a.block_offset);  // zeroed with the prefix where a.zero
     } else {
       t = at::empty_strided(a.sizes, a.strides, options.dtype(a.dtype));
       if (a.zero && !zero_bytes(cuda, t.data_ptr(), static_cast<size_t>(a.nbytes), stream)) return nullptr;

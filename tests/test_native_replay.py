@@ -214,6 +214,10 @@ def test_replay_of_allocations_zeroing_and_views(native):
     for g, w in zip(got, want, strict=True):  # the same tensors; the native ones on one block (block_layout)
         assert (g.shape, g.stride(), g.dtype) == (w.shape, w.stride(), w.dtype)
     assert got[0].untyped_storage().data_ptr() == got[1].untyped_storage().data_ptr()
+    offsets = native_replay.block_layout(plan.allocs)[0]  # the int8 view of allocation 0, allocation 1 itself
+    assert offsets[1] == 0 and offsets[0] == native_replay.BLOCK_ALIGN  # the zero-filled one first
+    assert got[0].storage_offset() == offsets[0] + want[0].storage_offset() and got[1].storage_offset() == 0
+    got[0].fill_(3)  # the view writes its own allocation's bytes only
     assert float(got[1]) == 0.0  # zeroed again
     assert got[0].data_ptr() != native.call("toy", (y, "auto"))[0].data_ptr()  # fresh outputs each call
     assert native.call("toy", (torch.randn(6, 8), "auto")) is native.MISS  # another shape: no plan
