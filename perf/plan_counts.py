@@ -6,8 +6,8 @@ copies and launches of the Triton backend (the per-call host work the native rep
 Each case of `dispatch.selfcheck.all_cases()` (small shapes) runs its Triton backend once under the Triton
 interpreter while the plan recorder watches (dispatch/launch_plan.py `census`): the counts are those of the
 plan a GPU call records for the same case, shapes aside (a case whose Triton row is not the one `auto` takes on
-the GPU, e.g. a CuTe or Gluon row, is counted for the plain Triton row and says so). On a GPU, perf.eager's
-breakdowns give the same counts from the recorded plans themselves.
+the GPU, e.g. a CuTe or Gluon row, is counted for the plain Triton row: `impl` in the JSON names the row counted).
+On a GPU, perf.eager's breakdowns give the same counts from the recorded plans themselves.
 """
 
 from __future__ import annotations

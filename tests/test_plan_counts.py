@@ -7,6 +7,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from dispatch import launch_plan  # noqa: E402
@@ -39,3 +40,18 @@ def test_counts_of_eager_cases_under_the_interpreter():
     assert one["launches"] == 1 and one["copies"] == 0 and one["zero_fills"] == 0 and one["other_ops"] == []
     none = plan_counts.case_counts(_case("swizzle_scales_128x4"), torch.device("cpu"))
     assert "skipped" in none
+
+
+@pytest.mark.gpu
+def test_eager_breakdown_of_a_native_replay():
+    """perf.eager's breakdown of a natively replayed op: the census, the block layout, the host time split (every
+    part measured) and the submit / GPU time per call."""
+    from perf import eager
+
+    result = eager.run(["rms_norm"], ["all"])
+    assert result["native_replay_built"] and result["breakdowns"]
+    for name, parts in result["breakdowns"].items():
+        assert "error" not in parts, f"{name}: {parts}"
+        assert parts["launches"] >= 1 and parts["allocs"] >= 1, name
+        assert set(parts["us_split"]) == {"python_wrapper", "key_lookup", "allocs_outputs", "launches"}, name
+        assert parts["us"]["call"] > 0 and parts["per_call_us"]["gpu"] > 0, name
