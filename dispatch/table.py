@@ -43,16 +43,16 @@ ATTN_TL_WHY = "plain Triton FA2-style forward: every arch, masked tiles skipped 
 # 0.63-0.73x; DeepSeek (192, 128) 0.76-0.78x (e2bc444 / a918ed1), the only fast path for those head dims. Ranked above
 # the plain kernel for its TMA + wgmma pipeline; below the cute row where that one runs.
 ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.72-0.81x FA4 hd128, 0.78x (192, 128) (H100)"
-# CuTeDSL sm_90a forward (cute_ops/attention/fmha_sm90.py): GPU tests passed on an H100 (32c0b72, 4fdecc4); the
-# prefill benchmark set (a918ed1, events, same process): hd128 0.85-0.95x FA4-sm90, GPT-OSS hd64 causal + sinks
-# 0.96x (192-row tile), windowed 0.65x (docs/attention.md has the ncu reason); 1.05-1.3x the Gluon kernel. auto
+# CuTeDSL sm_90a forward (cute_ops/attention/fmha_sm90.py): GPU tests passed on an H100 and an H200; the prefill
+# benchmark set (H200, ab9bae7, events, same process; persistent grid + O TMA store, fmha_sm90.FOR_CALL): hd128
+# 0.84-1.0x FA4-sm90, GPT-OSS hd64 causal + sinks 0.91x, window (128, 0) + sinks 0.96x (docs/attention.md). auto
 # takes it at hd64 and hd128 (`auto_skip` cute_ops.attention.fmha_sm90:auto_skip_untimed).
 # Paged-prefix prefill on sm_90 (cute_ops/attention/paged_prefill.py): one Triton gather of the used pages (FP8
 # dequantized) into contiguous K / V, the CuTeDSL forward above, and the plain paged kernel over the sequences with
 # an out-of-range page id (flagged by the gather). H200 at 7053888 (CUDA graph, same process): 0.88-0.92x FA4 with
 # its page table (Llama hd128 32/8 and GPT-OSS hd64 sinks; the gather is 4-14% of the time), 2.5-3.3x the plain kernel.
 ATTN_PAGED_GATHER_WHY = "gather pages to contiguous K / V, then the CuTeDSL sm_90 forward: 0.88-0.92x FA4 paged (H200)"
-ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward, ping-pong warpgroups: 0.85-0.96x FA4 (windowed hd64 0.65x) (H100)"
+ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward, ping-pong warpgroups, persistent grid: 0.84-1.0x FA4 (H200)"
 # H100 at 0818b2c (CUDA graph): bf16 cache 0.88-0.97x cuDNN SDPA on a dense cache (median 0.95x); FP8 cache 1.72x
 # our bf16 path and 1.62x cuDNN's bf16 at 16 x 8k (page tiles, V converted to fp16 before its operand layout).
 ATTN_DECODE_WHY = "GQA heads packed per KV head; page tiles; split-KV, LSE-merged; 0.88-0.97x cuDNN, FP8 1.7x (H100)"
@@ -82,6 +82,10 @@ DOT_SCALED_WHY = "tl.dot_scaled: native block-scaled MMA on Blackwell (compiled 
 # NVFP4 weights, bf16 / fp16 activations: the grouped kernel with e2m1 * e4m3 dequantized in registers (Triton 3.6
 # cannot lower tl.dot_scaled with NVFP4 scales on sm_90). H100 (2e20168): decode 1.45x torch._grouped_mm bf16.
 NVFP4_W4A16_WHY = "NVFP4 weights dequantized in registers (E4M3 scales per 16, global per expert); 1.45x bf16 decode"
+# FP4 weights prepacked once (moe_gemm_fp4_prepack) into a register-fragment layout: swap-AB tiles (weights on the
+# warpgroup MMA's M side, from registers), packed bit-trick E2M1 conversion. GPU timings pending.
+FP4_PREPACKED_WHY = "prepacked FP4 weights: swap-AB decode kernel, register-A wgmma, bit-trick E2M1 (untimed)"
+FP4_PREPACK_WHY = "one-time weight layout change (byte permutation + padding): torch on any device"
 # H100 at e2bc444: FP8 GEMM1 + SwiGLU + FP8 1.08x the chain, GEMM2 + combine 1.23x (prefill); MXFP4 GEMM1 0.97x.
 GEMM_SWIGLU = "GEMM1 with SwiGLU (+ FP8 1xG quant) in the epilogue: the gate and up outputs never go to memory"
 GEMM_COMBINE = "GEMM2 scattering rows into token order, then the slot-order combine: 2 launches, no atomics"
@@ -264,6 +268,13 @@ ROWS: tuple[Entry, ...] = (
           "cute_ops.gemm.moe_sm100:supports_moe_gemm_blockscaled_masked"),
     Entry("moe_gemm_blockscaled_masked", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_blockscaled_masked",
           TORCH_REF, REFERENCE_WHY),
+    # prepacked FP4 weights (moe_gemm_fp4_prepack's layout): the swap-AB decode kernel; the prepack is torch work
+    Entry("moe_gemm_fp4_prepack", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_fp4_prepack", TORCH_REF,
+          FP4_PREPACK_WHY),
+    *triton_rows("moe_gemm_fp4_prepacked", "triton_ops.moe_gemm.prepacked:moe_gemm_fp4_prepacked", FP4_PREPACKED_WHY,
+                 supports="triton_ops.moe_gemm.prepacked:supports_moe_gemm_fp4_prepacked"),
+    Entry("moe_gemm_fp4_prepacked", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_fp4_prepacked", TORCH_REF,
+          REFERENCE_WHY),
     *triton_rows("moe_gemm_w4a8", "triton_ops.moe_gemm.grouped:moe_gemm_w4a8", DOT_SCALED_WHY,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_w4a8"),
     Entry("moe_gemm_w4a8", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_w4a8", TORCH_REF, REFERENCE_WHY),

@@ -62,22 +62,28 @@ def test_sm90_config_rejects_what_the_kernel_does_not_build():
 
 
 def test_sm90_for_call_picks_the_timed_tiles():
-    """The entry's config: 128 x 128 tiles, two consumer warpgroups, ping-pong, 2-stage K/V ring at hd128 and at
-    hd64 with a sliding window (there on the persistent grid); hd64 without one: the 192-row tile (three
-    warpgroups), with overlap in bf16."""
-    from cute_ops.attention.fmha_sm90 import FmhaSm90Config
+    """The entry's config from FOR_CALL: 128 x 128 tiles, two consumer warpgroups, ping-pong, 2-stage K/V ring;
+    sliding windows and hd128 causal on the persistent grid (132 CTAs for host tensors); hd64 without a window:
+    the 192-row tile (three warpgroups), with overlap in bf16 only. Every row builds a valid config."""
+    from cute_ops.attention.fmha_sm90 import FOR_CALL, FmhaSm90Config
 
-    def tiles(d, window_left, dtype=torch.bfloat16):
-        cfg = FmhaSm90Config.for_call(torch.zeros(4, 8, d, dtype=dtype), True, window_left, 0, torch.zeros(8),
+    def tiles(d, window_left, dtype=torch.bfloat16, causal=True):
+        cfg = FmhaSm90Config.for_call(torch.zeros(4, 8, d, dtype=dtype), causal, window_left, 0, torch.zeros(8),
                                       "sm_90a")
-        assert cfg.has_sink and cfg.has_window_left == (window_left >= 0)
+        assert cfg.has_sink and cfg.has_window_left == (window_left >= 0) and cfg.causal == causal
         return cfg.tile_m, cfg.tile_n, cfg.kv_stages, cfg.pingpong, cfg.overlap, cfg.persistent
 
     for d in (64, 128):  # a sliding window: the persistent grid, one CTA per SM (132 for host tensors)
-        assert tiles(d, 128) == (128, 128, 2, True, False, 132)
-    assert tiles(128, -1) == (128, 128, 2, True, False, 0)
+        assert tiles(d, 128)[:5] == (128, 128, 2, True, False) and tiles(d, 128)[5] == 132
+    assert tiles(128, -1) == (128, 128, 2, True, False, 132)
     assert tiles(64, -1) == (192, 128, 2, True, True, 0)
     assert tiles(64, -1, torch.float16) == (192, 128, 2, True, False, 0)
+    assert sorted(FOR_CALL) == [(d, w, c) for d in (64, 128) for w in (False, True) for c in (False, True)]
+    for (d, w, c), row in FOR_CALL.items():
+        for dtype in (torch.bfloat16, torch.float16):
+            cfg = FmhaSm90Config.for_call(torch.zeros(4, 8, d, dtype=dtype), c, 64 if w else -1, -1, None, "sm_90a")
+            assert (cfg.tile_m, cfg.o_tma, cfg.persistent > 0) == (row.tile_m, row.o_tma, row.persistent)
+            assert cfg.overlap == (row.overlap and dtype == torch.bfloat16)
 
 
 def test_sm90_entry_checks_and_auto_skip_on_cpu():
@@ -333,6 +339,15 @@ SM90_PERSISTENT_SASS = [
     ("fp16", 64, dict(has_window_left=True, overlap=True), 7), ("bf16", 64, dict(GPT_OSS_WINDOW, pingpong=False), 1),
     ("bf16", 64, dict(GPT_OSS_WINDOW, tile_m=192, kv_stages=3), 132),
     ("bf16", 128, dict(GPT_OSS_WINDOW, overlap=True), 132)]
+# the O epilogue through SMEM + TMA store (o_tma), persistent and not: per consumer warpgroup D / 16 stmatrix.x4,
+# D / 64 UTMASTG (64-column boxes), the register stores kept for slices ending inside a sequence
+SM90_O_TMA_SASS = [
+    ("bf16", 64, dict(GPT_OSS_WINDOW, o_tma=True, persistent=132)),
+    ("bf16", 64, dict(GPT_OSS_WINDOW, o_tma=True, persistent=132, tile_m=192)),
+    ("bf16", 128, dict(causal=True, o_tma=True, persistent=132)),
+    ("fp16", 128, dict(o_tma=True)), ("bf16", 64, dict(causal=True, has_sink=True, tile_m=192, overlap=True,
+                                                         o_tma=True)),
+    ("bf16", 128, dict(has_window_left=True, o_tma=True, pingpong=False, persistent=3))]
 
 
 @needs_dsl
@@ -347,6 +362,7 @@ SM90_PERSISTENT_SASS = [
     ("fp16", 64, dict(causal=True, tile_m=192, pingpong=False, kv_stages=4)),
     *[("bf16", 64, dict(GPT_OSS_WINDOW, **v)) for v in SM90_HD64_VARIANTS],
     *[(dt, d, dict(extra, persistent=n)) for dt, d, extra, n in SM90_PERSISTENT_SASS],
+    *SM90_O_TMA_SASS,
 ])
 def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     """Record (nvidia-cutlass-dsl 4.8.1): bf16 D=128: HGMMA.64x128 16, UTMALDG.3D 6, MUFU.EX2 66, SHFL.BFLY 8,
@@ -382,10 +398,16 @@ def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     assert d_.count("MUFU.EX2") >= tn // 2 * sites, ops  # 2 rows x tile_n / 4 keys per thread and tile
     assert d_.count("SHFL.BFLY") >= 8, ops  # quad max and sum, 2 rows
     assert d_.count("F2FP") >= tn // 4, ops
-    assert d_.count("STG.E") == 2 * d // 8 + 2, ops  # 2 rows x D / 8 column pairs, and 2 lse values
+    # 2 rows x D / 8 column pairs, and 2 lse values (o_tma: the TMA branch's 2 lse values as well)
+    assert d_.count("STG.E") == 2 * d // 8 + 2 + 2 * cfg.o_tma, ops
     assert d_.count("STL") == 0 and d_.count("LDL") == 0, ops
+    assert (d_.count("UTMASTG"), d_.count("STSM")) == ((d // 64, d // 16) if cfg.o_tma else (0, 0)), ops
+    if cfg.o_tma:
+        for op in ("cp.async.bulk.commit_group", "fence.proxy.async.shared::cta", "cp.async.bulk.wait_group.read"):
+            assert op in d_.ptx, op
     bars = {(False, False): (1, 0), (True, False): (3, 3), (False, True): (1, 0), (True, True): (2, 2)}
-    assert (d_.count("BAR.SYNC"), d_.count("BAR.ARV")) == bars[cfg.pingpong, cfg.overlap], ops
+    sync, arv = bars[cfg.pingpong, cfg.overlap]  # o_tma: the SMEM slice's two barriers
+    assert (d_.count("BAR.SYNC"), d_.count("BAR.ARV")) == (sync + 2 * cfg.o_tma, arv), ops
     threads = 128 * (1 + cfg.consumer_warpgroups)
     res = d_.resources()
     assert f".reqntid {threads}, 1, 1" in d_.ptx, "the launch block is not the one the registers were split for"

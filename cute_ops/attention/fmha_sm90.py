@@ -24,14 +24,19 @@ core through named barriers (a ring 0 -> 1 (-> 2) -> 0), one's softmax running w
 execute; `overlap` (FA3's intra-warpgroup overlap): QK_j and PV_{j-1} issued together, the softmax of tile j under
 PV_{j-1} (bf16 at tile_n = 128 only in practice: with fp16 or another tile_n ptxas serializes the WGMMAs).
 
-Persistent grid (`persistent` = the SM count; for_call turns it on for sliding-window calls, where a query tile
-visits only 2-3 key tiles and the per-tile prologue / epilogue dominated): grid = one CTA per SM, each walking the
-PACKED tile order with stride grid (scheduler.persistent_tiles is its host model). The roles loop over the same tile
+Persistent grid (`persistent` = the SM count; for_call's FOR_CALL table turns it on for sliding-window calls, where
+a query tile visits only 2-3 key tiles and the per-tile prologue / epilogue dominated, and for hd128): grid = one
+CTA per SM, each walking the PACKED tile order with stride grid (scheduler.persistent_tiles is its host
+model). The roles loop over the same tile
 sequence on their own: the producer warp issues the next tile's Q (a 2-stage Q ring; consumers free a buffer once
 the tile's last QK is done) and K / V as soon as the rings have room, so they are in SMEM when the consumers start
 it; the pipeline states and the ping-pong token carry over (warpgroup 0 pre-passes its first turn once per CTA), so
-one warpgroup's epilogue runs under the other's first GEMMs of the next tile. Compiled and SASS-checked on a CPU;
-GPU tests and timing pending.
+one warpgroup's epilogue runs under the other's first GEMMs of the next tile. GPU tests passed on an H200.
+
+O epilogue (`o_tma`, on in every FOR_CALL row): per consumer warpgroup, out = O / l to 16-bit, stmatrix into the
+warpgroup's (64, D) SMEM slice, one TMA store, waited for (bulk read) only before the slice's next use, so on the
+persistent grid the store drains under the next tile; slices ending inside a sequence other than the last keep
+the register stores. GPU tests passed on an H200 (ab9bae7); timings in FOR_CALL's comment.
 
 Key tiles run from n_lo upwards (mask.tile_range); a tile is masked only when it is not inside every row's visible
 interval. Varlen: TMA boxes start at the sequence's first row; rows past the sequence are read (the next
@@ -41,6 +46,7 @@ finite, as in FA4 and the sm100 kernel).
 
 import dataclasses
 import functools
+import typing
 
 from . import launch
 from . import mask as mask_mod
@@ -78,8 +84,14 @@ class FmhaSm90Config(launch.AttentionConfig):
     # and first K / V tiles while the consumers still work on this one, and the pipelines' phases and the
     # ping-pong turn carry over from tile to tile: the next tile's loads and one warpgroup's first GEMMs overlap
     # the other's epilogue. For short key ranges (a 128-key window: 2-3 key tiles per query tile), where the
-    # per-tile prologue / epilogue is not hidden. Not timed on a GPU yet.
+    # per-tile prologue / epilogue is not hidden: H200 GPT-OSS window 0.646x -> 0.798x FA4 (7053888).
     persistent: int = 0
+    # O epilogue through SMEM: each consumer warpgroup writes its 64 x D slice of out = O / l into its own SMEM
+    # buffer (stmatrix) and one warp issues a TMA store (UTMASTG) of it, waited for (bulk read done) only before
+    # the warpgroup's next epilogue reuses the buffer, so the store drains while the next tile's GEMMs run. Slices
+    # that end inside a sequence other than the last are stored from registers as without it (a TMA box would
+    # write into the next sequence's rows). SMEM: + tile_m x D 16-bit. Not run on a GPU yet.
+    o_tma: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -114,23 +126,47 @@ class FmhaSm90Config(launch.AttentionConfig):
 
     def smem_bytes(self) -> int:
         """Dynamic SMEM of the kernel's SharedStorage: the mbarriers (padded to the 1024-byte alignment of the
-        swizzled tiles), q_stages of Q, and kv_stages of K and V (16-bit)."""
-        tiles = 2 * self.head_dim * (self.q_stages * self.tile_m + 2 * self.kv_stages * self.tile_n)
+        swizzled tiles), q_stages of Q, kv_stages of K and V (16-bit), and the O staging tile with o_tma."""
+        rows = (self.q_stages + self.o_tma) * self.tile_m + 2 * self.kv_stages * self.tile_n
+        tiles = 2 * self.head_dim * rows
         return 1024 + tiles
 
     @classmethod
     def for_call(cls, q, causal: bool, window_left: int, window_right: int, sinks, arch: str):
-        """The shared rule, then the head-dim-64 tile: without a sliding window, FA3 / FA4's 192-row Q tile (three
-        consumer warpgroups) with intra-warpgroup overlap (bf16; fp16 with overlap serializes its WGMMAs, so
-        fp16 takes the 192-row tile alone). H100, GPT-OSS causal + sinks, 2 x 8192 (2e20168): 2289 us = 0.89x FA4
-        against 2859 us (0.71x) with 128 x 128; with a 128-key window the 192-row tiles were slower (502-509 us
-        against 474), so windowed calls keep 128 x 128, on the persistent grid (one CTA per SM)."""
+        """The shared rule, then FOR_CALL's row for (head dim, sliding window, causal): tile_m, the overlap (bf16
+        only: with fp16 ptxas serializes its WGMMAs), the persistent grid (one CTA per SM) and the O epilogue."""
         cfg = super().for_call(q, causal, window_left, window_right, sinks, arch)
-        if window_left >= 0:
-            return dataclasses.replace(cfg, persistent=_sm_count(q))
-        if cfg.head_dim == 64:
-            return dataclasses.replace(cfg, tile_m=192, overlap=cfg.dtype == "bf16")
-        return cfg
+        row = FOR_CALL[cfg.head_dim, window_left >= 0, bool(causal)]
+        return dataclasses.replace(cfg, tile_m=row.tile_m, overlap=row.overlap and cfg.dtype == "bf16",
+                                   persistent=_sm_count(q) if row.persistent else 0, o_tma=row.o_tma)
+
+
+class CallRule(typing.NamedTuple):
+    tile_m: int = 128
+    overlap: bool = False  # bf16 only
+    persistent: bool = False  # one CTA per SM
+    o_tma: bool = False
+
+
+# for_call's rule per (head dim, sliding window (window_left >= 0), causal), from one H200 run of the prefill case set
+# beside FA4 (ab9bae7, perf/results/experiments/2026-11-26-h200-attention-sm90-epilogue-ab9bae7.json; events):
+#   hd64 no window: FA3 / FA4's 192-row tile with overlap and the O TMA store: GPT-OSS causal + sinks 2 x 8192 0.912x
+#     FA4 (0.868x with register stores; the persistent grid does not fit 192 x 128 + overlap in 160 registers).
+#   windows: the persistent grid + O TMA store: GPT-OSS hd64 64 / 8 window (128, 0) + sinks 2 x 8192 0.961x FA4
+#     against 0.799x persistent alone, 0.644x one CTA per tile (192 rows 0.846x, with overlap 0.918x).
+#   hd128: the persistent grid + O TMA store: Llama 32 / 8 causal 8 x 2048 1.004x (0.884x one CTA per tile),
+#     4 x 4096 0.929x, 2 x 8192 0.932x, 1 x 16384 0.886x (0.914x one CTA per tile), varlen 0.836x; non-causal
+#     8 x 2048 0.976x (0.895x), 1 x 16384 0.874x (0.880x). hd128 with a window takes the hd64 window rule.
+FOR_CALL = {
+    (64, False, False): CallRule(tile_m=192, overlap=True, o_tma=True),  # as causal
+    (64, False, True): CallRule(tile_m=192, overlap=True, o_tma=True),
+    (64, True, False): CallRule(persistent=True, o_tma=True),  # as causal
+    (64, True, True): CallRule(persistent=True, o_tma=True),
+    (128, False, False): CallRule(persistent=True, o_tma=True),
+    (128, False, True): CallRule(persistent=True, o_tma=True),
+    (128, True, False): CallRule(persistent=True, o_tma=True),  # as hd64
+    (128, True, True): CallRule(persistent=True, o_tma=True),  # as hd64
+}
 
 
 def _sm_count(q) -> int:
@@ -152,6 +188,7 @@ def _kernel_class():
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass import Float32, Int32, Int64
     from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+    from cutlass.cute.nvgpu.warp import StMatrix8x8x16bOp
 
     from . import wgmma
 
@@ -200,6 +237,12 @@ def _kernel_class():
             tma_v, tv_ = cpasync.make_tiled_tma_atom(op, v, cute.select(v_sl, mode=[0, 1]), (tn, d))
             self.q_bytes = cute.size_in_bytes(dt, q_box)
             self.kv_bytes = cute.size_in_bytes(dt, cute.select(k_sl, mode=[0, 1]))
+            tma_o, to_, o_sl = None, None, None
+            if cutlass.const_expr(self.cfg.o_tma):  # one (64, D) box per consumer warpgroup
+                o_sl = wgmma.smem_layout(dt, 64, d, self.wgs)
+                tma_o, to_ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), o,
+                                                         cute.select(o_sl, mode=[0, 1]), (64, d))
+            o_elems = cute.cosize(o_sl) if cutlass.const_expr(self.cfg.o_tma) else 0
 
             @cute.struct
             class SharedStorage:
@@ -209,6 +252,8 @@ def _kernel_class():
                 sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(q_sl)], 1024]
                 sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(k_sl)], 1024]
                 sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(v_sl)], 1024]
+                if cutlass.const_expr(o_elems):
+                    sO: cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
 
             if cutlass.const_expr(SharedStorage.size_in_bytes() != self.cfg.smem_bytes()):  # __post_init__ rule
                 raise AssertionError(f"SMEM {SharedStorage.size_in_bytes()} != {self.cfg.smem_bytes()} bytes")
@@ -218,8 +263,8 @@ def _kernel_class():
             grid = sched_mod.launch_grid(self.cfg.schedule, total_q, num_batch, hq, max_seqlen_q, tm)
             if cutlass.const_expr(self.cfg.persistent):  # CTAs past the last tile exit at once
                 grid = (self.cfg.persistent, 1, 1)
-            self.kernel(qk_mma, pv_mma, tma_q, tq_, tma_k, tk_, tma_v, tv_, o, mLSE, mCuQ, mCuK, mSink, scale_log2,
-                        window_left, window_right, num_batch, hq, hq // hkv, q_sl, k_sl, v_sl).launch(
+            self.kernel(qk_mma, pv_mma, tma_q, tq_, tma_k, tk_, tma_v, tv_, o, tma_o, to_, mLSE, mCuQ, mCuK, mSink,
+                        scale_log2, window_left, window_right, num_batch, hq, hq // hkv, q_sl, k_sl, v_sl, o_sl).launch(
                 grid=grid, block=[self.threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
         def make_mmas(self):
@@ -238,10 +283,11 @@ def _kernel_class():
         @cute.kernel
         def kernel(self, qk_mma: cute.TiledMma, pv_mma: cute.TiledMma, tma_q: cute.CopyAtom, mQ: cute.Tensor,
                    tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor, mO: cute.Tensor,
-                   mLSE: cute.Tensor | None, mCuQ: cute.Tensor, mCuK: cute.Tensor, mSink: cute.Tensor | None,
-                   scale_log2: Float32, window_left: Int32, window_right: Int32, num_batch: Int32, hq: Int32,
-                   group_size: Int32, q_sl: cute.ComposedLayout, k_sl: cute.ComposedLayout,
-                   v_sl: cute.ComposedLayout):
+                   tma_o: cute.CopyAtom | None, mO_tma: cute.Tensor | None, mLSE: cute.Tensor | None,
+                   mCuQ: cute.Tensor, mCuK: cute.Tensor, mSink: cute.Tensor | None, scale_log2: Float32,
+                   window_left: Int32, window_right: Int32, num_batch: Int32, hq: Int32, group_size: Int32,
+                   q_sl: cute.ComposedLayout, k_sl: cute.ComposedLayout, v_sl: cute.ComposedLayout,
+                   o_sl: cute.ComposedLayout | None):
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             tidx, _, _ = cute.arch.thread_idx()
             if warp == 0:
@@ -264,6 +310,12 @@ def _kernel_class():
             sQ = st.sQ.get_tensor(q_sl.outer, swizzle=q_sl.inner)
             sK = st.sK.get_tensor(k_sl.outer, swizzle=k_sl.inner)
             sV = st.sV.get_tensor(v_sl.outer, swizzle=v_sl.inner)
+            sO = None
+            if cutlass.const_expr(self.cfg.o_tma):
+                sO = st.sO.get_tensor(o_sl.outer, swizzle=o_sl.inner)
+                if warp == 0:
+                    cpasync.prefetch_descriptor(tma_o)
+            outs = (mO, mLSE, tma_o, mO_tma, sO)
             pipeline.pipeline_init_wait()  # CTA barrier: the mbarrier inits are visible to every warp
 
             # setmaxnreg first thing in each branch; the tile is computed after it (values carried across it were
@@ -285,8 +337,9 @@ def _kernel_class():
                                   pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages))
             elif cutlass.const_expr(self.cfg.persistent):
                 cute.arch.setmaxregister_increase(self.regs_consumer)
-                self.consume_tiles(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mCuQ, mCuK, mSink,
+                self.consume_tiles(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, outs, mCuQ, mCuK, mSink,
                                    tidx - 128, scale_log2, window_left, window_right, num_batch, hq)
+                self.drain_o_store(tidx - 128)
             else:
                 cute.arch.setmaxregister_increase(self.regs_consumer)
                 b, m_block, h, valid = sched_mod.cta_tile(self.cfg.schedule, mCuQ, num_batch, hq, self.tile_m,
@@ -295,11 +348,12 @@ def _kernel_class():
                     q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi, sink_log2 = self.tile_args(
                         mCuQ, mCuK, mSink, b, m_block, h, window_left, window_right)
                     consumer = pipeline.PipelineUserType.Consumer
-                    self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, tidx - 128,
+                    self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, outs, tidx - 128,
                                  scale_log2, sink_log2, window_left, window_right, q_start, sq, sk, m_block, h,
                                  n_lo, n_tiles, full_lo, full_hi, pipeline.make_pipeline_state(consumer, 1),
                                  pipeline.make_pipeline_state(consumer, self.stages),
                                  pipeline.make_pipeline_state(consumer, self.stages))
+                    self.drain_o_store(tidx - 128)
 
         # ----------------------------------------------------------------------------------------- roles
 
@@ -382,7 +436,7 @@ def _kernel_class():
             return q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi, sink_log2
 
         @cute.jit
-        def consume_tiles(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, mCuQ, mCuK, mSink, t,
+        def consume_tiles(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, outs, mCuQ, mCuK, mSink, t,
                           scale_log2, window_left, window_right, num_batch, hq):
             """A consumer warpgroup's loop over its persistent CTA's tiles. Ping-pong: warpgroup 0 pre-passes
             its first turn once, before the first tile; every tile then ends with the turn passed on, so the token
@@ -398,13 +452,13 @@ def _kernel_class():
             while valid:
                 q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi, sink_log2 = self.tile_args(
                     mCuQ, mCuK, mSink, b, m_block, h, window_left, window_right)
-                q_st, k_st, v_st = self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, t,
+                q_st, k_st, v_st = self.consume(qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, outs, t,
                                                 scale_log2, sink_log2, window_left, window_right, q_start, sq, sk,
                                                 m_block, h, n_lo, n_tiles, full_lo, full_hi, q_st, k_st, v_st)
                 tile, b, m_block, h, valid = self.next_tile(tile, mCuQ, num_batch, hq)
 
         @cute.jit
-        def consume(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, mO, mLSE, t, scale_log2, sink_log2,
+        def consume(self, qk_mma, pv_mma, sQ, sK, sV, q_pipe, k_pipe, v_pipe, outs, t, scale_log2, sink_log2,
                     window_left, window_right, q_start, sq, sk, m_block, h, n_lo, n_tiles, full_lo, full_hi, q_st,
                     k_st, v_st):
             """One tile of a consumer warpgroup: the key-tile loop, then the epilogue; returns the advanced
@@ -491,7 +545,8 @@ def _kernel_class():
                 if cutlass.const_expr(self.cfg.persistent):  # every QK of the tile is done: Q's buffer is free
                     q_pipe.consumer_release(q_st)
                     q_st.advance()
-            self.epilogue(thr_pv, acc_o, o_mn, row_m, row_l, mO, mLSE, t, q_start, sq, m_block, h)
+            self.epilogue(thr_pv, acc_o, o_mn, row_m, row_l, outs[0], outs[1], t, q_start, sq, m_block, h,
+                          o_smem=outs[2:])
             return q_st, k_st, v_st
 
         # Ping-pong turns, one token going round the consumer warpgroups 0 -> 1 (-> 2) -> 0: named barrier 1 + w
@@ -573,9 +628,12 @@ def _kernel_class():
 
         @cute.jit
         def epilogue(self, thr_pv, acc_o, o_mn, row_m, row_l, mO, mLSE, t, q_start, sq, m_block, h,
-                     portable: cutlass.Constexpr[bool] = False):
-            """out = O / l in 16-bit, stored from registers for the rows inside the sequence; lse by the first
-            thread of each quad. mO: the (tokens, D, heads) view. `portable`: a division for rcp.approx (host runs)."""
+                     portable: cutlass.Constexpr[bool] = False, o_smem=None):
+            """out = O / l in 16-bit and lse (by the first thread of each quad), for the rows inside the sequence.
+            mO: the (tokens, D, heads) view. O from registers, or with o_tma (o_smem = (TMA atom, its tensor, sO))
+            through the warpgroup's SMEM slice and a TMA store where the slice may be written whole: it lies inside
+            the sequence, or the sequence ends the tensor (the box is clipped there). `portable`: a division for
+            rcp.approx (host runs)."""
             gO = cute.local_tile(cute.domain_offset((q_start, 0), mO[None, None, h]), (self.tile_m, self.d),
                                  (m_block, 0))
             g_mn = wgmma.acc_mn(thr_pv.partition_C(gO))
@@ -588,14 +646,70 @@ def _kernel_class():
             r_o = cute.make_rmem_tensor_like(acc_o, self.dtype)
             r_o.store(acc_o.load().to(self.dtype))
             ro_mn = wgmma.acc_mn(r_o)
-            for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
+            if cutlass.const_expr(o_smem is not None and self.cfg.o_tma):
+                wg = t // 128
+                row0 = m_block * self.tile_m + wg * 64  # the warpgroup's first row (warpgroup-uniform branch)
+                if (row0 < sq) & ((row0 + 64 <= sq) | (q_start + sq == mO.shape[0])):
+                    self.store_o_tma(r_o, *o_smem, t, q_start, m_block, h)
+                    self.store_rows(ro_mn, g_mn, c_mn, lse_row, mLSE, t, q_start, sq, m_block, h, False)
+                else:
+                    self.store_rows(ro_mn, g_mn, c_mn, lse_row, mLSE, t, q_start, sq, m_block, h, True)
+            else:
+                self.store_rows(ro_mn, g_mn, c_mn, lse_row, mLSE, t, q_start, sq, m_block, h, True)
+
+        @cute.jit
+        def store_rows(self, ro_mn, g_mn, c_mn, lse_row, mLSE, t, q_start, sq, m_block, h,
+                       with_o: cutlass.Constexpr[bool]):
+            """Row-predicated stores from registers: O's values (with_o) and the lse of the thread's rows."""
+            for r in cutlass.range_constexpr(cute.size(ro_mn, mode=[0])):
                 row = m_block * self.tile_m + c_mn[r, 0][0]
                 if row < sq:
-                    for i in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
-                        g_mn[r, i] = ro_mn[r, i]
+                    if cutlass.const_expr(with_o):
+                        for i in cutlass.range_constexpr(cute.size(ro_mn, mode=[1])):
+                            g_mn[r, i] = ro_mn[r, i]
                     if cutlass.const_expr(mLSE is not None):
                         if t % 4 == 0:
                             mLSE[q_start + row, h] = lse_row[r]
+
+        @cute.jit
+        def store_o_tma(self, r_o, tma_o, mO_tma, sO, t, q_start, m_block, h):
+            """The warpgroup's 64 rows of O (16-bit, in the accumulator layout) into its SMEM slice (stmatrix), then
+            one TMA store of the (64, D) box by the warpgroup's first warp. The slice is reused only after that
+            warp has seen the previous store's SMEM reads complete (bulk wait_group.read) and the warpgroup has met
+            on its epilogue barrier, so the store of tile i drains during tile i + 1."""
+            wg = t // 128
+            bar = 1 + self.wgs + wg  # named barriers 1 .. wgs are the ping-pong turns
+            first_warp = t % 128 < 32
+            if first_warp:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.barrier(barrier_id=bar, number_of_threads=128)
+            st_atom, thr = self.o_smem_copy(t)
+            cute.copy(st_atom, thr.retile(r_o), thr.partition_D(sO[None, None, wg]))
+            cute.arch.fence_view_async_shared()  # the generic-proxy writes, visible to the TMA (async proxy)
+            cute.arch.barrier(barrier_id=bar, number_of_threads=128)
+            if first_warp:
+                gO = cute.local_tile(cute.domain_offset((q_start, 0), mO_tma[None, None, h]), (64, self.d), (None, 0))
+                tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                                   cute.group_modes(gO, 0, 2))
+                with cute.arch.elect_one():  # one thread issues the store (its warp waits on its bulk group)
+                    cute.copy(tma_o, tOsO[None, wg], tOgO[None, m_block * self.wgs + wg])
+                    cute.arch.cp_async_bulk_commit_group()
+
+        def o_smem_copy(self, t):
+            """(stmatrix.x4 atom, thread t's slice of its tiled copy) over one warpgroup's (64, D) accumulator: the
+            thread's O fragment (the same per-thread layout in the 2- or 3-warpgroup MMA) retiled as its source."""
+            one_wg = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, OperandMajorMode.K,
+                                                       OperandMajorMode.MN, Float32, (1, 1, 1), (64, self.d),
+                                                       a_source=warpgroup.OperandSource.RMEM)
+            st_atom = cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dtype)
+            return st_atom, cute.make_tiled_copy_C(st_atom, one_wg).get_slice(t % 128)
+
+        @cute.jit
+        def drain_o_store(self, t):
+            """Before the CTA exits: the warpgroup's last TMA store has read its SMEM."""
+            if cutlass.const_expr(self.cfg.o_tma):
+                if t % 128 < 32:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     return FmhaSm90
 

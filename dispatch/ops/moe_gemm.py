@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from triton_ops.contract.formats import fp8_scale_storage
+from triton_ops.contract.fp4_prepack import check_fp4_prepacked, check_prepack, prepacked_shapes
 from triton_ops.contract.moe_gemm import (
     check_bf16,
     check_blockscaled,
@@ -30,6 +31,8 @@ from triton_ops.contract.moe_gemm import (
     check_row_weights,
     check_w4a4,
     check_w4a8,
+    fp4_views,
+    nvfp4_views,
 )
 
 from ._common import call, lowbit_op
@@ -54,6 +57,7 @@ _check_mxfp4 = _with_row_weights("moe_gemm_mxfp4", check_mxfp4)
 _check_nvfp4 = _with_row_weights("moe_gemm_nvfp4", check_nvfp4)
 _check_w4a8 = _with_row_weights("moe_gemm_w4a8", check_w4a8)
 _check_w4a4 = _with_row_weights("moe_gemm_w4a4", check_w4a4)
+_check_fp4_prepacked = _with_row_weights("moe_gemm_fp4_prepacked", check_fp4_prepacked)
 
 
 @lowbit_op("moe_gemm_blockscaled", mutates_args=(), check=check_blockscaled)
@@ -104,6 +108,24 @@ def _moe_gemm_w4a4(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor
     return _out(a, w_packed.shape[1], torch.bfloat16)
 
 
+def _check_prepack(w_packed, w_scale, fmt):
+    check_prepack(*fp4_views(*nvfp4_views(w_packed, w_scale)), fmt)
+
+
+@lowbit_op("moe_gemm_fp4_prepack", mutates_args=(), check=_check_prepack)
+def _moe_gemm_fp4_prepack(w_packed: Tensor, w_scale: Tensor, fmt: str, backend: str) -> tuple[Tensor, Tensor]:
+    e, n, kh = w_packed.shape
+    vs, ss = prepacked_shapes(e, n, 2 * kh, fmt)
+    return w_packed.new_empty(vs, dtype=torch.int32), w_packed.new_empty(ss, dtype=torch.uint8)
+
+
+@lowbit_op("moe_gemm_fp4_prepacked", mutates_args=(), check=_check_fp4_prepacked)
+def _moe_gemm_fp4_prepacked(a: Tensor, w_values: Tensor, w_scales: Tensor, w_global: Tensor | None, fmt: str,
+                            m_indices: Tensor | None, masked_m: Tensor | None, row_weights: Tensor | None,
+                            backend: str) -> Tensor:
+    return _out(a, w_values.shape[1], a.dtype)
+
+
 def moe_gemm_bf16(a: Tensor, w: Tensor, *, m_indices: Tensor | None = None, masked_m: Tensor | None = None,
                   row_weights: Tensor | None = None, backend: str = "auto") -> Tensor:
     """bf16/fp16 grouped GEMM: out[m] = a[m] @ w[e(m)].T with w (E, N, K); a's dtype out, fp32 accumulation.
@@ -136,6 +158,28 @@ def moe_gemm_nvfp4(a: Tensor, w_packed: Tensor, w_scale: Tensor, w_global: Tenso
     fp32 (E,) decode-form global scale per expert: value = e2m1 * e4m3 * w_global[e]. What `nvfp4_quantize(w[e])`
     writes for each expert (codes, scales, global_scale), stacked. K a multiple of 16. Out: a's dtype."""
     return call("moe_gemm_nvfp4", a, w_packed, w_scale, w_global, m_indices, masked_m, row_weights, backend)
+
+
+def moe_gemm_fp4_prepack(w_packed: Tensor, w_scale: Tensor, fmt: Literal["mxfp4", "nvfp4"], *,
+                         backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """One-time weight preparation for `moe_gemm_fp4_prepacked`: the quantizer's linear FP4 weights (w_packed
+    (E, N, K/2) uint8 / float4_e2m1fn_x2 codes, w_scale (E, N, K/block): MXFP4 E8M0 per 32 or NVFP4 E4M3 per 16)
+    -> (values int32 (E, N, KP/8), scales uint8 (E, N, SP)), KP = K rounded up to 128, SP = KP/block rounded up to
+    16: the nibbles reordered
+    so each thread of the Hopper decode kernel loads its MMA fragment with one 16-byte load and converts it with
+    packed bit operations (layout: triton_ops/contract/fp4_prepack.py). No value changes (exact round trip)."""
+    return call("moe_gemm_fp4_prepack", w_packed, w_scale, fmt, backend)
+
+
+def moe_gemm_fp4_prepacked(a: Tensor, w_values: Tensor, w_scales: Tensor, *, fmt: Literal["mxfp4", "nvfp4"],
+                           w_global: Tensor | None = None, m_indices: Tensor | None = None,
+                           masked_m: Tensor | None = None, row_weights: Tensor | None = None,
+                           backend: str = "auto") -> Tensor:
+    """moe_gemm_mxfp4 (fmt="mxfp4", bf16 a) / moe_gemm_nvfp4 (fmt="nvfp4", bf16 / fp16 a, fp32 (E,) w_global) on
+    weights prepacked by `moe_gemm_fp4_prepack`: same contract (the reference unpacks and runs those), a's dtype
+    out. The GPU kernel is the swap-AB decode kernel (weights on the warpgroup MMA's M side, from registers)."""
+    return call("moe_gemm_fp4_prepacked", a, w_values, w_scales, w_global, fmt, m_indices, masked_m, row_weights,
+                backend)
 
 
 def moe_gemm_w4a8(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, *,
@@ -334,6 +378,21 @@ def self_check_cases() -> list:
         w_global = torch.rand(e, generator=g) + 0.5
         return (a.bfloat16(), packed, scales.to(dev), w_global.to(dev), mi, None, None)
 
+    def prepacked(dev, small, fmt):
+        """The MXFP4 / NVFP4 cases' weights through the prepack (reference: the unpacked weights' contract)."""
+        from ..reference.moe_gemm import moe_gemm_fp4_prepack
+        if fmt == "mxfp4":
+            a, packed, scales, mi, _, _ = mxfp4(dev, small)
+            w_global = None
+        else:
+            a, packed, scales, w_global, mi, _, _ = nvfp4(dev, small)
+        vals, sc = moe_gemm_fp4_prepack(packed, scales, fmt)
+        return (a, vals, sc, w_global, fmt, mi, None, None)
+
+    def prepack(dev, small):
+        _, packed, scales, _, _, _, _ = nvfp4(dev, small)
+        return (packed, scales, "nvfp4")
+
     def w4(dev, small, fp4_acts):
         a, packed, scales, mi, g, k = mxfp4_weights(dev, small)
         rows = a.shape[0]
@@ -419,6 +478,9 @@ def self_check_cases() -> list:
         Case("moe_gemm_mxfp4", mxfp4, close, label="contiguous, W4A16"),
         Case("moe_gemm_nvfp4", nvfp4, close, label="contiguous, NVFP4 W4A16"),
         Case("moe_gemm_w4a8", lambda d, s: w4(d, s, False), close, label="contiguous, FP8 x MXFP4"),
+        Case("moe_gemm_fp4_prepack", prepack, label="NVFP4 weights to the prepacked layout"),
+        Case("moe_gemm_fp4_prepacked", lambda d, s: prepacked(d, s, "mxfp4"), close, label="prepacked MXFP4 W4A16"),
+        Case("moe_gemm_fp4_prepacked", lambda d, s: prepacked(d, s, "nvfp4"), close, label="prepacked NVFP4 W4A16"),
         Case("moe_gemm_w4a4", lambda d, s: w4(d, s, True), close, label="contiguous, MXFP4 x MXFP4"),
         Case("moe_gemm_blockscaled", blockscaled, close, label="NVFP4 x NVFP4, group offsets, swizzled scales"),
         Case("moe_gemm_blockscaled_masked", blockscaled_masked, close, label="NVFP4 x NVFP4, masked layout"),

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import torch
 
+from triton_ops.contract import fp4_prepack as FP
 from triton_ops.contract.formats import MXFP4_BLOCK, NVFP4_BLOCK
-from triton_ops.contract.moe_gemm import FP8_BLOCK, blockscaled_views, nvfp4_views
+from triton_ops.contract.moe_gemm import FP8_BLOCK, blockscaled_views, fp4_views, nvfp4_views
 
 from . import swiglu as SW
 from .formats import e2m1_decode, unpack_nibbles
@@ -110,6 +111,30 @@ def moe_gemm_w4a4(a, a_scale, w_packed, w_scale, m_indices, masked_m, row_weight
     a32 = a32.reshape(*a.shape[:-1], 2 * kh)
     return _grouped(a32, mxfp4_weight_dequantize(w_packed, w_scale), m_indices, masked_m, row_weights,
                     torch.bfloat16)
+
+
+# ------------------------------------------------------------------ prepacked FP4 weights (the Hopper decode layout)
+
+
+def moe_gemm_fp4_prepack(w_packed, w_scale, fmt: str):
+    """The quantizer's linear FP4 weights -> (int32 values (E, N, KP/8), uint8 scales (E, N, SP)), the layout
+    of triton_ops/contract/fp4_prepack.py (a byte permutation plus padding: no value changes)."""
+    w_packed, w_scale = fp4_views(*nvfp4_views(w_packed, w_scale))  # torch's FP4 / E4M3 / E8M0 dtypes: their bytes
+    k = w_packed.shape[-1] * 2
+    return FP.prepack_values(w_packed), FP.prepack_scales(w_scale, k, fmt)
+
+
+def moe_gemm_fp4_unpack(w_values, w_scales, k: int, fmt: str):
+    """The inverse of moe_gemm_fp4_prepack for K = k: (linear codes (E, N, K/2), linear scales (E, N, K/block))."""
+    return FP.unpack_values(w_values, k), FP.unpack_scales(w_scales, k, fmt)
+
+
+def moe_gemm_fp4_prepacked(a, w_values, w_scales, w_global, fmt: str, m_indices, masked_m, row_weights=None):
+    """a x prepacked FP4 weights: exactly moe_gemm_mxfp4 / moe_gemm_nvfp4 on the unpacked weights."""
+    w_packed, w_scale = moe_gemm_fp4_unpack(w_values, w_scales, a.shape[-1], fmt)
+    if fmt == "mxfp4":
+        return moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, row_weights)
+    return moe_gemm_nvfp4(a, w_packed, w_scale, w_global, m_indices, masked_m, row_weights)
 
 
 # ------------------------------------------------------------------ GEMM1 + SwiGLU (+ FP8 1xG quantization)

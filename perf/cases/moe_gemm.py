@@ -299,9 +299,12 @@ def _prepare_peers(peers: dict, i: dict, device: torch.device, where: str) -> No
 # ---------------------------------------------------------------------------------------------------- cases
 
 
-def _call(kind: str):
+def _call(kind: str, prepacked: bool = False):
     def call(i, b):
         lay = dict(m_indices=i.get("m_indices"), masked_m=i.get("masked_m"))
+        if prepacked:
+            return ops.moe_gemm_fp4_prepacked(i["a"], i["w_values"], i["w_scales"], fmt=kind,
+                                              w_global=i.get("w_global"), **lay, backend=b)
         if kind == "bf16":
             return ops.moe_gemm_bf16(i["a"], i["w"], **lay, backend=b)
         if kind == "fp8":
@@ -333,10 +336,11 @@ def _contract(kind: str):
 
 def _case(model: str, gemm: str, kind: str, e: int, n: int, k: int, *, counts: list[int] | None = None,
           rows: int = 0, masked: bool = False, max_m: int = 0, ids: list[int] | None = None,
-          tier: str = "full") -> BenchCase:
+          tier: str = "full", prepacked: bool = False) -> BenchCase:
     """Full cases: `rows` rows for each of the e experts (contiguous: grouped in expert order; masked: max_m = rows,
     masked_m = rows). Quick cases: `counts` per expert with the contiguous `ids` (m_indices, padding -1) or
-    masked max_m."""
+    masked max_m. prepacked (mxfp4 / nvfp4): the same weights through `moe_gemm_fp4_prepack` (in make, outside the
+    timing) and `moe_gemm_fp4_prepacked`; bytes count the layout's K padding (K rounded up to 128)."""
     full = tier == "full"
     counts = counts if counts is not None else [rows] * e
     bucket = "decode" if max(counts) <= 64 else "prefill"
@@ -350,7 +354,8 @@ def _case(model: str, gemm: str, kind: str, e: int, n: int, k: int, *, counts: l
         out_rows, index_elems = len(ids), len(ids)
     peers = _peers(kind, masked, dense=full and bucket == "prefill", decode=bucket == "decode") if full else {}
     state: dict = {}
-    where = f"moe_gemm_{kind} [{model} {gemm}]"
+    op = "moe_gemm_fp4_prepacked" if prepacked else f"moe_gemm_{kind}"
+    where = f"{op} [{model} {gemm}]"
 
     def make(device):
         i = {**_activations(kind, lead, k, device), **_weights(kind, e, n, k, device)}
@@ -367,11 +372,13 @@ def _case(model: str, gemm: str, kind: str, e: int, n: int, k: int, *, counts: l
             i["w_peer"] = torch.randn(e, n, k, device=device, dtype=BF16).mul_(k ** -0.5)
             if kind in ("w4a8", "w4a4"):
                 i["a_peer"] = torch.randn(*lead, k, device=device, dtype=BF16)
+        if prepacked:
+            i["w_values"], i["w_scales"] = ops.moe_gemm_fp4_prepack(i["w"], i["w_scale"], kind)
         _prepare_peers(peers, i, device, where)
         _probe_peers(peers, state, i, device, where)
         return i
 
-    call = _call(kind)
+    call = _call(kind, prepacked)
 
     def lowbit(i, b):
         if full and b == "torch":
@@ -380,12 +387,15 @@ def _case(model: str, gemm: str, kind: str, e: int, n: int, k: int, *, counts: l
 
     layout = f"masked max_m={max_m}" if masked else "contiguous"
     per = f"{rows} rows/expert" if full else f"rows={counts}"
-    label = f"{model} {gemm} E={e} {per} N={n} K={k} {kind} {layout}"
+    label = f"{model} {gemm} E={e} {per} N={n} K={k} {kind}{' prepacked' if prepacked else ''} {layout}"
     params = dict(model=model, gemm=gemm, E=e, rows_per_expert=rows if full else counts, M=sum(counts), N=n, K=k,
-                  kind=kind, layout="masked" if masked else "contiguous", max_m=max_m if masked else None)
-    return BenchCase(f"moe_gemm_{kind}", label, bucket, params, make, lowbit,
+                  kind=kind, layout="masked" if masked else "contiguous", max_m=max_m if masked else None,
+                  **({"weights_layout": "prepacked"} if prepacked else {}))
+    experts = sum(1 for c in counts if c > 0)
+    pad = weight_bytes(kind, experts, n, -(-k // 128) * 128) - weight_bytes(kind, experts, n, k) if prepacked else 0
+    return BenchCase(op, label, bucket, params, make, lowbit,
                      lean_reference(kind, counts, masked) if full else _contract(kind), check,
-                     bytes_moved=moe_gemm_bytes(kind, counts, out_rows, n, k, index_elems),
+                     bytes_moved=moe_gemm_bytes(kind, counts, out_rows, n, k, index_elems) + pad,
                      flops=moe_gemm_flops(counts, n, k), peers=peers, compile_reference=False, tier=tier,
                      flops_dtype="fp8" if kind in ("fp8", "w4a8") else "bf16")
 
@@ -402,6 +412,9 @@ def _quick_cases() -> list[BenchCase]:
         _case("quick", "gemm", "w4a8", 3, 32, 128, counts=[2, 4, 0], ids=mx_ids, tier="quick"),
         _case("quick", "gemm", "w4a4", 3, 32, 64, counts=[2, 0, 3], masked=True, max_m=4, tier="quick"),
         _case("quick", "gemm", "nvfp4", 3, 32, 48, counts=[2, 4, 0], ids=mx_ids, tier="quick"),  # K = 3 x 16
+        _case("quick", "gemm", "mxfp4", 3, 32, 160, counts=[2, 4, 0], ids=mx_ids, tier="quick", prepacked=True),
+        _case("quick", "gemm", "nvfp4", 3, 32, 48, counts=[2, 0, 3], masked=True, max_m=4, tier="quick",
+              prepacked=True),
     ]
 
 
@@ -619,6 +632,9 @@ def cases() -> list[BenchCase]:
     for kind in ("mxfp4", "bf16", "w4a4", "nvfp4"):
         out.append(_case("gpt-oss-120b", "gemm1", kind, 128, n, k, rows=16))
         out.append(_case("gpt-oss-120b", "gemm1", kind, 32, n, k, rows=256))
+    for kind in ("mxfp4", "nvfp4"):  # prepacked weights (the swap-AB decode kernel): decode, both layouts for MXFP4
+        out.append(_case("gpt-oss-120b", "gemm1", kind, 128, n, k, rows=16, prepacked=True))
+    out.append(_case("gpt-oss-120b", "gemm1", "mxfp4", 128, n, k, rows=16, masked=True, prepacked=True))
     n, k = DSV3["gemm1"]  # W4A8 needs K % 128 (1x128 activation scales): DeepSeek dims
     out.append(_case("dsv3", "gemm1", "w4a8", 256, n, k, rows=16, masked=True))
     out.append(_case("dsv3", "gemm1", "w4a8", 32, n, k, rows=256))

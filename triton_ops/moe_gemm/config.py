@@ -93,6 +93,23 @@ def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGem
     return MoeGemmConfig(128, 128, bk, group_m=8, num_warps=8, num_stages=stages)
 
 
+def pick_prepacked_config(m_per_expert: int, n: int, k: int, device: torch.device) -> MoeGemmConfig:
+    """The config of the prepacked FP4 kernel (prepacked.py; swap-AB: block_m = tokens, block_n = weight rows)."""
+    return pick_prepacked_config_for_arch(m_per_expert, n, k, arch_of(device))
+
+
+@functools.lru_cache(maxsize=4096)
+def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str) -> MoeGemmConfig:
+    """Tokens per tile: the rows per expert rounded up to 16 / 32 / 64 (the MMA's N side); 128 weight rows (two
+    64-row warpgroup-MMA blocks of one warpgroup) and 128 K (one layout chunk: a 16-byte load per thread and row)
+    per step, 4 warps, 4 stages (~40 KB of shared memory). Not tuned on hardware yet.
+    Interpreter: one 128-K chunk per step, tiles no larger than the problem."""
+    bt = 16 if m <= 16 else 32 if m <= 32 else 64
+    if arch == "cpu":
+        return MoeGemmConfig(bt, min(128, max(16, next_pow2(n))), 128, group_m=1, num_warps=4, num_stages=1)
+    return MoeGemmConfig(bt, 128, 128, group_m=1, num_warps=4, num_stages=4)
+
+
 _FUSED_SMEM_BUDGET = 200 * 1024  # operand pipeline bytes of a fused GEMM1 tile (an H100 CTA may use 227 KB)
 
 

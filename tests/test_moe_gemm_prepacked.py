@@ -1,0 +1,435 @@
+"""Prepacked FP4 weights (`moe_gemm_fp4_prepack` -> `moe_gemm_fp4_prepacked`, MXFP4 / NVFP4 W4A16): the layout
+(round trip, element positions, the bit trick), the swap-AB decode kernel against the contract (moe_gemm_mxfp4 /
+moe_gemm_nvfp4 on the linear weights) under the interpreter and on a GPU, bad inputs, and its sm_90 machine code.
+
+Rows the kernel must not read are NaN; outputs start as NaN (conftest poison), so a forgotten zero row fails."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatch import ops
+from dispatch.reference import moe_gemm as ref
+from dispatch.reference.formats import e2m1_decode
+from tests.helpers import DEVICES, assert_close, assert_same_bytes, run_compile_script
+from tests.test_moe_gemm import Case, _contig, _poison_rows, cases, quant_w_mxfp4
+from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
+from triton_ops.contract import fp4_prepack as FP
+from triton_ops.contract.checks import LowbitInputError
+from triton_ops.moe_gemm import prepacked as tri
+from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch
+
+BLOCK = {"mxfp4": 32, "nvfp4": 16}
+
+
+def _linear_weights(fmt: str, w32: torch.Tensor, edit: str | None = None):
+    """(codes (E, N, K/2) uint8, scale bytes (E, N, K/block) uint8, global (E,) fp32 or None) from the repo's
+    quantizers."""
+    if fmt == "mxfp4":
+        codes, scales = quant_w_mxfp4(w32)
+        return codes, scales.view(torch.uint8), None
+    codes, scales, gs = quant_w_nvfp4(w32, edit)
+    return codes, scales.view(torch.uint8), gs
+
+
+def _contig_case(e, ids, k, n, row_weights=False):
+    """A contiguous-layout Case with the given expert id per row."""
+    mi, x, dead, w32 = _contig(e, ids, k, n)
+    rw = torch.rand(len(ids)) if row_weights else None
+    return Case("mxfp4", x, dead, mi, None, w32, rw, f"contiguous ids={ids}")
+
+
+def _run(fmt, case, dtype=torch.bfloat16, device="cpu", config=None, weights=None):
+    """(got, want): the prepacked kernel on `device` and the linear-layout contract on the CPU (weights: the linear
+    (codes, scales, global) if already quantized)."""
+    wp, ws, wg = weights or _linear_weights(fmt, case.w32)
+    a = _poison_rows(case.x.to(dtype), case.dead)
+    vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+    dev = lambda t: None if t is None else t.to(device)
+    got = tri.moe_gemm_fp4_prepacked(dev(a), dev(vals), dev(scales), dev(wg), fmt, dev(case.m_indices),
+                                     dev(case.masked_m), dev(case.row_weights), config=config)
+    if fmt == "mxfp4":
+        want = ref.moe_gemm_mxfp4(a, wp, ws, case.m_indices, case.masked_m, case.row_weights)
+    else:
+        want = ref.moe_gemm_nvfp4(a, wp, ws, wg, case.m_indices, case.masked_m, case.row_weights)
+    return got, want
+
+
+def _check(fmt, case, dtype=torch.bfloat16, device="cpu", config=None, weights=None):
+    """The kernel's output against the contract (normalized error, no NaN, uncomputed rows 0); returns it."""
+    got, want = _run(fmt, case, dtype, device, config, weights)
+    what = f"{case.desc} {fmt} {dtype} {config}"
+    assert got.dtype == dtype, what
+    assert_close(got.cpu(), want, what)
+    assert not torch.isnan(got.float()).any(), f"{what}: NaN in the output (unwritten or poisoned rows)"
+    dead = got.cpu()[case.dead]
+    assert torch.equal(dead, torch.zeros_like(dead)), f"{what}: uncomputed rows are not zero"
+    return got
+
+
+# ---------------------------------------------------------------------------------------------- the layout
+
+
+@settings(max_examples=30)
+@given(fmt=st.sampled_from(["mxfp4", "nvfp4"]), e=st.integers(1, 3), n=st.integers(1, 9),
+       chunks=st.integers(1, 20), seed=st.integers(0, 2**16))
+def test_prepack_round_trip_is_exact(fmt, e, n, chunks, seed):
+    """Any codes and scale bytes (NaN scales included), K any multiple of the block (padded to 128): unpack of the
+    prepacked weights is the original bytes; the op (auto backend) equals the reference; shapes as documented."""
+    k = chunks * BLOCK[fmt]
+    g = torch.Generator().manual_seed(seed)
+    wp = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
+    ws = torch.randint(0, 256, (e, n, k // BLOCK[fmt]), generator=g, dtype=torch.uint8)
+    vals, scales = ops.moe_gemm_fp4_prepack(wp, ws, fmt)
+    # torch's own dtypes for the same bytes (packed FP4 codes, E8M0 / E4M3 scales) give the same result
+    views = {"mxfp4": getattr(torch, "float8_e8m0fnu", None), "nvfp4": torch.float8_e4m3fn}
+    fp4 = getattr(torch, "float4_e2m1fn_x2", None)
+    if fp4 is not None and views[fmt] is not None:
+        v2, s2 = ops.moe_gemm_fp4_prepack(wp.view(fp4), ws.view(views[fmt]), fmt)
+        assert torch.equal(v2, vals) and torch.equal(s2, scales)
+    assert (tuple(vals.shape), tuple(scales.shape)) == FP.prepacked_shapes(e, n, k, fmt)
+    assert vals.dtype == torch.int32 and scales.dtype == torch.uint8
+    back_w, back_s = ref.moe_gemm_fp4_unpack(vals, scales, k, fmt)
+    assert torch.equal(back_w, wp) and torch.equal(back_s, ws)
+    kp = FP.padded_k(k)
+    pad = scales[..., k // BLOCK[fmt]:]
+    assert torch.equal(pad, torch.full_like(pad, FP.UNIT_SCALE[fmt])), "padding scales are not the unit scale"
+    codes = FP.unpack_values(vals, kp)
+    assert not codes[..., k // 2:].any(), "padding codes are not zero"
+
+
+def test_prepack_element_positions():
+    """Element k of a row sits where the layout says: word 16 u + 4 c + t, half b, slot p = 2 s + h (sign at
+    SIGN_BIT[p], magnitude at MAG_BITS[p]), with k = 128 u + 32 t + 16 s + 8 h + 2 c + b."""
+    g = torch.Generator().manual_seed(1)
+    k = 288
+    wp = torch.randint(0, 256, (2, 3, k // 2), generator=g, dtype=torch.uint8)
+    words = FP.prepack_values(wp).to(torch.int64) & 0xFFFFFFFF
+    codes = torch.stack((wp & 15, wp >> 4), -1).reshape(2, 3, k).to(torch.int64)
+    for kk in range(k):
+        u, r = divmod(kk, 128)
+        t, r = divmod(r, 32)
+        s, r = divmod(r, 16)
+        h, r = divmod(r, 8)
+        c, b = divmod(r, 2)
+        half = (words[..., 16 * u + 4 * c + t] >> (16 * b)) & 0xFFFF
+        p = 2 * s + h
+        got = ((half >> FP.SIGN_BIT[p]) & 1) << 3
+        for j, pos in enumerate(FP.MAG_BITS[p]):
+            got |= ((half >> pos) & 1) << (2 - j)
+        assert torch.equal(got, codes[..., kk]), kk
+
+
+def _kernel_bits(w: torch.Tensor, p: int, fp16: bool) -> torch.Tensor:
+    """The kernel's extraction (prepacked._pair_bits) in torch: int64 words -> the pair's 16-bit halves' bits."""
+    m = 0x81C081C0
+    if p == 0:
+        bits = w & m
+    elif p == 1:
+        bits = (w << 3) & m
+    elif p == 2:
+        bits = (w << 6) & m
+    else:
+        bits = ((w << 1) & 0x80008000) | ((w >> 3) & 0x01800180) | ((w >> 7) & 0x00400040)
+    if fp16:
+        bits = (bits & 0x80008000) | ((bits & 0x01C001C0) << 3)
+    return bits & 0xFFFFFFFF
+
+
+def test_bit_trick_is_exact_for_every_code():
+    """Every code in every slot of both halves, prepacked, then the kernel's mask-and-shift extraction: bf16 bits =
+    e2m1 * 2^-126 (code 1 the bf16 subnormal 2^-127), fp16 bits = e2m1 * 2^-14 (code 1 the fp16 subnormal 2^-15);
+    times 2^126 / 2^14 the e2m1 value, signed zero included, and no bits of other slots or the other half leak in."""
+    g = torch.Generator().manual_seed(2)
+    codes = torch.randint(0, 16, (64, 128), generator=g, dtype=torch.uint8)
+    codes[:, :16] = torch.arange(16, dtype=torch.uint8)  # every code at positions of every slot and half
+    codes[:16, :] = torch.arange(16, dtype=torch.uint8)[:, None]
+    wp = (codes[:, 0::2] | (codes[:, 1::2] << 4))[None]
+    words = FP.prepack_values(wp)[0].to(torch.int64) & 0xFFFFFFFF  # (64, 16)
+    want = e2m1_decode(codes).double()
+    for dtype, bias in ((torch.bfloat16, 2.0 ** 126), (torch.float16, 2.0 ** 14)):
+        got = torch.empty(64, 128, dtype=torch.float64)
+        for p in range(4):
+            bits = _kernel_bits(words, p, dtype == torch.float16)
+            for b in range(2):
+                v = ((bits >> (16 * b)) & 0xFFFF).to(torch.int32).to(torch.int16).view(dtype).double() * bias
+                for c in range(4):
+                    for t in range(4):
+                        k = 32 * t + 16 * (p // 2) + 8 * (p % 2) + 2 * c + b
+                        got[:, k] = v[:, 4 * c + t]
+        assert torch.equal(got, want), f"{dtype}: {(got != want).nonzero()[:5].tolist()}"
+        assert torch.equal(torch.signbit(got), torch.signbit(want)), f"{dtype}: signed zeros"
+
+
+# ---------------------------------------------------------------------------------------------- the kernel
+
+
+@settings(max_examples=8)
+@given(case=cases("mxfp4"), nvfp4=st.booleans(), fp16=st.booleans())
+def test_prepacked_matches_reference(case, nvfp4, fp16):
+    """Interpreter: E 1-4, both layouts (padding, out-of-range ids, masked counts past max_m and negative), row
+    weights, K 128 / 160 / 256 (a partial 128-K chunk), weights from the repo's quantizers."""
+    fmt = "nvfp4" if nvfp4 else "mxfp4"
+    _check(fmt, case, torch.float16 if nvfp4 and fp16 else torch.bfloat16)
+
+
+def _edge_weights(fmt: str, e: int, n: int, k: int, device: str):
+    """Every code at every K position, scales at the edges: MXFP4 E8M0 0 (2^-127: subnormal products), 1, 2, 126,
+    127, 128, 140; NVFP4 E4M3 subnormals 0x01-0x07, zero, 0x38, 448 (0x7E); global scales 1. Finite values."""
+    g = torch.Generator().manual_seed(5)
+    wp = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
+    edge = [0, 1, 2, 126, 127, 128, 140] if fmt == "mxfp4" else [1, 2, 3, 7, 0, 0x38, 0x7E]
+    pick = torch.randint(0, len(edge), (e, n, k // BLOCK[fmt]), generator=g)
+    ws = torch.tensor(edge, dtype=torch.uint8)[pick]
+    wg = torch.ones(e) if fmt == "nvfp4" else None
+    return wp, ws, wg
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_hot_rows_give_the_weights_exactly(fmt, device):
+    """a = one-hot rows (row r selects K column r): out[r, n] = w[e, n, r], so every dequantized weight (every code,
+    edge scales, the subnormal products of E8M0 0 / E4M3 subnormals) is checked bit for bit."""
+    e, n, k = 2, 64, 256
+    wp, ws, wg = _edge_weights(fmt, e, n, k, device)
+    w32 = (ref.mxfp4_weight_dequantize(wp, ws) if fmt == "mxfp4"
+           else ref.nvfp4_weight_dequantize(wp, ws, wg))  # (E, N, K) fp32
+    # (E * K, K): expert x's rows x*K .. x*K+K-1; 2^20 keeps the fp32 sums of the smallest weights (2^-128 for E8M0
+    # 0) out of fp32's subnormals, so the MMA's handling of those is not what this checks
+    a = (torch.eye(k) * 2.0 ** 20).repeat(e, 1).bfloat16()
+    mi = torch.arange(e, dtype=torch.int32).repeat_interleave(k)
+    vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+    dev = lambda t: None if t is None else t.to(device)
+    got = ops.moe_gemm_fp4_prepacked(dev(a), dev(vals), dev(scales), fmt=fmt, w_global=dev(wg), m_indices=dev(mi),
+                                     backend="triton")
+    want = (w32.transpose(1, 2).reshape(e * k, n) * 2.0 ** 20 + 0.0).bfloat16()  # a sum of +-0 products: +0
+    assert_same_bytes(got.cpu(), want, f"{fmt} one-hot rows")
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_nan_scales_and_tiles_spanning_experts(fmt):
+    """NaN scale bytes (E8M0 0xFF, E4M3 0x7F) give NaN outputs where the reference has them; a contiguous tile whose
+    rows span several experts (ids 0, 2, -1, 1 in one 16-row tile) runs one pass per expert."""
+    case = _contig_case(3, [0] * 3 + [2] * 5 + [-1] * 2 + [1] * 6 + [0] * 4, k=256, n=64)
+    wp, ws, wg = _linear_weights(fmt, case.w32)
+    ws = ws.clone()
+    ws[1, 5, 2] = 0xFF if fmt == "mxfp4" else 0x7F
+    a = _poison_rows(case.x.bfloat16(), case.dead)
+    vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+    got = tri.moe_gemm_fp4_prepacked(a, vals, scales, wg, fmt, case.m_indices, None,
+                                     config=MoeGemmConfig(16, 64, 128, 1, 4, 1))
+    want = (ref.moe_gemm_mxfp4(a, wp, ws, case.m_indices, None) if fmt == "mxfp4"
+            else ref.moe_gemm_nvfp4(a, wp, ws, wg, case.m_indices, None))
+    assert torch.isnan(want.float()).any()
+    assert_close(got, want, f"{fmt} NaN scale")
+
+
+def test_configs():
+    """Larger K steps (a step past the row's last chunk: masked) and token tiles than the default, a partial last
+    weight tile (N = 144: rows past N read clamped, never stored): the same results; configs the layout cannot run
+    refused."""
+    case = _contig_case(2, [0] * 20 + [1] * 12, k=160, n=144, row_weights=True)
+    for cfg in (MoeGemmConfig(32, 64, 256, 1, 4, 1), MoeGemmConfig(16, 128, 128, 1, 4, 1)):
+        _check("mxfp4", case, config=cfg)
+    with pytest.raises(ValueError, match="multiple of the layout's 128"):
+        _run("mxfp4", case, config=MoeGemmConfig(16, 64, 64, 1, 4, 1))
+    for arch in ("cpu", "sm_80", "sm_90", "sm_100", "sm_120"):
+        for m in (1, 16, 17, 32, 64, 256):
+            cfg = pick_prepacked_config_for_arch(m, 5760, 2880, arch)
+            assert tri.prepacked_refusal(cfg) is None, (arch, m, cfg)
+            assert cfg.block_m >= min(m, 64), (arch, m, cfg)
+
+
+# ---------------------------------------------------------------------------------------------- bad inputs
+
+
+def test_bad_inputs():
+    """Linear weights passed as prepacked, shapes for another K, wrong format / global scale: named errors."""
+    a = torch.randn(4, 640).bfloat16()  # K = 640: the MXFP4 / NVFP4 scale rows differ (32 / 48 B)
+    mi = torch.zeros(4, dtype=torch.int32)
+    wp, ws = quant_w_mxfp4(torch.randn(2, 64, 640))
+    ws = ws.view(torch.uint8)
+    vals, scales = ops.moe_gemm_fp4_prepack(wp, ws, "mxfp4")
+    call = lambda *args, **kw: ops.moe_gemm_fp4_prepacked(*args, m_indices=mi, **kw)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_fp4_prepacked: argument 'w_values': dtype uint8: expected "
+                                               r"the int32 words"):
+        call(a, wp, ws, fmt="mxfp4")
+    with pytest.raises(LowbitInputError, match=r"argument 'w_values': expected prepacked shape \(2, 64, 80\) for "
+                                               r"K=640"):
+        call(a, vals[:, :, :32].contiguous(), scales, fmt="mxfp4")
+    with pytest.raises(LowbitInputError, match=r"argument 'w_scales': expected prepacked nvfp4 scale shape "
+                                               r"\(2, 64, 48\) for K=640"):
+        call(a, vals, scales, fmt="nvfp4", w_global=torch.ones(2))
+    with pytest.raises(LowbitInputError, match=r"argument 'w_scales': expected prepacked mxfp4 scale shape"):
+        call(a, vals, ws, fmt="mxfp4")  # the linear scales (K/32 = 20 per row) where 32 are expected
+    with pytest.raises(LowbitInputError, match=r"argument 'fmt': expected one of"):
+        call(a, vals, scales, fmt="fp4")
+    with pytest.raises(LowbitInputError, match=r"argument 'w_global': MXFP4 weights have no global scale"):
+        call(a, vals, scales, fmt="mxfp4", w_global=torch.ones(2))
+    with pytest.raises(LowbitInputError, match=r"argument 'a': dtype float16"):
+        call(a.half(), vals, scales, fmt="mxfp4")
+    with pytest.raises(LowbitInputError, match=r"argument 'w_values': must be contiguous"):
+        call(a, vals.transpose(0, 1).contiguous().transpose(0, 1), scales, fmt="mxfp4")
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_fp4_prepack: argument 'w_scale': expected shape "
+                                               r"\(2, 64, 20\)"):
+        ops.moe_gemm_fp4_prepack(wp, ws[:, :, :10], "mxfp4")
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_fp4_prepack: argument 'fmt'"):
+        ops.moe_gemm_fp4_prepack(wp, ws, "int4")
+    nv_s = torch.zeros(2, 64, 40, dtype=torch.uint8)
+    nv_vals, nv_scales = ops.moe_gemm_fp4_prepack(wp, nv_s, "nvfp4")
+    with pytest.raises(LowbitInputError, match=r"argument 'w_global': NVFP4 weights need"):
+        call(a, nv_vals, nv_scales, fmt="nvfp4")
+
+
+def test_opcheck_and_compile():
+    """Schema, fakes and autograd registration of both ops; the prepacked GEMM inside torch.compile(fullgraph)."""
+    wp, ws = quant_w_mxfp4(torch.randn(2, 64, 128))
+    ws = ws.view(torch.uint8)
+    torch.library.opcheck(torch.ops.lowbit.moe_gemm_fp4_prepack, (wp, ws, "mxfp4", "torch"))
+    vals, scales = ops.moe_gemm_fp4_prepack(wp, ws, "mxfp4")
+    a = torch.randn(8, 128).bfloat16()
+    mi = torch.tensor([0] * 5 + [1] * 3, dtype=torch.int32)
+    torch.library.opcheck(torch.ops.lowbit.moe_gemm_fp4_prepacked,
+                          (a, vals, scales, None, "mxfp4", mi, None, None, "torch"))
+    f = lambda a, v, s, mi: ops.moe_gemm_fp4_prepacked(a, v, s, fmt="mxfp4", m_indices=mi, backend="torch")
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(a, vals, scales, mi)
+    assert_same_bytes(got, f(a, vals, scales, mi), "compiled")
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+
+def _gpu_decode_case(masked: bool, e=16, rows=16, n=1024, k=2880):
+    """Decode: `rows` tokens per expert (GPT-OSS K = 2880: 22.5 chunks of 128), random weights."""
+    g = torch.Generator().manual_seed(11)
+    w32 = torch.randn(e, n, k, generator=g) * 0.05
+    if masked:
+        mm = torch.tensor([rows, 0, rows // 2, rows + 3] * (e // 4), dtype=torch.int32)
+        x = torch.randn(e, rows, k, generator=g)
+        dead = torch.arange(rows)[None, :] >= mm.clamp(0, rows)[:, None]
+        return Case("mxfp4", x, dead, None, mm, w32, None, f"masked decode E={e} max_m={rows}")
+    mi = torch.arange(e, dtype=torch.int32).repeat_interleave(rows)
+    mi[5] = -1
+    x = torch.randn(mi.numel(), k, generator=g)
+    rw = torch.rand(mi.numel(), generator=g)
+    return Case("mxfp4", x, (mi < 0), mi, None, w32, rw, f"contiguous decode E={e} rows={rows}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_gpu_decode_matches_reference_and_old_kernel(fmt, masked):
+    """GPT-OSS K at decode (16 tokens per expert), both layouts, row weights (contiguous): against the contract, and
+    close to the linear-layout kernel's output on the same GPU (fp32 sums in another order)."""
+    from triton_ops.moe_gemm import grouped
+    case = _gpu_decode_case(masked)
+    wp, ws, wg = _linear_weights(fmt, case.w32)
+    got = _check(fmt, case, device="cuda", weights=(wp, ws, wg))
+    a = _poison_rows(case.x.bfloat16(), case.dead).cuda()
+    ids = [None if t is None else t.cuda() for t in (case.m_indices, case.masked_m, case.row_weights)]
+    old = (grouped.moe_gemm_mxfp4(a, wp.cuda(), ws.cuda(), *ids) if fmt == "mxfp4"
+           else grouped.moe_gemm_nvfp4(a, wp.cuda(), ws.cuda(), wg.cuda(), *ids))
+    assert_close(got, old, f"{fmt} against the linear-layout kernel")
+
+
+@pytest.mark.gpu
+def test_gpu_nvfp4_fp16_and_tiles():
+    """NVFP4 with fp16 activations (the fp16 bit trick) and the tile sweep's configs on a GPU."""
+    case = _gpu_decode_case(False, e=8, rows=32, n=512)
+    _check("nvfp4", case, torch.float16, device="cuda")
+    for cfg in (MoeGemmConfig(16, 64, 128, 1, 4, 4), MoeGemmConfig(32, 128, 256, 1, 4, 3),
+                MoeGemmConfig(16, 256, 128, 1, 8, 4), MoeGemmConfig(64, 128, 128, 1, 4, 3)):
+        _check("mxfp4", case, device="cuda", config=cfg)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph():
+    """Captured in a CUDA graph and replayed: the same bytes as eager."""
+    from tests.helpers import assert_graph_replay_matches_eager
+    case = _gpu_decode_case(True, e=8, n=512)
+    wp, ws, _ = _linear_weights("mxfp4", case.w32)
+    vals, scales = ops.moe_gemm_fp4_prepack(wp.cuda(), ws.cuda(), "mxfp4")
+    a, mm = case.x.bfloat16().cuda(), case.masked_m.cuda()
+    assert_graph_replay_matches_eager(
+        lambda: ops.moe_gemm_fp4_prepacked(a, vals, scales, fmt="mxfp4", masked_m=mm), "prepacked graph")
+
+
+# ---------------------------------------------------------------------------------------------- sm_90 compile
+
+_COMPILE = textwrap.dedent("""
+    import os, re, subprocess, tempfile
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton_ops.moe_gemm import prepacked as P
+    from triton_ops.moe_gemm.config import pick_prepacked_config_for_arch
+
+    kern = P._fp4_prepacked_kernel
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    print("triton", triton.__version__)
+    for nv, dt, masked in ((False, "bf16", False), (True, "fp16", True)):
+        cfg = pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90")
+        names = [p.name for p in kern.params]
+        sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
+        a = "*bf16" if dt == "bf16" else "*fp16"
+        sig.update(a_ptr=a, v_ptr="*i32", s_ptr="*u8", g_ptr="*fp32", ids_ptr="*i32", rw_ptr="*fp32", out_ptr=a)
+        consts = dict(NVFP4=nv, MASKED=masked, HAS_RW=False, DTYPE=tl.bfloat16 if dt == "bf16" else tl.float16,
+                      F32_DOT=False, EMULATE=False, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k)
+        sig.update(dict.fromkeys(consts, "constexpr"))
+        aligned = ["a_ptr", "v_ptr", "s_ptr", "out_ptr", "K", "N", "KW", "KS", "stride_am", "stride_ae"]
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+        c = triton.compile(triton.compiler.ASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        ptx = c.asm["ptx"]
+        # register A: `wgmma... {acc}, {a regs}, b_desc, ...`; shared A would be a 64-bit descriptor
+        wgmma_a = r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n\\d+k16\\.f32\\.\\w+\\.\\w+ \\{[^}]*\\}, \\{"
+        reg_a = len(re.findall(wgmma_a, ptx))
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(c.asm["cubin"])
+        sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name], capture_output=True,
+                              text=True).stdout
+        os.unlink(f.name)
+        hgmma_reg_a = len(re.findall(r"HGMMA\\.64x\\d+x16\\.F32\\S* R\\d+, R\\d+, gdesc", sass))
+        spills = len(re.findall(r"\\b(?:STL|LDL)\\b", sass))
+        vec16 = sass.count("LDGSTS.E.BYPASS.128")
+        print("cfg", dt, int(nv), ptx.count("wgmma.mma_async"), reg_a, hgmma_reg_a, spills, vec16,
+              ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"), c.metadata.shared)
+""")
+
+
+def _triton36_env_set() -> bool:
+    import triton
+    return bool(os.environ.get("LOWBIT_TRITON36_PATH")) or triton.__version__.startswith("3.6")
+
+
+def test_sm90_compile_register_a_wgmma():
+    """sm_90a with Triton 3.6 (the GPU image's; LOWBIT_TRITON36_PATH points at an install elsewhere), the decode
+    config, MXFP4 bf16 contiguous and NVFP4 fp16 masked: every MMA is a warpgroup MMA whose A operand (the
+    dequantized weights) is registers (PTX `{...}` operand, SASS `HGMMA ... R, gdesc`), the weights arrive by
+    16-byte async copies, the conversion is packed fma.rn.{bf16,f16}x2, no spills, shared memory within an SM."""
+    if not _triton36_env_set():
+        pytest.skip("set LOWBIT_TRITON36_PATH to a Triton 3.6 install to compile for sm_90")
+    script = _COMPILE
+    path = os.environ.get("LOWBIT_TRITON36_PATH")
+    if path:
+        script = f"import sys; sys.path.insert(0, {path!r})\n" + script
+    out = run_compile_script(script, timeout=600)
+    assert "triton 3.6" in out, out
+    lines = [ln.split() for ln in out.splitlines() if ln.startswith("cfg")]
+    assert len(lines) == 2, out
+    for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared in lines:
+        what = f"{dt} nvfp4={nv}"
+        assert int(wgmma) > 0 and int(reg_a) == int(wgmma), f"{what}: {reg_a} of {wgmma} wgmma with register A"
+        assert int(hgmma_reg_a) > 0, f"{what}: no HGMMA with a register A operand in the SASS"
+        assert int(spills) == 0, f"{what}: {spills} local-memory spills"
+        assert int(vec16) > 0, f"{what}: no 16-byte async copies"
+        assert int(fma) >= 8, f"{what}: the packed conversion is missing ({fma} fma.rn.*x2)"
+        assert int(shared) <= 232448, f"{what}: {shared} B of shared memory"

@@ -1,0 +1,291 @@
+"""FP4-weight (MXFP4 / NVFP4, W4A16) MoE GEMM over prepacked weights: the decode kernel for Hopper.
+
+Weights come from `moe_gemm_fp4_prepack` (layout: triton_ops/contract/fp4_prepack.py): int32 words whose codes
+are placed so that one 16-byte load per thread holds its warpgroup-MMA A-fragment weights of 128 K, and one or two
+shift / mask operations per pair turn a word into a packed bf16x2 (fp16x2) register. The kernel is swap-AB: the
+weight rows are the MMA's M side (BLOCK_W = 64 / 128 rows per tile, dequantized in registers and fed as the
+register A operand of the warpgroup MMA on sm_90), the tokens of one expert the N side (BLOCK_T = 16 / 32 / 64, from
+shared memory), so a decode tile of 16 tokens wastes no MMA rows. Accumulator [BLOCK_W, BLOCK_T] fp32, stored
+transposed.
+
+E2M1 -> bf16 on packed words: a code's sign lands on bf16's sign bit and its 3 magnitude bits on bf16's two lowest
+exponent bits and top mantissa bit, which is the code's value times 2^-126 (code 1 = 0.5 becomes the subnormal
+2^-127, exact). MXFP4: one packed multiply by 2^126 (exact: subnormal inputs are kept) and one by the block scale
+2^(s - 127) give the operand (they cannot be folded into one: 2^126 * 2^(s - 127) leaves bf16's range for
+s >= 129). NVFP4: one multiply by the scale word e4m3 * 2^119 (the bias folded in, less 2^7, which the fp32 sums get
+back after the K loop); exact (e2m1 has <= 2 significant bits, E4M3 <= 4). The multiplies are `fma.rn.bf16x2` with a
+-0 addend (an exact multiply, sm_80+; `mul.bf16x2` needs sm_90). fp16 (NVFP4 with fp16 activations): the magnitude
+3 bits higher (the value times 2^-14), scale word e4m3 * 2^7, `fma.rn.f16x2`. Under the interpreter (no inline PTX,
+broken bf16 dot) the same bf16 bit patterns are widened to fp32 and multiplied there, so the layout and the bit
+trick are what the CPU tests check.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from triton_ops._formats import cast_out, e4m3_decode_fast
+from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch
+from triton_ops.contract.fp4_prepack import CHUNK, check_fp4_prepacked
+from triton_ops.contract.moe_gemm import check_row_weights, contiguous_ids
+
+from .config import MoeGemmConfig, pick_prepacked_config, rows_per_expert
+from .dequant import e8m0_to_f32, mma
+
+_MAX_GRID_Y = 65535
+_BIAS_F32 = tl.constexpr(8.507059173023462e37)  # 2^126 (the bf16 bit trick's bias), fp32
+
+
+# 0x81C081C0 as int32: per 16-bit half, bf16's sign bit and the code's 3 magnitude bits (exponent 8 7, mantissa 6)
+_M = tl.constexpr(-2118090304)
+_SIGN = tl.constexpr(-2147450880)  # 0x80008000
+
+
+@triton.jit
+def _pair_bits(w, P: tl.constexpr, FP16: tl.constexpr):
+    """Slot P (= 2 s + h) of both 16-bit halves of the words -> the two values' bf16 (fp16) bits, each value times
+    2^-126 (2^-14); the slot positions are fp4_prepack.SIGN_BIT / MAG_BITS."""
+    if P == 0:
+        bits = w & _M
+    elif P == 1:
+        bits = (w << 3) & _M
+    elif P == 2:
+        bits = (w << 6) & _M
+    else:
+        bits = ((w << 1) & _SIGN) | ((w >> 3) & 0x01800180) | ((w >> 7) & 0x00400040)
+    if FP16:  # the magnitude 3 bits up: fp16's exponent bits 11 10, mantissa bit 9
+        bits = (bits & _SIGN) | ((bits & 0x01C001C0) << 3)
+    return bits
+
+
+@triton.jit
+def _pair(words, P: tl.constexpr, sc, F32_DOT: tl.constexpr, FP16: tl.constexpr, FOLDED: tl.constexpr):
+    """The pair p = 2 s + h of every word: [..., 2] (b = 0, 1) operand values. sc: fp32 scale values (interpreter)
+    or int32 words holding the scale's bf16 (fp16) bits in both halves (GPU). FOLDED (NVFP4): sc already holds
+    the bit trick's bias (one multiply: e2m1 * e4m3 * 2^-7); else two multiplies, by the bias then by sc."""
+    sc = tl.broadcast_to(sc, words.shape)
+    if F32_DOT:  # the bf16 bit patterns, widened to fp32 (exact), the same multiplies
+        bits = _pair_bits(words, P, False)
+        lo = (bits << 16).to(tl.float32, bitcast=True)
+        hi = (bits & -65536).to(tl.float32, bitcast=True)
+        if not FOLDED:
+            lo = lo * _BIAS_F32
+            hi = hi * _BIAS_F32
+        return tl.join(lo * sc, hi * sc)
+    else:
+        bits = _pair_bits(words, P, FP16)
+        if FP16:  # NVFP4 only: always folded
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 t, z; mov.b32 z, 0x80008000; fma.rn.f16x2 t, $2, $3, z; mov.b32 {$0, $1}, t; }",
+                "=h,=h,r,r", [bits, sc], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+        elif FOLDED:
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 t, z; mov.b32 z, 0x80008000; fma.rn.bf16x2 t, $2, $3, z; mov.b32 {$0, $1}, t; }",
+                "=h,=h,r,r", [bits, sc], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+        else:
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 t, c, z; mov.b32 c, 0x7E807E80; mov.b32 z, 0x80008000; fma.rn.bf16x2 t, $2, c, z; "
+                "fma.rn.bf16x2 t, t, $3, z; mov.b32 {$0, $1}, t; }",
+                "=h,=h,r,r", [bits, sc], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+        return tl.join(lo, hi)
+
+
+@triton.jit
+def dequant_prepacked(words, sc0, sc1, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, F32_DOT: tl.constexpr,
+                      FP16: tl.constexpr, FOLDED: tl.constexpr):
+    """words [BLOCK_W, U, 4 (c), 4 (t)] int32 (U = BLOCK_K / 128 chunks), sc0 / sc1 [BLOCK_W, U, 1, 4] the scales of
+    the elements with s = 0 / 1 -> the [BLOCK_W, BLOCK_K] operand in K order (k = 128 u + 32 t + 16 s + 8 h + 2 c +
+    b): four pairs (p = 2 s + h), joined and permuted (register relabelling only: a thread keeps its words)."""
+    v = tl.join(tl.join(_pair(words, 0, sc0, F32_DOT, FP16, FOLDED), _pair(words, 1, sc0, F32_DOT, FP16, FOLDED)),
+                tl.join(_pair(words, 2, sc1, F32_DOT, FP16, FOLDED), _pair(words, 3, sc1, F32_DOT, FP16, FOLDED)))
+    v = tl.permute(v, (0, 1, 3, 6, 5, 2, 4))  # (W, u, c, t, b, h, s) -> (W, u, t, s, h, c, b)
+    return tl.reshape(v, [BLOCK_W, BLOCK_K])
+
+
+@triton.jit
+def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr):
+    """Scale bytes -> fp32 values (interpreter) or int32 words with the DTYPE bits of the value in both halves.
+    NVFP4: e4m3 * 2^119 (bf16 bit trick, interpreter) / 2^7 (fp16): the bit trick's bias 2^126 / 2^14 folded in,
+    less 2^7 (the largest E4M3, 448, times 2^119 is bf16's largest power-of-two binade), which the fp32 sums get
+    back after the K loop. Exact: every E4M3 times 2^119 (2^7) is a normal bf16 (fp16).
+    MXFP4: 2^(s - 127) itself (2^126 * 2^(s - 127) leaves bf16's range for s >= 129)."""
+    if NVFP4:
+        f = e4m3_decode_fast(sb, EMULATE)
+        if F32_DOT or DTYPE == tl.bfloat16:
+            f = f * 6.646139978924579e35  # 2^119
+        else:
+            f = f * 128.0
+        if F32_DOT:
+            return f
+        h = f.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    else:
+        if F32_DOT:
+            return e8m0_to_f32(sb)
+        b = sb.to(tl.int32)
+        h = tl.where(b == 0, 0x40, b << 7)  # bf16 2^(b - 127); b = 0: the subnormal 2^-127
+        h = tl.where(b == 255, 0x7FC0, h)  # NaN
+    return h | (h << 16)
+
+
+@triton.jit
+def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
+                    NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
+                    BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 [BLOCK_W, BLOCK_T] = w[rows] @ a[tokens].T over K for the tokens in `sel` (others read as zero).
+    v_rows / s_rows: pointers to the tile's weight rows in the prepacked values / scales, all in range (the caller
+    clamps rows past N; their results are not stored), so the weight loads need no row mask, and no K mask when a
+    step is one 128-K chunk (K <= KP: the chunk is in the row). Longer steps mask the words and scales past the row
+    (a zero code with a NaN scale byte of the next row would make NaN)."""
+    U: tl.constexpr = BLOCK_K // 128
+    acc = tl.zeros([BLOCK_W, BLOCK_T], tl.float32)
+    wi = tl.arange(0, BLOCK_K // 8)
+    ka = tl.arange(0, BLOCK_K)
+    SB: tl.constexpr = 16 if NVFP4 else 32
+    si = tl.arange(0, BLOCK_K // SB)
+    for k0 in range(0, K, BLOCK_K):
+        kw = k0 // 8 + wi
+        ks = k0 // SB + si
+        if BLOCK_K == 128:
+            words = tl.load(v_rows[:, None] + kw[None, :])
+            sb = tl.load(s_rows[:, None] + ks[None, :])
+        else:
+            words = tl.load(v_rows[:, None] + kw[None, :], mask=(kw < KW)[None, :], other=0)
+            sb = tl.load(s_rows[:, None] + ks[None, :], mask=(ks < KS)[None, :], other=0)
+        sc = _scale_words(sb, NVFP4, DTYPE, F32_DOT, EMULATE)
+        if NVFP4:  # scale index 8 u + 2 t + s
+            sc0, sc1 = tl.split(tl.reshape(sc, [BLOCK_W, U, 4, 2]))
+            sc0 = tl.reshape(sc0, [BLOCK_W, U, 1, 4])
+            sc1 = tl.reshape(sc1, [BLOCK_W, U, 1, 4])
+        else:  # scale index 4 u + t
+            sc0 = tl.reshape(sc, [BLOCK_W, U, 1, 4])
+            sc1 = sc0
+        wt = dequant_prepacked(tl.reshape(words, [BLOCK_W, U, 4, 4]), sc0, sc1, BLOCK_W, BLOCK_K, F32_DOT,
+                               DTYPE == tl.float16, NVFP4)
+        kk = k0 + ka
+        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
+        acc = mma(wt, tl.trans(a), acc, F32_DOT)
+    if NVFP4:
+        acc = acc * 128.0  # the 2^-7 the folded scales leave on every operand (exact)
+    return acc
+
+
+@triton.jit
+def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w64, wmask, N, K, KW, KS,
+                 NVFP4: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr,
+                 EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Expert e64's pass over the tile's tokens in `sel`, then (NVFP4) its global scale, the row weights (rw_rows:
+    pointers to the tokens' weights) and the one rounding, stored to the selected tokens' columns of out_t."""
+    w_in = e64 * N + tl.minimum(w64, N - 1)  # rows past N read row N - 1 (never stored)
+    acc = _prepacked_pass(a_ptr, a_off, sel, v_ptr + w_in * KW, s_ptr + w_in * KS, K, KW, KS, NVFP4, DTYPE, F32_DOT,
+                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K)
+    if NVFP4:
+        acc = acc * tl.load(g_ptr + e64)
+    if HAS_RW:
+        acc *= tl.load(rw_rows, mask=sel, other=0.0)[None, :]
+    tl.store(out_t, cast_out(acc, out_t.dtype.element_ty, EMULATE), mask=wmask[:, None] & sel[None, :])
+
+
+@triton.jit
+def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, M, N, K, E, KW, KS,
+                          stride_ae, stride_am,
+                          NVFP4: tl.constexpr, MASKED: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr,
+                          F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
+                          BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program (axis 0) = one [BLOCK_T tokens, BLOCK_W weight rows] output tile, the weight tiles of one token tile
+    adjacent (activations reused from L2); masked layout: axis 1 = expert. Every output element in range is
+    written once: computed rows by their expert's pass, the others as zeros."""
+    pid = tl.program_id(0)
+    num_w = tl.cdiv(N, BLOCK_W)
+    pid_t = pid // num_w
+    offs_w = (pid % num_w) * BLOCK_W + tl.arange(0, BLOCK_W)
+    wmask = offs_w < N
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < M
+    rows64 = rows.to(tl.int64)
+    w64 = offs_w.to(tl.int64)
+    if MASKED:
+        e = tl.program_id(1)
+        e64 = e.to(tl.int64)
+        cnt = tl.minimum(tl.maximum(tl.load(ids_ptr + e), 0), M)
+        flat = e64 * M + rows64
+        out_t = out_ptr + flat[None, :] * N + w64[:, None]
+        done = rows < cnt
+        if pid_t * BLOCK_T < cnt:
+            _expert_tile(a_ptr, e64 * stride_ae + rows64 * stride_am, done, v_ptr, s_ptr, g_ptr, rw_ptr + flat,
+                         out_t, e64, w64, wmask, N, K, KW, KS, NVFP4, HAS_RW, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                         BLOCK_T, BLOCK_K)
+    else:
+        out_t = out_ptr + rows64[None, :] * N + w64[:, None]
+        mi = tl.load(ids_ptr + rows, mask=rmask, other=-1)
+        done = (mi >= 0) & (mi < E)
+        mi = tl.where(done, mi, E)
+        e = tl.min(mi, 0)
+        while e < E:  # one pass per expert present in the tile, in increasing id order
+            sel = mi == e
+            _expert_tile(a_ptr, rows64 * stride_am, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
+                         e.to(tl.int64), w64, wmask, N, K, KW, KS, NVFP4, HAS_RW, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                         BLOCK_T, BLOCK_K)
+            e = tl.min(tl.where(mi > e, mi, E), 0)
+    zero = tl.zeros([BLOCK_W, BLOCK_T], out_ptr.dtype.element_ty)
+    tl.store(out_t, zero, mask=wmask[:, None] & (rmask & ~done)[None, :])
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+
+
+def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, config):
+    masked = masked_m is not None
+    e, n = values.shape[0], values.shape[1]
+    k = a.shape[-1]
+    rows = a.shape[1] if masked else a.shape[0]
+    out = torch.empty(*a.shape[:-1], n, dtype=a.dtype, device=a.device)
+    if out.numel() == 0:
+        return out
+    cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), n, k, a.device)
+    reason = prepacked_refusal(cfg)
+    if reason:
+        raise ValueError(f"moe_gemm_fp4_prepacked: config {cfg}: {reason}")
+    grid = (cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n), e if masked else 1)
+    dummy = scales
+    launch(_fp4_prepacked_kernel, grid,
+           a, values, scales, dummy if w_global is None else w_global.contiguous(),
+           masked_m if masked else m_indices, dummy if row_weights is None else row_weights.contiguous(), out,
+           rows, n, k, e, values.shape[2], scales.shape[2],
+           a.stride(0) if masked else 0, a.stride(1) if masked else a.stride(0),
+           NVFP4=fmt == "nvfp4", MASKED=masked, HAS_RW=row_weights is not None, DTYPE=TL_DTYPE[a.dtype],
+           F32_DOT=a.device.type != "cuda", EMULATE=emulate_formats(a.device),
+           BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k,
+           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def prepacked_refusal(cfg: MoeGemmConfig) -> str | None:
+    """Why `cfg` cannot run the prepacked kernel (block_m: tokens per tile, block_n: weight rows per tile)."""
+    for name in ("block_m", "block_n", "block_k"):
+        v = getattr(cfg, name)
+        if v < 16 or v & (v - 1):
+            return f"{name}={v} is not a power of two >= 16 (tl.dot)"
+    if cfg.block_k % CHUNK:
+        return f"block_k={cfg.block_k} is not a multiple of the layout's {CHUNK}-element chunk"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- supports / entry
+
+
+def supports_moe_gemm_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, *rest) -> str | None:
+    if masked_m is not None and w_values.shape[0] > _MAX_GRID_Y:
+        return f"E={w_values.shape[0]} > {_MAX_GRID_Y} experts on grid axis 1 (masked layout)"
+    return None
+
+
+def moe_gemm_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, row_weights=None, *,
+                           config: MoeGemmConfig | None = None):
+    """a x prepacked FP4 weights (moe_gemm_fp4_prepack's output) -> a's dtype; the math of moe_gemm_mxfp4 /
+    moe_gemm_nvfp4 on the unpacked weights. config: block_m = tokens per tile, block_n = weight rows per tile."""
+    check_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m)
+    check_row_weights("moe_gemm_fp4_prepacked", a, row_weights)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    return _launch(fmt, a, w_values, w_scales, w_global, m_indices, masked_m, row_weights, config)
