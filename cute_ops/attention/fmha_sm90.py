@@ -784,35 +784,11 @@ def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
 def specialize_attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                                  softmax_scale, causal: bool, window_left: int, window_right: int, sinks,
                                  return_lse: bool):
-    """A launcher for repeated eager calls with exactly this call signature (the dispatch table's `specialize`
-    hook; dispatch/ops/_common.call keeps it per signature), or None where `attention_prefill` must run. The
-    config, the compiled TVM-FFI function (its compile-key hash and cache lookup), the softmax scale and every
-    argument check are resolved here once; a call allocates out and lse and makes the TVM-FFI call. Taken for
-    calls with tokens, contiguous int32 cu_seqlens and fp32 contiguous sinks (or none); on another current device
-    than q's (the TVM-FFI env stream is the current device's) the general entry runs."""
-    import torch
-
+    """A launcher prepared for this exact call signature (the dispatch table's `specialize` hook;
+    launch.prepared), or None where `attention_prefill` must run."""
     from .._compile import target_arch
 
-    total_q, hq, d = q.shape
-    if total_q == 0 or q.device.index is None or not (cu_seqlens_q.is_contiguous() and cu_seqlens_k.is_contiguous()):
+    if not launch.preparable(q, cu_seqlens_q, cu_seqlens_k, sinks):
         return None
-    if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
-        return None
-    fn = compiled(FmhaSm90Config.for_call(q, causal, window_left, window_right, sinks,
-                                          target_arch(q.device.index)))
-    scale = launch.default_softmax_scale(d) if softmax_scale is None else float(softmax_scale)
-    window_left, window_right, max_q = int(window_left), int(window_right), int(max_seqlen_q)
-    index, device, dtype = q.device.index, q.device, q.dtype
-    get_device = torch._C._cuda_getDevice
-    empty = torch.empty
-
-    def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *rest):
-        if get_device() != index:
-            return attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *rest)
-        out = empty((total_q, hq, d), dtype=dtype, device=device)
-        lse = empty((total_q, hq), dtype=torch.float32, device=device)
-        fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rest[-2], scale, window_left, window_right, max_q)
-        return out, lse
-
-    return prefill
+    fn = compiled(FmhaSm90Config.for_call(q, causal, window_left, window_right, sinks, target_arch(q.device.index)))
+    return launch.prepared(fn, attention_prefill, q, max_seqlen_q, softmax_scale, window_left, window_right)
