@@ -121,13 +121,13 @@ def test_native_block_allocation_and_driver_memsets():
             assert int(out[0].ne(0).sum()) == 0 and int(out[2].ne(0).sum()) == 0
             assert out[4].tolist() == [1.0, 2.0, 3.0]  # the copy of x[1:] (a driver memcpy)
             for t in out:
-                t.fill_(-1)
+                t.fill_(1)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             captured = mod.call("toy_block_cuda", (x, "auto"))
         for t in captured:
-            t.fill_(-1)
+            t.fill_(1)
         graph.replay()
     torch.cuda.synchronize()
     assert int(captured[0].ne(0).sum()) == 0 and int(captured[2].ne(0).sum()) == 0
