@@ -401,6 +401,42 @@ def test_packed_sizes_match_a_compiled_kernels_parameters():
     assert [sizes[c] for c in codes] + [8, 8] == declared
 
 
+_DESCRIPTOR_PTX = r"""
+import json, os, re, types
+os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernel
+from dispatch import native_replay
+from triton_ops.attention import prefill_sm90
+compiled = prefill_sm90.compile_sm90(64, 64, hq=8, hkv=1, causal=True, window=(128, 0), sink=True)
+sig = list(compiled.src.signature.values())
+template = types.SimpleNamespace(base=None, shape=[256, 512], strides=[512, 1], padding="zero")
+specs = [("desc", "input", 0, template, None) if t.startswith("tensordesc") else ("input", 1, 0)
+         if t.startswith("*") else ("const", 0.5 if t == "fp32" else 3) for t in sig]
+as_launched = types.SimpleNamespace(src=compiled.src, metadata=compiled.metadata, run=types.SimpleNamespace())
+codes, values, slots, tma = native_replay._with_descriptors(as_launched, sig, specs)
+params = re.search(r"\.entry\s+\w+\((.*?)\)", compiled.asm["ptx"], re.S).group(1).split(",")
+declared = [int(m.group(1)) if (m := re.search(r"\.b8 \w+\[(\d+)\]", p)) else
+            {"u64": 8, "u32": 4, "f32": 4}[p.split()[1][1:]] for p in params]
+print(json.dumps(dict(codes=list(codes), declared=declared, tma=tma)))
+"""
+
+
+def test_descriptor_parameters_match_a_gluon_kernels_ptx():
+    """The expansion of tensor descriptors (and the other parameters) against the PTX parameter list of the sm_90
+    Gluon prefill kernel compiled with Triton 3.6 (the GPU host's; a fresh process, as the Gluon compile tests):
+    each descriptor a 128-byte map, then its shape (4 bytes each) and strides (8 bytes each); the scratch pointers
+    last."""
+    from tests.test_attention_sm90 import _triton36_env, run_compile_json
+
+    env, why = _triton36_env()
+    if env is None:
+        pytest.skip(why)
+    got = run_compile_json(_DESCRIPTOR_PTX, env)
+    sizes = {native_replay.PTR: 8, native_replay.I32: 4, native_replay.I64: 8, 12: 4, native_replay.TMA: 128}
+    assert [sizes[c] for c in got["codes"]] + [8, 8] == got["declared"]
+    # bf16: the driver enum CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 (9; the kernel metadata says 10); 128-byte swizzle (3)
+    assert len(got["tma"]) == 5 and all(t[4:7] == [9, 3, 0] for t in got["tma"])
+
+
 def test_the_extension_builds_without_ninja(monkeypatch, tmp_path):
     """The direct compiler call (machines without ninja) gives a working module."""
     from torch.utils import cpp_extension
