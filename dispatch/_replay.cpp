@@ -22,6 +22,8 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -110,6 +112,45 @@ void put(std::string& key, const T& v) {
   key.append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
 
+// The env names' part of the key (false: the last name is set, no key). Recomputed with getenv only when the
+// process environment changed: the environ array and each of its entry pointers are compared with a snapshot
+// (setenv / unsetenv / putenv, which os.environ uses, replace an entry's pointer or the array), ~100 pointer
+// compares instead of a getenv scan per name.
+struct EnvCache {
+  bool valid = false, keyed = true;
+  char** base = nullptr;
+  std::vector<char*> entries;
+  std::string part;
+};
+EnvCache g_env;
+
+bool env_part(std::string& key) {
+  bool same = g_env.valid && g_env.base == environ;
+  size_t n = 0;
+  for (char** e = environ; same && e && *e; ++e, ++n) same = n < g_env.entries.size() && g_env.entries[n] == *e;
+  if (!same || n != g_env.entries.size()) {
+    g_env.part.clear();
+    g_env.keyed = true;
+    for (size_t i = 0; i < g_env_names.size(); ++i) {
+      const char* v = getenv(g_env_names[i].c_str());
+      if (v && i + 1 == g_env_names.size()) g_env.keyed = false;
+      if (v) {
+        g_env.part.push_back('S');
+        put(g_env.part, std::strlen(v));
+        g_env.part.append(v);
+      } else {
+        g_env.part.push_back('N');
+      }
+    }
+    g_env.base = environ;
+    g_env.entries.clear();
+    for (char** e = environ; e && *e; ++e) g_env.entries.push_back(*e);
+    g_env.valid = true;
+  }
+  key.append(g_env.part);
+  return g_env.keyed;
+}
+
 // The call's key: op name, env values, then per argument what `_signature` keeps. False: no key (a kind of
 // argument or a state that always takes the checked path); a Python error may then be set only on failure.
 bool make_key(PyObject* name, PyObject* args, std::string& key) {
@@ -118,17 +159,7 @@ bool make_key(PyObject* name, PyObject* args, std::string& key) {
   if (!s) return false;
   key.append(s, n);
   key.push_back('\0');
-  for (size_t i = 0; i < g_env_names.size(); ++i) {
-    const char* v = getenv(g_env_names[i].c_str());
-    if (v && i + 1 == g_env_names.size()) return false;
-    if (v) {
-      key.push_back('S');
-      put(key, std::strlen(v));
-      key.append(v);
-    } else {
-      key.push_back('N');
-    }
-  }
+  if (!env_part(key)) return false;
   if (g_scope) {
     PyObject* scope = nullptr;
     if (PyContextVar_Get(g_scope, nullptr, &scope) < 0) return false;
@@ -185,17 +216,6 @@ bool make_key(PyObject* name, PyObject* args, std::string& key) {
 }
 
 // ------------------------------------------------------------------------------- plan description parsing
-bool int_list(PyObject* seq, std::vector<int64_t>& out) {
-  PyObject* fast = PySequence_Fast(seq, "expected a sequence of ints");
-  if (!fast) return false;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    out.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i)));
-  }
-  Py_DECREF(fast);
-  return PyErr_Occurred() == nullptr;
-}
-
 bool dtype_of(PyObject* obj, at::ScalarType& out) {
   if (Py_TYPE(obj) != &THPDtypeType) {
     PyErr_SetString(PyExc_TypeError, "expected a torch.dtype");
@@ -471,17 +491,6 @@ bool launch_one(const Launch& l, CUstream stream, PyObject* args, const std::vec
   return cuda_check(g_driver.launch_ex(&config, l.function, p, nullptr));
 }
 
-// Row-major dense (strides of size-1 dimensions do not matter).
-bool dense(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
-  int64_t expected = 1;
-  for (size_t i = sizes.size(); i-- > 0;) {
-    if (sizes[i] == 0) return true;
-    if (sizes[i] != 1 && strides[i] != expected) return false;
-    expected *= sizes[i];
-  }
-  return true;
-}
-
 PyObject* execute(const Plan& plan, PyObject* args) {
   bool cuda = plan.device.is_cuda();
   CUstream stream = nullptr;
@@ -530,6 +539,7 @@ PyObject* py_init(PyObject*, PyObject* args) {
   PyObject* fast = PySequence_Fast(names, "expected a sequence of env names");
   if (!fast) return nullptr;
   g_env_names.clear();
+  g_env.valid = false;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
     const char* s = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(fast, i));
     if (!s) {

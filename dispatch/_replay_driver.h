@@ -1,7 +1,7 @@
-// The CUDA driver entry points and Triton's parameter packing of the native replay (included by _replay.cpp
-// only): no CUDA header or library is needed to build it, the few driver prototypes and structs are declared
-// here, and libcuda.so.1 is opened with dlopen on the first registered plan that launches a kernel or zeroes
-// device memory.
+// The CUDA driver entry points, Triton's parameter packing and small parsing helpers of the native replay
+// (included by _replay.cpp only): no CUDA header or library is needed to build it, the few driver prototypes and
+// structs are declared here, and libcuda.so.1 is opened with dlopen on the first registered plan that launches a
+// kernel or zeroes or copies device memory.
 
 #pragma once
 
@@ -124,6 +124,29 @@ bool copy_bytes(bool cuda, void* dst, const void* src, size_t n, CUstream stream
     return true;
   }
   return cuda_check(g_driver.memcpy_async(reinterpret_cast<uint64_t>(dst), reinterpret_cast<uint64_t>(src), n, stream));
+}
+
+// ------------------------------------------------------------------------------------- small helpers
+bool int_list(PyObject* seq, std::vector<int64_t>& out) {
+  PyObject* fast = PySequence_Fast(seq, "expected a sequence of ints");
+  if (!fast) return false;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    out.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i)));
+  }
+  Py_DECREF(fast);
+  return PyErr_Occurred() == nullptr;
+}
+
+// Row-major dense (strides of size-1 dimensions do not matter).
+bool dense(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  int64_t expected = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] == 0) return true;
+    if (sizes[i] != 1 && strides[i] != expected) return false;
+    expected *= sizes[i];
+  }
+  return true;
 }
 
 // ------------------------------------------------------------------------------------- parameter packing

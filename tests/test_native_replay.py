@@ -85,6 +85,24 @@ def test_env_overrides_are_part_of_the_key(native, monkeypatch, env):
     assert native.key("rms_norm", args) == before
 
 
+def test_env_values_are_followed_across_changes(native, monkeypatch):
+    """The key's env part is cached while the environment is unchanged; every set, change, unset and re-set of a
+    value (back to an earlier one too) gives the key of that environment, as getenv would."""
+    args = (torch.randn(4, 8), "auto")
+    keys = {}
+    for value in ("1", "2", None, "1", "2", "10", None, "2"):
+        if value is None:
+            monkeypatch.delenv("LOWBIT_BACKEND", raising=False)
+        else:
+            monkeypatch.setenv("LOWBIT_BACKEND", value)
+        monkeypatch.setenv("LOWBIT_UNRELATED_NAME", str(len(keys)))  # other entries changing: no effect
+        got = native.key("rms_norm", args)
+        assert keys.setdefault(value, got) == got and native.key("rms_norm", args) == got
+    assert len(set(keys.values())) == 4
+    monkeypatch.setenv("LOWBIT_CHECK_INDICES", "1")  # the last name set: no key at all
+    assert native.key("rms_norm", args) is None
+
+
 # --------------------------------------------------------------------------------------------------- packing
 def _bf16_truncated(v: float) -> bytes:
     return struct.pack("<f", v)[2:]
