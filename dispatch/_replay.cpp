@@ -1,20 +1,28 @@
 // Native replay of eager launch plans (dispatch/native_replay.py builds and drives it).
 //
 // One call from Python does what LaunchPlan.__call__ does: the call's signature key from the argument tuple
-// (the fields of dispatch/ops/_common.py `_signature`), the plan lookup, the allocations (at::empty_strided,
-// zero-filled or copied from a view of an input), the pointer slots, one cuLaunchKernelEx per compiled kernel on
-// the current stream with the parameters packed as Triton's launcher packs them, and the outputs (allocations,
-// inputs or views of allocations). A call whose key has no plan returns the module's MISS object.
+// (the fields of dispatch/ops/_common.py `_signature`), the plan lookup, the allocations, the pointer slots, one
+// cuLaunchKernelEx per compiled kernel on the current stream with the parameters packed as Triton's launcher packs
+// them, and the outputs (allocations, inputs or views of allocations). A call whose key has no plan returns the
+// module's MISS object.
 //
-// No CUDA header or CUDA library is needed to build it: the few driver prototypes and structs are declared here,
-// and libcuda.so.1 is opened with dlopen on the first registered plan that launches a kernel.
+// Allocations: the plan's small ones share one block per call (one at::empty; each allocation a tensor of its own
+// on the block's storage at the 256-byte aligned offset dispatch/native_replay.py `block_layout` gave it), the
+// zero-filled ones first so that one driver memset zeroes them all; larger ones are allocated alone
+// (at::empty_strided, zeroed by a driver memset). A copy from a dense view of an input is one driver memcpy
+// (other copies stay ATen copies).
+//
+// The CUDA driver entry points and the parameter packing are in _replay_driver.h (no CUDA header or library is
+// needed to build either file).
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/core/TensorImpl.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -23,159 +31,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "_replay_driver.h"
+
 namespace {
-
-// ---------------------------------------------------------------------------------------- CUDA driver, by hand
-using CUresult = int;
-using CUcontext = void*;
-using CUstream = void*;
-using CUfunction = void*;
-using CUdevice = int;
-
-union LaunchAttrValue {  // CUlaunchAttributeValue: a 64-byte union
-  char pad[64];
-  struct { unsigned x, y, z; } cluster_dim;
-  int i;
-  void* align;
-};
-struct LaunchAttr {  // CUlaunchAttribute
-  int id;
-  char pad[4];
-  LaunchAttrValue value;
-};
-struct LaunchConfig {  // CUlaunchConfig
-  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
-  CUstream stream;
-  LaunchAttr* attrs;
-  unsigned num_attrs;
-};
-constexpr int kAttrCooperative = 2, kAttrClusterDim = 4, kAttrClusterPolicy = 5, kAttrPdl = 6;
-constexpr int kClusterPolicySpread = 1, kFuncNonPortableCluster = 14;
-
-struct Driver {
-  CUresult (*launch_ex)(const LaunchConfig*, CUfunction, void**, void**) = nullptr;
-  CUresult (*ctx_get_current)(CUcontext*) = nullptr;
-  CUresult (*device_get)(CUdevice*, int) = nullptr;
-  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice) = nullptr;
-  CUresult (*ctx_set_current)(CUcontext) = nullptr;
-  CUresult (*func_set_attribute)(CUfunction, int, int) = nullptr;
-  CUresult (*get_error_string)(CUresult, const char**) = nullptr;
-  bool ok = false;
-};
-Driver g_driver;
-
-template <typename F>
-bool load_symbol(void* lib, const char* name, F& out) {
-  out = reinterpret_cast<F>(dlsym(lib, name));
-  return out != nullptr;
-}
-
-bool load_driver() {
-  if (g_driver.ok) return true;
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-  if (!lib) return false;
-  Driver d;
-  d.ok = load_symbol(lib, "cuLaunchKernelEx", d.launch_ex) && load_symbol(lib, "cuCtxGetCurrent", d.ctx_get_current) &&
-         load_symbol(lib, "cuDeviceGet", d.device_get) &&
-         load_symbol(lib, "cuDevicePrimaryCtxRetain", d.primary_ctx_retain) &&
-         load_symbol(lib, "cuCtxSetCurrent", d.ctx_set_current) &&
-         load_symbol(lib, "cuFuncSetAttribute", d.func_set_attribute) &&
-         load_symbol(lib, "cuGetErrorString", d.get_error_string);
-  if (d.ok) g_driver = d;
-  return d.ok;
-}
-
-bool cuda_check(CUresult r) {
-  if (r == 0) return true;
-  const char* msg = nullptr;
-  if (g_driver.get_error_string) g_driver.get_error_string(r, &msg);
-  PyErr_Format(PyExc_RuntimeError, "lowbit native replay [CUDA]: %s (%d)", msg ? msg : "unknown error", r);
-  return false;
-}
-
-bool ensure_context() {  // as Triton's launcher: a context must be current (device 0's primary one otherwise)
-  CUcontext ctx = nullptr;
-  if (!cuda_check(g_driver.ctx_get_current(&ctx))) return false;
-  if (ctx) return true;
-  CUdevice dev;
-  return cuda_check(g_driver.device_get(&dev, 0)) && cuda_check(g_driver.primary_ctx_retain(&ctx, dev)) &&
-         cuda_check(g_driver.ctx_set_current(ctx));
-}
-
-// ------------------------------------------------------------------------------------- parameter packing
-// Type codes: Triton 3.9's extractor indices (driver.c); Triton 3.6's generated launcher maps to the same sizes
-// (dispatch/native_replay.py translates its signature strings).
-enum : uint8_t { kPtr = 1, kI8, kI16, kI32, kI64, kU8, kU16, kU32, kU64, kFp16, kBf16, kFp32, kFp64, kTypeEnd };
-
-size_t param_size(uint8_t t) {
-  switch (t) {
-    case kI8: case kU8: return 1;
-    case kI16: case kU16: case kFp16: case kBf16: return 2;
-    case kI32: case kU32: case kFp32: return 4;
-    default: return 8;
-  }
-}
-
-// Writes v as a parameter of type t at dst (param_size(t) bytes); false with a Python error set otherwise.
-bool pack_one(uint8_t t, PyObject* v, char* dst) {
-  if (t == kPtr) {
-    uint64_t p = v == Py_None ? 0 : PyLong_AsUnsignedLongLong(v);
-    std::memcpy(dst, &p, 8);
-  } else if (t >= kI8 && t <= kU64) {
-    // Two's complement truncation to the parameter's width, as the launchers' C casts do.
-    uint64_t u;
-    if (t == kU64) {
-      u = PyLong_AsUnsignedLongLong(v);
-    } else {
-      u = static_cast<uint64_t>(PyLong_AsLongLong(v));
-    }
-    std::memcpy(dst, &u, param_size(t));  // little-endian: the low bytes
-  } else if (t >= kFp16 && t <= kFp64) {
-    double d = PyFloat_AsDouble(v);
-    if (t == kFp16) {
-#if 0x030600B1 <= PY_VERSION_HEX && PY_VERSION_HEX <= 0x030B00A1
-      _PyFloat_Pack2(d, reinterpret_cast<unsigned char*>(dst), 1);
-#else
-      PyFloat_Pack2(d, dst, 1);
-#endif
-    } else if (t == kBf16) {  // Triton truncates the fp32 value's low half
-      float f = static_cast<float>(d);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      uint16_t h = static_cast<uint16_t>(u >> 16);
-      std::memcpy(dst, &h, 2);
-    } else if (t == kFp32) {
-      float f = static_cast<float>(d);
-      std::memcpy(dst, &f, 4);
-    } else {
-      std::memcpy(dst, &d, 8);
-    }
-  } else {
-    PyErr_Format(PyExc_ValueError, "unsupported parameter type code %d", static_cast<int>(t));
-    return false;
-  }
-  return PyErr_Occurred() == nullptr;
-}
-
-// Packs values[i] as type types[i]: at 8-byte aligned offsets (aligned) or back to back; the offsets are appended.
-bool pack_values(PyObject* types, PyObject* values, bool aligned, std::vector<char>& out, std::vector<size_t>& offsets) {
-  Py_ssize_t n = PyBytes_GET_SIZE(types);
-  const uint8_t* codes = reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(types));
-  PyObject* fast = PySequence_Fast(values, "expected a sequence of parameter values");
-  if (!fast) return false;
-  bool ok = PySequence_Fast_GET_SIZE(fast) == n;
-  if (!ok) PyErr_SetString(PyExc_ValueError, "parameter types and values differ in length");
-  for (Py_ssize_t i = 0; ok && i < n; ++i) {
-    size_t at = aligned ? out.size() + (8 - out.size() % 8) % 8 : out.size();
-    out.resize(at + (aligned ? 8 : param_size(codes[i])), 0);
-    offsets.push_back(at);
-    char buf[8] = {0};
-    ok = pack_one(codes[i], PySequence_Fast_GET_ITEM(fast, i), buf);
-    std::memcpy(out.data() + at, buf, param_size(codes[i]));
-  }
-  Py_DECREF(fast);
-  return ok;
-}
 
 // ------------------------------------------------------------------------------------------------ plans
 struct Alloc {
@@ -185,6 +43,9 @@ struct Alloc {
   int copy_input = -1;  // input index of the copied view, -1: none
   std::vector<int64_t> copy_sizes, copy_strides;
   int64_t copy_offset = 0;  // storage offset relative to the input's
+  bool copy_flat = false;  // the copied view and the allocation are both dense in row-major order: one memcpy
+  int64_t block_offset = -1;  // byte offset in the call's block, -1: allocated alone
+  int64_t nbytes = 0;         // bytes it spans (what a zero-fill clears)
 };
 
 struct Slot {
@@ -194,13 +55,28 @@ struct Slot {
   int64_t offset;
 };
 
+// A tensor descriptor parameter (kTma): the CUtensorMap Triton 3.6's launcher encodes (fillTMADescriptor), for
+// the base address of input / allocation `index` plus `offset` bytes; everything else is fixed per signature.
+struct TmaSlot {
+  size_t param;
+  bool from_input;
+  int index;
+  int64_t offset;
+  int elem_type, swizzle, fill;
+  unsigned rank;
+  uint64_t dims[5], strides[5];  // innermost first; strides in bytes (rank - 1 of them)
+  unsigned box[5];
+};
+
 struct Launch {
   CUfunction function;
   unsigned gx, gy, gz, num_warps, num_ctas, shared;
   bool pdl;
-  std::vector<char> blob;  // every parameter at an 8-byte aligned offset, the two scratch pointers last (null)
+  std::vector<char> blob;  // every parameter at an 8-byte (a kTma 64-byte) aligned offset, the two scratch
+                           // pointers last (null)
   std::vector<size_t> offsets;
   std::vector<Slot> slots;
+  std::vector<TmaSlot> tma;
 };
 
 struct Out {
@@ -219,6 +95,9 @@ struct Plan {
   std::vector<Launch> launches;
   Out out;
   PyObject* keep = nullptr;  // strong reference: what the plan's constant pointers point into
+  int64_t block_bytes = 0;   // the per-call block (0: none)
+  int64_t block_zero = 0;    // bytes zeroed from the block's start
+  bool needs_driver = false;  // launches or device memsets
 };
 
 std::unordered_map<std::string, std::unique_ptr<Plan>> g_plans;
@@ -233,6 +112,45 @@ void put(std::string& key, const T& v) {
   key.append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
 
+// The env names' part of the key (false: the last name is set, no key). Recomputed with getenv only when the
+// process environment changed: the environ array and each of its entry pointers are compared with a snapshot
+// (setenv / unsetenv / putenv, which os.environ uses, replace an entry's pointer or the array), ~100 pointer
+// compares instead of a getenv scan per name.
+struct EnvCache {
+  bool valid = false, keyed = true;
+  char** base = nullptr;
+  std::vector<char*> entries;
+  std::string part;
+};
+EnvCache g_env;
+
+bool env_part(std::string& key) {
+  bool same = g_env.valid && g_env.base == environ;
+  size_t n = 0;
+  for (char** e = environ; same && e && *e; ++e, ++n) same = n < g_env.entries.size() && g_env.entries[n] == *e;
+  if (!same || n != g_env.entries.size()) {
+    g_env.part.clear();
+    g_env.keyed = true;
+    for (size_t i = 0; i < g_env_names.size(); ++i) {
+      const char* v = getenv(g_env_names[i].c_str());
+      if (v && i + 1 == g_env_names.size()) g_env.keyed = false;
+      if (v) {
+        g_env.part.push_back('S');
+        put(g_env.part, std::strlen(v));
+        g_env.part.append(v);
+      } else {
+        g_env.part.push_back('N');
+      }
+    }
+    g_env.base = environ;
+    g_env.entries.clear();
+    for (char** e = environ; e && *e; ++e) g_env.entries.push_back(*e);
+    g_env.valid = true;
+  }
+  key.append(g_env.part);
+  return g_env.keyed;
+}
+
 // The call's key: op name, env values, then per argument what `_signature` keeps. False: no key (a kind of
 // argument or a state that always takes the checked path); a Python error may then be set only on failure.
 bool make_key(PyObject* name, PyObject* args, std::string& key) {
@@ -241,17 +159,7 @@ bool make_key(PyObject* name, PyObject* args, std::string& key) {
   if (!s) return false;
   key.append(s, n);
   key.push_back('\0');
-  for (size_t i = 0; i < g_env_names.size(); ++i) {
-    const char* v = getenv(g_env_names[i].c_str());
-    if (v && i + 1 == g_env_names.size()) return false;
-    if (v) {
-      key.push_back('S');
-      put(key, std::strlen(v));
-      key.append(v);
-    } else {
-      key.push_back('N');
-    }
-  }
+  if (!env_part(key)) return false;
   if (g_scope) {
     PyObject* scope = nullptr;
     if (PyContextVar_Get(g_scope, nullptr, &scope) < 0) return false;
@@ -308,17 +216,6 @@ bool make_key(PyObject* name, PyObject* args, std::string& key) {
 }
 
 // ------------------------------------------------------------------------------- plan description parsing
-bool int_list(PyObject* seq, std::vector<int64_t>& out) {
-  PyObject* fast = PySequence_Fast(seq, "expected a sequence of ints");
-  if (!fast) return false;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    out.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i)));
-  }
-  Py_DECREF(fast);
-  return PyErr_Occurred() == nullptr;
-}
-
 bool dtype_of(PyObject* obj, at::ScalarType& out) {
   if (Py_TYPE(obj) != &THPDtypeType) {
     PyErr_SetString(PyExc_TypeError, "expected a torch.dtype");
@@ -331,8 +228,11 @@ bool dtype_of(PyObject* obj, at::ScalarType& out) {
 bool parse_alloc(PyObject* d, Alloc& a) {
   PyObject *sizes, *strides, *dtype, *copy;
   int zero;
-  if (!PyArg_ParseTuple(d, "OOOpO", &sizes, &strides, &dtype, &zero, &copy)) return false;
+  long long block_offset = -1, nbytes = 0;
+  if (!PyArg_ParseTuple(d, "OOOpO|LL", &sizes, &strides, &dtype, &zero, &copy, &block_offset, &nbytes)) return false;
   a.zero = zero;
+  a.block_offset = block_offset;
+  a.nbytes = nbytes;
   if (!int_list(sizes, a.sizes) || !int_list(strides, a.strides) || !dtype_of(dtype, a.dtype)) return false;
   if (copy != Py_None) {
     PyObject *csizes, *cstrides;
@@ -344,12 +244,40 @@ bool parse_alloc(PyObject* d, Alloc& a) {
   return true;
 }
 
+// (param, from_input, index, offset, elem_type, swizzle, fill, dims, strides, box) -> a TmaSlot.
+bool parse_tma(PyObject* d, Py_ssize_t n_params, const uint8_t* codes, TmaSlot& t) {
+  Py_ssize_t param;
+  int from_input;
+  long long offset;
+  PyObject *dims, *strides, *box;
+  if (!PyArg_ParseTuple(d, "npiLiiiOOO", &param, &from_input, &t.index, &offset, &t.elem_type, &t.swizzle, &t.fill,
+                        &dims, &strides, &box))
+    return false;
+  std::vector<int64_t> dv, sv, bv;
+  if (!int_list(dims, dv) || !int_list(strides, sv) || !int_list(box, bv)) return false;
+  if (param < 0 || param >= n_params || codes[param] != kTma || dv.empty() || dv.size() > 5 ||
+      sv.size() + 1 != dv.size() || bv.size() != dv.size()) {
+    PyErr_SetString(PyExc_ValueError, "a bad tensor-descriptor slot");
+    return false;
+  }
+  t.param = static_cast<size_t>(param);
+  t.from_input = from_input;
+  t.offset = offset;
+  t.rank = static_cast<unsigned>(dv.size());
+  for (unsigned i = 0; i < t.rank; ++i) {
+    t.dims[i] = static_cast<uint64_t>(dv[i]);
+    t.box[i] = static_cast<unsigned>(bv[i]);
+    t.strides[i] = i + 1 < t.rank ? static_cast<uint64_t>(sv[i]) : 0;
+  }
+  return true;
+}
+
 bool parse_launch(PyObject* d, Launch& l) {
   unsigned long long function;
   int pdl;
-  PyObject *types, *values, *slots;
-  if (!PyArg_ParseTuple(d, "KIIIIIIpSOO", &function, &l.gx, &l.gy, &l.gz, &l.num_warps, &l.num_ctas, &l.shared, &pdl,
-                        &types, &values, &slots))
+  PyObject *types, *values, *slots, *tma = nullptr;
+  if (!PyArg_ParseTuple(d, "KIIIIIIpSOO|O", &function, &l.gx, &l.gy, &l.gz, &l.num_warps, &l.num_ctas, &l.shared,
+                        &pdl, &types, &values, &slots, &tma))
     return false;
   l.function = reinterpret_cast<CUfunction>(function);
   l.pdl = pdl;
@@ -379,6 +307,18 @@ bool parse_launch(PyObject* d, Launch& l) {
     l.slots.push_back(s);
   }
   Py_DECREF(sfast);
+  if (tma && tma != Py_None) {
+    PyObject* tfast = PySequence_Fast(tma, "expected a sequence of tensor-descriptor slots");
+    if (!tfast) return false;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(tfast); ++i) {
+      l.tma.emplace_back();
+      if (!parse_tma(PySequence_Fast_GET_ITEM(tfast, i), n, codes, l.tma.back())) {
+        Py_DECREF(tfast);
+        return false;
+      }
+    }
+    Py_DECREF(tfast);
+  }
   return true;
 }
 
@@ -441,6 +381,17 @@ void release(Plan* p) {
 }
 
 // ------------------------------------------------------------------------------------------------ replay
+// A tensor of its own (own TensorImpl, version counter and metadata) on `root`'s storage, `byte_offset` bytes into
+// it: what at::empty or a view makes, without a dispatcher call or an allocator call of its own.
+at::Tensor tensor_on(const at::Tensor& root, at::ScalarType dtype, const std::vector<int64_t>& sizes,
+                     const std::vector<int64_t>& strides, int64_t byte_offset) {
+  c10::DispatchKeySet keys(root.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(root.storage()), keys,
+                                                   caffe2::TypeMeta::fromScalarType(dtype));
+  impl->set_sizes_and_strides(sizes, strides, byte_offset / static_cast<int64_t>(c10::elementSize(dtype)));
+  return at::Tensor(std::move(impl));
+}
+
 PyObject* build_out(const Out& o, PyObject* args, const std::vector<at::Tensor>& allocs) {
   switch (o.kind) {
     case Out::kTuple: {
@@ -467,9 +418,12 @@ PyObject* build_out(const Out& o, PyObject* args, const std::vector<at::Tensor>&
     case Out::kAlloc:
       return THPVariable_Wrap(allocs[o.index]);
     case Out::kView: {
+      // o.offset (elements of o.dtype) is relative to the allocation's start (a block member starts at its own
+      // storage offset, a multiple of 256 bytes)
       const at::Tensor& root = allocs[o.index];
-      at::Tensor base = root.scalar_type() == o.dtype ? root : root.view(o.dtype);
-      return THPVariable_Wrap(base.as_strided(o.sizes, o.strides, o.offset));
+      int64_t start = root.storage_offset() * static_cast<int64_t>(root.element_size());
+      return THPVariable_Wrap(tensor_on(root, o.dtype, o.sizes, o.strides,
+                                        start + o.offset * static_cast<int64_t>(c10::elementSize(o.dtype))));
     }
   }
   return nullptr;
@@ -496,18 +450,26 @@ bool launch_one(const Launch& l, CUstream stream, PyObject* args, const std::vec
     big.resize(l.offsets.size());
     p = big.data();
   }
-  alignas(8) char local[64 * 8];
+  alignas(64) char local[1024];
   std::vector<char> heap;
   char* blob = local;
-  if (l.blob.size() > sizeof(local)) {
-    heap.resize(l.blob.size());
-    blob = heap.data();
+  if (l.blob.size() > sizeof(local)) {  // 64-byte aligned, as the tensor maps in it must be
+    heap.resize(l.blob.size() + 64);
+    blob = heap.data() + (64 - reinterpret_cast<uintptr_t>(heap.data()) % 64) % 64;
   }
   std::memcpy(blob, l.blob.data(), l.blob.size());
   for (const Slot& s : l.slots) {
     const at::Tensor& t = s.from_input ? THPVariable_Unpack(PyTuple_GET_ITEM(args, s.index)) : allocs[s.index];
     uint64_t ptr = reinterpret_cast<uint64_t>(t.data_ptr()) + static_cast<uint64_t>(s.offset);
     std::memcpy(blob + l.offsets[s.param], &ptr, 8);
+  }
+  static const unsigned kElementStrides[5] = {1, 1, 1, 1, 1};
+  for (const TmaSlot& s : l.tma) {  // interleave none, L2 promotion 128 B: as Triton's fillTMADescriptor
+    const at::Tensor& t = s.from_input ? THPVariable_Unpack(PyTuple_GET_ITEM(args, s.index)) : allocs[s.index];
+    char* base = static_cast<char*>(t.data_ptr()) + s.offset;
+    if (!cuda_check(g_driver.encode_tiled(blob + l.offsets[s.param], s.elem_type, s.rank, base, s.dims, s.strides,
+                                          s.box, kElementStrides, 0, s.swizzle, 2, s.fill)))
+      return false;
   }
   for (size_t i = 0; i < l.offsets.size(); ++i) p[i] = blob + l.offsets[i];
   LaunchAttr attrs[4];
@@ -530,22 +492,38 @@ bool launch_one(const Launch& l, CUstream stream, PyObject* args, const std::vec
 }
 
 PyObject* execute(const Plan& plan, PyObject* args) {
+  bool cuda = plan.device.is_cuda();
+  CUstream stream = nullptr;
+  if (plan.needs_driver && (!ensure_context() || !current_stream(stream))) return nullptr;
+  auto options = at::TensorOptions().device(plan.device);
+  at::Tensor block;
+  if (plan.block_bytes) {
+    block = at::empty({plan.block_bytes}, options.dtype(at::kByte));
+    if (!zero_bytes(cuda, block.data_ptr(), static_cast<size_t>(plan.block_zero), stream)) return nullptr;
+  }
   std::vector<at::Tensor> allocs;
   allocs.reserve(plan.allocs.size());
-  auto options = at::TensorOptions().device(plan.device);
   for (const Alloc& a : plan.allocs) {
-    at::Tensor t = at::empty_strided(a.sizes, a.strides, options.dtype(a.dtype));
-    if (a.zero) {
-      t.zero_();
-    } else if (a.copy_input >= 0) {
+    at::Tensor t;
+    if (a.block_offset >= 0) {
+      t = tensor_on(block, a.dtype, a.sizes, a.strides, a.block_offset);  // zeroed with the prefix where a.zero
+    } else {
+      t = at::empty_strided(a.sizes, a.strides, options.dtype(a.dtype));
+      if (a.zero && !zero_bytes(cuda, t.data_ptr(), static_cast<size_t>(a.nbytes), stream)) return nullptr;
+    }
+    if (a.copy_input >= 0) {
       const at::Tensor& x = THPVariable_Unpack(PyTuple_GET_ITEM(args, a.copy_input));
-      t.copy_(x.as_strided(a.copy_sizes, a.copy_strides, x.storage_offset() + a.copy_offset));
+      if (a.copy_flat) {  // a driver copy (no ATen op, no kernel of its own)
+        const char* src = static_cast<const char*>(x.data_ptr()) + a.copy_offset * x.element_size();
+        if (!copy_bytes(cuda, t.data_ptr(), src, static_cast<size_t>(t.numel() * t.element_size()), stream))
+          return nullptr;
+      } else {
+        t.copy_(x.as_strided(a.copy_sizes, a.copy_strides, x.storage_offset() + a.copy_offset));
+      }
     }
     allocs.push_back(std::move(t));
   }
   if (!plan.launches.empty()) {
-    CUstream stream;
-    if (!ensure_context() || !current_stream(stream)) return nullptr;
     for (const Launch& l : plan.launches) {
       if (!launch_one(l, stream, args, allocs)) return nullptr;
     }
@@ -561,6 +539,7 @@ PyObject* py_init(PyObject*, PyObject* args) {
   PyObject* fast = PySequence_Fast(names, "expected a sequence of env names");
   if (!fast) return nullptr;
   g_env_names.clear();
+  g_env.valid = false;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
     const char* s = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(fast, i));
     if (!s) {
@@ -614,7 +593,8 @@ PyObject* py_call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   }
 }
 
-// register(name, args, (device_type, device_index, allocs, launches, outputs, keep)) -> whether it was kept.
+// register(name, args, (device_type, device_index, allocs, launches, outputs, keep[, block_bytes, block_zero]))
+// -> whether it was kept.
 PyObject* py_register(PyObject*, PyObject* args) {
   PyObject *name, *call_args, *desc;
   if (!PyArg_ParseTuple(args, "UO!O!", &name, &PyTuple_Type, &call_args, &PyTuple_Type, &desc)) return nullptr;
@@ -627,9 +607,13 @@ PyObject* py_register(PyObject*, PyObject* args) {
     const char* device_type;
     int device_index;
     PyObject *allocs, *launches, *outputs, *keep;
-    if (!PyArg_ParseTuple(desc, "siOOOO", &device_type, &device_index, &allocs, &launches, &outputs, &keep))
+    long long block_bytes = 0, block_zero = 0;
+    if (!PyArg_ParseTuple(desc, "siOOOO|LL", &device_type, &device_index, &allocs, &launches, &outputs, &keep,
+                          &block_bytes, &block_zero))
       return nullptr;
     auto plan = std::make_unique<Plan>();
+    plan->block_bytes = block_bytes;
+    plan->block_zero = block_zero;
     bool cuda = !std::strcmp(device_type, "cuda");
     plan->device = cuda ? c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_index))
                         : c10::Device(c10::DeviceType::CPU);
@@ -649,10 +633,36 @@ PyObject* py_register(PyObject*, PyObject* args) {
     }
     Py_XDECREF(fl);
     ok = ok && parse_out(outputs, plan->out);
-    if (ok && !plan->launches.empty() && (!cuda || !load_driver())) {
-      PyErr_SetString(PyExc_RuntimeError, cuda ? "libcuda.so.1 or a driver symbol is unavailable"
-                                               : "kernel launches need a CUDA device");
+    for (const Alloc& a : plan->allocs) {
+      if (!ok) break;
+      ok = a.block_offset < 0 ||
+           (a.block_offset % 256 == 0 && a.block_offset + a.nbytes <= block_bytes &&
+            (!a.zero || a.block_offset + a.nbytes <= block_zero));
+      if (!ok) PyErr_SetString(PyExc_ValueError, "an allocation outside the call's block or misaligned in it");
+      plan->needs_driver = plan->needs_driver || (cuda && a.zero && a.block_offset < 0 && a.nbytes > 0);
+    }
+    for (Alloc& a : plan->allocs) {  // dense copies become one memcpy (the source has the allocation's dtype)
+      a.copy_flat = a.copy_input >= 0 && dense(a.sizes, a.strides) && dense(a.copy_sizes, a.copy_strides) &&
+                    a.sizes == a.copy_sizes;
+      plan->needs_driver = plan->needs_driver || (cuda && a.copy_flat);
+    }
+    if (ok && !(block_zero >= 0 && block_zero <= block_bytes)) {
+      PyErr_SetString(PyExc_ValueError, "the zeroed prefix exceeds the call's block");
       ok = false;
+    }
+    plan->needs_driver = plan->needs_driver || (cuda && (!plan->launches.empty() || block_zero > 0));
+    if (ok && !plan->launches.empty() && !cuda) {
+      PyErr_SetString(PyExc_RuntimeError, "kernel launches need a CUDA device");
+      ok = false;
+    } else if (ok && plan->needs_driver && !load_driver()) {
+      PyErr_SetString(PyExc_RuntimeError, "libcuda.so.1 or a driver symbol is unavailable");
+      ok = false;
+    }
+    for (const Launch& l : plan->launches) {
+      if (ok && !l.tma.empty() && !g_driver.encode_tiled) {
+        PyErr_SetString(PyExc_RuntimeError, "the driver has no cuTensorMapEncodeTiled");
+        ok = false;
+      }
     }
     if (!ok) {
       release(plan.get());
@@ -670,8 +680,9 @@ PyObject* py_register(PyObject*, PyObject* args) {
   }
 }
 
-// lookup(name, args) -> whether a call with these arguments has a plan.
-PyObject* py_lookup(PyObject*, PyObject* args) {
+// lookup(name, args) -> whether a call with these arguments has a plan; drop(name, args): the same, and the plan
+// is dropped.
+PyObject* find_plan(PyObject* args, bool drop) {
   PyObject *name, *call_args;
   if (!PyArg_ParseTuple(args, "UO!", &name, &PyTuple_Type, &call_args)) return nullptr;
   try {
@@ -680,12 +691,22 @@ PyObject* py_lookup(PyObject*, PyObject* args) {
       if (PyErr_Occurred()) return nullptr;
       Py_RETURN_FALSE;
     }
-    return PyBool_FromLong(g_plans.count(key));
+    auto it = g_plans.find(key);
+    if (it == g_plans.end()) Py_RETURN_FALSE;
+    if (drop) {
+      release(it->second.get());
+      g_plans.erase(it);
+    }
+    Py_RETURN_TRUE;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
   }
 }
+
+PyObject* py_lookup(PyObject*, PyObject* args) { return find_plan(args, false); }
+
+PyObject* py_drop(PyObject*, PyObject* args) { return find_plan(args, true); }
 
 PyObject* py_clear(PyObject*, PyObject*) {
   for (auto& kv : g_plans) release(kv.second.get());
@@ -703,6 +724,20 @@ PyObject* py_pack(PyObject*, PyObject* args) {
   std::vector<size_t> offsets;
   if (!pack_values(types, values, false, out, offsets)) return nullptr;
   return PyBytes_FromStringAndSize(out.data(), static_cast<Py_ssize_t>(out.size()));
+}
+
+// memset(ptr, nbytes, stream): the driver memset a zero-filled allocation gets (for tests with a stand-in driver).
+PyObject* py_memset(PyObject*, PyObject* args) {
+  unsigned long long ptr, stream;
+  Py_ssize_t n;
+  if (!PyArg_ParseTuple(args, "KnK", &ptr, &n, &stream)) return nullptr;
+  if (!load_driver()) {
+    PyErr_SetString(PyExc_RuntimeError, "libcuda.so.1 or a driver symbol is unavailable");
+    return nullptr;
+  }
+  if (!zero_bytes(true, reinterpret_cast<void*>(ptr), static_cast<size_t>(n), reinterpret_cast<CUstream>(stream)))
+    return nullptr;
+  Py_RETURN_NONE;
 }
 
 // key(name, args) -> the key bytes, or None (for tests).
@@ -723,10 +758,12 @@ PyMethodDef kMethods[] = {
      "call(name, args) -> outputs or MISS"},
     {"register", py_register, METH_VARARGS, "register(name, args, plan_description) -> bool"},
     {"lookup", py_lookup, METH_VARARGS, "lookup(name, args) -> bool"},
+    {"drop", py_drop, METH_VARARGS, "drop(name, args) -> whether a plan was dropped"},
     {"clear", py_clear, METH_NOARGS, "drop every plan"},
     {"size", py_size, METH_NOARGS, "number of plans"},
     {"pack", py_pack, METH_VARARGS, "pack(type_codes, values) -> bytes"},
     {"key", py_key, METH_VARARGS, "key(name, args) -> bytes or None"},
+    {"memset", py_memset, METH_VARARGS, "memset(ptr, nbytes, stream): zero device memory with the driver"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "lowbit_replay", nullptr, -1, kMethods};

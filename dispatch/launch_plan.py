@@ -10,15 +10,17 @@ sees every aten op and every `triton_ops._launch.launch`, and derives a plan:
   zero-filled where the call zeroed them whole, or filled by a copy of a view of an input where the call did that
   before its first launch (e.g. a given scale returned as a copy);
 * launches: each compiled kernel with its grid and its arguments, where a tensor argument becomes "the data
-  pointer of input i / allocation j plus a byte offset" (raw pointers: Triton's launcher takes ints), and every
-  other argument a constant;
+  pointer of input i / allocation j plus a byte offset" (raw pointers: Triton's launcher takes ints), a host
+  tensor descriptor (Gluon / Triton `TensorDescriptor`) over an input or allocation becomes a copy of it with
+  that tensor as its base (its shape, strides and block are fixed by the signature; Triton's launcher encodes
+  it), and every other argument a constant;
 * outputs: which allocation (or input) each returned tensor is, as a view with its shape, strides and dtype.
 
 The plan is used only when it reproduces the recorded call exactly: rebuilt from the recorded call's own tensors,
 every pointer and every output must come out identical, and the call must have done nothing but allocate, zero,
-take views and launch (any other aten op, a launch argument of another kind, such as a TMA descriptor, or a
-Triton launch hook -> no plan; the backend function then runs as usual). Plans replay on the current device's
-current stream, as Triton's own launch does, so CUDA-graph capture works unchanged.
+take views and launch (any other aten op, a launch argument of another kind, or a Triton launch hook -> no plan;
+the backend function then runs as usual). Plans with tensor descriptors replay in Python only. Plans replay on the
+current device's current stream, as Triton's own launch does, so CUDA-graph capture works unchanged.
 
 Plans are on by default for every Triton row on CUDA; PLANS_ENV=0 turns them off (every call then runs the backend
 function). A plan the C++ extension can run is also registered there (dispatch/native_replay.py): later calls
@@ -28,6 +30,7 @@ against the reference on the GPU, natively and in Python (tests/test_launch_plan
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import logging
@@ -94,8 +97,16 @@ class LaunchPlan:
         self._replay = []
         for run, function, metadata, grid, specs in self.launches:
             template = [s[1] if s[0] == "const" else 0 for s in specs]
-            slots = tuple((pos, s[0] == "input", s[1], s[2]) for pos, s in enumerate(specs) if s[0] != "const")
-            self._replay.append((run, function, metadata, grid[0], grid[1], grid[2], template, slots))
+            slots = tuple((pos, s[0] == "input", s[1], s[2]) for pos, s in enumerate(specs)
+                          if s[0] in ("input", "alloc"))
+            descs = tuple((pos, s[1] == "input", s[2], s[3], s[4]) for pos, s in enumerate(specs) if s[0] == "desc")
+            self._replay.append((run, function, metadata, grid[0], grid[1], grid[2], template, slots, descs))
+
+    def census(self) -> dict:
+        """What one replay does: allocations (and their bytes), zero-fills, copies and launches."""
+        nbytes = [_alloc_bytes(a) for a in self.allocs]
+        return dict(allocs=len(self.allocs), alloc_bytes=sum(nbytes), zero_fills=sum(a.zero for a in self.allocs),
+                    copies=sum(a.copy_from is not None for a in self.allocs), launches=len(self.launches))
 
     def __call__(self, *args):
         dev = self.device
@@ -108,12 +119,61 @@ class LaunchPlan:
                 t.copy_(_input_view(args[a.copy_from[0]], a.copy_from[1]))
             allocs.append(t)
         stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice()) if dev.type == "cuda" else 0
-        for run, function, metadata, gx, gy, gz, template, slots in self._replay:
+        for run, function, metadata, gx, gy, gz, template, slots, descs in self._replay:
             values = template.copy()
             for pos, from_input, index, offset in slots:
                 values[pos] = (args[index] if from_input else allocs[index]).data_ptr() + offset
+            for pos, from_input, index, desc, view in descs:
+                values[pos] = _rebased(desc, _descriptor_base(args[index] if from_input else allocs[index], view))
             run(gx, gy, gz, stream, function, metadata, None, None, None, *values)
         return _rebuild(self.outputs, args, allocs)
+
+
+def _alloc_bytes(a: _Alloc) -> int:
+    """Bytes an allocation of this shape and these strides spans (0 when empty)."""
+    if any(d == 0 for d in a.shape):
+        return 0
+    return (1 + sum((d - 1) * s for d, s in zip(a.shape, a.stride, strict=True))) * a.dtype.itemsize
+
+
+def _rebased(desc, base: torch.Tensor):
+    """A copy of a host tensor descriptor with another base tensor (same metadata: the signature fixes it)."""
+    out = copy.copy(desc)
+    out.base = base
+    return out
+
+
+def _is_descriptor(v) -> bool:
+    """A host tensor descriptor (triton.tools.tensor_descriptor / Gluon's TensorDescriptor): a tensor base with a
+    block shape."""
+    return isinstance(getattr(v, "base", None), torch.Tensor) and hasattr(v, "block_shape")
+
+
+def _descriptor_spec(v, inputs: dict, allocs: list) -> tuple:
+    """("desc", "input" | "alloc", index, template without its base, view) for a descriptor over an input or an
+    allocation of the call, or over a view of one: view None for the root itself, else (shape, strides, storage
+    offset relative to the root's, dtype) of the base."""
+    where = _locate(v.base, inputs, allocs)
+    if where is None:
+        raise NoPlan("a tensor descriptor over a tensor that is not an input or an allocation of the call")
+    root, base = (inputs[where[1]] if where[0] == "input" else allocs[where[1]]), v.base
+    view = None
+    if (root.data_ptr(), root.shape, root.stride(), root.dtype) != (base.data_ptr(), base.shape, base.stride(),
+                                                                    base.dtype):
+        if where[2] % base.element_size() or (root.storage_offset() * root.element_size()) % base.element_size():
+            raise NoPlan("a tensor descriptor's base is not element-aligned in its root")
+        rel = base.storage_offset() - root.storage_offset() * root.element_size() // base.element_size()
+        view = (tuple(base.shape), base.stride(), rel, base.dtype)
+    return ("desc", where[0], where[1], _rebased(v, None), view)
+
+
+def _descriptor_base(root: torch.Tensor, view):
+    if view is None:
+        return root
+    shape, stride, rel, dtype = view
+    if root.dtype != dtype:
+        root = root.view(dtype)
+    return root.as_strided(shape, stride, root.storage_offset() + rel)
 
 
 def _value(spec, args, allocs):
@@ -193,6 +253,23 @@ def _hooks_set(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
+def census(ops: list, launches: list) -> dict:
+    """What a recorded call did, counted as a plan would replay it: allocations (and their bytes), whole
+    zero-fills, copies, launches, and aten ops that are none of these (any of those: no plan)."""
+    out = dict(allocs=0, alloc_bytes=0, zero_fills=0, copies=0, launches=len(launches), other_ops=[])
+    for func, fargs, _, res, _ in ops:
+        if func in _FACTORIES:
+            out["allocs"] += 1
+            out["alloc_bytes"] += res.untyped_storage().nbytes()
+        elif func in _ZEROING:
+            out["zero_fills"] += 1
+        elif func is aten.copy_.default:
+            out["copies"] += 1
+        elif not _is_view_op(func, fargs, res):
+            out["other_ops"].append(str(func))
+    return out
+
+
 class NoPlan(Exception):
     """Why a call cannot be replayed from a plan (the backend function then runs as usual)."""
 
@@ -259,6 +336,8 @@ def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
                 specs.append(where)
             elif isinstance(v, _PLAIN):
                 specs.append(("const", v))
+            elif _is_descriptor(v):
+                specs.append(_descriptor_spec(v, inputs, allocs))
             else:
                 raise NoPlan(f"a launch argument of type {type(v).__name__}")
         grid = tuple(rec.grid) + (1,) * (3 - len(rec.grid))
@@ -273,6 +352,11 @@ def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
         for spec, (v, _) in zip(specs, _bound_values(rec), strict=True):
             if isinstance(v, torch.Tensor) and spec[0] != "const" and _value(spec, args, allocs) != v.data_ptr():
                 raise NoPlan("a rebuilt pointer differs from the recorded one")
+            if spec[0] == "desc":
+                base = _descriptor_base((args if spec[1] == "input" else allocs)[spec[2]], spec[4])
+                if (base.data_ptr(), base.shape, base.stride(), base.dtype) != (v.base.data_ptr(), v.base.shape,
+                                                                                v.base.stride(), v.base.dtype):
+                    raise NoPlan("a rebuilt descriptor's base differs from the recorded one")
     rebuilt = _rebuild(outputs, args, allocs)
     if not _same_tree(rebuilt, out):
         raise NoPlan("the rebuilt outputs differ from the recorded ones")

@@ -4,14 +4,16 @@ A LaunchPlan (dispatch/launch_plan.py) replayed in Python costs ~15-20 us of hos
 torch.empty_strided per output, the pointer slots and views, and Triton's launcher, each a Python-level call. The
 extension built from dispatch/_replay.cpp does all of it in one call: it computes the call's key from the argument
 tuple (the fields of dispatch/ops/_common.py `_signature`, plus the env names below), finds the plan, allocates
-with at::empty_strided (zeroing or copying as the plan says), fills the pointer parameters and launches each
-compiled kernel with cuLaunchKernelEx on the current stream (libcuda.so.1 opened with dlopen; the parameters
-packed as the installed Triton's launcher packs them, the global / profile scratch pointers last and null), then
-returns the outputs.
+(`block_layout`: one at::empty per call for the plan's small allocations, zero-fills as one driver memset),
+fills the pointer parameters and launches each compiled kernel with cuLaunchKernelEx on the current stream
+(libcuda.so.1 opened with dlopen; the parameters packed as the installed Triton's launcher packs them, the global /
+profile scratch pointers last and null), then returns the outputs.
 
 Derivation stays in Python: `adopt` converts a plan the extension can run (no global or profile scratch, no
-cooperative launch, no tensor descriptors, only pointer / integer / float parameters) and registers it under the
-call's key; any other plan keeps its Python replay (`REFUSALS` says why). The extension is compiled on first use
+cooperative launch, only pointer / integer / float parameters and, with Triton 3.6's launcher, host tensor
+descriptors: the extension encodes each one's CUtensorMap per call with cuTensorMapEncodeTiled as Triton's
+fillTMADescriptor does, then passes its shape and strides) and registers it under the call's key; any other plan
+keeps its Python replay (`REFUSALS` says why). The extension is compiled on first use
 into torch's extensions cache under a name that hashes its source, torch's and Python's versions (with torch's
 ninja build where ninja is installed, else one direct compiler call). Without a compiler, or with NATIVE_ENV=0,
 plans replay in Python (one debug log line says why).
@@ -27,9 +29,15 @@ from pathlib import Path
 
 import torch
 
+from . import launch_plan
+
 log = logging.getLogger("lowbit.dispatch")
 NATIVE_ENV = "LOWBIT_EAGER_NATIVE"
 _SOURCE = Path(__file__).with_name("_replay.cpp")
+_HEADER = _SOURCE.with_name("_replay_driver.h")  # included by _SOURCE
+# One block per call: allocations of at most BLOCK_MEMBER_MAX bytes share it, each at a BLOCK_ALIGN aligned offset.
+BLOCK_ALIGN = 256
+BLOCK_MEMBER_MAX = 1 << 20
 
 # The extension's `call(name, args)` once it is loaded (None before and without it), and what it returns for a
 # call without a plan.
@@ -44,7 +52,11 @@ _state: dict = {"module": None, "tried": False}
 _CODES_36 = {"i1": 2, "i8": 2, "i16": 3, "i32": 4, "i64": 5, "u1": 6, "u8": 6, "u16": 7, "u32": 8, "u64": 9,
              "fp16": 10, "bf16": 11, "fp32": 12, "f32": 12, "fp64": 13}
 PTR = 1
+I32, I64 = 4, 5
+TMA = 14  # a CUtensorMap by value (the extension encodes it per call)
 _FLOAT_CODES = frozenset({10, 11, 12, 13})
+# Triton 3.6's TMA element types: the kernel's (device) enum -> the driver's (host) one (its driver.py).
+_TMA_DTYPE_DEVICE_TO_HOST = {8: 10, 9: 8, 10: 9}
 
 
 class NoNative(Exception):
@@ -73,7 +85,7 @@ def _build():
     from . import registry
     from .ops._common import _SELECT_ENV
 
-    source = _SOURCE.read_bytes()
+    source = _SOURCE.read_bytes() + _HEADER.read_bytes()
     tag = hashlib.sha256(source + f"{torch.__version__}|{sys.version_info[:2]}".encode()).hexdigest()[:16]
     name = f"lowbit_replay_{tag}"
     if cpp_extension.is_ninja_available():
@@ -166,21 +178,51 @@ def clear() -> None:
         _state["module"].clear()
 
 
+def block_layout(allocs: list) -> tuple[list[int], int, int]:
+    """Where a call's allocations go: (byte offset of each in the call's one block, -1 where it is allocated alone;
+    the block's bytes; how many bytes from the block's start are zeroed).
+
+    Allocations of at most BLOCK_MEMBER_MAX bytes share the block (when there are two or more): each at a
+    BLOCK_ALIGN (256) byte aligned offset (every dtype's alignment, and what the caching allocator gives a tensor
+    of its own), none overlapping another, the zero-filled ones first so that one memset clears them all (the
+    padding between them included). Each is a tensor of its own on the block's storage (own metadata and version
+    counter): torch semantics are those of separate allocations, except that the memory is returned when the last
+    of them dies (an output kept alive keeps the block, small allocations only, alive; record_stream on one
+    records the block), and an in-place `resize_` of an output to more elements would reach into the next
+    allocation's bytes (as for any view; torch's out= ops warn before resizing a non-empty output): outputs are
+    not to be grown in place. Larger allocations (prefill shapes) keep an allocation of their own."""
+    sizes = [launch_plan._alloc_bytes(a) for a in allocs]
+    members = [j for j, n in enumerate(sizes) if n <= BLOCK_MEMBER_MAX]
+    offsets = [-1] * len(allocs)
+    if len(members) < 2:
+        return offsets, 0, 0
+    at = zero_end = 0
+    for j in sorted(members, key=lambda j: not allocs[j].zero):  # zero-filled first, else in plan order
+        offsets[j] = at
+        at += -(-max(sizes[j], 1) // BLOCK_ALIGN) * BLOCK_ALIGN
+        if allocs[j].zero:
+            zero_end = at
+    return offsets, at, zero_end
+
+
 def describe(plan) -> tuple:
     """The extension's description of a LaunchPlan: (device type, device index, allocations, launches, outputs,
-    what to keep alive). Raises NoNative for what the extension cannot replicate."""
+    what to keep alive, block bytes, zeroed block bytes). Raises NoNative for what the extension cannot
+    replicate."""
+    offsets, block_bytes, block_zero = block_layout(plan.allocs)
     allocs = []
-    for a in plan.allocs:
+    for a, offset in zip(plan.allocs, offsets, strict=True):
         copy = None
         if a.copy_from is not None:
             index, (shape, stride, rel, _dtype) = a.copy_from
             copy = (index, tuple(shape), tuple(stride), rel)
-        allocs.append((tuple(a.shape), tuple(a.stride), a.dtype, bool(a.zero), copy))
+        allocs.append((tuple(a.shape), tuple(a.stride), a.dtype, bool(a.zero), copy, offset,
+                       launch_plan._alloc_bytes(a)))
     launches = [_describe_launch(launch, compiled) for launch, compiled in
                 zip(plan.launches, plan.kernels, strict=True)]
     device = plan.device
     index = device.index if device.index is not None else 0
-    return (device.type, index, allocs, launches, _describe_out(plan.outputs), plan)
+    return (device.type, index, allocs, launches, _describe_out(plan.outputs), plan, block_bytes, block_zero)
 
 
 def param_codes(compiled) -> bytes:
@@ -213,35 +255,91 @@ def _describe_launch(launch, compiled) -> tuple:
     for attr in ("global_scratch_size", "profile_scratch_size", "launch_cooperative_grid", "gsan_enabled"):
         if getattr(launcher, attr, 0) or getattr(compiled.metadata, attr, 0):
             raise NoNative(f"the kernel needs {attr}")
-    if getattr(compiled.metadata, "tensordesc_meta", None):
-        raise NoNative("tensor descriptors")
     if not (isinstance(metadata, tuple) and len(metadata) == 3 and all(isinstance(m, int) for m in metadata)):
         raise NoNative(f"kernel metadata {metadata!r} is not (num_warps, num_ctas, shared)")
     num_warps, num_ctas, shared = metadata
     sig = list(compiled.src.signature.values())
     if len(sig) != len(specs):
         raise NoNative("the launch's arguments differ from the kernel's signature")
+    if any(isinstance(t, str) and t.startswith("tensordesc") for t in sig):
+        codes, values, slots, tma = _with_descriptors(compiled, sig, specs)
+    else:
+        codes, (values, slots), tma = param_codes(compiled), _plain_params(compiled, sig, specs), []
+    gx, gy, gz = grid
+    pdl = bool(getattr(launcher, "launch_pdl", False) or getattr(compiled.metadata, "launch_pdl", False))
+    return (int(function), gx, gy, gz, num_warps, num_ctas, shared, pdl, codes, values, slots, tma)
+
+
+def _plain_params(compiled, sig, specs) -> tuple[list, list]:
+    """(values, pointer slots) of a launch whose parameters are pointers and scalars."""
     codes = param_codes(compiled)
     values, slots = [], []
     for spec, ty in zip(specs, sig, strict=True):
-        if ty == "constexpr":
+        if ty != "constexpr":
+            _add_param(codes[len(values)], ty, spec, values, slots)
+    return values, slots
+
+
+def _add_param(code: int, ty: str, spec, values: list, slots: list) -> None:
+    """Appends a pointer (a slot filled per call) or scalar parameter of type code `code`."""
+    if spec[0] in ("input", "alloc"):
+        if code != PTR:
+            raise NoNative(f"a tensor passed as a {ty} parameter")
+        slots.append((len(values), spec[0] == "input", spec[1], spec[2]))
+        values.append(0)
+        return
+    if spec[0] != "const":
+        raise NoNative(f"a {spec[0]} argument for a {ty} parameter")
+    value = spec[1]
+    ok = (value is None or isinstance(value, int)) if code == PTR else (
+        isinstance(value, (int, float)) if code in _FLOAT_CODES else isinstance(value, int))
+    if not ok:
+        raise NoNative(f"a {type(value).__name__} value for a {ty} parameter")
+    values.append(value)
+
+
+def _with_descriptors(compiled, sig, specs) -> tuple:
+    """(codes, values, pointer slots, tensor-descriptor slots) of a launch with host tensor descriptors, as Triton
+    3.6's generated launcher expands them: each descriptor the kernel takes as a TMA descriptor becomes a
+    CUtensorMap (encoded per call from the base address; here its fixed encoding arguments, innermost dimension
+    first, as fillTMADescriptor orders them), then its shape (i32 each) and strides (i64 each)."""
+    if getattr(compiled.run, "kernel_signature", None) is not None:
+        raise NoNative("tensor descriptors with this Triton's launcher (the native replay follows Triton 3.6's)")
+    metas = list(getattr(compiled.metadata, "tensordesc_meta", None) or [])
+    codes, values, slots, tma = [], [], [], []
+    n_desc = 0
+    for spec, ty in zip(specs, sig, strict=True):
+        if not (isinstance(ty, str) and ty.startswith("tensordesc")):
+            if ty != "constexpr":
+                code = PTR if ty.startswith("*") else _CODES_36.get(ty)
+                if code is None:
+                    raise NoNative(f"a parameter of type {ty}")
+                codes.append(code)
+                _add_param(code, ty, spec, values, slots)
             continue
-        code = codes[len(values)]
-        if spec[0] != "const":
-            if code != PTR:
-                raise NoNative(f"a tensor passed as a {ty} parameter")
-            slots.append((len(values), spec[0] == "input", spec[1], spec[2]))
-            values.append(0)
-            continue
-        value = spec[1]
-        ok = (value is None or isinstance(value, int)) if code == PTR else (
-            isinstance(value, (int, float)) if code in _FLOAT_CODES else isinstance(value, int))
-        if not ok:
-            raise NoNative(f"a {type(value).__name__} value for a {ty} parameter")
-        values.append(value)
-    gx, gy, gz = grid
-    pdl = bool(getattr(launcher, "launch_pdl", False) or getattr(compiled.metadata, "launch_pdl", False))
-    return (int(function), gx, gy, gz, num_warps, num_ctas, shared, pdl, codes, values, slots)
+        meta = metas[n_desc] if n_desc < len(metas) else None
+        n_desc += 1
+        if meta is None or spec[0] != "desc":
+            raise NoNative("a tensor descriptor the kernel takes as a pointer, or another argument for one")
+        _, kind, index, template, view = spec
+        shape, strides = [int(d) for d in template.shape], [int(d) for d in template.strides]
+        if meta.get("fp4_padded"):
+            shape[-1] *= 2
+        if strides[-1] != 1 or not 1 <= len(shape) <= 5:
+            raise NoNative("a tensor descriptor with a non-unit inner stride or rank > 5")
+        elem = int(meta["elem_size"])
+        offset = 0 if view is None else view[2] * view[3].itemsize
+        fill = 1 if getattr(template, "padding", "zero") == "nan" else 0
+        tma.append((len(values), kind == "input", index, offset,
+                    _TMA_DTYPE_DEVICE_TO_HOST.get(int(meta["elem_type"]), int(meta["elem_type"])),
+                    int(meta["swizzle"]), fill, shape[::-1], [elem * st for st in strides[-2::-1]],
+                    [int(b) for b in meta["block_size"]][::-1]))
+        codes += [TMA] + [I32] * len(shape) + [I64] * len(strides)
+        values += [0, *shape, *strides]
+    if n_desc != len(metas):
+        raise NoNative("the kernel's tensor-descriptor metadata differs from its descriptor parameters")
+    return bytes(codes), values, slots, tma
+
 
 
 def _describe_out(spec) -> tuple:

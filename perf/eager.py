@@ -1,13 +1,18 @@
 """Eager host cost per call: every op back to back at a tiny shape, against torch's own eager ops.
 
-    python -m perf.eager --out eager.json [--ops rms_norm,swiglu] [--profile rms_norm,...] [--decode]
+    python -m perf.eager --out eager.json [--ops rms_norm,swiglu] [--profile over|all|rms_norm,...] [--decode]
 
 Each record: op, backend (what `auto` picked), host_us (wall time per call of N back-to-back calls, median of
 5 batches; the kernels are tiny, so the GPU idles and the wall time is the host's), host_ratio = host_us /
 torch F.rms_norm's host_us at M=16 x 7168 bf16 measured in the same process. Peers: torch eager equivalents
 and Liger where installed. `launch_plan`: the op's calls replay a launch plan; `native_replay`: in the C++ replay
-(dispatch/native_replay.py; else `no_native` says why). `--profile` adds a cProfile breakdown (top functions by
-own time) per named op.
+(dispatch/native_replay.py; else `no_native` says why). `breakdowns` (per "op (label)") says where a call's host
+time goes, for every case above the BAR by default (`--profile over`), for all (`--profile all`) or for the named
+ops: the plan's census (allocations, bytes, those in the per-call block, zero-fills, copies, launches) and, for a
+native replay, the time of the public call, of the extension's call alone, of the same plan without its launches
+(key + allocations + outputs) and of an empty plan (key + lookup); for any other path a cProfile listing (top
+functions by own time); for every one the host's submit time and the GPU's time per call (`per_call_us`: where
+the GPU's time is the larger, the kernels set host_us, not the host path).
 Calls go through the public path (`dispatch.ops._common.call`, what every `ops.*` wrapper calls).
 """
 
@@ -26,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 CALLS, BATCHES = 200, 5
+BAR = 1.5  # host_ratio every Triton and CuTe op must stay under (docs/perf.md)
 
 
 def host_us(fn, calls: int = CALLS, batches: int = BATCHES) -> float:
@@ -42,6 +48,23 @@ def host_us(fn, calls: int = CALLS, batches: int = BATCHES) -> float:
     return statistics.median(per_call)
 
 
+def submit_and_gpu_us(fn, calls: int = CALLS) -> dict:
+    """Per call: host time to submit `calls` back-to-back calls (no synchronization inside the timed loop) and GPU
+    time between events around them. host_us ~ gpu_us means the op's GPU work, not its host path, sets host_us."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    submit = (time.perf_counter() - t0) / calls * 1e6
+    end.record()
+    torch.cuda.synchronize()
+    return dict(submit=round(submit, 2), gpu=round(start.elapsed_time(end) * 1e3 / calls, 2))
+
+
 def profile_breakdown(fn, calls: int = CALLS, top: int = 18) -> str:
     prof = cProfile.Profile()
     prof.enable()
@@ -52,6 +75,53 @@ def profile_breakdown(fn, calls: int = CALLS, top: int = 18) -> str:
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
     return buf.getvalue()
+
+
+def native_breakdown(op: str, args: tuple, plan) -> dict:
+    """Host time of a natively replayed call, split: the public call, the extension's call alone, the same plan
+    without launches (key, allocations, outputs) and an empty plan (key and lookup); with the plan's census."""
+    from dispatch import native_replay
+    from dispatch.ops._common import call
+
+    mod = native_replay.module()
+    desc = native_replay.describe(plan)
+    offsets, block_bytes, block_zero = native_replay.block_layout(plan.allocs)
+    out = dict(plan.census(), in_block=sum(o >= 0 for o in offsets), block_bytes=block_bytes, block_zero=block_zero)
+    full = (*args, "auto")
+    allocs_only, empty = f"{op}#allocs", f"{op}#empty"
+    mod.register(allocs_only, full, (*desc[:3], [], *desc[4:]))
+    mod.register(empty, full, (desc[0], desc[1], [], [], ("const", None), None))
+    try:
+        us = dict(call=host_us(lambda: call(op, *full)), native=host_us(lambda: mod.call(op, full)),
+                  allocs_outputs=host_us(lambda: mod.call(allocs_only, full)),
+                  key=host_us(lambda: mod.call(empty, full)))
+    finally:  # only the probes' plans go
+        mod.drop(allocs_only, full)
+        mod.drop(empty, full)
+    us = {k: round(v, 2) for k, v in us.items()}
+    out["us"] = us
+    out["us_split"] = dict(python_wrapper=round(us["call"] - us["native"], 2), key_lookup=us["key"],
+                           allocs_outputs=round(us["allocs_outputs"] - us["key"], 2),
+                           launches=round(us["native"] - us["allocs_outputs"], 2))
+    return out
+
+
+def breakdown(op: str, args: tuple, fn) -> dict:
+    """Where the host time of `fn` (a public call of op with args) goes: native_breakdown for a native replay,
+    else the plan's census (where there is one) and a cProfile listing."""
+    from dispatch import native_replay
+    from dispatch.launch_plan import LaunchPlan
+    from dispatch.ops._common import _FAST, _signature
+
+    plan = _FAST.get((op, _signature((*args, "auto"))))
+    if isinstance(plan, LaunchPlan) and native_replay.planned(op, (*args, "auto")):
+        out = native_breakdown(op, args, plan)
+    else:
+        name = getattr(plan, "__qualname__", repr(plan))
+        out = plan.census() if isinstance(plan, LaunchPlan) else {"fast_path": name}
+        out["profile"] = profile_breakdown(fn)
+    out["per_call_us"] = submit_and_gpu_us(fn)
+    return out
 
 
 def torch_peers(dev) -> dict:
@@ -133,6 +203,7 @@ def decode_compare(dev, rows=(16, 64)) -> list[dict]:
 
 
 def run(ops: list[str] | None, profile: list[str], decode: bool = False) -> dict:
+    """profile: op names to break down, or ["over"] (every case above BAR) or ["all"]."""
     from dispatch import native_replay
     from dispatch.launch_plan import LaunchPlan
     from dispatch.ops._common import _FAST, _PLAN_REFUSALS, backend_for, call
@@ -162,8 +233,11 @@ def run(ops: list[str] | None, profile: list[str], decode: bool = False) -> dict
                             native_replay=native,
                             **({} if planned else {"no_plan": _PLAN_REFUSALS.get(case.op)}),
                             **({"no_native": native_replay.REFUSALS.get(case.op)} if planned and not native else {})))
-        if case.op in profile:
-            breakdowns[case.op] = profile_breakdown(fn)
+        if case.op in profile or "all" in profile or ("over" in profile and us / base > BAR):
+            try:
+                breakdowns[f"{case.op} ({case.label})"] = breakdown(case.op, args, fn)
+            except Exception as exc:  # a breakdown must not cost the record
+                breakdowns[f"{case.op} ({case.label})"] = {"error": repr(exc)[:300]}
     return dict(device=torch.cuda.get_device_name(), torch=torch.__version__, date=datetime.date.today().isoformat(),
                 baseline="torch F.rms_norm M=16 x 7168 bf16", baseline_us=round(base, 2), records=records,
                 native_replay_built=native_replay.module() is not None,
@@ -174,7 +248,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--ops", help="comma-separated op names (default: every op with a self-check case)")
-    p.add_argument("--profile", default="", help="comma-separated ops to break down with cProfile")
+    p.add_argument("--profile", default="over",
+                   help="comma-separated ops to break down, 'over' (default: every case above the bar), 'all', "
+                        "or '' (none)")
     p.add_argument("--decode", action="store_true",
                    help="also compare the fused ops with torch eager and Liger at decode shapes (M = 16, 64)")
     a = p.parse_args()
@@ -191,8 +267,13 @@ def main() -> None:
         peers = ", ".join(f"{k} {v}" for k, v in r["peers_us"].items())
         print(f"decode M={r['M']:<3} {r['op']:<20} lowbit {r['lowbit_us']:>8} us | {peers} | "
               f"{'faster' if r['faster_than_peers'] else 'NOT faster'}")
-    for op, text in result["breakdowns"].items():
-        print(f"==== {op}\n{text}")
+    for name, parts in result["breakdowns"].items():
+        text = parts.pop("profile", "") if isinstance(parts, dict) else parts
+        print(f"==== {name}: {json.dumps(parts)}")
+        if text:
+            print(text)
+        if isinstance(parts, dict) and text:
+            parts["profile"] = text
 
 
 if __name__ == "__main__":

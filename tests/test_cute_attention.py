@@ -495,3 +495,28 @@ def test_compile_cache_round_trip(tmp_path, monkeypatch):
     _compile.clear_memory()
     compiled(cfg)
     assert (_compile.STATS.compiles, _compile.STATS.disk_loads) == (before[0] + 1, before[1] + 1)
+
+
+def test_prepared_launcher_passes_the_shared_argument_list(monkeypatch):
+    """launch.prepared (the cute prefill rows' per-signature launcher): scale and plain arguments resolved once,
+    fresh out / lse per call, the kernels' argument order (module docstring of launch.py); on another current
+    device the general entry runs."""
+    from cute_ops.attention import launch
+
+    calls, general = [], []
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: None, raising=False)  # q's device (CPU: index None)
+    q, k, v = torch.randn(5, 4, 64), torch.randn(7, 2, 64), torch.randn(7, 2, 64)
+    cu_q, cu_k, sinks = cu([2, 3]), cu([3, 4]), torch.randn(4)
+    assert not launch.preparable(q, cu_q, cu_k, sinks)  # CPU tensors have no device index: the general entry
+    assert not launch.preparable(q, cu_q, cu_k, sinks.double())
+    fn = launch.prepared(lambda *a: calls.append(a), lambda *a: general.append(a) or "general", q, 3, None, 128, 0)
+    args = (q, k, v, cu_q, cu_k, 3, 4, None, True, 128, 0, sinks, True)
+    out, lse = fn(*args)
+    got = calls[-1]
+    assert got[:3] == (q, k, v) and got[3] is out and got[4] is lse and got[5] is cu_q and got[6] is cu_k
+    assert got[7] is sinks and got[8:] == (0.125, 128, 0, 3)
+    assert out.shape == (5, 4, 64) and out.dtype == q.dtype and lse.shape == (5, 4) and lse.dtype == torch.float32
+    assert fn(*args)[0].data_ptr() != out.data_ptr()  # fresh outputs each call
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 1, raising=False)
+    fn = launch.prepared(lambda *a: calls.append(a), lambda *a: general.append(a) or "general", q, 3, None, 128, 0)
+    assert fn(*args) == "general" and general[-1] == args

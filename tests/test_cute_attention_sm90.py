@@ -545,6 +545,31 @@ def test_gpu_sm90_strided_heads_and_grid_schedule():
     assert_attention_close(out, lse, want_out, want_lse, "sm90 grid schedule")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("sink", [False, True])
+def test_gpu_sm90_eager_calls_take_the_prepared_launcher(sink):
+    """From the second eager call of a signature on, `specialize_attention_prefill`'s launcher runs (config,
+    compiled function, scale and checks resolved once) and gives the general entry's bytes."""
+    _need_sm90()
+    from cute_ops.attention import fmha_sm90
+    from dispatch.ops import _common
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    lq, lk = [130, 0, 257], [260, 7, 257]
+    q = torch.randn(sum(lq), 8, 128, device="cuda", generator=g).bfloat16()
+    k = torch.randn(sum(lk), 2, 128, device="cuda", generator=g).bfloat16()
+    v = torch.randn(sum(lk), 2, 128, device="cuda", generator=g).bfloat16()
+    sinks = torch.randn(8, device="cuda", generator=g) if sink else None
+    args = (q, k, v, cu(lq).cuda(), cu(lk).cuda(), max(lq), max(lk), 0.1, True, -1, -1, sinks, True)
+    _common._FAST.clear()
+    _common.call("attention_prefill", *args, "cute")
+    fast = _common._FAST.get(("attention_prefill", _common._signature((*args, "cute"))))
+    assert getattr(fast, "__name__", None) == "prefill", f"no prepared launcher: {fast}"
+    out, lse = _common.call("attention_prefill", *args, "cute")
+    want_out, want_lse = fmha_sm90.attention_prefill(*args)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
 @st.composite
 def sm90_gpu_cases(draw):
     n = draw(st.integers(1, 4))

@@ -49,7 +49,7 @@ def test_replayed_call_matches_reference(case, native, monkeypatch):
     ref_args = _perturbed(args, 2)  # the same values, for the reference
     key = (case.op, _common._signature((*second, "auto")))
     fast = _common._FAST.get(key)
-    if native and isinstance(fast, launch_plan.LaunchPlan):  # every Triton plan must replay natively
+    if native and isinstance(fast, launch_plan.LaunchPlan):  # every plan must replay natively (descriptors too)
         assert native_replay.module() is not None, "the native replay extension did not build"
         assert native_replay.planned(case.op, (*second, "auto")), \
             f"{case.op} ({case.label}): no native replay: {native_replay.REFUSALS.get(case.op)}"
@@ -93,6 +93,45 @@ def test_native_replay_is_captured_by_a_cuda_graph(monkeypatch):
     want = getattr(torch.ops.lowbit, case.op)(*ref_args, "torch")
     ok, msg = case.compare(_absent_as_empty(out, want), want)
     assert ok, f"{case.op} ({case.label}) replayed from a CUDA graph: {msg}"
+
+
+@pytest.mark.gpu
+def test_native_block_allocation_and_driver_memsets():
+    """A CUDA plan's small allocations share one block; the zero-filled ones (in the block, and one allocated alone)
+    are zeroed by driver memsets on the current stream, also when the call is captured in a CUDA graph; a copy
+    of an input view is a driver memcpy."""
+    mod = native_replay.module()
+    assert mod is not None, "the native replay extension did not build"
+    big = native_replay.BLOCK_MEMBER_MAX + 6  # alone, and a byte count that takes the 8-bit memset
+    allocs = [launch_plan._Alloc((3, 5), (5, 1), torch.float32, zero=True), launch_plan._Alloc((7,), (1,), torch.uint8),
+              launch_plan._Alloc((big,), (1,), torch.int8, zero=True), launch_plan._Alloc((4,), (1,), torch.int32),
+              launch_plan._Alloc((3,), (1,), torch.float32, copy_from=(0, ((3,), (1,), 1, torch.float32)))]
+    plan = launch_plan.LaunchPlan(torch.device("cuda"), allocs, [], ("tuple", [("alloc", j, None) for j in range(5)]),
+                                  [])
+    x = torch.arange(4, device="cuda", dtype=torch.float32)
+    assert mod.register("toy_block_cuda", (x, "auto"), native_replay.describe(plan))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # fresh memory each call, zeroed again on this stream
+            out = mod.call("toy_block_cuda", (x, "auto"))
+            for t in out:
+                assert t.device.type == "cuda"
+            assert out[0].untyped_storage().data_ptr() == out[1].untyped_storage().data_ptr() \
+                == out[3].untyped_storage().data_ptr() != out[2].untyped_storage().data_ptr()
+            assert int(out[0].ne(0).sum()) == 0 and int(out[2].ne(0).sum()) == 0
+            assert out[4].tolist() == [1.0, 2.0, 3.0]  # the copy of x[1:] (a driver memcpy)
+            for t in out:
+                t.fill_(1)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = mod.call("toy_block_cuda", (x, "auto"))
+        for t in captured:
+            t.fill_(1)
+        graph.replay()
+    torch.cuda.synchronize()
+    assert int(captured[0].ne(0).sum()) == 0 and int(captured[2].ne(0).sum()) == 0
+    native_replay.clear()
 
 
 def _absent_as_empty(out, want):

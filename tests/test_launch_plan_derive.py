@@ -4,6 +4,7 @@ outputs; calls that do more than allocate, zero, view and launch get no plan."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import types
 
@@ -129,3 +130,77 @@ def test_a_copy_of_an_input_view_into_an_allocation_is_replayed():
         out = _copying_backend(x, g, compiled, launches, copy_after_launch=True)
     with pytest.raises(launch_plan.NoPlan, match="after a launch"):
         launch_plan._derive(out, (x, g), launches, oplog.ops, NO_HOOKS, device_type="cpu")
+
+
+@dataclasses.dataclass
+class _Descriptor:
+    """What a host tensor descriptor (Gluon's / Triton's TensorDescriptor) is to a plan: a base tensor and fixed
+    metadata."""
+    base: torch.Tensor
+    shape: list
+    strides: list
+    block_shape: list
+
+
+def _descriptor_backend(x, compiled, launches, base_of_view=False):
+    out = torch.empty(x.shape[0], 4)
+    base = x[1:] if base_of_view else x
+    descs = (_Descriptor(base, list(base.shape), list(base.stride()), [2, 8]), _Descriptor(out, [5, 4], [4, 1], [2, 4]))
+    launches.append(LaunchRecord(KERNEL, (3,), (*descs, x, x.shape[0]), {"BLOCK": 8}, compiled))
+    return out
+
+
+def test_host_tensor_descriptors_are_rebased_on_each_call():
+    compiled, launches = _FakeCompiled(), []
+    x = torch.randn(5, 8)
+    with launch_plan._OpLog(launches) as oplog:
+        out = _descriptor_backend(x, compiled, launches)
+    plan = launch_plan._derive(out, (x,), launches, oplog.ops, NO_HOOKS, device_type="cpu")
+    assert all(s[3].base is None for s in plan.launches[0][4] if s[0] == "desc")  # no tensor of the recorded call kept
+    y = torch.randn(5, 8)
+    got = plan(y)
+    d_in, d_out, ptr, n, block = compiled.calls[-1][1]
+    assert d_in.base is y and d_out.base.data_ptr() == got.data_ptr() and (ptr, n, block) == (y.data_ptr(), 5, 8)
+    assert (d_in.shape, d_in.strides, d_in.block_shape) == ([5, 8], [8, 1], [2, 8])
+    assert plan.census()["launches"] == 1
+    from dispatch import native_replay
+
+    run, function, _, grid, specs = plan.launches[0]
+    as_compiled = dataclasses.replace(plan, launches=[(run, 1, (4, 1, 0), grid, specs)],
+                                      kernels=[_tensordesc_compiled()])
+    with pytest.raises(native_replay.NoNative, match="as a pointer"):  # no TMA metadata: Python replays it
+        native_replay.describe(as_compiled)
+    meta = dict(swizzle=3, elem_size=4, elem_type=7, block_size=[2, 8], fp4_padded=False)
+    as_compiled.kernels[0].metadata.tensordesc_meta = [meta, dict(meta, block_size=[2, 4])]
+    launch = native_replay.describe(as_compiled)[3][0]  # with it: the extension encodes both per call
+    assert [t[:4] for t in launch[11]] == [(0, True, 0, 0), (5, False, 0, 0)]  # map, 2 x i32, 2 x i64 each
+
+
+def _tensordesc_compiled():
+    sig = {"x_ptr": "tensordesc<fp32[2, 8]>", "out_ptr": "tensordesc<fp32[2, 4]>", "scale_ptr": "*fp32", "n": "i32",
+           "BLOCK": "constexpr"}
+    return types.SimpleNamespace(src=types.SimpleNamespace(signature=sig), run=types.SimpleNamespace(),
+                                 metadata=types.SimpleNamespace(), function=1)
+
+
+def test_a_descriptor_over_a_view_of_an_input_is_rebuilt_as_that_view():
+    compiled, launches = _FakeCompiled(), []
+    x = torch.randn(5, 8)
+    with launch_plan._OpLog(launches) as oplog:
+        out = _descriptor_backend(x, compiled, launches, base_of_view=True)
+    plan = launch_plan._derive(out, (x,), launches, oplog.ops, NO_HOOKS, device_type="cpu")
+    y = torch.randn(21, 8)[16:]  # another storage offset, the same alignment bits
+    plan(y)
+    d_in = compiled.calls[-1][1][0]
+    assert d_in.base.data_ptr() == y[1:].data_ptr() and d_in.base.shape == (4, 8) and d_in.base.stride() == (8, 1)
+
+
+def test_a_descriptor_over_a_tensor_of_its_own_gets_no_plan():
+    compiled, launches = _FakeCompiled(), []
+    x, other = torch.randn(5, 8), torch.randn(5, 8)  # other: neither an input nor an allocation of the call
+    with launch_plan._OpLog(launches) as oplog:
+        out = torch.empty(5, 4)
+        launches.append(LaunchRecord(KERNEL, (3,), (_Descriptor(other, [5, 8], [8, 1], [2, 8]), out, x, 5),
+                                     {"BLOCK": 8}, compiled))
+    with pytest.raises(launch_plan.NoPlan, match="descriptor"):
+        launch_plan._derive(out, (x,), launches, oplog.ops, NO_HOOKS, device_type="cpu")

@@ -85,6 +85,24 @@ def test_env_overrides_are_part_of_the_key(native, monkeypatch, env):
     assert native.key("rms_norm", args) == before
 
 
+def test_env_values_are_followed_across_changes(native, monkeypatch):
+    """The key's env part is cached while the environment is unchanged; every set, change, unset and re-set of a
+    value (back to an earlier one too) gives the key of that environment, as getenv would."""
+    args = (torch.randn(4, 8), "auto")
+    keys = {}
+    for value in ("1", "2", None, "1", "2", "10", None, "2"):
+        if value is None:
+            monkeypatch.delenv("LOWBIT_BACKEND", raising=False)
+        else:
+            monkeypatch.setenv("LOWBIT_BACKEND", value)
+        monkeypatch.setenv("LOWBIT_UNRELATED_NAME", str(len(keys)))  # other entries changing: no effect
+        got = native.key("rms_norm", args)
+        assert keys.setdefault(value, got) == got and native.key("rms_norm", args) == got
+    assert len(set(keys.values())) == 4
+    monkeypatch.setenv("LOWBIT_CHECK_INDICES", "1")  # the last name set: no key at all
+    assert native.key("rms_norm", args) is None
+
+
 # --------------------------------------------------------------------------------------------------- packing
 def _bf16_truncated(v: float) -> bytes:
     return struct.pack("<f", v)[2:]
@@ -150,10 +168,38 @@ def test_a_launch_becomes_packed_constants_and_pointer_slots():
     launch = (None, 0x1234, (4, 2, 48), (3, 1, 1),
               [("input", 0, 32), ("alloc", 1, 0), ("const", 0xABC0), ("const", 7), ("const", 64)])
     got = native_replay._describe_launch(launch, _compiled(SIG))
-    function, gx, gy, gz, warps, ctas, shared, pdl, codes, values, slots = got
+    function, gx, gy, gz, warps, ctas, shared, pdl, codes, values, slots, tma = got
+    assert tma == []
     assert (function, gx, gy, gz, warps, ctas, shared, pdl) == (0x1234, 3, 1, 1, 4, 2, 48, False)
     assert codes == bytes([1, 1, 1, 4]) and values == [0, 0, 0xABC0, 7]  # the constexpr is not a parameter
     assert slots == [(0, True, 0, 32), (1, False, 1, 0)]
+
+
+def test_tensor_descriptors_expand_as_triton_36_launcher_does():
+    """A descriptor parameter becomes a CUtensorMap slot (encoding arguments innermost first, byte strides, the
+    host element type, the base's byte offset in its root) and its shape (i32) and strides (i64); an fp4-padded
+    one doubles its inner dimension. Triton's C launcher (3.7+, `kernel_signature`) keeps the Python replay."""
+    from dispatch.launch_plan import _rebased
+
+    sig = {"a_desc": "tensordesc<bf16[64, 128]>", "n": "i32", "b_desc": "tensordesc<u8[32, 64]>", "BLOCK": "constexpr"}
+    metas = [dict(swizzle=3, elem_size=2, elem_type=9, block_size=[64, 128], fp4_padded=False),
+             dict(swizzle=2, elem_size=1, elem_type=0, block_size=[32, 64], fp4_padded=True)]
+    desc = types.SimpleNamespace(base=None, shape=[300, 1024], strides=[2048, 1], block_shape=[64, 128],
+                                 padding="zero")
+    fp4 = _rebased(desc, None)
+    fp4.shape, fp4.strides = [10, 32], [64, 1]
+    specs = [("desc", "input", 0, desc, (None, None, 4, torch.bfloat16)), ("const", 7),
+             ("desc", "alloc", 1, fp4, None), ("const", 64)]
+    compiled = types.SimpleNamespace(src=types.SimpleNamespace(signature=sig), run=types.SimpleNamespace(),
+                                     metadata=types.SimpleNamespace(tensordesc_meta=metas))
+    codes, values, slots, tma = native_replay._with_descriptors(compiled, list(sig.values()), specs)
+    assert list(codes) == [14, 4, 4, 5, 5, 4, 14, 4, 4, 5, 5]
+    assert values == [0, 300, 1024, 2048, 1, 7, 0, 10, 64, 64, 1] and slots == []
+    assert tma == [(0, True, 0, 8, 8, 3, 0, [1024, 300], [4096], [128, 64]),
+                   (6, False, 1, 0, 0, 2, 0, [64, 10], [64], [64, 32])]
+    compiled.run.kernel_signature = b"\x01"
+    with pytest.raises(native_replay.NoNative, match="3.6"):
+        native_replay._with_descriptors(compiled, list(sig.values()), specs)
 
 
 @pytest.mark.parametrize("attr,value", [("global_scratch_size", 256), ("profile_scratch_size", 64),
@@ -183,12 +229,92 @@ def test_replay_of_allocations_zeroing_and_views(native):
     y = torch.randn(5, 8)
     got = native.call("toy", (y, "auto"))
     want = plan(y)
-    for g, w in zip(got, want, strict=True):
-        assert (g.shape, g.stride(), g.dtype, g.storage_offset()) == (w.shape, w.stride(), w.dtype, w.storage_offset())
+    for g, w in zip(got, want, strict=True):  # the same tensors; the native ones on one block (block_layout)
+        assert (g.shape, g.stride(), g.dtype) == (w.shape, w.stride(), w.dtype)
+    assert got[0].untyped_storage().data_ptr() == got[1].untyped_storage().data_ptr()
+    offsets = native_replay.block_layout(plan.allocs)[0]  # the int8 view of allocation 0, allocation 1 itself
+    assert offsets[1] == 0 and offsets[0] == native_replay.BLOCK_ALIGN  # the zero-filled one first
+    assert got[0].storage_offset() == offsets[0] + want[0].storage_offset() and got[1].storage_offset() == 0
+    got[0].fill_(3)  # the view writes its own allocation's bytes only
     assert float(got[1]) == 0.0  # zeroed again
     assert got[0].data_ptr() != native.call("toy", (y, "auto"))[0].data_ptr()  # fresh outputs each call
     assert native.call("toy", (torch.randn(6, 8), "auto")) is native.MISS  # another shape: no plan
     assert native.call("toy", (y.double(), "auto")) is native.MISS  # another dtype: no plan
+
+
+def _alloc(shape, dtype, zero=False):
+    stride = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        stride[i] = stride[i + 1] * shape[i + 1]
+    return launch_plan._Alloc(tuple(shape), tuple(stride), dtype, zero)
+
+
+_BLOCK_ALLOCS = [_alloc((3, 5), torch.float32), _alloc((7,), torch.uint8, zero=True), _alloc((0, 4), torch.bfloat16),
+                 _alloc((300,), torch.float64), _alloc((2, 3), torch.int32, zero=True),
+                 _alloc((native_replay.BLOCK_MEMBER_MAX // 2 + 1, 2), torch.int8),  # just over the limit: alone
+                 _alloc((1,), torch.float8_e4m3fn)]
+
+
+def test_block_layout_offsets_alignment_and_no_overlap():
+    offsets, total, zero = native_replay.block_layout(_BLOCK_ALLOCS)
+    assert offsets[5] == -1  # above BLOCK_MEMBER_MAX: an allocation of its own
+    spans = sorted((offsets[j], offsets[j] + max(launch_plan._alloc_bytes(a), 1))
+                   for j, a in enumerate(_BLOCK_ALLOCS) if offsets[j] >= 0)
+    assert all(o % native_replay.BLOCK_ALIGN == 0 for o, _ in spans)
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans[:-1], spans[1:], strict=True))  # disjoint
+    assert total % native_replay.BLOCK_ALIGN == 0 and spans[-1][1] <= total
+    # the zero-filled ones come first and are exactly the zeroed prefix
+    align = native_replay.BLOCK_ALIGN
+    assert sorted(offsets[j] for j in (1, 4)) == [0, align] and zero == 2 * align
+    assert offsets[0] == zero  # then the others in plan order
+    assert native_replay.block_layout(_BLOCK_ALLOCS[:1]) == ([-1], 0, 0)  # one allocation: nothing to share
+    assert native_replay.block_layout([_BLOCK_ALLOCS[0], _BLOCK_ALLOCS[5]]) == ([-1, -1], 0, 0)
+
+
+def test_block_members_are_distinct_tensors_on_one_storage(native):
+    x = torch.randn(4)
+    plan = launch_plan.LaunchPlan(torch.device("cpu"), _BLOCK_ALLOCS, [],
+                                  ("tuple", [("alloc", j, None) for j in range(len(_BLOCK_ALLOCS))]), [])
+    desc = native_replay.describe(plan)
+    offsets, total, _ = native_replay.block_layout(_BLOCK_ALLOCS)
+    assert native.register("toy_block", (x, "auto"), desc)
+    for _ in range(2):
+        got = native.call("toy_block", (x, "auto"))
+        base = got[0].untyped_storage().data_ptr()
+        for j, (t, a) in enumerate(zip(got, _BLOCK_ALLOCS, strict=True)):
+            assert (tuple(t.shape), t.stride(), t.dtype) == (a.shape, a.stride, a.dtype)
+            if offsets[j] < 0:
+                assert t.untyped_storage().data_ptr() != base and t.storage_offset() == 0
+            else:
+                assert t.untyped_storage().data_ptr() == base and t.untyped_storage().nbytes() == total
+                assert t.storage_offset() * t.element_size() == offsets[j]
+        assert got[1].eq(0).all() and got[4].eq(0).all()  # the zeroed prefix
+        for t in got:  # each is written alone: no other member changes
+            before = [u.clone() for u in got]
+            t.view(-1).view(torch.uint8).fill_(0xA5) if t.numel() else None
+            assert all(torch.equal(u.view(torch.uint8), b.view(torch.uint8)) for u, b in zip(got, before, strict=True)
+                       if u is not t)
+        versions = [t._version for t in got]
+        got[0].add_(1)  # own version counters (in-place on one member leaves the others' alone)
+        assert [t._version for t in got] == [versions[0] + 1, *versions[1:]]
+
+
+def test_drop_removes_one_plan(native):
+    x = torch.randn(4)
+    desc = ("cpu", 0, [], [], ("input", 0, None), None)
+    assert native.register("toy_a", (x, "auto"), desc) and native.register("toy_b", (x, "auto"), desc)
+    assert native.drop("toy_a", (x, "auto")) and not native.drop("toy_a", (x, "auto"))
+    assert native.call("toy_a", (x, "auto")) is native.MISS and native.call("toy_b", (x, "auto")) is x
+
+
+def test_a_misplaced_block_member_is_refused(native):
+    x = torch.randn(4)
+    a = ((4,), (1,), torch.float32, False, None, 128, 16)  # not 256-aligned
+    with pytest.raises(ValueError, match="block"):
+        native.register("toy_bad", (x, "auto"), ("cpu", 0, [a], [], ("alloc", 0, None), None, 512, 0))
+    a = ((4,), (1,), torch.float32, True, None, 256, 16)  # zeroed, but past the zeroed prefix
+    with pytest.raises(ValueError, match="block"):
+        native.register("toy_bad", (x, "auto"), ("cpu", 0, [a], [], ("alloc", 0, None), None, 512, 256))
 
 
 def test_replay_of_a_copy_from_an_input_view(native):
@@ -201,6 +327,20 @@ def test_replay_of_a_copy_from_an_input_view(native):
     g2 = torch.randn(21)[16:]  # same alignment bits, another storage: the view is rebuilt relative to it
     got = native.call("toy_copy", (torch.randn(4), g2, "auto"))
     assert torch.equal(got[1], g2[1:])
+
+
+def test_replay_of_strided_and_dense_copies(native):
+    """A dense view is copied as bytes (a driver memcpy on the GPU), a strided one by ATen: both give the view."""
+    x = torch.randn(4)
+    dense = ((2, 3), (3, 1), torch.float32, False, (1, (2, 3), (3, 1), 2), -1, 24)
+    strided = ((2, 3), (3, 1), torch.float32, False, (1, (2, 3), (1, 2), 1), -1, 24)
+    desc = ("cpu", 0, [dense, strided], [], ("tuple", [("alloc", 0, None), ("alloc", 1, None)]), None)
+    g = torch.randn(16)
+    assert native.register("toy_copies", (x, g, "auto"), desc)
+    g2 = torch.randn(32)[16:]  # same alignment bits, another storage offset
+    got = native.call("toy_copies", (x, g2, "auto"))
+    assert torch.equal(got[0], g2[2:8].view(2, 3))
+    assert torch.equal(got[1], g2.as_strided((2, 3), (1, 2), g2.storage_offset() + 1))
 
 
 def test_public_call_takes_the_native_replay_and_falls_back(native, monkeypatch):
@@ -279,6 +419,42 @@ def test_packed_sizes_match_a_compiled_kernels_parameters():
     assert [sizes[c] for c in codes] + [8, 8] == declared
 
 
+_DESCRIPTOR_PTX = r"""
+import json, os, re, types
+os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernel
+from dispatch import native_replay
+from triton_ops.attention import prefill_sm90
+compiled = prefill_sm90.compile_sm90(64, 64, hq=8, hkv=1, causal=True, window=(128, 0), sink=True)
+sig = list(compiled.src.signature.values())
+template = types.SimpleNamespace(base=None, shape=[256, 512], strides=[512, 1], padding="zero")
+specs = [("desc", "input", 0, template, None) if t.startswith("tensordesc") else ("input", 1, 0)
+         if t.startswith("*") else ("const", 0.5 if t == "fp32" else 3) for t in sig]
+as_launched = types.SimpleNamespace(src=compiled.src, metadata=compiled.metadata, run=types.SimpleNamespace())
+codes, values, slots, tma = native_replay._with_descriptors(as_launched, sig, specs)
+params = re.search(r"\.entry\s+\w+\((.*?)\)", compiled.asm["ptx"], re.S).group(1).split(",")
+declared = [int(m.group(1)) if (m := re.search(r"\.b8 \w+\[(\d+)\]", p)) else
+            {"u64": 8, "u32": 4, "f32": 4}[p.split()[1][1:]] for p in params]
+print(json.dumps(dict(codes=list(codes), declared=declared, tma=tma)))
+"""
+
+
+def test_descriptor_parameters_match_a_gluon_kernels_ptx():
+    """The expansion of tensor descriptors (and the other parameters) against the PTX parameter list of the sm_90
+    Gluon prefill kernel compiled with Triton 3.6 (the GPU host's; a fresh process, as the Gluon compile tests):
+    each descriptor a 128-byte map, then its shape (4 bytes each) and strides (8 bytes each); the scratch pointers
+    last."""
+    from tests.test_attention_sm90 import _triton36_env, run_compile_json
+
+    env, why = _triton36_env()
+    if env is None:
+        pytest.skip(why)
+    got = run_compile_json(_DESCRIPTOR_PTX, env)
+    sizes = {native_replay.PTR: 8, native_replay.I32: 4, native_replay.I64: 8, 12: 4, native_replay.TMA: 128}
+    assert [sizes[c] for c in got["codes"]] + [8, 8] == got["declared"]
+    # bf16: the driver enum CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 (9; the kernel metadata says 10); 128-byte swizzle (3)
+    assert len(got["tma"]) == 5 and all(t[4:7] == [9, 3, 0] for t in got["tma"])
+
+
 def test_the_extension_builds_without_ninja(monkeypatch, tmp_path):
     """The direct compiler call (machines without ninja) gives a working module."""
     from torch.utils import cpp_extension
@@ -299,17 +475,43 @@ _FAKE_DRIVER = r"""
 typedef struct { int id; char pad[4]; union { char raw[64]; void* align; } value; } Attr;
 typedef struct { unsigned gx, gy, gz, bx, by, bz, shared; void* stream; Attr* attrs; unsigned n; } Config;
 static Config last; static Attr attrs[4]; static uint64_t params[64]; static int expect, launches; static void* fn;
+static uint64_t map_tail;
 int cuLaunchKernelEx(const Config* c, void* f, void** p, void** extra) {
   last = *c; memcpy(attrs, c->attrs, sizeof(Attr) * (c->n < 4 ? c->n : 4)); fn = f; launches++;
   for (int i = 0; i < expect; ++i) memcpy(&params[i], p[i], 8);
+  if (expect > 1) memcpy(&map_tail, (char*)p[1] + 120, 8);  /* the last 8 bytes of a map in parameter 1 */
   return extra == 0 ? 0 : 1;
 }
+uint64_t fake_map_tail(void) { return map_tail; }
 int cuCtxGetCurrent(void** c) { *c = (void*)1; return 0; }
 int cuDeviceGet(int* d, int o) { *d = o; return 0; }
 int cuDevicePrimaryCtxRetain(void** c, int d) { *c = (void*)1; return 0; }
 int cuCtxSetCurrent(void* c) { return 0; }
 int cuFuncSetAttribute(void* f, int a, int v) { return 0; }
 int cuGetErrorString(int r, const char** s) { *s = "fake"; return 0; }
+static uint64_t memsets[8][4]; static int n_memsets;  /* width, pointer, count, stream */
+static int memset_call(int width, uint64_t p, uint64_t n, void* s) {
+  if (n_memsets < 8) { uint64_t m[4] = {width, p, n, (uint64_t)s}; memcpy(memsets[n_memsets], m, sizeof(m)); }
+  n_memsets++; return 0;
+}
+int cuMemsetD8Async(uint64_t p, unsigned char v, size_t n, void* s) { return v ? 1 : memset_call(8, p, n, s); }
+int cuMemsetD32Async(uint64_t p, unsigned v, size_t n, void* s) { return v ? 1 : memset_call(32, p, n, s); }
+int cuMemcpyAsync(uint64_t d, uint64_t s, size_t n, void* st) { return 1; }  /* not expected here */
+static uint64_t encoded[24]; static int n_encoded;  /* the last cuTensorMapEncodeTiled's arguments */
+int cuTensorMapEncodeTiled(void* map, int type, unsigned rank, void* addr, const uint64_t* dims,
+                           const uint64_t* strides, const unsigned* box, const unsigned* es, int il, int sw, int l2,
+                           int fill) {
+  uint64_t a = (uint64_t)addr; memcpy(map, &a, 8); memset((char*)map + 8, 0xAB, 120);  /* marks the whole map */
+  encoded[0] = type; encoded[1] = rank; encoded[2] = a; encoded[3] = il; encoded[4] = sw; encoded[5] = l2;
+  encoded[6] = fill; encoded[7] = (uint64_t)map % 64;
+  for (unsigned i = 0; i < rank; ++i) { encoded[8 + i] = dims[i]; encoded[13 + i] = box[i] | ((uint64_t)es[i] << 32); }
+  for (unsigned i = 0; i + 1 < rank; ++i) encoded[18 + i] = strides[i];
+  n_encoded++; return 0;
+}
+uint64_t fake_encoded(int i) { return encoded[i]; }
+int fake_n_encoded(void) { return n_encoded; }
+int fake_memsets(void) { return n_memsets; }
+uint64_t fake_memset(int i, int f) { return memsets[i][f]; }
 void fake_expect(int n) { expect = n; }
 int fake_launches(void) { return launches; }
 void* fake_function(void) { return fn; }
@@ -340,16 +542,30 @@ for i in range(cfg[7]):
     lib.fake_attr(i, a)
     attrs.append(list(a))
 lib.fake_param.restype = lib.fake_stream.restype = lib.fake_function.restype = ctypes.c_uint64
-print(json.dumps(dict(launches=lib.fake_launches(), function=lib.fake_function(), config=list(cfg),
-                      stream=lib.fake_stream(), attrs=attrs, params=[lib.fake_param(i) for i in range(7)],
-                      x=x.data_ptr())))
+lib.fake_memset.restype = ctypes.c_uint64
+for ptr, n in ((0x10000, 512), (0x10000, 6), (0x10002, 8), (0x10000, 0)):  # words where both allow; none for 0
+    mod.memset(ptr, n, 0x7000)
+memsets = [[lib.fake_memset(i, f) for f in range(4)] for i in range(lib.fake_memsets())]
+result = dict(launches=lib.fake_launches(), function=lib.fake_function(), config=list(cfg), stream=lib.fake_stream(),
+              attrs=attrs, params=[lib.fake_param(i) for i in range(7)], x=x.data_ptr(), memsets=memsets)
+# a tensor descriptor over x[2:] (a view 8 bytes in): an i32, the map, its shape (i32 x 2), its strides (i64 x 2)
+tma = (0xF01, 1, 1, 1, 4, 1, 0, False, bytes([4, 14, 4, 4, 5, 5]), [9, 0, 62, 1, 1, 1], [],
+       [(1, True, 0, 8, 10, 3, 0, [1, 62], [4], [1, 16])])
+assert mod.register("fake_tma", (x, "auto"), ("cuda", 0, [], [tma], ("input", 0), None))
+lib.fake_expect(8)
+mod.call("fake_tma", (x, "auto"))
+lib.fake_encoded.restype = lib.fake_map_tail.restype = ctypes.c_uint64
+result.update(encoded=[lib.fake_encoded(i) for i in range(20)], n_encoded=lib.fake_n_encoded(),
+              tma_params=[lib.fake_param(i) for i in range(8)], map_tail=lib.fake_map_tail())
+print(json.dumps(result))
 """
 
 
 def test_what_the_driver_receives(native, tmp_path):
     """Grid x clusters, block = 32 x warps, shared memory, the current stream, the PDL / cluster attributes, every
     parameter (a pointer slot filled with the input's address + offset, the packed constants) and the two null
-    scratch pointers, as Triton's launcher passes them; an empty grid is not launched."""
+    scratch pointers, as Triton's launcher passes them; an empty grid is not launched. Zero-fills are driver
+    memsets."""
     import json
     import os
     import shutil
@@ -378,3 +594,13 @@ def test_what_the_driver_receives(native, tmp_path):
     params = [p & m for p, m in zip(got["params"], mask, strict=True)]
     bf16_half = struct.unpack("<H", _bf16_truncated(0.5))[0]
     assert params == [got["x"] + 16, 0xABC0, 2**32 - 7, bf16_half, 1, 0, 0]
+    # zero-fills: one asynchronous driver memset on the given stream, 32-bit words where pointer and size allow
+    assert got["memsets"] == [[32, 0x10000, 128, 0x7000], [8, 0x10000, 6, 0x7000], [8, 0x10002, 8, 0x7000]]
+    # a tensor descriptor: encoded per call for the base address (input + offset) into a 64-byte aligned map that
+    # is passed whole, then its shape and strides as plain parameters
+    enc = got["encoded"]
+    assert got["n_encoded"] == 1 and enc[:8] == [10, 2, got["x"] + 8, 0, 3, 2, 0, 0]
+    assert enc[8:10] == [1, 62] and enc[13:15] == [1 | 1 << 32, 16 | 1 << 32] and enc[18] == 4
+    assert got["tma_params"][0] & 0xFFFFFFFF == 9 and got["tma_params"][1] == got["x"] + 8
+    assert got["map_tail"] == 0xABABABABABABABAB
+    assert [p & 0xFFFFFFFF for p in got["tma_params"][2:4]] == [62, 1] and got["tma_params"][4:8] == [1, 1, 0, 0]

@@ -779,3 +779,16 @@ def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
     fn = compiled(cfg) if q.shape[0] else None
     return launch.run(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_left,
                       window_right, sinks)
+
+
+def specialize_attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                                 softmax_scale, causal: bool, window_left: int, window_right: int, sinks,
+                                 return_lse: bool):
+    """A launcher prepared for this exact call signature (the dispatch table's `specialize` hook;
+    launch.prepared), or None where `attention_prefill` must run."""
+    from .._compile import target_arch
+
+    if not launch.preparable(q, cu_seqlens_q, cu_seqlens_k, sinks):
+        return None
+    fn = compiled(FmhaSm90Config.for_call(q, causal, window_left, window_right, sinks, target_arch(q.device.index)))
+    return launch.prepared(fn, attention_prefill, q, max_seqlen_q, softmax_scale, window_left, window_right)

@@ -180,3 +180,38 @@ def run(compiled_fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_
         with torch.cuda.device(q.device):
             compiled_fn(*args)
     return out, lse
+
+
+def preparable(q, cu_seqlens_q, cu_seqlens_k, sinks) -> bool:
+    """Whether `prepared` can serve calls with this signature: tokens on an indexed device, contiguous cu_seqlens,
+    fp32 contiguous sinks or none (what `run` would otherwise convert per call)."""
+    import torch
+
+    return (q.shape[0] > 0 and q.device.index is not None and cu_seqlens_q.is_contiguous()
+            and cu_seqlens_k.is_contiguous() and (sinks is None or (sinks.dtype == torch.float32
+                                                                   and sinks.is_contiguous())))
+
+
+def prepared(compiled_fn, general, q, max_seqlen_q, softmax_scale, window_left, window_right):
+    """A launcher for repeated eager calls of `attention_prefill` with one call signature (dispatch/ops/_common.call
+    keeps it per signature; `preparable` must hold): the compiled function, the softmax scale and the plain
+    arguments are resolved once, and a call allocates out and lse and makes the TVM-FFI call (`run` without its
+    per-call work). On another current device than q's (the TVM-FFI env stream is the current device's) `general`,
+    the backend entry, runs instead."""
+    import torch
+
+    total_q, hq, d = q.shape
+    scale = default_softmax_scale(d) if softmax_scale is None else float(softmax_scale)
+    window_left, window_right, max_q = int(window_left), int(window_right), int(max_seqlen_q)
+    index, device, dtype = q.device.index, q.device, q.dtype
+    get_device, empty, fp32 = torch._C._cuda_getDevice, torch.empty, torch.float32
+
+    def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *rest):
+        if get_device() != index:
+            return general(q, k, v, cu_seqlens_q, cu_seqlens_k, *rest)
+        out = empty((total_q, hq, d), dtype=dtype, device=device)
+        lse = empty((total_q, hq), dtype=fp32, device=device)
+        compiled_fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rest[-2], scale, window_left, window_right, max_q)
+        return out, lse
+
+    return prefill

@@ -50,6 +50,7 @@ import math
 import torch
 import triton
 
+from triton_ops._launch import launch
 from triton_ops.attention.mask import full_key_range, key_range, visible
 from triton_ops.contract.arch import arch_of
 
@@ -489,8 +490,8 @@ def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
         sinks = sinks.float()
     grid = (-(-int(max_seqlen_q) // cfg.block_m) * hq, batch)
     q_desc, k_desc, q2_desc, k2_desc, split_d = _qk_descriptors(q, k, cfg)
-    _attn_fwd_sm90_kernel[grid](
-        q_desc, k_desc, _descriptor(v, cfg.block_n), out, lse,
+    launch(
+        _attn_fwd_sm90_kernel, grid, q_desc, k_desc, _descriptor(v, cfg.block_n), out, lse,
         cu_seqlens_q if sinks is None else sinks, cu_seqlens_q, cu_seqlens_k, total_q, k.shape[0],
         float(softmax_scale) * LOG2E, q2_desc, k2_desc, HQ=hq, GROUP=hq // k.shape[1], CAUSAL=bool(causal),
         WINDOW_LEFT=int(window_left), WINDOW_RIGHT=int(window_right), HAS_SINK=sinks is not None,
