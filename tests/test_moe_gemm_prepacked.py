@@ -6,6 +6,7 @@ Rows the kernel must not read are NaN; outputs start as NaN (conftest poison), s
 
 from __future__ import annotations
 
+import itertools
 import os
 import textwrap
 
@@ -235,15 +236,19 @@ def test_configs():
     weight tile (N = 144: rows past N read clamped, never stored): the same results; configs the layout cannot run
     refused."""
     case = _contig_case(2, [0] * 20 + [1] * 12, k=160, n=144, row_weights=True)
-    for cfg in (MoeGemmConfig(32, 64, 256, 1, 4, 1), MoeGemmConfig(16, 128, 128, 1, 4, 1)):
+    for cfg in (MoeGemmConfig(32, 64, 256, 1, 4, 1), MoeGemmConfig(16, 128, 128, 1, 4, 1),
+                MoeGemmConfig(64, 64, 128, 1, 8, 1)):  # a prefill-style tile holding both experts
         _check("mxfp4", case, config=cfg)
     with pytest.raises(ValueError, match="multiple of the layout's 128"):
         _run("mxfp4", case, config=MoeGemmConfig(16, 64, 64, 1, 4, 1))
-    for arch in ("cpu", "sm_80", "sm_90", "sm_100", "sm_120"):
+    for arch, fmt in itertools.product(("cpu", "sm_80", "sm_90", "sm_100", "sm_120"), ("mxfp4", "nvfp4")):
         for m in (1, 16, 17, 32, 64, 256):
-            cfg = pick_prepacked_config_for_arch(m, 5760, 2880, arch)
+            cfg = pick_prepacked_config_for_arch(m, 5760, 2880, arch, fmt)
             assert tri.prepacked_refusal(cfg) is None, (arch, m, cfg)
             assert cfg.block_m >= min(m, 64), (arch, m, cfg)
+    assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(16, 128, 256, 1, 4, 3)
+    assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
+    assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 4)
 
 
 # ---------------------------------------------------------------------------------------------- bad inputs
@@ -327,15 +332,20 @@ def _gpu_decode_case(masked: bool, e=16, rows=16, n=1024, k=2880):
 def test_gpu_decode_matches_reference_and_old_kernel(fmt, masked):
     """GPT-OSS K at decode (16 tokens per expert), both layouts, row weights (contiguous): against the contract, and
     close to the linear-layout kernel's output on the same GPU (fp32 sums in another order)."""
+    _check_gpu_against_old_kernel(fmt, _gpu_decode_case(masked))
+
+
+def _check_gpu_against_old_kernel(fmt, case):
+    """The prepacked kernel on the GPU against the contract and the linear-layout kernel; the linear weights."""
     from triton_ops.moe_gemm import grouped
-    case = _gpu_decode_case(masked)
     wp, ws, wg = _linear_weights(fmt, case.w32)
     got = _check(fmt, case, device="cuda", weights=(wp, ws, wg))
     a = _poison_rows(case.x.bfloat16(), case.dead).cuda()
     ids = [None if t is None else t.cuda() for t in (case.m_indices, case.masked_m, case.row_weights)]
     old = (grouped.moe_gemm_mxfp4(a, wp.cuda(), ws.cuda(), *ids) if fmt == "mxfp4"
            else grouped.moe_gemm_nvfp4(a, wp.cuda(), ws.cuda(), wg.cuda(), *ids))
-    assert_close(got, old, f"{fmt} against the linear-layout kernel")
+    assert_close(got, old, f"{fmt} {case.desc} against the linear-layout kernel")
+    return wp, ws, wg
 
 
 @pytest.mark.gpu
@@ -346,6 +356,27 @@ def test_gpu_nvfp4_fp16_and_tiles():
     for cfg in (MoeGemmConfig(16, 64, 128, 1, 4, 4), MoeGemmConfig(32, 128, 256, 1, 4, 3),
                 MoeGemmConfig(16, 256, 128, 1, 8, 4), MoeGemmConfig(64, 128, 128, 1, 4, 3)):
         _check("mxfp4", case, device="cuda", config=cfg)
+
+
+PREFILL_TILES = [MoeGemmConfig(128, 128, 128, 1, 8, 4), MoeGemmConfig(128, 128, 128, 1, 8, 3),
+                 MoeGemmConfig(64, 128, 128, 1, 8, 4), MoeGemmConfig(128, 64, 128, 1, 4, 3),
+                 MoeGemmConfig(128, 128, 256, 1, 8, 2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_gpu_prefill_tiles(fmt, masked):
+    """Prefill (256 tokens per expert, GPT-OSS K): the rule's tile (128 tokens x 128 weight rows, 8 warps) and the
+    sweep's against the contract and the linear-layout kernel; contiguous rows not aligned to the tile (experts of
+    96 / 256 / 160 rows: 128-token tiles holding two experts, one pass each)."""
+    case = _gpu_decode_case(masked, e=4, rows=256, n=512)
+    wp, ws, wg = _check_gpu_against_old_kernel(fmt, case)
+    for cfg in PREFILL_TILES:
+        _check(fmt, case, device="cuda", config=cfg, weights=(wp, ws, wg))
+    if not masked:
+        shifted = _contig_case(3, [0] * 96 + [1] * 256 + [2] * 160, k=2880, n=256, row_weights=True)
+        _check(fmt, shifted, device="cuda")
 
 
 @pytest.mark.gpu
@@ -374,8 +405,10 @@ _COMPILE = textwrap.dedent("""
     kern = P._fp4_prepacked_kernel
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     print("triton", triton.__version__)
-    for nv, dt, masked in ((False, "bf16", False), (True, "fp16", True)):
-        cfg = pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90")
+    # decode (16 tokens per expert), mid (64) and prefill (256) tiles of the rule
+    for m, nv, dt, masked in ((16, False, "bf16", False), (16, True, "fp16", True), (64, False, "bf16", False),
+                              (256, False, "bf16", False), (256, True, "bf16", False)):
+        cfg = pick_prepacked_config_for_arch(m, 5760, 2880, "sm_90", "nvfp4" if nv else "mxfp4")
         names = [p.name for p in kern.params]
         sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
         a = "*bf16" if dt == "bf16" else "*fp16"
@@ -400,7 +433,7 @@ _COMPILE = textwrap.dedent("""
         hgmma_reg_a = len(re.findall(r"HGMMA\\.64x\\d+x16\\.F32\\S* R\\d+, R\\d+, gdesc", sass))
         spills = len(re.findall(r"\\b(?:STL|LDL)\\b", sass))
         vec16 = sass.count("LDGSTS.E.BYPASS.128")
-        print("cfg", dt, int(nv), ptx.count("wgmma.mma_async"), reg_a, hgmma_reg_a, spills, vec16,
+        print("cfg", f"{dt}/m={m}", int(nv), ptx.count("wgmma.mma_async"), reg_a, hgmma_reg_a, spills, vec16,
               ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"), c.metadata.shared)
 """)
 
@@ -411,8 +444,9 @@ def _triton36_env_set() -> bool:
 
 
 def test_sm90_compile_register_a_wgmma():
-    """sm_90a with Triton 3.6 (the GPU image's; LOWBIT_TRITON36_PATH points at an install elsewhere), the decode
-    config, MXFP4 bf16 contiguous and NVFP4 fp16 masked: every MMA is a warpgroup MMA whose A operand (the
+    """sm_90a with Triton 3.6 (the GPU image's; LOWBIT_TRITON36_PATH points at an install elsewhere), the rule's
+    decode tiles (MXFP4 bf16 contiguous, NVFP4 fp16 masked), its mid tile and its prefill tile (8 warps; MXFP4 and
+    NVFP4): every MMA is a warpgroup MMA whose A operand (the
     dequantized weights) is registers (PTX `{...}` operand, SASS `HGMMA ... R, gdesc`), the weights arrive by
     16-byte async copies, the conversion is packed fma.rn.{bf16,f16}x2, no spills, shared memory within an SM."""
     if not _triton36_env_set():
@@ -424,7 +458,7 @@ def test_sm90_compile_register_a_wgmma():
     out = run_compile_script(script, timeout=600)
     assert "triton 3.6" in out, out
     lines = [ln.split() for ln in out.splitlines() if ln.startswith("cfg")]
-    assert len(lines) == 2, out
+    assert len(lines) == 5, out
     for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared in lines:
         what = f"{dt} nvfp4={nv}"
         assert int(wgmma) > 0 and int(reg_a) == int(wgmma), f"{what}: {reg_a} of {wgmma} wgmma with register A"

@@ -243,7 +243,7 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
     out = torch.empty(*a.shape[:-1], n, dtype=a.dtype, device=a.device)
     if out.numel() == 0:
         return out
-    cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), n, k, a.device)
+    cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), n, k, a.device, fmt)
     reason = prepacked_refusal(cfg)
     if reason:
         raise ValueError(f"moe_gemm_fp4_prepacked: config {cfg}: {reason}")
