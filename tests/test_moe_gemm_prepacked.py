@@ -24,7 +24,7 @@ from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
 from triton_ops.contract import fp4_prepack as FP
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe_gemm import prepacked as tri
-from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch
+from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch, prepacked_swiglu_config
 
 BLOCK = {"mxfp4": 32, "nvfp4": 16}
 
@@ -249,6 +249,53 @@ def test_configs():
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(16, 128, 256, 1, 4, 3)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
     assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 4)
+    sw = lambda m, fmt: prepacked_swiglu_config(pick_prepacked_config_for_arch(m, 2880, 2880, "sm_90", fmt))
+    assert sw(16, "mxfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)  # the 256-K step spills with two accumulators
+    assert sw(16, "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
+    assert sw(255, "mxfp4") == MoeGemmConfig(64, 64, 128, 1, 4, 4)
+
+
+# ---------------------------------------------------------------------------------------------- GEMM1 + SwiGLU
+
+
+def _swiglu_layout(masked: bool):
+    """(lead shape, dead rows, m_indices, masked_m): 3 experts, padding and out-of-range ids / counts."""
+    if masked:
+        mm = torch.tensor([6, 0, 3], dtype=torch.int32)
+        return (3, 6), torch.arange(6)[None, :] >= mm[:, None], None, mm
+    mi = torch.tensor([0] * 5 + [-1] + [2] * 7 + [1] * 4 + [7] + [0] * 2, dtype=torch.int32)
+    return (mi.numel(),), (mi < 0) | (mi >= 3), mi, None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("masked, interleave, activation", [(False, 0, "silu"), (False, 1, "gptoss"),
+                                                            (True, 1, "gptoss"), (True, 0, "silu")])
+def test_swiglu_prepacked_equals_the_chain(device, fmt, masked, interleave, activation):
+    """moe_gemm_swiglu_fp4_prepacked (a gate pass and an up pass per tile, SwiGLU in the epilogue) against the chain
+    moe_gemm_fp4_prepacked -> swiglu: operands on a coarse grid, so every GEMM sum is exact and the bytes must be
+    equal; against the contract (moe_gemm_swiglu on the unpacked weights). I = 80 (a partial column tile), K = 160
+    (a padded chunk), dead rows NaN (never read), uncomputed rows 0."""
+    from dispatch.ops import swiglu
+    from tests.test_moe_gemm_fused import _exact_operands
+    g = torch.Generator().manual_seed(21)
+    i, k = 80, 160
+    lead, dead, mi, mm = _swiglu_layout(masked)
+    a, _, wp, ws, wg = _exact_operands(fmt, g, lead, dead, 3, 2 * i, k, "cpu")
+    vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+    limit = 7.0 if activation == "gptoss" else None
+    dev = lambda t: None if t is None else t.to(device)
+    got = tri.moe_gemm_swiglu_fp4_prepacked(dev(a), dev(vals), dev(scales), dev(wg), fmt, dev(mi), dev(mm), interleave,
+                                            activation, 1.702, limit)
+    h = tri.moe_gemm_fp4_prepacked(dev(a), dev(vals), dev(scales), dev(wg), fmt, dev(mi), dev(mm))
+    chain = swiglu(h, interleave=interleave, activation=activation, limit=limit, expert_ids=dev(mi),
+                   masked_m=dev(mm), backend="triton")
+    what = f"{fmt} masked={masked} interleave={interleave} {activation}"
+    assert_same_bytes(got, chain, what)
+    want = ref.moe_gemm_swiglu_fp4_prepacked(a, vals, scales, wg, fmt, mi, mm, interleave, activation, 1.702, limit)
+    assert_close(got.cpu(), want, what)
+    rows = got.cpu()[dead]
+    assert torch.equal(rows, torch.zeros_like(rows)), f"{what}: uncomputed rows are not zero"
 
 
 # ---------------------------------------------------------------------------------------------- bad inputs
@@ -286,6 +333,12 @@ def test_bad_inputs():
         ops.moe_gemm_fp4_prepack(wp, ws[:, :, :10], "mxfp4")
     with pytest.raises(LowbitInputError, match=r"moe_gemm_fp4_prepack: argument 'fmt'"):
         ops.moe_gemm_fp4_prepack(wp, ws, "int4")
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_swiglu_fp4_prepacked: argument 'interleave': I = 32 is "
+                                               r"not a multiple of the granularity 3"):
+        ops.moe_gemm_swiglu_fp4_prepacked(a, vals, scales, fmt="mxfp4", m_indices=mi, interleave=3)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_swiglu_fp4_prepacked: argument 'w_values': expected "
+                                               r"prepacked shape"):
+        ops.moe_gemm_swiglu_fp4_prepacked(a, vals[:, :, :32].contiguous(), scales, fmt="mxfp4", m_indices=mi)
     nv_s = torch.zeros(2, 64, 40, dtype=torch.uint8)
     nv_vals, nv_scales = ops.moe_gemm_fp4_prepack(wp, nv_s, "nvfp4")
     with pytest.raises(LowbitInputError, match=r"argument 'w_global': NVFP4 weights need"):
@@ -302,6 +355,9 @@ def test_opcheck_and_compile():
     mi = torch.tensor([0] * 5 + [1] * 3, dtype=torch.int32)
     torch.library.opcheck(torch.ops.lowbit.moe_gemm_fp4_prepacked,
                           (a, vals, scales, None, "mxfp4", mi, None, None, "torch"))
+    torch.library.opcheck(torch.ops.lowbit.moe_gemm_swiglu_fp4_prepacked,
+                          (a, vals[:, :32].contiguous(), scales[:, :32].contiguous(), None, "mxfp4", mi, None, 1,
+                           "gptoss", 1.702, 7.0, "torch"))
     f = lambda a, v, s, mi: ops.moe_gemm_fp4_prepacked(a, v, s, fmt="mxfp4", m_indices=mi, backend="torch")
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(a, vals, scales, mi)
     assert_same_bytes(got, f(a, vals, scales, mi), "compiled")
@@ -400,21 +456,26 @@ _COMPILE = textwrap.dedent("""
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton_ops.moe_gemm import prepacked as P
-    from triton_ops.moe_gemm.config import pick_prepacked_config_for_arch
+    from triton_ops.moe_gemm.config import pick_prepacked_config_for_arch, prepacked_swiglu_config
 
     kern = P._fp4_prepacked_kernel
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     print("triton", triton.__version__)
-    # decode (16 tokens per expert), mid (64) and prefill (256) tiles of the rule
-    for m, nv, dt, masked in ((16, False, "bf16", False), (16, True, "fp16", True), (64, False, "bf16", False),
-                              (256, False, "bf16", False), (256, True, "bf16", False)):
+    # decode (16 tokens per expert), mid (64) and prefill (256) tiles of the rule; GEMM1 + SwiGLU (GPT-OSS)
+    for m, nv, dt, masked, sw in ((16, False, "bf16", False, False), (16, True, "fp16", True, False),
+                                  (64, False, "bf16", False, False), (256, False, "bf16", False, False),
+                                  (256, True, "bf16", False, False), (16, False, "bf16", False, True),
+                                  (256, False, "bf16", False, True)):
         cfg = pick_prepacked_config_for_arch(m, 5760, 2880, "sm_90", "nvfp4" if nv else "mxfp4")
+        cfg = prepacked_swiglu_config(cfg) if sw else cfg
         names = [p.name for p in kern.params]
         sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
         a = "*bf16" if dt == "bf16" else "*fp16"
-        sig.update(a_ptr=a, v_ptr="*i32", s_ptr="*u8", g_ptr="*fp32", ids_ptr="*i32", rw_ptr="*fp32", out_ptr=a)
+        sig.update(a_ptr=a, v_ptr="*i32", s_ptr="*u8", g_ptr="*fp32", ids_ptr="*i32", rw_ptr="*fp32", out_ptr=a,
+                   alpha="fp32", limit="fp32")
         consts = dict(NVFP4=nv, MASKED=masked, HAS_RW=False, DTYPE=tl.bfloat16 if dt == "bf16" else tl.float16,
-                      F32_DOT=False, EMULATE=False, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k)
+                      F32_DOT=False, EMULATE=False, SWIGLU=sw, INTERLEAVE=1 if sw else 0, GPTOSS=sw, CLAMP=sw,
+                      DIV_RN=False, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k)
         sig.update(dict.fromkeys(consts, "constexpr"))
         aligned = ["a_ptr", "v_ptr", "s_ptr", "out_ptr", "K", "N", "KW", "KS", "stride_am", "stride_ae"]
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
@@ -433,8 +494,8 @@ _COMPILE = textwrap.dedent("""
         hgmma_reg_a = len(re.findall(r"HGMMA\\.64x\\d+x16\\.F32\\S* R\\d+, R\\d+, gdesc", sass))
         spills = len(re.findall(r"\\b(?:STL|LDL)\\b", sass))
         vec16 = sass.count("LDGSTS.E.BYPASS.128")
-        print("cfg", f"{dt}/m={m}", int(nv), ptx.count("wgmma.mma_async"), reg_a, hgmma_reg_a, spills, vec16,
-              ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"), c.metadata.shared)
+        print("cfg", f"{dt}/m={m}/swiglu={int(sw)}", int(nv), ptx.count("wgmma.mma_async"), reg_a, hgmma_reg_a,
+              spills, vec16, ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"), c.metadata.shared)
 """)
 
 
@@ -445,8 +506,8 @@ def _triton36_env_set() -> bool:
 
 def test_sm90_compile_register_a_wgmma():
     """sm_90a with Triton 3.6 (the GPU image's; LOWBIT_TRITON36_PATH points at an install elsewhere), the rule's
-    decode tiles (MXFP4 bf16 contiguous, NVFP4 fp16 masked), its mid tile and its prefill tile (8 warps; MXFP4 and
-    NVFP4): every MMA is a warpgroup MMA whose A operand (the
+    decode tiles (MXFP4 bf16 contiguous, NVFP4 fp16 masked), its mid tile, its prefill tile (8 warps; MXFP4 and
+    NVFP4) and the GEMM1 + SwiGLU tiles (decode, prefill): every MMA is a warpgroup MMA whose A operand (the
     dequantized weights) is registers (PTX `{...}` operand, SASS `HGMMA ... R, gdesc`), the weights arrive by
     16-byte async copies, the conversion is packed fma.rn.{bf16,f16}x2, no spills, shared memory within an SM."""
     if not _triton36_env_set():
@@ -458,7 +519,7 @@ def test_sm90_compile_register_a_wgmma():
     out = run_compile_script(script, timeout=600)
     assert "triton 3.6" in out, out
     lines = [ln.split() for ln in out.splitlines() if ln.startswith("cfg")]
-    assert len(lines) == 5, out
+    assert len(lines) == 7, out
     for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared in lines:
         what = f"{dt} nvfp4={nv}"
         assert int(wgmma) > 0 and int(reg_a) == int(wgmma), f"{what}: {reg_a} of {wgmma} wgmma with register A"

@@ -208,11 +208,12 @@ def _prepacked(weights, w1, w2, scales):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("weights", ["mxfp4", "nvfp4"])
-@pytest.mark.parametrize("layout", ["contiguous", "masked"])
-def test_prepacked_layer_matches_the_linear_layer(device, weights, layout):
-    """prepacked=True (both GEMMs on moe_gemm_fp4_prepack's layout through the prepacked kernel) against the layer
-    on the linear weights they were prepacked from: GPT-OSS activation on interleaved gate/up, a shared output, an
-    expert-parallel map (the GEMMs sum in another order: close, not equal)."""
+@pytest.mark.parametrize("layout, fused", [("contiguous", False), ("masked", False), ("contiguous", True),
+                                           ("masked", True)])
+def test_prepacked_layer_matches_the_linear_layer(device, weights, layout, fused):
+    """prepacked=True (both GEMMs on moe_gemm_fp4_prepack's layout through the prepacked kernel; fused: GEMM1 with
+    the SwiGLU epilogue) against the layer on the linear weights they were prepacked from: GPT-OSS activation on
+    interleaved gate/up, a shared output, an expert-parallel map (the GEMMs sum in another order: close)."""
     g = torch.Generator().manual_seed(5)
     x = torch.randn(T, H, generator=g).bfloat16().to(device)
     ids, w = _routing(g, device)
@@ -221,10 +222,11 @@ def test_prepacked_layer_matches_the_linear_layer(device, weights, layout):
     shared = torch.randn(T, H, generator=g).bfloat16().to(device)
     kw = dict(weights=weights, layout=layout, max_m=4, activation="gptoss", interleave=1, limit=7.0, shared=shared,
               expert_map=torch.tensor([0, 1, 2, -1], dtype=torch.int32).to(device), backend=_backend(device))
-    got = moe_layer(x, ids, w, v1[:3], v2[:3], **kw, **{k: v[:3] for k, v in packed.items()}, prepacked=True)
+    got = moe_layer(x, ids, w, v1[:3], v2[:3], **kw, **{k: v[:3] for k, v in packed.items()}, prepacked=True,
+                    fused=fused)
     want = moe_layer(x, ids, w, w1[:3], w2[:3], **kw, **{k: v[:3] for k, v in scales.items()}, fused=False)
     assert bool(torch.isfinite(got).all())
-    assert_close(got.cpu(), want.cpu(), f"prepacked {weights} {layout}", factor=2)
+    assert_close(got.cpu(), want.cpu(), f"prepacked {weights} {layout} fused={fused}", factor=2)
 
 
 def test_prepacked_bad_arguments_are_named():
@@ -235,18 +237,19 @@ def test_prepacked_bad_arguments_are_named():
     v1, v2, packed = _prepacked("mxfp4", w1, w2, scales)
     with pytest.raises(LowbitInputError, match="moe_layer: argument 'prepacked': only MXFP4 / NVFP4"):
         moe_layer(x, ids, w, v1, v2, weights="w4a8", **packed, prepacked=True)
-    with pytest.raises(LowbitInputError, match="moe_layer: argument 'fused': prepacked weights run the chain"):
-        moe_layer(x, ids, w, v1, v2, weights="mxfp4", **packed, prepacked=True, fused=True)
     with pytest.raises(LowbitInputError, match="moe_gemm_fp4_prepacked: argument 'w_values'"):
         moe_layer(x, ids, w, w1, w2, weights="mxfp4", **scales, prepacked=True)  # linear weights given as prepacked
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("weights", ["mxfp4", "nvfp4"])
-@pytest.mark.parametrize("tokens, layout", [(64, "contiguous"), (64, "masked"), (1024, "contiguous")])
-def test_gpu_prepacked_gptoss_layer(weights, tokens, layout):
+@pytest.mark.parametrize("tokens, layout, fused", [(64, "contiguous", False), (64, "masked", False),
+                                                   (1024, "contiguous", False), (64, "contiguous", True),
+                                                   (1024, "contiguous", True)])
+def test_gpu_prepacked_gptoss_layer(weights, tokens, layout, fused):
     """GPT-OSS-120b sizes (H = I = 2880, top-4) on 32 experts, decode (64 tokens) and prefill (1024 tokens: 128 rows
-    per expert, the prefill tile): the prepacked layer against the linear one on the same GPU."""
+    per expert, the prefill tile), the chain and fused GEMM1 + SwiGLU: the prepacked layer against the linear one on
+    the same GPU."""
     from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
 
     dev, e, h, i, k = "cuda", 32, 2880, 2880, 4
@@ -266,7 +269,7 @@ def test_gpu_prepacked_gptoss_layer(weights, tokens, layout):
         scales = dict(w1_scale=s1, w2_scale=s2, w1_global=g1, w2_global=g2)
     v1, v2, packed = _prepacked(weights, w1, w2, scales)
     kw = dict(weights=weights, layout=layout, max_m=16, activation="gptoss", interleave=1, limit=7.0)
-    got = moe_layer(x, ids, tw, v1, v2, **kw, **packed, prepacked=True)
+    got = moe_layer(x, ids, tw, v1, v2, **kw, **packed, prepacked=True, fused=fused)
     want = moe_layer(x, ids, tw, w1, w2, **kw, **scales, fused=False)
     assert bool(torch.isfinite(got).all())
-    assert_close(got, want, f"GPT-OSS prepacked {weights} T={tokens} {layout}", factor=2)
+    assert_close(got, want, f"GPT-OSS prepacked {weights} T={tokens} {layout} fused={fused}", factor=2)

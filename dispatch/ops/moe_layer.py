@@ -30,6 +30,7 @@ from .moe_gemm import (
     moe_gemm_mxfp4,
     moe_gemm_nvfp4,
     moe_gemm_swiglu,
+    moe_gemm_swiglu_fp4_prepacked,
     moe_gemm_swiglu_fp8_group,
     moe_gemm_w4a8,
 )
@@ -71,9 +72,10 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     combine 1.23x; even at decode), the chain otherwise (MXFP4 GEMM1 + SwiGLU timed 0.97x the chain; NVFP4 not
     timed yet).
     prepacked: w1 / w2 and w1_scale / w2_scale are `moe_gemm_fp4_prepack`'s output for weights "mxfp4" / "nvfp4"
-    (int32 values (E, N, KP/8), uint8 scales (E, N, SP); globals as above), and both GEMMs run the prepacked kernel
-    (`moe_gemm_fp4_prepacked`) in the chain (fused must not be True: the fused epilogues read the linear layout).
-    The same math as the linear weights they were prepacked from (the GEMMs sum in another order)."""
+    (int32 values (E, N, KP/8), uint8 scales (E, N, SP); globals as above), and both GEMMs run the prepacked kernel:
+    the chain (`moe_gemm_fp4_prepacked`, swiglu, `moe_gemm_fp4_prepacked`, moe_combine), or with fused=True GEMM1 +
+    SwiGLU in one kernel (`moe_gemm_swiglu_fp4_prepacked`; GEMM2 and the combine stay separate ops). The same math
+    as the linear weights they were prepacked from (the GEMMs sum in another order)."""
     for name, t in (("hidden", hidden), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w1", w1),
                     ("w2", w2)):
         C.check_tensor(OP, name, t)
@@ -95,9 +97,6 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
                              f"{tuple(topk_ids.shape)}")
     if prepacked and weights not in ("mxfp4", "nvfp4"):
         C.fail(OP, "prepacked", f"only MXFP4 / NVFP4 weights have a prepacked layout (weights={weights!r})")
-    if prepacked and fused:
-        C.fail(OP, "fused", "prepacked weights run the chain of separate ops (the fused GEMM epilogues read the "
-                            "linear FP4 layout): give fused=None / False")
     num_experts, top_k = w1.shape[0], topk_ids.shape[1]
     if fused is None:
         fused = weights == "fp8"
@@ -115,6 +114,16 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         act_place = dict(masked_m=lay.masked_m)
     else:
         C.fail(OP, "layout", f"{layout!r} is not 'contiguous' or 'masked'")
+    if prepacked:
+        x = moe_gather(hidden, rows, top_k, backend=backend)
+        pk = dict(fmt=weights, **place, backend=backend)
+        if fused:
+            a = moe_gemm_swiglu_fp4_prepacked(x, w1, w1_scale, w_global=w1_global, **pk, **act)
+        else:
+            a = swiglu(moe_gemm_fp4_prepacked(x, w1, w1_scale, w_global=w1_global, **pk), **act, **act_place,
+                       backend=backend)
+        out = moe_gemm_fp4_prepacked(a, w2, w2_scale, w_global=w2_global, **pk)
+        return moe_combine(out, inv_rows, topk_weights, shared=shared, out_dtype=hidden.dtype, backend=backend)
     if fused:
         return _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, weights, w1_scale, w2_scale,
                               act, shared, backend, w1_global, w2_global)
@@ -124,11 +133,6 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         h = gemm(g.codes, g.scales, w1, w1_scale, **place, backend=backend)
         a = swiglu_fp8_group(h, **act, **act_place, backend=backend)
         out = gemm(a.codes, a.scales, w2, w2_scale, **place, backend=backend)
-    elif prepacked:
-        x = moe_gather(hidden, rows, top_k, backend=backend)
-        h = moe_gemm_fp4_prepacked(x, w1, w1_scale, fmt=weights, w_global=w1_global, **place, backend=backend)
-        a = swiglu(h, **act, **act_place, backend=backend)
-        out = moe_gemm_fp4_prepacked(a, w2, w2_scale, fmt=weights, w_global=w2_global, **place, backend=backend)
     else:
         x = moe_gather(hidden, rows, top_k, backend=backend)
         gemm = {"bf16": moe_gemm_bf16, "mxfp4": moe_gemm_mxfp4, "nvfp4": moe_gemm_nvfp4}[weights]

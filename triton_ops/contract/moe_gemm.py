@@ -227,9 +227,15 @@ def check_gemm_swiglu(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, 
     """The GEMM operands (check_gemm_operands), then the SwiGLU arguments on the (E, 2I, K) weights' I, then the
     FP8 group arguments (group_size given)."""
     check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global)
-    two_i = w.shape[1]
+    check_swiglu_args(op, w.shape[1], interleave, activation, alpha, limit, group_size, quant_eps)
+
+
+def check_swiglu_args(op, two_i, interleave, activation, alpha, limit, group_size=None, quant_eps=None,
+                      w_name="w") -> None:
+    """The SwiGLU arguments of a GEMM1 + SwiGLU over 2I = two_i weight rows (gate and up; the weights' argument
+    w_name), then the FP8 group arguments (group_size given)."""
     if two_i % 2:
-        fail(op, "w", f"N={two_i} is odd; expected (E, 2I, K) holding gate and up rows")
+        fail(op, w_name, f"N={two_i} is odd; expected (E, 2I, K) holding gate and up rows")
     i = two_i // 2
     if interleave < 0:
         fail(op, "interleave", f"must be 0 (gate rows [0, I), up rows [I, 2I)) or a granularity >= 1, got "

@@ -93,11 +93,22 @@ def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGem
     return MoeGemmConfig(128, 128, bk, group_m=8, num_warps=8, num_stages=stages)
 
 
-def pick_prepacked_config(m_per_expert: int, n: int, k: int, device: torch.device,
-                          fmt: str = "mxfp4") -> MoeGemmConfig:
-    """The config of the prepacked FP4 kernel (prepacked.py; swap-AB: block_m = tokens, block_n = weight rows)
-    for `fmt` ("mxfp4" / "nvfp4") weights."""
-    return pick_prepacked_config_for_arch(m_per_expert, n, k, arch_of(device), fmt)
+def pick_prepacked_config(m_per_expert: int, n: int, k: int, device: torch.device, fmt: str = "mxfp4",
+                          swiglu: bool = False) -> MoeGemmConfig:
+    """The config of the prepacked FP4 kernel (prepacked.py; swap-AB: block_m = tokens, block_n = weight rows, or
+    with swiglu output columns of gate / up row pairs) for `fmt` ("mxfp4" / "nvfp4") weights."""
+    cfg = pick_prepacked_config_for_arch(m_per_expert, n, k, arch_of(device), fmt)
+    return prepacked_swiglu_config(cfg) if swiglu else cfg
+
+
+def prepacked_swiglu_config(cfg: MoeGemmConfig) -> MoeGemmConfig:
+    """GEMM1 + SwiGLU on prepacked weights: two passes per tile (gate rows, then up rows), the gate accumulator
+    live through the up pass. Decode: the plain GEMM's tile with a 128-K step (4 stages; MXFP4's 256-K step spills
+    68 registers with the second accumulator, ptxas sm_90, Triton 3.6); from 64 tokens 64 tokens x 64 columns with
+    4 warps (two 32-register accumulators, 241 registers, no spills; the 8-warp plain tile would spill)."""
+    if cfg.block_m < 64:
+        return cfg if cfg.block_k == 128 else dataclasses.replace(cfg, block_k=128, num_stages=max(cfg.num_stages, 4))
+    return dataclasses.replace(cfg, block_m=64, block_n=64, num_warps=4)
 
 
 @functools.lru_cache(maxsize=4096)
