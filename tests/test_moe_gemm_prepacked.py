@@ -298,6 +298,46 @@ def test_swiglu_prepacked_equals_the_chain(device, fmt, masked, interleave, acti
     assert torch.equal(rows, torch.zeros_like(rows)), f"{what}: uncomputed rows are not zero"
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_combine_prepacked_equals_the_chain(device, fmt, masked):
+    """moe_gemm_combine_fp4_prepacked (GEMM2 rows scattered into token order, then the slot-order combine) against
+    the chain moe_gemm_fp4_prepacked -> moe_combine on the same layout (exact operands: equal bytes), and against
+    the contract; 20 tokens top-2 over 3 experts with one expert not local (-1 slots), a shared output, max_m 4
+    (masked: entries dropped)."""
+    from dispatch.ops import moe_align, moe_combine, moe_masked_layout
+    from tests.test_moe_gemm_fused import _exact_operands
+    g = torch.Generator().manual_seed(22)
+    t, top_k, n, k = 20, 2, 80, 160
+    ids = torch.stack([torch.randperm(4, generator=g)[:top_k] for _ in range(t)]).to(torch.int32)
+    emap = torch.tensor([0, 1, 2, -1], dtype=torch.int32)
+    if masked:
+        lay = moe_masked_layout(ids, 3, 4, expert_map=emap, backend="torch")
+        src, place = lay.src_rows, dict(masked_m=lay.masked_m)
+        dead = torch.arange(4)[None, :] >= lay.masked_m[:, None]
+    else:
+        lay = moe_align(ids, 3, 16, expert_map=emap, backend="torch")
+        src, place = lay.sorted_token_ids, dict(m_indices=lay.m_indices)
+        dead = lay.m_indices < 0
+    a, _, wp, ws, wg = _exact_operands(fmt, g, tuple(src.shape), dead, 3, n, k, "cpu")
+    vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+    tw = torch.rand(t, top_k, generator=g)
+    shared = torch.randn(t, n, generator=g).bfloat16()
+    d = lambda x: None if x is None else x.to(device)
+    kw = dict(fmt=fmt, w_global=d(wg), **{key: d(v) for key, v in place.items()}, shared=d(shared),
+              out_dtype=torch.float32, backend="triton")
+    got = ops.moe_gemm_combine_fp4_prepacked(d(a), d(vals), d(scales), d(src), d(lay.inv_rows), d(tw), **kw)
+    h = ops.moe_gemm_fp4_prepacked(d(a), d(vals), d(scales), fmt=fmt, w_global=d(wg), backend="triton",
+                                   **{key: d(v) for key, v in place.items()})
+    chain = moe_combine(h, d(lay.inv_rows), d(tw), shared=d(shared), out_dtype=torch.float32, backend="triton")
+    assert_same_bytes(got, chain, f"{fmt} masked={masked}")
+    want = ref.moe_gemm_combine_fp4_prepacked(a, vals, scales, wg, fmt, place.get("m_indices"),
+                                              place.get("masked_m"), src, lay.inv_rows, tw, shared, torch.float32)
+    # the GEMM rows are rounded to bf16 before the fp32 combine: bf16's tolerance
+    assert_close(got.cpu(), want, f"{fmt} masked={masked} against the contract", dtype=torch.bfloat16)
+
+
 # ---------------------------------------------------------------------------------------------- bad inputs
 
 
@@ -339,6 +379,11 @@ def test_bad_inputs():
     with pytest.raises(LowbitInputError, match=r"moe_gemm_swiglu_fp4_prepacked: argument 'w_values': expected "
                                                r"prepacked shape"):
         ops.moe_gemm_swiglu_fp4_prepacked(a, vals[:, :, :32].contiguous(), scales, fmt="mxfp4", m_indices=mi)
+    src, inv, tw = torch.arange(4, dtype=torch.int32), torch.arange(4, dtype=torch.int32)[:, None], torch.ones(4, 1)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_combine_fp4_prepacked: argument 'shared': expected shape "
+                                               r"\(4, 64\)"):
+        ops.moe_gemm_combine_fp4_prepacked(a, vals, scales, src, inv, tw, fmt="mxfp4", m_indices=mi,
+                                           shared=torch.zeros(4, 32))
     nv_s = torch.zeros(2, 64, 40, dtype=torch.uint8)
     nv_vals, nv_scales = ops.moe_gemm_fp4_prepack(wp, nv_s, "nvfp4")
     with pytest.raises(LowbitInputError, match=r"argument 'w_global': NVFP4 weights need"):
@@ -358,6 +403,10 @@ def test_opcheck_and_compile():
     torch.library.opcheck(torch.ops.lowbit.moe_gemm_swiglu_fp4_prepacked,
                           (a, vals[:, :32].contiguous(), scales[:, :32].contiguous(), None, "mxfp4", mi, None, 1,
                            "gptoss", 1.702, 7.0, "torch"))
+    rows = torch.arange(8, dtype=torch.int32)
+    torch.library.opcheck(torch.ops.lowbit.moe_gemm_combine_fp4_prepacked,
+                          (a, vals, scales, None, "mxfp4", mi, None, rows, rows[:, None], torch.ones(8, 1), None,
+                           torch.bfloat16, "torch"))
     f = lambda a, v, s, mi: ops.moe_gemm_fp4_prepacked(a, v, s, fmt="mxfp4", m_indices=mi, backend="torch")
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(a, vals, scales, mi)
     assert_same_bytes(got, f(a, vals, scales, mi), "compiled")
@@ -462,20 +511,23 @@ _COMPILE = textwrap.dedent("""
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     print("triton", triton.__version__)
     # decode (16 tokens per expert), mid (64) and prefill (256) tiles of the rule; GEMM1 + SwiGLU (GPT-OSS)
-    for m, nv, dt, masked, sw in ((16, False, "bf16", False, False), (16, True, "fp16", True, False),
-                                  (64, False, "bf16", False, False), (256, False, "bf16", False, False),
-                                  (256, True, "bf16", False, False), (16, False, "bf16", False, True),
-                                  (256, False, "bf16", False, True)):
+    # and GEMM2 scattered into token order (scatter)
+    for m, nv, dt, masked, sw, scatter in (
+            (16, False, "bf16", False, False, False), (16, True, "fp16", True, False, False),
+            (64, False, "bf16", False, False, False), (256, False, "bf16", False, False, False),
+            (256, True, "bf16", False, False, False), (16, False, "bf16", False, True, False),
+            (256, False, "bf16", False, True, False), (16, False, "bf16", True, False, True),
+            (256, True, "bf16", False, False, True)):
         cfg = pick_prepacked_config_for_arch(m, 5760, 2880, "sm_90", "nvfp4" if nv else "mxfp4")
         cfg = prepacked_swiglu_config(cfg) if sw else cfg
         names = [p.name for p in kern.params]
         sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
         a = "*bf16" if dt == "bf16" else "*fp16"
         sig.update(a_ptr=a, v_ptr="*i32", s_ptr="*u8", g_ptr="*fp32", ids_ptr="*i32", rw_ptr="*fp32", out_ptr=a,
-                   alpha="fp32", limit="fp32")
+                   dst_ptr="*i32", alpha="fp32", limit="fp32")
         consts = dict(NVFP4=nv, MASKED=masked, HAS_RW=False, DTYPE=tl.bfloat16 if dt == "bf16" else tl.float16,
                       F32_DOT=False, EMULATE=False, SWIGLU=sw, INTERLEAVE=1 if sw else 0, GPTOSS=sw, CLAMP=sw,
-                      DIV_RN=False, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k)
+                      DIV_RN=False, SCATTER=scatter, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k)
         sig.update(dict.fromkeys(consts, "constexpr"))
         aligned = ["a_ptr", "v_ptr", "s_ptr", "out_ptr", "K", "N", "KW", "KS", "stride_am", "stride_ae"]
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
@@ -494,8 +546,9 @@ _COMPILE = textwrap.dedent("""
         hgmma_reg_a = len(re.findall(r"HGMMA\\.64x\\d+x16\\.F32\\S* R\\d+, R\\d+, gdesc", sass))
         spills = len(re.findall(r"\\b(?:STL|LDL)\\b", sass))
         vec16 = sass.count("LDGSTS.E.BYPASS.128")
-        print("cfg", f"{dt}/m={m}/swiglu={int(sw)}", int(nv), ptx.count("wgmma.mma_async"), reg_a, hgmma_reg_a,
-              spills, vec16, ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"), c.metadata.shared)
+        print("cfg", f"{dt}/m={m}/swiglu={int(sw)}/scatter={int(scatter)}", int(nv), ptx.count("wgmma.mma_async"),
+              reg_a, hgmma_reg_a, spills, vec16, ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"),
+              c.metadata.shared)
 """)
 
 
@@ -507,9 +560,10 @@ def _triton36_env_set() -> bool:
 def test_sm90_compile_register_a_wgmma():
     """sm_90a with Triton 3.6 (the GPU image's; LOWBIT_TRITON36_PATH points at an install elsewhere), the rule's
     decode tiles (MXFP4 bf16 contiguous, NVFP4 fp16 masked), its mid tile, its prefill tile (8 warps; MXFP4 and
-    NVFP4) and the GEMM1 + SwiGLU tiles (decode, prefill): every MMA is a warpgroup MMA whose A operand (the
-    dequantized weights) is registers (PTX `{...}` operand, SASS `HGMMA ... R, gdesc`), the weights arrive by
-    16-byte async copies, the conversion is packed fma.rn.{bf16,f16}x2, no spills, shared memory within an SM."""
+    NVFP4), the GEMM1 + SwiGLU tiles (decode, prefill) and the token-order scatter (GEMM2 + combine): every MMA is
+    a warpgroup MMA whose A operand (the dequantized weights) is registers (PTX `{...}` operand, SASS
+    `HGMMA ... R, gdesc`), the weights arrive by 16-byte async copies, the conversion is packed
+    fma.rn.{bf16,f16}x2, no spills, shared memory within an SM."""
     if not _triton36_env_set():
         pytest.skip("set LOWBIT_TRITON36_PATH to a Triton 3.6 install to compile for sm_90")
     script = _COMPILE
@@ -519,7 +573,7 @@ def test_sm90_compile_register_a_wgmma():
     out = run_compile_script(script, timeout=600)
     assert "triton 3.6" in out, out
     lines = [ln.split() for ln in out.splitlines() if ln.startswith("cfg")]
-    assert len(lines) == 7, out
+    assert len(lines) == 9, out
     for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared in lines:
         what = f"{dt} nvfp4={nv}"
         assert int(wgmma) > 0 and int(reg_a) == int(wgmma), f"{what}: {reg_a} of {wgmma} wgmma with register A"

@@ -25,6 +25,7 @@ from .moe import moe_align, moe_combine, moe_gather, moe_gather_fp8, moe_masked_
 from .moe_gemm import (
     moe_gemm_bf16,
     moe_gemm_combine,
+    moe_gemm_combine_fp4_prepacked,
     moe_gemm_fp4_prepacked,
     moe_gemm_fp8,
     moe_gemm_mxfp4,
@@ -73,9 +74,9 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     timed yet).
     prepacked: w1 / w2 and w1_scale / w2_scale are `moe_gemm_fp4_prepack`'s output for weights "mxfp4" / "nvfp4"
     (int32 values (E, N, KP/8), uint8 scales (E, N, SP); globals as above), and both GEMMs run the prepacked kernel:
-    the chain (`moe_gemm_fp4_prepacked`, swiglu, `moe_gemm_fp4_prepacked`, moe_combine), or with fused=True GEMM1 +
-    SwiGLU in one kernel (`moe_gemm_swiglu_fp4_prepacked`; GEMM2 and the combine stay separate ops). The same math
-    as the linear weights they were prepacked from (the GEMMs sum in another order)."""
+    the chain (`moe_gemm_fp4_prepacked`, swiglu, `moe_gemm_fp4_prepacked`, moe_combine), or with fused=True
+    `moe_gemm_swiglu_fp4_prepacked` and `moe_gemm_combine_fp4_prepacked` (the fused ops' prepacked forms). The same
+    math as the linear weights they were prepacked from (the GEMMs sum in another order)."""
     for name, t in (("hidden", hidden), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w1", w1),
                     ("w2", w2)):
         C.check_tensor(OP, name, t)
@@ -122,6 +123,9 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         else:
             a = swiglu(moe_gemm_fp4_prepacked(x, w1, w1_scale, w_global=w1_global, **pk), **act, **act_place,
                        backend=backend)
+        if fused:
+            return moe_gemm_combine_fp4_prepacked(a, w2, w2_scale, rows, inv_rows, topk_weights, w_global=w2_global,
+                                                  shared=shared, out_dtype=hidden.dtype, **pk)
         out = moe_gemm_fp4_prepacked(a, w2, w2_scale, w_global=w2_global, **pk)
         return moe_combine(out, inv_rows, topk_weights, shared=shared, out_dtype=hidden.dtype, backend=backend)
     if fused:

@@ -265,6 +265,11 @@ def check_gemm_combine(op, weights, a, a_scale, w, w_scale, m_indices, masked_m,
     """The GEMM operands, then the layout's two index maps (src_rows: entry t * k + j per row, sentinel T * k;
     inv_rows (T, k): row of each entry, -1 = none), the top-k weights and the optional shared output."""
     check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global)
+    check_combine_args(op, a, w.shape[1], src_rows, inv_rows, topk_weights, shared, out_dtype)
+
+
+def check_combine_args(op, a, n, src_rows, inv_rows, topk_weights, shared, out_dtype) -> None:
+    """A GEMM2-into-token-order's index maps, top-k weights, shared output (T, n) and output dtype."""
     for name, t in (("src_rows", src_rows), ("inv_rows", inv_rows), ("topk_weights", topk_weights)):
         check_tensor(op, name, t)
         check_same_device(op, "a", a, name, t)
@@ -277,7 +282,6 @@ def check_gemm_combine(op, weights, a, a_scale, w, w_scale, m_indices, masked_m,
         fail(op, "inv_rows", f"expected (T, k), got shape {_shape(inv_rows)}")
     if _shape(topk_weights) != _shape(inv_rows):
         fail(op, "topk_weights", f"shape {_shape(topk_weights)} != inv_rows shape {_shape(inv_rows)}")
-    n = w.shape[1]
     if shared is not None:
         check_tensor(op, "shared", shared)
         check_same_device(op, "a", a, "shared", shared)

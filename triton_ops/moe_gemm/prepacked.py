@@ -29,12 +29,14 @@ import triton.language as tl
 from triton_ops._formats import cast_out, e4m3_decode_fast
 from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch
 from triton_ops.contract.fp4_prepack import CHUNK, check_fp4_prepacked
-from triton_ops.contract.moe_gemm import check_row_weights, check_swiglu_args, contiguous_ids
+from triton_ops.contract.moe_gemm import check_combine_args, check_row_weights, check_swiglu_args, contiguous_ids
+from triton_ops.moe.align import moe_combine
 from triton_ops.swiglu import silu_div_rn, swiglu_act
 
 from .config import MoeGemmConfig, pick_prepacked_config, rows_per_expert
 from .dequant import e8m0_to_f32, mma
 from .fused import _gate_up_rows
+from .grouped import _destination
 
 _MAX_GRID_Y = 65535
 _BIAS_F32 = tl.constexpr(8.507059173023462e37)  # 2^126 (the bf16 bit trick's bias), fp32
@@ -215,16 +217,27 @@ def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w6
 
 
 @triton.jit
-def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, M, N, K, E, KW, KS,
-                          stride_ae, stride_am, alpha, limit,
+def _kept(rows_mask, dst_ok, SCATTER: tl.constexpr):
+    """The rows of rows_mask that are stored: all, or (SCATTER) those with a destination."""
+    if SCATTER:
+        return rows_mask & dst_ok
+    else:
+        return rows_mask
+
+
+@triton.jit
+def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, dst_ptr, M, N, K, E, KW, KS,
+                          stride_ae, stride_am, alpha, limit, n_dst,
                           NVFP4: tl.constexpr, MASKED: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr,
                           F32_DOT: tl.constexpr, EMULATE: tl.constexpr, SWIGLU: tl.constexpr,
                           INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, DIV_RN: tl.constexpr,
-                          BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+                          SCATTER: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
     """Program (axis 0) = one [BLOCK_T tokens, BLOCK_W output columns] tile (columns: weight rows, or with SWIGLU
     the I outputs of gate / up row pairs), the column tiles of one token tile adjacent (activations reused from
     L2); masked layout: axis 1 = expert. Every output element in range is written once: computed rows by their
-    expert's pass, the others as zeros (SwiGLU of gate = up = 0 is 0 for both activations)."""
+    expert's pass, the others as zeros (SwiGLU of gate = up = 0 is 0 for both activations). SCATTER: layout row r
+    goes to output row dst[r] of an (n_dst, N) output (grouped._destination; rows outside [0, n_dst) unwritten)."""
     pid = tl.program_id(0)
     num_w = tl.cdiv(N, BLOCK_W)
     pid_t = pid // num_w
@@ -239,42 +252,46 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
         e64 = e.to(tl.int64)
         cnt = tl.minimum(tl.maximum(tl.load(ids_ptr + e), 0), M)
         flat = e64 * M + rows64
-        out_t = out_ptr + flat[None, :] * N + w64[:, None]
+        dst, dst_ok = _destination(flat, rmask, dst_ptr, n_dst, SCATTER)
+        out_t = out_ptr + dst[None, :] * N + w64[:, None]
         done = rows < cnt
         if pid_t * BLOCK_T < cnt:
-            _expert_tile(a_ptr, e64 * stride_ae + rows64 * stride_am, done, v_ptr, s_ptr, g_ptr, rw_ptr + flat,
-                         out_t, e64, w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW, DTYPE, F32_DOT, EMULATE,
-                         SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K)
+            _expert_tile(a_ptr, e64 * stride_ae + rows64 * stride_am, _kept(done, dst_ok, SCATTER), v_ptr, s_ptr,
+                         g_ptr, rw_ptr + flat, out_t, e64, w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW,
+                         DTYPE, F32_DOT, EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K)
     else:
-        out_t = out_ptr + rows64[None, :] * N + w64[:, None]
+        dst, dst_ok = _destination(rows64, rmask, dst_ptr, n_dst, SCATTER)
+        out_t = out_ptr + dst[None, :] * N + w64[:, None]
         mi = tl.load(ids_ptr + rows, mask=rmask, other=-1)
         done = (mi >= 0) & (mi < E)
         mi = tl.where(done, mi, E)
         e = tl.min(mi, 0)
         while e < E:  # one pass per expert present in the tile, in increasing id order
-            sel = mi == e
+            sel = _kept(mi == e, dst_ok, SCATTER)
             _expert_tile(a_ptr, rows64 * stride_am, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
                          e.to(tl.int64), w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW, DTYPE, F32_DOT,
                          EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K)
             e = tl.min(tl.where(mi > e, mi, E), 0)
     zero = tl.zeros([BLOCK_W, BLOCK_T], out_ptr.dtype.element_ty)
-    tl.store(out_t, zero, mask=wmask[:, None] & (rmask & ~done)[None, :])
+    tl.store(out_t, zero, mask=wmask[:, None] & _kept(rmask & ~done, dst_ok, SCATTER)[None, :])
 
 
 # ---------------------------------------------------------------------------------------------- launcher
 
 
-def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, config, swiglu=None):
+def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, config, swiglu=None, dst_rows=None,
+            n_dst=0):
     """swiglu: None (the plain GEMM, N = the weight rows) or (interleave, activation, alpha, limit): GEMM1 + SwiGLU
-    over (E, 2I, K) weights, N = I output columns."""
+    over (E, 2I, K) weights, N = I output columns. dst_rows (int32, a.shape[:-1]): scatter layout row r to output row
+    dst_rows[r] of an (n_dst, N) output (rows outside [0, n_dst) unwritten)."""
     masked = masked_m is not None
     e = values.shape[0]
     n = values.shape[1] // 2 if swiglu else values.shape[1]
     k = a.shape[-1]
     rows = a.shape[1] if masked else a.shape[0]
-    out = torch.empty(*a.shape[:-1], n, dtype=a.dtype, device=a.device)
-    if out.numel() == 0:
-        return out
+    out = torch.empty(*(a.shape[:-1] if dst_rows is None else (n_dst,)), n, dtype=a.dtype, device=a.device)
+    if out.numel() == 0 or a.shape[:-1].numel() == 0:
+        return out  # scatter with no layout row: nothing is written (the combine reads no slot)
     cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), n, k, a.device, fmt, bool(swiglu))
     reason = prepacked_refusal(cfg)
     if reason:
@@ -285,13 +302,14 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
     launch(_fp4_prepacked_kernel, grid,
            a, values, scales, dummy if w_global is None else w_global.contiguous(),
            masked_m if masked else m_indices, dummy if row_weights is None else row_weights.contiguous(), out,
-           rows, n, k, e, values.shape[2], scales.shape[2],
+           dummy if dst_rows is None else dst_rows.contiguous(), rows, n, k, e, values.shape[2], scales.shape[2],
            a.stride(0) if masked else 0, a.stride(1) if masked else a.stride(0),
-           float(alpha), float(0.0 if limit is None else limit),
+           float(alpha), float(0.0 if limit is None else limit), n_dst,
            NVFP4=fmt == "nvfp4", MASKED=masked, HAS_RW=row_weights is not None, DTYPE=TL_DTYPE[a.dtype],
            F32_DOT=a.device.type != "cuda", EMULATE=emulate_formats(a.device), SWIGLU=bool(swiglu),
            INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
-           DIV_RN=silu_div_rn(a.dtype), BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k,
+           DIV_RN=silu_div_rn(a.dtype), SCATTER=dst_rows is not None, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m,
+           BLOCK_K=cfg.block_k,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
@@ -336,3 +354,18 @@ def moe_gemm_swiglu_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indice
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch(fmt, a, w_values, w_scales, w_global, m_indices, masked_m, None, config,
                    swiglu=(interleave, activation, alpha, limit))
+
+
+def moe_gemm_combine_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, src_rows, inv_rows,
+                                   topk_weights, shared, out_dtype, *, config: MoeGemmConfig | None = None):
+    """GEMM2 on prepacked FP4 weights scattered into token order (row r to entry src_rows[r] of a (T * k, N) buffer,
+    rounded to a's dtype as moe_gemm_fp4_prepacked stores it), then the slot-order combine (moe_combine,
+    token_order): the bytes of moe_gemm_fp4_prepacked -> moe_combine. Slots without a row are never read."""
+    op = "moe_gemm_combine_fp4_prepacked"
+    check_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, op=op)
+    check_combine_args(op, a, w_values.shape[1], src_rows, inv_rows, topk_weights, shared, out_dtype)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    t, k = inv_rows.shape
+    buf = _launch(fmt, a, w_values, w_scales, w_global, m_indices, masked_m, None, config, dst_rows=src_rows,
+                  n_dst=t * k)
+    return moe_combine(buf, inv_rows, topk_weights, shared, out_dtype, token_order=True)
