@@ -84,7 +84,10 @@ DOT_SCALED_WHY = "tl.dot_scaled: native block-scaled MMA on Blackwell (compiled 
 NVFP4_W4A16_WHY = "NVFP4 weights dequantized in registers (E4M3 scales per 16, global per expert); 1.45x bf16 decode"
 # FP4 weights prepacked once (moe_gemm_fp4_prepack) into a register-fragment layout: swap-AB tiles (weights on the
 # warpgroup MMA's M side, from registers), packed bit-trick E2M1 conversion. GPU timings pending.
-FP4_PREPACKED_WHY = "prepacked FP4 weights: swap-AB decode kernel, register-A wgmma, bit-trick E2M1 (untimed)"
+FP4_PREPACKED_WHY = ("prepacked FP4 weights: swap-AB kernel, register-A wgmma, bit-trick E2M1 (H200 decode: 1.015x "
+                     "triton_kernels)")
+FP4_PREPACKED_SWIGLU_WHY = "the prepacked FP4 kernel with the SwiGLU epilogue (gate and up passes per tile; untimed)"
+FP4_PREPACKED_COMBINE_WHY = "the prepacked FP4 kernel scattering rows into token order, then the combine (untimed)"
 FP4_PREPACK_WHY = "one-time weight layout change (byte permutation + padding): torch on any device"
 # H100 at e2bc444: FP8 GEMM1 + SwiGLU + FP8 1.08x the chain, GEMM2 + combine 1.23x (prefill); MXFP4 GEMM1 0.97x.
 GEMM_SWIGLU = "GEMM1 with SwiGLU (+ FP8 1xG quant) in the epilogue: the gate and up outputs never go to memory"
@@ -275,6 +278,14 @@ ROWS: tuple[Entry, ...] = (
                  supports="triton_ops.moe_gemm.prepacked:supports_moe_gemm_fp4_prepacked"),
     Entry("moe_gemm_fp4_prepacked", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_fp4_prepacked", TORCH_REF,
           REFERENCE_WHY),
+    *triton_rows("moe_gemm_swiglu_fp4_prepacked", "triton_ops.moe_gemm.prepacked:moe_gemm_swiglu_fp4_prepacked",
+                 FP4_PREPACKED_SWIGLU_WHY, supports="triton_ops.moe_gemm.prepacked:supports_moe_gemm_fp4_prepacked"),
+    Entry("moe_gemm_swiglu_fp4_prepacked", "torch", ALL,
+          "dispatch.reference.moe_gemm:moe_gemm_swiglu_fp4_prepacked", TORCH_REF, REFERENCE_WHY),
+    *triton_rows("moe_gemm_combine_fp4_prepacked", "triton_ops.moe_gemm.prepacked:moe_gemm_combine_fp4_prepacked",
+                 FP4_PREPACKED_COMBINE_WHY, supports="triton_ops.moe_gemm.prepacked:supports_moe_gemm_fp4_prepacked"),
+    Entry("moe_gemm_combine_fp4_prepacked", "torch", ALL,
+          "dispatch.reference.moe_gemm:moe_gemm_combine_fp4_prepacked", TORCH_REF, REFERENCE_WHY),
     *triton_rows("moe_gemm_w4a8", "triton_ops.moe_gemm.grouped:moe_gemm_w4a8", DOT_SCALED_WHY,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_w4a8"),
     Entry("moe_gemm_w4a8", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_w4a8", TORCH_REF, REFERENCE_WHY),

@@ -6,6 +6,7 @@ Rows the kernel must not read are NaN; outputs start as NaN (conftest poison), s
 
 from __future__ import annotations
 
+import itertools
 import os
 import textwrap
 
@@ -23,7 +24,7 @@ from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
 from triton_ops.contract import fp4_prepack as FP
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe_gemm import prepacked as tri
-from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch
+from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch, prepacked_swiglu_config
 
 BLOCK = {"mxfp4": 32, "nvfp4": 16}
 
@@ -235,15 +236,106 @@ def test_configs():
     weight tile (N = 144: rows past N read clamped, never stored): the same results; configs the layout cannot run
     refused."""
     case = _contig_case(2, [0] * 20 + [1] * 12, k=160, n=144, row_weights=True)
-    for cfg in (MoeGemmConfig(32, 64, 256, 1, 4, 1), MoeGemmConfig(16, 128, 128, 1, 4, 1)):
+    for cfg in (MoeGemmConfig(32, 64, 256, 1, 4, 1), MoeGemmConfig(16, 128, 128, 1, 4, 1),
+                MoeGemmConfig(64, 64, 128, 1, 8, 1)):  # a prefill-style tile holding both experts
         _check("mxfp4", case, config=cfg)
     with pytest.raises(ValueError, match="multiple of the layout's 128"):
         _run("mxfp4", case, config=MoeGemmConfig(16, 64, 64, 1, 4, 1))
-    for arch in ("cpu", "sm_80", "sm_90", "sm_100", "sm_120"):
+    for arch, fmt in itertools.product(("cpu", "sm_80", "sm_90", "sm_100", "sm_120"), ("mxfp4", "nvfp4")):
         for m in (1, 16, 17, 32, 64, 256):
-            cfg = pick_prepacked_config_for_arch(m, 5760, 2880, arch)
+            cfg = pick_prepacked_config_for_arch(m, 5760, 2880, arch, fmt)
             assert tri.prepacked_refusal(cfg) is None, (arch, m, cfg)
             assert cfg.block_m >= min(m, 64), (arch, m, cfg)
+    assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(16, 128, 256, 1, 4, 3)
+    assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
+    assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 4)
+    sw = lambda m, fmt: prepacked_swiglu_config(pick_prepacked_config_for_arch(m, 2880, 2880, "sm_90", fmt))
+    assert sw(16, "mxfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)  # the 256-K step spills with two accumulators
+    assert sw(16, "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
+    assert sw(255, "mxfp4") == MoeGemmConfig(64, 64, 128, 1, 4, 4)
+
+
+# ---------------------------------------------------------------------------------------------- GEMM1 + SwiGLU
+
+
+def _swiglu_layout(masked: bool):
+    """(lead shape, dead rows, m_indices, masked_m): 3 experts, padding and out-of-range ids / counts."""
+    if masked:
+        mm = torch.tensor([6, 0, 3], dtype=torch.int32)
+        return (3, 6), torch.arange(6)[None, :] >= mm[:, None], None, mm
+    mi = torch.tensor([0] * 5 + [-1] + [2] * 7 + [1] * 4 + [7] + [0] * 2, dtype=torch.int32)
+    return (mi.numel(),), (mi < 0) | (mi >= 3), mi, None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("masked, interleave, activation", [(False, 0, "silu"), (False, 1, "gptoss"),
+                                                            (True, 1, "gptoss"), (True, 0, "silu")])
+def test_swiglu_prepacked_equals_the_chain(device, fmt, masked, interleave, activation):
+    """moe_gemm_swiglu_fp4_prepacked (a gate pass and an up pass per tile, SwiGLU in the epilogue) against the chain
+    moe_gemm_fp4_prepacked -> swiglu: operands on a coarse grid, so every GEMM sum is exact and the bytes must be
+    equal; against the contract (moe_gemm_swiglu on the unpacked weights). I = 80 (a partial column tile), K = 160
+    (a padded chunk), dead rows NaN (never read), uncomputed rows 0."""
+    from dispatch.ops import swiglu
+    from tests.test_moe_gemm_fused import _exact_operands
+    g = torch.Generator().manual_seed(21)
+    i, k = 80, 160
+    lead, dead, mi, mm = _swiglu_layout(masked)
+    a, _, wp, ws, wg = _exact_operands(fmt, g, lead, dead, 3, 2 * i, k, "cpu")
+    vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+    limit = 7.0 if activation == "gptoss" else None
+    dev = lambda t: None if t is None else t.to(device)
+    got = tri.moe_gemm_swiglu_fp4_prepacked(dev(a), dev(vals), dev(scales), dev(wg), fmt, dev(mi), dev(mm), interleave,
+                                            activation, 1.702, limit)
+    h = tri.moe_gemm_fp4_prepacked(dev(a), dev(vals), dev(scales), dev(wg), fmt, dev(mi), dev(mm))
+    chain = swiglu(h, interleave=interleave, activation=activation, limit=limit, expert_ids=dev(mi),
+                   masked_m=dev(mm), backend="triton")
+    what = f"{fmt} masked={masked} interleave={interleave} {activation}"
+    assert_same_bytes(got, chain, what)
+    want = ref.moe_gemm_swiglu_fp4_prepacked(a, vals, scales, wg, fmt, mi, mm, interleave, activation, 1.702, limit)
+    assert_close(got.cpu(), want, what)
+    rows = got.cpu()[dead]
+    assert torch.equal(rows, torch.zeros_like(rows)), f"{what}: uncomputed rows are not zero"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_combine_prepacked_equals_the_chain(device, fmt, masked):
+    """moe_gemm_combine_fp4_prepacked (GEMM2 rows scattered into token order, then the slot-order combine) against
+    the chain moe_gemm_fp4_prepacked -> moe_combine on the same layout (exact operands: equal bytes), and against
+    the contract; 20 tokens top-2 over 3 experts with one expert not local (-1 slots), a shared output, max_m 4
+    (masked: entries dropped)."""
+    from dispatch.ops import moe_align, moe_combine, moe_masked_layout
+    from tests.test_moe_gemm_fused import _exact_operands
+    g = torch.Generator().manual_seed(22)
+    t, top_k, n, k = 20, 2, 80, 160
+    ids = torch.stack([torch.randperm(4, generator=g)[:top_k] for _ in range(t)]).to(torch.int32)
+    emap = torch.tensor([0, 1, 2, -1], dtype=torch.int32)
+    if masked:
+        lay = moe_masked_layout(ids, 3, 4, expert_map=emap, backend="torch")
+        src, place = lay.src_rows, dict(masked_m=lay.masked_m)
+        dead = torch.arange(4)[None, :] >= lay.masked_m[:, None]
+    else:
+        lay = moe_align(ids, 3, 16, expert_map=emap, backend="torch")
+        src, place = lay.sorted_token_ids, dict(m_indices=lay.m_indices)
+        dead = lay.m_indices < 0
+    a, _, wp, ws, wg = _exact_operands(fmt, g, tuple(src.shape), dead, 3, n, k, "cpu")
+    vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+    tw = torch.rand(t, top_k, generator=g)
+    shared = torch.randn(t, n, generator=g).bfloat16()
+    d = lambda x: None if x is None else x.to(device)
+    kw = dict(fmt=fmt, w_global=d(wg), **{key: d(v) for key, v in place.items()}, shared=d(shared),
+              out_dtype=torch.float32, backend="triton")
+    got = ops.moe_gemm_combine_fp4_prepacked(d(a), d(vals), d(scales), d(src), d(lay.inv_rows), d(tw), **kw)
+    h = ops.moe_gemm_fp4_prepacked(d(a), d(vals), d(scales), fmt=fmt, w_global=d(wg), backend="triton",
+                                   **{key: d(v) for key, v in place.items()})
+    chain = moe_combine(h, d(lay.inv_rows), d(tw), shared=d(shared), out_dtype=torch.float32, backend="triton")
+    assert_same_bytes(got, chain, f"{fmt} masked={masked}")
+    want = ref.moe_gemm_combine_fp4_prepacked(a, vals, scales, wg, fmt, place.get("m_indices"),
+                                              place.get("masked_m"), src, lay.inv_rows, tw, shared, torch.float32)
+    # the GEMM rows are rounded to bf16 before the fp32 combine: bf16's tolerance
+    assert_close(got.cpu(), want, f"{fmt} masked={masked} against the contract", dtype=torch.bfloat16)
 
 
 # ---------------------------------------------------------------------------------------------- bad inputs
@@ -281,6 +373,17 @@ def test_bad_inputs():
         ops.moe_gemm_fp4_prepack(wp, ws[:, :, :10], "mxfp4")
     with pytest.raises(LowbitInputError, match=r"moe_gemm_fp4_prepack: argument 'fmt'"):
         ops.moe_gemm_fp4_prepack(wp, ws, "int4")
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_swiglu_fp4_prepacked: argument 'interleave': I = 32 is "
+                                               r"not a multiple of the granularity 3"):
+        ops.moe_gemm_swiglu_fp4_prepacked(a, vals, scales, fmt="mxfp4", m_indices=mi, interleave=3)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_swiglu_fp4_prepacked: argument 'w_values': expected "
+                                               r"prepacked shape"):
+        ops.moe_gemm_swiglu_fp4_prepacked(a, vals[:, :, :32].contiguous(), scales, fmt="mxfp4", m_indices=mi)
+    src, inv, tw = torch.arange(4, dtype=torch.int32), torch.arange(4, dtype=torch.int32)[:, None], torch.ones(4, 1)
+    with pytest.raises(LowbitInputError, match=r"moe_gemm_combine_fp4_prepacked: argument 'shared': expected shape "
+                                               r"\(4, 64\)"):
+        ops.moe_gemm_combine_fp4_prepacked(a, vals, scales, src, inv, tw, fmt="mxfp4", m_indices=mi,
+                                           shared=torch.zeros(4, 32))
     nv_s = torch.zeros(2, 64, 40, dtype=torch.uint8)
     nv_vals, nv_scales = ops.moe_gemm_fp4_prepack(wp, nv_s, "nvfp4")
     with pytest.raises(LowbitInputError, match=r"argument 'w_global': NVFP4 weights need"):
@@ -297,6 +400,13 @@ def test_opcheck_and_compile():
     mi = torch.tensor([0] * 5 + [1] * 3, dtype=torch.int32)
     torch.library.opcheck(torch.ops.lowbit.moe_gemm_fp4_prepacked,
                           (a, vals, scales, None, "mxfp4", mi, None, None, "torch"))
+    torch.library.opcheck(torch.ops.lowbit.moe_gemm_swiglu_fp4_prepacked,
+                          (a, vals[:, :32].contiguous(), scales[:, :32].contiguous(), None, "mxfp4", mi, None, 1,
+                           "gptoss", 1.702, 7.0, "torch"))
+    rows = torch.arange(8, dtype=torch.int32)
+    torch.library.opcheck(torch.ops.lowbit.moe_gemm_combine_fp4_prepacked,
+                          (a, vals, scales, None, "mxfp4", mi, None, rows, rows[:, None], torch.ones(8, 1), None,
+                           torch.bfloat16, "torch"))
     f = lambda a, v, s, mi: ops.moe_gemm_fp4_prepacked(a, v, s, fmt="mxfp4", m_indices=mi, backend="torch")
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(a, vals, scales, mi)
     assert_same_bytes(got, f(a, vals, scales, mi), "compiled")
@@ -327,15 +437,20 @@ def _gpu_decode_case(masked: bool, e=16, rows=16, n=1024, k=2880):
 def test_gpu_decode_matches_reference_and_old_kernel(fmt, masked):
     """GPT-OSS K at decode (16 tokens per expert), both layouts, row weights (contiguous): against the contract, and
     close to the linear-layout kernel's output on the same GPU (fp32 sums in another order)."""
+    _check_gpu_against_old_kernel(fmt, _gpu_decode_case(masked))
+
+
+def _check_gpu_against_old_kernel(fmt, case):
+    """The prepacked kernel on the GPU against the contract and the linear-layout kernel; the linear weights."""
     from triton_ops.moe_gemm import grouped
-    case = _gpu_decode_case(masked)
     wp, ws, wg = _linear_weights(fmt, case.w32)
     got = _check(fmt, case, device="cuda", weights=(wp, ws, wg))
     a = _poison_rows(case.x.bfloat16(), case.dead).cuda()
     ids = [None if t is None else t.cuda() for t in (case.m_indices, case.masked_m, case.row_weights)]
     old = (grouped.moe_gemm_mxfp4(a, wp.cuda(), ws.cuda(), *ids) if fmt == "mxfp4"
            else grouped.moe_gemm_nvfp4(a, wp.cuda(), ws.cuda(), wg.cuda(), *ids))
-    assert_close(got, old, f"{fmt} against the linear-layout kernel")
+    assert_close(got, old, f"{fmt} {case.desc} against the linear-layout kernel")
+    return wp, ws, wg
 
 
 @pytest.mark.gpu
@@ -346,6 +461,27 @@ def test_gpu_nvfp4_fp16_and_tiles():
     for cfg in (MoeGemmConfig(16, 64, 128, 1, 4, 4), MoeGemmConfig(32, 128, 256, 1, 4, 3),
                 MoeGemmConfig(16, 256, 128, 1, 8, 4), MoeGemmConfig(64, 128, 128, 1, 4, 3)):
         _check("mxfp4", case, device="cuda", config=cfg)
+
+
+PREFILL_TILES = [MoeGemmConfig(128, 128, 128, 1, 8, 4), MoeGemmConfig(128, 128, 128, 1, 8, 3),
+                 MoeGemmConfig(64, 128, 128, 1, 8, 4), MoeGemmConfig(128, 64, 128, 1, 4, 3),
+                 MoeGemmConfig(128, 128, 256, 1, 8, 2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_gpu_prefill_tiles(fmt, masked):
+    """Prefill (256 tokens per expert, GPT-OSS K): the rule's tile (128 tokens x 128 weight rows, 8 warps) and the
+    sweep's against the contract and the linear-layout kernel; contiguous rows not aligned to the tile (experts of
+    96 / 256 / 160 rows: 128-token tiles holding two experts, one pass each)."""
+    case = _gpu_decode_case(masked, e=4, rows=256, n=512)
+    wp, ws, wg = _check_gpu_against_old_kernel(fmt, case)
+    for cfg in PREFILL_TILES:
+        _check(fmt, case, device="cuda", config=cfg, weights=(wp, ws, wg))
+    if not masked:
+        shifted = _contig_case(3, [0] * 96 + [1] * 256 + [2] * 160, k=2880, n=256, row_weights=True)
+        _check(fmt, shifted, device="cuda")
 
 
 @pytest.mark.gpu
@@ -369,19 +505,29 @@ _COMPILE = textwrap.dedent("""
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton_ops.moe_gemm import prepacked as P
-    from triton_ops.moe_gemm.config import pick_prepacked_config_for_arch
+    from triton_ops.moe_gemm.config import pick_prepacked_config_for_arch, prepacked_swiglu_config
 
     kern = P._fp4_prepacked_kernel
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     print("triton", triton.__version__)
-    for nv, dt, masked in ((False, "bf16", False), (True, "fp16", True)):
-        cfg = pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90")
+    # decode (16 tokens per expert), mid (64) and prefill (256) tiles of the rule; GEMM1 + SwiGLU (GPT-OSS)
+    # and GEMM2 scattered into token order (scatter)
+    for m, nv, dt, masked, sw, scatter in (
+            (16, False, "bf16", False, False, False), (16, True, "fp16", True, False, False),
+            (64, False, "bf16", False, False, False), (256, False, "bf16", False, False, False),
+            (256, True, "bf16", False, False, False), (16, False, "bf16", False, True, False),
+            (256, False, "bf16", False, True, False), (16, False, "bf16", True, False, True),
+            (256, True, "bf16", False, False, True)):
+        cfg = pick_prepacked_config_for_arch(m, 5760, 2880, "sm_90", "nvfp4" if nv else "mxfp4")
+        cfg = prepacked_swiglu_config(cfg) if sw else cfg
         names = [p.name for p in kern.params]
         sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
         a = "*bf16" if dt == "bf16" else "*fp16"
-        sig.update(a_ptr=a, v_ptr="*i32", s_ptr="*u8", g_ptr="*fp32", ids_ptr="*i32", rw_ptr="*fp32", out_ptr=a)
+        sig.update(a_ptr=a, v_ptr="*i32", s_ptr="*u8", g_ptr="*fp32", ids_ptr="*i32", rw_ptr="*fp32", out_ptr=a,
+                   dst_ptr="*i32", alpha="fp32", limit="fp32")
         consts = dict(NVFP4=nv, MASKED=masked, HAS_RW=False, DTYPE=tl.bfloat16 if dt == "bf16" else tl.float16,
-                      F32_DOT=False, EMULATE=False, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k)
+                      F32_DOT=False, EMULATE=False, SWIGLU=sw, INTERLEAVE=1 if sw else 0, GPTOSS=sw, CLAMP=sw,
+                      DIV_RN=False, SCATTER=scatter, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k)
         sig.update(dict.fromkeys(consts, "constexpr"))
         aligned = ["a_ptr", "v_ptr", "s_ptr", "out_ptr", "K", "N", "KW", "KS", "stride_am", "stride_ae"]
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
@@ -400,8 +546,9 @@ _COMPILE = textwrap.dedent("""
         hgmma_reg_a = len(re.findall(r"HGMMA\\.64x\\d+x16\\.F32\\S* R\\d+, R\\d+, gdesc", sass))
         spills = len(re.findall(r"\\b(?:STL|LDL)\\b", sass))
         vec16 = sass.count("LDGSTS.E.BYPASS.128")
-        print("cfg", dt, int(nv), ptx.count("wgmma.mma_async"), reg_a, hgmma_reg_a, spills, vec16,
-              ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"), c.metadata.shared)
+        print("cfg", f"{dt}/m={m}/swiglu={int(sw)}/scatter={int(scatter)}", int(nv), ptx.count("wgmma.mma_async"),
+              reg_a, hgmma_reg_a, spills, vec16, ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"),
+              c.metadata.shared)
 """)
 
 
@@ -411,10 +558,12 @@ def _triton36_env_set() -> bool:
 
 
 def test_sm90_compile_register_a_wgmma():
-    """sm_90a with Triton 3.6 (the GPU image's; LOWBIT_TRITON36_PATH points at an install elsewhere), the decode
-    config, MXFP4 bf16 contiguous and NVFP4 fp16 masked: every MMA is a warpgroup MMA whose A operand (the
-    dequantized weights) is registers (PTX `{...}` operand, SASS `HGMMA ... R, gdesc`), the weights arrive by
-    16-byte async copies, the conversion is packed fma.rn.{bf16,f16}x2, no spills, shared memory within an SM."""
+    """sm_90a with Triton 3.6 (the GPU image's; LOWBIT_TRITON36_PATH points at an install elsewhere), the rule's
+    decode tiles (MXFP4 bf16 contiguous, NVFP4 fp16 masked), its mid tile, its prefill tile (8 warps; MXFP4 and
+    NVFP4), the GEMM1 + SwiGLU tiles (decode, prefill) and the token-order scatter (GEMM2 + combine): every MMA is
+    a warpgroup MMA whose A operand (the dequantized weights) is registers (PTX `{...}` operand, SASS
+    `HGMMA ... R, gdesc`), the weights arrive by 16-byte async copies, the conversion is packed
+    fma.rn.{bf16,f16}x2, no spills, shared memory within an SM."""
     if not _triton36_env_set():
         pytest.skip("set LOWBIT_TRITON36_PATH to a Triton 3.6 install to compile for sm_90")
     script = _COMPILE
@@ -424,7 +573,7 @@ def test_sm90_compile_register_a_wgmma():
     out = run_compile_script(script, timeout=600)
     assert "triton 3.6" in out, out
     lines = [ln.split() for ln in out.splitlines() if ln.startswith("cfg")]
-    assert len(lines) == 2, out
+    assert len(lines) == 9, out
     for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared in lines:
         what = f"{dt} nvfp4={nv}"
         assert int(wgmma) > 0 and int(reg_a) == int(wgmma), f"{what}: {reg_a} of {wgmma} wgmma with register A"

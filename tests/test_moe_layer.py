@@ -195,3 +195,81 @@ def test_routed_layer_equals_route_then_layer(device, weights):
     r = moe_route(logits, K, **route, backend=b)
     want = moe_layer(x, r.topk_ids, r.topk_weights, w1, w2, **lay)
     assert_same_bytes(got, want, "routed layer")
+
+
+def _prepacked(weights, w1, w2, scales):
+    """(w1, w2, scale keyword arguments) of the same experts through moe_gemm_fp4_prepack."""
+    from dispatch.ops import moe_gemm_fp4_prepack
+
+    v1, p1 = moe_gemm_fp4_prepack(w1, scales["w1_scale"], weights)
+    v2, p2 = moe_gemm_fp4_prepack(w2, scales["w2_scale"], weights)
+    return v1, v2, {**scales, "w1_scale": p1, "w2_scale": p2}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weights", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("layout, fused", [("contiguous", False), ("masked", False), ("contiguous", True),
+                                           ("masked", True)])
+def test_prepacked_layer_matches_the_linear_layer(device, weights, layout, fused):
+    """prepacked=True (both GEMMs on moe_gemm_fp4_prepack's layout through the prepacked kernel; fused: GEMM1 with
+    the SwiGLU epilogue) against the layer on the linear weights they were prepacked from: GPT-OSS activation on
+    interleaved gate/up, a shared output, an expert-parallel map (the GEMMs sum in another order: close)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(T, H, generator=g).bfloat16().to(device)
+    ids, w = _routing(g, device)
+    w1, w2, scales = _quantized_experts(weights, g, device)
+    v1, v2, packed = _prepacked(weights, w1, w2, scales)
+    shared = torch.randn(T, H, generator=g).bfloat16().to(device)
+    kw = dict(weights=weights, layout=layout, max_m=4, activation="gptoss", interleave=1, limit=7.0, shared=shared,
+              expert_map=torch.tensor([0, 1, 2, -1], dtype=torch.int32).to(device), backend=_backend(device))
+    got = moe_layer(x, ids, w, v1[:3], v2[:3], **kw, **{k: v[:3] for k, v in packed.items()}, prepacked=True,
+                    fused=fused)
+    want = moe_layer(x, ids, w, w1[:3], w2[:3], **kw, **{k: v[:3] for k, v in scales.items()}, fused=False)
+    assert bool(torch.isfinite(got).all())
+    assert_close(got.cpu(), want.cpu(), f"prepacked {weights} {layout} fused={fused}", factor=2)
+
+
+def test_prepacked_bad_arguments_are_named():
+    g = torch.Generator().manual_seed(6)
+    x = torch.zeros(2, H).bfloat16()
+    ids, w = torch.zeros(2, K, dtype=torch.int32), torch.ones(2, K)
+    w1, w2, scales = _quantized_experts("mxfp4", g, "cpu")
+    v1, v2, packed = _prepacked("mxfp4", w1, w2, scales)
+    with pytest.raises(LowbitInputError, match="moe_layer: argument 'prepacked': only MXFP4 / NVFP4"):
+        moe_layer(x, ids, w, v1, v2, weights="w4a8", **packed, prepacked=True)
+    with pytest.raises(LowbitInputError, match="moe_gemm_fp4_prepacked: argument 'w_values'"):
+        moe_layer(x, ids, w, w1, w2, weights="mxfp4", **scales, prepacked=True)  # linear weights given as prepacked
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("tokens, layout, fused", [(64, "contiguous", False), (64, "masked", False),
+                                                   (1024, "contiguous", False), (64, "contiguous", True),
+                                                   (1024, "contiguous", True)])
+def test_gpu_prepacked_gptoss_layer(weights, tokens, layout, fused):
+    """GPT-OSS-120b sizes (H = I = 2880, top-4) on 32 experts, decode (64 tokens) and prefill (1024 tokens: 128 rows
+    per expert, the prefill tile), the chain and fused GEMM1 + SwiGLU: the prepacked layer against the linear one on
+    the same GPU."""
+    from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
+
+    dev, e, h, i, k = "cuda", 32, 2880, 2880, 4
+    g = torch.Generator(device=dev).manual_seed(7)
+    x = torch.randn(tokens, h, device=dev, generator=g).bfloat16()
+    ids = torch.stack([torch.randperm(e, device=dev, generator=g)[:k] for _ in range(tokens)]).to(torch.int32)
+    tw = torch.rand(tokens, k, device=dev, generator=g)
+    if weights == "mxfp4":
+        w1 = torch.randint(0, 256, (e, 2 * i, h // 2), device=dev, generator=g, dtype=torch.uint8)
+        w2 = torch.randint(0, 256, (e, h, i // 2), device=dev, generator=g, dtype=torch.uint8)
+        scales = dict(w1_scale=torch.randint(117, 121, (e, 2 * i, h // 32), device=dev, generator=g,
+                                             dtype=torch.uint8),
+                      w2_scale=torch.randint(117, 121, (e, h, i // 32), device=dev, generator=g, dtype=torch.uint8))
+    else:
+        w1, s1, g1 = quant_w_nvfp4(torch.randn(e, 2 * i, h, device=dev, generator=g) * 0.02)
+        w2, s2, g2 = quant_w_nvfp4(torch.randn(e, h, i, device=dev, generator=g) * 0.02)
+        scales = dict(w1_scale=s1, w2_scale=s2, w1_global=g1, w2_global=g2)
+    v1, v2, packed = _prepacked(weights, w1, w2, scales)
+    kw = dict(weights=weights, layout=layout, max_m=16, activation="gptoss", interleave=1, limit=7.0)
+    got = moe_layer(x, ids, tw, v1, v2, **kw, **packed, prepacked=True, fused=fused)
+    want = moe_layer(x, ids, tw, w1, w2, **kw, **scales, fused=False)
+    assert bool(torch.isfinite(got).all())
+    assert_close(got, want, f"GPT-OSS prepacked {weights} T={tokens} {layout} fused={fused}", factor=2)

@@ -23,12 +23,14 @@ from triton_ops.contract.moe_gemm import (
     check_bf16,
     check_blockscaled,
     check_blockscaled_masked,
+    check_combine_args,
     check_fp8,
     check_gemm_combine,
     check_gemm_swiglu,
     check_mxfp4,
     check_nvfp4,
     check_row_weights,
+    check_swiglu_args,
     check_w4a4,
     check_w4a8,
     fp4_views,
@@ -126,6 +128,35 @@ def _moe_gemm_fp4_prepacked(a: Tensor, w_values: Tensor, w_scales: Tensor, w_glo
     return _out(a, w_values.shape[1], a.dtype)
 
 
+def _check_swiglu_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, interleave, activation,
+                                alpha, limit):
+    op = "moe_gemm_swiglu_fp4_prepacked"
+    check_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, op=op)
+    check_swiglu_args(op, w_values.shape[1], interleave, activation, alpha, limit, w_name="w_values")
+
+
+@lowbit_op("moe_gemm_swiglu_fp4_prepacked", mutates_args=(), check=_check_swiglu_fp4_prepacked)
+def _moe_gemm_swiglu_fp4_prepacked(a: Tensor, w_values: Tensor, w_scales: Tensor, w_global: Tensor | None, fmt: str,
+                                   m_indices: Tensor | None, masked_m: Tensor | None, interleave: int,
+                                   activation: str, alpha: float, limit: float | None, backend: str) -> Tensor:
+    return _out(a, w_values.shape[1] // 2, a.dtype)
+
+
+def _check_combine_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, src_rows, inv_rows,
+                                 topk_weights, shared, out_dtype):
+    op = "moe_gemm_combine_fp4_prepacked"
+    check_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, op=op)
+    check_combine_args(op, a, w_values.shape[1], src_rows, inv_rows, topk_weights, shared, out_dtype)
+
+
+@lowbit_op("moe_gemm_combine_fp4_prepacked", mutates_args=(), check=_check_combine_fp4_prepacked)
+def _moe_gemm_combine_fp4_prepacked(a: Tensor, w_values: Tensor, w_scales: Tensor, w_global: Tensor | None,
+                                    fmt: str, m_indices: Tensor | None, masked_m: Tensor | None, src_rows: Tensor,
+                                    inv_rows: Tensor, topk_weights: Tensor, shared: Tensor | None,
+                                    out_dtype: torch.dtype, backend: str) -> Tensor:
+    return a.new_empty((inv_rows.shape[0], w_values.shape[1]), dtype=out_dtype)
+
+
 def moe_gemm_bf16(a: Tensor, w: Tensor, *, m_indices: Tensor | None = None, masked_m: Tensor | None = None,
                   row_weights: Tensor | None = None, backend: str = "auto") -> Tensor:
     """bf16/fp16 grouped GEMM: out[m] = a[m] @ w[e(m)].T with w (E, N, K); a's dtype out, fp32 accumulation.
@@ -180,6 +211,29 @@ def moe_gemm_fp4_prepacked(a: Tensor, w_values: Tensor, w_scales: Tensor, *, fmt
     out. The GPU kernel is the swap-AB decode kernel (weights on the warpgroup MMA's M side, from registers)."""
     return call("moe_gemm_fp4_prepacked", a, w_values, w_scales, w_global, fmt, m_indices, masked_m, row_weights,
                 backend)
+
+
+def moe_gemm_swiglu_fp4_prepacked(a: Tensor, w_values: Tensor, w_scales: Tensor, *, fmt: Literal["mxfp4", "nvfp4"],
+                                  w_global: Tensor | None = None, m_indices: Tensor | None = None,
+                                  masked_m: Tensor | None = None, interleave: int = 0,
+                                  activation: Literal["silu", "gptoss"] = "silu", alpha: float = 1.702,
+                                  limit: float | None = None, backend: str = "auto") -> Tensor:
+    """GEMM1 + SwiGLU on prepacked FP4 weights: `moe_gemm_swiglu` (weights=fmt) on the weights
+    `moe_gemm_fp4_prepack` prepacked, (E, 2I, ...) gate|up halves or interleaved at `interleave`. Bytes =
+    moe_gemm_fp4_prepacked -> swiglu given the same accumulators; (rows, I) in a's dtype."""
+    return call("moe_gemm_swiglu_fp4_prepacked", a, w_values, w_scales, w_global, fmt, m_indices, masked_m,
+                *_sw(interleave, activation, alpha, limit), backend)
+
+
+def moe_gemm_combine_fp4_prepacked(a: Tensor, w_values: Tensor, w_scales: Tensor, src_rows: Tensor, inv_rows: Tensor,
+                                   topk_weights: Tensor, *, fmt: Literal["mxfp4", "nvfp4"],
+                                   w_global: Tensor | None = None, m_indices: Tensor | None = None,
+                                   masked_m: Tensor | None = None, shared: Tensor | None = None,
+                                   out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> Tensor:
+    """GEMM2 into token order + the combine on prepacked FP4 weights: `moe_gemm_combine` (weights=fmt) on the
+    weights `moe_gemm_fp4_prepack` prepacked. Bytes = moe_gemm_fp4_prepacked -> moe_combine; (T, N) in out_dtype."""
+    return call("moe_gemm_combine_fp4_prepacked", a, w_values, w_scales, w_global, fmt, m_indices, masked_m, src_rows,
+                inv_rows, topk_weights, shared, out_dtype, backend)
 
 
 def moe_gemm_w4a8(a: Tensor, a_scale: Tensor, w_packed: Tensor, w_scale: Tensor, *,
@@ -389,6 +443,18 @@ def self_check_cases() -> list:
         vals, sc = moe_gemm_fp4_prepack(packed, scales, fmt)
         return (a, vals, sc, w_global, fmt, mi, None, None)
 
+    def swiglu_prepacked(dev, small):
+        """GPT-OSS GEMM1 + SwiGLU on the prepacked MXFP4 case's weights (interleaved gate/up, clamp 7)."""
+        a, vals, sc, _, fmt, mi, _, _ = prepacked(dev, small, "mxfp4")
+        return (a, vals, sc, None, fmt, mi, None, 1, "gptoss", 1.702, 7.0)
+
+    def combine_prepacked(dev, small):
+        """The NVFP4 GEMM2 + combine case's weights through the prepack."""
+        from ..reference.moe_gemm import moe_gemm_fp4_prepack
+        a, _, packed, scales, mi, _, _, src, inv, tw, _, out_dtype, w_global = combine_nv(dev, small)
+        vals, sc = moe_gemm_fp4_prepack(packed, scales, "nvfp4")
+        return (a, vals, sc, w_global, "nvfp4", mi, None, src, inv, tw, None, out_dtype)
+
     def prepack(dev, small):
         _, packed, scales, _, _, _, _ = nvfp4(dev, small)
         return (packed, scales, "nvfp4")
@@ -481,6 +547,8 @@ def self_check_cases() -> list:
         Case("moe_gemm_fp4_prepack", prepack, label="NVFP4 weights to the prepacked layout"),
         Case("moe_gemm_fp4_prepacked", lambda d, s: prepacked(d, s, "mxfp4"), close, label="prepacked MXFP4 W4A16"),
         Case("moe_gemm_fp4_prepacked", lambda d, s: prepacked(d, s, "nvfp4"), close, label="prepacked NVFP4 W4A16"),
+        Case("moe_gemm_swiglu_fp4_prepacked", swiglu_prepacked, close, label="prepacked MXFP4 GEMM1 + GPT-OSS swiglu"),
+        Case("moe_gemm_combine_fp4_prepacked", combine_prepacked, close, label="prepacked NVFP4 GEMM2 + combine"),
         Case("moe_gemm_w4a4", lambda d, s: w4(d, s, True), close, label="contiguous, MXFP4 x MXFP4"),
         Case("moe_gemm_blockscaled", blockscaled, close, label="NVFP4 x NVFP4, group offsets, swizzled scales"),
         Case("moe_gemm_blockscaled_masked", blockscaled_masked, close, label="NVFP4 x NVFP4, masked layout"),

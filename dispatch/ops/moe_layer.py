@@ -25,10 +25,13 @@ from .moe import moe_align, moe_combine, moe_gather, moe_gather_fp8, moe_masked_
 from .moe_gemm import (
     moe_gemm_bf16,
     moe_gemm_combine,
+    moe_gemm_combine_fp4_prepacked,
+    moe_gemm_fp4_prepacked,
     moe_gemm_fp8,
     moe_gemm_mxfp4,
     moe_gemm_nvfp4,
     moe_gemm_swiglu,
+    moe_gemm_swiglu_fp4_prepacked,
     moe_gemm_swiglu_fp8_group,
     moe_gemm_w4a8,
 )
@@ -50,7 +53,7 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
               alpha: float = 1.702, limit: float | None = None, layout: Literal["contiguous", "masked"] = "contiguous",
               max_m: int | None = None, expert_map: Tensor | None = None, shared: Tensor | None = None,
               fused: bool | None = None, backend: str = "auto", w1_global: Tensor | None = None,
-              w2_global: Tensor | None = None) -> Tensor:
+              w2_global: Tensor | None = None, prepacked: bool = False) -> Tensor:
     """y[t] = sum_j topk_weights[t, j] * W2[e] . act(W1[e] . hidden[t]) over the token's experts e = topk_ids[t, j]
     (+ shared[t]), in hidden's dtype.
 
@@ -68,7 +71,12 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     (moe_gemm_*, swiglu[_fp8_group], moe_combine). Same bytes given the same GEMM accumulators. None (default):
     fused for FP8 weights (timed faster than the chain at prefill on an H100: GEMM1 + SwiGLU + FP8 1.08x, GEMM2 +
     combine 1.23x; even at decode), the chain otherwise (MXFP4 GEMM1 + SwiGLU timed 0.97x the chain; NVFP4 not
-    timed yet)."""
+    timed yet).
+    prepacked: w1 / w2 and w1_scale / w2_scale are `moe_gemm_fp4_prepack`'s output for weights "mxfp4" / "nvfp4"
+    (int32 values (E, N, KP/8), uint8 scales (E, N, SP); globals as above), and both GEMMs run the prepacked kernel:
+    the chain (`moe_gemm_fp4_prepacked`, swiglu, `moe_gemm_fp4_prepacked`, moe_combine), or with fused=True
+    `moe_gemm_swiglu_fp4_prepacked` and `moe_gemm_combine_fp4_prepacked` (the fused ops' prepacked forms). The same
+    math as the linear weights they were prepacked from (the GEMMs sum in another order)."""
     for name, t in (("hidden", hidden), ("topk_ids", topk_ids), ("topk_weights", topk_weights), ("w1", w1),
                     ("w2", w2)):
         C.check_tensor(OP, name, t)
@@ -88,6 +96,8 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     if hidden.dim() != 2 or topk_ids.dim() != 2:
         C.fail(OP, "hidden", f"expected hidden (T, H) and topk_ids (T, k), got {tuple(hidden.shape)} and "
                              f"{tuple(topk_ids.shape)}")
+    if prepacked and weights not in ("mxfp4", "nvfp4"):
+        C.fail(OP, "prepacked", f"only MXFP4 / NVFP4 weights have a prepacked layout (weights={weights!r})")
     num_experts, top_k = w1.shape[0], topk_ids.shape[1]
     if fused is None:
         fused = weights == "fp8"
@@ -105,6 +115,19 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         act_place = dict(masked_m=lay.masked_m)
     else:
         C.fail(OP, "layout", f"{layout!r} is not 'contiguous' or 'masked'")
+    if prepacked:
+        x = moe_gather(hidden, rows, top_k, backend=backend)
+        pk = dict(fmt=weights, **place, backend=backend)
+        if fused:
+            a = moe_gemm_swiglu_fp4_prepacked(x, w1, w1_scale, w_global=w1_global, **pk, **act)
+        else:
+            a = swiglu(moe_gemm_fp4_prepacked(x, w1, w1_scale, w_global=w1_global, **pk), **act, **act_place,
+                       backend=backend)
+        if fused:
+            return moe_gemm_combine_fp4_prepacked(a, w2, w2_scale, rows, inv_rows, topk_weights, w_global=w2_global,
+                                                  shared=shared, out_dtype=hidden.dtype, **pk)
+        out = moe_gemm_fp4_prepacked(a, w2, w2_scale, w_global=w2_global, **pk)
+        return moe_combine(out, inv_rows, topk_weights, shared=shared, out_dtype=hidden.dtype, backend=backend)
     if fused:
         return _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, weights, w1_scale, w2_scale,
                               act, shared, backend, w1_global, w2_global)

@@ -162,6 +162,22 @@ def moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights, interl
     return SW.swiglu(h, interleave, activation, alpha, limit, m_indices, masked_m)
 
 
+def moe_gemm_swiglu_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, interleave, activation,
+                                  alpha, limit):
+    """moe_gemm_swiglu (weights = fmt) on the unpacked weights."""
+    w_packed, w_scale = moe_gemm_fp4_unpack(w_values, w_scales, a.shape[-1], fmt)
+    return moe_gemm_swiglu(a, None, w_packed, w_scale, m_indices, masked_m, fmt, interleave, activation, alpha,
+                           limit, w_global)
+
+
+def moe_gemm_combine_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, src_rows, inv_rows,
+                                   topk_weights, shared, out_dtype):
+    """moe_gemm_combine (weights = fmt) on the unpacked weights."""
+    w_packed, w_scale = moe_gemm_fp4_unpack(w_values, w_scales, a.shape[-1], fmt)
+    return moe_gemm_combine(a, None, w_packed, w_scale, m_indices, masked_m, fmt, src_rows, inv_rows, topk_weights,
+                            shared, out_dtype, w_global)
+
+
 def moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
                               limit, group_size, quant_eps, ue8m0, column_major, w_global=None):
     """moe_gemm_swiglu, then fp8_group_quantize of its (rounded) output: the chain moe_gemm -> swiglu_fp8_group."""

@@ -632,8 +632,9 @@ def cases() -> list[BenchCase]:
     for kind in ("mxfp4", "bf16", "w4a4", "nvfp4"):
         out.append(_case("gpt-oss-120b", "gemm1", kind, 128, n, k, rows=16))
         out.append(_case("gpt-oss-120b", "gemm1", kind, 32, n, k, rows=256))
-    for kind in ("mxfp4", "nvfp4"):  # prepacked weights (the swap-AB decode kernel): decode, both layouts for MXFP4
+    for kind in ("mxfp4", "nvfp4"):  # prepacked weights (the swap-AB kernel): decode (both layouts for MXFP4), prefill
         out.append(_case("gpt-oss-120b", "gemm1", kind, 128, n, k, rows=16, prepacked=True))
+        out.append(_case("gpt-oss-120b", "gemm1", kind, 32, n, k, rows=256, prepacked=True))
     out.append(_case("gpt-oss-120b", "gemm1", "mxfp4", 128, n, k, rows=16, masked=True, prepacked=True))
     n, k = DSV3["gemm1"]  # W4A8 needs K % 128 (1x128 activation scales): DeepSeek dims
     out.append(_case("dsv3", "gemm1", "w4a8", 256, n, k, rows=16, masked=True))

@@ -227,9 +227,15 @@ def check_gemm_swiglu(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, 
     """The GEMM operands (check_gemm_operands), then the SwiGLU arguments on the (E, 2I, K) weights' I, then the
     FP8 group arguments (group_size given)."""
     check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global)
-    two_i = w.shape[1]
+    check_swiglu_args(op, w.shape[1], interleave, activation, alpha, limit, group_size, quant_eps)
+
+
+def check_swiglu_args(op, two_i, interleave, activation, alpha, limit, group_size=None, quant_eps=None,
+                      w_name="w") -> None:
+    """The SwiGLU arguments of a GEMM1 + SwiGLU over 2I = two_i weight rows (gate and up; the weights' argument
+    w_name), then the FP8 group arguments (group_size given)."""
     if two_i % 2:
-        fail(op, "w", f"N={two_i} is odd; expected (E, 2I, K) holding gate and up rows")
+        fail(op, w_name, f"N={two_i} is odd; expected (E, 2I, K) holding gate and up rows")
     i = two_i // 2
     if interleave < 0:
         fail(op, "interleave", f"must be 0 (gate rows [0, I), up rows [I, 2I)) or a granularity >= 1, got "
@@ -259,6 +265,11 @@ def check_gemm_combine(op, weights, a, a_scale, w, w_scale, m_indices, masked_m,
     """The GEMM operands, then the layout's two index maps (src_rows: entry t * k + j per row, sentinel T * k;
     inv_rows (T, k): row of each entry, -1 = none), the top-k weights and the optional shared output."""
     check_gemm_operands(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global)
+    check_combine_args(op, a, w.shape[1], src_rows, inv_rows, topk_weights, shared, out_dtype)
+
+
+def check_combine_args(op, a, n, src_rows, inv_rows, topk_weights, shared, out_dtype) -> None:
+    """A GEMM2-into-token-order's index maps, top-k weights, shared output (T, n) and output dtype."""
     for name, t in (("src_rows", src_rows), ("inv_rows", inv_rows), ("topk_weights", topk_weights)):
         check_tensor(op, name, t)
         check_same_device(op, "a", a, name, t)
@@ -271,7 +282,6 @@ def check_gemm_combine(op, weights, a, a_scale, w, w_scale, m_indices, masked_m,
         fail(op, "inv_rows", f"expected (T, k), got shape {_shape(inv_rows)}")
     if _shape(topk_weights) != _shape(inv_rows):
         fail(op, "topk_weights", f"shape {_shape(topk_weights)} != inv_rows shape {_shape(inv_rows)}")
-    n = w.shape[1]
     if shared is not None:
         check_tensor(op, "shared", shared)
         check_same_device(op, "a", a, "shared", shared)

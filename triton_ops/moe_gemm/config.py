@@ -93,21 +93,48 @@ def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGem
     return MoeGemmConfig(128, 128, bk, group_m=8, num_warps=8, num_stages=stages)
 
 
-def pick_prepacked_config(m_per_expert: int, n: int, k: int, device: torch.device) -> MoeGemmConfig:
-    """The config of the prepacked FP4 kernel (prepacked.py; swap-AB: block_m = tokens, block_n = weight rows)."""
-    return pick_prepacked_config_for_arch(m_per_expert, n, k, arch_of(device))
+def pick_prepacked_config(m_per_expert: int, n: int, k: int, device: torch.device, fmt: str = "mxfp4",
+                          swiglu: bool = False) -> MoeGemmConfig:
+    """The config of the prepacked FP4 kernel (prepacked.py; swap-AB: block_m = tokens, block_n = weight rows, or
+    with swiglu output columns of gate / up row pairs) for `fmt` ("mxfp4" / "nvfp4") weights."""
+    cfg = pick_prepacked_config_for_arch(m_per_expert, n, k, arch_of(device), fmt)
+    return prepacked_swiglu_config(cfg) if swiglu else cfg
+
+
+def prepacked_swiglu_config(cfg: MoeGemmConfig) -> MoeGemmConfig:
+    """GEMM1 + SwiGLU on prepacked weights: two passes per tile (gate rows, then up rows), the gate accumulator
+    live through the up pass. Decode: the plain GEMM's tile with a 128-K step (4 stages; MXFP4's 256-K step spills
+    68 registers with the second accumulator, ptxas sm_90, Triton 3.6); from 64 tokens 64 tokens x 64 columns with
+    4 warps (two 32-register accumulators, 241 registers, no spills; the 8-warp plain tile would spill)."""
+    if cfg.block_m < 64:
+        return cfg if cfg.block_k == 128 else dataclasses.replace(cfg, block_k=128, num_stages=max(cfg.num_stages, 4))
+    return dataclasses.replace(cfg, block_m=64, block_n=64, num_warps=4)
 
 
 @functools.lru_cache(maxsize=4096)
-def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str) -> MoeGemmConfig:
-    """Tokens per tile: the rows per expert rounded up to 16 / 32 / 64 (the MMA's N side); 128 weight rows (two
-    64-row warpgroup-MMA blocks of one warpgroup) and 128 K (one layout chunk: a 16-byte load per thread and row)
-    per step, 4 warps, 4 stages (~40 KB of shared memory). Not tuned on hardware yet.
+def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str = "mxfp4") -> MoeGemmConfig:
+    """Decode (<= 32 tokens per expert): the tokens rounded up to 16 / 32 (the MMA's N side), 128 weight rows (two
+    64-row warpgroup-MMA blocks of one warpgroup), 4 warps. K step: MXFP4 at <= 16 tokens 256 with 3 stages (an
+    8-byte scale load per row and step), else 128 with 4 stages. H200, GPT-OSS-120b GEMM1, 128 experts x 16 rows
+    (perf/results/experiments/2026-11-26-h200-moe-gemm-fp4-prepacked-decode-783f6e2.json): MXFP4 128 x 256 x 3
+    stages 545.9 us (128 x 128 x 4: 553.1; triton_kernels 554.1), NVFP4 128 x 128 x 4 515.9 us (128 x 256: 545.8);
+    32-token tiles, 256 weight rows and 8 warps were slower there.
+    Mid (<= 64): 64 tokens x 128 rows, 8 warps (two warpgroups of 64 weight rows; 4 warps spill, ptxas sm_90).
+    Prefill: 128 tokens x 128 weight rows, 8 warps (each warpgroup a 64 x 128 fp32 accumulator), 128 K, 4 stages
+    (~160 KB of shared memory; 2 on ~100 KB parts). 256-token tiles spill (ptxas, sm_90, Triton 3.6). Prefill and
+    mid tiles are not timed on hardware yet; the contiguous layout should be aligned to block_m.
     Interpreter: one 128-K chunk per step, tiles no larger than the problem."""
-    bt = 16 if m <= 16 else 32 if m <= 32 else 64
     if arch == "cpu":
+        bt = 16 if m <= 16 else 32 if m <= 32 else 64
         return MoeGemmConfig(bt, min(128, max(16, next_pow2(n))), 128, group_m=1, num_warps=4, num_stages=1)
-    return MoeGemmConfig(bt, 128, 128, group_m=1, num_warps=4, num_stages=4)
+    if m <= 32:
+        if m <= 16 and fmt == "mxfp4":
+            return MoeGemmConfig(16, 128, 256, group_m=1, num_warps=4, num_stages=3)
+        return MoeGemmConfig(16 if m <= 16 else 32, 128, 128, group_m=1, num_warps=4, num_stages=4)
+    stages = 2 if arch in _SMALL_SMEM_ARCHS else 4
+    if m <= 64:
+        return MoeGemmConfig(64, 128, 128, group_m=1, num_warps=8, num_stages=stages)
+    return MoeGemmConfig(128, 128, 128, group_m=1, num_warps=8, num_stages=stages)
 
 
 _FUSED_SMEM_BUDGET = 200 * 1024  # operand pipeline bytes of a fused GEMM1 tile (an H100 CTA may use 227 KB)

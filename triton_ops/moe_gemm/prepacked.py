@@ -29,10 +29,14 @@ import triton.language as tl
 from triton_ops._formats import cast_out, e4m3_decode_fast
 from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch
 from triton_ops.contract.fp4_prepack import CHUNK, check_fp4_prepacked
-from triton_ops.contract.moe_gemm import check_row_weights, contiguous_ids
+from triton_ops.contract.moe_gemm import check_combine_args, check_row_weights, check_swiglu_args, contiguous_ids
+from triton_ops.moe.align import moe_combine
+from triton_ops.swiglu import silu_div_rn, swiglu_act
 
 from .config import MoeGemmConfig, pick_prepacked_config, rows_per_expert
 from .dequant import e8m0_to_f32, mma
+from .fused import _gate_up_rows
+from .grouped import _destination
 
 _MAX_GRID_Y = 65535
 _BIAS_F32 = tl.constexpr(8.507059173023462e37)  # 2^126 (the bf16 bit trick's bias), fp32
@@ -172,30 +176,68 @@ def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
 
 
 @triton.jit
-def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w64, wmask, N, K, KW, KS,
-                 NVFP4: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr,
-                 EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Expert e64's pass over the tile's tokens in `sel`, then (NVFP4) its global scale, the row weights (rw_rows:
-    pointers to the tokens' weights) and the one rounding, stored to the selected tokens' columns of out_t."""
-    w_in = e64 * N + tl.minimum(w64, N - 1)  # rows past N read row N - 1 (never stored)
+def _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w_rows, NR, K, KW, KS, NVFP4: tl.constexpr,
+               DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
+               BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Expert e64's fp32 [BLOCK_W, BLOCK_T] products of weight rows w_rows (of its NR) with the tokens in `sel`,
+    times (NVFP4) its global scale. Rows past NR read row NR - 1 (the caller never stores them)."""
+    w_in = e64 * NR + tl.minimum(w_rows, NR - 1)
     acc = _prepacked_pass(a_ptr, a_off, sel, v_ptr + w_in * KW, s_ptr + w_in * KS, K, KW, KS, NVFP4, DTYPE, F32_DOT,
                           EMULATE, BLOCK_W, BLOCK_T, BLOCK_K)
     if NVFP4:
         acc = acc * tl.load(g_ptr + e64)
-    if HAS_RW:
-        acc *= tl.load(rw_rows, mask=sel, other=0.0)[None, :]
+    return acc
+
+
+@triton.jit
+def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w64, wmask, N, K, KW, KS, alpha, limit,
+                 NVFP4: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr,
+                 EMULATE: tl.constexpr, SWIGLU: tl.constexpr, INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr,
+                 CLAMP: tl.constexpr, DIV_RN: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """Expert e64's tile for the tokens in `sel`, stored to their columns of out_t (one rounding). Plain: the
+    output columns w64 are weight rows, times the row weights (rw_rows: pointers to the tokens' weights). SWIGLU
+    (N = I, weights (E, 2I, K)): the gate and up rows of each output column in two passes, each rounded to the
+    GEMM's dtype as the plain kernel stores it, then the SwiGLU op's math (triton_ops/swiglu.py:swiglu_act)."""
+    if SWIGLU:
+        gate_rows, up_rows = _gate_up_rows(w64, N, INTERLEAVE)
+        g = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, gate_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
+                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K)
+        g = cast_out(g, DTYPE, EMULATE).to(tl.float32)
+        u = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, up_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
+                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K)
+        u = cast_out(u, DTYPE, EMULATE).to(tl.float32)
+        acc = swiglu_act(g, u, alpha, limit, GPTOSS, CLAMP, DIV_RN, DTYPE, EMULATE)
+    else:
+        acc = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w64, N, K, KW, KS, NVFP4, DTYPE, F32_DOT,
+                         EMULATE, BLOCK_W, BLOCK_T, BLOCK_K)
+        if HAS_RW:
+            acc *= tl.load(rw_rows, mask=sel, other=0.0)[None, :]
     tl.store(out_t, cast_out(acc, out_t.dtype.element_ty, EMULATE), mask=wmask[:, None] & sel[None, :])
 
 
 @triton.jit
-def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, M, N, K, E, KW, KS,
-                          stride_ae, stride_am,
+def _kept(rows_mask, dst_ok, SCATTER: tl.constexpr):
+    """The rows of rows_mask that are stored: all, or (SCATTER) those with a destination."""
+    if SCATTER:
+        return rows_mask & dst_ok
+    else:
+        return rows_mask
+
+
+@triton.jit
+def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, dst_ptr, M, N, K, E, KW, KS,
+                          stride_ae, stride_am, alpha, limit, n_dst,
                           NVFP4: tl.constexpr, MASKED: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr,
-                          F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
-                          BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program (axis 0) = one [BLOCK_T tokens, BLOCK_W weight rows] output tile, the weight tiles of one token tile
-    adjacent (activations reused from L2); masked layout: axis 1 = expert. Every output element in range is
-    written once: computed rows by their expert's pass, the others as zeros."""
+                          F32_DOT: tl.constexpr, EMULATE: tl.constexpr, SWIGLU: tl.constexpr,
+                          INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, DIV_RN: tl.constexpr,
+                          SCATTER: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
+    """Program (axis 0) = one [BLOCK_T tokens, BLOCK_W output columns] tile (columns: weight rows, or with SWIGLU
+    the I outputs of gate / up row pairs), the column tiles of one token tile adjacent (activations reused from
+    L2); masked layout: axis 1 = expert. Every output element in range is written once: computed rows by their
+    expert's pass, the others as zeros (SwiGLU of gate = up = 0 is 0 for both activations). SCATTER: layout row r
+    goes to output row dst[r] of an (n_dst, N) output (grouped._destination; rows outside [0, n_dst) unwritten)."""
     pid = tl.program_id(0)
     num_w = tl.cdiv(N, BLOCK_W)
     pid_t = pid // num_w
@@ -210,53 +252,64 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
         e64 = e.to(tl.int64)
         cnt = tl.minimum(tl.maximum(tl.load(ids_ptr + e), 0), M)
         flat = e64 * M + rows64
-        out_t = out_ptr + flat[None, :] * N + w64[:, None]
+        dst, dst_ok = _destination(flat, rmask, dst_ptr, n_dst, SCATTER)
+        out_t = out_ptr + dst[None, :] * N + w64[:, None]
         done = rows < cnt
         if pid_t * BLOCK_T < cnt:
-            _expert_tile(a_ptr, e64 * stride_ae + rows64 * stride_am, done, v_ptr, s_ptr, g_ptr, rw_ptr + flat,
-                         out_t, e64, w64, wmask, N, K, KW, KS, NVFP4, HAS_RW, DTYPE, F32_DOT, EMULATE, BLOCK_W,
-                         BLOCK_T, BLOCK_K)
+            _expert_tile(a_ptr, e64 * stride_ae + rows64 * stride_am, _kept(done, dst_ok, SCATTER), v_ptr, s_ptr,
+                         g_ptr, rw_ptr + flat, out_t, e64, w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW,
+                         DTYPE, F32_DOT, EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K)
     else:
-        out_t = out_ptr + rows64[None, :] * N + w64[:, None]
+        dst, dst_ok = _destination(rows64, rmask, dst_ptr, n_dst, SCATTER)
+        out_t = out_ptr + dst[None, :] * N + w64[:, None]
         mi = tl.load(ids_ptr + rows, mask=rmask, other=-1)
         done = (mi >= 0) & (mi < E)
         mi = tl.where(done, mi, E)
         e = tl.min(mi, 0)
         while e < E:  # one pass per expert present in the tile, in increasing id order
-            sel = mi == e
+            sel = _kept(mi == e, dst_ok, SCATTER)
             _expert_tile(a_ptr, rows64 * stride_am, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
-                         e.to(tl.int64), w64, wmask, N, K, KW, KS, NVFP4, HAS_RW, DTYPE, F32_DOT, EMULATE, BLOCK_W,
-                         BLOCK_T, BLOCK_K)
+                         e.to(tl.int64), w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW, DTYPE, F32_DOT,
+                         EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K)
             e = tl.min(tl.where(mi > e, mi, E), 0)
     zero = tl.zeros([BLOCK_W, BLOCK_T], out_ptr.dtype.element_ty)
-    tl.store(out_t, zero, mask=wmask[:, None] & (rmask & ~done)[None, :])
+    tl.store(out_t, zero, mask=wmask[:, None] & _kept(rmask & ~done, dst_ok, SCATTER)[None, :])
 
 
 # ---------------------------------------------------------------------------------------------- launcher
 
 
-def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, config):
+def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, config, swiglu=None, dst_rows=None,
+            n_dst=0):
+    """swiglu: None (the plain GEMM, N = the weight rows) or (interleave, activation, alpha, limit): GEMM1 + SwiGLU
+    over (E, 2I, K) weights, N = I output columns. dst_rows (int32, a.shape[:-1]): scatter layout row r to output row
+    dst_rows[r] of an (n_dst, N) output (rows outside [0, n_dst) unwritten)."""
     masked = masked_m is not None
-    e, n = values.shape[0], values.shape[1]
+    e = values.shape[0]
+    n = values.shape[1] // 2 if swiglu else values.shape[1]
     k = a.shape[-1]
     rows = a.shape[1] if masked else a.shape[0]
-    out = torch.empty(*a.shape[:-1], n, dtype=a.dtype, device=a.device)
-    if out.numel() == 0:
-        return out
-    cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), n, k, a.device)
+    out = torch.empty(*(a.shape[:-1] if dst_rows is None else (n_dst,)), n, dtype=a.dtype, device=a.device)
+    if out.numel() == 0 or a.shape[:-1].numel() == 0:
+        return out  # scatter with no layout row: nothing is written (the combine reads no slot)
+    cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), n, k, a.device, fmt, bool(swiglu))
     reason = prepacked_refusal(cfg)
     if reason:
         raise ValueError(f"moe_gemm_fp4_prepacked: config {cfg}: {reason}")
+    interleave, activation, alpha, limit = swiglu or (0, "silu", 0.0, None)
     grid = (cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n), e if masked else 1)
     dummy = scales
     launch(_fp4_prepacked_kernel, grid,
            a, values, scales, dummy if w_global is None else w_global.contiguous(),
            masked_m if masked else m_indices, dummy if row_weights is None else row_weights.contiguous(), out,
-           rows, n, k, e, values.shape[2], scales.shape[2],
+           dummy if dst_rows is None else dst_rows.contiguous(), rows, n, k, e, values.shape[2], scales.shape[2],
            a.stride(0) if masked else 0, a.stride(1) if masked else a.stride(0),
+           float(alpha), float(0.0 if limit is None else limit), n_dst,
            NVFP4=fmt == "nvfp4", MASKED=masked, HAS_RW=row_weights is not None, DTYPE=TL_DTYPE[a.dtype],
-           F32_DOT=a.device.type != "cuda", EMULATE=emulate_formats(a.device),
-           BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k,
+           F32_DOT=a.device.type != "cuda", EMULATE=emulate_formats(a.device), SWIGLU=bool(swiglu),
+           INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
+           DIV_RN=silu_div_rn(a.dtype), SCATTER=dst_rows is not None, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m,
+           BLOCK_K=cfg.block_k,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
@@ -289,3 +342,30 @@ def moe_gemm_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, mask
     check_row_weights("moe_gemm_fp4_prepacked", a, row_weights)
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch(fmt, a, w_values, w_scales, w_global, m_indices, masked_m, row_weights, config)
+
+
+def moe_gemm_swiglu_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, interleave, activation,
+                                  alpha, limit, *, config: MoeGemmConfig | None = None):
+    """GEMM1 + SwiGLU on prepacked FP4 weights (E, 2I, ...): (rows, I) in a's dtype; the bytes of
+    moe_gemm_fp4_prepacked -> swiglu given the same accumulators (same tile rule: one pass per gate / up row set)."""
+    op = "moe_gemm_swiglu_fp4_prepacked"
+    check_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, op=op)
+    check_swiglu_args(op, w_values.shape[1], interleave, activation, alpha, limit, w_name="w_values")
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    return _launch(fmt, a, w_values, w_scales, w_global, m_indices, masked_m, None, config,
+                   swiglu=(interleave, activation, alpha, limit))
+
+
+def moe_gemm_combine_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, src_rows, inv_rows,
+                                   topk_weights, shared, out_dtype, *, config: MoeGemmConfig | None = None):
+    """GEMM2 on prepacked FP4 weights scattered into token order (row r to entry src_rows[r] of a (T * k, N) buffer,
+    rounded to a's dtype as moe_gemm_fp4_prepacked stores it), then the slot-order combine (moe_combine,
+    token_order): the bytes of moe_gemm_fp4_prepacked -> moe_combine. Slots without a row are never read."""
+    op = "moe_gemm_combine_fp4_prepacked"
+    check_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, op=op)
+    check_combine_args(op, a, w_values.shape[1], src_rows, inv_rows, topk_weights, shared, out_dtype)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    t, k = inv_rows.shape
+    buf = _launch(fmt, a, w_values, w_scales, w_global, m_indices, masked_m, None, config, dst_rows=src_rows,
+                  n_dst=t * k)
+    return moe_combine(buf, inv_rows, topk_weights, shared, out_dtype, token_order=True)
