@@ -319,9 +319,10 @@ def _specialize(entry, mode, x, weight, residual, eps, weight_offset, group_size
     call (everything else, the compiled-function lookup, views and checks, was done once here). `entry` is the
     backend entry it stands for, and runs instead when the current device is not x's (the TVM-FFI env stream is
     the current device's).
-    Taken for 2-D row-contiguous x (and residual) with rows > 0: bf16 outputs, FP8 with row-major scales, NVFP4
+    Taken for 2-D row-contiguous x (and residual) with rows > 0: bf16 outputs, FP8 with row-major or column-major
+    scales (the column-major storage of `fp8_scale_storage`, made by one allocation and a strided view), NVFP4
     with a given global scale (linear scales, or swizzled ones whose column padding needs no zeroing)."""
-    if column_major or x.dim() != 2 or not x.is_contiguous() or x.shape[0] == 0:
+    if x.dim() != 2 or not x.is_contiguous() or x.shape[0] == 0:
         return None
     if mode == "nvfp4" and (global_scale is None or (swizzle and (x.shape[1] // NVFP4_BLOCK) % 4)):
         return None
@@ -363,6 +364,19 @@ def _specialize(entry, mode, x, weight, residual, eps, weight_offset, group_size
             new_res = None if residual is None else torch.empty_like(x)
             fn(x, weight, residual, new_res, None, q, scales, global_scale.view(1), gs_out, eps, quant_eps)
             return q, scales.view(e4m3).view(-1, blocks), gs_out.view(()), new_res
+    elif column_major:  # fp8_scale_storage's layout: storage (groups, round_up(rows, 4)), viewed as (rows, groups)
+        rows = x.shape[0]
+        col = round_up(rows, 4)
+
+        def launch(x, weight, residual, *rest):
+            if get_device() != index:
+                return entry(x, weight, residual, *rest)
+            q = torch.empty(x.shape, dtype=torch.uint8, device=device)
+            scales = torch.empty(n_groups * col, dtype=torch.float32, device=device).as_strided((rows, n_groups),
+                                                                                               (1, col))
+            new_res = None if residual is None else torch.empty_like(x)
+            fn(x, weight, residual, new_res, None, q, scales, None, None, eps, quant_eps)
+            return q.view(e4m3), scales, new_res
     else:
         def launch(x, weight, residual, *rest):
             if get_device() != index:

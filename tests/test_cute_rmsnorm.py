@@ -349,7 +349,8 @@ def test_gpu_matches_triton_backend():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["rms_norm", "rms_norm_fp8_group", "rms_norm_nvfp4 linear", "rms_norm_nvfp4 swizzled"])
+@pytest.mark.parametrize("op", ["rms_norm", "rms_norm_fp8_group", "rms_norm_fp8_group column-major",
+                                "rms_norm_nvfp4 linear", "rms_norm_nvfp4 swizzled"])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_gpu_repeated_calls_take_the_prepared_launcher(op, with_residual):
     """Calls 2.. with one signature run the launcher cute_ops.rmsnorm prepared on call 1 (dispatch/ops/_common.py
@@ -360,7 +361,8 @@ def test_gpu_repeated_calls_take_the_prepared_launcher(op, with_residual):
 
     name, _, layout = op.partition(" ")
     fn = getattr(ops, name)
-    kw = dict(global_scale=torch.tensor(0.02), scale_layout=layout) if layout else {}
+    kw = (dict(column_major_scales=True) if layout == "column-major"
+          else dict(global_scale=torch.tensor(0.02), scale_layout=layout) if layout else {})
     outs = []
     for seed in range(3):
         x, w, r = _gpu_inputs(16, 7168, seed=10 + seed, residual=with_residual)
@@ -373,6 +375,8 @@ def test_gpu_repeated_calls_take_the_prepared_launcher(op, with_residual):
             pairs = [(g, v, f) for f, g, v in zip(got.quantized._fields, got.quantized, want.quantized, strict=True)]
         for a, b, what in pairs:
             _same(a, b, f"call {seed} {what}")
+            if layout == "column-major":  # the MN-major storage, as the general path returns it
+                assert a.stride() == b.stride(), f"call {seed} {what}: strides {a.stride()} != {b.stride()}"
         if with_residual:
             _same(got.residual, want.residual, f"call {seed} new residual")
         else:
