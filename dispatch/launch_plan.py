@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import logging
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from triton_ops._launch import bound_values, launch_hooks_set
 
 log = logging.getLogger("lowbit.dispatch")
 PLANS_ENV = "LOWBIT_EAGER_PLANS"
@@ -204,17 +205,8 @@ def _input_view(root: torch.Tensor, view: tuple) -> torch.Tensor:
 
 
 def _bound_values(record) -> list | None:
-    """[(value, is_constexpr)] of the kernel's parameters in order, as Triton's launch passes them to the compiled
-    kernel's launcher (constexpr parameters included: the launcher skips them)."""
-    kernel = record.kernel
-    params = getattr(kernel, "signature", None)
-    if not isinstance(params, inspect.Signature):
-        return None
-    kw = {k: v for k, v in record.kwargs.items() if k in params.parameters}
-    bound = params.bind(*record.args, **kw)
-    bound.apply_defaults()
-    constexpr = {p.name for p in getattr(kernel, "params", ()) if p.is_constexpr}
-    return [(v, name in constexpr) for name, v in bound.arguments.items()]
+    """[(value, is_constexpr)] of the kernel's parameters in order, as Triton's launch passes them."""
+    return bound_values(record.kernel, record.args, record.kwargs)
 
 
 def _locate(t: torch.Tensor, inputs: dict, allocs: list):
@@ -245,12 +237,6 @@ def _output_spec(value, inputs: dict, allocs: list):
     if where is None or where[0] == "input":
         return None
     return (where[0], where[1], (tuple(value.shape), value.stride(), value.storage_offset(), value.dtype))
-
-
-def _hooks_set(hook) -> bool:
-    """A Triton launch hook that would run: Triton 3.6 keeps a HookChain (never None; empty: nothing runs),
-    older versions a callable or None."""
-    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def census(ops: list, launches: list) -> dict:
@@ -293,7 +279,7 @@ def record(impl, args: tuple):
 def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
     if not launches:
         raise NoPlan("the call made no Triton launch through triton_ops._launch.launch")
-    if _hooks_set(knobs.runtime.launch_enter_hook) or _hooks_set(knobs.runtime.launch_exit_hook):
+    if launch_hooks_set(knobs):
         raise NoPlan("a Triton launch hook is set (profilers need the full launch path)")
     inputs = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
     devices = {a.device for a in inputs.values()}

@@ -6,6 +6,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import inspect
 from collections.abc import Iterator
 
 import torch
@@ -58,6 +59,87 @@ def recording_launches() -> Iterator[list[LaunchRecord]]:
         yield records
     finally:
         _RECORDING.reset(token)
+
+
+def launch_hooks_set(knobs=None) -> bool:
+    """Whether a Triton launch hook of `knobs` (default: triton.knobs) would run (profilers need the full launch
+    path): Triton 3.6 keeps a HookChain (never None; empty: nothing runs), older versions a callable or None."""
+    if knobs is None:
+        from triton import knobs
+    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    return any(h is not None and bool(getattr(h, "calls", True)) for h in hooks)
+
+
+def bound_values(kernel, args: tuple, kwargs: dict) -> list | None:
+    """[(value, is_constexpr)] of a JITFunction's parameters in order, as Triton's launch passes them to the
+    compiled kernel's launcher (constexpr parameters included: the launcher skips them); None for a kernel
+    without a Python signature."""
+    params = getattr(kernel, "signature", None)
+    if not isinstance(params, inspect.Signature):
+        return None
+    kw = {k: v for k, v in kwargs.items() if k in params.parameters}
+    bound = params.bind(*args, **kw)
+    bound.apply_defaults()
+    constexpr = {p.name for p in getattr(kernel, "params", ()) if p.is_constexpr}
+    return [(v, name in constexpr) for name, v in bound.arguments.items()]
+
+
+def prepare(kernel, grid, sources: tuple, *args, **kwargs):
+    """A launcher of `launch(kernel, grid, *args, **kwargs)` for repeated calls whose tensors change and nothing
+    else: fn(*tensors) launches with `tensors` (one per entry of `sources`, same dtypes, shapes, strides and
+    16-byte alignment) in place of `sources`, every other argument as given here; None where no such launcher
+    is made (a tensor argument is none of the sources, or two sources share its address and neither is it).
+
+    Each positional tensor argument must be a source (the same object, or a view starting at the same address:
+    `x.view(torch.uint8)`). On a GPU the kernel is compiled here without launching (`JITFunction.warmup`, which
+    specializes on these tensors as a launch does) and a call fills the pointers into a fixed argument list and
+    calls the compiled launcher on the current device's current stream, as an eager launch plan does
+    (dispatch/launch_plan.py); under the interpreter (host tensors) a call runs `launch` with the substituted
+    arguments."""
+    if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+        return None
+    slots = []  # (argument position, source index)
+    for pos, a in enumerate(args):
+        if not isinstance(a, torch.Tensor):
+            continue
+        same = [i for i, s in enumerate(sources) if s is a]
+        if not same:
+            same = [i for i, s in enumerate(sources) if s.data_ptr() == a.data_ptr()]
+            if len(same) != 1:
+                return None
+        slots.append((pos, same[0]))
+    if any(sources[i].dtype.itemsize != args[pos].dtype.itemsize for pos, i in slots):
+        return None
+    if all(s.device.type == "cpu" for s in sources):
+        base = list(args)
+
+        def interpreted(*tensors):
+            values = base.copy()
+            for pos, i in slots:
+                values[pos] = tensors[i].view(args[pos].dtype)
+            launch(kernel, grid, *values, **kwargs)
+
+        return interpreted
+    values = bound_values(kernel, args, kwargs)
+    if values is None or launch_hooks_set():
+        return None
+    compiled = kernel.warmup(*args, grid=grid, **kwargs)
+    if compiled is None:
+        return None
+    template = [v for v, _ in values]
+    for pos, _ in slots:
+        template[pos] = 0
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    gx, gy, gz = tuple(grid) + (1,) * (3 - len(grid))
+    get_stream, get_device = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
+
+    def launcher(*tensors):
+        values = template.copy()
+        for pos, i in slots:
+            values[pos] = tensors[i].data_ptr()
+        run(gx, gy, gz, get_stream(get_device()), function, metadata, None, None, None, *values)
+
+    return launcher
 
 
 def cdiv(a: int, b: int) -> int:

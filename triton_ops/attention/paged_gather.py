@@ -67,6 +67,30 @@ def _copy_rows(src_ptr, dst_ptr, src_row, dst_row, row_ok, scale_ptr, WIDTH: tl.
 
 
 @triton.jit
+def _prefix_kernel(used_ptr, cu_q_ptr, cu_ptr, start_ptr, flag_ptr, batch, cap, window_left, START: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """One program, before the gather: n_b = clamp(seqused_k[b], 0, cap), less (START) the keys no query sees,
+    start_b = max(n_b - Sq_b - window_left, 0); cu_k = [0, cumsum(n)]; flags[b] = seqused_k[b] > cap (the gather
+    adds out-of-range page ids). So a call needs no zeroed buffer and no host-side tensor op."""
+    tl.store(cu_ptr, 0)
+    carry = tl.sum(tl.zeros([BLOCK], dtype=tl.int32), 0)
+    for b0 in range(0, batch, BLOCK):
+        b = b0 + tl.arange(0, BLOCK)
+        live = b < batch
+        used = tl.load(used_ptr + b, mask=live, other=0)
+        n = tl.minimum(tl.maximum(used, 0), cap)
+        if START:
+            sq = tl.maximum(tl.load(cu_q_ptr + b + 1, mask=live, other=0) - tl.load(cu_q_ptr + b, mask=live, other=0),
+                            0)
+            first = tl.maximum(n - sq - window_left, 0)
+            tl.store(start_ptr + b, first, mask=live)
+            n = n - first
+        tl.store(flag_ptr + b, (used > cap).to(tl.int32), mask=live)
+        tl.store(cu_ptr + 1 + b, carry + tl.cumsum(n, 0), mask=live)
+        carry += tl.sum(n, 0)
+
+
+@triton.jit
 def _gather_kernel(k_ptr, v_ptr, ko_ptr, vo_ptr, bt_ptr, used_ptr, cu_ptr, start_ptr, flag_ptr, ks_ptr, vs_ptr,
                    num_pages, bt_cols, bt_stride, k_sb, k_st, v_sb, v_st, batch,
                    PAGE_SIZE: tl.constexpr, START: tl.constexpr, PAD: tl.constexpr, WK: tl.constexpr,
@@ -85,10 +109,7 @@ def _gather_kernel(k_ptr, v_ptr, ko_ptr, vo_ptr, bt_ptr, used_ptr, cu_ptr, start
                        EMULATE)
     used = tl.load(used_ptr + b)
     cap = bt_cols * PAGE_SIZE
-    n = tl.minimum(tl.maximum(used, 0), cap)
-    if t0 == 0:
-        if used > cap:  # keys past the table: masked by contract, not representable contiguously
-            tl.store(flag_ptr + b, 1)
+    n = tl.minimum(tl.maximum(used, 0), cap)  # keys past the table: flagged by _prefix_kernel
     first = 0
     if START:  # keys before `first` are seen by no query (a window): not gathered
         first = tl.load(start_ptr + b)
@@ -123,6 +144,44 @@ def gather_reason(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: tor
     return None
 
 
+def _buffers(k_cache, v_cache, block_table, dtype, window: bool) -> tuple:
+    """Fresh (k, v, cu_k, flags, start | None) of one gather (no zeroing: the kernels write what is read)."""
+    bsz, cols = block_table.shape
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
+    rows = bsz * cols * page + PAD_ROWS
+    dev = k_cache.device
+    i32 = torch.int32
+    return (torch.empty((rows, hkv, k_cache.shape[3]), dtype=dtype, device=dev),
+            torch.empty((rows, hkv, v_cache.shape[3]), dtype=dtype, device=dev),
+            torch.empty(bsz + 1, dtype=i32, device=dev), torch.empty(bsz, dtype=i32, device=dev),
+            torch.empty(bsz, dtype=i32, device=dev) if window else None)
+
+
+def _launches(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale, cu_seqlens_q, window_left, k, v, cu_k,
+              flags, start) -> list:
+    """[(kernel, grid, args, kwargs)] of one gather into the buffers of `_buffers`: the prefix kernel, then the
+    gather (B >= 1)."""
+    bsz, cols = block_table.shape
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
+    cap = cols * page
+    fp8 = k_cache.dtype in FP8_KV
+    if fp8:  # the kernel reads E4M3 as bytes
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    scaled = k_scale is not None
+    wk, wv = hkv * k_cache.shape[3], hkv * v_cache.shape[3]
+    prefix = (_prefix_kernel, (1,), (seqused_k, seqused_k if start is None else cu_seqlens_q, cu_k,
+                                     flags if start is None else start, flags, bsz, cap, max(int(window_left), 0)),
+              dict(START=start is not None, BLOCK=min(next_pow2(bsz), 1024), num_warps=4))
+    gather = (_gather_kernel, (cdiv(max(cap, PAD_ROWS), BLOCK_T), bsz),
+              (k_cache, v_cache, k, v, block_table, seqused_k, cu_k, flags if start is None else start, flags,
+               k_scale if scaled else flags, v_scale if scaled else flags, k_cache.shape[0], cols,
+               block_table.stride(0), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), bsz),
+              dict(PAGE_SIZE=page, START=start is not None, PAD=PAD_ROWS, WK=wk, WV=wv, BLOCK_T=BLOCK_T,
+                   BLOCK_CK=min(next_pow2(wk), MAX_BLOCK_C), BLOCK_CV=min(next_pow2(wv), MAX_BLOCK_C), FP8=fp8,
+                   SCALE=scaled, OUT_DTYPE=TL_DTYPE[k.dtype], EMULATE=emulate_formats(k.device), num_warps=4))
+    return [prefix, gather]
+
+
 def gather_paged_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seqused_k: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
                     dtype: torch.dtype, cu_seqlens_q: torch.Tensor | None = None,
@@ -132,39 +191,17 @@ def gather_paged_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: t
     (one element) or None.
     cu_seqlens_q and window_left >= 0 (a sliding window): sequence b's keys before n_b - Sq_b - window_left are seen
     by no query and are left out (its gathered rows are the key positions from there to n_b - 1); the alignment is
-    bottom-right, so the kept keys keep their visibility."""
-    bsz, cols = block_table.shape
-    page, hkv = k_cache.shape[1], k_cache.shape[2]
-    dqk, dv = k_cache.shape[3], v_cache.shape[3]
-    cap = cols * page
-    dev = k_cache.device
-    rows = bsz * cap + PAD_ROWS
-    k = torch.empty((rows, hkv, dqk), dtype=dtype, device=dev)
-    v = torch.empty((rows, hkv, dv), dtype=dtype, device=dev)
-    flags = torch.zeros(bsz, dtype=torch.int32, device=dev)
-    cu_k = torch.zeros(bsz + 1, dtype=torch.int32, device=dev)
-    if bsz == 0:
+    bottom-right, so the kept keys keep their visibility. Two launches (`_prefix_kernel`, the gather), no other
+    device work."""
+    window = cu_seqlens_q is not None and window_left >= 0
+    k, v, cu_k, flags, start = _buffers(k_cache, v_cache, block_table, dtype, window)
+    cap = block_table.shape[1] * k_cache.shape[1]
+    if block_table.shape[0] == 0:
+        cu_k.zero_()
         return k, v, cu_k, flags, cap
-    n = seqused_k.clamp(0, cap)
-    start = None
-    if cu_seqlens_q is not None and window_left >= 0:
-        sq = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).clamp_min(0)
-        start = (n - sq - int(window_left)).clamp_min(0).to(torch.int32)
-        n = n - start
-    torch.cumsum(n, 0, dtype=torch.int32, out=cu_k[1:])
-    fp8 = k_cache.dtype in FP8_KV
-    if fp8:  # the kernel reads E4M3 as bytes
-        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-    scaled = k_scale is not None
-    wk, wv = hkv * dqk, hkv * dv
-    grid = (cdiv(max(cap, PAD_ROWS), BLOCK_T), bsz)
-    launch(_gather_kernel, grid, k_cache, v_cache, k, v, block_table, seqused_k, cu_k,
-           flags if start is None else start, flags,
-           k_scale if scaled else flags, v_scale if scaled else flags, k_cache.shape[0], cols, block_table.stride(0),
-           k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), bsz,
-           PAGE_SIZE=page, START=start is not None, PAD=PAD_ROWS, WK=wk, WV=wv, BLOCK_T=BLOCK_T,
-           BLOCK_CK=min(next_pow2(wk), MAX_BLOCK_C), BLOCK_CV=min(next_pow2(wv), MAX_BLOCK_C), FP8=fp8,
-           SCALE=scaled, OUT_DTYPE=TL_DTYPE[dtype], EMULATE=emulate_formats(dev), num_warps=4)
+    for kernel, grid, args, kw in _launches(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale, cu_seqlens_q,
+                                            window_left, k, v, cu_k, flags, start):
+        launch(kernel, grid, *args, **kw)
     return k, v, cu_k, flags, cap
 
 
