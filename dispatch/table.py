@@ -318,7 +318,8 @@ ROWS: tuple[Entry, ...] = (
     # sm_90: gather the used pages into contiguous K / V, then the cute forward (ATTN_PAGED_GATHER_WHY).
     Entry("attention_prefill_paged", "cute", ("sm_90",), "cute_ops.attention.paged_prefill:attention_prefill_paged",
           CUTE_MEASURED_FASTER, ATTN_PAGED_GATHER_WHY,
-          "cute_ops.attention.paged_prefill:supports_attention_prefill_paged"),
+          "cute_ops.attention.paged_prefill:supports_attention_prefill_paged",
+          specialize="cute_ops.attention.paged_prefill:specialize_attention_prefill_paged"),
     *triton_rows("attention_prefill_paged", "triton_ops.attention.prefill:attention_prefill_paged", ATTN_TL_WHY,
                  supports="triton_ops.attention.prefill:supports_attention_prefill_paged"),
     Entry("attention_prefill_paged", "torch", ALL, "dispatch.reference.attention:attention_prefill_paged",

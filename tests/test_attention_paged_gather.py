@@ -224,6 +224,63 @@ def test_flagged_fixup_writes_flagged_sequences_only():
     assert_attention_close(out[3:8], lse[3:8], want_out[3:8], want_lse[3:8], "flagged sequence")
 
 
+@pytest.mark.parametrize("kv_kind,causal,window,sink", [
+    ("16bit", True, (-1, -1), False),
+    ("fp8", True, (9, -1), True),
+    ("u8", False, (-1, 3), False),
+])
+def test_prepared_launcher_matches_the_general_path(kv_kind, causal, window, sink):
+    # prepare_gathered_prefill_paged's host logic on the interpreter, the contiguous Triton forward standing in for
+    # the cute one: prepared on one call's tensors, it runs on new tensors of the same signature (new lengths, a
+    # page id out of range: the fixup) with 4 launches and nothing else launched, fresh outputs, and the general
+    # path's bits
+    from triton_ops._launch import recording_launches
+    from triton_ops.attention.paged_gather import prepare_gathered_prefill_paged
+
+    lq, lk = [3, 0, 16, 6], [40, 5, 16, 70]
+
+    def case(seed, used=None, bad=False):
+        q, kc, vc, cq, table, u, ks, vs, _, _, _ = make_paged(lq, lk, 4, 2, 32, 16, torch.bfloat16, kv_kind, seed)
+        if used is not None:
+            u = torch.tensor(used, dtype=torch.int32)
+        if bad:
+            table[3, 1] = kc.shape[0] + 2
+        sinks = torch.tensor([0.0, 1.0, -1.0, 3.0]) if sink else None
+        return (q, kc, vc, cq, table, u, max(lq), 0.15, causal, window[0], window[1], sinks, ks, vs)
+
+    general = []
+    fn = prepare_gathered_prefill_paged(lambda *a: attention_prefill, lambda *a: general.append(a), *case(1))
+    assert fn is not None
+    outs = []
+    for seed, used, bad in ((2, None, False), (3, [30, 5, 16, 64], True)):
+        args = case(seed, used, bad)
+        with recording_launches() as launches:
+            out, lse = fn(*args)
+        names = [r.kernel.fn.__name__ for r in launches]
+        assert names == ["_prefix_kernel", "_gather_kernel", "_attn_prefill_kernel", "_attn_prefill_kernel"], names
+        want_out, want_lse = gathered_prefill_paged(attention_prefill, *args)
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), f"seed {seed}"
+        ref_out, ref_lse = ref_paged(*args)
+        assert_attention_close(out, lse, ref_out, ref_lse, f"prepared {kv_kind} seed {seed}")
+        outs.append(out)
+    assert outs[0].data_ptr() != outs[1].data_ptr() and not general
+
+
+def test_prepare_refuses_what_it_cannot_map():
+    # a tensor argument that is no source, or that starts where two sources start (aliased once, not always)
+    from triton_ops._launch import prepare
+    from triton_ops.attention import paged_gather as G
+
+    x = torch.zeros(8, dtype=torch.int32)
+    y = torch.zeros(8, dtype=torch.int32)
+    args = (x, x, y, y, y, 1, 16, 0)
+    kw = dict(START=False, BLOCK=1)
+    assert prepare(G._prefix_kernel, (1,), (x, y), *args, **kw) is not None
+    assert prepare(G._prefix_kernel, (1,), (x,), *args, **kw) is None
+    assert prepare(G._prefix_kernel, (1,), (x, y, y[:1]), *args, **kw) is None
+    assert prepare(G._prefix_kernel, (1,), (x, y), *args, **kw, extra=x) is None
+
+
 # ------------------------------------------------------------------------------------------------ compile-only
 
 _COMPILE = textwrap.dedent("""
@@ -322,3 +379,35 @@ def test_gpu_gathered_paged_prefill_graph_replays_new_lengths():
                                -1, None, None, None)
     assert_attention_close(out, lse, want, want_lse, "graph replay")
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_kind,window,sink", [("16bit", (-1, -1), True), ("fp8", (100, 0), False)])
+def test_gpu_repeated_calls_take_the_prepared_launcher(kv_kind, window, sink):
+    # from the second eager call of a signature on, the launcher specialize_attention_prefill_paged prepared runs
+    # (compiled gather / fixup launchers, the cute forward's prepared launcher): new values each call (lengths, an
+    # out-of-range page id: the fixup), fresh outputs, the reference's answer
+    from dispatch import ops
+    from dispatch.ops import _common
+
+    lq, lk = [64, 32, 7], [512, 200, 90]
+    outs = []
+    for call, used in enumerate(([512, 200, 90], [300, 120, 90], [450, 33, 9])):
+        q, kc, vc, cq, table, seq, ks, vs, _, _, _ = make_paged(lq, lk, 8, 2, 128, 64, torch.bfloat16, kv_kind,
+                                                                20 + call, device="cuda")
+        seq.copy_(torch.tensor(used, dtype=torch.int32))
+        if call == 2:
+            table[0, 1] = kc.shape[0] + 5
+        sinks = torch.randn(8, device="cuda") if sink else None
+        out, lse = ops.attention_prefill_paged(q, kc, vc, cq, table, seq, 64, softmax_scale=0.09, causal=True,
+                                               window=window, sinks=sinks, k_scale=ks, v_scale=vs, return_lse=True,
+                                               backend="cute")
+        torch.cuda.synchronize()
+        want_out, want_lse = ref_paged(q.cpu(), kc.cpu(), vc.cpu(), cq.cpu(), table.cpu(), seq.cpu(), 64, 0.09, True,
+                                       window[0], window[1], None if sinks is None else sinks.cpu(),
+                                       None if ks is None else ks.cpu(), None if vs is None else vs.cpu())
+        assert_attention_close(out, lse, want_out, want_lse, f"call {call}")
+        outs.append(out)
+    assert len({o.data_ptr() for o in outs}) == 3
+    fast = [f for (n, _), f in _common._FAST.items() if n == "attention_prefill_paged"]
+    assert any("prepare_gathered_prefill_paged" in getattr(f, "__qualname__", "") for f in fast), fast

@@ -87,30 +87,29 @@ def bound_values(kernel, args: tuple, kwargs: dict) -> list | None:
 def prepare(kernel, grid, sources: tuple, *args, **kwargs):
     """A launcher of `launch(kernel, grid, *args, **kwargs)` for repeated calls whose tensors change and nothing
     else: fn(*tensors) launches with `tensors` (one per entry of `sources`, same dtypes, shapes, strides and
-    16-byte alignment) in place of `sources`, every other argument as given here; None where no such launcher
-    is made (a tensor argument is none of the sources, or two sources share its address and neither is it).
+    16-byte alignment; None where the source is None) in place of `sources`, every other argument as given here;
+    None where no such launcher is made: a tensor argument is none of the sources, or several sources start at its
+    address (aliased here, they may differ in a later call).
 
-    Each positional tensor argument must be a source (the same object, or a view starting at the same address:
-    `x.view(torch.uint8)`). On a GPU the kernel is compiled here without launching (`JITFunction.warmup`, which
-    specializes on these tensors as a launch does) and a call fills the pointers into a fixed argument list and
-    calls the compiled launcher on the current device's current stream, as an eager launch plan does
-    (dispatch/launch_plan.py); under the interpreter (host tensors) a call runs `launch` with the substituted
-    arguments."""
+    Each positional tensor argument must start where exactly one source starts (the source itself, or a view of
+    it of the same element size: `x.view(torch.uint8)`). On a GPU (the current device must be the tensors') the
+    kernel is compiled here without launching (`JITFunction.warmup`, which specializes on these tensors as a launch
+    does) and a call fills the pointers into a fixed argument list and calls the compiled launcher on the current
+    device's current stream, as an eager launch plan does (dispatch/launch_plan.py); under the interpreter (host
+    tensors) a call runs `launch` with the substituted arguments."""
     if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
         return None
     slots = []  # (argument position, source index)
     for pos, a in enumerate(args):
         if not isinstance(a, torch.Tensor):
             continue
-        same = [i for i, s in enumerate(sources) if s is a]
-        if not same:
-            same = [i for i, s in enumerate(sources) if s.data_ptr() == a.data_ptr()]
-            if len(same) != 1:
-                return None
+        same = [i for i, s in enumerate(sources) if s is not None and s.data_ptr() == a.data_ptr()]
+        if len(same) != 1:  # aliased sources: which one a call means is not known
+            return None
         slots.append((pos, same[0]))
     if any(sources[i].dtype.itemsize != args[pos].dtype.itemsize for pos, i in slots):
         return None
-    if all(s.device.type == "cpu" for s in sources):
+    if all(s.device.type == "cpu" for s in sources if s is not None):
         base = list(args)
 
         def interpreted(*tensors):
@@ -124,12 +123,15 @@ def prepare(kernel, grid, sources: tuple, *args, **kwargs):
     if values is None or launch_hooks_set():
         return None
     compiled = kernel.warmup(*args, grid=grid, **kwargs)
+    if hasattr(compiled, "result"):  # an asynchronous compile
+        compiled = compiled.result()
     if compiled is None:
         return None
+    run = compiled.run  # loads the module: `function` is set from here on
+    function, metadata = compiled.function, compiled.packed_metadata
     template = [v for v, _ in values]
     for pos, _ in slots:
         template[pos] = 0
-    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
     gx, gy, gz = tuple(grid) + (1,) * (3 - len(grid))
     get_stream, get_device = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
 

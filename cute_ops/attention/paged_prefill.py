@@ -76,4 +76,18 @@ def attention_prefill_paged(q, k_cache, v_cache, cu_seqlens_q, block_table, sequ
                                   k_scale, v_scale)
 
 
-__all__ = ["attention_prefill_paged", "supports_attention_prefill_paged"]
+def specialize_attention_prefill_paged(q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q: int,
+                                      softmax_scale, causal: bool, window_left: int, window_right: int, sinks,
+                                      k_scale, v_scale):
+    """A launcher prepared for this exact call signature (the dispatch table's `specialize` hook): the gather's two
+    launches and the fixup through compiled launchers, the forward through `fmha_sm90`'s prepared launcher
+    (triton_ops/attention/paged_gather.py `prepare_gathered_prefill_paged`), or None where the general entry must
+    run."""
+    from triton_ops.attention.paged_gather import prepare_gathered_prefill_paged
+
+    return prepare_gathered_prefill_paged(fmha_sm90.specialize_attention_prefill, attention_prefill_paged, q, k_cache,
+                                          v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q, softmax_scale,
+                                          causal, window_left, window_right, sinks, k_scale, v_scale)
+
+
+__all__ = ["attention_prefill_paged", "specialize_attention_prefill_paged", "supports_attention_prefill_paged"]

@@ -225,4 +225,73 @@ def gathered_prefill_paged(forward, q, k_cache, v_cache, cu_seqlens_q, block_tab
     return out, lse
 
 
-__all__ = ["gather_paged_kv", "gather_reason", "gathered_prefill_paged"]
+def prepare_gathered_prefill_paged(prepare_forward, general, q, k_cache, v_cache, cu_seqlens_q, block_table,
+                                   seqused_k, max_seqlen_q: int, softmax_scale: float | None, causal: bool,
+                                   window_left: int, window_right: int, sinks, k_scale, v_scale):
+    """A launcher for repeated calls of `gathered_prefill_paged` with this exact call signature (dtypes, shapes,
+    strides, alignment and plain arguments fixed: dispatch/ops/_common.call keeps it per signature), or None where
+    the general path must run. A call allocates the gather's buffers and (through the forward) out / lse, and makes
+    four launches: the prefix kernel and the gather (compiled launchers with their constants resolved here:
+    triton_ops._launch.prepare), the forward that `prepare_forward` (the forward entry's per-signature hook, same
+    arguments) returned for the gathered K / V's signature, and the flagged fixup. `general` (the backend entry)
+    runs instead on another current device than q's (the launches use the current device's stream), and when
+    q has no rows or the batch is empty (prepare none then)."""
+    from triton_ops._launch import prepare
+    from triton_ops.attention.prefill import paged_flagged_launch
+
+    bsz = block_table.shape[0]
+    if q.shape[0] == 0 or bsz == 0:
+        return None
+    if q.device.type == "cuda" and q.device.index != torch.cuda.current_device():  # kernels load on the current one
+        return None
+    window = window_left >= 0
+    cap = block_table.shape[1] * k_cache.shape[1]
+    k, v, cu_k, flags, start = _buffers(k_cache, v_cache, block_table, q.dtype, window)
+    forward = prepare_forward(q, k, v, cu_seqlens_q, cu_k, max_seqlen_q, cap, softmax_scale, causal, window_left,
+                              window_right, sinks, True)
+    if forward is None:
+        return None
+    out = torch.empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
+    # every tensor a launch reads or writes, in one order (None: absent in this signature)
+    sources = (k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, k_scale, v_scale, sinks, q, k, v, cu_k, flags,
+               start, out, lse)
+    specs = _launches(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale, cu_seqlens_q, window_left, k, v,
+                      cu_k, flags, start)
+    fixup = paged_flagged_launch(out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q,
+                                 softmax_scale, causal, window_left, window_right, sinks, k_scale, v_scale, flags)
+    launchers = [prepare(kernel, grid, sources, *args, **kw) for kernel, grid, args, kw in
+                 (*specs, *([fixup] if fixup is not None else []))]
+    if any(fn is None for fn in launchers):
+        return None
+    prefix, gather, *fix = launchers
+    index = q.device.index if q.device.type == "cuda" else None
+    get_device = torch._C._cuda_getDevice if index is not None else None
+    device, dtype, i32, empty = q.device, q.dtype, torch.int32, torch.empty
+    k_shape, v_shape = tuple(k.shape), tuple(v.shape)
+
+    def prefill(q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q, softmax_scale, causal,
+                window_left, window_right, sinks, k_scale, v_scale):
+        if index is not None and get_device() != index:
+            return general(q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q, softmax_scale,
+                           causal, window_left, window_right, sinks, k_scale, v_scale)
+        k = empty(k_shape, dtype=dtype, device=device)
+        v = empty(v_shape, dtype=dtype, device=device)
+        cu_k = empty(bsz + 1, dtype=i32, device=device)
+        flags = empty(bsz, dtype=i32, device=device)
+        start = empty(bsz, dtype=i32, device=device) if window else None
+        src = [k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, k_scale, v_scale, sinks, q, k, v, cu_k, flags,
+               start, None, None]
+        prefix(*src)
+        gather(*src)
+        out, lse = forward(q, k, v, cu_seqlens_q, cu_k, max_seqlen_q, cap, softmax_scale, causal, window_left,
+                           window_right, sinks, True)
+        if fix:
+            src[14], src[15] = out, lse
+            fix[0](*src)
+        return out, lse
+
+    return prefill
+
+
+__all__ = ["gather_paged_kv", "gather_reason", "gathered_prefill_paged", "prepare_gathered_prefill_paged"]

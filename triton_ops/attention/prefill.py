@@ -252,17 +252,13 @@ def _launch_args(q, k, v, out, lse, sinks, cu_q, cu_k, block_table, seqused_k, k
     return args, consts
 
 
-def _launch(q, k, v, cu_q, cu_k, block_table, seqused_k, k_scale, v_scale, max_seqlen_q, softmax_scale, causal,
-            window_left, window_right, sinks, cfg, flags=None, out_lse=None):
+def _launch_spec(q, k, v, cu_q, cu_k, block_table, seqused_k, k_scale, v_scale, max_seqlen_q, softmax_scale,
+                 causal, window_left, window_right, sinks, cfg, flags, out, lse):
+    """(kernel, grid, args, kwargs) of the launch into out / lse, None where there is nothing to compute."""
     total_q, hq = q.shape[0], q.shape[1]
-    if out_lse is None:
-        out = torch.empty((total_q, hq, v.shape[-1]), dtype=q.dtype, device=q.device)
-        lse = torch.empty((total_q, hq), dtype=torch.float32, device=q.device)
-    else:
-        out, lse = out_lse
     batch = cu_q.shape[0] - 1
     if total_q == 0 or hq == 0 or batch <= 0 or max_seqlen_q <= 0:
-        return out, lse
+        return None
     cfg = cfg or prefill_config(q.shape[2], v.shape[-1], q.dtype, max_seqlen_q, q.device)
     if sinks is not None and sinks.dtype != torch.float32:
         sinks = sinks.float()
@@ -270,8 +266,21 @@ def _launch(q, k, v, cu_q, cu_k, block_table, seqused_k, k_scale, v_scale, max_s
                                 softmax_scale, causal, window_left, window_right, cfg, emulate_formats(q.device),
                                 q.device.type == "cpu", flags)
     grid = (cdiv(max_seqlen_q, cfg.block_m) * hq, batch)
-    launch(_attn_prefill_kernel, grid, *args, **consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                               enable_fp_fusion=True)
+    return _attn_prefill_kernel, grid, args, dict(**consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                                                  enable_fp_fusion=True)
+
+
+def _launch(q, k, v, cu_q, cu_k, block_table, seqused_k, k_scale, v_scale, max_seqlen_q, softmax_scale, causal,
+            window_left, window_right, sinks, cfg, flags=None, out_lse=None):
+    if out_lse is None:
+        out = torch.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=q.dtype, device=q.device)
+        lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
+    else:
+        out, lse = out_lse
+    spec = _launch_spec(q, k, v, cu_q, cu_k, block_table, seqused_k, k_scale, v_scale, max_seqlen_q, softmax_scale,
+                        causal, window_left, window_right, sinks, cfg, flags, out, lse)
+    if spec is not None:
+        launch(spec[0], spec[1], *spec[2], **spec[3])
     return out, lse
 
 
@@ -383,10 +392,22 @@ def attention_prefill_paged_flagged(out, lse, q, k_cache, v_cache, cu_seqlens_q,
     """`attention_prefill_paged` for the sequences b with flags[b] != 0 only, written into out / lse in place (the
     other rows are left as they are). The gathered paged prefill's fixup for keys a contiguous kernel cannot mask
     (paged_gather.py); the programs of unflagged sequences read one flag and exit. Inputs as checked by the op."""
-    _launch(q, k_cache, v_cache, cu_seqlens_q, None, block_table, seqused_k, k_scale, v_scale, int(max_seqlen_q),
-            softmax_scale, causal, window_left, window_right, sinks, None, flags, (out, lse))
+    spec = paged_flagged_launch(out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q,
+                                softmax_scale, causal, window_left, window_right, sinks, k_scale, v_scale, flags)
+    if spec is not None:
+        launch(spec[0], spec[1], *spec[2], **spec[3])
+
+
+def paged_flagged_launch(out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q: int,
+                         softmax_scale: float, causal: bool, window_left: int, window_right: int, sinks, k_scale,
+                         v_scale, flags):
+    """(kernel, grid, args, kwargs) of `attention_prefill_paged_flagged`'s launch, None where it launches nothing
+    (for a launcher prepared once: triton_ops._launch.prepare)."""
+    return _launch_spec(q, k_cache, v_cache, cu_seqlens_q, None, block_table, seqused_k, k_scale, v_scale,
+                        int(max_seqlen_q), softmax_scale, causal, window_left, window_right, sinks, None, flags, out,
+                        lse)
 
 
 __all__ = ["PrefillConfig", "attention_prefill", "attention_prefill_paged", "attention_prefill_paged_flagged",
-           "prefill_config",
+           "paged_flagged_launch", "prefill_config",
            "supports_attention_prefill", "supports_attention_prefill_paged"]
