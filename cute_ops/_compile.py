@@ -160,9 +160,25 @@ def object_path(key: tuple) -> Path:
     return cache_dir() / fingerprint() / f"{sha}.o"
 
 
+def direct(fn: Callable) -> Callable:
+    """The plain TVM-FFI function under a freshly compiled one, where calling it positionally is the same call:
+    cute.compile returns a Python wrapper (keyword arguments and defaults, a per-call initialization check) around
+    the `tvm_ffi.Function` that an object loaded from the disk cache already is; lowbit calls every compiled
+    function positionally with all its arguments, so both sources give the same callable kind (the wrapper's
+    Python costs ~1 us per call: perf/eager.py's `cute no-op` lines time both). Kept as it is where the wrapper
+    converts pointer arguments."""
+    inner = getattr(fn, "__tvm_ffi_object__", None)
+    args = getattr(fn, "execution_args", None)
+    if inner is None or args is None or getattr(args, "has_pointer_address_arg_specs", True):
+        return fn
+    raw = inner()
+    return fn if raw is None else raw
+
+
 def get_or_compile(key: tuple, build: Callable[[], Callable]) -> Callable:
     """The compiled function for `key` (a tuple of plain values whose repr is stable), compiling with
-    `build()` (which must return `cute.compile(..., options='--enable-tvm-ffi ...')`) at most once."""
+    `build()` (which must return `cute.compile(..., options='--enable-tvm-ffi ...')`) at most once; called
+    positionally with all its arguments (`direct`)."""
     fn = _memory.get(key)
     if fn is not None:
         STATS.memory_hits += 1
@@ -171,7 +187,7 @@ def get_or_compile(key: tuple, build: Callable[[], Callable]) -> Callable:
         fn = _memory.get(key)
         if fn is not None:
             return fn
-        fn = _get_or_compile_disk(key, build) if disk_enabled() else _compile(build)
+        fn = direct(_get_or_compile_disk(key, build) if disk_enabled() else _compile(build))
         _memory[key] = fn
         return fn
 
