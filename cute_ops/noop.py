@@ -1,10 +1,10 @@
 """An empty CuTeDSL kernel behind the same TVM-FFI launcher as every cute op: the host floor of one CuTe call.
 
 perf/eager.py times it beside the ops (peer lines `cute no-op, ...`): a call of the compiled function with five
-optional tensor parameters, N of them contiguous bf16 tensors (symbolic length, 16-byte aligned: what TVM-FFI
-checks per tensor for the real kernels) and the rest None, and two fp32 scalars (rms_norm's argument list has the
-same shape: tensors, Nones, eps and quant_eps), launching one CTA of 32 threads that does nothing. What a cute
-op's prepared launcher costs above it is its allocations and its own Python.
+optional tensor parameters, N of them bf16 [rows, K] tensors (symbolic sizes, 16-byte aligned rows with a unit
+last stride: what TVM-FFI checks per tensor for the real kernels) and the rest None, and two fp32 scalars
+(rms_norm's argument list has the same shape: tensors, Nones, eps and quant_eps), launching one CTA of 32 threads
+that does nothing. What a cute op's prepared launcher costs above it is its allocations and its own Python.
 """
 
 import functools  # no `from __future__ import annotations`: CuTeDSL reads the kernel's annotations
@@ -34,7 +34,8 @@ def build(n_tensors: int, arch: str):
     import cutlass
     import cutlass.cute as cute
 
-    tensors = [cute.runtime.make_fake_tensor(cutlass.BFloat16, (cute.sym_int(),), stride=(1,), assumed_align=16)
+    tensors = [cute.runtime.make_fake_tensor(cutlass.BFloat16, (cute.sym_int(), cute.sym_int()),
+                                             stride=(cute.sym_int64(divisibility=8), 1), assumed_align=16)
                if i < n_tensors else None for i in range(5)]
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(_kernel_class()(), *tensors, cutlass.Float32(0.0), cutlass.Float32(0.0), stream,
