@@ -44,6 +44,11 @@ Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
   the own tile's load. With two buffers the refill of tile t + 2 can only start once both warpgroups are done with
   tile t; in PINGPONG the other warpgroup's release of tile t waits behind its own next tile's load (S first),
   which couples the loads; here it does not.
+  PINGPONG_PV_FIRST_C2 / _C4: PINGPONG_PV_FIRST with each 256-column NoPE half of Q and of a key tile loaded as
+  2 / 4 column chunks (128 / 64 columns, a full mbarrier each; the empty barriers stay per half, the buffers and
+  the P V are unchanged): S of a tile is issued chunk by chunk as the chunks land (K = 128 / 64 per wgmma group),
+  so it starts once 16 / 8 KB of the 72 KB tile are in, not 32 KB (FlashMLA pipelines its key tile as nine
+  64-column chunks). C4 holds more wgmma descriptors: ptxas spills a few registers outside the tile loop.
 * Masking: page ids outside [0, num_blocks) load from row num_blocks * 64, past the TMA view's end: the tile is
   zero filled (never read out of bounds) and its keys are masked. Keys past the sequence length in its last page
   are masked, and (cache slots no sequence writes may hold anything, NaN included: 0 x NaN would leak into
@@ -107,7 +112,8 @@ BLOCK_M: tl.constexpr = tl.constexpr(ROWS)
 D_NOPE: tl.constexpr = tl.constexpr(NOPE)
 ROPE_W: tl.constexpr = tl.constexpr(DS_ROPE)
 MAX_SPLITS = 64
-SCHEDULES = ("serial", "overlap", "pingpong", "pingpong_pv_first")  # see the module docstring
+SCHEDULES = ("serial", "overlap", "pingpong", "pingpong_pv_first",  # see the module docstring
+             "pingpong_pv_first_c2", "pingpong_pv_first_c4")
 DEFAULT_SCHEDULE = "pingpong_pv_first"  # timed best (H200, c268fc8: 0.76-0.80x FlashMLA; serial 0.60-0.65x)
 MIN_SPLIT_PAGES = 4  # below 256 keys a split no longer pays for its partials and the merge
 
@@ -356,14 +362,15 @@ WS_REGS: tl.constexpr = tl.constexpr(240)
 
 @gluon.jit
 def _ws_producer(q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem, q_bar, full_n, full_r, empty_n,
-                 empty_r, bt_row, q_row, p0, n_tiles, num_blocks):
+                 empty_r, bt_row, q_row, p0, n_tiles, num_blocks, NCH: gl.constexpr):
     """PINGPONG's TMA partition: Q once, then key tile t into slot s = t % 2 in three parts, each as soon as the
     warpgroups are done with that part of tile t - 2: the NoPE half h = s (warpgroup s's O columns: free when
     warpgroup s is done with the tile), the other half, the RoPE part (which held P: free when both are done)."""
     if n_tiles > 0:
-        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
-        _tma_load(q_desc, [q_row, 0], q_bar, q_smem.index(0))
-        _tma_load(q_desc, [q_row, HALF], q_bar, q_smem.index(1))
+        mbarrier.expect(q_bar, 2 * NCH * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+        for h in gl.static_range(2):
+            for c in gl.static_range(NCH):
+                _tma_load(q_desc, [q_row, h * HALF + c * (HALF // NCH)], q_bar, _chunk(q_smem.index(h), c, NCH))
         _tma_load(qr_desc, [q_row, D_NOPE], q_bar, qr_smem.index(0))
     for t in range(n_tiles):
         s = t % 2
@@ -373,12 +380,23 @@ def _ws_producer(q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr
             h = s * (1 - k) + (1 - s) * k  # the owner's half first
             if t >= 2:
                 mbarrier.wait(empty_n.index(2 * s + h), (t // 2 - 1) & 1)
-            mbarrier.expect(full_n.index(2 * s + h), kn_desc.block_type.nbytes)
-            _tma_load(kn_desc, [row, h * HALF], full_n.index(2 * s + h), kn_smem.index(2 * s + h))
+            for c in gl.static_range(NCH):  # NCH column chunks per half, each on its own barrier
+                bar = full_n.index((2 * s + h) * NCH + c)
+                mbarrier.expect(bar, kn_desc.block_type.nbytes)
+                _tma_load(kn_desc, [row, h * HALF + c * (HALF // NCH)], bar, _chunk(kn_smem.index(2 * s + h), c, NCH))
         if t >= 2:
             mbarrier.wait(empty_r.index(s), (t // 2 - 1) & 1)
         mbarrier.expect(full_r.index(s), kr_desc.block_type.nbytes)
         _tma_load(kr_desc, [row, D_NOPE], full_r.index(s), kr_smem.index(s))
+
+
+@gluon.jit
+def _chunk(buf, c: gl.constexpr, NCH: gl.constexpr):
+    """Column chunk c of NCH of a [rows, 256] buffer (the buffer itself when NCH = 1)."""
+    if NCH == 1:
+        return buf
+    else:
+        return buf.slice(c * (HALF // NCH), HALF // NCH, dim=1)
 
 
 @gluon.jit
@@ -409,7 +427,8 @@ def _ws_release(o, slot, empty_n, empty_r, W: gl.constexpr):
 
 
 @gluon.jit
-def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_FIRST: gl.constexpr, o, m_i, l_i,
+def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_FIRST: gl.constexpr,
+             NCH: gl.constexpr, o, m_i, l_i,
              q_smem, qr_smem, kn_smem, kr_smem, ml_smem, full_n, full_r, sm_bar, empty_n, empty_r, bt_row, p0,
              num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
              o_layout: gl.constexpr):
@@ -428,18 +447,20 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
         k0 = (p0 + t) * PAGE
         ph = (t // 2) & 1
         if k0 + PAGE > sk:  # the sequence's last page: its rows past sk are zeroed before any P V
-            mbarrier.wait(full_n.index(2 * W), ph)
-            mbarrier.wait(full_n.index(2 * W + 1), ph)
+            for c in gl.static_range(2 * NCH):
+                mbarrier.wait(full_n.index(2 * W * NCH + c), ph)
             _zero_rows_from(kn_smem.index(2 * W), sk - k0, 4)
             _zero_rows_from(kn_smem.index(2 * W + 1), sk - k0, 4)
         # Q's buffer index (t >> 30 = 0) is opaque to the compiler: the Q descriptors are rebuilt per tile instead
         # of being hoisted out of the loop (36 64-bit values: spills)
         qz = t >> 30
-        mbarrier.wait(full_n.index(2 * W + W), ph)
-        s = warpgroup_mma(q_smem.index(W + qz), kn_smem.index(2 * W + W).permute((1, 0)),
-                          gl.zeros([BLOCK_M, PAGE], gl.float32, s_layout), use_acc=False, is_async=True)
-        mbarrier.wait(full_n.index(2 * W + 1 - W), ph)
-        s = warpgroup_mma(q_smem.index(1 - W + qz), kn_smem.index(2 * W + 1 - W).permute((1, 0)), s, is_async=True)
+        s = gl.zeros([BLOCK_M, PAGE], gl.float32, s_layout)
+        for k in gl.static_range(2 * NCH):  # the own half first, chunk by chunk as the chunks land
+            hk = (W + k // NCH) % 2
+            mbarrier.wait(full_n.index((2 * W + hk) * NCH + k % NCH), ph)
+            s = warpgroup_mma(_chunk(q_smem.index(hk + qz), k % NCH, NCH),
+                              _chunk(kn_smem.index(2 * W + hk), k % NCH, NCH).permute((1, 0)), s, use_acc=k > 0,
+                              is_async=True)
         mbarrier.wait(full_r.index(W), ph)
         s = warpgroup_mma(qr_smem.index(qz), kr_smem.index(W).permute((1, 0)), s, is_async=True)
     if OTHER and not PV_FIRST:
@@ -468,7 +489,7 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
 def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, sm_bar,
                 empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr,
                 lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr,
-                CAUSAL: gl.constexpr, FINAL: gl.constexpr, PV_FIRST: gl.constexpr):
+                CAUSAL: gl.constexpr, FINAL: gl.constexpr, PV_FIRST: gl.constexpr, NCH: gl.constexpr):
     """Compute warpgroup W of PINGPONG: the S and softmax of tiles t = W (mod 2), O columns [256 W, 256 W + 256)
     of every tile, then its half of the epilogue."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -484,20 +505,20 @@ def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_b
     if n_tiles > 0:
         mbarrier.wait(q_bar, 0)
         if W == 0:  # tile 0: warpgroup 0's, no other tile before it
-            o, m_i, l_i = _ws_pair(-1, False, True, W, PV_FIRST, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
+            o, m_i, l_i = _ws_pair(-1, False, True, W, PV_FIRST, NCH, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
                                    ml_smem, full_n, full_r, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi,
                                    sk, q_pos, qk_scale, CAUSAL, s_layout, o_layout)
         # pairs (j, j + 1), j the other warpgroup's tile: j = 1, 3, ... (warpgroup 0), 0, 2, ... (1)
         n_pairs = (n_tiles - 1 + W) // 2
         for i in range(n_pairs):
-            o, m_i, l_i = _ws_pair(2 * i + 1 - W, True, True, W, PV_FIRST, o, m_i, l_i, q_smem, qr_smem, kn_smem,
+            o, m_i, l_i = _ws_pair(2 * i + 1 - W, True, True, W, PV_FIRST, NCH, o, m_i, l_i, q_smem, qr_smem, kn_smem,
                                    kr_smem, ml_smem, full_n, full_r, sm_bar, empty_n, empty_r, bt_row, p0,
                                    num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL, s_layout, o_layout)
         j_last = 2 * n_pairs + 1 - W
         if j_last == n_tiles - 1:  # the last tile is the other warpgroup's: its P V alone
-            o, m_i, l_i = _ws_pair(j_last, True, False, W, PV_FIRST, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
-                                   ml_smem, full_n, full_r, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi,
-                                   sk, q_pos, qk_scale, CAUSAL, s_layout, o_layout)
+            o, m_i, l_i = _ws_pair(j_last, True, False, W, PV_FIRST, NCH, o, m_i, l_i, q_smem, qr_smem, kn_smem,
+                                   kr_smem, ml_smem, full_n, full_r, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks,
+                                   lo, hi, sk, q_pos, qk_scale, CAUSAL, s_layout, o_layout)
     # Epilogue: this warpgroup's 256 columns; warpgroup 0 writes the LSE.
     _store_out(o, m_i, l_i, rows, W * HALF, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh,
                l_sp, SQ, H, FINAL, W == 0)
@@ -507,7 +528,7 @@ def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_b
 def _mla_ws_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, lse_ptr, qk_scale, num_blocks,
                    pages_per_split, max_pages, bt_sb, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp,
                    SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr,
-                   PV_FIRST: gl.constexpr, num_warps: gl.constexpr):
+                   PV_FIRST: gl.constexpr, NCH: gl.constexpr, num_warps: gl.constexpr):
     """PINGPONG: the TMA loads (this partition, 4 warps) and the two compute warpgroups (worker partitions)."""
     b = gl.program_id(1)
     split = gl.program_id(2)
@@ -521,14 +542,15 @@ def _mla_ws_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, 
     kr_smem = gl.allocate_shared_memory(gl.bfloat16, [2, PAGE, ROPE_W], kr_desc.layout)
     ml_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    full_n = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    full_n = gl.allocate_shared_memory(gl.int64, [4 * NCH, 1], mbarrier.MBarrierLayout())
     empty_n = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     full_r = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty_r = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     sm_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(4):
+    for i in gl.static_range(4 * NCH):
         mbarrier.init(full_n.index(i), count=1)
+    for i in gl.static_range(4):
         mbarrier.init(empty_n.index(i), count=1)  # NoPE half h: only warpgroup h reads it after the owner's S
     for i in gl.static_range(2):
         mbarrier.init(full_r.index(i), count=1)
@@ -538,15 +560,15 @@ def _mla_ws_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, 
     q_row = (b * SQ * H + r0).to(gl.int32)
     # (The argument tuples are written out: a tuple assigned to a variable turns its constexprs into tensors.)
     gl.warp_specialize([(_ws_producer, (q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem, q_bar,
-                                        full_n, full_r, empty_n, empty_r, bt_row, q_row, p0, n_tiles, num_blocks)),
+                                        full_n, full_r, empty_n, empty_r, bt_row, q_row, p0, n_tiles, num_blocks, NCH)),
                         (_ws_compute, (0, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, sm_bar,
                                        empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split,
                                        qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ,
-                                       H, CAUSAL, FINAL, PV_FIRST)),
+                                       H, CAUSAL, FINAL, PV_FIRST, NCH)),
                         (_ws_compute, (1, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, sm_bar,
                                        empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split,
                                        qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ,
-                                       H, CAUSAL, FINAL, PV_FIRST))],
+                                       H, CAUSAL, FINAL, PV_FIRST, NCH))],
                        [4, 4], [WS_REGS, WS_REGS])
 
 
@@ -592,7 +614,9 @@ def _kernel_and_consts(sq: int, h: int, causal: bool, final: bool, schedule: str
     partition's; the two compute warpgroups are worker partitions)."""
     consts = dict(SQ=sq, H=h, CAUSAL=causal, FINAL=final)
     if schedule.startswith("pingpong"):
-        return _mla_ws_kernel, dict(consts, PV_FIRST=schedule == "pingpong_pv_first", num_warps=4), NOPE // 2
+        nch = int(schedule[-1]) if "_c" in schedule else 1  # pingpong_pv_first_c2 / _c4: column chunks per half
+        return (_mla_ws_kernel, dict(consts, PV_FIRST="pv_first" in schedule, NCH=nch, num_warps=4),
+                NOPE // 2 // nch)
     return _mla_sm90_kernel, dict(consts, OVERLAP=schedule == "overlap", num_warps=NUM_WARPS), NOPE
 
 
