@@ -81,6 +81,9 @@ def _check_compile(env, spills_ok=False):
             assert r["bar_sync"] - unchunked["bar_sync"] < extra_waits // 2, f"{what}: {r} vs {unchunked}"
         if sched.endswith("_r1") and unchunked:  # one release arrival per warpgroup and slot
             assert r["arrive"] < unchunked["arrive"], f"{what}: {r} vs {unchunked}"
+        plain = by_cfg.get((*r["cfg"][:4], sched.removesuffix("_r1")))
+        if sched.endswith("_r1") and plain:  # and fewer CTA barriers than the same chunks without
+            assert r["bar_sync"] < plain["bar_sync"], f"{what}: {r} vs {plain}"
         assert r["wgmma"] > 0 and r["tma"] > 0 and r["mbar_wait"] > 0, f"{what}: {r}"
         assert r["smem"] <= 232448, f"{what}: {r['smem']} bytes of shared memory"
         sass = r["sass"]

@@ -51,9 +51,10 @@ Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
   64-column chunks). Each chunk's full barriers are their own allocation: Triton's barrier pass puts a CTA
   barrier between two mbarrier waits on one allocation, so chunk waits on one array would add a bar.sync each.
   C4 holds more wgmma descriptors: ptxas spills a few registers outside the tile loop.
-  PINGPONG_PV_FIRST_C4_R1: C4 with one release arrival per warpgroup and slot (its NoPE half's barrier, which
-  the producer also waits for, for both warpgroups, before refilling the RoPE part) instead of two: one arrival
-  and one bar.sync fewer per release, two releases per warpgroup step.
+  PINGPONG_PV_FIRST_C4_R1: C4 with fewer CTA barriers per step: one release arrival per warpgroup and slot (its
+  NoPE half's barrier, which the producer also waits for, for both warpgroups, before refilling the RoPE part)
+  instead of two (one arrival and one bar.sync fewer per release, two releases per warpgroup step), and the
+  published m and l of each slot in allocations of their own (no bar.sync between their stores).
 * Masking: page ids outside [0, num_blocks) load from row num_blocks * 64, past the TMA view's end: the tile is
   zero filled (never read out of bounds) and its keys are masked. Keys past the sequence length in its last page
   are masked, and (cache slots no sequence writes may hold anything, NaN included: 0 x NaN would leak into
@@ -409,15 +410,19 @@ def _chunk(buf, c: gl.constexpr, NCH: gl.constexpr):
 
 
 @gluon.jit
-def _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W: gl.constexpr, s_layout: gl.constexpr,
+def _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W: gl.constexpr, R1: gl.constexpr, s_layout: gl.constexpr,
               o_layout: gl.constexpr):
     """Wait for the owner of tile j to publish P_j (in the RoPE part of its buffer, whose S is done) and the
     running (m_j, l_j); rescale O to m_j and issue O += P_j V_j on this warpgroup's 256 columns (async)."""
     so = j % 2
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     mbarrier.wait(sm_bar.index(so), (j // 2) & 1)
-    m_j = ml_smem.index(2 * so).load(row_layout)
-    l_j = ml_smem.index(2 * so + 1).load(row_layout)
+    if R1:  # m and l of slot s in allocations of their own (no CTA barrier between their loads and stores)
+        m_j = ml_smem[1 - W].load(row_layout)
+        l_j = ml_smem[3 - W].load(row_layout)
+    else:
+        m_j = ml_smem[0].index(2 * so).load(row_layout)
+        l_j = ml_smem[0].index(2 * so + 1).load(row_layout)
     alpha = gl.exp2(m_i - gl.where(m_j == float("-inf"), 0.0, m_j))
     o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
     o = warpgroup_mma(kr_smem.index(so), kn_smem.index(2 * so + W), o, is_async=True)
@@ -451,7 +456,7 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
     release that the refill of tile j + 2 waits for (the softmax then runs beside the other warpgroup's MMAs
     only). Every MMA retires inside the call (nothing in flight across a back edge)."""
     if OTHER and PV_FIRST:
-        o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, s_layout, o_layout)
+        o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, R1, s_layout, o_layout)
         o = _ws_release(o, j % 2, empty_n, empty_r, W, R1)
     if HAS_OWN:
         t = j + 1
@@ -475,7 +480,7 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
         mbarrier.wait(full_r.index(W), ph)
         s = warpgroup_mma(qr_smem.index(qz), kr_smem.index(W).permute((1, 0)), s, is_async=True)
     if OTHER and not PV_FIRST:
-        o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, s_layout, o_layout)
+        o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, R1, s_layout, o_layout)
     if HAS_OWN:
         page = gl.load(bt_row + p0 + t)
         s = warpgroup_mma_wait(0 + (OTHER and not PV_FIRST), deps=(s, ))  # S done; P_j V_j may still run
@@ -486,8 +491,12 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
     if HAS_OWN:
         o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
         kr_smem.index(W).store(p.to(gl.bfloat16))
-        ml_smem.index(2 * W).store(m_i)
-        ml_smem.index(2 * W + 1).store(l_i)
+        if R1:
+            ml_smem[W].store(m_i)
+            ml_smem[2 + W].store(l_i)
+        else:
+            ml_smem[0].index(2 * W).store(m_i)
+            ml_smem[0].index(2 * W + 1).store(l_i)
         fence_async_shared()
         _cta_barrier()  # P_{j+1} and (m, l) complete: publish them
         mbarrier.arrive(sm_bar.index(W))
@@ -552,7 +561,14 @@ def _mla_ws_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, 
     qr_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_M, ROPE_W], qr_desc.layout)
     kn_smem = gl.allocate_shared_memory(gl.bfloat16, [4, PAGE, HALF], kn_desc.layout)
     kr_smem = gl.allocate_shared_memory(gl.bfloat16, [2, PAGE, ROPE_W], kr_desc.layout)
-    ml_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ml_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    if R1:  # (m of slot 0, m of slot 1, l of slot 0, l of slot 1), each its own allocation
+        ml_smem = (gl.allocate_shared_memory(gl.float32, [BLOCK_M], ml_layout),
+                   gl.allocate_shared_memory(gl.float32, [BLOCK_M], ml_layout),
+                   gl.allocate_shared_memory(gl.float32, [BLOCK_M], ml_layout),
+                   gl.allocate_shared_memory(gl.float32, [BLOCK_M], ml_layout))
+    else:  # m, l of slot 0, m, l of slot 1
+        ml_smem = (gl.allocate_shared_memory(gl.float32, [4, BLOCK_M], ml_layout), )
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     # full barriers: chunk c of NoPE half h of slot s at full_n[c].index(2 s + h), one allocation per chunk (the
     # barrier pass separates two waits on one allocation by a CTA barrier, none between allocations)
