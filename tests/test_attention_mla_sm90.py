@@ -42,23 +42,48 @@ _COMPILE = textwrap.dedent("""
                                         (2, 128, True, True, "overlap"), (1, 128, True, False, "pingpong"),
                                         (2, 128, True, True, "pingpong"), (3, 16, False, False, "pingpong"),
                                         (1, 128, True, False, "pingpong_pv_first"),
-                                        (2, 128, True, True, "pingpong_pv_first")):
+                                        (2, 128, True, True, "pingpong_pv_first"),
+                                        (1, 128, True, False, "pingpong_pv_first_c2"),
+                                        (2, 128, True, True, "pingpong_pv_first_c2"),
+                                        (1, 128, True, False, "pingpong_pv_first_c4"),
+                                        (3, 16, False, False, "pingpong_pv_first_c4"),
+                                        (1, 128, True, False, "pingpong_pv_first_c4_r1"),
+                                        (2, 128, True, True, "pingpong_pv_first_c4_r1")):
         c = M.compile_sm90(sq, h, causal, final, any_version=True, schedule=sched)
         ptx = c.asm["ptx"]
         res["configs"].append({"cfg": [sq, h, causal, final, sched], "wgmma": ptx.count("wgmma.mma_async"),
                                "tma": ptx.count("cp.async.bulk.tensor"), "setmaxnreg": ptx.count("setmaxnreg"),
-                               "mbar_wait": ptx.count("mbarrier.try_wait"),
+                               "mbar_wait": ptx.count("mbarrier.try_wait"), "bar_sync": ptx.count("bar.sync"),
+                               "arrive": ptx.count("mbarrier.arrive.shared::cta"),
                                "smem": c.metadata.shared, "sass": sass_stats(c.asm["cubin"])})
     print(json.dumps(res))
 """)
 
 
 
+# ptxas spills a few registers of the 64-column chunk schedule's compute warpgroup outside its tile loop (Triton
+# 3.6: 6 stores, 4 loads): at most this many there, none elsewhere
+SPILL_BOUND = {"pingpong_pv_first_c4": 8, "pingpong_pv_first_c4_r1": 8}
+
+
 def _check_compile(env, spills_ok=False):
     res = run_compile_json(_COMPILE, env)
+    by_cfg = {tuple(r["cfg"]): r for r in res["configs"]}
     for r in res["configs"]:
         what = f"triton {res['triton']} (Sq, H, causal, final, schedule) = {r['cfg']}"
         sched = r["cfg"][4]
+        unchunked = by_cfg.get((*r["cfg"][:4], "pingpong_pv_first"))
+        if "_c" in sched and unchunked:  # one full-barrier wait per column chunk: more waits than the halves;
+            # each chunk's barriers their own allocation, so the extra waits come without a CTA barrier (bar.sync)
+            # each (Triton's barrier pass puts one between two waits on one allocation)
+            extra_waits = r["mbar_wait"] - unchunked["mbar_wait"]
+            assert extra_waits > 0, f"{what}: {r} vs {unchunked}"
+            assert r["bar_sync"] - unchunked["bar_sync"] < extra_waits // 2, f"{what}: {r} vs {unchunked}"
+        if sched.endswith("_r1") and unchunked:  # one release arrival per warpgroup and slot
+            assert r["arrive"] < unchunked["arrive"], f"{what}: {r} vs {unchunked}"
+        plain = by_cfg.get((*r["cfg"][:4], sched.removesuffix("_r1")))
+        if sched.endswith("_r1") and plain:  # and fewer CTA barriers than the same chunks without
+            assert r["bar_sync"] < plain["bar_sync"], f"{what}: {r} vs {plain}"
         assert r["wgmma"] > 0 and r["tma"] > 0 and r["mbar_wait"] > 0, f"{what}: {r}"
         assert r["smem"] <= 232448, f"{what}: {r['smem']} bytes of shared memory"
         sass = r["sass"]
@@ -71,7 +96,8 @@ def _check_compile(env, spills_ok=False):
         else:
             assert set(shapes) == {"64x32x16", "64x256x16"}, f"{what}: the warpgroups do not split S and O: {sass}"
         assert sass["UTMALDG"] > 0 and sass["SYNCS"] > 0, f"{what}: {sass}"
-        assert spills_ok or (sass["STL"] == 0 and sass["LDL"] == 0), f"{what}: register spills {sass}"
+        bound = SPILL_BOUND.get(sched, 0)
+        assert spills_ok or (sass["STL"] <= bound and sass["LDL"] <= bound), f"{what}: register spills {sass}"
         # ptxas serializes wgmma (a wait after every HGMMA) when it cannot prove an accumulator is left alone
         # while its MMA runs; the kernel waits twice per key tile (S, then P V) in each of its three tile copies
         # (PINGPONG: one full wait per P V site, 8 in all).
@@ -272,8 +298,16 @@ def test_launcher_dry_run(monkeypatch):
     assert kw["PV_FIRST"] is False and args[0].block_shape == [64, 256] and args[2].block_shape == [64, 256]
     assert args[1].block_shape == [64, 64] and args[3].block_shape == [64, 64]  # NoPE halves, RoPE
     seen.clear()
+    for sched, nch in (("pingpong_pv_first_c2", 2), ("pingpong_pv_first_c4", 4), ("pingpong_pv_first_c4_r1", 4)):
+        M.mla_decode(*c.args(3), schedule=sched)  # NoPE halves in column chunks
+        (grid, args, kw), _ = seen
+        assert kw["PV_FIRST"] is True and kw["NCH"] == nch and kw["num_warps"] == 4
+        assert kw["R1"] is sched.endswith("_r1")
+        assert args[0].block_shape == [64, 256 // nch] and args[2].block_shape == [64, 256 // nch]
+        seen.clear()
     M.mla_decode(*c.args(3))  # the default schedule
     (grid, args, kw), _ = seen
     assert M.DEFAULT_SCHEDULE == "pingpong_pv_first" and kw["PV_FIRST"] is True and kw["num_warps"] == 4
+    assert kw["NCH"] == 1 and kw["R1"] is False
     with pytest.raises(ValueError, match="schedule"):
         M.mla_decode(*c.args(3), schedule="fast")

@@ -1,4 +1,4 @@
-"""CuTeDSL Hopper attention (cute_ops/attention/fmha_sm90.py): CPU checks, and GPU tests for the lead's sm_90 run.
+"""CuTeDSL Hopper attention (cute_ops/attention/fmha_sm90.py): CPU checks, and GPU tests for an sm_90 device.
 
 The sibling of the sm100 kernel (tests/test_cute_attention.py covers the shared mask, softmax and scheduler modules
 and the tile-by-tile twin of the algorithm both kernels run). CPU: config and entry rules, the dispatch row, the
