@@ -10,9 +10,11 @@ and Liger where installed. `launch_plan`: the op's calls replay a launch plan; `
 time goes, for every case above the BAR by default (`--profile over`), for all (`--profile all`) or for the named
 ops: the plan's census (allocations, bytes, those in the per-call block, zero-fills, copies, launches) and, for a
 native replay, the time of the public call, of the extension's call alone, of the same plan without its launches
-(key + allocations + outputs) and of an empty plan (key + lookup); for any other path a cProfile listing (top
-functions by own time); for every one the host's submit time and the GPU's time per call (`per_call_us`: where
-the GPU's time is the larger, the kernels set host_us, not the host path).
+(key + allocations + outputs) and of an empty plan (key + lookup); for any other path (a Python plan, a prepared
+CuTe launcher, the backend function) the time of the public call, of its fast path alone and of the key
+(`_signature`), and a cProfile listing (top functions by own time); for every one the host's submit time and the
+GPU's time per call (`per_call_us`: where the GPU's time is the larger, the kernels set host_us, not the host
+path).
 Calls go through the public path (`dispatch.ops._common.call`, what every `ops.*` wrapper calls).
 """
 
@@ -119,6 +121,10 @@ def breakdown(op: str, args: tuple, fn) -> dict:
     else:
         name = getattr(plan, "__qualname__", repr(plan))
         out = plan.census() if isinstance(plan, LaunchPlan) else {"fast_path": name}
+        if callable(plan):  # the public call against the fast path alone and the key alone
+            full = (*args, "auto")
+            us = dict(call=host_us(fn), fast_path=host_us(lambda: plan(*args)), key=host_us(lambda: _signature(full)))
+            out["us"] = {k: round(v, 2) for k, v in us.items()}
         out["profile"] = profile_breakdown(fn)
     out["per_call_us"] = submit_and_gpu_us(fn)
     return out
