@@ -43,11 +43,13 @@ def test_counts_of_eager_cases_under_the_interpreter():
 
 
 @pytest.mark.gpu
-def test_eager_breakdown_of_a_native_replay():
+def test_eager_breakdown_of_a_native_replay(monkeypatch):
     """perf.eager's breakdown of a natively replayed op: the census, the block layout, the host time split (every
-    part measured) and the submit / GPU time per call."""
+    part measured) and the submit / GPU time per call. The Triton row is forced: with CuTeDSL installed auto takes
+    the CuTe RMSNorm, whose prepared launcher is not a launch plan."""
     from perf import eager
 
+    monkeypatch.setenv("LOWBIT_BACKEND", "triton")
     result = eager.run(["rms_norm"], ["all"])
     assert result["native_replay_built"] and result["breakdowns"]
     for name, parts in result["breakdowns"].items():
