@@ -390,33 +390,53 @@ def test_unavailable_extension_falls_back_to_python(monkeypatch, caplog):
     assert native_replay.module() is None  # off: nothing is built
 
 
+_TOY_PTX = r"""
+import importlib.util, json, os, re, tempfile, types
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+from dispatch import native_replay
+
+SOURCE = '''
+import triton.language as tl
+
+
+def toy(x_ptr, n, flag, eps, big, h, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + o + big, mask=o < n)
+    tl.store(x_ptr + o, tl.where(flag, v * eps + h, v), mask=o < n)
+'''
+# Triton reads a kernel's source from its file: the toy kernel lives in a module of its own.
+path = os.path.join(tempfile.mkdtemp(), "toy_kernel.py")
+with open(path, "w") as f:
+    f.write(SOURCE)
+spec = importlib.util.spec_from_file_location("toy_kernel", path)
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+sig = {"x_ptr": "*fp32", "n": "i32", "flag": "i1", "eps": "fp32", "big": "i64", "h": "bf16", "BLOCK": "constexpr"}
+source = ASTSource(JITFunction(mod.toy), sig, constexprs={(6,): 128})
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+params = re.search(r"\.entry\s+\w+\((.*?)\)", compiled.asm["ptx"], re.S).group(1).split(",")
+size = {"u64": 8, "u32": 4, "u8": 1, "f32": 4}
+declared = [int(m.group(1)) if (m := re.search(r"\.b8 \w+\[(\d+)\]", p)) else size[p.split()[1][1:]] for p in params]
+codes = native_replay.param_codes(types.SimpleNamespace(src=compiled.src, run=types.SimpleNamespace()))
+print(json.dumps(dict(codes=list(codes), declared=declared)))
+"""
+
+
 def test_packed_sizes_match_a_compiled_kernels_parameters():
     """The generated-launcher mapping (Triton 3.6) against the PTX parameter list of a kernel compiled for sm_90
     with the installed Triton: one parameter per non-constexpr argument, of the size the kernel declares, then the
-    global and profile scratch pointers."""
-    import re
+    global and profile scratch pointers. Compiled in a fresh process: a process that ran interpreted kernels has
+    Triton's language patched for the interpreter."""
+    import json
 
-    import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
+    from tests.helpers import run_compile_script
 
-    def toy(x_ptr, n, flag, eps, big, h, BLOCK: tl.constexpr):
-        o = tl.arange(0, BLOCK)
-        v = tl.load(x_ptr + o + big, mask=o < n)
-        tl.store(x_ptr + o, tl.where(flag, v * eps + h, v), mask=o < n)
-
-    sig = {"x_ptr": "*fp32", "n": "i32", "flag": "i1", "eps": "fp32", "big": "i64", "h": "bf16", "BLOCK": "constexpr"}
-    kernel = JITFunction(toy)  # compiled for the GPU target even where the tests run the interpreter
-    compiled = triton.compile(ASTSource(kernel, sig, constexprs={(6,): 128}), target=GPUTarget("cuda", 90, 32))
-    params = re.search(r"\.entry\s+\w+\((.*?)\)", compiled.asm["ptx"], re.S).group(1).split(",")
-    size = {"u64": 8, "u32": 4, "u8": 1, "f32": 4}
-    declared = [int(m.group(1)) if (m := re.search(r"\.b8 \w+\[(\d+)\]", p)) else size[p.split()[1][1:]]
-                for p in params]
-    codes = native_replay.param_codes(types.SimpleNamespace(src=compiled.src, run=types.SimpleNamespace()))
+    got = json.loads(run_compile_script(_TOY_PTX, timeout=300).strip().splitlines()[-1])
     sizes = {1: 8, 2: 1, 4: 4, 5: 8, 11: 2, 12: 4}
-    assert [sizes[c] for c in codes] + [8, 8] == declared
+    assert [sizes[c] for c in got["codes"]] + [8, 8] == got["declared"]
 
 
 _DESCRIPTOR_PTX = r"""
