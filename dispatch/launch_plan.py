@@ -37,8 +37,6 @@ import logging
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from triton_ops._launch import bound_values, launch_hooks_set
-
 log = logging.getLogger("lowbit.dispatch")
 PLANS_ENV = "LOWBIT_EAGER_PLANS"
 aten = torch.ops.aten
@@ -206,6 +204,8 @@ def _input_view(root: torch.Tensor, view: tuple) -> torch.Tensor:
 
 def _bound_values(record) -> list | None:
     """[(value, is_constexpr)] of the kernel's parameters in order, as Triton's launch passes them."""
+    from triton_ops._launch import bound_values  # on first use: `import dispatch` imports no Triton
+
     return bound_values(record.kernel, record.args, record.kwargs)
 
 
@@ -279,6 +279,8 @@ def record(impl, args: tuple):
 def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
     if not launches:
         raise NoPlan("the call made no Triton launch through triton_ops._launch.launch")
+    from triton_ops._launch import launch_hooks_set
+
     if launch_hooks_set(knobs):
         raise NoPlan("a Triton launch hook is set (profilers need the full launch path)")
     inputs = {i: a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}

@@ -63,3 +63,13 @@ def test_dispatch_import_registers_nothing_eagerly():
     kernels = [m for m in loaded if m.split(".")[0] in ("triton_ops", "cute_ops")
                and not m.startswith("triton_ops.contract") and m not in ("triton_ops", "cute_ops")]
     assert not kernels, f"import dispatch loaded kernel modules {kernels}"
+
+
+def test_dispatch_import_imports_no_triton():
+    """`import dispatch` leaves Triton unimported: `python -m dispatch check` turns the interpreter on
+    (TRITON_INTERPRET) after the package is imported, and Triton must not have read its settings before."""
+    code = "import sys, dispatch; print(sorted(m for m in sys.modules if m.split('.')[0] == 'triton'))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", f"import dispatch imported {out.stdout.strip()}"
