@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "_replay_driver.h"
@@ -101,6 +102,8 @@ struct Plan {
 };
 
 std::unordered_map<std::string, std::unique_ptr<Plan>> g_plans;
+// Ops with a registered plan: a call of any other op misses before its key is built (the Python path then keys it).
+std::unordered_set<std::string> g_ops;
 std::vector<std::string> g_env_names;  // _SELECT_ENV and the native knob; the last one set means: no key
 PyObject* g_scope = nullptr;           // the backend-scope context variable (registry._scoped)
 PyObject* g_miss = nullptr;            // returned when a call has no plan
@@ -523,10 +526,8 @@ PyObject* execute(const Plan& plan, PyObject* args) {
     }
     allocs.push_back(std::move(t));
   }
-  if (!plan.launches.empty()) {
-    for (const Launch& l : plan.launches) {
-      if (!launch_one(l, stream, args, allocs)) return nullptr;
-    }
+  for (const Launch& l : plan.launches) {
+    if (!launch_one(l, stream, args, allocs)) return nullptr;
   }
   return build_out(plan.out, args, allocs);
 }
@@ -566,6 +567,13 @@ PyObject* py_call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   if (argc != 2 || !PyTuple_Check(argv[1])) {
     PyErr_SetString(PyExc_TypeError, "call(name, args: tuple)");
     return nullptr;
+  }
+  Py_ssize_t name_len = 0;
+  const char* name = PyUnicode_AsUTF8AndSize(argv[0], &name_len);
+  if (name == nullptr) return nullptr;
+  if (g_ops.find(std::string(name, name_len)) == g_ops.end()) {
+    Py_INCREF(g_miss);
+    return g_miss;
   }
   std::string key;
   key.reserve(256);
@@ -673,6 +681,7 @@ PyObject* py_register(PyObject*, PyObject* args) {
     auto it = g_plans.find(key);
     if (it != g_plans.end()) release(it->second.get());
     g_plans[key] = std::move(plan);
+    g_ops.emplace(PyUnicode_AsUTF8(name));
     Py_RETURN_TRUE;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
@@ -711,10 +720,9 @@ PyObject* py_drop(PyObject*, PyObject* args) { return find_plan(args, true); }
 PyObject* py_clear(PyObject*, PyObject*) {
   for (auto& kv : g_plans) release(kv.second.get());
   g_plans.clear();
+  g_ops.clear();
   Py_RETURN_NONE;
 }
-
-PyObject* py_size(PyObject*, PyObject*) { return PyLong_FromSize_t(g_plans.size()); }
 
 // pack(type_codes: bytes, values) -> the parameters' bytes back to back, each param_size(code) long.
 PyObject* py_pack(PyObject*, PyObject* args) {
@@ -760,7 +768,6 @@ PyMethodDef kMethods[] = {
     {"lookup", py_lookup, METH_VARARGS, "lookup(name, args) -> bool"},
     {"drop", py_drop, METH_VARARGS, "drop(name, args) -> whether a plan was dropped"},
     {"clear", py_clear, METH_NOARGS, "drop every plan"},
-    {"size", py_size, METH_NOARGS, "number of plans"},
     {"pack", py_pack, METH_VARARGS, "pack(type_codes, values) -> bytes"},
     {"key", py_key, METH_VARARGS, "key(name, args) -> bytes or None"},
     {"memset", py_memset, METH_VARARGS, "memset(ptr, nbytes, stream): zero device memory with the driver"},

@@ -79,7 +79,7 @@ def module():
 
 
 def _build():
-    global call
+    global call, MISS
     from torch.utils import cpp_extension
 
     from . import registry
@@ -99,7 +99,7 @@ def _build():
     # The key reads NATIVE_ENV and every env name `_signature` reads; the last one set means no key (as there).
     mod.init((NATIVE_ENV, *_SELECT_ENV), registry._scoped, get_device, get_stream)
     call = mod.call
-    globals()["MISS"] = mod.MISS
+    MISS = mod.MISS
     return mod
 
 
@@ -238,13 +238,18 @@ def param_codes(compiled) -> bytes:
         if len(codes) != len(kernel_sig):
             raise NoNative("the launcher's parameter list differs from the kernel's signature")
     else:  # the generated launcher (3.6): C types from the signature strings
-        try:
-            codes = bytes(PTR if t.startswith("*") else _CODES_36[t] for t in kernel_sig)
-        except KeyError as exc:
-            raise NoNative(f"a parameter of type {exc.args[0]}") from None
+        codes = bytes(_code_36(t) for t in kernel_sig)
     if any(not PTR <= c <= 13 for c in codes):
         raise NoNative("a parameter type the native launcher does not pack")
     return codes
+
+
+def _code_36(ty: str) -> int:
+    """The packing code of a Triton 3.6 signature type string."""
+    code = PTR if ty.startswith("*") else _CODES_36.get(ty)
+    if code is None:
+        raise NoNative(f"a parameter of type {ty}")
+    return code
 
 
 def _describe_launch(launch, compiled) -> tuple:
@@ -264,15 +269,15 @@ def _describe_launch(launch, compiled) -> tuple:
     if any(isinstance(t, str) and t.startswith("tensordesc") for t in sig):
         codes, values, slots, tma = _with_descriptors(compiled, sig, specs)
     else:
-        codes, (values, slots), tma = param_codes(compiled), _plain_params(compiled, sig, specs), []
+        codes, tma = param_codes(compiled), []
+        values, slots = _plain_params(codes, sig, specs)
     gx, gy, gz = grid
     pdl = bool(getattr(launcher, "launch_pdl", False) or getattr(compiled.metadata, "launch_pdl", False))
     return (int(function), gx, gy, gz, num_warps, num_ctas, shared, pdl, codes, values, slots, tma)
 
 
-def _plain_params(compiled, sig, specs) -> tuple[list, list]:
-    """(values, pointer slots) of a launch whose parameters are pointers and scalars."""
-    codes = param_codes(compiled)
+def _plain_params(codes: bytes, sig, specs) -> tuple[list, list]:
+    """(values, pointer slots) of a launch whose parameters (packing `codes`) are pointers and scalars."""
     values, slots = [], []
     for spec, ty in zip(specs, sig, strict=True):
         if ty != "constexpr":
@@ -311,9 +316,7 @@ def _with_descriptors(compiled, sig, specs) -> tuple:
     for spec, ty in zip(specs, sig, strict=True):
         if not (isinstance(ty, str) and ty.startswith("tensordesc")):
             if ty != "constexpr":
-                code = PTR if ty.startswith("*") else _CODES_36.get(ty)
-                if code is None:
-                    raise NoNative(f"a parameter of type {ty}")
+                code = _code_36(ty)
                 codes.append(code)
                 _add_param(code, ty, spec, values, slots)
             continue
