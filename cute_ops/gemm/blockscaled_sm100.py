@@ -121,7 +121,6 @@ FORMATS = {
     "bf16": Format(0, None, "MmaF16BF16Op", "BFloat16", "BFloat16", 16),
     "fp16": Format(0, None, "MmaF16BF16Op", "Float16", "Float16", 16),
 }
-DENSE = ("bf16", "fp16")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -219,7 +219,7 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     why = can_implement(dtype, n, k, num_groups, tile_m, tile_n)
     if why:
         raise ValueError(why)
-    rule = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
+    rule = dict(FP8_PREVIOUS_SCHEDULE)  # the plain kernel: bf16, and FP8 at decode sizes
     if dtype == "fp8" and rows_per_group >= FP8_PREFILL_ROWS:
         rule = dict(FP8_PREFILL_SCHEDULE)
         if k <= FP8_SHORT_K:

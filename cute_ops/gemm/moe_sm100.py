@@ -30,7 +30,7 @@ from triton_ops.contract.arch import arch_of, sm_count
 from triton_ops.contract.moe_gemm import blockscaled_views
 
 from .. import _compile
-from .moe_sm90 import contiguous_bounds, masked_starts
+from .moe_sm90 import layout_groups, masked_starts
 
 UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
 HARDWARE_STATUS = ("CuTeDSL sm_100a block-scaled grouped GEMM: compiled and SASS-checked in CI, never run on a "
@@ -179,13 +179,7 @@ def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None):
     (M, K) with m_indices or masked (E, max_m, K) with masked_m; rows no group writes are 0."""
     e, n, k = w.shape
     masked = masked_m is not None
-    if masked:
-        max_m = a.shape[1]
-        a2, ids = a.view(e * max_m, k), None
-        starts, counts = masked_starts(e, max_m, a.device), masked_m.to(torch.int32).clamp(0, max_m)
-    else:
-        a2, ids = a, m_indices.to(torch.int32).contiguous()
-        starts, counts = contiguous_bounds(ids, e)
+    a2, ids, starts, counts = layout_groups(a, w, m_indices, masked_m)
     out = torch.zeros(a2.shape[0], n, dtype=a.dtype, device=a.device)
     if a2.shape[0] and n:
         index = a.device.index if a.device.index is not None else torch.cuda.current_device()

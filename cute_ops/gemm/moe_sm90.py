@@ -155,20 +155,22 @@ def compiled(cfg):
     return _compile.get_or_compile(cfg.key(), lambda: build(cfg))
 
 
+def layout_groups(a, w, m_indices, masked_m):
+    """(a as (rows, K), int32 row ids or None, group starts, group counts) of a contiguous (m_indices) or masked
+    (masked_m) layout, as the grouped kernels take them. Device ops only."""
+    e, k = w.shape[0], a.shape[-1]
+    if masked_m is not None:
+        max_m = a.shape[1]
+        return a.view(e * max_m, k), None, masked_starts(e, max_m, a.device), masked_m.to(torch.int32).clamp(0, max_m)
+    ids = m_indices.to(torch.int32).contiguous()
+    return (a, ids, *contiguous_bounds(ids, e))
+
+
 def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=None, out_dtype=None, tiles=None):
     e, n, k = w.shape
     dev = a.device
     masked = masked_m is not None
-    if masked:
-        max_m = a.shape[1]
-        a2 = a.view(e * max_m, k)
-        starts = masked_starts(e, max_m, dev)
-        counts = masked_m.to(torch.int32).clamp(0, max_m)
-        ids = None
-    else:
-        a2 = a
-        ids = m_indices.to(torch.int32).contiguous()
-        starts, counts = contiguous_bounds(ids, e)
+    a2, ids, starts, counts = layout_groups(a, w, m_indices, masked_m)
     rows = a2.shape[0]
     out = torch.zeros(rows, n, dtype=out_dtype or a.dtype, device=dev)
     if rows and n:

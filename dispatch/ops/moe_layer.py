@@ -120,18 +120,15 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         pk = dict(fmt=weights, **place, backend=backend)
         if fused:
             a = moe_gemm_swiglu_fp4_prepacked(x, w1, w1_scale, w_global=w1_global, **pk, **act)
-        else:
-            a = swiglu(moe_gemm_fp4_prepacked(x, w1, w1_scale, w_global=w1_global, **pk), **act, **act_place,
-                       backend=backend)
-        if fused:
             return moe_gemm_combine_fp4_prepacked(a, w2, w2_scale, rows, inv_rows, topk_weights, w_global=w2_global,
                                                   shared=shared, out_dtype=hidden.dtype, **pk)
+        a = swiglu(moe_gemm_fp4_prepacked(x, w1, w1_scale, w_global=w1_global, **pk), **act, **act_place,
+                   backend=backend)
         out = moe_gemm_fp4_prepacked(a, w2, w2_scale, w_global=w2_global, **pk)
-        return moe_combine(out, inv_rows, topk_weights, shared=shared, out_dtype=hidden.dtype, backend=backend)
-    if fused:
+    elif fused:
         return _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, weights, w1_scale, w2_scale,
                               act, shared, backend, w1_global, w2_global)
-    if weights in ("fp8", "w4a8"):
+    elif weights in ("fp8", "w4a8"):
         gemm = moe_gemm_fp8 if weights == "fp8" else moe_gemm_w4a8
         g = moe_gather_fp8(hidden, rows, top_k, backend=backend)
         h = gemm(g.codes, g.scales, w1, w1_scale, **place, backend=backend)

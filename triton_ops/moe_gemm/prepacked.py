@@ -36,9 +36,8 @@ from triton_ops.swiglu import silu_div_rn, swiglu_act
 from .config import MoeGemmConfig, pick_prepacked_config, rows_per_expert
 from .dequant import e8m0_to_f32, mma
 from .fused import _gate_up_rows
-from .grouped import _destination
+from .grouped import _destination, _grid_refusal
 
-_MAX_GRID_Y = 65535
 _BIAS_F32 = tl.constexpr(8.507059173023462e37)  # 2^126 (the bf16 bit trick's bias), fp32
 
 
@@ -329,9 +328,7 @@ def prepacked_refusal(cfg: MoeGemmConfig) -> str | None:
 
 
 def supports_moe_gemm_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, *rest) -> str | None:
-    if masked_m is not None and w_values.shape[0] > _MAX_GRID_Y:
-        return f"E={w_values.shape[0]} > {_MAX_GRID_Y} experts on grid axis 1 (masked layout)"
-    return None
+    return _grid_refusal(w_values, masked_m)
 
 
 def moe_gemm_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, row_weights=None, *,
