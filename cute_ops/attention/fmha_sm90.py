@@ -173,9 +173,9 @@ def _sm_count(q) -> int:
     """SMs of q's device (an H100 SXM's 132 for host tensors: the CPU compile tests)."""
     if not q.is_cuda:
         return 132
-    from triton_ops.contract.arch import sm_count
+    from triton_ops.contract.arch import device_index, sm_count
 
-    return sm_count(q.device.index if q.device.index is not None else 0)
+    return sm_count(device_index(q.device))
 
 
 def _kernel_class():

@@ -26,7 +26,7 @@ import os
 
 import torch
 
-from triton_ops.contract.arch import arch_of, sm_count
+from triton_ops.contract.arch import arch_of, device_index, sm_count
 from triton_ops.contract.moe_gemm import blockscaled_views
 
 from .. import _compile
@@ -109,7 +109,7 @@ def _launch(a2, a_scale, b, b_scale, starts, counts, alpha, fmt, rows_per_group)
     g, n, kh = b.shape
     out = torch.zeros(a2.shape[0], n, dtype=torch.bfloat16, device=a2.device)
     if a2.shape[0] and n:
-        index = a2.device.index if a2.device.index is not None else torch.cuda.current_device()
+        index = device_index(a2.device)
         cfg = config(fmt, n, 2 * kh, g, rows_per_group, sm_count(index), _compile.target_arch(index))
         with torch.cuda.device(a2.device):  # the TVM-FFI env stream is the current device's current stream
             compiled(cfg)(a2, b, a_scale, b_scale, out, starts, counts, alpha.contiguous(), None, None, None)
@@ -182,7 +182,7 @@ def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None):
     a2, ids, starts, counts = layout_groups(a, w, m_indices, masked_m)
     out = torch.zeros(a2.shape[0], n, dtype=a.dtype, device=a.device)
     if a2.shape[0] and n:
-        index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+        index = device_index(a.device)
         cfg = dense_config(a, w, masked, row_weights is not None, sm_count(index), _compile.target_arch(index))
         rw = None if row_weights is None else row_weights.reshape(-1).contiguous()
         tile_starts, tile_counts = dense_bounds(starts, counts)

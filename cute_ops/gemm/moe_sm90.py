@@ -20,6 +20,7 @@ import os
 
 import torch
 
+from triton_ops.contract.arch import device_index
 from triton_ops.contract.arch import sm_count as _sm_count  # module attribute: tests stub it
 from triton_ops.contract.moe_gemm import FP8_BLOCK
 
@@ -174,7 +175,7 @@ def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=Non
     rows = a2.shape[0]
     out = torch.zeros(rows, n, dtype=out_dtype or a.dtype, device=dev)
     if rows and n:
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        index = device_index(dev)
         sms = _sm_count(index)
         cluster = (tiles or {}).get("cluster_m", 1)
         if cluster > 1:  # a persistent grid of clusters that all run at once (a late cluster would run its walk alone)

@@ -45,7 +45,7 @@ from triton_ops._formats import cast_out, e4m3_decode
 from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
 from triton_ops.attention.mask import key_range, visible
 from triton_ops.attention.merge import lse_weights, weighted_sum
-from triton_ops.contract.arch import arch_at_least, arch_of
+from triton_ops.contract.arch import arch_at_least, arch_of, device_index
 from triton_ops.contract.arch import sm_count as _sm_count  # module attribute: compile scripts stub it
 from triton_ops.contract.attention import FP8_KV, check_attention_decode
 
@@ -377,7 +377,7 @@ def decode_config(batch: int, sq: int, hq: int, hkv: int, max_ctx: int, d: int, 
     rows = sq * (hq // max(hkv, 1))
     block_m = max(16, min(next_pow2(rows), 128 if cpu else 64))
     if num_splits <= 0:
-        sm = None if cpu else _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        sm = None if cpu else _sm_count(device_index(device))
         per_sm = TARGET_PROGRAMS_PER_SM * (2 if fp8_gpu else 1)
         num_splits = choose_num_splits(batch * hkv * cdiv(rows, block_m), max_ctx, sm, per_sm)
     block_n = 128 if cpu else (64 if d <= 128 else 32)

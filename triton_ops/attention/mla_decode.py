@@ -55,7 +55,7 @@ from triton_ops.attention.decode import (
     split_buffers,
 )
 from triton_ops.attention.mask import key_range, visible
-from triton_ops.contract.arch import arch_of
+from triton_ops.contract.arch import arch_of, device_index
 from triton_ops.contract.attention import check_mla_decode
 from triton_ops.contract.kv_cache import DS_LAYOUTS, DS_ROPE
 from triton_ops.kv_cache import _bf16_bits_to_f32, _ds_token_offsets
@@ -276,7 +276,7 @@ def mla_config(batch: int, sq: int, h: int, keys: int, sparse: bool, device: tor
         block_m, v_split = max(16, min(next_pow2(rows), 128 if cpu else 32)), 1
         num_warps = 4 if cpu or block_m < 32 else 8
     if num_splits <= 0:
-        sm = None if cpu else _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        sm = None if cpu else _sm_count(device_index(device))
         programs = batch * (sq if sparse else 1) * cdiv(rows, block_m) * v_split
         num_splits = choose_num_splits(programs, keys, sm)
     per_split = cdiv(max(keys, 1), num_splits)

@@ -79,7 +79,7 @@ from triton_ops._launch import launch
 from triton_ops.attention.decode import MAX_Q, reduce_splits, split_buffers
 from triton_ops.attention.mask import key_range
 from triton_ops.attention.prefill_sm90 import LOG2E, _version_reason, compile_gluon_sm90, sm90_gluon_reason
-from triton_ops.contract.arch import sm_count
+from triton_ops.contract.arch import device_index, sm_count
 from triton_ops.contract.attention import check_mla_decode
 from triton_ops.contract.kv_cache import DS_ROPE
 
@@ -655,10 +655,6 @@ def _kernel_and_consts(sq: int, h: int, causal: bool, final: bool, schedule: str
     return _mla_sm90_kernel, dict(consts, OVERLAP=schedule == "overlap", num_warps=NUM_WARPS), NOPE
 
 
-def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
 # ------------------------------------------------------------------------------------------- checks
 
 
@@ -721,7 +717,10 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
     if out.numel() == 0:
         return out, lse
     m_blocks = -(-(sq * h) // ROWS)
-    splits = num_splits if num_splits > 0 else choose_splits(m_blocks * bsz, max_pages, sm_count(_index(q.device)))
+    if num_splits > 0:
+        splits = num_splits
+    else:
+        splits = choose_splits(m_blocks * bsz, max_pages, sm_count(device_index(q.device)))
     splits = max(1, min(splits, max(max_pages, 1)))
     pps = max(1, -(-max_pages // splits))
     o_buf, l_buf, o_sp, l_sp = split_buffers(out, lse, splits)

@@ -272,6 +272,7 @@ def _launch_spec(q, k, v, cu_q, cu_k, block_table, seqused_k, k_scale, v_scale, 
 
 def _launch(q, k, v, cu_q, cu_k, block_table, seqused_k, k_scale, v_scale, max_seqlen_q, softmax_scale, causal,
             window_left, window_right, sinks, cfg, flags=None, out_lse=None):
+    """Allocates (out, lse) unless given (`out_lse`: written in place) and launches the kernel over them."""
     if out_lse is None:
         out = torch.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=q.dtype, device=q.device)
         lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
@@ -392,10 +393,8 @@ def attention_prefill_paged_flagged(out, lse, q, k_cache, v_cache, cu_seqlens_q,
     """`attention_prefill_paged` for the sequences b with flags[b] != 0 only, written into out / lse in place (the
     other rows are left as they are). The gathered paged prefill's fixup for keys a contiguous kernel cannot mask
     (paged_gather.py); the programs of unflagged sequences read one flag and exit. Inputs as checked by the op."""
-    spec = paged_flagged_launch(out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q,
-                                softmax_scale, causal, window_left, window_right, sinks, k_scale, v_scale, flags)
-    if spec is not None:
-        launch(spec[0], spec[1], *spec[2], **spec[3])
+    _launch(q, k_cache, v_cache, cu_seqlens_q, None, block_table, seqused_k, k_scale, v_scale, int(max_seqlen_q),
+            softmax_scale, causal, window_left, window_right, sinks, None, flags, (out, lse))
 
 
 def paged_flagged_launch(out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q: int,

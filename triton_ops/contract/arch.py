@@ -44,6 +44,11 @@ def _cuda_arch(index: int) -> str:
     return f"sm_{major}{minor}"
 
 
+def device_index(device: torch.device) -> int:
+    """The CUDA device index of `device` (the current device where it names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def arch_of(device: torch.device) -> str:
     """The arch that runs work on `device`. The env override applies to CUDA devices and to the
     machine description (`resolve_arch`), never to host tensors."""
@@ -52,7 +57,7 @@ def arch_of(device: torch.device) -> str:
     override = os.environ.get(ARCH_ENV)
     if override:
         return normalize_arch(override)
-    return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
+    return _cuda_arch(device_index(device))
 
 
 def resolve_arch() -> str:
