@@ -21,6 +21,8 @@ Env: LOWBIT_CUTE_CACHE_DIR (default ~/.cache/lowbit/cute), LOWBIT_CUTE_DISK_CACH
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import fcntl
 import functools
@@ -29,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from triton_ops.contract.arch import env_reader
@@ -223,3 +225,38 @@ def clear_memory() -> None:
     """Forget in-process compiled functions (tests use it to measure the warm disk load)."""
     with _lock:
         _memory.clear()
+
+
+# ------------------------------------------------------------------------------------------ recorded calls
+@dataclasses.dataclass(frozen=True)
+class CuteCall:
+    """One call of a compiled function as `launch` saw it: what an eager launch plan (dispatch/launch_plan.py)
+    replays, natively through the TVM-FFI C ABI."""
+
+    fn: Callable  # the compiled function (a tvm_ffi.Function, or cute.compile's wrapper around one)
+    args: tuple
+
+
+# The calls of the current `recording_calls` scope (a context variable: per thread / task); None outside one.
+_RECORDING: contextvars.ContextVar[list | None] = contextvars.ContextVar("lowbit_cute_recording", default=None)
+
+
+def launch(fn: Callable, *args):
+    """fn(*args): the general entries of the CuTe ops whose rows get eager launch plans call their compiled
+    functions through here, so that a recording scope sees each call with its exact arguments."""
+    out = fn(*args)
+    recording = _RECORDING.get()
+    if recording is not None:
+        recording.append(CuteCall(fn, args))
+    return out
+
+
+@contextlib.contextmanager
+def recording_calls(records: list) -> Iterator[list]:
+    """Append a CuteCall to `records` for every `launch` inside the block (a Triton recording passes its own list,
+    so that both kinds of launch keep their order)."""
+    token = _RECORDING.set(records)
+    try:
+        yield records
+    finally:
+        _RECORDING.reset(token)

@@ -13,7 +13,7 @@
 // (other copies stay ATen copies).
 //
 // The CUDA driver entry points and the parameter packing are in _replay_driver.h (no CUDA header or library is
-// needed to build either file).
+// needed to build either file); calls of compiled CuTeDSL functions through the TVM-FFI C ABI in _replay_cute.h.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "_replay_driver.h"
+#include "_replay_cute.h"
 
 namespace {
 
@@ -78,6 +79,7 @@ struct Launch {
   std::vector<size_t> offsets;
   std::vector<Slot> slots;
   std::vector<TmaSlot> tma;
+  std::shared_ptr<CuteCall> cute;  // a CuTe call instead (the fields above unused)
 };
 
 struct Out {
@@ -99,6 +101,7 @@ struct Plan {
   int64_t block_bytes = 0;   // the per-call block (0: none)
   int64_t block_zero = 0;    // bytes zeroed from the block's start
   bool needs_driver = false;  // launches or device memsets
+  bool cute = false;          // CuTe calls: TVM-FFI's env stream is the current device's (another one: MISS)
 };
 
 std::unordered_map<std::string, std::unique_ptr<Plan>> g_plans;
@@ -279,6 +282,10 @@ bool parse_launch(PyObject* d, Launch& l) {
   unsigned long long function;
   int pdl;
   PyObject *types, *values, *slots, *tma = nullptr;
+  if (PyTuple_Check(d) && PyTuple_GET_SIZE(d) && PyUnicode_Check(PyTuple_GET_ITEM(d, 0))) {
+    l.cute = std::make_shared<CuteCall>();
+    return parse_cute(d, *l.cute);
+  }
   if (!PyArg_ParseTuple(d, "KIIIIIIpSOO|O", &function, &l.gx, &l.gy, &l.gz, &l.num_warps, &l.num_ctas, &l.shared,
                         &pdl, &types, &values, &slots, &tma))
     return false;
@@ -432,9 +439,10 @@ PyObject* build_out(const Out& o, PyObject* args, const std::vector<at::Tensor>&
   return nullptr;
 }
 
-bool current_stream(CUstream& stream) {
+bool current_stream(CUstream& stream, long& device) {
   PyObject* dev = PyObject_CallNoArgs(g_get_device);
   if (!dev) return false;
+  device = PyLong_AsLong(dev);
   PyObject* s = PyObject_CallOneArg(g_get_stream, dev);
   Py_DECREF(dev);
   if (!s) return false;
@@ -497,7 +505,12 @@ bool launch_one(const Launch& l, CUstream stream, PyObject* args, const std::vec
 PyObject* execute(const Plan& plan, PyObject* args) {
   bool cuda = plan.device.is_cuda();
   CUstream stream = nullptr;
-  if (plan.needs_driver && (!ensure_context() || !current_stream(stream))) return nullptr;
+  long device = -1;
+  if (plan.needs_driver && (!ensure_context() || !current_stream(stream, device))) return nullptr;
+  if (plan.cute && cuda && device != plan.device.index()) {
+    Py_INCREF(g_miss);
+    return g_miss;
+  }
   auto options = at::TensorOptions().device(plan.device);
   at::Tensor block;
   if (plan.block_bytes) {
@@ -527,7 +540,8 @@ PyObject* execute(const Plan& plan, PyObject* args) {
     allocs.push_back(std::move(t));
   }
   for (const Launch& l : plan.launches) {
-    if (!launch_one(l, stream, args, allocs)) return nullptr;
+    if (!(l.cute ? cute_call(*l.cute, plan.device, stream, args, allocs) : launch_one(l, stream, args, allocs)))
+      return nullptr;
   }
   return build_out(plan.out, args, allocs);
 }
@@ -659,7 +673,9 @@ PyObject* py_register(PyObject*, PyObject* args) {
       ok = false;
     }
     plan->needs_driver = plan->needs_driver || (cuda && (!plan->launches.empty() || block_zero > 0));
-    if (ok && !plan->launches.empty() && !cuda) {
+    bool triton = false;
+    for (const Launch& l : plan->launches) (l.cute ? plan->cute : triton) = true;
+    if (ok && triton && !cuda) {
       PyErr_SetString(PyExc_RuntimeError, "kernel launches need a CUDA device");
       ok = false;
     } else if (ok && plan->needs_driver && !load_driver()) {
@@ -770,6 +786,7 @@ PyMethodDef kMethods[] = {
     {"clear", py_clear, METH_NOARGS, "drop every plan"},
     {"pack", py_pack, METH_VARARGS, "pack(type_codes, values) -> bytes"},
     {"key", py_key, METH_VARARGS, "key(name, args) -> bytes or None"},
+    {"init_tvm_ffi", py_init_tvm_ffi, METH_VARARGS, "init_tvm_ffi(libtvm_ffi path) -> whether it loaded"},
     {"memset", py_memset, METH_VARARGS, "memset(ptr, nbytes, stream): zero device memory with the driver"},
     {nullptr, nullptr, 0, nullptr}};
 

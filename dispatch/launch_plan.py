@@ -16,6 +16,13 @@ sees every aten op and every `triton_ops._launch.launch`, and derives a plan:
   it), and every other argument a constant;
 * outputs: which allocation (or input) each returned tensor is, as a view with its shape, strides and dtype.
 
+CuTe rows whose general entry calls its compiled functions through `cute_ops._compile.launch` (CUTE_RECORDED)
+are recorded the same way: each call of a compiled TVM-FFI function becomes a launch whose arguments are tensors
+("input i / allocation j + byte offset" with the view's shape, strides and dtype fixed by the signature), None and
+scalars, in order with the call's Triton launches (attention_prefill_paged: a Triton gather, the CuTe forward, a
+Triton fixup). Such plans replay only natively (dispatch/native_replay.py calls the function through the TVM-FFI C
+ABI); where the extension cannot take one, the row's prepared launcher serves the signature (`native_only`).
+
 The plan is used only when it reproduces the recorded call exactly: rebuilt from the recorded call's own tensors,
 every pointer and every output must come out identical, and the call must have done nothing but allocate, zero,
 take views and launch (any other aten op, a launch argument of another kind, or a Triton launch hook -> no plan;
@@ -47,6 +54,10 @@ _FACTORIES = {aten.empty.memory_format, aten.empty_strided.default, aten.new_emp
 _ZEROING = {aten.zero_.default, aten.fill_.Scalar}
 # Triton launch options: keyword arguments of a launch that are not kernel parameters.
 _PLAIN = (int, float, bool, str, type(None), torch.dtype)
+# Ops whose CuTe rows call every compiled function through cute_ops._compile.launch (recorded: plans).
+CUTE_RECORDED = frozenset({"rms_norm", "rms_norm_fp8_group", "rms_norm_nvfp4", "attention_prefill",
+                           "attention_prefill_paged"})
+CUTE = "cute"  # the `run` field of a CuTe call's launch tuple
 
 
 class _OpLog(TorchDispatchMode):
@@ -84,7 +95,7 @@ class _Alloc:
 class LaunchPlan:
     device: torch.device
     allocs: list  # [_Alloc]
-    launches: list  # [(run, function, packed_metadata, grid3, [arg spec])]
+    launches: list  # [(run, function, packed_metadata, grid3, [arg spec])]; a CuTe call: (CUTE, fn, None, None, specs)
     outputs: object  # spec tree of the returned value
     keep: list  # tensors the launches read that the call did not create (the backend's persistent buffers)
     kernels: list = dataclasses.field(default_factory=list)  # the CompiledKernel of each launch (native replay)
@@ -94,7 +105,10 @@ class LaunchPlan:
         # positions whose value is a data pointer (input or allocation, plus a byte offset). A call copies the list
         # and fills only those (~1 us per launch less than resolving every spec on every call).
         self._replay = []
+        self.native_only = any(launch[0] == CUTE for launch in self.launches)  # no Python replay of a CuTe call
         for run, function, metadata, grid, specs in self.launches:
+            if run == CUTE:
+                continue
             template = [s[1] if s[0] == "const" else 0 for s in specs]
             slots = tuple((pos, s[0] == "input", s[1], s[2]) for pos, s in enumerate(specs)
                           if s[0] in ("input", "alloc"))
@@ -108,6 +122,8 @@ class LaunchPlan:
                     copies=sum(a.copy_from is not None for a in self.allocs), launches=len(self.launches))
 
     def __call__(self, *args):
+        if self.native_only:
+            raise RuntimeError("a plan with a CuTe call replays natively only")
         dev = self.device
         allocs = []
         for a in self.allocs:
@@ -264,9 +280,10 @@ def record(impl, args: tuple):
     """Run impl(*args) once while recording; return (its result, a LaunchPlan or None, why not)."""
     from triton import knobs
 
+    from cute_ops._compile import recording_calls
     from triton_ops._launch import recording_launches
 
-    with recording_launches() as launches, _OpLog(launches) as oplog:
+    with recording_launches() as launches, recording_calls(launches), _OpLog(launches) as oplog:
         out = impl(*args)
     try:
         return out, _derive(out, args, launches, oplog.ops, knobs), None
@@ -278,7 +295,7 @@ def record(impl, args: tuple):
 
 def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
     if not launches:
-        raise NoPlan("the call made no Triton launch through triton_ops._launch.launch")
+        raise NoPlan("the call made no launch through triton_ops._launch.launch or cute_ops._compile.launch")
     from triton_ops._launch import launch_hooks_set
 
     if launch_hooks_set(knobs):
@@ -309,6 +326,9 @@ def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
             raise NoPlan(f"runs {func} (only allocations, zeroing and views are replayed)")
     keep, plan_launches = [], []
     for rec in launches:
+        if hasattr(rec, "fn"):  # a CuTe call (cute_ops._compile.CuteCall)
+            plan_launches.append((CUTE, rec.fn, None, None, [_cute_spec(v, inputs, allocs) for v in rec.args]))
+            continue
         values = _bound_values(rec)
         if values is None or rec.compiled is None:
             raise NoPlan("no compiled kernel or signature for a launch")
@@ -334,10 +354,12 @@ def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
     outputs = _output_spec(out, inputs, allocs)
     if outputs is None:
         raise NoPlan("an output is neither an allocation of the call nor an input")
-    plan = LaunchPlan(device, alloc_meta, plan_launches, outputs, keep, [rec.compiled for rec in launches])
+    plan = LaunchPlan(device, alloc_meta, plan_launches, outputs, keep,
+                      [getattr(rec, "compiled", None) for rec in launches])
     # Self-check against the recorded call: rebuilt from its own tensors, every pointer and output must match.
-    for (_, _, _, _, specs), rec in zip(plan_launches, launches, strict=True):
-        for spec, (v, _) in zip(specs, _bound_values(rec), strict=True):
+    for (run, _, _, _, specs), rec in zip(plan_launches, launches, strict=True):
+        values = [(v, False) for v in rec.args] if run == CUTE else _bound_values(rec)
+        for spec, (v, _) in zip(specs, values, strict=True):
             if isinstance(v, torch.Tensor) and spec[0] != "const" and _value(spec, args, allocs) != v.data_ptr():
                 raise NoPlan("a rebuilt pointer differs from the recorded one")
             if spec[0] == "desc":
@@ -349,6 +371,19 @@ def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
     if not _same_tree(rebuilt, out):
         raise NoPlan("the rebuilt outputs differ from the recorded ones")
     return plan
+
+
+def _cute_spec(v, inputs: dict, allocs: list) -> tuple:
+    """The spec of one argument of a CuTe call: ("input" | "alloc", index, byte offset, (shape, strides, dtype)) for
+    a tensor (a view of an input or an allocation of the call), ("const", value) for None, bool, int and float."""
+    if isinstance(v, torch.Tensor):
+        where = _locate(v, inputs, allocs)
+        if where is None:
+            raise NoPlan("a CuTe call's tensor is neither an input nor an allocation of the call")
+        return (*where, (tuple(v.shape), tuple(v.stride()), v.dtype))
+    if v is None or type(v) in (bool, int, float):
+        return ("const", v)
+    raise NoPlan(f"a CuTe call argument of type {type(v).__name__}")
 
 
 def _copy_source(src, dst, inputs: dict, launched: int) -> tuple:

@@ -13,7 +13,16 @@ Derivation stays in Python: `adopt` converts a plan the extension can run (no gl
 cooperative launch, only pointer / integer / float parameters and, with Triton 3.6's launcher, host tensor
 descriptors: the extension encodes each one's CUtensorMap per call with cuTensorMapEncodeTiled as Triton's
 fillTMADescriptor does, then passes its shape and strides) and registers it under the call's key; any other plan
-keeps its Python replay (`REFUSALS` says why). The extension is compiled on first use
+keeps its Python replay (`REFUSALS` says why).
+
+A plan with CuTe calls (launch_plan.CUTE_RECORDED rows) replays only here: the extension calls each compiled
+CuTeDSL function (a tvm_ffi.Function) through the TVM-FFI C ABI (dispatch/_replay_cute.h) with DLTensors it builds
+from the call's inputs and allocations, on the current stream set as TVM-FFI's environment stream of the device,
+as TVM-FFI's Python binding does; libtvm_ffi is the library the `tvm_ffi` package loaded (`_tvm_ffi_loaded`).
+Without it, or for a function that is not a plain tvm_ffi.Function, the row's prepared launcher serves the
+signature. A CUDA plan with CuTe calls misses (the Python path runs) while the current device is not the plan's.
+
+The extension is compiled on first use
 into torch's extensions cache under a name that hashes its source, torch's and Python's versions (with torch's
 ninja build where ninja is installed, else one direct compiler call). Without a compiler, or with NATIVE_ENV=0,
 plans replay in Python (one debug log line says why).
@@ -34,7 +43,7 @@ from . import launch_plan
 log = logging.getLogger("lowbit.dispatch")
 NATIVE_ENV = "LOWBIT_EAGER_NATIVE"
 _SOURCE = Path(__file__).with_name("_replay.cpp")
-_HEADER = _SOURCE.with_name("_replay_driver.h")  # included by _SOURCE
+_HEADERS = (_SOURCE.with_name("_replay_driver.h"), _SOURCE.with_name("_replay_cute.h"))  # included by _SOURCE
 # One block per call: allocations of at most BLOCK_MEMBER_MAX bytes share it, each at a BLOCK_ALIGN aligned offset.
 BLOCK_ALIGN = 256
 BLOCK_MEMBER_MAX = 1 << 20
@@ -43,9 +52,10 @@ BLOCK_MEMBER_MAX = 1 << 20
 # call without a plan.
 call = None
 MISS = object()
-# op -> why its last plan was not converted (None: it was).
+# op -> why its last plan was not converted (None: it was); op -> the last plan it was (perf/eager.py breakdowns).
 REFUSALS: dict = {}
-_state: dict = {"module": None, "tried": False}
+ADOPTED: dict = {}
+_state: dict = {"module": None, "tried": False, "tvm_ffi": None}
 
 # Triton 3.6's generated launcher: signature string -> parameter type code (the extension's codes, which are
 # Triton 3.9's extractor indices; 3.9's launcher gives its codes as `kernel_signature` bytes).
@@ -57,6 +67,11 @@ TMA = 14  # a CUtensorMap by value (the extension encodes it per call)
 _FLOAT_CODES = frozenset({10, 11, 12, 13})
 # Triton 3.6's TMA element types: the kernel's (device) enum -> the driver's (host) one (its driver.py).
 _TMA_DTYPE_DEVICE_TO_HOST = {8: 10, 9: 8, 10: 9}
+# CuTe call arguments: TVM-FFI type indices (c_api.h TVMFFITypeIndex), and DLPack's (type code, bits) per dtype.
+FFI_NONE, FFI_INT, FFI_BOOL, FFI_FLOAT, FFI_DLTENSOR = 0, 1, 2, 3, 7
+DL_DTYPES = {torch.bool: (6, 8), torch.uint8: (1, 8), torch.int8: (0, 8), torch.int16: (0, 16), torch.int32: (0, 32),
+             torch.int64: (0, 64), torch.float16: (2, 16), torch.bfloat16: (4, 16), torch.float32: (2, 32),
+             torch.float64: (2, 64), torch.float8_e4m3fn: (10, 8), torch.float8_e5m2: (12, 8)}
 
 
 class NoNative(Exception):
@@ -85,7 +100,7 @@ def _build():
     from . import registry
     from .ops._common import _SELECT_ENV
 
-    source = _SOURCE.read_bytes() + _HEADER.read_bytes()
+    source = _SOURCE.read_bytes() + b"".join(h.read_bytes() for h in _HEADERS)
     tag = hashlib.sha256(source + f"{torch.__version__}|{sys.version_info[:2]}".encode()).hexdigest()[:16]
     name = f"lowbit_replay_{tag}"
     if cpp_extension.is_ninja_available():
@@ -164,6 +179,8 @@ def adopt(name: str, args: tuple, plan) -> bool:
         log.debug("lowbit native replay: none for %s: %s", name, REFUSALS[name])
         return False
     REFUSALS[name] = None if kept else "the call's arguments have no native key"
+    if kept:
+        ADOPTED[name] = plan
     return kept
 
 
@@ -174,6 +191,7 @@ def planned(name: str, args: tuple) -> bool:
 
 
 def clear() -> None:
+    ADOPTED.clear()
     if _state["module"] is not None:
         _state["module"].clear()
 
@@ -218,8 +236,8 @@ def describe(plan) -> tuple:
             copy = (index, tuple(shape), tuple(stride), rel)
         allocs.append((tuple(a.shape), tuple(a.stride), a.dtype, bool(a.zero), copy, offset,
                        launch_plan._alloc_bytes(a)))
-    launches = [_describe_launch(launch, compiled) for launch, compiled in
-                zip(plan.launches, plan.kernels, strict=True)]
+    launches = [_describe_cute(launch) if launch[0] == launch_plan.CUTE else _describe_launch(launch, compiled)
+                for launch, compiled in zip(plan.launches, plan.kernels, strict=True)]
     device = plan.device
     index = device.index if device.index is not None else 0
     return (device.type, index, allocs, launches, _describe_out(plan.outputs), plan, block_bytes, block_zero)
@@ -343,6 +361,45 @@ def _with_descriptors(compiled, sig, specs) -> tuple:
         raise NoNative("the kernel's tensor-descriptor metadata differs from its descriptor parameters")
     return bytes(codes), values, slots, tma
 
+
+
+def _describe_cute(launch) -> tuple:
+    """("cute", the function's TVM-FFI handle, [argument]) of a CuTe call (dispatch/_replay_cute.h `parse_cute`)."""
+    _, fn, _, _, specs = launch
+    if not _tvm_ffi_loaded():
+        raise NoNative(f"libtvm_ffi is not loaded into the extension ({_state.get('tvm_ffi_why')})")
+    import tvm_ffi
+
+    if not isinstance(fn, tvm_ffi.Function):
+        raise NoNative(f"a compiled CuTe function of type {type(fn).__name__}, not a tvm_ffi.Function")
+    args = []
+    for spec in specs:
+        if spec[0] == "const":
+            v = spec[1]
+            args.append((FFI_NONE,) if v is None else (FFI_BOOL, int(v)) if isinstance(v, bool) else
+                        (FFI_INT, v) if isinstance(v, int) else (FFI_FLOAT, v))
+            continue
+        kind, index, offset, (shape, strides, dtype) = spec
+        if dtype not in DL_DTYPES:
+            raise NoNative(f"a CuTe call tensor of dtype {dtype}")
+        args.append((FFI_DLTENSOR, kind == "input", index, offset, tuple(shape), tuple(strides), *DL_DTYPES[dtype]))
+    return ("cute", fn.__chandle__(), args)
+
+
+def _tvm_ffi_loaded() -> bool:
+    """Whether the extension holds libtvm_ffi's entry points (opened once: the library the tvm_ffi package
+    loaded); `_state["tvm_ffi_why"]` says why not."""
+    if _state.get("tvm_ffi") is None:
+        _state["tvm_ffi"], _state["tvm_ffi_why"] = False, "the tvm_ffi package is not importable"
+        try:
+            from tvm_ffi import libinfo
+
+            path = libinfo.find_libtvm_ffi()
+            _state["tvm_ffi"] = bool(module().init_tvm_ffi(path))
+            _state["tvm_ffi_why"] = None if _state["tvm_ffi"] else f"{path} or a C ABI symbol did not load"
+        except Exception as exc:  # no tvm_ffi, no library: the prepared launchers serve the CuTe rows
+            _state["tvm_ffi_why"] = f"{type(exc).__name__}: {exc}"
+    return _state["tvm_ffi"]
 
 
 def _describe_out(spec) -> tuple:

@@ -6,7 +6,8 @@ Each record: op, backend (what `auto` picked), host_us (wall time per call of N 
 5 batches; the kernels are tiny, so the GPU idles and the wall time is the host's), host_ratio = host_us /
 torch F.rms_norm's host_us at M=16 x 7168 bf16 measured in the same process. Peers: torch eager equivalents
 and Liger where installed. `launch_plan`: the op's calls replay a launch plan; `native_replay`: in the C++ replay
-(dispatch/native_replay.py; else `no_native` says why). `breakdowns` (per "op (label)") says where a call's host
+(dispatch/native_replay.py; else `no_native` says why), CuTe rows included (their plans call the compiled function
+through the TVM-FFI C ABI; without one they run their prepared launcher, `launch_plan` false). `breakdowns` (per "op (label)") says where a call's host
 time goes, for every case above the BAR by default (`--profile over`), for all (`--profile all`) or for the named
 ops: the plan's census (allocations, bytes, those in the per-call block, zero-fills, copies, launches) and, for a
 native replay, the time of the public call, of the extension's call alone, of the same plan without its launches
@@ -116,7 +117,10 @@ def breakdown(op: str, args: tuple, fn) -> dict:
     from dispatch.ops._common import _FAST, _signature
 
     plan = _FAST.get((op, _signature((*args, "auto"))))
-    if isinstance(plan, LaunchPlan) and native_replay.planned(op, (*args, "auto")):
+    native = native_replay.planned(op, (*args, "auto"))
+    if native and op in native_replay.ADOPTED:  # a CuTe row's fast path is its prepared launcher: the plan is here
+        out = native_breakdown(op, args, native_replay.ADOPTED[op])
+    elif isinstance(plan, LaunchPlan) and native:
         out = native_breakdown(op, args, plan)
     else:
         name = getattr(plan, "__qualname__", repr(plan))
@@ -264,13 +268,14 @@ def run(ops: list[str] | None, profile: list[str], decode: bool = False) -> dict
         except Exception as exc:  # report, do not hide: the record says what failed
             records.append(dict(op=case.op, label=case.label, backend=backend, error=repr(exc)[:300]))
             continue
-        planned = any(n == case.op and isinstance(v, LaunchPlan) for (n, _), v in _FAST.items())
-        native = planned and native_replay.planned(case.op, (*args, "auto"))
+        native = native_replay.planned(case.op, (*args, "auto"))
+        planned = native or any(n == case.op and isinstance(v, LaunchPlan) for (n, _), v in _FAST.items())
         records.append(dict(op=case.op, label=case.label, provider="lowbit", backend=backend,
                             host_us=round(us, 2), host_ratio=round(us / base, 3), launch_plan=planned,
                             native_replay=native,
                             **({} if planned else {"no_plan": _PLAN_REFUSALS.get(case.op)}),
-                            **({"no_native": native_replay.REFUSALS.get(case.op)} if planned and not native else {})))
+                            **({"no_native": native_replay.REFUSALS.get(case.op)}
+                               if not native and (planned or native_replay.REFUSALS.get(case.op)) else {})))
         if case.op in profile or "all" in profile or ("over" in profile and us / base > BAR):
             try:
                 breakdowns[f"{case.op} ({case.label})"] = breakdown(case.op, args, fn)

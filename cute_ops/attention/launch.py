@@ -162,8 +162,11 @@ def check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale) -> str | No
 
 def run(compiled_fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_left, window_right,
         sinks):
-    """Allocate (out, lse) and call a compiled kernel with the shared argument list; lse is always computed."""
+    """Allocate (out, lse) and call a compiled kernel with the shared argument list (through
+    cute_ops._compile.launch: eager launch plans record it); lse is always computed."""
     import torch
+
+    from .. import _compile
 
     total_q, hq, d = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -175,10 +178,10 @@ def run(compiled_fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_
     args = (q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), sink_arg, scale,
             int(window_left), int(window_right), int(max_seqlen_q))
     if q.device.index is None or q.device.index == torch.cuda.current_device():
-        compiled_fn(*args)
+        _compile.launch(compiled_fn, *args)
     else:  # the TVM-FFI env stream is the current device's current stream
         with torch.cuda.device(q.device):
-            compiled_fn(*args)
+            _compile.launch(compiled_fn, *args)
     return out, lse
 
 

@@ -1,0 +1,275 @@
+"""CuTe calls in launch plans and their native replay (dispatch/launch_plan.py, dispatch/native_replay.py,
+dispatch/_replay_cute.h): a call of a compiled function through cute_ops._compile.launch is recorded in order with
+the call's Triton launches; the C++ replay calls the TVM-FFI function through the C ABI with DLTensors of the
+replay's inputs and allocations and the recorded scalars. On the CPU the compiled function is a stand-in
+tvm_ffi.Function (a Python function registered through TVM-FFI) that records what it receives, called both ways:
+by TVM-FFI's Python binding with torch tensors (the recorded call) and by the extension (the replay). The GPU tests
+run each CuTe op natively against its prepared launcher and the reference, and under CUDA-graph capture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dispatch import launch_plan, native_replay
+from dispatch.ops import _common
+from tests.test_launch_plan_derive import KERNEL, NO_HOOKS, _FakeCompiled
+
+tvm_ffi = pytest.importorskip("tvm_ffi")
+_compile = pytest.importorskip("cute_ops._compile")
+
+
+@pytest.fixture(scope="module")
+def native():
+    mod = native_replay.module()
+    if mod is None:
+        pytest.skip("the native replay extension cannot be built here (no C++ compiler or ninja)")
+    if not native_replay._tvm_ffi_loaded():
+        pytest.skip(f"libtvm_ffi did not load: {native_replay._state.get('tvm_ffi_why')}")
+    return mod
+
+
+@pytest.fixture(autouse=True)
+def _no_plans_left():
+    yield
+    native_replay.clear()
+
+
+class StandIn:
+    """A TVM-FFI function that records, per call, each argument as (kind, shape, strides, dtype, data pointer) for
+    tensors and the value otherwise."""
+
+    def __init__(self, fail: str | None = None):
+        self.calls: list[list] = []
+        self.fail = fail
+        self.fn = tvm_ffi.convert(self._receive)
+
+    def _receive(self, *args):
+        self.calls.append([("tensor", tuple(a.shape), tuple(a.strides), str(a.dtype), a.data_ptr())
+                           if isinstance(a, tvm_ffi.Tensor) else a for a in args])
+        if self.fail:
+            raise ValueError(self.fail)
+
+
+def _seen(t: torch.Tensor, dtype_name: str) -> tuple:
+    return ("tensor", tuple(t.shape), tuple(t.stride()), dtype_name, t.data_ptr())
+
+
+def _recorded(backend, args: tuple):
+    """(outputs, plan) of backend(*args) recorded as launch_plan.record does, on the CPU."""
+    from triton_ops._launch import recording_launches
+
+    with recording_launches() as launches, _compile.recording_calls(launches), launch_plan._OpLog(launches) as log:
+        out = backend(*args)
+    return out, launch_plan._derive(out, args, launches, log.ops, NO_HOOKS, device_type="cpu")
+
+
+def _toy_backend(stand_in, big_int=3):
+    def backend(x, w):
+        out = torch.empty(x.shape[0] - 1, x.shape[1], dtype=torch.float8_e4m3fn)
+        lse = torch.empty(x.shape[0] - 1, dtype=torch.float32)
+        _compile.launch(stand_in.fn, x[1:], w, out.view(torch.uint8), None, lse, 1.5, big_int, True)
+        return out, lse, None
+    return backend
+
+
+# ----------------------------------------------------------------------------------------------- recording
+def test_cute_calls_are_recorded_in_order_with_triton_launches():
+    from triton_ops._launch import LaunchRecord, recording_launches
+
+    stand_in, compiled = StandIn(), _FakeCompiled()
+    x = torch.randn(5, 8)
+
+    def backend(x):
+        out = torch.empty(4, 8)
+        flags = torch.empty(4, dtype=torch.int32)
+        # what triton_ops._launch.launch appends, around a CuTe call (no real kernel on the CPU)
+        records.append(LaunchRecord(KERNEL, (2,), (x, out, flags, 4), {"BLOCK": 8}, compiled))
+        _compile.launch(stand_in.fn, x[1:], out, 2.0)
+        records.append(LaunchRecord(KERNEL, (1,), (out, out, flags, 4), {"BLOCK": 8}, compiled))
+        return out
+
+    with recording_launches() as records, _compile.recording_calls(records), launch_plan._OpLog(records) as log:
+        out = backend(x)
+    plan = launch_plan._derive(out, (x,), records, log.ops, NO_HOOKS, device_type="cpu")
+    assert [launch[0] == launch_plan.CUTE for launch in plan.launches] == [False, True, False]
+    _, fn, _, _, specs = plan.launches[1]
+    assert fn is stand_in.fn and plan.kernels[1] is None
+    assert specs == [("input", 0, 32, ((4, 8), (8, 1), torch.float32)), ("alloc", 0, 0, ((4, 8), (8, 1),
+                                                                                           torch.float32)),
+                     ("const", 2.0)]
+    assert plan.native_only and plan.census()["launches"] == 3
+    with pytest.raises(RuntimeError, match="natively only"):
+        plan(x)
+
+
+def test_a_cute_call_on_a_tensor_from_elsewhere_gives_no_plan():
+    stand_in, kept = StandIn(), torch.randn(4)
+
+    def backend(x):
+        out = torch.empty(4)
+        _compile.launch(stand_in.fn, x, out, kept)
+        return out
+
+    with pytest.raises(launch_plan.NoPlan, match="neither an input nor an allocation"):
+        _recorded(backend, (torch.randn(4),))
+
+
+def test_a_cute_call_argument_of_another_kind_gives_no_plan():
+    stand_in = StandIn()
+
+    def backend(x):
+        out = torch.empty(4)
+        _compile.launch(stand_in.fn, x, out, "a string")
+        return out
+
+    with pytest.raises(launch_plan.NoPlan, match="argument of type str"):
+        _recorded(backend, (torch.randn(4),))
+
+
+def test_launch_outside_a_recording_only_calls():
+    stand_in = StandIn()
+    _compile.launch(stand_in.fn, 1, 2.5)
+    assert stand_in.calls == [[1, 2.5]]
+
+
+# ------------------------------------------------------------------------------------------ native replay
+@pytest.mark.parametrize("big_int", [3, -(1 << 40)])
+def test_what_the_cute_function_receives(native, big_int):
+    """The replay passes the views of its own allocations and of the new inputs (shape, strides, dtype as recorded,
+    data pointer with the byte offset), None, float, int and bool exactly as the recorded call passed them."""
+    stand_in = StandIn()
+    x, w = torch.randn(5, 8, dtype=torch.bfloat16), torch.randn(8)
+    out, plan = _recorded(_toy_backend(stand_in, big_int), (x, w))
+    recorded = stand_in.calls[-1]
+    assert recorded == [_seen(x[1:], "bfloat16"), _seen(w, "float32"), _seen(out[0].view(torch.uint8), "uint8"),
+                        None, _seen(out[1], "float32"), 1.5, big_int, True]
+    assert native.register("toy_cute", (x, w, "auto"), native_replay.describe(plan))
+    y, v = torch.randn(9, 8, dtype=torch.bfloat16)[4:], torch.randn(8)  # same metadata, other storage
+    got = native.call("toy_cute", (y, v, "auto"))
+    assert got[2] is None and got[0].dtype == torch.float8_e4m3fn and got[0].shape == (4, 8)
+    replayed = stand_in.calls[-1]
+    assert replayed == [_seen(y[1:], "bfloat16"), _seen(v, "float32"), _seen(got[0].view(torch.uint8), "uint8"),
+                        None, _seen(got[1], "float32"), 1.5, big_int, True]
+    assert isinstance(replayed[5], float) and isinstance(replayed[6], int) and replayed[7] is True
+    assert native.call("toy_cute", (y.float(), v, "auto")) is native.MISS  # another signature
+
+
+def test_dtypes_reach_the_function_as_tvm_ffi_converts_them(native):
+    """Every dtype of native_replay.DL_DTYPES arrives as the dtype TVM-FFI's own conversion of the torch tensor
+    gives."""
+    stand_in = StandIn()
+    dtypes = list(native_replay.DL_DTYPES)
+
+    def backend(x):
+        outs = [torch.empty(3, 2, dtype=d) for d in dtypes]
+        _compile.launch(stand_in.fn, x, *outs)
+        return tuple(outs)
+
+    x = torch.randn(3, 2)
+    _, plan = _recorded(backend, (x,))
+    recorded = stand_in.calls[-1]
+    assert native.register("toy_dtypes", (x, "auto"), native_replay.describe(plan))
+    native.call("toy_dtypes", (torch.randn(3, 2), "auto"))
+    assert [a[3] for a in stand_in.calls[-1]] == [a[3] for a in recorded]
+    assert [a[3] for a in recorded[1:]] == [str(tvm_ffi.from_dlpack(torch.empty(1, dtype=d)).dtype) for d in dtypes]
+
+
+def test_the_functions_error_is_raised(native):
+    stand_in = StandIn()
+    x, w = torch.randn(5, 8, dtype=torch.bfloat16), torch.randn(8)
+    _, plan = _recorded(_toy_backend(stand_in), (x, w))
+    assert native.register("toy_cute_error", (x, w, "auto"), native_replay.describe(plan))
+    stand_in.fail = "the stand-in refuses"
+    with pytest.raises(RuntimeError, match="the stand-in refuses"):
+        native.call("toy_cute_error", (x, w, "auto"))
+    stand_in.fail = None
+    assert native.call("toy_cute_error", (x, w, "auto"))[0].shape == (4, 8)  # the error state was cleared
+
+
+def test_a_cpu_plan_mixing_cute_and_triton_launches_is_refused(native):
+    plan = launch_plan.LaunchPlan(torch.device("cpu"), [], [
+        (None, 1, (4, 1, 0), (1, 1, 1), [("const", 0)]),
+        (launch_plan.CUTE, StandIn().fn, None, None, [("const", 1)])], ("const", None), [],
+        [_compiled_stub(), None])
+    with pytest.raises(RuntimeError, match="CUDA"):
+        native.register("toy_mixed", (torch.randn(2), "auto"), native_replay.describe(plan))
+
+
+def _compiled_stub():
+    import types
+
+    run = types.SimpleNamespace(global_scratch_size=0, profile_scratch_size=0, launch_cooperative_grid=False,
+                                launch_pdl=False)
+    return types.SimpleNamespace(src=types.SimpleNamespace(signature={"p": "i32"}), run=run,
+                                 metadata=types.SimpleNamespace())
+
+
+# --------------------------------------------------------------------------------------- fallbacks, choices
+def _cute_plan(fn) -> launch_plan.LaunchPlan:
+    return launch_plan.LaunchPlan(torch.device("cpu"), [], [(launch_plan.CUTE, fn, None, None, [("const", 1)])],
+                                  ("const", None), [], [None])
+
+
+def test_a_function_that_is_not_a_tvm_ffi_function_is_refused(native):
+    assert not native_replay.adopt("toy_wrapped", (torch.randn(2), "auto"), _cute_plan(lambda *a: None))
+    assert "not a tvm_ffi.Function" in native_replay.REFUSALS["toy_wrapped"]
+    assert not native_replay.planned("toy_wrapped", (torch.randn(2), "auto"))
+
+
+def test_without_libtvm_ffi_the_plan_is_refused(native, monkeypatch):
+    monkeypatch.setitem(native_replay._state, "tvm_ffi", False)
+    monkeypatch.setitem(native_replay._state, "tvm_ffi_why", "no library here")
+    assert not native_replay.adopt("toy_no_ffi", (torch.randn(2), "auto"), _cute_plan(StandIn().fn))
+    assert "no library here" in native_replay.REFUSALS["toy_no_ffi"]
+
+
+def test_libtvm_ffi_that_does_not_load_is_reported(native, monkeypatch):
+    monkeypatch.setitem(native_replay._state, "tvm_ffi", None)
+    monkeypatch.setattr("tvm_ffi.libinfo.find_libtvm_ffi", lambda: "/nonexistent/libtvm_ffi.so")
+    assert not native_replay._tvm_ffi_loaded()
+    assert "/nonexistent/libtvm_ffi.so" in native_replay._state["tvm_ffi_why"]
+    monkeypatch.setitem(native_replay._state, "tvm_ffi", None)  # the real library loads again
+    monkeypatch.undo()
+    assert native_replay._tvm_ffi_loaded()
+
+
+def test_adopted_plan_is_kept_for_breakdowns(native):
+    stand_in = StandIn()
+    x, w = torch.randn(5, 8, dtype=torch.bfloat16), torch.randn(8)
+    _, plan = _recorded(_toy_backend(stand_in), (x, w))
+    assert native_replay.adopt("toy_adopted", (x, w, "auto"), plan)
+    assert native_replay.REFUSALS["toy_adopted"] is None and native_replay.ADOPTED["toy_adopted"] is plan
+    assert native_replay.planned("toy_adopted", (x, w, "auto"))
+    native_replay.clear()
+    assert "toy_adopted" not in native_replay.ADOPTED
+
+
+def test_only_listed_cute_rows_are_recorded():
+    from dispatch.table import TABLE
+
+    for op in launch_plan.CUTE_RECORDED:
+        assert any(e.backend == "cute" for e in TABLE[op]), op
+
+
+def test_rmsnorm_general_entry_is_replayed_with_the_same_arguments(native, monkeypatch):
+    """cute_ops.rmsnorm's general entry (FP8 groups, column-major scales: a strided view of one allocation) with a
+    stand-in compiled function: the replay passes what the entry passes for the new call's tensors."""
+    from cute_ops import rmsnorm
+
+    stand_in = StandIn()
+    monkeypatch.setattr(rmsnorm, "_compiled_for", lambda *a: stand_in.fn)
+    x, w, r = torch.randn(6, 256, dtype=torch.bfloat16), torch.randn(256, dtype=torch.bfloat16), None
+    args = (x, w, r, 1e-6, 0.0, 128, 1e-10, False, True)
+    _, plan = _recorded(rmsnorm.rms_norm_fp8_group, args)
+    assert native.register("toy_rmsnorm", (*args, "auto"), native_replay.describe(plan))
+    y = torch.randn(6, 256, dtype=torch.bfloat16)
+    got = native.call("toy_rmsnorm", (y, w, r, 1e-6, 0.0, 128, 1e-10, False, True, "auto"))
+    replayed = stand_in.calls[-1]
+    want = rmsnorm.rms_norm_fp8_group(y, w, r, 1e-6, 0.0, 128, 1e-10, False, True)  # the entry itself
+    direct = stand_in.calls[-1]
+    assert [type(a) for a in replayed] == [type(a) for a in direct]
+    for a, b in zip(replayed, direct, strict=True):  # same metadata; the outputs' pointers are each call's own
+        assert a[:4] == b[:4] if isinstance(a, tuple) else a == b
+    assert replayed[0][4] == y.data_ptr() and replayed[5][4] == got[0].data_ptr()
+    assert replayed[6][4] == got[1].data_ptr() and got[1].stride() == want[1].stride()
