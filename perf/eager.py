@@ -2,20 +2,20 @@
 
     python -m perf.eager --out eager.json [--ops rms_norm,swiglu] [--profile over|all|rms_norm,...] [--decode]
 
-Each record: op, backend (what `auto` picked), host_us (wall time per call of N back-to-back calls, median of
-5 batches; the kernels are tiny, so the GPU idles and the wall time is the host's), host_ratio = host_us /
-torch F.rms_norm's host_us at M=16 x 7168 bf16 measured in the same process. Peers: torch eager equivalents
-and Liger where installed. `launch_plan`: the op's calls replay a launch plan; `native_replay`: in the C++ replay
+Each record: op, backend (what `auto` picked), host_us (wall time per call of N back-to-back calls, median of 5
+batches; the kernels are tiny, so the GPU idles and the wall time is the host's), host_ratio = host_us / torch
+F.rms_norm's host_us at M=16 x 7168 bf16 measured in the same process. Peers: torch eager equivalents and Liger
+where installed. `launch_plan`: the op's calls replay a launch plan; `native_replay`: in the C++ replay
 (dispatch/native_replay.py; else `no_native` says why), CuTe rows included (their plans call the compiled function
-through the TVM-FFI C ABI; without one they run their prepared launcher, `launch_plan` false). `breakdowns` (per "op (label)") says where a call's host
-time goes, for every case above the BAR by default (`--profile over`), for all (`--profile all`) or for the named
-ops: the plan's census (allocations, bytes, those in the per-call block, zero-fills, copies, launches) and, for a
-native replay, the time of the public call, of the extension's call alone, of the same plan without its launches
-(key + allocations + outputs) and of an empty plan (key + lookup); for any other path (a Python plan, a prepared
-CuTe launcher, the backend function) the time of the public call, of its fast path alone and of the key
-(`_signature`), and a cProfile listing (top functions by own time); for every one the host's submit time and the
-GPU's time per call (`per_call_us`: where the GPU's time is the larger, the kernels set host_us, not the host
-path).
+through the TVM-FFI C ABI; without one they run their prepared launcher, `launch_plan` false). `breakdowns` (per "op
+(label)") says where a call's host time goes, for every case above the BAR by default (`--profile over`), for all
+(`--profile all`) or for the named ops: the plan's census (allocations, bytes, those in the per-call block,
+zero-fills, copies, launches) and, for a native replay, the time of the public call, of the extension's call alone,
+of the same plan without its launches (key + allocations + outputs) and of an empty plan (key + lookup); for any
+other path (a Python plan, a prepared CuTe launcher, the backend function) the time of the public call, of its fast
+path alone and of the key (`_signature`), and a cProfile listing (top functions by own time); for every one the
+host's submit time and the GPU's time per call (`per_call_us`: where the GPU's time is the larger, the kernels set
+host_us, not the host path).
 Calls go through the public path (`dispatch.ops._common.call`, what every `ops.*` wrapper calls).
 """
 

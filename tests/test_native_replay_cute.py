@@ -273,3 +273,129 @@ def test_rmsnorm_general_entry_is_replayed_with_the_same_arguments(native, monke
         assert a[:4] == b[:4] if isinstance(a, tuple) else a == b
     assert replayed[0][4] == y.data_ptr() and replayed[5][4] == got[0].data_ptr()
     assert replayed[6][4] == got[1].data_ptr() and got[1].stride() == want[1].stride()
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+def _cute_cases() -> list:
+    from dispatch.selfcheck import all_cases
+
+    return [c for c in all_cases() if c.op in launch_plan.CUTE_RECORDED]
+
+
+CUTE_CASES = _cute_cases()
+
+
+def _cute_args(case):
+    """(the case's arguments on the GPU, tests.test_launch_plan's `_perturbed`), or a skip where the CuTe row
+    cannot take them."""
+    import cute_ops
+    from dispatch.ops._common import backend_for
+    from tests.test_launch_plan import _perturbed
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if cute_ops.unavailable_reason() is not None:
+        pytest.skip(cute_ops.unavailable_reason())
+    args = case.make_args(torch.device("cuda"), True)
+    try:
+        backend_for(case.op, *args, backend="cute")
+    except Exception as exc:  # the CuTe row does not take this case (arch, shape): nothing to replay
+        pytest.skip(f"the cute row refuses {case.op} ({case.label}): {exc}")
+    return args, _perturbed
+
+
+def _same_bytes(got, want) -> None:
+    from dispatch.selfcheck import byte_mismatches
+
+    if isinstance(want, tuple):
+        for g, w in zip(got, want, strict=True):
+            _same_bytes(g, w)
+    elif isinstance(want, torch.Tensor):
+        assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+        assert byte_mismatches(got, want) == 0
+    else:
+        assert got is want or got == want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CUTE_CASES, ids=[f"{c.op}-{i}" for i, c in enumerate(CUTE_CASES)])
+def test_cute_op_replays_natively_as_its_prepared_launcher(case, monkeypatch):
+    """The second call of a signature replays natively (the CuTe call through the C ABI; the paged op's Triton
+    gather and fixup around it); its outputs equal the prepared launcher's byte for byte and the reference's within
+    the case's tolerance."""
+    from tests.test_launch_plan import _absent_as_empty
+
+    args, perturbed = _cute_args(case)
+    monkeypatch.setenv(launch_plan.PLANS_ENV, "1")
+    _common._FAST.clear()
+    _common.call(case.op, *perturbed(args, 1), "cute")  # records
+    second = perturbed(args, 2)
+    assert native_replay.planned(case.op, (*second, "cute")), \
+        f"{case.op} ({case.label}): no native replay: {native_replay.REFUSALS.get(case.op)} / " \
+        f"{_common._PLAN_REFUSALS.get(case.op)}"
+    out = _common.call(case.op, *second, "cute")
+    torch.cuda.synchronize()
+    monkeypatch.setenv(native_replay.NATIVE_ENV, "0")  # the Python path: the prepared launcher
+    _common._FAST.clear()
+    _common.call(case.op, *perturbed(args, 1), "cute")
+    prepared_args = perturbed(args, 2)
+    assert not native_replay.planned(case.op, (*prepared_args, "cute"))
+    prepared = _common.call(case.op, *prepared_args, "cute")
+    _same_bytes(out, prepared)
+    want = getattr(torch.ops.lowbit, case.op)(*perturbed(args, 2), "torch")
+    ok, msg = case.compare(_absent_as_empty(out, want), want)
+    assert ok, f"{case.op} ({case.label}) replayed natively: {msg}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rms_norm_fp8_group", "attention_prefill", "attention_prefill_paged"])
+def test_cute_native_replay_is_captured_by_a_cuda_graph(op, monkeypatch):
+    """Captured on the capture stream (TVM-FFI's env stream is set to it for the call): replaying the graph on new
+    input values gives the reference's result."""
+    from tests.test_launch_plan import _absent_as_empty
+
+    case = next(c for c in CUTE_CASES if c.op == op)
+    args, perturbed = _cute_args(case)
+    monkeypatch.setenv(launch_plan.PLANS_ENV, "1")
+    _common._FAST.clear()
+    static = perturbed(args, 3)
+    _common.call(op, *static, "cute")  # records
+    assert native_replay.planned(op, (*static, "cute")), native_replay.REFUSALS.get(op)
+    _common.call(op, *static, "cute")  # replayed natively once outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _common.call(op, *static, "cute")
+    new, ref_args = perturbed(args, 4), perturbed(args, 4)
+    for dst, src in zip(static, new, strict=True):
+        if isinstance(dst, torch.Tensor):
+            dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = getattr(torch.ops.lowbit, op)(*ref_args, "torch")
+    ok, msg = case.compare(_absent_as_empty(out, want), want)
+    assert ok, f"{op} ({case.label}) replayed natively from a CUDA graph: {msg}"
+
+
+@pytest.mark.gpu
+def test_cute_native_replay_runs_on_the_current_stream(monkeypatch):
+    """On a side stream the CuTe call is ordered after that stream's earlier work (its env stream is the current
+    one), and TVM-FFI's env stream is restored after the call."""
+    case = next(c for c in CUTE_CASES if c.op == "rms_norm_fp8_group")
+    args, perturbed = _cute_args(case)
+    monkeypatch.setenv(launch_plan.PLANS_ENV, "1")
+    _common._FAST.clear()
+    _common.call(case.op, *perturbed(args, 1), "cute")
+    side = torch.cuda.Stream()
+    before = tvm_ffi.core._env_get_current_stream(2, torch.cuda.current_device())
+    with torch.cuda.stream(side):
+        x = perturbed(args, 5)
+        torch.cuda._sleep(10_000_000)  # the side stream is busy: a call on another stream would read x early
+        x[0].mul_(-1.0)
+        assert native_replay.planned(case.op, (*x, "cute"))
+        out = _common.call(case.op, *x, "cute")
+    side.synchronize()
+    assert tvm_ffi.core._env_get_current_stream(2, torch.cuda.current_device()) == before
+    want = getattr(torch.ops.lowbit, case.op)(*x, "torch")
+    ok, msg = case.compare(out, want)
+    assert ok, msg
