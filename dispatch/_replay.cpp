@@ -740,30 +740,6 @@ PyObject* py_clear(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
-// pack(type_codes: bytes, values) -> the parameters' bytes back to back, each param_size(code) long.
-PyObject* py_pack(PyObject*, PyObject* args) {
-  PyObject *types, *values;
-  if (!PyArg_ParseTuple(args, "SO", &types, &values)) return nullptr;
-  std::vector<char> out;
-  std::vector<size_t> offsets;
-  if (!pack_values(types, values, false, out, offsets)) return nullptr;
-  return PyBytes_FromStringAndSize(out.data(), static_cast<Py_ssize_t>(out.size()));
-}
-
-// memset(ptr, nbytes, stream): the driver memset a zero-filled allocation gets (for tests with a stand-in driver).
-PyObject* py_memset(PyObject*, PyObject* args) {
-  unsigned long long ptr, stream;
-  Py_ssize_t n;
-  if (!PyArg_ParseTuple(args, "KnK", &ptr, &n, &stream)) return nullptr;
-  if (!load_driver()) {
-    PyErr_SetString(PyExc_RuntimeError, "libcuda.so.1 or a driver symbol is unavailable");
-    return nullptr;
-  }
-  if (!zero_bytes(true, reinterpret_cast<void*>(ptr), static_cast<size_t>(n), reinterpret_cast<CUstream>(stream)))
-    return nullptr;
-  Py_RETURN_NONE;
-}
-
 // key(name, args) -> the key bytes, or None (for tests).
 PyObject* py_key(PyObject*, PyObject* args) {
   PyObject *name, *call_args;

@@ -9,6 +9,8 @@
 // dlopen: the same library, so the same environment streams and error state); the few C ABI structs and entry
 // points used are declared here (no TVM-FFI or DLPack header is needed to build).
 
+#pragma once
+
 #include <dlfcn.h>
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // The CUDA driver entry points, Triton's parameter packing and small parsing helpers of the native replay
 // (included by _replay.cpp only): no CUDA header or library is needed to build it, the few driver prototypes and
 // structs are declared here, and libcuda.so.1 is opened with dlopen on the first registered plan that launches a
-// kernel or zeroes or copies device memory.
+// kernel or zeroes or copies device memory. The module functions `pack` and `memset` (for tests) are here too.
 
 #pragma once
 
@@ -228,6 +228,31 @@ bool pack_values(PyObject* types, PyObject* values, bool aligned, std::vector<ch
   }
   Py_DECREF(fast);
   return ok;
+}
+
+// ------------------------------------------------------------------------- module functions for tests
+// pack(type_codes: bytes, values) -> the parameters' bytes back to back, each param_size(code) long.
+PyObject* py_pack(PyObject*, PyObject* args) {
+  PyObject *types, *values;
+  if (!PyArg_ParseTuple(args, "SO", &types, &values)) return nullptr;
+  std::vector<char> out;
+  std::vector<size_t> offsets;
+  if (!pack_values(types, values, false, out, offsets)) return nullptr;
+  return PyBytes_FromStringAndSize(out.data(), static_cast<Py_ssize_t>(out.size()));
+}
+
+// memset(ptr, nbytes, stream): the driver memset a zero-filled allocation gets (for tests with a stand-in driver).
+PyObject* py_memset(PyObject*, PyObject* args) {
+  unsigned long long ptr, stream;
+  Py_ssize_t n;
+  if (!PyArg_ParseTuple(args, "KnK", &ptr, &n, &stream)) return nullptr;
+  if (!load_driver()) {
+    PyErr_SetString(PyExc_RuntimeError, "libcuda.so.1 or a driver symbol is unavailable");
+    return nullptr;
+  }
+  if (!zero_bytes(true, reinterpret_cast<void*>(ptr), static_cast<size_t>(n), reinterpret_cast<CUstream>(stream)))
+    return nullptr;
+  Py_RETURN_NONE;
 }
 
 }  // namespace

@@ -383,12 +383,15 @@ def test_gpu_gathered_paged_prefill_graph_replays_new_lengths():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_kind,window,sink", [("16bit", (-1, -1), True), ("fp8", (100, 0), False)])
-def test_gpu_repeated_calls_take_the_prepared_launcher(kv_kind, window, sink):
+def test_gpu_repeated_calls_take_the_prepared_launcher(kv_kind, window, sink, monkeypatch):
     # from the second eager call of a signature on, the launcher specialize_attention_prefill_paged prepared runs
-    # (compiled gather / fixup launchers, the cute forward's prepared launcher): new values each call (lengths, an
-    # out-of-range page id: the fixup), fresh outputs, the reference's answer
-    from dispatch import ops
+    # (compiled gather / fixup launchers, the cute forward's prepared launcher) where the native replay is off (it
+    # is the Python path: tests/test_native_replay_cute.py covers the native one): new values each call (lengths,
+    # an out-of-range page id: the fixup), fresh outputs, the reference's answer
+    from dispatch import native_replay, ops
     from dispatch.ops import _common
+
+    monkeypatch.setenv(native_replay.NATIVE_ENV, "0")
 
     lq, lk = [64, 32, 7], [512, 200, 90]
     outs = []

@@ -547,12 +547,16 @@ def test_gpu_sm90_strided_heads_and_grid_schedule():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("sink", [False, True])
-def test_gpu_sm90_eager_calls_take_the_prepared_launcher(sink):
+def test_gpu_sm90_eager_calls_take_the_prepared_launcher(sink, monkeypatch):
     """From the second eager call of a signature on, `specialize_attention_prefill`'s launcher runs (config,
-    compiled function, scale and checks resolved once) and gives the general entry's bytes."""
+    compiled function, scale and checks resolved once) where the native replay is off (the Python path), and gives
+    the general entry's bytes."""
     _need_sm90()
     from cute_ops.attention import fmha_sm90
+    from dispatch import native_replay
     from dispatch.ops import _common
+
+    monkeypatch.setenv(native_replay.NATIVE_ENV, "0")
 
     g = torch.Generator(device="cuda").manual_seed(7)
     lq, lk = [130, 0, 257], [260, 7, 257]

@@ -352,12 +352,15 @@ def test_gpu_matches_triton_backend():
 @pytest.mark.parametrize("op", ["rms_norm", "rms_norm_fp8_group", "rms_norm_fp8_group column-major",
                                 "rms_norm_nvfp4 linear", "rms_norm_nvfp4 swizzled"])
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_gpu_repeated_calls_take_the_prepared_launcher(op, with_residual):
+def test_gpu_repeated_calls_take_the_prepared_launcher(op, with_residual, monkeypatch):
     """Calls 2.. with one signature run the launcher cute_ops.rmsnorm prepared on call 1 (dispatch/ops/_common.py
-    `specialize`): it must give the reference's bytes on new values, write fresh outputs each call, and leave
-    the residual None without one."""
-    from dispatch import ops
+    `specialize`) where the native replay is off (the Python path; tests/test_native_replay_cute.py covers the
+    native one): it must give the reference's bytes on new values, write fresh outputs each call, and leave the
+    residual None without one."""
+    from dispatch import native_replay, ops
     from dispatch.ops import _common
+
+    monkeypatch.setenv(native_replay.NATIVE_ENV, "0")
 
     name, _, layout = op.partition(" ")
     fn = getattr(ops, name)

@@ -399,3 +399,24 @@ def test_cute_native_replay_runs_on_the_current_stream(monkeypatch):
     want = getattr(torch.ops.lowbit, case.op)(*x, "torch")
     ok, msg = case.compare(out, want)
     assert ok, msg
+
+
+@pytest.mark.gpu
+def test_eager_records_the_native_replay_of_cute_rows(monkeypatch):
+    """perf.eager with the CuTe rows forced: each record says the op replays natively, and its breakdown splits the
+    host time as for a Triton plan."""
+    import cute_ops
+
+    from perf import eager
+
+    if cute_ops.unavailable_reason() is not None:
+        pytest.skip(cute_ops.unavailable_reason())
+    monkeypatch.setenv("LOWBIT_BACKEND", "cute")
+    result = eager.run(["rms_norm", "rms_norm_fp8_group", "attention_prefill"], ["all"])
+    records = [r for r in result["records"] if r.get("provider") == "lowbit"]
+    assert records, result["records"]
+    for r in records:
+        assert r.get("native_replay") and r.get("launch_plan"), r
+        parts = result["breakdowns"][f"{r['op']} ({r['label']})"]
+        assert set(parts.get("us_split", ())) == {"python_wrapper", "key_lookup", "allocs_outputs", "launches"}, parts
+        print(f"\n{r['op']} ({r['label']}): {r['host_us']} us = {r['host_ratio']} x F.rms_norm")
