@@ -406,7 +406,6 @@ def test_eager_records_the_native_replay_of_cute_rows(monkeypatch):
     """perf.eager with the CuTe rows forced: each record says the op replays natively, and its breakdown splits the
     host time as for a Triton plan."""
     import cute_ops
-
     from perf import eager
 
     if cute_ops.unavailable_reason() is not None:
