@@ -80,10 +80,16 @@ def test_native_replay_is_captured_by_a_cuda_graph(monkeypatch):
     assert case is not None, f"no natively replayed case: {native_replay.REFUSALS}"
     static = _perturbed(args, 3)
     _common.call(case.op, *static, "auto")  # replayed natively once outside the capture
+    check_graph_replay(case, args, static, "auto")
+
+
+def check_graph_replay(case, args: tuple, static: tuple, backend: str) -> None:
+    """Capture `_common.call(case.op, *static, backend)` in a CUDA graph, copy new values of `args` into `static`,
+    replay the graph and compare its outputs against the reference on those values."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = _common.call(case.op, *static, "auto")
+        out = _common.call(case.op, *static, backend)
     new, ref_args = _perturbed(args, 4), _perturbed(args, 4)
     for dst, src in zip(static, new, strict=True):
         if isinstance(dst, torch.Tensor):
@@ -92,7 +98,7 @@ def test_native_replay_is_captured_by_a_cuda_graph(monkeypatch):
     torch.cuda.synchronize()
     want = getattr(torch.ops.lowbit, case.op)(*ref_args, "torch")
     ok, msg = case.compare(_absent_as_empty(out, want), want)
-    assert ok, f"{case.op} ({case.label}) replayed from a CUDA graph: {msg}"
+    assert ok, f"{case.op} ({case.label}) replayed from a CUDA graph ({backend}): {msg}"
 
 
 @pytest.mark.gpu

@@ -352,7 +352,7 @@ def test_cute_op_replays_natively_as_its_prepared_launcher(case, monkeypatch):
 def test_cute_native_replay_is_captured_by_a_cuda_graph(op, monkeypatch):
     """Captured on the capture stream (TVM-FFI's env stream is set to it for the call): replaying the graph on new
     input values gives the reference's result."""
-    from tests.test_launch_plan import _absent_as_empty
+    from tests.test_launch_plan import check_graph_replay
 
     case = next(c for c in CUTE_CASES if c.op == op)
     args, perturbed = _cute_args(case)
@@ -362,19 +362,7 @@ def test_cute_native_replay_is_captured_by_a_cuda_graph(op, monkeypatch):
     _common.call(op, *static, "cute")  # records
     assert native_replay.planned(op, (*static, "cute")), native_replay.REFUSALS.get(op)
     _common.call(op, *static, "cute")  # replayed natively once outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = _common.call(op, *static, "cute")
-    new, ref_args = perturbed(args, 4), perturbed(args, 4)
-    for dst, src in zip(static, new, strict=True):
-        if isinstance(dst, torch.Tensor):
-            dst.copy_(src)
-    graph.replay()
-    torch.cuda.synchronize()
-    want = getattr(torch.ops.lowbit, op)(*ref_args, "torch")
-    ok, msg = case.compare(_absent_as_empty(out, want), want)
-    assert ok, f"{op} ({case.label}) replayed natively from a CUDA graph: {msg}"
+    check_graph_replay(case, args, static, "cute")
 
 
 @pytest.mark.gpu
