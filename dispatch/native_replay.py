@@ -18,7 +18,7 @@ keeps its Python replay (`REFUSALS` says why).
 A plan with CuTe calls (launch_plan.CUTE_RECORDED rows) replays only here: the extension calls each compiled
 CuTeDSL function (a tvm_ffi.Function) through the TVM-FFI C ABI (dispatch/_replay_cute.h) with DLTensors it builds
 from the call's inputs and allocations, on the current stream set as TVM-FFI's environment stream of the device,
-as TVM-FFI's Python binding does; libtvm_ffi is the library the `tvm_ffi` package loaded (`_tvm_ffi_loaded`).
+as TVM-FFI's Python binding does; libtvm_ffi is the library the `tvm_ffi` package loaded (`_libtvm_ffi_path`).
 Without it, or for a function that is not a plain tvm_ffi.Function, the row's prepared launcher serves the
 signature. A CUDA plan with CuTe calls misses (the Python path runs) while the current device is not the plan's.
 
@@ -392,14 +392,28 @@ def _tvm_ffi_loaded() -> bool:
     if _state.get("tvm_ffi") is None:
         _state["tvm_ffi"], _state["tvm_ffi_why"] = False, "the tvm_ffi package is not importable"
         try:
-            from tvm_ffi import libinfo
-
-            path = libinfo.find_libtvm_ffi()
+            path = _libtvm_ffi_path()
             _state["tvm_ffi"] = bool(module().init_tvm_ffi(path))
             _state["tvm_ffi_why"] = None if _state["tvm_ffi"] else f"{path} or a C ABI symbol did not load"
         except Exception as exc:  # no tvm_ffi, no library: the prepared launchers serve the CuTe rows
             _state["tvm_ffi_why"] = f"{type(exc).__name__}: {exc}"
     return _state["tvm_ffi"]
+
+
+def _libtvm_ffi_path() -> str:
+    """The libtvm_ffi.so this process loaded with the tvm_ffi package (the compiled CuTe functions use that one's
+    environment streams and error state), else the one tvm_ffi's own lookup finds."""
+    from tvm_ffi import libinfo  # importing tvm_ffi loads its library
+
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if len(fields) == 6 and os.path.basename(fields[5].strip()).startswith("libtvm_ffi.so"):
+                    return fields[5].strip()
+    except OSError:  # not Linux: the lookup below
+        pass
+    return libinfo.find_libtvm_ffi()
 
 
 def _describe_out(spec) -> tuple:

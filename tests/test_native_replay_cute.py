@@ -226,12 +226,22 @@ def test_without_libtvm_ffi_the_plan_is_refused(native, monkeypatch):
 
 def test_libtvm_ffi_that_does_not_load_is_reported(native, monkeypatch):
     monkeypatch.setitem(native_replay._state, "tvm_ffi", None)
-    monkeypatch.setattr("tvm_ffi.libinfo.find_libtvm_ffi", lambda: "/nonexistent/libtvm_ffi.so")
+    monkeypatch.setattr(native_replay, "_libtvm_ffi_path", lambda: "/nonexistent/libtvm_ffi.so")
     assert not native_replay._tvm_ffi_loaded()
     assert "/nonexistent/libtvm_ffi.so" in native_replay._state["tvm_ffi_why"]
     monkeypatch.setitem(native_replay._state, "tvm_ffi", None)  # the real library loads again
     monkeypatch.undo()
     assert native_replay._tvm_ffi_loaded()
+
+
+def test_the_loaded_libtvm_ffi_is_the_one_opened():
+    import os
+
+    from tvm_ffi import libinfo
+
+    path = native_replay._libtvm_ffi_path()
+    assert os.path.basename(path) == "libtvm_ffi.so"
+    assert os.path.samefile(path, libinfo.find_libtvm_ffi())  # here the package's own
 
 
 def test_adopted_plan_is_kept_for_breakdowns(native):
