@@ -295,6 +295,29 @@ def _cute_cases() -> list:
 CUTE_CASES = _cute_cases()
 
 
+def _rms_variants() -> list:
+    """CuTe RMSNorm signatures beside the self-check's (decode shape, 16 x 7168 bf16): no residual, FP8 row-major
+    scales with a residual, UE8M0 scales, NVFP4 with a given global scale (linear, swizzled with a residual)."""
+    from dispatch.selfcheck import Case
+
+    def make(*rest, residual=False, gs=False):
+        def args(dev, _small):
+            g = torch.Generator().manual_seed(5)
+            x, w, r = (torch.randn(shape, generator=g).to(dev, torch.bfloat16) for shape in ((16, 7168), (7168,),
+                                                                                            (16, 7168)))
+            scale = (torch.tensor(0.02, device=dev),) if gs else ()
+            return (x, w, r if residual else None, 1e-6, 0.0, *scale, *rest)
+        return args
+
+    return [Case("rms_norm", make(), label="no residual"),
+            Case("rms_norm_fp8_group", make(128, 1e-10, False, False, residual=True),
+                 label="g128 row-major, residual"),
+            Case("rms_norm_fp8_group", make(64, 1e-10, True, False), label="g64 UE8M0"),
+            Case("rms_norm_nvfp4", make(False, gs=True), label="given global scale, linear"),
+            Case("rms_norm_nvfp4", make(True, residual=True, gs=True),
+                 label="given global scale, swizzled, residual")]
+
+
 def _cute_args(case):
     """(the case's arguments on the GPU, tests.test_launch_plan's `_perturbed`), or a skip where the CuTe row
     cannot take them."""
@@ -328,7 +351,8 @@ def _same_bytes(got, want) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", CUTE_CASES, ids=[f"{c.op}-{i}" for i, c in enumerate(CUTE_CASES)])
+@pytest.mark.parametrize("case", CUTE_CASES + _rms_variants(),
+                         ids=[f"{c.op}-{c.label}" for c in CUTE_CASES + _rms_variants()])
 def test_cute_op_replays_natively_as_its_prepared_launcher(case, monkeypatch):
     """The second call of a signature replays natively (the CuTe call through the C ABI; the paged op's Triton
     gather and fixup around it); its outputs equal the prepared launcher's byte for byte and the reference's within
