@@ -403,6 +403,8 @@ def test_cute_native_replay_is_captured_by_a_cuda_graph(op, monkeypatch):
 def test_cute_native_replay_runs_on_the_current_stream(monkeypatch):
     """On a side stream the CuTe call is ordered after that stream's earlier work (its env stream is the current
     one), and TVM-FFI's env stream is restored after the call."""
+    from tests.test_launch_plan import _absent_as_empty
+
     case = next(c for c in CUTE_CASES if c.op == "rms_norm_fp8_group")
     args, perturbed = _cute_args(case)
     monkeypatch.setenv(launch_plan.PLANS_ENV, "1")
@@ -419,7 +421,7 @@ def test_cute_native_replay_runs_on_the_current_stream(monkeypatch):
     side.synchronize()
     assert tvm_ffi.core._env_get_current_stream(2, torch.cuda.current_device()) == before
     want = getattr(torch.ops.lowbit, case.op)(*x, "torch")
-    ok, msg = case.compare(out, want)
+    ok, msg = case.compare(_absent_as_empty(out, want), want)
     assert ok, msg
 
 
