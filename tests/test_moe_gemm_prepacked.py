@@ -527,7 +527,8 @@ _COMPILE = textwrap.dedent("""
                    dst_ptr="*i32", alpha="fp32", limit="fp32")
         consts = dict(NVFP4=nv, MASKED=masked, HAS_RW=False, DTYPE=tl.bfloat16 if dt == "bf16" else tl.float16,
                       F32_DOT=False, EMULATE=False, SWIGLU=sw, INTERLEAVE=1 if sw else 0, GPTOSS=sw, CLAMP=sw,
-                      DIV_RN=False, SCATTER=scatter, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k)
+                      DIV_RN=False, SCATTER=scatter, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k,
+                      TOKENS_M=cfg.tokens_m)
         sig.update(dict.fromkeys(consts, "constexpr"))
         aligned = ["a_ptr", "v_ptr", "s_ptr", "out_ptr", "K", "N", "KW", "KS", "stride_am", "stride_ae"]
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
