@@ -1,28 +1,26 @@
 """The prepacked FP4 kernel's tokens-on-M orientation (`MoeGemmConfig(tokens_m=True)`, the prefill variant: the
 tokens are the MMA's M side from shared memory, the dequantized weight tile the shared-memory B operand, converted
 once per program and K step): the same results as the swap-AB orientation and the contract under the interpreter and
-on a GPU, through the plain GEMM, GEMM1 + SwiGLU and the token-order scatter; and its sm_90 machine code.
+on a GPU, through the plain GEMM, GEMM1 + SwiGLU and the token-order scatter (its sm_90 machine code:
+test_moe_gemm_prepacked.py::test_sm90_compile_register_a_wgmma).
 
 Rows the kernel must not read are NaN; outputs start as NaN (conftest poison), so a forgotten zero row fails."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import textwrap
 
 import pytest
 import torch
 
 from dispatch.reference import moe_gemm as ref
-from tests.helpers import DEVICES, assert_close, assert_same_bytes, run_compile_script
+from tests.helpers import DEVICES, assert_close, assert_same_bytes
 from tests.test_moe_gemm_prepacked import (
     _check,
     _contig_case,
     _gpu_decode_case,
     _linear_weights,
     _swiglu_layout,
-    _triton36_env_set,
 )
 from triton_ops.moe_gemm import prepacked as tri
 from triton_ops.moe_gemm.config import MoeGemmConfig, prepacked_swiglu_config
@@ -124,65 +122,3 @@ def test_gpu_tokens_m_prefill_tiles(fmt, masked):
             _check(fmt, shifted, device="cuda", config=cfg)
     if fmt == "nvfp4":
         _check(fmt, case, torch.float16, device="cuda", config=GPU_TILES[0], weights=weights)
-
-
-_COMPILE = textwrap.dedent("""
-    import os, re, subprocess, tempfile
-    os.environ.pop("TRITON_INTERPRET", None)
-    import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton_ops.moe_gemm import prepacked as P
-
-    kern = P._fp4_prepacked_kernel
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    print("triton", triton.__version__)
-    for nv, sw, bt, bw, nw, st in ((False, False, 128, 128, 8, 3), (True, False, 128, 128, 8, 4),
-                                   (False, False, 128, 64, 4, 2), (False, True, 128, 64, 8, 4)):
-        names = [p.name for p in kern.params]
-        sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
-        sig.update(a_ptr="*bf16", v_ptr="*i32", s_ptr="*u8", g_ptr="*fp32", ids_ptr="*i32", rw_ptr="*fp32",
-                   out_ptr="*bf16", dst_ptr="*i32", alpha="fp32", limit="fp32")
-        consts = dict(NVFP4=nv, MASKED=False, HAS_RW=False, DTYPE=tl.bfloat16, F32_DOT=False, EMULATE=False,
-                      SWIGLU=sw, INTERLEAVE=int(sw), GPTOSS=sw, CLAMP=sw, DIV_RN=False, SCATTER=False,
-                      BLOCK_W=bw, BLOCK_T=bt, BLOCK_K=128, TOKENS_M=True)
-        sig.update(dict.fromkeys(consts, "constexpr"))
-        aligned = ["a_ptr", "v_ptr", "s_ptr", "out_ptr", "K", "N", "KW", "KS", "stride_am", "stride_ae"]
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-        c = triton.compile(triton.compiler.ASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=nw, num_stages=st))
-        ptx = c.asm["ptx"]
-        # shared A: `wgmma... {acc}, a_desc, b_desc`; register A would be a `{...}` operand
-        wgmma_ss = r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n\\d+k16\\.f32\\.\\w+\\.\\w+ \\{[^}]*\\}, %rd"
-        shared_a = len(re.findall(wgmma_ss, ptx))
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(c.asm["cubin"])
-        sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name], capture_output=True,
-                              text=True).stdout
-        os.unlink(f.name)
-        spills = len(re.findall(r"\\b(?:STL|LDL)\\b", sass))
-        print("cfg", f"nv={int(nv)}/sw={int(sw)}/{bt}x{bw}x{nw}x{st}", ptx.count("wgmma.mma_async"), shared_a,
-              sass.count("HGMMA"), spills, ptx.count("fma.rn.bf16x2"), c.metadata.shared)
-""")
-
-
-def test_sm90_compile_tokens_m():
-    """sm_90a with Triton 3.6: the tokens-on-M tiles (MXFP4 128 x 128 x 8 warps x 3 stages, NVFP4 x 4 stages, the
-    4-warp 128 x 64 tile, GPT-OSS SwiGLU on the 8-warp 128 x 64 tile of prepacked_swiglu_config): every MMA a
-    warpgroup MMA with both operands in shared memory, the packed conversion, no spills, shared memory within an SM."""
-    if not _triton36_env_set():
-        pytest.skip("set LOWBIT_TRITON36_PATH to a Triton 3.6 install to compile for sm_90")
-    script = _COMPILE
-    path = os.environ.get("LOWBIT_TRITON36_PATH")
-    if path:
-        script = f"import sys; sys.path.insert(0, {path!r})\n" + script
-    out = run_compile_script(script, timeout=600)
-    assert "triton 3.6" in out, out
-    lines = [ln.split() for ln in out.splitlines() if ln.startswith("cfg")]
-    assert len(lines) == 4, out
-    for _, what, wgmma, shared_a, hgmma, spills, fma, shared in lines:
-        assert int(wgmma) > 0 and int(shared_a) == int(wgmma), f"{what}: {shared_a} of {wgmma} wgmma with shared A"
-        assert int(hgmma) > 0, f"{what}: no HGMMA in the SASS"
-        assert int(spills) == 0, f"{what}: {spills} local-memory spills"
-        assert int(fma) >= 8, f"{what}: the packed conversion is missing ({fma} fma.rn.bf16x2)"
-        assert int(shared) <= 232448, f"{what}: {shared} B of shared memory"

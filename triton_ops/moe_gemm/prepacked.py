@@ -133,44 +133,52 @@ def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.const
 
 
 @triton.jit
+def _weight_tile(v_rows, s_rows, k0, KW, KS, MASK_K: tl.constexpr, NVFP4: tl.constexpr, DTYPE: tl.constexpr,
+                 F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The [BLOCK_W, BLOCK_K] operand of the tile's weight rows at K offset k0 (MASK_K: words and scales past the
+    row read as zero codes with scale byte 0)."""
+    U: tl.constexpr = BLOCK_K // 128
+    SB: tl.constexpr = 16 if NVFP4 else 32
+    kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    ks = k0 // SB + tl.arange(0, BLOCK_K // SB)
+    if MASK_K:
+        words = tl.load(v_rows[:, None] + kw[None, :], mask=(kw < KW)[None, :], other=0)
+        sb = tl.load(s_rows[:, None] + ks[None, :], mask=(ks < KS)[None, :], other=0)
+    else:
+        words = tl.load(v_rows[:, None] + kw[None, :])
+        sb = tl.load(s_rows[:, None] + ks[None, :])
+    sc = _scale_words(sb, NVFP4, DTYPE, F32_DOT, EMULATE)
+    if NVFP4:  # scale index 8 u + 2 t + s
+        sc0, sc1 = tl.split(tl.reshape(sc, [BLOCK_W, U, 4, 2]))
+        sc0 = tl.reshape(sc0, [BLOCK_W, U, 1, 4])
+        sc1 = tl.reshape(sc1, [BLOCK_W, U, 1, 4])
+    else:  # scale index 4 u + t
+        sc0 = tl.reshape(sc, [BLOCK_W, U, 1, 4])
+        sc1 = sc0
+    return dequant_prepacked(tl.reshape(words, [BLOCK_W, U, 4, 4]), sc0, sc1, BLOCK_W, BLOCK_K, F32_DOT,
+                             DTYPE == tl.float16, NVFP4)
+
+
+@triton.jit
 def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
                     NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
                     BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr):
     """fp32 [BLOCK_W, BLOCK_T] = w[rows] @ a[tokens].T over K for the tokens in `sel` (others read as zero).
-    TOKENS_M: the product is computed as a[tokens] @ w[rows].T (tokens the MMA's M side, the dequantized tile the
-    shared-memory B operand) and transposed once after the K loop.
     v_rows / s_rows: pointers to the tile's weight rows in the prepacked values / scales, all in range (the caller
     clamps rows past N; their results are not stored), so the weight loads need no row mask, and no K mask when a
     step is one 128-K chunk (K <= KP: the chunk is in the row). Longer steps mask the words and scales past the row
-    (a zero code with a NaN scale byte of the next row would make NaN)."""
-    U: tl.constexpr = BLOCK_K // 128
+    (a zero code with a NaN scale byte of the next row would make NaN).
+    TOKENS_M: a[tokens] @ w[rows].T (tokens the MMA's M side, the dequantized tile the shared-memory B operand),
+    transposed once after the K loop. Triton 3.6 waits for each step's MMAs before the next step's tile is stored
+    (one B buffer), so there the conversion does not overlap the MMAs of its own program."""
+    ka = tl.arange(0, BLOCK_K)
     if TOKENS_M:
         acc = tl.zeros([BLOCK_T, BLOCK_W], tl.float32)
     else:
         acc = tl.zeros([BLOCK_W, BLOCK_T], tl.float32)
-    wi = tl.arange(0, BLOCK_K // 8)
-    ka = tl.arange(0, BLOCK_K)
-    SB: tl.constexpr = 16 if NVFP4 else 32
-    si = tl.arange(0, BLOCK_K // SB)
     for k0 in range(0, K, BLOCK_K):
-        kw = k0 // 8 + wi
-        ks = k0 // SB + si
-        if BLOCK_K == 128:
-            words = tl.load(v_rows[:, None] + kw[None, :])
-            sb = tl.load(s_rows[:, None] + ks[None, :])
-        else:
-            words = tl.load(v_rows[:, None] + kw[None, :], mask=(kw < KW)[None, :], other=0)
-            sb = tl.load(s_rows[:, None] + ks[None, :], mask=(ks < KS)[None, :], other=0)
-        sc = _scale_words(sb, NVFP4, DTYPE, F32_DOT, EMULATE)
-        if NVFP4:  # scale index 8 u + 2 t + s
-            sc0, sc1 = tl.split(tl.reshape(sc, [BLOCK_W, U, 4, 2]))
-            sc0 = tl.reshape(sc0, [BLOCK_W, U, 1, 4])
-            sc1 = tl.reshape(sc1, [BLOCK_W, U, 1, 4])
-        else:  # scale index 4 u + t
-            sc0 = tl.reshape(sc, [BLOCK_W, U, 1, 4])
-            sc1 = sc0
-        wt = dequant_prepacked(tl.reshape(words, [BLOCK_W, U, 4, 4]), sc0, sc1, BLOCK_W, BLOCK_K, F32_DOT,
-                               DTYPE == tl.float16, NVFP4)
+        wt = _weight_tile(v_rows, s_rows, k0, KW, KS, BLOCK_K != 128, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                          BLOCK_K)
         kk = k0 + ka
         a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
         if TOKENS_M:
