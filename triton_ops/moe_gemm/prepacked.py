@@ -8,6 +8,15 @@ register A operand of the warpgroup MMA on sm_90), the tokens of one expert the 
 shared memory), so a decode tile of 16 tokens wastes no MMA rows. Accumulator [BLOCK_W, BLOCK_T] fp32, stored
 transposed.
 
+Tokens on M (`MoeGemmConfig.tokens_m`, a prefill option): the same dequantized tile becomes the B operand of
+a[tokens] @ w.T, so Triton stores it to shared memory once per program and K step and both warpgroups read it
+(tokens from shared memory too: a shared x shared warpgroup MMA); each weight element is converted once per BLOCK_T
+tokens by all the program's threads. Triton 3.6 waits for the step's MMAs before the next tile is stored (one B
+buffer), so a program's conversion does not overlap its MMAs; tiles small enough for two programs per SM overlap
+across programs. sm_90 facts (ptxas, Triton 3.6, MXFP4 bf16): 128 tokens x 128 rows x 8 warps 226 registers;
+256 x 64 x 8 warps 233; 128 x 64 x 4 warps 244 (86 KB of shared memory at 2 stages: two programs per SM); none
+spill; 256 x 128 x 8 warps spills.
+
 E2M1 -> bf16 on packed words: a code's sign lands on bf16's sign bit and its 3 magnitude bits on bf16's two lowest
 exponent bits and top mantissa bit, which is the code's value times 2^-126 (code 1 = 0.5 becomes the subnormal
 2^-127, exact). MXFP4: one packed multiply by 2^126 (exact: subnormal inputs are kept) and one by the block scale
