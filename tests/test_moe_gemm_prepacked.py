@@ -505,20 +505,28 @@ _COMPILE = textwrap.dedent("""
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton_ops.moe_gemm import prepacked as P
-    from triton_ops.moe_gemm.config import pick_prepacked_config_for_arch, prepacked_swiglu_config
+    from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch, prepacked_swiglu_config
 
     kern = P._fp4_prepacked_kernel
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     print("triton", triton.__version__)
     # decode (16 tokens per expert), mid (64) and prefill (256) tiles of the rule; GEMM1 + SwiGLU (GPT-OSS)
-    # and GEMM2 scattered into token order (scatter)
+    # and GEMM2 scattered into token order (scatter); tokens-on-M prefill tiles (m = the config)
+    TM = dict(tokens_m=True, group_m=1)
     for m, nv, dt, masked, sw, scatter in (
             (16, False, "bf16", False, False, False), (16, True, "fp16", True, False, False),
             (64, False, "bf16", False, False, False), (256, False, "bf16", False, False, False),
             (256, True, "bf16", False, False, False), (16, False, "bf16", False, True, False),
             (256, False, "bf16", False, True, False), (16, False, "bf16", True, False, True),
-            (256, True, "bf16", False, False, True)):
-        cfg = pick_prepacked_config_for_arch(m, 5760, 2880, "sm_90", "nvfp4" if nv else "mxfp4")
+            (256, True, "bf16", False, False, True),
+            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=3, **TM), False, "bf16", False, False, False),
+            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=4, **TM), True, "bf16", False, False, True),
+            (MoeGemmConfig(128, 64, 128, num_warps=4, num_stages=2, **TM), False, "bf16", False, False, False),
+            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=4, **TM), False, "bf16", False, True, False)):
+        if isinstance(m, int):
+            cfg = pick_prepacked_config_for_arch(m, 5760, 2880, "sm_90", "nvfp4" if nv else "mxfp4")
+        else:
+            cfg, m = m, "tm"
         cfg = prepacked_swiglu_config(cfg) if sw else cfg
         names = [p.name for p in kern.params]
         sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
@@ -527,7 +535,8 @@ _COMPILE = textwrap.dedent("""
                    dst_ptr="*i32", alpha="fp32", limit="fp32")
         consts = dict(NVFP4=nv, MASKED=masked, HAS_RW=False, DTYPE=tl.bfloat16 if dt == "bf16" else tl.float16,
                       F32_DOT=False, EMULATE=False, SWIGLU=sw, INTERLEAVE=1 if sw else 0, GPTOSS=sw, CLAMP=sw,
-                      DIV_RN=False, SCATTER=scatter, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k)
+                      DIV_RN=False, SCATTER=scatter, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k,
+                      TOKENS_M=cfg.tokens_m)
         sig.update(dict.fromkeys(consts, "constexpr"))
         aligned = ["a_ptr", "v_ptr", "s_ptr", "out_ptr", "K", "N", "KW", "KS", "stride_am", "stride_ae"]
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
@@ -535,19 +544,21 @@ _COMPILE = textwrap.dedent("""
                            target=GPUTarget("cuda", 90, 32),
                            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
         ptx = c.asm["ptx"]
-        # register A: `wgmma... {acc}, {a regs}, b_desc, ...`; shared A would be a 64-bit descriptor
-        wgmma_a = r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n\\d+k16\\.f32\\.\\w+\\.\\w+ \\{[^}]*\\}, \\{"
-        reg_a = len(re.findall(wgmma_a, ptx))
+        # register A: `wgmma... {acc}, {a regs}, b_desc, ...`; shared A (tokens on M): a 64-bit descriptor
+        wgmma_a = r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n\\d+k16\\.f32\\.\\w+\\.\\w+ \\{[^}]*\\}, (\\{|%rd)"
+        reg_a = [op for op in re.findall(wgmma_a, ptx) if op == ("%rd" if cfg.tokens_m else "{")]
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(c.asm["cubin"])
         sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name], capture_output=True,
                               text=True).stdout
         os.unlink(f.name)
-        hgmma_reg_a = len(re.findall(r"HGMMA\\.64x\\d+x16\\.F32\\S* R\\d+, R\\d+, gdesc", sass))
+        # SASS: register A `HGMMA... R, R, gdesc[..]`; shared A `HGMMA... R, gdesc[..], R`
+        a_op = r"gdesc\\[UR\\d+\\], R\\d+" if cfg.tokens_m else r"R\\d+, gdesc"
+        hgmma_reg_a = len(re.findall(r"HGMMA\\.64x\\d+x16\\.F32\\S* R\\d+, " + a_op, sass))
         spills = len(re.findall(r"\\b(?:STL|LDL)\\b", sass))
         vec16 = sass.count("LDGSTS.E.BYPASS.128")
         print("cfg", f"{dt}/m={m}/swiglu={int(sw)}/scatter={int(scatter)}", int(nv), ptx.count("wgmma.mma_async"),
-              reg_a, hgmma_reg_a, spills, vec16, ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"),
+              len(reg_a), hgmma_reg_a, spills, vec16, ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"),
               c.metadata.shared)
 """)
 
@@ -562,8 +573,10 @@ def test_sm90_compile_register_a_wgmma():
     decode tiles (MXFP4 bf16 contiguous, NVFP4 fp16 masked), its mid tile, its prefill tile (8 warps; MXFP4 and
     NVFP4), the GEMM1 + SwiGLU tiles (decode, prefill) and the token-order scatter (GEMM2 + combine): every MMA is
     a warpgroup MMA whose A operand (the dequantized weights) is registers (PTX `{...}` operand, SASS
-    `HGMMA ... R, gdesc`), the weights arrive by 16-byte async copies, the conversion is packed
-    fma.rn.{bf16,f16}x2, no spills, shared memory within an SM."""
+    `HGMMA ... R, gdesc`); the tokens-on-M tiles (MXFP4 128 x 128 x 8 warps x 3 stages, NVFP4 x 4 stages with the
+    scatter, 128 x 64 x 4 warps, GEMM1 + SwiGLU's 128 x 64 x 8 warps): every MMA's A (the tokens) in shared memory
+    (a descriptor); the weights arrive by 16-byte async copies, the conversion is packed fma.rn.{bf16,f16}x2, no
+    spills, shared memory within an SM."""
     if not _triton36_env_set():
         pytest.skip("set LOWBIT_TRITON36_PATH to a Triton 3.6 install to compile for sm_90")
     script = _COMPILE
@@ -573,11 +586,12 @@ def test_sm90_compile_register_a_wgmma():
     out = run_compile_script(script, timeout=600)
     assert "triton 3.6" in out, out
     lines = [ln.split() for ln in out.splitlines() if ln.startswith("cfg")]
-    assert len(lines) == 9, out
+    assert len(lines) == 13, out
     for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared in lines:
         what = f"{dt} nvfp4={nv}"
-        assert int(wgmma) > 0 and int(reg_a) == int(wgmma), f"{what}: {reg_a} of {wgmma} wgmma with register A"
-        assert int(hgmma_reg_a) > 0, f"{what}: no HGMMA with a register A operand in the SASS"
+        a = "shared" if "m=tm" in dt else "register"
+        assert int(wgmma) > 0 and int(reg_a) == int(wgmma), f"{what}: {reg_a} of {wgmma} wgmma with {a} A"
+        assert int(hgmma_reg_a) > 0, f"{what}: no HGMMA with a {a} A operand in the SASS"
         assert int(spills) == 0, f"{what}: {spills} local-memory spills"
         assert int(vec16) > 0, f"{what}: no 16-byte async copies"
         assert int(fma) >= 8, f"{what}: the packed conversion is missing ({fma} fma.rn.*x2)"

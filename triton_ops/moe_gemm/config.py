@@ -34,6 +34,8 @@ class MoeGemmConfig:
     group_m: int  # M tiles per swizzle group: the programs of one group walk the same weight N tile (L2 reuse)
     num_warps: int  # warps per program (GPU only)
     num_stages: int  # software-pipeline depth of the K loop (GPU only)
+    tokens_m: bool = False  # prepacked FP4 kernel only: tokens on the MMA's M side, the dequantized weight tile the
+                            # shared-memory B operand (converted once per CTA and K step); default swap-AB
 
     def refusal(self, kind: str) -> str | None:
         """Why this config cannot run weight kind `kind` (None: it can)."""
@@ -105,7 +107,11 @@ def prepacked_swiglu_config(cfg: MoeGemmConfig) -> MoeGemmConfig:
     """GEMM1 + SwiGLU on prepacked weights: two passes per tile (gate rows, then up rows), the gate accumulator
     live through the up pass. Decode: the plain GEMM's tile with a 128-K step (4 stages; MXFP4's 256-K step spills
     68 registers with the second accumulator, ptxas sm_90, Triton 3.6); from 64 tokens 64 tokens x 64 columns with
-    4 warps (two 32-register accumulators, 241 registers, no spills; the 8-warp plain tile would spill)."""
+    4 warps (two 32-register accumulators, 241 registers, no spills; the 8-warp plain tile would spill).
+    Tokens on M (cfg.tokens_m): 64 output columns, 8 warps (128 tokens x 64 columns x 2 accumulators: 232
+    registers, no spills; 128 columns spill 16, 4 warps 34)."""
+    if cfg.tokens_m:
+        return dataclasses.replace(cfg, block_n=64, num_warps=8)
     if cfg.block_m < 64:
         return cfg if cfg.block_k == 128 else dataclasses.replace(cfg, block_k=128, num_stages=max(cfg.num_stages, 4))
     return dataclasses.replace(cfg, block_m=64, block_n=64, num_warps=4)

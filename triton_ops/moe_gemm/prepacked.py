@@ -8,6 +8,15 @@ register A operand of the warpgroup MMA on sm_90), the tokens of one expert the 
 shared memory), so a decode tile of 16 tokens wastes no MMA rows. Accumulator [BLOCK_W, BLOCK_T] fp32, stored
 transposed.
 
+Tokens on M (`MoeGemmConfig.tokens_m`, a prefill option): the same dequantized tile becomes the B operand of
+a[tokens] @ w.T, so Triton stores it to shared memory once per program and K step and both warpgroups read it
+(tokens from shared memory too: a shared x shared warpgroup MMA); each weight element is converted once per BLOCK_T
+tokens by all the program's threads. Triton 3.6 waits for the step's MMAs before the next tile is stored (one B
+buffer), so a program's conversion does not overlap its MMAs; tiles small enough for two programs per SM overlap
+across programs. sm_90 facts (ptxas, Triton 3.6, MXFP4 bf16): 128 tokens x 128 rows x 8 warps 226 registers;
+256 x 64 x 8 warps 233; 128 x 64 x 4 warps 244 (86 KB of shared memory at 2 stages: two programs per SM); none
+spill; 256 x 128 x 8 warps spills.
+
 E2M1 -> bf16 on packed words: a code's sign lands on bf16's sign bit and its 3 magnitude bits on bf16's two lowest
 exponent bits and top mantissa bit, which is the code's value times 2^-126 (code 1 = 0.5 becomes the subnormal
 2^-127, exact). MXFP4: one packed multiply by 2^126 (exact: subnormal inputs are kept) and one by the block scale
@@ -133,56 +142,75 @@ def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.const
 
 
 @triton.jit
+def _weight_tile(v_rows, s_rows, k0, KW, KS, MASK_K: tl.constexpr, NVFP4: tl.constexpr, DTYPE: tl.constexpr,
+                 F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The [BLOCK_W, BLOCK_K] operand of the tile's weight rows at K offset k0 (MASK_K: words and scales past the
+    row read as zero codes with scale byte 0)."""
+    U: tl.constexpr = BLOCK_K // 128
+    SB: tl.constexpr = 16 if NVFP4 else 32
+    kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    ks = k0 // SB + tl.arange(0, BLOCK_K // SB)
+    if MASK_K:
+        words = tl.load(v_rows[:, None] + kw[None, :], mask=(kw < KW)[None, :], other=0)
+        sb = tl.load(s_rows[:, None] + ks[None, :], mask=(ks < KS)[None, :], other=0)
+    else:
+        words = tl.load(v_rows[:, None] + kw[None, :])
+        sb = tl.load(s_rows[:, None] + ks[None, :])
+    sc = _scale_words(sb, NVFP4, DTYPE, F32_DOT, EMULATE)
+    if NVFP4:  # scale index 8 u + 2 t + s
+        sc0, sc1 = tl.split(tl.reshape(sc, [BLOCK_W, U, 4, 2]))
+        sc0 = tl.reshape(sc0, [BLOCK_W, U, 1, 4])
+        sc1 = tl.reshape(sc1, [BLOCK_W, U, 1, 4])
+    else:  # scale index 4 u + t
+        sc0 = tl.reshape(sc, [BLOCK_W, U, 1, 4])
+        sc1 = sc0
+    return dequant_prepacked(tl.reshape(words, [BLOCK_W, U, 4, 4]), sc0, sc1, BLOCK_W, BLOCK_K, F32_DOT,
+                             DTYPE == tl.float16, NVFP4)
+
+
+@triton.jit
 def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
                     NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
-                    BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr):
     """fp32 [BLOCK_W, BLOCK_T] = w[rows] @ a[tokens].T over K for the tokens in `sel` (others read as zero).
     v_rows / s_rows: pointers to the tile's weight rows in the prepacked values / scales, all in range (the caller
     clamps rows past N; their results are not stored), so the weight loads need no row mask, and no K mask when a
     step is one 128-K chunk (K <= KP: the chunk is in the row). Longer steps mask the words and scales past the row
-    (a zero code with a NaN scale byte of the next row would make NaN)."""
-    U: tl.constexpr = BLOCK_K // 128
-    acc = tl.zeros([BLOCK_W, BLOCK_T], tl.float32)
-    wi = tl.arange(0, BLOCK_K // 8)
+    (a zero code with a NaN scale byte of the next row would make NaN).
+    TOKENS_M: a[tokens] @ w[rows].T (tokens the MMA's M side, the dequantized tile the shared-memory B operand),
+    transposed once after the K loop. Triton 3.6 waits for each step's MMAs before the next step's tile is stored
+    (one B buffer), so there the conversion does not overlap the MMAs of its own program."""
     ka = tl.arange(0, BLOCK_K)
-    SB: tl.constexpr = 16 if NVFP4 else 32
-    si = tl.arange(0, BLOCK_K // SB)
+    if TOKENS_M:
+        acc = tl.zeros([BLOCK_T, BLOCK_W], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_W, BLOCK_T], tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        kw = k0 // 8 + wi
-        ks = k0 // SB + si
-        if BLOCK_K == 128:
-            words = tl.load(v_rows[:, None] + kw[None, :])
-            sb = tl.load(s_rows[:, None] + ks[None, :])
-        else:
-            words = tl.load(v_rows[:, None] + kw[None, :], mask=(kw < KW)[None, :], other=0)
-            sb = tl.load(s_rows[:, None] + ks[None, :], mask=(ks < KS)[None, :], other=0)
-        sc = _scale_words(sb, NVFP4, DTYPE, F32_DOT, EMULATE)
-        if NVFP4:  # scale index 8 u + 2 t + s
-            sc0, sc1 = tl.split(tl.reshape(sc, [BLOCK_W, U, 4, 2]))
-            sc0 = tl.reshape(sc0, [BLOCK_W, U, 1, 4])
-            sc1 = tl.reshape(sc1, [BLOCK_W, U, 1, 4])
-        else:  # scale index 4 u + t
-            sc0 = tl.reshape(sc, [BLOCK_W, U, 1, 4])
-            sc1 = sc0
-        wt = dequant_prepacked(tl.reshape(words, [BLOCK_W, U, 4, 4]), sc0, sc1, BLOCK_W, BLOCK_K, F32_DOT,
-                               DTYPE == tl.float16, NVFP4)
+        wt = _weight_tile(v_rows, s_rows, k0, KW, KS, BLOCK_K != 128, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                          BLOCK_K)
         kk = k0 + ka
         a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
-        acc = mma(wt, tl.trans(a), acc, F32_DOT)
+        if TOKENS_M:
+            acc = mma(a, tl.trans(wt), acc, F32_DOT)
+        else:
+            acc = mma(wt, tl.trans(a), acc, F32_DOT)
     if NVFP4:
         acc = acc * 128.0  # the 2^-7 the folded scales leave on every operand (exact)
-    return acc
+    if TOKENS_M:
+        return tl.trans(acc)
+    else:
+        return acc
 
 
 @triton.jit
 def _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w_rows, NR, K, KW, KS, NVFP4: tl.constexpr,
                DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
-               BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+               BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr):
     """Expert e64's fp32 [BLOCK_W, BLOCK_T] products of weight rows w_rows (of its NR) with the tokens in `sel`,
     times (NVFP4) its global scale. Rows past NR read row NR - 1 (the caller never stores them)."""
     w_in = e64 * NR + tl.minimum(w_rows, NR - 1)
     acc = _prepacked_pass(a_ptr, a_off, sel, v_ptr + w_in * KW, s_ptr + w_in * KS, K, KW, KS, NVFP4, DTYPE, F32_DOT,
-                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K)
+                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
     if NVFP4:
         acc = acc * tl.load(g_ptr + e64)
     return acc
@@ -193,7 +221,7 @@ def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w6
                  NVFP4: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr,
                  EMULATE: tl.constexpr, SWIGLU: tl.constexpr, INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr,
                  CLAMP: tl.constexpr, DIV_RN: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr):
     """Expert e64's tile for the tokens in `sel`, stored to their columns of out_t (one rounding). Plain: the
     output columns w64 are weight rows, times the row weights (rw_rows: pointers to the tokens' weights). SWIGLU
     (N = I, weights (E, 2I, K)): the gate and up rows of each output column in two passes, each rounded to the
@@ -201,15 +229,15 @@ def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w6
     if SWIGLU:
         gate_rows, up_rows = _gate_up_rows(w64, N, INTERLEAVE)
         g = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, gate_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
-                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K)
+                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
         g = cast_out(g, DTYPE, EMULATE).to(tl.float32)
         u = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, up_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
-                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K)
+                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
         u = cast_out(u, DTYPE, EMULATE).to(tl.float32)
         acc = swiglu_act(g, u, alpha, limit, GPTOSS, CLAMP, DIV_RN, DTYPE, EMULATE)
     else:
         acc = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w64, N, K, KW, KS, NVFP4, DTYPE, F32_DOT,
-                         EMULATE, BLOCK_W, BLOCK_T, BLOCK_K)
+                         EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
         if HAS_RW:
             acc *= tl.load(rw_rows, mask=sel, other=0.0)[None, :]
     tl.store(out_t, cast_out(acc, out_t.dtype.element_ty, EMULATE), mask=wmask[:, None] & sel[None, :])
@@ -231,7 +259,7 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
                           F32_DOT: tl.constexpr, EMULATE: tl.constexpr, SWIGLU: tl.constexpr,
                           INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, DIV_RN: tl.constexpr,
                           SCATTER: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
+                          BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr):
     """Program (axis 0) = one [BLOCK_T tokens, BLOCK_W output columns] tile (columns: weight rows, or with SWIGLU
     the I outputs of gate / up row pairs), the column tiles of one token tile adjacent (activations reused from
     L2); masked layout: axis 1 = expert. Every output element in range is written once: computed rows by their
@@ -257,7 +285,8 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
         if pid_t * BLOCK_T < cnt:
             _expert_tile(a_ptr, e64 * stride_ae + rows64 * stride_am, _kept(done, dst_ok, SCATTER), v_ptr, s_ptr,
                          g_ptr, rw_ptr + flat, out_t, e64, w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW,
-                         DTYPE, F32_DOT, EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K)
+                         DTYPE, F32_DOT, EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K,
+                         TOKENS_M)
     else:
         dst, dst_ok = _destination(rows64, rmask, dst_ptr, n_dst, SCATTER)
         out_t = out_ptr + dst[None, :] * N + w64[:, None]
@@ -269,7 +298,7 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
             sel = _kept(mi == e, dst_ok, SCATTER)
             _expert_tile(a_ptr, rows64 * stride_am, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
                          e.to(tl.int64), w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW, DTYPE, F32_DOT,
-                         EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K)
+                         EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
             e = tl.min(tl.where(mi > e, mi, E), 0)
     zero = tl.zeros([BLOCK_W, BLOCK_T], out_ptr.dtype.element_ty)
     tl.store(out_t, zero, mask=wmask[:, None] & _kept(rmask & ~done, dst_ok, SCATTER)[None, :])
@@ -308,7 +337,7 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
            F32_DOT=a.device.type != "cuda", EMULATE=emulate_formats(a.device), SWIGLU=bool(swiglu),
            INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
            DIV_RN=silu_div_rn(a.dtype), SCATTER=dst_rows is not None, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m,
-           BLOCK_K=cfg.block_k,
+           BLOCK_K=cfg.block_k, TOKENS_M=cfg.tokens_m,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
@@ -321,6 +350,9 @@ def prepacked_refusal(cfg: MoeGemmConfig) -> str | None:
             return f"{name}={v} is not a power of two >= 16 (tl.dot)"
     if cfg.block_k % CHUNK:
         return f"block_k={cfg.block_k} is not a multiple of the layout's {CHUNK}-element chunk"
+    if cfg.tokens_m and cfg.block_n > 16 * cfg.num_warps:
+        # 128 x 4 and 256 x 8: an LLVM abort in Triton 3.6 for sm_90 (illegal shared layout of the converted tile)
+        return f"tokens_m with block_n={cfg.block_n} > 16 weight rows per warp ({cfg.num_warps} warps)"
     return None
 
 
