@@ -126,9 +126,11 @@ def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str =
     stages 545.9 us (128 x 128 x 4: 553.1; triton_kernels 554.1), NVFP4 128 x 128 x 4 515.9 us (128 x 256: 545.8);
     32-token tiles, 256 weight rows and 8 warps were slower there.
     Mid (<= 64): 64 tokens x 128 rows, 8 warps (two warpgroups of 64 weight rows; 4 warps spill, ptxas sm_90).
-    Prefill: 128 tokens x 128 weight rows, 8 warps (each warpgroup a 64 x 128 fp32 accumulator), 128 K, 4 stages
-    (~160 KB of shared memory; 2 on ~100 KB parts). 256-token tiles spill (ptxas, sm_90, Triton 3.6). Prefill and
-    mid tiles are not timed on hardware yet; the contiguous layout should be aligned to block_m.
+    Prefill: 128 tokens x 128 weight rows, 8 warps (each warpgroup a 64 x 128 fp32 accumulator), 128 K, 3 stages
+    (~115 KB of shared memory; 2 on ~100 KB parts): H200, GPT-OSS-120b GEMM1 / GEMM2, 32 experts x 256 / 1024 rows
+    (perf/results/experiments/2026-11-26-h200-moe-gemm-fp4-prefill-tokens-m-f6014cc.json): MXFP4 0-4% faster than 4
+    stages, NVFP4 even; 256-token tiles spill (ptxas, sm_90, Triton 3.6) and the tokens-on-M orientation
+    (MoeGemmConfig.tokens_m) was 15-25% slower there. The contiguous layout should be aligned to block_m.
     Interpreter: one 128-K chunk per step, tiles no larger than the problem."""
     if arch == "cpu":
         bt = 16 if m <= 16 else 32 if m <= 32 else 64
@@ -137,10 +139,9 @@ def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str =
         if m <= 16 and fmt == "mxfp4":
             return MoeGemmConfig(16, 128, 256, group_m=1, num_warps=4, num_stages=3)
         return MoeGemmConfig(16 if m <= 16 else 32, 128, 128, group_m=1, num_warps=4, num_stages=4)
-    stages = 2 if arch in _SMALL_SMEM_ARCHS else 4
     if m <= 64:
-        return MoeGemmConfig(64, 128, 128, group_m=1, num_warps=8, num_stages=stages)
-    return MoeGemmConfig(128, 128, 128, group_m=1, num_warps=8, num_stages=stages)
+        return MoeGemmConfig(64, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 4)
+    return MoeGemmConfig(128, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 3)
 
 
 _FUSED_SMEM_BUDGET = 200 * 1024  # operand pipeline bytes of a fused GEMM1 tile (an H100 CTA may use 227 KB)
