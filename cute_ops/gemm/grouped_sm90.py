@@ -101,8 +101,8 @@ class GemmConfig:
     num_groups: int
     layout: str  # contiguous (m_indices row filter) | masked
     row_weights: bool
-    tile_m: int  # 64 | 128 (one consumer warp group per 64 rows)
-    tile_n: int  # 64 | 128 | 256
+    tile_m: int  # 64 | 128 (one consumer warp group per 64 rows) | FP8 256 (a wide tile, see `wide`)
+    tile_n: int  # 64 | 128 | 256 (FP8: 128, or 256 as a wide tile)
     stages: int  # smem ring depth
     grid: int  # persistent CTAs (the SM count)
     arch: str  # sm_90a
@@ -160,8 +160,17 @@ class GemmConfig:
         return self.grid // self.cluster_m
 
     @property
+    def wide(self) -> bool:
+        """FP8 256 x 128 or 128 x 256: two consumer warp groups, each owning two 64 x 128 sub-tiles (waves)."""
+        return self.dtype == "fp8" and max(self.tile_m, self.tile_n) == 256
+
+    @property
+    def mma_wgs(self) -> int:
+        return min(self.tile_m // 64, 2)
+
+    @property
     def threads(self) -> int:
-        return WG * (1 + self.tile_m // 64)
+        return WG * (1 + self.mma_wgs)
 
 
 def block_k(dtype: str) -> int:
@@ -185,12 +194,15 @@ def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128
     """Why this problem cannot compile (None when it can)."""
     if dtype not in DTYPES:
         return f"dtype {dtype!r}: one of {sorted(DTYPES)}"
-    if tile_m not in (64, 128) or tile_n not in (64, 128, 256):
-        return f"tile {tile_m}x{tile_n}: tile_m 64 / 128, tile_n 64 / 128 / 256"
+    fp8 = dtype == "fp8"
+    if tile_m not in ((64, 128, 256) if fp8 else (64, 128)) or tile_n not in (64, 128, 256):
+        return f"tile {tile_m}x{tile_n}: tile_m 64 / 128 (FP8 also 256), tile_n 64 / 128 / 256"
     if k <= 0 or k % 8:
         return f"K={k} must be a positive multiple of 8 (16-byte TMA row pitch)"
-    if dtype == "fp8" and (k % FP8_BLOCK or tile_n != FP8_BLOCK):
-        return f"FP8: K={k} must be a multiple of {FP8_BLOCK} and tile_n {FP8_BLOCK} (one weight scale per tile)"
+    if fp8 and (k % FP8_BLOCK or tile_n not in (FP8_BLOCK, 2 * FP8_BLOCK) or (tile_m, tile_n) == (256, 256)
+                or (tile_n == 256 and tile_m != 128)):
+        return (f"FP8: K={k} must be a multiple of {FP8_BLOCK}; tiles 64 / 128 x {FP8_BLOCK} (one weight scale per "
+                f"tile) or the wide 256 x 128 and 128 x 256 (not {tile_m}x{tile_n})")
     if n <= 0 or n % 8:
         return f"N={n} must be a positive multiple of 8 (16-byte weight rows)"
     if num_groups < 1:
@@ -224,6 +236,11 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
         rule = dict(FP8_PREFILL_SCHEDULE)
         if k <= FP8_SHORT_K:
             rule["promote_run"] = FP8_SHORT_K_RUN
+    wide = dtype == "fp8" and max(tile_m, tile_n) == 256
+    if wide:  # the wave schedule (no promote_run), the direct epilogue (the smem one spills); 256 rows: 4 per thread
+        rule.update(promote_run=0, scale_prefetch=False, epilogue="direct")
+        if tile_m == 256:
+            rule.update(epilogue_prefetch=False)
     if promote_run is not None and scale_prefetch is None:
         scale_prefetch = rule["scale_prefetch"] and promote_run > 0
     promote_run = rule["promote_run"] if promote_run is None else promote_run
@@ -232,6 +249,9 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     epilogue = epilogue or rule["epilogue"]
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue {epilogue!r}: one of {EPILOGUES}")
+    if wide and (promote_run or epilogue != "direct" or (tile_m == 256 and epilogue_prefetch)):
+        raise ValueError(f"FP8 wide tile {tile_m}x{tile_n}: promote_run 0 (its own wave schedule), the direct "
+                         f"epilogue; 256 rows: no epilogue_prefetch")
     fit = (SMEM_BYTES - SMEM_RESERVED - epilogue_bytes(epilogue, tile_m, tile_n)) // stage_bytes(tile_m, tile_n)
     if stages is not None and not 2 <= stages <= fit:
         raise ValueError(f"stages={stages}: 2 to {fit} fit in shared memory for a {tile_m}x{tile_n} tile")
@@ -270,7 +290,7 @@ class GroupedGemmSm90:
         self.bk = block_k(cfg.dtype)
         self.k_tiles = -(-cfg.k // self.bk)
         self.n_tiles = -(-cfg.n // cfg.tile_n)
-        self.mma_wgs = cfg.tile_m // 64
+        self.mma_wgs = cfg.mma_wgs
         self.mma_warps = 4 * self.mma_wgs
 
     @cute.jit
@@ -288,7 +308,7 @@ class GroupedGemmSm90:
 
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, cutlass.Float32,
-            (self.mma_wgs, 1, 1), tiler_mn=(64, cfg.tile_n))
+            (self.mma_wgs, 1, 1), tiler_mn=(64, FP8_BLOCK if cfg.wide else cfg.tile_n))
         a_smem = self._smem_layout(cfg.tile_m)
         b_smem = self._smem_layout(cfg.tile_n)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -499,6 +519,22 @@ class GroupedGemmSm90:
         res = cute.make_rmem_tensor(tCcC.shape, self.out_dtype)
         keep = cute.make_rmem_tensor(tCcC.shape, cutlass.Boolean)
         k_blocks = cute.size(tCrA, mode=[2])
+        if cutlass.const_expr(cfg.wide):
+            # waves: the warp group's 64 x 128 sub-tiles (mw, nw) of the tile, in the full fragment's order (element
+            # i of wave w = mw + m_waves * nw is acc[64 w + i]); A / B fragments of each sub-tile's smem rows
+            m_waves, n_waves = cfg.tile_m // FP8_BLOCK, cfg.tile_n // FP8_BLOCK
+            sub = (FP8_BLOCK, self.bk, cfg.stages)
+            tCrA_w = [tiled_mma.make_fragment_A(thr_wg.partition_A(cute.local_tile(sA, sub, (mw, 0, 0))))
+                      for mw in range(m_waves)]
+            tCrB_w = [tiled_mma.make_fragment_B(thr_wg.partition_B(cute.local_tile(sB, sub, (nw, 0, 0))))
+                      for nw in range(n_waves)]
+            part = cute.make_rmem_tensor(thr_mma.partition_C(cute.make_identity_tensor((FP8_BLOCK,) * 2)).shape,
+                                         cutlass.Float32)
+            assert cute.size(part) * m_waves * n_waves == cute.size(acc), (part.layout, acc.layout)
+            wrows = cute.make_rmem_tensor(2 * m_waves, cutlass.Int32)  # the thread's rows, per wave and row half
+            wsa = cute.make_rmem_tensor(2 * m_waves, cutlass.Float32)
+            wsw = cute.make_rmem_tensor(n_waves, cutlass.Float32)
+            last_nb = -(-cfg.n // FP8_BLOCK) - 1
         ldc = cfg.n
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
@@ -575,6 +611,35 @@ class GroupedGemmSm90:
                                 for h in cutlass.range_constexpr(2):
                                     sa[h] = sa[2 + h]
                                 sw2[0] = sw2[1]
+            elif cutlass.const_expr(cfg.wide):
+                # Per K stage, wave by wave: WGMMA 64 x 128 x 128 into `part`, wait, acc[wave] += part * a_scale[row] *
+                # w_scale[g, 128-column block of the wave, kt] (the other warp group's WGMMAs run meanwhile); the
+                # stage is released after its last wave. Same products and FFMAs as the 128 x 128 kernels.
+                for j in cutlass.range_constexpr(2 * m_waves):
+                    wrows[j] = cutlass.min(row_start + tCcC[cute.size(part) * (j // 2) + 2 * (j % 2)][0], row_end - 1)
+                for kt in cutlass.range(self.k_tiles, unroll=1):
+                    for nw in cutlass.range_constexpr(n_waves):
+                        wsw[nw] = w_scale[g, cutlass.min(n_tile * n_waves + nw, last_nb), kt]
+                    for j in cutlass.range_constexpr(2 * m_waves):
+                        wsa[j] = a_scale[wrows[j], kt]
+                    ring.consumer_wait(read)
+                    for w in cutlass.range_constexpr(m_waves * n_waves):
+                        mw, nw = w % m_waves, w // m_waves
+                        warpgroup.fence()
+                        for kb in cutlass.range_constexpr(k_blocks):
+                            tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(tiled_mma, part, tCrA_w[mw][(None, None, kb, read.index)],
+                                      tCrB_w[nw][(None, None, kb, read.index)], part)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(0)
+                        if cutlass.const_expr(w == m_waves * n_waves - 1):
+                            ring.consumer_release(read)
+                            read.advance()
+                        f0 = wsa[2 * mw] * wsw[nw]
+                        f1 = wsa[2 * mw + 1] * wsw[nw]
+                        for i in cutlass.range_constexpr(cute.size(part)):
+                            e = cute.size(part) * w + i
+                            acc[e] = acc[e] + part[i] * (f1 if (i // 2) % 2 else f0)
             elif cutlass.const_expr(self.fp8):
                 # Per 128-wide K stage: WGMMA into `part` (fresh), then acc += part * a_scale[row] * w_scale[tile]
                 # in fp32 registers (the contract's per-block scaling; also bounds the FP8 WGMMA's reduced-precision
