@@ -89,6 +89,7 @@ FP8_SHORT_K, FP8_SHORT_K_RUN = 2048, 4
 # the FP8 prefill default until e2bc450 (pass as overrides to reproduce it)
 FP8_PREVIOUS_SCHEDULE = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
 FP8_PREFILL_ROWS = 128
+FP8_WIDE = ((256, 128), (128, 256), (128, 192))  # FP8 tiles of the wave schedule (GemmConfig.wide)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,7 @@ class GemmConfig:
     layout: str  # contiguous (m_indices row filter) | masked
     row_weights: bool
     tile_m: int  # 64 | 128 (one consumer warp group per 64 rows) | FP8 256 (a wide tile, see `wide`)
-    tile_n: int  # 64 | 128 | 256 (FP8: 128, or 256 as a wide tile)
+    tile_n: int  # 64 | 128 | 256 (FP8: 128, or 192 / 256 as a wide tile)
     stages: int  # smem ring depth
     grid: int  # persistent CTAs (the SM count)
     arch: str  # sm_90a
@@ -161,8 +162,14 @@ class GemmConfig:
 
     @property
     def wide(self) -> bool:
-        """FP8 256 x 128 or 128 x 256: two consumer warp groups, each owning two 64 x 128 sub-tiles (waves)."""
-        return self.dtype == "fp8" and max(self.tile_m, self.tile_n) == 256
+        """FP8 256 x 128, 128 x 256 (two consumer warp groups, each owning two 64 x 128 sub-tiles: waves) or 128 x 192
+        (one 64 x 192 wave per warp group, two weight-scale blocks per tile)."""
+        return self.dtype == "fp8" and (self.tile_m, self.tile_n) in FP8_WIDE
+
+    @property
+    def wave_n(self) -> int:
+        """Columns of one WGMMA (a wave's width)."""
+        return (self.tile_n if self.tile_n % FP8_BLOCK else FP8_BLOCK) if self.wide else self.tile_n
 
     @property
     def mma_wgs(self) -> int:
@@ -195,14 +202,15 @@ def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128
     if dtype not in DTYPES:
         return f"dtype {dtype!r}: one of {sorted(DTYPES)}"
     fp8 = dtype == "fp8"
-    if tile_m not in ((64, 128, 256) if fp8 else (64, 128)) or tile_n not in (64, 128, 256):
-        return f"tile {tile_m}x{tile_n}: tile_m 64 / 128 (FP8 also 256), tile_n 64 / 128 / 256"
+    if tile_m not in ((64, 128, 256) if fp8 else (64, 128)) or tile_n not in ((64, 128, 192, 256) if fp8 else
+                                                                             (64, 128, 256)):
+        return f"tile {tile_m}x{tile_n}: tile_m 64 / 128 (FP8 also 256), tile_n 64 / 128 / 256 (FP8 also 192)"
     if k <= 0 or k % 8:
         return f"K={k} must be a positive multiple of 8 (16-byte TMA row pitch)"
-    if fp8 and (k % FP8_BLOCK or tile_n not in (FP8_BLOCK, 2 * FP8_BLOCK) or (tile_m, tile_n) == (256, 256)
-                or (tile_n == 256 and tile_m != 128)):
+    if fp8 and (k % FP8_BLOCK or (tile_n != FP8_BLOCK and (tile_m, tile_n) not in FP8_WIDE) or tile_m == 256 and
+                tile_n != FP8_BLOCK):
         return (f"FP8: K={k} must be a multiple of {FP8_BLOCK}; tiles 64 / 128 x {FP8_BLOCK} (one weight scale per "
-                f"tile) or the wide 256 x 128 and 128 x 256 (not {tile_m}x{tile_n})")
+                f"tile) or the wide {' / '.join(f'{m} x {n}' for m, n in FP8_WIDE)} (not {tile_m}x{tile_n})")
     if n <= 0 or n % 8:
         return f"N={n} must be a positive multiple of 8 (16-byte weight rows)"
     if num_groups < 1:
@@ -236,7 +244,7 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
         rule = dict(FP8_PREFILL_SCHEDULE)
         if k <= FP8_SHORT_K:
             rule["promote_run"] = FP8_SHORT_K_RUN
-    wide = dtype == "fp8" and max(tile_m, tile_n) == 256
+    wide = dtype == "fp8" and (tile_m, tile_n) in FP8_WIDE
     if wide:  # the wave schedule (no promote_run), the direct epilogue (the smem one spills); 256 rows: 4 per thread
         rule.update(promote_run=0, scale_prefetch=False, epilogue="direct")
         if tile_m == 256:
@@ -308,7 +316,7 @@ class GroupedGemmSm90:
 
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, cutlass.Float32,
-            (self.mma_wgs, 1, 1), tiler_mn=(64, FP8_BLOCK if cfg.wide else cfg.tile_n))
+            (self.mma_wgs, 1, 1), tiler_mn=(64, cfg.wave_n))
         a_smem = self._smem_layout(cfg.tile_m)
         b_smem = self._smem_layout(cfg.tile_n)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -520,20 +528,26 @@ class GroupedGemmSm90:
         keep = cute.make_rmem_tensor(tCcC.shape, cutlass.Boolean)
         k_blocks = cute.size(tCrA, mode=[2])
         if cutlass.const_expr(cfg.wide):
-            # waves: the warp group's 64 x 128 sub-tiles (mw, nw) of the tile, in the full fragment's order (element
-            # i of wave w = mw + m_waves * nw is acc[64 w + i]); A / B fragments of each sub-tile's smem rows
-            m_waves, n_waves = cfg.tile_m // FP8_BLOCK, cfg.tile_n // FP8_BLOCK
-            sub = (FP8_BLOCK, self.bk, cfg.stages)
-            tCrA_w = [tiled_mma.make_fragment_A(thr_wg.partition_A(cute.local_tile(sA, sub, (mw, 0, 0))))
-                      for mw in range(m_waves)]
-            tCrB_w = [tiled_mma.make_fragment_B(thr_wg.partition_B(cute.local_tile(sB, sub, (nw, 0, 0))))
-                      for nw in range(n_waves)]
-            part = cute.make_rmem_tensor(thr_mma.partition_C(cute.make_identity_tensor((FP8_BLOCK,) * 2)).shape,
+            # waves: the warp group's 64 x wave_n sub-tiles (mw, nw) of the tile, in the full fragment's order
+            # (element i of wave w = mw + m_waves * nw is acc[size(part) * w + i]); A / B fragments of each
+            # sub-tile's smem rows. Weight scales per chunk of `chunk` columns (one 128-column block each: a 64 x 192
+            # wave at column 192 n_tile spans two blocks, split at a multiple of 64)
+            m_waves, n_waves = cfg.tile_m // 128, cfg.tile_n // cfg.wave_n
+            chunk = FP8_BLOCK if cfg.wave_n % FP8_BLOCK == 0 else 64
+            chunks = cfg.wave_n // chunk
+            tCrA_w = [tiled_mma.make_fragment_A(thr_wg.partition_A(
+                cute.local_tile(sA, (128, self.bk, cfg.stages), (mw, 0, 0)))) for mw in range(m_waves)]
+            tCrB_w = [tiled_mma.make_fragment_B(thr_wg.partition_B(
+                cute.local_tile(sB, (cfg.wave_n, self.bk, cfg.stages), (nw, 0, 0)))) for nw in range(n_waves)]
+            part = cute.make_rmem_tensor(thr_mma.partition_C(cute.make_identity_tensor((128, cfg.wave_n))).shape,
                                          cutlass.Float32)
             assert cute.size(part) * m_waves * n_waves == cute.size(acc), (part.layout, acc.layout)
+            # ((2 columns, 2 row halves, wave_n / 8 column groups of 8), 1, 1)
+            assert cute.size(part.shape[0][1]) == 2 and cute.size(part) == cfg.wave_n // 2, part.layout
             wrows = cute.make_rmem_tensor(2 * m_waves, cutlass.Int32)  # the thread's rows, per wave and row half
             wsa = cute.make_rmem_tensor(2 * m_waves, cutlass.Float32)
-            wsw = cute.make_rmem_tensor(n_waves, cutlass.Float32)
+            wsw = cute.make_rmem_tensor(n_waves * chunks, cutlass.Float32)
+            wf = cute.make_rmem_tensor(2 * chunks, cutlass.Float32)
             last_nb = -(-cfg.n // FP8_BLOCK) - 1
         ldc = cfg.n
 
@@ -618,8 +632,8 @@ class GroupedGemmSm90:
                 for j in cutlass.range_constexpr(2 * m_waves):
                     wrows[j] = cutlass.min(row_start + tCcC[cute.size(part) * (j // 2) + 2 * (j % 2)][0], row_end - 1)
                 for kt in cutlass.range(self.k_tiles, unroll=1):
-                    for nw in cutlass.range_constexpr(n_waves):
-                        wsw[nw] = w_scale[g, cutlass.min(n_tile * n_waves + nw, last_nb), kt]
+                    for c in cutlass.range_constexpr(n_waves * chunks):
+                        wsw[c] = w_scale[g, cutlass.min((n_tile * cfg.tile_n + c * chunk) // FP8_BLOCK, last_nb), kt]
                     for j in cutlass.range_constexpr(2 * m_waves):
                         wsa[j] = a_scale[wrows[j], kt]
                     ring.consumer_wait(read)
@@ -635,11 +649,12 @@ class GroupedGemmSm90:
                         if cutlass.const_expr(w == m_waves * n_waves - 1):
                             ring.consumer_release(read)
                             read.advance()
-                        f0 = wsa[2 * mw] * wsw[nw]
-                        f1 = wsa[2 * mw + 1] * wsw[nw]
-                        for i in cutlass.range_constexpr(cute.size(part)):
+                        for c in cutlass.range_constexpr(chunks):
+                            for h in cutlass.range_constexpr(2):
+                                wf[2 * c + h] = wsa[2 * mw + h] * wsw[nw * chunks + c]
+                        for i in cutlass.range_constexpr(cute.size(part)):  # column 8 (i // 4) + ..., row half
                             e = cute.size(part) * w + i
-                            acc[e] = acc[e] + part[i] * (f1 if (i // 2) % 2 else f0)
+                            acc[e] = acc[e] + part[i] * wf[2 * (8 * (i // 4) // chunk) + (i // 2) % 2]
             elif cutlass.const_expr(self.fp8):
                 # Per 128-wide K stage: WGMMA into `part` (fresh), then acc += part * a_scale[row] * w_scale[tile]
                 # in fp32 registers (the contract's per-block scaling; also bounds the FP8 WGMMA's reduced-precision
