@@ -53,8 +53,17 @@ promote_run U >= 1 issues stage i + 1's WGMMAs (into a second partial-sum buffer
 (wait_group 1), in runs of U stages that end with wait_group 0: ptxas serializes every WGMMA of the kernel (C7514)
 when accumulator registers of an in-flight WGMMA are copied or read across a loop edge, so nothing is in flight
 where the dynamic loop turns. scale_prefetch loads each stage's scales during the previous stage's WGMMAs. Every
-schedule computes the same FFMA per element and block: outputs are bit-equal. A 128 x 256 FP8 tile does not fit:
-a 64 x 256 warp group tile needs 128 accumulator + 128 partial-sum registers per thread.
+schedule computes the same FFMA per element and block: outputs are bit-equal. A 64 x 256 FP8 WGMMA does not fit: it
+needs 128 accumulator + 128 partial-sum registers per thread.
+
+FP8 wide tiles (GemmConfig.wide, FP8_WIDE; opt-in): 256 x 128 and 128 x 256 give each of the two consumer warp groups
+two 64 x 128 sub-tiles (waves: rows r and r + 128, sharing the stage's B rows; or both 128-column halves, sharing its
+A rows) and 128 x 192 one 64 x 192 WGMMA (DeepGEMM's unaligned block N: its columns span two 128-column weight-scale
+blocks, split at tile column 64 or 128; scales are taken per 64-column chunk). Per stage and wave: WGMMA into the one
+partial-sum buffer, wait, promote (128 accumulators + 64 partial sums, or 96 + 96, per thread); the other warp group's
+WGMMAs run meanwhile. A stage feeds 2 x the MMA work of a 128 x 128 one for 1.5 x its bytes (1.25 x for 192 columns);
+the direct epilogue only (the smem one spills at these sizes). Same WGMMA per 64 x 128 block and FFMA per element:
+bit-equal to the other FP8 kernels (the 64 x 192 WGMMA sums each output over the same 4 K32 steps).
 """
 
 from __future__ import annotations
@@ -70,13 +79,13 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from triton_ops.contract.moe_gemm import FP8_BLOCK  # K elements per FP8 scale (= one K stage)
 
+from .grouped_sm90_steps import WG, ConsumerSteps
 from .scheduler import BoundedTileScheduler
 
 ROW_BYTES = 128  # bytes of one K stage per row: one 128B-swizzle row (64 bf16 / 128 E4M3 elements)
 SMEM_BYTES = 232448  # sm_90 per-CTA shared memory (227 KiB)
 SMEM_RESERVED = 1024  # mbarriers, alignment slack
 DESC_BYTES = 128  # one TMA descriptor
-WG = 128  # threads per warp group
 STAGGER_BARRIER = 3  # named barrier of wg_stagger (1 + warp group: the smem epilogue's)
 LOAD_REGS, MMA_REGS = 40, 232
 DTYPES = {"bf16": "BFloat16", "fp16": "Float16", "fp8": "Float8E4M3FN"}  # operand type; fp8 writes bf16
@@ -189,7 +198,6 @@ def stage_bytes(tile_m: int, tile_n: int) -> int:
 
 
 EPILOGUES = ("direct", "smem")
-CHUNK = 8  # 2-byte output elements per 16-byte chunk of the smem epilogue
 
 
 def epilogue_bytes(epilogue: str, tile_m: int, tile_n: int) -> int:
@@ -231,7 +239,8 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     (promote_run 0, direct epilogue). tile_m / tile_n / stages / promote_run / scale_prefetch / epilogue_prefetch /
     epilogue override the rule field by field (scale_prefetch follows an overridden promote_run 0: off); cluster_m 2
     (B multicast over CTA pairs), wg_stagger (offset consumer warp groups) and producer_ahead (descriptor rewrites a
-    tile early) are variants, not the rule's."""
+    tile early) are variants, not the rule's. An FP8 wide tile (tile_m / tile_n overrides in FP8_WIDE) runs its wave
+    schedule: promote_run 0, the direct epilogue, no epilogue_prefetch at 256 rows (others refused)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
@@ -289,7 +298,7 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
 # ------------------------------------------------------------------------------------------------- kernel
 
 
-class GroupedGemmSm90:
+class GroupedGemmSm90(ConsumerSteps):
     def __init__(self, cfg: GemmConfig):
         self.cfg = cfg
         self.fp8 = cfg.dtype == "fp8"
@@ -734,76 +743,6 @@ class GroupedGemmSm90:
                         cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), dst)
             t = t + nctas
             g, base = sched.seek(t, g, base)
-
-    @cute.jit
-    def _smem_epilogue(self, sC, res, tCcC, mma_tidx, out, m_indices, g, row_start, row_end, col0):
-        """Stage this warp group's 64 x tile_n output rows in smem, then coalesced predicated 16-byte stores.
-        Chunk c of row r (CHUNK columns) sits at chunk c ^ (r % 8) of the row: the fragment's 4-byte writes (8 rows
-        x 4 column pairs of one chunk per warp instruction) and the 16-byte reads are bank-conflict free. r is the
-        output row (row_start + ...), not the row in the tile: the addresses then change per tile, and the compiler
-        does not hoist 32 of them out of the tile loop into registers the main loop needs (spills)."""
-        cfg = self.cfg
-        wg = mma_tidx // WG
-        lt = mma_tidx % WG
-        per_row = cfg.tile_n // CHUNK
-        passes = 64 * per_row // WG
-        base = sC.iterator + wg * 64 * cfg.tile_n
-        for j in cutlass.range_constexpr(cute.size(res) // 2):
-            rl = tCcC[2 * j][0] - wg * 64
-            col = tCcC[2 * j][1]
-            off = rl * cfg.tile_n + ((col // CHUNK) ^ ((row_start + rl) % 8)) * CHUNK + col % CHUNK
-            staged = cute.make_tensor(cute.make_ptr(self.out_dtype, (base + off).toint(), cute.AddressSpace.smem,
-                                                    assumed_align=4), cute.make_layout(2))
-            cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), staged)
-        # the row predicates (their loads overlap the barrier wait); each thread's chunk rows are lt // per_row +
-        # p * (WG // per_row)
-        ok = cute.make_rmem_tensor(passes, cutlass.Boolean)
-        for p in cutlass.range_constexpr(passes):
-            c = lt + p * WG
-            r = row_start + wg * 64 + c // per_row
-            keep = (r < row_end) & (col0 + (c % per_row) * CHUNK < cfg.n)
-            if cutlass.const_expr(m_indices is not None):
-                keep = keep & (m_indices[cutlass.min(r, row_end - 1)] == g)
-            ok[p] = keep
-        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=WG)
-        chunk = cute.make_rmem_tensor(CHUNK, self.out_dtype)
-        for p in cutlass.range_constexpr(passes):
-            c = lt + p * WG
-            rl = c // per_row
-            ch = c % per_row
-            src = cute.make_tensor(cute.make_ptr(self.out_dtype, (base + rl * cfg.tile_n + (ch ^ ((row_start + rl) % 8))
-                                                                  * CHUNK)
-                                                 .toint(), cute.AddressSpace.smem, assumed_align=16),
-                                   cute.make_layout(CHUNK))
-            cute.autovec_copy(src, chunk)
-            if ok[p]:
-                dst = cute.make_tensor(cute.make_ptr(self.out_dtype, (out.iterator + (
-                    cutlass.Int64(row_start + wg * 64 + rl) * cfg.n + col0 + ch * CHUNK)).toint(),
-                    cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(CHUNK))
-                cute.autovec_copy(chunk, dst)
-        # the next tile's writes reuse these rows
-        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=WG)
-
-    @staticmethod
-    def _promote(acc, part, f0, f1):
-        """acc += part * f, f = f0 in the thread's first row half, f1 in its second."""
-        for i in range(cute.size(acc)):
-            acc[i] = acc[i] + part[i] * (f1 if (i // 2) % 2 else f0)
-
-    @staticmethod
-    def _load_scales(sa, sw, slot: int, a_scale, w_scale, rows, g, n_tile, kt):
-        """Scale slot `slot` <- stage kt's: the thread's 2 rows' a_scale and the tile's w_scale."""
-        sw[slot] = w_scale[g, n_tile, kt]
-        for h in range(2):
-            sa[2 * slot + h] = a_scale[rows[h], kt]
-
-    @staticmethod
-    def _stage_mmas(tiled_mma, acc, tCrA, tCrB, stage, k_blocks: int):
-        """The WGMMAs of one smem stage accumulating into `acc`, committed as one group."""
-        for kb in range(k_blocks):
-            crd = (None, None, kb, stage)
-            cute.gemm(tiled_mma, acc, tCrA[crd], tCrB[crd], acc)
-        warpgroup.commit_group()
 
 
 # --------------------------------------------------------------------------------------------- compile
