@@ -23,16 +23,13 @@ import torch
 from dispatch.reference import moe_gemm as ref
 from tests.helpers import assert_close
 from tests.test_cute_gemm_sm90 import _sm90_gpu, needs_dsl
+from tests.test_cute_gemm_sm90_cluster import _vid
 from tests.test_cute_gemm_sm90_fp8 import _case, deepseek_case, deepseek_sampled_reference
 
 GEMM1, GEMM2 = ("fp8", 4096, 7168, 32, "contiguous", False, 512), ("fp8", 7168, 2048, 32, "contiguous", True, 256)
 WIDE = [dict(tile_m=256, tile_n=128), dict(tile_m=128, tile_n=256),
         dict(tile_m=128, tile_n=256, epilogue_prefetch=False), dict(tile_m=256, tile_n=128, cluster_m=2),
         dict(tile_m=128, tile_n=192), dict(tile_m=128, tile_n=192, epilogue_prefetch=False)]
-
-
-def _wide_id(t: dict) -> str:
-    return "-".join(f"{k}{int(v) if isinstance(v, bool) else v}" for k, v in t.items())
 
 
 @needs_dsl
@@ -68,7 +65,7 @@ SASS_CASES = [(GEMM1, t) for t in WIDE] + [(GEMM2, dict(tile_m=tm, tile_n=tn)) f
 
 
 @needs_dsl
-@pytest.mark.parametrize("case", SASS_CASES, ids=lambda c: f"{c[0][1]}x{c[0][2]}-{c[0][4]}-{_wide_id(c[1])}")
+@pytest.mark.parametrize("case", SASS_CASES, ids=lambda c: f"{c[0][1]}x{c[0][2]}-{c[0][4]}-{_vid(c[1])}")
 def test_fp8_wide_sass(case):
     from cute_ops.gemm.grouped_sm90 import dump, pick_config
 
@@ -97,7 +94,7 @@ def test_fp8_wide_sass(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", WIDE, ids=_wide_id)
+@pytest.mark.parametrize("tiles", WIDE, ids=_vid)
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["fp32", "ue8m0"])
 def test_gpu_fp8_wide_match_reference_and_base(tiles, layout, ue8m0):
@@ -114,7 +111,7 @@ def test_gpu_fp8_wide_match_reference_and_base(tiles, layout, ue8m0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", WIDE, ids=_wide_id)
+@pytest.mark.parametrize("tiles", WIDE, ids=_vid)
 @pytest.mark.parametrize("dims", [(4096, 7168), (7168, 2048)], ids=["gemm1", "gemm2"])
 def test_gpu_fp8_wide_deepseek_dims(tiles, dims):
     """DeepSeek-V3 GEMM1 / GEMM2 dimensions, 8 experts of uneven sizes: bit-equal to the default kernel."""
