@@ -29,7 +29,8 @@ from tests.test_cute_gemm_sm90_fp8 import _case, deepseek_case, deepseek_sampled
 GEMM1, GEMM2 = ("fp8", 4096, 7168, 32, "contiguous", False, 512), ("fp8", 7168, 2048, 32, "contiguous", True, 256)
 WIDE = [dict(tile_m=256, tile_n=128), dict(tile_m=128, tile_n=256),
         dict(tile_m=128, tile_n=256, epilogue_prefetch=False), dict(tile_m=256, tile_n=128, cluster_m=2),
-        dict(tile_m=128, tile_n=192), dict(tile_m=128, tile_n=192, epilogue_prefetch=False)]
+        dict(tile_m=128, tile_n=192), dict(tile_m=128, tile_n=192, epilogue_prefetch=False),
+        dict(tile_m=256, tile_n=128, scale_prefetch=False), dict(tile_m=128, tile_n=192, scale_prefetch=False)]
 
 
 @needs_dsl
@@ -40,9 +41,11 @@ def test_fp8_wide_config_rules():
                                                ((128, 192), True, 5, 192)):
         cfg = pick_config(*GEMM1, tile_m=tm, tile_n=tn)
         assert cfg.wide and cfg.mma_wgs == 2 and cfg.threads == 384 and cfg.wave_n == wave_n, cfg
-        # the wave schedule, the direct epilogue; 48 KiB stages: 4 fit (40 KiB: 5)
-        assert (cfg.promote_run, cfg.scale_prefetch, cfg.epilogue, cfg.stages) == (0, False, "direct", stages), cfg
+        # the wave schedule with scales a stage ahead, the direct epilogue; 48 KiB stages: 4 fit (40 KiB: 5)
+        assert (cfg.promote_run, cfg.scale_prefetch, cfg.epilogue, cfg.stages) == (0, True, "direct", stages), cfg
         assert cfg.epilogue_prefetch == prefetch
+        assert not pick_config(*GEMM1, tile_m=tm, tile_n=tn, scale_prefetch=False).scale_prefetch
+        assert pick_config(*GEMM1, tile_m=tm, tile_n=tn, promote_run=0).scale_prefetch
     assert not pick_config(*GEMM1).wide and pick_config(*GEMM1).threads == 384
     assert not pick_config("bf16", 4096, 7168, 32, "contiguous", False, 512, tile_n=256).wide
     for tm, tn in ((256, 256), (64, 256), (256, 64), (64, 192), (256, 192)):

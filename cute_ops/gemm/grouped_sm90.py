@@ -61,7 +61,8 @@ two 64 x 128 sub-tiles (waves: rows r and r + 128, sharing the stage's B rows; o
 A rows) and 128 x 192 one 64 x 192 WGMMA (DeepGEMM's unaligned block N: its columns span two 128-column weight-scale
 blocks, split at tile column 64 or 128; scales are taken per 64-column chunk). Per stage and wave: WGMMA into the one
 partial-sum buffer, wait, promote (128 accumulators + 64 partial sums, or 96 + 96, per thread); the other warp group's
-WGMMAs run meanwhile. A stage feeds 2 x the MMA work of a 128 x 128 one for 1.5 x its bytes (1.25 x for 192 columns);
+WGMMAs run meanwhile; scale_prefetch (on by default here) loads the next stage's scales at the stage's start. A stage
+feeds 2 x the MMA work of a 128 x 128 one for 1.5 x its bytes (1.25 x for 192 columns);
 the direct epilogue only (the smem one spills at these sizes). Same WGMMA per 64 x 128 block and FFMA per element:
 bit-equal to the other FP8 kernels (the 64 x 192 WGMMA sums each output over the same 4 K32 steps).
 """
@@ -125,7 +126,8 @@ class GemmConfig:
     # overlaps the tensor cores (192 accumulator registers per thread at 64 x 128); U = 1 is the 0 schedule in
     # this code path (a baseline for scale_prefetch).
     promote_run: int = 0
-    # FP8, promote_run >= 1: each stage's scales are loaded one stage ahead (during the previous stage's WGMMAs)
+    # FP8, promote_run >= 1 or a wide tile: each stage's scales are loaded one stage ahead (during the previous
+    # stage's WGMMAs)
     scale_prefetch: bool = False
     # True: the epilogue's per-row values (m_indices, row weights) are loaded when the tile starts, not after its
     # main loop (their latency, once per tile, hidden under the WGMMAs; K = 2048 has only 16 stages per tile)
@@ -254,12 +256,12 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
         if k <= FP8_SHORT_K:
             rule["promote_run"] = FP8_SHORT_K_RUN
     wide = dtype == "fp8" and (tile_m, tile_n) in FP8_WIDE
-    if wide:  # the wave schedule (no promote_run), the direct epilogue (the smem one spills); 256 rows: 4 per thread
-        rule.update(promote_run=0, scale_prefetch=False, epilogue="direct")
+    if wide:  # the wave schedule (no promote_run; scales a stage ahead), the direct epilogue (the smem one spills)
+        rule.update(promote_run=0, scale_prefetch=True, epilogue="direct")
         if tile_m == 256:
             rule.update(epilogue_prefetch=False)
     if promote_run is not None and scale_prefetch is None:
-        scale_prefetch = rule["scale_prefetch"] and promote_run > 0
+        scale_prefetch = rule["scale_prefetch"] and (promote_run > 0 or wide)
     promote_run = rule["promote_run"] if promote_run is None else promote_run
     scale_prefetch = rule["scale_prefetch"] if scale_prefetch is None else bool(scale_prefetch)
     epilogue_prefetch = rule["epilogue_prefetch"] if epilogue_prefetch is None else bool(epilogue_prefetch)
@@ -277,7 +279,7 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     stages = stages or min(6 if dtype == "fp8" else 8, fit)
     if (promote_run or scale_prefetch) and dtype != "fp8":
         raise ValueError("promote_run / scale_prefetch: FP8 only (the bf16 / fp16 main loop has no promotion)")
-    if promote_run < 0 or (scale_prefetch and not promote_run):
+    if promote_run < 0 or (scale_prefetch and not promote_run and not wide):
         raise ValueError(f"promote_run={promote_run} (>= 0), scale_prefetch={scale_prefetch} (needs promote_run >= 1)")
     if cluster_m not in (1, 2) or sm_count < cluster_m:
         raise ValueError(f"cluster_m={cluster_m}: 1 or 2 (with at least that many SMs)")
@@ -554,8 +556,10 @@ class GroupedGemmSm90(ConsumerSteps):
             # ((2 columns, 2 row halves, wave_n / 8 column groups of 8), 1, 1)
             assert cute.size(part.shape[0][1]) == 2 and cute.size(part) == cfg.wave_n // 2, part.layout
             wrows = cute.make_rmem_tensor(2 * m_waves, cutlass.Int32)  # the thread's rows, per wave and row half
-            wsa = cute.make_rmem_tensor(2 * m_waves, cutlass.Float32)
-            wsw = cute.make_rmem_tensor(n_waves * chunks, cutlass.Float32)
+            wsa = cute.make_rmem_tensor(2 * m_waves, cutlass.Float32)  # the stage's scales (scale_prefetch:
+            wsw = cute.make_rmem_tensor(n_waves * chunks, cutlass.Float32)  # loaded into nsa / nsw a stage ahead)
+            nsa = cute.make_rmem_tensor(2 * m_waves, cutlass.Float32)
+            nsw = cute.make_rmem_tensor(n_waves * chunks, cutlass.Float32)
             wf = cute.make_rmem_tensor(2 * chunks, cutlass.Float32)
             last_nb = -(-cfg.n // FP8_BLOCK) - 1
         ldc = cfg.n
@@ -640,11 +644,15 @@ class GroupedGemmSm90(ConsumerSteps):
                 # stage is released after its last wave. Same products and FFMAs as the 128 x 128 kernels.
                 for j in cutlass.range_constexpr(2 * m_waves):
                     wrows[j] = cutlass.min(row_start + tCcC[cute.size(part) * (j // 2) + 2 * (j % 2)][0], row_end - 1)
+                scale_cols = [n_tile * cfg.tile_n + c * chunk for c in range(n_waves * chunks)]
+                if cutlass.const_expr(cfg.scale_prefetch):
+                    self._load_wave_scales(wsa, wsw, a_scale, w_scale, wrows, g, scale_cols, last_nb, 0)
                 for kt in cutlass.range(self.k_tiles, unroll=1):
-                    for c in cutlass.range_constexpr(n_waves * chunks):
-                        wsw[c] = w_scale[g, cutlass.min((n_tile * cfg.tile_n + c * chunk) // FP8_BLOCK, last_nb), kt]
-                    for j in cutlass.range_constexpr(2 * m_waves):
-                        wsa[j] = a_scale[wrows[j], kt]
+                    if cutlass.const_expr(cfg.scale_prefetch):  # the next stage's (clamped at the last)
+                        self._load_wave_scales(nsa, nsw, a_scale, w_scale, wrows, g, scale_cols, last_nb,
+                                               cutlass.min(kt + 1, self.k_tiles - 1))
+                    else:
+                        self._load_wave_scales(wsa, wsw, a_scale, w_scale, wrows, g, scale_cols, last_nb, kt)
                     ring.consumer_wait(read)
                     for w in cutlass.range_constexpr(m_waves * n_waves):
                         mw, nw = w % m_waves, w // m_waves
@@ -664,6 +672,9 @@ class GroupedGemmSm90(ConsumerSteps):
                         for i in cutlass.range_constexpr(cute.size(part)):  # column 8 (i // 4) + ..., row half
                             e = cute.size(part) * w + i
                             acc[e] = acc[e] + part[i] * wf[2 * (8 * (i // 4) // chunk) + (i // 2) % 2]
+                    if cutlass.const_expr(cfg.scale_prefetch):
+                        wsa.store(nsa.load())
+                        wsw.store(nsw.load())
             elif cutlass.const_expr(self.fp8):
                 # Per 128-wide K stage: WGMMA into `part` (fresh), then acc += part * a_scale[row] * w_scale[tile]
                 # in fp32 registers (the contract's per-block scaling; also bounds the FP8 WGMMA's reduced-precision

@@ -75,6 +75,15 @@ class ConsumerSteps:
             sa[2 * slot + h] = a_scale[rows[h], kt]
 
     @staticmethod
+    def _load_wave_scales(sa, sw, a_scale, w_scale, rows, g, cols, last_nb: int, kt):
+        """Stage kt's scales of the wave schedule: sa[j] <- a_scale of the thread's row j, sw[c] <- w_scale of the
+        128-column block of tile column chunk c (first column cols[c], clamped into the blocks)."""
+        for c in range(len(cols)):
+            sw[c] = w_scale[g, cutlass.min(cols[c] // 128, last_nb), kt]
+        for j in range(cute.size(sa)):
+            sa[j] = a_scale[rows[j], kt]
+
+    @staticmethod
     def _stage_mmas(tiled_mma, acc, tCrA, tCrB, stage, k_blocks: int):
         """The WGMMAs of one smem stage accumulating into `acc`, committed as one group."""
         for kb in range(k_blocks):
