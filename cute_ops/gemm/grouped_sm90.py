@@ -62,8 +62,8 @@ A rows) and 128 x 192 one 64 x 192 WGMMA (DeepGEMM's unaligned block N: its colu
 blocks, split at tile column 64 or 128; scales are taken per 64-column chunk). Per stage and wave: WGMMA into the one
 partial-sum buffer, wait, promote (128 accumulators + 64 partial sums, or 96 + 96, per thread); the other warp group's
 WGMMAs run meanwhile; scale_prefetch (on by default here) loads the next stage's scales at the stage's start. A stage
-feeds 2 x the MMA work of a 128 x 128 one for 1.5 x its bytes (1.25 x for 192 columns);
-the direct epilogue only (the smem one spills at these sizes). Same WGMMA per 64 x 128 block and FFMA per element:
+feeds 2 x the MMA work of a 128 x 128 one for 1.5 x its bytes (192 columns: 1.5 x for 1.25 x). The direct epilogue
+only (the smem one spills at these sizes). Same WGMMA per 64 x 128 block and FFMA per element:
 bit-equal to the other FP8 kernels (the 64 x 192 WGMMA sums each output over the same 4 K32 steps).
 """
 
