@@ -52,9 +52,12 @@ def test_fp8_wide_config_rules():
         assert "wide" in can_implement("fp8", 4096, 7168, 32, tm, tn)
     assert "tile_m" in can_implement("bf16", 4096, 7168, 32, 256, 128)
     assert "tile_n" in can_implement("bf16", 4096, 7168, 32, 128, 192)
-    for bad, tn in itertools.product((dict(promote_run=4), dict(epilogue="smem"), dict(wg_stagger=2)), (192, 256)):
+    for bad, tn in itertools.product((dict(promote_run=4), dict(wg_stagger=2)), (192, 256)):
         with pytest.raises(ValueError):
             pick_config(*GEMM1, tile_m=128, tile_n=tn, **bad)
+    assert pick_config(*GEMM1, tile_m=128, tile_n=256, epilogue="smem").stages == 3  # + 64 KiB staging tile
+    with pytest.raises(ValueError, match="direct"):
+        pick_config(*GEMM1, tile_m=256, tile_n=128, epilogue="smem")
     with pytest.raises(ValueError, match="epilogue_prefetch"):
         pick_config(*GEMM1, tile_m=256, tile_n=128, epilogue_prefetch=True)
     with pytest.raises(ValueError, match="stages"):
@@ -93,11 +96,34 @@ def test_fp8_wide_sass(case):
     assert d.max_register() <= 232
 
 
+SMEM_WIDE = [dict(tile_m=128, tile_n=256, epilogue="smem"), dict(tile_m=128, tile_n=192, epilogue="smem")]
+
+
+@needs_dsl
+@pytest.mark.parametrize("tiles", SMEM_WIDE, ids=_vid)
+def test_fp8_wide_smem_epilogue_sass(tiles):
+    """The smem epilogue on the 128-row wide tiles: its stores, and its register spills (~20 values per tile) only
+    outside the K loop (stored before the first QGMMA, reloaded after the last wait)."""
+    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+
+    for shape in (GEMM1, GEMM2):
+        cfg = pick_config(*shape, **tiles)
+        d = dump(cfg)
+        seq = re.findall(r"\b(LDL|STL|QGMMA|WARPGROUP\.DEPBAR)\b", d.sass)
+        first, last = seq.index("QGMMA"), len(seq) - 1 - seq[::-1].index("WARPGROUP.DEPBAR")
+        assert "LDL" not in seq[first:last] and "STL" not in seq[first:last], seq
+        assert d.count("STL") <= 24 and d.count("LDL") <= 24, d.opcodes()
+        ops = d.opcodes()
+        chunks = 64 * cfg.tile_n * 2 // 128 // 16
+        assert ops["STS"] == cfg.tile_n // 4 and ops["LDS.128"] == chunks, ops
+        assert ops["STG.E.128"] == chunks + 4 * cfg.desc_slots and d.count("STG.E.U16") == 0, ops
+
+
 # -------------------------------------------------------------------------------------- GPU (sm_90)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", WIDE, ids=_vid)
+@pytest.mark.parametrize("tiles", WIDE + SMEM_WIDE, ids=_vid)
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["fp32", "ue8m0"])
 def test_gpu_fp8_wide_match_reference_and_base(tiles, layout, ue8m0):
@@ -114,7 +140,7 @@ def test_gpu_fp8_wide_match_reference_and_base(tiles, layout, ue8m0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", WIDE, ids=_vid)
+@pytest.mark.parametrize("tiles", WIDE + SMEM_WIDE, ids=_vid)
 @pytest.mark.parametrize("dims", [(4096, 7168), (7168, 2048)], ids=["gemm1", "gemm2"])
 def test_gpu_fp8_wide_deepseek_dims(tiles, dims):
     """DeepSeek-V3 GEMM1 / GEMM2 dimensions, 8 experts of uneven sizes: bit-equal to the default kernel."""

@@ -57,14 +57,15 @@ schedule computes the same FFMA per element and block: outputs are bit-equal. A 
 needs 128 accumulator + 128 partial-sum registers per thread.
 
 FP8 wide tiles (GemmConfig.wide, FP8_WIDE; opt-in): 256 x 128 and 128 x 256 give each of the two consumer warp groups
-two 64 x 128 sub-tiles (waves: rows r and r + 128, sharing the stage's B rows; or both 128-column halves, sharing its
-A rows) and 128 x 192 one 64 x 192 WGMMA (DeepGEMM's unaligned block N: its columns span two 128-column weight-scale
+two 64 x 128 sub-tiles (waves: rows r and r + 128, sharing the stage's B rows; or both 128-column halves, sharing its A
+rows) and 128 x 192 one 64 x 192 WGMMA (DeepGEMM's unaligned block N: its columns span two 128-column weight-scale
 blocks, split at tile column 64 or 128; scales are taken per 64-column chunk). Per stage and wave: WGMMA into the one
 partial-sum buffer, wait, promote (128 accumulators + 64 partial sums, or 96 + 96, per thread); the other warp group's
 WGMMAs run meanwhile; scale_prefetch (on by default here) loads the next stage's scales at the stage's start. A stage
-feeds 2 x the MMA work of a 128 x 128 one for 1.5 x its bytes (192 columns: 1.5 x for 1.25 x). The direct epilogue
-only (the smem one spills at these sizes). Same WGMMA per 64 x 128 block and FFMA per element:
-bit-equal to the other FP8 kernels (the 64 x 192 WGMMA sums each output over the same 4 K32 steps).
+feeds 2 x the MMA work of a 128 x 128 one for 1.5 x its bytes (192 columns: 1.5 x for 1.25 x). The direct epilogue by
+default; the smem one (128 rows only) spills ~20 registers per tile, outside the K loop. Same WGMMA per 64 x 128 block
+and FFMA per element: bit-equal to the other FP8 kernels (the 64 x 192 WGMMA sums each output over the same 4 K32
+steps).
 """
 
 from __future__ import annotations
@@ -256,7 +257,7 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
         if k <= FP8_SHORT_K:
             rule["promote_run"] = FP8_SHORT_K_RUN
     wide = dtype == "fp8" and (tile_m, tile_n) in FP8_WIDE
-    if wide:  # the wave schedule (no promote_run; scales a stage ahead), the direct epilogue (the smem one spills)
+    if wide:  # the wave schedule, scales a stage ahead, the direct epilogue (smem: opt-in at 128 rows, see above)
         rule.update(promote_run=0, scale_prefetch=True, epilogue="direct")
         if tile_m == 256:
             rule.update(epilogue_prefetch=False)
@@ -268,9 +269,9 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     epilogue = epilogue or rule["epilogue"]
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue {epilogue!r}: one of {EPILOGUES}")
-    if wide and (promote_run or epilogue != "direct" or (tile_m == 256 and epilogue_prefetch)):
-        raise ValueError(f"FP8 wide tile {tile_m}x{tile_n}: promote_run 0 (its own wave schedule), the direct "
-                         f"epilogue; 256 rows: no epilogue_prefetch")
+    if wide and (promote_run or (tile_m == 256 and (epilogue_prefetch or epilogue != "direct"))):
+        raise ValueError(f"FP8 wide tile {tile_m}x{tile_n}: promote_run 0 (its own wave schedule); 256 rows: the "
+                         f"direct epilogue, no epilogue_prefetch")
     fit = (SMEM_BYTES - SMEM_RESERVED - epilogue_bytes(epilogue, tile_m, tile_n)) // stage_bytes(tile_m, tile_n)
     if stages is not None and not 2 <= stages <= fit:
         raise ValueError(f"stages={stages}: 2 to {fit} fit in shared memory for a {tile_m}x{tile_n} tile")
