@@ -53,8 +53,19 @@ promote_run U >= 1 issues stage i + 1's WGMMAs (into a second partial-sum buffer
 (wait_group 1), in runs of U stages that end with wait_group 0: ptxas serializes every WGMMA of the kernel (C7514)
 when accumulator registers of an in-flight WGMMA are copied or read across a loop edge, so nothing is in flight
 where the dynamic loop turns. scale_prefetch loads each stage's scales during the previous stage's WGMMAs. Every
-schedule computes the same FFMA per element and block: outputs are bit-equal. A 128 x 256 FP8 tile does not fit:
-a 64 x 256 warp group tile needs 128 accumulator + 128 partial-sum registers per thread.
+schedule computes the same FFMA per element and block: outputs are bit-equal. A 64 x 256 FP8 WGMMA does not fit: it
+needs 128 accumulator + 128 partial-sum registers per thread.
+
+FP8 wide tiles (GemmConfig.wide, FP8_WIDE; opt-in): 256 x 128 and 128 x 256 give each of the two consumer warp groups
+two 64 x 128 sub-tiles (waves: rows r and r + 128, sharing the stage's B rows; or both 128-column halves, sharing its A
+rows) and 128 x 192 one 64 x 192 WGMMA (DeepGEMM's unaligned block N: its columns span two 128-column weight-scale
+blocks, split at tile column 64 or 128; scales are taken per 64-column chunk). Per stage and wave: WGMMA into the one
+partial-sum buffer, wait, promote (128 accumulators + 64 partial sums, or 96 + 96, per thread); the other warp group's
+WGMMAs run meanwhile; scale_prefetch (on by default here) loads the next stage's scales at the stage's start. A stage
+feeds 2 x the MMA work of a 128 x 128 one for 1.5 x its bytes (192 columns: 1.5 x for 1.25 x). The direct epilogue by
+default; the smem one (128 rows only) spills ~20 registers per tile, outside the K loop. Same WGMMA per 64 x 128 block
+and FFMA per element: bit-equal to the other FP8 kernels (the 64 x 192 WGMMA sums each output over the same 4 K32
+steps).
 """
 
 from __future__ import annotations
@@ -70,13 +81,13 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from triton_ops.contract.moe_gemm import FP8_BLOCK  # K elements per FP8 scale (= one K stage)
 
+from .grouped_sm90_steps import WG, ConsumerSteps
 from .scheduler import BoundedTileScheduler
 
 ROW_BYTES = 128  # bytes of one K stage per row: one 128B-swizzle row (64 bf16 / 128 E4M3 elements)
 SMEM_BYTES = 232448  # sm_90 per-CTA shared memory (227 KiB)
 SMEM_RESERVED = 1024  # mbarriers, alignment slack
 DESC_BYTES = 128  # one TMA descriptor
-WG = 128  # threads per warp group
 STAGGER_BARRIER = 3  # named barrier of wg_stagger (1 + warp group: the smem epilogue's)
 LOAD_REGS, MMA_REGS = 40, 232
 DTYPES = {"bf16": "BFloat16", "fp16": "Float16", "fp8": "Float8E4M3FN"}  # operand type; fp8 writes bf16
@@ -89,6 +100,7 @@ FP8_SHORT_K, FP8_SHORT_K_RUN = 2048, 4
 # the FP8 prefill default until e2bc450 (pass as overrides to reproduce it)
 FP8_PREVIOUS_SCHEDULE = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
 FP8_PREFILL_ROWS = 128
+FP8_WIDE = ((256, 128), (128, 256), (128, 192))  # FP8 tiles of the wave schedule (GemmConfig.wide)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +113,8 @@ class GemmConfig:
     num_groups: int
     layout: str  # contiguous (m_indices row filter) | masked
     row_weights: bool
-    tile_m: int  # 64 | 128 (one consumer warp group per 64 rows)
-    tile_n: int  # 64 | 128 | 256
+    tile_m: int  # 64 | 128 (one consumer warp group per 64 rows) | FP8 256 (a wide tile, see `wide`)
+    tile_n: int  # 64 | 128 | 256 (FP8: 128, or 192 / 256 as a wide tile)
     stages: int  # smem ring depth
     grid: int  # persistent CTAs (the SM count)
     arch: str  # sm_90a
@@ -115,7 +127,8 @@ class GemmConfig:
     # overlaps the tensor cores (192 accumulator registers per thread at 64 x 128); U = 1 is the 0 schedule in
     # this code path (a baseline for scale_prefetch).
     promote_run: int = 0
-    # FP8, promote_run >= 1: each stage's scales are loaded one stage ahead (during the previous stage's WGMMAs)
+    # FP8, promote_run >= 1 or a wide tile: each stage's scales are loaded one stage ahead (during the previous
+    # stage's WGMMAs)
     scale_prefetch: bool = False
     # True: the epilogue's per-row values (m_indices, row weights) are loaded when the tile starts, not after its
     # main loop (their latency, once per tile, hidden under the WGMMAs; K = 2048 has only 16 stages per tile)
@@ -160,8 +173,23 @@ class GemmConfig:
         return self.grid // self.cluster_m
 
     @property
+    def wide(self) -> bool:
+        """FP8 256 x 128, 128 x 256 (two consumer warp groups, each owning two 64 x 128 sub-tiles: waves) or 128 x 192
+        (one 64 x 192 wave per warp group, two weight-scale blocks per tile)."""
+        return self.dtype == "fp8" and (self.tile_m, self.tile_n) in FP8_WIDE
+
+    @property
+    def wave_n(self) -> int:
+        """Columns of one WGMMA (a wave's width)."""
+        return (self.tile_n if self.tile_n % FP8_BLOCK else FP8_BLOCK) if self.wide else self.tile_n
+
+    @property
+    def mma_wgs(self) -> int:
+        return min(self.tile_m // 64, 2)
+
+    @property
     def threads(self) -> int:
-        return WG * (1 + self.tile_m // 64)
+        return WG * (1 + self.mma_wgs)
 
 
 def block_k(dtype: str) -> int:
@@ -173,7 +201,6 @@ def stage_bytes(tile_m: int, tile_n: int) -> int:
 
 
 EPILOGUES = ("direct", "smem")
-CHUNK = 8  # 2-byte output elements per 16-byte chunk of the smem epilogue
 
 
 def epilogue_bytes(epilogue: str, tile_m: int, tile_n: int) -> int:
@@ -185,12 +212,16 @@ def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128
     """Why this problem cannot compile (None when it can)."""
     if dtype not in DTYPES:
         return f"dtype {dtype!r}: one of {sorted(DTYPES)}"
-    if tile_m not in (64, 128) or tile_n not in (64, 128, 256):
-        return f"tile {tile_m}x{tile_n}: tile_m 64 / 128, tile_n 64 / 128 / 256"
+    fp8 = dtype == "fp8"
+    if tile_m not in ((64, 128, 256) if fp8 else (64, 128)) or tile_n not in ((64, 128, 192, 256) if fp8 else
+                                                                             (64, 128, 256)):
+        return f"tile {tile_m}x{tile_n}: tile_m 64 / 128 (FP8 also 256), tile_n 64 / 128 / 256 (FP8 also 192)"
     if k <= 0 or k % 8:
         return f"K={k} must be a positive multiple of 8 (16-byte TMA row pitch)"
-    if dtype == "fp8" and (k % FP8_BLOCK or tile_n != FP8_BLOCK):
-        return f"FP8: K={k} must be a multiple of {FP8_BLOCK} and tile_n {FP8_BLOCK} (one weight scale per tile)"
+    if fp8 and (k % FP8_BLOCK or (tile_n != FP8_BLOCK and (tile_m, tile_n) not in FP8_WIDE) or tile_m == 256 and
+                tile_n != FP8_BLOCK):
+        return (f"FP8: K={k} must be a multiple of {FP8_BLOCK}; tiles 64 / 128 x {FP8_BLOCK} (one weight scale per "
+                f"tile) or the wide {' / '.join(f'{m} x {n}' for m, n in FP8_WIDE)} (not {tile_m}x{tile_n})")
     if n <= 0 or n % 8:
         return f"N={n} must be a positive multiple of 8 (16-byte weight rows)"
     if num_groups < 1:
@@ -211,7 +242,8 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     (promote_run 0, direct epilogue). tile_m / tile_n / stages / promote_run / scale_prefetch / epilogue_prefetch /
     epilogue override the rule field by field (scale_prefetch follows an overridden promote_run 0: off); cluster_m 2
     (B multicast over CTA pairs), wg_stagger (offset consumer warp groups) and producer_ahead (descriptor rewrites a
-    tile early) are variants, not the rule's."""
+    tile early) are variants, not the rule's. An FP8 wide tile (tile_m / tile_n overrides in FP8_WIDE) runs its wave
+    schedule: promote_run 0, the direct epilogue, no epilogue_prefetch at 256 rows (others refused)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
@@ -224,14 +256,22 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
         rule = dict(FP8_PREFILL_SCHEDULE)
         if k <= FP8_SHORT_K:
             rule["promote_run"] = FP8_SHORT_K_RUN
+    wide = dtype == "fp8" and (tile_m, tile_n) in FP8_WIDE
+    if wide:  # the wave schedule, scales a stage ahead, the direct epilogue (smem: opt-in at 128 rows, see above)
+        rule.update(promote_run=0, scale_prefetch=True, epilogue="direct")
+        if tile_m == 256:
+            rule.update(epilogue_prefetch=False)
     if promote_run is not None and scale_prefetch is None:
-        scale_prefetch = rule["scale_prefetch"] and promote_run > 0
+        scale_prefetch = rule["scale_prefetch"] and (promote_run > 0 or wide)
     promote_run = rule["promote_run"] if promote_run is None else promote_run
     scale_prefetch = rule["scale_prefetch"] if scale_prefetch is None else bool(scale_prefetch)
     epilogue_prefetch = rule["epilogue_prefetch"] if epilogue_prefetch is None else bool(epilogue_prefetch)
     epilogue = epilogue or rule["epilogue"]
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue {epilogue!r}: one of {EPILOGUES}")
+    if wide and (promote_run or (tile_m == 256 and (epilogue_prefetch or epilogue != "direct"))):
+        raise ValueError(f"FP8 wide tile {tile_m}x{tile_n}: promote_run 0 (its own wave schedule); 256 rows: the "
+                         f"direct epilogue, no epilogue_prefetch")
     fit = (SMEM_BYTES - SMEM_RESERVED - epilogue_bytes(epilogue, tile_m, tile_n)) // stage_bytes(tile_m, tile_n)
     if stages is not None and not 2 <= stages <= fit:
         raise ValueError(f"stages={stages}: 2 to {fit} fit in shared memory for a {tile_m}x{tile_n} tile")
@@ -240,7 +280,7 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     stages = stages or min(6 if dtype == "fp8" else 8, fit)
     if (promote_run or scale_prefetch) and dtype != "fp8":
         raise ValueError("promote_run / scale_prefetch: FP8 only (the bf16 / fp16 main loop has no promotion)")
-    if promote_run < 0 or (scale_prefetch and not promote_run):
+    if promote_run < 0 or (scale_prefetch and not promote_run and not wide):
         raise ValueError(f"promote_run={promote_run} (>= 0), scale_prefetch={scale_prefetch} (needs promote_run >= 1)")
     if cluster_m not in (1, 2) or sm_count < cluster_m:
         raise ValueError(f"cluster_m={cluster_m}: 1 or 2 (with at least that many SMs)")
@@ -261,7 +301,7 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
 # ------------------------------------------------------------------------------------------------- kernel
 
 
-class GroupedGemmSm90:
+class GroupedGemmSm90(ConsumerSteps):
     def __init__(self, cfg: GemmConfig):
         self.cfg = cfg
         self.fp8 = cfg.dtype == "fp8"
@@ -270,7 +310,7 @@ class GroupedGemmSm90:
         self.bk = block_k(cfg.dtype)
         self.k_tiles = -(-cfg.k // self.bk)
         self.n_tiles = -(-cfg.n // cfg.tile_n)
-        self.mma_wgs = cfg.tile_m // 64
+        self.mma_wgs = cfg.mma_wgs
         self.mma_warps = 4 * self.mma_wgs
 
     @cute.jit
@@ -288,7 +328,7 @@ class GroupedGemmSm90:
 
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, cutlass.Float32,
-            (self.mma_wgs, 1, 1), tiler_mn=(64, cfg.tile_n))
+            (self.mma_wgs, 1, 1), tiler_mn=(64, cfg.wave_n))
         a_smem = self._smem_layout(cfg.tile_m)
         b_smem = self._smem_layout(cfg.tile_n)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -499,6 +539,30 @@ class GroupedGemmSm90:
         res = cute.make_rmem_tensor(tCcC.shape, self.out_dtype)
         keep = cute.make_rmem_tensor(tCcC.shape, cutlass.Boolean)
         k_blocks = cute.size(tCrA, mode=[2])
+        if cutlass.const_expr(cfg.wide):
+            # waves: the warp group's 64 x wave_n sub-tiles (mw, nw) of the tile, in the full fragment's order
+            # (element i of wave w = mw + m_waves * nw is acc[size(part) * w + i]); A / B fragments of each
+            # sub-tile's smem rows. Weight scales per chunk of `chunk` columns (one 128-column block each: a 64 x 192
+            # wave at column 192 n_tile spans two blocks, split at a multiple of 64)
+            m_waves, n_waves = cfg.tile_m // 128, cfg.tile_n // cfg.wave_n
+            chunk = FP8_BLOCK if cfg.wave_n % FP8_BLOCK == 0 else 64
+            chunks = cfg.wave_n // chunk
+            tCrA_w = [tiled_mma.make_fragment_A(thr_wg.partition_A(
+                cute.local_tile(sA, (128, self.bk, cfg.stages), (mw, 0, 0)))) for mw in range(m_waves)]
+            tCrB_w = [tiled_mma.make_fragment_B(thr_wg.partition_B(
+                cute.local_tile(sB, (cfg.wave_n, self.bk, cfg.stages), (nw, 0, 0)))) for nw in range(n_waves)]
+            part = cute.make_rmem_tensor(thr_mma.partition_C(cute.make_identity_tensor((128, cfg.wave_n))).shape,
+                                         cutlass.Float32)
+            assert cute.size(part) * m_waves * n_waves == cute.size(acc), (part.layout, acc.layout)
+            # ((2 columns, 2 row halves, wave_n / 8 column groups of 8), 1, 1)
+            assert cute.size(part.shape[0][1]) == 2 and cute.size(part) == cfg.wave_n // 2, part.layout
+            wrows = cute.make_rmem_tensor(2 * m_waves, cutlass.Int32)  # the thread's rows, per wave and row half
+            wsa = cute.make_rmem_tensor(2 * m_waves, cutlass.Float32)  # the stage's scales (scale_prefetch:
+            wsw = cute.make_rmem_tensor(n_waves * chunks, cutlass.Float32)  # loaded into nsa / nsw a stage ahead)
+            nsa = cute.make_rmem_tensor(2 * m_waves, cutlass.Float32)
+            nsw = cute.make_rmem_tensor(n_waves * chunks, cutlass.Float32)
+            wf = cute.make_rmem_tensor(2 * chunks, cutlass.Float32)
+            last_nb = -(-cfg.n // FP8_BLOCK) - 1
         ldc = cfg.n
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
@@ -575,6 +639,43 @@ class GroupedGemmSm90:
                                 for h in cutlass.range_constexpr(2):
                                     sa[h] = sa[2 + h]
                                 sw2[0] = sw2[1]
+            elif cutlass.const_expr(cfg.wide):
+                # Per K stage, wave by wave: WGMMA 64 x 128 x 128 into `part`, wait, acc[wave] += part * a_scale[row] *
+                # w_scale[g, 128-column block of the wave, kt] (the other warp group's WGMMAs run meanwhile); the
+                # stage is released after its last wave. Same products and FFMAs as the 128 x 128 kernels.
+                for j in cutlass.range_constexpr(2 * m_waves):
+                    wrows[j] = cutlass.min(row_start + tCcC[cute.size(part) * (j // 2) + 2 * (j % 2)][0], row_end - 1)
+                scale_cols = [n_tile * cfg.tile_n + c * chunk for c in range(n_waves * chunks)]
+                if cutlass.const_expr(cfg.scale_prefetch):
+                    self._load_wave_scales(wsa, wsw, a_scale, w_scale, wrows, g, scale_cols, last_nb, 0)
+                for kt in cutlass.range(self.k_tiles, unroll=1):
+                    if cutlass.const_expr(cfg.scale_prefetch):  # the next stage's (clamped at the last)
+                        self._load_wave_scales(nsa, nsw, a_scale, w_scale, wrows, g, scale_cols, last_nb,
+                                               cutlass.min(kt + 1, self.k_tiles - 1))
+                    else:
+                        self._load_wave_scales(wsa, wsw, a_scale, w_scale, wrows, g, scale_cols, last_nb, kt)
+                    ring.consumer_wait(read)
+                    for w in cutlass.range_constexpr(m_waves * n_waves):
+                        mw, nw = w % m_waves, w // m_waves
+                        warpgroup.fence()
+                        for kb in cutlass.range_constexpr(k_blocks):
+                            tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                            cute.gemm(tiled_mma, part, tCrA_w[mw][(None, None, kb, read.index)],
+                                      tCrB_w[nw][(None, None, kb, read.index)], part)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(0)
+                        if cutlass.const_expr(w == m_waves * n_waves - 1):
+                            ring.consumer_release(read)
+                            read.advance()
+                        for c in cutlass.range_constexpr(chunks):
+                            for h in cutlass.range_constexpr(2):
+                                wf[2 * c + h] = wsa[2 * mw + h] * wsw[nw * chunks + c]
+                        for i in cutlass.range_constexpr(cute.size(part)):  # column 8 (i // 4) + ..., row half
+                            e = cute.size(part) * w + i
+                            acc[e] = acc[e] + part[i] * wf[2 * (8 * (i // 4) // chunk) + (i // 2) % 2]
+                    if cutlass.const_expr(cfg.scale_prefetch):
+                        wsa.store(nsa.load())
+                        wsw.store(nsw.load())
             elif cutlass.const_expr(self.fp8):
                 # Per 128-wide K stage: WGMMA into `part` (fresh), then acc += part * a_scale[row] * w_scale[tile]
                 # in fp32 registers (the contract's per-block scaling; also bounds the FP8 WGMMA's reduced-precision
@@ -654,76 +755,6 @@ class GroupedGemmSm90:
                         cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), dst)
             t = t + nctas
             g, base = sched.seek(t, g, base)
-
-    @cute.jit
-    def _smem_epilogue(self, sC, res, tCcC, mma_tidx, out, m_indices, g, row_start, row_end, col0):
-        """Stage this warp group's 64 x tile_n output rows in smem, then coalesced predicated 16-byte stores.
-        Chunk c of row r (CHUNK columns) sits at chunk c ^ (r % 8) of the row: the fragment's 4-byte writes (8 rows
-        x 4 column pairs of one chunk per warp instruction) and the 16-byte reads are bank-conflict free. r is the
-        output row (row_start + ...), not the row in the tile: the addresses then change per tile, and the compiler
-        does not hoist 32 of them out of the tile loop into registers the main loop needs (spills)."""
-        cfg = self.cfg
-        wg = mma_tidx // WG
-        lt = mma_tidx % WG
-        per_row = cfg.tile_n // CHUNK
-        passes = 64 * per_row // WG
-        base = sC.iterator + wg * 64 * cfg.tile_n
-        for j in cutlass.range_constexpr(cute.size(res) // 2):
-            rl = tCcC[2 * j][0] - wg * 64
-            col = tCcC[2 * j][1]
-            off = rl * cfg.tile_n + ((col // CHUNK) ^ ((row_start + rl) % 8)) * CHUNK + col % CHUNK
-            staged = cute.make_tensor(cute.make_ptr(self.out_dtype, (base + off).toint(), cute.AddressSpace.smem,
-                                                    assumed_align=4), cute.make_layout(2))
-            cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), staged)
-        # the row predicates (their loads overlap the barrier wait); each thread's chunk rows are lt // per_row +
-        # p * (WG // per_row)
-        ok = cute.make_rmem_tensor(passes, cutlass.Boolean)
-        for p in cutlass.range_constexpr(passes):
-            c = lt + p * WG
-            r = row_start + wg * 64 + c // per_row
-            keep = (r < row_end) & (col0 + (c % per_row) * CHUNK < cfg.n)
-            if cutlass.const_expr(m_indices is not None):
-                keep = keep & (m_indices[cutlass.min(r, row_end - 1)] == g)
-            ok[p] = keep
-        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=WG)
-        chunk = cute.make_rmem_tensor(CHUNK, self.out_dtype)
-        for p in cutlass.range_constexpr(passes):
-            c = lt + p * WG
-            rl = c // per_row
-            ch = c % per_row
-            src = cute.make_tensor(cute.make_ptr(self.out_dtype, (base + rl * cfg.tile_n + (ch ^ ((row_start + rl) % 8))
-                                                                  * CHUNK)
-                                                 .toint(), cute.AddressSpace.smem, assumed_align=16),
-                                   cute.make_layout(CHUNK))
-            cute.autovec_copy(src, chunk)
-            if ok[p]:
-                dst = cute.make_tensor(cute.make_ptr(self.out_dtype, (out.iterator + (
-                    cutlass.Int64(row_start + wg * 64 + rl) * cfg.n + col0 + ch * CHUNK)).toint(),
-                    cute.AddressSpace.gmem, assumed_align=16), cute.make_layout(CHUNK))
-                cute.autovec_copy(chunk, dst)
-        # the next tile's writes reuse these rows
-        cute.arch.barrier(barrier_id=1 + wg, number_of_threads=WG)
-
-    @staticmethod
-    def _promote(acc, part, f0, f1):
-        """acc += part * f, f = f0 in the thread's first row half, f1 in its second."""
-        for i in range(cute.size(acc)):
-            acc[i] = acc[i] + part[i] * (f1 if (i // 2) % 2 else f0)
-
-    @staticmethod
-    def _load_scales(sa, sw, slot: int, a_scale, w_scale, rows, g, n_tile, kt):
-        """Scale slot `slot` <- stage kt's: the thread's 2 rows' a_scale and the tile's w_scale."""
-        sw[slot] = w_scale[g, n_tile, kt]
-        for h in range(2):
-            sa[2 * slot + h] = a_scale[rows[h], kt]
-
-    @staticmethod
-    def _stage_mmas(tiled_mma, acc, tCrA, tCrB, stage, k_blocks: int):
-        """The WGMMAs of one smem stage accumulating into `acc`, committed as one group."""
-        for kb in range(k_blocks):
-            crd = (None, None, kb, stage)
-            cute.gemm(tiled_mma, acc, tCrA[crd], tCrB[crd], acc)
-        warpgroup.commit_group()
 
 
 # --------------------------------------------------------------------------------------------- compile
