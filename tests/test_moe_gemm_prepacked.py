@@ -248,7 +248,7 @@ def test_configs():
             assert cfg.block_m >= min(m, 64), (arch, m, cfg)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(16, 128, 256, 1, 4, 3)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
-    assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 4)
+    assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3)
     sw = lambda m, fmt: prepacked_swiglu_config(pick_prepacked_config_for_arch(m, 2880, 2880, "sm_90", fmt))
     assert sw(16, "mxfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)  # the 256-K step spills with two accumulators
     assert sw(16, "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
