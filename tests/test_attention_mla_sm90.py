@@ -55,6 +55,7 @@ _COMPILE = textwrap.dedent("""
                                         (3, 16, False, False, "pingpong_pv_first_ra_sb"),
                                         (1, 128, True, False, "pingpong_pv_first_r1_ra_sb"),
                                         (2, 128, True, True, "pingpong_pv_first_r1_ra_sb"),
+                                        (1, 128, True, False, "pingpong_pv_first_r1_rp_sb"),
                                         (1, 128, True, False, "pingpong_pv_first_c2_r1_ra_sb")):
         c = M.compile_sm90(sq, h, causal, final, any_version=True, schedule=sched)
         ptx = c.asm["ptx"]
@@ -105,9 +106,9 @@ def _check_compile(env, spills_ok=False):
         if sched.startswith("pingpong"):  # each warpgroup: the whole S of its tiles, its 256 columns of O
             assert set(shapes) == {"64x64x16", "64x256x16"}, f"{what}: {sass}"
             assert r["setmaxnreg"] > 0, f"{what}: no register reallocation between the partitions"
-            # _ra: the owner's P V takes P from registers (4 k-steps of 16 per P V site), the other's from shared
+            # _ra / _rp: the owner's P V takes P from registers (4 k-steps of 16 per P V site), the other's from shared
             # memory; otherwise no register A operand
-            if "ra" in sched.split("_"):
+            if {"ra", "rp"} & set(sched.split("_")):
                 assert 0 < sass["HGMMA_regA"] < shapes["64x256x16"], f"{what}: {sass}"
             else:
                 assert sass["HGMMA_regA"] == 0, f"{what}: {sass}"
@@ -320,14 +321,15 @@ def test_launcher_dry_run(monkeypatch):
         M.mla_decode(*c.args(3), schedule=sched)  # NoPE halves in column chunks
         (grid, args, kw), _ = seen
         assert kw["PV_FIRST"] is True and kw["NCH"] == nch and kw["num_warps"] == 4
-        assert kw["R1"] is sched.endswith("_r1") and kw["RA"] is False and kw["SB"] is False
+        assert kw["R1"] is sched.endswith("_r1") and kw["RA"] == 0 and kw["SB"] is False
         assert args[0].block_shape == [64, 256 // nch] and args[2].block_shape == [64, 256 // nch]
         seen.clear()
-    for sched, nch, r1, ra, sb in (("pingpong_pv_first_ra", 1, False, True, False),
-                                   ("pingpong_pv_first_sb", 1, False, False, True),
-                                   ("pingpong_pv_first_ra_sb", 1, False, True, True),
-                                   ("pingpong_pv_first_r1_ra_sb", 1, True, True, True),
-                                   ("pingpong_pv_first_c2_r1_ra_sb", 2, True, True, True)):
+    for sched, nch, r1, ra, sb in (("pingpong_pv_first_ra", 1, False, 1, False),
+                                   ("pingpong_pv_first_sb", 1, False, 0, True),
+                                   ("pingpong_pv_first_ra_sb", 1, False, 1, True),
+                                   ("pingpong_pv_first_r1_ra_sb", 1, True, 1, True),
+                                   ("pingpong_pv_first_r1_rp_sb", 1, True, 2, True),
+                                   ("pingpong_pv_first_c2_r1_ra_sb", 2, True, 1, True)):
         M.mla_decode(*c.args(3), schedule=sched)  # register-A own P V, barriers of their own
         (grid, args, kw), _ = seen
         assert (kw["PV_FIRST"], kw["NCH"], kw["R1"], kw["RA"], kw["SB"]) == (True, nch, r1, ra, sb), (sched, kw)
@@ -336,6 +338,6 @@ def test_launcher_dry_run(monkeypatch):
     M.mla_decode(*c.args(3))  # the default schedule
     (grid, args, kw), _ = seen
     assert M.DEFAULT_SCHEDULE == "pingpong_pv_first" and kw["PV_FIRST"] is True and kw["num_warps"] == 4
-    assert kw["NCH"] == 1 and kw["R1"] is False
+    assert kw["NCH"] == 1 and kw["R1"] is False and kw["RA"] == 0 and kw["SB"] is False
     with pytest.raises(ValueError, match="schedule"):
         M.mla_decode(*c.args(3), schedule="fast")
