@@ -93,9 +93,10 @@ def _check_compile(env, spills_ok=False):
         if sched.endswith("_r1") and plain:  # and fewer CTA barriers than the same chunks without
             assert r["bar_sync"] < plain["bar_sync"], f"{what}: {r} vs {plain}"
         tags = sched.split("_")
-        for tag in ("ra", "sb", "r1"):  # each of these takes CTA barriers away (the same schedule without it)
+        for tag in ("ra", "sb", "r1"):  # each of these takes CTA barriers away (the same schedule without it) with
+            # the GPU image's Triton (3.6; other versions' barrier passes differ)
             without = by_cfg.get((*r["cfg"][:4], "_".join(x for x in tags if x != tag)))
-            if tag in tags[3:] and without:
+            if tag in tags[3:] and without and res["triton"].startswith("3.6."):
                 assert r["bar_sync"] < without["bar_sync"], f"{what}: {r} vs {without}"
         assert r["wgmma"] > 0 and r["tma"] > 0 and r["mbar_wait"] > 0, f"{what}: {r}"
         assert r["smem"] <= 232448, f"{what}: {r['smem']} bytes of shared memory"

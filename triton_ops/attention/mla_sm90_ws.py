@@ -95,18 +95,9 @@ def _chunk(buf, c: gl.constexpr, NCH: gl.constexpr):
 
 
 @gluon.jit
-def _mb(bars, i: gl.constexpr, SB: gl.constexpr):
-    """mbarrier i of a barrier group: SB, a tuple of single-barrier allocations, else an array."""
-    if SB:
-        bar = bars[i]
-    else:
-        bar = bars.index(i)
-    return bar
-
-
-@gluon.jit
 def _mbs(bars, i, I: gl.constexpr, SB: gl.constexpr):
-    """mbarrier i of a barrier group: SB, a tuple indexed by the constant I (= i), else an array indexed by i."""
+    """mbarrier i of a barrier group: SB, a tuple of single-barrier allocations indexed by the constant I (= i),
+    else an array indexed by i."""
     if SB:
         bar = bars[I]
     else:
@@ -149,9 +140,9 @@ def _ws_release(o, slot: gl.constexpr, empty_n, empty_r, W: gl.constexpr, R1: gl
     else:
         o = warpgroup_mma_wait(0, deps=(o, ))
     _cta_barrier()
-    mbarrier.arrive(_mb(empty_n, 2 * slot + W, SB))
+    mbarrier.arrive(_mbs(empty_n, 2 * slot + W, 2 * slot + W, SB))
     if not R1:  # (R1: the producer takes the half's arrival for the RoPE part too)
-        mbarrier.arrive(_mb(empty_r, slot, SB))
+        mbarrier.arrive(_mbs(empty_r, slot, slot, SB))
     return o
 
 
@@ -181,7 +172,7 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
         ph = (t // 2) & 1
         if k0 + PAGE > sk:  # the sequence's last page: its rows past sk are zeroed before any P V
             for c in gl.static_range(2 * NCH):
-                mbarrier.wait(_mb(full_n[c % NCH], 2 * W + c // NCH, SB), ph)
+                mbarrier.wait(_mbs(full_n[c % NCH], 2 * W + c // NCH, 2 * W + c // NCH, SB), ph)
             _zero_rows_from(kn_smem.index(2 * W), sk - k0, 4)
             _zero_rows_from(kn_smem.index(2 * W + 1), sk - k0, 4)
         # Q's buffer index (t >> 30 = 0) is opaque to the compiler: the Q descriptors are rebuilt per tile instead
@@ -190,11 +181,11 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
         s = gl.zeros([BLOCK_M, PAGE], gl.float32, s_layout)
         for k in gl.static_range(2 * NCH):  # the own half first, chunk by chunk as the chunks land
             hk = (W + k // NCH) % 2
-            mbarrier.wait(_mb(full_n[k % NCH], 2 * W + (W + k // NCH) % 2, SB), ph)
+            mbarrier.wait(_mbs(full_n[k % NCH], 2 * W + (W + k // NCH) % 2, 2 * W + (W + k // NCH) % 2, SB), ph)
             s = warpgroup_mma(_chunk(q_smem.index(hk + qz), k % NCH, NCH),
                               _chunk(kn_smem.index(2 * W + hk), k % NCH, NCH).permute((1, 0)), s, use_acc=k > 0,
                               is_async=True)
-        mbarrier.wait(_mb(full_r, W, SB), ph)
+        mbarrier.wait(_mbs(full_r, W, W, SB), ph)
         s = warpgroup_mma(qr_smem.index(qz), kr_smem.index(W).permute((1, 0)), s, is_async=True)
     if OTHER and not PV_FIRST:
         o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, R1, SB, s_layout, o_layout)
@@ -221,7 +212,7 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
             ml_smem[0].index(2 * W + 1).store(l_i)
         fence_async_shared()
         _cta_barrier()  # P_{j+1} and (m, l) complete: publish them
-        mbarrier.arrive(_mb(sm_bar, W, SB))
+        mbarrier.arrive(_mbs(sm_bar, W, W, SB))
         if RA:
             if RA == 2:
                 o = warpgroup_mma(p_a, kn_smem.index(2 * W + W), o, is_async=True)
