@@ -225,8 +225,7 @@ def fp4_grouped_operands(fmt: str, m: int, g: int, n: int, k: int, seed: int = 0
 
 
 def sass_stats(cubin: bytes) -> dict | None:
-    """Counts from the SASS of a Hopper cubin (None without cuobjdump / nvdisasm): HGMMA (and per shape; HGMMA_regA:
-    those whose A operand is in registers), UTMALDG,
+    """Counts from the SASS of a Hopper cubin (None without cuobjdump / nvdisasm): HGMMA (and per shape), UTMALDG,
     SYNCS (mbarrier), BAR.SYNC, STL / LDL (spills), `wait0` (WARPGROUP.DEPBAR.LE gsb0, 0x0: one per HGMMA when
     ptxas serializes wgmma) and `ex2_between_waits`: the MUFU.EX2 count between each `wait for S` (DEPBAR.LE gsb0,
     0x1) and the next wgmma wait (the softmax overlapping an MMA)."""
@@ -257,9 +256,7 @@ def sass_stats(cubin: bytes) -> dict | None:
         elif inside is not None and "MUFU.EX2" in line:
             inside += 1
     shapes = collections.Counter(re.findall(r"HGMMA\.(\d+x\d+x\d+)", text))
-    reg_a = len(re.findall(r"HGMMA\.\S+ R\d+, R\d+,", text))
-    return {"HGMMA": text.count("HGMMA."), "HGMMA_shapes": dict(shapes), "HGMMA_regA": reg_a,
-            "UTMALDG": text.count("UTMALDG"),
+    return {"HGMMA": text.count("HGMMA."), "HGMMA_shapes": dict(shapes), "UTMALDG": text.count("UTMALDG"),
             "SYNCS": text.count("SYNCS."), "BAR": text.count("BAR.SYNC"), "wait0": text.count("DEPBAR.LE gsb0, 0x0"),
             "STL": sum(i.startswith("STL") for i in ins), "LDL": sum(i.startswith("LDL") for i in ins),
             "ex2_between_waits": windows}
