@@ -5,8 +5,7 @@
 FP8 (E4M3 a and w, fp32 scales): sum_k becomes sum over 128-wide K blocks kb of
 (sum_{k in kb} a[r, k] * w[g, n, k]) * a_scale[r, kb] * w_scale[g, n // 128, kb]; out is bf16.
 
-COMPILED AND SASS-INSPECTED ON A CPU (tests/test_cute_gemm_sm90.py); NOT YET RUN ON A GPU. Launchers:
-cute_ops/gemm/moe_sm90.py (the `moe_gemm_bf16` / `moe_gemm_fp8` backends of the dispatch table's "cute" rows).
+Launchers: cute_ops/gemm/moe_sm90.py (the `moe_gemm_bf16` / `moe_gemm_fp8` backends of the table's "cute" rows).
 
 Operands (K-major, contiguous):
 
@@ -56,16 +55,16 @@ where the dynamic loop turns. scale_prefetch loads each stage's scales during th
 schedule computes the same FFMA per element and block: outputs are bit-equal. A 64 x 256 FP8 WGMMA does not fit: it
 needs 128 accumulator + 128 partial-sum registers per thread.
 
-FP8 wide tiles (GemmConfig.wide, FP8_WIDE; opt-in): 256 x 128 and 128 x 256 give each of the two consumer warp groups
-two 64 x 128 sub-tiles (waves: rows r and r + 128, sharing the stage's B rows; or both 128-column halves, sharing its A
-rows) and 128 x 192 one 64 x 192 WGMMA (DeepGEMM's unaligned block N: its columns span two 128-column weight-scale
-blocks, split at tile column 64 or 128; scales are taken per 64-column chunk). Per stage and wave: WGMMA into the one
-partial-sum buffer, wait, promote (128 accumulators + 64 partial sums, or 96 + 96, per thread); the other warp group's
-WGMMAs run meanwhile; scale_prefetch (on by default here) loads the next stage's scales at the stage's start. A stage
-feeds 2 x the MMA work of a 128 x 128 one for 1.5 x its bytes (192 columns: 1.5 x for 1.25 x). The direct epilogue by
-default; the smem one (128 rows only) spills ~20 registers per tile, outside the K loop. Same WGMMA per 64 x 128 block
-and FFMA per element: bit-equal to the other FP8 kernels (the 64 x 192 WGMMA sums each output over the same 4 K32
-steps).
+FP8 wide tiles (GemmConfig.wide, FP8_WIDE; 128 x 256 is the launcher's FP8 prefill tile where N allows): 256 x 128 and
+128 x 256 give each of the two consumer warp groups two 64 x 128 sub-tiles (waves: rows r and r + 128, sharing the
+stage's B rows; or both 128-column halves, sharing its A rows) and 128 x 192 one 64 x 192 WGMMA (DeepGEMM's unaligned
+block N: its columns span two 128-column weight-scale blocks, split at tile column 64 or 128; scales are taken per
+64-column chunk). Per stage and wave: WGMMA into the one partial-sum buffer, wait, promote (128 accumulators + 64
+partial sums, or 96 + 96, per thread); the other warp group's WGMMAs run meanwhile; scale_prefetch (on by default here)
+loads the next stage's scales at the stage's start. A stage feeds 2 x the MMA work of a 128 x 128 one for 1.5 x its
+bytes (192 columns: 1.5 x for 1.25 x). The direct epilogue when named; the smem one (128 rows; the rule's) spills ~20
+registers per tile, outside the K loop. Same WGMMA per 64 x 128 block and FFMA per element: bit-equal to the other FP8
+kernels (the 64 x 192 WGMMA sums each output over the same 4 K32 steps).
 """
 
 from __future__ import annotations
@@ -100,6 +99,9 @@ FP8_SHORT_K, FP8_SHORT_K_RUN = 2048, 4
 # the FP8 prefill default until e2bc450 (pass as overrides to reproduce it)
 FP8_PREVIOUS_SCHEDULE = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
 FP8_PREFILL_ROWS = 128
+# FP8 prefill, N a multiple of 256: 128 x 256 waves + smem epilogue, 1-9% faster than 128 x 128 (H200; docs/cute.md;
+# perf/results/experiments/2026-11-26-h200-moe-gemm-fp8-wide-tiles-9e95854.json); moe_sm90.config_for applies it
+FP8_PREFILL_WIDE = dict(tile_m=128, tile_n=256, epilogue="smem")
 FP8_WIDE = ((256, 128), (128, 256), (128, 192))  # FP8 tiles of the wave schedule (GemmConfig.wide)
 
 
@@ -242,8 +244,9 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     (promote_run 0, direct epilogue). tile_m / tile_n / stages / promote_run / scale_prefetch / epilogue_prefetch /
     epilogue override the rule field by field (scale_prefetch follows an overridden promote_run 0: off); cluster_m 2
     (B multicast over CTA pairs), wg_stagger (offset consumer warp groups) and producer_ahead (descriptor rewrites a
-    tile early) are variants, not the rule's. An FP8 wide tile (tile_m / tile_n overrides in FP8_WIDE) runs its wave
-    schedule: promote_run 0, the direct epilogue, no epilogue_prefetch at 256 rows (others refused)."""
+    tile early) are variants, not the rule's. An FP8 wide tile (FP8_WIDE) runs its wave schedule: promote_run 0,
+    the direct epilogue, no epilogue_prefetch at 256 rows (others refused). The launcher (moe_sm90.config_for)
+    asks for FP8_PREFILL_WIDE where it applies."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
