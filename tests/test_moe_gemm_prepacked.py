@@ -6,6 +6,7 @@ Rows the kernel must not read are NaN; outputs start as NaN (conftest poison), s
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import textwrap
@@ -596,3 +597,58 @@ def test_sm90_compile_register_a_wgmma():
         assert int(vec16) > 0, f"{what}: no 16-byte async copies"
         assert int(fma) >= 8, f"{what}: the packed conversion is missing ({fma} fma.rn.*x2)"
         assert int(shared) <= 232448, f"{what}: {shared} B of shared memory"
+
+
+# ---------------------------------------------------------------------------------------------- kernel variants
+
+
+def _variant_configs(fmt: str, base: MoeGemmConfig):
+    """The variants of `base` for `fmt`: scale bytes in the words' shape, and (MXFP4) the folded multiply."""
+    out = [dataclasses.replace(base, scale_words=True)]
+    if fmt == "mxfp4":
+        out += [dataclasses.replace(base, fold_scale=True),
+                dataclasses.replace(base, scale_words=True, fold_scale=True)]
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_variants_give_the_same_bytes(fmt, device):
+    """scale_words / fold_scale against the default kernel: equal bytes (the same exact products, summed in the same
+    order), both layouts' tiles (K 160: a padded chunk; 256 with a 256-K step: the masked step), one-hot rows (every
+    code and the edge scales <= 128 for the fold) and quantized weights."""
+    e, n, k = 2, 64, 256
+    wp, ws, wg = _edge_weights(fmt, e, n, k, device)
+    if fmt == "mxfp4":
+        ws = ws.clamp(max=FP.FOLD_MAX_SCALE)
+        assert FP.mxfp4_scales_foldable(ws)
+    a = (torch.eye(k) * 2.0 ** 20).repeat(e, 1).bfloat16()
+    mi = torch.arange(e, dtype=torch.int32).repeat_interleave(k)
+    vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+    dev = lambda t: None if t is None else t.to(device)
+    run = lambda cfg, a=a, mi=mi, vals=vals, scales=scales, wg=wg: tri.moe_gemm_fp4_prepacked(
+        dev(a), dev(vals), dev(scales), dev(wg), fmt, dev(mi), None, config=cfg).cpu()
+    for base in (MoeGemmConfig(16, 64, 128, 1, 4, 1), MoeGemmConfig(32, 64, 256, 1, 4, 1)):
+        want = run(base)
+        for cfg in _variant_configs(fmt, base):
+            assert_same_bytes(run(cfg), want, f"{fmt} one-hot {cfg}")
+    case = _contig_case(2, [0] * 20 + [1] * 12, k=160, n=80, row_weights=True)
+    weights = _linear_weights(fmt, case.w32)
+    if fmt == "mxfp4":
+        assert FP.mxfp4_scales_foldable(weights[1])
+    base = MoeGemmConfig(16, 64, 128, 1, 4, 1)
+    want, _ = _run(fmt, case, device=device, config=base, weights=weights)
+    for cfg in _variant_configs(fmt, base):
+        got = _check(fmt, case, device=device, config=cfg, weights=weights)
+        assert_same_bytes(got.cpu(), want.cpu(), f"{fmt} {case.desc} {cfg}")
+
+
+def test_fold_scale_refusals():
+    """fold_scale is MXFP4 only; mxfp4_scales_foldable sees a byte above 128."""
+    case = _contig_case(1, [0] * 4, k=128, n=16)
+    with pytest.raises(ValueError, match="fold_scale is for MXFP4"):
+        _run("nvfp4", case, config=MoeGemmConfig(16, 16, 128, 1, 4, 1, fold_scale=True))
+    s = torch.full((1, 2, 16), 127, dtype=torch.uint8)
+    assert FP.mxfp4_scales_foldable(s)
+    s[0, 1, 3] = 129
+    assert not FP.mxfp4_scales_foldable(s)

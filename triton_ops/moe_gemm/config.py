@@ -36,6 +36,10 @@ class MoeGemmConfig:
     num_stages: int  # software-pipeline depth of the K loop (GPU only)
     tokens_m: bool = False  # prepacked FP4 kernel only: tokens on the MMA's M side, the dequantized weight tile the
                             # shared-memory B operand (converted once per CTA and K step); default swap-AB
+    scale_words: bool = False  # prepacked FP4 only: the scale bytes loaded in the shape (and thread mapping) of the
+                               # value words, no layout conversion of the scales (prepacked.py: _weight_tile)
+    fold_scale: bool = False  # prepacked MXFP4 only: one multiply per pair (the bit trick's bias folded into the
+                              # scale); needs every scale byte <= 128 (fp4_prepack.mxfp4_scales_foldable)
 
     def refusal(self, kind: str) -> str | None:
         """Why this config cannot run weight kind `kind` (None: it can)."""

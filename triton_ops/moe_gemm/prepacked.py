@@ -117,12 +117,14 @@ def dequant_prepacked(words, sc0, sc1, BLOCK_W: tl.constexpr, BLOCK_K: tl.conste
 
 
 @triton.jit
-def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr):
+def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
+                 FOLD_MX: tl.constexpr):
     """Scale bytes -> fp32 values (interpreter) or int32 words with the DTYPE bits of the value in both halves.
     NVFP4: e4m3 * 2^119 (bf16 bit trick, interpreter) / 2^7 (fp16): the bit trick's bias 2^126 / 2^14 folded in,
     less 2^7 (the largest E4M3, 448, times 2^119 is bf16's largest power-of-two binade), which the fp32 sums get
     back after the K loop. Exact: every E4M3 times 2^119 (2^7) is a normal bf16 (fp16).
-    MXFP4: 2^(s - 127) itself (2^126 * 2^(s - 127) leaves bf16's range for s >= 129)."""
+    MXFP4: 2^(s - 127) itself (2^126 * 2^(s - 127) leaves bf16's range for s >= 129); FOLD_MX (every scale byte
+    <= 128, the caller's promise): 2^(s - 1), the bias folded in (a normal bf16 for s in 0 .. 128)."""
     if NVFP4:
         f = e4m3_decode_fast(sb, EMULATE)
         if F32_DOT or DTYPE == tl.bfloat16:
@@ -134,8 +136,12 @@ def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.const
         h = f.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     else:
         if F32_DOT:
+            if FOLD_MX:
+                return e8m0_to_f32(sb) * _BIAS_F32
             return e8m0_to_f32(sb)
         b = sb.to(tl.int32)
+        if FOLD_MX:
+            return ((b + 126) << 7) * 0x10001
         h = tl.where(b == 0, 0x40, b << 7)  # bf16 2^(b - 127); b = 0: the subnormal 2^-127
         h = tl.where(b == 255, 0x7FC0, h)  # NaN
     return h | (h << 16)
@@ -143,21 +149,36 @@ def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.const
 
 @triton.jit
 def _weight_tile(v_rows, s_rows, k0, KW, KS, MASK_K: tl.constexpr, NVFP4: tl.constexpr, DTYPE: tl.constexpr,
-                 F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
+                 F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr):
     """The [BLOCK_W, BLOCK_K] operand of the tile's weight rows at K offset k0 (MASK_K: words and scales past the
     row read as zero codes with scale byte 0)."""
     U: tl.constexpr = BLOCK_K // 128
     SB: tl.constexpr = 16 if NVFP4 else 32
     kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    ks = k0 // SB + tl.arange(0, BLOCK_K // SB)
+    if SCALES_AS_WORDS:
+        # one scale byte per word (c, t) of the chunk, the scales of the words' 4 t (and 2 s) contiguous: the load
+        # has the words' shape and (for the GPU's blocked layout) their thread mapping, so the scale words need no
+        # layout conversion (through shared memory) on the way to the operand
+        SPW: tl.constexpr = 2 if NVFP4 else 1  # scale bytes per word (s = 0, 1)
+        j = tl.arange(0, BLOCK_K // 8 * SPW)
+        ks = k0 // SB + (j // (16 * SPW)) * (128 // SB) + j % (4 * SPW)  # chunk u, then t (and s)
+    else:
+        ks = k0 // SB + tl.arange(0, BLOCK_K // SB)
     if MASK_K:
         words = tl.load(v_rows[:, None] + kw[None, :], mask=(kw < KW)[None, :], other=0)
         sb = tl.load(s_rows[:, None] + ks[None, :], mask=(ks < KS)[None, :], other=0)
     else:
         words = tl.load(v_rows[:, None] + kw[None, :])
         sb = tl.load(s_rows[:, None] + ks[None, :])
-    sc = _scale_words(sb, NVFP4, DTYPE, F32_DOT, EMULATE)
-    if NVFP4:  # scale index 8 u + 2 t + s
+    sc = _scale_words(sb, NVFP4, DTYPE, F32_DOT, EMULATE, FOLD_MX)
+    if SCALES_AS_WORDS:
+        if NVFP4:  # [W, u, c, t, s]
+            sc0, sc1 = tl.split(tl.reshape(sc, [BLOCK_W, U, 4, 4, 2]))
+        else:
+            sc0 = tl.reshape(sc, [BLOCK_W, U, 4, 4])
+            sc1 = sc0
+    elif NVFP4:  # scale index 8 u + 2 t + s
         sc0, sc1 = tl.split(tl.reshape(sc, [BLOCK_W, U, 4, 2]))
         sc0 = tl.reshape(sc0, [BLOCK_W, U, 1, 4])
         sc1 = tl.reshape(sc1, [BLOCK_W, U, 1, 4])
@@ -165,13 +186,14 @@ def _weight_tile(v_rows, s_rows, k0, KW, KS, MASK_K: tl.constexpr, NVFP4: tl.con
         sc0 = tl.reshape(sc, [BLOCK_W, U, 1, 4])
         sc1 = sc0
     return dequant_prepacked(tl.reshape(words, [BLOCK_W, U, 4, 4]), sc0, sc1, BLOCK_W, BLOCK_K, F32_DOT,
-                             DTYPE == tl.float16, NVFP4)
+                             DTYPE == tl.float16, NVFP4 or FOLD_MX)
 
 
 @triton.jit
 def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
                     NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
-                    BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr):
+                    BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr,
+                    SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr):
     """fp32 [BLOCK_W, BLOCK_T] = w[rows] @ a[tokens].T over K for the tokens in `sel` (others read as zero).
     v_rows / s_rows: pointers to the tile's weight rows in the prepacked values / scales, all in range (the caller
     clamps rows past N; their results are not stored), so the weight loads need no row mask, and no K mask when a
@@ -187,7 +209,7 @@ def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
         acc = tl.zeros([BLOCK_W, BLOCK_T], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         wt = _weight_tile(v_rows, s_rows, k0, KW, KS, BLOCK_K != 128, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
-                          BLOCK_K)
+                          BLOCK_K, SCALES_AS_WORDS, FOLD_MX)
         kk = k0 + ka
         a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
         if TOKENS_M:
@@ -205,12 +227,13 @@ def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
 @triton.jit
 def _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w_rows, NR, K, KW, KS, NVFP4: tl.constexpr,
                DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
-               BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr):
+               BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr,
+               FOLD_MX: tl.constexpr):
     """Expert e64's fp32 [BLOCK_W, BLOCK_T] products of weight rows w_rows (of its NR) with the tokens in `sel`,
     times (NVFP4) its global scale. Rows past NR read row NR - 1 (the caller never stores them)."""
     w_in = e64 * NR + tl.minimum(w_rows, NR - 1)
     acc = _prepacked_pass(a_ptr, a_off, sel, v_ptr + w_in * KW, s_ptr + w_in * KS, K, KW, KS, NVFP4, DTYPE, F32_DOT,
-                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
+                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX)
     if NVFP4:
         acc = acc * tl.load(g_ptr + e64)
     return acc
@@ -221,7 +244,7 @@ def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w6
                  NVFP4: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr,
                  EMULATE: tl.constexpr, SWIGLU: tl.constexpr, INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr,
                  CLAMP: tl.constexpr, DIV_RN: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr):
+                 BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr):
     """Expert e64's tile for the tokens in `sel`, stored to their columns of out_t (one rounding). Plain: the
     output columns w64 are weight rows, times the row weights (rw_rows: pointers to the tokens' weights). SWIGLU
     (N = I, weights (E, 2I, K)): the gate and up rows of each output column in two passes, each rounded to the
@@ -229,15 +252,15 @@ def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w6
     if SWIGLU:
         gate_rows, up_rows = _gate_up_rows(w64, N, INTERLEAVE)
         g = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, gate_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
-                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
+                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX)
         g = cast_out(g, DTYPE, EMULATE).to(tl.float32)
         u = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, up_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
-                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
+                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX)
         u = cast_out(u, DTYPE, EMULATE).to(tl.float32)
         acc = swiglu_act(g, u, alpha, limit, GPTOSS, CLAMP, DIV_RN, DTYPE, EMULATE)
     else:
         acc = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w64, N, K, KW, KS, NVFP4, DTYPE, F32_DOT,
-                         EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
+                         EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX)
         if HAS_RW:
             acc *= tl.load(rw_rows, mask=sel, other=0.0)[None, :]
     tl.store(out_t, cast_out(acc, out_t.dtype.element_ty, EMULATE), mask=wmask[:, None] & sel[None, :])
@@ -259,7 +282,8 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
                           F32_DOT: tl.constexpr, EMULATE: tl.constexpr, SWIGLU: tl.constexpr,
                           INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, DIV_RN: tl.constexpr,
                           SCATTER: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
-                          BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr):
+                          BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr,
+                          FOLD_MX: tl.constexpr):
     """Program (axis 0) = one [BLOCK_T tokens, BLOCK_W output columns] tile (columns: weight rows, or with SWIGLU
     the I outputs of gate / up row pairs), the column tiles of one token tile adjacent (activations reused from
     L2); masked layout: axis 1 = expert. Every output element in range is written once: computed rows by their
@@ -286,7 +310,7 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
             _expert_tile(a_ptr, e64 * stride_ae + rows64 * stride_am, _kept(done, dst_ok, SCATTER), v_ptr, s_ptr,
                          g_ptr, rw_ptr + flat, out_t, e64, w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW,
                          DTYPE, F32_DOT, EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K,
-                         TOKENS_M)
+                         TOKENS_M, SCALES_AS_WORDS, FOLD_MX)
     else:
         dst, dst_ok = _destination(rows64, rmask, dst_ptr, n_dst, SCATTER)
         out_t = out_ptr + dst[None, :] * N + w64[:, None]
@@ -298,7 +322,8 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
             sel = _kept(mi == e, dst_ok, SCATTER)
             _expert_tile(a_ptr, rows64 * stride_am, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
                          e.to(tl.int64), w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW, DTYPE, F32_DOT,
-                         EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
+                         EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M,
+                         SCALES_AS_WORDS, FOLD_MX)
             e = tl.min(tl.where(mi > e, mi, E), 0)
     zero = tl.zeros([BLOCK_W, BLOCK_T], out_ptr.dtype.element_ty)
     tl.store(out_t, zero, mask=wmask[:, None] & _kept(rmask & ~done, dst_ok, SCATTER)[None, :])
@@ -322,6 +347,8 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
         return out  # scatter with no layout row: nothing is written (the combine reads no slot)
     cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), n, k, a.device, fmt, bool(swiglu))
     reason = prepacked_refusal(cfg)
+    if cfg.fold_scale and fmt != "mxfp4":
+        reason = "fold_scale is for MXFP4 weights (NVFP4's scale words always hold the bias)"
     if reason:
         raise ValueError(f"moe_gemm_fp4_prepacked: config {cfg}: {reason}")
     interleave, activation, alpha, limit = swiglu or (0, "silu", 0.0, None)
@@ -337,7 +364,7 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
            F32_DOT=a.device.type != "cuda", EMULATE=emulate_formats(a.device), SWIGLU=bool(swiglu),
            INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
            DIV_RN=silu_div_rn(a.dtype), SCATTER=dst_rows is not None, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m,
-           BLOCK_K=cfg.block_k, TOKENS_M=cfg.tokens_m,
+           BLOCK_K=cfg.block_k, TOKENS_M=cfg.tokens_m, SCALES_AS_WORDS=cfg.scale_words, FOLD_MX=cfg.fold_scale,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
