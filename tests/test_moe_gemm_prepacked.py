@@ -249,11 +249,15 @@ def test_configs():
             assert cfg.block_m >= min(m, 64), (arch, m, cfg)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(16, 128, 256, 1, 4, 3)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
-    assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3)
+    fast = dict(scale_words=True, fold_scale="tile")
+    assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3,
+                                                                                              **fast)
+    assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3,
+                                                                                              scale_words=True)
     sw = lambda m, fmt: prepacked_swiglu_config(pick_prepacked_config_for_arch(m, 2880, 2880, "sm_90", fmt))
     assert sw(16, "mxfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)  # the 256-K step spills with two accumulators
     assert sw(16, "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
-    assert sw(255, "mxfp4") == MoeGemmConfig(64, 64, 128, 1, 4, 4)
+    assert sw(255, "mxfp4") == MoeGemmConfig(64, 64, 128, 1, 4, 4, **fast)
 
 
 # ---------------------------------------------------------------------------------------------- GEMM1 + SwiGLU
@@ -465,6 +469,7 @@ def test_gpu_nvfp4_fp16_and_tiles():
 
 
 PREFILL_TILES = [MoeGemmConfig(128, 128, 128, 1, 8, 4), MoeGemmConfig(128, 128, 128, 1, 8, 3),
+                 MoeGemmConfig(128, 128, 128, 1, 8, 3, scale_words=True, peel_k=True),
                  MoeGemmConfig(64, 128, 128, 1, 8, 4), MoeGemmConfig(128, 64, 128, 1, 4, 3),
                  MoeGemmConfig(128, 128, 256, 1, 8, 2)]
 
@@ -483,6 +488,31 @@ def test_gpu_prefill_tiles(fmt, masked):
     if not masked:
         shifted = _contig_case(3, [0] * 96 + [1] * 256 + [2] * 160, k=2880, n=256, row_weights=True)
         _check(fmt, shifted, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_gpu_prefill_variants_same_bytes(fmt):
+    """GPT-OSS K at prefill (4 experts x 256 rows, N 512): the rule (scale_words, MXFP4 per-tile fold) and every
+    variant give the bytes of the plain 128 x 128 tile; MXFP4 scale bytes above 128 in the rows of one weight tile
+    (that tile runs the unfolded loop) and in none."""
+    case = _gpu_decode_case(False, e=4, rows=256, n=512)
+    wp, ws, wg = _linear_weights(fmt, case.w32)
+    plain = MoeGemmConfig(128, 128, 128, 1, 8, 3)
+    variants = [None, dataclasses.replace(plain, scale_words=True), dataclasses.replace(plain, peel_k=True)]
+    if fmt == "mxfp4":
+        variants += [dataclasses.replace(plain, fold_scale=m, scale_words=w) for m in ("on", "tile")
+                     for w in (False, True)]
+    for big in ((False, True) if fmt == "mxfp4" else (False,)):
+        if big:
+            ws = ws.clone()
+            ws[1, 130:140, :5] = 140  # rows of the second weight tile of expert 1
+        want, _ = _run(fmt, case, device="cuda", config=plain, weights=(wp, ws, wg))
+        for cfg in variants:
+            if big and cfg is not None and cfg.fold_scale == "on":
+                continue  # the promise does not hold
+            got, _ = _run(fmt, case, device="cuda", config=cfg, weights=(wp, ws, wg))
+            assert_same_bytes(got, want, f"{fmt} big={big} {cfg}")
 
 
 @pytest.mark.gpu
@@ -606,17 +636,19 @@ def _variant_configs(fmt: str, base: MoeGemmConfig):
     """The variants of `base` for `fmt`: scale bytes in the words' shape, and (MXFP4) the folded multiply."""
     out = [dataclasses.replace(base, scale_words=True)]
     if fmt == "mxfp4":
-        out += [dataclasses.replace(base, fold_scale=True),
-                dataclasses.replace(base, scale_words=True, fold_scale=True)]
+        out += [dataclasses.replace(base, fold_scale="on"), dataclasses.replace(base, fold_scale="tile"),
+                dataclasses.replace(base, scale_words=True, fold_scale="on", peel_k=True),
+                dataclasses.replace(base, peel_k=True)]
     return out
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_variants_give_the_same_bytes(fmt, device):
-    """scale_words / fold_scale against the default kernel: equal bytes (the same exact products, summed in the same
-    order), both layouts' tiles (K 160: a padded chunk; 256 with a 256-K step: the masked step), one-hot rows (every
-    code and the edge scales <= 128 for the fold) and quantized weights."""
+    """scale_words / fold_scale / peel_k against the default kernel: equal bytes (the same exact products, summed in
+    the same order): one-hot rows (every code, the edge scales; <= 128 for the fold, and for the per-tile fold also
+    tiles with larger ones), 128- and 256-K steps (the masked step), and quantized weights at K 160 (a padded chunk,
+    a partial K step)."""
     e, n, k = 2, 64, 256
     wp, ws, wg = _edge_weights(fmt, e, n, k, device)
     if fmt == "mxfp4":
@@ -632,6 +664,18 @@ def test_variants_give_the_same_bytes(fmt, device):
         want = run(base)
         for cfg in _variant_configs(fmt, base):
             assert_same_bytes(run(cfg), want, f"{fmt} one-hot {cfg}")
+    if fmt == "mxfp4":  # scale bytes above 128 in the rows of some tiles only: those run the unfolded loop
+        wp, ws, wg = _edge_weights(fmt, e, n, k, device)
+        ws[0, :32] = ws[0, :32].clamp(max=FP.FOLD_MAX_SCALE)
+        assert not FP.mxfp4_scales_foldable(ws)
+        vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+        run = lambda cfg, a=a, mi=mi, vals=vals, scales=scales: tri.moe_gemm_fp4_prepacked(
+            dev(a), dev(vals), dev(scales), None, fmt, dev(mi), None, config=cfg).cpu()
+        base = MoeGemmConfig(16, 32, 128, 1, 4, 1)
+        want = run(base)
+        for cfg in (dataclasses.replace(base, fold_scale="tile"),
+                    dataclasses.replace(base, fold_scale="tile", scale_words=True, peel_k=True)):
+            assert_same_bytes(run(cfg), want, f"{fmt} one-hot, scales > 128 in some tiles, {cfg}")
     case = _contig_case(2, [0] * 20 + [1] * 12, k=160, n=80, row_weights=True)
     weights = _linear_weights(fmt, case.w32)
     if fmt == "mxfp4":
@@ -647,7 +691,9 @@ def test_fold_scale_refusals():
     """fold_scale is MXFP4 only; mxfp4_scales_foldable sees a byte above 128."""
     case = _contig_case(1, [0] * 4, k=128, n=16)
     with pytest.raises(ValueError, match="fold_scale is for MXFP4"):
-        _run("nvfp4", case, config=MoeGemmConfig(16, 16, 128, 1, 4, 1, fold_scale=True))
+        _run("nvfp4", case, config=MoeGemmConfig(16, 16, 128, 1, 4, 1, fold_scale="on"))
+    with pytest.raises(ValueError, match="fold_scale='yes' is not one of"):
+        _run("mxfp4", case, config=MoeGemmConfig(16, 16, 128, 1, 4, 1, fold_scale="yes"))
     s = torch.full((1, 2, 16), 127, dtype=torch.uint8)
     assert FP.mxfp4_scales_foldable(s)
     s[0, 1, 3] = 129

@@ -42,7 +42,7 @@ from triton_ops.contract.moe_gemm import check_combine_args, check_row_weights, 
 from triton_ops.moe.align import moe_combine
 from triton_ops.swiglu import silu_div_rn, swiglu_act
 
-from .config import MoeGemmConfig, pick_prepacked_config, rows_per_expert
+from .config import FOLD_MODES, MoeGemmConfig, pick_prepacked_config, rows_per_expert
 from .dequant import e8m0_to_f32, mma
 from .fused import _gate_up_rows
 from .grouped import _destination, _grid_refusal
@@ -150,10 +150,9 @@ def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.const
 @triton.jit
 def _weight_tile(v_rows, s_rows, k0, KW, KS, MASK_K: tl.constexpr, NVFP4: tl.constexpr, DTYPE: tl.constexpr,
                  F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr):
+                 SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr):
     """The [BLOCK_W, BLOCK_K] operand of the tile's weight rows at K offset k0 (MASK_K: words and scales past the
-    row read as zero codes with scale byte 0)."""
-    U: tl.constexpr = BLOCK_K // 128
+    row read as zero codes with scale byte 0). FOLD (MXFP4): one multiply per pair (every scale byte <= 128)."""
     SB: tl.constexpr = 16 if NVFP4 else 32
     kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     if SCALES_AS_WORDS:
@@ -171,7 +170,15 @@ def _weight_tile(v_rows, s_rows, k0, KW, KS, MASK_K: tl.constexpr, NVFP4: tl.con
     else:
         words = tl.load(v_rows[:, None] + kw[None, :])
         sb = tl.load(s_rows[:, None] + ks[None, :])
-    sc = _scale_words(sb, NVFP4, DTYPE, F32_DOT, EMULATE, FOLD_MX)
+    return _operand(words, sb, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W, BLOCK_K, SCALES_AS_WORDS, FOLD)
+
+
+@triton.jit
+def _operand(words, sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
+             BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr):
+    """The loaded words and scale bytes of a step -> the [BLOCK_W, BLOCK_K] operand."""
+    U: tl.constexpr = BLOCK_K // 128
+    sc = _scale_words(sb, NVFP4, DTYPE, F32_DOT, EMULATE, FOLD)
     if SCALES_AS_WORDS:
         if NVFP4:  # [W, u, c, t, s]
             sc0, sc1 = tl.split(tl.reshape(sc, [BLOCK_W, U, 4, 4, 2]))
@@ -186,14 +193,63 @@ def _weight_tile(v_rows, s_rows, k0, KW, KS, MASK_K: tl.constexpr, NVFP4: tl.con
         sc0 = tl.reshape(sc, [BLOCK_W, U, 1, 4])
         sc1 = sc0
     return dequant_prepacked(tl.reshape(words, [BLOCK_W, U, 4, 4]), sc0, sc1, BLOCK_W, BLOCK_K, F32_DOT,
-                             DTYPE == tl.float16, NVFP4 or FOLD_MX)
+                             DTYPE == tl.float16, NVFP4 or FOLD)
+
+
+@triton.jit
+def _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, MASK_A: tl.constexpr, NVFP4: tl.constexpr,
+          DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
+          BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr):
+    """One K step: acc += the weight tile at k0 times the tokens' [BLOCK_T, BLOCK_K] (MASK_A: K past the row read
+    as zero; else the step is whole)."""
+    wt = _weight_tile(v_rows, s_rows, k0, KW, KS, BLOCK_K != 128, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                      BLOCK_K, SCALES_AS_WORDS, FOLD)
+    kk = k0 + tl.arange(0, BLOCK_K)
+    if MASK_A:
+        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
+    else:
+        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None], other=0)
+    if TOKENS_M:
+        return mma(a, tl.trans(wt), acc, F32_DOT)
+    else:
+        return mma(wt, tl.trans(a), acc, F32_DOT)
+
+
+@triton.jit
+def _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4: tl.constexpr, DTYPE: tl.constexpr,
+            F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
+            TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr, PEEL_K: tl.constexpr,
+            STAGES: tl.constexpr):
+    """acc + the products over K (PEEL_K: the whole steps without a K mask on the tokens, a loop-invariant mask,
+    then the partial last one). STAGES: the pipeline depth of this loop (0: the launch's num_stages)."""
+    k_tail = 0
+    if PEEL_K:
+        k_tail = K // BLOCK_K * BLOCK_K
+        for k0 in tl.range(0, k_tail, BLOCK_K, num_stages=STAGES if STAGES else None):
+            acc = _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, False, NVFP4, DTYPE, F32_DOT, EMULATE,
+                        BLOCK_W, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD)
+    for k0 in tl.range(k_tail, K, BLOCK_K, num_stages=STAGES if STAGES else None):
+        acc = _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, True, NVFP4, DTYPE, F32_DOT, EMULATE,
+                    BLOCK_W, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD)
+    return acc
+
+
+@triton.jit
+def _tile_foldable(s_rows, KS, BLOCK_W: tl.constexpr):
+    """Whether every MXFP4 scale byte of the tile's rows is <= 128 (fp4_prepack.FOLD_MAX_SCALE): one pass over the
+    rows' KS scale bytes (KS / 128 loads of [BLOCK_W, 128] bytes, from L2 after the first tile of a row block)."""
+    m = tl.zeros([BLOCK_W, 128], tl.uint8)
+    for j in range(0, KS, 128):
+        jj = j + tl.arange(0, 128)
+        m = tl.maximum(m, tl.load(s_rows[:, None] + jj[None, :], mask=(jj < KS)[None, :], other=0))
+    return tl.max(tl.max(m.to(tl.int32), 1), 0) <= 128
 
 
 @triton.jit
 def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
                     NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
                     BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr,
-                    SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr):
+                    SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr):
     """fp32 [BLOCK_W, BLOCK_T] = w[rows] @ a[tokens].T over K for the tokens in `sel` (others read as zero).
     v_rows / s_rows: pointers to the tile's weight rows in the prepacked values / scales, all in range (the caller
     clamps rows past N; their results are not stored), so the weight loads need no row mask, and no K mask when a
@@ -202,20 +258,21 @@ def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
     TOKENS_M: a[tokens] @ w[rows].T (tokens the MMA's M side, the dequantized tile the shared-memory B operand),
     transposed once after the K loop. Triton 3.6 waits for each step's MMAs before the next step's tile is stored
     (one B buffer), so there the conversion does not overlap the MMAs of its own program."""
-    ka = tl.arange(0, BLOCK_K)
     if TOKENS_M:
         acc = tl.zeros([BLOCK_T, BLOCK_W], tl.float32)
     else:
         acc = tl.zeros([BLOCK_W, BLOCK_T], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        wt = _weight_tile(v_rows, s_rows, k0, KW, KS, BLOCK_K != 128, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
-                          BLOCK_K, SCALES_AS_WORDS, FOLD_MX)
-        kk = k0 + ka
-        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
-        if TOKENS_M:
-            acc = mma(a, tl.trans(wt), acc, F32_DOT)
+    if FOLD_MX == 2:  # per tile: the folded loop where every scale byte of the tile's rows allows it, else the
+        # unfolded one at 2 stages (Triton gives each loop its own pipeline buffers: both within an SM's shared memory)
+        if _tile_foldable(s_rows, KS, BLOCK_W):
+            acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                          BLOCK_K, TOKENS_M, SCALES_AS_WORDS, True, PEEL_K, 0)
         else:
-            acc = mma(wt, tl.trans(a), acc, F32_DOT)
+            acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                          BLOCK_K, TOKENS_M, SCALES_AS_WORDS, False, PEEL_K, 2)
+    else:
+        acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                      BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX == 1, PEEL_K, 0)
     if NVFP4:
         acc = acc * 128.0  # the 2^-7 the folded scales leave on every operand (exact)
     if TOKENS_M:
@@ -228,12 +285,12 @@ def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
 def _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w_rows, NR, K, KW, KS, NVFP4: tl.constexpr,
                DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
                BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr,
-               FOLD_MX: tl.constexpr):
+               FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr):
     """Expert e64's fp32 [BLOCK_W, BLOCK_T] products of weight rows w_rows (of its NR) with the tokens in `sel`,
     times (NVFP4) its global scale. Rows past NR read row NR - 1 (the caller never stores them)."""
     w_in = e64 * NR + tl.minimum(w_rows, NR - 1)
     acc = _prepacked_pass(a_ptr, a_off, sel, v_ptr + w_in * KW, s_ptr + w_in * KS, K, KW, KS, NVFP4, DTYPE, F32_DOT,
-                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX)
+                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K)
     if NVFP4:
         acc = acc * tl.load(g_ptr + e64)
     return acc
@@ -244,7 +301,8 @@ def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w6
                  NVFP4: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr,
                  EMULATE: tl.constexpr, SWIGLU: tl.constexpr, INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr,
                  CLAMP: tl.constexpr, DIV_RN: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr):
+                 BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr,
+                 PEEL_K: tl.constexpr):
     """Expert e64's tile for the tokens in `sel`, stored to their columns of out_t (one rounding). Plain: the
     output columns w64 are weight rows, times the row weights (rw_rows: pointers to the tokens' weights). SWIGLU
     (N = I, weights (E, 2I, K)): the gate and up rows of each output column in two passes, each rounded to the
@@ -252,15 +310,15 @@ def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w6
     if SWIGLU:
         gate_rows, up_rows = _gate_up_rows(w64, N, INTERLEAVE)
         g = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, gate_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
-                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX)
+                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K)
         g = cast_out(g, DTYPE, EMULATE).to(tl.float32)
         u = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, up_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
-                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX)
+                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K)
         u = cast_out(u, DTYPE, EMULATE).to(tl.float32)
         acc = swiglu_act(g, u, alpha, limit, GPTOSS, CLAMP, DIV_RN, DTYPE, EMULATE)
     else:
         acc = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w64, N, K, KW, KS, NVFP4, DTYPE, F32_DOT,
-                         EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX)
+                         EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K)
         if HAS_RW:
             acc *= tl.load(rw_rows, mask=sel, other=0.0)[None, :]
     tl.store(out_t, cast_out(acc, out_t.dtype.element_ty, EMULATE), mask=wmask[:, None] & sel[None, :])
@@ -283,7 +341,7 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
                           INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, DIV_RN: tl.constexpr,
                           SCATTER: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
                           BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr,
-                          FOLD_MX: tl.constexpr):
+                          FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr):
     """Program (axis 0) = one [BLOCK_T tokens, BLOCK_W output columns] tile (columns: weight rows, or with SWIGLU
     the I outputs of gate / up row pairs), the column tiles of one token tile adjacent (activations reused from
     L2); masked layout: axis 1 = expert. Every output element in range is written once: computed rows by their
@@ -310,7 +368,7 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
             _expert_tile(a_ptr, e64 * stride_ae + rows64 * stride_am, _kept(done, dst_ok, SCATTER), v_ptr, s_ptr,
                          g_ptr, rw_ptr + flat, out_t, e64, w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW,
                          DTYPE, F32_DOT, EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K,
-                         TOKENS_M, SCALES_AS_WORDS, FOLD_MX)
+                         TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K)
     else:
         dst, dst_ok = _destination(rows64, rmask, dst_ptr, n_dst, SCATTER)
         out_t = out_ptr + dst[None, :] * N + w64[:, None]
@@ -323,7 +381,7 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
             _expert_tile(a_ptr, rows64 * stride_am, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
                          e.to(tl.int64), w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW, DTYPE, F32_DOT,
                          EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M,
-                         SCALES_AS_WORDS, FOLD_MX)
+                         SCALES_AS_WORDS, FOLD_MX, PEEL_K)
             e = tl.min(tl.where(mi > e, mi, E), 0)
     zero = tl.zeros([BLOCK_W, BLOCK_T], out_ptr.dtype.element_ty)
     tl.store(out_t, zero, mask=wmask[:, None] & _kept(rmask & ~done, dst_ok, SCATTER)[None, :])
@@ -347,7 +405,7 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
         return out  # scatter with no layout row: nothing is written (the combine reads no slot)
     cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), n, k, a.device, fmt, bool(swiglu))
     reason = prepacked_refusal(cfg)
-    if cfg.fold_scale and fmt != "mxfp4":
+    if cfg.fold_scale != "off" and fmt != "mxfp4":
         reason = "fold_scale is for MXFP4 weights (NVFP4's scale words always hold the bias)"
     if reason:
         raise ValueError(f"moe_gemm_fp4_prepacked: config {cfg}: {reason}")
@@ -364,7 +422,8 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
            F32_DOT=a.device.type != "cuda", EMULATE=emulate_formats(a.device), SWIGLU=bool(swiglu),
            INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
            DIV_RN=silu_div_rn(a.dtype), SCATTER=dst_rows is not None, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m,
-           BLOCK_K=cfg.block_k, TOKENS_M=cfg.tokens_m, SCALES_AS_WORDS=cfg.scale_words, FOLD_MX=cfg.fold_scale,
+           BLOCK_K=cfg.block_k, TOKENS_M=cfg.tokens_m, SCALES_AS_WORDS=cfg.scale_words,
+           FOLD_MX=FOLD_MODES.index(cfg.fold_scale), PEEL_K=cfg.peel_k,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
@@ -380,6 +439,8 @@ def prepacked_refusal(cfg: MoeGemmConfig) -> str | None:
     if cfg.tokens_m and cfg.block_n > 16 * cfg.num_warps:
         # 128 x 4 and 256 x 8: an LLVM abort in Triton 3.6 for sm_90 (illegal shared layout of the converted tile)
         return f"tokens_m with block_n={cfg.block_n} > 16 weight rows per warp ({cfg.num_warps} warps)"
+    if cfg.fold_scale not in FOLD_MODES:
+        return f"fold_scale={cfg.fold_scale!r} is not one of {FOLD_MODES}"
     return None
 
 
