@@ -536,9 +536,23 @@ _COMPILE = textwrap.dedent("""
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton_ops.moe_gemm import prepacked as P
-    from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch, prepacked_swiglu_config
+    from triton_ops.moe_gemm.config import (FOLD_MODES, MoeGemmConfig, pick_prepacked_config_for_arch,
+                                            prepacked_swiglu_config)
 
     kern = P._fp4_prepacked_kernel
+    LINE = re.compile(r"/\\*([0-9a-f]{4,})\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+    def k_loop(sass):  # (instructions, HMUL2) of the innermost loop holding HGMMA (a backward branch's body)
+        ins = [(int(a, 16), op, rest) for a, op, rest in LINE.findall(sass)]
+        best = None
+        for addr, op, rest in ins:
+            m = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+            if m and int(m.group(1), 16) < addr:
+                body = [o for a, o, _ in ins if int(m.group(1), 16) <= a <= addr]
+                if any(o.startswith("HGMMA") for o in body) and (best is None or len(body) < len(best)):
+                    best = body
+        return len(best), sum(o.startswith("HMUL2") for o in best)
+
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     print("triton", triton.__version__)
     # decode (16 tokens per expert), mid (64) and prefill (256) tiles of the rule; GEMM1 + SwiGLU (GPT-OSS)
@@ -553,11 +567,13 @@ _COMPILE = textwrap.dedent("""
             (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=3, **TM), False, "bf16", False, False, False),
             (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=4, **TM), True, "bf16", False, False, True),
             (MoeGemmConfig(128, 64, 128, num_warps=4, num_stages=2, **TM), False, "bf16", False, False, False),
-            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=4, **TM), False, "bf16", False, True, False)):
+            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=4, **TM), False, "bf16", False, True, False),
+            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=3, group_m=1), False, "bf16", False, False, False),
+            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=3, group_m=1), True, "bf16", False, False, False)):
         if isinstance(m, int):
             cfg = pick_prepacked_config_for_arch(m, 5760, 2880, "sm_90", "nvfp4" if nv else "mxfp4")
         else:
-            cfg, m = m, "tm"
+            cfg, m = m, "tm" if m.tokens_m else "plain"
         cfg = prepacked_swiglu_config(cfg) if sw else cfg
         names = [p.name for p in kern.params]
         sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
@@ -567,7 +583,8 @@ _COMPILE = textwrap.dedent("""
         consts = dict(NVFP4=nv, MASKED=masked, HAS_RW=False, DTYPE=tl.bfloat16 if dt == "bf16" else tl.float16,
                       F32_DOT=False, EMULATE=False, SWIGLU=sw, INTERLEAVE=1 if sw else 0, GPTOSS=sw, CLAMP=sw,
                       DIV_RN=False, SCATTER=scatter, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k,
-                      TOKENS_M=cfg.tokens_m)
+                      TOKENS_M=cfg.tokens_m, SCALES_AS_WORDS=cfg.scale_words,
+                      FOLD_MX=FOLD_MODES.index(cfg.fold_scale), PEEL_K=cfg.peel_k)
         sig.update(dict.fromkeys(consts, "constexpr"))
         aligned = ["a_ptr", "v_ptr", "s_ptr", "out_ptr", "K", "N", "KW", "KS", "stride_am", "stride_ae"]
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
@@ -588,9 +605,10 @@ _COMPILE = textwrap.dedent("""
         hgmma_reg_a = len(re.findall(r"HGMMA\\.64x\\d+x16\\.F32\\S* R\\d+, " + a_op, sass))
         spills = len(re.findall(r"\\b(?:STL|LDL)\\b", sass))
         vec16 = sass.count("LDGSTS.E.BYPASS.128")
+        loop, hmul2 = k_loop(sass)
         print("cfg", f"{dt}/m={m}/swiglu={int(sw)}/scatter={int(scatter)}", int(nv), ptx.count("wgmma.mma_async"),
               len(reg_a), hgmma_reg_a, spills, vec16, ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"),
-              c.metadata.shared)
+              c.metadata.shared, loop, hmul2)
 """)
 
 
@@ -617,8 +635,10 @@ def test_sm90_compile_register_a_wgmma():
     out = run_compile_script(script, timeout=600)
     assert "triton 3.6" in out, out
     lines = [ln.split() for ln in out.splitlines() if ln.startswith("cfg")]
-    assert len(lines) == 13, out
-    for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared in lines:
+    assert len(lines) == 15, out
+    loops = {}
+    for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared, loop, hmul2 in lines:
+        loops[dt, nv] = int(loop), int(hmul2)
         what = f"{dt} nvfp4={nv}"
         a = "shared" if "m=tm" in dt else "register"
         assert int(wgmma) > 0 and int(reg_a) == int(wgmma), f"{what}: {reg_a} of {wgmma} wgmma with {a} A"
@@ -627,6 +647,13 @@ def test_sm90_compile_register_a_wgmma():
         assert int(vec16) > 0, f"{what}: no 16-byte async copies"
         assert int(fma) >= 8, f"{what}: the packed conversion is missing ({fma} fma.rn.*x2)"
         assert int(shared) <= 232448, f"{what}: {shared} B of shared memory"
+    # the prefill rule's K loop (one 128-K step, per thread) against the plain tile: MXFP4 one multiply per pair
+    # (the per-tile fold) and no scale layout conversion; NVFP4 the scale load only
+    rule_mx, rule_nv = loops["bf16/m=256/swiglu=0/scatter=0", "0"], loops["bf16/m=256/swiglu=0/scatter=0", "1"]
+    plain_mx, plain_nv = loops["bf16/m=plain/swiglu=0/scatter=0", "0"], loops["bf16/m=plain/swiglu=0/scatter=0", "1"]
+    assert plain_mx[1] == 64 and rule_mx[1] == 32, (rule_mx, plain_mx)
+    assert rule_mx[0] <= 0.85 * plain_mx[0], (rule_mx, plain_mx)
+    assert rule_nv[0] < plain_nv[0], (rule_nv, plain_nv)
 
 
 # ---------------------------------------------------------------------------------------------- kernel variants

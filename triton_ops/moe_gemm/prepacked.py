@@ -20,13 +20,14 @@ spill; 256 x 128 x 8 warps spills.
 E2M1 -> bf16 on packed words: a code's sign lands on bf16's sign bit and its 3 magnitude bits on bf16's two lowest
 exponent bits and top mantissa bit, which is the code's value times 2^-126 (code 1 = 0.5 becomes the subnormal
 2^-127, exact). MXFP4: one packed multiply by 2^126 (exact: subnormal inputs are kept) and one by the block scale
-2^(s - 127) give the operand (they cannot be folded into one: 2^126 * 2^(s - 127) leaves bf16's range for
-s >= 129). NVFP4: one multiply by the scale word e4m3 * 2^119 (the bias folded in, less 2^7, which the fp32 sums get
-back after the K loop); exact (e2m1 has <= 2 significant bits, E4M3 <= 4). The multiplies are `fma.rn.bf16x2` with a
--0 addend (an exact multiply, sm_80+; `mul.bf16x2` needs sm_90). fp16 (NVFP4 with fp16 activations): the magnitude
-3 bits higher (the value times 2^-14), scale word e4m3 * 2^7, `fma.rn.f16x2`. Under the interpreter (no inline PTX,
-broken bf16 dot) the same bf16 bit patterns are widened to fp32 and multiplied there, so the layout and the bit
-trick are what the CPU tests check.
+2^(s - 127) give the operand (folded into one multiply by 2^(s - 1) only where s <= 128: MoeGemmConfig.fold_scale
+"on", the caller's promise for all weights, or "tile", each program checking its rows' scale bytes once and running
+the folded K loop or the two-multiply one; the same bytes). NVFP4: one multiply by the scale word e4m3 * 2^119 (the
+bias folded in, less 2^7, which the fp32 sums get back after the K loop); exact (e2m1 has <= 2 significant bits,
+E4M3 <= 4). The multiplies are `fma.rn.bf16x2` with a -0 addend (an exact multiply, sm_80+; `mul.bf16x2` needs
+sm_90). fp16 (NVFP4 with fp16 activations): the magnitude 3 bits higher (the value times 2^-14), scale word e4m3 *
+2^7, `fma.rn.f16x2`. Under the interpreter (no inline PTX, broken bf16 dot) the same bf16 bit patterns are widened
+to fp32 and multiplied there, so the layout and the bit trick are what the CPU tests check.
 """
 
 from __future__ import annotations
