@@ -495,11 +495,15 @@ def test_gpu_prefill_tiles(fmt, masked):
 def test_gpu_prefill_variants_same_bytes(fmt):
     """GPT-OSS K at prefill (4 experts x 256 rows, N 512): the rule (scale_words, MXFP4 per-tile fold) and every
     variant give the bytes of the plain 128 x 128 tile; MXFP4 scale bytes above 128 in the rows of one weight tile
-    (that tile runs the unfolded loop) and in none."""
+    (that tile runs the unfolded loop) and in none; the tokens by TMA on both layouts."""
+    for masked in (False, True):
+        case = _gpu_decode_case(masked, e=4, rows=256, n=512)
+        _check(fmt, case, device="cuda", config=MoeGemmConfig(128, 128, 128, 1, 8, 3, a_tma=True, scale_words=True))
     case = _gpu_decode_case(False, e=4, rows=256, n=512)
     wp, ws, wg = _linear_weights(fmt, case.w32)
     plain = MoeGemmConfig(128, 128, 128, 1, 8, 3)
-    variants = [None, dataclasses.replace(plain, scale_words=True), dataclasses.replace(plain, peel_k=True)]
+    variants = [None, dataclasses.replace(plain, scale_words=True), dataclasses.replace(plain, peel_k=True),
+                dataclasses.replace(plain, a_tma=True), dataclasses.replace(plain, a_tma=True, scale_words=True)]
     if fmt == "mxfp4":
         variants += [dataclasses.replace(plain, fold_scale=m, scale_words=w) for m in ("on", "tile")
                      for w in (False, True)]
@@ -661,11 +665,11 @@ def test_sm90_compile_register_a_wgmma():
 
 def _variant_configs(fmt: str, base: MoeGemmConfig):
     """The variants of `base` for `fmt`: scale bytes in the words' shape, and (MXFP4) the folded multiply."""
-    out = [dataclasses.replace(base, scale_words=True)]
+    out = [dataclasses.replace(base, scale_words=True), dataclasses.replace(base, a_tma=True)]
     if fmt == "mxfp4":
         out += [dataclasses.replace(base, fold_scale="on"), dataclasses.replace(base, fold_scale="tile"),
                 dataclasses.replace(base, scale_words=True, fold_scale="on", peel_k=True),
-                dataclasses.replace(base, peel_k=True)]
+                dataclasses.replace(base, peel_k=True), dataclasses.replace(base, a_tma=True, fold_scale="tile")]
     return out
 
 
@@ -712,6 +716,18 @@ def test_variants_give_the_same_bytes(fmt, device):
     for cfg in _variant_configs(fmt, base):
         got = _check(fmt, case, device=device, config=cfg, weights=weights)
         assert_same_bytes(got.cpu(), want.cpu(), f"{fmt} {case.desc} {cfg}")
+
+
+@settings(max_examples=6)
+@given(case=cases("mxfp4"), nvfp4=st.booleans())
+def test_fast_variants_match_reference(case, nvfp4):
+    """Interpreter: the tokens by tensor descriptor (rows outside the tile's expert, NaN-poisoned dead rows and rows
+    past the tensor loaded as they are, never stored), scale_words and the per-tile fold on both layouts against the
+    contract."""
+    fmt = "nvfp4" if nvfp4 else "mxfp4"
+    cfg = MoeGemmConfig(16, 64, 128, 1, 4, 1, scale_words=True, a_tma=True,
+                        fold_scale="off" if nvfp4 else "tile")
+    _check(fmt, case, config=cfg)
 
 
 def test_fold_scale_refusals():

@@ -43,6 +43,7 @@ class MoeGemmConfig:
                              # folded into the scale), the caller's promise that every scale byte is <= 128
                              # (fp4_prepack.mxfp4_scales_foldable); "tile": each program checks its rows' scale bytes
                              # once and runs the folded K loop where they allow it (no host sync)
+    a_tma: bool = False  # prepacked FP4 only: the tokens by TMA (a tensor descriptor; a layout that allows one)
     peel_k: bool = False  # prepacked FP4 only: the whole K steps in a loop without a K mask on the tokens, the
                           # partial last step (K not a multiple of block_k) after it
 

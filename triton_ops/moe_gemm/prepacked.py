@@ -200,13 +200,18 @@ def _operand(words, sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.co
 @triton.jit
 def _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, MASK_A: tl.constexpr, NVFP4: tl.constexpr,
           DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
-          BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr):
+          BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr,
+          A_DESC: tl.constexpr):
     """One K step: acc += the weight tile at k0 times the tokens' [BLOCK_T, BLOCK_K] (MASK_A: K past the row read
-    as zero; else the step is whole)."""
+    as zero; else the step is whole). A_DESC: a_ptr is a tensor descriptor of the tokens' 2-D rows and a_off the
+    tile's first row (a TMA load: K past the row and rows past the tensor read as zero, the tile's rows outside
+    `sel` as they are, their products never stored)."""
     wt = _weight_tile(v_rows, s_rows, k0, KW, KS, BLOCK_K != 128, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
                       BLOCK_K, SCALES_AS_WORDS, FOLD)
     kk = k0 + tl.arange(0, BLOCK_K)
-    if MASK_A:
+    if A_DESC:
+        a = a_ptr.load([a_off, k0])
+    elif MASK_A:
         a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
     else:
         a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None], other=0)
@@ -220,7 +225,7 @@ def _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, MASK_A: tl.cons
 def _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4: tl.constexpr, DTYPE: tl.constexpr,
             F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
             TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr, PEEL_K: tl.constexpr,
-            STAGES: tl.constexpr):
+            STAGES: tl.constexpr, A_DESC: tl.constexpr):
     """acc + the products over K (PEEL_K: the whole steps without a K mask on the tokens, a loop-invariant mask,
     then the partial last one). STAGES: the pipeline depth of this loop (0: the launch's num_stages)."""
     k_tail = 0
@@ -228,10 +233,10 @@ def _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4: tl.constex
         k_tail = K // BLOCK_K * BLOCK_K
         for k0 in tl.range(0, k_tail, BLOCK_K, num_stages=STAGES if STAGES else None):
             acc = _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, False, NVFP4, DTYPE, F32_DOT, EMULATE,
-                        BLOCK_W, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD)
+                        BLOCK_W, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD, A_DESC)
     for k0 in tl.range(k_tail, K, BLOCK_K, num_stages=STAGES if STAGES else None):
         acc = _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, True, NVFP4, DTYPE, F32_DOT, EMULATE,
-                    BLOCK_W, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD)
+                    BLOCK_W, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD, A_DESC)
     return acc
 
 
@@ -250,7 +255,8 @@ def _tile_foldable(s_rows, KS, BLOCK_W: tl.constexpr):
 def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
                     NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
                     BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr,
-                    SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr):
+                    SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr,
+                    A_DESC: tl.constexpr):
     """fp32 [BLOCK_W, BLOCK_T] = w[rows] @ a[tokens].T over K for the tokens in `sel` (others read as zero).
     v_rows / s_rows: pointers to the tile's weight rows in the prepacked values / scales, all in range (the caller
     clamps rows past N; their results are not stored), so the weight loads need no row mask, and no K mask when a
@@ -267,13 +273,13 @@ def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
         # unfolded one at 2 stages (Triton gives each loop its own pipeline buffers: both within an SM's shared memory)
         if _tile_foldable(s_rows, KS, BLOCK_W):
             acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
-                          BLOCK_K, TOKENS_M, SCALES_AS_WORDS, True, PEEL_K, 0)
+                          BLOCK_K, TOKENS_M, SCALES_AS_WORDS, True, PEEL_K, 0, A_DESC)
         else:
             acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
-                          BLOCK_K, TOKENS_M, SCALES_AS_WORDS, False, PEEL_K, 2)
+                          BLOCK_K, TOKENS_M, SCALES_AS_WORDS, False, PEEL_K, 2, A_DESC)
     else:
         acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
-                      BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX == 1, PEEL_K, 0)
+                      BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX == 1, PEEL_K, 0, A_DESC)
     if NVFP4:
         acc = acc * 128.0  # the 2^-7 the folded scales leave on every operand (exact)
     if TOKENS_M:
@@ -286,12 +292,12 @@ def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
 def _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w_rows, NR, K, KW, KS, NVFP4: tl.constexpr,
                DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
                BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr,
-               FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr):
+               FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr, A_DESC: tl.constexpr):
     """Expert e64's fp32 [BLOCK_W, BLOCK_T] products of weight rows w_rows (of its NR) with the tokens in `sel`,
     times (NVFP4) its global scale. Rows past NR read row NR - 1 (the caller never stores them)."""
     w_in = e64 * NR + tl.minimum(w_rows, NR - 1)
     acc = _prepacked_pass(a_ptr, a_off, sel, v_ptr + w_in * KW, s_ptr + w_in * KS, K, KW, KS, NVFP4, DTYPE, F32_DOT,
-                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K)
+                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K, A_DESC)
     if NVFP4:
         acc = acc * tl.load(g_ptr + e64)
     return acc
@@ -303,7 +309,7 @@ def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w6
                  EMULATE: tl.constexpr, SWIGLU: tl.constexpr, INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr,
                  CLAMP: tl.constexpr, DIV_RN: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
                  BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr,
-                 PEEL_K: tl.constexpr):
+                 PEEL_K: tl.constexpr, A_DESC: tl.constexpr):
     """Expert e64's tile for the tokens in `sel`, stored to their columns of out_t (one rounding). Plain: the
     output columns w64 are weight rows, times the row weights (rw_rows: pointers to the tokens' weights). SWIGLU
     (N = I, weights (E, 2I, K)): the gate and up rows of each output column in two passes, each rounded to the
@@ -311,15 +317,18 @@ def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w6
     if SWIGLU:
         gate_rows, up_rows = _gate_up_rows(w64, N, INTERLEAVE)
         g = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, gate_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
-                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K)
+                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K,
+                       A_DESC)
         g = cast_out(g, DTYPE, EMULATE).to(tl.float32)
         u = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, up_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
-                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K)
+                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K,
+                       A_DESC)
         u = cast_out(u, DTYPE, EMULATE).to(tl.float32)
         acc = swiglu_act(g, u, alpha, limit, GPTOSS, CLAMP, DIV_RN, DTYPE, EMULATE)
     else:
         acc = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w64, N, K, KW, KS, NVFP4, DTYPE, F32_DOT,
-                         EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K)
+                         EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K,
+                         A_DESC)
         if HAS_RW:
             acc *= tl.load(rw_rows, mask=sel, other=0.0)[None, :]
     tl.store(out_t, cast_out(acc, out_t.dtype.element_ty, EMULATE), mask=wmask[:, None] & sel[None, :])
@@ -342,7 +351,7 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
                           INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, DIV_RN: tl.constexpr,
                           SCATTER: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
                           BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr,
-                          FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr):
+                          FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr, A_DESC: tl.constexpr):
     """Program (axis 0) = one [BLOCK_T tokens, BLOCK_W output columns] tile (columns: weight rows, or with SWIGLU
     the I outputs of gate / up row pairs), the column tiles of one token tile adjacent (activations reused from
     L2); masked layout: axis 1 = expert. Every output element in range is written once: computed rows by their
@@ -366,10 +375,14 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
         out_t = out_ptr + dst[None, :] * N + w64[:, None]
         done = rows < cnt
         if pid_t * BLOCK_T < cnt:
-            _expert_tile(a_ptr, e64 * stride_ae + rows64 * stride_am, _kept(done, dst_ok, SCATTER), v_ptr, s_ptr,
+            if A_DESC:  # a 2-D view of the (E, M, K) tokens: row e * M + r
+                a_off = e * M + pid_t * BLOCK_T
+            else:
+                a_off = e64 * stride_ae + rows64 * stride_am
+            _expert_tile(a_ptr, a_off, _kept(done, dst_ok, SCATTER), v_ptr, s_ptr,
                          g_ptr, rw_ptr + flat, out_t, e64, w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW,
                          DTYPE, F32_DOT, EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K,
-                         TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K)
+                         TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K, A_DESC)
     else:
         dst, dst_ok = _destination(rows64, rmask, dst_ptr, n_dst, SCATTER)
         out_t = out_ptr + dst[None, :] * N + w64[:, None]
@@ -377,12 +390,16 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
         done = (mi >= 0) & (mi < E)
         mi = tl.where(done, mi, E)
         e = tl.min(mi, 0)
+        if A_DESC:
+            a_off = pid_t * BLOCK_T
+        else:
+            a_off = rows64 * stride_am
         while e < E:  # one pass per expert present in the tile, in increasing id order
             sel = _kept(mi == e, dst_ok, SCATTER)
-            _expert_tile(a_ptr, rows64 * stride_am, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
+            _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
                          e.to(tl.int64), w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW, DTYPE, F32_DOT,
                          EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M,
-                         SCALES_AS_WORDS, FOLD_MX, PEEL_K)
+                         SCALES_AS_WORDS, FOLD_MX, PEEL_K, A_DESC)
             e = tl.min(tl.where(mi > e, mi, E), 0)
     zero = tl.zeros([BLOCK_W, BLOCK_T], out_ptr.dtype.element_ty)
     tl.store(out_t, zero, mask=wmask[:, None] & _kept(rmask & ~done, dst_ok, SCATTER)[None, :])
@@ -413,8 +430,9 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
     interleave, activation, alpha, limit = swiglu or (0, "silu", 0.0, None)
     grid = (cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n), e if masked else 1)
     dummy = scales
+    a_src = _tokens_descriptor(a, cfg) if cfg.a_tma else None
     launch(_fp4_prepacked_kernel, grid,
-           a, values, scales, dummy if w_global is None else w_global.contiguous(),
+           a if a_src is None else a_src, values, scales, dummy if w_global is None else w_global.contiguous(),
            masked_m if masked else m_indices, dummy if row_weights is None else row_weights.contiguous(), out,
            dummy if dst_rows is None else dst_rows.contiguous(), rows, n, k, e, values.shape[2], scales.shape[2],
            a.stride(0) if masked else 0, a.stride(1) if masked else a.stride(0),
@@ -424,9 +442,23 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
            INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
            DIV_RN=silu_div_rn(a.dtype), SCATTER=dst_rows is not None, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m,
            BLOCK_K=cfg.block_k, TOKENS_M=cfg.tokens_m, SCALES_AS_WORDS=cfg.scale_words,
-           FOLD_MX=FOLD_MODES.index(cfg.fold_scale), PEEL_K=cfg.peel_k,
+           FOLD_MX=FOLD_MODES.index(cfg.fold_scale), PEEL_K=cfg.peel_k, A_DESC=a_src is not None,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
+
+
+def _tokens_descriptor(a: torch.Tensor, cfg: MoeGemmConfig):
+    """A TMA descriptor of the tokens as 2-D rows ([block_m, block_k] boxes), or None where the layout does not allow
+    one (the kernel then loads with pointers): unit K stride, 16-byte aligned base and row stride, and the masked
+    layout's experts back to back (a 2-D view of (E, M, K))."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if a.stride(-1) != 1 or (a.stride(-2) * a.element_size()) % 16 or a.data_ptr() % 16:
+        return None
+    if a.dim() == 3 and a.stride(0) != a.shape[1] * a.stride(1):
+        return None
+    rows = a.view(-1, a.shape[-1]) if a.dim() == 3 else a
+    return TensorDescriptor(rows, list(rows.shape), [rows.stride(0), 1], [cfg.block_m, cfg.block_k])
 
 
 def prepacked_refusal(cfg: MoeGemmConfig) -> str | None:
