@@ -143,8 +143,9 @@ def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.const
         b = sb.to(tl.int32)
         if FOLD_MX:
             return ((b + 126) << 7) * 0x10001
-        h = tl.where(b == 0, 0x40, b << 7)  # bf16 2^(b - 127); b = 0: the subnormal 2^-127
-        h = tl.where(b == 255, 0x7FC0, h)  # NaN
+        # bf16 2^(b - 127) in both halves; b = 0: the subnormal 2^-127 (0x0040, above 0 and below every b << 7)
+        h = tl.maximum(b * 0x800080, 0x400040)
+        return tl.where(b == 255, 0x7FC07FC0, h)  # NaN
     return h | (h << 16)
 
 
