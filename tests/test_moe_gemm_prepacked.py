@@ -6,6 +6,7 @@ Rows the kernel must not read are NaN; outputs start as NaN (conftest poison), s
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import textwrap
@@ -248,11 +249,15 @@ def test_configs():
             assert cfg.block_m >= min(m, 64), (arch, m, cfg)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(16, 128, 256, 1, 4, 3)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
-    assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3)
+    fast = dict(scale_words=True, fold_scale="tile")
+    assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3,
+                                                                                              **fast)
+    assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3,
+                                                                                              scale_words=True)
     sw = lambda m, fmt: prepacked_swiglu_config(pick_prepacked_config_for_arch(m, 2880, 2880, "sm_90", fmt))
     assert sw(16, "mxfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)  # the 256-K step spills with two accumulators
     assert sw(16, "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
-    assert sw(255, "mxfp4") == MoeGemmConfig(64, 64, 128, 1, 4, 4)
+    assert sw(255, "mxfp4") == MoeGemmConfig(64, 64, 128, 1, 4, 4, **fast)
 
 
 # ---------------------------------------------------------------------------------------------- GEMM1 + SwiGLU
@@ -464,6 +469,7 @@ def test_gpu_nvfp4_fp16_and_tiles():
 
 
 PREFILL_TILES = [MoeGemmConfig(128, 128, 128, 1, 8, 4), MoeGemmConfig(128, 128, 128, 1, 8, 3),
+                 MoeGemmConfig(128, 128, 128, 1, 8, 3, scale_words=True, peel_k=True),
                  MoeGemmConfig(64, 128, 128, 1, 8, 4), MoeGemmConfig(128, 64, 128, 1, 4, 3),
                  MoeGemmConfig(128, 128, 256, 1, 8, 2)]
 
@@ -482,6 +488,35 @@ def test_gpu_prefill_tiles(fmt, masked):
     if not masked:
         shifted = _contig_case(3, [0] * 96 + [1] * 256 + [2] * 160, k=2880, n=256, row_weights=True)
         _check(fmt, shifted, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_gpu_prefill_variants_same_bytes(fmt):
+    """GPT-OSS K at prefill (4 experts x 256 rows, N 512): the rule (scale_words, MXFP4 per-tile fold) and every
+    variant give the bytes of the plain 128 x 128 tile; MXFP4 scale bytes above 128 in the rows of one weight tile
+    (that tile runs the unfolded loop) and in none; the tokens by TMA on both layouts."""
+    for masked in (False, True):
+        case = _gpu_decode_case(masked, e=4, rows=256, n=512)
+        _check(fmt, case, device="cuda", config=MoeGemmConfig(128, 128, 128, 1, 8, 3, a_tma=True, scale_words=True))
+    case = _gpu_decode_case(False, e=4, rows=256, n=512)
+    wp, ws, wg = _linear_weights(fmt, case.w32)
+    plain = MoeGemmConfig(128, 128, 128, 1, 8, 3)
+    variants = [None, dataclasses.replace(plain, scale_words=True), dataclasses.replace(plain, peel_k=True),
+                dataclasses.replace(plain, a_tma=True), dataclasses.replace(plain, a_tma=True, scale_words=True)]
+    if fmt == "mxfp4":
+        variants += [dataclasses.replace(plain, fold_scale=m, scale_words=w) for m in ("on", "tile")
+                     for w in (False, True)]
+    for big in ((False, True) if fmt == "mxfp4" else (False,)):
+        if big:
+            ws = ws.clone()
+            ws[1, 130:140, :5] = 140  # rows of the second weight tile of expert 1
+        want, _ = _run(fmt, case, device="cuda", config=plain, weights=(wp, ws, wg))
+        for cfg in variants:
+            if big and cfg is not None and cfg.fold_scale == "on":
+                continue  # the promise does not hold
+            got, _ = _run(fmt, case, device="cuda", config=cfg, weights=(wp, ws, wg))
+            assert_same_bytes(got, want, f"{fmt} big={big} {cfg}")
 
 
 @pytest.mark.gpu
@@ -505,9 +540,23 @@ _COMPILE = textwrap.dedent("""
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton_ops.moe_gemm import prepacked as P
-    from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch, prepacked_swiglu_config
+    from triton_ops.moe_gemm.config import (FOLD_MODES, MoeGemmConfig, pick_prepacked_config_for_arch,
+                                            prepacked_swiglu_config)
 
     kern = P._fp4_prepacked_kernel
+    LINE = re.compile(r"/\\*([0-9a-f]{4,})\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+    def k_loop(sass):  # (instructions, HMUL2) of the innermost loop holding HGMMA (a backward branch's body)
+        ins = [(int(a, 16), op, rest) for a, op, rest in LINE.findall(sass)]
+        best = None
+        for addr, op, rest in ins:
+            m = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+            if m and int(m.group(1), 16) < addr:
+                body = [o for a, o, _ in ins if int(m.group(1), 16) <= a <= addr]
+                if any(o.startswith("HGMMA") for o in body) and (best is None or len(body) < len(best)):
+                    best = body
+        return len(best), sum(o.startswith("HMUL2") for o in best)
+
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     print("triton", triton.__version__)
     # decode (16 tokens per expert), mid (64) and prefill (256) tiles of the rule; GEMM1 + SwiGLU (GPT-OSS)
@@ -522,11 +571,13 @@ _COMPILE = textwrap.dedent("""
             (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=3, **TM), False, "bf16", False, False, False),
             (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=4, **TM), True, "bf16", False, False, True),
             (MoeGemmConfig(128, 64, 128, num_warps=4, num_stages=2, **TM), False, "bf16", False, False, False),
-            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=4, **TM), False, "bf16", False, True, False)):
+            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=4, **TM), False, "bf16", False, True, False),
+            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=3, group_m=1), False, "bf16", False, False, False),
+            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=3, group_m=1), True, "bf16", False, False, False)):
         if isinstance(m, int):
             cfg = pick_prepacked_config_for_arch(m, 5760, 2880, "sm_90", "nvfp4" if nv else "mxfp4")
         else:
-            cfg, m = m, "tm"
+            cfg, m = m, "tm" if m.tokens_m else "plain"
         cfg = prepacked_swiglu_config(cfg) if sw else cfg
         names = [p.name for p in kern.params]
         sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
@@ -536,7 +587,8 @@ _COMPILE = textwrap.dedent("""
         consts = dict(NVFP4=nv, MASKED=masked, HAS_RW=False, DTYPE=tl.bfloat16 if dt == "bf16" else tl.float16,
                       F32_DOT=False, EMULATE=False, SWIGLU=sw, INTERLEAVE=1 if sw else 0, GPTOSS=sw, CLAMP=sw,
                       DIV_RN=False, SCATTER=scatter, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k,
-                      TOKENS_M=cfg.tokens_m)
+                      TOKENS_M=cfg.tokens_m, SCALES_AS_WORDS=cfg.scale_words,
+                      FOLD_MX=FOLD_MODES.index(cfg.fold_scale), PEEL_K=cfg.peel_k)
         sig.update(dict.fromkeys(consts, "constexpr"))
         aligned = ["a_ptr", "v_ptr", "s_ptr", "out_ptr", "K", "N", "KW", "KS", "stride_am", "stride_ae"]
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
@@ -557,9 +609,10 @@ _COMPILE = textwrap.dedent("""
         hgmma_reg_a = len(re.findall(r"HGMMA\\.64x\\d+x16\\.F32\\S* R\\d+, " + a_op, sass))
         spills = len(re.findall(r"\\b(?:STL|LDL)\\b", sass))
         vec16 = sass.count("LDGSTS.E.BYPASS.128")
+        loop, hmul2 = k_loop(sass)
         print("cfg", f"{dt}/m={m}/swiglu={int(sw)}/scatter={int(scatter)}", int(nv), ptx.count("wgmma.mma_async"),
               len(reg_a), hgmma_reg_a, spills, vec16, ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"),
-              c.metadata.shared)
+              c.metadata.shared, loop, hmul2)
 """)
 
 
@@ -586,8 +639,10 @@ def test_sm90_compile_register_a_wgmma():
     out = run_compile_script(script, timeout=600)
     assert "triton 3.6" in out, out
     lines = [ln.split() for ln in out.splitlines() if ln.startswith("cfg")]
-    assert len(lines) == 13, out
-    for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared in lines:
+    assert len(lines) == 15, out
+    loops = {}
+    for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared, loop, hmul2 in lines:
+        loops[dt, nv] = int(loop), int(hmul2)
         what = f"{dt} nvfp4={nv}"
         a = "shared" if "m=tm" in dt else "register"
         assert int(wgmma) > 0 and int(reg_a) == int(wgmma), f"{what}: {reg_a} of {wgmma} wgmma with {a} A"
@@ -596,3 +651,93 @@ def test_sm90_compile_register_a_wgmma():
         assert int(vec16) > 0, f"{what}: no 16-byte async copies"
         assert int(fma) >= 8, f"{what}: the packed conversion is missing ({fma} fma.rn.*x2)"
         assert int(shared) <= 232448, f"{what}: {shared} B of shared memory"
+    # the prefill rule's K loop (one 128-K step, per thread) against the plain tile: MXFP4 one multiply per pair
+    # (the per-tile fold) and no scale layout conversion; NVFP4 the scale load only
+    rule_mx, rule_nv = loops["bf16/m=256/swiglu=0/scatter=0", "0"], loops["bf16/m=256/swiglu=0/scatter=0", "1"]
+    plain_mx, plain_nv = loops["bf16/m=plain/swiglu=0/scatter=0", "0"], loops["bf16/m=plain/swiglu=0/scatter=0", "1"]
+    assert plain_mx[1] == 64 and rule_mx[1] == 32, (rule_mx, plain_mx)
+    assert rule_mx[0] <= 0.85 * plain_mx[0], (rule_mx, plain_mx)
+    assert rule_nv[0] < plain_nv[0], (rule_nv, plain_nv)
+
+
+# ---------------------------------------------------------------------------------------------- kernel variants
+
+
+def _variant_configs(fmt: str, base: MoeGemmConfig):
+    """The variants of `base` for `fmt`: scale bytes in the words' shape, and (MXFP4) the folded multiply."""
+    out = [dataclasses.replace(base, scale_words=True), dataclasses.replace(base, a_tma=True)]
+    if fmt == "mxfp4":
+        out += [dataclasses.replace(base, fold_scale="on"), dataclasses.replace(base, fold_scale="tile"),
+                dataclasses.replace(base, scale_words=True, fold_scale="on", peel_k=True),
+                dataclasses.replace(base, peel_k=True), dataclasses.replace(base, a_tma=True, fold_scale="tile")]
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_variants_give_the_same_bytes(fmt, device):
+    """scale_words / fold_scale / peel_k against the default kernel: equal bytes (the same exact products, summed in
+    the same order): one-hot rows (every code, the edge scales; <= 128 for the fold, and for the per-tile fold also
+    tiles with larger ones), 128- and 256-K steps (the masked step), and quantized weights at K 160 (a padded chunk,
+    a partial K step)."""
+    e, n, k = 2, 64, 256
+    wp, ws, wg = _edge_weights(fmt, e, n, k, device)
+    if fmt == "mxfp4":
+        ws = ws.clamp(max=FP.FOLD_MAX_SCALE)
+        assert FP.mxfp4_scales_foldable(ws)
+    a = (torch.eye(k) * 2.0 ** 20).repeat(e, 1).bfloat16()
+    mi = torch.arange(e, dtype=torch.int32).repeat_interleave(k)
+    vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+    dev = lambda t: None if t is None else t.to(device)
+    run = lambda cfg, a=a, mi=mi, vals=vals, scales=scales, wg=wg: tri.moe_gemm_fp4_prepacked(
+        dev(a), dev(vals), dev(scales), dev(wg), fmt, dev(mi), None, config=cfg).cpu()
+    for base in (MoeGemmConfig(16, 64, 128, 1, 4, 1), MoeGemmConfig(32, 64, 256, 1, 4, 1)):
+        want = run(base)
+        for cfg in _variant_configs(fmt, base):
+            assert_same_bytes(run(cfg), want, f"{fmt} one-hot {cfg}")
+    if fmt == "mxfp4":  # scale bytes above 128 in the rows of some tiles only: those run the unfolded loop
+        wp, ws, wg = _edge_weights(fmt, e, n, k, device)
+        ws[0, :32] = ws[0, :32].clamp(max=FP.FOLD_MAX_SCALE)
+        assert not FP.mxfp4_scales_foldable(ws)
+        vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+        run = lambda cfg, a=a, mi=mi, vals=vals, scales=scales: tri.moe_gemm_fp4_prepacked(
+            dev(a), dev(vals), dev(scales), None, fmt, dev(mi), None, config=cfg).cpu()
+        base = MoeGemmConfig(16, 32, 128, 1, 4, 1)
+        want = run(base)
+        for cfg in (dataclasses.replace(base, fold_scale="tile"),
+                    dataclasses.replace(base, fold_scale="tile", scale_words=True, peel_k=True)):
+            assert_same_bytes(run(cfg), want, f"{fmt} one-hot, scales > 128 in some tiles, {cfg}")
+    case = _contig_case(2, [0] * 20 + [1] * 12, k=160, n=80, row_weights=True)
+    weights = _linear_weights(fmt, case.w32)
+    if fmt == "mxfp4":
+        assert FP.mxfp4_scales_foldable(weights[1])
+    base = MoeGemmConfig(16, 64, 128, 1, 4, 1)
+    want, _ = _run(fmt, case, device=device, config=base, weights=weights)
+    for cfg in _variant_configs(fmt, base):
+        got = _check(fmt, case, device=device, config=cfg, weights=weights)
+        assert_same_bytes(got.cpu(), want.cpu(), f"{fmt} {case.desc} {cfg}")
+
+
+@settings(max_examples=6)
+@given(case=cases("mxfp4"), nvfp4=st.booleans())
+def test_fast_variants_match_reference(case, nvfp4):
+    """Interpreter: the tokens by tensor descriptor (rows outside the tile's expert, NaN-poisoned dead rows and rows
+    past the tensor loaded as they are, never stored), scale_words and the per-tile fold on both layouts against the
+    contract."""
+    fmt = "nvfp4" if nvfp4 else "mxfp4"
+    cfg = MoeGemmConfig(16, 64, 128, 1, 4, 1, scale_words=True, a_tma=True,
+                        fold_scale="off" if nvfp4 else "tile")
+    _check(fmt, case, config=cfg)
+
+
+def test_fold_scale_refusals():
+    """fold_scale is MXFP4 only; mxfp4_scales_foldable sees a byte above 128."""
+    case = _contig_case(1, [0] * 4, k=128, n=16)
+    with pytest.raises(ValueError, match="fold_scale is for MXFP4"):
+        _run("nvfp4", case, config=MoeGemmConfig(16, 16, 128, 1, 4, 1, fold_scale="on"))
+    with pytest.raises(ValueError, match="fold_scale='yes' is not one of"):
+        _run("mxfp4", case, config=MoeGemmConfig(16, 16, 128, 1, 4, 1, fold_scale="yes"))
+    s = torch.full((1, 2, 16), 127, dtype=torch.uint8)
+    assert FP.mxfp4_scales_foldable(s)
+    s[0, 1, 3] = 129
+    assert not FP.mxfp4_scales_foldable(s)

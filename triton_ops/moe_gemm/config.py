@@ -17,6 +17,7 @@ from triton_ops.contract.arch import arch_of
 from triton_ops.contract.formats import MXFP4_BLOCK
 from triton_ops.contract.moe_gemm import FP8_BLOCK
 
+FOLD_MODES = ("off", "on", "tile")  # MoeGemmConfig.fold_scale, the index the kernel's FOLD_MX
 KINDS = ("bf16", "fp8", "mxfp4", "w4a8", "w4a4", "nvfp4")
 # Kinds whose K step is exactly one 1x128 activation scale group.
 _K128_KINDS = ("fp8", "w4a8")
@@ -36,6 +37,15 @@ class MoeGemmConfig:
     num_stages: int  # software-pipeline depth of the K loop (GPU only)
     tokens_m: bool = False  # prepacked FP4 kernel only: tokens on the MMA's M side, the dequantized weight tile the
                             # shared-memory B operand (converted once per CTA and K step); default swap-AB
+    scale_words: bool = False  # prepacked FP4 only: the scale bytes loaded in the shape (and thread mapping) of the
+                               # value words, no layout conversion of the scales (prepacked.py: _weight_tile)
+    fold_scale: str = "off"  # prepacked MXFP4 only (FOLD_MODES): "on": one multiply per pair (the bit trick's bias
+                             # folded into the scale), the caller's promise that every scale byte is <= 128
+                             # (fp4_prepack.mxfp4_scales_foldable); "tile": each program checks its rows' scale bytes
+                             # once and runs the folded K loop where they allow it (no host sync)
+    a_tma: bool = False  # prepacked FP4 only: the tokens by TMA (a tensor descriptor; a layout that allows one)
+    peel_k: bool = False  # prepacked FP4 only: the whole K steps in a loop without a K mask on the tokens, the
+                          # partial last step (K not a multiple of block_k) after it
 
     def refusal(self, kind: str) -> str | None:
         """Why this config cannot run weight kind `kind` (None: it can)."""
@@ -49,6 +59,8 @@ class MoeGemmConfig:
             return f"{kind} needs block_k a multiple of {MXFP4_BLOCK}, got {self.block_k}"
         if self.group_m < 1:
             return f"group_m={self.group_m} < 1"
+        if self.fold_scale not in FOLD_MODES:
+            return f"fold_scale={self.fold_scale!r} is not one of {FOLD_MODES}"
         return None
 
 
@@ -132,6 +144,9 @@ def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str =
     (perf/results/experiments/2026-11-26-h200-moe-gemm-fp4-prefill-tokens-m-f6014cc.json): MXFP4 0-4% faster than 4
     stages, NVFP4 even; 256-token tiles spill (ptxas, sm_90, Triton 3.6) and the tokens-on-M orientation
     (MoeGemmConfig.tokens_m) was 15-25% slower there. The contiguous layout should be aligned to block_m.
+    Prefill loads the scale bytes in the value words' shape (scale_words) and, for MXFP4, runs the folded conversion
+    (one multiply per pair) in every tile whose scale bytes are all <= 128 (fold_scale "tile"): per 128-K step 302
+    SASS instructions per thread against 372 (NVFP4 358 against 365), equal bytes (ptxas sm_90, Triton 3.6).
     Interpreter: one 128-K chunk per step, tiles no larger than the problem."""
     if arch == "cpu":
         bt = 16 if m <= 16 else 32 if m <= 32 else 64
@@ -142,7 +157,8 @@ def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str =
         return MoeGemmConfig(16 if m <= 16 else 32, 128, 128, group_m=1, num_warps=4, num_stages=4)
     if m <= 64:
         return MoeGemmConfig(64, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 4)
-    return MoeGemmConfig(128, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 3)
+    return MoeGemmConfig(128, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 3,
+                         scale_words=True, fold_scale="tile" if fmt == "mxfp4" else "off")
 
 
 _FUSED_SMEM_BUDGET = 200 * 1024  # operand pipeline bytes of a fused GEMM1 tile (an H100 CTA may use 227 KB)

@@ -20,13 +20,14 @@ spill; 256 x 128 x 8 warps spills.
 E2M1 -> bf16 on packed words: a code's sign lands on bf16's sign bit and its 3 magnitude bits on bf16's two lowest
 exponent bits and top mantissa bit, which is the code's value times 2^-126 (code 1 = 0.5 becomes the subnormal
 2^-127, exact). MXFP4: one packed multiply by 2^126 (exact: subnormal inputs are kept) and one by the block scale
-2^(s - 127) give the operand (they cannot be folded into one: 2^126 * 2^(s - 127) leaves bf16's range for
-s >= 129). NVFP4: one multiply by the scale word e4m3 * 2^119 (the bias folded in, less 2^7, which the fp32 sums get
-back after the K loop); exact (e2m1 has <= 2 significant bits, E4M3 <= 4). The multiplies are `fma.rn.bf16x2` with a
--0 addend (an exact multiply, sm_80+; `mul.bf16x2` needs sm_90). fp16 (NVFP4 with fp16 activations): the magnitude
-3 bits higher (the value times 2^-14), scale word e4m3 * 2^7, `fma.rn.f16x2`. Under the interpreter (no inline PTX,
-broken bf16 dot) the same bf16 bit patterns are widened to fp32 and multiplied there, so the layout and the bit
-trick are what the CPU tests check.
+2^(s - 127) give the operand (folded into one multiply by 2^(s - 1) only where s <= 128: MoeGemmConfig.fold_scale
+"on", the caller's promise for all weights, or "tile", each program checking its rows' scale bytes once and running
+the folded K loop or the two-multiply one; the same bytes). NVFP4: one multiply by the scale word e4m3 * 2^119 (the
+bias folded in, less 2^7, which the fp32 sums get back after the K loop); exact (e2m1 has <= 2 significant bits,
+E4M3 <= 4). The multiplies are `fma.rn.bf16x2` with a -0 addend (an exact multiply, sm_80+; `mul.bf16x2` needs
+sm_90). fp16 (NVFP4 with fp16 activations): the magnitude 3 bits higher (the value times 2^-14), scale word e4m3 *
+2^7, `fma.rn.f16x2`. Under the interpreter (no inline PTX, broken bf16 dot) the same bf16 bit patterns are widened
+to fp32 and multiplied there, so the layout and the bit trick are what the CPU tests check.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from triton_ops.contract.moe_gemm import check_combine_args, check_row_weights, 
 from triton_ops.moe.align import moe_combine
 from triton_ops.swiglu import silu_div_rn, swiglu_act
 
-from .config import MoeGemmConfig, pick_prepacked_config, rows_per_expert
+from .config import FOLD_MODES, MoeGemmConfig, pick_prepacked_config, rows_per_expert
 from .dequant import e8m0_to_f32, mma
 from .fused import _gate_up_rows
 from .grouped import _destination, _grid_refusal
@@ -117,12 +118,14 @@ def dequant_prepacked(words, sc0, sc1, BLOCK_W: tl.constexpr, BLOCK_K: tl.conste
 
 
 @triton.jit
-def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr):
+def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
+                 FOLD_MX: tl.constexpr):
     """Scale bytes -> fp32 values (interpreter) or int32 words with the DTYPE bits of the value in both halves.
     NVFP4: e4m3 * 2^119 (bf16 bit trick, interpreter) / 2^7 (fp16): the bit trick's bias 2^126 / 2^14 folded in,
     less 2^7 (the largest E4M3, 448, times 2^119 is bf16's largest power-of-two binade), which the fp32 sums get
     back after the K loop. Exact: every E4M3 times 2^119 (2^7) is a normal bf16 (fp16).
-    MXFP4: 2^(s - 127) itself (2^126 * 2^(s - 127) leaves bf16's range for s >= 129)."""
+    MXFP4: 2^(s - 127) itself (2^126 * 2^(s - 127) leaves bf16's range for s >= 129); FOLD_MX (every scale byte
+    <= 128, the caller's promise): 2^(s - 1), the bias folded in (a normal bf16 for s in 0 .. 128)."""
     if NVFP4:
         f = e4m3_decode_fast(sb, EMULATE)
         if F32_DOT or DTYPE == tl.bfloat16:
@@ -134,30 +137,57 @@ def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.const
         h = f.to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     else:
         if F32_DOT:
+            if FOLD_MX:
+                return e8m0_to_f32(sb) * _BIAS_F32
             return e8m0_to_f32(sb)
         b = sb.to(tl.int32)
-        h = tl.where(b == 0, 0x40, b << 7)  # bf16 2^(b - 127); b = 0: the subnormal 2^-127
-        h = tl.where(b == 255, 0x7FC0, h)  # NaN
+        if FOLD_MX:
+            return ((b + 126) << 7) * 0x10001
+        # bf16 2^(b - 127) in both halves; b = 0: the subnormal 2^-127 (0x0040, above 0 and below every b << 7)
+        h = tl.maximum(b * 0x800080, 0x400040)
+        return tl.where(b == 255, 0x7FC07FC0, h)  # NaN
     return h | (h << 16)
 
 
 @triton.jit
 def _weight_tile(v_rows, s_rows, k0, KW, KS, MASK_K: tl.constexpr, NVFP4: tl.constexpr, DTYPE: tl.constexpr,
-                 F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
+                 F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr):
     """The [BLOCK_W, BLOCK_K] operand of the tile's weight rows at K offset k0 (MASK_K: words and scales past the
-    row read as zero codes with scale byte 0)."""
-    U: tl.constexpr = BLOCK_K // 128
+    row read as zero codes with scale byte 0). FOLD (MXFP4): one multiply per pair (every scale byte <= 128)."""
     SB: tl.constexpr = 16 if NVFP4 else 32
     kw = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    ks = k0 // SB + tl.arange(0, BLOCK_K // SB)
+    if SCALES_AS_WORDS:
+        # one scale byte per word (c, t) of the chunk, the scales of the words' 4 t (and 2 s) contiguous: the load
+        # has the words' shape and (for the GPU's blocked layout) their thread mapping, so the scale words need no
+        # layout conversion (through shared memory) on the way to the operand
+        SPW: tl.constexpr = 2 if NVFP4 else 1  # scale bytes per word (s = 0, 1)
+        j = tl.arange(0, BLOCK_K // 8 * SPW)
+        ks = k0 // SB + (j // (16 * SPW)) * (128 // SB) + j % (4 * SPW)  # chunk u, then t (and s)
+    else:
+        ks = k0 // SB + tl.arange(0, BLOCK_K // SB)
     if MASK_K:
         words = tl.load(v_rows[:, None] + kw[None, :], mask=(kw < KW)[None, :], other=0)
         sb = tl.load(s_rows[:, None] + ks[None, :], mask=(ks < KS)[None, :], other=0)
     else:
         words = tl.load(v_rows[:, None] + kw[None, :])
         sb = tl.load(s_rows[:, None] + ks[None, :])
-    sc = _scale_words(sb, NVFP4, DTYPE, F32_DOT, EMULATE)
-    if NVFP4:  # scale index 8 u + 2 t + s
+    return _operand(words, sb, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W, BLOCK_K, SCALES_AS_WORDS, FOLD)
+
+
+@triton.jit
+def _operand(words, sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
+             BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr):
+    """The loaded words and scale bytes of a step -> the [BLOCK_W, BLOCK_K] operand."""
+    U: tl.constexpr = BLOCK_K // 128
+    sc = _scale_words(sb, NVFP4, DTYPE, F32_DOT, EMULATE, FOLD)
+    if SCALES_AS_WORDS:
+        if NVFP4:  # [W, u, c, t, s]
+            sc0, sc1 = tl.split(tl.reshape(sc, [BLOCK_W, U, 4, 4, 2]))
+        else:
+            sc0 = tl.reshape(sc, [BLOCK_W, U, 4, 4])
+            sc1 = sc0
+    elif NVFP4:  # scale index 8 u + 2 t + s
         sc0, sc1 = tl.split(tl.reshape(sc, [BLOCK_W, U, 4, 2]))
         sc0 = tl.reshape(sc0, [BLOCK_W, U, 1, 4])
         sc1 = tl.reshape(sc1, [BLOCK_W, U, 1, 4])
@@ -165,13 +195,69 @@ def _weight_tile(v_rows, s_rows, k0, KW, KS, MASK_K: tl.constexpr, NVFP4: tl.con
         sc0 = tl.reshape(sc, [BLOCK_W, U, 1, 4])
         sc1 = sc0
     return dequant_prepacked(tl.reshape(words, [BLOCK_W, U, 4, 4]), sc0, sc1, BLOCK_W, BLOCK_K, F32_DOT,
-                             DTYPE == tl.float16, NVFP4)
+                             DTYPE == tl.float16, NVFP4 or FOLD)
+
+
+@triton.jit
+def _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, MASK_A: tl.constexpr, NVFP4: tl.constexpr,
+          DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
+          BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr,
+          A_DESC: tl.constexpr):
+    """One K step: acc += the weight tile at k0 times the tokens' [BLOCK_T, BLOCK_K] (MASK_A: K past the row read
+    as zero; else the step is whole). A_DESC: a_ptr is a tensor descriptor of the tokens' 2-D rows and a_off the
+    tile's first row (a TMA load: K past the row and rows past the tensor read as zero, the tile's rows outside
+    `sel` as they are, their products never stored)."""
+    wt = _weight_tile(v_rows, s_rows, k0, KW, KS, BLOCK_K != 128, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                      BLOCK_K, SCALES_AS_WORDS, FOLD)
+    kk = k0 + tl.arange(0, BLOCK_K)
+    if A_DESC:
+        a = a_ptr.load([a_off, k0])
+    elif MASK_A:
+        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
+    else:
+        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None], other=0)
+    if TOKENS_M:
+        return mma(a, tl.trans(wt), acc, F32_DOT)
+    else:
+        return mma(wt, tl.trans(a), acc, F32_DOT)
+
+
+@triton.jit
+def _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4: tl.constexpr, DTYPE: tl.constexpr,
+            F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
+            TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr, PEEL_K: tl.constexpr,
+            STAGES: tl.constexpr, A_DESC: tl.constexpr):
+    """acc + the products over K (PEEL_K: the whole steps without a K mask on the tokens, a loop-invariant mask,
+    then the partial last one). STAGES: the pipeline depth of this loop (0: the launch's num_stages)."""
+    k_tail = 0
+    if PEEL_K:
+        k_tail = K // BLOCK_K * BLOCK_K
+        for k0 in tl.range(0, k_tail, BLOCK_K, num_stages=STAGES if STAGES else None):
+            acc = _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, False, NVFP4, DTYPE, F32_DOT, EMULATE,
+                        BLOCK_W, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD, A_DESC)
+    for k0 in tl.range(k_tail, K, BLOCK_K, num_stages=STAGES if STAGES else None):
+        acc = _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, True, NVFP4, DTYPE, F32_DOT, EMULATE,
+                    BLOCK_W, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD, A_DESC)
+    return acc
+
+
+@triton.jit
+def _tile_foldable(s_rows, KS, BLOCK_W: tl.constexpr):
+    """Whether every MXFP4 scale byte of the tile's rows is <= 128 (fp4_prepack.FOLD_MAX_SCALE): one pass over the
+    rows' KS scale bytes (KS / 128 loads of [BLOCK_W, 128] bytes, from L2 after the first tile of a row block)."""
+    m = tl.zeros([BLOCK_W, 128], tl.uint8)
+    for j in range(0, KS, 128):
+        jj = j + tl.arange(0, 128)
+        m = tl.maximum(m, tl.load(s_rows[:, None] + jj[None, :], mask=(jj < KS)[None, :], other=0))
+    return tl.max(tl.max(m.to(tl.int32), 1), 0) <= 128
 
 
 @triton.jit
 def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
                     NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
-                    BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr):
+                    BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr,
+                    SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr,
+                    A_DESC: tl.constexpr):
     """fp32 [BLOCK_W, BLOCK_T] = w[rows] @ a[tokens].T over K for the tokens in `sel` (others read as zero).
     v_rows / s_rows: pointers to the tile's weight rows in the prepacked values / scales, all in range (the caller
     clamps rows past N; their results are not stored), so the weight loads need no row mask, and no K mask when a
@@ -180,20 +266,21 @@ def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
     TOKENS_M: a[tokens] @ w[rows].T (tokens the MMA's M side, the dequantized tile the shared-memory B operand),
     transposed once after the K loop. Triton 3.6 waits for each step's MMAs before the next step's tile is stored
     (one B buffer), so there the conversion does not overlap the MMAs of its own program."""
-    ka = tl.arange(0, BLOCK_K)
     if TOKENS_M:
         acc = tl.zeros([BLOCK_T, BLOCK_W], tl.float32)
     else:
         acc = tl.zeros([BLOCK_W, BLOCK_T], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        wt = _weight_tile(v_rows, s_rows, k0, KW, KS, BLOCK_K != 128, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
-                          BLOCK_K)
-        kk = k0 + ka
-        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
-        if TOKENS_M:
-            acc = mma(a, tl.trans(wt), acc, F32_DOT)
+    if FOLD_MX == 2:  # per tile: the folded loop where every scale byte of the tile's rows allows it, else the
+        # unfolded one at 2 stages (Triton gives each loop its own pipeline buffers: both within an SM's shared memory)
+        if _tile_foldable(s_rows, KS, BLOCK_W):
+            acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                          BLOCK_K, TOKENS_M, SCALES_AS_WORDS, True, PEEL_K, 0, A_DESC)
         else:
-            acc = mma(wt, tl.trans(a), acc, F32_DOT)
+            acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                          BLOCK_K, TOKENS_M, SCALES_AS_WORDS, False, PEEL_K, 2, A_DESC)
+    else:
+        acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                      BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX == 1, PEEL_K, 0, A_DESC)
     if NVFP4:
         acc = acc * 128.0  # the 2^-7 the folded scales leave on every operand (exact)
     if TOKENS_M:
@@ -205,12 +292,13 @@ def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
 @triton.jit
 def _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w_rows, NR, K, KW, KS, NVFP4: tl.constexpr,
                DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
-               BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr):
+               BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr,
+               FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr, A_DESC: tl.constexpr):
     """Expert e64's fp32 [BLOCK_W, BLOCK_T] products of weight rows w_rows (of its NR) with the tokens in `sel`,
     times (NVFP4) its global scale. Rows past NR read row NR - 1 (the caller never stores them)."""
     w_in = e64 * NR + tl.minimum(w_rows, NR - 1)
     acc = _prepacked_pass(a_ptr, a_off, sel, v_ptr + w_in * KW, s_ptr + w_in * KS, K, KW, KS, NVFP4, DTYPE, F32_DOT,
-                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
+                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K, A_DESC)
     if NVFP4:
         acc = acc * tl.load(g_ptr + e64)
     return acc
@@ -221,7 +309,8 @@ def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w6
                  NVFP4: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr,
                  EMULATE: tl.constexpr, SWIGLU: tl.constexpr, INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr,
                  CLAMP: tl.constexpr, DIV_RN: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr):
+                 BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr,
+                 PEEL_K: tl.constexpr, A_DESC: tl.constexpr):
     """Expert e64's tile for the tokens in `sel`, stored to their columns of out_t (one rounding). Plain: the
     output columns w64 are weight rows, times the row weights (rw_rows: pointers to the tokens' weights). SWIGLU
     (N = I, weights (E, 2I, K)): the gate and up rows of each output column in two passes, each rounded to the
@@ -229,15 +318,18 @@ def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w6
     if SWIGLU:
         gate_rows, up_rows = _gate_up_rows(w64, N, INTERLEAVE)
         g = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, gate_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
-                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
+                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K,
+                       A_DESC)
         g = cast_out(g, DTYPE, EMULATE).to(tl.float32)
         u = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, up_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
-                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
+                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K,
+                       A_DESC)
         u = cast_out(u, DTYPE, EMULATE).to(tl.float32)
         acc = swiglu_act(g, u, alpha, limit, GPTOSS, CLAMP, DIV_RN, DTYPE, EMULATE)
     else:
         acc = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w64, N, K, KW, KS, NVFP4, DTYPE, F32_DOT,
-                         EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
+                         EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K,
+                         A_DESC)
         if HAS_RW:
             acc *= tl.load(rw_rows, mask=sel, other=0.0)[None, :]
     tl.store(out_t, cast_out(acc, out_t.dtype.element_ty, EMULATE), mask=wmask[:, None] & sel[None, :])
@@ -259,7 +351,8 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
                           F32_DOT: tl.constexpr, EMULATE: tl.constexpr, SWIGLU: tl.constexpr,
                           INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, DIV_RN: tl.constexpr,
                           SCATTER: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
-                          BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr):
+                          BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr,
+                          FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr, A_DESC: tl.constexpr):
     """Program (axis 0) = one [BLOCK_T tokens, BLOCK_W output columns] tile (columns: weight rows, or with SWIGLU
     the I outputs of gate / up row pairs), the column tiles of one token tile adjacent (activations reused from
     L2); masked layout: axis 1 = expert. Every output element in range is written once: computed rows by their
@@ -283,10 +376,14 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
         out_t = out_ptr + dst[None, :] * N + w64[:, None]
         done = rows < cnt
         if pid_t * BLOCK_T < cnt:
-            _expert_tile(a_ptr, e64 * stride_ae + rows64 * stride_am, _kept(done, dst_ok, SCATTER), v_ptr, s_ptr,
+            if A_DESC:  # a 2-D view of the (E, M, K) tokens: row e * M + r
+                a_off = e * M + pid_t * BLOCK_T
+            else:
+                a_off = e64 * stride_ae + rows64 * stride_am
+            _expert_tile(a_ptr, a_off, _kept(done, dst_ok, SCATTER), v_ptr, s_ptr,
                          g_ptr, rw_ptr + flat, out_t, e64, w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW,
                          DTYPE, F32_DOT, EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K,
-                         TOKENS_M)
+                         TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K, A_DESC)
     else:
         dst, dst_ok = _destination(rows64, rmask, dst_ptr, n_dst, SCATTER)
         out_t = out_ptr + dst[None, :] * N + w64[:, None]
@@ -294,11 +391,16 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
         done = (mi >= 0) & (mi < E)
         mi = tl.where(done, mi, E)
         e = tl.min(mi, 0)
+        if A_DESC:
+            a_off = pid_t * BLOCK_T
+        else:
+            a_off = rows64 * stride_am
         while e < E:  # one pass per expert present in the tile, in increasing id order
             sel = _kept(mi == e, dst_ok, SCATTER)
-            _expert_tile(a_ptr, rows64 * stride_am, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
+            _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
                          e.to(tl.int64), w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW, DTYPE, F32_DOT,
-                         EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M)
+                         EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M,
+                         SCALES_AS_WORDS, FOLD_MX, PEEL_K, A_DESC)
             e = tl.min(tl.where(mi > e, mi, E), 0)
     zero = tl.zeros([BLOCK_W, BLOCK_T], out_ptr.dtype.element_ty)
     tl.store(out_t, zero, mask=wmask[:, None] & _kept(rmask & ~done, dst_ok, SCATTER)[None, :])
@@ -322,13 +424,16 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
         return out  # scatter with no layout row: nothing is written (the combine reads no slot)
     cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), n, k, a.device, fmt, bool(swiglu))
     reason = prepacked_refusal(cfg)
+    if cfg.fold_scale != "off" and fmt != "mxfp4":
+        reason = "fold_scale is for MXFP4 weights (NVFP4's scale words always hold the bias)"
     if reason:
         raise ValueError(f"moe_gemm_fp4_prepacked: config {cfg}: {reason}")
     interleave, activation, alpha, limit = swiglu or (0, "silu", 0.0, None)
     grid = (cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n), e if masked else 1)
     dummy = scales
+    a_src = _tokens_descriptor(a, cfg) if cfg.a_tma else None
     launch(_fp4_prepacked_kernel, grid,
-           a, values, scales, dummy if w_global is None else w_global.contiguous(),
+           a if a_src is None else a_src, values, scales, dummy if w_global is None else w_global.contiguous(),
            masked_m if masked else m_indices, dummy if row_weights is None else row_weights.contiguous(), out,
            dummy if dst_rows is None else dst_rows.contiguous(), rows, n, k, e, values.shape[2], scales.shape[2],
            a.stride(0) if masked else 0, a.stride(1) if masked else a.stride(0),
@@ -337,9 +442,24 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
            F32_DOT=a.device.type != "cuda", EMULATE=emulate_formats(a.device), SWIGLU=bool(swiglu),
            INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
            DIV_RN=silu_div_rn(a.dtype), SCATTER=dst_rows is not None, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m,
-           BLOCK_K=cfg.block_k, TOKENS_M=cfg.tokens_m,
+           BLOCK_K=cfg.block_k, TOKENS_M=cfg.tokens_m, SCALES_AS_WORDS=cfg.scale_words,
+           FOLD_MX=FOLD_MODES.index(cfg.fold_scale), PEEL_K=cfg.peel_k, A_DESC=a_src is not None,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
+
+
+def _tokens_descriptor(a: torch.Tensor, cfg: MoeGemmConfig):
+    """A TMA descriptor of the tokens as 2-D rows ([block_m, block_k] boxes), or None where the layout does not allow
+    one (the kernel then loads with pointers): unit K stride, 16-byte aligned base and row stride, and the masked
+    layout's experts back to back (a 2-D view of (E, M, K))."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if a.stride(-1) != 1 or (a.stride(-2) * a.element_size()) % 16 or a.data_ptr() % 16:
+        return None
+    if a.dim() == 3 and a.stride(0) != a.shape[1] * a.stride(1):
+        return None
+    rows = a.view(-1, a.shape[-1]) if a.dim() == 3 else a
+    return TensorDescriptor(rows, list(rows.shape), [rows.stride(0), 1], [cfg.block_m, cfg.block_k])
 
 
 def prepacked_refusal(cfg: MoeGemmConfig) -> str | None:
@@ -353,6 +473,8 @@ def prepacked_refusal(cfg: MoeGemmConfig) -> str | None:
     if cfg.tokens_m and cfg.block_n > 16 * cfg.num_warps:
         # 128 x 4 and 256 x 8: an LLVM abort in Triton 3.6 for sm_90 (illegal shared layout of the converted tile)
         return f"tokens_m with block_n={cfg.block_n} > 16 weight rows per warp ({cfg.num_warps} warps)"
+    if cfg.fold_scale not in FOLD_MODES:
+        return f"fold_scale={cfg.fold_scale!r} is not one of {FOLD_MODES}"
     return None
 
 
