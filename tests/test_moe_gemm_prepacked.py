@@ -249,15 +249,15 @@ def test_configs():
             assert cfg.block_m >= min(m, 64), (arch, m, cfg)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(16, 128, 256, 1, 4, 3)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
-    fast = dict(scale_words=True, fold_scale="tile")
+    fast = dict(scale_words=True, fold_scale="tile", a_tma=True)
     assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3,
                                                                                               **fast)
     assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3,
-                                                                                              scale_words=True)
+                                                                                              a_tma=True)
     sw = lambda m, fmt: prepacked_swiglu_config(pick_prepacked_config_for_arch(m, 2880, 2880, "sm_90", fmt))
     assert sw(16, "mxfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)  # the 256-K step spills with two accumulators
     assert sw(16, "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
-    assert sw(255, "mxfp4") == MoeGemmConfig(64, 64, 128, 1, 4, 4, **fast)
+    assert sw(255, "mxfp4") == MoeGemmConfig(64, 64, 128, 1, 4, 4)  # the fused tile keeps the plain loads
 
 
 # ---------------------------------------------------------------------------------------------- GEMM1 + SwiGLU
@@ -652,12 +652,12 @@ def test_sm90_compile_register_a_wgmma():
         assert int(fma) >= 8, f"{what}: the packed conversion is missing ({fma} fma.rn.*x2)"
         assert int(shared) <= 232448, f"{what}: {shared} B of shared memory"
     # the prefill rule's K loop (one 128-K step, per thread) against the plain tile: MXFP4 one multiply per pair
-    # (the per-tile fold) and no scale layout conversion; NVFP4 the scale load only
+    # (the per-tile fold) and no scale layout conversion; NVFP4 the tokens by TMA (no more instructions)
     rule_mx, rule_nv = loops["bf16/m=256/swiglu=0/scatter=0", "0"], loops["bf16/m=256/swiglu=0/scatter=0", "1"]
     plain_mx, plain_nv = loops["bf16/m=plain/swiglu=0/scatter=0", "0"], loops["bf16/m=plain/swiglu=0/scatter=0", "1"]
     assert plain_mx[1] == 64 and rule_mx[1] == 32, (rule_mx, plain_mx)
     assert rule_mx[0] <= 0.85 * plain_mx[0], (rule_mx, plain_mx)
-    assert rule_nv[0] < plain_nv[0], (rule_nv, plain_nv)
+    assert rule_nv[0] <= plain_nv[0], (rule_nv, plain_nv)
 
 
 # ---------------------------------------------------------------------------------------------- kernel variants

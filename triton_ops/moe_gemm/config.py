@@ -122,6 +122,8 @@ def prepacked_swiglu_config(cfg: MoeGemmConfig) -> MoeGemmConfig:
     4 warps (two 32-register accumulators, 241 registers, no spills; the 8-warp plain tile would spill).
     Tokens on M (cfg.tokens_m): 64 output columns, 8 warps (128 tokens x 64 columns x 2 accumulators: 232
     registers, no spills; 128 columns spill 16, 4 warps 34)."""
+    # the fused tile keeps the plain loads and conversion (the prefill flags are timed on the plain GEMM only)
+    cfg = dataclasses.replace(cfg, scale_words=False, fold_scale="off", a_tma=False, peel_k=False)
     if cfg.tokens_m:
         return dataclasses.replace(cfg, block_n=64, num_warps=8)
     if cfg.block_m < 64:
@@ -144,9 +146,13 @@ def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str =
     (perf/results/experiments/2026-11-26-h200-moe-gemm-fp4-prefill-tokens-m-f6014cc.json): MXFP4 0-4% faster than 4
     stages, NVFP4 even; 256-token tiles spill (ptxas, sm_90, Triton 3.6) and the tokens-on-M orientation
     (MoeGemmConfig.tokens_m) was 15-25% slower there. The contiguous layout should be aligned to block_m.
-    Prefill loads the scale bytes in the value words' shape (scale_words) and, for MXFP4, runs the folded conversion
-    (one multiply per pair) in every tile whose scale bytes are all <= 128 (fold_scale "tile"): per 128-K step 302
-    SASS instructions per thread against 372 (NVFP4 358 against 365), equal bytes (ptxas sm_90, Triton 3.6).
+    Prefill loads the tokens by TMA (a_tma, where the layout allows a descriptor); MXFP4 also loads the scale bytes
+    in the value words' shape (scale_words) and runs the folded conversion (one multiply per pair) in every tile
+    whose scale bytes are all <= 128 (fold_scale "tile"): per 128-K step 302 SASS instructions per thread against
+    372 (ptxas sm_90, Triton 3.6), equal bytes. H200, same shapes
+    (perf/results/experiments/2026-11-26-h200-moe-gemm-fp4-sass-fast-89ecae8.json): MXFP4 1.10-1.15x the plain
+    tile (0.87-0.92x triton_kernels), NVFP4 (a_tma alone) 1.06-1.07x; scale_words + fold without TMA, and
+    scale_words with TMA for NVFP4, were no faster than the plain tile there.
     Interpreter: one 128-K chunk per step, tiles no larger than the problem."""
     if arch == "cpu":
         bt = 16 if m <= 16 else 32 if m <= 32 else 64
@@ -158,7 +164,7 @@ def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str =
     if m <= 64:
         return MoeGemmConfig(64, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 4)
     return MoeGemmConfig(128, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 3,
-                         scale_words=True, fold_scale="tile" if fmt == "mxfp4" else "off")
+                         scale_words=fmt == "mxfp4", fold_scale="tile" if fmt == "mxfp4" else "off", a_tma=True)
 
 
 _FUSED_SMEM_BUDGET = 200 * 1024  # operand pipeline bytes of a fused GEMM1 tile (an H100 CTA may use 227 KB)
