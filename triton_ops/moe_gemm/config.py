@@ -150,7 +150,7 @@ def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str =
     in the value words' shape (scale_words) and runs the folded conversion (one multiply per pair) in every tile
     whose scale bytes are all <= 128 (fold_scale "tile"): per 128-K step 302 SASS instructions per thread against
     372 (ptxas sm_90, Triton 3.6), equal bytes. H200, same shapes
-    (perf/results/experiments/2026-11-26-h200-moe-gemm-fp4-sass-fast-89ecae8.json): MXFP4 1.10-1.15x the plain
+    (perf/results/experiments/2026-11-26-h200-moe-gemm-fp4-sass-fast-89ecae8.json): MXFP4 1.09-1.14x the plain
     tile (0.87-0.92x triton_kernels), NVFP4 (a_tma alone) 1.06-1.07x; scale_words + fold without TMA, and
     scale_words with TMA for NVFP4, were no faster than the plain tile there.
     Interpreter: one 128-K chunk per step, tiles no larger than the problem."""
