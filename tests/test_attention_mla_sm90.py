@@ -48,7 +48,9 @@ _COMPILE = textwrap.dedent("""
                                         (1, 128, True, False, "pingpong_pv_first_c4"),
                                         (3, 16, False, False, "pingpong_pv_first_c4"),
                                         (1, 128, True, False, "pingpong_pv_first_c4_r1"),
-                                        (2, 128, True, True, "pingpong_pv_first_c4_r1")):
+                                        (2, 128, True, True, "pingpong_pv_first_c4_r1"),
+                                        (1, 128, True, False, "pingpong_pair"), (2, 128, True, True, "pingpong_pair"),
+                                        (3, 16, False, False, "pingpong_pair")):
         c = M.compile_sm90(sq, h, causal, final, any_version=True, schedule=sched)
         ptx = c.asm["ptx"]
         res["configs"].append({"cfg": [sq, h, causal, final, sched], "wgmma": ptx.count("wgmma.mma_async"),
@@ -305,9 +307,13 @@ def test_launcher_dry_run(monkeypatch):
         assert kw["R1"] is sched.endswith("_r1")
         assert args[0].block_shape == [64, 256 // nch] and args[2].block_shape == [64, 256 // nch]
         seen.clear()
+    M.mla_decode(*c.args(3), schedule="pingpong_pair")  # the tile-pair hand-off, on the same kernel
+    (grid, args, kw), _ = seen
+    assert kw["PAIR"] is True and kw["NCH"] == 1 and kw["R1"] is False and args[2].block_shape == [64, 256]
+    seen.clear()
     M.mla_decode(*c.args(3))  # the default schedule
     (grid, args, kw), _ = seen
     assert M.DEFAULT_SCHEDULE == "pingpong_pv_first" and kw["PV_FIRST"] is True and kw["num_warps"] == 4
-    assert kw["NCH"] == 1 and kw["R1"] is False
+    assert kw["NCH"] == 1 and kw["R1"] is False and kw["PAIR"] is False
     with pytest.raises(ValueError, match="schedule"):
         M.mla_decode(*c.args(3), schedule="fast")

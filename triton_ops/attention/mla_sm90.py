@@ -55,6 +55,15 @@ Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
   NoPE half's barrier, which the producer also waits for, for both warpgroups, before refilling the RoPE part)
   instead of two (one arrival and one bar.sync fewer per release, two releases per warpgroup step), and the
   published m and l of each slot in allocations of their own (no bar.sync between their stores).
+  PINGPONG_PAIR (FlashMLA's hand-off within a tile pair (a, a + 1), a even; the same TMA partition, buffers and
+  release barriers): both warpgroups issue S of their own tile of the pair at once; only the row max crosses
+  between the softmaxes: warpgroup 0 publishes m_a = max(m, rowmax S_a) (an mbarrier of its own) as soon as it has
+  it, warpgroup 1 folds it into m_b and publishes m_b, while warpgroup 0 takes its exponentials against m_a and then
+  rescales P_a to m_b before publishing it; both P of the pair are then at m_b, so each warpgroup rescales its O
+  once per pair and issues P_a V_a and P_b V_b back to back. Each warpgroup sums l over its own tiles only; the two
+  sums (both at the final max) are added once, after the last tile. The chain between the warpgroups per pair is
+  two row maxima, not two whole softmaxes with the P V and S between them.
+  The warp-specialized kernel and its schedules are in mla_sm90_ws.py.
 * Masking: page ids outside [0, num_blocks) load from row num_blocks * 64, past the TMA view's end: the tile is
   zero filled (never read out of bounds) and its keys are masked. Keys past the sequence length in its last page
   are masked, and (cache slots no sequence writes may hold anything, NaN included: 0 x NaN would leak into
