@@ -106,6 +106,10 @@ def _check_compile(env, spills_ok=False):
         assert sass["wait0"] < sass["HGMMA"] // 4, f"{what}: wgmma serialized by ptxas: {sass}"
         if sched == "pingpong":  # S of the own tile waited with the other tile's P V still running
             assert sass["ex2_between_waits"], f"{what}: {sass}"
+        if sched == "pingpong_pair":  # P_a V_a waited with P_b V_b still running (slot 0 released early)
+            assert sass["ex2_between_waits"], f"{what}: {sass}"
+            if unchunked:  # the row max published on an mbarrier of its own, ahead of P
+                assert r["arrive"] > unchunked["arrive"], f"{what}: {r} vs {unchunked}"
         if sched == "overlap":  # the softmax (16 exponentials per thread) between the two waits
             assert sass["ex2_between_waits"] and min(sass["ex2_between_waits"]) >= 8, f"{what}: {sass}"
     return res

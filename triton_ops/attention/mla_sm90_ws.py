@@ -283,7 +283,7 @@ def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_
         alpha = gl.exp2(m_i - _nz(m_new))
         l_i = l_i * alpha
     o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
-    # P_a V_a, then P_b V_b, on this warpgroup's 256 columns, back to back; then both slots are released
+    # P_a V_a, then P_b V_b, on this warpgroup's 256 columns, back to back; each slot released once its MMA is done
     if W == 1:
         mbarrier.wait(sm_bar.index(0), ph)
     o = warpgroup_mma(kr_smem.index(0), kn_smem.index(W), o, is_async=True)
@@ -291,9 +291,12 @@ def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_
         if W == 0:
             mbarrier.wait(sm_bar.index(1), ph)
         o = warpgroup_mma(kr_smem.index(1), kn_smem.index(2 + W), o, is_async=True)
-        o = _ws_release(o, 0, empty_n, empty_r, W, False)
-        mbarrier.arrive(empty_n.index(2 + W))  # (slot 1: the same wait and CTA barrier)
-        mbarrier.arrive(empty_r.index(1))
+        # P_a V_a done (O itself stays untouched while P_b V_b runs): slot 0 is free for tile a + 2
+        m_new = warpgroup_mma_wait(1, deps=(m_new, ))
+        _cta_barrier()
+        mbarrier.arrive(empty_n.index(W))
+        mbarrier.arrive(empty_r.index(0))
+        o = _ws_release(o, 1, empty_n, empty_r, W, False)
     else:
         o = _ws_release(o, 0, empty_n, empty_r, W, False)
     return o, m_new, l_i
