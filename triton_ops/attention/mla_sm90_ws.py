@@ -410,17 +410,17 @@ def _mla_ws_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, 
                                              o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL))],
                            [4, 4], [WS_REGS, WS_REGS])
     else:
-        gl.warp_specialize([(_ws_producer, (q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem, q_bar,
-                                            full_n, full_r, empty_n, empty_r, bt_row, q_row, p0, n_tiles, num_blocks, NCH,
-                                            R1)),
-                            (_ws_compute, (0, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, sm_bar,
-                                           empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split,
-                                           qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ,
-                                           H, CAUSAL, FINAL, PV_FIRST, NCH, R1)),
-                            (_ws_compute, (1, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, sm_bar,
-                                           empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split,
-                                           qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ,
-                                           H, CAUSAL, FINAL, PV_FIRST, NCH, R1))],
+        gl.warp_specialize([(_ws_producer, (q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem,
+                                            q_bar, full_n, full_r, empty_n, empty_r, bt_row, q_row, p0, n_tiles,
+                                            num_blocks, NCH, R1)),
+                            (_ws_compute, (0, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r,
+                                           sm_bar, empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0,
+                                           b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
+                                           l_sh, l_sp, SQ, H, CAUSAL, FINAL, PV_FIRST, NCH, R1)),
+                            (_ws_compute, (1, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r,
+                                           sm_bar, empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0,
+                                           b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
+                                           l_sh, l_sp, SQ, H, CAUSAL, FINAL, PV_FIRST, NCH, R1))],
                            [4, 4], [WS_REGS, WS_REGS])
 
 
