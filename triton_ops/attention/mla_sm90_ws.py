@@ -183,6 +183,21 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
 
 
 @gluon.jit
+def _ws_start(r0, sk, SQ: gl.constexpr, H: gl.constexpr):
+    """A compute warpgroup's start: (its rows r0.., their query positions, m = -inf, l = 0, O = 0 (64 x 256)) in
+    the wgmma layouts of one warpgroup (S 64 x 64, O 64 x 256); m's layout is a slice of S's."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, PAGE, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows = r0 + gl.arange(0, BLOCK_M, layout=row_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_layout)
+    return rows, sk - SQ + rows // H, m_i, l_i, gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+
+
+@gluon.jit
 def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, sm_bar,
                 empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr,
                 lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr,
@@ -190,16 +205,9 @@ def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_b
                 R1: gl.constexpr):
     """Compute warpgroup W of PINGPONG: the S and softmax of tiles t = W (mod 2), O columns [256 W, 256 W + 256)
     of every tile, then its half of the epilogue."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, PAGE, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    rows = r0 + gl.arange(0, BLOCK_M, layout=row_layout)
-    q_pos = sk - SQ + rows // H
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
-    l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_layout)
-    o = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+    rows, q_pos, m_i, l_i, o = _ws_start(r0, sk, SQ, H)
+    s_layout: gl.constexpr = m_i.type.layout.parent
+    o_layout: gl.constexpr = o.type.layout
     if n_tiles > 0:
         mbarrier.wait(q_bar, 0)
         if W == 0:  # tile 0: warpgroup 0's, no other tile before it
@@ -309,16 +317,9 @@ def _pair_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q
                   H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr):
     """Compute warpgroup W of PAIR: S and softmax of tiles t = W (mod 2), O columns [256 W, 256 W + 256) of every
     tile (`_pair_step` per tile pair), then l summed over both warpgroups and its half of the epilogue."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, PAGE, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    rows = r0 + gl.arange(0, BLOCK_M, layout=row_layout)
-    q_pos = sk - SQ + rows // H
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
-    l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_layout)
-    o = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+    rows, q_pos, m_i, l_i, o = _ws_start(r0, sk, SQ, H)
+    s_layout: gl.constexpr = m_i.type.layout.parent
+    o_layout: gl.constexpr = o.type.layout
     if n_tiles > 0:
         mbarrier.wait(q_bar, 0)
         for i in range(n_tiles // 2):
@@ -334,7 +335,7 @@ def _pair_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q
         _cta_barrier()
         mbarrier.arrive(fin_bar)
         mbarrier.wait(fin_bar, 0)
-        l_i = l_i + ml_smem[3 - W].load(row_layout)
+        l_i = l_i + ml_smem[3 - W].load(m_i.type.layout)
     _store_out(o, m_i, l_i, rows, W * HALF, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh,
                l_sp, SQ, H, FINAL, W == 0)
 
