@@ -63,6 +63,10 @@ Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
   once per pair and issues P_a V_a and P_b V_b back to back. Each warpgroup sums l over its own tiles only; the two
   sums (both at the final max) are added once, after the last tile. The chain between the warpgroups per pair is
   two row maxima, not two whole softmaxes with the P V and S between them.
+  PINGPONG_PAIR_RP: PINGPONG_PAIR in FlashMLA's order: the owner's P V takes P from registers (wgmma's register A
+  operand) as soon as its exponentials are taken: warpgroup 0's P_a V_a (O rescaled to m_a) runs while warpgroup
+  1 is in its softmax, then O goes from m_a to m_b before P_b V_b; warpgroup 1 issues P_b V_b before it waits for
+  P_a.
   The warp-specialized kernel and its schedules are in mla_sm90_ws.py.
 * Masking: page ids outside [0, num_blocks) load from row num_blocks * 64, past the TMA view's end: the tile is
   zero filled (never read out of bounds) and its keys are masked. Keys past the sequence length in its last page
@@ -128,7 +132,9 @@ D_NOPE: tl.constexpr = tl.constexpr(NOPE)
 ROPE_W: tl.constexpr = tl.constexpr(DS_ROPE)
 MAX_SPLITS = 64
 SCHEDULES = ("serial", "overlap", "pingpong", "pingpong_pv_first",  # see the module docstring
-             "pingpong_pv_first_c2", "pingpong_pv_first_c4", "pingpong_pv_first_c4_r1", "pingpong_pair")
+             "pingpong_pv_first_c2", "pingpong_pv_first_c4", "pingpong_pv_first_c4_r1", "pingpong_pair",
+             "pingpong_pair_rp")
+PAIRS = {"pingpong_pair": 1, "pingpong_pair_rp": 2}  # the warp-specialized kernel's PAIR (mla_sm90_ws.py)
 DEFAULT_SCHEDULE = "pingpong_pv_first"  # timed best (H200, c268fc8: 0.76-0.80x FlashMLA; serial 0.60-0.65x)
 MIN_SPLIT_PAGES = 4  # below 256 keys a split no longer pays for its partials and the merge
 
@@ -420,7 +426,7 @@ def _kernel_and_consts(sq: int, h: int, causal: bool, final: bool, schedule: str
 
         nch = int(schedule.split("_c")[1][0]) if "_c" in schedule else 1  # _c2 / _c4: column chunks per half
         return (_mla_ws_kernel, dict(consts, PV_FIRST="pv_first" in schedule, NCH=nch, R1=schedule.endswith("_r1"),
-                                     PAIR=schedule == "pingpong_pair", num_warps=4), NOPE // 2 // nch)
+                                     PAIR=PAIRS.get(schedule, 0), num_warps=4), NOPE // 2 // nch)
     return _mla_sm90_kernel, dict(consts, OVERLAP=schedule == "overlap", num_warps=NUM_WARPS), NOPE
 
 

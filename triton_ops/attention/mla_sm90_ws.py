@@ -237,17 +237,22 @@ def _nz(m):
 
 
 @gluon.jit
-def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem,
-               full_n, full_r, mx_bar, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi, sk, q_pos, qk_scale,
-               CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, RP: gl.constexpr, o, m_i, l_i, q_smem, qr_smem, kn_smem,
+               kr_smem, ml_smem, full_n, full_r, mx_bar, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi, sk,
+               q_pos, qk_scale, CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
     """PAIR: warpgroup W's share of the tile pair (a, a + 1) (HAS_B: tile a + 1 exists; warpgroup 1 owns it).
     m_i: the running max before the pair (O and l are at it); returns (O, m, l) at the pair's max. Only the row
     max crosses between the softmaxes: warpgroup 0 publishes m_a = max(m_i, rowmax S_a) as soon as it has it,
     warpgroup 1 folds it into m_b, publishes m_b; warpgroup 0 then rescales its P_a (exponentials already taken
-    against m_a) to m_b before publishing it, so both P of the pair are at m_b: each warpgroup rescales O once per
-    pair and issues both P V back to back. l: each warpgroup sums its own tiles only (reconciled at the end)."""
+    against m_a) to m_b before publishing it, so both P of the pair are at m_b. l: each warpgroup sums its own
+    tiles only (reconciled at the end).
+    RP = 0: each warpgroup rescales O once per pair and issues P_a V_a, P_b V_b back to back (P from shared
+    memory). RP = 1 (FlashMLA's order): the owner's own P V takes P from registers as soon as its exponentials are
+    taken: warpgroup 0's P_a V_a (against m_a, O rescaled to m_a) runs while warpgroup 1 is in its softmax, then O
+    is rescaled to m_b; warpgroup 1 issues P_b V_b before it waits for P_a."""
     ph = (a // 2) & 1  # both slots' phase in this pair
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     if W == 0 or HAS_B:
         t = a + W
         k0 = (p0 + t) * PAGE
@@ -263,12 +268,21 @@ def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_
             mbarrier.arrive(mx_bar.index(0))  # m_a: warpgroup 1's softmax needs no more than this
             p = gl.exp2(s * qk_scale - gl.expand_dims(_nz(m_a), 1))
             rs = gl.sum(p, 1)
+            if RP:  # P_a V_a from registers against m_a, under warpgroup 1's softmax
+                alpha = gl.exp2(m_i - _nz(m_a))
+                l_i = l_i * alpha + rs
+                o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+                p_reg = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+                o = warpgroup_mma(p_reg, kn_smem.index(0), o, is_async=True)
             if HAS_B:
                 mbarrier.wait(mx_bar.index(1), ph)
                 m_new = ml_smem[1].load(row_layout)
                 c = gl.exp2(m_a - _nz(m_new))  # P_a from m_a to the pair's max
                 p = p * gl.expand_dims(c, 1)
-                rs = rs * c
+                if RP:
+                    l_i = l_i * c
+                else:
+                    rs = rs * c
             else:
                 m_new = m_a
         else:
@@ -279,9 +293,11 @@ def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_
             mbarrier.arrive(mx_bar.index(1))
             p = gl.exp2(s * qk_scale - gl.expand_dims(_nz(m_new), 1))
             rs = gl.sum(p, 1)
-        alpha = gl.exp2(m_i - _nz(m_new))
-        l_i = l_i * alpha + rs
-        kr_smem.index(W).store(p.to(gl.bfloat16))  # P over the RoPE part of the own tile (its S is done)
+        if not (RP and W == 0):
+            alpha = gl.exp2(m_i - _nz(m_new))
+            l_i = l_i * alpha + rs
+        p16 = p.to(gl.bfloat16)
+        kr_smem.index(W).store(p16)  # P over the RoPE part of the own tile (its S is done)
         fence_async_shared()
         _cta_barrier()
         mbarrier.arrive(sm_bar.index(W))
@@ -290,23 +306,45 @@ def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_
         m_new = ml_smem[0].load(row_layout)
         alpha = gl.exp2(m_i - _nz(m_new))
         l_i = l_i * alpha
-    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
-    # P_a V_a, then P_b V_b, on this warpgroup's 256 columns, back to back; each slot released once its MMA is done
-    if W == 1:
-        mbarrier.wait(sm_bar.index(0), ph)
-    o = warpgroup_mma(kr_smem.index(0), kn_smem.index(W), o, is_async=True)
-    if HAS_B:
-        if W == 0:
-            mbarrier.wait(sm_bar.index(1), ph)
-        o = warpgroup_mma(kr_smem.index(1), kn_smem.index(2 + W), o, is_async=True)
-        # P_a V_a done (O itself stays untouched while P_b V_b runs): slot 0 is free for tile a + 2
-        m_new = warpgroup_mma_wait(1, deps=(m_new, ))
+    if RP and W == 0:  # P_a V_a (issued above) done: slot 0 released, O from m_a to m_b, then P_b V_b
+        o, p_reg = warpgroup_mma_wait(0, deps=(o, p_reg))
         _cta_barrier()
-        mbarrier.arrive(empty_n.index(W))
+        mbarrier.arrive(empty_n.index(0))
         mbarrier.arrive(empty_r.index(0))
-        o = _ws_release(o, 1, empty_n, empty_r, W, False)
-    else:
+        if HAS_B:
+            o = o * gl.expand_dims(gl.convert_layout(c, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+            mbarrier.wait(sm_bar.index(1), ph)
+            o = warpgroup_mma(kr_smem.index(1), kn_smem.index(2), o, is_async=True)
+            o = _ws_release(o, 1, empty_n, empty_r, W, False)
+    elif RP and HAS_B:  # warpgroup 1: its own P_b V_b from registers first, then P_a V_a
+        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+        p_reg = gl.convert_layout(p16, p_layout)
+        o = warpgroup_mma(p_reg, kn_smem.index(3), o, is_async=True)
+        mbarrier.wait(sm_bar.index(0), ph)
+        o = warpgroup_mma(kr_smem.index(0), kn_smem.index(1), o, is_async=True)
+        p_reg = warpgroup_mma_wait(1, deps=(p_reg, ))  # P_b V_b done: slot 1 released
+        _cta_barrier()
+        mbarrier.arrive(empty_n.index(3))
+        mbarrier.arrive(empty_r.index(1))
         o = _ws_release(o, 0, empty_n, empty_r, W, False)
+    else:  # P_a V_a, then P_b V_b on this warpgroup's 256 columns, back to back; each slot released once its MMA
+        # is done
+        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+        if W == 1:
+            mbarrier.wait(sm_bar.index(0), ph)
+        o = warpgroup_mma(kr_smem.index(0), kn_smem.index(W), o, is_async=True)
+        if HAS_B:
+            if W == 0:
+                mbarrier.wait(sm_bar.index(1), ph)
+            o = warpgroup_mma(kr_smem.index(1), kn_smem.index(2 + W), o, is_async=True)
+            # P_a V_a done (O itself stays untouched while P_b V_b runs): slot 0 is free for tile a + 2
+            m_new = warpgroup_mma_wait(1, deps=(m_new, ))
+            _cta_barrier()
+            mbarrier.arrive(empty_n.index(W))
+            mbarrier.arrive(empty_r.index(0))
+            o = _ws_release(o, 1, empty_n, empty_r, W, False)
+        else:
+            o = _ws_release(o, 0, empty_n, empty_r, W, False)
     return o, m_new, l_i
 
 
@@ -314,20 +352,20 @@ def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_
 def _pair_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, mx_bar, sm_bar,
                   fin_bar, empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale,
                   out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ: gl.constexpr,
-                  H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr):
+                  H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr, RP: gl.constexpr):
     """Compute warpgroup W of PAIR: S and softmax of tiles t = W (mod 2), O columns [256 W, 256 W + 256) of every
-    tile (`_pair_step` per tile pair), then l summed over both warpgroups and its half of the epilogue."""
+    tile (`_pair_step` per tile pair; RP there), then l summed over both warpgroups and its half of the epilogue."""
     rows, q_pos, m_i, l_i, o = _ws_start(r0, sk, SQ, H)
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_layout: gl.constexpr = o.type.layout
     if n_tiles > 0:
         mbarrier.wait(q_bar, 0)
         for i in range(n_tiles // 2):
-            o, m_i, l_i = _pair_step(2 * i, True, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, full_n,
-                                     full_r, mx_bar, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi, sk,
-                                     q_pos, qk_scale, CAUSAL, s_layout, o_layout)
+            o, m_i, l_i = _pair_step(2 * i, True, W, RP, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem,
+                                     full_n, full_r, mx_bar, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi,
+                                     sk, q_pos, qk_scale, CAUSAL, s_layout, o_layout)
         if n_tiles % 2 == 1:
-            o, m_i, l_i = _pair_step(n_tiles - 1, False, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem,
+            o, m_i, l_i = _pair_step(n_tiles - 1, False, W, RP, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem,
                                      full_n, full_r, mx_bar, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi,
                                      sk, q_pos, qk_scale, CAUSAL, s_layout, o_layout)
         # both l at the final max: the row sum is theirs added
@@ -404,11 +442,13 @@ def _mla_ws_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, 
                             (_pair_compute, (0, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r,
                                              mx_bar, sm_bar, fin_bar, empty_n, empty_r, bt_row, p0, n_tiles,
                                              num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb,
-                                             o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL)),
+                                             o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL,
+                                             PAIR == 2)),
                             (_pair_compute, (1, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r,
                                              mx_bar, sm_bar, fin_bar, empty_n, empty_r, bt_row, p0, n_tiles,
                                              num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr, lse_ptr, o_sb,
-                                             o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL))],
+                                             o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H, CAUSAL, FINAL,
+                                             PAIR == 2))],
                            [4, 4], [WS_REGS, WS_REGS])
     else:
         gl.warp_specialize([(_ws_producer, (q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem,
