@@ -225,7 +225,8 @@ def fp4_grouped_operands(fmt: str, m: int, g: int, n: int, k: int, seed: int = 0
 
 
 def sass_stats(cubin: bytes) -> dict | None:
-    """Counts from the SASS of a Hopper cubin (None without cuobjdump / nvdisasm): HGMMA (and per shape), UTMALDG,
+    """Counts from the SASS of a Hopper cubin (None without cuobjdump / nvdisasm): HGMMA (and per shape, and with
+    the A operand in registers), UTMALDG,
     SYNCS (mbarrier), BAR.SYNC, STL / LDL (spills), `wait0` (WARPGROUP.DEPBAR.LE gsb0, 0x0: one per HGMMA when
     ptxas serializes wgmma) and `ex2_between_waits`: the MUFU.EX2 count between each `wait for S` (DEPBAR.LE gsb0,
     0x1) and the next wgmma wait (the softmax overlapping an MMA)."""
@@ -257,6 +258,7 @@ def sass_stats(cubin: bytes) -> dict | None:
             inside += 1
     shapes = collections.Counter(re.findall(r"HGMMA\.(\d+x\d+x\d+)", text))
     return {"HGMMA": text.count("HGMMA."), "HGMMA_shapes": dict(shapes), "UTMALDG": text.count("UTMALDG"),
+            "HGMMA_regA": len(re.findall(r"HGMMA\.\S+\s+R\d+,\s+R\d+", text)),  # A operand from registers
             "SYNCS": text.count("SYNCS."), "BAR": text.count("BAR.SYNC"), "wait0": text.count("DEPBAR.LE gsb0, 0x0"),
             "STL": sum(i.startswith("STL") for i in ins), "LDL": sum(i.startswith("LDL") for i in ins),
             "ex2_between_waits": windows}

@@ -48,7 +48,11 @@ _COMPILE = textwrap.dedent("""
                                         (1, 128, True, False, "pingpong_pv_first_c4"),
                                         (3, 16, False, False, "pingpong_pv_first_c4"),
                                         (1, 128, True, False, "pingpong_pv_first_c4_r1"),
-                                        (2, 128, True, True, "pingpong_pv_first_c4_r1")):
+                                        (2, 128, True, True, "pingpong_pv_first_c4_r1"),
+                                        (1, 128, True, False, "pingpong_pair"), (2, 128, True, True, "pingpong_pair"),
+                                        (3, 16, False, False, "pingpong_pair"),
+                                        (1, 128, True, False, "pingpong_pair_rp"),
+                                        (2, 128, True, True, "pingpong_pair_rp")):
         c = M.compile_sm90(sq, h, causal, final, any_version=True, schedule=sched)
         ptx = c.asm["ptx"]
         res["configs"].append({"cfg": [sq, h, causal, final, sched], "wgmma": ptx.count("wgmma.mma_async"),
@@ -104,6 +108,13 @@ def _check_compile(env, spills_ok=False):
         assert sass["wait0"] < sass["HGMMA"] // 4, f"{what}: wgmma serialized by ptxas: {sass}"
         if sched == "pingpong":  # S of the own tile waited with the other tile's P V still running
             assert sass["ex2_between_waits"], f"{what}: {sass}"
+        if sched == "pingpong_pair":  # P_a V_a waited with P_b V_b still running (slot 0 released early)
+            assert sass["ex2_between_waits"], f"{what}: {sass}"
+            if unchunked:  # the row max published on an mbarrier of its own, ahead of P
+                assert r["arrive"] > unchunked["arrive"], f"{what}: {r} vs {unchunked}"
+        if sched.startswith("pingpong_pair"):  # the owner's P V from registers in _rp (half the P V), else none
+            want = sass["HGMMA_shapes"]["64x256x16"] // 2 if sched.endswith("_rp") else 0
+            assert sass["HGMMA_regA"] == want, f"{what}: {sass}"
         if sched == "overlap":  # the softmax (16 exponentials per thread) between the two waits
             assert sass["ex2_between_waits"] and min(sass["ex2_between_waits"]) >= 8, f"{what}: {sass}"
     return res
@@ -305,9 +316,17 @@ def test_launcher_dry_run(monkeypatch):
         assert kw["R1"] is sched.endswith("_r1")
         assert args[0].block_shape == [64, 256 // nch] and args[2].block_shape == [64, 256 // nch]
         seen.clear()
+    M.mla_decode(*c.args(3), schedule="pingpong_pair")  # the tile-pair hand-off, on the same kernel
+    (grid, args, kw), _ = seen
+    assert kw["PAIR"] == 1 and kw["NCH"] == 1 and kw["R1"] is False and args[2].block_shape == [64, 256]
+    seen.clear()
+    M.mla_decode(*c.args(3), schedule="pingpong_pair_rp")  # and the owner's P V from registers
+    (grid, args, kw), _ = seen
+    assert kw["PAIR"] == 2 and kw["PV_FIRST"] is False
+    seen.clear()
     M.mla_decode(*c.args(3))  # the default schedule
     (grid, args, kw), _ = seen
     assert M.DEFAULT_SCHEDULE == "pingpong_pv_first" and kw["PV_FIRST"] is True and kw["num_warps"] == 4
-    assert kw["NCH"] == 1 and kw["R1"] is False
+    assert kw["NCH"] == 1 and kw["R1"] is False and kw["PAIR"] == 0
     with pytest.raises(ValueError, match="schedule"):
         M.mla_decode(*c.args(3), schedule="fast")

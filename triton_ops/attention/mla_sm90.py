@@ -55,6 +55,19 @@ Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
   NoPE half's barrier, which the producer also waits for, for both warpgroups, before refilling the RoPE part)
   instead of two (one arrival and one bar.sync fewer per release, two releases per warpgroup step), and the
   published m and l of each slot in allocations of their own (no bar.sync between their stores).
+  PINGPONG_PAIR (FlashMLA's hand-off within a tile pair (a, a + 1), a even; the same TMA partition, buffers and
+  release barriers): both warpgroups issue S of their own tile of the pair at once; only the row max crosses
+  between the softmaxes: warpgroup 0 publishes m_a = max(m, rowmax S_a) (an mbarrier of its own) as soon as it has
+  it, warpgroup 1 folds it into m_b and publishes m_b, while warpgroup 0 takes its exponentials against m_a and then
+  rescales P_a to m_b before publishing it; both P of the pair are then at m_b, so each warpgroup rescales its O
+  once per pair and issues P_a V_a and P_b V_b back to back. Each warpgroup sums l over its own tiles only; the two
+  sums (both at the final max) are added once, after the last tile. The chain between the warpgroups per pair is
+  two row maxima, not two whole softmaxes with the P V and S between them.
+  PINGPONG_PAIR_RP: PINGPONG_PAIR in FlashMLA's order: the owner's P V takes P from registers (wgmma's register A
+  operand) as soon as its exponentials are taken: warpgroup 0's P_a V_a (O rescaled to m_a) runs while warpgroup
+  1 is in its softmax, then O goes from m_a to m_b before P_b V_b; warpgroup 1 issues P_b V_b before it waits for
+  P_a.
+  The warp-specialized kernel and its schedules are in mla_sm90_ws.py.
 * Masking: page ids outside [0, num_blocks) load from row num_blocks * 64, past the TMA view's end: the tile is
   zero filled (never read out of bounds) and its keys are masked. Keys past the sequence length in its last page
   are masked, and (cache slots no sequence writes may hold anything, NaN included: 0 x NaN would leak into
@@ -119,7 +132,9 @@ D_NOPE: tl.constexpr = tl.constexpr(NOPE)
 ROPE_W: tl.constexpr = tl.constexpr(DS_ROPE)
 MAX_SPLITS = 64
 SCHEDULES = ("serial", "overlap", "pingpong", "pingpong_pv_first",  # see the module docstring
-             "pingpong_pv_first_c2", "pingpong_pv_first_c4", "pingpong_pv_first_c4_r1")
+             "pingpong_pv_first_c2", "pingpong_pv_first_c4", "pingpong_pv_first_c4_r1", "pingpong_pair",
+             "pingpong_pair_rp")
+PAIRS = {"pingpong_pair": 1, "pingpong_pair_rp": 2}  # the warp-specialized kernel's PAIR (mla_sm90_ws.py)
 DEFAULT_SCHEDULE = "pingpong_pv_first"  # timed best (H200, c268fc8: 0.76-0.80x FlashMLA; serial 0.60-0.65x)
 MIN_SPLIT_PAGES = 4  # below 256 keys a split no longer pays for its partials and the merge
 
@@ -156,14 +171,21 @@ def _zero_rows_from(kn_smem, valid, num_warps: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_tile(s, k0, lo, hi, page_ok, q_pos, m_i, l_i, qk_scale, CAUSAL: gl.constexpr):
-    """Mask the raw logits s of keys k0..k0+63 (outside [lo, hi), bad page, causal) and fold them into the
-    running (m, l) (log2 units). Returns (P fp32, new m, new l, alpha = the factor O is rescaled by)."""
+def _mask_tile(s, k0, lo, hi, page_ok, q_pos, CAUSAL: gl.constexpr):
+    """The raw logits s of keys k0..k0+63 with the keys outside [lo, hi), of a bad page or (causal) after the row's
+    query set to -inf."""
     k_pos = k0 + gl.arange(0, PAGE, layout=gl.SliceLayout(0, s.type.layout))
     ok = gl.expand_dims((k_pos >= lo) & (k_pos < hi) & page_ok, 0)
     if CAUSAL:
         ok = ok & (gl.expand_dims(k_pos, 0) <= gl.expand_dims(q_pos, 1))
-    s = gl.where(ok, s, float("-inf"))
+    return gl.where(ok, s, float("-inf"))
+
+
+@gluon.jit
+def _softmax_tile(s, k0, lo, hi, page_ok, q_pos, m_i, l_i, qk_scale, CAUSAL: gl.constexpr):
+    """Mask the raw logits s of keys k0..k0+63 (`_mask_tile`) and fold them into the running (m, l) (log2 units).
+    Returns (P fp32, new m, new l, alpha = the factor O is rescaled by)."""
+    s = _mask_tile(s, k0, lo, hi, page_ok, q_pos, CAUSAL)
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet: exp2(-inf) = 0, no NaN
     alpha = gl.exp2(m_i - m_use)
@@ -358,255 +380,6 @@ def _mla_sm90_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr
                FINAL, True)
 
 
-# ------------------------------------------------------------------------------------------- PINGPONG schedule
-
-HALF: tl.constexpr = tl.constexpr(NOPE // 2)
-# Registers per thread of each compute warpgroup (setmaxnreg): 12 warps at launch hold 168 each; the TMA
-# partition keeps the rest (24).
-WS_REGS: tl.constexpr = tl.constexpr(240)
-
-
-@gluon.jit
-def _ws_producer(q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem, q_bar, full_n, full_r, empty_n,
-                 empty_r, bt_row, q_row, p0, n_tiles, num_blocks, NCH: gl.constexpr, R1: gl.constexpr):
-    """PINGPONG's TMA partition: Q once, then key tile t into slot s = t % 2 in three parts, each as soon as the
-    warpgroups are done with that part of tile t - 2: the NoPE half h = s (warpgroup s's O columns: free when
-    warpgroup s is done with the tile), the other half, the RoPE part (which held P: free when both are done)."""
-    if n_tiles > 0:
-        mbarrier.expect(q_bar, 2 * NCH * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
-        for h in gl.static_range(2):
-            for c in gl.static_range(NCH):
-                _tma_load(q_desc, [q_row, h * HALF + c * (HALF // NCH)], q_bar, _chunk(q_smem.index(h), c, NCH))
-        _tma_load(qr_desc, [q_row, D_NOPE], q_bar, qr_smem.index(0))
-    for t in range(n_tiles):
-        s = t % 2
-        page = gl.load(bt_row + p0 + t)
-        row = gl.where((page >= 0) & (page < num_blocks), page, num_blocks) * PAGE  # past the end: zero fill
-        for k in gl.static_range(2):
-            h = s * (1 - k) + (1 - s) * k  # the owner's half first
-            if t >= 2:
-                mbarrier.wait(empty_n.index(2 * s + h), (t // 2 - 1) & 1)
-            for c in gl.static_range(NCH):  # NCH column chunks per half, each on its own barrier
-                bar = full_n[c].index(2 * s + h)
-                mbarrier.expect(bar, kn_desc.block_type.nbytes)
-                _tma_load(kn_desc, [row, h * HALF + c * (HALF // NCH)], bar, _chunk(kn_smem.index(2 * s + h), c, NCH))
-        if t >= 2:
-            if R1:  # one release per warpgroup and slot: both warpgroups' (the halves' barriers)
-                mbarrier.wait(empty_n.index(2 * s), (t // 2 - 1) & 1)
-                mbarrier.wait(empty_n.index(2 * s + 1), (t // 2 - 1) & 1)
-            else:
-                mbarrier.wait(empty_r.index(s), (t // 2 - 1) & 1)
-        mbarrier.expect(full_r.index(s), kr_desc.block_type.nbytes)
-        _tma_load(kr_desc, [row, D_NOPE], full_r.index(s), kr_smem.index(s))
-
-
-@gluon.jit
-def _chunk(buf, c: gl.constexpr, NCH: gl.constexpr):
-    """Column chunk c of NCH of a [rows, 256] buffer (the buffer itself when NCH = 1)."""
-    if NCH == 1:
-        return buf
-    else:
-        return buf.slice(c * (HALF // NCH), HALF // NCH, dim=1)
-
-
-@gluon.jit
-def _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W: gl.constexpr, R1: gl.constexpr, s_layout: gl.constexpr,
-              o_layout: gl.constexpr):
-    """Wait for the owner of tile j to publish P_j (in the RoPE part of its buffer, whose S is done) and the
-    running (m_j, l_j); rescale O to m_j and issue O += P_j V_j on this warpgroup's 256 columns (async)."""
-    so = j % 2
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    mbarrier.wait(sm_bar.index(so), (j // 2) & 1)
-    if R1:  # m and l of slot s in allocations of their own (no CTA barrier between their loads and stores)
-        m_j = ml_smem[1 - W].load(row_layout)
-        l_j = ml_smem[3 - W].load(row_layout)
-    else:
-        m_j = ml_smem[0].index(2 * so).load(row_layout)
-        l_j = ml_smem[0].index(2 * so + 1).load(row_layout)
-    alpha = gl.exp2(m_i - gl.where(m_j == float("-inf"), 0.0, m_j))
-    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
-    o = warpgroup_mma(kr_smem.index(so), kn_smem.index(2 * so + W), o, is_async=True)
-    return o, m_j, l_j
-
-
-@gluon.jit
-def _ws_release(o, slot, empty_n, empty_r, W: gl.constexpr, R1: gl.constexpr):
-    """Wait for every MMA of warpgroup W, then release its NoPE half of buffer `slot` and its share of the RoPE
-    part (one arrival each for the four warps; R1: the half's arrival alone, which the producer also waits for
-    before the RoPE part: one arrival, and one barrier fewer, per release)."""
-    o = warpgroup_mma_wait(0, deps=(o, ))
-    _cta_barrier()
-    mbarrier.arrive(empty_n.index(2 * slot + W))
-    if not R1:  # (R1: the producer takes the half's arrival for the RoPE part too)
-        mbarrier.arrive(empty_r.index(slot))
-    return o
-
-
-@gluon.jit
-def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_FIRST: gl.constexpr,
-             NCH: gl.constexpr, R1: gl.constexpr, o, m_i, l_i,
-             q_smem, qr_smem, kn_smem, kr_smem, ml_smem, full_n, full_r, sm_bar, empty_n, empty_r, bt_row, p0,
-             num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
-             o_layout: gl.constexpr):
-    """Warpgroup W's share of tiles j (the other warpgroup's) and j + 1 (its own, slot W: HAS_OWN). Issue
-    S_{j+1} = Q K_{j+1}^T part by part as the parts land; consume P_j (`_ws_other`); the softmax of tile j + 1,
-    chained on (m_j, l_j); publish P_{j+1} and (m_{j+1}, l_{j+1}) and issue O += P_{j+1} V_{j+1}. OTHER = 0: no
-    tile j (warpgroup 0's tile 0). The P V of tile j runs under the softmax of tile j + 1; PV_FIRST: P V of tile
-    j runs (and tile j is released) before the wait for tile j + 1's load, so a late load never holds up the
-    release that the refill of tile j + 2 waits for (the softmax then runs beside the other warpgroup's MMAs
-    only). Every MMA retires inside the call (nothing in flight across a back edge)."""
-    if OTHER and PV_FIRST:
-        o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, R1, s_layout, o_layout)
-        o = _ws_release(o, j % 2, empty_n, empty_r, W, R1)
-    if HAS_OWN:
-        t = j + 1
-        k0 = (p0 + t) * PAGE
-        ph = (t // 2) & 1
-        if k0 + PAGE > sk:  # the sequence's last page: its rows past sk are zeroed before any P V
-            for c in gl.static_range(2 * NCH):
-                mbarrier.wait(full_n[c % NCH].index(2 * W + c // NCH), ph)
-            _zero_rows_from(kn_smem.index(2 * W), sk - k0, 4)
-            _zero_rows_from(kn_smem.index(2 * W + 1), sk - k0, 4)
-        # Q's buffer index (t >> 30 = 0) is opaque to the compiler: the Q descriptors are rebuilt per tile instead
-        # of being hoisted out of the loop (36 64-bit values: spills)
-        qz = t >> 30
-        s = gl.zeros([BLOCK_M, PAGE], gl.float32, s_layout)
-        for k in gl.static_range(2 * NCH):  # the own half first, chunk by chunk as the chunks land
-            hk = (W + k // NCH) % 2
-            mbarrier.wait(full_n[k % NCH].index(2 * W + hk), ph)
-            s = warpgroup_mma(_chunk(q_smem.index(hk + qz), k % NCH, NCH),
-                              _chunk(kn_smem.index(2 * W + hk), k % NCH, NCH).permute((1, 0)), s, use_acc=k > 0,
-                              is_async=True)
-        mbarrier.wait(full_r.index(W), ph)
-        s = warpgroup_mma(qr_smem.index(qz), kr_smem.index(W).permute((1, 0)), s, is_async=True)
-    if OTHER and not PV_FIRST:
-        o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, R1, s_layout, o_layout)
-    if HAS_OWN:
-        page = gl.load(bt_row + p0 + t)
-        s = warpgroup_mma_wait(0 + (OTHER and not PV_FIRST), deps=(s, ))  # S done; P_j V_j may still run
-        p, m_i, l_i, alpha = _softmax_tile(s, k0, lo, hi, (page >= 0) & (page < num_blocks), q_pos, m_i, l_i,
-                                           qk_scale, CAUSAL)
-    if OTHER and not PV_FIRST:
-        o = _ws_release(o, j % 2, empty_n, empty_r, W, R1)
-    if HAS_OWN:
-        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
-        kr_smem.index(W).store(p.to(gl.bfloat16))
-        if R1:
-            ml_smem[W].store(m_i)
-            ml_smem[2 + W].store(l_i)
-        else:
-            ml_smem[0].index(2 * W).store(m_i)
-            ml_smem[0].index(2 * W + 1).store(l_i)
-        fence_async_shared()
-        _cta_barrier()  # P_{j+1} and (m, l) complete: publish them
-        mbarrier.arrive(sm_bar.index(W))
-        o = warpgroup_mma(kr_smem.index(W), kn_smem.index(2 * W + W), o, is_async=True)
-        o = _ws_release(o, W, empty_n, empty_r, W, R1)
-    return o, m_i, l_i
-
-
-@gluon.jit
-def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, sm_bar,
-                empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr,
-                lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr,
-                CAUSAL: gl.constexpr, FINAL: gl.constexpr, PV_FIRST: gl.constexpr, NCH: gl.constexpr,
-                R1: gl.constexpr):
-    """Compute warpgroup W of PINGPONG: the S and softmax of tiles t = W (mod 2), O columns [256 W, 256 W + 256)
-    of every tile, then its half of the epilogue."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, PAGE, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    rows = r0 + gl.arange(0, BLOCK_M, layout=row_layout)
-    q_pos = sk - SQ + rows // H
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
-    l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_layout)
-    o = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
-    if n_tiles > 0:
-        mbarrier.wait(q_bar, 0)
-        if W == 0:  # tile 0: warpgroup 0's, no other tile before it
-            o, m_i, l_i = _ws_pair(-1, False, True, W, PV_FIRST, NCH, R1, o, m_i, l_i, q_smem, qr_smem, kn_smem,
-                                   kr_smem, ml_smem, full_n, full_r, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks,
-                                   lo, hi, sk, q_pos, qk_scale, CAUSAL, s_layout, o_layout)
-        # pairs (j, j + 1), j the other warpgroup's tile: j = 1, 3, ... (warpgroup 0), 0, 2, ... (1)
-        n_pairs = (n_tiles - 1 + W) // 2
-        for i in range(n_pairs):
-            o, m_i, l_i = _ws_pair(2 * i + 1 - W, True, True, W, PV_FIRST, NCH, R1, o, m_i, l_i, q_smem, qr_smem,
-                                   kn_smem, kr_smem, ml_smem, full_n, full_r, sm_bar, empty_n, empty_r, bt_row, p0,
-                                   num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL, s_layout, o_layout)
-        j_last = 2 * n_pairs + 1 - W
-        if j_last == n_tiles - 1:  # the last tile is the other warpgroup's: its P V alone
-            o, m_i, l_i = _ws_pair(j_last, True, False, W, PV_FIRST, NCH, R1, o, m_i, l_i, q_smem, qr_smem, kn_smem,
-                                   kr_smem, ml_smem, full_n, full_r, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks,
-                                   lo, hi, sk, q_pos, qk_scale, CAUSAL, s_layout, o_layout)
-    # Epilogue: this warpgroup's 256 columns; warpgroup 0 writes the LSE.
-    _store_out(o, m_i, l_i, rows, W * HALF, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh,
-               l_sp, SQ, H, FINAL, W == 0)
-
-
-@gluon.jit(do_not_specialize=["num_blocks", "pages_per_split"])
-def _mla_ws_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, lse_ptr, qk_scale, num_blocks,
-                   pages_per_split, max_pages, bt_sb, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp,
-                   SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr,
-                   PV_FIRST: gl.constexpr, NCH: gl.constexpr, R1: gl.constexpr, num_warps: gl.constexpr):
-    """PINGPONG: the TMA loads (this partition, 4 warps) and the two compute warpgroups (worker partitions)."""
-    b = gl.program_id(1)
-    split = gl.program_id(2)
-    r0 = gl.program_id(0) * BLOCK_M
-    sk, lo, hi, p0, n_tiles = _key_span(seq_ptr, b, split, r0, pages_per_split, max_pages, SQ, H, CAUSAL)
-    # Q as two 256-column halves + RoPE; key buffers: NoPE half h of slot s at index 2 s + h (warpgroup h's O
-    # columns), the RoPE part (later P) of slot s. 64 + 8 + 4 x 32 + 2 x 8 KB.
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, HALF], q_desc.layout)
-    qr_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_M, ROPE_W], qr_desc.layout)
-    kn_smem = gl.allocate_shared_memory(gl.bfloat16, [4, PAGE, HALF], kn_desc.layout)
-    kr_smem = gl.allocate_shared_memory(gl.bfloat16, [2, PAGE, ROPE_W], kr_desc.layout)
-    ml_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    if R1:  # (m of slot 0, m of slot 1, l of slot 0, l of slot 1), each its own allocation
-        ml_smem = (gl.allocate_shared_memory(gl.float32, [BLOCK_M], ml_layout),
-                   gl.allocate_shared_memory(gl.float32, [BLOCK_M], ml_layout),
-                   gl.allocate_shared_memory(gl.float32, [BLOCK_M], ml_layout),
-                   gl.allocate_shared_memory(gl.float32, [BLOCK_M], ml_layout))
-    else:  # m, l of slot 0, m, l of slot 1
-        ml_smem = (gl.allocate_shared_memory(gl.float32, [4, BLOCK_M], ml_layout), )
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    # full barriers: chunk c of NoPE half h of slot s at full_n[c].index(2 s + h), one allocation per chunk (the
-    # barrier pass separates two waits on one allocation by a CTA barrier, none between allocations)
-    full_n = (gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout()),
-              gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout()),
-              gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout()),
-              gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout()))
-    empty_n = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-    full_r = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty_r = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    sm_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for c in gl.static_range(NCH):
-        for i in gl.static_range(4):
-            mbarrier.init(full_n[c].index(i), count=1)
-    for i in gl.static_range(4):
-        mbarrier.init(empty_n.index(i), count=1)  # NoPE half h: only warpgroup h reads it after the owner's S
-    for i in gl.static_range(2):
-        mbarrier.init(full_r.index(i), count=1)
-        mbarrier.init(empty_r.index(i), count=2)  # the RoPE part holds P, read by both warpgroups
-        mbarrier.init(sm_bar.index(i), count=1)
-    bt_row = bt_ptr + b.to(gl.int64) * bt_sb
-    q_row = (b * SQ * H + r0).to(gl.int32)
-    # (The argument tuples are written out: a tuple assigned to a variable turns its constexprs into tensors.)
-    gl.warp_specialize([(_ws_producer, (q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem, q_bar,
-                                        full_n, full_r, empty_n, empty_r, bt_row, q_row, p0, n_tiles, num_blocks, NCH,
-                                        R1)),
-                        (_ws_compute, (0, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, sm_bar,
-                                       empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split,
-                                       qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ,
-                                       H, CAUSAL, FINAL, PV_FIRST, NCH, R1)),
-                        (_ws_compute, (1, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, sm_bar,
-                                       empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split,
-                                       qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ,
-                                       H, CAUSAL, FINAL, PV_FIRST, NCH, R1))],
-                       [4, 4], [WS_REGS, WS_REGS])
-
-
 # ------------------------------------------------------------------------------------------- config
 
 
@@ -649,9 +422,11 @@ def _kernel_and_consts(sq: int, h: int, causal: bool, final: bool, schedule: str
     partition's; the two compute warpgroups are worker partitions)."""
     consts = dict(SQ=sq, H=h, CAUSAL=causal, FINAL=final)
     if schedule.startswith("pingpong"):
+        from triton_ops.attention.mla_sm90_ws import _mla_ws_kernel  # (that module builds on this one's parts)
+
         nch = int(schedule.split("_c")[1][0]) if "_c" in schedule else 1  # _c2 / _c4: column chunks per half
         return (_mla_ws_kernel, dict(consts, PV_FIRST="pv_first" in schedule, NCH=nch, R1=schedule.endswith("_r1"),
-                                     num_warps=4), NOPE // 2 // nch)
+                                     PAIR=PAIRS.get(schedule, 0), num_warps=4), NOPE // 2 // nch)
     return _mla_sm90_kernel, dict(consts, OVERLAP=schedule == "overlap", num_warps=NUM_WARPS), NOPE
 
 
