@@ -24,7 +24,7 @@ Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
   refill the buffer with tile t + 2. A tile is resident for one iteration and its successor's load has a whole
   iteration to land. No wgmma is in flight across the loop's back edge: carrying one (P V of tile t overlapping
   S of tile t + 1) makes ptxas serialize every wgmma of the kernel (C7514), which the compile test checks.
-* Schedules (`mla_decode(..., schedule=)`, SCHEDULES; DEFAULT_SCHEDULE = "pingpong_pv_first"):
+* Schedules (`mla_decode(..., schedule=)`, SCHEDULES; DEFAULT_SCHEDULE = "pingpong_pair"):
   SERIAL: the iteration above.
   OVERLAP (FA3's intra-warpgroup overlap, as prefill_sm90.py): issue S_t, then P_{t-1} V_{t-1}; the softmax of
   tile t runs under that MMA; a tile is then resident from its S to the next step's P V, so its successor's refill
@@ -135,7 +135,8 @@ SCHEDULES = ("serial", "overlap", "pingpong", "pingpong_pv_first",  # see the mo
              "pingpong_pv_first_c2", "pingpong_pv_first_c4", "pingpong_pv_first_c4_r1", "pingpong_pair",
              "pingpong_pair_rp")
 PAIRS = {"pingpong_pair": 1, "pingpong_pair_rp": 2}  # the warp-specialized kernel's PAIR (mla_sm90_ws.py)
-DEFAULT_SCHEDULE = "pingpong_pv_first"  # timed best (H200, c268fc8: 0.76-0.80x FlashMLA; serial 0.60-0.65x)
+# timed best (H200, 7aea59e: 0.77-0.88x FlashMLA, median 0.87x; pingpong_pv_first 0.75-0.82x, serial 0.60-0.65x)
+DEFAULT_SCHEDULE = "pingpong_pair"
 MIN_SPLIT_PAGES = 4  # below 256 keys a split no longer pays for its partials and the merge
 
 
