@@ -326,7 +326,7 @@ def test_launcher_dry_run(monkeypatch):
     seen.clear()
     M.mla_decode(*c.args(3))  # the default schedule
     (grid, args, kw), _ = seen
-    assert M.DEFAULT_SCHEDULE == "pingpong_pv_first" and kw["PV_FIRST"] is True and kw["num_warps"] == 4
-    assert kw["NCH"] == 1 and kw["R1"] is False and kw["PAIR"] == 0
+    assert M.DEFAULT_SCHEDULE == "pingpong_pair" and kw["num_warps"] == 4
+    assert kw["NCH"] == 1 and kw["R1"] is False and kw["PAIR"] == 1
     with pytest.raises(ValueError, match="schedule"):
         M.mla_decode(*c.args(3), schedule="fast")
