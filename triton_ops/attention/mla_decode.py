@@ -46,6 +46,7 @@ from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow
 from triton_ops.attention.decode import (
     LOG2E,
     MAX_Q,
+    WIDE_REDUCE_ELEMS,
     _dot,
     _sm_count,
     choose_num_splits,
@@ -283,7 +284,7 @@ def mla_config(batch: int, sq: int, h: int, keys: int, sparse: bool, device: tor
     cap = 64 if cpu else 32 if tiles == "wgmma" and block_m >= 128 else 16
     block_n = max(16, min(cap, 1 << (per_split.bit_length() - 1)))
     stages = 3 if tiles == "wgmma" and block_m >= 128 else 2
-    return MlaConfig(num_splits, block_n, block_m, num_warps, stages, 32768 if cpu else 4096, v_split)
+    return MlaConfig(num_splits, block_n, block_m, num_warps, stages, 32768 if cpu else WIDE_REDUCE_ELEMS, v_split)
 
 
 # ---------------------------------------------------------------------------------------------- launcher

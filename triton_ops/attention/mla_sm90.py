@@ -89,7 +89,7 @@ import torch
 import triton.language as tl
 
 from triton_ops._launch import launch
-from triton_ops.attention.decode import MAX_Q, reduce_splits, split_buffers
+from triton_ops.attention.decode import MAX_Q, WIDE_REDUCE_ELEMS, reduce_splits, split_buffers
 from triton_ops.attention.mask import key_range
 from triton_ops.attention.prefill_sm90 import LOG2E, _version_reason, compile_gluon_sm90, sm90_gluon_reason
 from triton_ops.contract.arch import device_index, sm_count
@@ -515,7 +515,7 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
         float(softmax_scale) * LOG2E, kv_cache.shape[0], pps, max_pages, block_table.stride(0),
         o_buf.stride(0), o_buf.stride(1), o_buf.stride(2), o_sp, l_buf.stride(0), l_buf.stride(1), l_buf.stride(2),
         l_sp, **consts)
-    reduce_splits(o_buf, l_buf, out, lse, 4096)
+    reduce_splits(o_buf, l_buf, out, lse, WIDE_REDUCE_ELEMS)
     return out, lse
 
 
