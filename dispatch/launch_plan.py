@@ -276,15 +276,19 @@ class NoPlan(Exception):
     """Why a call cannot be replayed from a plan (the backend function then runs as usual)."""
 
 
-def record(impl, args: tuple):
-    """Run impl(*args) once while recording; return (its result, a LaunchPlan or None, why not)."""
+def record(impl, args: tuple, cute: bool = False):
+    """Run impl(*args) once while recording; return (its result, a LaunchPlan or None, why not). cute: a CuTe row's
+    call, whose plan must hold at least one recorded CuTe call (else its compiled function ran unrecorded)."""
     from triton import knobs
 
-    from cute_ops._compile import recording_calls
+    from cute_ops._compile import CuteCall, recording_calls
     from triton_ops._launch import recording_launches
 
     with recording_launches() as launches, recording_calls(launches), _OpLog(launches) as oplog:
         out = impl(*args)
+    if cute and not any(isinstance(launch, CuteCall) for launch in launches):
+        return out, None, "a CuTe row's call recorded no CuTe call (its compiled function ran outside " \
+                          "cute_ops._compile.launch)"
     try:
         return out, _derive(out, args, launches, oplog.ops, knobs), None
     except Exception as exc:  # a plan only speeds up a call that already ran correctly: say why, run as usual

@@ -174,7 +174,7 @@ def adopt(name: str, args: tuple, plan) -> bool:
         return False
     try:
         kept = mod.register(name, tuple(args), describe(plan))
-    except Exception as exc:  # NoNative, or what the extension refused (no driver): the Python replay serves it
+    except Exception as exc:  # NoNative, or what the extension refused (no driver): the Python path serves it
         REFUSALS[name] = str(exc) if isinstance(exc, NoNative) else f"{type(exc).__name__}: {exc}"
         log.debug("lowbit native replay: none for %s: %s", name, REFUSALS[name])
         return False

@@ -118,10 +118,10 @@ def breakdown(op: str, args: tuple, fn) -> dict:
 
     plan = _FAST.get((op, _signature((*args, "auto"))))
     native = native_replay.planned(op, (*args, "auto"))
-    if native and op in native_replay.ADOPTED:  # a CuTe row's fast path is its prepared launcher: the plan is here
-        out = native_breakdown(op, args, native_replay.ADOPTED[op])
-    elif isinstance(plan, LaunchPlan) and native:
+    if isinstance(plan, LaunchPlan) and native:
         out = native_breakdown(op, args, plan)
+    elif native and op in native_replay.ADOPTED:  # a CuTe row's fast path is its prepared launcher: the plan is here
+        out = native_breakdown(op, args, native_replay.ADOPTED[op])
     else:
         name = getattr(plan, "__qualname__", repr(plan))
         out = plan.census() if isinstance(plan, LaunchPlan) else {"fast_path": name}

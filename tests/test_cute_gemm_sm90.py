@@ -164,6 +164,28 @@ def test_sm90_config_rules():
 
 
 @needs_dsl
+def test_launcher_fp8_prefill_tile():
+    """moe_sm90.config_for: contiguous FP8 prefill with N a multiple of 256 takes the 128 x 256 wave tile with the
+    smem epilogue; N not a multiple of 256, decode sizes, the masked layout and any tiles override keep the rule's."""
+    from cute_ops.gemm import moe_sm90
+
+    def cfg(rows, n, layout="contiguous", tiles=None, k=7168, e=32):
+        a = torch.empty(rows, k, dtype=torch.uint8, device="meta")
+        if layout == "masked":
+            a = torch.empty(e, rows, k, dtype=torch.uint8, device="meta")
+        w = torch.empty(e, n, k, dtype=torch.uint8, device="meta")
+        return moe_sm90.config_for("fp8", a, w, layout, False, "sm_90a", 132, tiles)
+
+    wide = cfg(32 * 256, 4096)
+    assert (wide.tile_m, wide.tile_n, wide.epilogue, wide.promote_run, wide.wide) == (128, 256, "smem", 0, True)
+    assert cfg(32 * 256, 7168, k=2048).tile_n == 256
+    assert cfg(32 * 256, 4224).tile_n == 128  # N not a multiple of 256
+    assert cfg(32 * 64, 4096).tile_n == 128  # decode sizes
+    assert cfg(256, 4096, layout="masked").tile_n == 128  # capacity, not rows
+    assert cfg(32 * 256, 4096, tiles=dict(stages=4)).tile_n == 128  # an override replaces the choice
+
+
+@needs_dsl
 def test_sm90_disk_cache_round_trip(tmp_path, monkeypatch):
     """The compiled function exports to the disk cache and a fresh process-level lookup loads it back."""
     from cute_ops import _compile

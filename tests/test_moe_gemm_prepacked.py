@@ -588,14 +588,18 @@ _COMPILE = textwrap.dedent("""
                       F32_DOT=False, EMULATE=False, SWIGLU=sw, INTERLEAVE=1 if sw else 0, GPTOSS=sw, CLAMP=sw,
                       DIV_RN=False, SCATTER=scatter, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k,
                       TOKENS_M=cfg.tokens_m, SCALES_AS_WORDS=cfg.scale_words,
-                      FOLD_MX=FOLD_MODES.index(cfg.fold_scale), PEEL_K=cfg.peel_k)
+                      FOLD_MX=FOLD_MODES.index(cfg.fold_scale), PEEL_K=cfg.peel_k, A_DESC=cfg.a_tma)
         sig.update(dict.fromkeys(consts, "constexpr"))
-        aligned = ["a_ptr", "v_ptr", "s_ptr", "out_ptr", "K", "N", "KW", "KS", "stride_am", "stride_ae"]
+        if cfg.a_tma:  # the tokens through a host tensor descriptor, as the launcher passes them
+            sig["a_ptr"] = f"tensordesc<{dt}[{cfg.block_m},{cfg.block_k}]>"
+        aligned = ["v_ptr", "s_ptr", "out_ptr", "K", "N", "KW", "KS", "stride_am", "stride_ae"]
+        aligned += [] if cfg.a_tma else ["a_ptr"]
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
         c = triton.compile(triton.compiler.ASTSource(fn=kern, signature=sig, constexprs=consts, attrs=attrs),
                            target=GPUTarget("cuda", 90, 32),
                            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
         ptx = c.asm["ptx"]
+        assert ("cp.async.bulk.tensor" in ptx) == cfg.a_tma, (m, cfg)  # the tokens by TMA exactly where asked
         # register A: `wgmma... {acc}, {a regs}, b_desc, ...`; shared A (tokens on M): a 64-bit descriptor
         wgmma_a = r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n\\d+k16\\.f32\\.\\w+\\.\\w+ \\{[^}]*\\}, (\\{|%rd)"
         reg_a = [op for op in re.findall(wgmma_a, ptx) if op == ("%rd" if cfg.tokens_m else "{")]

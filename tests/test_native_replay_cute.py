@@ -255,11 +255,16 @@ def test_adopted_plan_is_kept_for_breakdowns(native):
     assert "toy_adopted" not in native_replay.ADOPTED
 
 
-def test_only_listed_cute_rows_are_recorded():
+def test_listed_cute_rows_exist_and_an_unrecorded_cute_call_gets_no_plan():
+    """Every CUTE_RECORDED op has a cute row; a CuTe row's call that records no CuTe call (its compiled function run
+    outside cute_ops._compile.launch) gets no plan, with the reason."""
     from dispatch.table import TABLE
 
     for op in launch_plan.CUTE_RECORDED:
         assert any(e.backend == "cute" for e in TABLE[op]), op
+    x = torch.ones(4)
+    out, plan, why = launch_plan.record(lambda t: t * 2, (x,), cute=True)
+    assert torch.equal(out, x * 2) and plan is None and "recorded no CuTe call" in why
 
 
 def test_rmsnorm_general_entry_is_replayed_with_the_same_arguments(native, monkeypatch):

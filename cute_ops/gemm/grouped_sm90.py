@@ -220,8 +220,7 @@ def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128
         return f"tile {tile_m}x{tile_n}: tile_m 64 / 128 (FP8 also 256), tile_n 64 / 128 / 256 (FP8 also 192)"
     if k <= 0 or k % 8:
         return f"K={k} must be a positive multiple of 8 (16-byte TMA row pitch)"
-    if fp8 and (k % FP8_BLOCK or (tile_n != FP8_BLOCK and (tile_m, tile_n) not in FP8_WIDE) or tile_m == 256 and
-                tile_n != FP8_BLOCK):
+    if fp8 and (k % FP8_BLOCK or (tile_m, tile_n) not in FP8_WIDE and (tile_n != FP8_BLOCK or tile_m == 256)):
         return (f"FP8: K={k} must be a multiple of {FP8_BLOCK}; tiles 64 / 128 x {FP8_BLOCK} (one weight scale per "
                 f"tile) or the wide {' / '.join(f'{m} x {n}' for m, n in FP8_WIDE)} (not {tile_m}x{tile_n})")
     if n <= 0 or n % 8:
@@ -244,9 +243,8 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     (promote_run 0, direct epilogue). tile_m / tile_n / stages / promote_run / scale_prefetch / epilogue_prefetch /
     epilogue override the rule field by field (scale_prefetch follows an overridden promote_run 0: off); cluster_m 2
     (B multicast over CTA pairs), wg_stagger (offset consumer warp groups) and producer_ahead (descriptor rewrites a
-    tile early) are variants, not the rule's. An FP8 wide tile (FP8_WIDE) runs its wave schedule: promote_run 0,
-    the direct epilogue, no epilogue_prefetch at 256 rows (others refused). The launcher (moe_sm90.config_for)
-    asks for FP8_PREFILL_WIDE where it applies."""
+    tile early) are variants, not the rule's. An FP8 wide tile (FP8_WIDE) runs its wave schedule (promote_run 0),
+    the direct epilogue unless `epilogue` says smem (128 rows only); moe_sm90.config_for asks for FP8_PREFILL_WIDE."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
     tile_m = tile_m or (64 if rows_per_group <= 64 else 128)

@@ -139,12 +139,14 @@ def max_active_clusters(index: int, size: int) -> int:
 
 def config_for(kind: str, a, w, layout: str, row_weights: bool, arch: str, sm_count: int, tiles: dict | None = None):
     """The kernel config for a call; `tiles` (tile_m / tile_n / stages / ...) overrides the analytical rule. With no
-    `tiles`, FP8 prefill (>= FP8_PREFILL_ROWS rows per group, N a multiple of 256) takes FP8_PREFILL_WIDE."""
+    `tiles`, contiguous FP8 prefill (>= FP8_PREFILL_ROWS rows per group, N a multiple of 256) takes FP8_PREFILL_WIDE
+    (the masked layout's rows per group is its capacity, not its rows: it keeps 128 x 128); any `tiles` replaces
+    that choice as a whole."""
     from .grouped_sm90 import FP8_PREFILL_ROWS, FP8_PREFILL_WIDE, pick_config
 
     e, n, k = w.shape
     per_group = a.shape[1] if layout == "masked" else max(1, a.shape[0] // e)
-    if tiles is None and kind == "fp8" and per_group >= FP8_PREFILL_ROWS and n % 256 == 0:
+    if tiles is None and kind == "fp8" and layout == "contiguous" and per_group >= FP8_PREFILL_ROWS and n % 256 == 0:
         tiles = FP8_PREFILL_WIDE
     cfg = pick_config(kind, n, k, e, layout, row_weights, per_group, sm_count=sm_count, arch=arch, **(tiles or {}))
     if os.environ.get(DESC_UPDATE_ENV) == "0":  # bisection aid: no device-side descriptor rewrite (see GemmConfig)

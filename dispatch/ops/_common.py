@@ -168,7 +168,8 @@ def run(op: str, backend: str, *args):
     want_plan = (getattr(_record, "want_plan", False) and _on_cuda(args)
                  and (entry.backend == "triton" or (entry.backend == "cute" and op in launch_plan.CUTE_RECORDED)))
     _record.want_plan = False  # a backend that calls other ops records only its own launches
-    out, plan, _PLAN_REFUSALS[op] = launch_plan.record(impl, args) if want_plan else (impl(*args), None, None)
+    out, plan, _PLAN_REFUSALS[op] = (launch_plan.record(impl, args, entry.backend == "cute") if want_plan
+                                     else (impl(*args), None, None))
     _record.chosen = (op, args, impl, entry, plan)  # after the call: a backend calling other ops must not overwrite it
     return out
 

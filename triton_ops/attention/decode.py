@@ -308,9 +308,9 @@ def split_buffers(out, lse, splits: int):
     return o_buf, l_buf, o_buf.stride(3), l_buf.stride(3)
 
 
-# partial-output elements per program of the split reduction for 512-wide values (MLA): one row of S_P x 512 per
-# program. H200 (perf/results/experiments/2026-11-26-h200-attention-split-reduce-tiles-c37e38b.json): 2048 rows x 4
-# splits x 512 in 3.8 us against 14.2 us at 4096 (two rows per program), 2.5-3.7x faster over 4 / 8 splits.
+# partial-output elements per program of the split reduction for 512-wide values (MLA): one row per program up to
+# 4 splits (S_P x 512), half a row at 8. H200: 2048 rows x 4 splits x 512 in 3.8 us against 14.2 us at 4096 (two
+# rows per program) (perf/results/experiments/2026-11-26-h200-attention-split-reduce-tiles-c37e38b.json).
 WIDE_REDUCE_ELEMS = 2048
 
 

@@ -35,6 +35,8 @@ class MoeGemmConfig:
     group_m: int  # M tiles per swizzle group: the programs of one group walk the same weight N tile (L2 reuse)
     num_warps: int  # warps per program (GPU only)
     num_stages: int  # software-pipeline depth of the K loop (GPU only)
+    # The prepacked FP4 kernel's options below: the prefill rule uses scale_words, fold_scale "tile" and a_tma;
+    # tokens_m, peel_k and fold_scale "on" are measured alternatives no rule picks (docs/moe_gemm.md has the timings)
     tokens_m: bool = False  # prepacked FP4 kernel only: tokens on the MMA's M side, the dequantized weight tile the
                             # shared-memory B operand (converted once per CTA and K step); default swap-AB
     scale_words: bool = False  # prepacked FP4 only: the scale bytes loaded in the shape (and thread mapping) of the
