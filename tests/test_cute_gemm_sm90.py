@@ -140,7 +140,7 @@ def test_sm90_backend_refusals_and_auto_skip(monkeypatch):
 
 @needs_dsl
 def test_sm90_config_rules():
-    from cute_ops.gemm.grouped_sm90 import can_implement, pick_config, stage_bytes
+    from cute_ops.gemm.grouped_sm90_config import can_implement, pick_config, stage_bytes
 
     assert can_implement("bf16", 4096, 7168, 256) is None
     assert "multiple of 8" in can_implement("bf16", 4096, 7170, 8)
@@ -189,7 +189,8 @@ def test_launcher_fp8_prefill_tile():
 def test_sm90_disk_cache_round_trip(tmp_path, monkeypatch):
     """The compiled function exports to the disk cache and a fresh process-level lookup loads it back."""
     from cute_ops import _compile
-    from cute_ops.gemm.grouped_sm90 import build, pick_config
+    from cute_ops.gemm.grouped_sm90 import build
+    from cute_ops.gemm.grouped_sm90_config import pick_config
 
     monkeypatch.setenv("LOWBIT_CUTE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("LOWBIT_CUTE_DISK_CACHE", "1")
@@ -208,7 +209,8 @@ def test_sm90_bisection_variant_compiles_without_the_rewrite():
     """desc_update=False (LOWBIT_CUTE_GEMM_DESC_UPDATE=0): same loads through the base descriptor, no rewrite."""
     import dataclasses
 
-    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+    from cute_ops.gemm.grouped_sm90 import dump
+    from cute_ops.gemm.grouped_sm90_config import pick_config
 
     d = dump(dataclasses.replace(pick_config("bf16", 512, 256, 7, "contiguous", True, 64), desc_update=False))
     ops = d.opcodes()
@@ -224,7 +226,8 @@ _SM90_DUMPS: dict = {}
 
 
 def _sm90_dump(case):
-    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+    from cute_ops.gemm.grouped_sm90 import dump
+    from cute_ops.gemm.grouped_sm90_config import pick_config
 
     if case not in _SM90_DUMPS:
         # FP8 prefill: the plain schedule this test describes (the rule's schedules: tests/test_cute_gemm_sm90_fp8.py)

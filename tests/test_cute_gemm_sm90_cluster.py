@@ -63,7 +63,7 @@ def test_pair_walk_covers_every_row_tile_once(seed):
 
 @needs_dsl
 def test_variant_config_rules():
-    from cute_ops.gemm.grouped_sm90 import pick_config
+    from cute_ops.gemm.grouped_sm90_config import pick_config
 
     base = pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512)
     assert (base.cluster_m, base.wg_stagger, base.clusters, base.producer_ahead) == (1, 0, 132, False)
@@ -127,7 +127,8 @@ SASS_CASES = [(("fp8", 4096, 7168, 32, "contiguous", True, 512), dict(cluster_m=
 @needs_dsl
 @pytest.mark.parametrize("case", SASS_CASES, ids=lambda c: f"{c[0][0]}-{c[0][1]}x{c[0][2]}-{c[0][4]}-{_vid(c[1])}")
 def test_variant_sass(case):
-    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+    from cute_ops.gemm.grouped_sm90 import dump
+    from cute_ops.gemm.grouped_sm90_config import pick_config
 
     shape, variant = case
     cfg = pick_config(*shape, **variant)

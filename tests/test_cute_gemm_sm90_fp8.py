@@ -32,7 +32,7 @@ SCHEDULES = [(1, True, False, "direct"), (2, False, True, "smem"), (2, True, Fal
 
 @needs_dsl
 def test_fp8_schedule_config_rules():
-    from cute_ops.gemm.grouped_sm90 import FP8_PREFILL_SCHEDULE, FP8_PREVIOUS_SCHEDULE, pick_config
+    from cute_ops.gemm.grouped_sm90_config import FP8_PREFILL_SCHEDULE, FP8_PREVIOUS_SCHEDULE, pick_config
 
     def fields(cfg):
         return dict(promote_run=cfg.promote_run, scale_prefetch=cfg.scale_prefetch,
@@ -76,7 +76,8 @@ SASS_CASES = [(("fp8", 4096, 7168, 32, "contiguous", False, 512), 4, True, False
 @pytest.mark.parametrize("case", SASS_CASES,
                          ids=lambda c: f"{c[0][1]}x{c[0][2]}-{c[0][4]}-run{c[1]}-pf{int(c[2])}-ep{int(c[3])}-{c[4]}")
 def test_fp8_schedule_sass(case):
-    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+    from cute_ops.gemm.grouped_sm90 import dump
+    from cute_ops.gemm.grouped_sm90_config import pick_config
 
     shape, run, prefetch, epilogue_prefetch, epilogue = case
     cfg = pick_config(*shape, promote_run=run, scale_prefetch=prefetch, epilogue_prefetch=epilogue_prefetch,
@@ -128,7 +129,8 @@ def _assert_smem_epilogue(cfg, d):
 @needs_dsl
 def test_smem_epilogue_config_and_sass_bf16():
     """The smem epilogue's staging tile costs stages (128 x 256 bf16: 3 instead of 4); its SASS at 128 x 256."""
-    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+    from cute_ops.gemm.grouped_sm90 import dump
+    from cute_ops.gemm.grouped_sm90_config import pick_config
 
     assert pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, epilogue="smem").stages == 6
     assert pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, epilogue="smem", stages=6).stages == 6
@@ -250,7 +252,8 @@ def deepseek_sampled_reference(a, sa, w, sw, ids):
 def test_epilogue_prefetch_sass_bf16():
     """epilogue_prefetch on the bf16 kernel (128 x 256 tile, contiguous, row weights): compiles without spills, the
     same stores."""
-    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+    from cute_ops.gemm.grouped_sm90 import dump
+    from cute_ops.gemm.grouped_sm90_config import pick_config
 
     cfg = pick_config("bf16", 4096, 7168, 32, "contiguous", True, 256, epilogue_prefetch=True)
     d = dump(cfg)

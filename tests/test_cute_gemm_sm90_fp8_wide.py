@@ -35,7 +35,7 @@ WIDE = [dict(tile_m=256, tile_n=128), dict(tile_m=128, tile_n=256),
 
 @needs_dsl
 def test_fp8_wide_config_rules():
-    from cute_ops.gemm.grouped_sm90 import can_implement, pick_config
+    from cute_ops.gemm.grouped_sm90_config import can_implement, pick_config
 
     for (tm, tn), prefetch, stages, wave_n in (((256, 128), False, 4, 128), ((128, 256), True, 4, 128),
                                                ((128, 192), True, 5, 192)):
@@ -73,7 +73,8 @@ SASS_CASES = [(GEMM1, t) for t in WIDE] + [(GEMM2, dict(tile_m=tm, tile_n=tn)) f
 @needs_dsl
 @pytest.mark.parametrize("case", SASS_CASES, ids=lambda c: f"{c[0][1]}x{c[0][2]}-{c[0][4]}-{_vid(c[1])}")
 def test_fp8_wide_sass(case):
-    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+    from cute_ops.gemm.grouped_sm90 import dump
+    from cute_ops.gemm.grouped_sm90_config import pick_config
 
     shape, tiles = case
     cfg = pick_config(*shape, **tiles)
@@ -104,7 +105,8 @@ SMEM_WIDE = [dict(tile_m=128, tile_n=256, epilogue="smem"), dict(tile_m=128, til
 def test_fp8_wide_smem_epilogue_sass(tiles):
     """The smem epilogue on the 128-row wide tiles: its stores, and its register spills (~20 values per tile) only
     outside the K loop (stored before the first QGMMA, reloaded after the last wait)."""
-    from cute_ops.gemm.grouped_sm90 import dump, pick_config
+    from cute_ops.gemm.grouped_sm90 import dump
+    from cute_ops.gemm.grouped_sm90_config import pick_config
 
     for shape in (GEMM1, GEMM2):
         cfg = pick_config(*shape, **tiles)

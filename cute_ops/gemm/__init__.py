@@ -15,6 +15,8 @@
   LOWBIT_CUTE_UNVERIFIED=1.
 * `grouped_sm90` (imports the DSL): bf16 / fp16 / FP8 (block-scaled) grouped GEMM for sm_90a: WGMMA, TMA loads,
   the A operand's TMA descriptor rewritten per group on the device (address + row extent from device tensors).
+  `grouped_sm90_config` (no DSL needed): its compile key and tile / FP8 schedule rule (`GemmConfig`, `pick_config`,
+  `can_implement`); `grouped_sm90_steps`: its consumer-side steps (smem epilogue, FP8 promotion, scale loads).
   `moe_sm90` (torch only until a call compiles): its `moe_gemm_bf16` / `moe_gemm_fp8` backends (masked and
   contiguous layouts). Compiled and SASS-checked on the CPU, not yet run on a GPU: the table rows are skipped by auto.
 

@@ -7,7 +7,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
-WG = 128  # threads per warp group
+from .grouped_sm90_config import WG
+
 CHUNK = 8  # 2-byte output elements per 16-byte chunk of the smem epilogue
 
 
