@@ -313,6 +313,16 @@ def _kernel_model(cfg):
                 if m_indices is None or int(m_indices[r]) == g:
                     y = a32[r] @ w32[g].T
                     out[r] = (y * row_weights[r] if row_weights is not None else y).to(out.dtype)
+        # every other row zeros (the launcher's output is uninitialized): contiguous, ids outside [0, G); masked,
+        # rows past their group's count
+        for r in range(rows):
+            if m_indices is not None:
+                owned = 0 <= int(m_indices[r]) < e
+            else:
+                g = r // (rows // e)
+                owned = r - int(starts[g]) < int(counts[g])
+            if not owned:
+                out[r] = 0
 
     return run
 

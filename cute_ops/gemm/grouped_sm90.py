@@ -14,7 +14,7 @@ Operands (K-major, contiguous):
 | --- | --- | --- |
 | a | [M, K] bf16 / fp16 (FP8: uint8 E4M3 codes) | all rows of every group (masked layout: [E * max_m, K]) |
 | w | [G, N, K] same dtype | per-group weights |
-| out | [M, N] a's dtype (FP8: bf16) | a group's rows are written; other rows keep their values (launcher: zeros) |
+| out | [M, N] a's dtype (FP8: bf16) | a group's rows get its products, every other row zeros (any initial bytes) |
 | starts, counts | [G] int32 | group g's rows: [starts[g], starts[g] + counts[g]), counts >= 0, inside [0, M) |
 | m_indices | [M] int32 or None | contiguous layout: a row is written only where m_indices[row] == g |
 | row_weights | [M] fp32 or None | multiplies each row before the one rounding |
@@ -544,6 +544,7 @@ class GroupedGemmSm90(ConsumerSteps):
                         cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), dst)
             t = t + nctas
             g, base = sched.seek(t, g, base)
+        self._zero_unowned_rows(out, m_indices, sched, bidx, mma_tidx)
 
 
 # --------------------------------------------------------------------------------------------- compile

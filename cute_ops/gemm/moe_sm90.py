@@ -10,7 +10,7 @@ Layouts -> the kernel's groups (starts[g], counts[g]), built on the device (no h
 * contiguous (M, K) with m_indices: group g spans [first row with id g, last row with id g]; the kernel writes a
   row of that span only where m_indices[row] == g, so padding (-1), out-of-range ids and any interleaving stay
   correct (an interleaved layout only costs MMA work on rows that are then not written).
-Rows no group writes are 0: the output is allocated zeroed.
+Rows no group writes are 0: the kernel writes them (the output is allocated uninitialized).
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=Non
     masked = masked_m is not None
     a2, ids, starts, counts = layout_groups(a, w, m_indices, masked_m)
     rows = a2.shape[0]
-    out = torch.zeros(rows, n, dtype=out_dtype or a.dtype, device=dev)
+    out = torch.empty(rows, n, dtype=out_dtype or a.dtype, device=dev)  # the kernel writes every row
     if rows and n:
         index = device_index(dev)
         sms = _sm_count(index)
