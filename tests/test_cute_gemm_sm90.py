@@ -181,6 +181,7 @@ def test_launcher_fp8_prefill_tile():
     assert cfg(32 * 256, 7168, k=2048).tile_n == 256
     assert cfg(32 * 256, 4224).tile_n == 128  # N not a multiple of 256
     assert cfg(32 * 64, 4096).tile_n == 128  # decode sizes
+    assert cfg(32 * 128, 4096).tile_n == 128  # 128 rows per group: 128 x 128 was faster
     assert cfg(256, 4096, layout="masked").tile_n == 128  # capacity, not rows
     assert cfg(32 * 256, 4096, tiles=dict(stages=4)).tile_n == 128  # an override replaces the choice
 

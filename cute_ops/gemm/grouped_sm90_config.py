@@ -26,9 +26,11 @@ FP8_SHORT_K, FP8_SHORT_K_RUN = 2048, 4
 # the FP8 prefill default until e2bc450 (pass as overrides to reproduce it)
 FP8_PREVIOUS_SCHEDULE = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
 FP8_PREFILL_ROWS = 128
-# FP8 prefill, N a multiple of 256: 128 x 256 waves + smem epilogue, 1-9% faster than 128 x 128 (H200; docs/cute.md;
-# perf/results/experiments/2026-11-26-h200-moe-gemm-fp8-wide-tiles-9e95854.json); moe_sm90.config_for applies it
+# FP8 prefill from 256 rows per group, N a multiple of 256: 128 x 256 waves + smem epilogue, 1-9% faster than
+# 128 x 128 (H200, perf/results/experiments/2026-11-26-h200-moe-gemm-fp8-wide-tiles-9e95854.json; H100 at 512 / 1024
+# rows 3-9%, at 128 rows 1-4% slower: ...-h100-moe-gemm-fp8-rows-roof-f860d3d.json); moe_sm90.config_for applies it
 FP8_PREFILL_WIDE = dict(tile_m=128, tile_n=256, epilogue="smem")
+FP8_PREFILL_WIDE_ROWS = 256
 FP8_WIDE = ((256, 128), (128, 256), (128, 192))  # FP8 tiles of the wave schedule (GemmConfig.wide)
 
 

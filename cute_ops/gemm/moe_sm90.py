@@ -25,7 +25,7 @@ from triton_ops.contract.arch import sm_count as _sm_count  # module attribute: 
 from triton_ops.contract.moe_gemm import FP8_BLOCK
 
 from .. import _compile
-from .grouped_sm90_config import FP8_PREFILL_ROWS, FP8_PREFILL_WIDE, pick_config
+from .grouped_sm90_config import FP8_PREFILL_WIDE, FP8_PREFILL_WIDE_ROWS, pick_config
 
 UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
 DESC_UPDATE_ENV = "LOWBIT_CUTE_GEMM_DESC_UPDATE"
@@ -140,12 +140,13 @@ def max_active_clusters(index: int, size: int) -> int:
 
 def config_for(kind: str, a, w, layout: str, row_weights: bool, arch: str, sm_count: int, tiles: dict | None = None):
     """The kernel config for a call; `tiles` (tile_m / tile_n / stages / ...) overrides the analytical rule. With no
-    `tiles`, contiguous FP8 prefill (>= FP8_PREFILL_ROWS rows per group, N a multiple of 256) takes FP8_PREFILL_WIDE
-    (the masked layout's rows per group is its capacity, not its rows: it keeps 128 x 128); any `tiles` replaces
-    that choice as a whole."""
+    `tiles`, contiguous FP8 prefill (>= FP8_PREFILL_WIDE_ROWS rows per group, N a multiple of 256) takes
+    FP8_PREFILL_WIDE (the masked layout's rows per group is its capacity, not its rows: it keeps 128 x 128); any
+    `tiles` replaces that choice as a whole."""
     e, n, k = w.shape
     per_group = a.shape[1] if layout == "masked" else max(1, a.shape[0] // e)
-    if tiles is None and kind == "fp8" and layout == "contiguous" and per_group >= FP8_PREFILL_ROWS and n % 256 == 0:
+    wide_ok = per_group >= FP8_PREFILL_WIDE_ROWS and n % 256 == 0
+    if tiles is None and kind == "fp8" and layout == "contiguous" and wide_ok:
         tiles = FP8_PREFILL_WIDE
     cfg = pick_config(kind, n, k, e, layout, row_weights, per_group, sm_count=sm_count, arch=arch, **(tiles or {}))
     if os.environ.get(DESC_UPDATE_ENV) == "0":  # bisection aid: no device-side descriptor rewrite (see GemmConfig)
