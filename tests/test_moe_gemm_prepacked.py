@@ -25,7 +25,7 @@ from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
 from triton_ops.contract import fp4_prepack as FP
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe_gemm import prepacked as tri
-from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch, prepacked_swiglu_config
+from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch
 
 BLOCK = {"mxfp4": 32, "nvfp4": 16}
 
@@ -254,10 +254,6 @@ def test_configs():
                                                                                               **fast)
     assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3,
                                                                                               a_tma=True)
-    sw = lambda m, fmt: prepacked_swiglu_config(pick_prepacked_config_for_arch(m, 2880, 2880, "sm_90", fmt))
-    assert sw(16, "mxfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)  # the 256-K step spills with two accumulators
-    assert sw(16, "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
-    assert sw(255, "mxfp4") == MoeGemmConfig(64, 64, 128, 1, 4, 4)  # the fused tile keeps the plain loads
 
 
 # ---------------------------------------------------------------------------------------------- GEMM1 + SwiGLU
