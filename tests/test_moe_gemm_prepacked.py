@@ -273,10 +273,10 @@ def _swiglu_layout(masked: bool):
 @pytest.mark.parametrize("masked, interleave, activation", [(False, 0, "silu"), (False, 1, "gptoss"),
                                                             (True, 1, "gptoss"), (True, 0, "silu")])
 def test_swiglu_prepacked_equals_the_chain(device, fmt, masked, interleave, activation):
-    """moe_gemm_swiglu_fp4_prepacked (a gate pass and an up pass per tile, SwiGLU in the epilogue) against the chain
-    moe_gemm_fp4_prepacked -> swiglu: operands on a coarse grid, so every GEMM sum is exact and the bytes must be
-    equal; against the contract (moe_gemm_swiglu on the unpacked weights). I = 80 (a partial column tile), K = 160
-    (a padded chunk), dead rows NaN (never read), uncomputed rows 0."""
+    """moe_gemm_swiglu_fp4_prepacked (one K loop over the gate and up rows of each output column, SwiGLU in the
+    epilogue) against the chain moe_gemm_fp4_prepacked -> swiglu: operands on a coarse grid, so every GEMM sum is
+    exact and the bytes must be equal; against the contract (moe_gemm_swiglu on the unpacked weights). I = 80 (a
+    partial column tile), K = 160 (a padded chunk), dead rows NaN (never read), uncomputed rows 0."""
     from dispatch.ops import swiglu
     from tests.test_moe_gemm_fused import _exact_operands
     g = torch.Generator().manual_seed(21)
@@ -297,6 +297,73 @@ def test_swiglu_prepacked_equals_the_chain(device, fmt, masked, interleave, acti
     assert_close(got.cpu(), want, what)
     rows = got.cpu()[dead]
     assert torch.equal(rows, torch.zeros_like(rows)), f"{what}: uncomputed rows are not zero"
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_swiglu_prepacked_tiles_equal_the_chain(fmt):
+    """Interpreter: the one-pass tile at 16 weight rows (one 16-row gate / up group, 8 output columns), 32 rows with
+    a 256-K step (masked past the row) and 64 rows with the prefill flags (tokens by descriptor, scale words, MXFP4
+    per-tile fold) gives the bytes of the chain run at the same config, both layouts, GPT-OSS interleave 1 and
+    concatenated halves; I = 40 (partial column tiles at every width)."""
+    from dispatch.ops import swiglu
+    from tests.test_moe_gemm_fused import _exact_operands
+    g = torch.Generator().manual_seed(23)
+    i, k = 40, 160
+    flags = dict(scale_words=True, a_tma=True, fold_scale="tile" if fmt == "mxfp4" else "off")
+    for cfg, masked, interleave in ((MoeGemmConfig(16, 16, 128, 1, 4, 1), False, 1),
+                                    (MoeGemmConfig(16, 32, 256, 1, 4, 1), True, 0),
+                                    (MoeGemmConfig(32, 64, 128, 1, 8, 1, **flags), False, 0)):
+        lead, dead, mi, mm = _swiglu_layout(masked)
+        a, _, wp, ws, wg = _exact_operands(fmt, g, lead, dead, 3, 2 * i, k, "cpu")
+        vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+        act = ("gptoss", 7.0) if interleave else ("silu", None)
+        got = tri.moe_gemm_swiglu_fp4_prepacked(a, vals, scales, wg, fmt, mi, mm, interleave, act[0], 1.702, act[1],
+                                                config=cfg)
+        h = tri.moe_gemm_fp4_prepacked(a, vals, scales, wg, fmt, mi, mm, config=cfg)
+        chain = swiglu(h, interleave=interleave, activation=act[0], limit=act[1], expert_ids=mi, masked_m=mm,
+                       backend="triton")
+        assert_same_bytes(got, chain, f"{fmt} {cfg} masked={masked} interleave={interleave}")
+
+
+def _swiglu_gpu(fmt, case, interleave, activation):
+    """(fused, chain, contract) of GEMM1 + SwiGLU on a case's weights (case.w32: the (E, 2I, K) gate / up rows) on
+    the GPU at the rule's tile; the contract on the CPU."""
+    from dispatch.ops import swiglu
+    wp, ws, wg = _linear_weights(fmt, case.w32)
+    a = _poison_rows(case.x.bfloat16(), case.dead)
+    vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+    limit = 7.0 if activation == "gptoss" else None
+    d = lambda t: None if t is None else t.cuda()
+    args = (d(a), d(vals), d(scales), d(wg), fmt, d(case.m_indices), d(case.masked_m))
+    got = tri.moe_gemm_swiglu_fp4_prepacked(*args, interleave, activation, 1.702, limit)
+    chain = swiglu(tri.moe_gemm_fp4_prepacked(*args), interleave=interleave, activation=activation, limit=limit,
+                   expert_ids=d(case.m_indices), masked_m=d(case.masked_m), backend="triton")
+    want = ref.moe_gemm_swiglu_fp4_prepacked(a, vals, scales, wg, fmt, case.m_indices, case.masked_m, interleave,
+                                             activation, 1.702, limit)
+    return got, chain, want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("rows", [16, 256])
+@pytest.mark.parametrize("masked, interleave, activation", [(False, 1, "gptoss"), (True, 0, "silu")])
+def test_gpu_swiglu_prepacked_tiles(fmt, rows, masked, interleave, activation):
+    """GPT-OSS K = 2880, I = 600 (a partial 64-column tile), 4 experts x `rows` tokens: the rule's decode tile
+    (16 tokens x 128 weight rows = 64 output columns) and prefill tile (128 x 128 x 8 warps, tokens by TMA, MXFP4
+    scale words and the per-tile fold). The fused op gives the chain's bytes (same config, so the same K order of
+    every accumulator) and matches the contract; uncomputed rows 0. Contiguous prefill also with experts of 96 /
+    256 / 160 rows (tiles holding two experts)."""
+    case = _gpu_decode_case(masked, e=4, rows=rows, n=1200)
+    cases_ = [case]
+    if rows > 16 and not masked:
+        cases_.append(_contig_case(3, [0] * 96 + [1] * 256 + [2] * 160, k=2880, n=1200))
+    for c in cases_:
+        got, chain, want = _swiglu_gpu(fmt, c, interleave, activation)
+        what = f"{fmt} {c.desc} interleave={interleave} {activation}"
+        assert_same_bytes(got, chain, what)
+        assert_close(got.cpu(), want, what)
+        dead = got.cpu()[c.dead]
+        assert torch.equal(dead, torch.zeros_like(dead)), f"{what}: uncomputed rows are not zero"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -536,8 +603,7 @@ _COMPILE = textwrap.dedent("""
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton_ops.moe_gemm import prepacked as P
-    from triton_ops.moe_gemm.config import (FOLD_MODES, MoeGemmConfig, pick_prepacked_config_for_arch,
-                                            prepacked_swiglu_config)
+    from triton_ops.moe_gemm.config import FOLD_MODES, MoeGemmConfig, pick_prepacked_config_for_arch
 
     kern = P._fp4_prepacked_kernel
     LINE = re.compile(r"/\\*([0-9a-f]{4,})\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
@@ -555,15 +621,16 @@ _COMPILE = textwrap.dedent("""
 
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     print("triton", triton.__version__)
-    # decode (16 tokens per expert), mid (64) and prefill (256) tiles of the rule; GEMM1 + SwiGLU (GPT-OSS)
-    # and GEMM2 scattered into token order (scatter); tokens-on-M prefill tiles (m = the config)
+    # decode (16 tokens per expert), mid (64) and prefill (256) tiles of the rule; GEMM1 + SwiGLU (GPT-OSS, the
+    # plain GEMM's tiles) and GEMM2 scattered into token order (scatter); tokens-on-M prefill tiles (m = the config)
     TM = dict(tokens_m=True, group_m=1)
     for m, nv, dt, masked, sw, scatter in (
             (16, False, "bf16", False, False, False), (16, True, "fp16", True, False, False),
             (64, False, "bf16", False, False, False), (256, False, "bf16", False, False, False),
             (256, True, "bf16", False, False, False), (16, False, "bf16", False, True, False),
             (256, False, "bf16", False, True, False), (16, False, "bf16", True, False, True),
-            (256, True, "bf16", False, False, True),
+            (256, True, "bf16", False, False, True), (16, True, "bf16", False, False, False),
+            (16, True, "bf16", False, True, False), (256, True, "bf16", False, True, False),
             (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=3, **TM), False, "bf16", False, False, False),
             (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=4, **TM), True, "bf16", False, False, True),
             (MoeGemmConfig(128, 64, 128, num_warps=4, num_stages=2, **TM), False, "bf16", False, False, False),
@@ -574,7 +641,6 @@ _COMPILE = textwrap.dedent("""
             cfg = pick_prepacked_config_for_arch(m, 5760, 2880, "sm_90", "nvfp4" if nv else "mxfp4")
         else:
             cfg, m = m, "tm" if m.tokens_m else "plain"
-        cfg = prepacked_swiglu_config(cfg) if sw else cfg
         names = [p.name for p in kern.params]
         sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
         a = "*bf16" if dt == "bf16" else "*fp16"
@@ -603,16 +669,21 @@ _COMPILE = textwrap.dedent("""
             f.write(c.asm["cubin"])
         sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name], capture_output=True,
                               text=True).stdout
-        os.unlink(f.name)
         # SASS: register A `HGMMA... R, R, gdesc[..]`; shared A `HGMMA... R, gdesc[..], R`
         a_op = r"gdesc\\[UR\\d+\\], R\\d+" if cfg.tokens_m else r"R\\d+, gdesc"
         hgmma_reg_a = len(re.findall(r"HGMMA\\.64x\\d+x16\\.F32\\S* R\\d+, " + a_op, sass))
         spills = len(re.findall(r"\\b(?:STL|LDL)\\b", sass))
         vec16 = sass.count("LDGSTS.E.BYPASS.128")
         loop, hmul2 = k_loop(sass)
+        # registers per thread; shared-memory stores (STS / STSM); layout conversions of fp32 values (TTGIR)
+        regs = re.search(r"REG:(\\d+)", subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name],
+                                                      capture_output=True, text=True).stdout).group(1)
+        os.unlink(f.name)
+        sts = len(re.findall(r"\\bSTSM?[. ]", sass))
+        cvt32 = len(re.findall(r"ttg\\.convert_layout [^\\n]*xf32", c.asm["ttgir"]))
         print("cfg", f"{dt}/m={m}/swiglu={int(sw)}/scatter={int(scatter)}", int(nv), ptx.count("wgmma.mma_async"),
               len(reg_a), hgmma_reg_a, spills, vec16, ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"),
-              c.metadata.shared, loop, hmul2)
+              c.metadata.shared, loop, hmul2, regs, sts, cvt32, cfg.block_n, cfg.block_k)
 """)
 
 
@@ -624,12 +695,15 @@ def _triton36_env_set() -> bool:
 def test_sm90_compile_register_a_wgmma():
     """sm_90a with Triton 3.6 (the GPU image's; LOWBIT_TRITON36_PATH points at an install elsewhere), the rule's
     decode tiles (MXFP4 bf16 contiguous, NVFP4 fp16 masked), its mid tile, its prefill tile (8 warps; MXFP4 and
-    NVFP4), the GEMM1 + SwiGLU tiles (decode, prefill) and the token-order scatter (GEMM2 + combine): every MMA is
-    a warpgroup MMA whose A operand (the dequantized weights) is registers (PTX `{...}` operand, SASS
-    `HGMMA ... R, gdesc`); the tokens-on-M tiles (MXFP4 128 x 128 x 8 warps x 3 stages, NVFP4 x 4 stages with the
-    scatter, 128 x 64 x 4 warps, GEMM1 + SwiGLU's 128 x 64 x 8 warps): every MMA's A (the tokens) in shared memory
-    (a descriptor); the weights arrive by 16-byte async copies, the conversion is packed fma.rn.{bf16,f16}x2, no
-    spills, shared memory within an SM."""
+    NVFP4), the GEMM1 + SwiGLU tiles (the plain rule's decode and prefill tiles, MXFP4 and NVFP4) and the
+    token-order scatter (GEMM2 + combine): every MMA is a warpgroup MMA whose A operand (the dequantized weights) is
+    registers (PTX `{...}` operand, SASS `HGMMA ... R, gdesc`); the tokens-on-M tiles (MXFP4 128 x 128 x 8 warps x 3
+    stages, NVFP4 x 4 stages with the scatter, 128 x 64 x 4 warps, GEMM1 + SwiGLU 128 x 128 x 8 warps): every MMA's
+    A (the tokens) in shared memory (a descriptor); the weights arrive by 16-byte async copies, the conversion is
+    packed fma.rn.{bf16,f16}x2, no spills, shared memory within an SM. The one-pass SwiGLU tile against the plain
+    GEMM's tile of the same config: the same K loop (instruction count within 4, the same packed multiplies), no
+    more registers than it (+8), no layout conversion of the fp32 accumulator (the gate / up split is register
+    relabelling) and no more shared-memory stores (only the transposed output store's)."""
     if not _triton36_env_set():
         pytest.skip("set LOWBIT_TRITON36_PATH to a Triton 3.6 install to compile for sm_90")
     script = _COMPILE
@@ -639,10 +713,11 @@ def test_sm90_compile_register_a_wgmma():
     out = run_compile_script(script, timeout=600)
     assert "triton 3.6" in out, out
     lines = [ln.split() for ln in out.splitlines() if ln.startswith("cfg")]
-    assert len(lines) == 15, out
-    loops = {}
-    for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared, loop, hmul2 in lines:
+    assert len(lines) == 18, out
+    loops, epi = {}, {}
+    for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared, loop, hmul2, regs, sts, cvt32, bn, bk in lines:
         loops[dt, nv] = int(loop), int(hmul2)
+        epi[dt, nv] = int(regs), int(sts), int(cvt32), (int(bn), int(bk))
         what = f"{dt} nvfp4={nv}"
         a = "shared" if "m=tm" in dt else "register"
         assert int(wgmma) > 0 and int(reg_a) == int(wgmma), f"{what}: {reg_a} of {wgmma} wgmma with {a} A"
@@ -658,6 +733,13 @@ def test_sm90_compile_register_a_wgmma():
     assert plain_mx[1] == 64 and rule_mx[1] == 32, (rule_mx, plain_mx)
     assert rule_mx[0] <= 0.85 * plain_mx[0], (rule_mx, plain_mx)
     assert rule_nv[0] <= plain_nv[0], (rule_nv, plain_nv)
+    for m, nv in (("16", "0"), ("16", "1"), ("256", "0"), ("256", "1")):
+        plain, fused = f"bf16/m={m}/swiglu=0/scatter=0", f"bf16/m={m}/swiglu=1/scatter=0"
+        (p_loop, p_mul), (f_loop, f_mul) = loops[plain, nv], loops[fused, nv]
+        (p_regs, p_sts, _, p_tile), (f_regs, f_sts, f_cvt, f_tile) = epi[plain, nv], epi[fused, nv]
+        what = f"SwiGLU m={m} nvfp4={nv}: {epi[fused, nv]} {loops[fused, nv]} against {epi[plain, nv]} {loops[plain, nv]}"
+        assert f_tile == p_tile and abs(f_loop - p_loop) <= 4 and f_mul == p_mul, what
+        assert f_regs <= p_regs + 8 and f_cvt == 0 and f_sts <= p_sts, what
 
 
 # ---------------------------------------------------------------------------------------------- kernel variants
