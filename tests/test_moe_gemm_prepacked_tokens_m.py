@@ -15,13 +15,8 @@ import torch
 
 from dispatch.reference import moe_gemm as ref
 from tests.helpers import DEVICES, assert_close, assert_same_bytes
-from tests.test_moe_gemm_prepacked import (
-    _check,
-    _contig_case,
-    _gpu_decode_case,
-    _linear_weights,
-    _swiglu_layout,
-)
+from tests.test_moe_gemm_prepacked import _check, _contig_case, _gpu_decode_case, _linear_weights
+from tests.test_moe_gemm_prepacked_swiglu import _swiglu_layout
 from triton_ops.moe_gemm import prepacked as tri
 from triton_ops.moe_gemm.config import MoeGemmConfig
 
