@@ -17,6 +17,13 @@ across programs. sm_90 facts (ptxas, Triton 3.6, MXFP4 bf16): 128 tokens x 128 r
 256 x 64 x 8 warps 233; 128 x 64 x 4 warps 244 (86 KB of shared memory at 2 stages: two programs per SM); none
 spill; 256 x 128 x 8 warps spills.
 
+GEMM1 + SwiGLU (moe_gemm_swiglu_fp4_prepacked) in one K loop: a tile's BLOCK_W weight rows are the gate and up rows
+of BLOCK_W / 2 output columns, in each 16-row group the gate rows of 8 columns then their up rows (_swiglu_rows). In
+the sm_90 warpgroup-MMA accumulator a thread holds rows i and i + 8 of each 16-row group, so every thread holds both
+values of its pairs and the split after the K loop is register relabelling (no layout conversion of the fp32
+accumulator in the TTGIR, no added shared-memory traffic in the SASS); the tile and its K loop are the plain GEMM's
+(same rule, same config), the epilogue the chain's math on the two halves.
+
 E2M1 -> bf16 on packed words: a code's sign lands on bf16's sign bit and its 3 magnitude bits on bf16's two lowest
 exponent bits and top mantissa bit, which is the code's value times 2^-126 (code 1 = 0.5 becomes the subnormal
 2^-127, exact). MXFP4: one packed multiply by 2^126 (exact: subnormal inputs are kept) and one by the block scale
