@@ -87,7 +87,8 @@ NVFP4_W4A16_WHY = "NVFP4 weights dequantized in registers (E4M3 scales per 16, g
 # MXFP4 1.015x triton_kernels, 2.54x torch._grouped_mm bf16 (NVFP4 2.69x); prefill 0.77-0.80x triton_kernels.
 FP4_PREPACKED_WHY = ("prepacked FP4 weights: swap-AB kernel, register-A wgmma, bit-trick E2M1 (H200 decode: 1.015x "
                      "triton_kernels)")
-FP4_PREPACKED_SWIGLU_WHY = "the prepacked FP4 kernel with the SwiGLU epilogue (gate and up passes; 0.8x the chain)"
+FP4_PREPACKED_SWIGLU_WHY = ("the prepacked FP4 kernel with the SwiGLU epilogue: one K loop over the gate and up rows "
+                            "of each output column, the plain GEMM's tile")
 FP4_PREPACKED_COMBINE_WHY = "the prepacked FP4 kernel scattering rows into token order, then the combine (in the layer)"
 FP4_PREPACK_WHY = "one-time weight layout change (byte permutation + padding): torch on any device"
 # H100 at e2bc444: FP8 GEMM1 + SwiGLU + FP8 1.08x the chain, GEMM2 + combine 1.23x (prefill); MXFP4 GEMM1 0.97x.

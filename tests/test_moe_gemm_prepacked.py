@@ -25,7 +25,7 @@ from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
 from triton_ops.contract import fp4_prepack as FP
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe_gemm import prepacked as tri
-from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch, prepacked_swiglu_config
+from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch
 
 BLOCK = {"mxfp4": 32, "nvfp4": 16}
 
@@ -254,53 +254,9 @@ def test_configs():
                                                                                               **fast)
     assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3,
                                                                                               a_tma=True)
-    sw = lambda m, fmt: prepacked_swiglu_config(pick_prepacked_config_for_arch(m, 2880, 2880, "sm_90", fmt))
-    assert sw(16, "mxfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)  # the 256-K step spills with two accumulators
-    assert sw(16, "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
-    assert sw(255, "mxfp4") == MoeGemmConfig(64, 64, 128, 1, 4, 4)  # the fused tile keeps the plain loads
 
 
-# ---------------------------------------------------------------------------------------------- GEMM1 + SwiGLU
-
-
-def _swiglu_layout(masked: bool):
-    """(lead shape, dead rows, m_indices, masked_m): 3 experts, padding and out-of-range ids / counts."""
-    if masked:
-        mm = torch.tensor([6, 0, 3], dtype=torch.int32)
-        return (3, 6), torch.arange(6)[None, :] >= mm[:, None], None, mm
-    mi = torch.tensor([0] * 5 + [-1] + [2] * 7 + [1] * 4 + [7] + [0] * 2, dtype=torch.int32)
-    return (mi.numel(),), (mi < 0) | (mi >= 3), mi, None
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
-@pytest.mark.parametrize("masked, interleave, activation", [(False, 0, "silu"), (False, 1, "gptoss"),
-                                                            (True, 1, "gptoss"), (True, 0, "silu")])
-def test_swiglu_prepacked_equals_the_chain(device, fmt, masked, interleave, activation):
-    """moe_gemm_swiglu_fp4_prepacked (a gate pass and an up pass per tile, SwiGLU in the epilogue) against the chain
-    moe_gemm_fp4_prepacked -> swiglu: operands on a coarse grid, so every GEMM sum is exact and the bytes must be
-    equal; against the contract (moe_gemm_swiglu on the unpacked weights). I = 80 (a partial column tile), K = 160
-    (a padded chunk), dead rows NaN (never read), uncomputed rows 0."""
-    from dispatch.ops import swiglu
-    from tests.test_moe_gemm_fused import _exact_operands
-    g = torch.Generator().manual_seed(21)
-    i, k = 80, 160
-    lead, dead, mi, mm = _swiglu_layout(masked)
-    a, _, wp, ws, wg = _exact_operands(fmt, g, lead, dead, 3, 2 * i, k, "cpu")
-    vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
-    limit = 7.0 if activation == "gptoss" else None
-    dev = lambda t: None if t is None else t.to(device)
-    got = tri.moe_gemm_swiglu_fp4_prepacked(dev(a), dev(vals), dev(scales), dev(wg), fmt, dev(mi), dev(mm), interleave,
-                                            activation, 1.702, limit)
-    h = tri.moe_gemm_fp4_prepacked(dev(a), dev(vals), dev(scales), dev(wg), fmt, dev(mi), dev(mm))
-    chain = swiglu(h, interleave=interleave, activation=activation, limit=limit, expert_ids=dev(mi),
-                   masked_m=dev(mm), backend="triton")
-    what = f"{fmt} masked={masked} interleave={interleave} {activation}"
-    assert_same_bytes(got, chain, what)
-    want = ref.moe_gemm_swiglu_fp4_prepacked(a, vals, scales, wg, fmt, mi, mm, interleave, activation, 1.702, limit)
-    assert_close(got.cpu(), want, what)
-    rows = got.cpu()[dead]
-    assert torch.equal(rows, torch.zeros_like(rows)), f"{what}: uncomputed rows are not zero"
+# ---------------------------------------------------------------------------------------------- GEMM2 + combine
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -540,8 +496,7 @@ _COMPILE = textwrap.dedent("""
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton_ops.moe_gemm import prepacked as P
-    from triton_ops.moe_gemm.config import (FOLD_MODES, MoeGemmConfig, pick_prepacked_config_for_arch,
-                                            prepacked_swiglu_config)
+    from triton_ops.moe_gemm.config import FOLD_MODES, MoeGemmConfig, pick_prepacked_config_for_arch
 
     kern = P._fp4_prepacked_kernel
     LINE = re.compile(r"/\\*([0-9a-f]{4,})\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
@@ -559,15 +514,16 @@ _COMPILE = textwrap.dedent("""
 
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     print("triton", triton.__version__)
-    # decode (16 tokens per expert), mid (64) and prefill (256) tiles of the rule; GEMM1 + SwiGLU (GPT-OSS)
-    # and GEMM2 scattered into token order (scatter); tokens-on-M prefill tiles (m = the config)
+    # decode (16 tokens per expert), mid (64) and prefill (256) tiles of the rule; GEMM1 + SwiGLU (GPT-OSS, the
+    # plain GEMM's tiles) and GEMM2 scattered into token order (scatter); tokens-on-M prefill tiles (m = the config)
     TM = dict(tokens_m=True, group_m=1)
     for m, nv, dt, masked, sw, scatter in (
             (16, False, "bf16", False, False, False), (16, True, "fp16", True, False, False),
             (64, False, "bf16", False, False, False), (256, False, "bf16", False, False, False),
             (256, True, "bf16", False, False, False), (16, False, "bf16", False, True, False),
             (256, False, "bf16", False, True, False), (16, False, "bf16", True, False, True),
-            (256, True, "bf16", False, False, True),
+            (256, True, "bf16", False, False, True), (16, True, "bf16", False, False, False),
+            (16, True, "bf16", False, True, False), (256, True, "bf16", False, True, False),
             (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=3, **TM), False, "bf16", False, False, False),
             (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=4, **TM), True, "bf16", False, False, True),
             (MoeGemmConfig(128, 64, 128, num_warps=4, num_stages=2, **TM), False, "bf16", False, False, False),
@@ -578,7 +534,6 @@ _COMPILE = textwrap.dedent("""
             cfg = pick_prepacked_config_for_arch(m, 5760, 2880, "sm_90", "nvfp4" if nv else "mxfp4")
         else:
             cfg, m = m, "tm" if m.tokens_m else "plain"
-        cfg = prepacked_swiglu_config(cfg) if sw else cfg
         names = [p.name for p in kern.params]
         sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
         a = "*bf16" if dt == "bf16" else "*fp16"
@@ -607,16 +562,21 @@ _COMPILE = textwrap.dedent("""
             f.write(c.asm["cubin"])
         sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name], capture_output=True,
                               text=True).stdout
-        os.unlink(f.name)
         # SASS: register A `HGMMA... R, R, gdesc[..]`; shared A `HGMMA... R, gdesc[..], R`
         a_op = r"gdesc\\[UR\\d+\\], R\\d+" if cfg.tokens_m else r"R\\d+, gdesc"
         hgmma_reg_a = len(re.findall(r"HGMMA\\.64x\\d+x16\\.F32\\S* R\\d+, " + a_op, sass))
         spills = len(re.findall(r"\\b(?:STL|LDL)\\b", sass))
         vec16 = sass.count("LDGSTS.E.BYPASS.128")
         loop, hmul2 = k_loop(sass)
+        # registers per thread; shared-memory stores (STS / STSM); layout conversions of fp32 values (TTGIR)
+        regs = re.search(r"REG:(\\d+)", subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name],
+                                                      capture_output=True, text=True).stdout).group(1)
+        os.unlink(f.name)
+        sts = len(re.findall(r"\\bSTSM?[. ]", sass))
+        cvt32 = len(re.findall(r"ttg\\.convert_layout [^\\n]*xf32", c.asm["ttgir"]))
         print("cfg", f"{dt}/m={m}/swiglu={int(sw)}/scatter={int(scatter)}", int(nv), ptx.count("wgmma.mma_async"),
               len(reg_a), hgmma_reg_a, spills, vec16, ptx.count("fma.rn.bf16x2") + ptx.count("fma.rn.f16x2"),
-              c.metadata.shared, loop, hmul2)
+              c.metadata.shared, loop, hmul2, regs, sts, cvt32, cfg.block_n, cfg.block_k)
 """)
 
 
@@ -628,12 +588,15 @@ def _triton36_env_set() -> bool:
 def test_sm90_compile_register_a_wgmma():
     """sm_90a with Triton 3.6 (the GPU image's; LOWBIT_TRITON36_PATH points at an install elsewhere), the rule's
     decode tiles (MXFP4 bf16 contiguous, NVFP4 fp16 masked), its mid tile, its prefill tile (8 warps; MXFP4 and
-    NVFP4), the GEMM1 + SwiGLU tiles (decode, prefill) and the token-order scatter (GEMM2 + combine): every MMA is
-    a warpgroup MMA whose A operand (the dequantized weights) is registers (PTX `{...}` operand, SASS
-    `HGMMA ... R, gdesc`); the tokens-on-M tiles (MXFP4 128 x 128 x 8 warps x 3 stages, NVFP4 x 4 stages with the
-    scatter, 128 x 64 x 4 warps, GEMM1 + SwiGLU's 128 x 64 x 8 warps): every MMA's A (the tokens) in shared memory
-    (a descriptor); the weights arrive by 16-byte async copies, the conversion is packed fma.rn.{bf16,f16}x2, no
-    spills, shared memory within an SM."""
+    NVFP4), the GEMM1 + SwiGLU tiles (the plain rule's decode and prefill tiles, MXFP4 and NVFP4) and the
+    token-order scatter (GEMM2 + combine): every MMA is a warpgroup MMA whose A operand (the dequantized weights) is
+    registers (PTX `{...}` operand, SASS `HGMMA ... R, gdesc`); the tokens-on-M tiles (MXFP4 128 x 128 x 8 warps x 3
+    stages, NVFP4 x 4 stages with the scatter, 128 x 64 x 4 warps, GEMM1 + SwiGLU 128 x 128 x 8 warps): every MMA's
+    A (the tokens) in shared memory (a descriptor); the weights arrive by 16-byte async copies, the conversion is
+    packed fma.rn.{bf16,f16}x2, no spills, shared memory within an SM. The one-pass SwiGLU tile against the plain
+    GEMM's tile of the same config: the same K loop (instruction count within 4, the same packed multiplies), no
+    more registers than it (+8), no layout conversion of the fp32 accumulator (the gate / up split is register
+    relabelling) and no more shared-memory stores (only the transposed output store's)."""
     if not _triton36_env_set():
         pytest.skip("set LOWBIT_TRITON36_PATH to a Triton 3.6 install to compile for sm_90")
     script = _COMPILE
@@ -643,10 +606,12 @@ def test_sm90_compile_register_a_wgmma():
     out = run_compile_script(script, timeout=600)
     assert "triton 3.6" in out, out
     lines = [ln.split() for ln in out.splitlines() if ln.startswith("cfg")]
-    assert len(lines) == 15, out
-    loops = {}
-    for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared, loop, hmul2 in lines:
+    assert len(lines) == 18, out
+    loops, epi = {}, {}
+    for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared, loop, hmul2, *rest in lines:
         loops[dt, nv] = int(loop), int(hmul2)
+        regs, sts, cvt32, bn, bk = map(int, rest)
+        epi[dt, nv] = regs, sts, cvt32, (bn, bk)
         what = f"{dt} nvfp4={nv}"
         a = "shared" if "m=tm" in dt else "register"
         assert int(wgmma) > 0 and int(reg_a) == int(wgmma), f"{what}: {reg_a} of {wgmma} wgmma with {a} A"
@@ -662,6 +627,14 @@ def test_sm90_compile_register_a_wgmma():
     assert plain_mx[1] == 64 and rule_mx[1] == 32, (rule_mx, plain_mx)
     assert rule_mx[0] <= 0.85 * plain_mx[0], (rule_mx, plain_mx)
     assert rule_nv[0] <= plain_nv[0], (rule_nv, plain_nv)
+    for m, nv in (("16", "0"), ("16", "1"), ("256", "0"), ("256", "1")):
+        plain, fused = f"bf16/m={m}/swiglu=0/scatter=0", f"bf16/m={m}/swiglu=1/scatter=0"
+        (p_loop, p_mul), (f_loop, f_mul) = loops[plain, nv], loops[fused, nv]
+        (p_regs, p_sts, _, p_tile), (f_regs, f_sts, f_cvt, f_tile) = epi[plain, nv], epi[fused, nv]
+        what = (f"SwiGLU m={m} nvfp4={nv} (registers, shared stores, fp32 conversions, tile; loop, HMUL2): "
+                f"{epi[fused, nv]} {loops[fused, nv]}, plain {epi[plain, nv]} {loops[plain, nv]}")
+        assert f_tile == p_tile and abs(f_loop - p_loop) <= 4 and f_mul == p_mul, what
+        assert f_regs <= p_regs + 8 and f_cvt == 0 and f_sts <= p_sts, what
 
 
 # ---------------------------------------------------------------------------------------------- kernel variants

@@ -15,15 +15,10 @@ import torch
 
 from dispatch.reference import moe_gemm as ref
 from tests.helpers import DEVICES, assert_close, assert_same_bytes
-from tests.test_moe_gemm_prepacked import (
-    _check,
-    _contig_case,
-    _gpu_decode_case,
-    _linear_weights,
-    _swiglu_layout,
-)
+from tests.test_moe_gemm_prepacked import _check, _contig_case, _gpu_decode_case, _linear_weights
+from tests.test_moe_gemm_prepacked_swiglu import _swiglu_layout
 from triton_ops.moe_gemm import prepacked as tri
-from triton_ops.moe_gemm.config import MoeGemmConfig, prepacked_swiglu_config
+from triton_ops.moe_gemm.config import MoeGemmConfig
 
 # (tokens, weight rows, K step, warps, stages): interpreter-sized tiles, a tile holding two experts, a 256-K step
 CPU_TILES = [MoeGemmConfig(16, 64, 128, 1, 4, 1, tokens_m=True), MoeGemmConfig(32, 16, 256, 1, 4, 1, tokens_m=True),
@@ -60,10 +55,8 @@ def test_tokens_m_masked_and_fp16():
 
 
 def test_tokens_m_configs():
-    """GEMM1 + SwiGLU halves the column tile and keeps 8 warps; tiles with more than 16 weight rows per warp are
-    refused (Triton 3.6 aborts on them for sm_90)."""
+    """Tiles with more than 16 weight rows per warp are refused (Triton 3.6 aborts on them for sm_90)."""
     cfg = MoeGemmConfig(128, 128, 128, 1, 8, 4, tokens_m=True)
-    assert prepacked_swiglu_config(cfg) == MoeGemmConfig(128, 64, 128, 1, 8, 4, tokens_m=True)
     assert tri.prepacked_refusal(cfg) is None
     for bad in (MoeGemmConfig(128, 128, 128, 1, 4, 4, tokens_m=True),
                 MoeGemmConfig(128, 256, 128, 1, 8, 2, tokens_m=True)):

@@ -109,29 +109,11 @@ def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGem
     return MoeGemmConfig(128, 128, bk, group_m=8, num_warps=8, num_stages=stages)
 
 
-def pick_prepacked_config(m_per_expert: int, n: int, k: int, device: torch.device, fmt: str = "mxfp4",
-                          swiglu: bool = False) -> MoeGemmConfig:
-    """The config of the prepacked FP4 kernel (prepacked.py; swap-AB: block_m = tokens, block_n = weight rows, or
-    with swiglu output columns of gate / up row pairs) for `fmt` ("mxfp4" / "nvfp4") weights."""
-    cfg = pick_prepacked_config_for_arch(m_per_expert, n, k, arch_of(device), fmt)
-    return prepacked_swiglu_config(cfg) if swiglu else cfg
-
-
-def prepacked_swiglu_config(cfg: MoeGemmConfig) -> MoeGemmConfig:
-    """GEMM1 + SwiGLU on prepacked weights: two passes per tile (gate rows, then up rows), the gate accumulator
-    live through the up pass. Decode: the plain GEMM's tile with a 128-K step (4 stages; MXFP4's 256-K step spills
-    68 registers with the second accumulator, ptxas sm_90, Triton 3.6); from 64 tokens 64 tokens x 64 columns with
-    4 warps (two 32-register accumulators, 241 registers, no spills; the 8-warp plain tile would spill).
-    Tokens on M (cfg.tokens_m): 64 output columns, 8 warps (128 tokens x 64 columns x 2 accumulators: 232
-    registers, no spills; 128 columns spill 16, 4 warps 34)."""
-    # the fused tile keeps the plain loads and conversion (the prefill flags are timed on the plain GEMM only)
-    cfg = dataclasses.replace(cfg, scale_words=False, fold_scale="off", a_tma=False, peel_k=False)
-    if cfg.tokens_m:
-        return dataclasses.replace(cfg, block_n=64, num_warps=8)
-    if cfg.block_m < 64:
-        return cfg if cfg.block_k == 128 else dataclasses.replace(cfg, block_k=128, num_stages=max(cfg.num_stages, 4))
-    # 4 stages as timed for the fused tile (2 where the plain tile has 2: small shared memory)
-    return dataclasses.replace(cfg, block_m=64, block_n=64, num_warps=4, num_stages=2 if cfg.num_stages <= 2 else 4)
+def pick_prepacked_config(m_per_expert: int, n: int, k: int, device: torch.device, fmt: str = "mxfp4") -> MoeGemmConfig:
+    """The config of the prepacked FP4 kernel (prepacked.py; swap-AB: block_m = tokens, block_n = weight rows) for
+    `fmt` ("mxfp4" / "nvfp4") weights; n: the weight rows (GEMM1 + SwiGLU: 2I, its tile the plain GEMM's, holding
+    the gate and up rows of block_n // 2 output columns in one accumulator)."""
+    return pick_prepacked_config_for_arch(m_per_expert, n, k, arch_of(device), fmt)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -17,6 +17,13 @@ across programs. sm_90 facts (ptxas, Triton 3.6, MXFP4 bf16): 128 tokens x 128 r
 256 x 64 x 8 warps 233; 128 x 64 x 4 warps 244 (86 KB of shared memory at 2 stages: two programs per SM); none
 spill; 256 x 128 x 8 warps spills.
 
+GEMM1 + SwiGLU (moe_gemm_swiglu_fp4_prepacked) in one K loop: a tile's BLOCK_W weight rows are the gate and up rows
+of BLOCK_W / 2 output columns, in each 16-row group the gate rows of 8 columns then their up rows (_swiglu_rows). In
+the sm_90 warpgroup-MMA accumulator a thread holds rows i and i + 8 of each 16-row group, so every thread holds both
+values of its pairs and the split after the K loop is register relabelling (no layout conversion of the fp32
+accumulator in the TTGIR, no added shared-memory traffic in the SASS); the tile and its K loop are the plain GEMM's
+(same rule, same config), the epilogue the chain's math on the two halves.
+
 E2M1 -> bf16 on packed words: a code's sign lands on bf16's sign bit and its 3 magnitude bits on bf16's two lowest
 exponent bits and top mantissa bit, which is the code's value times 2^-126 (code 1 = 0.5 becomes the subnormal
 2^-127, exact). MXFP4: one packed multiply by 2^126 (exact: subnormal inputs are kept) and one by the block scale
@@ -305,34 +312,49 @@ def _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w_rows, NR, K, KW, K
 
 
 @triton.jit
-def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w64, wmask, N, K, KW, KS, alpha, limit,
-                 NVFP4: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr,
-                 EMULATE: tl.constexpr, SWIGLU: tl.constexpr, INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr,
-                 CLAMP: tl.constexpr, DIV_RN: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr,
-                 PEEL_K: tl.constexpr, A_DESC: tl.constexpr):
+def _swiglu_rows(col0, N, INTERLEAVE: tl.constexpr, BLOCK_W: tl.constexpr):
+    """The weight rows of a one-pass GEMM1 + SwiGLU tile (its BLOCK_W // 2 output columns from col0, N = I): in each
+    16-row group of the tile, rows 0-7 the gate rows and rows 8-15 the up rows of the same 8 columns. Rows i and
+    i + 8 of a 16-row group are one thread's in the sm_90 warpgroup-MMA accumulator, so each thread holds both
+    members of its pairs (_gate_up_split). Columns past N read column N - 1 (never stored)."""
+    r = tl.arange(0, BLOCK_W)
+    c = tl.minimum(col0 + (r // 16) * 8 + r % 8, N - 1).to(tl.int64)
+    gate, up = _gate_up_rows(c, N, INTERLEAVE)
+    return tl.where((r // 8) % 2 == 1, up, gate)
+
+
+@triton.jit
+def _gate_up_split(acc, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The [BLOCK_W, BLOCK_T] accumulator of _swiglu_rows' rows -> (gate, up), each [BLOCK_W // 2, BLOCK_T] in
+    output-column order: row 16 j + i is column 8 j + i's gate, row 16 j + 8 + i its up."""
+    v = tl.permute(tl.reshape(acc, [BLOCK_W // 16, 2, 8, BLOCK_T]), (0, 2, 3, 1))
+    g, u = tl.split(v)
+    return tl.reshape(g, [BLOCK_W // 2, BLOCK_T]), tl.reshape(u, [BLOCK_W // 2, BLOCK_T])
+
+
+@triton.jit
+def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w_rows, cmask, N, K, KW, KS, alpha,
+                 limit, NVFP4: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr,
+                 EMULATE: tl.constexpr, SWIGLU: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr,
+                 DIV_RN: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                 TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr,
+                 A_DESC: tl.constexpr):
     """Expert e64's tile for the tokens in `sel`, stored to their columns of out_t (one rounding). Plain: the
-    output columns w64 are weight rows, times the row weights (rw_rows: pointers to the tokens' weights). SWIGLU
-    (N = I, weights (E, 2I, K)): the gate and up rows of each output column in two passes, each rounded to the
-    GEMM's dtype as the plain kernel stores it, then the SwiGLU op's math (triton_ops/swiglu.py:swiglu_act)."""
+    output columns are the weight rows w_rows, times the row weights (rw_rows: pointers to the tokens' weights).
+    SWIGLU (N = I, weights (E, 2I, K)): w_rows are _swiglu_rows' gate / up rows of BLOCK_W // 2 output columns, one
+    K loop for both; gate and up each rounded to the GEMM's dtype as the plain kernel stores them, then the SwiGLU
+    op's math (triton_ops/swiglu.py:swiglu_act)."""
+    acc = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w_rows, 2 * N if SWIGLU else N, K, KW, KS, NVFP4,
+                     DTYPE, F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K,
+                     A_DESC)
     if SWIGLU:
-        gate_rows, up_rows = _gate_up_rows(w64, N, INTERLEAVE)
-        g = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, gate_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
-                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K,
-                       A_DESC)
+        g, u = _gate_up_split(acc, BLOCK_W, BLOCK_T)
         g = cast_out(g, DTYPE, EMULATE).to(tl.float32)
-        u = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, up_rows, 2 * N, K, KW, KS, NVFP4, DTYPE,
-                       F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K,
-                       A_DESC)
         u = cast_out(u, DTYPE, EMULATE).to(tl.float32)
         acc = swiglu_act(g, u, alpha, limit, GPTOSS, CLAMP, DIV_RN, DTYPE, EMULATE)
-    else:
-        acc = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w64, N, K, KW, KS, NVFP4, DTYPE, F32_DOT,
-                         EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K,
-                         A_DESC)
-        if HAS_RW:
-            acc *= tl.load(rw_rows, mask=sel, other=0.0)[None, :]
-    tl.store(out_t, cast_out(acc, out_t.dtype.element_ty, EMULATE), mask=wmask[:, None] & sel[None, :])
+    elif HAS_RW:
+        acc *= tl.load(rw_rows, mask=sel, other=0.0)[None, :]
+    tl.store(out_t, cast_out(acc, out_t.dtype.element_ty, EMULATE), mask=cmask[:, None] & sel[None, :])
 
 
 @triton.jit
@@ -353,27 +375,34 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
                           SCATTER: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
                           BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr,
                           FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr, A_DESC: tl.constexpr):
-    """Program (axis 0) = one [BLOCK_T tokens, BLOCK_W output columns] tile (columns: weight rows, or with SWIGLU
-    the I outputs of gate / up row pairs), the column tiles of one token tile adjacent (activations reused from
-    L2); masked layout: axis 1 = expert. Every output element in range is written once: computed rows by their
-    expert's pass, the others as zeros (SwiGLU of gate = up = 0 is 0 for both activations). SCATTER: layout row r
-    goes to output row dst[r] of an (n_dst, N) output (grouped._destination; rows outside [0, n_dst) unwritten)."""
+    """Program (axis 0) = one [BLOCK_T tokens, BLOCK_C output columns] tile (BLOCK_W weight rows: the columns, or
+    with SWIGLU the gate and up rows of BLOCK_W // 2 columns of the I outputs, _swiglu_rows), the column tiles of one
+    token tile adjacent (activations reused from L2); masked layout: axis 1 = expert. Every output element in range
+    is written once: computed rows by their expert's pass, the others as zeros (SwiGLU of gate = up = 0 is 0 for both
+    activations). SCATTER: layout row r goes to output row dst[r] of an (n_dst, N) output (grouped._destination;
+    rows outside [0, n_dst) unwritten)."""
+    BLOCK_C: tl.constexpr = BLOCK_W // 2 if SWIGLU else BLOCK_W
     pid = tl.program_id(0)
-    num_w = tl.cdiv(N, BLOCK_W)
-    pid_t = pid // num_w
-    offs_w = (pid % num_w) * BLOCK_W + tl.arange(0, BLOCK_W)
-    wmask = offs_w < N
+    num_c = tl.cdiv(N, BLOCK_C)
+    pid_t = pid // num_c
+    col0 = (pid % num_c) * BLOCK_C
+    offs_c = col0 + tl.arange(0, BLOCK_C)
+    cmask = offs_c < N
+    c64 = offs_c.to(tl.int64)
+    if SWIGLU:
+        w_rows = _swiglu_rows(col0, N, INTERLEAVE, BLOCK_W)
+    else:
+        w_rows = c64
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < M
     rows64 = rows.to(tl.int64)
-    w64 = offs_w.to(tl.int64)
     if MASKED:
         e = tl.program_id(1)
         e64 = e.to(tl.int64)
         cnt = tl.minimum(tl.maximum(tl.load(ids_ptr + e), 0), M)
         flat = e64 * M + rows64
         dst, dst_ok = _destination(flat, rmask, dst_ptr, n_dst, SCATTER)
-        out_t = out_ptr + dst[None, :] * N + w64[:, None]
+        out_t = out_ptr + dst[None, :] * N + c64[:, None]
         done = rows < cnt
         if pid_t * BLOCK_T < cnt:
             if A_DESC:  # a 2-D view of the (E, M, K) tokens: row e * M + r
@@ -381,12 +410,12 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
             else:
                 a_off = e64 * stride_ae + rows64 * stride_am
             _expert_tile(a_ptr, a_off, _kept(done, dst_ok, SCATTER), v_ptr, s_ptr,
-                         g_ptr, rw_ptr + flat, out_t, e64, w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW,
-                         DTYPE, F32_DOT, EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K,
+                         g_ptr, rw_ptr + flat, out_t, e64, w_rows, cmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW,
+                         DTYPE, F32_DOT, EMULATE, SWIGLU, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K,
                          TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K, A_DESC)
     else:
         dst, dst_ok = _destination(rows64, rmask, dst_ptr, n_dst, SCATTER)
-        out_t = out_ptr + dst[None, :] * N + w64[:, None]
+        out_t = out_ptr + dst[None, :] * N + c64[:, None]
         mi = tl.load(ids_ptr + rows, mask=rmask, other=-1)
         done = (mi >= 0) & (mi < E)
         mi = tl.where(done, mi, E)
@@ -398,12 +427,12 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
         while e < E:  # one pass per expert present in the tile, in increasing id order
             sel = _kept(mi == e, dst_ok, SCATTER)
             _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
-                         e.to(tl.int64), w64, wmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW, DTYPE, F32_DOT,
-                         EMULATE, SWIGLU, INTERLEAVE, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M,
+                         e.to(tl.int64), w_rows, cmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW, DTYPE, F32_DOT,
+                         EMULATE, SWIGLU, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M,
                          SCALES_AS_WORDS, FOLD_MX, PEEL_K, A_DESC)
             e = tl.min(tl.where(mi > e, mi, E), 0)
-    zero = tl.zeros([BLOCK_W, BLOCK_T], out_ptr.dtype.element_ty)
-    tl.store(out_t, zero, mask=wmask[:, None] & _kept(rmask & ~done, dst_ok, SCATTER)[None, :])
+    zero = tl.zeros([BLOCK_C, BLOCK_T], out_ptr.dtype.element_ty)
+    tl.store(out_t, zero, mask=cmask[:, None] & _kept(rmask & ~done, dst_ok, SCATTER)[None, :])
 
 
 # ---------------------------------------------------------------------------------------------- launcher
@@ -416,20 +445,21 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
     dst_rows[r] of an (n_dst, N) output (rows outside [0, n_dst) unwritten)."""
     masked = masked_m is not None
     e = values.shape[0]
-    n = values.shape[1] // 2 if swiglu else values.shape[1]
+    n = values.shape[1] // 2 if swiglu else values.shape[1]  # output columns
     k = a.shape[-1]
     rows = a.shape[1] if masked else a.shape[0]
     out = torch.empty(*(a.shape[:-1] if dst_rows is None else (n_dst,)), n, dtype=a.dtype, device=a.device)
     if out.numel() == 0 or a.shape[:-1].numel() == 0:
         return out  # scatter with no layout row: nothing is written (the combine reads no slot)
-    cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), n, k, a.device, fmt, bool(swiglu))
+    # GEMM1 + SwiGLU: the plain GEMM's tile over the 2I weight rows (one pass; block_n // 2 output columns)
+    cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), values.shape[1], k, a.device, fmt)
     reason = prepacked_refusal(cfg)
     if cfg.fold_scale != "off" and fmt != "mxfp4":
         reason = "fold_scale is for MXFP4 weights (NVFP4's scale words always hold the bias)"
     if reason:
         raise ValueError(f"moe_gemm_fp4_prepacked: config {cfg}: {reason}")
     interleave, activation, alpha, limit = swiglu or (0, "silu", 0.0, None)
-    grid = (cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n), e if masked else 1)
+    grid = (cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n // 2 if swiglu else cfg.block_n), e if masked else 1)
     dummy = scales
     a_src = _tokens_descriptor(a, cfg) if cfg.a_tma else None
     launch(_fp4_prepacked_kernel, grid,
@@ -498,7 +528,8 @@ def moe_gemm_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, mask
 def moe_gemm_swiglu_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, interleave, activation,
                                   alpha, limit, *, config: MoeGemmConfig | None = None):
     """GEMM1 + SwiGLU on prepacked FP4 weights (E, 2I, ...): (rows, I) in a's dtype; the bytes of
-    moe_gemm_fp4_prepacked -> swiglu given the same accumulators (same tile rule: one pass per gate / up row set)."""
+    moe_gemm_fp4_prepacked -> swiglu given the same accumulators (the plain GEMM's tile rule over the 2I rows: a tile
+    of block_n weight rows holds the gate and up rows of block_n // 2 output columns, one K loop)."""
     op = "moe_gemm_swiglu_fp4_prepacked"
     check_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m, op=op)
     check_swiglu_args(op, w_values.shape[1], interleave, activation, alpha, limit, w_name="w_values")
