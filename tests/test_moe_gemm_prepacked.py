@@ -25,7 +25,7 @@ from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
 from triton_ops.contract import fp4_prepack as FP
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe_gemm import prepacked as tri
-from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch
+from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch, prepacked_swiglu_config
 
 BLOCK = {"mxfp4": 32, "nvfp4": 16}
 
@@ -254,6 +254,11 @@ def test_configs():
                                                                                               **fast)
     assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3,
                                                                                               a_tma=True)
+    # GEMM1 + SwiGLU: the plain tile, 4 stages at the prefill tile
+    prefill = pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4")
+    assert prepacked_swiglu_config(prefill) == dataclasses.replace(prefill, num_stages=4)
+    decode = pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "mxfp4")
+    assert prepacked_swiglu_config(decode) == decode
 
 
 # ---------------------------------------------------------------------------------------------- GEMM2 + combine

@@ -452,7 +452,8 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
     if out.numel() == 0 or a.shape[:-1].numel() == 0:
         return out  # scatter with no layout row: nothing is written (the combine reads no slot)
     # GEMM1 + SwiGLU: the plain GEMM's tile over the 2I weight rows (one pass; block_n // 2 output columns)
-    cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), values.shape[1], k, a.device, fmt)
+    cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), values.shape[1], k, a.device, fmt,
+                                          bool(swiglu))
     reason = prepacked_refusal(cfg)
     if cfg.fold_scale != "off" and fmt != "mxfp4":
         reason = "fold_scale is for MXFP4 weights (NVFP4's scale words always hold the bias)"
