@@ -81,20 +81,14 @@ def _weight_step(a, a_s, k0, w_ptr, ws_ptr, e64, n64, nmask, K, acc, stride_we, 
                       other=0.0)
         d = mma(e4m3_operand(a, EMULATE, F32_DOT), e4m3_operand(w, EMULATE, F32_DOT), None, F32_DOT)
         acc += d * (a_s[:, None] * w_s[None, :])
-    elif KIND == 5:  # NVFP4 W4A16: E2M1 pairs + E4M3 scales per 16 (the expert's global scale: expert_pass)
+    else:  # FP4 weights, E2M1 pairs: MXFP4 (E8M0 scales per 32) W4A16 (2), W4A8 (3), W4A4 (4); NVFP4 W4A16 (5: E4M3
+        # scales per 16, the expert's global scale: expert_pass)
+        SB: tl.constexpr = 16 if KIND == 5 else 32  # weight elements per scale
         kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        ks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        ks = k0 // SB + tl.arange(0, BLOCK_K // SB)
         w_rows = w_ptr + e64 * stride_we + n64[:, None] * stride_wn  # [BLOCK_N, 1]
         sb = tl.load(ws_ptr + e64 * stride_wse + n64[:, None] * stride_wsn + ks[None, :] * stride_wsk,
-                     mask=nmask[:, None] & (ks < K // 16)[None, :], other=0)
-        packed = tl.load(w_rows + kh[None, :], mask=nmask[:, None] & (kh < K // 2)[None, :], other=0)
-        acc = mma(a, nvfp4_tile_t(packed, sb, a.dtype, BLOCK_N, BLOCK_K, EMULATE, F32_DOT), acc, F32_DOT)
-    else:  # MXFP4 weights: W4A16 (2), W4A8 (3), W4A4 (4)
-        kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        w_rows = w_ptr + e64 * stride_we + n64[:, None] * stride_wn  # [BLOCK_N, 1]
-        sb = tl.load(ws_ptr + e64 * stride_wse + n64[:, None] * stride_wsn + ks[None, :] * stride_wsk,
-                     mask=nmask[:, None] & (ks < K // 32)[None, :], other=0)
+                     mask=nmask[:, None] & (ks < K // SB)[None, :], other=0)
         if KIND == 3:  # e4m3 x e2m1 block-scaled MMA; the fp32 1x128 activation scale (a_s) after each K step
             packed = tl.load(w_cols + kh[:, None], mask=(kh < K // 2)[:, None] & nmask[None, :], other=0)
             # unit E8M0 scales on the lhs (2^0): with no lhs scale Triton upcasts instead of using the
@@ -105,12 +99,17 @@ def _weight_step(a, a_s, k0, w_ptr, ws_ptr, e64, n64, nmask, K, acc, stride_we, 
         elif KIND == 4:  # e2m1 x e2m1 block-scaled MMA, E8M0 scales per 32 on both sides (a_s: the lhs's)
             packed = tl.load(w_cols + kh[:, None], mask=(kh < K // 2)[:, None] & nmask[None, :], other=0)
             acc = tl.dot_scaled(a, a_s, "e2m1", packed, sb, "e2m1", acc)
-        elif DOT_SCALED:  # rhs: [BLOCK_K / 2, BLOCK_N] bytes packed along K; scales [BLOCK_N, BLOCK_K / 32]
+        elif KIND == 2 and DOT_SCALED:
+            # rhs: [BLOCK_K / 2, BLOCK_N] bytes packed along K; scales [BLOCK_N, BLOCK_K / 32]
             packed = tl.load(w_cols + kh[:, None], mask=(kh < K // 2)[:, None] & nmask[None, :], other=0)
             acc = tl.dot_scaled(a, None, "bf16", packed, sb, "e2m1", acc)
-        else:
+        else:  # W4A16 dequantized in registers (NVFP4: e2m1 * e4m3 in a's dtype, exact)
             packed = tl.load(w_rows + kh[None, :], mask=nmask[:, None] & (kh < K // 2)[None, :], other=0)
-            acc = mma(a, mxfp4_tile_t(packed, sb, BLOCK_N, BLOCK_K, F32_DOT), acc, F32_DOT)
+            if KIND == 5:
+                w_t = nvfp4_tile_t(packed, sb, a.dtype, BLOCK_N, BLOCK_K, EMULATE, F32_DOT)
+            else:
+                w_t = mxfp4_tile_t(packed, sb, BLOCK_N, BLOCK_K, F32_DOT)
+            acc = mma(a, w_t, acc, F32_DOT)
     return acc
 
 
