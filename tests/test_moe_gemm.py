@@ -1,5 +1,6 @@
-"""MoE grouped GEMMs (triton_ops/moe_gemm) against dispatch/reference/moe_gemm.py: bf16/fp16, FP8 W8A8 block-scaled
-and MXFP4 W4A16, contiguous (moe_align's m_indices) and masked (masked_m) layouts, fused row weights.
+"""MoE grouped GEMMs (triton_ops/moe_gemm) against dispatch/reference/moe_gemm.py: bf16/fp16, FP8 W8A8 block-scaled,
+MXFP4 W4A16 / W4A8 / W4A4 and NVFP4 W4A16, contiguous (moe_align's m_indices) and masked (masked_m) layouts, fused row
+weights. NVFP4's own edges, dispatch and input checks: tests/test_moe_gemm_nvfp4.py.
 
 Inputs the kernels must not read are poisoned: padding / uncomputed rows of a hold NaN (codes and scales too), and
 outputs come from torch.empty (NaN under the conftest poison), so a row the kernel forgets to zero fails."""
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from dispatch.reference import moe_gemm as ref
 from dispatch.reference.formats import e4m3_encode
 from dispatch.reference.moe import moe_align
-from dispatch.reference.quant import fp8_group_quantize, mxfp4_quantize
+from dispatch.reference.quant import fp8_group_quantize, mxfp4_quantize, nvfp4_quantize
 from tests.helpers import assert_close
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe_gemm import grouped as tri
@@ -51,6 +52,29 @@ def quant_w_mxfp4(w: torch.Tensor):
     return codes.view(e, n, k // 2), scales.view(e, n, k // 32)
 
 
+# E4M3 scale bytes written over quantized NVFP4 ones: subnormals (2^-9 .. 7 * 2^-9), zero, the largest finite (448)
+SCALE_EDITS = {"subnormal": (0x01, 0x08), "zero": (0x00, 0x01), "max": (0x7E, 0x7F)}
+
+
+def quant_w_nvfp4(w32: torch.Tensor, edit: str | None = None, seed: int = 0):
+    """fp32 (E, N, K) -> (codes (E, N, K/2) uint8, scales (E, N, K/16) float8_e4m3fn, global (E,) fp32): each
+    expert through nvfp4_quantize (its own computed global scale), stacked, so the layout is the one users get.
+    edit: overwrite about a third of the block scales with that kind of E4M3 byte (SCALE_EDITS). Runs on w32's
+    device (the quantizer is plain torch)."""
+    qs = [nvfp4_quantize(w32[e], None, False) for e in range(w32.shape[0])]
+    codes = torch.stack([q[0] for q in qs])
+    scales = torch.stack([q[1] for q in qs])
+    gs = torch.stack([q[2] for q in qs]).float()
+    if edit is not None and scales.numel():
+        g = torch.Generator().manual_seed(seed)
+        lo, hi = SCALE_EDITS[edit]
+        pick = (torch.rand(scales.shape, generator=g) < 1 / 3).to(scales.device)
+        new = torch.randint(lo, hi, scales.shape, generator=g, dtype=torch.uint8).to(scales.device)
+        s8 = scales.view(torch.uint8)
+        s8[pick] = new[pick]
+    return codes, scales, gs
+
+
 def quant_a_fp8(x: torch.Tensor, column_major: bool):
     return fp8_group_quantize(x, 128, 1e-10, False, column_major)
 
@@ -78,10 +102,18 @@ class Case:
     row_weights: torch.Tensor | None
     desc: str
 
-    def run(self, fn_tri, fn_ref, column_major: bool = False, **kw):
-        """(got, want) for this case in this kind."""
+    def run(self, fn_tri, fn_ref, column_major: bool = False, dtype: torch.dtype = torch.bfloat16,
+            edit: str | None = None, uint8_scales: bool = False, seed: int = 0, **kw):
+        """(got, want) for this case in this kind. column_major: FP8 activation scales (fp8, w4a8). NVFP4: dtype of
+        the activations, quant_w_nvfp4's scale edit and seed, uint8_scales (scales given as their uint8 codes)."""
         ids = (self.m_indices, self.masked_m)
         rw = dict(row_weights=self.row_weights)
+        if self.kind == "nvfp4":  # the reference on the CPU
+            wp, ws, wg = quant_w_nvfp4(self.w32, edit, seed)
+            ws = ws.view(torch.uint8) if uint8_scales else ws
+            a = _poison_rows(self.x.to(dtype), self.dead)
+            cpu = lambda t: None if t is None else t.cpu()
+            return fn_tri(a, wp, ws, wg, *ids, **rw, **kw), fn_ref(*map(cpu, (a, wp, ws, wg, *ids, self.row_weights)))
         if self.kind == "fp8":
             a, sa = quant_a_fp8(self.x, column_major)
             a = _poison_rows(a, self.dead)
@@ -113,9 +145,10 @@ class Case:
 
 ENTRIES = {"bf16": (tri.moe_gemm_bf16, ref.moe_gemm_bf16), "fp16": (tri.moe_gemm_bf16, ref.moe_gemm_bf16),
            "fp8": (tri.moe_gemm_fp8, ref.moe_gemm_fp8), "mxfp4": (tri.moe_gemm_mxfp4, ref.moe_gemm_mxfp4),
-           "w4a8": (tri.moe_gemm_w4a8, ref.moe_gemm_w4a8), "w4a4": (tri.moe_gemm_w4a4, ref.moe_gemm_w4a4)}
+           "w4a8": (tri.moe_gemm_w4a8, ref.moe_gemm_w4a8), "w4a4": (tri.moe_gemm_w4a4, ref.moe_gemm_w4a4),
+           "nvfp4": (tri.moe_gemm_nvfp4, ref.moe_gemm_nvfp4)}
 K_CHOICES = {"bf16": [128, 200, 256], "fp16": [128, 256], "fp8": [128, 256], "mxfp4": [128, 160, 256],
-             "w4a8": [128, 256], "w4a4": [64, 160, 256], "nvfp4": [128, 160, 208]}  # nvfp4: test_moe_gemm_nvfp4
+             "w4a8": [128, 256], "w4a4": [64, 160, 256], "nvfp4": [128, 160, 208]}
 
 
 @st.composite
@@ -162,7 +195,7 @@ def cases(draw, kind: str):
 def _check(case: Case, **kw):
     fn_tri, fn_ref = ENTRIES[case.kind]
     got, want = case.run(fn_tri, fn_ref, **kw)
-    assert_close_normalized(got, want, case.desc)
+    assert_close_normalized(got, want, f"{case.desc} {kw}" if kw else case.desc)
     assert not torch.isnan(got.float()).any(), f"{case.desc}: NaN in the output (unwritten or poisoned rows)"
     dead_out = got[case.dead]
     assert torch.equal(dead_out, torch.zeros_like(dead_out)), f"{case.desc}: uncomputed rows are not zero"
@@ -207,6 +240,15 @@ def test_w4a4_matches_reference(case):
     _check(case)
 
 
+@settings(max_examples=20)
+@given(case=cases("nvfp4"), fp16=st.booleans(), edit=st.sampled_from([None, "subnormal", "zero", "max"]),
+       uint8_scales=st.booleans(), seed=st.integers(0, 2**16))
+def test_nvfp4_matches_reference(case, fp16, edit, uint8_scales, seed):
+    """bf16 / fp16 activations; E4M3 scales as quantized or with subnormal / zero / max bytes; scales given as
+    float8_e4m3fn or as their uint8 codes."""
+    _check(case, dtype=torch.float16 if fp16 else torch.bfloat16, edit=edit, uint8_scales=uint8_scales, seed=seed)
+
+
 # ---------------------------------------------------------------------------------------------- edges
 
 
@@ -217,17 +259,24 @@ def _contig(e, ids_list, k=128, n=128):
     return m_indices, x, dead, torch.randn(e, n, k) * 0.1
 
 
-@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8", "w4a4"])
-def test_tile_spanning_experts_with_row_weights(kind):
-    """Unaligned rows (one tile holds four experts, padding and bad ids in between): one pass per expert."""
+@pytest.mark.parametrize("kind, dtype", [*((k, torch.bfloat16) for k in ("bf16", "fp8", "mxfp4", "w4a8", "w4a4",
+                                                                         "nvfp4")), ("nvfp4", torch.float16)],
+                         ids=["bf16", "fp8", "mxfp4", "w4a8", "w4a4", "nvfp4", "nvfp4-fp16"])
+def test_tile_spanning_experts_with_row_weights(kind, dtype):
+    """Unaligned rows (one tile holds four experts, padding and bad ids in between): one pass per expert. NVFP4: the
+    experts' weights at magnitudes far apart (so are their global scales), bf16 and fp16 activations."""
     ids = [2, 0, 0, -1, 3, 3, 1, 9, 2, 2, -1, 0, 1, 1, 3, -4] * 2
     m_indices, x, dead, w32 = _contig(4, ids, k=256)
+    kw = {}
+    if kind == "nvfp4":
+        w32 = w32 * torch.tensor([1.0, 100.0, 0.01, 3.0])[:, None, None]
+        kw = dict(dtype=dtype)
     rw = torch.rand(len(ids))
     _check(Case(kind, x, dead, m_indices, None, w32, rw, f"{kind} mixed tile"),
-           config=MoeGemmConfig(32, 64, 128, group_m=2, num_warps=4, num_stages=1))
+           config=MoeGemmConfig(32, 64, 128, group_m=2, num_warps=4, num_stages=1), **kw)
 
 
-@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8", "w4a4"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8", "w4a4", "nvfp4"])
 def test_all_padding_and_empty(kind):
     m_indices, x, dead, w32 = _contig(2, [-1] * 16 + [5] * 3)
     _check(Case(kind, x, dead, m_indices, None, w32, None, f"{kind} all padding"))
@@ -352,13 +401,13 @@ def _to_cuda(case: Case) -> Case:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("masked", [False, True], ids=["contiguous", "masked"])
-@pytest.mark.parametrize("kind", ["bf16", "fp16", "fp8", "mxfp4", "w4a8", "w4a4"])
+@pytest.mark.parametrize("kind", ["bf16", "fp16", "fp8", "mxfp4", "w4a8", "w4a4", "nvfp4"])
 def test_gpu_realistic(kind, masked):
     _check(_to_cuda(_gpu_case(kind, masked)))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8", "w4a4"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "mxfp4", "w4a8", "w4a4", "nvfp4"])
 def test_gpu_decode_and_row_weights(kind):
     """Decode sizes (few rows per expert -> small BLOCK_M), fused row weights, fp8 column-major scales."""
     case = _to_cuda(_gpu_case(kind, False, e=64, rows=16, n=2048, k=1024, row_weights=True))

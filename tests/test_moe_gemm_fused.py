@@ -5,7 +5,7 @@ operands whose every partial sum is exact in fp32 (small integers times powers o
 cannot matter, so the fused kernel's bytes must equal the chain of our own kernels byte for byte (the rounding of
 gate/up, the activation and the quantizer all checked); random operands are compared with the reference at the
 GEMM tolerance. Rows the kernel must not read hold NaN. NVFP4 weights come from the repo's nvfp4_quantize (one global
-scale per expert, tests/test_moe_gemm_nvfp4.py:quant_w_nvfp4)."""
+scale per expert, tests/test_moe_gemm.py:quant_w_nvfp4)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dispatch.reference import moe_gemm as ref
 from dispatch.reference.moe import moe_align, moe_masked_layout
 from dispatch.reference.quant import fp8_group_dequantize
 from tests.helpers import DEVICES, assert_close, assert_same_bytes
-from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
+from tests.test_moe_gemm import quant_w_nvfp4
 from triton_ops import swiglu as tsw
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe import align as tal

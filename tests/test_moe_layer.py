@@ -250,7 +250,7 @@ def test_gpu_prepacked_gptoss_layer(weights, tokens, layout, fused):
     """GPT-OSS-120b sizes (H = I = 2880, top-4) on 32 experts, decode (64 tokens) and prefill (1024 tokens: 128 rows
     per expert, the prefill tile), the chain and fused GEMM1 + SwiGLU: the prepacked layer against the linear one on
     the same GPU."""
-    from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
+    from tests.test_moe_gemm import quant_w_nvfp4
 
     dev, e, h, i, k = "cuda", 32, 2880, 2880, 4
     g = torch.Generator(device=dev).manual_seed(7)
