@@ -23,7 +23,7 @@ from dispatch.reference import moe_gemm as ref
 from dispatch.reference.moe import moe_align, moe_masked_layout
 from dispatch.reference.quant import fp8_group_dequantize
 from tests.helpers import DEVICES, assert_close, assert_same_bytes
-from tests.test_moe_gemm import quant_w_nvfp4
+from tests.test_moe_gemm import quant_a_fp8, quant_w_fp8, quant_w_mxfp4, quant_w_nvfp4
 from triton_ops import swiglu as tsw
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe import align as tal
@@ -64,6 +64,14 @@ def _nvfp4_weights(g, e, n, k, device):
     return quant_w_nvfp4(w32.to(device))
 
 
+def _exact_mxfp4_weights(g, e, n, k):
+    """MXFP4 (E2M1 pairs, E8M0 scales) of any codes with scales 2^-3 .. 2^-1: exact products and sums with
+    _exact_operands' activations."""
+    packed = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
+    scales = torch.randint(124, 127, (e, n, k // 32), generator=g, dtype=torch.uint8)
+    return packed, scales
+
+
 def _exact_operands(kind, g, lead, dead, e, n2, k, device):
     """Operands whose products and partial sums are exact in fp32 (on every MMA): (a, a_scale, w, w_scale,
     w_global)."""
@@ -74,9 +82,7 @@ def _exact_operands(kind, g, lead, dead, e, n2, k, device):
         a_s = 2.0 ** torch.randint(0, 2, (*lead, k // 128), generator=g).float()
         a_s[dead] = float("nan")
         if kind == "w4a8":
-            packed = torch.randint(0, 256, (e, n2, k // 2), generator=g, dtype=torch.uint8)
-            scales = torch.randint(124, 127, (e, n2, k // 32), generator=g, dtype=torch.uint8)
-            return [*(t.to(device) for t in (codes, a_s, packed, scales)), None]
+            return [*(t.to(device) for t in (codes, a_s, *_exact_mxfp4_weights(g, e, n2, k))), None]
         w = torch.randint(-8, 9, (e, n2, k), generator=g).float().to(torch.float8_e4m3fn)
         w_s = 2.0 ** torch.randint(-4, -2, (e, -(-n2 // 128), k // 128), generator=g).float()
         return [*(t.to(device) for t in (codes, a_s, w, w_s)), None]
@@ -84,9 +90,7 @@ def _exact_operands(kind, g, lead, dead, e, n2, k, device):
     a = a.to(dt)
     a[dead] = float("nan")
     if kind == "mxfp4":
-        packed = torch.randint(0, 256, (e, n2, k // 2), generator=g, dtype=torch.uint8)
-        scales = torch.randint(124, 127, (e, n2, k // 32), generator=g, dtype=torch.uint8)
-        return a.to(device), None, packed.to(device), scales.to(device), None
+        return (a.to(device), None, *(t.to(device) for t in _exact_mxfp4_weights(g, e, n2, k)), None)
     if kind == "nvfp4":
         return (a.to(device), None, *_nvfp4_weights(g, e, n2, k, device))
     w = (torch.randint(-16, 17, (e, n2, k), generator=g).float() / 32).to(dt)
@@ -97,13 +101,11 @@ def _random_operands(kind, g, lead, dead, e, n2, k, device):
     a = torch.randn(*lead, k, generator=g)
     w = torch.randn(e, n2, k, generator=g) / k ** 0.5
     if kind in ("fp8", "w4a8"):
-        from tests.test_moe_gemm import quant_a_fp8, quant_w_fp8, quant_w_mxfp4
         codes, a_s = quant_a_fp8(a, False)
         codes.view(torch.uint8)[dead] = 0x7F
         a_s[dead] = float("nan")
         return [*(t.to(device) for t in (codes, a_s, *(quant_w_fp8 if kind == "fp8" else quant_w_mxfp4)(w))), None]
     if kind in ("mxfp4", "nvfp4"):
-        from tests.test_moe_gemm import quant_w_mxfp4
         a = a.bfloat16()
         a[dead] = float("nan")
         w4 = quant_w_mxfp4(w) + (None,) if kind == "mxfp4" else quant_w_nvfp4(w)
@@ -546,7 +548,6 @@ def test_gpu_combine_and_layer_graph(kind):
     and replayed (same bytes as eager)."""
     from dispatch import ops
     from dispatch.ops.moe_layer import moe_layer
-    from tests.test_moe_gemm import quant_w_fp8, quant_w_mxfp4
     g = torch.Generator().manual_seed(13)
     ids, src, inv, tw, lead, dead = _routed(g, 64, 8, 64, False, 0, None, "cuda")
     a, a_s, w, w_s, w_g = _random_operands(kind, g, lead, dead, 64, 512, 1024, "cuda")
