@@ -229,6 +229,33 @@ def test_prepacked_layer_matches_the_linear_layer(device, weights, layout, fused
     assert_close(got.cpu(), want.cpu(), f"prepacked {weights} {layout} fused={fused}", factor=2)
 
 
+@pytest.mark.parametrize("weights, prepacked, fused_ops", [("mxfp4", True, True), ("nvfp4", True, True),
+                                                         ("mxfp4", False, False), ("fp8", False, True)])
+def test_default_fused_choice(monkeypatch, weights, prepacked, fused_ops):
+    """fused=None: the fused GEMM1 + SwiGLU for FP8 and prepacked FP4 weights, the chain for linear FP4 weights."""
+    import sys
+
+    L = sys.modules[moe_layer.__module__]  # the module (dispatch.ops re-exports the function under its name)
+    calls = []
+    for name in ("moe_gemm_swiglu", "moe_gemm_swiglu_fp8_group", "moe_gemm_swiglu_fp4_prepacked"):
+        def record(*args, _name=name, **kw):
+            calls.append(_name)
+            raise RuntimeError("stop")
+        monkeypatch.setattr(L, name, record)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(T, H, generator=g).bfloat16()
+    ids, w = _routing(g, "cpu")
+    w1, w2, scales = _quantized_experts(weights, g, "cpu")
+    if prepacked:
+        w1, w2, scales = _prepacked(weights, w1, w2, scales)
+    try:
+        moe_layer(x, ids, w, w1, w2, weights=weights, **scales, activation="gptoss", interleave=1, limit=7.0,
+                  prepacked=prepacked, backend=_backend("cpu"))
+    except RuntimeError as exc:
+        assert str(exc) == "stop"
+    assert bool(calls) == fused_ops, calls
+
+
 def test_prepacked_bad_arguments_are_named():
     g = torch.Generator().manual_seed(6)
     x = torch.zeros(2, H).bfloat16()

@@ -70,8 +70,10 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     (moe_gemm_swiglu[_fp8_group], moe_gemm_combine: 4 launches + the align); False: the chain of separate ops
     (moe_gemm_*, swiglu[_fp8_group], moe_combine). Same bytes given the same GEMM accumulators. None (default):
     fused for FP8 weights (timed faster than the chain at prefill on an H100: GEMM1 + SwiGLU + FP8 1.08x, GEMM2 +
-    combine 1.23x; even at decode), the chain otherwise (MXFP4 GEMM1 + SwiGLU timed 0.97x the chain; NVFP4 not
-    timed yet).
+    combine 1.23x; even at decode) and for prepacked FP4 weights (the one-pass GEMM1 + SwiGLU tile: the GPT-OSS-120b
+    layer 1.00-1.03x the chain at 64 / 4096 tokens, H100,
+    perf/results/experiments/2026-11-26-h100-moe-layer-fp4-prepacked-fused-61c66d6.json), the chain otherwise
+    (linear-layout MXFP4 GEMM1 + SwiGLU timed 0.97-0.99x the chain, NVFP4 0.97-1.05x).
     prepacked: w1 / w2 and w1_scale / w2_scale are `moe_gemm_fp4_prepack`'s output for weights "mxfp4" / "nvfp4"
     (int32 values (E, N, KP/8), uint8 scales (E, N, SP); globals as above), and both GEMMs run the prepacked kernel:
     the chain (`moe_gemm_fp4_prepacked`, swiglu, `moe_gemm_fp4_prepacked`, moe_combine), or with fused=True
@@ -100,7 +102,7 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         C.fail(OP, "prepacked", f"only MXFP4 / NVFP4 weights have a prepacked layout (weights={weights!r})")
     num_experts, top_k = w1.shape[0], topk_ids.shape[1]
     if fused is None:
-        fused = weights == "fp8"
+        fused = weights == "fp8" or prepacked
     act = dict(interleave=interleave, activation=activation, alpha=alpha, limit=limit)
     if layout == "contiguous":
         lay = moe_align(topk_ids, num_experts, _block_m(topk_ids.numel() / max(num_experts, 1)),
