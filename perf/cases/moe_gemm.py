@@ -11,6 +11,8 @@ Shapes (balanced routing: every expert gets the same number of rows, so the peer
     top-8): weight streaming, 15 / 7.5 GB of GEMM1 weights in bf16 / FP8 per call.
 * GPT-OSS-120b GEMM1 (hidden 2880, intermediate 2880): N = 5760, K = 2880, MXFP4 W4A16, NVFP4 W4A16 (K = 180 x 16)
   and bf16, contiguous layout: decode 128 experts x 16 rows, prefill-like 32 experts x 256 rows.
+* GPT-OSS-20b GEMM1 (the same expert dims, 32 experts, top-4), prepacked MXFP4 / NVFP4: decode 64 tokens (8 rows
+  per expert), prefill 4096 tokens (512 rows per expert), contiguous.
 Fused epilogues (`fused_cases`, below): GEMM1 + SwiGLU (+ FP8 1x128) and GEMM2 + combine against the unfused
 chain of separate ops, at DeepSeek-V3 / GPT-OSS decode (64 tokens) and prefill (4096 tokens) routings.
 Each op also has a "quick" case (tiny shapes for the CPU interpreter) with padding rows (id -1), an out-of-range
@@ -636,6 +638,9 @@ def cases() -> list[BenchCase]:
         out.append(_case("gpt-oss-120b", "gemm1", kind, 128, n, k, rows=16, prepacked=True))
         out.append(_case("gpt-oss-120b", "gemm1", kind, 32, n, k, rows=256, prepacked=True))
     out.append(_case("gpt-oss-120b", "gemm1", "mxfp4", 128, n, k, rows=16, masked=True, prepacked=True))
+    for kind in ("mxfp4", "nvfp4"):  # GPT-OSS-20b: all 32 experts, top-4 of 64 / 4096 tokens
+        out.append(_case("gpt-oss-20b", "gemm1", kind, 32, n, k, rows=8, prepacked=True))
+        out.append(_case("gpt-oss-20b", "gemm1", kind, 32, n, k, rows=512, prepacked=True))
     n, k = DSV3["gemm1"]  # W4A8 needs K % 128 (1x128 activation scales): DeepSeek dims
     out.append(_case("dsv3", "gemm1", "w4a8", 256, n, k, rows=16, masked=True))
     out.append(_case("dsv3", "gemm1", "w4a8", 32, n, k, rows=256))
