@@ -264,8 +264,11 @@ def test_prepacked_bad_arguments_are_named():
     v1, v2, packed = _prepacked("mxfp4", w1, w2, scales)
     with pytest.raises(LowbitInputError, match="moe_layer: argument 'prepacked': only MXFP4 / NVFP4"):
         moe_layer(x, ids, w, v1, v2, weights="w4a8", **packed, prepacked=True)
+    # linear weights given as prepacked (the default fused layer's GEMM1 names them; the chain's GEMM1 too)
+    with pytest.raises(LowbitInputError, match="moe_gemm_swiglu_fp4_prepacked: argument 'w_values'"):
+        moe_layer(x, ids, w, w1, w2, weights="mxfp4", **scales, prepacked=True)
     with pytest.raises(LowbitInputError, match="moe_gemm_fp4_prepacked: argument 'w_values'"):
-        moe_layer(x, ids, w, w1, w2, weights="mxfp4", **scales, prepacked=True)  # linear weights given as prepacked
+        moe_layer(x, ids, w, w1, w2, weights="mxfp4", **scales, prepacked=True, fused=False)
 
 
 @pytest.mark.gpu
