@@ -249,11 +249,11 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton_ops.moe_gemm import fused as F, grouped as G
 from triton_ops.moe_gemm.config import pick_swiglu_gemm_config_for_arch
-from triton_ops.quant_epilogue import min_block
+from triton_ops.quant_epilogue import FMT_MX, FMT_NV, min_block
 
 kern = F._moe_gemm_swiglu_kernel
 names = [p.name for p in kern.params]
-for kind, fmt in (("mxfp4", 2), ("bf16", 3)):
+for kind, fmt in (("mxfp4", FMT_MX), ("bf16", FMT_NV)):
     cfg = pick_swiglu_gemm_config_for_arch(kind, 4096 * 4 // 128, 2880, 2880, "sm_90", min_block(fmt, 128))
     ptrs = dict(a_ptr="*bf16", as_ptr="*fp32", w_ptr="*u8" if kind == "mxfp4" else "*bf16", ws_ptr="*u8",
                 ids_ptr="*i32", out_ptr="*u8", scale_ptr="*u8", gs_ptr="*fp32")
@@ -276,7 +276,7 @@ for kind, fmt in (("mxfp4", 2), ("bf16", 3)):
         f.flush()
         usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
     regs, stack = re.search(r"REG:(\\d+) STACK:(\\d+)", usage).groups()
-    print("LOWBIT", kind, fmt, triton.__version__, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, regs, stack,
+    print("LOWBIT", kind, int(fmt), triton.__version__, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, regs, stack,
           c.metadata.shared, c.asm["ptx"].count("wgmma.mma_async"), flush=True)
 """
 

@@ -89,8 +89,8 @@ def _moe_gemm_swiglu_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, out_ptr, scal
                             CLAMP: tl.constexpr, DIV_RN: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr,
                             UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            GROUP_M: tl.constexpr, MX_RCEIL: tl.constexpr = False, SWIZZLE: tl.constexpr = False,
-                            HW_FP4: tl.constexpr = False):
+                            GROUP_M: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
+                            HW_FP4: tl.constexpr):
     """Program (axis 0) = one [BLOCK_M, BLOCK_N] tile of the (rows, I) output, GROUP_M-swizzled; masked layout:
     axis 1 = expert. Every output row in range is stored once, by one epilogue after the expert passes.
     FP4 outputs: gs_ptr holds NVFP4's n_gs global scales (1: one for all rows, else one per expert); scale_rows:
