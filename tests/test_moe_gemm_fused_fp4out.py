@@ -15,7 +15,7 @@ import torch
 from dispatch.reference import moe_gemm as ref
 from dispatch.reference import quant as rq
 from dispatch.reference.moe import moe_align
-from tests.helpers import DEVICES, assert_close, assert_same_bytes, run_compile_script
+from tests.helpers import DEVICES, assert_same_bytes, run_compile_script
 from tests.test_moe_gemm_fused import FUSED_KINDS, _chain_gemm, _exact_operands, _random_operands, _weights
 from triton_ops import swiglu as tsw
 from triton_ops.contract.checks import LowbitInputError
@@ -276,8 +276,8 @@ for kind, fmt in (("mxfp4", FMT_MX), ("bf16", FMT_NV)):
         f.flush()
         usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
     regs, stack = re.search(r"REG:(\\d+) STACK:(\\d+)", usage).groups()
-    print("LOWBIT", kind, int(fmt), triton.__version__, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, regs, stack,
-          c.metadata.shared, c.asm["ptx"].count("wgmma.mma_async"), flush=True)
+    print("LOWBIT", kind, int(fmt), triton.__version__, cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages, regs,
+          stack, c.metadata.shared, c.asm["ptx"].count("wgmma.mma_async"), flush=True)
 """
 
 
@@ -287,6 +287,7 @@ def test_sm90_compile_prefill_no_spills():
     (/opt/triton36, else the installed Triton when it is 3.6): wgmma, no local-memory stack (register spills),
     shared memory within an H100's."""
     import os
+
     import triton
     path = os.environ.get("LOWBIT_TRITON36_PATH", "/opt/triton36")
     if os.path.isdir(path):

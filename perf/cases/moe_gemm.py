@@ -421,9 +421,9 @@ def _quick_cases() -> list[BenchCase]:
 # ------------------------------------------------------------------ fused epilogues against the unfused chain
 #
 # GEMM1 + SwiGLU (+ FP8 1x128 / MXFP4 quantization) as one op (`moe_gemm_swiglu[_fp8_group|_mxfp4]`) against the
-# chain moe_gemm_<kind> -> swiglu[_fp8_group|_mxfp4] (peer "unfused-chain", same layout and arguments), and GEMM2 into token order
-# + combine (`moe_gemm_combine`) against moe_gemm_<kind> -> moe_combine. Layouts come from the routing ops on a
-# balanced routing (token t's slot j -> expert (t * k + j) mod E_global): decode 64 tokens (DeepSeek-V3 top-8 over
+# chain moe_gemm_<kind> -> swiglu[_fp8_group|_mxfp4] (peer "unfused-chain", same layout and arguments), and GEMM2 into
+# token order + combine (`moe_gemm_combine`) against moe_gemm_<kind> -> moe_combine. Layouts come from the routing ops
+# on a balanced routing (token t's slot j -> expert (t * k + j) mod E_global): decode 64 tokens (DeepSeek-V3 top-8 over
 # 256 experts, GPT-OSS top-4 over 128: 2 rows per expert), prefill 4096 tokens (DeepSeek-V3 on an EP = 8 shard: 32
 # local experts x 128 rows; GPT-OSS-120b all 128 experts x 128 rows). Bytes: the fused op's (weights of the experts
 # with rows, the layout's activation rows, its output once); the chain moves the (rows, 2I) / (rows, N) intermediate

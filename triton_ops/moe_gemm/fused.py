@@ -10,8 +10,8 @@ GEMM's output dtype (what the plain GEMM stores), evaluates the activation (trit
 SwiGLU kernel's own code) and stores through quant_epilogue, so the bytes equal the unfused chain
 moe_gemm_<kind> -> swiglu / swiglu_fp8_group given the same fp32 accumulators (the GEMM's K order is the same:
 same BLOCK_K steps, fp32 accumulation). Rows that are not computed (padding, out-of-range ids, past masked_m) hold
-gate = up = 0, so they store what the SwiGLU op stores for its padding rows: y = 0, quantized as zeros (FP4: zero code and
-scale bytes).
+gate = up = 0, so they store what the SwiGLU op stores for its padding rows: y = 0, quantized as zeros (FP4: zero
+code and scale bytes).
 
 NVFP4 output: the global scale is given (one fp32 scalar, or one per expert: the expert pass's scale is loaded
 once per pass); a computed one (None) is the float output quantized by the NVFP4 quantizer afterwards (its amax
@@ -31,8 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_ops._formats import cast_out
-from triton_ops._formats import nvfp4_effective_gs
+from triton_ops._formats import cast_out, nvfp4_effective_gs
 from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch
 from triton_ops.blackwell import hw_fp4
 from triton_ops.contract.moe_gemm import (
