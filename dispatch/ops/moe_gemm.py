@@ -27,11 +27,11 @@ from triton_ops.contract.moe_gemm import (
     check_fp8,
     check_gemm_combine,
     check_gemm_swiglu,
+    check_gemm_swiglu_fp4,
     check_mxfp4,
     check_nvfp4,
     check_row_weights,
     check_swiglu_args,
-    check_swiglu_fp4_out,
     check_w4a4,
     check_w4a8,
     fp4_views,
@@ -271,20 +271,12 @@ def _check_gemm_swiglu_fp8(a, a_scale, w, w_scale, m_indices, masked_m, weights,
                       interleave, activation, alpha, limit, group_size, quant_eps, w_global=w_global)
 
 
-def _check_gemm_swiglu_mxfp4(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
-                             limit, rounding, swizzle, w_global):
-    op = "moe_gemm_swiglu_mxfp4"
-    check_gemm_swiglu(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activation, alpha, limit,
-                      w_global=w_global)
-    check_swiglu_fp4_out(op, "mxfp4", a, w, rounding=rounding)
+def _check_gemm_swiglu_mxfp4(*args):
+    check_gemm_swiglu_fp4("mxfp4", *args)
 
 
-def _check_gemm_swiglu_nvfp4(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
-                             limit, global_scale, swizzle, w_global):
-    op = "moe_gemm_swiglu_nvfp4"
-    check_gemm_swiglu(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activation, alpha, limit,
-                      w_global=w_global)
-    check_swiglu_fp4_out(op, "nvfp4", a, w, global_scale=global_scale)
+def _check_gemm_swiglu_nvfp4(*args):
+    check_gemm_swiglu_fp4("nvfp4", *args)
 
 
 def _swiglu_out_dtype(a: Tensor, weights: str) -> torch.dtype:

@@ -37,7 +37,7 @@ from triton_ops.blackwell import hw_fp4
 from triton_ops.contract.moe_gemm import (
     check_gemm_combine,
     check_gemm_swiglu,
-    check_swiglu_fp4_out,
+    check_gemm_swiglu_fp4,
     contiguous_ids,
     fp4_views,
     nvfp4_views,
@@ -277,19 +277,29 @@ def moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weigh
                    column_major=column_major, config=config, dot_scaled=dot_scaled, w_global=w_global)
 
 
+def _swiglu_fp4(quant, a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit,
+                qarg, swizzle, w_global, config, dot_scaled):
+    """moe_gemm_swiglu_<quant>; qarg: MXFP4's rounding or NVFP4's global scale."""
+    check_gemm_swiglu_fp4(quant, a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
+                          limit, qarg, swizzle, w_global)
+    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
+    args = (weights, *_operands(weights, a, a_scale, w, w_scale), m_indices, masked_m, interleave, activation, alpha,
+            limit)
+    kw = dict(config=config, dot_scaled=dot_scaled, w_global=w_global)
+    if quant == "mxfp4":
+        return _launch(*args, FMT_MX, rounding=qarg, swizzle=swizzle, **kw)
+    if qarg is None:  # computed global scale: the float output, then the quantizer's amax and quantize passes
+        return nvfp4_quantize(_launch(*args, FMT_NONE, **kw), None, swizzle)
+    return _launch(*args, FMT_NV, swizzle=swizzle, global_scale=qarg, **kw)
+
+
 def moe_gemm_swiglu_mxfp4(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit,
                           rounding, swizzle, w_global=None, *, config: MoeGemmConfig | None = None,
                           dot_scaled: bool = False):
     """moe_gemm_swiglu, its output quantized to MXFP4 in the same pass: (codes uint8 (rows, I/2), E8M0 scales) as
     swiglu_mxfp4 writes them (rounding "floor" / "rceil"; swizzle: the 128x4 container, else (rows, I/32))."""
-    op = "moe_gemm_swiglu_mxfp4"
-    check_gemm_swiglu(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activation, alpha, limit,
-                      w_global=w_global)
-    check_swiglu_fp4_out(op, "mxfp4", a, w, rounding=rounding)
-    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
-    return _launch(weights, *_operands(weights, a, a_scale, w, w_scale), m_indices, masked_m, interleave,
-                   activation, alpha, limit, FMT_MX, config=config, dot_scaled=dot_scaled, w_global=w_global,
-                   rounding=rounding, swizzle=swizzle)
+    return _swiglu_fp4("mxfp4", a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
+                       limit, rounding, swizzle, w_global, config, dot_scaled)
 
 
 def moe_gemm_swiglu_nvfp4(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit,
@@ -298,18 +308,8 @@ def moe_gemm_swiglu_nvfp4(a, a_scale, w, w_scale, m_indices, masked_m, weights, 
     """moe_gemm_swiglu, its output quantized to NVFP4: (codes, E4M3 scales, fp32 global scale) as swiglu_nvfp4
     writes them. global_scale: a scalar or one per expert (E,): quantized in the GEMM's epilogue; None (amax of the
     whole output / 2688): the float output, then the NVFP4 quantizer (its amax pass and its quantize pass)."""
-    op = "moe_gemm_swiglu_nvfp4"
-    check_gemm_swiglu(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activation, alpha, limit,
-                      w_global=w_global)
-    check_swiglu_fp4_out(op, "nvfp4", a, w, global_scale=global_scale)
-    m_indices, masked_m = contiguous_ids(m_indices, masked_m)
-    args = (weights, *_operands(weights, a, a_scale, w, w_scale), m_indices, masked_m, interleave, activation, alpha,
-            limit)
-    if global_scale is None:
-        y = _launch(*args, FMT_NONE, config=config, dot_scaled=dot_scaled, w_global=w_global)
-        return nvfp4_quantize(y, None, swizzle)
-    return _launch(*args, FMT_NV, config=config, dot_scaled=dot_scaled, w_global=w_global, swizzle=swizzle,
-                   global_scale=global_scale)
+    return _swiglu_fp4("nvfp4", a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
+                       limit, global_scale, swizzle, w_global, config, dot_scaled)
 
 
 def supports_moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation,
