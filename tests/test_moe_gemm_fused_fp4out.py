@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dispatch.reference import moe_gemm as ref
 from dispatch.reference import quant as rq
 from dispatch.reference.moe import moe_align
-from tests.helpers import DEVICES, assert_same_bytes, run_compile_script
+from tests.helpers import DEVICES, assert_close, assert_same_bytes, run_compile_script
 from tests.test_moe_gemm_fused import FUSED_KINDS, _chain_gemm, _exact_operands, _random_operands, _weights
 from triton_ops import swiglu as tsw
 from triton_ops.contract.checks import LowbitInputError
-from triton_ops.moe_gemm import fused
+from triton_ops.moe_gemm import fused, grouped
 from triton_ops.moe_gemm.config import MoeGemmConfig
 
 # ---------------------------------------------------------------------------------------------- operands
@@ -111,6 +113,45 @@ def test_tile_spanning_experts_swizzled(quant):
     mode = "floor" if quant == "mxfp4" else "expert"
     _bytes_equal_chain("bf16", quant, False, True, 8, "gptoss", 7.0, mode, e=4, i=192, rows=10, seed=5, config=cfg)
     _bytes_equal_chain("bf16", quant, False, False, 0, "silu", None, mode, e=4, i=192, rows=10, seed=6, config=cfg)
+
+
+@st.composite
+def problems(draw):
+    kind = draw(st.sampled_from(["bf16", "fp16", *FUSED_KINDS[1:]]))
+    quant = draw(st.sampled_from(["mxfp4", "nvfp4"]))
+    mode = draw(st.sampled_from(["floor", "rceil"] if quant == "mxfp4" else ["expert", "scalar", "computed"]))
+    i = draw(st.sampled_from([64, 128, 192] if quant == "mxfp4" else [48, 64, 128]))
+    interleave = draw(st.sampled_from([g for g in (0, 1, 8, 16) if i % max(g, 1) == 0]))
+    return (kind, quant, draw(st.booleans()), draw(st.booleans()), interleave,
+            draw(st.sampled_from(["silu", "gptoss"])), draw(st.sampled_from([None, 7.0, 0.75])), mode,
+            draw(st.integers(1, 4)), i, draw(st.sampled_from([128, 256])), draw(st.sampled_from([1, 5, 17])),
+            draw(st.integers(0, 2**31 - 1)))
+
+
+@settings(max_examples=12, deadline=None)
+@given(p=problems())
+def test_bytes_equal_the_unfused_chain_property(p):
+    _bytes_equal_chain(*p)
+
+
+def test_outputs_are_what_gemm2_reads():
+    """MXFP4 linear codes / scales are moe_gemm_w4a4's activations (the Triton GEMM2 on them equals the reference
+    GEMM on their dequantized values); the swizzled scales are the 128x4 container of the linear ones (what
+    moe_gemm_blockscaled takes, as mxfp4_quantize(scale_layout="swizzled") writes it), the codes the same."""
+    g = torch.Generator().manual_seed(9)
+    e, i, k, n = 3, 128, 128, 64
+    ids, dead, lead = _layout(g, e, False, 12, "cpu")
+    a, _, w, w_s, _ = _exact_operands("mxfp4", g, lead, dead, e, 2 * i, k, "cpu")
+    act = dict(interleave=1, activation="gptoss", alpha=1.702, limit=7.0)
+    codes, scales = _fused("mxfp4", a, None, w, w_s, None, ids, "mxfp4", act, "floor", None, False)
+    w2 = torch.randint(0, 256, (e, n, i // 2), generator=g, dtype=torch.uint8)
+    w2_s = torch.randint(124, 128, (e, n, i // 32), generator=g, dtype=torch.uint8)
+    y = grouped.moe_gemm_w4a4(codes, scales, w2, w2_s, **ids)
+    a2 = rq.mxfp4_dequantize(codes, scales, False, torch.float32).bfloat16()  # E2M1 x 2^e: exact in bf16 here
+    assert_close(y, ref.moe_gemm_mxfp4(a2, w2, w2_s, ids["m_indices"], None), "w4a4 GEMM2 on the output")
+    codes_sw, scales_sw = _fused("mxfp4", a, None, w, w_s, None, ids, "mxfp4", act, "floor", None, True)
+    assert_same_bytes(codes_sw, codes, "codes (swizzled call)")
+    assert_same_bytes(scales_sw, rq.swizzle_scales_128x4(scales), "swizzled scales")
 
 
 # ---------------------------------------------------------------------------------------------- vs reference
