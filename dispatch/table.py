@@ -93,6 +93,8 @@ FP4_PREPACKED_COMBINE_WHY = "the prepacked FP4 kernel scattering rows into token
 FP4_PREPACK_WHY = "one-time weight layout change (byte permutation + padding): torch on any device"
 # H100 at e2bc444: FP8 GEMM1 + SwiGLU + FP8 1.08x the chain, GEMM2 + combine 1.23x (prefill); MXFP4 GEMM1 0.97x.
 GEMM_SWIGLU = "GEMM1 with SwiGLU (+ FP8 1xG quant) in the epilogue: the gate and up outputs never go to memory"
+GEMM_SWIGLU_FP4 = ("GEMM1 with SwiGLU and MXFP4 / NVFP4 quant in the epilogue (NVFP4 with computed global scale: "
+                   "float out, then the quantizer)")
 GEMM_COMBINE = "GEMM2 scattering rows into token order, then the slot-order combine: 2 launches, no atomics"
 NORM = "one fused pass (NVFP4 with computed global scale: 2); bytes = reference composition"
 # CuTeDSL RMSNorm (cute_ops/, docs/cute.md). sm_90 ranks above Triton (25 > 20): bit-exact in every mode; at
@@ -301,6 +303,14 @@ ROWS: tuple[Entry, ...] = (
                  supports="triton_ops.moe_gemm.fused:supports_moe_gemm_swiglu_fp8_group"),
     Entry("moe_gemm_swiglu_fp8_group", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_swiglu_fp8_group",
           TORCH_REF, REFERENCE_WHY),
+    *triton_rows("moe_gemm_swiglu_mxfp4", "triton_ops.moe_gemm.fused:moe_gemm_swiglu_mxfp4", GEMM_SWIGLU_FP4,
+                 supports="triton_ops.moe_gemm.fused:supports_moe_gemm_swiglu"),
+    Entry("moe_gemm_swiglu_mxfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_swiglu_mxfp4", TORCH_REF,
+          REFERENCE_WHY),
+    *triton_rows("moe_gemm_swiglu_nvfp4", "triton_ops.moe_gemm.fused:moe_gemm_swiglu_nvfp4", GEMM_SWIGLU_FP4,
+                 supports="triton_ops.moe_gemm.fused:supports_moe_gemm_swiglu"),
+    Entry("moe_gemm_swiglu_nvfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_swiglu_nvfp4", TORCH_REF,
+          REFERENCE_WHY),
     *triton_rows("moe_gemm_combine", "triton_ops.moe_gemm.fused:moe_gemm_combine", GEMM_COMBINE,
                  supports="triton_ops.moe_gemm.fused:supports_moe_gemm_combine"),
     Entry("moe_gemm_combine", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_combine", TORCH_REF, REFERENCE_WHY),

@@ -483,8 +483,8 @@ _COMPILE = textwrap.dedent("""
         for fmt in (0, 1):
             cfg = pick_swiglu_gemm_config_for_arch(kind, 4096, 2048, 7168, "sm_90", 128 if fmt else 16)
             consts = dict(KIND=G.KIND_CODE[kind], MASKED=False, INTERLEAVE=1, GPTOSS=True, CLAMP=True, DIV_RN=False,
-                          FMT=fmt, GROUP=128, UE8M0=False)
-            out = dict(out_ptr="*u8" if fmt else "*bf16", scale_ptr="*fp32")
+                          FMT=fmt, GROUP=128, UE8M0=False, MX_RCEIL=False, SWIZZLE=False, HW_FP4=False)
+            out = dict(out_ptr="*u8" if fmt else "*bf16", scale_ptr="*fp32", gs_ptr="*fp32")
             print("swiglu", kind, fmt, *compile_(F._moe_gemm_swiglu_kernel, {**ptrs, **out}, consts, cfg))
         cfg = pick_config_for_arch(kind, 4096, 7168, 2048, "sm_90")
         consts = dict(KIND=G.KIND_CODE[kind], MASKED=False, HAS_RW=False, SCATTER=True)

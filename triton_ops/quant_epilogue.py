@@ -176,19 +176,21 @@ def quant_epilogue(
 
 @triton.jit
 def store_zero_rows(rows, row_in, col0, K, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, fp8_eps,
-                    FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """What quant_epilogue stores for y = 0 on the rows in row_in (plain or FP8 1xGROUP only): zeros in OUT_DTYPE,
-    or zero codes with the scale of an all-zero group. Stored directly rather than by running quant_epilogue on a
-    constant zero tile: compiled for sm_90 by Triton 3.6, that constant path stored wrong FP8 codes (random bytes
-    in place of 0x00, with the right scales) while the same call on the interpreter was exact."""
+                    scale_cols_padded, FMT: tl.constexpr, GROUP: tl.constexpr, UE8M0: tl.constexpr,
+                    SWIZZLE: tl.constexpr, OUT_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """What quant_epilogue stores for y = 0 on the rows in row_in: zeros in OUT_DTYPE, zero FP8 codes with the
+    scale of an all-zero group, or FP4 (MXFP4 / NVFP4) zero code and scale bytes (amax 0 gives E8M0 byte 0 with
+    either rounding; NVFP4: the bytes the SwiGLU op stores on MoE padding rows, zero whatever the global scale),
+    linear or 128x4-swizzled (swizzled: the row's padding scale columns up to scale_cols_padded too; a byte
+    scale_ptr). Stored directly rather than by running quant_epilogue on a constant zero tile: compiled for sm_90
+    by Triton 3.6, that constant path stored wrong FP8 codes (random bytes in place of 0x00, with the right
+    scales) while the same call on the interpreter was exact."""
     cols = col0 + tl.arange(0, BLOCK_N)
     mask = row_in[:, None] & (cols < K)[None, :]
     if FMT == FMT_NONE:
         tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], tl.zeros([BLOCK_M, BLOCK_N], OUT_DTYPE),
                  mask=mask)
-    else:
-        tl.static_assert(FMT == FMT_FP8, "store_zero_rows: plain and FP8 group outputs only")
+    elif FMT == FMT_FP8:
         NG: tl.constexpr = BLOCK_N // GROUP
         tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], tl.zeros([BLOCK_M, BLOCK_N], tl.uint8),
                  mask=mask)
@@ -196,6 +198,19 @@ def store_zero_rows(rows, row_in, col0, K, out_ptr, stride_om, scale_ptr, stride
         groups = col0 // GROUP + tl.arange(0, NG)
         smask = row_in[:, None] & (groups < K // GROUP)[None, :]
         tl.store(scale_ptr + rows[:, None] * stride_sm + groups[None, :] * stride_sg, s, mask=smask)
+    else:
+        SB: tl.constexpr = 32 if FMT == FMT_MX else 16
+        pcols = col0 // 2 + tl.arange(0, BLOCK_N // 2)
+        tl.store(out_ptr + rows[:, None] * stride_om + pcols[None, :], tl.zeros([BLOCK_M, BLOCK_N // 2], tl.uint8),
+                 mask=row_in[:, None] & (pcols < K // 2)[None, :])
+        scols = col0 // SB + tl.arange(0, BLOCK_N // SB)
+        zeros = tl.zeros([BLOCK_M, BLOCK_N // SB], tl.uint8)
+        if SWIZZLE:
+            sofs = swizzled_offset_128x4(rows[:, None], scols[None, :], scale_cols_padded)
+            tl.store(scale_ptr + sofs, zeros, mask=row_in[:, None] & (scols < scale_cols_padded)[None, :])
+        else:
+            tl.store(scale_ptr + rows[:, None] * stride_sm + scols[None, :], zeros,
+                     mask=row_in[:, None] & (scols < K // SB)[None, :])
 
 
 @triton.jit

@@ -48,6 +48,8 @@ from .moe_gemm import (
     moe_gemm_swiglu,
     moe_gemm_swiglu_fp4_prepacked,
     moe_gemm_swiglu_fp8_group,
+    moe_gemm_swiglu_mxfp4,
+    moe_gemm_swiglu_nvfp4,
     moe_gemm_w4a4,
     moe_gemm_w4a8,
 )
@@ -101,5 +103,6 @@ __all__ = [
     "moe_gemm_bf16", "moe_gemm_blockscaled", "moe_gemm_blockscaled_masked", "moe_gemm_fp4_prepack",
     "moe_gemm_fp4_prepacked", "moe_gemm_fp8", "moe_gemm_mxfp4",
     "moe_gemm_w4a4", "moe_gemm_w4a8", "moe_gemm_nvfp4", "moe_gemm_swiglu", "moe_gemm_swiglu_fp4_prepacked",
-    "moe_gemm_swiglu_fp8_group", "moe_gemm_combine", "moe_gemm_combine_fp4_prepacked", "moe_layer", "moe_layer_routed",
+    "moe_gemm_swiglu_fp8_group", "moe_gemm_swiglu_mxfp4", "moe_gemm_swiglu_nvfp4", "moe_gemm_combine",
+    "moe_gemm_combine_fp4_prepacked", "moe_layer", "moe_layer_routed",
 ]

@@ -27,6 +27,7 @@ from triton_ops.contract.moe_gemm import (
     check_fp8,
     check_gemm_combine,
     check_gemm_swiglu,
+    check_gemm_swiglu_fp4,
     check_mxfp4,
     check_nvfp4,
     check_row_weights,
@@ -38,7 +39,8 @@ from triton_ops.contract.moe_gemm import (
 )
 
 from ._common import call, lowbit_op
-from .quant import FP8GroupQuantized
+from ._quant_outputs import _fake_quant
+from .quant import FP8GroupQuantized, MXFP4Quantized, NVFP4Quantized, ScaleLayout, _layout_flag
 
 
 def _out(a: Tensor, n: int, dtype: torch.dtype) -> Tensor:
@@ -269,6 +271,14 @@ def _check_gemm_swiglu_fp8(a, a_scale, w, w_scale, m_indices, masked_m, weights,
                       interleave, activation, alpha, limit, group_size, quant_eps, w_global=w_global)
 
 
+def _check_gemm_swiglu_mxfp4(*args):
+    check_gemm_swiglu_fp4("mxfp4", *args)
+
+
+def _check_gemm_swiglu_nvfp4(*args):
+    check_gemm_swiglu_fp4("nvfp4", *args)
+
+
 def _swiglu_out_dtype(a: Tensor, weights: str) -> torch.dtype:
     return a.dtype if weights in ("bf16", "nvfp4") else torch.bfloat16
 
@@ -290,6 +300,22 @@ def _moe_gemm_swiglu_fp8_group(a: Tensor, a_scale: Tensor | None, w: Tensor, w_s
     i = w.shape[1] // 2
     return (_out(a, i, torch.float8_e4m3fn),
             fp8_scale_storage(tuple(a.shape[:-1]), i // group_size, column_major, a.device))
+
+
+@lowbit_op("moe_gemm_swiglu_mxfp4", mutates_args=(), check=_check_gemm_swiglu_mxfp4)
+def _moe_gemm_swiglu_mxfp4(a: Tensor, a_scale: Tensor | None, w: Tensor, w_scale: Tensor | None,
+                           m_indices: Tensor | None, masked_m: Tensor | None, weights: str, interleave: int,
+                           activation: str, alpha: float, limit: float | None, rounding: str, swizzle: bool,
+                           w_global: Tensor | None, backend: str) -> tuple[Tensor, Tensor]:
+    return _fake_quant(a, tuple(a.shape[:-1]), w.shape[1] // 2, "mxfp4", (rounding, swizzle))
+
+
+@lowbit_op("moe_gemm_swiglu_nvfp4", mutates_args=(), check=_check_gemm_swiglu_nvfp4)
+def _moe_gemm_swiglu_nvfp4(a: Tensor, a_scale: Tensor | None, w: Tensor, w_scale: Tensor | None,
+                           m_indices: Tensor | None, masked_m: Tensor | None, weights: str, interleave: int,
+                           activation: str, alpha: float, limit: float | None, global_scale: Tensor | None,
+                           swizzle: bool, w_global: Tensor | None, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    return _fake_quant(a, tuple(a.shape[:-1]), w.shape[1] // 2, "nvfp4", (global_scale, swizzle))
 
 
 def _sw(interleave, activation, alpha, limit):
@@ -324,6 +350,41 @@ def moe_gemm_swiglu_fp8_group(a: Tensor, w: Tensor, *, a_scale: Tensor | None = 
     return FP8GroupQuantized(*call("moe_gemm_swiglu_fp8_group", a, a_scale, w, w_scale, m_indices, masked_m,
                                    weights, *_sw(interleave, activation, alpha, limit), int(group_size),
                                    float(quant_eps), bool(ue8m0), bool(column_major_scales), w_global, backend))
+
+
+def moe_gemm_swiglu_mxfp4(a: Tensor, w: Tensor, *, a_scale: Tensor | None = None, w_scale: Tensor | None = None,
+                          weights: Literal["bf16", "fp8", "mxfp4", "w4a8", "nvfp4"] = "bf16",
+                          m_indices: Tensor | None = None, masked_m: Tensor | None = None, interleave: int = 0,
+                          activation: Literal["silu", "gptoss"] = "silu", alpha: float = 1.702,
+                          limit: float | None = None, rounding: Literal["floor", "rceil"] = "floor",
+                          scale_layout: ScaleLayout = "linear", backend: str = "auto",
+                          w_global: Tensor | None = None) -> MXFP4Quantized:
+    """moe_gemm_swiglu with its output quantized to MXFP4 in the same pass (I a multiple of 32): codes uint8
+    (rows, I/2) and E8M0 scales as swiglu_mxfp4 writes them. scale_layout "linear" (rows, I/32): what
+    moe_gemm_w4a4 takes as activations; "swizzled" (the 128x4 container of the rows, masked layout: of the
+    E * max_m rows): what moe_gemm_blockscaled takes. Bytes = moe_gemm_<weights> -> swiglu_mxfp4; uncomputed rows
+    hold zero bytes."""
+    swizzle = _layout_flag("moe_gemm_swiglu_mxfp4", scale_layout)
+    return MXFP4Quantized(*call("moe_gemm_swiglu_mxfp4", a, a_scale, w, w_scale, m_indices, masked_m, weights,
+                                *_sw(interleave, activation, alpha, limit), rounding, swizzle, w_global, backend))
+
+
+def moe_gemm_swiglu_nvfp4(a: Tensor, w: Tensor, *, a_scale: Tensor | None = None, w_scale: Tensor | None = None,
+                          weights: Literal["bf16", "fp8", "mxfp4", "w4a8", "nvfp4"] = "bf16",
+                          m_indices: Tensor | None = None, masked_m: Tensor | None = None, interleave: int = 0,
+                          activation: Literal["silu", "gptoss"] = "silu", alpha: float = 1.702,
+                          limit: float | None = None, global_scale: Tensor | None = None,
+                          scale_layout: ScaleLayout = "linear", backend: str = "auto",
+                          w_global: Tensor | None = None) -> NVFP4Quantized:
+    """moe_gemm_swiglu with its output quantized to NVFP4 (I a multiple of 16): codes, E4M3 scales (linear or the
+    128x4 container) and the fp32 global scale, as swiglu_nvfp4 writes them. global_scale: a scalar or one per
+    expert (E,) (fp32, decode form): quantized in the GEMM's epilogue; None: amax of the whole output / 2688, the
+    float output quantized afterwards (two more passes over it). Bytes = moe_gemm_<weights> -> swiglu_nvfp4; rows
+    not computed hold zero bytes. w_global: the NVFP4 weights' global scales (weights="nvfp4" only)."""
+    swizzle = _layout_flag("moe_gemm_swiglu_nvfp4", scale_layout)
+    return NVFP4Quantized(*call("moe_gemm_swiglu_nvfp4", a, a_scale, w, w_scale, m_indices, masked_m, weights,
+                                *_sw(interleave, activation, alpha, limit), global_scale, swizzle, w_global,
+                                backend))
 
 
 # ---------------------------------------------------------------- GEMM2 scattered into token order + combine
@@ -483,6 +544,24 @@ def self_check_cases() -> list:
         a, packed, scales, w_global, mi, _, _ = nvfp4(dev, small)
         return (a, None, packed, scales, mi, None, "nvfp4", 0, "silu", 1.702, None, w_global)
 
+    def swiglu_mx_out(dev, small):
+        """GPT-OSS GEMM1 + SwiGLU on the MXFP4 case's weights, MXFP4 out with swizzled scales."""
+        return (*swiglu_mx(dev, small)[:11], "floor", True, None)
+
+    def swiglu_nv_out(dev, small):
+        """The NVFP4 GEMM1 + silu case, NVFP4 out with one global scale per expert."""
+        a, a_s, packed, scales, mi, mm, kind, il, act, alpha, limit, w_global = swiglu_nv(dev, small)
+        gs = torch.full((packed.shape[0],), 0.01, device=dev)
+        return (a, a_s, packed, scales, mi, mm, kind, il, act, alpha, limit, gs, False, w_global)
+
+    def close_fp4(out, ref):
+        # FP4 bytes: the GEMM sums differ from the reference's in order, so a rounded gate/up value (and the FP4
+        # code or block scale it lands on) may differ by a step; require >= 99% equal bytes
+        from ..selfcheck import byte_mismatches
+        bad = sum(byte_mismatches(x, y) for x, y in zip(out, ref, strict=True))
+        total = sum(x.numel() * x.element_size() for x in out)
+        return bad <= max(1, total // 100), f"{bad} of {total} bytes differ"
+
     def combine(dev, small):
         g = torch.Generator().manual_seed(4)
         e, t, top_k, n, k = (4, 24, 2, 128, 128) if small else (64, 512, 8, 1024, 2048)
@@ -536,6 +615,8 @@ def self_check_cases() -> list:
     return [
         Case("moe_gemm_swiglu_fp8_group", swiglu_fp8, close_fp8, label="FP8 W8A8 GEMM1 + silu + 1xG quant"),
         Case("moe_gemm_swiglu", swiglu_mx, close, label="MXFP4 GEMM1 + GPT-OSS swiglu, interleaved"),
+        Case("moe_gemm_swiglu_mxfp4", swiglu_mx_out, close_fp4, label="MXFP4 GEMM1 + GPT-OSS swiglu + MXFP4 out"),
+        Case("moe_gemm_swiglu_nvfp4", swiglu_nv_out, close_fp4, label="NVFP4 GEMM1 + silu + NVFP4 out, gs per expert"),
         Case("moe_gemm_swiglu", swiglu_nv, close, label="NVFP4 GEMM1 + silu"),
         Case("moe_gemm_combine", combine, close, label="bf16 GEMM2 into token order + combine"),
         Case("moe_gemm_combine", combine_nv, close, label="NVFP4 GEMM2 into token order + combine"),

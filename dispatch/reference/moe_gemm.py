@@ -186,6 +186,21 @@ def moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weigh
                                quant_eps, ue8m0, column_major)
 
 
+def moe_gemm_swiglu_mxfp4(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit,
+                          rounding, swizzle, w_global=None):
+    """The chain moe_gemm_<weights> -> swiglu_mxfp4 (the GEMM's dtype in, no out_dtype)."""
+    h = _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global)
+    return SW.swiglu_mxfp4(h, interleave, activation, alpha, limit, m_indices, masked_m, None, rounding, swizzle)
+
+
+def moe_gemm_swiglu_nvfp4(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit,
+                          global_scale, swizzle, w_global=None):
+    """The chain moe_gemm_<weights> -> swiglu_nvfp4: global_scale a scalar, one per expert (rows of experts without
+    one: zero bytes, as padding) or None (amax of the whole output / 2688)."""
+    h = _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global)
+    return SW.swiglu_nvfp4(h, interleave, activation, alpha, limit, m_indices, masked_m, None, global_scale, swizzle)
+
+
 def moe_gemm_combine(a, a_scale, w, w_scale, m_indices, masked_m, weights, src_rows, inv_rows, topk_weights, shared,
                      out_dtype, w_global=None):
     """The chain moe_gemm_<weights> -> moe_combine: y[t] = sum_j topk_weights[t, j] * h[inv_rows[t, j]] (slot order,

@@ -422,15 +422,15 @@ def _quick_cases() -> list[BenchCase]:
 
 # ------------------------------------------------------------------ fused epilogues against the unfused chain
 #
-# GEMM1 + SwiGLU (+ FP8 1x128 quantization) as one op (`moe_gemm_swiglu[_fp8_group]`) against the chain
-# moe_gemm_<kind> -> swiglu[_fp8_group] (peer "unfused-chain", same layout and arguments), and GEMM2 into token order
-# + combine (`moe_gemm_combine`) against moe_gemm_<kind> -> moe_combine. Layouts come from the routing ops on a
-# balanced routing (token t's slot j -> expert (t * k + j) mod E_global): decode 64 tokens (DeepSeek-V3 top-8 over
+# GEMM1 + SwiGLU (+ FP8 1x128 / MXFP4 quantization) as one op (`moe_gemm_swiglu[_fp8_group|_mxfp4]`) against the
+# chain moe_gemm_<kind> -> swiglu[_fp8_group|_mxfp4] (peer "unfused-chain", same layout and arguments), and GEMM2 into
+# token order + combine (`moe_gemm_combine`) against moe_gemm_<kind> -> moe_combine. Layouts come from the routing ops
+# on a balanced routing (token t's slot j -> expert (t * k + j) mod E_global): decode 64 tokens (DeepSeek-V3 top-8 over
 # 256 experts, GPT-OSS top-4 over 128: 2 rows per expert), prefill 4096 tokens (DeepSeek-V3 on an EP = 8 shard: 32
 # local experts x 128 rows; GPT-OSS-120b all 128 experts x 128 rows). Bytes: the fused op's (weights of the experts
 # with rows, the layout's activation rows, its output once); the chain moves the (rows, 2I) / (rows, N) intermediate
 # twice more. Checks: against the per-expert contract math (lean, on the device), normalized error <= 2e-2 (FP8
-# outputs: of the dequantized values, <= 3e-2).
+# outputs: of the dequantized values, <= 3e-2; MXFP4 outputs: <= 1% of the code and scale bytes differ).
 
 DSV3_I = 2048
 GPT_OSS_I = 2880
@@ -499,6 +499,17 @@ def _check_fp8_out(got, want) -> None:
                              f"the max (worst {float(((g - w).abs() - bound).max()):.3e} over)")
 
 
+def _check_mxfp4_out(got, want) -> None:
+    """MXFP4 outputs (linear scales): the kernel and the reference sum K in different orders, so a rounded gate/up
+    value near a rounding boundary may move one E2M1 code (or a block scale); at most 1% of the bytes may differ."""
+    for what, g, w in zip(("codes", "scales"), got, want, strict=True):
+        if g.shape != w.shape:
+            raise AssertionError(f"{what}: shape {tuple(g.shape)} != reference {tuple(w.shape)}")
+        bad = int((g.view(torch.uint8) != w.view(torch.uint8).to(g.device)).sum())
+        if bad > max(1, g.numel() // 100):
+            raise AssertionError(f"{what}: {bad} of {g.numel()} bytes differ from the reference")
+
+
 def _routed_make(kind, tokens, top_k, e_global, e_local, masked, max_m, n, k):
     def make(device):
         i = _layout_inputs(tokens, top_k, e_global, e_local, masked, max_m, device)
@@ -518,34 +529,39 @@ def _routed_sizes(kind, tokens, top_k, e_global, e_local, k):
     return rows, min(e_local, rows), "decode" if tokens <= 64 else "prefill", _act_bytes(kind, rows, k)
 
 
-def _swiglu_case(model: str, kind: str, fp8_out: bool, tokens: int, top_k: int, e_global: int, e_local: int,
+def _swiglu_case(model: str, kind: str, out: str, tokens: int, top_k: int, e_global: int, e_local: int,
                  i_dim: int, k: int, act: dict, masked: bool = False, max_m: int = 16, tier: str = "full") -> BenchCase:
     from dispatch.reference import swiglu as sw_ref
 
-    op = "moe_gemm_swiglu_fp8_group" if fp8_out else "moe_gemm_swiglu"
+    """out: "bf16" (the GEMM's dtype), "fp8" (1x128 groups) or "mxfp4" (linear scales: GEMM2 W4A4's activations)."""
+    op = {"bf16": "moe_gemm_swiglu", "fp8": "moe_gemm_swiglu_fp8_group", "mxfp4": "moe_gemm_swiglu_mxfp4"}[out]
     n = 2 * i_dim
-    quant = dict(group_size=FP8_BLOCK) if fp8_out else {}
+    quant = dict(group_size=FP8_BLOCK) if out == "fp8" else {}
 
     make = _routed_make(kind, tokens, top_k, e_global, e_local, masked, max_m, n, k)
 
     def fused(i, b):
-        fn = ops.moe_gemm_swiglu_fp8_group if fp8_out else ops.moe_gemm_swiglu
+        fn = getattr(ops, op)
         return fn(i["a"], i["w"], a_scale=i.get("a_scale"), w_scale=i.get("w_scale"), weights=kind, **_lay(i), **act,
                   **quant, backend=b, w_global=i.get("w_global"))
 
     def chain(i):
         h = _call(kind)(i, "auto")
         layout = dict(expert_ids=i.get("m_indices"), masked_m=i.get("masked_m"))
-        if fp8_out:
+        if out == "fp8":
             return ops.swiglu_fp8_group(h, **act, **layout, group_size=FP8_BLOCK)
+        if out == "mxfp4":
+            return ops.swiglu_mxfp4(h, **act, **layout)
         return ops.swiglu(h, **act, **layout)
 
     def reference(i):
         h = lean_layout_gemm(kind, i)
         lay_ = (act["interleave"], act["activation"], act["alpha"], act["limit"], i.get("m_indices"),
                 i.get("masked_m"))
-        if fp8_out:
+        if out == "fp8":
             return sw_ref.swiglu_fp8_group(h, *lay_, None, FP8_BLOCK, 1e-10, False, False)
+        if out == "mxfp4":
+            return sw_ref.swiglu_mxfp4(h, *lay_, None, "floor", False)
         return sw_ref.swiglu(h, *lay_)
 
     def lowbit(i, b):
@@ -554,14 +570,16 @@ def _swiglu_case(model: str, kind: str, fp8_out: bool, tokens: int, top_k: int, 
         return fused(i, b)
 
     rows, experts, bucket, act_b = _routed_sizes(kind, tokens, top_k, e_global, e_local, k)
-    out_b = rows * i_dim + rows * (i_dim // FP8_BLOCK) * 4 if fp8_out else rows * i_dim * 2
-    label = (f"{model} gemm1+swiglu{'+fp8' if fp8_out else ''} {tokens} tokens top-{top_k} E={e_local}"
+    out_b = {"bf16": rows * i_dim * 2, "fp8": rows * i_dim + rows * (i_dim // FP8_BLOCK) * 4,
+             "mxfp4": rows * i_dim // 2 + rows * (i_dim // 32)}[out]
+    label = (f"{model} gemm1+swiglu{'' if out == 'bf16' else '+' + out} {tokens} tokens top-{top_k} E={e_local}"
              f"{'/' + str(e_global) if e_local < e_global else ''} I={i_dim} K={k} {kind} "
              f"{'masked' if masked else 'contiguous'}")
     params = dict(model=model, stage="gemm1+swiglu", tokens=tokens, top_k=top_k, E=e_local, E_global=e_global,
-                  I=i_dim, K=k, kind=kind, out="fp8" if fp8_out else "bf16",
+                  I=i_dim, K=k, kind=kind, out=out,
                   layout="masked" if masked else "contiguous")
-    return BenchCase(op, label, bucket, params, make, lowbit, reference, _check_fp8_out if fp8_out else check,
+    checks = {"bf16": check, "fp8": _check_fp8_out, "mxfp4": _check_mxfp4_out}
+    return BenchCase(op, label, bucket, params, make, lowbit, reference, checks[out],
                      bytes_moved=weight_bytes(kind, experts, n, k) + act_b + out_b, flops=2 * rows * n * k,
                      peers={"unfused-chain": chain}, compile_reference=False, tier=tier,
                      flops_dtype="fp8" if kind in ("fp8", "w4a8") else "bf16")
@@ -604,22 +622,24 @@ def fused_cases() -> list[BenchCase]:
     gptoss = dict(interleave=1, activation="gptoss", alpha=1.702, limit=7.0)
     h_dsv3, h_oss = DSV3["gemm1"][1], GPT_OSS_GEMM1[1]
     return [
-        _swiglu_case("dsv3", "fp8", True, 64, 8, 256, 256, DSV3_I, h_dsv3, silu, masked=True),
-        _swiglu_case("dsv3", "fp8", True, 4096, 8, 256, 32, DSV3_I, h_dsv3, silu),
-        _swiglu_case("dsv3", "bf16", False, 64, 8, 256, 256, DSV3_I, h_dsv3, silu, masked=True),
-        _swiglu_case("gpt-oss-120b", "mxfp4", False, 64, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
-        _swiglu_case("gpt-oss-120b", "mxfp4", False, 4096, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
-        _swiglu_case("gpt-oss-120b", "nvfp4", False, 64, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
-        _swiglu_case("gpt-oss-120b", "nvfp4", False, 4096, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
+        _swiglu_case("dsv3", "fp8", "fp8", 64, 8, 256, 256, DSV3_I, h_dsv3, silu, masked=True),
+        _swiglu_case("dsv3", "fp8", "fp8", 4096, 8, 256, 32, DSV3_I, h_dsv3, silu),
+        _swiglu_case("dsv3", "bf16", "bf16", 64, 8, 256, 256, DSV3_I, h_dsv3, silu, masked=True),
+        _swiglu_case("gpt-oss-120b", "mxfp4", "bf16", 64, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
+        _swiglu_case("gpt-oss-120b", "mxfp4", "bf16", 4096, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
+        _swiglu_case("gpt-oss-120b", "mxfp4", "mxfp4", 4096, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
+        _swiglu_case("gpt-oss-120b", "nvfp4", "bf16", 64, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
+        _swiglu_case("gpt-oss-120b", "nvfp4", "bf16", 4096, 4, 128, 128, GPT_OSS_I, h_oss, gptoss),
         _combine_case("dsv3", "fp8", 64, 8, 256, 256, h_dsv3, DSV3_I, masked=True),
         _combine_case("dsv3", "fp8", 4096, 8, 256, 32, h_dsv3, DSV3_I),
         _combine_case("gpt-oss-120b", "mxfp4", 4096, 4, 128, 128, h_oss, GPT_OSS_I),
         _combine_case("gpt-oss-120b", "nvfp4", 4096, 4, 128, 128, h_oss, GPT_OSS_I),
         # tiny shapes for the CPU interpreter (CI): masked, contiguous with padding, expert parallel
-        _swiglu_case("quick", "fp8", True, 8, 2, 4, 4, 128, 128, silu, masked=True, max_m=8, tier="quick"),
-        _swiglu_case("quick", "mxfp4", False, 8, 2, 4, 4, 64, 64, gptoss, tier="quick"),
+        _swiglu_case("quick", "fp8", "fp8", 8, 2, 4, 4, 128, 128, silu, masked=True, max_m=8, tier="quick"),
+        _swiglu_case("quick", "mxfp4", "bf16", 8, 2, 4, 4, 64, 64, gptoss, tier="quick"),
+        _swiglu_case("quick", "mxfp4", "mxfp4", 8, 2, 4, 4, 64, 64, gptoss, tier="quick"),
         _combine_case("quick", "fp8", 8, 2, 4, 2, 64, 128, tier="quick"),
-        _swiglu_case("quick", "nvfp4", False, 8, 2, 4, 4, 64, 64, gptoss, tier="quick"),
+        _swiglu_case("quick", "nvfp4", "bf16", 8, 2, 4, 4, 64, 64, gptoss, tier="quick"),
         _combine_case("quick", "nvfp4", 8, 2, 4, 2, 64, 64, tier="quick"),
     ]
 

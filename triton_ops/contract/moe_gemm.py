@@ -255,6 +255,37 @@ def check_swiglu_args(op, two_i, interleave, activation, alpha, limit, group_siz
             fail(op, "quant_eps", f"must be > 0 (it keeps all-zero groups finite), got {quant_eps}")
 
 
+MX_ROUNDINGS = ("floor", "rceil")  # MXFP4 scale exponent rules (dispatch/reference/quant.py)
+
+
+def check_gemm_swiglu_fp4(quant, a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
+                          limit, qarg, swizzle, w_global) -> None:
+    """moe_gemm_swiglu_<quant> (quant "mxfp4" / "nvfp4", the op's arguments in order; qarg: MXFP4's rounding or
+    NVFP4's global_scale): the GEMM1 + SwiGLU checks, then I a whole number of 32 / 16-wide blocks; MXFP4
+    rounding; NVFP4 global_scale None (computed), one fp32 scalar, or fp32 (E',) with E' >= E, one per expert
+    (what swiglu_nvfp4 takes for the layout, every expert id of the GEMM covered)."""
+    op = f"moe_gemm_swiglu_{quant}"
+    check_gemm_swiglu(op, weights, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activation, alpha, limit,
+                      w_global=w_global)
+    i, e = w.shape[1] // 2, w.shape[0]
+    block = MXFP4_BLOCK if quant == "mxfp4" else NVFP4_BLOCK
+    if i % block:
+        fail(op, "w", f"I = {i} is not a multiple of the {quant.upper()} block {block}")
+    if quant == "mxfp4":
+        if qarg not in MX_ROUNDINGS:
+            fail(op, "rounding", f"{qarg!r} is not one of {', '.join(MX_ROUNDINGS)}")
+        return
+    gs = qarg
+    if gs is None:
+        return
+    check_tensor(op, "global_scale", gs)
+    check_same_device(op, "a", a, "global_scale", gs)
+    check_dtype(op, "global_scale", gs, (torch.float32,))
+    if gs.numel() == 1 and gs.dim() <= 1:
+        return
+    if gs.dim() != 1 or gs.numel() < e:
+        fail(op, "global_scale", f"expected a scalar or one scale per expert ({e},), got shape {_shape(gs)}")
+
 # ------------------------------------------------------------------ GEMM2 scattered into token order + combine
 
 FLOAT_OUT = (torch.bfloat16, torch.float16, torch.float32)
