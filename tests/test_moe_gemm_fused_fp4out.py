@@ -43,9 +43,15 @@ def _layout(g, e, masked, rows, device):
 
 
 def _global_scale(mode, e, device):
-    """NVFP4 output global scale: one per expert, one for all rows, or None (computed)."""
-    if mode == "expert":
-        return (torch.tensor([0.02, 0.5, 3.0, 0.125])[:e] * (1 + torch.arange(e) // 4)).to(device)
+    """NVFP4 output global scale: one per expert (contiguous, or a strided view of the same values), one for all
+    rows, or None (computed)."""
+    if mode in ("expert", "expert-strided"):
+        gs = (torch.tensor([0.02, 0.5, 3.0, 0.125])[:e] * (1 + torch.arange(e) // 4)).to(device)
+        if mode == "expert":
+            return gs
+        spread = torch.full((2 * e,), 7.0, device=device)
+        spread[::2] = gs
+        return spread[::2]
     return torch.tensor(0.25, device=device) if mode == "scalar" else None
 
 
@@ -102,6 +108,16 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=["-".join(map(str, c)) for c in CASES])
 def test_bytes_equal_the_unfused_chain(case):
     _bytes_equal_chain(*case)
+
+
+def test_strided_global_scale_is_read_as_given():
+    """A per-expert global scale given as a strided view gives the bytes of the same values contiguous (the fused op
+    and the chain's swiglu_nvfp4 both read it at its strides)."""
+    for masked in (False, True):
+        strided = _bytes_equal_chain("bf16", "nvfp4", masked, False, 0, "silu", None, "expert-strided")
+        contiguous = _bytes_equal_chain("bf16", "nvfp4", masked, False, 0, "silu", None, "expert")
+        for what, x, y in zip(("codes", "scales", "global scale"), strided, contiguous, strict=True):
+            assert_same_bytes(x, y, f"{what} masked={masked}: strided vs contiguous global scale")
 
 
 @pytest.mark.parametrize("quant", ["mxfp4", "nvfp4"])

@@ -360,8 +360,10 @@ def _swiglu(x, interleave, activation, alpha, limit, expert_ids, masked_m, out_d
         gs_mode = GS_NONE
         if fmt == FMT_NV:
             gs_mode = GS_PER_GROUP if (moe != MOE_NONE or n_gs > 1) else GS_GIVEN
+    # the kernel reads the given scales at unit stride (a strided per-expert view would be misread)
+    gs_in = global_scale.reshape(-1).contiguous() if global_scale is not None else gs_out
     launch(_swiglu_kernel, (cdiv(grid_rows, cfg.block_m), n_col),
-        xs, out_arg, scale_arg, global_scale if global_scale is not None else gs_out, gs_out, partials, eid, mm,
+        xs, out_arg, scale_arg, gs_in, gs_out, partials, eid, mm,
         rows, i, xs.stride(0), out2.stride(0), stride_sm, stride_sg, *scalars, cfg.block_m, grid_rows,
         scale_cols_padded, n_partials, n_gs, n_exp, PASS=pass_, GS_MODE=gs_mode, PARTIALS_BLOCK=partials_block,
         STORE_AMAX=amax_out is not None, **common)

@@ -206,11 +206,13 @@ def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activ
     out_arg = out.view(torch.uint8) if fmt == FMT_FP8 else out
     scale_arg = scales.view(torch.uint8) if fmt in (FMT_MX, FMT_NV) else scales
     stride_om = i // 2 if fmt in (FMT_MX, FMT_NV) else i
+    # the kernel reads the given scales at unit stride (a strided per-expert view would be misread)
+    gs_arg = dummy if global_scale is None else global_scale.reshape(-1).contiguous()
     launch(_moe_gemm_swiglu_kernel, grid,
         a, dummy if a_scale is None else a_scale, w, dummy if w_scale is None else w_scale, ids, out_arg, scale_arg,
         rows, i, k, e, *strides, stride_om, geo.stride_sm, geo.stride_sg,
         float(alpha), float(limit if limit is not None else 0.0), float(quant_eps),
-        dummy if global_scale is None else global_scale.reshape(-1), gs_n, flat_rows, geo.scale_cols_padded,
+        gs_arg, gs_n, flat_rows, geo.scale_cols_padded,
         KIND=KIND_CODE[kind], MASKED=masked, EMULATE=emulate_formats(dev), F32_DOT=dev.type != "cuda",
         DOT_SCALED=dot_scaled, INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
         DIV_RN=silu_div_rn(out_dtype), FMT=fmt, GROUP=group, UE8M0=ue8m0, OUT_DTYPE=TL_DTYPE[out_dtype],
@@ -218,7 +220,6 @@ def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activ
         MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle, HW_FP4=fmt in (FMT_MX, FMT_NV) and hw_fp4(dev),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return results
-
 
 
 def _operands(weights, a, a_scale, w, w_scale):
