@@ -9,9 +9,7 @@ import torch
 from torch import Tensor
 
 from triton_ops.contract import checks as C
-from triton_ops.contract.formats import MXFP4_BLOCK, NVFP4_BLOCK, fp8_scale_storage, round_up
-
-from ..reference.quant import MX_ROUNDINGS
+from triton_ops.contract.formats import MX_ROUNDINGS, MXFP4_BLOCK, NVFP4_BLOCK, fp8_scale_storage, round_up
 
 
 def _check_x(op: str, x: Tensor) -> None:

@@ -16,10 +16,16 @@ import torch
 from torch import Tensor
 
 from triton_ops.contract import checks as C
-from triton_ops.contract.formats import MXFP4_BLOCK, NVFP4_BLOCK, fp4_scales_shape, fp8_scale_storage, round_up
+from triton_ops.contract.formats import (
+    MX_ROUNDINGS,
+    MXFP4_BLOCK,
+    NVFP4_BLOCK,
+    fp4_scales_shape,
+    fp8_scale_storage,
+    round_up,
+)
 
 from ..reference.formats import div_rn
-from ..reference.quant import MX_ROUNDINGS
 from ._common import call, lowbit_op
 
 ScaleLayout = Literal["linear", "swizzled"]

@@ -195,8 +195,8 @@ def moe_gemm_swiglu_mxfp4(a, a_scale, w, w_scale, m_indices, masked_m, weights, 
 
 def moe_gemm_swiglu_nvfp4(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit,
                           global_scale, swizzle, w_global=None):
-    """The chain moe_gemm_<weights> -> swiglu_nvfp4: global_scale a scalar, one per expert (rows of experts without
-    one: zero bytes, as padding) or None (amax of the whole output / 2688)."""
+    """The chain moe_gemm_<weights> -> swiglu_nvfp4: global_scale a scalar, one per expert (the op requires one for
+    every expert, E' >= E) or None (amax of the whole output / 2688)."""
     h = _gemm(weights, a, a_scale, w, w_scale, m_indices, masked_m, w_global)
     return SW.swiglu_nvfp4(h, interleave, activation, alpha, limit, m_indices, masked_m, None, global_scale, swizzle)
 

@@ -131,8 +131,6 @@ def nvfp4_dequantize(codes, scales, global_scale, swizzle: bool, out_dtype: torc
 
 # ------------------------------------------------------------------------------------------------ MXFP4
 
-MX_ROUNDINGS = ("floor", "rceil")
-
 
 def mxfp4_scale_exponent(amax: torch.Tensor, rounding: str) -> torch.Tensor:
     """Unbiased E8M0 exponent (int32) of the block scale, before the NaN rule.

@@ -531,9 +531,9 @@ def _routed_sizes(kind, tokens, top_k, e_global, e_local, k):
 
 def _swiglu_case(model: str, kind: str, out: str, tokens: int, top_k: int, e_global: int, e_local: int,
                  i_dim: int, k: int, act: dict, masked: bool = False, max_m: int = 16, tier: str = "full") -> BenchCase:
+    """out: "bf16" (the GEMM's dtype), "fp8" (1x128 groups) or "mxfp4" (linear scales: GEMM2 W4A4's activations)."""
     from dispatch.reference import swiglu as sw_ref
 
-    """out: "bf16" (the GEMM's dtype), "fp8" (1x128 groups) or "mxfp4" (linear scales: GEMM2 W4A4's activations)."""
     op = {"bf16": "moe_gemm_swiglu", "fp8": "moe_gemm_swiglu_fp8_group", "mxfp4": "moe_gemm_swiglu_mxfp4"}[out]
     n = 2 * i_dim
     quant = dict(group_size=FP8_BLOCK) if out == "fp8" else {}

@@ -56,3 +56,5 @@ def contiguous_capacity(num_entries: int, num_experts: int, block_m: int) -> int
     """Static row count of the MoE contiguous layout: every one of the min(E, N) experts that can be non-empty
     wastes at most block_m - 1 padding rows. Depends on shapes only (CUDA graphs, torch.compile)."""
     return round_up(num_entries + min(num_experts, num_entries) * (block_m - 1), block_m)
+
+MX_ROUNDINGS = ("floor", "rceil")  # MXFP4 scale exponent rules (dispatch/reference/quant.py: mxfp4_scale_exponent)

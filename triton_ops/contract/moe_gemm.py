@@ -10,7 +10,7 @@ import math
 import torch
 
 from .checks import check_dtype, check_same_device, check_tensor, fail
-from .formats import MXFP4_BLOCK, NVFP4_BLOCK, cdiv
+from .formats import MX_ROUNDINGS, MXFP4_BLOCK, NVFP4_BLOCK, cdiv
 
 FP8_BLOCK = 128  # DeepGEMM block scales: 1x128 activations, 128x128 weights
 
@@ -253,9 +253,6 @@ def check_swiglu_args(op, two_i, interleave, activation, alpha, limit, group_siz
             fail(op, "group_size", f"I = {i} is not a multiple of group_size={group_size}")
         if not quant_eps > 0:
             fail(op, "quant_eps", f"must be > 0 (it keeps all-zero groups finite), got {quant_eps}")
-
-
-MX_ROUNDINGS = ("floor", "rceil")  # MXFP4 scale exponent rules (dispatch/reference/quant.py)
 
 
 def check_gemm_swiglu_fp4(quant, a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
