@@ -29,7 +29,8 @@ from .grouped_sm90_config import FP8_PREFILL_WIDE, FP8_PREFILL_WIDE_ROWS, pick_c
 
 UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
 DESC_UPDATE_ENV = "LOWBIT_CUTE_GEMM_DESC_UPDATE"
-HARDWARE_STATUS = "CuTeDSL sm_90 grouped GEMM: its 26 GPU tests passed on an H100 (94a35da)"
+HARDWARE_STATUS = ("CuTeDSL sm_90 grouped GEMM: its GPU tests passed on an H100 (163 at f860d3d, the cluster "
+                   "tests' 36 at 0015b03) and an H200 (19 at 6d8fcae)")
 # Measured on the H100, DeepSeek-V3 GEMM1 (N 4096, K 7168), 32 experts, one process: at 94a35da
 # (perf/results/nvidia-h100-80gb-hbm3.jsonl) FP8 prefill (256 rows per expert) 0.69x torch._scaled_grouped_mm
 # against the Triton kernel's 0.47x; bf16 prefill 0.79x torch._grouped_mm against Triton's 0.83x, bf16 decode
