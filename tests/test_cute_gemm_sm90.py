@@ -226,14 +226,19 @@ SM90_CASES = [("bf16", 4096, 7168, 256, "masked", False, 16), ("bf16", 4096, 716
 _SM90_DUMPS: dict = {}
 
 
-def _sm90_dump(case):
+def compile_dump(shape, **overrides):
+    """(config, PTX + SASS dump) of the sm_90 grouped GEMM for pick_config(*shape, **overrides), compiled on CPU."""
     from cute_ops.gemm.grouped_sm90 import dump
     from cute_ops.gemm.grouped_sm90_config import pick_config
 
+    cfg = pick_config(*shape, **overrides)
+    return cfg, dump(cfg)
+
+
+def _sm90_dump(case):
     if case not in _SM90_DUMPS:
         # FP8 prefill: the plain schedule this test describes (the rule's schedules: tests/test_cute_gemm_sm90_fp8.py)
-        cfg = pick_config(*case, promote_run=0, epilogue_prefetch=False, epilogue="direct")
-        _SM90_DUMPS[case] = cfg, dump(cfg)
+        _SM90_DUMPS[case] = compile_dump(case, promote_run=0, epilogue_prefetch=False, epilogue="direct")
     return _SM90_DUMPS[case]
 
 

@@ -21,7 +21,7 @@ import torch
 from cute_ops.gemm import scheduler as S
 from dispatch.reference import moe_gemm as ref
 from tests.helpers import assert_close
-from tests.test_cute_gemm_sm90 import _contiguous_case, _masked_case, _sm90_gpu, needs_dsl
+from tests.test_cute_gemm_sm90 import _contiguous_case, _masked_case, _sm90_gpu, compile_dump, needs_dsl
 from tests.test_cute_gemm_sm90_fp8 import _case, deepseek_case, deepseek_sampled_reference
 
 # the schedule the variants run on in the small cases (groups under 128 rows get the plain kernel from the rule)
@@ -127,12 +127,8 @@ SASS_CASES = [(("fp8", 4096, 7168, 32, "contiguous", True, 512), dict(cluster_m=
 @needs_dsl
 @pytest.mark.parametrize("case", SASS_CASES, ids=lambda c: f"{c[0][0]}-{c[0][1]}x{c[0][2]}-{c[0][4]}-{_vid(c[1])}")
 def test_variant_sass(case):
-    from cute_ops.gemm.grouped_sm90 import dump
-    from cute_ops.gemm.grouped_sm90_config import pick_config
-
     shape, variant = case
-    cfg = pick_config(*shape, **variant)
-    d = dump(cfg)
+    cfg, d = compile_dump(shape, **variant)
     ops = d.opcodes()
     assert d.count("LDL") == 0 and d.count("STL") == 0, ops
     assert not re.search(r"@!?U?P\w+\s+R2UR", d.sass)

@@ -22,7 +22,7 @@ from dispatch.reference import moe_gemm as ref
 from dispatch.reference.formats import e4m3_encode
 from dispatch.reference.quant import fp8_group_quantize
 from tests.helpers import assert_close
-from tests.test_cute_gemm_sm90 import _contiguous_case, _masked_case, _sm90_gpu, needs_dsl
+from tests.test_cute_gemm_sm90 import _contiguous_case, _masked_case, _sm90_gpu, compile_dump, needs_dsl
 
 # (promote_run, scale_prefetch, epilogue_prefetch, epilogue): every schedule the FP8 prefill sweep times, and more
 SCHEDULES = [(1, True, False, "direct"), (2, False, True, "smem"), (2, True, False, "direct"),
@@ -76,13 +76,9 @@ SASS_CASES = [(("fp8", 4096, 7168, 32, "contiguous", False, 512), 4, True, False
 @pytest.mark.parametrize("case", SASS_CASES,
                          ids=lambda c: f"{c[0][1]}x{c[0][2]}-{c[0][4]}-run{c[1]}-pf{int(c[2])}-ep{int(c[3])}-{c[4]}")
 def test_fp8_schedule_sass(case):
-    from cute_ops.gemm.grouped_sm90 import dump
-    from cute_ops.gemm.grouped_sm90_config import pick_config
-
     shape, run, prefetch, epilogue_prefetch, epilogue = case
-    cfg = pick_config(*shape, promote_run=run, scale_prefetch=prefetch, epilogue_prefetch=epilogue_prefetch,
-                      epilogue=epilogue)
-    d = dump(cfg)
+    cfg, d = compile_dump(shape, promote_run=run, scale_prefetch=prefetch, epilogue_prefetch=epilogue_prefetch,
+                          epilogue=epilogue)
     ops = d.opcodes()
     k_tiles = cfg.k // 128
     tail = k_tiles % run
@@ -253,11 +249,7 @@ def deepseek_sampled_reference(a, sa, w, sw, ids):
 def test_epilogue_prefetch_sass_bf16():
     """epilogue_prefetch on the bf16 kernel (128 x 256 tile, contiguous, row weights): compiles without spills, the
     same stores."""
-    from cute_ops.gemm.grouped_sm90 import dump
-    from cute_ops.gemm.grouped_sm90_config import pick_config
-
-    cfg = pick_config("bf16", 4096, 7168, 32, "contiguous", True, 256, epilogue_prefetch=True)
-    d = dump(cfg)
+    cfg, d = compile_dump(("bf16", 4096, 7168, 32, "contiguous", True, 256), epilogue_prefetch=True)
     ops = d.opcodes()
     assert re.findall(r"\bHGMMA\.[0-9x]+\.F32\S*", d.sass) == ["HGMMA.64x256x16.F32.BF16"] * 8, ops
     assert d.count("LDL") == 0 and d.count("STL") == 0, ops

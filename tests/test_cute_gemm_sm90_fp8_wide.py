@@ -22,7 +22,7 @@ import torch
 
 from dispatch.reference import moe_gemm as ref
 from tests.helpers import assert_close
-from tests.test_cute_gemm_sm90 import _sm90_gpu, needs_dsl
+from tests.test_cute_gemm_sm90 import _sm90_gpu, compile_dump, needs_dsl
 from tests.test_cute_gemm_sm90_cluster import _vid
 from tests.test_cute_gemm_sm90_fp8 import _case, deepseek_case, deepseek_sampled_reference
 
@@ -73,12 +73,8 @@ SASS_CASES = [(GEMM1, t) for t in WIDE] + [(GEMM2, dict(tile_m=tm, tile_n=tn)) f
 @needs_dsl
 @pytest.mark.parametrize("case", SASS_CASES, ids=lambda c: f"{c[0][1]}x{c[0][2]}-{c[0][4]}-{_vid(c[1])}")
 def test_fp8_wide_sass(case):
-    from cute_ops.gemm.grouped_sm90 import dump
-    from cute_ops.gemm.grouped_sm90_config import pick_config
-
     shape, tiles = case
-    cfg = pick_config(*shape, **tiles)
-    d = dump(cfg)
+    cfg, d = compile_dump(shape, **tiles)
     ops = d.opcodes()
     waves = cfg.tile_m * cfg.tile_n // (128 * cfg.wave_n)
     accs = cfg.tile_m * cfg.tile_n // 256  # accumulators per thread
@@ -105,12 +101,8 @@ SMEM_WIDE = [dict(tile_m=128, tile_n=256, epilogue="smem"), dict(tile_m=128, til
 def test_fp8_wide_smem_epilogue_sass(tiles):
     """The smem epilogue on the 128-row wide tiles: its stores, and its register spills (~20 values per tile) only
     outside the K loop (stored before the first QGMMA, reloaded after the last wait)."""
-    from cute_ops.gemm.grouped_sm90 import dump
-    from cute_ops.gemm.grouped_sm90_config import pick_config
-
     for shape in (GEMM1, GEMM2):
-        cfg = pick_config(*shape, **tiles)
-        d = dump(cfg)
+        cfg, d = compile_dump(shape, **tiles)
         seq = re.findall(r"\b(LDL|STL|QGMMA|WARPGROUP\.DEPBAR)\b", d.sass)
         first, last = seq.index("QGMMA"), len(seq) - 1 - seq[::-1].index("WARPGROUP.DEPBAR")
         assert "LDL" not in seq[first:last] and "STL" not in seq[first:last], seq
