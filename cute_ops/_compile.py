@@ -21,8 +21,6 @@ Env: LOWBIT_CUTE_CACHE_DIR (default ~/.cache/lowbit/cute), LOWBIT_CUTE_DISK_CACH
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import fcntl
 import functools
@@ -31,9 +29,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
+from triton_ops._recording import note
 from triton_ops.contract.arch import env_reader
 
 EXPORT_NAME = "func"
@@ -237,26 +236,17 @@ class CuteCall:
     args: tuple
 
 
-# The calls of the current `recording_calls` scope (a context variable: per thread / task); None outside one.
-_RECORDING: contextvars.ContextVar[list | None] = contextvars.ContextVar("lowbit_cute_recording", default=None)
-
-
-def launch(fn: Callable, *args):
+def launch(fn: Callable, *args, device=None):
     """fn(*args): the general entries of the CuTe ops whose rows get eager launch plans call their compiled
-    functions through here, so that a recording scope sees each call with its exact arguments."""
+    functions through here, so that a recording scope (triton_ops._recording.recording_launches, the one the Triton
+    launches join) sees each call with its exact arguments. device: the CUDA device of the call's tensors, made
+    current around it where it is not (TVM-FFI's environment stream is the current device's)."""
+    if device is not None and device.index is not None:
+        import torch
+
+        if device.index != torch.cuda.current_device():
+            with torch.cuda.device(device):
+                return launch(fn, *args)
     out = fn(*args)
-    recording = _RECORDING.get()
-    if recording is not None:
-        recording.append(CuteCall(fn, args))
+    note(CuteCall(fn, args))
     return out
-
-
-@contextlib.contextmanager
-def recording_calls(records: list) -> Iterator[list]:
-    """Append a CuteCall to `records` for every `launch` inside the block (a Triton recording passes its own list,
-    so that both kinds of launch keep their order)."""
-    token = _RECORDING.set(records)
-    try:
-        yield records
-    finally:
-        _RECORDING.reset(token)

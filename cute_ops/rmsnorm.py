@@ -292,11 +292,7 @@ def _launch(x, weight, residual, eps, weight_offset, *, mode, group_size=16, qua
     else:
         s_arg = scales.view(torch.uint8).view(-1) if swizzle else scales.view(rows, k // NVFP4_BLOCK).view(torch.uint8)
         args = (None, _rows("q", q), s_arg, global_scale.view(1), gs_out.view(1))
-    if dev.index is None or dev.index == torch.cuda.current_device():
-        _compile.launch(fn, x2, w, r2, ro2, *args, float(eps), float(quant_eps))
-    else:  # the TVM-FFI env stream is the current device's current stream (entering the guard costs a few us)
-        with torch.cuda.device(dev):
-            _compile.launch(fn, x2, w, r2, ro2, *args, float(eps), float(quant_eps))
+    _compile.launch(fn, x2, w, r2, ro2, *args, float(eps), float(quant_eps), device=dev)
     return _results(mode, y, q, scales, gs_out, new_res)
 
 

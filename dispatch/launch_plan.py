@@ -281,10 +281,10 @@ def record(impl, args: tuple, cute: bool = False):
     call, whose plan must hold at least one recorded CuTe call (else its compiled function ran unrecorded)."""
     from triton import knobs
 
-    from cute_ops._compile import CuteCall, recording_calls
+    from cute_ops._compile import CuteCall
     from triton_ops._launch import recording_launches
 
-    with recording_launches() as launches, recording_calls(launches), _OpLog(launches) as oplog:
+    with recording_launches() as launches, _OpLog(launches) as oplog:
         out = impl(*args)
     if cute and not any(isinstance(launch, CuteCall) for launch in launches):
         return out, None, "a CuTe row's call recorded no CuTe call (its compiled function ran outside " \

@@ -14,6 +14,7 @@ import torch
 from dispatch import launch_plan, native_replay
 from dispatch.ops import _common
 from tests.test_launch_plan_derive import KERNEL, NO_HOOKS, _FakeCompiled
+from tests.test_native_replay import _compiled
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
 _compile = pytest.importorskip("cute_ops._compile")
@@ -59,7 +60,7 @@ def _recorded(backend, args: tuple):
     """(outputs, plan) of backend(*args) recorded as launch_plan.record does, on the CPU."""
     from triton_ops._launch import recording_launches
 
-    with recording_launches() as launches, _compile.recording_calls(launches), launch_plan._OpLog(launches) as log:
+    with recording_launches() as launches, launch_plan._OpLog(launches) as log:
         out = backend(*args)
     return out, launch_plan._derive(out, args, launches, log.ops, NO_HOOKS, device_type="cpu")
 
@@ -89,7 +90,7 @@ def test_cute_calls_are_recorded_in_order_with_triton_launches():
         records.append(LaunchRecord(KERNEL, (1,), (out, out, flags, 4), {"BLOCK": 8}, compiled))
         return out
 
-    with recording_launches() as records, _compile.recording_calls(records), launch_plan._OpLog(records) as log:
+    with recording_launches() as records, launch_plan._OpLog(records) as log:
         out = backend(x)
     plan = launch_plan._derive(out, (x,), records, log.ops, NO_HOOKS, device_type="cpu")
     assert [launch[0] == launch_plan.CUTE for launch in plan.launches] == [False, True, False]
@@ -191,18 +192,9 @@ def test_a_cpu_plan_mixing_cute_and_triton_launches_is_refused(native):
     plan = launch_plan.LaunchPlan(torch.device("cpu"), [], [
         (None, 1, (4, 1, 0), (1, 1, 1), [("const", 0)]),
         (launch_plan.CUTE, StandIn().fn, None, None, [("const", 1)])], ("const", None), [],
-        [_compiled_stub(), None])
+        [_compiled({"p": "i32"}), None])
     with pytest.raises(RuntimeError, match="CUDA"):
         native.register("toy_mixed", (torch.randn(2), "auto"), native_replay.describe(plan))
-
-
-def _compiled_stub():
-    import types
-
-    run = types.SimpleNamespace(global_scratch_size=0, profile_scratch_size=0, launch_cooperative_grid=False,
-                                launch_pdl=False)
-    return types.SimpleNamespace(src=types.SimpleNamespace(signature={"p": "i32"}), run=run,
-                                 metadata=types.SimpleNamespace())
 
 
 # --------------------------------------------------------------------------------------- fallbacks, choices

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import inspect
-from collections.abc import Iterator
 
 import torch
 import triton.language as tl
 
+from triton_ops._recording import note, recording_launches  # noqa: F401 - recording_launches: re-exported
 from triton_ops.contract.arch import arch_at_least, arch_of
 
 TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -35,30 +33,12 @@ class LaunchRecord:
     compiled: object  # the CompiledKernel the launch ran (None under the interpreter)
 
 
-# The launches of the current `recording_launches()` scope (a context variable: per thread / task, like
-# dispatch.use_backend); None outside one.
-_RECORDING: contextvars.ContextVar[list | None] = contextvars.ContextVar("lowbit_launch_recording", default=None)
-
-
 def launch(kernel, grid, *args, **kwargs):
-    """kernel[grid](*args, **kwargs): every lowbit Triton launch goes through here, so that a recording scope can
-    see the compiled kernel and the exact arguments of each launch."""
+    """kernel[grid](*args, **kwargs): every lowbit Triton launch goes through here, so that a recording scope
+    (triton_ops._recording.recording_launches) can see the compiled kernel and the exact arguments of each launch."""
     compiled = kernel[grid](*args, **kwargs)
-    recording = _RECORDING.get()
-    if recording is not None:
-        recording.append(LaunchRecord(kernel, tuple(grid), args, kwargs, compiled))
+    note(LaunchRecord(kernel, tuple(grid), args, kwargs, compiled))
     return compiled
-
-
-@contextlib.contextmanager
-def recording_launches() -> Iterator[list[LaunchRecord]]:
-    """Collect the LaunchRecords of every `launch` inside the block (nested scopes each see their own)."""
-    records: list[LaunchRecord] = []
-    token = _RECORDING.set(records)
-    try:
-        yield records
-    finally:
-        _RECORDING.reset(token)
 
 
 def launch_hooks_set(knobs=None) -> bool:

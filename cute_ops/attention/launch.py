@@ -177,11 +177,7 @@ def run(compiled_fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_
     sink_arg = None if sinks is None else sinks.to(torch.float32).contiguous()
     args = (q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), sink_arg, scale,
             int(window_left), int(window_right), int(max_seqlen_q))
-    if q.device.index is None or q.device.index == torch.cuda.current_device():
-        _compile.launch(compiled_fn, *args)
-    else:  # the TVM-FFI env stream is the current device's current stream
-        with torch.cuda.device(q.device):
-            _compile.launch(compiled_fn, *args)
+    _compile.launch(compiled_fn, *args, device=q.device)
     return out, lse
 
 
