@@ -183,12 +183,24 @@ def _mask_tile(s, k0, lo, hi, page_ok, q_pos, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
+def _nz(m):
+    """m with -inf (a row that has seen no key yet) as 0, for exponents: exp2(-inf - 0) = 0, never NaN."""
+    return gl.where(m == float("-inf"), 0.0, m)
+
+
+@gluon.jit
+def _scale_rows(o, f):
+    """O with row r multiplied by f[r] (f in the row slice of S's wgmma layout: a register-only conversion)."""
+    return o * gl.expand_dims(gl.convert_layout(f, gl.SliceLayout(1, o.type.layout), assert_trivial=True), 1)
+
+
+@gluon.jit
 def _softmax_tile(s, k0, lo, hi, page_ok, q_pos, m_i, l_i, qk_scale, CAUSAL: gl.constexpr):
     """Mask the raw logits s of keys k0..k0+63 (`_mask_tile`) and fold them into the running (m, l) (log2 units).
     Returns (P fp32, new m, new l, alpha = the factor O is rescaled by)."""
     s = _mask_tile(s, k0, lo, hi, page_ok, q_pos, CAUSAL)
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet: exp2(-inf) = 0, no NaN
+    m_use = _nz(m_new)
     alpha = gl.exp2(m_i - m_use)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
     l_i = l_i * alpha + gl.sum(p, 1)
@@ -227,7 +239,7 @@ def _tile(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_de
     p, m_i, l_i, alpha = _softmax_tile(s, k0, lo, hi, (page >= 0) & (page < num_blocks), q_pos, m_i, l_i,
                                        qk_scale, CAUSAL)
     if not FIRST:
-        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+        o = _scale_rows(o, alpha)
     p_smem.store(p.to(gl.bfloat16))
     fence_async_shared()
     _cta_barrier()  # P complete (both halves) and visible to wgmma
@@ -264,7 +276,7 @@ def _tile_overlap(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bar
         _cta_barrier()  # both warpgroups are done with tile t - 1's buffer and with P: refill it with tile t + 1
         _load_page(kn_desc, kr_desc, nxt, num_blocks, bars.index(1 - slot), kn_smem.index(1 - slot),
                    kr_smem.index(1 - slot), t + 1 < n_tiles)
-        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+        o = _scale_rows(o, alpha)
     p_smem.store(p.to(gl.bfloat16))
     fence_async_shared()
     _cta_barrier()  # P_t complete (both halves) and visible to wgmma

@@ -15,6 +15,8 @@ from triton_ops.attention.mla_sm90 import (
     _cta_barrier,
     _key_span,
     _mask_tile,
+    _nz,
+    _scale_rows,
     _softmax_tile,
     _store_out,
     _tma_load,
@@ -77,8 +79,7 @@ def _chunk(buf, c: gl.constexpr, NCH: gl.constexpr):
 
 
 @gluon.jit
-def _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W: gl.constexpr, R1: gl.constexpr, s_layout: gl.constexpr,
-              o_layout: gl.constexpr):
+def _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W: gl.constexpr, R1: gl.constexpr, s_layout: gl.constexpr):
     """Wait for the owner of tile j to publish P_j (in the RoPE part of its buffer, whose S is done) and the
     running (m_j, l_j); rescale O to m_j and issue O += P_j V_j on this warpgroup's 256 columns (async)."""
     so = j % 2
@@ -90,8 +91,8 @@ def _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W: gl.constexpr, R1:
     else:
         m_j = ml_smem[0].index(2 * so).load(row_layout)
         l_j = ml_smem[0].index(2 * so + 1).load(row_layout)
-    alpha = gl.exp2(m_i - gl.where(m_j == float("-inf"), 0.0, m_j))
-    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+    alpha = gl.exp2(m_i - _nz(m_j))
+    o = _scale_rows(o, alpha)
     o = warpgroup_mma(kr_smem.index(so), kn_smem.index(2 * so + W), o, is_async=True)
     return o, m_j, l_j
 
@@ -102,11 +103,17 @@ def _ws_release(o, slot, empty_n, empty_r, W: gl.constexpr, R1: gl.constexpr):
     part (one arrival each for the four warps; R1: the half's arrival alone, which the producer also waits for
     before the RoPE part: one arrival, and one barrier fewer, per release)."""
     o = warpgroup_mma_wait(0, deps=(o, ))
+    _ws_free(slot, empty_n, empty_r, W, R1)
+    return o
+
+
+@gluon.jit
+def _ws_free(slot, empty_n, empty_r, W: gl.constexpr, R1: gl.constexpr):
+    """`_ws_release` after the caller's own wait for the MMAs that read buffer `slot`."""
     _cta_barrier()
     mbarrier.arrive(empty_n.index(2 * slot + W))
     if not R1:  # (R1: the producer takes the half's arrival for the RoPE part too)
         mbarrier.arrive(empty_r.index(slot))
-    return o
 
 
 @gluon.jit
@@ -150,14 +157,14 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
     release that the refill of tile j + 2 waits for (the softmax then runs beside the other warpgroup's MMAs
     only). Every MMA retires inside the call (nothing in flight across a back edge)."""
     if OTHER and PV_FIRST:
-        o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, R1, s_layout, o_layout)
+        o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, R1, s_layout)
         o = _ws_release(o, j % 2, empty_n, empty_r, W, R1)
     if HAS_OWN:
         t = j + 1
         k0 = (p0 + t) * PAGE
         s = _ws_issue_s(t, W, NCH, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, p0, sk, s_layout)
     if OTHER and not PV_FIRST:
-        o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, R1, s_layout, o_layout)
+        o, m_i, l_i = _ws_other(j, o, m_i, kn_smem, kr_smem, ml_smem, sm_bar, W, R1, s_layout)
     if HAS_OWN:
         page = gl.load(bt_row + p0 + t)
         s = warpgroup_mma_wait(0 + (OTHER and not PV_FIRST), deps=(s, ))  # S done; P_j V_j may still run
@@ -166,7 +173,7 @@ def _ws_pair(j, OTHER: gl.constexpr, HAS_OWN: gl.constexpr, W: gl.constexpr, PV_
     if OTHER and not PV_FIRST:
         o = _ws_release(o, j % 2, empty_n, empty_r, W, R1)
     if HAS_OWN:
-        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+        o = _scale_rows(o, alpha)
         kr_smem.index(W).store(p.to(gl.bfloat16))
         if R1:
             ml_smem[W].store(m_i)
@@ -231,12 +238,6 @@ def _ws_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_b
 
 
 @gluon.jit
-def _nz(m):
-    """m with -inf (a row that has seen no key yet) as 0, for exponents: exp2(-inf - 0) = 0, never NaN."""
-    return gl.where(m == float("-inf"), 0.0, m)
-
-
-@gluon.jit
 def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, RP: gl.constexpr, o, m_i, l_i, q_smem, qr_smem, kn_smem,
                kr_smem, ml_smem, full_n, full_r, mx_bar, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi, sk,
                q_pos, qk_scale, CAUSAL: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
@@ -271,7 +272,7 @@ def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, RP: gl.constexpr, o, m_i
             if RP:  # P_a V_a from registers against m_a, under warpgroup 1's softmax
                 alpha = gl.exp2(m_i - _nz(m_a))
                 l_i = l_i * alpha + rs
-                o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+                o = _scale_rows(o, alpha)
                 p_reg = gl.convert_layout(p.to(gl.bfloat16), p_layout)
                 o = warpgroup_mma(p_reg, kn_smem.index(0), o, is_async=True)
             if HAS_B:
@@ -308,28 +309,24 @@ def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, RP: gl.constexpr, o, m_i
         l_i = l_i * alpha
     if RP and W == 0:  # P_a V_a (issued above) done: slot 0 released, O from m_a to m_b, then P_b V_b
         o, p_reg = warpgroup_mma_wait(0, deps=(o, p_reg))
-        _cta_barrier()
-        mbarrier.arrive(empty_n.index(0))
-        mbarrier.arrive(empty_r.index(0))
+        _ws_free(0, empty_n, empty_r, W, False)
         if HAS_B:
-            o = o * gl.expand_dims(gl.convert_layout(c, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+            o = _scale_rows(o, c)
             mbarrier.wait(sm_bar.index(1), ph)
             o = warpgroup_mma(kr_smem.index(1), kn_smem.index(2), o, is_async=True)
             o = _ws_release(o, 1, empty_n, empty_r, W, False)
     elif RP and HAS_B:  # warpgroup 1: its own P_b V_b from registers first, then P_a V_a
-        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+        o = _scale_rows(o, alpha)
         p_reg = gl.convert_layout(p16, p_layout)
         o = warpgroup_mma(p_reg, kn_smem.index(3), o, is_async=True)
         mbarrier.wait(sm_bar.index(0), ph)
         o = warpgroup_mma(kr_smem.index(0), kn_smem.index(1), o, is_async=True)
         p_reg = warpgroup_mma_wait(1, deps=(p_reg, ))  # P_b V_b done: slot 1 released
-        _cta_barrier()
-        mbarrier.arrive(empty_n.index(3))
-        mbarrier.arrive(empty_r.index(1))
+        _ws_free(1, empty_n, empty_r, W, False)
         o = _ws_release(o, 0, empty_n, empty_r, W, False)
     else:  # P_a V_a, then P_b V_b on this warpgroup's 256 columns, back to back; each slot released once its MMA
         # is done
-        o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
+        o = _scale_rows(o, alpha)
         if W == 1:
             mbarrier.wait(sm_bar.index(0), ph)
         o = warpgroup_mma(kr_smem.index(0), kn_smem.index(W), o, is_async=True)
@@ -339,9 +336,7 @@ def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, RP: gl.constexpr, o, m_i
             o = warpgroup_mma(kr_smem.index(1), kn_smem.index(2 + W), o, is_async=True)
             # P_a V_a done (O itself stays untouched while P_b V_b runs): slot 0 is free for tile a + 2
             m_new = warpgroup_mma_wait(1, deps=(m_new, ))
-            _cta_barrier()
-            mbarrier.arrive(empty_n.index(W))
-            mbarrier.arrive(empty_r.index(0))
+            _ws_free(0, empty_n, empty_r, W, False)
             o = _ws_release(o, 1, empty_n, empty_r, W, False)
         else:
             o = _ws_release(o, 0, empty_n, empty_r, W, False)
