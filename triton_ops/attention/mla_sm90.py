@@ -430,9 +430,11 @@ def _cache_2d(kv_cache: torch.Tensor) -> torch.Tensor:
     return kv_cache.as_strided((nb * bs, kv_cache.shape[-1]), (kv_cache.stride(1), 1))
 
 
+@functools.lru_cache(maxsize=256)
 def _kernel_and_consts(sq: int, h: int, causal: bool, final: bool, schedule: str):
     """The kernel of `schedule`, its constexprs and its NoPE TMA box width (PINGPONG: num_warps is the TMA
-    partition's; the two compute warpgroups are worker partitions)."""
+    partition's; the two compute warpgroups are worker partitions). Cached per call shape (callers only read the
+    dict): no import or schedule parsing per call."""
     consts = dict(SQ=sq, H=h, CAUSAL=causal, FINAL=final)
     if schedule.startswith("pingpong"):
         from triton_ops.attention.mla_sm90_ws import _mla_ws_kernel  # (that module builds on this one's parts)
