@@ -73,8 +73,12 @@ note "env: $(python3 -c "import json; d = json.load(open('$OUT/env.json')); prin
 if want tests; then
   t0=$(date +%s)
   # shellcheck disable=SC2086
+  # Cold, the suite is bound by compiling kernels (Triton, CuTeDSL) on the host's cores, not by the GPU: pytest-xdist
+  # (on the GPU image) spreads it over TEST_WORKERS processes sharing the one GPU and the on-disk compile caches.
+  workers=()
+  python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-12}" --dist worksteal)
   timeout "${TEST_TIME:-480}" python3 -m pytest ${TEST_ARGS:-tests} -m gpu -q --disable-warnings --maxfail=30 --no-header -rfE \
-      --durations=15 --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
+      "${workers[@]}" --durations=40 --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
   rc=$?
   note "gpu tests (rc=$rc, $(( $(date +%s) - t0 )) s, profile $HYPOTHESIS_PROFILE): $(grep -E '(passed|failed|error)' "$OUT/pytest.log" | tail -n 1)"
 fi

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,23 @@ DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=
 # Under the interpreter the Triton backend is the one to test; on a GPU, auto must pick it too.
 FLOAT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 DISTRIBUTIONS = ("normal", "heavy_tail", "subnormal", "zero_blocks", "mixed_scale", "ties")
+
+
+def _host_bf16_reason() -> str | None:
+    """Why CuTe device code cannot run on this host, or None. LLVM lowers an f32 -> bf16 conversion on x86 to a
+    call of libgcc's `__truncsfbf2`, which libgcc exports from GCC 13 on; GCC 12's (Debian 12) lacks it, so the
+    host-executed CuTe functions that round to bf16 fail to link in the JIT there."""
+    try:
+        libgcc = ctypes.CDLL("libgcc_s.so.1")
+    except OSError as e:
+        return f"libgcc_s.so.1 not loadable ({e})"
+    if not hasattr(libgcc, "__truncsfbf2"):
+        return "host libgcc lacks __truncsfbf2 (GCC < 13): CuTe code that rounds to bf16 cannot run on this host"
+    return None
+
+
+HOST_BF16_REASON = _host_bf16_reason()
+needs_host_bf16 = pytest.mark.skipif(HOST_BF16_REASON is not None, reason=str(HOST_BF16_REASON))
 
 
 def make_values(rows: int, k: int, dist: str, seed: int, block: int = 16) -> torch.Tensor:

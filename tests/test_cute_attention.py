@@ -31,7 +31,7 @@ from cute_ops.attention import scheduler as S
 from cute_ops.attention import softmax as SM
 from cute_ops.attention.fmha_sm100 import FmhaSm100Config, emulate
 from dispatch.reference.attention import attention_varlen, visible_keys
-from tests.helpers import assert_attention_close
+from tests.helpers import assert_attention_close, needs_host_bf16
 from triton_ops.attention.mask import full_key_range, key_range
 
 # range_constexpr over 128 columns is deliberate (see mask.apply_row_bounds); the DSL's hint about it is noise here
@@ -311,6 +311,7 @@ def test_online_softmax_model_matches_one_pass_softmax(threshold, sink):
 
 
 @needs_dsl
+@needs_host_bf16
 @pytest.mark.parametrize("threshold,sink", [(0.0, None), (8.0, None), (8.0, 2.5), (0.0, -1.0)])
 def test_device_softmax_step_runs_on_the_host_like_the_model(threshold, sink):
     """The softmax warps' per-tile sequence (init_stats, tile_max, update_max, exp2_convert, finalize) traced as

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from cute_ops import unavailable_reason
 from cute_ops.attention import mask as M
 from dispatch.reference.attention import attention_varlen
-from tests.helpers import assert_attention_close
+from tests.helpers import assert_attention_close, needs_host_bf16
 
 # range_constexpr over a row's columns is deliberate (see mask.apply_row_bounds); the DSL's hint about it is noise
 pytestmark = pytest.mark.filterwarnings("ignore:This static loop has")
@@ -184,6 +184,7 @@ def test_sm90_wgmma_fragments_line_up(dsl_arch_sm90, d, tile_m, tile_n):
 
 
 @needs_dsl
+@needs_host_bf16
 @pytest.mark.parametrize("threshold,sink,tiles_cfg", [
     (0.0, None, (128, 128, 128, 45)), (8.0, None, (128, 128, 128, 45)), (8.0, 1.5, (128, 128, 128, 45)),
     (8.0, 1.5, (64, 192, 160, 300))])
@@ -261,6 +262,7 @@ def test_sm90_softmax_tile_runs_on_the_host_like_the_model(dsl_arch_sm90, thresh
 
 
 @needs_dsl
+@needs_host_bf16
 @pytest.mark.parametrize("tile_m,t", [(128, 0), (128, 6), (128, 77), (128, 201), (192, 130), (192, 300), (192, 383)])
 def test_sm90_epilogue_runs_on_the_host(dsl_arch_sm90, tile_m, t):
     """The consumer's epilogue traced from the kernel class and run on the host for thread t, writing into a torch
