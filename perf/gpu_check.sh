@@ -77,10 +77,13 @@ if want tests; then
   # (on the GPU image) spreads it over TEST_WORKERS processes sharing the one GPU and the on-disk compile caches.
   workers=()
   python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-12}" --dist worksteal)
-  timeout "${TEST_TIME:-480}" python3 -m pytest ${TEST_ARGS:-tests} -m gpu -q --disable-warnings --maxfail=30 --no-header -rfE \
+  timeout -s INT -k 30 "${TEST_TIME:-480}" python3 -m pytest ${TEST_ARGS:-tests} -m gpu -q --disable-warnings --maxfail=30 --no-header -rfE \
       "${workers[@]}" --durations=40 --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
   rc=$?
-  note "gpu tests (rc=$rc, $(( $(date +%s) - t0 )) s, profile $HYPOTHESIS_PROFILE): $(grep -E '(passed|failed|error)' "$OUT/pytest.log" | tail -n 1)"
+  wall=$(( $(date +%s) - t0 ))
+  note "gpu tests (rc=$rc, $wall s, profile $HYPOTHESIS_PROFILE, ${#workers[@]} xdist args): $(grep -E '(passed|failed|error)' "$OUT/pytest.log" | tail -n 1)"
+  [ -s "$OUT/pytest.xml" ] && python3 -m perf.test_summary "$OUT/pytest.xml" --wall "$wall" --env "$OUT/env.json" \
+      --out "$OUT/gpu-tests.json" | tee -a "$summary"
 fi
 
 if want sanitize; then
