@@ -6,6 +6,8 @@
 * Hypothesis profiles: "ci" (default; derandomized, sized for 2 CPU cores), "gpu" (sized for one device
   call), "gpu-exhaustive" (150 examples per test), "dev" (random, for local bug hunting). Select with
   HYPOTHESIS_PROFILE.
+* `slow`: long property runs, skipped unless `--run-slow` (or LOWBIT_SLOW=1); the default run keeps the pinned
+  edge cases and a short derandomized property pass of every family.
 * Poison: every test runs with torch's fill_uninitialized_memory on, so torch.empty outputs start as NaN
   (floats) or the max integer: an output element a kernel forgets to write cannot look right.
 """
@@ -18,6 +20,10 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One intra-op thread per xdist worker: the workers already take every core (the interpreter and the
+    # compilers are single-threaded), and torch's pool on top of them only oversubscribes.
+    torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
@@ -46,7 +52,17 @@ def poison_uninitialized_memory():
     torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=os.environ.get("LOWBIT_SLOW") == "1",
+                     help="also run the long property runs marked `slow` (or set LOWBIT_SLOW=1)")
+
+
 def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--run-slow"):
+        skip_slow = pytest.mark.skip(reason="long property run: opt in with --run-slow or LOWBIT_SLOW=1")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip_slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m gpu on the device machine)")
