@@ -1,5 +1,6 @@
 """`python -m dispatch [--arch sm_100] [--markdown]`: print the dispatch table.
-`python -m dispatch check [--quick]`: the self-check (every op through auto dispatch vs the reference)."""
+`python -m dispatch check [--ops OP ...] [--json PATH]`: the self-check (dispatch/selfcheck.py: every op
+through auto dispatch vs the reference)."""
 
 from __future__ import annotations
 

@@ -363,6 +363,6 @@ def self_check_cases() -> list:
         Case("mxfp4_dequantize", mxdq, label="linear -> bf16"),
         Case("fp8_group_quantize", fp8q, label="g128, column-major scales"),
         Case("fp8_group_dequantize", fp8dq, label="g128 ue8m0 -> bf16"),
-        Case("swizzle_scales_128x4", swz),
-        Case("unswizzle_scales_128x4", unswz),
+        Case("swizzle_scales_128x4", swz, label="300x56 -> 384x56 (128x4 tiles)"),
+        Case("unswizzle_scales_128x4", unswz, label="384x56 -> 300x53"),
     ]
