@@ -13,11 +13,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from triton_ops.attention.prefill import MAX_HEAD_DIM
+
 from . import attention as attn
 from .modules import LowbitAttention, LowbitRMSNorm, LowbitSwiGLUMLP
 from .rope import cos_sin_cache, rope_problems
-
-from triton_ops.attention.prefill import MAX_HEAD_DIM
 
 # The dtypes of the attention kernels (fp32 runs on the Triton kernel only; bf16 / fp16 on every GPU kernel).
 ATTENTION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
