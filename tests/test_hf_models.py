@@ -110,3 +110,59 @@ def test_unknown_model_refused_unmodified():
 def test_training_mode_refused_unmodified():
     model = llama().train()
     assert_refused_unmodified(model, "training mode")
+
+
+# ---------------------------------------------------------------------------------------------- GPT-OSS
+
+
+def gpt_oss(dtype=torch.bfloat16, **overrides):
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+              layer_types=["sliding_attention", "full_attention"], max_position_embeddings=64, pad_token_id=PAD,
+              rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                               "beta_slow": 1.0, "original_max_position_embeddings": 16, "truncate": False})
+    kw.update(overrides)
+    return _build(transformers.GptOssForCausalLM, transformers.GptOssConfig(**kw), dtype)
+
+
+GPT_OSS_SWAPS = {"GptOssAttention": 2, "GptOssRMSNorm": 5, "GptOssMLP": 2}
+
+
+def test_gpt_oss_generate_matches_unpatched():
+    assert_patched_generation_matches(gpt_oss(), 12, "auto", GPT_OSS_SWAPS)
+
+
+def test_gpt_oss_generate_matches_unpatched_triton():
+    assert_patched_generation_matches(gpt_oss(), 2, "triton", GPT_OSS_SWAPS)
+
+
+def test_gpt_oss_fp32_experts_refused_unmodified():
+    assert_refused_unmodified(gpt_oss(torch.float32), "layer 0 experts: dtype torch.float32",
+                              "layer 1 experts: dtype torch.float32")
+
+
+# ------------------------------------------------------------------------------------------ DeepSeek-V3
+
+
+def deepseek_v3(dtype=torch.bfloat16, **overrides):
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+              first_k_dense_replace=1, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=8,
+              num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32,
+              qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, max_position_embeddings=64,
+              pad_token_id=PAD, routed_scaling_factor=2.5,
+              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 1.0,
+                               "beta_fast": 32.0, "beta_slow": 1.0})
+    kw.update(overrides)
+    return _build(transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config(**kw), dtype)
+
+
+DEEPSEEK_V3_SWAPS = {"DeepseekV3RMSNorm": 9, "DeepseekV3MLP": 2, "DeepseekV3MoE": 1}
+
+
+def test_deepseek_v3_generate_matches_unpatched():
+    assert_patched_generation_matches(deepseek_v3(), 12, "auto", DEEPSEEK_V3_SWAPS)
+
+
+def test_deepseek_v3_fp32_experts_refused_unmodified():
+    assert_refused_unmodified(deepseek_v3(torch.float32), "layer 1 experts: dtype torch.float32")

@@ -17,6 +17,7 @@ from triton_ops.attention.prefill import MAX_HEAD_DIM
 
 from . import attention as attn
 from .modules import LowbitAttention, LowbitRMSNorm, LowbitSwiGLUMLP
+from .moe import LowbitDeepseekV3MoE, LowbitGptOssMLP
 from .rope import cos_sin_cache, rope_problems
 
 # The dtypes of the attention kernels (fp32 runs on the Triton kernel only; bf16 / fp16 on every GPU kernel).
@@ -110,7 +111,70 @@ def patch_llama(model: nn.Module) -> PatchReport:
     return _apply(model, "llama", swaps, problems)
 
 
-PATCHES: dict[str, Callable[[nn.Module], PatchReport]] = {"llama": patch_llama}
+# GPT-OSS's expert activation: transformers' GptOssExperts hard-codes these; the swap reads them from the module.
+GPT_OSS_EXPERTS = {"alpha": 1.702, "limit": 7.0}
+MOE_GEMM_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def patch_gpt_oss(model: nn.Module) -> PatchReport:
+    """GptOssForCausalLM / GptOssModel: RMSNorm, RoPE (YaRN), attention with sinks and the alternating sliding /
+    full layers, the router -> ops.moe_route and the experts -> lowbit's MoE op chain (bf16 / fp16 weights)."""
+    config = model.config
+    problems = _problems_common(model, config)
+    swaps = _attention_swaps(model, config, problems)
+    for i, layer in enumerate(model.model.layers):
+        experts = layer.mlp.experts
+        if experts.gate_up_proj.dtype not in MOE_GEMM_DTYPES:
+            problems.append(f"layer {i} experts: dtype {experts.gate_up_proj.dtype} (the expert GEMMs take "
+                            f"{', '.join(map(str, MOE_GEMM_DTYPES))}; quantized experts are not patched)")
+        for name, want in GPT_OSS_EXPERTS.items():
+            if getattr(experts, name, None) != want:
+                problems.append(f"layer {i} experts: {name} {getattr(experts, name, None)} (ops.swiglu's GPT-OSS "
+                                f"variant is patched with {name}={want})")
+        swaps += _norm_swaps(layer, ("input_layernorm", "post_attention_layernorm"), config.rms_norm_eps)
+        swaps.append(Swap(layer, "mlp", LowbitGptOssMLP))
+    swaps += _norm_swaps(model.model, ("norm",), config.rms_norm_eps)
+    return _apply(model, "gpt_oss", swaps, problems)
+
+
+def _deepseek_v3_layer(i: int, layer: nn.Module, config, problems: list[str]) -> list[Swap]:
+    attention, eps = layer.self_attn, config.rms_norm_eps
+    swaps = _norm_swaps(layer, ("input_layernorm", "post_attention_layernorm"), eps)
+    swaps += _norm_swaps(attention, tuple(n for n in ("q_a_layernorm", "kv_a_layernorm") if hasattr(attention, n)),
+                         eps)
+    mlp = layer.mlp
+    if not hasattr(mlp, "experts"):
+        return swaps + [Swap(layer, "mlp", LowbitSwiGLUMLP)]
+    if mlp.experts.gate_up_proj.dtype not in MOE_GEMM_DTYPES:
+        problems.append(f"layer {i} experts: dtype {mlp.experts.gate_up_proj.dtype} (the expert GEMMs take "
+                        f"{', '.join(map(str, MOE_GEMM_DTYPES))}; FP8 experts are not patched)")
+    if mlp.gate.num_experts % mlp.gate.num_group:
+        problems.append(f"layer {i} router: {mlp.gate.num_experts} experts in {mlp.gate.num_group} groups")
+    return swaps + [Swap(mlp, "shared_experts", LowbitSwiGLUMLP), Swap(layer, "mlp", LowbitDeepseekV3MoE)]
+
+
+def patch_deepseek_v3(model: nn.Module) -> PatchReport:
+    """DeepseekV3ForCausalLM / DeepseekV3Model: RMSNorm (the latent norms too), MLA attention through the
+    'lowbit' attention function (ops.attention / attention_prefill with the q/k 192 and v 128 head dims; the
+    projections and the interleaved RoPE stay transformers'), the dense and shared SwiGLU MLPs, and the routed
+    experts -> ops.moe_layer_routed (sigmoid + correction bias, grouped top-k)."""
+    config = model.config
+    problems = _problems_common(model, config)
+    head_dims = (config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim)
+    if max(head_dims) > MAX_HEAD_DIM:
+        problems.append(f"head dims (qk {head_dims[0]}, v {head_dims[1]}) (the attention kernels take at most "
+                        f"{MAX_HEAD_DIM})")
+    if config.hidden_act != "silu":
+        problems.append(f"hidden_act {config.hidden_act!r} (the MLP patch is SwiGLU with silu)")
+    swaps = []
+    for i, layer in enumerate(model.model.layers):
+        swaps += _deepseek_v3_layer(i, layer, config, problems)
+    swaps += _norm_swaps(model.model, ("norm",), config.rms_norm_eps)
+    return _apply(model, "deepseek_v3", swaps, problems)
+
+
+PATCHES: dict[str, Callable[[nn.Module], PatchReport]] = {"llama": patch_llama, "gpt_oss": patch_gpt_oss,
+                                                          "deepseek_v3": patch_deepseek_v3}
 
 
 def lowbit_patch(model: nn.Module) -> PatchReport:
