@@ -1,7 +1,7 @@
 """lowbit_patch on tiny transformers models built from configs (random weights, fixed seed, nothing downloaded):
 greedy generation of a left-padded batch of two prompts equals the unpatched eager model's tokens, with per-step
-logits cosine >= 0.9999, under `auto` (the torch references on a CPU) and forced Triton (the interpreter, fewer
-steps); unsupported models and configs raise UnsupportedModelError before anything is modified."""
+logits cosine >= 0.9999, under `auto` (the torch references on a CPU) and forced Triton (the interpreter, two steps,
+marked slow); unsupported models and configs raise UnsupportedModelError before anything is modified."""
 
 from __future__ import annotations
 
@@ -92,6 +92,7 @@ def test_llama_generate_matches_unpatched(dtype):
     assert_patched_generation_matches(llama(dtype), 12, "auto", LLAMA_SWAPS)
 
 
+@pytest.mark.slow  # the Triton interpreter: about a minute on two CPU cores
 def test_llama_generate_matches_unpatched_triton():
     assert_patched_generation_matches(llama(), 2, "triton", LLAMA_SWAPS)
 
@@ -132,6 +133,7 @@ def test_gpt_oss_generate_matches_unpatched():
     assert_patched_generation_matches(gpt_oss(), 12, "auto", GPT_OSS_SWAPS)
 
 
+@pytest.mark.slow  # the Triton interpreter: about a minute on two CPU cores
 def test_gpt_oss_generate_matches_unpatched_triton():
     assert_patched_generation_matches(gpt_oss(), 2, "triton", GPT_OSS_SWAPS)
 
