@@ -1,0 +1,73 @@
+"""MoE blocks for patched transformers models, composed of lowbit's MoE ops (docs/moe.md, docs/moe_gemm.md).
+
+GPT-OSS: router logits (the model's linear with its bias) -> `ops.moe_route` softmax + renormalize (= softmax
+over the top-k logits, transformers' GptOssTopKRouter) -> `moe_align` -> `moe_gather` -> `moe_gemm_bf16` (+ the
+expert's gate_up bias) -> `ops.swiglu` (GPT-OSS variant, interleaved gate/up, alpha 1.702, limit 7.0) ->
+`moe_gemm_bf16` (+ the down bias) -> `moe_combine`. The biases are why this is the op chain and not
+`moe_layer`, which has none: each bias is added to the GEMM's rounded output, as transformers adds it.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ... import ops
+from ...ops.moe_layer import _block_m
+
+
+def _transposed_storage(param: nn.Parameter) -> Tensor:
+    """The (E, A, B) parameter's data as a contiguous (E, B, A) tensor; the parameter becomes its transposed
+    view (same shape and state-dict name, one copy of the weights)."""
+    data = param.detach().transpose(1, 2).contiguous()
+    param.data = data.transpose(1, 2)
+    return data
+
+
+class LowbitGptOssMLP(nn.Module):
+    """transformers' GptOssMLP (router + experts with biases) through lowbit's MoE ops; returns (out, None)."""
+
+    def __init__(self, original: nn.Module):
+        super().__init__()
+        self.router, self.experts = original.router, original.experts
+        self.top_k, self.num_experts = original.router.top_k, original.experts.num_experts
+        self.alpha, self.limit = float(original.experts.alpha), float(original.experts.limit)
+        self.register_buffer("w1", _transposed_storage(self.experts.gate_up_proj), persistent=False)  # (E, 2I, H)
+        self.register_buffer("w2", _transposed_storage(self.experts.down_proj), persistent=False)  # (E, H, I)
+
+    def forward(self, hidden_states: Tensor) -> tuple[Tensor, None]:
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        logits = nn.functional.linear(x, self.router.weight, self.router.bias)
+        routing = ops.moe_route(logits, self.top_k, scoring="softmax", renormalize=True)
+        layout = ops.moe_align(routing.topk_ids, self.num_experts, _block_m(routing.topk_ids.numel() /
+                                                                              self.num_experts))
+        rows = layout.m_indices
+        expert_of_row = rows.clamp(min=0).long()  # padding rows (-1) are never combined: any expert's bias will do
+        h = ops.moe_gemm_bf16(ops.moe_gather(x, layout.sorted_token_ids, self.top_k), self.w1, m_indices=rows)
+        h = h + self.experts.gate_up_proj_bias[expert_of_row]
+        a = ops.swiglu(h, interleave=1, activation="gptoss", alpha=self.alpha, limit=self.limit, expert_ids=rows)
+        out = ops.moe_gemm_bf16(a, self.w2, m_indices=rows) + self.experts.down_proj_bias[expert_of_row]
+        y = ops.moe_combine(out, layout.inv_rows, routing.topk_weights, out_dtype=x.dtype)
+        return y.view(shape), None
+
+
+class LowbitDeepseekV3MoE(nn.Module):
+    """transformers' DeepseekV3MoE: the router's fp32 logits -> `ops.moe_layer_routed` (sigmoid + correction
+    bias, grouped top-k, renormalize, routed scaling; bf16 experts, [gate | up] rows as transformers stores them)
+    with the shared experts' output added in the combine."""
+
+    def __init__(self, original: nn.Module):
+        super().__init__()
+        self.gate, self.experts, self.shared_experts = original.gate, original.experts, original.shared_experts
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        shape, gate = hidden_states.shape, self.gate
+        x = hidden_states.reshape(-1, shape[-1])
+        logits = nn.functional.linear(x.float(), gate.weight.float())
+        y = ops.moe_layer_routed(x, logits, self.experts.gate_up_proj, self.experts.down_proj, top_k=gate.top_k,
+                                 scoring="sigmoid", bias=gate.e_score_correction_bias.float(),
+                                 renormalize=bool(gate.norm_topk_prob),
+                                 routed_scaling=float(gate.routed_scaling_factor), num_groups=gate.num_group,
+                                 topk_groups=gate.topk_group,
+                                 shared=self.shared_experts(x))
+        return y.view(shape)

@@ -1,0 +1,187 @@
+"""`lowbit_patch(model)`: swap lowbit's ops into a loaded transformers model, in place (Liger-Kernel's
+`apply_liger_kernel_to_*` convention: module swaps by name, one patch function per architecture).
+
+Every patch first plans all its swaps and collects every reason it cannot make one; if there is any, it raises
+`UnsupportedModelError` listing them all and the model is untouched. Only then are the modules replaced."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from triton_ops.attention.prefill import MAX_HEAD_DIM
+
+from . import attention as attn
+from .modules import LowbitAttention, LowbitRMSNorm, LowbitSwiGLUMLP
+from .moe import LowbitDeepseekV3MoE, LowbitGptOssMLP
+from .rope import cos_sin_cache, rope_problems
+
+# The dtypes of the attention kernels (fp32 runs on the Triton kernel only; bf16 / fp16 on every GPU kernel).
+ATTENTION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class UnsupportedModelError(ValueError):
+    """A model, or some of its layers, that lowbit cannot patch; `problems` lists every reason."""
+
+    def __init__(self, model_type: str, problems: list[str]):
+        self.model_type, self.problems = model_type, list(problems)
+        super().__init__(f"lowbit_patch({model_type}): cannot patch, nothing was modified:\n  - "
+                         + "\n  - ".join(self.problems))
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchReport:
+    """What a patch replaced: original module class name -> count, and the lowbit modules that replaced them."""
+
+    model_type: str
+    replaced: dict[str, int]
+    replacements: dict[str, str]
+    attn_implementation: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Swap:
+    parent: nn.Module
+    name: str
+    build: Callable[[nn.Module], nn.Module]
+
+
+def _problems_common(model: nn.Module, config) -> list[str]:
+    problems = []
+    dtype = next(model.parameters()).dtype
+    if dtype not in ATTENTION_DTYPES:
+        problems.append(f"dtype {dtype} (the attention ops take {', '.join(map(str, ATTENTION_DTYPES))})")
+    if model.training:
+        problems.append("model in training mode (the ops are inference only: call model.eval())")
+    return problems
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _apply(model: nn.Module, model_type: str, swaps: list[Swap], problems: list[str]) -> PatchReport:
+    if problems:
+        raise UnsupportedModelError(model_type, problems)
+    replaced, replacements = collections.Counter(), {}
+    for swap in swaps:
+        old = getattr(swap.parent, swap.name)
+        new = swap.build(old)
+        setattr(swap.parent, swap.name, new)
+        replaced[type(old).__name__] += 1
+        replacements[type(old).__name__] = type(new).__name__
+    attn.register()
+    model.set_attn_implementation(attn.IMPLEMENTATION)
+    return PatchReport(model_type, dict(replaced), replacements, attn.IMPLEMENTATION)
+
+
+def _norm_swaps(layer: nn.Module, names: tuple[str, ...], eps: float) -> list[Swap]:
+    return [Swap(layer, name, lambda m: LowbitRMSNorm(m, eps)) for name in names]
+
+
+def _attention_swaps(model, config, problems: list[str]) -> list[Swap]:
+    """The attention swap of every decoder layer (Llama-style modules: q/k/v/o projections, NeoX RoPE)."""
+    problems += rope_problems(config)
+    head_dim = _head_dim(config)
+    if head_dim > MAX_HEAD_DIM:
+        problems.append(f"head_dim {head_dim} (the attention kernels take at most {MAX_HEAD_DIM})")
+    if problems:
+        return []
+    device = next(model.parameters()).device
+    cache = cos_sin_cache(config, model.model.rotary_emb, head_dim, device)
+    return [Swap(layer, "self_attn", lambda m: LowbitAttention(m, cache)) for layer in model.model.layers]
+
+
+def patch_llama(model: nn.Module) -> PatchReport:
+    """LlamaForCausalLM / LlamaModel: RMSNorm -> ops.rms_norm, RoPE -> ops.rope, attention -> ops.attention /
+    attention_prefill, the SwiGLU MLP's activation -> ops.swiglu (silu)."""
+    config = model.config
+    problems = _problems_common(model, config)
+    if config.hidden_act != "silu":
+        problems.append(f"hidden_act {config.hidden_act!r} (the MLP patch is SwiGLU with silu)")
+    swaps = _attention_swaps(model, config, problems)
+    for layer in model.model.layers:
+        swaps += _norm_swaps(layer, ("input_layernorm", "post_attention_layernorm"), config.rms_norm_eps)
+        swaps.append(Swap(layer, "mlp", LowbitSwiGLUMLP))
+    swaps += _norm_swaps(model.model, ("norm",), config.rms_norm_eps)
+    return _apply(model, "llama", swaps, problems)
+
+
+# GPT-OSS's expert activation: transformers' GptOssExperts hard-codes these; the swap reads them from the module.
+GPT_OSS_EXPERTS = {"alpha": 1.702, "limit": 7.0}
+MOE_GEMM_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def patch_gpt_oss(model: nn.Module) -> PatchReport:
+    """GptOssForCausalLM / GptOssModel: RMSNorm, RoPE (YaRN), attention with sinks and the alternating sliding /
+    full layers, the router -> ops.moe_route and the experts -> lowbit's MoE op chain (bf16 / fp16 weights)."""
+    config = model.config
+    problems = _problems_common(model, config)
+    swaps = _attention_swaps(model, config, problems)
+    for i, layer in enumerate(model.model.layers):
+        experts = layer.mlp.experts
+        if experts.gate_up_proj.dtype not in MOE_GEMM_DTYPES:
+            problems.append(f"layer {i} experts: dtype {experts.gate_up_proj.dtype} (the expert GEMMs take "
+                            f"{', '.join(map(str, MOE_GEMM_DTYPES))}; quantized experts are not patched)")
+        for name, want in GPT_OSS_EXPERTS.items():
+            if getattr(experts, name, None) != want:
+                problems.append(f"layer {i} experts: {name} {getattr(experts, name, None)} (ops.swiglu's GPT-OSS "
+                                f"variant is patched with {name}={want})")
+        swaps += _norm_swaps(layer, ("input_layernorm", "post_attention_layernorm"), config.rms_norm_eps)
+        swaps.append(Swap(layer, "mlp", LowbitGptOssMLP))
+    swaps += _norm_swaps(model.model, ("norm",), config.rms_norm_eps)
+    return _apply(model, "gpt_oss", swaps, problems)
+
+
+def _deepseek_v3_layer(i: int, layer: nn.Module, config, problems: list[str]) -> list[Swap]:
+    attention, eps = layer.self_attn, config.rms_norm_eps
+    swaps = _norm_swaps(layer, ("input_layernorm", "post_attention_layernorm"), eps)
+    swaps += _norm_swaps(attention, tuple(n for n in ("q_a_layernorm", "kv_a_layernorm") if hasattr(attention, n)),
+                         eps)
+    mlp = layer.mlp
+    if not hasattr(mlp, "experts"):
+        return swaps + [Swap(layer, "mlp", LowbitSwiGLUMLP)]
+    if mlp.experts.gate_up_proj.dtype not in MOE_GEMM_DTYPES:
+        problems.append(f"layer {i} experts: dtype {mlp.experts.gate_up_proj.dtype} (the expert GEMMs take "
+                        f"{', '.join(map(str, MOE_GEMM_DTYPES))}; FP8 experts are not patched)")
+    if mlp.gate.num_experts % mlp.gate.num_group:
+        problems.append(f"layer {i} router: {mlp.gate.num_experts} experts in {mlp.gate.num_group} groups")
+    return swaps + [Swap(mlp, "shared_experts", LowbitSwiGLUMLP), Swap(layer, "mlp", LowbitDeepseekV3MoE)]
+
+
+def patch_deepseek_v3(model: nn.Module) -> PatchReport:
+    """DeepseekV3ForCausalLM / DeepseekV3Model: RMSNorm (the latent norms too), MLA attention through the
+    'lowbit' attention function (ops.attention / attention_prefill with the q/k 192 and v 128 head dims; the
+    projections and the interleaved RoPE stay transformers'), the dense and shared SwiGLU MLPs, and the routed
+    experts -> ops.moe_layer_routed (sigmoid + correction bias, grouped top-k)."""
+    config = model.config
+    problems = _problems_common(model, config)
+    head_dims = (config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim)
+    if max(head_dims) > MAX_HEAD_DIM:
+        problems.append(f"head dims (qk {head_dims[0]}, v {head_dims[1]}) (the attention kernels take at most "
+                        f"{MAX_HEAD_DIM})")
+    if config.hidden_act != "silu":
+        problems.append(f"hidden_act {config.hidden_act!r} (the MLP patch is SwiGLU with silu)")
+    swaps = []
+    for i, layer in enumerate(model.model.layers):
+        swaps += _deepseek_v3_layer(i, layer, config, problems)
+    swaps += _norm_swaps(model.model, ("norm",), config.rms_norm_eps)
+    return _apply(model, "deepseek_v3", swaps, problems)
+
+
+PATCHES: dict[str, Callable[[nn.Module], PatchReport]] = {"llama": patch_llama, "gpt_oss": patch_gpt_oss,
+                                                          "deepseek_v3": patch_deepseek_v3}
+
+
+def lowbit_patch(model: nn.Module) -> PatchReport:
+    """Patch a transformers model in place for its `config.model_type`; returns what was replaced."""
+    model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+    patch = PATCHES.get(model_type)
+    if patch is None:
+        raise UnsupportedModelError(model_type, [f"model_type {model_type!r} has no lowbit patch (supported: "
+                                                 f"{', '.join(sorted(PATCHES))})"])
+    return patch(model)

@@ -1,0 +1,170 @@
+"""lowbit_patch on tiny transformers models built from configs (random weights, fixed seed, nothing downloaded):
+greedy generation of a left-padded batch of two prompts equals the unpatched eager model's tokens, with per-step
+logits cosine >= 0.9999, under `auto` (the torch references on a CPU) and forced Triton (the interpreter, two steps,
+marked slow); unsupported models and configs raise UnsupportedModelError before anything is modified."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import dispatch  # noqa: E402
+from dispatch.integrations.hf import UnsupportedModelError, lowbit_patch  # noqa: E402
+
+VOCAB = 128
+PAD = 0
+COSINE_MIN = 0.9999
+
+
+def _prompts(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two prompts of 7 and 4 tokens, left padded as transformers' tokenizers pad for generation."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (2, 7), generator=g)
+    mask = torch.ones_like(ids)
+    ids[1, :3], mask[1, :3] = PAD, 0
+    return ids, mask
+
+
+def _build(model_cls, config, dtype, seed: int = 0):
+    torch.manual_seed(seed)
+    config._attn_implementation = "eager"
+    return model_cls(config).to(dtype).eval()
+
+
+def _generate(model, new_tokens: int):
+    ids, mask = _prompts()
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                              do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=PAD)
+
+
+def assert_patched_generation_matches(reference, new_tokens: int, backend: str, expect: dict[str, int]):
+    patched = copy.deepcopy(reference)
+    report = lowbit_patch(patched)
+    assert report.replaced == expect
+    want = _generate(reference, new_tokens)
+    scope = dispatch.use_backend(backend) if backend != "auto" else contextlib.nullcontext()
+    with scope:
+        got = _generate(patched, new_tokens)
+    for step, (a, b) in enumerate(zip(got.logits, want.logits, strict=True)):
+        cos = torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
+        assert bool((cos >= COSINE_MIN).all()), f"step {step}: logits cosine {cos.tolist()}"
+    assert torch.equal(got.sequences, want.sequences), f"{got.sequences}\n!=\n{want.sequences}"
+
+
+def _snapshot(model) -> tuple:
+    return ([type(m).__name__ for m in model.modules()],
+            [(n, p.data_ptr(), p.shape) for n, p in model.named_parameters()], model.config._attn_implementation)
+
+
+def assert_refused_unmodified(model, *reasons: str):
+    before = _snapshot(model)
+    with pytest.raises(UnsupportedModelError) as err:
+        lowbit_patch(model)
+    for reason in reasons:
+        assert reason in str(err.value), f"{reason!r} not in {err.value}"
+    assert len(err.value.problems) >= len(reasons)
+    assert _snapshot(model) == before
+
+
+# ------------------------------------------------------------------------------------------------ Llama
+
+
+def llama(dtype=torch.bfloat16, **overrides):
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, pad_token_id=PAD,
+              rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    kw.update(overrides)
+    return _build(transformers.LlamaForCausalLM, transformers.LlamaConfig(**kw), dtype)
+
+
+LLAMA_SWAPS = {"LlamaAttention": 2, "LlamaRMSNorm": 5, "LlamaMLP": 2}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_llama_generate_matches_unpatched(dtype):
+    assert_patched_generation_matches(llama(dtype), 12, "auto", LLAMA_SWAPS)
+
+
+@pytest.mark.slow  # the Triton interpreter: about a minute on two CPU cores
+def test_llama_generate_matches_unpatched_triton():
+    assert_patched_generation_matches(llama(), 2, "triton", LLAMA_SWAPS)
+
+
+def test_llama_unsupported_config_refused_unmodified():
+    model = llama(hidden_act="gelu", head_dim=320, num_attention_heads=2, num_key_value_heads=1,
+                  rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+    assert_refused_unmodified(model, "hidden_act 'gelu'", "head_dim 320", "rope_type 'dynamic'")
+
+
+def test_unknown_model_refused_unmodified():
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=32)
+    assert_refused_unmodified(_build(transformers.GPT2LMHeadModel, config, torch.bfloat16), "model_type 'gpt2'")
+
+
+def test_training_mode_refused_unmodified():
+    model = llama().train()
+    assert_refused_unmodified(model, "training mode")
+
+
+# ---------------------------------------------------------------------------------------------- GPT-OSS
+
+
+def gpt_oss(dtype=torch.bfloat16, **overrides):
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+              layer_types=["sliding_attention", "full_attention"], max_position_embeddings=64, pad_token_id=PAD,
+              rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                               "beta_slow": 1.0, "original_max_position_embeddings": 16, "truncate": False})
+    kw.update(overrides)
+    return _build(transformers.GptOssForCausalLM, transformers.GptOssConfig(**kw), dtype)
+
+
+GPT_OSS_SWAPS = {"GptOssAttention": 2, "GptOssRMSNorm": 5, "GptOssMLP": 2}
+
+
+def test_gpt_oss_generate_matches_unpatched():
+    assert_patched_generation_matches(gpt_oss(), 12, "auto", GPT_OSS_SWAPS)
+
+
+@pytest.mark.slow  # the Triton interpreter: about a minute on two CPU cores
+def test_gpt_oss_generate_matches_unpatched_triton():
+    assert_patched_generation_matches(gpt_oss(), 2, "triton", GPT_OSS_SWAPS)
+
+
+def test_gpt_oss_fp32_experts_refused_unmodified():
+    assert_refused_unmodified(gpt_oss(torch.float32), "layer 0 experts: dtype torch.float32",
+                              "layer 1 experts: dtype torch.float32")
+
+
+# ------------------------------------------------------------------------------------------ DeepSeek-V3
+
+
+def deepseek_v3(dtype=torch.bfloat16, **overrides):
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+              first_k_dense_replace=1, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=8,
+              num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32,
+              qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, max_position_embeddings=64,
+              pad_token_id=PAD, routed_scaling_factor=2.5,
+              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 1.0,
+                               "beta_fast": 32.0, "beta_slow": 1.0})
+    kw.update(overrides)
+    return _build(transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config(**kw), dtype)
+
+
+DEEPSEEK_V3_SWAPS = {"DeepseekV3RMSNorm": 9, "DeepseekV3MLP": 2, "DeepseekV3MoE": 1}
+
+
+def test_deepseek_v3_generate_matches_unpatched():
+    assert_patched_generation_matches(deepseek_v3(), 12, "auto", DEEPSEEK_V3_SWAPS)
+
+
+def test_deepseek_v3_fp32_experts_refused_unmodified():
+    assert_refused_unmodified(deepseek_v3(torch.float32), "layer 1 experts: dtype torch.float32")
