@@ -158,7 +158,6 @@ def test_sm90_config_rules():
     with pytest.raises(ValueError):
         pick_config("bf16", 512, 512, 4, "ragged", False, 16)
     assert pick_config("bf16", 512, 512, 4, "masked", False, 16, tile_m=128, tile_n=256, stages=2).stages == 2
-    assert pick_config("bf16", 512, 512, 4, "masked", False, 16).desc_update
     with pytest.raises(ValueError, match="stages"):
         pick_config("bf16", 512, 512, 4, "masked", False, 16, tile_m=128, tile_n=256, stages=5)
 
@@ -203,21 +202,6 @@ def test_sm90_disk_cache_round_trip(tmp_path, monkeypatch):
     assert callable(_compile.get_or_compile(key, lambda: build(cfg)))
     assert (_compile.STATS.compiles - compiles, _compile.STATS.disk_loads - loads) == (1, 1)
     assert _compile.object_path(key).exists()
-
-
-@needs_dsl
-def test_sm90_bisection_variant_compiles_without_the_rewrite():
-    """desc_update=False (LOWBIT_CUTE_GEMM_DESC_UPDATE=0): same loads through the base descriptor, no rewrite."""
-    import dataclasses
-
-    from cute_ops.gemm.grouped_sm90 import dump
-    from cute_ops.gemm.grouped_sm90_config import pick_config
-
-    d = dump(dataclasses.replace(pick_config("bf16", 512, 256, 7, "contiguous", True, 64), desc_update=False))
-    ops = d.opcodes()
-    assert ops["UTMALDG.2D"] == 1 and ops["UTMALDG.3D"] == 1, ops
-    assert "tensormap.replace" not in d.ptx and "fence.proxy.tensormap" not in d.ptx
-    assert d.count("UTMACCTL.IV") == 0 and d.count("LDL") == 0, ops
 
 
 SM90_CASES = [("bf16", 4096, 7168, 256, "masked", False, 16), ("bf16", 4096, 7168, 32, "contiguous", True, 256),
@@ -628,21 +612,3 @@ def test_gpu_sm90_tile_variants(tiles):
     out = moe_gemm_bf16(a.cuda(), w.cuda(), None, mm.cuda(), None, tiles=tiles)
     torch.cuda.synchronize()
     _check(out, a, w, None, mm, None, f"masked {tiles}")
-
-
-@pytest.mark.gpu
-def test_gpu_sm90_bisect_without_descriptor_update(monkeypatch):
-    """The same kernel with the device-side descriptor rewrite compiled out (A through the base descriptor at the
-    group's first row): if the tests above fail and this passes, the rewrite is the culprit."""
-    _sm90_gpu()
-    from cute_ops.gemm import moe_sm90
-
-    monkeypatch.setenv(moe_sm90.DESC_UPDATE_ENV, "0")
-    a, w, mi, rw = _contiguous_case(5, 256, 192, [37, 0, 130, 1, 64], torch.bfloat16, 2, True)
-    out = moe_sm90.moe_gemm_bf16(a.cuda(), w.cuda(), mi.cuda(), None, rw.cuda())
-    torch.cuda.synchronize()
-    _check(out, a, w, mi, None, rw, "contiguous, no descriptor rewrite")
-    a, w, mm, _ = _masked_case(6, 80, 384, 320, [0, 1, 17, 80, 500, -3], torch.bfloat16, 1)
-    out = moe_sm90.moe_gemm_bf16(a.cuda(), w.cuda(), None, mm.cuda(), None)
-    torch.cuda.synchronize()
-    _check(out, a, w, None, mm, None, "masked, no descriptor rewrite")

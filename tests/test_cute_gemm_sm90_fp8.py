@@ -4,7 +4,7 @@ scale_prefetch).
 CPU: the config fields' rules and defaults, and each schedule compiled for sm_90a with its SASS checked: the WGMMAs
 of a run issued ahead of the previous stage's promotion (WARPGROUP.DEPBAR 1, so ptxas did not serialize them), one
 wait-all per run, no spills. GPU (`-m gpu`, sm_90): every schedule against the reference and bit-equal to the
-rule's default kernel (same FFMA per element and block; the previous default, promote_run 0, is one of them),
+rule's default kernel (same FFMA per element and block; the plain schedule, promote_run 0, is one of them),
 contiguous (padding rows, out-of-range ids, an expert with 0 rows, unaligned starts) and masked layouts, fp32 and
 UE8M0 (power-of-two) scales, row- and column-major activation scales, row weights.
 """
@@ -32,7 +32,7 @@ SCHEDULES = [(1, True, False, "direct"), (2, False, True, "smem"), (2, True, Fal
 
 @needs_dsl
 def test_fp8_schedule_config_rules():
-    from cute_ops.gemm.grouped_sm90_config import FP8_PREFILL_SCHEDULE, FP8_PREVIOUS_SCHEDULE, pick_config
+    from cute_ops.gemm.grouped_sm90_config import FP8_PREFILL_SCHEDULE, PLAIN_SCHEDULE, pick_config
 
     def fields(cfg):
         return dict(promote_run=cfg.promote_run, scale_prefetch=cfg.scale_prefetch,
@@ -44,10 +44,11 @@ def test_fp8_schedule_config_rules():
     short_k = pick_config("fp8", 7168, 2048, 32, "contiguous", False, 256)  # 16 stages per tile: runs of 4
     assert fields(short_k) == dict(FP8_PREFILL_SCHEDULE, promote_run=4) and short_k.stages == 6
     decode = pick_config("fp8", 4096, 7168, 256, "masked", False, 16)
-    assert fields(decode) == FP8_PREVIOUS_SCHEDULE
-    assert fields(pick_config("bf16", 4096, 7168, 32, "contiguous", False, 512)) == FP8_PREVIOUS_SCHEDULE
-    previous = pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, **FP8_PREVIOUS_SCHEDULE)
-    assert fields(previous) == FP8_PREVIOUS_SCHEDULE and previous.stages == 6 and previous.key() != base.key()
+    assert fields(decode) == PLAIN_SCHEDULE == dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False,
+                                                    epilogue="direct")
+    assert fields(pick_config("bf16", 4096, 7168, 32, "contiguous", False, 512)) == PLAIN_SCHEDULE
+    plain = pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, **PLAIN_SCHEDULE)
+    assert fields(plain) == PLAIN_SCHEDULE and plain.stages == 6 and plain.key() != base.key()
     # field by field: an overridden promote_run 0 turns the rule's scale_prefetch off; the rest stays the rule's
     assert fields(pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, promote_run=0)) == dict(
         FP8_PREFILL_SCHEDULE, promote_run=0, scale_prefetch=False)

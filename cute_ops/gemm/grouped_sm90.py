@@ -42,10 +42,6 @@ Kernel: persistent (one CTA per SM), one producer warp group (warp 0 issues the 
 budget is lowered to 40) and tile_m / 64 consumer warp groups (WGMMA 64 x tile_n x 16 from shared memory,
 fp32 accumulators in registers, 232 registers each), a `stages`-deep smem ring (PipelineTmaAsync: mbarriers with
 transaction bytes). The tile walk is scheduler.BoundedTileScheduler (every role walks the same order).
-cluster_m 2: clusters of 2 CTAs walk pairs of row tiles (same group and weight column tile); each CTA TMA-loads half
-of every B stage and multicasts it to both, and a stage is refilled once both CTAs' consumers released it.
-wg_stagger: the second consumer warp group starts wg_stagger stages behind the first (one named barrier), so their
-tile boundaries (drain, epilogue, next tile's start) fall at different times.
 
 FP8 promotion schedules (GemmConfig.promote_run, scale_prefetch): promote_run 0 waits for each stage's WGMMAs
 (wait_group 0) and then promotes them; the other consumer warp group's WGMMAs keep the tensor cores busy meanwhile.
@@ -83,7 +79,6 @@ from .grouped_sm90_config import DESC_BYTES, DTYPES, WG, GemmConfig, block_k, st
 from .grouped_sm90_steps import ConsumerSteps
 from .scheduler import BoundedTileScheduler
 
-STAGGER_BARRIER = 3  # named barrier of wg_stagger (1 + warp group: the smem epilogue's)
 LOAD_REGS, MMA_REGS = 40, 232
 
 
@@ -123,9 +118,8 @@ class GroupedGemmSm90(ConsumerSteps):
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_a, tma_mA = cpasync.make_tiled_tma_atom(g2s, mA, cute.slice_(a_smem, (None, None, 0)),
                                                     (cfg.tile_m, self.bk))
-        b_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if cutlass.const_expr(cfg.cluster_m > 1) else g2s
-        tma_b, tma_mB = cpasync.make_tiled_tma_atom(b_op, mB, cute.slice_(b_smem, (None, None, 0)),
-                                                    (cfg.tile_n, self.bk), num_multicast=cfg.cluster_m)
+        tma_b, tma_mB = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(b_smem, (None, None, 0)),
+                                                    (cfg.tile_n, self.bk))
         self.tx_bytes = stage_bytes(cfg.tile_m, cfg.tile_n)
 
         # the shared-memory struct: mbarriers, the A / B rings, and (epilogue="smem") the output staging tile
@@ -146,8 +140,7 @@ class GroupedGemmSm90(ConsumerSteps):
         self.storage = Storage
         self.kernel(tiled_mma, tma_a, tma_mA, tma_b, tma_mB, mA, out, starts, counts, m_indices, row_weights,
                     workspace, a_scale, w_scale, a_smem, b_smem).launch(
-            grid=(cfg.grid, 1, 1), block=(cfg.threads, 1, 1), stream=stream, min_blocks_per_mp=1,
-            **(dict(cluster=(cfg.cluster_m, 1, 1)) if cfg.cluster_m > 1 else {}))
+            grid=(cfg.grid, 1, 1), block=(cfg.threads, 1, 1), stream=stream, min_blocks_per_mp=1)
 
     def _smem_layout(self, rows: int):
         atom = warpgroup.make_smem_layout_atom(
@@ -177,13 +170,10 @@ class GroupedGemmSm90(ConsumerSteps):
         ring = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.bars.data_ptr(), num_stages=cfg.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            # cluster_m 2: each consumer warp releases a stage in both CTAs (the peer multicasts into it)
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.mma_warps * cfg.cluster_m),
-            tx_count=self.tx_bytes, cta_layout_vmnk=cute.make_layout((1, cfg.cluster_m, 1, 1)))
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.mma_warps),
+            tx_count=self.tx_bytes)
 
-        # cluster_m 2: the walk is over row-tile pairs (cluster_m * tile_m rows); the CTA takes the pair's row tile
-        # bidx % cluster_m (the rank in its cluster: clusters are consecutive CTAs of the 1-D grid)
-        sched = BoundedTileScheduler(starts, counts, cfg.num_groups, cfg.tile_m * cfg.cluster_m, self.n_tiles)
+        sched = BoundedTileScheduler(starts, counts, cfg.num_groups, cfg.tile_m, self.n_tiles)
         wg = cute.arch.make_warp_uniform(tidx // WG)
         if wg == 0:
             cute.arch.warpgroup_reg_dealloc(LOAD_REGS)
@@ -217,62 +207,31 @@ class GroupedGemmSm90(ConsumerSteps):
         gB = cute.local_tile(mB_tma, (cfg.tile_n, self.bk), (None, None, None))  # (bN, bK, RestN, RestK, G)
         one = cute.make_layout(1)
         tAsA, tAgA = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
-        rank = bidx % cfg.cluster_m
-        # cluster_m 2: this CTA's half of each B stage, multicast to both CTAs of the cluster (mask 0b11)
-        tBsB, tBgB = cpasync.tma_partition(tma_b, rank if cutlass.const_expr(cfg.cluster_m > 1) else 0,
-                                           cute.make_layout(cfg.cluster_m), cute.group_modes(sB, 0, 2),
-                                           cute.group_modes(gB, 0, 2))
+        tBsB, tBgB = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-        nctas = cutlass.Int32(cfg.clusters)
-        t = cutlass.Int32(bidx // cfg.cluster_m)
+        nctas = cutlass.Int32(cfg.grid)
+        t = cutlass.Int32(bidx)
         g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
         last_g = cutlass.Int32(-1)
         slot = cutlass.Int32(cfg.desc_slots - 1)
         while g < sched.num_groups:
             m_tile, n_tile, _, _ = sched.coords(t, g, base)
-            m_tile = m_tile * cfg.cluster_m + rank
-            if cutlass.const_expr(not cfg.desc_update):
-                gA_g = cute.local_tile(cute.domain_offset((sched.starts[g], 0, 0), mA_tma), (cfg.tile_m, self.bk),
-                                       (None, None, None))
-                _, tAgA_g = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 2),
-                                                  cute.group_modes(gA_g, 0, 2))
-                a_src_g = tAgA_g[(None, m_tile, None, 0)]
-            elif g != last_g:  # (producer_ahead: only the first tile; the others' were rewritten a tile early)
+            if g != last_g:
                 slot = self._point_a(tma_a, mA, workspace, bidx, sched, g, slot)
                 last_g = g
             desc_a = tmaps.get_tensormap_ptr(self._slot_ptr(workspace, bidx, slot), cute.AddressSpace.generic)
             a_src = tAgA[(None, m_tile, None, 0)]
             b_src = tBgB[(None, n_tile, None, g)]
-            t_next, g_next, base_next = t, g, base
-            if cutlass.const_expr(cfg.producer_ahead):
-                t_next = t + nctas
             for kt in cutlass.range(self.k_tiles, unroll=1):
                 ring.producer_acquire(state)
                 bar = ring.producer_get_barrier(state)
-                if cutlass.const_expr(cfg.desc_update):
-                    cute.copy(tma_a, a_src[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar,
-                              tma_desc_ptr=desc_a)
-                else:
-                    cute.copy(tma_a, a_src_g[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar)
-                if cutlass.const_expr(cfg.cluster_m > 1):
-                    cute.copy(tma_b, b_src[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar,
-                              mcast_mask=cutlass.Int16((1 << cfg.cluster_m) - 1))
-                else:
-                    cute.copy(tma_b, b_src[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_a, a_src[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, tma_desc_ptr=desc_a)
+                cute.copy(tma_b, b_src[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
                 ring.producer_commit(state)
                 state.advance()
-                if cutlass.const_expr(cfg.producer_ahead):
-                    if kt == 0:  # the next tile's walk and, in a new group, its descriptor
-                        g_next, base_next = sched.seek(t_next, g, base)
-                        if cutlass.const_expr(cfg.desc_update):
-                            if (g_next < sched.num_groups) & (g_next != last_g):
-                                slot = self._point_a(tma_a, mA, workspace, bidx, sched, g_next, slot)
-                                last_g = g_next
-            if cutlass.const_expr(not cfg.producer_ahead):
-                t_next = t + nctas
-                g_next, base_next = sched.seek(t_next, g, base)
-            t, g, base = t_next, g_next, base_next
+            t = t + nctas
+            g, base = sched.seek(t, g, base)
         ring.producer_tail(state)
 
     @cute.jit
@@ -356,16 +315,11 @@ class GroupedGemmSm90(ConsumerSteps):
 
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        nctas = cutlass.Int32(cfg.clusters)
-        t = cutlass.Int32(bidx // cfg.cluster_m)
+        nctas = cutlass.Int32(cfg.grid)
+        t = cutlass.Int32(bidx)
         g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
-        my_wg = cute.arch.make_warp_uniform(mma_tidx // WG)
-        if cutlass.const_expr(cfg.wg_stagger):  # group 0 arrives in its first tile (both walk the same tiles)
-            if (my_wg == 1) & (g < sched.num_groups):
-                cute.arch.barrier(barrier_id=STAGGER_BARRIER, number_of_threads=2 * WG)
         while g < sched.num_groups:
             _, n_tile, row_start, row_end = sched.coords(t, g, base)
-            row_start = row_start + (bidx % cfg.cluster_m) * cfg.tile_m  # past row_end: nothing is written
             acc.fill(0.0)
             if cutlass.const_expr(by_row):
                 for h in cutlass.range_constexpr(2):
@@ -407,10 +361,6 @@ class GroupedGemmSm90(ConsumerSteps):
                                               tCrB[(None, None, kb, read.index)], cur)
                                 warpgroup.commit_group()
                                 read.advance()
-                                # wg_stagger: group 0 after issuing stage wg_stagger of its first tile (t < nctas)
-                                if cutlass.const_expr(cfg.wg_stagger and i == cfg.wg_stagger % run and tail == 0):
-                                    if (t < nctas) & (r == cfg.wg_stagger // run) & (my_wg == 0):
-                                        cute.arch.barrier_arrive(barrier_id=STAGGER_BARRIER, number_of_threads=2 * WG)
                                 if cutlass.const_expr(i > 0):
                                     warpgroup.wait_group(1)
                                     ring.consumer_release(release)

@@ -23,8 +23,9 @@ LAYOUTS = ("contiguous", "masked")
 # at e2bc450 (perf/results/experiments/2026-11-26-h200-moe-gemm-fp8-prefill-schedules-e2bc450.json, docs/cute.md).
 FP8_PREFILL_SCHEDULE = dict(promote_run=8, scale_prefetch=True, epilogue_prefetch=True, epilogue="smem")
 FP8_SHORT_K, FP8_SHORT_K_RUN = 2048, 4
-# the FP8 prefill default until e2bc450 (pass as overrides to reproduce it)
-FP8_PREVIOUS_SCHEDULE = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
+# the schedule of bf16 / fp16 and of FP8 groups under FP8_PREFILL_ROWS rows: no promotion overlap (bf16 has no
+# promotion; FP8 decode is at the copy roof), the direct epilogue
+PLAIN_SCHEDULE = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
 FP8_PREFILL_ROWS = 128
 # FP8 prefill from 256 rows per group, N a multiple of 256: 128 x 256 waves + smem epilogue, 1-9% faster than
 # 128 x 128 (H200, perf/results/experiments/2026-11-26-h200-moe-gemm-fp8-wide-tiles-9e95854.json; H100 at 512 / 1024
@@ -49,9 +50,6 @@ class GemmConfig:
     stages: int  # smem ring depth
     grid: int  # persistent CTAs (the SM count)
     arch: str  # sm_90a
-    # False: no descriptor rewrite; A is loaded through the base descriptor at row starts[g] (rows past the group are
-    # read, not written). A bisection aid for a first GPU run (LOWBIT_CUTE_GEMM_DESC_UPDATE=0), not a product path.
-    desc_update: bool = True
     # FP8 promotion schedule. 0: each K stage's WGMMAs are waited for (wait_group 0) before its promotion
     # acc += part * scale, scales loaded while they run (the kernel timed first). U >= 1: runs of U stages over two
     # partial-sum buffers, stage i + 1's WGMMAs issued before stage i's promotion (wait_group 1), so the promotion
@@ -68,23 +66,6 @@ class GemmConfig:
     # stages its 64 rows in shared memory (16-byte chunks XOR-swizzled by row: conflict-free) and writes them with
     # coalesced predicated 16-byte stores (tile_m * tile_n * 2 bytes of smem: fewer stages may fit)
     epilogue: str = "direct"
-    # 1: one CTA per tile. 2: clusters of 2 CTAs along M walk pairs of row tiles of the same weight column tile (the
-    # scheduler's row tile is 2 x tile_m); each CTA TMA-loads half of the B stage and multicasts it to both, so a CTA
-    # pulls 3/4 of the stage bytes through L2 (at 128 x 128). A pair's second row tile past the group computes on
-    # zero-filled rows and writes nothing. The stage's empty barrier counts both CTAs' consumer warps.
-    cluster_m: int = 1
-    # FP8, promote_run >= 1, two consumer warp groups: warp group 1 starts its first tile only once warp group 0 has
-    # issued stage wg_stagger of its own (a named barrier, once per kernel), so each group's tile boundary (WGMMA
-    # drain, last promotion, epilogue, next tile's start) falls while the other issues WGMMAs. The groups still share
-    # every stage (a slot is refilled once both released it): the lead group sees stages - wg_stagger slots ahead.
-    # The offset is self-restoring: while one group is at its boundary the other runs alone and regains the stages
-    # it lost; the tensor cores idle max(0, boundary - wg_stagger x one group's stage time) per tile.
-    wg_stagger: int = 0
-    # True: the producer finds the next tile right after issuing this tile's first stage and, when the next tile
-    # enters a new group, rewrites and fences its A descriptor then (the slot rule below still holds: the slot it
-    # rewrites was last loaded through >= stages loads earlier), not when the next tile starts: the rewrite's global
-    # round trips and fences leave the gap between two tiles' loads (GEMM2 at 32 x 256 rows changes group every tile)
-    producer_ahead: bool = False
 
     def key(self) -> tuple:
         return ("grouped_gemm_sm90", *dataclasses.astuple(self))
@@ -97,11 +78,6 @@ class GemmConfig:
     def workspace_words(self) -> int:
         """int64 words of the descriptor workspace the launcher allocates."""
         return self.grid * self.desc_slots * DESC_BYTES // 8
-
-    @property
-    def clusters(self) -> int:
-        """Tile walkers: clusters of cluster_m CTAs (the grid is a multiple of cluster_m)."""
-        return self.grid // self.cluster_m
 
     @property
     def wide(self) -> bool:
@@ -163,16 +139,14 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
                 *, sm_count: int = 132, arch: str = "sm_90a", tile_m: int | None = None,
                 tile_n: int | None = None, stages: int | None = None,
                 promote_run: int | None = None, scale_prefetch: bool | None = None,
-                epilogue_prefetch: bool | None = None, epilogue: str | None = None,
-                cluster_m: int = 1, wg_stagger: int = 0, producer_ahead: bool = False) -> GemmConfig:
+                epilogue_prefetch: bool | None = None, epilogue: str | None = None) -> GemmConfig:
     """Analytical (not tuned): 64-row tiles when groups hold <= 64 rows (decode: weight streaming, half the
     wasted MMA rows), else 128; tile_n 256 for 128-row tiles with N a multiple of 256 (the CUTLASS Hopper
     default), else 128; as many stages as fit (at most 8); FP8 groups of >= FP8_PREFILL_ROWS rows: the
     FP8_PREFILL_SCHEDULE fields (promote_run FP8_SHORT_K_RUN for K <= FP8_SHORT_K), else the plain kernel
     (promote_run 0, direct epilogue). tile_m / tile_n / stages / promote_run / scale_prefetch / epilogue_prefetch /
-    epilogue override the rule field by field (scale_prefetch follows an overridden promote_run 0: off); cluster_m 2
-    (B multicast over CTA pairs), wg_stagger (offset consumer warp groups) and producer_ahead (descriptor rewrites a
-    tile early) are variants, not the rule's. An FP8 wide tile (FP8_WIDE) runs its wave schedule (promote_run 0),
+    epilogue override the rule field by field (scale_prefetch follows an overridden promote_run 0: off). An FP8 wide
+    tile (FP8_WIDE) runs its wave schedule (promote_run 0),
     the direct epilogue unless `epilogue` says smem (128 rows only); moe_sm90.config_for asks for FP8_PREFILL_WIDE."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
@@ -181,7 +155,7 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     why = can_implement(dtype, n, k, num_groups, tile_m, tile_n)
     if why:
         raise ValueError(why)
-    rule = dict(FP8_PREVIOUS_SCHEDULE)  # the plain kernel: bf16, and FP8 at decode sizes
+    rule = dict(PLAIN_SCHEDULE)
     if dtype == "fp8" and rows_per_group >= FP8_PREFILL_ROWS:
         rule = dict(FP8_PREFILL_SCHEDULE)
         if k <= FP8_SHORT_K:
@@ -212,17 +186,6 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
         raise ValueError("promote_run / scale_prefetch: FP8 only (the bf16 / fp16 main loop has no promotion)")
     if promote_run < 0 or (scale_prefetch and not promote_run and not wide):
         raise ValueError(f"promote_run={promote_run} (>= 0), scale_prefetch={scale_prefetch} (needs promote_run >= 1)")
-    if cluster_m not in (1, 2) or sm_count < cluster_m:
-        raise ValueError(f"cluster_m={cluster_m}: 1 or 2 (with at least that many SMs)")
-    grid = sm_count - sm_count % cluster_m
-    k_tiles = -(-k // block_k(dtype))
-    # the lead group arrives inside a whole run (the tail run is not traced for it); stage wg_stagger must load while
-    # the other group has released nothing (stages - 1 at most)
-    whole = k_tiles // promote_run * promote_run if promote_run else 0
-    if wg_stagger and not (tile_m == 128 and 0 < wg_stagger < min(whole, stages) and dtype == "fp8"):
-        raise ValueError(f"wg_stagger={wg_stagger}: FP8 with tile_m 128, promote_run >= 1 and 0 < wg_stagger < "
-                         f"min(stages, whole runs' stages) ({stages}, {whole} here)")
-    return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, grid, arch,
+    return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, sm_count, arch,
                       promote_run=promote_run, scale_prefetch=scale_prefetch,
-                      epilogue_prefetch=bool(epilogue_prefetch), epilogue=epilogue, cluster_m=cluster_m,
-                      wg_stagger=wg_stagger, producer_ahead=bool(producer_ahead))
+                      epilogue_prefetch=bool(epilogue_prefetch), epilogue=epilogue)

@@ -15,7 +15,6 @@ Rows no group writes are 0: the kernel writes them (the output is allocated unin
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import torch
@@ -28,9 +27,8 @@ from .. import _compile
 from .grouped_sm90_config import FP8_PREFILL_WIDE, FP8_PREFILL_WIDE_ROWS, pick_config
 
 UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
-DESC_UPDATE_ENV = "LOWBIT_CUTE_GEMM_DESC_UPDATE"
-HARDWARE_STATUS = ("CuTeDSL sm_90 grouped GEMM: its GPU tests passed on an H100 (163 at f860d3d, the cluster "
-                   "tests' 36 at 0015b03) and an H200 (19 at 6d8fcae)")
+HARDWARE_STATUS = ("CuTeDSL sm_90 grouped GEMM: its GPU tests passed on an H100 (163 at f860d3d) and an H200 (19 at "
+                   "6d8fcae)")
 # Measured on the H100, DeepSeek-V3 GEMM1 (N 4096, K 7168), 32 experts, one process: at 94a35da
 # (perf/results/nvidia-h100-80gb-hbm3.jsonl) FP8 prefill (256 rows per expert) 0.69x torch._scaled_grouped_mm
 # against the Triton kernel's 0.47x; bf16 prefill 0.79x torch._grouped_mm against Triton's 0.83x, bf16 decode
@@ -124,21 +122,6 @@ def contiguous_bounds(m_indices: torch.Tensor, e: int) -> tuple[torch.Tensor, to
     return starts, counts
 
 
-_MAX_CLUSTERS: dict = {}
-
-
-def max_active_clusters(index: int, size: int) -> int:
-    """Clusters of `size` CTAs that run at once on device `index` (one CTA per SM with all of its shared memory:
-    the kernel's occupancy), from the driver's occupancy query; cached per (device, size)."""
-    key = (index, size)
-    if key not in _MAX_CLUSTERS:
-        from cutlass.utils import HardwareInfo
-
-        with torch.cuda.device(index):
-            _MAX_CLUSTERS[key] = HardwareInfo(index).get_max_active_clusters(size)
-    return _MAX_CLUSTERS[key]
-
-
 def config_for(kind: str, a, w, layout: str, row_weights: bool, arch: str, sm_count: int, tiles: dict | None = None):
     """The kernel config for a call; `tiles` (tile_m / tile_n / stages / ...) overrides the analytical rule. With no
     `tiles`, contiguous FP8 prefill (>= FP8_PREFILL_WIDE_ROWS rows per group, N a multiple of 256) takes
@@ -149,10 +132,7 @@ def config_for(kind: str, a, w, layout: str, row_weights: bool, arch: str, sm_co
     wide_ok = per_group >= FP8_PREFILL_WIDE_ROWS and n % 256 == 0
     if tiles is None and kind == "fp8" and layout == "contiguous" and wide_ok:
         tiles = FP8_PREFILL_WIDE
-    cfg = pick_config(kind, n, k, e, layout, row_weights, per_group, sm_count=sm_count, arch=arch, **(tiles or {}))
-    if os.environ.get(DESC_UPDATE_ENV) == "0":  # bisection aid: no device-side descriptor rewrite (see GemmConfig)
-        cfg = dataclasses.replace(cfg, desc_update=False)
-    return cfg
+    return pick_config(kind, n, k, e, layout, row_weights, per_group, sm_count=sm_count, arch=arch, **(tiles or {}))
 
 
 def compiled(cfg):
@@ -182,12 +162,8 @@ def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=Non
     out = torch.empty(rows, n, dtype=out_dtype or a.dtype, device=dev)  # the kernel writes every row
     if rows and n:
         index = device_index(dev)
-        sms = _sm_count(index)
-        cluster = (tiles or {}).get("cluster_m", 1)
-        if cluster > 1:  # a persistent grid of clusters that all run at once (a late cluster would run its walk alone)
-            sms = min(sms, cluster * max_active_clusters(index, cluster))
         cfg = config_for(kind, a, w, "masked" if masked else "contiguous", row_weights is not None,
-                         _compile.target_arch(index), sms, tiles)
+                         _compile.target_arch(index), _sm_count(index), tiles)
         fn = compiled(cfg)
         rw = None if row_weights is None else row_weights.reshape(-1).contiguous()
         if kind == "fp8":  # (rows, K/128) in whatever strides it has (a copy only for an unmergeable 3-D view)
