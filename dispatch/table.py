@@ -59,10 +59,10 @@ ATTN_DECODE_WHY = "GQA heads packed per KV head; page tiles; split-KV, LSE-merge
 # H100 at 4fdecc4 / 0818b2c: the sm_90 wgmma tiles 4.5-7.4x the mma tiles, 0.33-0.45x FlashMLA (docs/attention.md).
 # The GPU backend of mla_decode for every call the sm_90 Gluon row (MLA_SM90_WHY) refuses.
 MLA_DECODE_WHY = "heads sharing keys packed per tile (wgmma on sm_90); FP8 dequant in registers; 0.33-0.45x FlashMLA"
-# sm_90 Gluon MLA decode (triton_ops/attention/mla_sm90.py): FlashMLA's structure (Q resident in shared memory, one TMA
-# page tile serving K and V, two warpgroups splitting S and O); bf16 dense cache, D 576, page 64 only. H200 at
-# c268fc8 / 2098861 (warp-specialized pingpong_pv_first): 2.3-2.7x the portable kernel, 0.74-0.82x FlashMLA.
-MLA_SM90_WHY = "Gluon TMA page tiles + warpgroup MMA, Q resident (sm_90a, Triton 3.6): bf16 dense; 0.74-0.82x FlashMLA"
+# sm_90 Gluon MLA decode (triton_ops/attention/mla_sm90.py): FlashMLA's structure (Q resident in shared memory, a TMA
+# partition loading page tiles that serve K and V, two compute warpgroups handing the row max over within tile
+# pairs); bf16 dense cache, D 576, page 64 only. H200 at 810e775 (CUDA graph): 0.85-0.93x FlashMLA, median 0.87x.
+MLA_SM90_WHY = "Gluon TMA page tiles + warpgroup MMA, Q resident (sm_90a, Triton 3.6): bf16 dense; 0.85-0.93x FlashMLA"
 # H100 at 26c069c: decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped GEMMs; prefill (256 rows
 # / expert) 0.47-0.69x them (untuned tiles; docs/moe_gemm.md).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"

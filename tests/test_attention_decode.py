@@ -303,10 +303,10 @@ def test_split_rule():
 
 
 def test_config_rule_by_cache_dtype(monkeypatch):
-    """The GPU's choices from static shapes (an H100 described, nothing launched): FP8 caches get page tiles, V
-    converted before its operand layout, 3 stages and ~4 programs per SM; 16-bit caches page tiles, 2 stages and ~2
-    programs per SM; before sm_89 (no e4m3x2 -> f16x2 convert) FP8 keeps the 16-bit choices. Llama 16 x 8k, page
-    64."""
+    """The GPU's choices from static shapes (an H100 described, nothing launched): FP8 caches get V converted
+    before its operand layout, 3 stages and ~4 programs per SM; 16-bit caches 2 stages and ~2 programs per SM; both
+    64-key tiles (page tiles at page 64); before sm_89 (no e4m3x2 -> f16x2 convert) FP8 keeps the 16-bit choices.
+    Llama 16 x 8k, page 64."""
     from triton_ops.attention import decode
 
     monkeypatch.setattr(decode, "_sm_count", lambda index: 132)
@@ -314,11 +314,11 @@ def test_config_rule_by_cache_dtype(monkeypatch):
     monkeypatch.setenv("LOWBIT_ARCH", "sm_90")
     f8 = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, True)
     bf = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, False)
-    assert (f8.num_splits, f8.block_n, f8.num_stages, f8.page_tiles, f8.v_f16_smem) == (4, 64, 3, True, True)
-    assert (bf.num_splits, bf.block_n, bf.num_stages, bf.page_tiles, bf.v_f16_smem) == (2, 64, 2, True, False)
+    assert (f8.num_splits, f8.block_n, f8.num_stages, f8.v_f16_smem) == (4, 64, 3, True)
+    assert (bf.num_splits, bf.block_n, bf.num_stages, bf.v_f16_smem) == (2, 64, 2, False)
     monkeypatch.setenv("LOWBIT_ARCH", "sm_80")
     old = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, True)
-    assert (old.num_splits, old.num_stages, old.page_tiles, old.v_f16_smem) == (2, 2, True, False)
+    assert (old.num_splits, old.num_stages, old.v_f16_smem) == (2, 2, False)
     assert choose_num_splits(128, 8192, 132, per_sm=4) == 4
 
 

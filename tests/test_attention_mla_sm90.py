@@ -2,15 +2,14 @@
 
 * CPU: compile for sm_90a in a fresh process with Triton 3.6 (LOWBIT_TRITON36_PATH, or the installed Triton when it
   is 3.6.x), and with the installed Triton when it is another version (the source's portability), and check the
-  machine code of each schedule: wgmma, TMA and mbarrier waits in the PTX; HGMMA (serial / overlap: 64x32 for S,
-  64x256 for O, the two warpgroups split both; pingpong: 64x64 S of a warpgroup's own tiles, 64x256 O, and
-  setmaxnreg between the partitions), UTMALDG, SYNCS (mbarrier), no local-memory spills, wgmma not serialized by
-  ptxas, shared memory within an H100's.
+  machine code: wgmma, TMA and mbarrier waits in the PTX; HGMMA (64x64 S of a warpgroup's own tiles, 64x256 O,
+  both from shared memory, and setmaxnreg between the partitions), UTMALDG, SYNCS (mbarrier), no local-memory
+  spills, wgmma not serialized by ptxas (P_a V_a waited with P_b V_b still running), shared memory within an
+  H100's.
 * CPU: the refusal predicate and the split rule.
 * GPU (-m gpu, an sm_90 device): H = 128 / 64 / 16, Sq 1..4 folded into the rows, causal or not, lengths 0 / 1 /
   page edges / 8k, permuted pages, garbage and out-of-range page ids, NaN in every cache slot no sequence
-  writes, split counts 1..7 and auto, every schedule, the dispatcher's choice, a CUDA graph replayed with new
-  lengths.
+  writes, split counts 1..7 and auto, the dispatcher's choice, a CUDA graph replayed with new lengths.
 """
 
 from __future__ import annotations
@@ -37,86 +36,37 @@ _COMPILE = textwrap.dedent("""
     from tests.helpers import sass_stats
     from triton_ops.attention import mla_sm90 as M
     res = {"triton": triton.__version__, "configs": []}
-    for sq, h, causal, final, sched in ((1, 128, True, False, "serial"), (2, 128, True, True, "serial"),
-                                        (3, 16, False, False, "serial"), (1, 128, True, False, "overlap"),
-                                        (2, 128, True, True, "overlap"), (1, 128, True, False, "pingpong"),
-                                        (2, 128, True, True, "pingpong"), (3, 16, False, False, "pingpong"),
-                                        (1, 128, True, False, "pingpong_pv_first"),
-                                        (2, 128, True, True, "pingpong_pv_first"),
-                                        (1, 128, True, False, "pingpong_pv_first_c2"),
-                                        (2, 128, True, True, "pingpong_pv_first_c2"),
-                                        (1, 128, True, False, "pingpong_pv_first_c4"),
-                                        (3, 16, False, False, "pingpong_pv_first_c4"),
-                                        (1, 128, True, False, "pingpong_pv_first_c4_r1"),
-                                        (2, 128, True, True, "pingpong_pv_first_c4_r1"),
-                                        (1, 128, True, False, "pingpong_pair"), (2, 128, True, True, "pingpong_pair"),
-                                        (3, 16, False, False, "pingpong_pair"),
-                                        (1, 128, True, False, "pingpong_pair_rp"),
-                                        (2, 128, True, True, "pingpong_pair_rp")):
-        c = M.compile_sm90(sq, h, causal, final, any_version=True, schedule=sched)
+    for sq, h, causal, final in ((1, 128, True, False), (2, 128, True, True), (3, 16, False, False)):
+        c = M.compile_sm90(sq, h, causal, final, any_version=True)
         ptx = c.asm["ptx"]
-        res["configs"].append({"cfg": [sq, h, causal, final, sched], "wgmma": ptx.count("wgmma.mma_async"),
+        res["configs"].append({"cfg": [sq, h, causal, final], "wgmma": ptx.count("wgmma.mma_async"),
                                "tma": ptx.count("cp.async.bulk.tensor"), "setmaxnreg": ptx.count("setmaxnreg"),
-                               "mbar_wait": ptx.count("mbarrier.try_wait"), "bar_sync": ptx.count("bar.sync"),
-                               "arrive": ptx.count("mbarrier.arrive.shared::cta"),
-                               "smem": c.metadata.shared, "sass": sass_stats(c.asm["cubin"])})
+                               "mbar_wait": ptx.count("mbarrier.try_wait"), "smem": c.metadata.shared,
+                               "sass": sass_stats(c.asm["cubin"])})
     print(json.dumps(res))
 """)
 
 
-
-# ptxas spills a few registers of the 64-column chunk schedule's compute warpgroup outside its tile loop (Triton
-# 3.6: 6 stores, 4 loads): at most this many there, none elsewhere
-SPILL_BOUND = {"pingpong_pv_first_c4": 8, "pingpong_pv_first_c4_r1": 8}
-
-
 def _check_compile(env, spills_ok=False):
     res = run_compile_json(_COMPILE, env)
-    by_cfg = {tuple(r["cfg"]): r for r in res["configs"]}
     for r in res["configs"]:
-        what = f"triton {res['triton']} (Sq, H, causal, final, schedule) = {r['cfg']}"
-        sched = r["cfg"][4]
-        unchunked = by_cfg.get((*r["cfg"][:4], "pingpong_pv_first"))
-        if "_c" in sched and unchunked:  # one full-barrier wait per column chunk: more waits than the halves;
-            # each chunk's barriers their own allocation, so the extra waits come without a CTA barrier (bar.sync)
-            # each (Triton's barrier pass puts one between two waits on one allocation)
-            extra_waits = r["mbar_wait"] - unchunked["mbar_wait"]
-            assert extra_waits > 0, f"{what}: {r} vs {unchunked}"
-            assert r["bar_sync"] - unchunked["bar_sync"] < extra_waits // 2, f"{what}: {r} vs {unchunked}"
-        if sched.endswith("_r1") and unchunked:  # one release arrival per warpgroup and slot
-            assert r["arrive"] < unchunked["arrive"], f"{what}: {r} vs {unchunked}"
-        plain = by_cfg.get((*r["cfg"][:4], sched.removesuffix("_r1")))
-        if sched.endswith("_r1") and plain:  # and fewer CTA barriers than the same chunks without
-            assert r["bar_sync"] < plain["bar_sync"], f"{what}: {r} vs {plain}"
+        what = f"triton {res['triton']} (Sq, H, causal, final) = {r['cfg']}"
         assert r["wgmma"] > 0 and r["tma"] > 0 and r["mbar_wait"] > 0, f"{what}: {r}"
         assert r["smem"] <= 232448, f"{what}: {r['smem']} bytes of shared memory"
         sass = r["sass"]
         if sass is None:
             continue  # no cuobjdump / nvdisasm with this Triton: PTX checks only
-        shapes = sass["HGMMA_shapes"]
-        if sched.startswith("pingpong"):  # each warpgroup: the whole S of its tiles, its 256 columns of O
-            assert set(shapes) == {"64x64x16", "64x256x16"}, f"{what}: {sass}"
-            assert r["setmaxnreg"] > 0, f"{what}: no register reallocation between the partitions"
-        else:
-            assert set(shapes) == {"64x32x16", "64x256x16"}, f"{what}: the warpgroups do not split S and O: {sass}"
+        # each warpgroup: the whole S of its tiles, its 256 columns of O, P from shared memory
+        assert set(sass["HGMMA_shapes"]) == {"64x64x16", "64x256x16"}, f"{what}: {sass}"
+        assert sass["HGMMA_regA"] == 0, f"{what}: {sass}"
+        assert r["setmaxnreg"] > 0, f"{what}: no register reallocation between the partitions"
         assert sass["UTMALDG"] > 0 and sass["SYNCS"] > 0, f"{what}: {sass}"
-        bound = SPILL_BOUND.get(sched, 0)
-        assert spills_ok or (sass["STL"] <= bound and sass["LDL"] <= bound), f"{what}: register spills {sass}"
+        assert spills_ok or (sass["STL"] == 0 and sass["LDL"] == 0), f"{what}: register spills {sass}"
         # ptxas serializes wgmma (a wait after every HGMMA) when it cannot prove an accumulator is left alone
-        # while its MMA runs; the kernel waits twice per key tile (S, then P V) in each of its three tile copies
-        # (PINGPONG: one full wait per P V site, 8 in all).
+        # while its MMA runs
         assert sass["wait0"] < sass["HGMMA"] // 4, f"{what}: wgmma serialized by ptxas: {sass}"
-        if sched == "pingpong":  # S of the own tile waited with the other tile's P V still running
-            assert sass["ex2_between_waits"], f"{what}: {sass}"
-        if sched == "pingpong_pair":  # P_a V_a waited with P_b V_b still running (slot 0 released early)
-            assert sass["ex2_between_waits"], f"{what}: {sass}"
-            if unchunked:  # the row max published on an mbarrier of its own, ahead of P
-                assert r["arrive"] > unchunked["arrive"], f"{what}: {r} vs {unchunked}"
-        if sched.startswith("pingpong_pair"):  # the owner's P V from registers in _rp (half the P V), else none
-            want = sass["HGMMA_shapes"]["64x256x16"] // 2 if sched.endswith("_rp") else 0
-            assert sass["HGMMA_regA"] == want, f"{what}: {sass}"
-        if sched == "overlap":  # the softmax (16 exponentials per thread) between the two waits
-            assert sass["ex2_between_waits"] and min(sass["ex2_between_waits"]) >= 8, f"{what}: {sass}"
+        # P_a V_a waited with P_b V_b still running (slot 0 released early)
+        assert sass["ex2_between_waits"], f"{what}: {sass}"
     return res
 
 
@@ -164,7 +114,7 @@ def test_refusals_name_the_reason():
 
 
 def test_split_rule():
-    """Static sizes only; one 224 KB CTA per SM: fill the SMs without a partial extra wave."""
+    """Static sizes only; one 217 KB CTA per SM: fill the SMs without a partial extra wave."""
     assert M.choose_splits(32, 64, None) == 1  # the interpreter / no SM count
     assert M.choose_splits(32, 64, 132) == 4  # B = 16, H = 128: 32 CTAs -> 128
     assert M.choose_splits(128, 64, 132) == 1  # B = 64: one wave already
@@ -192,9 +142,8 @@ GPU_CASES = [  # (lens, sq, h, causal, splits)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", M.SCHEDULES)
 @pytest.mark.parametrize("lens,sq,h,causal,splits", GPU_CASES)
-def test_gpu_matches_reference(lens, sq, h, causal, splits, schedule):
+def test_gpu_matches_reference(lens, sq, h, causal, splits):
     """Permuted pages (each sequence its own random permutation), garbage ids past the used pages, NaN in every
     cache slot no sequence writes (the last page's tail included), several split counts."""
     if not _sm90():
@@ -206,14 +155,13 @@ def test_gpu_matches_reference(lens, sq, h, causal, splits, schedule):
     assert M.supports_mla_decode_sm90(*c.args()) is None, M.supports_mla_decode_sm90(*c.args())
     want = c.reference()
     for s in splits:
-        out, lse = M.mla_decode(*c.args(s), schedule=schedule)
+        out, lse = M.mla_decode(*c.args(s))
         assert_attention_close(out, lse, *want, f"sm90 gluon lens={lens} Sq={sq} H={h} causal={causal} "
-                                                f"splits={s} schedule={schedule}")
+                                                f"splits={s}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", M.SCHEDULES)
-def test_gpu_bad_page_ids_are_masked_keys(schedule):
+def test_gpu_bad_page_ids_are_masked_keys():
     """Page ids -1, num_blocks and 2^30 inside the used range: masked keys (TMA zero fill, never read)."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU")
@@ -224,8 +172,8 @@ def test_gpu_bad_page_ids_are_masked_keys(schedule):
                   bad_entries=[(0, 0, -1), (0, 5, nb), (1, 2, 2**30), (2, 2, -(2**30))])
     want = c.reference()
     for s in (0, 1, 2):
-        out, lse = M.mla_decode(*c.args(s), schedule=schedule)
-        assert_attention_close(out, lse, *want, f"bad page ids, splits={s} schedule={schedule}")
+        out, lse = M.mla_decode(*c.args(s))
+        assert_attention_close(out, lse, *want, f"bad page ids, splits={s}")
 
 
 @pytest.mark.gpu
@@ -252,26 +200,24 @@ def test_gpu_dispatch_routes_by_argument():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", M.SCHEDULES)
 @pytest.mark.parametrize("splits", [0, 1])
-def test_gpu_cuda_graph_new_lengths(splits, schedule):
+def test_gpu_cuda_graph_new_lengths(splits):
     """Capture once, then change seqused_k in place between replays: the result follows."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU")
     g = np.random.default_rng(34)
     c = make_case(g, layout="bf16", batch=3, lens=[4096] * 3, sq=2, h=128, bs=64, max_blocks=64, device="cuda")
     args = c.args(splits)
-    M.mla_decode(*args, schedule=schedule)  # compile outside the capture
+    M.mla_decode(*args)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out, lse = M.mla_decode(*args, schedule=schedule)
+        out, lse = M.mla_decode(*args)
     for lens in ([3000, 4096, 5], [1, 0, 4095], [4096, 17, 2048]):
         c.seqused_k.copy_(torch.tensor(lens, dtype=torch.int32))
         graph.replay()
         torch.cuda.synchronize()
-        assert_attention_close(out, lse, *c.reference(), f"graph replay lens={lens} splits={splits} "
-                                                         f"schedule={schedule}")
+        assert_attention_close(out, lse, *c.reference(), f"graph replay lens={lens} splits={splits}")
     assert math.isfinite(float(out.float().abs().max()))
 
 
@@ -284,49 +230,22 @@ def test_launcher_dry_run(monkeypatch):
     monkeypatch.setattr(M, "reduce_splits", lambda o_buf, l_buf, out, lse, n: o_buf is out or seen.append("reduce"))
     g = np.random.default_rng(1)
     c = make_case(g, layout="bf16", batch=3, lens=[300, 5, 64], sq=2, h=48, bs=64, max_blocks=6)
-    M.mla_decode(*c.args(3), schedule="serial")
+    M.mla_decode(*c.args(3))
     (grid, args, kw), red = seen
     assert grid == (2, 3, 3) and red == "reduce"  # ceil(2 x 48 / 64) row blocks, B, splits
-    qd, qrd, knd, krd = args[:4]
+    qd, qrd, knd, krd = args[:4]  # 256-column NoPE halves (one per compute warpgroup), the RoPE part
     nb = c.kv_cache.shape[0]
-    assert qd.shape == [3 * 2 * 48, 576] and qd.strides == [576, 1] and qd.block_shape == [64, 512]
+    assert qd.shape == [3 * 2 * 48, 576] and qd.strides == [576, 1] and qd.block_shape == [64, 256]
     assert qrd.block_shape == [64, 64] and qrd.base.data_ptr() == qd.base.data_ptr()
-    assert knd.shape == [nb * 64, 576] and knd.strides == [576, 1] and knd.block_shape == [64, 512]
+    assert knd.shape == [nb * 64, 576] and knd.strides == [576, 1] and knd.block_shape == [64, 256]
     assert krd.block_shape == [64, 64] and knd.base.data_ptr() == c.kv_cache.data_ptr()
     bt, seq, o_buf, l_buf = args[4:8]
     assert bt is c.block_table and seq is c.seqused_k
     assert o_buf.shape == (3, 2, 48, 3, 512) and o_buf.dtype == torch.float32 and l_buf.shape == (3, 2, 48, 3)
     assert args[9] == nb and args[10] == 2 and args[11] == 6  # num_blocks, pages per split, table capacity
-    assert kw["SQ"] == 2 and kw["H"] == 48 and kw["FINAL"] is False and kw["num_warps"] == 8
+    # num_warps: the TMA partition's (the compute warpgroups are worker partitions)
+    assert kw == dict(SQ=2, H=48, CAUSAL=True, FINAL=False, num_warps=4)
     seen.clear()
-    M.mla_decode(*c.args(1), schedule="serial")
+    M.mla_decode(*c.args(1))
     (grid, args, kw), = seen  # one split: bf16 straight into out, no reduction
     assert grid == (2, 3, 1) and kw["FINAL"] is True and args[6].dtype == torch.bfloat16
-    seen.clear()
-    M.mla_decode(*c.args(3), schedule="pingpong")  # the same arguments, the warp-specialized kernel
-    (grid, args, kw), _ = seen
-    assert grid == (2, 3, 3) and kw["num_warps"] == 4 and "OVERLAP" not in kw and kw["FINAL"] is False
-    assert kw["PV_FIRST"] is False and args[0].block_shape == [64, 256] and args[2].block_shape == [64, 256]
-    assert args[1].block_shape == [64, 64] and args[3].block_shape == [64, 64]  # NoPE halves, RoPE
-    seen.clear()
-    for sched, nch in (("pingpong_pv_first_c2", 2), ("pingpong_pv_first_c4", 4), ("pingpong_pv_first_c4_r1", 4)):
-        M.mla_decode(*c.args(3), schedule=sched)  # NoPE halves in column chunks
-        (grid, args, kw), _ = seen
-        assert kw["PV_FIRST"] is True and kw["NCH"] == nch and kw["num_warps"] == 4
-        assert kw["R1"] is sched.endswith("_r1")
-        assert args[0].block_shape == [64, 256 // nch] and args[2].block_shape == [64, 256 // nch]
-        seen.clear()
-    M.mla_decode(*c.args(3), schedule="pingpong_pair")  # the tile-pair hand-off, on the same kernel
-    (grid, args, kw), _ = seen
-    assert kw["PAIR"] == 1 and kw["NCH"] == 1 and kw["R1"] is False and args[2].block_shape == [64, 256]
-    seen.clear()
-    M.mla_decode(*c.args(3), schedule="pingpong_pair_rp")  # and the owner's P V from registers
-    (grid, args, kw), _ = seen
-    assert kw["PAIR"] == 2 and kw["PV_FIRST"] is False
-    seen.clear()
-    M.mla_decode(*c.args(3))  # the default schedule
-    (grid, args, kw), _ = seen
-    assert M.DEFAULT_SCHEDULE == "pingpong_pair" and kw["num_warps"] == 4
-    assert kw["NCH"] == 1 and kw["R1"] is False and kw["PAIR"] == 1
-    with pytest.raises(ValueError, match="schedule"):
-        M.mla_decode(*c.args(3), schedule="fast")

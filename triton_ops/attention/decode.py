@@ -130,8 +130,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr,
                    WINDOW_RIGHT: tl.constexpr, HAS_SINK: tl.constexpr, FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
                    OUT_DTYPE: tl.constexpr, FINAL: tl.constexpr, DOT_F32: tl.constexpr, EMULATE: tl.constexpr,
-                   Q_TO_F16: tl.constexpr, PAGE_TILE: tl.constexpr, K_OPAQUE_CVT: tl.constexpr,
-                   V_OPAQUE_CVT: tl.constexpr):
+                   Q_TO_F16: tl.constexpr, PAGE_TILE: tl.constexpr, V_OPAQUE_CVT: tl.constexpr):
     # grid (B, Hkv * M_BLOCKS, num_splits). Packed row r = s * GROUP + g is query s, head hkv * GROUP + g.
     # Logits are kept in base 2 (qk_scale carries log2(e)), so the running softmax uses exp2.
     b = tl.program_id(0).to(tl.int64)
@@ -200,7 +199,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, seq_ptr, sink_ptr, ks_ptr, vs_pt
             row = page.to(tl.int64)
             slot = (j % BS).to(tl.int64)
         kt = _load_kv(_tile_ptrs(k_ptr, row, slot, hkv, k_sb, k_so, k_sh, k_tile, d, PAGE_TILE),
-                      kok[:, None] & (d < D)[None, :], FP8, DOT_DTYPE, EMULATE, K_OPAQUE_CVT)
+                      kok[:, None] & (d < D)[None, :], FP8, DOT_DTYPE, EMULATE, False)
         qk = _dot(q, tl.trans(kt), DOT_F32) * scale
         ok = visible(q_pos[:, None], j[None, :], sk, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT) & kok[None, :]
         p, alpha, m_new, l_i = softmax_step(tl.where(ok, qk, float("-inf")), m_i, l_i)
@@ -272,7 +271,7 @@ def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, 
     dot_dtype = tl.float32 if dot_f32 else (tl.float16 if fp8 else TL_DTYPE[q.dtype])
     q_to_f16 = dot_dtype == tl.float16 and q.dtype == torch.bfloat16
     # one table entry per key tile where the tile divides the page (and a page's offsets fit int32)
-    page_tile = cfg.page_tiles and bs % cfg.block_n == 0 and bs * max(kc.stride(1), vc.stride(1)) < 2**31
+    page_tile = bs % cfg.block_n == 0 and bs * max(kc.stride(1), vc.stride(1)) < 2**31
     f16_codes = fp8 and dot_dtype == tl.float16  # FP8 codes converted to fp16 on the GPU
     if sinks is not None and sinks.stride(0) != 1:
         sinks = sinks.contiguous()
@@ -291,7 +290,7 @@ def _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, 
         WINDOW_LEFT=int(window_left), WINDOW_RIGHT=int(window_right), HAS_SINK=sinks is not None, FP8=fp8,
         DOT_DTYPE=dot_dtype, OUT_DTYPE=TL_DTYPE[q.dtype], FINAL=splits == 1, DOT_F32=dot_f32,
         EMULATE=emulate_formats(dev), Q_TO_F16=q_to_f16, PAGE_TILE=page_tile,
-        K_OPAQUE_CVT=cfg.k_f16_smem and f16_codes, V_OPAQUE_CVT=cfg.v_f16_smem and f16_codes,
+        V_OPAQUE_CVT=cfg.v_f16_smem and f16_codes,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     reduce_splits(o_buf, l_buf, out, lse, cfg.reduce_elems)
     return out, lse
@@ -343,15 +342,10 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     reduce_elems: int  # partial-output elements per program of the split reduction
-    # key tiles inside one page (block_n divides the page size): one table entry and one base address per tile, the
-    # tile's offsets loop-invariant (else a table entry and a 64-bit address per key)
-    page_tiles: bool = False
     # FP8 caches on the GPU: V's codes converted to fp16 in the layout they are loaded in, then to the dot's operand
-    # layout through shared memory as fp16 (else the codes go to the operand layout first: byte-wise shared loads)
+    # layout through shared memory as fp16 (else the codes go to the operand layout first: byte-wise shared loads).
+    # K keeps the codes-first order: its fp16 round trip through shared memory measured 0.89x (docs/attention.md)
     v_f16_smem: bool = False
-    # the same for K (off: sm_90a drops K's 8-bit operand-layout register moves, 449 -> 420 instructions per 64-key
-    # tile, but adds a 16 KB fp16 shared round trip, 2 barriers and 15 registers per tile; 12% slower at 16 x 8k, H100)
-    k_f16_smem: bool = False
 
 
 def choose_num_splits(programs: int, max_ctx: int, sm_count: int | None,
@@ -391,7 +385,7 @@ def decode_config(batch: int, sq: int, hq: int, hkv: int, max_ctx: int, d: int, 
     block_n = max(16, min(block_n, 1 << (per_split.bit_length() - 1)))
     big = block_m * max(d, 64) >= 8192
     return DecodeConfig(num_splits, block_n, block_m, 8 if big and not cpu else 4, 3 if fp8_gpu else 2,
-                        32768 if cpu else 4096, page_tiles=True, v_f16_smem=fp8_gpu)
+                        32768 if cpu else 4096, v_f16_smem=fp8_gpu)
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -418,8 +412,7 @@ def attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale:
                      window_left: int, window_right: int, sinks, k_scale, v_scale, num_splits: int,
                      cfg: DecodeConfig | None = None):
     """(out (B, Sq, Hq, Dv) in q's dtype, lse (B, Sq, Hq) fp32); see the module docstring. num_splits <= 0
-    picks the split count with `choose_num_splits`; cfg overrides the whole configuration (`DecodeConfig`'s
-    defaults for page_tiles / v_f16_smem are the per-key-gather, codes-to-operand-layout kernel)."""
+    picks the split count with `choose_num_splits`; cfg overrides the whole configuration."""
     check_attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, window_left,
                            window_right, sinks, k_scale, v_scale, num_splits)
     bsz, sq, hq, d = q.shape

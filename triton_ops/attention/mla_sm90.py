@@ -1,73 +1,35 @@
-"""DeepSeek MLA decode for Hopper (sm_90a) in Gluon: bf16 dense latent cache, TMA page tiles, warpgroup MMA.
+"""DeepSeek MLA decode for Hopper (sm_90a) in Gluon: bf16 dense latent cache, TMA page tiles, warpgroup MMA,
+FlashMLA's sm90 structure (a TMA partition and two compute warpgroups, Gluon's warp_specialize).
 Contract: dispatch/reference/attention.py:mla_decode (the bf16-layout dense calls of it; triton_ops/attention/
 mla_decode.py serves the rest: FP8 layouts, sparse index lists, sliding windows, other widths).
 
 Written for Triton 3.6 (the GPU image's) Gluon API, like prefill_sm90.py (whose version gate it shares); other
 Triton versions are refused by `supports_mla_decode_sm90` (the module still imports without Gluon).
 
-Shape of the work: one CTA = BLOCK_M = 64 query rows x one sequence x one KV split; 8 warps (two warpgroups).
-Rows are the packed (query, head) pairs r = s * H + h of the sequence (Sq 1..8 folds into M: with H = 128 and
-Sq = 2, four row blocks), read by TMA from q seen as (B * Sq * H, 576).
+Shape of the work: one CTA = BLOCK_M = 64 query rows x one sequence x one KV split. Rows are the packed
+(query, head) pairs r = s * H + h of the sequence (Sq 1..8 folds into M: with H = 128 and Sq = 2, four row
+blocks), read by TMA from q seen as (B * Sq * H, 576).
 
-* Q (64 x 576 bf16, 72 KB) is loaded once by TMA and stays in shared memory (the A operand of S = Q K^T), as a
-  512-column NoPE part and a 64-column RoPE part (TMA boxes and register tiles are powers of two).
-* Key tile = one cache page (64 tokens x 576, 72 KB): two TMA loads (NoPE 512 columns, RoPE 64) at row
-  page * 64 of the cache seen as (num_blocks * 64, 576), completing on one mbarrier. The value tile is the NoPE
-  part of the same buffer: one load serves both MMAs. Two tiles in flight (double buffer): Q 72 + 2 x 72 +
-  P 8 = 224 KB of shared memory.
-* The two warpgroups split the N dimension of both MMAs (wgmma layout warps [4, 2]): S = Q K^T (64 x 64) as two
-  64 x 32 halves (no QK^T is computed twice), then the online softmax (the row max / sum cross the two halves
-  through shared memory), P (bf16) written to shared memory, and O (64 x 512 fp32) as two 64 x 256 halves,
-  O += P V, each warpgroup reading all of P and its half of V.
-* Iteration t: wait for tile t's barrier; S_t = Q K_t^T (two chained async wgmmas: NoPE, RoPE), wait; softmax
-  (masked keys -inf); rescale O; P_t to shared memory (fence, CTA barrier); O += P_t V_t, wait; CTA barrier;
-  refill the buffer with tile t + 2. A tile is resident for one iteration and its successor's load has a whole
-  iteration to land. No wgmma is in flight across the loop's back edge: carrying one (P V of tile t overlapping
-  S of tile t + 1) makes ptxas serialize every wgmma of the kernel (C7514), which the compile test checks.
-* Schedules (`mla_decode(..., schedule=)`, SCHEDULES; DEFAULT_SCHEDULE = "pingpong_pair"):
-  SERIAL: the iteration above.
-  OVERLAP (FA3's intra-warpgroup overlap, as prefill_sm90.py): issue S_t, then P_{t-1} V_{t-1}; the softmax of
-  tile t runs under that MMA; a tile is then resident from its S to the next step's P V, so its successor's refill
-  is issued mid-step (less time to land). Slower than SERIAL on an H200 (0.81-0.90x).
-  PINGPONG (`_mla_ws_kernel`, FlashMLA's sm90 structure in Gluon's warp_specialize): a TMA partition (4 warps, 24
-  registers) loads Q, then key tile t into slot t % 2 in three parts with their own full / empty mbarriers: NoPE
-  half h (256 columns: warpgroup h's O columns, so after the owner's S only warpgroup h reads it and releases it
-  alone) and the RoPE part (released by both). Compute warpgroup w (240 registers each, setmaxnreg) owns the tiles
-  t = w (mod 2): their whole S (64 x 64, wgmma 64x64, issued part by part as the parts land) and softmax, while O
-  stays split by columns (each warpgroup 64 x 256, all tiles). The softmax chain crosses warpgroups: the owner of
-  tile t takes the running (m, l) after tile t - 1 from shared memory, writes P_t (bf16) over the RoPE part of
-  tile t's slot (free once S_t is done: no extra P buffer, so Q + 2 tiles = 217 KB) and (m_t, l_t), and signals
-  one mbarrier; both warpgroups then rescale their O and add P_t V_t. A warpgroup's step (`_ws_pair`) issues S of
-  its next tile, then the P V of the other's tile, runs its softmax under that MMA, publishes, adds its own P V:
-  while one warpgroup does a softmax the other keeps the tensor cores busy.
-  PINGPONG_PV_FIRST: the same, but the P V of the other's tile runs and its buffer is released before waiting for
-  the own tile's load. With two buffers the refill of tile t + 2 can only start once both warpgroups are done with
-  tile t; in PINGPONG the other warpgroup's release of tile t waits behind its own next tile's load (S first),
-  which couples the loads; here it does not.
-  PINGPONG_PV_FIRST_C2 / _C4: PINGPONG_PV_FIRST with each 256-column NoPE half of Q and of a key tile loaded as
-  2 / 4 column chunks (128 / 64 columns, a full mbarrier each; the empty barriers stay per half, the buffers and
-  the P V are unchanged): S of a tile is issued chunk by chunk as the chunks land (K = 128 / 64 per wgmma group),
-  so it starts once 16 / 8 KB of the 72 KB tile are in, not 32 KB (FlashMLA pipelines its key tile as nine
-  64-column chunks). Each chunk's full barriers are their own allocation: Triton's barrier pass puts a CTA
-  barrier between two mbarrier waits on one allocation, so chunk waits on one array would add a bar.sync each.
-  C4 holds more wgmma descriptors: ptxas spills a few registers outside the tile loop.
-  PINGPONG_PV_FIRST_C4_R1: C4 with fewer CTA barriers per step: one release arrival per warpgroup and slot (its
-  NoPE half's barrier, which the producer also waits for, for both warpgroups, before refilling the RoPE part)
-  instead of two (one arrival and one bar.sync fewer per release, two releases per warpgroup step), and the
-  published m and l of each slot in allocations of their own (no bar.sync between their stores).
-  PINGPONG_PAIR (FlashMLA's hand-off within a tile pair (a, a + 1), a even; the same TMA partition, buffers and
-  release barriers): both warpgroups issue S of their own tile of the pair at once; only the row max crosses
-  between the softmaxes: warpgroup 0 publishes m_a = max(m, rowmax S_a) (an mbarrier of its own) as soon as it has
-  it, warpgroup 1 folds it into m_b and publishes m_b, while warpgroup 0 takes its exponentials against m_a and then
-  rescales P_a to m_b before publishing it; both P of the pair are then at m_b, so each warpgroup rescales its O
-  once per pair and issues P_a V_a and P_b V_b back to back. Each warpgroup sums l over its own tiles only; the two
-  sums (both at the final max) are added once, after the last tile. The chain between the warpgroups per pair is
-  two row maxima, not two whole softmaxes with the P V and S between them.
-  PINGPONG_PAIR_RP: PINGPONG_PAIR in FlashMLA's order: the owner's P V takes P from registers (wgmma's register A
-  operand) as soon as its exponentials are taken: warpgroup 0's P_a V_a (O rescaled to m_a) runs while warpgroup
-  1 is in its softmax, then O goes from m_a to m_b before P_b V_b; warpgroup 1 issues P_b V_b before it waits for
-  P_a.
-  The warp-specialized kernel and its schedules are in mla_sm90_ws.py.
+* Q (64 x 576 bf16, 72 KB) is loaded once by TMA and stays in shared memory (the A operand of S = Q K^T), as two
+  256-column NoPE halves and a 64-column RoPE part (TMA boxes and register tiles are powers of two).
+* Key tile = one cache page (64 tokens x 576), at row page * 64 of the cache seen as (num_blocks * 64, 576). The
+  value tile is the NoPE part of the same buffer: one load serves both MMAs. Two slots (tile t in slot t % 2).
+* The TMA partition (4 warps, 24 registers) loads Q, then tile t in three parts with their own full / empty
+  mbarriers: NoPE half h (256 columns: warpgroup h's O columns, so after the owner's S only warpgroup h reads it
+  and releases it alone) and the RoPE part (released by both), each as soon as the warpgroups are done with that
+  part of tile t - 2.
+* Compute warpgroup w (240 registers each, setmaxnreg) owns the tiles t = w (mod 2): their whole S (64 x 64,
+  wgmma 64x64, issued part by part as the parts land) and softmax, while O stays split by columns (each warpgroup
+  64 x 256 over every tile). Tiles go in pairs (a, a + 1), a even (FlashMLA's hand-off): both warpgroups issue S
+  of their own tile of the pair at once; only the row max crosses between the softmaxes: warpgroup 0 publishes
+  m_a = max(m, rowmax S_a) (an mbarrier of its own) as soon as it has it, warpgroup 1 folds it into m_b and
+  publishes m_b, while warpgroup 0 takes its exponentials against m_a and then rescales P_a to m_b before
+  publishing it; both P of the pair are then at m_b, so each warpgroup rescales its O once per pair and issues
+  P_a V_a and P_b V_b back to back. P_t (bf16) is written over the RoPE part of tile t's slot (free once S_t is
+  done: no extra P buffer, so Q + 2 tiles = 217 KB). Each warpgroup sums l over its own tiles only; the two sums
+  (both at the final max) are added once, after the last tile. Every MMA retires inside its pair step (no wgmma
+  in flight across a loop's back edge: ptxas would serialize every wgmma of the kernel, which the compile test
+  checks).
 * Masking: page ids outside [0, num_blocks) load from row num_blocks * 64, past the TMA view's end: the tile is
   zero filled (never read out of bounds) and its keys are masked. Keys past the sequence length in its last page
   are masked, and (cache slots no sequence writes may hold anything, NaN included: 0 x NaN would leak into
@@ -125,42 +87,24 @@ OP = "mla_decode"
 PAGE_SIZE = 64  # tokens per cache page = keys per tile
 ROWS = 64  # query rows per CTA
 NOPE = 512  # the latent row: NoPE (= the value) + DS_ROPE RoPE columns
-NUM_WARPS = 8
+TMA_WARPS = 4  # the launch's num_warps: the TMA partition's; the two compute warpgroups are worker partitions
 PAGE: tl.constexpr = tl.constexpr(PAGE_SIZE)
 BLOCK_M: tl.constexpr = tl.constexpr(ROWS)
 D_NOPE: tl.constexpr = tl.constexpr(NOPE)
+HALF: tl.constexpr = tl.constexpr(NOPE // 2)
 ROPE_W: tl.constexpr = tl.constexpr(DS_ROPE)
+# Registers per thread of each compute warpgroup (setmaxnreg): 12 warps at launch hold 168 each; the TMA
+# partition keeps the rest (24).
+WS_REGS: tl.constexpr = tl.constexpr(240)
 MAX_SPLITS = 64
-SCHEDULES = ("serial", "overlap", "pingpong", "pingpong_pv_first",  # see the module docstring
-             "pingpong_pv_first_c2", "pingpong_pv_first_c4", "pingpong_pv_first_c4_r1", "pingpong_pair",
-             "pingpong_pair_rp")
-PAIRS = {"pingpong_pair": 1, "pingpong_pair_rp": 2}  # the warp-specialized kernel's PAIR (mla_sm90_ws.py)
-# timed best (H200, 7aea59e: 0.77-0.88x FlashMLA, median 0.87x; pingpong_pv_first 0.75-0.82x, serial 0.60-0.65x)
-DEFAULT_SCHEDULE = "pingpong_pair"
 MIN_SPLIT_PAGES = 4  # below 256 keys a split no longer pays for its partials and the merge
 
 
 @gluon.jit
-def _load_tile(kn_desc, kr_desc, bt_row, p, num_blocks, bar, kn_smem, kr_smem, pred):
-    """TMA of page table entry p (NoPE + RoPE parts) into one buffer, completing on `bar` (skipped unless pred)."""
-    _load_page(kn_desc, kr_desc, gl.load(bt_row + p, mask=pred, other=0), num_blocks, bar, kn_smem, kr_smem, pred)
-
-
-@gluon.jit
-def _load_page(kn_desc, kr_desc, page, num_blocks, bar, kn_smem, kr_smem, pred):
-    """TMA of cache page `page` into one buffer, completing on `bar` (skipped unless pred). A page id outside
-    [0, num_blocks) reads past the view's end: zero fill."""
-    row = gl.where((page >= 0) & (page < num_blocks), page, num_blocks) * PAGE
-    mbarrier.expect(bar, kn_desc.block_type.nbytes + kr_desc.block_type.nbytes, pred=pred)
-    _tma_load(kn_desc, [row, 0], bar, kn_smem, pred=pred)
-    _tma_load(kr_desc, [row, D_NOPE], bar, kr_smem, pred=pred)
-
-
-@gluon.jit
-def _zero_rows_from(kn_smem, valid, num_warps: gl.constexpr):
-    """Zero rows valid.. of a [PAGE, width] value tile in shared memory (64 columns at a time), then make the
-    stores visible to the async proxy (wgmma) and to every warp."""
-    blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+def _zero_rows_from(kn_smem, valid):
+    """Zero rows valid.. of a [PAGE, width] value tile in shared memory (64 columns at a time; the calling
+    warpgroup's 4 warps), then make the stores visible to the async proxy (wgmma) and to every warp."""
+    blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     rows = gl.arange(0, PAGE, layout=gl.SliceLayout(1, blk))
     keep = gl.expand_dims(rows < valid, 1)
     for c in gl.static_range(kn_smem.shape[1] // 64):
@@ -192,97 +136,6 @@ def _nz(m):
 def _scale_rows(o, f):
     """O with row r multiplied by f[r] (f in the row slice of S's wgmma layout: a register-only conversion)."""
     return o * gl.expand_dims(gl.convert_layout(f, gl.SliceLayout(1, o.type.layout), assert_trivial=True), 1)
-
-
-@gluon.jit
-def _softmax_tile(s, k0, lo, hi, page_ok, q_pos, m_i, l_i, qk_scale, CAUSAL: gl.constexpr):
-    """Mask the raw logits s of keys k0..k0+63 (`_mask_tile`) and fold them into the running (m, l) (log2 units).
-    Returns (P fp32, new m, new l, alpha = the factor O is rescaled by)."""
-    s = _mask_tile(s, k0, lo, hi, page_ok, q_pos, CAUSAL)
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-    m_use = _nz(m_new)
-    alpha = gl.exp2(m_i - m_use)
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
-    l_i = l_i * alpha + gl.sum(p, 1)
-    return p, m_new, l_i, alpha
-
-
-@gluon.jit
-def _wait_tile_issue_s(t, kn_smem, kr_smem, q_smem, qr_smem, bars, p0, sk, TAIL: gl.constexpr,
-                       s_layout: gl.constexpr, num_warps: gl.constexpr):
-    """Wait for key tile t's buffer; TAIL: zero its value rows past the sequence end; issue S_t = Q K_t^T (two
-    async wgmma groups: NoPE, RoPE). Returns S's token."""
-    slot = t % 2
-    k0 = (p0 + t) * PAGE
-    mbarrier.wait(bars.index(slot), (t // 2) & 1)
-    if TAIL:
-        if k0 + PAGE > sk:
-            _zero_rows_from(kn_smem.index(slot), sk - k0, num_warps)
-    s = warpgroup_mma(q_smem, kn_smem.index(slot).permute((1, 0)), gl.zeros([BLOCK_M, PAGE], gl.float32, s_layout),
-                      use_acc=False, is_async=True)
-    return warpgroup_mma(qr_smem, kr_smem.index(slot).permute((1, 0)), s, is_async=True)
-
-
-@gluon.jit
-def _tile(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc, kr_desc, bt_row, p0, n_tiles,
-          num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL: gl.constexpr, TAIL: gl.constexpr, FIRST: gl.constexpr,
-          s_layout: gl.constexpr, o_layout: gl.constexpr, num_warps: gl.constexpr):
-    """Key tile t (see the module docstring). FIRST: t = 0 (O starts here). TAIL: the tile may hold the sequence's
-    last key (its rows past it are zeroed before P V). Returns (O, m, l). Both MMAs are waited for inside the
-    step: a wgmma still in flight across the loop's back edge makes ptxas serialize every wgmma of the kernel."""
-    slot = t % 2
-    k0 = (p0 + t) * PAGE
-    nxt = gl.load(bt_row + p0 + t + 2, mask=t + 2 < n_tiles, other=0)  # the refill's page id, off the refill's path
-    s = _wait_tile_issue_s(t, kn_smem, kr_smem, q_smem, qr_smem, bars, p0, sk, TAIL, s_layout, num_warps)
-    page = gl.load(bt_row + p0 + t)
-    s = warpgroup_mma_wait(0, deps=(s, ))
-    p, m_i, l_i, alpha = _softmax_tile(s, k0, lo, hi, (page >= 0) & (page < num_blocks), q_pos, m_i, l_i,
-                                       qk_scale, CAUSAL)
-    if not FIRST:
-        o = _scale_rows(o, alpha)
-    p_smem.store(p.to(gl.bfloat16))
-    fence_async_shared()
-    _cta_barrier()  # P complete (both halves) and visible to wgmma
-    o = warpgroup_mma(p_smem, kn_smem.index(slot), o, use_acc=not FIRST, is_async=True)
-    o = warpgroup_mma_wait(0, deps=(o, ))
-    _cta_barrier()  # both warpgroups are done with this buffer and with P: refill it with tile t + 2
-    _load_page(kn_desc, kr_desc, nxt, num_blocks, bars.index(slot), kn_smem.index(slot), kr_smem.index(slot),
-               t + 2 < n_tiles)
-    return o, m_i, l_i
-
-
-@gluon.jit
-def _tile_overlap(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc, kr_desc, bt_row, p0,
-                  n_tiles, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL: gl.constexpr, TAIL: gl.constexpr,
-                  FIRST: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, num_warps: gl.constexpr):
-    """The OVERLAP schedule's key tile t (FA3's intra-warpgroup overlap): P_{t-1} waits in shared memory and tile
-    t - 1 in the other buffer. Issue S_t, then P_{t-1} V_{t-1}; wait for S_t only and run the softmax of tile t
-    while the tensor cores do P_{t-1} V_{t-1}; wait for it, refill its buffer with tile t + 1, rescale O, write
-    P_t. Both MMAs retire inside the step (nothing in flight across the back edge). The refill is issued later
-    than in the plain schedule (tile t + 1 has the rest of this step to land, not a whole step). FIRST: t = 0,
-    S and the softmax only."""
-    slot = t % 2
-    k0 = (p0 + t) * PAGE
-    nxt = gl.load(bt_row + p0 + t + 1, mask=t + 1 < n_tiles, other=0)  # the refill's page id
-    s = _wait_tile_issue_s(t, kn_smem, kr_smem, q_smem, qr_smem, bars, p0, sk, TAIL, s_layout, num_warps)
-    if not FIRST:
-        o = warpgroup_mma(p_smem, kn_smem.index(1 - slot), o, is_async=True)
-    page = gl.load(bt_row + p0 + t)
-    s = warpgroup_mma_wait(1 - FIRST, deps=(s, ))  # S_t done; P_{t-1} V_{t-1} may still run
-    p, m_i, l_i, alpha = _softmax_tile(s, k0, lo, hi, (page >= 0) & (page < num_blocks), q_pos, m_i, l_i,
-                                       qk_scale, CAUSAL)
-    if not FIRST:
-        o = warpgroup_mma_wait(0, deps=(o, ))
-        _cta_barrier()  # both warpgroups are done with tile t - 1's buffer and with P: refill it with tile t + 1
-        _load_page(kn_desc, kr_desc, nxt, num_blocks, bars.index(1 - slot), kn_smem.index(1 - slot),
-                   kr_smem.index(1 - slot), t + 1 < n_tiles)
-        o = _scale_rows(o, alpha)
-    p_smem.store(p.to(gl.bfloat16))
-    fence_async_shared()
-    _cta_barrier()  # P_t complete (both halves) and visible to wgmma
-    return o, m_i, l_i
-
-
 @gluon.jit
 def _store_out(o, m_i, l_i, rows, col0, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp,
                SQ: gl.constexpr, H: gl.constexpr, FINAL: gl.constexpr, LSE: gl.constexpr):
@@ -322,82 +175,262 @@ def _key_span(seq_ptr, b, split, r0, pages_per_split, max_pages, SQ: gl.constexp
     return sk, lo, hi, p0, gl.where(hi > lo, (hi + PAGE - 1) // PAGE - p0, 0)
 
 
+
+
+# ------------------------------------------------------------------------------------------- partitions
+
+
+@gluon.jit
+def _producer(q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem, q_bar, full_n, full_r, empty_n,
+              empty_r, bt_row, q_row, p0, n_tiles, num_blocks):
+    """The TMA partition: Q once, then key tile t into slot s = t % 2 in three parts, each as soon as the
+    warpgroups are done with that part of tile t - 2: the NoPE half h = s (warpgroup s's O columns: free when
+    warpgroup s is done with the tile), the other half, the RoPE part (which held P: free when both are done)."""
+    if n_tiles > 0:
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
+        for h in gl.static_range(2):
+            _tma_load(q_desc, [q_row, h * HALF], q_bar, q_smem.index(h))
+        _tma_load(qr_desc, [q_row, D_NOPE], q_bar, qr_smem.index(0))
+    for t in range(n_tiles):
+        s = t % 2
+        page = gl.load(bt_row + p0 + t)
+        row = gl.where((page >= 0) & (page < num_blocks), page, num_blocks) * PAGE  # past the end: zero fill
+        for k in gl.static_range(2):
+            h = s * (1 - k) + (1 - s) * k  # the owner's half first
+            if t >= 2:
+                mbarrier.wait(empty_n.index(2 * s + h), (t // 2 - 1) & 1)
+            mbarrier.expect(full_n.index(2 * s + h), kn_desc.block_type.nbytes)
+            _tma_load(kn_desc, [row, h * HALF], full_n.index(2 * s + h), kn_smem.index(2 * s + h))
+        if t >= 2:
+            mbarrier.wait(empty_r.index(s), (t // 2 - 1) & 1)
+        mbarrier.expect(full_r.index(s), kr_desc.block_type.nbytes)
+        _tma_load(kr_desc, [row, D_NOPE], full_r.index(s), kr_smem.index(s))
+
+
+@gluon.jit
+def _release(o, slot, empty_n, empty_r, W: gl.constexpr):
+    """Wait for every MMA of warpgroup W, then release its NoPE half of buffer `slot` and its share of the RoPE
+    part (one arrival each for the four warps)."""
+    o = warpgroup_mma_wait(0, deps=(o, ))
+    _free(slot, empty_n, empty_r, W)
+    return o
+
+
+@gluon.jit
+def _free(slot, empty_n, empty_r, W: gl.constexpr):
+    """`_release` after the caller's own wait for the MMAs that read buffer `slot`."""
+    _cta_barrier()
+    mbarrier.arrive(empty_n.index(2 * slot + W))
+    mbarrier.arrive(empty_r.index(slot))
+
+
+@gluon.jit
+def _issue_s(t, W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, p0, sk, s_layout: gl.constexpr):
+    """Warpgroup W's own tile t (slot W): issue S_t = Q K_t^T part by part as the parts land (the own NoPE half
+    first, then the other, then the RoPE part); the sequence's last page first has its rows past sk zeroed (before
+    any P V reads them). Returns S's token (async)."""
+    k0 = (p0 + t) * PAGE
+    ph = (t // 2) & 1
+    if k0 + PAGE > sk:  # the sequence's last page: its rows past sk are zeroed before any P V
+        for h in gl.static_range(2):
+            mbarrier.wait(full_n.index(2 * W + h), ph)
+        _zero_rows_from(kn_smem.index(2 * W), sk - k0)
+        _zero_rows_from(kn_smem.index(2 * W + 1), sk - k0)
+    # Q's buffer index (t >> 30 = 0) is opaque to the compiler: the Q descriptors are rebuilt per tile instead
+    # of being hoisted out of the loop (36 64-bit values: spills)
+    qz = t >> 30
+    s = gl.zeros([BLOCK_M, PAGE], gl.float32, s_layout)
+    for k in gl.static_range(2):  # the own half first
+        hk = (W + k) % 2
+        mbarrier.wait(full_n.index(2 * W + hk), ph)
+        s = warpgroup_mma(q_smem.index(hk + qz), kn_smem.index(2 * W + hk).permute((1, 0)), s, use_acc=k > 0,
+                          is_async=True)
+    mbarrier.wait(full_r.index(W), ph)
+    return warpgroup_mma(qr_smem.index(qz), kr_smem.index(W).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _start(r0, sk, SQ: gl.constexpr, H: gl.constexpr):
+    """A compute warpgroup's start: (its rows r0.., their query positions, m = -inf, l = 0, O = 0 (64 x 256)) in
+    the wgmma layouts of one warpgroup (S 64 x 64, O 64 x 256); m's layout is a slice of S's."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, PAGE, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows = r0 + gl.arange(0, BLOCK_M, layout=row_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_layout)
+    return rows, sk - SQ + rows // H, m_i, l_i, gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+
+
+@gluon.jit
+def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem,
+               full_n, full_r, mx_bar, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi, sk, q_pos, qk_scale,
+               CAUSAL: gl.constexpr, s_layout: gl.constexpr):
+    """Warpgroup W's share of the tile pair (a, a + 1) (HAS_B: tile a + 1 exists; warpgroup 1 owns it).
+    m_i: the running max before the pair (O and l are at it); returns (O, m, l) at the pair's max. Only the row
+    max crosses between the softmaxes: warpgroup 0 publishes m_a = max(m_i, rowmax S_a) as soon as it has it,
+    warpgroup 1 folds it into m_b, publishes m_b; warpgroup 0 then rescales its P_a (exponentials already taken
+    against m_a) to m_b before publishing it, so both P of the pair are at m_b. l: each warpgroup sums its own
+    tiles only (reconciled at the end). Each warpgroup rescales O once per pair and issues P_a V_a, P_b V_b back
+    to back (P from shared memory)."""
+    ph = (a // 2) & 1  # both slots' phase in this pair
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    if W == 0 or HAS_B:
+        t = a + W
+        k0 = (p0 + t) * PAGE
+        s = _issue_s(t, W, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, p0, sk, s_layout)
+        page = gl.load(bt_row + p0 + t)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        s = _mask_tile(s, k0, lo, hi, (page >= 0) & (page < num_blocks), q_pos, CAUSAL)
+        m_own = gl.max(s, 1) * qk_scale
+        if W == 0:
+            m_a = gl.maximum(m_i, m_own)
+            ml_smem[0].store(m_a)
+            _cta_barrier()
+            mbarrier.arrive(mx_bar.index(0))  # m_a: warpgroup 1's softmax needs no more than this
+            p = gl.exp2(s * qk_scale - gl.expand_dims(_nz(m_a), 1))
+            rs = gl.sum(p, 1)
+            if HAS_B:
+                mbarrier.wait(mx_bar.index(1), ph)
+                m_new = ml_smem[1].load(row_layout)
+                c = gl.exp2(m_a - _nz(m_new))  # P_a from m_a to the pair's max
+                p = p * gl.expand_dims(c, 1)
+                rs = rs * c
+            else:
+                m_new = m_a
+        else:
+            mbarrier.wait(mx_bar.index(0), ph)
+            m_new = gl.maximum(ml_smem[0].load(row_layout), m_own)
+            ml_smem[1].store(m_new)
+            _cta_barrier()
+            mbarrier.arrive(mx_bar.index(1))
+            p = gl.exp2(s * qk_scale - gl.expand_dims(_nz(m_new), 1))
+            rs = gl.sum(p, 1)
+        alpha = gl.exp2(m_i - _nz(m_new))
+        l_i = l_i * alpha + rs
+        kr_smem.index(W).store(p.to(gl.bfloat16))  # P over the RoPE part of the own tile (its S is done)
+        fence_async_shared()
+        _cta_barrier()
+        mbarrier.arrive(sm_bar.index(W))
+    else:  # warpgroup 1, a lone last tile a: O and l to m_a
+        mbarrier.wait(mx_bar.index(0), ph)
+        m_new = ml_smem[0].load(row_layout)
+        alpha = gl.exp2(m_i - _nz(m_new))
+        l_i = l_i * alpha
+    # P_a V_a, then P_b V_b on this warpgroup's 256 columns, back to back; each slot released once its MMA is done
+    o = _scale_rows(o, alpha)
+    if W == 1:
+        mbarrier.wait(sm_bar.index(0), ph)
+    o = warpgroup_mma(kr_smem.index(0), kn_smem.index(W), o, is_async=True)
+    if HAS_B:
+        if W == 0:
+            mbarrier.wait(sm_bar.index(1), ph)
+        o = warpgroup_mma(kr_smem.index(1), kn_smem.index(2 + W), o, is_async=True)
+        # P_a V_a done (O itself stays untouched while P_b V_b runs): slot 0 is free for tile a + 2
+        m_new = warpgroup_mma_wait(1, deps=(m_new, ))
+        _free(0, empty_n, empty_r, W)
+        o = _release(o, 1, empty_n, empty_r, W)
+    else:
+        o = _release(o, 0, empty_n, empty_r, W)
+    return o, m_new, l_i
+
+
+@gluon.jit
+def _compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, mx_bar, sm_bar,
+             fin_bar, empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0, b, split, qk_scale, out_ptr,
+             lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr,
+             CAUSAL: gl.constexpr, FINAL: gl.constexpr):
+    """Compute warpgroup W: S and softmax of tiles t = W (mod 2), O columns [256 W, 256 W + 256) of every tile
+    (`_pair_step` per tile pair), then l summed over both warpgroups and its half of the epilogue."""
+    rows, q_pos, m_i, l_i, o = _start(r0, sk, SQ, H)
+    s_layout: gl.constexpr = m_i.type.layout.parent
+    if n_tiles > 0:
+        mbarrier.wait(q_bar, 0)
+        for i in range(n_tiles // 2):
+            o, m_i, l_i = _pair_step(2 * i, True, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, full_n,
+                                     full_r, mx_bar, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi, sk,
+                                     q_pos, qk_scale, CAUSAL, s_layout)
+        if n_tiles % 2 == 1:
+            o, m_i, l_i = _pair_step(n_tiles - 1, False, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem,
+                                     full_n, full_r, mx_bar, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi,
+                                     sk, q_pos, qk_scale, CAUSAL, s_layout)
+        # both l at the final max: the row sum is theirs added
+        ml_smem[2 + W].store(l_i)
+        _cta_barrier()
+        mbarrier.arrive(fin_bar)
+        mbarrier.wait(fin_bar, 0)
+        l_i = l_i + ml_smem[3 - W].load(m_i.type.layout)
+    # Epilogue: this warpgroup's 256 columns; warpgroup 0 writes the LSE.
+    _store_out(o, m_i, l_i, rows, W * HALF, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh,
+               l_sp, SQ, H, FINAL, W == 0)
+
+
 @gluon.jit(do_not_specialize=["num_blocks", "pages_per_split"])
 def _mla_sm90_kernel(q_desc, qr_desc, kn_desc, kr_desc, bt_ptr, seq_ptr, out_ptr, lse_ptr, qk_scale, num_blocks,
                      pages_per_split, max_pages, bt_sb, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp,
                      SQ: gl.constexpr, H: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr,
-                     OVERLAP: gl.constexpr, num_warps: gl.constexpr):
-    # wgmma layouts: one warpgroup (4 warps) over the 64 rows, the two warpgroups side by side along N.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
-                                                       instr_shape=[16, PAGE // (num_warps // 4), 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
-                                                       instr_shape=[16, D_NOPE // (num_warps // 4), 16])
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-
+                     num_warps: gl.constexpr):
+    """The TMA loads (this partition, 4 warps) and the two compute warpgroups (worker partitions)."""
     b = gl.program_id(1)
     split = gl.program_id(2)
     r0 = gl.program_id(0) * BLOCK_M
     sk, lo, hi, p0, n_tiles = _key_span(seq_ptr, b, split, r0, pages_per_split, max_pages, SQ, H, CAUSAL)
-
-    rows = r0 + gl.arange(0, BLOCK_M, layout=row_layout)
-    q_pos = sk - SQ + rows // H
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_layout)
-    l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_layout)
-    o = gl.zeros([BLOCK_M, D_NOPE], gl.float32, o_layout)
-
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_NOPE], q_desc.layout)
-    qr_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, ROPE_W], qr_desc.layout)
-    kn_smem = gl.allocate_shared_memory(gl.bfloat16, [2, PAGE, D_NOPE], kn_desc.layout)
+    # Q as two 256-column halves + RoPE; key buffers: NoPE half h of slot s at index 2 s + h (warpgroup h's O
+    # columns), the RoPE part (later P) of slot s. 64 + 8 + 4 x 32 + 2 x 8 KB.
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, HALF], q_desc.layout)
+    qr_smem = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_M, ROPE_W], qr_desc.layout)
+    kn_smem = gl.allocate_shared_memory(gl.bfloat16, [4, PAGE, HALF], kn_desc.layout)
     kr_smem = gl.allocate_shared_memory(gl.bfloat16, [2, PAGE, ROPE_W], kr_desc.layout)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, PAGE], kr_desc.layout)
+    # (m_a, m_b of the pair, the final l of warpgroup 0, 1), each its own allocation: Triton's barrier pass puts a
+    # CTA barrier between two accesses of one allocation
+    ml_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    ml_smem = (gl.allocate_shared_memory(gl.float32, [BLOCK_M], ml_layout),
+               gl.allocate_shared_memory(gl.float32, [BLOCK_M], ml_layout),
+               gl.allocate_shared_memory(gl.float32, [BLOCK_M], ml_layout),
+               gl.allocate_shared_memory(gl.float32, [BLOCK_M], ml_layout))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    full_n = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # NoPE half h of slot s: 2 s + h
+    empty_n = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    full_r = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty_r = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    sm_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # P of slot s published
+    mx_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # the row max of slot s published
+    fin_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # both warpgroups' final l written
     mbarrier.init(q_bar, count=1)
-    mbarrier.init(bars.index(0), count=1)
-    mbarrier.init(bars.index(1), count=1)
-
-    if n_tiles > 0:
-        bt_row = bt_ptr + b.to(gl.int64) * bt_sb
-        q_row = (b * SQ * H + r0).to(gl.int32)
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
-        _tma_load(q_desc, [q_row, 0], q_bar, q_smem)
-        _tma_load(qr_desc, [q_row, D_NOPE], q_bar, qr_smem)
-        _load_tile(kn_desc, kr_desc, bt_row, p0, num_blocks, bars.index(0), kn_smem.index(0), kr_smem.index(0),
-                   True)
-        _load_tile(kn_desc, kr_desc, bt_row, p0 + 1, num_blocks, bars.index(1), kn_smem.index(1),
-                   kr_smem.index(1), n_tiles > 1)
-        mbarrier.wait(q_bar, 0)
-        # The last page holding keys of this sequence (its rows past sk are zeroed before their P V): every
-        # tile from there on takes the TAIL path; the others run without the check.
-        t_tail = gl.minimum(gl.maximum(sk // PAGE - p0, 1), n_tiles)
-        if OVERLAP:
-            step: gl.constexpr = _tile_overlap
-        else:
-            step: gl.constexpr = _tile
-        o, m_i, l_i = step(0, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc, kr_desc, bt_row,
-                           p0, n_tiles, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL, True, True, s_layout,
-                           o_layout, num_warps)
-        for t in range(1, t_tail):
-            o, m_i, l_i = step(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc, kr_desc,
-                               bt_row, p0, n_tiles, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL, False, False,
-                               s_layout, o_layout, num_warps)
-        for t in range(t_tail, n_tiles):
-            o, m_i, l_i = step(t, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, p_smem, bars, kn_desc, kr_desc,
-                               bt_row, p0, n_tiles, num_blocks, lo, hi, sk, q_pos, qk_scale, CAUSAL, True, False,
-                               s_layout, o_layout, num_warps)
-        if OVERLAP:  # the last tile's P V
-            o = warpgroup_mma(p_smem, kn_smem.index((n_tiles - 1) % 2), o, is_async=True)
-            o = warpgroup_mma_wait(0, deps=(o, ))
-
-    _store_out(o, m_i, l_i, rows, 0, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ, H,
-               FINAL, True)
+    for i in gl.static_range(4):
+        mbarrier.init(full_n.index(i), count=1)
+    for i in gl.static_range(4):
+        mbarrier.init(empty_n.index(i), count=1)  # NoPE half h: only warpgroup h reads it after the owner's S
+    for i in gl.static_range(2):
+        mbarrier.init(full_r.index(i), count=1)
+        mbarrier.init(empty_r.index(i), count=2)  # the RoPE part holds P, read by both warpgroups
+        mbarrier.init(sm_bar.index(i), count=1)
+    mbarrier.init(mx_bar.index(0), count=1)
+    mbarrier.init(mx_bar.index(1), count=1)
+    mbarrier.init(fin_bar, count=2)
+    bt_row = bt_ptr + b.to(gl.int64) * bt_sb
+    q_row = (b * SQ * H + r0).to(gl.int32)
+    # (The argument tuples are written out: a tuple assigned to a variable turns its constexprs into tensors.)
+    gl.warp_specialize([(_producer, (q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_smem, q_bar,
+                                     full_n, full_r, empty_n, empty_r, bt_row, q_row, p0, n_tiles, num_blocks)),
+                        (_compute, (0, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, mx_bar,
+                                    sm_bar, fin_bar, empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0,
+                                    b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh,
+                                    l_sp, SQ, H, CAUSAL, FINAL)),
+                        (_compute, (1, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar, full_n, full_r, mx_bar,
+                                    sm_bar, fin_bar, empty_n, empty_r, bt_row, p0, n_tiles, num_blocks, lo, hi, sk, r0,
+                                    b, split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh,
+                                    l_sp, SQ, H, CAUSAL, FINAL))],
+                       [4, 4], [WS_REGS, WS_REGS])
 
 
 # ------------------------------------------------------------------------------------------- config
 
 
 def choose_splits(programs: int, pages: int, sm_count: int | None, overhead_pages: float = 2.0) -> int:
-    """KV splits per (row block, sequence), from static sizes only: one 224 KB CTA fits an SM, so minimise
+    """KV splits per (row block, sequence), from static sizes only: one 217 KB CTA fits an SM, so minimise
     waves x (pages per split + a per-split overhead of ~2 page tiles: prologue, partial write, merge share)."""
     if sm_count is None or programs <= 0 or pages <= 0:
         return 1
@@ -414,13 +447,13 @@ def _smem_layout(rows: int, cols: int):
     return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
 
 
-def _descriptors(q2d: torch.Tensor, kv2d: torch.Tensor, nope_box: int = NOPE):
+def _descriptors(q2d: torch.Tensor, kv2d: torch.Tensor):
     """(Q NoPE, Q RoPE, K NoPE, K RoPE) TMA descriptors over q (rows, 576) and the cache (num_blocks * 64, 576);
-    the NoPE boxes are nope_box columns wide (the pingpong schedules load 256-column halves)."""
+    the NoPE boxes are 256-column halves (one per compute warpgroup)."""
     def desc(t, rows, cols):
         return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [rows, cols], _smem_layout(rows, cols))
 
-    return (desc(q2d, ROWS, nope_box), desc(q2d, ROWS, DS_ROPE), desc(kv2d, PAGE_SIZE, nope_box),
+    return (desc(q2d, ROWS, NOPE // 2), desc(q2d, ROWS, DS_ROPE), desc(kv2d, PAGE_SIZE, NOPE // 2),
             desc(kv2d, PAGE_SIZE, DS_ROPE))
 
 
@@ -431,18 +464,9 @@ def _cache_2d(kv_cache: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=256)
-def _kernel_and_consts(sq: int, h: int, causal: bool, final: bool, schedule: str):
-    """The kernel of `schedule`, its constexprs and its NoPE TMA box width (PINGPONG: num_warps is the TMA
-    partition's; the two compute warpgroups are worker partitions). Cached per call shape (callers only read the
-    dict): no import or schedule parsing per call."""
-    consts = dict(SQ=sq, H=h, CAUSAL=causal, FINAL=final)
-    if schedule.startswith("pingpong"):
-        from triton_ops.attention.mla_sm90_ws import _mla_ws_kernel  # (that module builds on this one's parts)
-
-        nch = int(schedule.split("_c")[1][0]) if "_c" in schedule else 1  # _c2 / _c4: column chunks per half
-        return (_mla_ws_kernel, dict(consts, PV_FIRST="pv_first" in schedule, NCH=nch, R1=schedule.endswith("_r1"),
-                                     PAIR=PAIRS.get(schedule, 0), num_warps=4), NOPE // 2 // nch)
-    return _mla_sm90_kernel, dict(consts, OVERLAP=schedule == "overlap", num_warps=NUM_WARPS), NOPE
+def _consts(sq: int, h: int, causal: bool, final: bool) -> dict:
+    """The kernel's constexprs, cached per call shape (callers only read the dict)."""
+    return dict(SQ=sq, H=h, CAUSAL=causal, FINAL=final, num_warps=TMA_WARPS)
 
 
 # ------------------------------------------------------------------------------------------- checks
@@ -487,13 +511,10 @@ def supports_mla_decode_sm90(q, kv_cache, block_table, seqused_k, indices, layou
 
 
 def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim: int, softmax_scale: float,
-               causal: bool, window_left: int, num_splits: int, *, schedule: str | None = None):
+               causal: bool, window_left: int, num_splits: int):
     """(out (B, Sq, H, 512) bf16, lse (B, Sq, H) fp32); see the module docstring. Call
     `supports_mla_decode_sm90` first (the dispatcher does). num_splits <= 0 picks the split count from static
-    sizes. schedule: one of SCHEDULES (the module docstring), None = DEFAULT_SCHEDULE."""
-    schedule = DEFAULT_SCHEDULE if schedule is None else schedule
-    if schedule not in SCHEDULES:
-        raise ValueError(f"lowbit.{OP} (sm_90 Gluon): schedule {schedule!r} is not one of {SCHEDULES}")
+    sizes."""
     check_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal,
                      window_left, num_splits)
     reason = supports_mla_decode_sm90(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale,
@@ -523,12 +544,11 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
         q2d = q2d.contiguous()
     if block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
-    kernel, consts, nope_box = _kernel_and_consts(sq, h, bool(causal), splits == 1, schedule)
-    launch(kernel, (m_blocks, bsz, splits),
-        *_descriptors(q2d, _cache_2d(kv_cache), nope_box), block_table, seqused_k, o_buf, l_buf,
+    launch(_mla_sm90_kernel, (m_blocks, bsz, splits),
+        *_descriptors(q2d, _cache_2d(kv_cache)), block_table, seqused_k, o_buf, l_buf,
         float(softmax_scale) * LOG2E, kv_cache.shape[0], pps, max_pages, block_table.stride(0),
         o_buf.stride(0), o_buf.stride(1), o_buf.stride(2), o_sp, l_buf.stride(0), l_buf.stride(1), l_buf.stride(2),
-        l_sp, **consts)
+        l_sp, **_consts(sq, h, bool(causal), splits == 1))
     reduce_splits(o_buf, l_buf, out, lse, WIDE_REDUCE_ELEMS)
     return out, lse
 
@@ -536,8 +556,7 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
 # ------------------------------------------------------------------------------------------- compile-only
 
 
-def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = False, any_version: bool = False,
-                 schedule: str = "serial"):
+def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = False, any_version: bool = False):
     """Compile the kernel for sm_90a without a GPU (host tensors only describe the arguments); returns Triton's
     compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`, `.metadata`). For tests and inspection. any_version: compile
     with a Triton other than the one the kernel is run with (3.6), as a check of the source's portability."""
@@ -551,10 +570,9 @@ def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = F
     seq = torch.empty(bsz, dtype=torch.int32)
     out = torch.empty(bsz, sq, h, 2, NOPE)
     lse = torch.empty(bsz, sq, h, 2)
-    kernel, consts, nope_box = _kernel_and_consts(sq, h, causal, final, schedule)
-    qd, qrd, knd, krd = _descriptors(q, kv, nope_box)
+    qd, qrd, knd, krd = _descriptors(q, kv)
     args = dict(q_desc=qd, qr_desc=qrd, kn_desc=knd, kr_desc=krd, bt_ptr=bt, seq_ptr=seq, out_ptr=out, lse_ptr=lse,
                 qk_scale=0.1, num_blocks=nb, pages_per_split=2, max_pages=max_pages, bt_sb=max_pages,
                 o_sb=out.stride(0), o_ss=out.stride(1), o_sh=out.stride(2), o_sp=out.stride(3), l_sb=lse.stride(0),
                 l_ss=lse.stride(1), l_sh=lse.stride(2), l_sp=lse.stride(3))
-    return compile_gluon_sm90(kernel, args, consts, ("num_blocks", "pages_per_split"))
+    return compile_gluon_sm90(_mla_sm90_kernel, args, _consts(sq, h, causal, final), ("num_blocks", "pages_per_split"))
