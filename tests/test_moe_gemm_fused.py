@@ -463,7 +463,7 @@ _COMPILE = textwrap.dedent("""
         sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
         sig.update(ptrs)
         sig.update({n: "fp32" for n in ("alpha", "limit", "fp8_eps") if n in sig})
-        consts = {**consts, "EMULATE": False, "F32_DOT": False, "DOT_SCALED": False, "OUT_DTYPE": tl.bfloat16,
+        consts = {**consts, "EMULATE": False, "F32_DOT": False, "OUT_DTYPE": tl.bfloat16,
                   "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m}
         sig.update(dict.fromkeys(consts, "constexpr"))
         # what a launch tells the compiler: 16-byte aligned pointers, sizes and row strides multiples of 16
@@ -487,14 +487,14 @@ _COMPILE = textwrap.dedent("""
             out = dict(out_ptr="*u8" if fmt else "*bf16", scale_ptr="*fp32", gs_ptr="*fp32")
             print("swiglu", kind, fmt, *compile_(F._moe_gemm_swiglu_kernel, {**ptrs, **out}, consts, cfg))
         cfg = pick_config_for_arch(kind, 4096, 7168, 2048, "sm_90")
-        consts = dict(KIND=G.KIND_CODE[kind], MASKED=False, HAS_RW=False, SCATTER=True)
+        consts = dict(KIND=G.KIND_CODE[kind], MASKED=False, HAS_RW=False, SCATTER=True, DOT_SCALED=False)
         print("scatter", kind, 0, *compile_(G._moe_gemm_kernel, {**ptrs, "rw_ptr": "*fp32", "out_ptr": "*bf16",
                                                                  "dst_ptr": "*i32"}, consts, cfg))
     # the plain GEMM with NVFP4 weights: GPT-OSS GEMM1 prefill, row weights
     cfg = pick_config_for_arch("nvfp4", 4096, 5760, 2880, "sm_90")
     ptrs = dict(a_ptr="*bf16", as_ptr="*fp32", w_ptr="*u8", ws_ptr="*u8", ids_ptr="*i32", rw_ptr="*fp32",
                 out_ptr="*bf16", dst_ptr="*i32")
-    consts = dict(KIND=G.KIND_CODE["nvfp4"], MASKED=False, HAS_RW=True, SCATTER=False)
+    consts = dict(KIND=G.KIND_CODE["nvfp4"], MASKED=False, HAS_RW=True, SCATTER=False, DOT_SCALED=False)
     print("plain", "nvfp4", 0, *compile_(G._moe_gemm_kernel, ptrs, consts, cfg))
 """)
 SM90_SHARED = 232448  # bytes of shared memory one CTA may use on an H100

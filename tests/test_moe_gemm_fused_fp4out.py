@@ -319,8 +319,8 @@ for kind, fmt in (("mxfp4", FMT_MX), ("bf16", FMT_NV)):
     sig.update({n: "fp32" for n in ("alpha", "limit", "fp8_eps")})
     consts = dict(KIND=G.KIND_CODE[kind], MASKED=False, INTERLEAVE=1, GPTOSS=True, CLAMP=True, DIV_RN=False, FMT=fmt,
                   GROUP=128, UE8M0=False, MX_RCEIL=False, SWIZZLE=True, HW_FP4=False, EMULATE=False, F32_DOT=False,
-                  DOT_SCALED=False, OUT_DTYPE=tl.bfloat16, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                  BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m)
+                  OUT_DTYPE=tl.bfloat16, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                  GROUP_M=cfg.group_m)
     sig.update(dict.fromkeys(consts, "constexpr"))
     aligned = [*ptrs, "K", "I", "stride_am", "stride_we", "stride_wn", "stride_om"]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}

@@ -249,7 +249,7 @@ def test_configs():
             assert cfg.block_m >= min(m, 64), (arch, m, cfg)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(16, 128, 256, 1, 4, 3)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
-    fast = dict(scale_words=True, fold_scale="tile", a_tma=True)
+    fast = dict(scale_words=True, fold_scale=True, a_tma=True)
     assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3,
                                                                                               **fast)
     assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3,
@@ -430,7 +430,7 @@ def test_gpu_nvfp4_fp16_and_tiles():
 
 
 PREFILL_TILES = [MoeGemmConfig(128, 128, 128, 1, 8, 4), MoeGemmConfig(128, 128, 128, 1, 8, 3),
-                 MoeGemmConfig(128, 128, 128, 1, 8, 3, scale_words=True, peel_k=True),
+                 MoeGemmConfig(128, 128, 128, 1, 8, 3, scale_words=True),
                  MoeGemmConfig(64, 128, 128, 1, 8, 4), MoeGemmConfig(128, 64, 128, 1, 4, 3),
                  MoeGemmConfig(128, 128, 256, 1, 8, 2)]
 
@@ -463,19 +463,16 @@ def test_gpu_prefill_variants_same_bytes(fmt):
     case = _gpu_decode_case(False, e=4, rows=256, n=512)
     wp, ws, wg = _linear_weights(fmt, case.w32)
     plain = MoeGemmConfig(128, 128, 128, 1, 8, 3)
-    variants = [None, dataclasses.replace(plain, scale_words=True), dataclasses.replace(plain, peel_k=True),
-                dataclasses.replace(plain, a_tma=True), dataclasses.replace(plain, a_tma=True, scale_words=True)]
+    variants = [None, dataclasses.replace(plain, scale_words=True), dataclasses.replace(plain, a_tma=True),
+                dataclasses.replace(plain, a_tma=True, scale_words=True)]
     if fmt == "mxfp4":
-        variants += [dataclasses.replace(plain, fold_scale=m, scale_words=w) for m in ("on", "tile")
-                     for w in (False, True)]
+        variants += [dataclasses.replace(plain, fold_scale=True, scale_words=w) for w in (False, True)]
     for big in ((False, True) if fmt == "mxfp4" else (False,)):
         if big:
             ws = ws.clone()
             ws[1, 130:140, :5] = 140  # rows of the second weight tile of expert 1
         want, _ = _run(fmt, case, device="cuda", config=plain, weights=(wp, ws, wg))
         for cfg in variants:
-            if big and cfg is not None and cfg.fold_scale == "on":
-                continue  # the promise does not hold
             got, _ = _run(fmt, case, device="cuda", config=cfg, weights=(wp, ws, wg))
             assert_same_bytes(got, want, f"{fmt} big={big} {cfg}")
 
@@ -501,7 +498,7 @@ _COMPILE = textwrap.dedent("""
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton_ops.moe_gemm import prepacked as P
-    from triton_ops.moe_gemm.config import FOLD_MODES, MoeGemmConfig, pick_prepacked_config_for_arch
+    from triton_ops.moe_gemm.config import MoeGemmConfig, pick_prepacked_config_for_arch
 
     kern = P._fp4_prepacked_kernel
     LINE = re.compile(r"/\\*([0-9a-f]{4,})\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
@@ -520,8 +517,7 @@ _COMPILE = textwrap.dedent("""
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     print("triton", triton.__version__)
     # decode (16 tokens per expert), mid (64) and prefill (256) tiles of the rule; GEMM1 + SwiGLU (GPT-OSS, the
-    # plain GEMM's tiles) and GEMM2 scattered into token order (scatter); tokens-on-M prefill tiles (m = the config)
-    TM = dict(tokens_m=True, group_m=1)
+    # plain GEMM's tiles) and GEMM2 scattered into token order (scatter); the plain prefill tile (m = the config)
     for m, nv, dt, masked, sw, scatter in (
             (16, False, "bf16", False, False, False), (16, True, "fp16", True, False, False),
             (64, False, "bf16", False, False, False), (256, False, "bf16", False, False, False),
@@ -529,16 +525,12 @@ _COMPILE = textwrap.dedent("""
             (256, False, "bf16", False, True, False), (16, False, "bf16", True, False, True),
             (256, True, "bf16", False, False, True), (16, True, "bf16", False, False, False),
             (16, True, "bf16", False, True, False), (256, True, "bf16", False, True, False),
-            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=3, **TM), False, "bf16", False, False, False),
-            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=4, **TM), True, "bf16", False, False, True),
-            (MoeGemmConfig(128, 64, 128, num_warps=4, num_stages=2, **TM), False, "bf16", False, False, False),
-            (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=4, **TM), False, "bf16", False, True, False),
             (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=3, group_m=1), False, "bf16", False, False, False),
             (MoeGemmConfig(128, 128, 128, num_warps=8, num_stages=3, group_m=1), True, "bf16", False, False, False)):
         if isinstance(m, int):
             cfg = pick_prepacked_config_for_arch(m, 5760, 2880, "sm_90", "nvfp4" if nv else "mxfp4")
         else:
-            cfg, m = m, "tm" if m.tokens_m else "plain"
+            cfg, m = m, "plain"
         names = [p.name for p in kern.params]
         sig = {p.name: "i32" for p in kern.params if not p.is_constexpr}
         a = "*bf16" if dt == "bf16" else "*fp16"
@@ -547,8 +539,7 @@ _COMPILE = textwrap.dedent("""
         consts = dict(NVFP4=nv, MASKED=masked, HAS_RW=False, DTYPE=tl.bfloat16 if dt == "bf16" else tl.float16,
                       F32_DOT=False, EMULATE=False, SWIGLU=sw, INTERLEAVE=1 if sw else 0, GPTOSS=sw, CLAMP=sw,
                       DIV_RN=False, SCATTER=scatter, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k,
-                      TOKENS_M=cfg.tokens_m, SCALES_AS_WORDS=cfg.scale_words,
-                      FOLD_MX=FOLD_MODES.index(cfg.fold_scale), PEEL_K=cfg.peel_k, A_DESC=cfg.a_tma)
+                      SCALES_AS_WORDS=cfg.scale_words, FOLD_MX=cfg.fold_scale, A_DESC=cfg.a_tma)
         sig.update(dict.fromkeys(consts, "constexpr"))
         if cfg.a_tma:  # the tokens through a host tensor descriptor, as the launcher passes them
             sig["a_ptr"] = f"tensordesc<{dt}[{cfg.block_m},{cfg.block_k}]>"
@@ -560,16 +551,15 @@ _COMPILE = textwrap.dedent("""
                            options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
         ptx = c.asm["ptx"]
         assert ("cp.async.bulk.tensor" in ptx) == cfg.a_tma, (m, cfg)  # the tokens by TMA exactly where asked
-        # register A: `wgmma... {acc}, {a regs}, b_desc, ...`; shared A (tokens on M): a 64-bit descriptor
+        # register A: `wgmma... {acc}, {a regs}, b_desc, ...` (a shared A would be a 64-bit descriptor)
         wgmma_a = r"wgmma\\.mma_async\\.sync\\.aligned\\.m64n\\d+k16\\.f32\\.\\w+\\.\\w+ \\{[^}]*\\}, (\\{|%rd)"
-        reg_a = [op for op in re.findall(wgmma_a, ptx) if op == ("%rd" if cfg.tokens_m else "{")]
+        reg_a = [op for op in re.findall(wgmma_a, ptx) if op == "{"]
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(c.asm["cubin"])
         sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", f.name], capture_output=True,
                               text=True).stdout
-        # SASS: register A `HGMMA... R, R, gdesc[..]`; shared A `HGMMA... R, gdesc[..], R`
-        a_op = r"gdesc\\[UR\\d+\\], R\\d+" if cfg.tokens_m else r"R\\d+, gdesc"
-        hgmma_reg_a = len(re.findall(r"HGMMA\\.64x\\d+x16\\.F32\\S* R\\d+, " + a_op, sass))
+        # SASS: register A `HGMMA... R, R, gdesc[..]` (a shared A would be `HGMMA... R, gdesc[..], R`)
+        hgmma_reg_a = len(re.findall(r"HGMMA\\.64x\\d+x16\\.F32\\S* R\\d+, R\\d+, gdesc", sass))
         spills = len(re.findall(r"\\b(?:STL|LDL)\\b", sass))
         vec16 = sass.count("LDGSTS.E.BYPASS.128")
         loop, hmul2 = k_loop(sass)
@@ -594,10 +584,9 @@ def test_sm90_compile_register_a_wgmma():
     """sm_90a with Triton 3.6 (the GPU image's; LOWBIT_TRITON36_PATH points at an install elsewhere), the rule's
     decode tiles (MXFP4 bf16 contiguous, NVFP4 fp16 masked), its mid tile, its prefill tile (8 warps; MXFP4 and
     NVFP4), the GEMM1 + SwiGLU tiles (the plain rule's decode and prefill tiles, MXFP4 and NVFP4) and the
-    token-order scatter (GEMM2 + combine): every MMA is a warpgroup MMA whose A operand (the dequantized weights) is
-    registers (PTX `{...}` operand, SASS `HGMMA ... R, gdesc`); the tokens-on-M tiles (MXFP4 128 x 128 x 8 warps x 3
-    stages, NVFP4 x 4 stages with the scatter, 128 x 64 x 4 warps, GEMM1 + SwiGLU 128 x 128 x 8 warps): every MMA's
-    A (the tokens) in shared memory (a descriptor); the weights arrive by 16-byte async copies, the conversion is
+    token-order scatter (GEMM2 + combine) and the plain prefill tile: every MMA is a warpgroup MMA whose A operand
+    (the dequantized weights) is registers (PTX `{...}` operand, SASS `HGMMA ... R, gdesc`); the weights arrive by
+    16-byte async copies, the conversion is
     packed fma.rn.{bf16,f16}x2, no spills, shared memory within an SM. The one-pass SwiGLU tile against the plain
     GEMM's tile of the same config: the same K loop (instruction count within 4, the same packed multiplies), no
     more registers than it (+8), no layout conversion of the fp32 accumulator (the gate / up split is register
@@ -611,16 +600,15 @@ def test_sm90_compile_register_a_wgmma():
     out = run_compile_script(script, timeout=600)
     assert "triton 3.6" in out, out
     lines = [ln.split() for ln in out.splitlines() if ln.startswith("cfg")]
-    assert len(lines) == 18, out
+    assert len(lines) == 14, out
     loops, epi = {}, {}
     for _, dt, nv, wgmma, reg_a, hgmma_reg_a, spills, vec16, fma, shared, loop, hmul2, *rest in lines:
         loops[dt, nv] = int(loop), int(hmul2)
         regs, sts, cvt32, bn, bk = map(int, rest)
         epi[dt, nv] = regs, sts, cvt32, (bn, bk)
         what = f"{dt} nvfp4={nv}"
-        a = "shared" if "m=tm" in dt else "register"
-        assert int(wgmma) > 0 and int(reg_a) == int(wgmma), f"{what}: {reg_a} of {wgmma} wgmma with {a} A"
-        assert int(hgmma_reg_a) > 0, f"{what}: no HGMMA with a {a} A operand in the SASS"
+        assert int(wgmma) > 0 and int(reg_a) == int(wgmma), f"{what}: {reg_a} of {wgmma} wgmma with register A"
+        assert int(hgmma_reg_a) > 0, f"{what}: no HGMMA with a register A operand in the SASS"
         assert int(spills) == 0, f"{what}: {spills} local-memory spills"
         assert int(vec16) > 0, f"{what}: no 16-byte async copies"
         assert int(fma) >= 8, f"{what}: the packed conversion is missing ({fma} fma.rn.*x2)"
@@ -646,27 +634,26 @@ def test_sm90_compile_register_a_wgmma():
 
 
 def _variant_configs(fmt: str, base: MoeGemmConfig):
-    """The variants of `base` for `fmt`: scale bytes in the words' shape, and (MXFP4) the folded multiply."""
+    """The variants of `base` for `fmt`: scale bytes in the words' shape, the tokens by descriptor, and (MXFP4) the
+    per-tile folded multiply."""
     out = [dataclasses.replace(base, scale_words=True), dataclasses.replace(base, a_tma=True)]
     if fmt == "mxfp4":
-        out += [dataclasses.replace(base, fold_scale="on"), dataclasses.replace(base, fold_scale="tile"),
-                dataclasses.replace(base, scale_words=True, fold_scale="on", peel_k=True),
-                dataclasses.replace(base, peel_k=True), dataclasses.replace(base, a_tma=True, fold_scale="tile")]
+        out += [dataclasses.replace(base, fold_scale=True, scale_words=w, a_tma=t)
+                for w, t in ((False, False), (True, False), (False, True))]
     return out
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_variants_give_the_same_bytes(fmt, device):
-    """scale_words / fold_scale / peel_k against the default kernel: equal bytes (the same exact products, summed in
-    the same order): one-hot rows (every code, the edge scales; <= 128 for the fold, and for the per-tile fold also
-    tiles with larger ones), 128- and 256-K steps (the masked step), and quantized weights at K 160 (a padded chunk,
+    """scale_words / a_tma / fold_scale against the default kernel: equal bytes (the same exact products, summed in
+    the same order): one-hot rows (every code, the edge scales; <= 128 so every tile folds, then tiles with larger
+    ones), 128- and 256-K steps (the masked step), and quantized weights at K 160 (a padded chunk,
     a partial K step)."""
     e, n, k = 2, 64, 256
     wp, ws, wg = _edge_weights(fmt, e, n, k, device)
     if fmt == "mxfp4":
         ws = ws.clamp(max=FP.FOLD_MAX_SCALE)
-        assert FP.mxfp4_scales_foldable(ws)
     a = (torch.eye(k) * 2.0 ** 20).repeat(e, 1).bfloat16()
     mi = torch.arange(e, dtype=torch.int32).repeat_interleave(k)
     vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
@@ -680,19 +667,19 @@ def test_variants_give_the_same_bytes(fmt, device):
     if fmt == "mxfp4":  # scale bytes above 128 in the rows of some tiles only: those run the unfolded loop
         wp, ws, wg = _edge_weights(fmt, e, n, k, device)
         ws[0, :32] = ws[0, :32].clamp(max=FP.FOLD_MAX_SCALE)
-        assert not FP.mxfp4_scales_foldable(ws)
+        assert int(ws.max()) > FP.FOLD_MAX_SCALE
         vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
         run = lambda cfg, a=a, mi=mi, vals=vals, scales=scales: tri.moe_gemm_fp4_prepacked(
             dev(a), dev(vals), dev(scales), None, fmt, dev(mi), None, config=cfg).cpu()
         base = MoeGemmConfig(16, 32, 128, 1, 4, 1)
         want = run(base)
-        for cfg in (dataclasses.replace(base, fold_scale="tile"),
-                    dataclasses.replace(base, fold_scale="tile", scale_words=True, peel_k=True)):
+        for cfg in (dataclasses.replace(base, fold_scale=True),
+                    dataclasses.replace(base, fold_scale=True, scale_words=True)):
             assert_same_bytes(run(cfg), want, f"{fmt} one-hot, scales > 128 in some tiles, {cfg}")
     case = _contig_case(2, [0] * 20 + [1] * 12, k=160, n=80, row_weights=True)
     weights = _linear_weights(fmt, case.w32)
     if fmt == "mxfp4":
-        assert FP.mxfp4_scales_foldable(weights[1])
+        assert int(weights[1].max()) <= FP.FOLD_MAX_SCALE  # every tile folds
     base = MoeGemmConfig(16, 64, 128, 1, 4, 1)
     want, _ = _run(fmt, case, device=device, config=base, weights=weights)
     for cfg in _variant_configs(fmt, base):
@@ -707,19 +694,12 @@ def test_fast_variants_match_reference(case, nvfp4):
     past the tensor loaded as they are, never stored), scale_words and the per-tile fold on both layouts against the
     contract."""
     fmt = "nvfp4" if nvfp4 else "mxfp4"
-    cfg = MoeGemmConfig(16, 64, 128, 1, 4, 1, scale_words=True, a_tma=True,
-                        fold_scale="off" if nvfp4 else "tile")
+    cfg = MoeGemmConfig(16, 64, 128, 1, 4, 1, scale_words=True, a_tma=True, fold_scale=not nvfp4)
     _check(fmt, case, config=cfg)
 
 
 def test_fold_scale_refusals():
-    """fold_scale is MXFP4 only; mxfp4_scales_foldable sees a byte above 128."""
+    """fold_scale is MXFP4 only."""
     case = _contig_case(1, [0] * 4, k=128, n=16)
     with pytest.raises(ValueError, match="fold_scale is for MXFP4"):
-        _run("nvfp4", case, config=MoeGemmConfig(16, 16, 128, 1, 4, 1, fold_scale="on"))
-    with pytest.raises(ValueError, match="fold_scale='yes' is not one of"):
-        _run("mxfp4", case, config=MoeGemmConfig(16, 16, 128, 1, 4, 1, fold_scale="yes"))
-    s = torch.full((1, 2, 16), 127, dtype=torch.uint8)
-    assert FP.mxfp4_scales_foldable(s)
-    s[0, 1, 3] = 129
-    assert not FP.mxfp4_scales_foldable(s)
+        _run("nvfp4", case, config=MoeGemmConfig(16, 16, 128, 1, 4, 1, fold_scale=True))

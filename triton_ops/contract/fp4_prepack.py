@@ -119,14 +119,9 @@ def unpack_scales(scales: torch.Tensor, k: int, fmt: str) -> torch.Tensor:
     return scales[..., : k // FP4_BLOCKS[fmt]].contiguous()
 
 
-FOLD_MAX_SCALE = 128  # E8M0 bytes up to this keep 2^126 * 2^(s - 127) (the folded MXFP4 multiplier) in bf16's range
-
-
-def mxfp4_scales_foldable(scales: torch.Tensor) -> bool:
-    """Whether every (prepacked or linear) MXFP4 scale byte is <= FOLD_MAX_SCALE (weights up to 2^1 * 6 = 12 in
-    magnitude): then the prepacked kernel's `fold_scale` config gives the same bytes with one multiply per pair.
-    A host sync: meant for weight-load time (next to the prepack), not per call."""
-    return bool(scales.numel() == 0 or int(scales.max()) <= FOLD_MAX_SCALE)
+# E8M0 bytes up to this keep 2^126 * 2^(s - 127) (the folded MXFP4 multiplier) in bf16's range: the prepacked
+# kernel's per-tile fold (MoeGemmConfig.fold_scale) runs its one-multiply loop on tiles whose bytes are all <= this
+FOLD_MAX_SCALE = 128
 
 
 def check_fmt(op: str, fmt) -> None:

@@ -17,7 +17,6 @@ from triton_ops.contract.arch import arch_of
 from triton_ops.contract.formats import MXFP4_BLOCK
 from triton_ops.contract.moe_gemm import FP8_BLOCK
 
-FOLD_MODES = ("off", "on", "tile")  # MoeGemmConfig.fold_scale, the index the kernel's FOLD_MX
 KINDS = ("bf16", "fp8", "mxfp4", "w4a8", "w4a4", "nvfp4")
 # Kinds whose K step is exactly one 1x128 activation scale group.
 _K128_KINDS = ("fp8", "w4a8")
@@ -35,19 +34,13 @@ class MoeGemmConfig:
     group_m: int  # M tiles per swizzle group: the programs of one group walk the same weight N tile (L2 reuse)
     num_warps: int  # warps per program (GPU only)
     num_stages: int  # software-pipeline depth of the K loop (GPU only)
-    # The prepacked FP4 kernel's options below: the prefill rule uses scale_words, fold_scale "tile" and a_tma;
-    # tokens_m, peel_k and fold_scale "on" are measured alternatives no rule picks (docs/moe_gemm.md has the timings)
-    tokens_m: bool = False  # prepacked FP4 kernel only: tokens on the MMA's M side, the dequantized weight tile the
-                            # shared-memory B operand (converted once per CTA and K step); default swap-AB
+    # The prepacked FP4 kernel's prefill options (pick_prepacked_config_for_arch sets them)
     scale_words: bool = False  # prepacked FP4 only: the scale bytes loaded in the shape (and thread mapping) of the
                                # value words, no layout conversion of the scales (prepacked.py: _weight_tile)
-    fold_scale: str = "off"  # prepacked MXFP4 only (FOLD_MODES): "on": one multiply per pair (the bit trick's bias
-                             # folded into the scale), the caller's promise that every scale byte is <= 128
-                             # (fp4_prepack.mxfp4_scales_foldable); "tile": each program checks its rows' scale bytes
-                             # once and runs the folded K loop where they allow it (no host sync)
+    fold_scale: bool = False  # prepacked MXFP4 only: each program checks its rows' scale bytes once and, where all
+                              # are <= 128, runs the K loop with one multiply per pair (the bit trick's bias folded
+                              # into the scale); else the two-multiply loop (no host sync)
     a_tma: bool = False  # prepacked FP4 only: the tokens by TMA (a tensor descriptor; a layout that allows one)
-    peel_k: bool = False  # prepacked FP4 only: the whole K steps in a loop without a K mask on the tokens, the
-                          # partial last step (K not a multiple of block_k) after it
 
     def refusal(self, kind: str) -> str | None:
         """Why this config cannot run weight kind `kind` (None: it can)."""
@@ -61,8 +54,6 @@ class MoeGemmConfig:
             return f"{kind} needs block_k a multiple of {MXFP4_BLOCK}, got {self.block_k}"
         if self.group_m < 1:
             return f"group_m={self.group_m} < 1"
-        if self.fold_scale not in FOLD_MODES:
-            return f"fold_scale={self.fold_scale!r} is not one of {FOLD_MODES}"
         return None
 
 
@@ -140,11 +131,12 @@ def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str =
     Prefill: 128 tokens x 128 weight rows, 8 warps (each warpgroup a 64 x 128 fp32 accumulator), 128 K, 3 stages
     (~115 KB of shared memory; 2 on ~100 KB parts): H200, GPT-OSS-120b GEMM1 / GEMM2, 32 experts x 256 / 1024 rows
     (perf/results/experiments/2026-11-26-h200-moe-gemm-fp4-prefill-tokens-m-f6014cc.json): MXFP4 0-4% faster than 4
-    stages, NVFP4 even; 256-token tiles spill (ptxas, sm_90, Triton 3.6) and the tokens-on-M orientation
-    (MoeGemmConfig.tokens_m) was 15-25% slower there. The contiguous layout should be aligned to block_m.
+    stages, NVFP4 even; 256-token tiles spill (ptxas, sm_90, Triton 3.6) and the tokens-on-M orientation (the
+    weight tile as the shared-memory B operand) was 15-25% slower there. The contiguous layout should be aligned to
+    block_m.
     Prefill loads the tokens by TMA (a_tma, where the layout allows a descriptor); MXFP4 also loads the scale bytes
     in the value words' shape (scale_words) and runs the folded conversion (one multiply per pair) in every tile
-    whose scale bytes are all <= 128 (fold_scale "tile"): per 128-K step 302 SASS instructions per thread against
+    whose scale bytes are all <= 128 (fold_scale): per 128-K step 302 SASS instructions per thread against
     372 (ptxas sm_90, Triton 3.6), equal bytes. H200, same shapes
     (perf/results/experiments/2026-11-26-h200-moe-gemm-fp4-sass-fast-89ecae8.json): MXFP4 1.09-1.14x the plain
     tile (0.87-0.92x triton_kernels), NVFP4 (a_tma alone) 1.06-1.07x; scale_words + fold without TMA, and
@@ -160,7 +152,7 @@ def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str =
     if m <= 64:
         return MoeGemmConfig(64, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 4)
     return MoeGemmConfig(128, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 3,
-                         scale_words=fmt == "mxfp4", fold_scale="tile" if fmt == "mxfp4" else "off", a_tma=True)
+                         scale_words=fmt == "mxfp4", fold_scale=fmt == "mxfp4", a_tma=True)
 
 
 _FUSED_SMEM_BUDGET = 200 * 1024  # operand pipeline bytes of a fused GEMM1 tile (an H100 CTA may use 227 KB)

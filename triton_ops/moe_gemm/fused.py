@@ -84,8 +84,8 @@ def _moe_gemm_swiglu_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, out_ptr, scal
                             stride_om, stride_sm, stride_sg, alpha, limit, fp8_eps, gs_ptr, n_gs, scale_rows,
                             scale_cols_padded,
                             KIND: tl.constexpr, MASKED: tl.constexpr, EMULATE: tl.constexpr, F32_DOT: tl.constexpr,
-                            DOT_SCALED: tl.constexpr, INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr,
-                            CLAMP: tl.constexpr, DIV_RN: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr,
+                            INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr,
+                            DIV_RN: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr,
                             UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, MX_RCEIL: tl.constexpr, SWIZZLE: tl.constexpr,
@@ -93,7 +93,9 @@ def _moe_gemm_swiglu_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, out_ptr, scal
     """Program (axis 0) = one [BLOCK_M, BLOCK_N] tile of the (rows, I) output, GROUP_M-swizzled; masked layout:
     axis 1 = expert. Every output row in range is stored once, by one epilogue after the expert passes.
     FP4 outputs: gs_ptr holds NVFP4's n_gs global scales (1: one for all rows, else one per expert); scale_rows:
-    the output's rows (swizzled scales), scale_cols_padded: I / block rounded up to 4 (swizzled)."""
+    the output's rows (swizzled scales), scale_cols_padded: I / block rounded up to 4 (swizzled).
+    MXFP4 weights with bf16 activations are dequantized in registers (expert_pass's DOT_SCALED off: tl.dot_scaled
+    measured slower, docs/moe_gemm.md)."""
     pid_m, pid_n, rows, rows64, rmask, offs_n, nmask = tile_of_program(M, I, BLOCK_M, BLOCK_N, GROUP_M)
     n_gate, n_up = _gate_up_rows(offs_n, I, INTERLEAVE)
     col0 = pid_n * BLOCK_N
@@ -107,7 +109,7 @@ def _moe_gemm_swiglu_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, out_ptr, scal
             g, u = expert_pass(a_ptr, e64 * stride_ae + rows64 * stride_am, done, as_ptr,
                                e64 * stride_ase + rows64 * stride_asm, stride_ask, w_ptr, ws_ptr, e, n_gate, nmask,
                                n_up, K, stride_we, stride_wn, stride_wse, stride_wsn, stride_wsk,
-                               KIND, EMULATE, F32_DOT, DOT_SCALED, True, BLOCK_M, BLOCK_N, BLOCK_K)
+                               KIND, EMULATE, F32_DOT, False, True, BLOCK_M, BLOCK_N, BLOCK_K)
             _swiglu_store(g, u, e, out_rows, done, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg,
                           alpha, limit, fp8_eps, gs_ptr, n_gs, scale_rows, scale_cols_padded, GPTOSS, CLAMP, DIV_RN,
                           FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, HW_FP4, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
@@ -121,7 +123,7 @@ def _moe_gemm_swiglu_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, ids_ptr, out_ptr, scal
             sel = mi == e
             g, u = expert_pass(a_ptr, rows64 * stride_am, sel, as_ptr, rows64 * stride_asm, stride_ask, w_ptr,
                                ws_ptr, e, n_gate, nmask, n_up, K, stride_we, stride_wn, stride_wse, stride_wsn,
-                               stride_wsk, KIND, EMULATE, F32_DOT, DOT_SCALED, True, BLOCK_M, BLOCK_N, BLOCK_K)
+                               stride_wsk, KIND, EMULATE, F32_DOT, False, True, BLOCK_M, BLOCK_N, BLOCK_K)
             _swiglu_store(g, u, e, out_rows, sel, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg,
                           alpha, limit, fp8_eps, gs_ptr, n_gs, scale_rows, scale_cols_padded, GPTOSS, CLAMP, DIV_RN,
                           FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, HW_FP4, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N)
@@ -164,8 +166,8 @@ def _swiglu_store(gate, up, e, out_rows, row_in, col0, I, out_ptr, stride_om, sc
 
 
 def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activation, alpha, limit, fmt,
-            group=128, quant_eps=1e-10, ue8m0=False, column_major=False, config=None, dot_scaled=False,
-            w_global=None, rounding="floor", swizzle=False, global_scale=None):
+            group=128, quant_eps=1e-10, ue8m0=False, column_major=False, config=None, w_global=None,
+            rounding="floor", swizzle=False, global_scale=None):
     """Operands already checked; 1-byte formats travel as uint8 views. Returns out (FMT_NONE), (codes, scales)
     (FP8, MXFP4) or (codes, scales, global scale) (NVFP4, global_scale given: a copy of it, swiglu_nvfp4's shapes).
     w_global: NVFP4 weights' fp32 (E,) global scales (read through the activation-scale pointer, as
@@ -214,7 +216,7 @@ def _launch(kind, a, a_scale, w, w_scale, m_indices, masked_m, interleave, activ
         float(alpha), float(limit if limit is not None else 0.0), float(quant_eps),
         gs_arg, gs_n, flat_rows, geo.scale_cols_padded,
         KIND=KIND_CODE[kind], MASKED=masked, EMULATE=emulate_formats(dev), F32_DOT=dev.type != "cuda",
-        DOT_SCALED=dot_scaled, INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
+        INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
         DIV_RN=silu_div_rn(out_dtype), FMT=fmt, GROUP=group, UE8M0=ue8m0, OUT_DTYPE=TL_DTYPE[out_dtype],
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         MX_RCEIL=rounding == "rceil", SWIZZLE=swizzle, HW_FP4=fmt in (FMT_MX, FMT_NV) and hw_fp4(dev),
@@ -254,7 +256,7 @@ def supports_moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weight
 
 
 def moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit,
-                    w_global=None, *, config: MoeGemmConfig | None = None, dot_scaled: bool = False):
+                    w_global=None, *, config: MoeGemmConfig | None = None):
     """GEMM1 (weights "bf16" / "fp8" / "mxfp4" / "w4a8" / "nvfp4", operands as moe_gemm_<weights> takes them, w
     (E, 2I, K); w_global: NVFP4's fp32 (E,) global scales) with SwiGLU: (rows, I) in the GEMM's output dtype (a's
     for bf16/fp16 and NVFP4, else bf16)."""
@@ -262,12 +264,12 @@ def moe_gemm_swiglu(a, a_scale, w, w_scale, m_indices, masked_m, weights, interl
                       activation, alpha, limit, w_global=w_global)
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch(weights, *_operands(weights, a, a_scale, w, w_scale), m_indices, masked_m, interleave,
-                   activation, alpha, limit, FMT_NONE, config=config, dot_scaled=dot_scaled, w_global=w_global)
+                   activation, alpha, limit, FMT_NONE, config=config, w_global=w_global)
 
 
 def moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
                               limit, group_size, quant_eps, ue8m0, column_major, w_global=None, *,
-                              config: MoeGemmConfig | None = None, dot_scaled: bool = False):
+                              config: MoeGemmConfig | None = None):
     """moe_gemm_swiglu, its output quantized to FP8 E4M3 1x group_size groups: (codes, fp32 scales) as
     fp8_group_quantize writes them (column_major: the TMA-aligned layout; ue8m0: power-of-two scales)."""
     check_gemm_swiglu("moe_gemm_swiglu_fp8_group", weights, a, a_scale, w, w_scale, m_indices, masked_m,
@@ -275,18 +277,18 @@ def moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weigh
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     return _launch(weights, *_operands(weights, a, a_scale, w, w_scale), m_indices, masked_m, interleave,
                    activation, alpha, limit, FMT_FP8, group=group_size, quant_eps=quant_eps, ue8m0=ue8m0,
-                   column_major=column_major, config=config, dot_scaled=dot_scaled, w_global=w_global)
+                   column_major=column_major, config=config, w_global=w_global)
 
 
 def _swiglu_fp4(quant, a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit,
-                qarg, swizzle, w_global, config, dot_scaled):
+                qarg, swizzle, w_global, config):
     """moe_gemm_swiglu_<quant>; qarg: MXFP4's rounding or NVFP4's global scale."""
     check_gemm_swiglu_fp4(quant, a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
                           limit, qarg, swizzle, w_global)
     m_indices, masked_m = contiguous_ids(m_indices, masked_m)
     args = (weights, *_operands(weights, a, a_scale, w, w_scale), m_indices, masked_m, interleave, activation, alpha,
             limit)
-    kw = dict(config=config, dot_scaled=dot_scaled, w_global=w_global)
+    kw = dict(config=config, w_global=w_global)
     if quant == "mxfp4":
         return _launch(*args, FMT_MX, rounding=qarg, swizzle=swizzle, **kw)
     if qarg is None:  # computed global scale: the float output, then the quantizer's amax and quantize passes
@@ -295,22 +297,20 @@ def _swiglu_fp4(quant, a, a_scale, w, w_scale, m_indices, masked_m, weights, int
 
 
 def moe_gemm_swiglu_mxfp4(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit,
-                          rounding, swizzle, w_global=None, *, config: MoeGemmConfig | None = None,
-                          dot_scaled: bool = False):
+                          rounding, swizzle, w_global=None, *, config: MoeGemmConfig | None = None):
     """moe_gemm_swiglu, its output quantized to MXFP4 in the same pass: (codes uint8 (rows, I/2), E8M0 scales) as
     swiglu_mxfp4 writes them (rounding "floor" / "rceil"; swizzle: the 128x4 container, else (rows, I/32))."""
     return _swiglu_fp4("mxfp4", a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
-                       limit, rounding, swizzle, w_global, config, dot_scaled)
+                       limit, rounding, swizzle, w_global, config)
 
 
 def moe_gemm_swiglu_nvfp4(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha, limit,
-                          global_scale, swizzle, w_global=None, *, config: MoeGemmConfig | None = None,
-                          dot_scaled: bool = False):
+                          global_scale, swizzle, w_global=None, *, config: MoeGemmConfig | None = None):
     """moe_gemm_swiglu, its output quantized to NVFP4: (codes, E4M3 scales, fp32 global scale) as swiglu_nvfp4
     writes them. global_scale: a scalar or one per expert (E,): quantized in the GEMM's epilogue; None (amax of the
     whole output / 2688): the float output, then the NVFP4 quantizer (its amax pass and its quantize pass)."""
     return _swiglu_fp4("nvfp4", a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation, alpha,
-                       limit, global_scale, swizzle, w_global, config, dot_scaled)
+                       limit, global_scale, swizzle, w_global, config)
 
 
 def supports_moe_gemm_swiglu_fp8_group(a, a_scale, w, w_scale, m_indices, masked_m, weights, interleave, activation,

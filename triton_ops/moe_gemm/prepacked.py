@@ -8,15 +8,6 @@ register A operand of the warpgroup MMA on sm_90), the tokens of one expert the 
 shared memory), so a decode tile of 16 tokens wastes no MMA rows. Accumulator [BLOCK_W, BLOCK_T] fp32, stored
 transposed.
 
-Tokens on M (`MoeGemmConfig.tokens_m`, a prefill option): the same dequantized tile becomes the B operand of
-a[tokens] @ w.T, so Triton stores it to shared memory once per program and K step and both warpgroups read it
-(tokens from shared memory too: a shared x shared warpgroup MMA); each weight element is converted once per BLOCK_T
-tokens by all the program's threads. Triton 3.6 waits for the step's MMAs before the next tile is stored (one B
-buffer), so a program's conversion does not overlap its MMAs; tiles small enough for two programs per SM overlap
-across programs. sm_90 facts (ptxas, Triton 3.6, MXFP4 bf16): 128 tokens x 128 rows x 8 warps 226 registers;
-256 x 64 x 8 warps 233; 128 x 64 x 4 warps 244 (86 KB of shared memory at 2 stages: two programs per SM); none
-spill; 256 x 128 x 8 warps spills.
-
 GEMM1 + SwiGLU (moe_gemm_swiglu_fp4_prepacked) in one K loop: a tile's BLOCK_W weight rows are the gate and up rows
 of BLOCK_W / 2 output columns, in each 16-row group the gate rows of 8 columns then their up rows (_swiglu_rows). In
 the sm_90 warpgroup-MMA accumulator a thread holds rows i and i + 8 of each 16-row group, so every thread holds both
@@ -25,16 +16,16 @@ accumulator in the TTGIR, no added shared-memory traffic in the SASS); the tile 
 (same rule, same config), the epilogue the chain's math on the two halves.
 
 E2M1 -> bf16 on packed words: a code's sign lands on bf16's sign bit and its 3 magnitude bits on bf16's two lowest
-exponent bits and top mantissa bit, which is the code's value times 2^-126 (code 1 = 0.5 becomes the subnormal
-2^-127, exact). MXFP4: one packed multiply by 2^126 (exact: subnormal inputs are kept) and one by the block scale
-2^(s - 127) give the operand (folded into one multiply by 2^(s - 1) only where s <= 128: MoeGemmConfig.fold_scale
-"on", the caller's promise for all weights, or "tile", each program checking its rows' scale bytes once and running
-the folded K loop or the two-multiply one; the same bytes). NVFP4: one multiply by the scale word e4m3 * 2^119 (the
-bias folded in, less 2^7, which the fp32 sums get back after the K loop); exact (e2m1 has <= 2 significant bits,
-E4M3 <= 4). The multiplies are `fma.rn.bf16x2` with a -0 addend (an exact multiply, sm_80+; `mul.bf16x2` needs
-sm_90). fp16 (NVFP4 with fp16 activations): the magnitude 3 bits higher (the value times 2^-14), scale word e4m3 *
-2^7, `fma.rn.f16x2`. Under the interpreter (no inline PTX, broken bf16 dot) the same bf16 bit patterns are widened
-to fp32 and multiplied there, so the layout and the bit trick are what the CPU tests check.
+exponent bits and top mantissa bit, which is the code's value times 2^-126 (code 1 = 0.5 becomes the subnormal 2^-127,
+exact). MXFP4: one packed multiply by 2^126 (exact: subnormal inputs are kept) and one by the block scale 2^(s - 127)
+give the operand (folded into one multiply by 2^(s - 1) only where s <= 128: MoeGemmConfig.fold_scale, each program
+checking its rows' scale bytes once and running the folded K loop or the two-multiply one; the same bytes). NVFP4: one
+multiply by the scale word e4m3 * 2^119 (the bias folded in, less 2^7, which the fp32 sums get back after the K loop);
+exact (e2m1 has <= 2 significant bits, E4M3 <= 4). The multiplies are `fma.rn.bf16x2` with a -0 addend (an exact
+multiply, sm_80+; `mul.bf16x2` needs sm_90). fp16 (NVFP4 with fp16 activations): the magnitude 3 bits higher (the
+value times 2^-14), scale word e4m3 * 2^7, `fma.rn.f16x2`. Under the interpreter (no inline PTX, broken bf16 dot) the
+same bf16 bit patterns are widened to fp32 and multiplied there, so the layout and the bit trick are what the CPU
+tests check.
 """
 
 from __future__ import annotations
@@ -45,17 +36,18 @@ import triton.language as tl
 
 from triton_ops._formats import cast_out, e4m3_decode_fast
 from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch
-from triton_ops.contract.fp4_prepack import CHUNK, check_fp4_prepacked
+from triton_ops.contract.fp4_prepack import CHUNK, FOLD_MAX_SCALE, check_fp4_prepacked
 from triton_ops.contract.moe_gemm import check_combine_args, check_row_weights, check_swiglu_args, contiguous_ids
 from triton_ops.moe.align import moe_combine
 from triton_ops.swiglu import silu_div_rn, swiglu_act
 
-from .config import FOLD_MODES, MoeGemmConfig, pick_prepacked_config, rows_per_expert
+from .config import MoeGemmConfig, pick_prepacked_config, rows_per_expert
 from .dequant import e8m0_to_f32, mma
 from .fused import _gate_up_rows
 from .grouped import _destination, _grid_refusal
 
 _BIAS_F32 = tl.constexpr(8.507059173023462e37)  # 2^126 (the bf16 bit trick's bias), fp32
+_FOLD_MAX_SCALE = tl.constexpr(FOLD_MAX_SCALE)
 
 
 # 0x81C081C0 as int32: per 16-bit half, bf16's sign bit and the code's 3 magnitude bits (exponent 8 7, mantissa 6)
@@ -132,7 +124,7 @@ def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.const
     less 2^7 (the largest E4M3, 448, times 2^119 is bf16's largest power-of-two binade), which the fp32 sums get
     back after the K loop. Exact: every E4M3 times 2^119 (2^7) is a normal bf16 (fp16).
     MXFP4: 2^(s - 127) itself (2^126 * 2^(s - 127) leaves bf16's range for s >= 129); FOLD_MX (every scale byte
-    <= 128, the caller's promise): 2^(s - 1), the bias folded in (a normal bf16 for s in 0 .. 128)."""
+    <= 128, checked per tile by _tile_foldable): 2^(s - 1), the bias folded in (a normal bf16 for s in 0 .. 128)."""
     if NVFP4:
         f = e4m3_decode_fast(sb, EMULATE)
         if F32_DOT or DTYPE == tl.bfloat16:
@@ -206,106 +198,82 @@ def _operand(words, sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.co
 
 
 @triton.jit
-def _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, MASK_A: tl.constexpr, NVFP4: tl.constexpr,
-          DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
-          BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr,
-          A_DESC: tl.constexpr):
-    """One K step: acc += the weight tile at k0 times the tokens' [BLOCK_T, BLOCK_K] (MASK_A: K past the row read
-    as zero; else the step is whole). A_DESC: a_ptr is a tensor descriptor of the tokens' 2-D rows and a_off the
-    tile's first row (a TMA load: K past the row and rows past the tensor read as zero, the tile's rows outside
-    `sel` as they are, their products never stored)."""
+def _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, NVFP4: tl.constexpr, DTYPE: tl.constexpr,
+          F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
+          SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr, A_DESC: tl.constexpr):
+    """One K step: acc += the weight tile at k0 times the tokens' [BLOCK_T, BLOCK_K] (K past the row read as
+    zero). A_DESC: a_ptr is a tensor descriptor of the tokens' 2-D rows and a_off the tile's first row (a TMA load:
+    K past the row and rows past the tensor read as zero, the tile's rows outside `sel` as they are, their products
+    never stored)."""
     wt = _weight_tile(v_rows, s_rows, k0, KW, KS, BLOCK_K != 128, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
                       BLOCK_K, SCALES_AS_WORDS, FOLD)
     kk = k0 + tl.arange(0, BLOCK_K)
     if A_DESC:
         a = a_ptr.load([a_off, k0])
-    elif MASK_A:
+    else:
         a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None] & (kk < K)[None, :], other=0)
-    else:
-        a = tl.load(a_ptr + a_off[:, None] + kk[None, :], mask=sel[:, None], other=0)
-    if TOKENS_M:
-        return mma(a, tl.trans(wt), acc, F32_DOT)
-    else:
-        return mma(wt, tl.trans(a), acc, F32_DOT)
+    return mma(wt, tl.trans(a), acc, F32_DOT)
 
 
 @triton.jit
 def _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4: tl.constexpr, DTYPE: tl.constexpr,
             F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
-            TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr, PEEL_K: tl.constexpr,
-            STAGES: tl.constexpr, A_DESC: tl.constexpr):
-    """acc + the products over K (PEEL_K: the whole steps without a K mask on the tokens, a loop-invariant mask,
-    then the partial last one). STAGES: the pipeline depth of this loop (0: the launch's num_stages)."""
-    k_tail = 0
-    if PEEL_K:
-        k_tail = K // BLOCK_K * BLOCK_K
-        for k0 in tl.range(0, k_tail, BLOCK_K, num_stages=STAGES if STAGES else None):
-            acc = _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, False, NVFP4, DTYPE, F32_DOT, EMULATE,
-                        BLOCK_W, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD, A_DESC)
-    for k0 in tl.range(k_tail, K, BLOCK_K, num_stages=STAGES if STAGES else None):
-        acc = _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, True, NVFP4, DTYPE, F32_DOT, EMULATE,
-                    BLOCK_W, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD, A_DESC)
+            SCALES_AS_WORDS: tl.constexpr, FOLD: tl.constexpr, STAGES: tl.constexpr, A_DESC: tl.constexpr):
+    """acc + the products over K. STAGES: the pipeline depth of this loop (0: the launch's num_stages)."""
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES if STAGES else None):
+        acc = _step(acc, a_ptr, a_off, sel, v_rows, s_rows, k0, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                    BLOCK_K, SCALES_AS_WORDS, FOLD, A_DESC)
     return acc
 
 
 @triton.jit
 def _tile_foldable(s_rows, KS, BLOCK_W: tl.constexpr):
-    """Whether every MXFP4 scale byte of the tile's rows is <= 128 (fp4_prepack.FOLD_MAX_SCALE): one pass over the
+    """Whether every MXFP4 scale byte of the tile's rows is <= FOLD_MAX_SCALE (128): one pass over the
     rows' KS scale bytes (KS / 128 loads of [BLOCK_W, 128] bytes, from L2 after the first tile of a row block)."""
     m = tl.zeros([BLOCK_W, 128], tl.uint8)
     for j in range(0, KS, 128):
         jj = j + tl.arange(0, 128)
         m = tl.maximum(m, tl.load(s_rows[:, None] + jj[None, :], mask=(jj < KS)[None, :], other=0))
-    return tl.max(tl.max(m.to(tl.int32), 1), 0) <= 128
+    return tl.max(tl.max(m.to(tl.int32), 1), 0) <= _FOLD_MAX_SCALE
 
 
 @triton.jit
 def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
                     NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
-                    BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr,
-                    SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr,
-                    A_DESC: tl.constexpr):
+                    BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                    SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr, A_DESC: tl.constexpr):
     """fp32 [BLOCK_W, BLOCK_T] = w[rows] @ a[tokens].T over K for the tokens in `sel` (others read as zero).
     v_rows / s_rows: pointers to the tile's weight rows in the prepacked values / scales, all in range (the caller
     clamps rows past N; their results are not stored), so the weight loads need no row mask, and no K mask when a
     step is one 128-K chunk (K <= KP: the chunk is in the row). Longer steps mask the words and scales past the row
-    (a zero code with a NaN scale byte of the next row would make NaN).
-    TOKENS_M: a[tokens] @ w[rows].T (tokens the MMA's M side, the dequantized tile the shared-memory B operand),
-    transposed once after the K loop. Triton 3.6 waits for each step's MMAs before the next step's tile is stored
-    (one B buffer), so there the conversion does not overlap the MMAs of its own program."""
-    if TOKENS_M:
-        acc = tl.zeros([BLOCK_T, BLOCK_W], tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_W, BLOCK_T], tl.float32)
-    if FOLD_MX == 2:  # per tile: the folded loop where every scale byte of the tile's rows allows it, else the
-        # unfolded one at 2 stages (Triton gives each loop its own pipeline buffers: both within an SM's shared memory)
+    (a zero code with a NaN scale byte of the next row would make NaN)."""
+    acc = tl.zeros([BLOCK_W, BLOCK_T], tl.float32)
+    if FOLD_MX:  # per tile: the folded loop where every scale byte of the tile's rows allows it, else the unfolded
+        # one at 2 stages (Triton gives each loop its own pipeline buffers: both within an SM's shared memory)
         if _tile_foldable(s_rows, KS, BLOCK_W):
             acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
-                          BLOCK_K, TOKENS_M, SCALES_AS_WORDS, True, PEEL_K, 0, A_DESC)
+                          BLOCK_K, SCALES_AS_WORDS, True, 0, A_DESC)
         else:
             acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
-                          BLOCK_K, TOKENS_M, SCALES_AS_WORDS, False, PEEL_K, 2, A_DESC)
+                          BLOCK_K, SCALES_AS_WORDS, False, 2, A_DESC)
     else:
         acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
-                      BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX == 1, PEEL_K, 0, A_DESC)
+                      BLOCK_K, SCALES_AS_WORDS, False, 0, A_DESC)
     if NVFP4:
         acc = acc * 128.0  # the 2^-7 the folded scales leave on every operand (exact)
-    if TOKENS_M:
-        return tl.trans(acc)
-    else:
-        return acc
+    return acc
 
 
 @triton.jit
 def _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w_rows, NR, K, KW, KS, NVFP4: tl.constexpr,
                DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_W: tl.constexpr,
-               BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr,
-               FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr, A_DESC: tl.constexpr):
+               BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr,
+               A_DESC: tl.constexpr):
     """Expert e64's fp32 [BLOCK_W, BLOCK_T] products of weight rows w_rows (of its NR) with the tokens in `sel`,
     times (NVFP4) its global scale. Rows past NR read row NR - 1 (the caller never stores them)."""
     w_in = e64 * NR + tl.minimum(w_rows, NR - 1)
     acc = _prepacked_pass(a_ptr, a_off, sel, v_ptr + w_in * KW, s_ptr + w_in * KS, K, KW, KS, NVFP4, DTYPE, F32_DOT,
-                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K, A_DESC)
+                          EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, SCALES_AS_WORDS, FOLD_MX, A_DESC)
     if NVFP4:
         acc = acc * tl.load(g_ptr + e64)
     return acc
@@ -337,16 +305,14 @@ def _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_rows, out_t, e64, w_
                  limit, NVFP4: tl.constexpr, HAS_RW: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr,
                  EMULATE: tl.constexpr, SWIGLU: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr,
                  DIV_RN: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                 TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr,
-                 A_DESC: tl.constexpr):
+                 SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr, A_DESC: tl.constexpr):
     """Expert e64's tile for the tokens in `sel`, stored to their columns of out_t (one rounding). Plain: the
     output columns are the weight rows w_rows, times the row weights (rw_rows: pointers to the tokens' weights).
     SWIGLU (N = I, weights (E, 2I, K)): w_rows are _swiglu_rows' gate / up rows of BLOCK_W // 2 output columns, one
     K loop for both; gate and up each rounded to the GEMM's dtype as the plain kernel stores them, then the SwiGLU
     op's math (triton_ops/swiglu.py:swiglu_act)."""
     acc = _rows_pass(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, e64, w_rows, 2 * N if SWIGLU else N, K, KW, KS, NVFP4,
-                     DTYPE, F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K,
-                     A_DESC)
+                     DTYPE, F32_DOT, EMULATE, BLOCK_W, BLOCK_T, BLOCK_K, SCALES_AS_WORDS, FOLD_MX, A_DESC)
     if SWIGLU:
         g, u = _gate_up_split(acc, BLOCK_W, BLOCK_T)
         g = cast_out(g, DTYPE, EMULATE).to(tl.float32)
@@ -373,8 +339,8 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
                           F32_DOT: tl.constexpr, EMULATE: tl.constexpr, SWIGLU: tl.constexpr,
                           INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, DIV_RN: tl.constexpr,
                           SCATTER: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
-                          BLOCK_K: tl.constexpr, TOKENS_M: tl.constexpr, SCALES_AS_WORDS: tl.constexpr,
-                          FOLD_MX: tl.constexpr, PEEL_K: tl.constexpr, A_DESC: tl.constexpr):
+                          BLOCK_K: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr,
+                          A_DESC: tl.constexpr):
     """Program (axis 0) = one [BLOCK_T tokens, BLOCK_C output columns] tile (BLOCK_W weight rows: the columns, or
     with SWIGLU the gate and up rows of BLOCK_W // 2 columns of the I outputs, _swiglu_rows), the column tiles of one
     token tile adjacent (activations reused from L2); masked layout: axis 1 = expert. Every output element in range
@@ -412,7 +378,7 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
             _expert_tile(a_ptr, a_off, _kept(done, dst_ok, SCATTER), v_ptr, s_ptr,
                          g_ptr, rw_ptr + flat, out_t, e64, w_rows, cmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW,
                          DTYPE, F32_DOT, EMULATE, SWIGLU, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K,
-                         TOKENS_M, SCALES_AS_WORDS, FOLD_MX, PEEL_K, A_DESC)
+                         SCALES_AS_WORDS, FOLD_MX, A_DESC)
     else:
         dst, dst_ok = _destination(rows64, rmask, dst_ptr, n_dst, SCATTER)
         out_t = out_ptr + dst[None, :] * N + c64[:, None]
@@ -428,8 +394,8 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
             sel = _kept(mi == e, dst_ok, SCATTER)
             _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
                          e.to(tl.int64), w_rows, cmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW, DTYPE, F32_DOT,
-                         EMULATE, SWIGLU, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K, TOKENS_M,
-                         SCALES_AS_WORDS, FOLD_MX, PEEL_K, A_DESC)
+                         EMULATE, SWIGLU, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K, SCALES_AS_WORDS,
+                         FOLD_MX, A_DESC)
             e = tl.min(tl.where(mi > e, mi, E), 0)
     zero = tl.zeros([BLOCK_C, BLOCK_T], out_ptr.dtype.element_ty)
     tl.store(out_t, zero, mask=cmask[:, None] & _kept(rmask & ~done, dst_ok, SCATTER)[None, :])
@@ -455,7 +421,7 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
     cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), values.shape[1], k, a.device, fmt,
                                           bool(swiglu))
     reason = prepacked_refusal(cfg)
-    if cfg.fold_scale != "off" and fmt != "mxfp4":
+    if cfg.fold_scale and fmt != "mxfp4":
         reason = "fold_scale is for MXFP4 weights (NVFP4's scale words always hold the bias)"
     if reason:
         raise ValueError(f"moe_gemm_fp4_prepacked: config {cfg}: {reason}")
@@ -473,8 +439,7 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
            F32_DOT=a.device.type != "cuda", EMULATE=emulate_formats(a.device), SWIGLU=bool(swiglu),
            INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
            DIV_RN=silu_div_rn(a.dtype), SCATTER=dst_rows is not None, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m,
-           BLOCK_K=cfg.block_k, TOKENS_M=cfg.tokens_m, SCALES_AS_WORDS=cfg.scale_words,
-           FOLD_MX=FOLD_MODES.index(cfg.fold_scale), PEEL_K=cfg.peel_k, A_DESC=a_src is not None,
+           BLOCK_K=cfg.block_k, SCALES_AS_WORDS=cfg.scale_words, FOLD_MX=cfg.fold_scale, A_DESC=a_src is not None,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
@@ -501,11 +466,6 @@ def prepacked_refusal(cfg: MoeGemmConfig) -> str | None:
             return f"{name}={v} is not a power of two >= 16 (tl.dot)"
     if cfg.block_k % CHUNK:
         return f"block_k={cfg.block_k} is not a multiple of the layout's {CHUNK}-element chunk"
-    if cfg.tokens_m and cfg.block_n > 16 * cfg.num_warps:
-        # 128 x 4 and 256 x 8: an LLVM abort in Triton 3.6 for sm_90 (illegal shared layout of the converted tile)
-        return f"tokens_m with block_n={cfg.block_n} > 16 weight rows per warp ({cfg.num_warps} warps)"
-    if cfg.fold_scale not in FOLD_MODES:
-        return f"fold_scale={cfg.fold_scale!r} is not one of {FOLD_MODES}"
     return None
 
 
