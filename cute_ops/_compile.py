@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from triton_ops._recording import note
+from triton_ops.contract.recording import CuteCall, note
 from triton_ops.contract.arch import env_reader
 
 EXPORT_NAME = "func"
@@ -227,19 +227,10 @@ def clear_memory() -> None:
 
 
 # ------------------------------------------------------------------------------------------ recorded calls
-@dataclasses.dataclass(frozen=True)
-class CuteCall:
-    """One call of a compiled function as `launch` saw it: what an eager launch plan (dispatch/launch_plan.py)
-    replays, natively through the TVM-FFI C ABI."""
-
-    fn: Callable  # the compiled function (a tvm_ffi.Function, or cute.compile's wrapper around one)
-    args: tuple
-
-
 def launch(fn: Callable, *args, device=None):
     """fn(*args): the general entries of the CuTe ops whose rows get eager launch plans call their compiled
-    functions through here, so that a recording scope (triton_ops._recording.recording_launches, the one the Triton
-    launches join) sees each call with its exact arguments. device: the CUDA device of the call's tensors, made
+    functions through here, so that a recording scope (triton_ops.contract.recording.recording_launches, the one the
+    Triton launches join) sees each call with its exact arguments. device: the CUDA device of the call's tensors, made
     current around it where it is not (TVM-FFI's environment stream is the current device's)."""
     if device is not None and device.index is not None:
         import torch

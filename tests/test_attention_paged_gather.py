@@ -234,7 +234,7 @@ def test_prepared_launcher_matches_the_general_path(kv_kind, causal, window, sin
     # the cute one: prepared on one call's tensors, it runs on new tensors of the same signature (new lengths, a
     # page id out of range: the fixup) with 4 launches and nothing else launched, fresh outputs, and the general
     # path's bits
-    from triton_ops._launch import recording_launches
+    from triton_ops.contract.recording import recording_launches
     from triton_ops.attention.paged_gather import prepare_gathered_prefill_paged
 
     lq, lk = [3, 0, 16, 6], [40, 5, 16, 70]
