@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from triton_ops.contract.recording import CuteCall, note
 from triton_ops.contract.arch import env_reader
+from triton_ops.contract.recording import CuteCall, note
 
 EXPORT_NAME = "func"
 LOCK_TIMEOUT_S = 300.0  # a cold compile of one kernel takes a few seconds; this only bounds a stuck holder

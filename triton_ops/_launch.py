@@ -9,8 +9,8 @@ import inspect
 import torch
 import triton.language as tl
 
-from triton_ops.contract.recording import LaunchRecord, note
 from triton_ops.contract.arch import arch_at_least, arch_of
+from triton_ops.contract.recording import LaunchRecord, note
 
 TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
