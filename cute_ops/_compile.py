@@ -166,8 +166,8 @@ def direct(fn: Callable) -> Callable:
     cute.compile returns a Python wrapper (keyword arguments and defaults, a per-call initialization check) around
     the `tvm_ffi.Function` that an object loaded from the disk cache already is; lowbit calls every compiled
     function positionally with all its arguments, so both sources give the same callable kind (the wrapper's
-    Python costs ~1 us per call: perf/eager.py's `cute no-op` lines time both). Kept as it is where the wrapper
-    converts pointer arguments."""
+    Python costs ~1 us per call, measured on an empty kernel; docs/perf.md). Kept as it is where the wrapper converts
+    pointer arguments."""
     inner = getattr(fn, "__tvm_ffi_object__", None)
     args = getattr(fn, "execution_args", None)
     if inner is None or args is None or getattr(args, "has_pointer_address_arg_specs", True):
