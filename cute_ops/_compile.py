@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from triton_ops._recording import note
 from triton_ops.contract.arch import env_reader
+from triton_ops.contract.recording import CuteCall, note
 
 EXPORT_NAME = "func"
 LOCK_TIMEOUT_S = 300.0  # a cold compile of one kernel takes a few seconds; this only bounds a stuck holder
@@ -166,8 +166,8 @@ def direct(fn: Callable) -> Callable:
     cute.compile returns a Python wrapper (keyword arguments and defaults, a per-call initialization check) around
     the `tvm_ffi.Function` that an object loaded from the disk cache already is; lowbit calls every compiled
     function positionally with all its arguments, so both sources give the same callable kind (the wrapper's
-    Python costs ~1 us per call: perf/eager.py's `cute no-op` lines time both). Kept as it is where the wrapper
-    converts pointer arguments."""
+    Python costs ~1 us per call, measured on an empty kernel; docs/perf.md). Kept as it is where the wrapper converts
+    pointer arguments."""
     inner = getattr(fn, "__tvm_ffi_object__", None)
     args = getattr(fn, "execution_args", None)
     if inner is None or args is None or getattr(args, "has_pointer_address_arg_specs", True):
@@ -227,19 +227,10 @@ def clear_memory() -> None:
 
 
 # ------------------------------------------------------------------------------------------ recorded calls
-@dataclasses.dataclass(frozen=True)
-class CuteCall:
-    """One call of a compiled function as `launch` saw it: what an eager launch plan (dispatch/launch_plan.py)
-    replays, natively through the TVM-FFI C ABI."""
-
-    fn: Callable  # the compiled function (a tvm_ffi.Function, or cute.compile's wrapper around one)
-    args: tuple
-
-
 def launch(fn: Callable, *args, device=None):
     """fn(*args): the general entries of the CuTe ops whose rows get eager launch plans call their compiled
-    functions through here, so that a recording scope (triton_ops._recording.recording_launches, the one the Triton
-    launches join) sees each call with its exact arguments. device: the CUDA device of the call's tensors, made
+    functions through here, so that a recording scope (triton_ops.contract.recording.recording_launches, the one the
+    Triton launches join) sees each call with its exact arguments. device: the CUDA device of the call's tensors, made
     current around it where it is not (TVM-FFI's environment stream is the current device's)."""
     if device is not None and device.index is not None:
         import torch

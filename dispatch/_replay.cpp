@@ -107,7 +107,7 @@ struct Plan {
 std::unordered_map<std::string, std::unique_ptr<Plan>> g_plans;
 // Ops with a registered plan: a call of any other op misses before its key is built (the Python path then keys it).
 std::unordered_set<std::string> g_ops;
-std::vector<std::string> g_env_names;  // _SELECT_ENV and the native knob; the last one set means: no key
+std::vector<std::string> g_env_names;  // eager_env.SELECT_ENV and the native knob; the last one set means: no key
 PyObject* g_scope = nullptr;           // the backend-scope context variable (registry._scoped)
 PyObject* g_miss = nullptr;            // returned when a call has no plan
 PyObject* g_get_device = nullptr;      // torch._C._cuda_getDevice

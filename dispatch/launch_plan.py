@@ -44,6 +44,8 @@ import logging
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from triton_ops.contract.recording import CuteCall, recording_launches
+
 log = logging.getLogger("lowbit.dispatch")
 PLANS_ENV = "LOWBIT_EAGER_PLANS"
 aten = torch.ops.aten
@@ -281,8 +283,6 @@ def record(impl, args: tuple, cute: bool = False):
     call, whose plan must hold at least one recorded CuTe call (else its compiled function ran unrecorded)."""
     from triton import knobs
 
-    from cute_ops._compile import CuteCall
-    from triton_ops._launch import recording_launches
 
     with recording_launches() as launches, _OpLog(launches) as oplog:
         out = impl(*args)
@@ -330,7 +330,7 @@ def _derive(out, args, launches, ops, knobs, device_type: str = "cuda"):
             raise NoPlan(f"runs {func} (only allocations, zeroing and views are replayed)")
     keep, plan_launches = [], []
     for rec in launches:
-        if hasattr(rec, "fn"):  # a CuTe call (cute_ops._compile.CuteCall)
+        if isinstance(rec, CuteCall):
             plan_launches.append((CUTE, rec.fn, None, None, [_cute_spec(v, inputs, allocs) for v in rec.args]))
             continue
         values = _bound_values(rec)

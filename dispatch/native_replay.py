@@ -98,7 +98,7 @@ def _build():
     from torch.utils import cpp_extension
 
     from . import registry
-    from .ops._common import _SELECT_ENV
+    from .eager_env import SELECT_ENV
 
     source = _SOURCE.read_bytes() + b"".join(h.read_bytes() for h in _HEADERS)
     tag = hashlib.sha256(source + f"{torch.__version__}|{sys.version_info[:2]}".encode()).hexdigest()[:16]
@@ -112,7 +112,7 @@ def _build():
     if get_device is None or get_stream is None:  # a CPU build of torch: plans without launches only
         get_device = get_stream = _no_cuda
     # The key reads NATIVE_ENV and every env name `_signature` reads; the last one set means no key (as there).
-    mod.init((NATIVE_ENV, *_SELECT_ENV), registry._scoped, get_device, get_stream)
+    mod.init((NATIVE_ENV, *SELECT_ENV), registry._scoped, get_device, get_stream)
     call = mod.call
     MISS = mod.MISS
     return mod

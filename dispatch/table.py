@@ -47,7 +47,7 @@ ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.72-0.
 # benchmark set (H200, ab9bae7, events, same process; persistent grid + O TMA store, fmha_sm90.FOR_CALL): hd128
 # 0.84-1.0x FA4-sm90, GPT-OSS hd64 causal + sinks 0.91x, window (128, 0) + sinks 0.96x (docs/attention.md). auto
 # takes it at hd64 and hd128 (`auto_skip` cute_ops.attention.fmha_sm90:auto_skip_untimed).
-# Paged-prefix prefill on sm_90 (cute_ops/attention/paged_prefill.py): one Triton gather of the used pages (FP8
+# Paged-prefix prefill on sm_90 (dispatch/composed/paged_prefill.py): one Triton gather of the used pages (FP8
 # dequantized) into contiguous K / V, the CuTeDSL forward above, and the plain paged kernel over the sequences with
 # an out-of-range page id (flagged by the gather). H200 at 7053888 (CUDA graph, same process): 0.88-0.92x FA4 with
 # its page table (Llama hd128 32/8 and GPT-OSS hd64 sinks; the gather is 4-14% of the time), 2.5-3.3x the plain kernel.
@@ -327,10 +327,10 @@ ROWS: tuple[Entry, ...] = (
     Entry("attention_prefill", "torch", ALL, "dispatch.reference.attention:attention_prefill", TORCH_REF,
           REFERENCE_WHY),
     # sm_90: gather the used pages into contiguous K / V, then the cute forward (ATTN_PAGED_GATHER_WHY).
-    Entry("attention_prefill_paged", "cute", ("sm_90",), "cute_ops.attention.paged_prefill:attention_prefill_paged",
+    Entry("attention_prefill_paged", "cute", ("sm_90",), "dispatch.composed.paged_prefill:attention_prefill_paged",
           CUTE_MEASURED_FASTER, ATTN_PAGED_GATHER_WHY,
-          "cute_ops.attention.paged_prefill:supports_attention_prefill_paged",
-          specialize="cute_ops.attention.paged_prefill:specialize_attention_prefill_paged"),
+          "dispatch.composed.paged_prefill:supports_attention_prefill_paged",
+          specialize="dispatch.composed.paged_prefill:specialize_attention_prefill_paged"),
     *triton_rows("attention_prefill_paged", "triton_ops.attention.prefill:attention_prefill_paged", ATTN_TL_WHY,
                  supports="triton_ops.attention.prefill:supports_attention_prefill_paged"),
     Entry("attention_prefill_paged", "torch", ALL, "dispatch.reference.attention:attention_prefill_paged",

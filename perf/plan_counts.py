@@ -23,7 +23,7 @@ def case_counts(case, device) -> dict:
     from dispatch.launch_plan import census
     from dispatch.registry import select
     from dispatch.table import TABLE
-    from triton_ops._launch import recording_launches
+    from triton_ops.contract.recording import recording_launches
 
     args = case.make_args(device, True)
     rows = [e for e in TABLE[case.op] if e.backend == "triton" and device.type in e.archs]

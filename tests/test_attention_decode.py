@@ -255,7 +255,7 @@ def test_new_lengths_in_place_poisoned(splits):
     caches rewritten in place between calls (every slot past the new lengths NaN), the result follows the new
     lengths, and the launches (grids and every non-tensor argument) are the same for every length, as a captured
     graph needs."""
-    from triton_ops._launch import recording_launches
+    from triton_ops.contract.recording import recording_launches
 
     g = np.random.default_rng(12)
     c = make_case(g, batch=3, lens=[64] * 3, sq=2, hq=8, hkv=2, d=64, bs=16, max_blocks=4,  # all pages valid

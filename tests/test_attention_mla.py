@@ -231,7 +231,7 @@ def test_new_lengths_in_place(topk):
     """CPU form of the CUDA-graph test: one set of argument tensors, lengths (and index lists) rewritten in place
     between calls, the result follows them, and the launches (grids and every non-tensor argument) are the same
     for every length."""
-    from triton_ops._launch import recording_launches
+    from triton_ops.contract.recording import recording_launches
 
     g = np.random.default_rng(12)
     c = make_case(g, layout="v32", batch=3, lens=[64] * 3, sq=2, h=16, bs=16, max_blocks=4, topk=topk)

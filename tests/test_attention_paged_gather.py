@@ -2,7 +2,8 @@
 gather through the block table (16-bit caches copied, FP8 E4M3 dequantized and rounded once), its flags for
 out-of-range page ids and seqused_k past the table (those rows zero, never read), the zero rows after the last key,
 the window's left-out keys, the plain kernel's flagged-only fixup, a compile-only sm_90 check of 16-byte accesses;
-the composition (gather, contiguous forward, fixup) with the plain contiguous Triton forward on the interpreter
+the composition (dispatch/composed/paged_prefill.py: gather, contiguous forward, fixup) with the plain contiguous
+Triton forward on the interpreter
 (pinned and drawn batches); on a GPU, the sm_90 cute row (gather + CuTeDSL forward + fixup) against the shared
 reference, and under CUDA-graph replay with new seqused_k."""
 
@@ -15,10 +16,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dispatch.composed.paged_prefill import gathered_prefill_paged, prepare_gathered_prefill_paged
 from dispatch.reference.attention import attention_prefill_paged as ref_paged
 from tests.helpers import assert_attention_close, run_compile_script
 from tests.test_attention_prefill import make_paged
-from triton_ops.attention.paged_gather import PAD_ROWS, gather_paged_kv, gather_reason, gathered_prefill_paged
+from triton_ops.attention.paged_gather import PAD_ROWS, gather_paged_kv, gather_reason
 from triton_ops.attention.prefill import attention_prefill, attention_prefill_paged, attention_prefill_paged_flagged
 
 
@@ -234,8 +236,7 @@ def test_prepared_launcher_matches_the_general_path(kv_kind, causal, window, sin
     # the cute one: prepared on one call's tensors, it runs on new tensors of the same signature (new lengths, a
     # page id out of range: the fixup) with 4 launches and nothing else launched, fresh outputs, and the general
     # path's bits
-    from triton_ops._launch import recording_launches
-    from triton_ops.attention.paged_gather import prepare_gathered_prefill_paged
+    from triton_ops.contract.recording import recording_launches
 
     lq, lk = [3, 0, 16, 6], [40, 5, 16, 70]
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from cute_ops import unavailable_reason
+from tests.helpers import run_compile_script
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=f"cute backend: {unavailable_reason()}")
 
@@ -143,6 +144,51 @@ def test_disk_cache_cold_then_warm(tmp_path, monkeypatch, capsys):
     with capsys.disabled():
         print(f"\n[cute cache] cold compile+export {_compile.STATS.compile_s[-1]:.2f}s, "
               f"warm load {_compile.STATS.load_s[-1] * 1e3:.1f}ms")
+
+
+_DIRECT = """
+import os
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"  # before cutlass loads: the JIT engine is made for this arch
+os.environ["LOWBIT_CUTE_DISK_CACHE"] = "0"
+import torch, tvm_ffi
+from cute_ops import _compile
+from cute_ops.rmsnorm import build, compiled, pick_config
+cfg = pick_config(torch.bfloat16, torch.bfloat16, 512, "none", False, 0.0, 16, False, False, "sm_90a")
+wrapped = build(cfg)
+fn = _compile.direct(wrapped)
+print(isinstance(wrapped, tvm_ffi.Function), isinstance(fn, tvm_ffi.Function),
+      isinstance(compiled(cfg), tvm_ffi.Function))
+try:  # the wrapper's positional list (no stream): 11 parameters
+    fn(torch.empty(16, 512, dtype=torch.bfloat16))
+except TypeError as exc:
+    print("Expects 11 parameters" in str(exc))
+"""
+
+
+def test_fresh_compile_is_cached_as_the_plain_function():
+    """`_compile.direct`: a fresh compile is cached as the plain TVM-FFI function (what a disk-cache load gives),
+    with the wrapper's arity."""
+    out = run_compile_script(_DIRECT, 300).split()
+    assert out == ["False", "True", "True", "True"], out
+
+
+def test_direct_keeps_other_callables():
+    """Objects without a TVM-FFI function underneath, or wrappers that convert pointer arguments, are kept."""
+    from cute_ops import _compile
+
+    def plain(*a):
+        return a
+
+    assert _compile.direct(plain) is plain
+
+    class PointerArgs:  # a wrapper that converts pointer arguments: kept
+        execution_args = type("A", (), {"has_pointer_address_arg_specs": True})()
+
+        def __tvm_ffi_object__(self):
+            raise AssertionError("not unwrapped")
+
+    w = PointerArgs()
+    assert _compile.direct(w) is w
 
 
 _WORKER = """

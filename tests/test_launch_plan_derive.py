@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dispatch import launch_plan
-from triton_ops._launch import LaunchRecord
+from triton_ops.contract.recording import LaunchRecord
 
 
 class _FakeKernel:

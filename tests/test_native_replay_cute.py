@@ -58,7 +58,7 @@ def _seen(t: torch.Tensor, dtype_name: str) -> tuple:
 
 def _recorded(backend, args: tuple):
     """(outputs, plan) of backend(*args) recorded as launch_plan.record does, on the CPU."""
-    from triton_ops._launch import recording_launches
+    from triton_ops.contract.recording import recording_launches
 
     with recording_launches() as launches, launch_plan._OpLog(launches) as log:
         out = backend(*args)
@@ -76,7 +76,7 @@ def _toy_backend(stand_in, big_int=3):
 
 # ----------------------------------------------------------------------------------------------- recording
 def test_cute_calls_are_recorded_in_order_with_triton_launches():
-    from triton_ops._launch import LaunchRecord, recording_launches
+    from triton_ops.contract.recording import LaunchRecord, recording_launches
 
     stand_in, compiled = StandIn(), _FakeCompiled()
     x = torch.randn(5, 8)

@@ -9,8 +9,8 @@ import inspect
 import torch
 import triton.language as tl
 
-from triton_ops._recording import note, recording_launches  # noqa: F401 - recording_launches: re-exported
 from triton_ops.contract.arch import arch_at_least, arch_of
+from triton_ops.contract.recording import LaunchRecord, note
 
 TL_DTYPE = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -22,20 +22,10 @@ def emulate_formats(device: torch.device) -> bool:
     return arch == "cpu" or not arch_at_least(arch, "sm_89")
 
 
-@dataclasses.dataclass(frozen=True)
-class LaunchRecord:
-    """One kernel launch as `launch` saw it: what an eager launch plan (dispatch/launch_plan.py) replays."""
-
-    kernel: object  # the JITFunction
-    grid: tuple
-    args: tuple
-    kwargs: dict
-    compiled: object  # the CompiledKernel the launch ran (None under the interpreter)
-
-
 def launch(kernel, grid, *args, **kwargs):
     """kernel[grid](*args, **kwargs): every lowbit Triton launch goes through here, so that a recording scope
-    (triton_ops._recording.recording_launches) can see the compiled kernel and the exact arguments of each launch."""
+    (triton_ops.contract.recording.recording_launches) can see the compiled kernel and the exact arguments of each
+    launch."""
     compiled = kernel[grid](*args, **kwargs)
     note(LaunchRecord(kernel, tuple(grid), args, kwargs, compiled))
     return compiled

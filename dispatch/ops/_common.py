@@ -16,10 +16,9 @@ import typing
 
 import torch
 
-from triton_ops.contract.arch import ARCH_ENV, env_reader
-
 from .. import launch_plan, native_replay
-from ..registry import BACKEND_ENV, _load, _scoped, select
+from ..eager_env import read_select_env
+from ..registry import _load, _scoped, select
 from ..table import TABLE
 
 # name -> the op's Python implementation (checks + table choice + backend call), registered by `lowbit_op`.
@@ -37,11 +36,6 @@ class _FastPaths(dict):
 
 _FAST: dict = _FastPaths()
 _FAST_MAX = 4096  # signatures; cleared when full (shapes churn only in odd workloads)
-# Environment that select() or a backend's refusal reads on every call (tests and users flip these at runtime).
-# The last one turns on value checks that sync (ops/rope.py): while it is set, every call takes the checked path.
-_SELECT_ENV = (BACKEND_ENV, ARCH_ENV, "TRITON_INTERPRET", "LOWBIT_CUTE_UNVERIFIED", launch_plan.PLANS_ENV,
-               "LOWBIT_CHECK_INDICES")
-_read_select_env = env_reader(*_SELECT_ENV)
 _PLAIN = frozenset({type(None), bool, int, float, str, torch.dtype})
 _record = threading.local()
 # op -> why its last recorded call gave no launch plan (None: it did, or none was tried); for tests and debugging.
@@ -92,8 +86,8 @@ def _signature(args: tuple):
     data pointer's and the storage offset's alignment up to 16) and the other arguments' values; None when an
     argument is of another kind (then the call always takes the checked path). One flat tuple (no per-tensor
     inner tuples), env first: it is built and hashed on every eager call (~1 us less than the nested form).
-    The env part is None while none of _SELECT_ENV is set (env_reader)."""
-    env = _read_select_env()
+    The env part is None while none of eager_env.SELECT_ENV is set (env_reader)."""
+    env = read_select_env()
     if env is not None and env[-1] is not None:
         return None
     sig = [_scoped.get(), env]

@@ -2,7 +2,7 @@
 
 Decode (T = 1, 16, 64; E = 256, k = 8): one launch per op; the runner times eager and CUDA-graph replay, and
 the torch reference (topk + sort + scatter) eager and torch.compile'd. Two peers per decode case show where
-the small-M specialisations win (they call the Triton launchers directly, not through the dispatcher):
+the small-M specialisations win (Triton variants the dispatcher never picks: dispatch/variants.py):
 * moe_route: "triton-1cta" (all T rows in one program) and "triton-row" (one row per program) next to the
   heuristic (`pick_route_config`: one row per program up to one wave, T <= 2048);
 * moe_align / moe_masked_layout: "triton-general" forces the three-launch path (per-chunk counts -> scan ->
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from dispatch import ops
+from dispatch import ops, variants
 from dispatch.reference import moe as ref
 from perf.cases.base import BenchCase
 
@@ -91,9 +91,6 @@ def combine_bytes(t: int, k: int, n: int, elem: int, out_elem: int) -> int:
 
 
 def _router_cases() -> list[BenchCase]:
-    from triton_ops.moe.routing import RouteConfig
-    from triton_ops.moe.routing import moe_route as triton_route
-
     out = []
     for label, (e, k, kw) in ROUTERS.items():
         bias = "bias" in label
@@ -106,8 +103,10 @@ def _router_cases() -> list[BenchCase]:
                                           kw.get("routed_scaling", 1.0), kw.get("num_groups", 1),
                                           kw.get("topk_groups", 1))
             tp = 1 << (t - 1).bit_length()
-            peers = {"triton-1cta": lambda i, a=args, tp=tp: triton_route(*a(i), config=RouteConfig(tp, 8)),
-                     "triton-row": lambda i, a=args: triton_route(*a(i), config=RouteConfig(1, 4))}
+            peers = {"triton-1cta": lambda i, a=args, tp=tp: variants.moe_route_tiled(*a(i), rows_per_program=tp,
+                                                                                    num_warps=8),
+                     "triton-row": lambda i, a=args: variants.moe_route_tiled(*a(i), rows_per_program=1,
+                                                                              num_warps=4)}
             out.append(BenchCase(
                 "moe_route", f"T={t} E={e} k={k} {label}", "decode", dict(T=t, E=e, k=k, **kw), make,
                 lambda i, b, kw=kw, k=k: tuple(ops.moe_route(i["x"], k, bias=i["bias"], backend=b, **kw)),
@@ -137,8 +136,6 @@ def _hash_router_cases() -> list[BenchCase]:
 
 
 def _align_cases() -> list[BenchCase]:
-    from triton_ops.moe import align as tri
-
     out = []
     for t in DECODE_T:
         make = lambda device, t=t: {"ids": _route_ids(t, E, K, device)}  # noqa: E731
@@ -148,13 +145,13 @@ def _align_cases() -> list[BenchCase]:
             lambda i, b, bm=bm: tuple(ops.moe_align(i["ids"], E, bm, backend=b)),
             lambda i, bm=bm: ref.moe_align(i["ids"], None, E, bm), _exact,
             bytes_moved=align_bytes(t, E, K, bm),
-            peers={"triton-general": lambda i, bm=bm: tri.moe_align(i["ids"], None, E, bm, path="general")}))
+            peers={"triton-general": lambda i, bm=bm: variants.moe_align_three_launch(i["ids"], None, E, bm)}))
         out.append(BenchCase(
             "moe_masked_layout", f"T={t} E={E} k={K} max_m={MAX_M}", "decode", dict(T=t, E=E, k=K, max_m=MAX_M),
             make, lambda i, b: tuple(ops.moe_masked_layout(i["ids"], E, MAX_M, backend=b)),
             lambda i: ref.moe_masked_layout(i["ids"], None, E, MAX_M), _exact,
             bytes_moved=masked_bytes(t, E, K, MAX_M),
-            peers={"triton-general": lambda i: tri.moe_masked_layout(i["ids"], None, E, MAX_M, path="general")}))
+            peers={"triton-general": lambda i: variants.moe_masked_layout_three_launch(i["ids"], None, E, MAX_M)}))
     for t in PREFILL_T[:1]:  # T*k > 1024 entries: the three-launch path (docs/moe.md, Kernels)
         bm = ALIGN_BM
         out.append(BenchCase(

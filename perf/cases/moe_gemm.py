@@ -52,8 +52,8 @@ raises):
   one row-wise `torch._scaled_mm` of the same FLOPs;
 * mxfp4 and nvfp4: `torch._grouped_mm` on bf16 weights of the same shape (4x the weight bytes: the bar a W4A16
   kernel must beat by reading fewer bytes); for mxfp4 also `triton-dot_scaled`: the lowbit Triton kernel with
-  `dot_scaled=True` (tl.dot_scaled on E2M1 + E8M0 instead of the in-register dequantization the dispatcher runs;
-  NVFP4 has no such variant: Triton 3.6 cannot lower NVFP4 scales in tl.dot_scaled on sm_90).
+  `dot_scaled=True` (dispatch/variants.py: tl.dot_scaled on E2M1 + E8M0 instead of the in-register dequantization
+  the dispatcher runs; NVFP4 has no such variant: Triton 3.6 cannot lower NVFP4 scales in tl.dot_scaled on sm_90).
 * mxfp4, contiguous layout: `triton_kernels`, OpenAI's `matmul_ogs` (the GPT-OSS MoE kernel, perf/peers.py) on the
   same MXFP4 bytes, swizzled into its layout for the GPU and with its ragged routing metadata built once per input
   set in make (not timed, as an engine prepacks at load).
@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import torch
 
-from dispatch import ops
+from dispatch import ops, variants
 from dispatch.reference import moe_gemm as ref
 from dispatch.registry import BackendError
 from perf import peers as P
@@ -267,12 +267,8 @@ def _peers(kind: str, masked: bool, dense: bool, decode: bool = False) -> dict:
                 i["a"], i["w"][0].t(), scale_a=i["sa_row"].view(-1, 1), scale_b=i["sb_row"][0].view(1, -1),
                 out_dtype=BF16)
     if kind == "mxfp4":
-        def dot_scaled(i):
-            from triton_ops.moe_gemm.grouped import moe_gemm_mxfp4
-
-            return moe_gemm_mxfp4(i["a"], i["w"], i["w_scale"], i.get("m_indices"), i.get("masked_m"),
-                                  dot_scaled=True)
-        peers["triton-dot_scaled"] = dot_scaled
+        peers["triton-dot_scaled"] = lambda i: variants.moe_gemm_mxfp4_dot_scaled(
+            i["a"], i["w"], i["w_scale"], i.get("m_indices"), i.get("masked_m"))
         # warps of the swizzled scale layout, which the kernel launches with: 4 at decode (vLLM's default for
         # small batches), 8 otherwise (triton_kernels' own tests)
         if not masked and (prepare := P.triton_kernels_moe_mxfp4(num_warps=4 if decode else 8)) is not None:

@@ -1,5 +1,5 @@
-"""Gather of a paged K / V cache into contiguous varlen K / V (Triton): the first half of the gathered paged-prefix
-prefill (`cute_ops/attention/paged_prefill.py` composes it with the contiguous sm_90 forward).
+"""Gather of a paged K / V cache into contiguous varlen K / V (Triton): the first step of the gathered paged-prefix
+prefill (dispatch/composed/paged_prefill.py composes it with a contiguous forward and the flagged fixup).
 
 Contract: dispatch/reference/attention.py `gather_paged` (positions 0..n_b-1 of sequence b read through its
 block-table row), with n_b = clamp(seqused_k[b], 0, capacity) and capacity = block_table.shape[1] * block_size.
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from triton_ops._formats import cast_out, e4m3_decode_fast
-from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
+from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2, prepare
 from triton_ops.contract.attention import FP8_KV
 
 BLOCK_T = 32  # positions per program
@@ -144,8 +144,9 @@ def gather_reason(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: tor
     return None
 
 
-def _buffers(k_cache, v_cache, block_table, dtype, window: bool) -> tuple:
-    """Fresh (k, v, cu_k, flags, start | None) of one gather (no zeroing: the kernels write what is read)."""
+def gather_buffers(k_cache, v_cache, block_table, dtype, window: bool) -> tuple:
+    """Fresh (k, v, cu_k, flags, start | None) of one gather into `dtype` (no zeroing: the kernels write what is
+    read); window: with a sliding window (the per-sequence first gathered key, `start`)."""
     bsz, cols = block_table.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     rows = bsz * cols * page + PAD_ROWS
@@ -159,7 +160,7 @@ def _buffers(k_cache, v_cache, block_table, dtype, window: bool) -> tuple:
 
 def _launches(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale, cu_seqlens_q, window_left, k, v, cu_k,
               flags, start) -> list:
-    """[(kernel, grid, args, kwargs)] of one gather into the buffers of `_buffers`: the prefix kernel, then the
+    """[(kernel, grid, args, kwargs)] of one gather into the buffers of `gather_buffers`: the prefix kernel, then the
     gather (B >= 1)."""
     bsz, cols = block_table.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -194,7 +195,7 @@ def gather_paged_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: t
     bottom-right, so the kept keys keep their visibility. Two launches (`_prefix_kernel`, the gather), no other
     device work."""
     window = cu_seqlens_q is not None and window_left >= 0
-    k, v, cu_k, flags, start = _buffers(k_cache, v_cache, block_table, dtype, window)
+    k, v, cu_k, flags, start = gather_buffers(k_cache, v_cache, block_table, dtype, window)
     cap = block_table.shape[1] * k_cache.shape[1]
     if block_table.shape[0] == 0:
         cu_k.zero_()
@@ -205,93 +206,40 @@ def gather_paged_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: t
     return k, v, cu_k, flags, cap
 
 
-def gathered_prefill_paged(forward, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q: int,
-                           softmax_scale: float | None, causal: bool, window_left: int, window_right: int, sinks,
-                           k_scale, v_scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """`attention_prefill_paged` (signature and contract) through a contiguous varlen forward `forward` (the
-    `attention_prefill` entry signature): the gather above, `forward` on the gathered K / V, then the plain paged
-    kernel over the flagged sequences only (out-of-range page ids, seqused_k past the table: keys a contiguous
-    kernel cannot mask), so the result is the plain kernel's wherever the gather cannot represent the keys."""
-    from triton_ops.attention.prefill import attention_prefill_paged_flagged
-
-    k, v, cu_k, flags, cap = gather_paged_kv(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale, q.dtype,
-                                             cu_seqlens_q, window_left)
-    out, lse = forward(q, k, v, cu_seqlens_q, cu_k, max_seqlen_q, cap, softmax_scale, causal, window_left,
-                       window_right, sinks, True)
-    if q.shape[0] and block_table.shape[0]:
-        attention_prefill_paged_flagged(out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k,
-                                        max_seqlen_q, softmax_scale, causal, window_left, window_right, sinks,
-                                        k_scale, v_scale, flags)
-    return out, lse
-
-
-def prepare_gathered_prefill_paged(prepare_forward, general, q, k_cache, v_cache, cu_seqlens_q, block_table,
-                                   seqused_k, max_seqlen_q: int, softmax_scale: float | None, causal: bool,
-                                   window_left: int, window_right: int, sinks, k_scale, v_scale):
-    """A launcher for repeated calls of `gathered_prefill_paged` with this exact call signature (dtypes, shapes,
-    strides, alignment and plain arguments fixed: dispatch/ops/_common.call keeps it per signature), or None where
-    the general path must run. A call allocates the gather's buffers and (through the forward) out / lse, and makes
-    four launches: the prefix kernel and the gather (compiled launchers with their constants resolved here:
-    triton_ops._launch.prepare), the forward that `prepare_forward` (the forward entry's per-signature hook, same
-    arguments) returned for the gathered K / V's signature, and the flagged fixup. `general` (the backend entry)
-    runs instead on another current device than q's (the launches use the current device's stream), and when
-    q has no rows or the batch is empty (prepare none then)."""
-    from triton_ops._launch import prepare
-    from triton_ops.attention.prefill import paged_flagged_launch
-
+def prepare_gather_paged_kv(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale, cu_seqlens_q,
+                            window_left: int, buffers: tuple):
+    """A launcher for repeated `gather_paged_kv` calls with this exact signature (dtypes, shapes, strides, alignment
+    and window_left fixed), prepared on `buffers` (`gather_buffers` of the signature: their dtype is the output's):
+    fn(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale, cu_seqlens_q) allocates fresh buffers, makes the
+    two launches through compiled launchers (triton_ops._launch.prepare: the current device's current stream) and
+    returns (k, v, cu_k, flags) as `gather_paged_kv` does; None for an empty batch or where a launch cannot be
+    prepared. cu_seqlens_q is read only with a window (window_left >= 0)."""
     bsz = block_table.shape[0]
-    if q.shape[0] == 0 or bsz == 0:
+    if bsz == 0:
         return None
-    if q.device.type == "cuda" and q.device.index != torch.cuda.current_device():  # kernels load on the current one
-        return None
-    window = window_left >= 0
-    cap = block_table.shape[1] * k_cache.shape[1]
-    k, v, cu_k, flags, start = _buffers(k_cache, v_cache, block_table, q.dtype, window)
-    forward = prepare_forward(q, k, v, cu_seqlens_q, cu_k, max_seqlen_q, cap, softmax_scale, causal, window_left,
-                              window_right, sinks, True)
-    if forward is None:
-        return None
-    out = torch.empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=q.dtype, device=q.device)
-    lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
-    # every tensor a launch reads or writes, in one order (None: absent in this signature)
-    sources = (k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, k_scale, v_scale, sinks, q, k, v, cu_k, flags,
-               start, out, lse)
-    specs = _launches(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale, cu_seqlens_q, window_left, k, v,
-                      cu_k, flags, start)
-    fixup = paged_flagged_launch(out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q,
-                                 softmax_scale, causal, window_left, window_right, sinks, k_scale, v_scale, flags)
+    k, v, cu_k, flags, start = buffers
+    sources = (k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, k_scale, v_scale, k, v, cu_k, flags, start)
     launchers = [prepare(kernel, grid, sources, *args, **kw) for kernel, grid, args, kw in
-                 (*specs, *([fixup] if fixup is not None else []))]
+                 _launches(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale, cu_seqlens_q, window_left, k,
+                           v, cu_k, flags, start)]
     if any(fn is None for fn in launchers):
         return None
-    prefix, gather, *fix = launchers
-    index = q.device.index if q.device.type == "cuda" else None
-    get_device = torch._C._cuda_getDevice if index is not None else None
-    device, dtype, i32, empty = q.device, q.dtype, torch.int32, torch.empty
-    k_shape, v_shape = tuple(k.shape), tuple(v.shape)
+    prefix, gather = launchers
+    device, dtype, i32, empty = k.device, k.dtype, torch.int32, torch.empty
+    k_shape, v_shape, window = tuple(k.shape), tuple(v.shape), start is not None
 
-    def prefill(q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q, softmax_scale, causal,
-                window_left, window_right, sinks, k_scale, v_scale):
-        if index is not None and get_device() != index:
-            return general(q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q, softmax_scale,
-                           causal, window_left, window_right, sinks, k_scale, v_scale)
+    def gather_kv(k_cache, v_cache, block_table, seqused_k, k_scale, v_scale, cu_seqlens_q):
         k = empty(k_shape, dtype=dtype, device=device)
         v = empty(v_shape, dtype=dtype, device=device)
         cu_k = empty(bsz + 1, dtype=i32, device=device)
         flags = empty(bsz, dtype=i32, device=device)
         start = empty(bsz, dtype=i32, device=device) if window else None
-        src = [k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, k_scale, v_scale, sinks, q, k, v, cu_k, flags,
-               start, None, None]
+        src = (k_cache, v_cache, block_table, seqused_k, cu_seqlens_q, k_scale, v_scale, k, v, cu_k, flags, start)
         prefix(*src)
         gather(*src)
-        out, lse = forward(q, k, v, cu_seqlens_q, cu_k, max_seqlen_q, cap, softmax_scale, causal, window_left,
-                           window_right, sinks, True)
-        if fix:
-            src[14], src[15] = out, lse
-            fix[0](*src)
-        return out, lse
+        return k, v, cu_k, flags
 
-    return prefill
+    return gather_kv
 
 
-__all__ = ["gather_paged_kv", "gather_reason", "gathered_prefill_paged", "prepare_gathered_prefill_paged"]
+__all__ = ["gather_buffers", "gather_paged_kv", "gather_reason", "prepare_gather_paged_kv"]

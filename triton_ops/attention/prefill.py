@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from triton_ops._formats import cast_out, e4m3_decode
-from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2
+from triton_ops._launch import TL_DTYPE, cdiv, emulate_formats, launch, next_pow2, prepare
 from triton_ops.attention.mask import full_key_range, key_range, visible
 from triton_ops.contract.arch import arch_at_least, arch_of
 from triton_ops.contract.attention import FP8_KV, check_attention_prefill, check_attention_prefill_paged
@@ -397,16 +397,28 @@ def attention_prefill_paged_flagged(out, lse, q, k_cache, v_cache, cu_seqlens_q,
             softmax_scale, causal, window_left, window_right, sinks, None, flags, (out, lse))
 
 
-def paged_flagged_launch(out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, max_seqlen_q: int,
-                         softmax_scale: float, causal: bool, window_left: int, window_right: int, sinks, k_scale,
-                         v_scale, flags):
-    """(kernel, grid, args, kwargs) of `attention_prefill_paged_flagged`'s launch, None where it launches nothing
-    (for a launcher prepared once: triton_ops._launch.prepare)."""
-    return _launch_spec(q, k_cache, v_cache, cu_seqlens_q, None, block_table, seqused_k, k_scale, v_scale,
+def prepare_attention_prefill_paged_flagged(out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k,
+                                            max_seqlen_q: int, softmax_scale: float, causal: bool, window_left: int,
+                                            window_right: int, sinks, k_scale, v_scale, flags):
+    """A launcher of `attention_prefill_paged_flagged` for repeated calls with this exact signature (the plain
+    arguments fixed; the tensors' dtypes, shapes, strides and alignment too): fn(out, lse, q, k_cache, v_cache,
+    cu_seqlens_q, block_table, seqused_k, sinks, k_scale, v_scale, flags) launches through a compiled launcher
+    (triton_ops._launch.prepare), or does nothing where the call launches nothing; None where no launcher can be
+    made (a tensor argument it cannot map)."""
+    spec = _launch_spec(q, k_cache, v_cache, cu_seqlens_q, None, block_table, seqused_k, k_scale, v_scale,
                         int(max_seqlen_q), softmax_scale, causal, window_left, window_right, sinks, None, flags, out,
                         lse)
+    if spec is None:
+        return _launches_nothing
+    kernel, grid, args, kwargs = spec
+    sources = (out, lse, q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k, sinks, k_scale, v_scale, flags)
+    return prepare(kernel, grid, sources, *args, **kwargs)
+
+
+def _launches_nothing(*tensors) -> None:
+    """The prepared fixup of a call whose launch grid is empty."""
 
 
 __all__ = ["PrefillConfig", "attention_prefill", "attention_prefill_paged", "attention_prefill_paged_flagged",
-           "paged_flagged_launch", "prefill_config",
+           "prefill_config", "prepare_attention_prefill_paged_flagged",
            "supports_attention_prefill", "supports_attention_prefill_paged"]

@@ -1,0 +1,47 @@
+"""Kernel variants that benchmarks time beside the table's choice (the `triton-*` peers of perf/cases/moe.py and
+perf/cases/moe_gemm.py): a Triton entry run with a setting the dispatcher never picks, named here so that the
+benchmarks reach kernels through dispatch only. Not table rows and not torch ops: each calls its kernel entry
+directly, with that entry's own argument checks; the arguments are the op's backend arguments (its public
+wrapper's defaults filled in) plus the forced setting. The kernel modules are imported on first use, as the
+table's are (importing this module imports no Triton)."""
+
+from __future__ import annotations
+
+
+def moe_route_tiled(logits, bias, top_k: int, scoring: str, renormalize: bool, routed_scaling: float,
+                    num_groups: int, topk_groups: int, *, rows_per_program: int, num_warps: int):
+    """moe_route's Triton kernel with a forced tile: `rows_per_program` token rows per program (a power of two) and
+    `num_warps` warps, instead of `pick_route_config`'s choice."""
+    if rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
+        raise ValueError(f"lowbit.moe_route_tiled: argument 'rows_per_program': a power of two, got {rows_per_program}")
+    from triton_ops.moe.routing import RouteConfig, moe_route
+
+    return moe_route(logits, bias, top_k, scoring, renormalize, routed_scaling, num_groups, topk_groups,
+                     config=RouteConfig(rows_per_program, num_warps))
+
+
+def moe_align_three_launch(topk_ids, expert_map, num_experts: int, block_m: int):
+    """moe_align's Triton kernels on the three-launch path (per-chunk counts, scan, scatter + fill) that large
+    T * k takes, at any size."""
+    from triton_ops.moe.align import moe_align
+
+    return moe_align(topk_ids, expert_map, num_experts, block_m, path="general")
+
+
+def moe_masked_layout_three_launch(topk_ids, expert_map, num_experts: int, max_m: int):
+    """moe_masked_layout's Triton kernels on the three-launch path, at any size."""
+    from triton_ops.moe.align import moe_masked_layout
+
+    return moe_masked_layout(topk_ids, expert_map, num_experts, max_m, path="general")
+
+
+def moe_gemm_mxfp4_dot_scaled(a, w_packed, w_scale, m_indices, masked_m):
+    """moe_gemm_mxfp4's Triton kernel through tl.dot_scaled (lhs bf16, rhs E2M1 + E8M0 scales) instead of the
+    in-register dequantization the table's row runs."""
+    from triton_ops.moe_gemm.grouped import moe_gemm_mxfp4
+
+    return moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, dot_scaled=True)
+
+
+__all__ = ["moe_align_three_launch", "moe_gemm_mxfp4_dot_scaled", "moe_masked_layout_three_launch",
+           "moe_route_tiled"]

@@ -1,0 +1,56 @@
+"""dispatch/variants.py, the kernel variants the benchmarks time as peers: each gives the reference's answer (the
+router with forced tiles and the align's three-launch path on the interpreter; tl.dot_scaled MXFP4 on a GPU) and a
+bad tile is a named error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dispatch import ops, variants
+from dispatch.reference import moe as ref
+from tests.helpers import assert_close, assert_same_bytes
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_route_tiled_matches_reference(rows):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 32, generator=g)
+    b = torch.randn(32, generator=g) * 0.1
+    args = (x, b, 4, "sigmoid", True, 2.5, 4, 2)
+    ids, w = variants.moe_route_tiled(*args, rows_per_program=rows, num_warps=4)
+    want_ids, want_w = ref.moe_route(*args)
+    assert torch.equal(ids, want_ids), f"rows_per_program={rows}"
+    assert_close(w, want_w, f"weights rows_per_program={rows}")
+
+
+def test_route_tiled_names_a_bad_tile():
+    x = torch.randn(4, 16)
+    with pytest.raises(ValueError, match="moe_route_tiled: argument 'rows_per_program'"):
+        variants.moe_route_tiled(x, None, 2, "softmax", True, 1.0, 1, 1, rows_per_program=3, num_warps=4)
+
+
+def test_align_three_launch_matches_reference():
+    g = torch.Generator().manual_seed(5)
+    ids = torch.rand(9, 16, generator=g).argsort(-1)[:, :4].to(torch.int32)
+    for got, want, what in ((variants.moe_align_three_launch(ids, None, 16, 8), ref.moe_align(ids, None, 16, 8),
+                             "moe_align"),
+                            (variants.moe_masked_layout_three_launch(ids, None, 16, 6),
+                             ref.moe_masked_layout(ids, None, 16, 6), "moe_masked_layout")):
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert_same_bytes(a, b, f"{what} output {i}")
+
+
+@pytest.mark.gpu
+def test_gpu_mxfp4_dot_scaled_matches_the_table_row():
+    g = torch.Generator().manual_seed(7)
+    e, n, k, rows = 4, 256, 512, 128
+    codes, scales = ops.mxfp4_quantize((torch.randn(e * n, k, generator=g) * 0.05).cuda())
+    w, ws = codes.view(e, n, k // 2), scales.view(e, n, k // 32)
+    ids = torch.rand(rows // 2, e, generator=g).argsort(-1)[:, :2].to(torch.int32).cuda()
+    m_indices = ops.moe_align(ids, e, 64).m_indices
+    a = torch.randn(m_indices.numel(), k, generator=g).to(torch.bfloat16).cuda()
+    got = variants.moe_gemm_mxfp4_dot_scaled(a, w, ws, m_indices, None)
+    want = ops.moe_gemm_mxfp4(a, w, ws, m_indices=m_indices, backend="torch")
+    live = m_indices >= 0
+    assert_close(got[live], want[live], "tl.dot_scaled MXFP4 against the reference")
