@@ -74,7 +74,7 @@ SMEM instead).
 
 Not done (in the order that matters for speed): two query tiles per CTA ping-ponging two softmax warpgroups
 (FA4's main overlap: with one tile, the tensor core idles while softmax runs), a persistent scheduler, TMA store
-of O through SMEM (O is stored with row-per-thread 16-byte stores), 2-CTA UMMA (M = 256), the bitmask (R2P) element mask,
+of O through SMEM (O goes out in row-per-thread 16-byte stores), 2-CTA UMMA (M = 256), the bitmask (R2P) element mask,
 exp2 emulation on the FMA pipe, split-KV, paged KV, FP8 Q/K/V, head dims other than 64/128 and Dqk != Dv,
 the backward pass, and a registration in dispatch (after a hardware run).
 """
