@@ -73,10 +73,9 @@ def pick_config(x_dtype: torch.dtype, w_dtype: torch.dtype, k: int, mode: str, r
     vec = 16 // x_dtype.itemsize
     nvec = k // vec
     lanes = (group_size // vec) if mode != "none" else 1
-    # FP8 groups: at most 4 vectors per thread where 1024 threads allow it. H200 sweep (perf/results/experiments/
-    # cute-rmsnorm-configs, 7cf5fc5): 4096x7168 FP8 g128 +residual 60.9 us at 128 threads x 7 vectors -> 56.8
-    # at 256 x 4 (0.82 -> 0.88 of copy), 32768x4096 232 -> 231; plain and NVFP4 rows are fastest at the fewest
-    # threads (8 vectors) and keep it.
+    # FP8 groups: at most 4 vectors per thread where 1024 threads allow it: on the H200 the short FP8 g128
+    # +residual batch runs ~7% faster at 256 threads x 4 vectors than at 128 x 7 (docs/rmsnorm.md, alternatives
+    # measured); plain and NVFP4 rows are fastest at the fewest threads (8 vectors) and keep it.
     best = None
     for max_iters in ((4, MAX_ITERS) if mode == "fp8" else (MAX_ITERS,)):
         for tpr in (8, 16, 32, 64, 128, 256, 512, 1024):
@@ -170,9 +169,9 @@ def _aligned(t: torch.Tensor, nbytes: int) -> bool:
 
 
 UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
-HARDWARE_VERIFIED_ARCHS = ("sm_90",)  # H200, 2026-11-21, commit 6ed0c63: all 48 GPU tests bit-exact
+HARDWARE_VERIFIED_ARCHS = ("sm_90",)  # every CuTe RMSNorm GPU test bit-exact on the H200 (perf/results/runs)
 HARDWARE_STATUS = (
-    "not bit-exact on hardware yet for this arch (verified only on sm_90: H200 run 2026-11-21; sm_100a builds are "
+    "not bit-exact on hardware yet for this arch (verified only on sm_90, on the H200; sm_100a builds are "
     f"compiled and SASS-checked in CI, never run on Blackwell); set {UNVERIFIED_ENV}=1 to run it anyway")
 
 

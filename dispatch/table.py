@@ -23,9 +23,9 @@ BLACKWELL_ARCHS = ("sm_100", "sm_103", "sm_120", "sm_121")
 TRITON_UNRUN_ON_BLACKWELL = "compiled and SASS-checked in CI, never run on this chip"
 CUTE_UNRUN_ON_BLACKWELL = "CuTeDSL build checked in CI, never run on it: refused unless LOWBIT_CUTE_UNVERIFIED=1"
 
-# Measured (perf/results/nvidia-h200.jsonl, H200, 2026-11-21): the Triton backend beat the torch backend in 59 of
-# 61 (case, timing) pairs; the two exceptions are host-bound eager decode calls (fp8_group_dequantize and plain
-# swiglu at M=16), where both backends cost ~60-200 us of Python and launch time, not kernel time.
+# Triton above torch: in the H200 full-suite run (perf/results/nvidia-h200.jsonl) the Triton backend beat the torch
+# backend in 59 of 61 (case, timing) pairs; the two exceptions are host-bound eager decode calls (fp8_group_dequantize
+# and plain swiglu at M=16), where both backends cost Python and launch time, not kernel time.
 TRITON_GPU = 20
 TORCH_REF = 10  # the reference: always runs, on any device
 TRITON_INTERPRETER = 0  # correct but slow; only when forced (tests, `python -m dispatch check` on a CPU)
@@ -39,32 +39,32 @@ FUSED = "fused single pass; bytes equal the reference"
 ONE_PASS = "one fused pass; bytes equal the reference"
 MOE = "one launch at decode (align: 3 at T*k > 1024); no atomics, deterministic"
 ATTN_TL_WHY = "plain Triton FA2-style forward: every arch, masked tiles skipped by loop bounds"
-# H100 (perf/results/nvidia-h100-80gb-hbm3.jsonl): hd128 0.72-0.81x FA4-sm90 (a918ed1, events), GPT-OSS hd64 + sinks
-# 0.63-0.73x; DeepSeek (192, 128) 0.76-0.78x (e2bc444 / a918ed1), the only fast path for those head dims. Ranked above
-# the plain kernel for its TMA + wgmma pipeline; below the cute row where that one runs.
+# H100 (docs/attention.md, measured table): hd128 0.72-0.81x FA4-sm90, GPT-OSS hd64 + sinks 0.63-0.73x, DeepSeek
+# (192, 128) 0.76-0.78x, the only fast path for those head dims. Ranked above the plain kernel for its TMA + wgmma
+# pipeline; below the cute row where that one runs.
 ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.72-0.81x FA4 hd128, 0.78x (192, 128) (H100)"
-# CuTeDSL sm_90a forward (cute_ops/attention/fmha_sm90.py): GPU tests passed on an H100 and an H200; the prefill
-# benchmark set (H200, ab9bae7, events, same process; persistent grid + O TMA store, fmha_sm90.FOR_CALL): hd128
-# 0.84-1.0x FA4-sm90, GPT-OSS hd64 causal + sinks 0.91x, window (128, 0) + sinks 0.96x (docs/attention.md). auto
-# takes it at hd64 and hd128 (`auto_skip` cute_ops.attention.fmha_sm90:auto_skip_untimed).
+# CuTeDSL sm_90a forward (cute_ops/attention/fmha_sm90.py): GPU tests pass on the H100 and the H200; on the prefill
+# benchmark set (H200, persistent grid + O TMA store, fmha_sm90.FOR_CALL): hd128 0.84-1.0x FA4-sm90, GPT-OSS hd64
+# causal + sinks 0.91x, window (128, 0) + sinks 0.96x (docs/attention.md, measured table). auto takes it at hd64 and
+# hd128, the head dims it was timed at (`auto_skip` cute_ops.attention.fmha_sm90:auto_skip_untimed).
 # Paged-prefix prefill on sm_90 (dispatch/composed/paged_prefill.py): one Triton gather of the used pages (FP8
 # dequantized) into contiguous K / V, the CuTeDSL forward above, and the plain paged kernel over the sequences with
-# an out-of-range page id (flagged by the gather). H200 at 7053888 (CUDA graph, same process): 0.88-0.92x FA4 with
+# an out-of-range page id (flagged by the gather). H200 (CUDA graph, same process): 0.88-0.92x FA4 with
 # its page table (Llama hd128 32/8 and GPT-OSS hd64 sinks; the gather is 4-14% of the time), 2.5-3.3x the plain kernel.
 ATTN_PAGED_GATHER_WHY = "gather pages to contiguous K / V, then the CuTeDSL sm_90 forward: 0.88-0.92x FA4 paged (H200)"
 ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward, ping-pong warpgroups, persistent grid: 0.84-1.0x FA4 (H200)"
-# H100 at 0818b2c (CUDA graph): bf16 cache 0.88-0.97x cuDNN SDPA on a dense cache (median 0.95x); FP8 cache 1.72x
+# H100 (CUDA graph): bf16 cache 0.88-0.97x cuDNN SDPA on a dense cache (median 0.95x); FP8 cache 1.72x
 # our bf16 path and 1.62x cuDNN's bf16 at 16 x 8k (page tiles, V converted to fp16 before its operand layout).
 ATTN_DECODE_WHY = "GQA heads packed per KV head; page tiles; split-KV, LSE-merged; 0.88-0.97x cuDNN, FP8 1.7x (H100)"
-# H100 at 4fdecc4 / 0818b2c: the sm_90 wgmma tiles 4.5-7.4x the mma tiles, 0.33-0.45x FlashMLA (docs/attention.md).
+# H100: the sm_90 wgmma tiles 4.5-7.4x the mma tiles, 0.33-0.45x FlashMLA (docs/attention.md).
 # The GPU backend of mla_decode for every call the sm_90 Gluon row (MLA_SM90_WHY) refuses.
 MLA_DECODE_WHY = "heads sharing keys packed per tile (wgmma on sm_90); FP8 dequant in registers; 0.33-0.45x FlashMLA"
 # sm_90 Gluon MLA decode (triton_ops/attention/mla_sm90.py): FlashMLA's structure (Q resident in shared memory, a TMA
 # partition loading page tiles that serve K and V, two compute warpgroups handing the row max over within tile
-# pairs); bf16 dense cache, D 576, page 64 only. H200 at 810e775 (CUDA graph): 0.85-0.93x FlashMLA, median 0.87x.
+# pairs); bf16 dense cache, D 576, page 64 only. H200 (CUDA graph, docs/attention.md): 0.85-0.93x FlashMLA.
 MLA_SM90_WHY = "Gluon TMA page tiles + warpgroup MMA, Q resident (sm_90a, Triton 3.6): bf16 dense; 0.85-0.93x FlashMLA"
-# H100 at 26c069c: decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped GEMMs; prefill (256 rows
-# / expert) 0.47-0.69x them (untuned tiles; docs/moe_gemm.md).
+# H100 (docs/moe_gemm.md, measured table): decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped
+# GEMMs; prefill (256 rows / expert) 0.47-0.69x them (tiles not tuned for prefill).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
 # tl.dot_scaled FP4-weight GEMMs. sm_100 / sm_120: the native block-scaled MMA (UTCQMMA / UTCOMMA / OMMA.SF, compiled
 # and SASS-checked in CI, never run on those chips). Rule between this row and the CuTeDSL UMMA GEMM
@@ -80,10 +80,10 @@ CUTE_GEMM_BF16_SM100_WHY = ("CuTeDSL tcgen05 dense UMMA (UTCHMMA), TMEM accumula
                             "sm_100a, never run on Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1")
 DOT_SCALED_WHY = "tl.dot_scaled: native block-scaled MMA on Blackwell (compiled only); upcast on Hopper"
 # NVFP4 weights, bf16 / fp16 activations: the grouped kernel with e2m1 * e4m3 dequantized in registers (Triton 3.6
-# cannot lower tl.dot_scaled with NVFP4 scales on sm_90). H100 (2e20168): decode 1.45x torch._grouped_mm bf16.
+# cannot lower tl.dot_scaled with NVFP4 scales on sm_90). H100: decode 1.45x torch._grouped_mm bf16.
 NVFP4_W4A16_WHY = "NVFP4 weights dequantized in registers (E4M3 scales per 16, global per expert); 1.45x bf16 decode"
 # FP4 weights prepacked once (moe_gemm_fp4_prepack) into a register-fragment layout: swap-AB tiles (weights on the
-# warpgroup MMA's M side, from registers), packed bit-trick E2M1 conversion. H200 (783f6e2 / ca64fb7): decode
+# warpgroup MMA's M side, from registers), packed bit-trick E2M1 conversion. H200 (docs/moe_gemm.md): decode
 # MXFP4 1.015x triton_kernels, 2.54x torch._grouped_mm bf16 (NVFP4 2.69x); prefill 0.77-0.80x triton_kernels.
 FP4_PREPACKED_WHY = ("prepacked FP4 weights: swap-AB kernel, register-A wgmma, bit-trick E2M1 (H200 decode: 1.015x "
                      "triton_kernels)")
@@ -91,20 +91,19 @@ FP4_PREPACKED_SWIGLU_WHY = ("the prepacked FP4 kernel with the SwiGLU epilogue: 
                             "of each output column, the plain GEMM's tile")
 FP4_PREPACKED_COMBINE_WHY = "the prepacked FP4 kernel scattering rows into token order, then the combine (in the layer)"
 FP4_PREPACK_WHY = "one-time weight layout change (byte permutation + padding): torch on any device"
-# H100 at e2bc444: FP8 GEMM1 + SwiGLU + FP8 1.08x the chain, GEMM2 + combine 1.23x (prefill); MXFP4 GEMM1 0.97x.
+# H100 (docs/moe_gemm.md): FP8 GEMM1 + SwiGLU + FP8 1.08x the chain, GEMM2 + combine 1.23x (prefill); MXFP4 GEMM1 0.97x.
 GEMM_SWIGLU = "GEMM1 with SwiGLU (+ FP8 1xG quant) in the epilogue: the gate and up outputs never go to memory"
 GEMM_SWIGLU_FP4 = ("GEMM1 with SwiGLU and MXFP4 / NVFP4 quant in the epilogue (NVFP4 with computed global scale: "
                    "float out, then the quantizer)")
 GEMM_COMBINE = "GEMM2 scattering rows into token order, then the slot-order combine: 2 launches, no atomics"
 NORM = "one fused pass (NVFP4 with computed global scale: 2); bytes = reference composition"
-# CuTeDSL RMSNorm (cute_ops/, docs/cute.md). sm_90 ranks above Triton (25 > 20): bit-exact in every mode; at
-# prefill within 2% of Triton either way (H200, perf/results/nvidia-h200.jsonl, 2026-11-21: plain 4096x7168 32.5 vs
-# 32.8 us, +residual 60.5 vs 60.4, FP8 group +residual 55.9 vs 54.8), and a lighter eager call at decode (~11 us
-# per call against Triton's ~50-70 us host path). NVFP4 is the exception (CUTE_DECODE_WHY).
+# CuTeDSL RMSNorm (cute_ops/, docs/cute.md). sm_90 ranks above Triton (25 > 20): bit-exact in every mode, on par with
+# Triton at prefill (H200, docs/rmsnorm.md, measured table: within 2% either way at 4096x7168 and with a residual;
+# plain 32768x4096 7% slower), and the lighter eager call at decode. NVFP4 is the exception (CUTE_DECODE_WHY).
 CUTE_WHY = "CuTeDSL; bit-exact; on par with Triton at prefill, lighter eager calls (H200, perf/results)"
-# NVFP4: Triton's two-pass kernel is faster at prefill (H200, 2026-11-21: 32768x4096 143.8 vs 188.7 us, 4096x7168
-# 42.7 vs 48.8), so auto passes the CuTe row over above DECODE_ROWS rows (`cute_nvfp4_prefill`); backend="cute"
-# still runs it. Under graph replay Triton is faster at decode too (5.7 vs 6.5 us): engines that capture graphs can
+# NVFP4: Triton's two-pass kernel is faster at prefill (H200, docs/rmsnorm.md, measured table: 32768x4096 141 vs
+# 196 us, 4096x7168 42 vs 50), so auto passes the CuTe row over above DECODE_ROWS rows (`cute_nvfp4_prefill`);
+# backend="cute" still runs it. Under graph replay Triton is faster at decode too: engines that capture graphs can
 # force backend="triton".
 CUTE_DECODE_WHY = "CuTeDSL; bit-exact; auto takes it at decode only (Triton's two-pass kernel is faster at prefill)"
 # sm_100/103: compiled and SASS-checked only, never run on Blackwell: ranked below Triton and refused unless
@@ -112,8 +111,8 @@ CUTE_DECODE_WHY = "CuTeDSL; bit-exact; auto takes it at decode only (Triton's tw
 CUTE_UNRUN_WHY = "CuTeDSL; compiled for sm_100a, never run on Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1"
 
 # CuTeDSL grouped GEMM on sm_90, bf16 / fp16 and FP8 (cute_ops/gemm/grouped_sm90.py: WGMMA, TMA loads through
-# per-group descriptors rewritten on the device): GPU tests passed on an H100 (94a35da). Timed (cute_ops.gemm.
-# moe_sm90 cites the records): FP8 prefill 0.72-0.80x torch._scaled_grouped_mm, 1.5-1.7x Triton, so auto takes it
+# per-group descriptors rewritten on the device): GPU tests pass on the H100. Timed (docs/moe_gemm.md, measured
+# table): FP8 prefill 0.72-0.80x torch._scaled_grouped_mm, 1.5-1.7x Triton, so auto takes it
 # for FP8 at >= 128 rows per expert; bf16 0.92x torch._grouped_mm at 512 rows per expert (1.19x Triton), about
 # Triton's speed at 256, so auto takes it from 512. backend="cute" forces either.
 CUTE_GEMM_FP8_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: FP8 prefill 1.5-1.7x Triton (H100)"

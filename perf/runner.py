@@ -110,8 +110,8 @@ REFERENCE_PROVIDERS = ("torch", "lowbit:torch")
 
 def _clear_capture_state(device: torch.device) -> None:
     """After a failed capture torch's CUDA generator still believes it is capturing (the epilogue never ran), and
-    every later random op fails with 'Offset increment outside graph capture' (seen on the H200 run of
-    2026-11-21: it spoiled all later cases). One small successful capture runs the epilogue and clears it."""
+    every later random op fails with 'Offset increment outside graph capture', spoiling every later case of the
+    run. One small successful capture runs the epilogue and clears it."""
     g = torch.cuda.CUDAGraph()
     scratch = torch.empty(1, device=device)
     with torch.cuda.graph(g):

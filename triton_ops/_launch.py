@@ -142,14 +142,14 @@ def pick_tile(rows: int, k: int, device: torch.device, *, min_block_k: int, max_
 def _pick_tile(rows: int, k: int, interpreter: bool, min_block_k: int, max_block_k: int) -> TileConfig:
     """Analytical tile choice for the streaming quant kernels.
 
-    GPU: 4096 elements and 4 warps per program (the best of a 13-config sweep on an H200 for NVFP4, MXFP4
-    and FP8 at 8192x8192; scratch numbers in docs/design_notes.md), as wide as 2048 columns for long-row batches;
+    GPU: 4096 elements and 4 warps per program (the best of a 13-config sweep on the H200 for NVFP4, MXFP4
+    and FP8 at 8192x8192), as wide as 2048 columns for long-row batches;
     short batches (decode) take 512-column tiles so a single row still spreads over several SMs.
     Interpreter: the cost is per program, so take the largest tiles that keep numpy arrays small.
     min_block_k is the format block times 4, so one program owns whole 4-column groups of swizzled scales.
     max_block_k: the widest tile for long-row batches (GPU); the FP4 quantizers take one 4096-column row per program
-    (H200, 8192x8192 bf16, graph replay, commit e0dd1e2: NVFP4 swizzled 53.7 us vs 57.4 at 2x2048, MXFP4 47.1 vs
-    48.5; perf/results/experiments), the others keep 2048 (FP8 measured equal; dequantizers not swept).
+    (faster than 2x2048 on the H200 at 8192x8192: docs/quant.md, alternatives measured), the others keep 2048 (FP8
+    measured equal; dequantizers not swept).
     """
     if interpreter:
         target_elems, widest = 32768, 2048

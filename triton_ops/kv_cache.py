@@ -326,9 +326,9 @@ def _ds_write_kernel(kv_ptr, slot_ptr, c8, c16, c32, pos_ptr, cs_ptr, q_ptr, T, 
                      EVICT: tl.constexpr = ""):
     # grid (token blocks, 1 + q head blocks): column 0 writes the cache, the others (fused op with q) rotate
     # BLOCK_T tokens x BLOCK_H heads of q's RoPE part in place, so q's heads spread over many programs.
-    # HAS_Q (constexpr): without q the q branch is not compiled at all; compiled but dead it still set the
-    # kernel's register count and shared memory (ds_kv_write: 126 registers on the H200 = 4 CTAs/SM, 2 KB smem,
-    # where the kv tile alone needs ~56; docs/design_notes.md).
+    # HAS_Q (constexpr): without q the q branch is not compiled at all; compiled but dead it would still set the
+    # kernel's register count and shared memory (ds_kv_write on sm_90: 126 registers = 4 CTAs/SM and 2 KB smem
+    # with it; docs/kv_cache.md).
     tb = tl.program_id(0)
     hb = tl.program_id(1)
     if HAS_Q:
@@ -357,8 +357,8 @@ class DsConfig:
 
 def ds_config(t: int, device: torch.device, with_q: bool = True) -> DsConfig:
     """GPU: 4 tokens (~2.3K kv elements) and 16 q heads (4 x 16 x 64 = 4K RoPE elements) per program; 8 tokens
-    for a kv-only write (H200, T=16384: v32 10.5 -> 9.9 us, v4 10.0 -> 9.1; with q, 8 tokens at 8 warps was not
-    faster: docs/design_notes.md); one token per program for short (decode) batches so the work
+    for a kv-only write (6-9% faster at T=16384 on the H200; with q, 8 tokens at 8 warps is not faster:
+    docs/kv_cache.md, alternatives measured); one token per program for short (decode) batches so the work
     spreads over the SMs. Interpreter: big tiles (it pays per program)."""
     if device.type == "cpu":
         return DsConfig(32, 16, 4)

@@ -189,8 +189,8 @@ def _quantize_tile(w, rows, pcol, pid_k, gs, codes_ptr, scales_ptr, M, K, grid_r
     if SWIZZLE:
         # The 4 scales of a 4-column group are 4 consecutive bytes of the 128x4 layout: one int32 store per
         # group (byte c % 4 at bits 8 * (c % 4)) instead of 4 scattered byte stores (NB is a multiple of 4:
-        # BLOCK_K >= 4 * SB); the word of group g is the byte offset of column 4g, divided by 4. H200, NVFP4 8192^2
-        # (adcb508): 53.5 vs 57.1 us at 2x2048 tiles, equal at 1x4096 (perf/results/experiments).
+        # BLOCK_K >= 4 * SB); the word of group g is the byte offset of column 4g, divided by 4. Faster at 2x2048
+        # tiles, equal at 1x4096 (docs/quant.md, alternatives measured).
         valid = (rows < M)[:, None] & (scols < K // SB)[None, :]
         sb4 = tl.reshape(tl.where(valid, sbyte, 0).to(tl.int32), [BLOCK_M, NB // 4, 4])
         words4 = tl.sum(sb4 << (tl.arange(0, 4) * 8)[None, None, :], axis=2)
@@ -309,11 +309,10 @@ def _quantize(x: torch.Tensor, op: str, *, is_mx: bool, swizzle: bool, rceil: bo
 def fp4_tiling(rows: int, k: int, block: int, swizzle: bool, device: torch.device) -> tuple[TileConfig, int]:
     """(tile, row tiles per program) of the FP4 quantize kernel. Long batches on the GPU walk several one-row
     tiles per program with the next tile's loads issued before this tile's math (TILES): Nsight Compute had the
-    one-tile kernel's warps stalled on memory latency once the ALU work was issued. H200, 8192^2 bf16,
-    graph replay (docs/design_notes.md): linear scales 1x2048 tiles x 4: NVFP4 48.9 ->
-    45.8 us (0.83 -> 0.88 of copy), MXFP4 47.0 -> 44.7 (0.85 -> 0.89); swizzled 1x4096 tiles: NVFP4 x 2 55.2 ->
-    51.5 (0.73 -> 0.79; x 4 54.7), MXFP4 x 4 49.8 -> 46.1 (0.81 -> 0.87). Short batches keep one tile per program
-    (more programs)."""
+    one-tile kernel's warps stalled on memory latency once the ALU work was issued. Linear scales: 1x2048 tiles
+    x 4; swizzled: 1x4096 tiles, x 2 for NVFP4 (x 4 measured slower) and x 4 for MXFP4; each 5-8% faster than one
+    tile per program on the H200 at 8192^2 (docs/quant.md, alternatives measured). Short batches keep one tile per
+    program (more programs)."""
     base = pick_tile(rows, k, device, min_block_k=4 * block, max_block_k=4096)
     if device.type == "cpu" or rows < 1024 or k < 2048:  # narrow rows: the base tile already holds many rows
         return base, 1

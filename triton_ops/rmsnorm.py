@@ -337,15 +337,13 @@ def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, p
     blocks = cdiv(rows, block_m)
     if not pairs and device.type != "cpu" and blocks >= 2048:
         # The element-wise kernel (plain and FP8 outputs), long batches: one row block per program, ~32 elements
-        # per thread. H200 (docs/design_notes.md), vs the prefetching 8/16-warp x 2-4 block programs below:
-        # plain 32768x4096 136.6 vs 137.9 us, +residual 264.6 vs 276.9, 4096x7168 (8 warps) 36.6 vs 40.1,
-        # +residual 62.1 vs 72.7, 16384x2880 52.8 vs 59.6 (Liger: 134.8 / 266.8 / - / 63.2 / 56.6); FP8 g128
-        # 32768x4096 114.9 vs 140.4, 4096x7168 +residual 56.9 vs 86.1. With the cheap rstd tail the prefetch no
-        # longer pays.
+        # per thread. With the one-rsqrt rstd tail a program's per-row work is short, so prefetching multi-block
+        # programs do not pay: one block per program is 1-15% faster for plain outputs and 18-34% for FP8 g128 on
+        # the H200 (docs/rmsnorm.md, alternatives measured).
         return RowConfig(block_m, block_n, min(32, max(4, elems // 1024)), 1)
     # pairs (the FP4 pair-word kernel): ~64 elements per thread. Its per-row work (cross-warp sum, fp64 rstd
-    # tail) is paid per thread: H200, 32768x4096 bf16, 2/4/8 warps: NVFP4 166/163/171 us, MXFP4 147/154/162,
-    # NVFP4 + residual 240/265/261 (docs/design_notes.md); up to ~240 registers, no spills.
+    # tail) is paid per thread, so few warps per row: 2 warps per 4096 columns is the fastest or within 2% of it
+    # (docs/rmsnorm.md, alternatives measured); up to ~240 registers, no spills.
     num_warps = min(32, max(2, elems // 2048)) if pairs else min(32, max(4, elems // 512))
     # Prefetching (the pair kernel; the element-wise kernel returned above for >= 2048 blocks) needs >= 2 blocks
     # per program; keep >= ~8 programs per SM (132 on H200) so the tail wave stays short. Interpreter: one block
@@ -356,12 +354,11 @@ def pick_row_config(rows: int, n: int, device: torch.device, min_block_n: int, p
 
 def pick_chunked_config(rows: int, n: int, device: torch.device, has_res: bool) -> RowConfig | None:
     """The two-pass chunked FP4 kernel's config, or None where the one-pass pair kernel is the better choice.
-    H200, 32768x4096 bf16, vs the one-pass kernel (docs/design_notes.md): 2 warps x
-    2048-column chunks, NVFP4 given gs 146.2 vs 166.7 us, MXFP4 130.7 vs 147.3; with a residual, pass 2 reading
-    the stored h back (reread_h) at 4 warps: 230.8 vs 239.5 (re-reading x and the residual instead: 245-261).
-    Rows that fit one chunk gain nothing (no register relief); short batches keep the one-pass kernel's
-    several-rows-per-program tiles. Chunk width: 2048, or 1024 where it wastes fewer masked lanes (N = 7168:
-    7 x 1024; 2880: 3 x 1024)."""
+    Long batches: 2 warps x 2048-column chunks hold ~70-96 registers instead of the pair kernel's ~255, 11-12%
+    faster at 32768x4096 on the H200; with a residual, pass 2 reads the stored h back (reread_h, 4 warps) rather
+    than x and the residual again (docs/rmsnorm.md, alternatives measured). Rows that fit one chunk gain nothing
+    (no register relief); short batches keep the one-pass kernel's several-rows-per-program tiles. Chunk width:
+    2048, or 1024 where it wastes fewer masked lanes (N = 7168: 7 x 1024; 2880: 3 x 1024)."""
     if device.type == "cpu" or rows < 2048 or n <= 2048:
         return None
     width = round_up(n, 4 * MXFP4_BLOCK)  # whole swizzled 4-column groups of either format's blocks

@@ -159,15 +159,14 @@ def _swiglu_kernel(
     row0 = pid_m.to(tl.int64) * rows_per_prog
     # Software prefetch (as in rmsnorm.py) in the NVFP4 amax pass, whose <= MAX_PARTIALS programs each walk
     # many rows: the next block's gate/up are loaded before this block's math. The other passes own one block
-    # per program (with the prefetch in every pass, plain silu*mul 16384x4096 measured 0.70 of copy on the H200
-    # against 0.96 before it; not re-measured with this gating yet).
+    # per program and do not prefetch (a prefetch in every pass took plain silu*mul 16384x4096 from 0.96 to 0.70
+    # of copy on the H200).
     a, b, grp, tok = _load_tile(x_ptr, eid_ptr, mm_ptr, row0 + tl.arange(0, BLOCK_M), M, I, cols, cmask, stride_xm,
                                 max_m, n_exp, INTERLEAVE, PAIR_WORDS, MOE)
     # Only the amax pass walks several blocks; elsewhere the loop has one trip, made a compile-time one: with a
-    # runtime bound ptxas hoisted the (loop-invariant) math out of the loop, ran both sides of the NVFP4
-    # epilogue's fast/exact branch for every tile and unrolled the store tail 4x (sm_90 SASS, 16 outputs per
-    # thread: FP8 32.9 -> 29.4 instructions per output with the ex2/pair-rounding epilogue; the first
-    # register growth that kept it runtime for plain outputs, 43 -> 58, is gone: 55 either way).
+    # runtime bound ptxas hoists the (loop-invariant) math out of the loop, runs both sides of the NVFP4
+    # epilogue's fast/exact branch for every tile and unrolls the store tail 4x (sm_90 SASS, 16 outputs per
+    # thread: FP8 29.4 instructions per output with the compile-time trip against 32.9 with a runtime one).
     if PASS == PASS_AMAX:
         loop_rows = rows_per_prog
     else:
@@ -200,8 +199,8 @@ def _swiglu_kernel(
             gs_exact = 0
             if FMT == FMT_NV:
                 gs_exact = nvfp4_exact_path(gs, row_in)
-            # (a pair-word FP4 epilogue like rmsnorm's measured no faster here: 149.0 vs 148.7 us MXFP4, 181 vs 163
-            # MoE NVFP4, H200; SwiGLU FP4 is bound by the activation's exact division, docs/design_notes.md)
+            # (a pair-word FP4 epilogue like rmsnorm's is no faster here: SwiGLU FP4 is bound by the activation's
+            # instructions, not the store; docs/swiglu.md, alternatives measured)
             quant_epilogue(y, rows, row_in, col0, I, out_ptr, stride_om, scale_ptr, stride_sm, stride_sg, gs, gs_exact,
                            scale_rows_bound, 0, scale_cols_padded, fp8_eps,
                            FMT, GROUP, UE8M0, MX_RCEIL, SWIZZLE, OUT_DTYPE, EMULATE, BLOCK_M, BLOCK_N, HW_FP4)
@@ -234,9 +233,8 @@ def pick_swiglu_config(rows: int, i: int, device: torch.device, min_block_n: int
     """GPU: ~4K outputs per program (8 warps, 16-byte loads, ~16 values per thread in flight); columns up to
     1024 so wide rows still give many programs. Long batches: one row per program, the widest 2048/1024-column
     tile (4096 plain) with the fewest masked columns, 16 values per thread; FP4 outputs 32 per thread (2 warps per
-    2048 outputs, two 1024-wide rows where the row takes 1024-wide tiles). H200 measurement (div.full silu,
-    docs/design_notes.md), 16384 rows: I = 4096 MXFP4 113.4 -> 110.3 us, MoE NVFP4 113.5 -> 108.0; I = 2880 FP8
-    1x1024 at 2 warps 66.8 vs 72.3 at 4, MXFP4 2x1024 85.0 vs 88.0 (1x1024, 2 warps). Interpreter: big tiles (cost
+    2048 outputs, two 1024-wide rows where the row takes 1024-wide tiles): 3-8% faster than 4 warps or one
+    1024-wide row on the H200 at 16384 rows (docs/swiglu.md, alternatives measured). Interpreter: big tiles (cost
     is per program)."""
     if device.type != "cpu" and rows >= 2048:
         # the widest tile that wastes the fewest masked columns (GPT-OSS I = 2880: 3 x 1024, not 2 x 2048)
@@ -269,15 +267,16 @@ def supports_swiglu_fp8_group(x, interleave, activation, alpha, limit, expert_id
 
 
 # silu's g / (1 + e^-g) for 16-bit outputs: div.full.f32 (False) or the exactly rounded div.rn (True); fp32 outputs
-# always take div.rn. H200, 16384 x 4096 GPT-OSS, bare launchers, same call (docs/design_notes.md): FP8 g128
-# 94.9 -> 87.6 us, MXFP4 125.5 -> 113.8, MoE NVFP4 137.1 -> 113.0; the bf16 outputs differ from a float64
-# evaluation of the formula equally often either way (1.6e-5 of them, by one ulp).
+# always take div.rn. div.full is 8-18% faster on the H200 at 16384 x 4096 GPT-OSS (docs/swiglu.md, alternatives
+# measured), and the bf16 outputs differ from a float64 evaluation of the formula equally often either way (1.6e-5
+# of them, by one ulp).
 SILU_DIV_RN = False
 
 # NVFP4 with a computed global scale: from this many rows on, the float output is stored (with its amax) and
 # then quantized by the NVFP4 quantizer, instead of two fused passes that each evaluate the activation. Same
-# bytes by contract (quantized output == quantizer(own float output)). H200, 16384 x 4096 GPT-OSS: see
-# docs/design_notes.md. Short batches keep the fused passes (no intermediate, two launches).
+# bytes by contract (quantized output == quantizer(own float output)); one evaluation of the activation instead of
+# two is ~26% faster at 16384 x 4096 GPT-OSS (docs/swiglu.md, alternatives measured). Short batches keep the fused
+# passes (no intermediate, two launches).
 NVFP4_COMPUTED_GS_SPLIT_ROWS = 2048
 
 

@@ -63,10 +63,10 @@ UTMALDG.3D 6 (Q, K, V: two 64-column boxes each at D=128), USETMAXREG 5 (DEALLOC
 MUFU.EX2 129, FFMA2 64, F2FP.BF16.F32.PACK_AB 128, STG.E.128 32, VOTE.ANY (the rescale vote), no STL/LDL at all.
 D=64: UTCHMMA 16, LDTM 8, STTM 4, UTMALDG 3.
 
-A CuTeDSL pitfall met on the way (4.8.1, found by running the mask on the host): inside
+A CuTeDSL pitfall (4.8.1, shown by running the mask on the host): inside
 `cutlass.range(..., unroll_full=True)`, an unsigned compare of a value derived from an identity-tensor coordinate
 at the loop index came out signed; the sm90 kernel's WGMMA accumulator coordinates showed the same even under
-range_constexpr, so mask.apply_row_bounds now uses two signed compares; tests pin both.
+range_constexpr, so mask.apply_row_bounds uses two signed compares; tests pin both.
 Also: the DSL evaluates kernel annotations, so fmha_sm100.py has no `from __future__ import annotations`; MMA
 objects whose ACCUMULATE field is set in one role's branch must not be reused by later branches (the MMA warp
 builds its own); values kept in registers across setmaxnreg were spilled by ptxas (the tile coordinates go through
@@ -74,9 +74,9 @@ SMEM instead).
 
 Not done (in the order that matters for speed): two query tiles per CTA ping-ponging two softmax warpgroups
 (FA4's main overlap: with one tile, the tensor core idles while softmax runs), a persistent scheduler, TMA store
-of O through SMEM (now row-per-thread 16-byte stores), 2-CTA UMMA (M = 256), the bitmask (R2P) element mask,
+of O through SMEM (O goes out in row-per-thread 16-byte stores), 2-CTA UMMA (M = 256), the bitmask (R2P) element mask,
 exp2 emulation on the FMA pipe, split-KV, paged KV, FP8 Q/K/V, head dims other than 64/128 and Dqk != Dv,
-the backward pass, and a registration in dispatch (for the lead, after a hardware run).
+the backward pass, and a registration in dispatch (after a hardware run).
 """
 
 from __future__ import annotations

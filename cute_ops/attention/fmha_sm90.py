@@ -1,8 +1,8 @@
 """Hopper (sm_90a) forward attention in CuTeDSL: TMA loads, warpgroup MMA (WGMMA), online softmax in registers.
 
-The default tiles (128 x 128, two consumer warpgroups) ran on an H100 (HARDWARE_STATUS below); the 192-row tile
-(three consumer warpgroups) and other tile_n / kv_stages values are compiled and SASS-checked on a CPU only
-(tests/test_cute_attention_sm90.py), with GPU tests and timing variants waiting for a run.
+The 128-row tile (two consumer warpgroups) and the 192-row tile (three) run on the H100 and the H200
+(HARDWARE_STATUS below; FOR_CALL picks between them); other tile_n / kv_stages values are compiled and SASS-checked
+on a CPU only (tests/test_cute_attention_sm90.py).
 
 Contract: dispatch/reference/attention.py (varlen q/k/v, GQA, causal + window bottom-right, sinks, natural-log
 LSE); arguments as in launch.py. D = 64 or 128, bf16 or fp16.
@@ -31,12 +31,12 @@ model). The roles loop over the same tile
 sequence on their own: the producer warp issues the next tile's Q (a 2-stage Q ring; consumers free a buffer once
 the tile's last QK is done) and K / V as soon as the rings have room, so they are in SMEM when the consumers start
 it; the pipeline states and the ping-pong token carry over (warpgroup 0 pre-passes its first turn once per CTA), so
-one warpgroup's epilogue runs under the other's first GEMMs of the next tile. GPU tests passed on an H200.
+one warpgroup's epilogue runs under the other's first GEMMs of the next tile.
 
 O epilogue (`o_tma`, on in every FOR_CALL row): per consumer warpgroup, out = O / l to 16-bit, stmatrix into the
 warpgroup's (64, D) SMEM slice, one TMA store, waited for (bulk read) only before the slice's next use, so on the
 persistent grid the store drains under the next tile; slices ending inside a sequence other than the last keep
-the register stores. GPU tests passed on an H200 (ab9bae7); timings in FOR_CALL's comment.
+the register stores. Timings in FOR_CALL's comment.
 
 Key tiles run from n_lo upwards (mask.tile_range); a tile is masked only when it is not inside every row's visible
 interval. Varlen: TMA boxes start at the sequence's first row; rows past the sequence are read (the next
@@ -68,14 +68,15 @@ class FmhaSm90Config(launch.AttentionConfig):
     ARCH_PREFIX = "sm_90"
     ARCH_WHY = "WGMMA kernel needs sm_90a"
     # FA3's inter-warpgroup ping-pong: the consumer warpgroups take turns on the tensor core (named barriers),
-    # so one's softmax overlaps the others' GEMMs. On: H100, hd128 causal 4 x 4096 (94a35da), 0.87x FA4 against
-    # 0.79x without it; `overlap` measured 0.84x alone and 0.83x with ping-pong, so it stays off.
+    # so one's softmax overlaps the others' GEMMs. On by default: H100, hd128 causal 4 x 4096, 0.87x FA4 against
+    # 0.79x without it; `overlap` measured 0.84x alone and 0.83x with ping-pong, so it is off by default (FOR_CALL
+    # turns it on for the 192-row hd64 tile).
     pingpong: bool = True
     # FA3's intra-warpgroup overlap: QK_{j} issued together with PV_{j-1}, the softmax of tile j under PV_{j-1}.
     overlap: bool = False
     # Query rows per CTA: 64 per consumer warpgroup, 128 (two) or 192 (three; FA3 / FA4 use 192 x 128 at hd64,
     # where a key tile carries half the MMA work per softmax element of hd128 and a third warpgroup's softmax can
-    # hide under the other two's GEMMs). 192 at hd64 compiles without spills at 160 registers; not timed on a GPU.
+    # hide under the other two's GEMMs). 192 at hd64 compiles without spills at 160 registers (FOR_CALL's hd64 rule).
     tile_m: int = 128
     tile_n: int = 128  # keys per K/V tile: a multiple of 16 (the P V k-step), at most 256 (WGMMA N, TMA box)
     kv_stages: int = 2  # K/V ring depth; SMEM at D=128: Q 32 KiB + 2 x (K 32 + V 32) KiB
@@ -84,13 +85,14 @@ class FmhaSm90Config(launch.AttentionConfig):
     # and first K / V tiles while the consumers still work on this one, and the pipelines' phases and the
     # ping-pong turn carry over from tile to tile: the next tile's loads and one warpgroup's first GEMMs overlap
     # the other's epilogue. For short key ranges (a 128-key window: 2-3 key tiles per query tile), where the
-    # per-tile prologue / epilogue is not hidden: H200 GPT-OSS window 0.646x -> 0.798x FA4 (7053888).
+    # per-tile prologue / epilogue is not hidden: H200 GPT-OSS window 0.80x FA4 against 0.65x with one CTA per
+    # tile (docs/attention.md).
     persistent: int = 0
     # O epilogue through SMEM: each consumer warpgroup writes its 64 x D slice of out = O / l into its own SMEM
     # buffer (stmatrix) and one warp issues a TMA store (UTMASTG) of it, waited for (bulk read done) only before
     # the warpgroup's next epilogue reuses the buffer, so the store drains while the next tile's GEMMs run. Slices
     # that end inside a sequence other than the last are stored from registers as without it (a TMA box would
-    # write into the next sequence's rows). SMEM: + tile_m x D 16-bit. Not run on a GPU yet.
+    # write into the next sequence's rows). SMEM: + tile_m x D 16-bit. Every FOR_CALL rule turns it on.
     o_tma: bool = False
 
     def __post_init__(self):
@@ -148,8 +150,8 @@ class CallRule(typing.NamedTuple):
     o_tma: bool = False
 
 
-# for_call's rule per (head dim, sliding window (window_left >= 0), causal), from one H200 run of the prefill case set
-# beside FA4 (ab9bae7, perf/results/experiments/2026-11-26-h200-attention-sm90-epilogue-ab9bae7.json; events):
+# for_call's rule per (head dim, sliding window (window_left >= 0), causal): the fastest variant on the H200 prefill
+# case set beside FA4 in one process (CUDA events; docs/attention.md names the record):
 #   hd64 no window: FA3 / FA4's 192-row tile with overlap and the O TMA store: GPT-OSS causal + sinks 2 x 8192 0.912x
 #     FA4 (0.868x with register stores; the persistent grid does not fit 192 x 128 + overlap in 160 registers).
 #   windows: the persistent grid + O TMA store: GPT-OSS hd64 64 / 8 window (128, 0) + sinks 2 x 8192 0.961x FA4
@@ -739,10 +741,9 @@ def dump(cfg: FmhaSm90Config):
 
 # ------------------------------------------------------------------------------------------ backend entry
 
-HARDWARE_STATUS = ("ran on an H100: the shared attention GPU tests (causal, windows, sinks, GQA, varlen, LSE; every "
-                   "schedule variant) passed at 32c0b72; timed at 94a35da")
-# Timed against FA4 and the Gluon kernel in one process (H100, 8f1e790): hd128 causal 4 x 4096 0.89x FA4 / 1.15x
-# Gluon; GPT-OSS hd64 (64 / 8 heads, sinks, 2 x 8192) causal 0.71x FA4 / 1.08x Gluon, window 128 0.70x / 1.07x.
+HARDWARE_STATUS = ("runs on the H100 and the H200: the shared attention GPU tests (causal, windows, sinks, GQA, "
+                   "varlen, LSE; every schedule variant) pass")
+# The head dims auto takes this kernel at: the ones timed against FA4 and the Gluon kernel (docs/attention.md).
 MEASURED_HEAD_DIMS = (64, 128)
 
 

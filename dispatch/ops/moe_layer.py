@@ -3,7 +3,7 @@ GEMM2 into token order -> weighted combine, composed of the moe and moe_gemm ops
 
 No host sync and static shapes throughout (the layouts' capacities depend on shapes only), so the layer is
 CUDA-graph capturable and torch.compile sees one custom op per stage. fused=False runs the chain of separate ops
-(moe_gemm, swiglu, moe_combine); fused=True (the default for FP8 weights, where it was timed faster) has GEMM1
+(moe_gemm, swiglu, moe_combine); fused=True (the default for FP8 weights, where it is faster) has GEMM1
 apply SwiGLU (and the FP8 quantization) in its epilogue, so its (rows, 2I) output never goes to memory, and GEMM2
 scatter its rows into token order for the combine (the same bytes as the chain, on the CPU interpreter and on the
 H100: docs/moe_gemm.md). The activations between GEMM1 and GEMM2 are written once (FP8: as codes + scales).
@@ -71,8 +71,7 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     (moe_gemm_*, swiglu[_fp8_group], moe_combine). Same bytes given the same GEMM accumulators. None (default):
     fused for FP8 weights (timed faster than the chain at prefill on an H100: GEMM1 + SwiGLU + FP8 1.08x, GEMM2 +
     combine 1.23x; even at decode) and for prepacked FP4 weights (the one-pass GEMM1 + SwiGLU tile: the GPT-OSS-120b
-    layer 1.00-1.03x the chain at 64 / 4096 tokens, H100,
-    perf/results/experiments/2026-11-26-h100-moe-layer-fp4-prepacked-fused-61c66d6.json), the chain otherwise
+    layer 1.00-1.03x the chain at 64 / 4096 tokens, H100; docs/moe_gemm.md names the records), the chain otherwise
     (linear-layout MXFP4 GEMM1 + SwiGLU timed 0.97-0.99x the chain, NVFP4 0.97-1.05x).
     prepacked: w1 / w2 and w1_scale / w2_scale are `moe_gemm_fp4_prepack`'s output for weights "mxfp4" / "nvfp4"
     (int32 values (E, N, KP/8), uint8 scales (E, N, SP); globals as above), and both GEMMs run the prepacked kernel:
