@@ -223,13 +223,13 @@ def mla_latent_rows(kv_cache, layout, table_row, pos):
 
 def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal, window_left,
                num_splits):
-    """q (B, Sq, H, D) against sequence b's latent rows. Dense (indices None): keys 0..seqused_k[b]-1 (those past the
-    table's capacity masked, keeping their positions), bottom-right causal among the Sq queries when causal. Sparse: query (b, s) attends to the
-    keys at positions indices[b, s, :] (int32; entries < 0 or >= seqused_k[b] are unused; causal also drops those
-    after the query's own position; a repeated index counts once per occurrence). window_left >= 0: a query at
-    position p sees keys p - window_left .. p only (dense and sparse), -1 = unbounded. Keys behind a page id outside
-    [0, num_blocks) are masked. Returns (out (B, Sq, H, v_dim) in q's dtype, lse (B, Sq, H) fp32, natural log);
-    a row with no key is out 0, lse -inf."""
+    """q (B, Sq, H, D) against sequence b's latent rows. Dense (indices None): keys 0..seqused_k[b]-1, bottom-right
+    causal among the Sq queries when causal. Sparse: query (b, s) attends to the keys at positions indices[b, s, :]
+    (int32; entries < 0 or >= seqused_k[b] are unused; causal also drops those after the query's own position; a
+    repeated index counts once per occurrence). window_left >= 0: a query at position p sees keys
+    p - window_left .. p only (dense and sparse), -1 = unbounded. Keys behind a page id outside [0, num_blocks), or
+    past the table's capacity, are masked; query s sits at seqused_k[b] - Sq + s either way. Returns (out
+    (B, Sq, H, v_dim) in q's dtype, lse (B, Sq, H) fp32, natural log); a row with no key is out 0, lse -inf."""
     bsz, sq, h, d = q.shape
     dev = q.device
     out = torch.zeros(bsz, sq, h, v_dim, dtype=q.dtype, device=dev)
