@@ -3,8 +3,9 @@ torch.library registration, fakes, typed public API. Contract: dispatch/referenc
 
 Semantics shared by every op and backend: bottom-right aligned causal masks, sliding windows (left, right; -1 =
 unbounded), per-query-head sink logits in the softmax denominator (GPT-OSS), GQA/MQA (query head h reads KV head
-h // (Hq // Hkv)), natural-log LSE (sink included). Index values are never read on the host: out-of-range
-cu_seqlens are clamped and out-of-range page ids give masked keys inside the kernels (docs/attention.md).
+h // (Hq // Hkv)), natural-log LSE (sink included). Device index values are never read on the host: out-of-range
+cu_seqlens are clamped and out-of-range page ids give masked keys inside the kernels; host cu_seqlens (free to
+read) are checked (docs/attention.md, bad input).
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
                       backend: str = "auto") -> tuple[Tensor, Tensor]:
     """Merge two attention results over disjoint key sets (vLLM merge_attn_states semantics): out (T, H, D),
     lse (T, H) fp32 (any strides: vLLM's (H, T) buffer passed transposed works). A part with lse -inf adds
-    nothing; both -inf give out 0, lse -inf."""
+    nothing whatever its out holds; both -inf give out 0, lse -inf; a part with lse NaN or +inf gives that row
+    out and lse NaN."""
     return call("merge_attn_states", out_a, lse_a, out_b, lse_b, backend)
 
 
@@ -220,7 +222,7 @@ def self_check_cases() -> list:
         k = torch.randn(t, hkv, d, generator=g).bfloat16()
         v = torch.randn(t, hkv, d, generator=g).bfloat16()
         sinks = torch.randn(hq, generator=g)
-        return (q.to(dev), k.to(dev), v.to(dev), cu.to(dev), cu.to(dev), max(lens), max(lens), 0.125, True, 128, 0,
+        return (q.to(dev), k.to(dev), v.to(dev), cu.to(dev), cu.to(dev), max(lens), max(lens), 0.125, True, 127, 0,
                 sinks.to(dev), True)
 
     def paged(dev, small, decode):
