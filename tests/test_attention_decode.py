@@ -201,6 +201,23 @@ def test_out_of_range_pages_are_masked_keys(splits):
     assert_attention_close(*attention_decode(*c.args(), splits), *want, "length beyond capacity")
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_length_past_capacity_keeps_query_positions(splits):
+    """seqused_k past the table's capacity (64 keys): query s sits at seqused_k - Sq + s (docs/attention.md) and
+    the keys past the capacity are masked; causal + window (5, 0) makes the positions matter. The kernel and the
+    reference agree, and differ from the answer with the length clamped to the capacity."""
+    from dispatch.reference.attention import attention_decode as reference_op
+
+    g = np.random.default_rng(5)
+    c = make_case(g, batch=2, lens=[64, 30], sq=3, hq=4, hkv=2, d=64, bs=16, max_blocks=4, kind="bf16",
+                  q_dtype=torch.bfloat16, causal=True, window=(5, 0), sinks=False)
+    clamped = reference_op(*c.args(), splits)
+    c.seqused_k[0] = 66
+    want = reference_op(*c.args(), splits)
+    assert_attention_close(*attention_decode(*c.args(), splits), *want, f"length past capacity splits={splits}")
+    assert not torch.allclose(want[0][0].float(), clamped[0][0].float(), atol=0.05)
+
+
 def poison_unread(c: DecodeCase, lens) -> DecodeCase:
     """A copy of the case whose caches (and dequantized values) hold NaN at every (page, slot) that no sequence
     reads for `lens` (E4M3 byte 0xFF, a NaN, in FP8 caches): unused pages, slots past a length that ends

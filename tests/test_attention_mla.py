@@ -190,6 +190,24 @@ def test_bad_pages_are_masked_keys(topk):
     assert_attention_close(*mla_decode(*c.args(2)), *want, "length beyond capacity")
 
 
+@pytest.mark.parametrize("topk", [0, 40])
+def test_length_past_capacity_keeps_query_positions(topk):
+    """seqused_k past the table's capacity (64 keys) with a bad page inside it: query s sits at seqused_k - Sq + s
+    (docs/attention.md), the keys past the capacity and behind the bad page are masked; causal with Sq = 3 and a
+    window of 4 keys (and sparse index lists reaching past the capacity) make the positions matter. The kernel and
+    the reference agree, and differ from the answer with the length clamped to the capacity."""
+    g = np.random.default_rng(6)
+    c = make_case(g, layout="bf16", batch=2, lens=[64, 20], sq=3, h=4, bs=16, max_blocks=4, topk=topk,
+                  bad_entries=[(0, 1, -1)], window_left=4)
+    if topk:
+        c.indices[0] = torch.from_numpy(g.integers(-1, 68, (3, topk)).astype(np.int32))
+    clamped = c.reference()
+    c.seqused_k[0] = 66
+    want = c.reference()
+    assert_attention_close(*mla_decode(*c.args(2)), *want, f"length past capacity topk={topk}")
+    assert not torch.allclose(want[0][0].float(), clamped[0][0].float(), atol=0.05)
+
+
 @pytest.mark.parametrize("topk", [0, 30])
 def test_sliding_window_bf16_512(topk):
     """V4's sliding-window branch: a bf16 cache of 512-wide rows (448 NoPE + 64 RoPE), the value the whole row,

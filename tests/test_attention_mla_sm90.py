@@ -26,6 +26,7 @@ from tests.helpers import assert_attention_close
 from tests.test_attention_mla import make_case
 from tests.test_attention_sm90 import ROOT, _triton36_env, run_compile_json
 from triton_ops.attention import mla_sm90 as M
+from triton_ops.attention.mla_decode import mla_decode as portable_mla_decode
 
 # ------------------------------------------------------------------------------------------- compile-only (CPU)
 
@@ -35,6 +36,7 @@ _COMPILE = textwrap.dedent("""
     import triton
     from tests.helpers import sass_stats
     from triton_ops.attention import mla_sm90 as M
+from triton_ops.attention.mla_decode import mla_decode as portable_mla_decode
     res = {"triton": triton.__version__, "configs": []}
     for sq, h, causal, final in ((1, 128, True, False), (2, 128, True, True), (3, 16, False, False)):
         c = M.compile_sm90(sq, h, causal, final, any_version=True)
@@ -174,6 +176,31 @@ def test_gpu_bad_page_ids_are_masked_keys():
     for s in (0, 1, 2):
         out, lse = M.mla_decode(*c.args(s))
         assert_attention_close(out, lse, *want, f"bad page ids, splits={s}")
+
+
+@pytest.mark.gpu
+def test_gpu_bad_page_and_length_past_capacity():
+    """A bad page id inside the used length plus seqused_k past the table's capacity (640 keys): the Sq = 4 queries
+    keep their positions seqused_k - 4 + s (so causal decides which of the capacity's keys each sees), the keys
+    past the capacity and behind the bad pages are masked. The default schedule and the dispatcher's choice."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU")
+    from dispatch import ops
+
+    g = np.random.default_rng(36)
+    nb = 3 * 10 + 3
+    c = make_case(g, layout="bf16", batch=3, lens=[640, 300, 640], sq=4, h=128, bs=64, max_blocks=10, device="cuda",
+                  bad_entries=[(0, 3, -1), (1, 1, nb + 2), (2, 9, 2**30)])
+    clamped = c.reference()
+    c.seqused_k.copy_(torch.tensor([642, 300, 700], dtype=torch.int32))
+    want = c.reference()
+    # the case tells the documented positions from the capacity-clamped ones (sequence 0's first queries)
+    assert not torch.allclose(want[0][0].float(), clamped[0][0].float(), atol=1e-2)
+    for s in (0, 1, 3):
+        assert_attention_close(*M.mla_decode(*c.args(s)), *want, f"bad page + length past capacity, splits={s}")
+    out, lse = ops.mla_decode(c.q, c.kv_cache, c.block_table, c.seqused_k, softmax_scale=c.scale, return_lse=True)
+    assert_attention_close(out, lse, *want, "ops.mla_decode, bad page + length past capacity")
+    assert_attention_close(*portable_mla_decode(*c.args(2)), *want, "portable kernel, length past capacity")
 
 
 @pytest.mark.gpu

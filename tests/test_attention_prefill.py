@@ -289,6 +289,23 @@ def test_paged_out_of_range_page_reads_as_masked():
     assert_attention_close(out[:4], lse[:4], want_out[:4], want_lse[:4], "seqused past the table")
 
 
+def test_paged_seqused_past_capacity_keeps_query_positions():
+    """seqused_k past the table's capacity (48 keys): the queries sit at seqused_k - Sq + s (docs/attention.md), the
+    keys past the capacity are masked. Causal + window (4, 0) makes the positions matter: the kernel and the
+    reference agree, and differ from the answer with the length clamped to the capacity."""
+    from dispatch.reference.attention import attention_prefill_paged as reference_paged
+
+    q, kc, vc, cq, table, used, _, _, _, _, _ = make_paged([3, 2], [48, 20], 2, 1, 64, 16, torch.bfloat16, "16bit",
+                                                         5)
+    args = lambda n: (q, kc, vc, cq, table, torch.tensor([n, 20], dtype=torch.int32), 3, 0.125, True, 4, 0, None,
+                      None, None)
+    out, lse = attention_prefill_paged(*args(50))
+    want = reference_paged(*args(50))
+    assert_attention_close(out, lse, *want, "seqused_k past the capacity")
+    clamped = reference_paged(*args(48))
+    assert not torch.allclose(want[0][:3].float(), clamped[0][:3].float(), atol=0.05)
+
+
 # ------------------------------------------------------------------------------------------- compile-only
 
 

@@ -21,7 +21,7 @@ from dispatch.reference import quant as ref_quant
 from dispatch.reference import swiglu as ref_swiglu
 from dispatch.reference.kv_cache import ds_kv_cache_empty
 from dispatch.reference.rope import rope_cos_sin_cache
-from tests.helpers import DEVICES, assert_same_bytes
+from tests.helpers import DEVICES, assert_attention_close, assert_same_bytes
 from triton_ops.contract.checks import LowbitInputError
 
 BACKENDS = ["torch", "triton"]
@@ -459,11 +459,11 @@ def _assert_zero_quant(q, what):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["linear", "swizzled"])
 def test_nvfp4_tiny_global_scale_quantizes_to_zeros(layout, device, no_fast_path):
-    """|gs| < 2^-118 (amax < 2688 * 2^-118 ~ 8.1e-33 when computed) counts as 0 for the block scales: zero scales,
-    +-0 codes, bit-equal on every backend, global_scale returned unchanged. Just above the threshold the
-    reciprocal stays finite and codes do not saturate. (Before: every nonzero code saturated to +-6.)"""
+    """A given |gs| < 2^-118 counts as 0 for the block scales: zero scales, +-0 codes, bit-equal on every backend,
+    global_scale returned unchanged. Just above the threshold the reciprocal stays finite and codes do not
+    saturate. (Before: every nonzero code saturated to +-6.)"""
     x = _tiny_x()
-    cases = [None, torch.tensor(3e-39), torch.tensor(2.0**-118 * 0.99), torch.tensor(-1e-37), torch.tensor(0.0)]
+    cases = [torch.tensor(3e-39), torch.tensor(2.0**-118 * 0.99), torch.tensor(-1e-37), torch.tensor(0.0)]
     for gs in cases:
         got = {"torch": ops.nvfp4_quantize(x, gs, scale_layout=layout, backend="torch"),
                "triton": _cpu(ops.nvfp4_quantize(x.to(device), None if gs is None else gs.to(device),
@@ -471,8 +471,7 @@ def test_nvfp4_tiny_global_scale_quantizes_to_zeros(layout, device, no_fast_path
         for a, b_, name in zip(got["triton"], got["torch"], ops.NVFP4Quantized._fields, strict=True):
             assert_same_bytes(a, b_, f"{name} gs={gs}")
         _assert_zero_quant(got["torch"], f"gs={gs}")
-        want_gs = ref_quant.nvfp4_global_scale(x) if gs is None else gs
-        assert torch.equal(got["torch"].global_scale, want_gs) and torch.equal(got["triton"].global_scale, want_gs)
+        assert torch.equal(got["torch"].global_scale, gs) and torch.equal(got["triton"].global_scale, gs)
         assert (ops.nvfp4_dequantize(*got["torch"], scale_layout=layout, out_dtype=torch.float32) == 0).all()
     # just above the threshold: finite reciprocal, real codes (the largest block decodes near amax)
     xs = _tiny_x(1e-34) * (2.0**-118 * 2688 / 1e-34 * 1.01)
@@ -484,10 +483,33 @@ def test_nvfp4_tiny_global_scale_quantizes_to_zeros(layout, device, no_fast_path
     assert int((q["torch"].codes & 0x77).max()) > 0 and torch.allclose(back, xs, rtol=0.3, atol=xs.abs().max() / 8)
 
 
+def _relative_error(back, x):
+    return float((back - x).abs().max() / x.abs().max())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("amax", [1e-36, 1e-35, 1e-33, 5e-33])
+def test_nvfp4_tiny_tensor_computed_scale_round_trips(amax, device, no_fast_path):
+    """A tiny tensor with the global scale computed (amax / 2688 below 2^-118): the computed scale is raised to
+    2^-118, so the block scales stay normal E4M3 and the tensor round-trips within the format's error (E2M1 step
+    of the largest block: <= 1/6 of its amax, plus the E4M3 scale's rounding), bytes equal on every backend.
+    (Before: every code 0, relative error 1.0.)"""
+    x = _tiny_x() * (amax / float(_tiny_x().abs().max()))
+    q = {"torch": ops.nvfp4_quantize(x, backend="torch"),
+         "triton": _cpu(ops.nvfp4_quantize(x.to(device), backend="triton"))}
+    for a, b_, name in zip(q["triton"], q["torch"], ops.NVFP4Quantized._fields, strict=True):
+        assert_same_bytes(a, b_, f"{name} amax={amax}")
+    gs = q["torch"].global_scale
+    assert float(gs) >= 2.0**-118 and torch.equal(ops.nvfp4_global_scale_from_amax(x.abs().amax()), gs)
+    back = ops.nvfp4_dequantize(*q["torch"], out_dtype=torch.float32)
+    assert _relative_error(back, x) < 0.2, (amax, _relative_error(back, x))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("per_expert", [False, True])
 def test_swiglu_nvfp4_tiny_global_scale(per_expert, device, no_fast_path):
-    """The fused SwiGLU NVFP4 output follows the same rule, given (scalar or per expert) or computed."""
+    """The fused SwiGLU NVFP4 output follows the same rules: a given tiny scale (scalar or per expert) gives zeros,
+    a computed one is raised to 2^-118 and the output keeps real codes."""
     x = (torch.randn(4, 64) * 1e-17).bfloat16()  # y ~ g * u / 2 ~ 1e-34: computed gs below 2^-118
     kw = dict(expert_ids=torch.tensor([0, 1, -1, 1], dtype=I32), global_scale=torch.tensor([1e-40, 0.01])) \
         if per_expert else dict(global_scale=None)
@@ -500,7 +522,7 @@ def test_swiglu_nvfp4_tiny_global_scale(per_expert, device, no_fast_path):
         row0 = ops.NVFP4Quantized(got["torch"].codes[0], got["torch"].scales[0], got["torch"].global_scale)
         _assert_zero_quant(row0, "expert 0 (gs 1e-40)")
     else:
-        _assert_zero_quant(got["torch"], "computed gs")
+        assert float(got["torch"].global_scale) == 2.0**-118 and int((got["torch"].codes & 0x77).max()) > 0
     for gs in (torch.tensor(1e-38),):
         a = _cpu(ops.swiglu_nvfp4(x.to(device), global_scale=gs.to(device), backend="triton"))
         b_ = ops.swiglu_nvfp4(x, global_scale=gs, backend="torch")
@@ -523,3 +545,165 @@ def test_rms_norm_nvfp4_tiny_global_scale(backend, device, no_fast_path):
     _assert_zero_quant(want, "torch")
     for a, b_ in zip(got, want, strict=True):
         assert_same_bytes(a, b_, backend)
+
+
+# ------------------------------------------------------------------------------ 10. attention: windows, shapes
+
+
+def _prefill_args(lq=(3,), lk=(5,), hq=2, hkv=1, d=16):
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(sum(lq), hq, d, generator=g).bfloat16()
+    k = torch.randn(sum(lk), hkv, d, generator=g).bfloat16()
+    v = torch.randn(sum(lk), hkv, d, generator=g).bfloat16()
+    cu = lambda n: torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=I32)
+    return q, k, v, cu(lq), cu(lk), max(lq), max(lk)
+
+
+def _paged_args():
+    q = torch.randn(1, 2, 2, 16).bfloat16()
+    cache = torch.randn(2, 4, 1, 16).bfloat16()
+    return q, cache, torch.tensor([[0, 1]], dtype=I32), torch.tensor([6], dtype=I32)
+
+
+BAD_WINDOWS = [((8,), "must be a pair of ints"), (8, "must be a pair of ints"), ((8, 0, 0), "must be a pair of ints"),
+               ([4], "must be a pair of ints"), ("ab", "must be a pair of ints"),
+               ((7.9, 0), r"left: expected an int .*got 7\.9"), ((0, 2.0), r"right: expected an int .*got 2\.0"),
+               ((True, 0), "left: expected an int"), ((-2, 0), "left: -2 is neither -1")]
+
+
+@pytest.mark.parametrize(("window", "msg"), BAD_WINDOWS, ids=[str(w) for w, _ in BAD_WINDOWS])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_window_is_a_pair_of_ints(window, msg, backend, no_fast_path):
+    """Every attention op parses `window` the same way (contract.attention.window_pair): a named error for a
+    wrong length or type, never a raw unpacking error and never a float silently truncated."""
+    q, k, v, cq, ck, mq, mk = _prefill_args()
+    pq, cache, table, used = _paged_args()
+    calls = {
+        "attention_prefill": lambda: ops.attention_prefill(q, k, v, cq, ck, mq, mk, window=window, backend=backend),
+        "attention": lambda: ops.attention(q[None], k[None], v[None], window=window, backend=backend),
+        "attention_prefill_paged": lambda: ops.attention_prefill_paged(
+            pq[0], cache, cache, torch.tensor([0, 2], dtype=I32), table, used, 2, window=window, backend=backend),
+        "attention_decode": lambda: ops.attention_decode(pq, cache, cache, table, used, window=window,
+                                                         backend=backend),
+    }
+    for op, fn in calls.items():
+        with pytest.raises(LowbitInputError, match=rf"lowbit\.{op}: argument 'window': {msg}"):
+            fn()
+
+
+@pytest.mark.parametrize("bad", [7.9, "3", True, -2, None])
+def test_mla_window_left_is_an_int(bad, no_fast_path):
+    pq, cache, table, used = _paged_args()
+    q = torch.randn(1, 1, 2, 576).bfloat16()
+    with pytest.raises(LowbitInputError, match=r"lowbit\.mla_decode: argument 'window_left': "):
+        ops.mla_decode(q, torch.zeros(2, 4, 576, dtype=torch.bfloat16), table, used, window_left=bad)
+
+
+def test_attention_window_accepts_integer_types(no_fast_path):
+    """numpy and 0-dim integer tensor bounds are ints (operator.index); the result equals the plain ints'."""
+    import numpy as np
+
+    q, k, v, cq, ck, mq, mk = _prefill_args()
+    want = ops.attention_prefill(q, k, v, cq, ck, mq, mk, window=(1, 0), backend="torch")
+    for w in ((np.int64(1), np.int32(0)), (torch.tensor(1), torch.tensor(0)), [1, 0]):
+        assert torch.equal(ops.attention_prefill(q, k, v, cq, ck, mq, mk, window=w, backend="torch"), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(0, 4, 5), (2, 0, 5), (2, 3, 0)], ids=["B0", "Sq0", "Sk0"])
+def test_batched_attention_empty_dims(shape, backend, device, no_fast_path):
+    """ops.attention with B = 0 or Sq = 0: the empty out (B, Sq, Hq, Dv) and lse (B, Sq, Hq) in the right dtypes;
+    Sk = 0: every row sees no key (out 0, lse -inf), or the sink's logit with a sink."""
+    b, sq, sk = shape
+    q = torch.randn(b, sq, 4, 16, device=device).bfloat16()
+    k = torch.randn(b, sk, 2, 16, device=device).bfloat16()
+    v = torch.randn(b, sk, 2, 8, device=device).bfloat16()
+    out, lse = ops.attention(q, k, v, causal=True, return_lse=True, backend=backend)
+    assert out.shape == (b, sq, 4, 8) and out.dtype == torch.bfloat16
+    assert lse.shape == (b, sq, 4) and lse.dtype == torch.float32
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], device=device)
+    out, lse = ops.attention(q, k, v, sinks=sinks, return_lse=True, backend=backend)
+    assert out.shape == (b, sq, 4, 8) and (out == 0).all() and torch.equal(lse, sinks.expand(b, sq, 4))
+
+
+def test_batched_attention_batch_mismatch(no_fast_path):
+    q = torch.randn(2, 3, 2, 16).bfloat16()
+    with pytest.raises(LowbitInputError, match=r"lowbit\.attention: argument 'k': batch 3 != q's 2"):
+        ops.attention(q, torch.randn(3, 3, 2, 16).bfloat16(), q)
+
+
+# -------------------------------------------------------------------- 11. attention: cu_seqlens values
+
+
+BAD_OFFSETS = [  # (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, argument, message)
+    ([0, 3, 9], [0, 5, 10], 6, "cu_seqlens_q", r"offsets span \[0, 9\] but must lie in \[0, 6\]"),
+    ([0, 5, 3], [0, 5, 10], 6, "cu_seqlens_q", r"non-decreasing, but entry 2 \(3\) < entry 1 \(5\)"),
+    ([-1, 3, 6], [0, 5, 10], 6, "cu_seqlens_q", r"offsets span \[-1, 6\]"),
+    ([0, 3, 6], [0, 11, 10], 6, "cu_seqlens_k", r"offsets span \[0, 10\]|non-decreasing"),
+    ([0, 3, 6], [0, 5, 12], 6, "cu_seqlens_k", r"offsets span \[0, 12\] but must lie in \[0, 10\]"),
+    ([0, 1, 6], [0, 5, 10], 4, "max_seqlen_q", r"4 is less than the longest sequence in cu_seqlens_q \(5\)"),
+]
+
+
+@pytest.mark.parametrize(("cq", "ck", "mq", "arg", "msg"), BAD_OFFSETS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prefill_host_offsets_are_checked(cq, ck, mq, arg, msg, backend, no_fast_path):
+    """cu_seqlens on the host are free to read: past the rows, decreasing, or longer than max_seqlen_q is a named
+    error on every backend (the torch reference used to crash, the kernels to clamp)."""
+    q, k, v, *_ = _prefill_args((3, 3), (5, 5))
+    with pytest.raises(LowbitInputError, match=rf"lowbit\.attention_prefill: argument '{arg}': .*{msg}"):
+        ops.attention_prefill(q, k, v, torch.tensor(cq, dtype=I32), torch.tensor(ck, dtype=I32), mq, 5,
+                              backend=backend)
+    if arg == "cu_seqlens_q":  # the paged op checks its query offsets the same way
+        pq, cache, table, used = _paged_args()
+        with pytest.raises(LowbitInputError, match=rf"lowbit\.attention_prefill_paged: argument '{arg}': .*{msg}"):
+            ops.attention_prefill_paged(q, cache, cache, torch.tensor(cq, dtype=I32), table.expand(2, 2),
+                                        used.expand(2), mq, backend=backend)
+
+
+def test_prefill_device_offsets_clamp_alike():
+    """Device offsets are not read on the host: the kernels clamp them into the tensors, and so does the reference
+    (the torch backend on a GPU): the same result on every row some clamped sequence covers."""
+    from dispatch.reference.attention import attention_prefill as reference
+    from triton_ops.attention.prefill import attention_prefill as triton_prefill
+
+    q, k, v, *_ = _prefill_args((8,), (8,))
+    cq = torch.tensor([0, 3, 1000, 2, 5], dtype=I32)  # 3..8 (cut at the rows), then empty ranges
+    ck = torch.tensor([0, 4, 99999, -7, 8], dtype=I32)  # 4..8, then empty ranges
+    got = triton_prefill(q, k, v, cq, ck, 1000, 99999, 0.25, True, -1, -1, None, True)
+    want = reference(q, k, v, cq, ck, 1000, 99999, 0.25, True, -1, -1, None, True)
+    assert_attention_close(*got, *want, "clamped offsets")
+    assert (want[0][3:].abs().sum() > 0) and torch.isfinite(want[1][3:]).all()  # rows 3..7 saw keys 4..7
+
+
+# ------------------------------------------------------------------------- 12. merge_attn_states: bad lse
+
+NAN, INF = float("nan"), float("inf")
+# (lse_a, out_a, lse_b, out_b) -> (out, lse): the documented rules, written out (out_b is [3, 4] throughout)
+MERGE_RULES = [
+    ((-INF, [NAN, NAN], 0.0), ([3.0, 4.0], 0.0)),  # a -inf part adds nothing, NaN out included
+    ((-INF, [INF, 1.0], -INF), ([0.0, 0.0], -INF)),  # both -inf: 0, -inf
+    ((NAN, [1.0, 2.0], 0.0), ([NAN, NAN], NAN)),  # a NaN lse: NaN row (the valid part is not silently dropped)
+    ((INF, [1.0, 2.0], 0.0), ([NAN, NAN], NAN)),  # +inf: no softmax gives it: NaN row
+    ((INF, [1.0, 2.0], INF), ([NAN, NAN], NAN)),
+    ((NAN, [1.0, 2.0], -INF), ([NAN, NAN], NAN)),
+    ((0.0, [1.0, 2.0], 0.0), ([2.0, 3.0], 0.6931471805599453)),  # a finite row, for contrast
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_merge_nonfinite_lse_rules(backend, device, no_fast_path):
+    """merge_attn_states with -inf / NaN / +inf lse (docs/attention.md, Merge): identical rule on every backend,
+    both orders of the parts."""
+    for (la, oa, lb), (want_o, want_l) in MERGE_RULES:
+        for swap in (False, True):
+            parts = [(torch.tensor([[oa]]), torch.tensor([[la]])), (torch.tensor([[[3.0, 4.0]]]), torch.tensor([[lb]]))]
+            (o1, l1), (o2, l2) = parts[::-1] if swap else parts
+            out, lse = ops.merge_attn_states(o1.to(device), l1.to(device), o2.to(device), l2.to(device),
+                                             backend=backend)
+            what = f"lse_a={la} out_a={oa} lse_b={lb} swap={swap}"
+            assert torch.allclose(out.cpu(), torch.tensor([[want_o]]), equal_nan=True), (what, out)
+            assert torch.allclose(lse.cpu(), torch.tensor([[want_l]]), equal_nan=True), (what, lse)

@@ -394,6 +394,15 @@ def fp4_encode_exact(lo, hi, inv3, HW_FP4: tl.constexpr = False):
 
 
 @triton.jit
+def nvfp4_gs_from_amax(amax):
+    """Decode-form NVFP4 global scale computed from a tensor amax: amax / 2688, raised to 2^-118 for a nonzero
+    amax below 2688 * 2^-118 (~8.1e-33), so tiny tensors keep real block scales (normal E4M3 down to amax ~2.8e-37)
+    instead of quantizing to zeros; 0 (all zeros) and NaN stay. dispatch.reference.quant.nvfp4_global_scale."""
+    gs = tl.math.div_rn(amax, 2688.0)
+    return tl.where(amax > 0, tl.maximum(gs, NVFP4_MIN_GS), gs)
+
+
+@triton.jit
 def nvfp4_effective_gs(gs):
     """The global scale NVFP4 block scales are computed with: gs, or 0 where |gs| < 2^-118 (zero scales and
     +-0 codes instead of an overflowing reciprocal; contract.formats.NVFP4_MIN_GLOBAL_SCALE). NaN stays NaN.

@@ -44,6 +44,7 @@ from ._formats import (
     mxfp4_block_scale_ex,
     nvfp4_block_scale_ex,
     nvfp4_effective_gs,
+    nvfp4_gs_from_amax,
     split_pairs,
     swizzled_offset_128x4,
 )
@@ -133,7 +134,7 @@ def _fp4_quantize_kernel(
         else:
             pofs = tl.arange(0, PARTIALS_BLOCK)
             partials = tl.load(gs_in_ptr + pofs, mask=pofs < n_partials, other=0.0)
-            gs = tl.math.div_rn(amax_nan(partials, 0), 2688.0)
+            gs = nvfp4_gs_from_amax(amax_nan(partials, 0))
         if (pid_m == 0) & (pid_k == 0):
             tl.store(gs_out_ptr, gs)  # returned as given / computed; the block scales use the effective one
         gs = nvfp4_effective_gs(gs)

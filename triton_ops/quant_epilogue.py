@@ -25,6 +25,7 @@ from ._formats import (
     fp8_group_scale,
     mxfp4_block_scale_ex,
     nvfp4_block_scale_ex,
+    nvfp4_gs_from_amax,
     round_pairs_to,
     swizzled_offset_128x4,
 )
@@ -44,7 +45,7 @@ def fold_partials(partial_ptr, n_partials, PARTIALS_BLOCK: tl.constexpr):
     """Decode-form NVFP4 global scale amax / 2688 from the amax pass's partial maxima."""
     pofs = tl.arange(0, PARTIALS_BLOCK)
     partials = tl.load(partial_ptr + pofs, mask=pofs < n_partials, other=0.0)
-    return tl.math.div_rn(amax_nan(partials, 0), 2688.0)
+    return nvfp4_gs_from_amax(amax_nan(partials, 0))
 
 
 def alloc_epilogue_outputs(fmt, lead, n, out_dtype, group, column_major, swizzle, device):

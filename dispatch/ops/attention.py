@@ -3,8 +3,9 @@ torch.library registration, fakes, typed public API. Contract: dispatch/referenc
 
 Semantics shared by every op and backend: bottom-right aligned causal masks, sliding windows (left, right; -1 =
 unbounded), per-query-head sink logits in the softmax denominator (GPT-OSS), GQA/MQA (query head h reads KV head
-h // (Hq // Hkv)), natural-log LSE (sink included). Index values are never read on the host: out-of-range
-cu_seqlens are clamped and out-of-range page ids give masked keys inside the kernels (docs/attention.md).
+h // (Hq // Hkv)), natural-log LSE (sink included). Device index values are never read on the host: out-of-range
+cu_seqlens are clamped and out-of-range page ids give masked keys inside the kernels; host cu_seqlens (free to
+read) are checked (docs/attention.md, bad input).
 """
 
 from __future__ import annotations
@@ -18,13 +19,18 @@ from triton_ops.contract.attention import (
     check_attention_decode,
     check_attention_prefill,
     check_attention_prefill_paged,
+    check_cu_seqlens_values,
     check_merge_attn_states,
     check_mla_decode,
+    window_bound,
+    window_pair,
 )
 from triton_ops.contract.checks import check_tensor, fail
 from triton_ops.contract.kv_cache import DS_ROPE
 
 from ._common import call, lowbit_op
+from ._fake import is_fake
+from .rope import debug_checks, host_values
 
 
 def _lse_like(q: Tensor, lead: tuple) -> Tensor:
@@ -68,9 +74,17 @@ def _merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tenso
     return out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
 
 
-def _window(window) -> tuple[int, int]:
-    left, right = window
-    return int(left), int(right)
+def _check_offsets(op, q, *checks) -> None:
+    """Range checks of cu_seqlens values where they are free to read (host tensors: on every call, including the
+    ones the eager fast path serves) or LOWBIT_CHECK_INDICES=1 asks for them (a device sync). checks: (arg,
+    cu_seqlens, packed tensor, max_seqlen arg, max_seqlen). Elsewhere the kernels clamp (docs/attention.md)."""
+    tensors = [c[1] for c in checks]
+    if not all(isinstance(t, Tensor) for t in (q, *tensors)):
+        return  # the op's checks name it
+    if host_values(q, *tensors) or (debug_checks() and not any(is_fake(t) for t in tensors)):
+        for arg, cu, packed, max_arg, max_seqlen in checks:
+            rows = packed.shape[0] if isinstance(packed, Tensor) and packed.dim() else 0
+            check_cu_seqlens_values(op, arg, cu, rows, max_arg, max_seqlen)
 
 
 def _scale(softmax_scale, q) -> float | None:
@@ -87,27 +101,33 @@ def attention_prefill(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_
     """Packed varlen prefill: q (total_q, Hq, Dqk), k (total_k, Hkv, Dqk), v (total_k, Hkv, Dv), bf16/fp16;
     cu_seqlens_q/k int32 (B + 1); max_seqlen_q sizes the grid (an upper bound: rows past it are not written).
     Returns out (total_q, Hq, Dv), and lse (total_q, Hq) fp32 when return_lse."""
+    left, right = window_pair("attention_prefill", window)
+    _check_offsets("attention_prefill", q, ("cu_seqlens_q", cu_seqlens_q, q, "max_seqlen_q", max_seqlen_q),
+                   ("cu_seqlens_k", cu_seqlens_k, k, "max_seqlen_k", max_seqlen_k))
     out, lse = call("attention_prefill", q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                    _scale(softmax_scale, q), bool(causal), *_window(window), sinks, bool(return_lse),
-                    backend)
+                    _scale(softmax_scale, q), bool(causal), left, right, sinks, bool(return_lse), backend)
     return (out, lse) if return_lse else out
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale: float | None = None, causal: bool = False,
               window: tuple[int, int] = (-1, -1), sinks: Tensor | None = None, return_lse: bool = False,
               backend: str = "auto") -> Tensor | tuple[Tensor, Tensor]:
-    """Batched form (B, Sq, Hq, D) / (B, Sk, Hkv, D) of `attention_prefill`: out (B, Sq, Hq, Dv), lse (B, Sq, Hq)."""
+    """Batched form (B, Sq, Hq, D) / (B, Sk, Hkv, D) of `attention_prefill`: out (B, Sq, Hq, Dv), lse (B, Sq, Hq).
+    B = 0 or Sq = 0 gives the empty out / lse of those shapes; Sk = 0 rows see no key (out 0, lse -inf)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor("attention", name, t)
         if t.dim() != 4:
             fail("attention", name, f"expected (B, S, H, D), got shape {tuple(t.shape)}")
-    b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+        if t.shape[0] != q.shape[0]:
+            fail("attention", name, f"batch {t.shape[0]} != q's {q.shape[0]}")
+    window = window_pair("attention", window)
+    b, sq, hq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[1]
     cu_q = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sq
     cu_k = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sk
-    res = attention_prefill(q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
-                           v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, sq, sk, softmax_scale=softmax_scale,
-                           causal=causal, window=window, sinks=sinks, return_lse=True, backend=backend)
-    out, lse = res[0].view(b, sq, *res[0].shape[1:]), res[1].view(b, sq, -1)
+    out, lse = attention_prefill(q.reshape(b * sq, *q.shape[2:]), k.reshape(b * sk, *k.shape[2:]),
+                                 v.reshape(b * sk, *v.shape[2:]), cu_q, cu_k, sq, sk, softmax_scale=softmax_scale,
+                                 causal=causal, window=window, sinks=sinks, return_lse=True, backend=backend)
+    out, lse = out.view(b, sq, hq, out.shape[-1]), lse.view(b, sq, hq)  # explicit sizes: B or Sq may be 0
     return (out, lse) if return_lse else out
 
 
@@ -120,9 +140,11 @@ def attention_prefill_paged(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seql
     (num_blocks, block_size, Hkv, D), read through block_table[b] (int32); its new queries (cu_seqlens_q) are the
     last positions. FP8 caches (float8_e4m3fn or uint8 E4M3 bytes) need per-tensor fp32 k_scale / v_scale
     (value = code * scale, as `paged_kv_write_fp8` writes them). Page ids outside [0, num_blocks) give masked keys."""
+    left, right = window_pair("attention_prefill_paged", window)
+    _check_offsets("attention_prefill_paged", q, ("cu_seqlens_q", cu_seqlens_q, q, "max_seqlen_q", max_seqlen_q))
     out, lse = call("attention_prefill_paged", q, k_cache, v_cache, cu_seqlens_q, block_table, seqused_k,
-                    int(max_seqlen_q), _scale(softmax_scale, q), bool(causal), *_window(window), sinks,
-                    k_scale, v_scale, backend)
+                    int(max_seqlen_q), _scale(softmax_scale, q), bool(causal), left, right, sinks, k_scale, v_scale,
+                    backend)
     return (out, lse) if return_lse else out
 
 
@@ -135,8 +157,9 @@ def attention_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: T
     causal among them), caches (num_blocks, block_size, Hkv, D) in q's dtype or FP8 with per-tensor or per-KV-head
     fp32 scales. num_splits <= 0 picks the split-KV count from static sizes (never from seqused_k: CUDA graphs
     replay with new lengths). Returns out (B, Sq, Hq, Dv), and lse (B, Sq, Hq) when return_lse."""
+    left, right = window_pair("attention_decode", window)
     out, lse = call("attention_decode", q, k_cache, v_cache, block_table, seqused_k, _scale(softmax_scale, q),
-                    bool(causal), *_window(window), sinks, k_scale, v_scale, int(num_splits), backend)
+                    bool(causal), left, right, sinks, k_scale, v_scale, int(num_splits), backend)
     return (out, lse) if return_lse else out
 
 
@@ -166,7 +189,8 @@ def mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, seqused_k: Tens
     if v_dim is None and isinstance(q, Tensor) and q.dim():
         v_dim = q.shape[-1] - DS_ROPE
     out, lse = call("mla_decode", q, kv_cache, block_table, seqused_k, indices, layout, v_dim,
-                    _scale(softmax_scale, q), bool(causal), int(window_left), int(num_splits), backend)
+                    _scale(softmax_scale, q), bool(causal), window_bound("mla_decode", "window_left", window_left),
+                    int(num_splits), backend)
     return (out, lse) if return_lse else out
 
 
@@ -174,7 +198,8 @@ def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
                       backend: str = "auto") -> tuple[Tensor, Tensor]:
     """Merge two attention results over disjoint key sets (vLLM merge_attn_states semantics): out (T, H, D),
     lse (T, H) fp32 (any strides: vLLM's (H, T) buffer passed transposed works). A part with lse -inf adds
-    nothing; both -inf give out 0, lse -inf."""
+    nothing whatever its out holds; both -inf give out 0, lse -inf; a part with lse NaN or +inf gives that row
+    out and lse NaN."""
     return call("merge_attn_states", out_a, lse_a, out_b, lse_b, backend)
 
 
@@ -197,7 +222,7 @@ def self_check_cases() -> list:
         k = torch.randn(t, hkv, d, generator=g).bfloat16()
         v = torch.randn(t, hkv, d, generator=g).bfloat16()
         sinks = torch.randn(hq, generator=g)
-        return (q.to(dev), k.to(dev), v.to(dev), cu.to(dev), cu.to(dev), max(lens), max(lens), 0.125, True, 128, 0,
+        return (q.to(dev), k.to(dev), v.to(dev), cu.to(dev), cu.to(dev), max(lens), max(lens), 0.125, True, 127, 0,
                 sinks.to(dev), True)
 
     def paged(dev, small, decode):

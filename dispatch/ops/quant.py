@@ -25,7 +25,7 @@ from triton_ops.contract.formats import (
     round_up,
 )
 
-from ..reference.formats import div_rn
+from ..reference import quant as ref_quant
 from ._common import call, lowbit_op
 
 ScaleLayout = Literal["linear", "swizzled"]
@@ -122,10 +122,11 @@ def nvfp4_quantize(x: Tensor, global_scale: Tensor | None = None, *, scale_layou
     amax(|x|) without a host sync (one extra pass). Convert an encode-form scale (vLLM/FlashInfer
     `448*6/amax`) with `nvfp4_decode_global_scale`.
 
-    Tiny global scales: one below 2^-118 in magnitude (0 included; a computed one when amax(|x|) < 2688 *
-    2^-118 ~ 8.1e-33) counts as 0 for the block scales, on every backend: all block scales 0, all codes +-0,
-    so the tensor decodes to zeros (its reciprocal would overflow, and every nonzero code saturate to +-6).
-    The returned global_scale is still the given / computed value. The same rule holds for the fused NVFP4
+    Tiny global scales: a given one below 2^-118 in magnitude (0 included) counts as 0 for the block scales, on
+    every backend: all block scales 0, all codes +-0, so the tensor decodes to zeros (its reciprocal would
+    overflow, and every nonzero code saturate to +-6). The returned global_scale is still the given value. A
+    computed one is amax / 2688 raised to 2^-118 for a nonzero amax, so a tiny tensor (amax down to ~2.8e-37)
+    still round-trips within the format's error instead of decoding to zeros. The same rule holds for the fused NVFP4
     outputs (rms_norm_nvfp4, swiglu_nvfp4).
     Inference only: with grad mode on, inputs that require grad are refused (LowbitInputError).
     """
@@ -141,9 +142,10 @@ def nvfp4_dequantize(codes: Tensor, scales: Tensor, global_scale: Tensor, *, sca
 
 
 def nvfp4_global_scale_from_amax(amax: Tensor) -> Tensor:
-    """Decode-form global scale (lowbit's convention) from a tensor amax: amax / (448 * 6)."""
+    """Decode-form global scale (lowbit's convention) from a tensor amax: amax / (448 * 6), at least 2^-118 for a
+    nonzero amax (the global scale the quantizers compute themselves; see nvfp4_quantize)."""
     C.check_tensor("nvfp4_global_scale_from_amax", "amax", amax)
-    return div_rn(amax.float(), 448.0 * 6.0)
+    return ref_quant.nvfp4_global_scale_from_amax(amax)
 
 
 def nvfp4_encode_global_scale(global_scale: Tensor) -> Tensor:

@@ -15,6 +15,8 @@ Math in float64 on the inputs' values, output rounded once to the query dtype. C
   denominator and contributes no value (GPT-OSS): p_j = exp(l_j) / (sum_j' exp(l_j') + exp(sink)).
 * lse (natural log, fp32, shape (total_q, Hq)) = log(sum_j exp(l_j) + exp(sink)), sink included.
 * A row with no visible key gives out = 0 and lse = -inf (or the sink's logit when there is a sink).
+* cu_seqlens values are clamped into the tensors as the kernels clamp them (sequence b's rows start at
+  clamp(cu[b], 0, rows) and number clamp(cu[b + 1] - start, 0, rows - start)); rows no sequence covers stay 0.
 """
 
 from __future__ import annotations
@@ -54,9 +56,13 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     lse = torch.full((total_q, hq), -math.inf, dtype=torch.float64, device=q.device)
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     sink = None if sinks is None else sinks.to(torch.float64).view(1, hq, 1)
+    total_k = k.shape[0]
     for b in range(len(cq) - 1):
-        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
-        sq, sk = q1 - q0, k1 - k0
+        # offsets clamped into the tensors as the kernels clamp them (docs/attention.md, bad input): a sequence
+        # ending before it starts is empty, one running past the rows is cut there
+        q0, k0 = min(max(cq[b], 0), total_q), min(max(ck[b], 0), total_k)
+        sq, sk = min(max(cq[b + 1] - q0, 0), total_q - q0), min(max(ck[b + 1] - k0, 0), total_k - k0)
+        q1, k1 = q0 + sq, k0 + sk
         if sq == 0 or (sk == 0 and sink is None):
             continue  # no rows, or rows with no key and no sink: out 0, lse -inf
         qb = q[q0:q1].to(torch.float64)  # (sq, hq, d)
@@ -104,16 +110,21 @@ def merge_attn_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Ten
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partial attention results over disjoint key sets (out (T, H, D), lse (T, H) fp32):
     lse = log(exp(lse_a) + exp(lse_b)); out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse).
-    A part with lse = -inf (no keys) contributes nothing; both -inf gives out 0, lse -inf."""
+    A part with lse = -inf (no keys) contributes nothing, whatever its out holds (NaN included); both -inf gives
+    out 0, lse -inf. A part with lse NaN or +inf (no softmax gives either) makes its row's out and lse NaN."""
     a, b = lse_a.to(torch.float64), lse_b.to(torch.float64)
+    corrupt = a.isnan() | (a == math.inf) | b.isnan() | (b == math.inf)
+    a, b = a.masked_fill(corrupt, -math.inf), b.masked_fill(corrupt, -math.inf)
     m = torch.maximum(a, b)
     safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    wa, wb = torch.exp(a - safe), torch.exp(b - safe)
+    wa, wb = torch.exp(a - safe).unsqueeze(-1), torch.exp(b - safe).unsqueeze(-1)
     total = wa + wb
-    lse = torch.where(total > 0, torch.log(total) + safe, torch.full_like(m, -math.inf))
-    den = total.clamp_min(1e-300).unsqueeze(-1)
-    out = (out_a.to(torch.float64) * wa.unsqueeze(-1) + out_b.to(torch.float64) * wb.unsqueeze(-1)) / den
-    out = torch.where(total.unsqueeze(-1) > 0, out, torch.zeros_like(out))
+    zero = torch.zeros((), dtype=torch.float64, device=out_a.device)
+    # a part of weight 0 is never multiplied: a NaN or Inf in its out cannot leak
+    parts = [torch.where(w > 0, o.to(torch.float64), zero) * w for o, w in ((out_a, wa), (out_b, wb))]
+    out = torch.where(total > 0, (parts[0] + parts[1]) / total.clamp_min(1e-300), zero)
+    lse = torch.where(total[..., 0] > 0, torch.log(total[..., 0]) + safe, -math.inf)
+    out, lse = out.masked_fill(corrupt.unsqueeze(-1), math.nan), lse.masked_fill(corrupt, math.nan)
     return out.to(out_a.dtype), lse.to(torch.float32)
 
 
@@ -124,17 +135,15 @@ def merge_attn_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Ten
 
 def _paged_keys(k_cache, v_cache, block_table, seqlens, k_scale, v_scale):
     """Gather a paged cache into packed fp32 keys/values + cu_seqlens + validity: positions 0..seqlens[b]-1
-    (at most the table's capacity), page ids outside [0, num_blocks) give invalid (masked) keys; FP8 codes
-    are dequantized as code * scale (per tensor, or per KV head)."""
-    num_blocks, block_size = k_cache.shape[:2]
-    cap = block_table.shape[1] * block_size
+    (negative lengths count as 0); page ids outside [0, num_blocks) and positions past the table's capacity give
+    invalid (masked) keys that keep their positions; FP8 codes are dequantized as code * scale (per tensor, or
+    per KV head)."""
+    block_size = k_cache.shape[1]
     ks, vs, valid, cu = [], [], [], [0]
     for b, n in enumerate(seqlens.tolist()):
-        n = max(0, min(int(n), cap))
+        n = max(0, int(n))
         pos = torch.arange(n, device=k_cache.device)
-        page = block_table[b, pos // block_size].long() if n else pos
-        ok = (page >= 0) & (page < num_blocks)
-        page = page.clamp(0, max(num_blocks - 1, 0))
+        page, ok = table_pages(block_table[b], pos, block_size, k_cache.shape[0])
         ks.append(_dequant(k_cache[page, pos % block_size], k_scale))
         vs.append(_dequant(v_cache[page, pos % block_size], v_scale))
         valid.append(ok)
@@ -143,6 +152,17 @@ def _paged_keys(k_cache, v_cache, block_table, seqlens, k_scale, v_scale):
     v = torch.cat(vs) if vs else v_cache.new_zeros(0, *v_cache.shape[2:]).float()
     valid_all = torch.cat(valid) if valid else torch.zeros(0, dtype=torch.bool, device=k_cache.device)
     return k, v, torch.tensor(cu, dtype=torch.int32, device=k_cache.device), valid_all
+
+
+def table_pages(table_row, pos, block_size, num_blocks) -> tuple[torch.Tensor, torch.Tensor]:
+    """(page ids clamped into [0, num_blocks), validity) of key positions `pos` (int64 >= 0) of one sequence read
+    through its block-table row: a position past the row's capacity, or behind a page id outside
+    [0, num_blocks), is invalid (masked; the page returned for it is any readable one)."""
+    col = pos // block_size
+    in_table = col < table_row.shape[0]
+    page = table_row[col.clamp(max=max(table_row.shape[0] - 1, 0))].long() if table_row.shape[0] else col
+    ok = in_table & (page >= 0) & (page < num_blocks)
+    return page.clamp(0, max(num_blocks - 1, 0)), ok
 
 
 def _dequant(codes, scale):
@@ -189,13 +209,11 @@ MLA_LAYOUTS = ("bf16", "v32", "v4")
 
 def mla_latent_rows(kv_cache, layout, table_row, pos):
     """fp32 latent rows [n, D] of positions `pos` (int64, >= 0) of one sequence read through its block-table row,
-    and their validity (page id inside [0, num_blocks)); invalid rows are 0."""
+    and their validity (inside the row's capacity, page id inside [0, num_blocks)); invalid rows are 0."""
     from .kv_cache import ds_kv_gather
 
     nb, bs = kv_cache.shape[:2]
-    page = table_row[pos // bs].long() if pos.numel() else pos
-    ok = (page >= 0) & (page < nb)
-    page = page.clamp(0, max(nb - 1, 0))
+    page, ok = table_pages(table_row, pos, bs, nb)
     if layout == "bf16":
         rows = kv_cache[page, pos % bs].reshape(pos.shape[0], -1).float()
     else:
@@ -205,21 +223,20 @@ def mla_latent_rows(kv_cache, layout, table_row, pos):
 
 def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal, window_left,
                num_splits):
-    """q (B, Sq, H, D) against sequence b's latent rows. Dense (indices None): keys 0..seqused_k[b]-1 (at most the
-    table's capacity), bottom-right causal among the Sq queries when causal. Sparse: query (b, s) attends to the
-    keys at positions indices[b, s, :] (int32; entries < 0 or >= seqused_k[b] are unused; causal also drops those
-    after the query's own position; a repeated index counts once per occurrence). window_left >= 0: a query at
-    position p sees keys p - window_left .. p only (dense and sparse), -1 = unbounded. Keys behind a page id outside
-    [0, num_blocks) are masked. Returns (out (B, Sq, H, v_dim) in q's dtype, lse (B, Sq, H) fp32, natural log);
-    a row with no key is out 0, lse -inf."""
+    """q (B, Sq, H, D) against sequence b's latent rows. Dense (indices None): keys 0..seqused_k[b]-1, bottom-right
+    causal among the Sq queries when causal. Sparse: query (b, s) attends to the keys at positions indices[b, s, :]
+    (int32; entries < 0 or >= seqused_k[b] are unused; causal also drops those after the query's own position; a
+    repeated index counts once per occurrence). window_left >= 0: a query at position p sees keys
+    p - window_left .. p only (dense and sparse), -1 = unbounded. Keys behind a page id outside [0, num_blocks), or
+    past the table's capacity, are masked; query s sits at seqused_k[b] - Sq + s either way. Returns (out
+    (B, Sq, H, v_dim) in q's dtype, lse (B, Sq, H) fp32, natural log); a row with no key is out 0, lse -inf."""
     bsz, sq, h, d = q.shape
     dev = q.device
-    cap = block_table.shape[1] * kv_cache.shape[1]
     out = torch.zeros(bsz, sq, h, v_dim, dtype=q.dtype, device=dev)
     lse = torch.full((bsz, sq, h), -math.inf, dtype=torch.float32, device=dev)
     one_q = torch.tensor([0, 1], dtype=torch.int32, device=dev)
     for b, n in enumerate(seqused_k.tolist()):
-        n = max(0, min(int(n), cap))
+        n = max(0, int(n))
         if indices is None:
             if n == 0:
                 continue

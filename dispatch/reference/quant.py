@@ -82,7 +82,16 @@ def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
     """Decode-form global scale amax(|x|) / (448*6) as a 0-dim fp32 tensor (0 for empty or all-zero x)."""
     if x.numel() == 0:
         return torch.zeros((), dtype=torch.float32, device=x.device)
-    return div_rn(x.float().abs().amax(), NVFP4_AMAX_TO_SCALE)
+    return nvfp4_global_scale_from_amax(x.float().abs().amax())
+
+
+def nvfp4_global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """amax / 2688, raised to NVFP4_MIN_GLOBAL_SCALE (2^-118) for a nonzero amax below 2688 * 2^-118 (~8.1e-33):
+    a smaller global scale would count as 0 (its reciprocal overflows) and quantize the tensor to zeros, while
+    2^-118 keeps the block scales normal E4M3 down to amax ~ 6 * 2^-6 * 2^-118 ~ 2.8e-37 (round trip within the
+    format's error); below that they go subnormal, then 0. 0 (all zeros) and NaN stay."""
+    gs = div_rn(amax.float(), NVFP4_AMAX_TO_SCALE)
+    return torch.where(amax > 0, gs.clamp_min(NVFP4_MIN_GLOBAL_SCALE), gs)
 
 
 def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor | None, swizzle: bool):

@@ -1,18 +1,19 @@
 """Benchmark cases for attention: varlen prefill, chunked (paged) prefill, paged decode with split-KV, LSE merge.
 
 Shapes (bf16 activations; docs/attention.md):
-* prefill (`attention_prefill`, bucket "prefill"): Llama-like hd 128 with 32 query / 8 KV heads, causal and not,
-  B x S = 1 x 16384 and 8 x 2048; GPT-OSS hd 64 with 64 / 8 heads and sinks, window (128, 0) and full causal,
-  2 x 8192; DeepSeek MLA prefill (MHA, qk 192 / v 128) with 16 heads at 1 x 8192 (the real model has 128 heads: 16
-  keep the suite short, the per-head work is the same); varlen lengths [8192, 4096, 1024, 512, 128, 17] hd 128
-  causal. The lowbit call is `ops.attention_prefill` (varlen) on packed (B*S, H, D) tensors with prebuilt cu_seqlens.
+* prefill (`attention_prefill`, bucket "prefill"): Llama-like hd 128 with 32 query / 8 KV heads, causal and not, B x
+  S = 1 x 16384 and 8 x 2048; GPT-OSS hd 64 with 64 / 8 heads and sinks, window (127, 0) (its sliding_window = 128
+  keys: the query's own and the 127 before it) and full causal, 2 x 8192; DeepSeek MLA prefill (MHA, qk 192 / v 128)
+  with 16 heads at 1 x 8192 (the real model has 128 heads: 16 keep the suite short, the per-head work is the same);
+  varlen lengths [8192, 4096, 1024, 512, 128, 17] hd 128 causal. The lowbit call is `ops.attention_prefill` (varlen)
+  on packed (B*S, H, D) tensors with prebuilt cu_seqlens.
 * chunked prefill (`attention_prefill_paged`): 4 sequences of 8192 cached keys whose last 1024 are the new queries,
   hd 128 32 / 8, page 64, causal. On sm_90 the runner times each backend of the table: `lowbit:triton` (the plain
   paged kernel) and `lowbit:cute` (the gathered path: pages copied to contiguous K / V, then the cute forward).
 * decode (`attention_decode`, bucket "decode", one query per sequence, page 64, every sequence at the full context):
   Llama hd 128 32 / 8 at B x context 1 x 8192, 16 x 8192, 64 x 8192, 256 x 1024, 1 x 131072 (bf16 cache), and
   16 x 8192 with an FP8 E4M3 cache (per-tensor fp32 scales); GPT-OSS hd 64 64 / 8 with sinks, full and window
-  (128, 0), 16 x 8192. Block tables are random permutations of the cache's blocks; with a window, the table entries
+  (127, 0), 16 x 8192. Block tables are random permutations of the cache's blocks; with a window, the table entries
   of pages wholly before every query's window name one shared filler block (their keys are masked anyway, as a
   serving engine reuses the pages a window has left), so the cache holds only the pages a kernel reads and the
   runner's L2 rotation makes enough copies of those (one 268 MB cache would keep the 4.5 MB window in L2).
@@ -686,7 +687,7 @@ def cases() -> list[BenchCase]:
         _prefill_case("llama", [4096] * 4, [4096] * 4, c["hq"], c["hkv"], c["dqk"], c["dv"], True),
         _prefill_case("llama", [8192] * 2, [8192] * 2, c["hq"], c["hkv"], c["dqk"], c["dv"], True),
         _prefill_case("llama", [2048] * 8, [2048] * 8, c["hq"], c["hkv"], c["dqk"], c["dv"], False),
-        _prefill_case("gpt-oss", [8192] * 2, [8192] * 2, 64, 8, 64, 64, True, (128, 0), sinks=True),
+        _prefill_case("gpt-oss", [8192] * 2, [8192] * 2, 64, 8, 64, 64, True, (127, 0), sinks=True),
         _prefill_case("gpt-oss", [8192] * 2, [8192] * 2, 64, 8, 64, 64, True, sinks=True),
         _prefill_case("dsv3-mla", [8192], [8192], 16, 16, 192, 128, True),
         _prefill_case("llama", VARLEN, VARLEN, c["hq"], c["hkv"], c["dqk"], c["dv"], True, batched=False),
@@ -696,7 +697,7 @@ def cases() -> list[BenchCase]:
     out += [
         _decode_case("llama", 16, 8192, c["hq"], c["hkv"], c["dqk"], kv="fp8"),
         _decode_case("gpt-oss", 16, 8192, 64, 8, 64, sinks=True),
-        _decode_case("gpt-oss", 16, 8192, 64, 8, 64, sinks=True, window=(128, 0)),
+        _decode_case("gpt-oss", 16, 8192, 64, 8, 64, sinks=True, window=(127, 0)),
         _merge_case(16384, 32, 128),
     ]
     from perf.cases.attention_mla import mla_cases  # (it imports helpers from this module)

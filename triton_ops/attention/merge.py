@@ -4,7 +4,9 @@ dispatch/reference/attention.py:merge_attn_states.
 Two parts computed over disjoint key sets, (out_a, lse_a) and (out_b, lse_b), out (T, H, D), lse (T, H) fp32
 (natural log), combine to lse = log(e^lse_a + e^lse_b) and out = out_a e^(lse_a - lse) + out_b e^(lse_b - lse).
 A part with lse = -inf (it saw no key) contributes nothing, whatever its out holds; both -inf gives out 0 and
-lse -inf. `lse_weights` is the one statement of that rule; the split-KV reduction of decode.py uses it too.
+lse -inf. A part with lse NaN or +inf (no softmax gives either: a corrupt part) makes its row's out and lse NaN,
+never hidden behind the other part. `lse_weights` is the one statement of these rules; the split-KV reduction of
+decode.py uses it too.
 """
 
 from __future__ import annotations
@@ -24,21 +26,25 @@ from triton_ops.contract.attention import check_merge_attn_states
 def lse_weights(lse):
     """lse [R, S] fp32 of S parts per row -> (w [R, S], total [R]): w = e^(lse - total), the share of each part
     in the merged softmax (0 for a part at -inf), total = log(sum e^lse), -inf where every part is -inf (then
-    every w is 0). The row max is subtracted first, so no exponent overflows."""
+    every w is 0). A row with a part at NaN or +inf gets NaN weights and total. The row max is subtracted first,
+    so no exponent overflows."""
+    corrupt = tl.max(((lse != lse) | (lse == float("inf"))).to(tl.int32), 1) > 0
+    lse = tl.where(corrupt[:, None], float("-inf"), lse)  # the NaN is put back below, not computed with
     m = tl.max(lse, 1)
     safe = tl.where(m == float("-inf"), 0.0, m)
     e = tl.exp(lse - safe[:, None])  # -inf parts -> 0
     den = tl.sum(e, 1)
     ok = den > 0
     w = tl.where(ok[:, None], e / tl.where(ok, den, 1.0)[:, None], 0.0)
-    return w, tl.where(ok, tl.log(tl.where(ok, den, 1.0)) + safe, float("-inf"))
+    total = tl.where(ok, tl.log(tl.where(ok, den, 1.0)) + safe, float("-inf"))
+    return tl.where(corrupt[:, None], float("nan"), w), tl.where(corrupt, float("nan"), total)
 
 
 @triton.jit
 def weighted_sum(w, out):
     """sum over parts of w [R, S] x out [R, S, D] -> [R, D]; a part of weight 0 adds exactly 0 (its out is
-    never multiplied, so a NaN or Inf there cannot leak)."""
-    return tl.sum(tl.where(w[:, :, None] > 0, out, 0.0) * w[:, :, None], 1)
+    never multiplied, so a NaN or Inf there cannot leak); a NaN weight (a corrupt row) gives NaN."""
+    return tl.sum(tl.where(w[:, :, None] != 0, out, 0.0) * w[:, :, None], 1)
 
 
 # ------------------------------------------------------------------------------------------------ kernel

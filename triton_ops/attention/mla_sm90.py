@@ -34,7 +34,8 @@ blocks), read by TMA from q seen as (B * Sq * H, 576).
   zero filled (never read out of bounds) and its keys are masked. Keys past the sequence length in its last page
   are masked, and (cache slots no sequence writes may hold anything, NaN included: 0 x NaN would leak into
   P V) that page's rows past the length are zeroed in shared memory before their P V. Causal among the Sq
-  queries: query s sits at position seqused_k - Sq + s.
+  queries: query s sits at position seqused_k - Sq + s, also when seqused_k passes the table's capacity (the keys
+  past it are masked: no tile beyond the capacity is loaded).
 * Split-KV: grid (row blocks, B, num_splits), num_splits from static sizes only (CUDA-graph safe); split j covers
   pages [j x pps, (j + 1) x pps) of the table's capacity; fp32 partials and LSEs go through decode.py's split
   reduction. One split writes bf16 directly.
@@ -164,11 +165,13 @@ def _store_out(o, m_i, l_i, rows, col0, b, split, out_ptr, lse_ptr, o_sb, o_ss, 
 @gluon.jit
 def _key_span(seq_ptr, b, split, r0, pages_per_split, max_pages, SQ: gl.constexpr, H: gl.constexpr,
               CAUSAL: gl.constexpr):
-    """Sequence b's length sk and the keys [lo, hi) that row block r0.. of split `split` sees: tiles p0.. (n)."""
-    sk = gl.minimum(gl.maximum(gl.load(seq_ptr + b), 0), max_pages * PAGE)
+    """Sequence b's length sk and the keys [lo, hi) that row block r0.. of split `split` sees: tiles p0.. (n).
+    The queries sit at sk - SQ + s even when sk passes the table's capacity; the keys past it are masked (hi)."""
+    sk = gl.maximum(gl.load(seq_ptr + b), 0)
     s_lo = r0 // H
     s_hi = gl.minimum((r0 + BLOCK_M - 1) // H, SQ - 1)
     lo, hi = key_range(sk - SQ + s_lo, sk - SQ + s_hi, sk, CAUSAL, -1, -1)
+    hi = gl.minimum(hi, max_pages * PAGE)
     lo = gl.maximum(lo, split * pages_per_split * PAGE)
     hi = gl.minimum(hi, (split + 1) * pages_per_split * PAGE)
     p0 = lo // PAGE

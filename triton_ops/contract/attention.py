@@ -31,10 +31,49 @@ def _tensor(op, arg, t, ndim, dtypes=None, device=None):
         fail(op, arg, f"expected a contiguous vector, got stride {t.stride(0)}")
 
 
+def window_bound(op, arg, value, side: str = "") -> int:
+    """One side of a sliding window as an int: -1 (unbounded) or a key count >= 0. Python and numpy ints (and
+    one-element integer tensors, through __index__) pass; bool, floats and anything else are a named error,
+    never a silent truncation (7.9 is not 7)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        fail(op, arg, f"{side}expected an int (-1: unbounded, or a key count >= 0), got {value!r}")
+    n = value.__index__()
+    if n < -1:
+        fail(op, arg, f"{side}{n} is neither -1 (unbounded) nor an int >= 0")
+    return n
+
+
+def window_pair(op, window) -> tuple[int, int]:
+    """The public `window=(left, right)` argument -> (left, right) ints. Key j is visible to the query at key
+    position p iff p - left <= j <= p + right (-1: that side unbounded). Every attention op parses it here."""
+    if isinstance(window, (str, bytes)) or not hasattr(window, "__len__") or len(window) != 2:
+        fail(op, "window", f"must be a pair of ints (left, right), -1 = unbounded, got {window!r}")
+    left, right = window
+    return window_bound(op, "window", left, "left: "), window_bound(op, "window", right, "right: ")
+
+
 def _windows(op, window_left, window_right):
-    for name, w in (("window_left", window_left), ("window_right", window_right)):
-        if not isinstance(w, int) or w < -1:
-            fail(op, name, f"{w!r} is neither -1 (unbounded) nor an int >= 0")
+    window_bound(op, "window_left", window_left)
+    window_bound(op, "window_right", window_right)
+
+
+def check_cu_seqlens_values(op, arg, cu_seqlens, rows, max_arg, max_seqlen) -> None:
+    """The values of cu_seqlens (B + 1,) int32 over a packed tensor of `rows` rows: non-decreasing from >= 0 to
+    <= rows, no sequence longer than max_seqlen. Reads the values: callers run it only where that costs no device
+    sync (host tensors) or LOWBIT_CHECK_INDICES=1 asks for it; elsewhere the kernels clamp (docs/attention.md)."""
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.dtype != torch.int32 \
+            or cu_seqlens.shape[0] < 1:
+        return  # the op's checks name what is wrong with it
+    v = cu_seqlens.tolist()
+    if v[0] < 0 or v[-1] > rows:
+        fail(op, arg, f"offsets span [{v[0]}, {v[-1]}] but must lie in [0, {rows}] (the packed tensor's rows)")
+    lengths = [b - a for a, b in zip(v, v[1:], strict=False)]
+    if lengths and min(lengths) < 0:
+        i = lengths.index(min(lengths))
+        fail(op, arg, f"must be non-decreasing, but entry {i + 1} ({v[i + 1]}) < entry {i} ({v[i]})")
+    if lengths and isinstance(max_seqlen, int) and max(lengths) > max_seqlen:
+        fail(op, max_arg, f"{max_seqlen} is less than the longest sequence in {arg} ({max(lengths)}): the rows "
+                          "past it would not be written")
 
 
 def _sinks(op, sinks, hq, device):
