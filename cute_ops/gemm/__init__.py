@@ -18,7 +18,7 @@
   `grouped_sm90_config` (no DSL needed): its compile key and tile / FP8 schedule rule (`GemmConfig`, `pick_config`,
   `can_implement`); `grouped_sm90_steps`: its consumer-side steps (smem epilogue, FP8 promotion, scale loads).
   `moe_sm90` (torch only until a call compiles): its `moe_gemm_bf16` / `moe_gemm_fp8` backends (masked and
-  contiguous layouts). Compiled and SASS-checked on the CPU, not yet run on a GPU: the table rows are skipped by auto.
+  contiguous layouts). Runs on the H100 and the H200; auto takes its rows at prefill sizes (`moe_sm90.auto_skip_*`).
 
 Importing this package imports nothing heavy. See docs/cute.md ("Grouped GEMM on sm_90", "Grouped block-scaled GEMM").
 """

@@ -19,17 +19,17 @@ DESC_BYTES = 128  # one TMA descriptor
 DTYPES = {"bf16": "BFloat16", "fp16": "Float16", "fp8": "Float8E4M3FN"}  # operand type; fp8 writes bf16
 LAYOUTS = ("contiguous", "masked")
 # FP8 schedule the rule picks for prefill-sized groups (>= FP8_PREFILL_ROWS rows per group): promote_run (runs
-# of 8 stages, 4 for K <= FP8_SHORT_K), scale_prefetch, epilogue_prefetch, the smem epilogue. Timed best on an H200
-# at e2bc450 (perf/results/experiments/2026-11-26-h200-moe-gemm-fp8-prefill-schedules-e2bc450.json, docs/cute.md).
+# of 8 stages, 4 for K <= FP8_SHORT_K), scale_prefetch, epilogue_prefetch, the smem epilogue: the promotion runs
+# under the next stage's WGMMAs, the fastest schedule of the sweep (docs/cute.md, alternatives measured).
 FP8_PREFILL_SCHEDULE = dict(promote_run=8, scale_prefetch=True, epilogue_prefetch=True, epilogue="smem")
 FP8_SHORT_K, FP8_SHORT_K_RUN = 2048, 4
 # the schedule of bf16 / fp16 and of FP8 groups under FP8_PREFILL_ROWS rows: no promotion overlap (bf16 has no
 # promotion; FP8 decode is at the copy roof), the direct epilogue
 PLAIN_SCHEDULE = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
 FP8_PREFILL_ROWS = 128
-# FP8 prefill from 256 rows per group, N a multiple of 256: 128 x 256 waves + smem epilogue, 1-9% faster than
-# 128 x 128 (H200, perf/results/experiments/2026-11-26-h200-moe-gemm-fp8-wide-tiles-9e95854.json; H100 at 512 / 1024
-# rows 3-9%, at 128 rows 1-4% slower: ...-h100-moe-gemm-fp8-rows-roof-f860d3d.json); moe_sm90.config_for applies it
+# FP8 prefill from 256 rows per group, N a multiple of 256: 128 x 256 waves + smem epilogue, twice the MMA work per
+# stage for 1.5x its bytes, faster than 128 x 128 from 256 rows (slower at 128: docs/cute.md, alternatives
+# measured); moe_sm90.config_for applies it
 FP8_PREFILL_WIDE = dict(tile_m=128, tile_n=256, epilogue="smem")
 FP8_PREFILL_WIDE_ROWS = 256
 FP8_WIDE = ((256, 128), (128, 256), (128, 192))  # FP8 tiles of the wave schedule (GemmConfig.wide)
@@ -179,8 +179,7 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     fit = (SMEM_BYTES - SMEM_RESERVED - epilogue_bytes(epilogue, tile_m, tile_n)) // stage_bytes(tile_m, tile_n)
     if stages is not None and not 2 <= stages <= fit:
         raise ValueError(f"stages={stages}: 2 to {fit} fit in shared memory for a {tile_m}x{tile_n} tile")
-    # FP8 6 rather than the 7 that fit: 2-3% faster at 256 and 512 rows per expert (H100, 76665c5,
-    # perf/results/experiments/2026-11-25-h100-cute-gemm-tiles-76665c5.json)
+    # FP8 6 rather than the 7 that fit: the 7th stage was no faster (docs/cute.md, alternatives measured)
     stages = stages or min(6 if dtype == "fp8" else 8, fit)
     if (promote_run or scale_prefetch) and dtype != "fp8":
         raise ValueError("promote_run / scale_prefetch: FP8 only (the bf16 / fp16 main loop has no promotion)")

@@ -1,8 +1,8 @@
 """CuTeDSL backends of `lowbit::moe_gemm_bf16` / `moe_gemm_fp8` on sm_90: the grouped WGMMA GEMM of grouped_sm90.py.
 
 Contract: dispatch/reference/moe_gemm.py (docs/moe_gemm.md); same signature as the op minus `backend`.
-Ran on an H100 (HARDWARE_STATUS); `auto` takes it where it was timed faster than the Triton kernel (auto_skip_bf16
-/ auto_skip_fp8), backend="cute" forces it.
+Runs on the H100 and the H200 (HARDWARE_STATUS); `auto` takes it where it was timed faster than the Triton kernel
+(auto_skip_bf16 / auto_skip_fp8), backend="cute" forces it.
 
 Layouts -> the kernel's groups (starts[g], counts[g]), built on the device (no host sync; graph-safe):
 * masked (E, max_m, K): a viewed as (E * max_m, K); starts = g * max_m (a cached constant), counts =
@@ -27,16 +27,12 @@ from .. import _compile
 from .grouped_sm90_config import FP8_PREFILL_WIDE, FP8_PREFILL_WIDE_ROWS, pick_config
 
 UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
-HARDWARE_STATUS = ("CuTeDSL sm_90 grouped GEMM: its GPU tests passed on an H100 (163 at f860d3d) and an H200 (19 at "
-                   "6d8fcae)")
-# Measured on the H100, DeepSeek-V3 GEMM1 (N 4096, K 7168), 32 experts, one process: at 94a35da
-# (perf/results/nvidia-h100-80gb-hbm3.jsonl) FP8 prefill (256 rows per expert) 0.69x torch._scaled_grouped_mm
-# against the Triton kernel's 0.47x; bf16 prefill 0.79x torch._grouped_mm against Triton's 0.83x, bf16 decode
-# (256 x 16, masked) 0.99x against Triton's 1.06x. At 76665c5
-# (perf/results/experiments/2026-11-25-h100-cute-gemm-tiles-76665c5.json): bf16 256 rows 0.77x (1.03x Triton),
-# 512 rows 0.92x (1.19x Triton); FP8 with 6 stages 0.72x at 256 rows, 0.80x at 512 (1.5-1.7x Triton).
+HARDWARE_STATUS = "CuTeDSL sm_90 grouped GEMM: its GPU tests pass on an H100 and an H200 (docs/cute.md)"
+# Where auto takes the kernel (docs/cute.md and docs/moe_gemm.md, Measured): FP8 prefill is well ahead of the
+# Triton kernel, whose per-K-step scaling drains the MMA pipeline; bf16 only pulls ahead at 512 rows per expert;
+# decode streams the weights, where Triton is at the copy roof.
 PREFILL_ROWS_PER_EXPERT = 128  # FP8: auto takes the cute kernel from here (timed at 256 and 512); below, Triton
-BF16_ROWS_PER_EXPERT = 512  # bf16: auto takes it from here (1.19x Triton at 512; within a few % either way at 256)
+BF16_ROWS_PER_EXPERT = 512  # bf16: auto takes it from here (faster than Triton at 512; about even at 256)
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -54,8 +50,8 @@ def auto_skip_bf16(a, w, m_indices, masked_m, *rest) -> str | None:
 
 
 def auto_skip_fp8(a, a_scale, w, w_scale, m_indices, masked_m, *rest) -> str | None:
-    """auto_skip of the FP8 row: auto takes it for prefill-sized groups (0.69x vs Triton's 0.47x of
-    torch._scaled_grouped_mm); decode sizes, untimed for it, stay on Triton (at the copy roof there)."""
+    """auto_skip of the FP8 row: auto takes it for prefill-sized groups (faster than Triton there); decode sizes,
+    untimed for it, stay on Triton (at the copy roof there)."""
     if os.environ.get(UNVERIFIED_ENV) == "1" or _rows_per_expert(a, masked_m, w) >= PREFILL_ROWS_PER_EXPERT:
         return None
     return (f"cute moe_gemm_fp8: under {PREFILL_ROWS_PER_EXPERT} rows per expert (decode), not timed; Triton is at "

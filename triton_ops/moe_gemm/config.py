@@ -91,9 +91,9 @@ def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGem
         return MoeGemmConfig(64, 128, 64 if kind == "bf16" else 128, group_m=4, num_warps=4, num_stages=3)
     stages = 2 if arch in _SMALL_SMEM_ARCHS else 3
     if kind == "bf16" and arch not in _SMALL_SMEM_ARCHS:
-        # 5 stages (160 KB of shared memory): 0.81x / 0.80x torch._grouped_mm on DeepSeek's prefill GEMM1 / GEMM2
-        # against 0.65x / 0.68x with 3 (H100 sweep, perf/results/experiments/2026-11-25-h100-moe-gemm-prefill-
-        # tiles-*.json). 128x256 x 4 stages measured 0.83x / 0.82x but needs 255 registers and spills to the stack.
+        # 5 stages (160 KB of shared memory): a deeper ring keeps the 16-bit MMA fed at prefill, faster than 3 on
+        # DeepSeek's GEMM1 / GEMM2; 128x256 x 4 stages was about as fast but needs 255 registers and spills to the
+        # stack (docs/moe_gemm.md, Measured and alternatives measured).
         return MoeGemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=5)
     # fp8 / w4a8: one activation scale per K step; w4a4: 128 FP4 values are 64 bytes a row, as bf16's 64 are 128
     bk = 64 if kind in ("bf16", "mxfp4", "nvfp4") else 128
@@ -111,9 +111,7 @@ def pick_prepacked_config(m_per_expert: int, n: int, k: int, device: torch.devic
 
 def prepacked_swiglu_config(cfg: MoeGemmConfig) -> MoeGemmConfig:
     """GEMM1 + SwiGLU on prepacked weights: the plain tile, with 4 pipeline stages instead of 3 at the 128-token
-    prefill tile, measured faster (H100, GPT-OSS-120b GEMM1, 32 experts x 256 / 1024 rows: MXFP4 590.5 / 2345.1 us
-    against 657.9 / 2385.3, NVFP4 581.5 / 2388.9 against 591.2 / 2408.2;
-    perf/results/experiments/2026-11-26-h100-moe-gemm-fp4-swiglu-onepass-0015b03.json)."""
+    prefill tile, faster at GPT-OSS prefill shapes for both formats (docs/moe_gemm.md, alternatives measured)."""
     if cfg.block_m == 128 and cfg.num_stages == 3:
         return dataclasses.replace(cfg, num_stages=4)
     return cfg
@@ -123,24 +121,20 @@ def prepacked_swiglu_config(cfg: MoeGemmConfig) -> MoeGemmConfig:
 def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str = "mxfp4") -> MoeGemmConfig:
     """Decode (<= 32 tokens per expert): the tokens rounded up to 16 / 32 (the MMA's N side), 128 weight rows (two
     64-row warpgroup-MMA blocks of one warpgroup), 4 warps. K step: MXFP4 at <= 16 tokens 256 with 3 stages (an
-    8-byte scale load per row and step), else 128 with 4 stages. H200, GPT-OSS-120b GEMM1, 128 experts x 16 rows
-    (perf/results/experiments/2026-11-26-h200-moe-gemm-fp4-prepacked-decode-783f6e2.json): MXFP4 128 x 256 x 3
-    stages 545.9 us (128 x 128 x 4: 553.1; triton_kernels 554.1), NVFP4 128 x 128 x 4 515.9 us (128 x 256: 545.8);
-    32-token tiles, 256 weight rows and 8 warps were slower there.
+    8-byte scale load per row and step), else 128 with 4 stages: each the faster of the two K steps for its format
+    at GPT-OSS decode; 32-token tiles, 256 weight rows and 8 warps were slower (docs/moe_gemm.md, alternatives
+    measured).
     Mid (<= 64): 64 tokens x 128 rows, 8 warps (two warpgroups of 64 weight rows; 4 warps spill, ptxas sm_90).
     Prefill: 128 tokens x 128 weight rows, 8 warps (each warpgroup a 64 x 128 fp32 accumulator), 128 K, 3 stages
-    (~115 KB of shared memory; 2 on ~100 KB parts): H200, GPT-OSS-120b GEMM1 / GEMM2, 32 experts x 256 / 1024 rows
-    (perf/results/experiments/2026-11-26-h200-moe-gemm-fp4-prefill-tokens-m-f6014cc.json): MXFP4 0-4% faster than 4
-    stages, NVFP4 even; 256-token tiles spill (ptxas, sm_90, Triton 3.6) and the tokens-on-M orientation (the
-    weight tile as the shared-memory B operand) was 15-25% slower there. The contiguous layout should be aligned to
-    block_m.
+    (~115 KB of shared memory; 2 on ~100 KB parts): at least as fast as 4 stages; 256-token tiles spill (ptxas,
+    sm_90, Triton 3.6) and the tokens-on-M orientation (the weight tile as the shared-memory B operand) was slower
+    (docs/moe_gemm.md, alternatives measured). The contiguous layout should be aligned to block_m.
     Prefill loads the tokens by TMA (a_tma, where the layout allows a descriptor); MXFP4 also loads the scale bytes
     in the value words' shape (scale_words) and runs the folded conversion (one multiply per pair) in every tile
     whose scale bytes are all <= 128 (fold_scale): per 128-K step 302 SASS instructions per thread against
-    372 (ptxas sm_90, Triton 3.6), equal bytes. H200, same shapes
-    (perf/results/experiments/2026-11-26-h200-moe-gemm-fp4-sass-fast-89ecae8.json): MXFP4 1.09-1.14x the plain
-    tile (0.87-0.92x triton_kernels), NVFP4 (a_tma alone) 1.06-1.07x; scale_words + fold without TMA, and
-    scale_words with TMA for NVFP4, were no faster than the plain tile there.
+    372 (ptxas sm_90, Triton 3.6), equal bytes; both formats faster than the plain tile with these options, while
+    scale_words + fold without TMA, and scale_words for NVFP4, were not (docs/moe_gemm.md, Measured and
+    alternatives measured).
     Interpreter: one 128-K chunk per step, tiles no larger than the problem."""
     if arch == "cpu":
         bt = 16 if m <= 16 else 32 if m <= 32 else 64
@@ -174,7 +168,7 @@ def pick_swiglu_gemm_config_for_arch(kind: str, m: int, i: int, k: int, arch: st
         return dataclasses.replace(cfg, block_n=max(cfg.block_n, min_block_n))
     block_n = max(64, min_block_n)
     # FP8 weights with a 128-wide output tile: 64 rows (ptxas, sm_90, Triton 3.6: 128 x 128 x 2 accumulators spill
-    # ~2 KB per thread, 64 x 128 ~0.45 KB; not measured on a GPU yet)
+    # ~2 KB per thread, 64 x 128 ~0.45 KB; picked by the spill count, not by timing)
     block_m = 64 if kind == "fp8" and block_n >= 128 else cfg.block_m
     # pipeline stages within ~200 KB of shared memory: per stage the activation tile and two weight tiles
     a_bytes = 1 if kind in ("fp8", "w4a8") else 2
