@@ -43,18 +43,24 @@ def _generate(model, new_tokens: int):
                               do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=PAD)
 
 
-def assert_patched_generation_matches(reference, new_tokens: int, backend: str, expect: dict[str, int]):
-    patched = copy.deepcopy(reference)
-    report = lowbit_patch(patched)
-    assert report.replaced == expect
+def assert_generation_matches(patched, reference, new_tokens: int, backend: str = "auto",
+                              cosine_min: float = COSINE_MIN):
+    """Greedy generation: the same tokens, every step's logits at cosine >= cosine_min per sequence."""
     want = _generate(reference, new_tokens)
     scope = dispatch.use_backend(backend) if backend != "auto" else contextlib.nullcontext()
     with scope:
         got = _generate(patched, new_tokens)
     for step, (a, b) in enumerate(zip(got.logits, want.logits, strict=True)):
         cos = torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
-        assert bool((cos >= COSINE_MIN).all()), f"step {step}: logits cosine {cos.tolist()}"
+        assert bool((cos >= cosine_min).all()), f"step {step}: logits cosine {cos.tolist()}"
     assert torch.equal(got.sequences, want.sequences), f"{got.sequences}\n!=\n{want.sequences}"
+
+
+def assert_patched_generation_matches(reference, new_tokens: int, backend: str, expect: dict[str, int]):
+    patched = copy.deepcopy(reference)
+    report = lowbit_patch(patched)
+    assert report.replaced == expect
+    assert_generation_matches(patched, reference, new_tokens, backend)
 
 
 def _snapshot(model) -> tuple:
@@ -62,10 +68,10 @@ def _snapshot(model) -> tuple:
             [(n, p.data_ptr(), p.shape) for n, p in model.named_parameters()], model.config._attn_implementation)
 
 
-def assert_refused_unmodified(model, *reasons: str):
+def assert_refused_unmodified(model, *reasons: str, **patch_kwargs):
     before = _snapshot(model)
     with pytest.raises(UnsupportedModelError) as err:
-        lowbit_patch(model)
+        lowbit_patch(model, **patch_kwargs)
     for reason in reasons:
         assert reason in str(err.value), f"{reason!r} not in {err.value}"
     assert len(err.value.problems) >= len(reasons)
@@ -146,7 +152,7 @@ def test_gpt_oss_fp32_experts_refused_unmodified():
 # ------------------------------------------------------------------------------------------ DeepSeek-V3
 
 
-def deepseek_v3(dtype=torch.bfloat16, **overrides):
+def deepseek_v3(dtype=torch.bfloat16, seed: int = 0, **overrides):
     kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
               first_k_dense_replace=1, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=8,
               num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32,
@@ -156,7 +162,7 @@ def deepseek_v3(dtype=torch.bfloat16, **overrides):
                                "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 1.0,
                                "beta_fast": 32.0, "beta_slow": 1.0})
     kw.update(overrides)
-    return _build(transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config(**kw), dtype)
+    return _build(transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config(**kw), dtype, seed)
 
 
 DEEPSEEK_V3_SWAPS = {"DeepseekV3RMSNorm": 9, "DeepseekV3MLP": 2, "DeepseekV3MoE": 1}

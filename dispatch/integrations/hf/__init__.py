@@ -1,9 +1,17 @@
 """lowbit ops in transformers models: `lowbit_patch(model)` swaps them in, in place (docs/models.md).
-transformers is imported only when a patch registers the "lowbit" attention implementation."""
+transformers is imported only when a patch registers the "lowbit" attention implementation, or when
+`LowbitPagedCache` (a transformers Cache subclass) is first looked up."""
 
 from .attention import UnsupportedMaskError, lowbit_attention_forward
 from .patch import PatchReport, UnsupportedModelError, lowbit_patch, patch_deepseek_v3, patch_gpt_oss, patch_llama
 
-__all__ = ["PatchReport", "UnsupportedMaskError", "UnsupportedModelError", "lowbit_attention_forward",
-           "lowbit_patch",
-           "patch_deepseek_v3", "patch_gpt_oss", "patch_llama"]
+__all__ = ["LowbitPagedCache", "PagedCacheError", "PatchReport", "UnsupportedMaskError", "UnsupportedModelError",
+           "lowbit_attention_forward", "lowbit_patch", "patch_deepseek_v3", "patch_gpt_oss", "patch_llama"]
+
+
+def __getattr__(name: str):
+    if name in ("LowbitPagedCache", "PagedCacheError"):
+        from . import paged_cache
+
+        return getattr(paged_cache, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

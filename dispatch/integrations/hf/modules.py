@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ... import ops
-from .attention import lowbit_attention_forward
+from .attention import lowbit_attention_forward, sliding_window_bounds
 
 
 class LowbitRMSNorm(nn.Module):
@@ -57,7 +57,8 @@ class LowbitSwiGLUMLP(nn.Module):
 class LowbitAttention(nn.Module):
     """Llama / GPT-OSS attention: q/k/v projections, NeoX RoPE through `ops.rope` on the model's cos/sin cache
     (shared by all layers), the transformers KV cache, then `lowbit_attention_forward` (causal, GQA, the layer's
-    sliding window, sinks if the layer has them) and the output projection."""
+    sliding window, sinks if the layer has them) and the output projection. With a `LowbitPagedCache` the cache
+    stores the keys in its pages and runs the paged attention ops itself."""
 
     def __init__(self, original: nn.Module, cos_sin_cache: Tensor):
         super().__init__()
@@ -79,6 +80,12 @@ class LowbitAttention(nn.Module):
             raise ValueError("lowbit attention: argument 'position_ids': the patched attention needs the positions "
                              "the model passes its layers")
         q, k = ops.rope(q, k, position_ids.expand(b, s).reshape(-1), self.cos_sin_cache, is_neox=True)
+        if getattr(past_key_values, "lowbit_paged", False):  # LowbitPagedCache: paged writes + paged attention
+            out = past_key_values.attend(self.layer_idx, q.view(b, s, -1, self.head_dim),
+                                         k.view(b, s, -1, self.head_dim), v.transpose(1, 2), attention_mask,
+                                         scaling=self.scaling, window=sliding_window_bounds(self.sliding_window),
+                                         sinks=None if self.sinks is None else self.sinks.float())
+            return self.o_proj(out.reshape(b, s, -1)), None
         q, k = q.view(b, s, -1, self.head_dim).transpose(1, 2), k.view(b, s, -1, self.head_dim).transpose(1, 2)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)

@@ -4,7 +4,11 @@ GPT-OSS: router logits (the model's linear with its bias) -> `ops.moe_route` sof
 over the top-k logits, transformers' GptOssTopKRouter) -> `moe_align` -> `moe_gather` -> `moe_gemm_bf16` (+ the
 expert's gate_up bias) -> `ops.swiglu` (GPT-OSS variant, interleaved gate/up, alpha 1.702, limit 7.0) ->
 `moe_gemm_bf16` (+ the down bias) -> `moe_combine`. The biases are why this is the op chain and not
-`moe_layer`, which has none: each bias is added to the GEMM's rounded output, as transformers adds it.
+`moe_layer`, which has none: each bias is added to the GEMM's rounded output, as transformers adds it. MXFP4
+experts (`LowbitMxfp4Experts`, W4A16) run the same chain with `moe_gemm_mxfp4` for the two GEMMs.
+
+DeepSeek-V3: `ops.moe_layer_routed` with bf16 experts, or FP8 block-scaled ones (`LowbitFp8Experts`, W8A8: the
+activations quantized per 1x128 group on the way, GEMM1 + SwiGLU + FP8 and GEMM2 + combine fused).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from torch import Tensor, nn
 
 from ... import ops
 from ...ops.moe_layer import _block_m
+from .experts import LowbitFp8Experts, LowbitMxfp4Experts
 
 
 def _transposed_storage(param: nn.Parameter) -> Tensor:
@@ -24,15 +29,22 @@ def _transposed_storage(param: nn.Parameter) -> Tensor:
 
 
 class LowbitGptOssMLP(nn.Module):
-    """transformers' GptOssMLP (router + experts with biases) through lowbit's MoE ops; returns (out, None)."""
+    """transformers' GptOssMLP (router + experts with biases) through lowbit's MoE ops; returns (out, None).
+    `mxfp4` replaces the experts by MXFP4 ones (`moe_gemm_mxfp4`); without it the bf16 / fp16 experts stay."""
 
-    def __init__(self, original: nn.Module):
+    def __init__(self, original: nn.Module, mxfp4: LowbitMxfp4Experts | None = None):
         super().__init__()
-        self.router, self.experts = original.router, original.experts
-        self.top_k, self.num_experts = original.router.top_k, original.experts.num_experts
-        self.alpha, self.limit = float(original.experts.alpha), float(original.experts.limit)
-        self.register_buffer("w1", _transposed_storage(self.experts.gate_up_proj), persistent=False)  # (E, 2I, H)
-        self.register_buffer("w2", _transposed_storage(self.experts.down_proj), persistent=False)  # (E, H, I)
+        self.router, self.experts = original.router, original.experts if mxfp4 is None else mxfp4
+        self.top_k, self.num_experts = original.router.top_k, original.router.weight.shape[0]
+        self.alpha, self.limit = float(self.experts.alpha), float(self.experts.limit)
+        if mxfp4 is None:
+            self.register_buffer("w1", _transposed_storage(self.experts.gate_up_proj), persistent=False)  # (E, 2I, H)
+            self.register_buffer("w2", _transposed_storage(self.experts.down_proj), persistent=False)  # (E, H, I)
+
+    def _gemm(self, x: Tensor, proj: str, rows: Tensor) -> Tensor:
+        if isinstance(self.experts, LowbitMxfp4Experts):
+            return ops.moe_gemm_mxfp4(x, *self.experts.operands(proj), m_indices=rows)
+        return ops.moe_gemm_bf16(x, self.w1 if proj == "gate_up_proj" else self.w2, m_indices=rows)
 
     def forward(self, hidden_states: Tensor) -> tuple[Tensor, None]:
         shape = hidden_states.shape
@@ -43,22 +55,25 @@ class LowbitGptOssMLP(nn.Module):
                                                                               self.num_experts))
         rows = layout.m_indices
         expert_of_row = rows.clamp(min=0).long()  # padding rows (-1) are never combined: any expert's bias will do
-        h = ops.moe_gemm_bf16(ops.moe_gather(x, layout.sorted_token_ids, self.top_k), self.w1, m_indices=rows)
+        h = self._gemm(ops.moe_gather(x, layout.sorted_token_ids, self.top_k), "gate_up_proj", rows)
         h = h + self.experts.gate_up_proj_bias[expert_of_row]
         a = ops.swiglu(h, interleave=1, activation="gptoss", alpha=self.alpha, limit=self.limit, expert_ids=rows)
-        out = ops.moe_gemm_bf16(a, self.w2, m_indices=rows) + self.experts.down_proj_bias[expert_of_row]
+        out = self._gemm(a, "down_proj", rows) + self.experts.down_proj_bias[expert_of_row]
         y = ops.moe_combine(out, layout.inv_rows, routing.topk_weights, out_dtype=x.dtype)
         return y.view(shape), None
 
 
 class LowbitDeepseekV3MoE(nn.Module):
     """transformers' DeepseekV3MoE: the router's fp32 logits -> `ops.moe_layer_routed` (sigmoid + correction
-    bias, grouped top-k, renormalize, routed scaling; bf16 experts, [gate | up] rows as transformers stores them)
-    with the shared experts' output added in the combine."""
+    bias, grouped top-k, renormalize, routed scaling; [gate | up] rows as transformers stores them) with the shared
+    experts' output added in the combine. Experts bf16 / fp16, or FP8 (`fp8`: E4M3 + 128x128 scale_inv)."""
 
-    def __init__(self, original: nn.Module):
+    def __init__(self, original: nn.Module, fp8: LowbitFp8Experts | None = None):
         super().__init__()
-        self.gate, self.experts, self.shared_experts = original.gate, original.experts, original.shared_experts
+        self.gate, self.shared_experts = original.gate, original.shared_experts
+        self.experts = original.experts if fp8 is None else fp8
+        self.quantized = {} if fp8 is None else dict(weights="fp8", w1_scale=fp8.gate_up_proj_scale_inv,
+                                                     w2_scale=fp8.down_proj_scale_inv)
 
     def forward(self, hidden_states: Tensor) -> Tensor:
         shape, gate = hidden_states.shape, self.gate
@@ -69,5 +84,5 @@ class LowbitDeepseekV3MoE(nn.Module):
                                  renormalize=bool(gate.norm_topk_prob),
                                  routed_scaling=float(gate.routed_scaling_factor), num_groups=gate.num_group,
                                  topk_groups=gate.topk_group,
-                                 shared=self.shared_experts(x))
+                                 shared=self.shared_experts(x), **self.quantized)
         return y.view(shape)

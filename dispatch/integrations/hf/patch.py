@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -16,6 +16,7 @@ from torch import nn
 from triton_ops.attention.prefill import MAX_HEAD_DIM
 
 from . import attention as attn
+from .experts import deepseek_v3_fp8_experts, gpt_oss_mxfp4_experts, plan_deepseek_v3, plan_gpt_oss
 from .modules import LowbitAttention, LowbitRMSNorm, LowbitSwiGLUMLP
 from .moe import LowbitDeepseekV3MoE, LowbitGptOssMLP
 from .rope import cos_sin_cache, rope_problems
@@ -35,12 +36,14 @@ class UnsupportedModelError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class PatchReport:
-    """What a patch replaced: original module class name -> count, and the lowbit modules that replaced them."""
+    """What a patch replaced: original module class name -> count, the lowbit modules that replaced them, and the
+    experts' weight format ("bf16", "mxfp4", "fp8"; None for a dense model)."""
 
     model_type: str
     replaced: dict[str, int]
     replacements: dict[str, str]
     attn_implementation: str
+    experts: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +67,8 @@ def _head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def _apply(model: nn.Module, model_type: str, swaps: list[Swap], problems: list[str]) -> PatchReport:
+def _apply(model: nn.Module, model_type: str, swaps: list[Swap], problems: list[str],
+           experts: str | None = None) -> PatchReport:
     if problems:
         raise UnsupportedModelError(model_type, problems)
     replaced, replacements = collections.Counter(), {}
@@ -76,7 +80,7 @@ def _apply(model: nn.Module, model_type: str, swaps: list[Swap], problems: list[
         replacements[type(old).__name__] = type(new).__name__
     attn.register()
     model.set_attn_implementation(attn.IMPLEMENTATION)
-    return PatchReport(model_type, dict(replaced), replacements, attn.IMPLEMENTATION)
+    return PatchReport(model_type, dict(replaced), replacements, attn.IMPLEMENTATION, experts)
 
 
 def _norm_swaps(layer: nn.Module, names: tuple[str, ...], eps: float) -> list[Swap]:
@@ -96,11 +100,13 @@ def _attention_swaps(model, config, problems: list[str]) -> list[Swap]:
     return [Swap(layer, "self_attn", lambda m: LowbitAttention(m, cache)) for layer in model.model.layers]
 
 
-def patch_llama(model: nn.Module) -> PatchReport:
+def patch_llama(model: nn.Module, experts: str | None = None, expert_weights: Mapping | None = None) -> PatchReport:
     """LlamaForCausalLM / LlamaModel: RMSNorm -> ops.rms_norm, RoPE -> ops.rope, attention -> ops.attention /
-    attention_prefill, the SwiGLU MLP's activation -> ops.swiglu (silu)."""
+    attention_prefill, the SwiGLU MLP's activation -> ops.swiglu (silu). A dense model: no expert arguments."""
     config = model.config
     problems = _problems_common(model, config)
+    if experts is not None or expert_weights is not None:
+        problems.append("experts / expert_weights given: Llama has no experts")
     if config.hidden_act != "silu":
         problems.append(f"hidden_act {config.hidden_act!r} (the MLP patch is SwiGLU with silu)")
     swaps = _attention_swaps(model, config, problems)
@@ -111,33 +117,46 @@ def patch_llama(model: nn.Module) -> PatchReport:
     return _apply(model, "llama", swaps, problems)
 
 
+def _experts_format(plans: list) -> str | None:
+    formats = sorted({plan.weights for plan in plans if plan is not None})
+    return ",".join(formats) or None
+
+
 # GPT-OSS's expert activation: transformers' GptOssExperts hard-codes these; the swap reads them from the module.
 GPT_OSS_EXPERTS = {"alpha": 1.702, "limit": 7.0}
-MOE_GEMM_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def patch_gpt_oss(model: nn.Module) -> PatchReport:
+def patch_gpt_oss(model: nn.Module, experts: str | None = None, expert_weights: Mapping | None = None
+                  ) -> PatchReport:
     """GptOssForCausalLM / GptOssModel: RMSNorm, RoPE (YaRN), attention with sinks and the alternating sliding /
-    full layers, the router -> ops.moe_route and the experts -> lowbit's MoE op chain (bf16 / fp16 weights)."""
+    full layers, the router -> ops.moe_route and the experts -> lowbit's MoE op chain.
+
+    experts: None (as the model holds them: bf16 / fp16), "bf16", or "mxfp4" (W4A16 through `moe_gemm_mxfp4`: the
+    checkpoint's MXFP4 tensors in `expert_weights` (a state dict with `<experts path>.gate_up_proj_blocks`,
+    `_scales`, `down_proj_blocks`, `_scales`, as the GPT-OSS checkpoint names them) used as they are, or without
+    them the bf16 weights quantized at patch time). The replaced bf16 experts are released."""
     config = model.config
     problems = _problems_common(model, config)
     swaps = _attention_swaps(model, config, problems)
+    paths = {id(m): name for name, m in model.named_modules()}
+    plans = []
     for i, layer in enumerate(model.model.layers):
-        experts = layer.mlp.experts
-        if experts.gate_up_proj.dtype not in MOE_GEMM_DTYPES:
-            problems.append(f"layer {i} experts: dtype {experts.gate_up_proj.dtype} (the expert GEMMs take "
-                            f"{', '.join(map(str, MOE_GEMM_DTYPES))}; quantized experts are not patched)")
+        module = layer.mlp.experts
+        plan = plan_gpt_oss(i, paths[id(module)], module, experts, expert_weights, problems)
+        plans.append(plan)
         for name, want in GPT_OSS_EXPERTS.items():
-            if getattr(experts, name, None) != want:
-                problems.append(f"layer {i} experts: {name} {getattr(experts, name, None)} (ops.swiglu's GPT-OSS "
+            if getattr(module, name, None) != want:
+                problems.append(f"layer {i} experts: {name} {getattr(module, name, None)} (ops.swiglu's GPT-OSS "
                                 f"variant is patched with {name}={want})")
         swaps += _norm_swaps(layer, ("input_layernorm", "post_attention_layernorm"), config.rms_norm_eps)
-        swaps.append(Swap(layer, "mlp", LowbitGptOssMLP))
+        swaps.append(Swap(layer, "mlp", lambda m, p=plan: LowbitGptOssMLP(
+            m, None if p.weights == "bf16" else gpt_oss_mxfp4_experts(p, m.experts, expert_weights))))
     swaps += _norm_swaps(model.model, ("norm",), config.rms_norm_eps)
-    return _apply(model, "gpt_oss", swaps, problems)
+    return _apply(model, "gpt_oss", swaps, problems, _experts_format(plans))
 
 
-def _deepseek_v3_layer(i: int, layer: nn.Module, config, problems: list[str]) -> list[Swap]:
+def _deepseek_v3_layer(i: int, layer: nn.Module, config, experts: str | None, problems: list[str],
+                       plans: list) -> list[Swap]:
     attention, eps = layer.self_attn, config.rms_norm_eps
     swaps = _norm_swaps(layer, ("input_layernorm", "post_attention_layernorm"), eps)
     swaps += _norm_swaps(attention, tuple(n for n in ("q_a_layernorm", "kv_a_layernorm") if hasattr(attention, n)),
@@ -145,43 +164,54 @@ def _deepseek_v3_layer(i: int, layer: nn.Module, config, problems: list[str]) ->
     mlp = layer.mlp
     if not hasattr(mlp, "experts"):
         return swaps + [Swap(layer, "mlp", LowbitSwiGLUMLP)]
-    if mlp.experts.gate_up_proj.dtype not in MOE_GEMM_DTYPES:
-        problems.append(f"layer {i} experts: dtype {mlp.experts.gate_up_proj.dtype} (the expert GEMMs take "
-                        f"{', '.join(map(str, MOE_GEMM_DTYPES))}; FP8 experts are not patched)")
+    plan = plan_deepseek_v3(i, mlp.experts, experts, problems)
+    plans.append(plan)
     if mlp.gate.num_experts % mlp.gate.num_group:
         problems.append(f"layer {i} router: {mlp.gate.num_experts} experts in {mlp.gate.num_group} groups")
-    return swaps + [Swap(mlp, "shared_experts", LowbitSwiGLUMLP), Swap(layer, "mlp", LowbitDeepseekV3MoE)]
+    return swaps + [Swap(mlp, "shared_experts", LowbitSwiGLUMLP), Swap(layer, "mlp", lambda m: LowbitDeepseekV3MoE(
+        m, None if plan.weights == "bf16" else deepseek_v3_fp8_experts(plan, m.experts)))]
 
 
-def patch_deepseek_v3(model: nn.Module) -> PatchReport:
+def patch_deepseek_v3(model: nn.Module, experts: str | None = None, expert_weights: Mapping | None = None
+                      ) -> PatchReport:
     """DeepseekV3ForCausalLM / DeepseekV3Model: RMSNorm (the latent norms too), MLA attention through the
     'lowbit' attention function (ops.attention / attention_prefill with the q/k 192 and v 128 head dims; the
     projections and the interleaved RoPE stay transformers'), the dense and shared SwiGLU MLPs, and the routed
-    experts -> ops.moe_layer_routed (sigmoid + correction bias, grouped top-k)."""
+    experts -> ops.moe_layer_routed (sigmoid + correction bias, grouped top-k).
+
+    experts: None (as the model holds them: bf16 / fp16, or transformers' FP8Experts from an FP8 checkpoint, whose
+    E4M3 weights and 128x128 `*_scale_inv` are used as they are), "bf16", or "fp8" (the bf16 weights quantized to
+    128x128 E4M3 blocks at patch time, the checkpoints' scale_inv convention). FP8 experts run W8A8 (activations
+    quantized per 1x128 group)."""
     config = model.config
     problems = _problems_common(model, config)
+    if expert_weights is not None:
+        problems.append("expert_weights given: DeepSeek-V3's FP8 checkpoint tensors are read from the loaded "
+                        "model's FP8Experts")
     head_dims = (config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim)
     if max(head_dims) > MAX_HEAD_DIM:
         problems.append(f"head dims (qk {head_dims[0]}, v {head_dims[1]}) (the attention kernels take at most "
                         f"{MAX_HEAD_DIM})")
     if config.hidden_act != "silu":
         problems.append(f"hidden_act {config.hidden_act!r} (the MLP patch is SwiGLU with silu)")
-    swaps = []
+    swaps, plans = [], []
     for i, layer in enumerate(model.model.layers):
-        swaps += _deepseek_v3_layer(i, layer, config, problems)
+        swaps += _deepseek_v3_layer(i, layer, config, experts, problems, plans)
     swaps += _norm_swaps(model.model, ("norm",), config.rms_norm_eps)
-    return _apply(model, "deepseek_v3", swaps, problems)
+    return _apply(model, "deepseek_v3", swaps, problems, _experts_format(plans))
 
 
-PATCHES: dict[str, Callable[[nn.Module], PatchReport]] = {"llama": patch_llama, "gpt_oss": patch_gpt_oss,
+PATCHES: dict[str, Callable[..., PatchReport]] = {"llama": patch_llama, "gpt_oss": patch_gpt_oss,
                                                           "deepseek_v3": patch_deepseek_v3}
 
 
-def lowbit_patch(model: nn.Module) -> PatchReport:
-    """Patch a transformers model in place for its `config.model_type`; returns what was replaced."""
+def lowbit_patch(model: nn.Module, experts: str | None = None, expert_weights: Mapping | None = None
+                 ) -> PatchReport:
+    """Patch a transformers model in place for its `config.model_type`; returns what was replaced. `experts` /
+    `expert_weights`: the MoE experts' format (GPT-OSS "mxfp4", DeepSeek-V3 "fp8"; see the patch functions)."""
     model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
     patch = PATCHES.get(model_type)
     if patch is None:
         raise UnsupportedModelError(model_type, [f"model_type {model_type!r} has no lowbit patch (supported: "
                                                  f"{', '.join(sorted(PATCHES))})"])
-    return patch(model)
+    return patch(model, experts=experts, expert_weights=expert_weights)
