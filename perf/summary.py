@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import math
 import statistics
 
 from dispatch.describe import auto_candidates
@@ -161,7 +162,7 @@ def cell(op: str, crs: list[CaseResult]) -> str:
                     + (f", eager {_span(host, _us)}" if host else "") + "</span>")
     tip = "\n".join(f"{c.case}: {c.auto} ({c.auto_source}) {c.status}; GPU {_us(c.gpu_us) if c.gpu_us else '-'}, "
                     f"eager {_us(c.host_us) if c.host_us else '-'}"
-                    + (f", {100 * c.roof:.1f}% roof" if c.roof else "")
+                    + (", launch-bound" if c.launch_bound else (f", {100 * c.roof:.1f}% roof" if c.roof else ""))
                     + (f", {c.peer_ratio:.2f}x {c.peer}" if c.peer_ratio else "") for c in crs)
     return f'<a class="cell" href="#op-{E(op)}" title="{E(tip)}">' + "<br>".join(bits) + "</a>"
 
@@ -245,17 +246,20 @@ def regressions_html(regs: dict[tuple, Regression], threshold: float, noise_floo
         return ('<div class="card ok" id="regressions">No regressions: every shipped backend\'s newest record of a '
                 f'case is within {threshold:.0%} (or {noise_floor_us} us) of the run before it, or there is no run '
                 'before it.</div>')
-    items = []
-    for k, g in sorted(regs.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+    by_device: dict[str, list[str]] = {}
+    # per device, broken first, then the largest slowdown first
+    for k, g in sorted(regs.items(), key=lambda kv: (str(kv[0][0]), -(kv[1].ratio or math.inf), str(kv[0]))):
         c = g.change
         what = f"{c.base_us:.2f} → {c.new_us:.2f} us (x{c.ratio:.3f})" if c.ratio else E(c.detail)
-        items.append(f'<li><a href="#op-{E(k[1])}">{E(c.label)}</a>: {what}; commit '
-                     f'{E((g.base.get("git_commit") or "?")[:10])} → {E((g.new.get("git_commit") or "?")[:10])}'
-                     f'{" (dirty)" if g.new.get("git_dirty") else ""}; {E(_versions(g.base, g.new))}</li>')
+        by_device.setdefault(g.new.get("device") or str(k[0]), []).append(
+            f'<li><a href="#op-{E(k[1])}">{E(c.label)}</a>: {what}; commit '
+            f'{E((g.base.get("git_commit") or "?")[:10])} → {E((g.new.get("git_commit") or "?")[:10])}'
+            f'{" (dirty)" if g.new.get("git_dirty") else ""}; {E(_versions(g.base, g.new))}</li>')
+    lists = "".join(f'<div class="bucket">{E(dev)}: {len(items)}</div><ul class="regs">{"".join(items)}</ul>'
+                    for dev, items in by_device.items())
     return (f'<div class="card" id="regressions"><b class="regtag">{len(regs)} regression(s)</b> of shipped backends '
             f'(newest record of a case vs the run before it on the same device; &gt;{threshold:.0%} slower at the '
-            f'median and &gt;{noise_floor_us} us, or broken; the reference backend is not gated):'
-            f'<ul class="regs">{"".join(items)}</ul></div>')
+            f'median and &gt;{noise_floor_us} us, or broken; the reference backend is not gated):{lists}</div>')
 
 
 # --------------------------------------------------------------------------------------- model / multi-GPU
