@@ -17,6 +17,14 @@ def hardware_status(entry: Entry, arch: str) -> str:
     return ""
 
 
+def auto_candidates(op: str, arch: str) -> list[tuple[str, str | None]]:
+    """The backends `backend="auto"` tries for `op` on `arch`, best first (registry.select's order: the rows built for
+    `arch` with a positive priority), each with its row's per-shape `auto_skip` preference ("module:function") or
+    None. Host availability is not consulted: a caller holding benchmark records knows which backends ran there."""
+    ranked = sorted(TABLE.get(op, []), key=lambda e: -e.priority)
+    return [(e.backend, e.auto_skip) for e in ranked if arch in e.archs and e.priority > 0]
+
+
 def table_rows(arch: str) -> list[tuple[str, str, str, str, str]]:
     """(op, backend, rank, status on `arch`, why) with the entry auto picks first, per op."""
     return [row[:4] + row[5:] for row in _rows(arch)]

@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("new")
     c.add_argument("--threshold", type=float, default=0.05, help="relative slowdown of the median (0.05 = 5%%)")
     c.add_argument("--noise-floor-us", type=float, default=0.5, help="ignore slowdowns smaller than this")
-    c.add_argument("--providers", default="lowbit", help="lowbit (default) | all | comma list")
+    c.add_argument("--providers", default="lowbit",
+                   help="lowbit (default) | shipped (not the reference backend) | all | comma list")
     c.add_argument("--ops", nargs="+")
     c.set_defaults(fn=cmd_compare)
     p = sub.add_parser("report", help="write the static HTML dashboard")

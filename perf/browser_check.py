@@ -1,10 +1,12 @@
 """Load the dashboard in headless Chromium (the Debian package; no browser download) and fail on JS/console
-errors or a missing op section; keep a screenshot.
+errors, a missing op section, a missing summary table or an in-page link without its target; keep a screenshot.
 
     python perf/browser_check.py [--html perf/dashboard/index.html] [--screenshot perf/dashboard/dashboard.png]
                                  [--require-results]
 
-Expected sections: one `<section id="op-<name>">` per op of the dispatch table. `--require-results` also fails
+Expected sections: one `<section id="op-<name>">` per op of the dispatch table; the summary card (`id="summary"`,
+a `<table class="summary">` per device once any op has results) whose every `href="#..."` (and every other in-page
+link) names an id of the rendered page. `--require-results` also fails
 when an op's section has no results (the "done" bar: committed GPU results for every registered op).
 Console errors are caught twice: Chromium's own log (`--enable-logging=stderr`: CONSOLE lines at error level,
 "Uncaught ..."), and the page's window 'error' handler, which writes `<div id="js-error">` into the DOM, which
@@ -51,6 +53,25 @@ def expected_ops() -> list[str]:
     return list(TABLE)
 
 
+def summary_problems(dom: str) -> list[str]:
+    """The summary card is there (with a table per device once any op has results) and every in-page link of the page,
+    the summary's cells first, names an element id that the rendered page has."""
+    problems = []
+    start = dom.find('id="summary"')
+    if start < 0:
+        return ['missing the summary card (id="summary")']
+    end = dom.find('class="muted footnote"', start)
+    block = dom[start:end if end > 0 else len(dom)]
+    has_results = re.search(r'<section class="op card"', dom) is not None  # an op section without "no-results"
+    if has_results and '<table class="summary">' not in block:
+        problems.append("the summary card has no per-device table although some op has results")
+    ids = set(re.findall(r'\sid="([^"]+)"', dom))
+    links = re.findall(r'href="#([^"]*)"', block) + re.findall(r'href="#([^"]*)"', dom)
+    problems += [f"link to #{target} has no element with that id" for target in dict.fromkeys(links)
+                 if target not in ids]
+    return problems
+
+
 def check(html: Path, screenshot: Path | None, require_results: bool, ops: list[str] | None = None) -> list[str]:
     """Problems found (empty: the page is fine)."""
     url = html.resolve().as_uri()
@@ -67,6 +88,7 @@ def check(html: Path, screenshot: Path | None, require_results: bool, ops: list[
         problems.append(f"page error: {m.group(1) if m else '?'}")
     if 'data-ready="1"' not in text:
         problems.append("the page's script did not run to the end (no data-ready on <body>)")
+    problems += summary_problems(text)
     for op in ops if ops is not None else expected_ops():
         m = re.search(rf'<section class="([^"]*)" id="op-{re.escape(op)}"', text)
         if not m:

@@ -5,8 +5,10 @@ Per op (section id="op-<name>"): for each device, the newest run's cases as bar 
 length = fraction of the measured roofline, label = time, GB/s and speed-up over the eager reference), graph-
 replay timings beside the event timings for decode cases, the numbers with p20/p80 and the repro command in a
 table, and the history of every lowbit backend over the device's runs (median time relative to the first run).
-Regressions (newest vs previous run of the same device, the rule of `python -m perf compare`) are outlined in
-red in the charts, listed at the top and marked in the tables.
+At the top (perf/summary.py): per device, what `backend="auto"` ships for each op and regime against the best peer
+and the roofline, the model-level and multi-GPU sections once such records exist, and the regressions of shipped
+backends (a case's newest record vs the run before it), which are also outlined in red in the charts and marked in
+the tables.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import html
 import math
 from pathlib import Path
 
-from perf import results
+from perf import results, summary
 
 PALETTE = {
     "lowbit:triton": "#2563eb", "lowbit:cute": "#7c3aed", "lowbit:torch": "#64748b",
@@ -48,6 +50,11 @@ padding:6px 10px;border-radius:6px;margin:6px 0}.ok{color:#166534}.muted{color:#
 ul.regs{margin:4px 0;padding-left:18px}ul.regs li{color:#991b1b}details summary{cursor:pointer;color:#334155}
 #filter{padding:4px 8px;border:1px solid #cbd5e1;border-radius:6px;margin-bottom:8px;width:260px}
 svg text{font-family:system-ui,sans-serif}
+table.summary{border-collapse:collapse;font-size:12.5px;margin:4px 0 12px}table.summary th{text-align:left;
+background:#f1f5f9;padding:3px 8px}table.summary td,table.summary tr>th{padding:4px 8px;border-bottom:1px solid
+#e2e8f0;vertical-align:top}table.summary tr>th{background:none;font-weight:600}table.summary a{color:inherit;
+text-decoration:none}a.cell{display:block}a.cell:hover{background:#f8fafc}.pick{font-weight:600;color:#1e3a8a}
+.good{color:#166534}.slow{color:#b91c1c}.lb{color:#9a3412}.footnote{max-width:1200px}
 """
 
 JS = """
@@ -106,31 +113,10 @@ def _by_device_runs(records: list[dict]) -> dict[str, list[dict]]:
     return {d: sorted(v.values(), key=lambda x: x.get("timestamp") or "") for d, v in runs.items()}
 
 
-def _regressions(dev_runs: dict[str, list[dict]], threshold: float, noise: float) -> dict[tuple, results.Change]:
-    """key -> Change for cases slower/broken in the newest run of each device vs the run before it (per op:
-    the previous run that measured the op)."""
-    out: dict[tuple, results.Change] = {}
-    for runs in dev_runs.values():
-        if len(runs) < 2:
-            continue
-        newest = runs[-1]["records"]
-        ops = {r["op"] for r in newest}
-        for op in ops:
-            prev = next((run for run in reversed(runs[:-1]) if any(r["op"] == op for r in run["records"])), None)
-            if prev is None:
-                continue
-            base = [r for r in prev["records"] if r["op"] == op]
-            new = [r for r in newest if r["op"] == op]
-            for c in results.compare(base, new, threshold, noise, "lowbit"):
-                if c.verdict in ("slower", "broken"):
-                    out[c.key] = c
-    return out
-
-
 # -------------------------------------------------------------------------------------------------- plots
 
 
-def _bars_svg(cases: list[tuple[str, list[dict]]], regs: dict[tuple, results.Change], extra: dict,
+def _bars_svg(cases: list[tuple[str, list[dict]]], regs: dict[tuple, summary.Regression], extra: dict,
               metric: str = "roof") -> str:
     """Bar groups, one per case (its label on a header row), one bar per (provider, timing).
     metric "roof": bar = fraction of the measured roofline (prefill: the bandwidth/compute story);
@@ -215,7 +201,7 @@ def _bars_svg(cases: list[tuple[str, list[dict]]], regs: dict[tuple, results.Cha
     return "".join(out)
 
 
-def _history_svg(op: str, runs: list[dict], regs: dict[tuple, results.Change]) -> str:
+def _history_svg(op: str, runs: list[dict], regs: dict[tuple, summary.Regression]) -> str:
     """Median time of each (case, lowbit backend, timing) relative to its first run, over this device's runs."""
     runs = [run for run in runs if any(r["op"] == op for r in run["records"])]
     if len(runs) < 2:
@@ -285,7 +271,7 @@ def _history_svg(op: str, runs: list[dict], regs: dict[tuple, results.Change]) -
 # --------------------------------------------------------------------------------------------------- page
 
 
-def _table(recs: list[dict], regs: dict[tuple, results.Change]) -> str:
+def _table(recs: list[dict], regs: dict[tuple, summary.Regression]) -> str:
     peers = sorted({p for r in recs for p in (r.get("vs") or {}) if not p.startswith("lowbit:")}, key=_prov_order)
     head = "".join(f"<th>vs {E(p)}</th>" for p in peers)
     rows = []
@@ -365,27 +351,11 @@ def _registered_ops() -> list[str]:
         return []
 
 
-def _op_summary(op: str, dev_runs) -> tuple[float | None, int]:
-    """Best lowbit roofline fraction (median over cases, newest run of the first device that has the op)."""
-    for runs in dev_runs.values():
-        run = next((run for run in reversed(runs) if any(r["op"] == op for r in run["records"])), None)
-        if run is None:
-            continue
-        best: dict[str, float] = {}
-        for r in run["records"]:
-            if r["op"] == op and r.get("status") == "ok" and r["provider"].startswith("lowbit:") \
-                    and r.get("timing") != "cuda-graph" and r.get("roofline_frac"):
-                best[r["case"]] = max(best.get(r["case"], 0), r["roofline_frac"])
-        if best:
-            v = sorted(best.values())
-            return v[len(v) // 2], len(v)
-    return None, 0
-
-
 def render(records: list[dict], threshold: float = 0.05, noise_floor_us: float = 0.5) -> str:
     dev_runs = _by_device_runs(records)
-    regs = _regressions(dev_runs, threshold, noise_floor_us)
-    ops = list(dict.fromkeys(_registered_ops() + sorted({r["op"] for r in records})))
+    regs = summary.regressions(records, threshold, noise_floor_us)
+    op_records = [r for r in records if results.section_of(r) == "op"]
+    ops = list(dict.fromkeys(_registered_ops() + sorted({r["op"] for r in op_records})))
     extra: dict[str, str] = {}
     devs = "".join(
         f'<tr><td>{E(runs[-1].get("device") or d)}</td><td>{len(runs)} run(s)</td>'
@@ -397,23 +367,12 @@ def render(records: list[dict], threshold: float = 0.05, noise_floor_us: float =
         f'{_fmt((runs[-1].get("roofline") or {}).get("bf16_tflops"))} · fp8 '
         f'{_fmt((runs[-1].get("roofline") or {}).get("fp8_tflops"))} TFLOP/s</td></tr>'
         for d, runs in sorted(dev_runs.items()))
+    with_results = {r["op"] for r in op_records}
     nav = []
     for op in ops:
-        frac, n = _op_summary(op, dev_runs)
         nreg = sum(1 for k in regs if k[1] == op)
-        cls = "reg" if nreg else ("none" if n == 0 else "")
-        pct = f'<span class="pct">{100 * frac:.0f}%</span>' if frac is not None else ""
-        nav.append(f'<a href="#op-{E(op)}" class="{cls}">{E(op)}{pct}{" ▲" + str(nreg) if nreg else ""}</a>')
-    if regs:
-        reg_html = (f'<div class="card"><b class="regtag">{len(regs)} regression(s)</b> (newest run vs the previous '
-                    f'one on the same device; &gt;{threshold:.0%} slower at the median and &gt;{noise_floor_us} us):'
-                    '<ul class="regs">' + "".join(
-                        f'<li><a href="#op-{E(c.key[1])}">{E(c.label)}</a>: '
-                        + (f"{c.base_us:.2f} → {c.new_us:.2f} us (x{c.ratio:.3f})" if c.ratio else E(c.detail))
-                        + "</li>" for c in regs.values()) + "</ul></div>")
-    else:
-        reg_html = '<div class="card ok">No regressions: the newest run of each device is within ' \
-                   f'{threshold:.0%} (or {noise_floor_us} us) of the previous one, or there is no previous run.</div>'
+        cls = "reg" if nreg else ("" if op in with_results else "none")
+        nav.append(f'<a href="#op-{E(op)}" class="{cls}">{E(op)}{" ▲" + str(nreg) if nreg else ""}</a>')
     legend = "".join(f'<span><i style="background:{c}"></i>{E(p)}</span>' for p, c in PALETTE.items())
     sections = []
     for op in ops:
@@ -422,22 +381,23 @@ def render(records: list[dict], threshold: float = 0.05, noise_floor_us: float =
         if not body:
             body = ['<div class="warn">No results for this op yet: run <code>python -m perf run --ops '
                     f'{E(op)}</code> on a GPU and commit perf/results/.</div>']
-        frac, n = _op_summary(op, dev_runs)
-        summ = f"{n} case(s); median best-lowbit roofline fraction {100 * frac:.0f}%" if frac is not None else ""
+        n = len({(r.get("device_slug"), r["case"]) for r in op_records if r["op"] == op})
         sections.append(f'<section class="op card{" no-results" if n == 0 else ""}" id="op-{E(op)}">'
-                        f'<h2>{E(op)}</h2><div class="muted">{summ}</div>{"".join(body)}</section>')
+                        f'<h2>{E(op)}</h2><div class="muted">{n} case(s) over all devices</div>{"".join(body)}'
+                        "</section>")
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return (
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>lowbit performance</title>"
         f"<style>{CSS}</style><script>{JS}</script></head><body>"
         f"<header><h1>lowbit performance</h1><div class=\"sub\">{len(records)} records · {len(dev_runs)} device(s) · "
         f"built {E(now)} by <code>python -m perf report</code></div></header><main>"
-        f'<div class="card"><table class="devices"><tr><th>device</th><th>history</th><th>newest run</th>'
-        f"<th>versions</th><th>measured roofline</th></tr>{devs}</table></div>{reg_html}"
+        + summary.summary_html(ops, dev_runs)
+        + summary.kind_section(results.MODEL_KIND, records) + summary.kind_section(results.MULTI_GPU_KIND, records)
+        + summary.regressions_html(regs, threshold, noise_floor_us)
+        + f'<div class="card"><table class="devices"><tr><th>device</th><th>history</th><th>newest run</th>'
+        f"<th>versions</th><th>measured roofline</th></tr>{devs}</table></div>"
         f'<div class="card"><input id="filter" placeholder="filter ops…" aria-label="filter ops">'
-        f'<nav>{"".join(nav)}</nav><div class="legend" style="margin-top:8px">{legend}</div>'
-        '<div class="muted">% on each op = median over its cases of the best lowbit backend\'s roofline fraction '
-        "(CUDA-event timing).</div></div>"
+        f'<nav>{"".join(nav)}</nav><div class="legend" style="margin-top:8px">{legend}</div></div>'
         + "".join(sections) + "</main></body></html>")
 
 

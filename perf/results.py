@@ -9,7 +9,20 @@ versions{torch, triton, cutlass_dsl, liger, flashmla (commit of the peer library
 roofline{copy_gbps, bf16_tflops, fp8_tflops, how},
 op, case, bucket, params, provider, kind, note, timing ("events" | "cuda-graph" | "cpu-wallclock"), status
 ("ok" | "wrong" | "error" | "skipped"), error, verified, median_us, p20_us, p80_us, samples,
-calls_per_sample, bytes_moved, flops, gbps, tflops, roofline_frac, bound, vs{provider: ratio}, repro, quick.
+calls_per_sample, bytes_moved, flops, gbps, tflops, roofline_frac, bound, vs{provider: ratio}, repro, quick,
+auto (the backend `backend="auto"` chose for the case's inputs on this device: "triton" | "cute" | "torch"; absent in
+records written before the runner recorded it).
+
+Two more kinds of record share the run metadata and the timing fields (median_us, p20_us, p80_us, samples, status,
+error, timing, vs) and get sections of their own on the dashboard, never an op section:
+
+* `kind: "model"` (op "model:<model>", e.g. "model:llama"): one step of a whole model. case: the shape ("decode b=16
+  ctx=1024", "prefill 4x2048"); bucket: "decode" (one new token per sequence against a cache) or "prefill";
+  params{model, layers, batch, tokens, context}; provider: "lowbit" (the model patched with lowbit's ops) or the
+  stack it replaces, timed in the same process ("eager", "torch.compile"); tokens_per_s.
+* `kind: "multi-gpu"` (op e.g. "ep_moe_layer", "all_to_all"): one step over several GPUs of one host. params{
+  world_size, ...}; world_size; provider: "lowbit" or the library it is held against ("nccl": torch.distributed over
+  NCCL); gbps for transfers (bytes each rank sends and receives / median time).
 """
 
 from __future__ import annotations
@@ -32,6 +45,24 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "perf" / "results"
 CPU_OUT_DIR = REPO / "perf" / "out"
 SCHEMA = 1
+# The lowbit torch backend is the pure-torch reference (the dispatch table's test oracle and CPU backend): measured
+# beside the kernels, never shipped as a GPU choice, so never gated as a regression.
+REFERENCE_BACKENDS = ("lowbit:torch",)
+MODEL_KIND, MULTI_GPU_KIND = "model", "multi-gpu"
+
+
+def shipped(provider: str) -> bool:
+    """A lowbit backend a user gets on a GPU: auto's picks and the forced rows (triton, cute)."""
+    return provider.startswith("lowbit:") and provider not in REFERENCE_BACKENDS
+
+
+def section_of(r: dict) -> str:
+    """Which part of the dashboard a record belongs to: "model", "multi-gpu" or "op"."""
+    if r.get("kind") == MODEL_KIND or str(r.get("op", "")).startswith("model:"):
+        return MODEL_KIND
+    if r.get("kind") == MULTI_GPU_KIND:
+        return MULTI_GPU_KIND
+    return "op"
 
 
 def device_name(device: torch.device) -> str:
@@ -183,12 +214,15 @@ def compare(base: list[dict], new: list[dict], threshold: float = 0.05, noise_fl
     """Per-key comparison of the newest records. A case is `slower` when its median grew by more than
     `threshold` (relative) AND by more than `noise_floor_us` (absolute: sub-microsecond wobble of a 3 us
     decode kernel is not a regression), and `broken` when it was ok and is now wrong/error.
-    `providers`: "lowbit" (only lowbit:* backends, the default gate), "all", or a comma list of names."""
+    `providers`: "lowbit" (only lowbit:* backends, the default gate), "shipped" (those but the reference backend:
+    the dashboard's rule), "all", or a comma list of names."""
     def want(prov: str) -> bool:
         if providers == "all":
             return True
         if providers == "lowbit":
             return prov.startswith("lowbit:")
+        if providers == "shipped":
+            return shipped(prov)
         return prov in providers.split(",")
 
     b, n = latest(base), latest(new)
@@ -196,32 +230,32 @@ def compare(base: list[dict], new: list[dict], threshold: float = 0.05, noise_fl
     for k in sorted(set(b) | set(n), key=lambda t: tuple(str(x) for x in t)):
         if not want(k[3]):
             continue
-        rb, rn = b.get(k), n.get(k)
-        if rb is None:
-            out.append(Change(k, None, rn.get("median_us"), None, "new"))
-            continue
-        if rn is None:
-            out.append(Change(k, rb.get("median_us"), None, None, "gone"))
-            continue
-        ok_b, ok_n = rb.get("status") == "ok", rn.get("status") == "ok"
-        if ok_b and not ok_n:
-            out.append(Change(k, rb["median_us"], None, None, "broken", f"{rn.get('status')}: {rn.get('error')}"))
-            continue
-        if not ok_b:
-            out.append(Change(k, None, rn.get("median_us"), None, "fixed" if ok_n else "same"))
-            continue
-        bu, nu = rb["median_us"], rn["median_us"]
-        ratio = nu / bu if bu > 0 else float("inf")
-        if ratio > 1 + threshold and nu - bu > noise_floor_us:
-            verdict = "slower"
-        elif ratio < 1 / (1 + threshold) and bu - nu > noise_floor_us:
-            verdict = "faster"
-        else:
-            verdict = "same"
-        detail = f"p20-p80 base {rb.get('p20_us', 0):.2f}-{rb.get('p80_us', 0):.2f} new " \
-                 f"{rn.get('p20_us', 0):.2f}-{rn.get('p80_us', 0):.2f} us"
-        out.append(Change(k, bu, nu, ratio, verdict, detail))
+        out.append(change(k, b.get(k), n.get(k), threshold, noise_floor_us))
     return out
+
+
+def change(k: tuple, rb: dict | None, rn: dict | None, threshold: float, noise_floor_us: float) -> Change:
+    """The verdict for one key from its base and new record (either may be missing); rule: `compare`."""
+    if rb is None:
+        return Change(k, None, rn.get("median_us"), None, "new")
+    if rn is None:
+        return Change(k, rb.get("median_us"), None, None, "gone")
+    ok_b, ok_n = rb.get("status") == "ok", rn.get("status") == "ok"
+    if ok_b and not ok_n:
+        return Change(k, rb["median_us"], None, None, "broken", f"{rn.get('status')}: {rn.get('error')}")
+    if not ok_b:
+        return Change(k, None, rn.get("median_us"), None, "fixed" if ok_n else "same")
+    bu, nu = rb["median_us"], rn["median_us"]
+    ratio = nu / bu if bu > 0 else float("inf")
+    if ratio > 1 + threshold and nu - bu > noise_floor_us:
+        verdict = "slower"
+    elif ratio < 1 / (1 + threshold) and bu - nu > noise_floor_us:
+        verdict = "faster"
+    else:
+        verdict = "same"
+    detail = f"p20-p80 base {rb.get('p20_us', 0):.2f}-{rb.get('p80_us', 0):.2f} new " \
+             f"{rn.get('p20_us', 0):.2f}-{rn.get('p80_us', 0):.2f} us"
+    return Change(k, bu, nu, ratio, verdict, detail)
 
 
 def print_compare(changes: list[Change], threshold: float, file=None) -> int:

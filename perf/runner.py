@@ -371,6 +371,9 @@ def run_case(case: BenchCase, device: torch.device, roof: Roofline, quick: bool,
         return
 
     provs, skipped = providers_for(case, device, quick, wanted)
+    auto = auto_backend(case, pristine, log) if any(p.kind == "lowbit" for p in provs) else None
+    if auto is not None:
+        base["auto"] = auto
     for name, why in skipped.items():
         yield rec(name, None, "skipped", error=why)
 
@@ -436,6 +439,33 @@ def run_case(case: BenchCase, device: torch.device, roof: Roofline, quick: bool,
             results[(p.name, timing)] = t
             yield rec(p, timing, "ok", verified=verified, **metrics(case, t, roof))
     del arg_sets
+
+
+def auto_backend(case: BenchCase, inputs: Any, log: Callable[[str], None]) -> str | None:
+    """The backend `backend="auto"` picks for the case's inputs on this device (the record's `auto`): the case's
+    lowbit call runs once under a dispatch mode that sees the torch op `lowbit::<op>` with its arguments and asks the
+    table (`dispatch.ops.backend_for`). None where the call never reaches that op or raises (the timed providers
+    report the error)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from dispatch.ops import backend_for
+
+    class AutoChoice(TorchDispatchMode):
+        chosen: str | None = None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self.chosen is None and func.namespace == "lowbit" and func._opname == case.op:
+                self.chosen = backend_for(case.op, *args[:-1], backend=args[-1])  # the last argument: backend
+            return func(*args, **(kwargs or {}))
+
+    mode = AutoChoice()
+    try:
+        with torch.no_grad(), mode:
+            case.lowbit(clone_inputs(inputs), "auto")
+    except Exception as exc:
+        log(f"  {case.op} [{case.label}] auto: {_short(exc)}")
+        return None
+    return mode.chosen
 
 
 def metrics(case: BenchCase, t: Timing, roof: Roofline) -> dict:

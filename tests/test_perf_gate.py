@@ -176,6 +176,7 @@ def test_runner_quick_cpu_one_op(tmp_path):
     assert tri["quick"] and tri["device_slug"].startswith("cpu") and "--quick" in tri["repro"]
     assert {"torch", "lowbit:torch"} <= set(tri["vs"])
     assert any(r["provider"] == "torch.compile" and r["status"] == "skipped" for r in recs)
+    assert {r["auto"] for r in recs} == {"torch"}  # what auto chose for the case's inputs on a CPU (the table)
 
 
 def test_runner_rejects_a_fast_wrong_answer():
