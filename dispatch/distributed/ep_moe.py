@@ -180,7 +180,8 @@ def ep_moe_prefill(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: T
     tok_offsets = torch.cumsum(counts[:, 0], 0) - counts[:, 0]
     slot = (tok_offsets + _rank_positions(token_to)).t().reshape(-1)  # (W*T) in (r, t) order
     send_src = _scatter_rows(slot, token_to.t().reshape(-1), sum(tok_send), p.world_size * t)
-    payload = _payload(hidden, topk_ids, dest, p, fp8_dispatch).reshape(p.world_size * t, -1)
+    payload = _payload(hidden, topk_ids, dest, p, fp8_dispatch)
+    payload = payload.reshape(p.world_size * t, payload.shape[2])  # explicit width: T may be 0
     send = moe_gather(payload, send_src, 1, backend=backend)
     recv = exchange_rows(send.new_empty(sum(tok_recv), send.shape[1]), send, tok_recv, tok_send, group)
 
@@ -225,7 +226,8 @@ def ep_moe_decode(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Te
 
     slot = (torch.arange(w, device=dev) * cap + position).t().reshape(-1)
     send_src = _scatter_rows(slot, sent.t().reshape(-1), w * cap, w * t)  # sentinel rows: zero bytes, no ids
-    payload = _payload(hidden, topk_ids, dest, p, fp8_dispatch).reshape(w * t, -1)
+    payload = _payload(hidden, topk_ids, dest, p, fp8_dispatch)
+    payload = payload.reshape(w * t, payload.shape[2])
     send = moe_gather(payload, send_src, 1, backend=backend)
     recv = exchange_rows(torch.empty_like(send), send, None, None, group)
 
