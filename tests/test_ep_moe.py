@@ -1,0 +1,218 @@
+"""The expert-parallel MoE layer (dispatch/distributed/ep_moe.py): two ranks spawned with torch.multiprocessing over
+gloo on the CPU (the GPU variant: NCCL, DeepSeek-V3 dims), each rank's output against the single-rank moe_layer on
+the same tokens with all experts."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+H, I, E, K = 256, 128, 8, 2  # CPU dims: hidden, inner, global experts (4 per rank), top-k
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(fn, *args, world=WORLD):
+    mp.spawn(_entry, args=(world, _free_port(), fn, args), nprocs=world, join=True)
+
+
+def _entry(rank, world, port, fn, args):
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available() or fn is not _gpu_worker:
+        os.environ["TRITON_INTERPRET"] = "1"  # the CPU ranks run the Triton kernels under the interpreter
+        backend = "gloo"
+    else:
+        torch.cuda.set_device(rank)
+        backend = "nccl"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _ulps_apart(got: torch.Tensor, want: torch.Tensor) -> int:
+    """Largest distance in units of the last place between two bf16 tensors (the bit patterns as ordered ints)."""
+    def ordered(x):
+        b = x.contiguous().view(torch.int16).int()
+        return torch.where(b < 0, -(b & 0x7FFF), b)
+    return int((ordered(got) - ordered(want)).abs().max()) if got.numel() else 0
+
+
+def _experts(g, coarse, e=E, h=H, i=I):
+    if coarse:  # a grid where every GEMM sum is exact: the bytes cannot depend on the kernels' tile shapes
+        w1 = torch.randint(-8, 9, (e, 2 * i, h), generator=g) / 64
+        w2 = torch.randint(-8, 9, (e, h, i), generator=g) / 64
+    else:
+        w1, w2 = torch.randn(e, 2 * i, h, generator=g) / h ** 0.5, torch.randn(e, h, i, generator=g) / i ** 0.5
+    return w1.bfloat16(), w2.bfloat16()
+
+
+def _tokens(g, t, coarse, skew, h=H, e=E, k=K):
+    """(hidden, ids, weights); skew: experts of the last rank drawn 4x as often (that rank receives ~4x)."""
+    x = torch.randint(-4, 5, (t, h), generator=g) / 4 if coarse else torch.randn(t, h, generator=g)
+    p = torch.ones(e)
+    p[e - e // WORLD:] = 4.0 if skew else 1.0
+    ids = torch.stack([torch.multinomial(p, k, generator=g) for _ in range(t)] or [torch.empty(0, k).long()])
+    ids = ids.to(torch.int32).reshape(t, k)
+    return x.bfloat16(), ids, torch.rand(t, k, generator=g)
+
+
+def _local(w, rank, world):
+    n = w.shape[0] // world
+    return w[rank * n:(rank + 1) * n].contiguous()
+
+
+def _prefill_worker(rank, world):
+    from dispatch.distributed import ep_moe_prefill
+    from dispatch.ops import moe_layer
+
+    g = torch.Generator().manual_seed(0)  # the same experts on every rank
+    for coarse in (True, False):
+        w1, w2 = _experts(g, coarse)
+        cases = {  # name: tokens on rank 0, tokens on rank 1, skew
+            "skewed": (24, 6, True), "rank 1 empty": (12, 0, False), "rank 0 empty": (0, 9, True)}
+        for name, (t0, t1, skew) in cases.items():
+            gr = torch.Generator().manual_seed(100 + rank)
+            x, ids, w = _tokens(gr, (t0, t1)[rank], coarse, skew)
+            if name == "skewed" and ids.shape[0]:
+                ids[0] = -1  # a token routed to no expert
+                ids[1, 1] = E + 3  # an id out of range: no expert anywhere
+                ids[2] = torch.tensor([rank * 4, rank * 4 + 1])  # only on this rank's own experts
+            got = ep_moe_prefill(x, ids, w, _local(w1, rank, world), _local(w2, rank, world), num_experts=E,
+                                 backend="triton")
+            want = moe_layer(x, ids, w, w1, w2, backend="triton")
+            label = f"rank {rank} {name} coarse={coarse}"
+            if coarse:
+                assert torch.equal(got.view(torch.int16), want.view(torch.int16)), label
+            else:
+                assert _ulps_apart(got, want) <= 1, label
+
+
+def test_prefill_matches_single_rank_layer():
+    """Skewed routing (rank 1 receives ~4x), tokens with no expert / an out-of-range id / only local experts, a
+    rank with zero tokens: exact bytes on a grid where GEMM sums are exact, within one bf16 ulp on random values."""
+    _spawn(_prefill_worker)
+
+
+def _fp8_worker(rank, world):
+    from dispatch.distributed import ep_moe_prefill
+    from dispatch.ops import fp8_group_dequantize, fp8_group_quantize, moe_layer
+
+    g = torch.Generator().manual_seed(1)
+    w1, w2 = _experts(g, coarse=False)
+    x, ids, w = _tokens(torch.Generator().manual_seed(200 + rank), 16, False, skew=True)
+    lw1, lw2 = _local(w1, rank, world), _local(w2, rank, world)
+    got = ep_moe_prefill(x, ids, w, lw1, lw2, num_experts=E, fp8_dispatch=True, backend="triton")
+    # FP8 dispatch = the layer on the dequantized 1x128 codes (dequantized on arrival, then the same chain)
+    q = fp8_group_quantize(x, 128, backend="torch")
+    x8 = fp8_group_dequantize(q.codes, q.scales, 128, out_dtype=torch.bfloat16, backend="torch")
+    assert _ulps_apart(got, moe_layer(x8, ids, w, w1, w2, backend="triton")) <= 1
+    # against bf16 dispatch: E4M3's relative step 2^-3 at most on each element, ~2^-5 rms through two GEMMs
+    exact = moe_layer(x, ids, w, w1, w2, backend="triton").float()
+    err = float((got.float() - exact).norm() / exact.norm())
+    assert err < 0.05, f"rank {rank}: FP8 dispatch normalized error {err:.3f}"
+
+
+def test_fp8_dispatch_equals_the_layer_on_dequantized_tokens():
+    _spawn(_fp8_worker)
+
+
+def _decode_worker(rank, world):
+    from dispatch.distributed import ep_moe_decode, ep_moe_prefill
+
+    g = torch.Generator().manual_seed(2)
+    w1, w2 = _experts(g, coarse=True)
+    lw1, lw2 = _local(w1, rank, world), _local(w2, rank, world)
+    x, ids, w = _tokens(torch.Generator().manual_seed(300 + rank), 8, True, skew=True)
+    ids[0] = -1
+    want = ep_moe_prefill(x, ids, w, lw1, lw2, num_experts=E, backend="triton")
+    got = ep_moe_decode(x, ids, w, lw1, lw2, num_experts=E, capacity=8, backend="triton")
+    assert torch.equal(got.out.view(torch.int16), want.view(torch.int16)), f"rank {rank}: decode != prefill"
+    assert got.dropped.tolist() == [0, 0]
+
+    # overflow: capacity 2 -> tokens past the second one bound for a rank are dropped there and counted
+    cap = 2
+    small = ep_moe_decode(x, ids, w, lw1, lw2, num_experts=E, capacity=cap, backend="triton")
+    dest = torch.where(ids >= 0, ids // (E // world), -1)
+    to_rank = torch.stack([(dest == r).any(1) for r in range(world)], 1)
+    assert small.dropped.tolist() == (to_rank.sum(0) - cap).clamp(min=0).tolist()
+    kept = to_rank & (to_rank.long().cumsum(0) <= cap)
+    keep_ids = torch.where(kept.gather(1, dest.clamp(min=0)) & (dest >= 0), ids, -1)
+    ref = ep_moe_prefill(x, keep_ids, w, lw1, lw2, num_experts=E, backend="triton")
+    assert torch.equal(small.out.view(torch.int16), ref.view(torch.int16)), f"rank {rank}: overflow policy"
+
+
+def test_decode_equals_prefill_and_drops_past_capacity():
+    """Static-shape path: equal to prefill when nothing overflows; past the capacity, the dropped tokens' slots on
+    that rank add nothing (= prefill with those slots removed) and `dropped` counts them per destination."""
+    _spawn(_decode_worker)
+
+
+def _bad_inputs_worker(rank, world):
+    from dispatch.distributed import ep_moe_decode, ep_moe_prefill
+    from triton_ops.contract.checks import LowbitInputError
+
+    x, ids, w = torch.zeros(2, H).bfloat16(), torch.zeros(2, K, dtype=torch.int32), torch.ones(2, K)
+    w1, w2 = torch.zeros(E // world, 2 * I, H).bfloat16(), torch.zeros(E // world, H, I).bfloat16()
+    with pytest.raises(LowbitInputError, match="ep_moe_prefill: argument 'num_experts'"):
+        ep_moe_prefill(x, ids, w, w1, w2, num_experts=7)
+    with pytest.raises(LowbitInputError, match="ep_moe_prefill: argument 'w1'"):
+        ep_moe_prefill(x, ids, w, w1[:1], w2, num_experts=E)
+    with pytest.raises(LowbitInputError, match="ep_moe_prefill: argument 'topk_weights'"):
+        ep_moe_prefill(x, ids, w[:, :1], w1, w2, num_experts=E)
+    with pytest.raises(LowbitInputError, match="ep_moe_prefill: argument 'expert_map'"):
+        ep_moe_prefill(x, ids, w, w1, w2, num_experts=E, expert_map=torch.zeros(E, dtype=torch.int32))
+    with pytest.raises(LowbitInputError, match="ep_moe_decode: argument 'capacity'"):
+        ep_moe_decode(x, ids, w, w1, w2, num_experts=E, capacity=0)
+
+
+def test_bad_arguments_are_named():
+    _spawn(_bad_inputs_worker)
+
+
+# ------------------------------------------------------------------------------------------------ GPU (NCCL)
+
+DSV3 = dict(h=7168, i=2048, e=256, k=8)
+
+
+def _gpu_worker(rank, world, tokens):
+    from dispatch.distributed import ep_moe_decode, ep_moe_prefill
+    from dispatch.ops import moe_layer
+
+    dev = torch.device("cuda", rank)
+    e, h, i = DSV3["e"], DSV3["h"], DSV3["i"]
+    g = torch.Generator(device=dev).manual_seed(7)  # the same experts on every rank, drawn on the device
+    w1 = torch.empty(e, 2 * i, h, dtype=torch.bfloat16, device=dev)
+    w2 = torch.empty(e, h, i, dtype=torch.bfloat16, device=dev)
+    for n in range(e):
+        w1[n] = torch.randn(2 * i, h, generator=g, device=dev) / h ** 0.5
+        w2[n] = torch.randn(h, i, generator=g, device=dev) / i ** 0.5
+    lw1, lw2 = _local(w1, rank, world), _local(w2, rank, world)
+    x, ids, w = _tokens(torch.Generator().manual_seed(rank), tokens, False, skew=True, h=DSV3["h"], e=DSV3["e"],
+                        k=DSV3["k"])
+    x, ids, w = x.to(dev), ids.to(dev), w.to(dev)
+    want = moe_layer(x, ids, w, w1, w2)
+    got = ep_moe_prefill(x, ids, w, lw1, lw2, num_experts=DSV3["e"])
+    assert _ulps_apart(got, want) <= 1, f"rank {rank} T={tokens}: prefill"
+    dec = ep_moe_decode(x, ids, w, lw1, lw2, num_experts=DSV3["e"], capacity=tokens)
+    assert dec.dropped.tolist() == [0, 0]
+    assert _ulps_apart(dec.out, got) <= 1, f"rank {rank} T={tokens}: decode"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 64, 4096])
+def test_gpu_two_ranks_deepseek_v3_dims(tokens):
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs for two NCCL ranks, found {torch.cuda.device_count()}")
+    _spawn(_gpu_worker, tokens)
