@@ -294,8 +294,31 @@ def run_selfcheck(json_path: str | None = None, ops: list[str] | None = None) ->
         caught.update(f"{w.category.__name__}: {str(w.message).splitlines()[0][:100]}" for w in seen)
         records.append(record)
         print(table.row(record, on_gpu), flush=True)
+    models_ok = True if ops else check_models(device)
     print("\n" + _warnings_footer(caught) + summary(records))
     if json_path:
         with open(json_path, "w") as f:
             json.dump(records, f, indent=1)
-    return 1 if any(r["status"] == FAIL for r in records) else 0
+    return 1 if any(r["status"] == FAIL for r in records) or not models_ok else 0
+
+
+def check_models(device: torch.device) -> bool:
+    """The patched transformers models against themselves unpatched (dispatch/integrations/hf/check.py), under
+    `auto`; False if any model's tokens disagree. Skipped, and said so, without transformers."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("\nmodels: skipped, transformers is not installed (pip install 'lowbit[hf]')")
+        return True
+    from .integrations.hf.check import NEW_TOKENS, PROMPT_LENS
+    from .integrations.hf.check import check_models as model_rows
+
+    print(f"\nmodels: each patched with lowbit_patch and generating {NEW_TOKENS} greedy tokens for "
+          f"{len(PROMPT_LENS)} left-padded prompts against itself unpatched, under auto"
+          + ("" if device.type == "cuda" else " (the torch references on a CPU)") + "; times of a second generate")
+    rows = model_rows(device)
+    print(f"{'model':14} {'replaced':>8}  {'result':6}  {'unpatched ms':>12}  {'lowbit ms':>9}  tokens")
+    for r in rows:
+        print(f"{r['model']:14} {r['replaced']:>8}  {'ok' if r['ok'] else 'FAIL':6}  {r['unpatched_ms']:>12.1f}  "
+              f"{r['lowbit_ms']:>9.1f}  {r['tokens']}")
+    return all(r["ok"] for r in rows)

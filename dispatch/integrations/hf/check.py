@@ -1,0 +1,124 @@
+"""The models part of the main job (`python -m dispatch check`): each supported architecture, built small from a
+config with random weights (nothing downloads), generates greedily patched and unpatched on this machine's
+device; a row says what was replaced, whether the tokens agree and how long a generation took each way.
+
+Tokens agree when every step gives the same token, or the first step that differs is a tie of the unpatched
+model: its top-2 logits within `TIE_SPACINGS` bf16 spacings of each other (random weights make such ties, and two
+correct stacks may round them either way); steps before the first difference must have logits cosine >= 0.9999.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from collections.abc import Callable
+
+import torch
+
+VOCAB = 256
+PAD = 0
+NEW_TOKENS = 8
+PROMPT_LENS = (11, 6)
+COSINE_MIN = 0.9999
+TIE_SPACINGS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenCheck:
+    agree: bool
+    note: str  # "same tokens", "tie at step s", or what differs
+
+
+def prompts(lens=PROMPT_LENS, vocab: int = VOCAB, device="cpu", seed: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts of the given lengths (as transformers' tokenizers pad for generation) and their mask."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(lens)
+    ids = torch.randint(1, vocab, (len(lens), width), generator=g)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lens):
+        ids[row, : width - n] = PAD
+        mask[row, width - n:] = 1
+    return ids.to(device), mask.to(device)
+
+
+def greedy(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, **kwargs):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                              do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=PAD,
+                              **kwargs)
+
+
+def compare_greedy(got, want, new_tokens: int, cosine_min: float = COSINE_MIN) -> TokenCheck:
+    """got / want: `generate(..., output_logits=True, return_dict_in_generate=True)` results of one prompt batch."""
+    width = want.sequences.shape[1] - new_tokens
+    notes = []
+    for row in range(want.sequences.shape[0]):
+        for step in range(new_tokens):
+            a, b = got.logits[step][row].float(), want.logits[step][row].float()
+            if got.sequences[row, width + step] != want.sequences[row, width + step]:
+                top2 = b.topk(2).values
+                spacing = 2.0 ** (int(torch.frexp(top2[0].abs()).exponent) - 8)  # bf16: 8 significant bits
+                gap = float(top2[0] - top2[1]) / spacing
+                if gap > TIE_SPACINGS:
+                    return TokenCheck(False, f"sequence {row} step {step}: tokens differ, top-2 gap {gap:.1f} "
+                                             "bf16 spacings")
+                notes.append(f"tie at seq {row} step {step}")
+                break  # the sequences differ from here on: later logits are of different prefixes
+            cos = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+            if cos < cosine_min:
+                return TokenCheck(False, f"sequence {row} step {step}: logits cosine {cos:.6f}")
+    return TokenCheck(True, "; ".join(notes) or "same tokens")
+
+
+def tiny_models() -> dict[str, Callable[[], torch.nn.Module]]:
+    """Builders of each supported architecture at a few narrow layers (the CPU main job's size)."""
+    import transformers as tf
+
+    def build(cls, config):
+        torch.manual_seed(0)
+        config._attn_implementation = "eager"
+        return cls(config).to(torch.bfloat16).eval()
+
+    common = dict(vocab_size=VOCAB, num_hidden_layers=2, max_position_embeddings=64, pad_token_id=PAD)
+    return {
+        "llama": lambda: build(tf.LlamaForCausalLM, tf.LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, **common)),
+        "gpt_oss": lambda: build(tf.GptOssForCausalLM, tf.GptOssConfig(
+            hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            num_local_experts=4, num_experts_per_tok=4, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "original_max_position_embeddings": 16, "truncate": False},
+            **common)),
+        "deepseek_v3": lambda: build(tf.DeepseekV3ForCausalLM, tf.DeepseekV3Config(
+            hidden_size=64, intermediate_size=128, moe_intermediate_size=32, first_k_dense_replace=1,
+            num_attention_heads=2, num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+            topk_group=2, n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=128,
+            qk_rope_head_dim=64, v_head_dim=128, routed_scaling_factor=2.5, **common)),
+    }
+
+
+def check_models(device: torch.device) -> list[dict]:
+    """One row per architecture: replaced modules, token agreement, generate time patched and unpatched."""
+    from .patch import lowbit_patch
+
+    rows = []
+    ids, mask = prompts(device=device)
+    for name, build in tiny_models().items():
+        with torch.device(device):
+            reference = build()
+        patched = copy.deepcopy(reference)
+        report = lowbit_patch(patched)
+        times, outs = {}, {}
+        for which, model in (("unpatched", reference), ("lowbit", patched)):
+            greedy(model, ids, mask, NEW_TOKENS)  # first call: compiles, caches
+            start = time.perf_counter()
+            outs[which] = greedy(model, ids, mask, NEW_TOKENS)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times[which] = (time.perf_counter() - start) * 1e3
+        check = compare_greedy(outs["lowbit"], outs["unpatched"], NEW_TOKENS)
+        rows.append(dict(model=name, replaced=sum(report.replaced.values()), ok=check.agree, tokens=check.note,
+                         unpatched_ms=times["unpatched"], lowbit_ms=times["lowbit"]))
+    return rows
