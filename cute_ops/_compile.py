@@ -228,10 +228,11 @@ def clear_memory() -> None:
 
 # ------------------------------------------------------------------------------------------ recorded calls
 def launch(fn: Callable, *args, device=None):
-    """fn(*args): the general entries of the CuTe ops whose rows get eager launch plans call their compiled
-    functions through here, so that a recording scope (triton_ops.contract.recording.recording_launches, the one the
-    Triton launches join) sees each call with its exact arguments. device: the CUDA device of the call's tensors, made
-    current around it where it is not (TVM-FFI's environment stream is the current device's)."""
+    """fn(*args): every call of a compiled function goes through here, so that a recording scope
+    (triton_ops.contract.recording.recording_launches, the one the Triton launches join) sees each call with its
+    exact arguments: an eager launch plan recorded around a call that ran one outside it would replay without it.
+    device: the CUDA device of the call's tensors, made current around it where it is not (TVM-FFI's environment
+    stream is the current device's)."""
     if device is not None and device.index is not None:
         import torch
 
@@ -239,5 +240,5 @@ def launch(fn: Callable, *args, device=None):
             with torch.cuda.device(device):
                 return launch(fn, *args)
     out = fn(*args)
-    note(CuteCall(fn, args))
+    note(CuteCall, fn, args)
     return out

@@ -16,23 +16,27 @@ sees every aten op and every `triton_ops._launch.launch`, and derives a plan:
   it), and every other argument a constant;
 * outputs: which allocation (or input) each returned tensor is, as a view with its shape, strides and dtype.
 
-CuTe rows whose general entry calls its compiled functions through `cute_ops._compile.launch` (CUTE_RECORDED)
-are recorded the same way: each call of a compiled TVM-FFI function becomes a launch whose arguments are tensors
-("input i / allocation j + byte offset" with the view's shape, strides and dtype fixed by the signature), None and
-scalars, in order with the call's Triton launches (attention_prefill_paged: a Triton gather, the CuTe forward, a
-Triton fixup). Such plans replay only natively (dispatch/native_replay.py calls the function through the TVM-FFI C
-ABI); where the extension cannot take one, the row's prepared launcher serves the signature (`native_only`).
+CuTe calls are recorded the same way: each call of a compiled TVM-FFI function (every one goes through
+`cute_ops._compile.launch`) becomes a launch whose arguments are tensors ("input i / allocation j + byte offset"
+with the view's shape, strides and dtype fixed by the signature), None and scalars, in order with the call's Triton
+launches (attention_prefill_paged: a Triton gather, the CuTe forward, a Triton fixup). Such plans replay only
+natively (dispatch/native_replay.py calls the function through the TVM-FFI C ABI); where the extension cannot take
+one, the row's prepared launcher, or else its general entry, serves the signature (`native_only`).
 
 The plan is used only when it reproduces the recorded call exactly: rebuilt from the recorded call's own tensors,
 every pointer and every output must come out identical, and the call must have done nothing but allocate, zero,
-take views and launch (any other aten op, a launch argument of another kind, or a Triton launch hook -> no plan;
-the backend function then runs as usual). Plans with tensor descriptors replay in Python only. Plans replay on the
-current device's current stream, as Triton's own launch does, so CUDA-graph capture works unchanged.
+take views and launch (no recorded launch at all, any other aten op, a launch argument of another kind, or a Triton
+launch hook -> no plan; the backend function then runs as usual). Plans with tensor descriptors replay in Python
+only. Plans replay on the current device's current stream, as Triton's own launch does, so CUDA-graph capture works
+unchanged.
 
-Plans are on by default for every Triton row on CUDA; PLANS_ENV=0 turns them off (every call then runs the backend
-function). A plan the C++ extension can run is also registered there (dispatch/native_replay.py): later calls
-with its signature then replay in one Python-to-C++ call. The replay of every op's self-check case is checked
-against the reference on the GPU, natively and in Python (tests/test_launch_plan.py).
+The first eager call of a signature on CUDA is recorded for every row but the reference's: the kernels hand the
+scope their records, so dispatch keeps no list of ops or backends that get plans. The contract that makes this
+sound is the kernels': every launch goes through one of the two launchers (a kernel run outside them is invisible
+to the plan). PLANS_ENV=0 turns plans off (every call then runs the backend function). A plan the C++ extension
+can run is also registered there (dispatch/native_replay.py): later calls with its signature then replay in one
+Python-to-C++ call. The replay of every op's self-check case is checked against the reference on the GPU, natively
+and in Python (tests/test_launch_plan.py).
 """
 
 from __future__ import annotations
@@ -56,9 +60,6 @@ _FACTORIES = {aten.empty.memory_format, aten.empty_strided.default, aten.new_emp
 _ZEROING = {aten.zero_.default, aten.fill_.Scalar}
 # Triton launch options: keyword arguments of a launch that are not kernel parameters.
 _PLAIN = (int, float, bool, str, type(None), torch.dtype)
-# Ops whose CuTe rows call every compiled function through cute_ops._compile.launch (recorded: plans).
-CUTE_RECORDED = frozenset({"rms_norm", "rms_norm_fp8_group", "rms_norm_nvfp4", "attention_prefill",
-                           "attention_prefill_paged"})
 CUTE = "cute"  # the `run` field of a CuTe call's launch tuple
 
 
@@ -278,17 +279,12 @@ class NoPlan(Exception):
     """Why a call cannot be replayed from a plan (the backend function then runs as usual)."""
 
 
-def record(impl, args: tuple, cute: bool = False):
-    """Run impl(*args) once while recording; return (its result, a LaunchPlan or None, why not). cute: a CuTe row's
-    call, whose plan must hold at least one recorded CuTe call (else its compiled function ran unrecorded)."""
+def record(impl, args: tuple):
+    """Run impl(*args) once while recording; return (its result, a LaunchPlan or None, why not)."""
     from triton import knobs
-
 
     with recording_launches() as launches, _OpLog(launches) as oplog:
         out = impl(*args)
-    if cute and not any(isinstance(launch, CuteCall) for launch in launches):
-        return out, None, "a CuTe row's call recorded no CuTe call (its compiled function ran outside " \
-                          "cute_ops._compile.launch)"
     try:
         return out, _derive(out, args, launches, oplog.ops, knobs), None
     except Exception as exc:  # a plan only speeds up a call that already ran correctly: say why, run as usual

@@ -15,12 +15,12 @@ descriptors: the extension encodes each one's CUtensorMap per call with cuTensor
 fillTMADescriptor does, then passes its shape and strides) and registers it under the call's key; any other plan
 keeps its Python replay (`REFUSALS` says why).
 
-A plan with CuTe calls (launch_plan.CUTE_RECORDED rows) replays only here: the extension calls each compiled
-CuTeDSL function (a tvm_ffi.Function) through the TVM-FFI C ABI (dispatch/_replay_cute.h) with DLTensors it builds
-from the call's inputs and allocations, on the current stream set as TVM-FFI's environment stream of the device,
-as TVM-FFI's Python binding does; libtvm_ffi is the library the `tvm_ffi` package loaded (`_libtvm_ffi_path`).
-Without it, or for a function that is not a plain tvm_ffi.Function, the row's prepared launcher serves the
-signature. A CUDA plan with CuTe calls misses (the Python path runs) while the current device is not the plan's.
+A plan with CuTe calls replays only here: the extension calls each compiled CuTeDSL function (a tvm_ffi.Function)
+through the TVM-FFI C ABI (dispatch/_replay_cute.h) with DLTensors it builds from the call's inputs and allocations,
+on the current stream set as TVM-FFI's environment stream of the device, as TVM-FFI's Python binding does;
+libtvm_ffi is the library the `tvm_ffi` package loaded (`_libtvm_ffi_path`). Without it, or for a function that is
+not a plain tvm_ffi.Function, the row's prepared launcher (or its general entry) serves the signature. A CUDA plan
+with CuTe calls misses (the Python path runs) while the current device is not the plan's.
 
 The extension is compiled on first use
 into torch's extensions cache under a name that hashes its source, torch's and Python's versions (with torch's

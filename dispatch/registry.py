@@ -33,6 +33,7 @@ log = logging.getLogger("lowbit.dispatch")
 
 BACKEND_ENV = "LOWBIT_BACKEND"
 BACKENDS = ("triton", "cute", "torch")
+REFERENCE_BACKEND = "torch"  # the rows that are the references (dispatch/reference/): plain torch, no launches
 
 
 class BackendError(RuntimeError):
@@ -61,6 +62,11 @@ class Entry:
     def resolve_impl(self) -> Callable:
         return _load(self.impl)
 
+    @property
+    def is_reference(self) -> bool:
+        """A reference row (torch ops only: its calls are never recorded for launch plans)."""
+        return self.backend == REFERENCE_BACKEND
+
     def refusal(self, arch: str, args: tuple, kwargs: dict) -> str | None:
         """Why this entry cannot run this call, or None."""
         if arch not in self.archs:
@@ -81,7 +87,7 @@ def _load(path: str) -> Callable:
 
 def backend_unavailable(backend: str, arch: str) -> str | None:
     """Why `backend` cannot run on `arch` on this machine (None if it can)."""
-    if backend == "torch":
+    if backend == REFERENCE_BACKEND:
         return None
     if backend == "triton":
         if arch == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 from .ops._common import backend_for
+from .registry import REFERENCE_BACKEND
 from .table import TABLE
 
 
@@ -100,7 +101,7 @@ def sample_activations(device, small: bool, dtype=torch.bfloat16, k: int | None 
 
 # ---------------------------------------------------------------------------------------- one row
 
-REFERENCE = "torch"  # the backend whose table rows are the references (dispatch/reference/)
+REFERENCE = REFERENCE_BACKEND  # the backend whose table rows are the references (dispatch/reference/)
 OK, FAIL, REFERENCE_ONLY = "ok", "FAIL", "reference only"
 
 

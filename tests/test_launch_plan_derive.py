@@ -204,3 +204,20 @@ def test_a_descriptor_over_a_tensor_of_its_own_gets_no_plan():
                                      {"BLOCK": 8}, compiled))
     with pytest.raises(launch_plan.NoPlan, match="descriptor"):
         launch_plan._derive(out, (x,), launches, oplog.ops, NO_HOOKS, device_type="cpu")
+
+
+def test_no_record_is_built_outside_a_recording_scope():
+    """Every eager launch notes its record: outside a recording scope nothing is built (no per-call cost)."""
+    from triton_ops.contract.recording import note, recording_launches
+
+    built = []
+
+    def kind(*fields):
+        built.append(fields)
+        return fields
+
+    note(kind, 1, 2)
+    assert built == []
+    with recording_launches() as records:
+        note(kind, 1, 2)
+    assert built == [(1, 2)] and records == [(1, 2)]

@@ -27,7 +27,7 @@ def launch(kernel, grid, *args, **kwargs):
     (triton_ops.contract.recording.recording_launches) can see the compiled kernel and the exact arguments of each
     launch."""
     compiled = kernel[grid](*args, **kwargs)
-    note(LaunchRecord(kernel, tuple(grid), args, kwargs, compiled))
+    note(LaunchRecord, kernel, tuple(grid), args, kwargs, compiled)
     return compiled
 
 

@@ -111,8 +111,8 @@ def _launch(a2, a_scale, b, b_scale, starts, counts, alpha, fmt, rows_per_group)
     if a2.shape[0] and n:
         index = device_index(a2.device)
         cfg = config(fmt, n, 2 * kh, g, rows_per_group, sm_count(index), _compile.target_arch(index))
-        with torch.cuda.device(a2.device):  # the TVM-FFI env stream is the current device's current stream
-            compiled(cfg)(a2, b, a_scale, b_scale, out, starts, counts, alpha.contiguous(), None, None, None)
+        _compile.launch(compiled(cfg), a2, b, a_scale, b_scale, out, starts, counts, alpha.contiguous(), None, None,
+                        None, device=a2.device)
     return out
 
 
@@ -186,6 +186,6 @@ def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None):
         cfg = dense_config(a, w, masked, row_weights is not None, sm_count(index), _compile.target_arch(index))
         rw = None if row_weights is None else row_weights.reshape(-1).contiguous()
         tile_starts, tile_counts = dense_bounds(starts, counts)
-        with torch.cuda.device(a.device):  # the TVM-FFI env stream is the current device's current stream
-            compiled(cfg)(a2, w, None, None, out, tile_starts, tile_counts, None, starts.contiguous(), ids, rw)
+        _compile.launch(compiled(cfg), a2, w, None, None, out, tile_starts, tile_counts, None, starts.contiguous(),
+                        ids, rw, device=a.device)
     return out.view(*a.shape[:-1], n)

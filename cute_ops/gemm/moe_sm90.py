@@ -168,8 +168,7 @@ def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=Non
         # descriptor slots: rewritten by the kernel before use; zeroed so bytes past what the DSL copies (it copies
         # the first 64 of each 128-byte descriptor) are defined
         workspace = torch.zeros(cfg.workspace_words, dtype=torch.int64, device=dev)
-        with torch.cuda.device(dev):  # the TVM-FFI env stream is the current device's current stream
-            fn(a2, w, out, starts, counts.contiguous(), ids, rw, workspace, a_scale, w_scale)
+        _compile.launch(fn, a2, w, out, starts, counts.contiguous(), ids, rw, workspace, a_scale, w_scale, device=dev)
     return out.view(*a.shape[:-1], n)
 
 

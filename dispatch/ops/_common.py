@@ -143,10 +143,9 @@ def call(name: str, *args):
             _FAST.clear()
         impl, entry, plan = chosen[2], chosen[3], chosen[4]
         # A table row may name a launcher prepared for this exact signature (cute_ops/rmsnorm.py: compiled
-        # function, views and checks resolved once); it returns None where the general entry must run. Triton
-        # rows get an eager launch plan where the first call allowed one (dispatch/launch_plan.py); so do the
-        # CuTe rows of launch_plan.CUTE_RECORDED, whose plans replay natively only (the prepared launcher is the
-        # Python path).
+        # function, views and checks resolved once); it returns None where the general entry must run. Every
+        # non-reference row gets an eager launch plan where the first call allowed one (dispatch/launch_plan.py);
+        # a plan with CuTe calls replays natively only (the prepared launcher, or the entry, is the Python path).
         prepared = _load(entry.specialize)(*args[:-1]) if entry.specialize is not None else None
         python_plan = plan if plan is not None and not plan.native_only else None
         _FAST[(name, key)] = prepared or python_plan or impl
@@ -159,11 +158,9 @@ def run(op: str, backend: str, *args):
     """Run `op` on the backend the table picks for these arguments (see registry.select)."""
     entry = select(TABLE[op], op, backend, args, {})
     impl = entry.resolve_impl()
-    want_plan = (getattr(_record, "want_plan", False) and _on_cuda(args)
-                 and (entry.backend == "triton" or (entry.backend == "cute" and op in launch_plan.CUTE_RECORDED)))
+    want_plan = getattr(_record, "want_plan", False) and not entry.is_reference and _on_cuda(args)
     _record.want_plan = False  # a backend that calls other ops records only its own launches
-    out, plan, _PLAN_REFUSALS[op] = (launch_plan.record(impl, args, entry.backend == "cute") if want_plan
-                                     else (impl(*args), None, None))
+    out, plan, _PLAN_REFUSALS[op] = launch_plan.record(impl, args) if want_plan else (impl(*args), None, None)
     _record.chosen = (op, args, impl, entry, plan)  # after the call: a backend calling other ops must not overwrite it
     return out
 
