@@ -95,10 +95,11 @@ def gpt_oss():
 
 
 def deepseek_v3():
+    """Every token to every expert, for the reason given at gpt_oss."""
     return _build(transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config(
         vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256, num_hidden_layers=2,
-        first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=16,
-        num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1, q_lora_rank=128, kv_lora_rank=128,
+        first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+        num_experts_per_tok=8, n_group=4, topk_group=4, n_shared_experts=1, q_lora_rank=128, kv_lora_rank=128,
         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, max_position_embeddings=256, pad_token_id=PAD,
         routed_scaling_factor=2.5,
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,

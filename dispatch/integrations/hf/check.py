@@ -72,7 +72,9 @@ def compare_greedy(got, want, new_tokens: int, cosine_min: float = COSINE_MIN) -
 
 
 def tiny_models() -> dict[str, Callable[[], torch.nn.Module]]:
-    """Builders of each supported architecture at a few narrow layers (the CPU main job's size)."""
+    """Builders of each supported architecture at a few narrow layers (the CPU main job's size). The MoE models
+    route every token to every expert: with random weights a router logit moved by one rounding can flip a top-k
+    choice, a discrete change no token or cosine bound covers (the routers' bytes are checked by the op rows)."""
     import transformers as tf
 
     def build(cls, config):
@@ -93,9 +95,12 @@ def tiny_models() -> dict[str, Callable[[], torch.nn.Module]]:
             **common)),
         "deepseek_v3": lambda: build(tf.DeepseekV3ForCausalLM, tf.DeepseekV3Config(
             hidden_size=64, intermediate_size=128, moe_intermediate_size=32, first_k_dense_replace=1,
-            num_attention_heads=2, num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
-            topk_group=2, n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=128,
-            qk_rope_head_dim=64, v_head_dim=128, routed_scaling_factor=2.5, **common)),
+            num_attention_heads=2, num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=8, n_group=4,
+            topk_group=4, n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=128,
+            qk_rope_head_dim=64, v_head_dim=128, routed_scaling_factor=2.5,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+                             "mscale_all_dim": 1.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                             "beta_slow": 1.0}, **common)),
     }
 
 
