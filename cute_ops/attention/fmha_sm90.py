@@ -1,8 +1,7 @@
 """Hopper (sm_90a) forward attention in CuTeDSL: TMA loads, warpgroup MMA (WGMMA), online softmax in registers.
 
-The default tiles (128 x 128, two consumer warpgroups) ran on an H100 (HARDWARE_STATUS below); the 192-row tile
-(three consumer warpgroups) and other tile_n / kv_stages values are compiled and SASS-checked on a CPU only
-(tests/test_cute_attention_sm90.py), with GPU tests and timing variants waiting for a run.
+Ran on an H100 and an H200 (HARDWARE_STATUS below): every config FOR_CALL builds, GPU tests and timings against
+FA4. The kernel class is in _fmha_sm90_kernel.py (imported by `build` only: it imports nvidia-cutlass-dsl).
 
 Contract: dispatch/reference/attention.py (varlen q/k/v, GQA, causal + window bottom-right, sinks, natural-log
 LSE); arguments as in launch.py. D = 64 or 128, bf16 or fp16.
@@ -10,19 +9,18 @@ LSE); arguments as in launch.py. D = 64 or 128, bf16 or fp16.
 One CTA per (query tile of tile_m = 128 or 192 rows, query head), or a persistent grid (below); 1 + tile_m / 64
 warpgroups (registers split by setmaxnreg: 24 / 240 / 240 with two consumers, 24 / 160 / 160 / 160 with three):
 
-    warpgroup 0   producer   warp 0 issues the TMA loads: Q once, then K_j and V_j (tile_n keys) through a
-                             kv_stages ring each (its other three warps only lower their register limit and leave)
+    warpgroup 0   producer   warp 0 issues the TMA loads: Q once, then K_j and V_j (TILE_N keys) through a
+                             KV_STAGES ring each (its other three warps only lower their register limit and leave)
     warpgroups 1+ consumers  each owns 64 query rows (the M mode of the tiled MMA is tile_m / 64 x m64): per key tile
                              S = Q K_j^T (SS WGMMA, fp32 in registers), mask (edge tiles only), online softmax
                              (mask.py / softmax.py, rows reduced over the 4 threads of a quad), P to 16-bit in
                              registers, O *= a, O += P V_j (RS WGMMA: A = P from registers, B = V^T from SMEM);
                              then out = O / l stored row-predicated from registers, and lse.
 
-Schedules (config fields): plain, each WGMMA waited for before the softmax that needs it, the consumer warpgroups
-interleaving on their own; `pingpong` (FA3's inter-warpgroup schedule, the default): they take turns on the tensor
-core through named barriers (a ring 0 -> 1 (-> 2) -> 0), one's softmax running while the others' PV_{j-1} + QK_j
-execute; `overlap` (FA3's intra-warpgroup overlap): QK_j and PV_{j-1} issued together, the softmax of tile j under
-PV_{j-1} (bf16 at tile_n = 128 only in practice: with fp16 or another tile_n ptxas serializes the WGMMAs).
+Schedule: FA3's inter-warpgroup ping-pong, always: the consumer warpgroups take turns on the tensor core through
+named barriers (a ring 0 -> 1 (-> 2) -> 0), one's softmax running while the others' PV_{j-1} + QK_j execute; with
+`overlap` (FA3's intra-warpgroup overlap, a config field) QK_j and PV_{j-1} are issued together, the softmax of tile
+j under PV_{j-1} (bf16 only in practice: with fp16 ptxas serializes the WGMMAs).
 
 Persistent grid (`persistent` = the SM count; for_call's FOR_CALL table turns it on for sliding-window calls, where
 a query tile visits only 2-3 key tiles and the per-tile prologue / epilogue dominated, and for hd128): grid = one
