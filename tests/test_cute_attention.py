@@ -281,16 +281,15 @@ def test_packed_scheduler_order():
 # ---------------------------------------------------------------------------------------------- softmax
 
 
-@pytest.mark.parametrize("threshold", [0.0, 8.0])
 @pytest.mark.parametrize("sink", [None, 1.5])
-def test_online_softmax_model_matches_one_pass_softmax(threshold, sink):
+def test_online_softmax_model_matches_one_pass_softmax(sink):
     g = torch.Generator().manual_seed(3)
     rows, tiles, n = 6, 5, 8
     s = torch.randn(rows, tiles * n, generator=g) * 4 + torch.linspace(0, 60, tiles * n)  # max keeps growing
     s[0] = float("-inf")  # a row that sees nothing
     s[1, : 2 * n] = float("-inf")  # a row whose first tiles are fully masked
     scale_log2 = 0.3 * SM.LOG2E
-    model = SM.OnlineSoftmaxModel(rows, scale_log2, threshold, sink)
+    model = SM.OnlineSoftmaxModel(rows, scale_log2, sink)
     acc = torch.zeros(rows, tiles * n, dtype=torch.float64)
     for j in range(tiles):
         p, a = model.step(s[:, j * n:(j + 1) * n])
@@ -306,14 +305,13 @@ def test_online_softmax_model_matches_one_pass_softmax(threshold, sink):
     torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-6)
     if sink is None:
         assert lse[0] == -math.inf and inv[0] == 0
-    if threshold:
-        assert model.rescales < (rows - 1) * (tiles - 1), "the threshold kept no old max"
+    assert model.rescales < (rows - 1) * (tiles - 1), "the threshold kept no old max"
 
 
 @needs_dsl
 @needs_host_bf16
-@pytest.mark.parametrize("threshold,sink", [(0.0, None), (8.0, None), (8.0, 2.5), (0.0, -1.0)])
-def test_device_softmax_step_runs_on_the_host_like_the_model(threshold, sink):
+@pytest.mark.parametrize("sink", [None, 2.5, -1.0])
+def test_device_softmax_step_runs_on_the_host_like_the_model(sink):
     """The softmax warps' per-tile sequence (init_stats, tile_max, update_max, exp2_convert, finalize) traced as
     in the kernel and run on the host (portable=True: arith max, scalar FFMA/FADD and a division stand in for
     FMNMX, FFMA2/FADD2 and rcp.approx, which exist only on the GPU), against OnlineSoftmaxModel for one row: fully
@@ -340,7 +338,7 @@ def test_device_softmax_step_runs_on_the_host_like_the_model(threshold, sink):
             rs = cute.make_rmem_tensor(cute.make_layout(128), Float32)
             for i in cutlass.range_constexpr(128):
                 rs[i] = s_in[j, i]
-            m_new, m_safe, a = SM.update_max(m, SM.tile_max(rs, True), scale, threshold, True)
+            m_new, m_safe, a = SM.update_max(m, SM.tile_max(rs, True), scale, True)
             rp = cute.make_rmem_tensor(cute.make_layout(128), cutlass.BFloat16)
             row_sum = SM.exp2_convert(rs, rp, scale, m_safe, portable=True)
             l = l * a + row_sum
@@ -355,7 +353,7 @@ def test_device_softmax_step_runs_on_the_host_like_the_model(threshold, sink):
     p_dev, a_dev, fin = torch.zeros(tiles, 128), torch.zeros(tiles), torch.zeros(2)
     run(from_dlpack(s_rows), from_dlpack(p_dev), from_dlpack(a_dev), from_dlpack(fin), cutlass.Int32(tiles),
         Float32(scale_log2))
-    model = SM.OnlineSoftmaxModel(1, scale_log2, threshold, sink)
+    model = SM.OnlineSoftmaxModel(1, scale_log2, sink)
     for j in range(tiles):
         p, a = model.step(s_rows[j:j + 1])
         torch.testing.assert_close(a_dev[j:j + 1], a, rtol=1e-5, atol=0, msg=f"rescale factor, tile {j}")
@@ -379,9 +377,8 @@ def attention_cases(draw):
     return dict(lq=lq, lk=lk, hq=hq, hkv=hkv, d=draw(st.sampled_from([8, 16])),
                 dtype=draw(st.sampled_from([torch.bfloat16, torch.float16])), causal=draw(st.booleans()),
                 window=(draw(st.sampled_from([-1, -1, 0, 3, 9])), draw(st.sampled_from([-1, -1, 0, 4]))),
-                sink=draw(st.booleans()), threshold=draw(st.sampled_from([0.0, 8.0])),
-                tiles=draw(st.sampled_from([(16, 16), (8, 16), (16, 8)])), schedule=draw(st.sampled_from(
-                    ["packed", "grid"])), seed=draw(st.integers(0, 2**16)))
+                sink=draw(st.booleans()), tiles=draw(st.sampled_from([(16, 16), (8, 16), (16, 8)])),
+                seed=draw(st.integers(0, 2**16)))
 
 
 def _run_emulated(c):
@@ -392,8 +389,7 @@ def _run_emulated(c):
     v = torch.randn(tk, c["hkv"], c["d"], generator=g).to(c["dtype"])
     sinks = torch.randn(c["hq"], generator=g) * 2 if c["sink"] else None
     scale = 1.0 / math.sqrt(c["d"])
-    out, lse, stats = emulate(q, k, v, cu(c["lq"]), cu(c["lk"]), scale, c["causal"], c["window"], sinks,
-                              c["threshold"], *c["tiles"], schedule=c["schedule"])
+    out, lse, stats = emulate(q, k, v, cu(c["lq"]), cu(c["lk"]), scale, c["causal"], c["window"], sinks, *c["tiles"])
     want_out, want_lse = attention_varlen(q, k, v, cu(c["lq"]), cu(c["lk"]), scale, c["causal"], c["window"], sinks)
     return out, lse, want_out, want_lse, stats
 
@@ -405,17 +401,14 @@ def test_emulated_kernel_matches_the_contract(case):
 
 
 def test_emulated_kernel_full_tiles_and_rescale():
-    """128 x 128 tiles (the kernel's), several key tiles, a max that grows along the keys: rescales happen without
-    a threshold and fewer with FA4's."""
-    base = dict(lq=[300, 5], lk=[400, 260], hq=2, hkv=1, d=16, dtype=torch.bfloat16, causal=True, window=(200, -1),
-                sink=True, tiles=(128, 128), schedule="packed", seed=7)
-    counts = {}
-    for threshold in (0.0, 8.0):
-        out, lse, want_out, want_lse, stats = _run_emulated(dict(base, threshold=threshold))
-        assert_attention_close(out, lse, want_out, want_lse, f"threshold {threshold}")
-        assert stats["key_tiles"] > stats["work_items"] and stats["masked_tiles"] > 0
-        counts[threshold] = stats["rescaled_rows"]
-    assert counts[8.0] <= counts[0.0]
+    """128 x 128 tiles (the kernel's), several key tiles per work item, edge tiles masked; FA4's threshold keeps
+    the old max on most tiles after the first."""
+    case = dict(lq=[300, 5], lk=[400, 260], hq=2, hkv=1, d=16, dtype=torch.bfloat16, causal=True, window=(200, -1),
+                sink=True, tiles=(128, 128), seed=7)
+    out, lse, want_out, want_lse, stats = _run_emulated(case)
+    assert_attention_close(out, lse, want_out, want_lse, "128 x 128 tiles")
+    assert stats["key_tiles"] > stats["work_items"] and stats["masked_tiles"] > 0
+    assert stats["rescaled_rows"] < (stats["key_tiles"] - stats["work_items"]) * 128 // 2, stats
 
 
 def test_config_rejects_what_the_kernel_does_not_build():
@@ -451,7 +444,7 @@ def test_entry_checks_reach_every_rule_on_cpu():
 @needs_dsl
 @pytest.mark.parametrize("dtype,d,extra", [
     ("bf16", 128, dict(causal=True, has_window_left=True, has_sink=True)),
-    ("fp16", 64, dict(has_window_left=True, has_window_right=True, schedule="grid", rescale_threshold=0.0)),
+    ("fp16", 64, dict(has_window_left=True, has_window_right=True)),
 ])
 def test_sm100_sass_has_the_tcgen05_pipeline(dtype, d, extra):
     """tcgen05.mma kind::f16 is UTCHMMA in the SASS (also with A = P from TMEM); record of the numbers in
@@ -510,14 +503,14 @@ def test_prepared_launcher_passes_the_shared_argument_list(monkeypatch):
     cu_q, cu_k, sinks = cu([2, 3]), cu([3, 4]), torch.randn(4)
     assert not launch.preparable(q, cu_q, cu_k, sinks)  # CPU tensors have no device index: the general entry
     assert not launch.preparable(q, cu_q, cu_k, sinks.double())
-    fn = launch.prepared(lambda *a: calls.append(a), lambda *a: general.append(a) or "general", q, 3, None, 128, 0)
+    fn = launch.prepared(lambda *a: calls.append(a), lambda *a: general.append(a) or "general", q, None, 128, 0)
     args = (q, k, v, cu_q, cu_k, 3, 4, None, True, 128, 0, sinks, True)
     out, lse = fn(*args)
     got = calls[-1]
     assert got[:3] == (q, k, v) and got[3] is out and got[4] is lse and got[5] is cu_q and got[6] is cu_k
-    assert got[7] is sinks and got[8:] == (0.125, 128, 0, 3)
+    assert got[7] is sinks and got[8:] == (0.125, 128, 0)
     assert out.shape == (5, 4, 64) and out.dtype == q.dtype and lse.shape == (5, 4) and lse.dtype == torch.float32
     assert fn(*args)[0].data_ptr() != out.data_ptr()  # fresh outputs each call
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 1, raising=False)
-    fn = launch.prepared(lambda *a: calls.append(a), lambda *a: general.append(a) or "general", q, 3, None, 128, 0)
+    fn = launch.prepared(lambda *a: calls.append(a), lambda *a: general.append(a) or "general", q, None, 128, 0)
     assert fn(*args) == "general" and general[-1] == args

@@ -29,8 +29,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:This static loop has")
 def test_persistent_config_rules():
     from cute_ops.attention.fmha_sm90 import FmhaSm90Config
 
-    with pytest.raises(ValueError, match="packed schedule"):
-        FmhaSm90Config("bf16", 64, persistent=132, schedule="grid")
     with pytest.raises(ValueError, match="CTA count"):
         FmhaSm90Config("bf16", 64, persistent=-1)
     with pytest.raises(ValueError, match="spills"):  # the tile loop's state on top of 192 x 128 with overlap
@@ -38,8 +36,6 @@ def test_persistent_config_rules():
     one, two = FmhaSm90Config("bf16", 128), FmhaSm90Config("bf16", 128, persistent=132)
     assert (one.q_stages, two.q_stages) == (1, 2)
     assert two.smem_bytes() - one.smem_bytes() == 128 * 128 * 2  # a second Q buffer
-    with pytest.raises(ValueError, match="SMEM"):  # 2 x 32 KiB Q + 3 x 64 KiB K / V
-        FmhaSm90Config("bf16", 128, kv_stages=3, persistent=132)
     # o_tma: a tile_m x D staging tile; hd128 persistent with 2 K / V stages still fits (225 of 227 KiB)
     three = FmhaSm90Config("bf16", 128, persistent=132, o_tma=True)
     assert three.smem_bytes() - two.smem_bytes() == 128 * 128 * 2 and three.smem_bytes() == 230400
@@ -59,8 +55,9 @@ def test_o_tma_register_to_smem_mapping(d, tile_m):
     from cutlass.cute.runtime import from_dlpack
 
     from cute_ops.attention import fmha_sm90
+    from cute_ops.attention._fmha_sm90_kernel import FmhaSm90
 
-    kern = fmha_sm90.kernel_class()(fmha_sm90.FmhaSm90Config("bf16", d, tile_m=tile_m, o_tma=True))
+    kern = FmhaSm90(fmha_sm90.FmhaSm90Config("bf16", d, tile_m=tile_m, o_tma=True))
     got = torch.zeros(2, d // 2, 2, dtype=torch.int32)
 
     @cute.jit
@@ -102,25 +99,24 @@ def test_persistent_walk_covers_every_tile_once(lengths, heads, tile_m, reverse_
 
 
 # Fully specified variants (the base config of a call may be the 192-row tile with overlap) with few CTAs, so each
-# CTA walks many tiles: ping-pong, one CTA without ping-pong, ping-pong with the intra-warpgroup overlap, the SM
+# CTA walks many tiles: ping-pong, one CTA, ping-pong with the intra-warpgroup overlap, the SM
 # count (more CTAs than tiles in the small cases: CTAs without a tile exit at once).
 PERSISTENT_VARIANTS = [dict(persistent=3, tile_m=128, overlap=False),
-                       dict(persistent=1, tile_m=128, pingpong=False, overlap=False),
+                       dict(persistent=1, tile_m=128, overlap=False),
                        dict(persistent=5, tile_m=128, overlap=True),
                        dict(persistent=132, tile_m=128, overlap=False)]
-# hd64 only: three consumer warpgroups, a deeper K / V ring
-PERSISTENT_HD64_VARIANTS = [dict(persistent=4, tile_m=192, overlap=False),
-                            dict(persistent=6, tile_m=128, kv_stages=4, overlap=False)]
+# hd64 only: three consumer warpgroups
+PERSISTENT_HD64_VARIANTS = [dict(persistent=4, tile_m=192, overlap=False)]
 
 
 # The O epilogue through SMEM + TMA store (o_tma), on the persistent grid and with one CTA per tile: two and three
-# consumer warpgroups, with and without ping-pong. SM90_GPU_CASES hold varlen batches with empty sequences and
+# consumer warpgroups, one CTA walking every tile. SM90_GPU_CASES hold varlen batches with empty sequences and
 # sk = 0, slices that end inside a sequence (register stores) and last sequences that end inside a slice (the TMA
 # box clipped at the tensor's end), windows, sinks, GQA / MQA; every case checks the LSE.
 O_TMA_VARIANTS = [dict(o_tma=True, persistent=3, tile_m=128, overlap=False),
                   dict(o_tma=True, persistent=132, tile_m=128, overlap=False),
                   dict(o_tma=True, persistent=0, tile_m=128, overlap=False),
-                  dict(o_tma=True, persistent=1, tile_m=128, pingpong=False, overlap=False)]
+                  dict(o_tma=True, persistent=1, tile_m=128, overlap=False)]
 O_TMA_HD64_VARIANTS = [dict(o_tma=True, persistent=4, tile_m=192, overlap=False),
                        dict(o_tma=True, persistent=0, tile_m=192, overlap=True)]
 

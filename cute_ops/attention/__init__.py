@@ -1,10 +1,13 @@
 """CuTeDSL attention: a tcgen05 forward for Blackwell (sm_100a), a WGMMA forward for Hopper (sm_90a), and the
 pieces both are built from.
 
-The Hopper kernel (`fmha_sm90.py`, with `wgmma.py` for its WGMMA layouts and `launch.py` for the host pieces both
-kernels share: argument list, fake compile arguments, input checks, the call) is compiled and SASS-checked on a CPU
-and NOT YET RUN ON A GPU; dispatch offers it on sm_90 by name only (backend="cute"), see that module and
-docs/cute.md. The rest of this docstring is about the Blackwell kernel.
+The Hopper kernel (`fmha_sm90.py` and its kernel class in `_fmha_sm90_kernel.py`, with `wgmma.py` for its WGMMA
+layouts and `launch.py` for the host pieces both kernels share: argument list, fake compile arguments, input
+checks, the call) ran on an H100 and an H200; dispatch ranks it first for `attention_prefill` on sm_90, see that
+module and docs/cute.md. The rest of this docstring is about the Blackwell kernel.
+
+Each kernel is two modules: `fmha_smXX.py` (config, rule, entry, compile; importable without nvidia-cutlass-dsl)
+and `_fmha_smXX_kernel.py` (the module-level kernel class; imports cutlass at the top, imported by `build` only).
 
 STATUS: COMPILED AND SASS-INSPECTED ON A CPU, NEVER RUN ON BLACKWELL HARDWARE. No Blackwell GPU has executed
 this kernel; its numerics are unverified on hardware. It is not in the dispatch table (dispatch/table.py) and
@@ -27,15 +30,15 @@ What lives where (FA4's layout: shared semantics once, kernels compose them):
                   `visible_keys` and triton_ops/attention/mask.py) and inside the kernel while it is traced;
                   `apply_row_bounds` is the device element mask (two signed compares and a select per score).
 * `softmax.py`    online softmax in the exp2 domain: sink init (m = sink * log2 e, l = 1), FA4's conditional
-                  rescale (keep the old max unless it grew by more than `rescale_threshold` = 8 in log2 units;
+                  rescale (keep the old max unless it grew by more than RESCALE_THRESHOLD = 8 in log2 units;
                   O is rescaled only when some row of a warp needs it), finalize to out = O / l and natural-log
                   lse. `OnlineSoftmaxModel` is the torch twin; device helpers use packed FFMA2/FADD2 and
                   MUFU.EX2, and convert P to 16-bit 32 columns at a time (keeps the softmax warps spill-free).
-* `scheduler.py`  varlen tile scheduling from cu_seqlens_q: GRID ((max m-tiles, Hq, B), CTAs past a sequence
-                  exit) and PACKED (a 1-D grid bounded by (total_q + B * 127) // 128 * Hq from host-known sizes;
-                  a warp-wide shuffle scan over cu_seqlens maps the CTA index to (batch, m-tile, head), heads
-                  fastest, last m-tile first for causal). `packed_tile` is the host model of the same algorithm.
-* `fmha_sm100.py` the kernel (`FmhaSm100Config`, `build`, `dump`, `compiled` through lowbit's compile cache),
+* `scheduler.py`  varlen tile scheduling from cu_seqlens_q: PACKED (a 1-D grid bounded by
+                  (total_q + B * 127) // 128 * Hq from host-known sizes; a warp-wide shuffle scan over cu_seqlens
+                  maps the CTA index to (batch, m-tile, head), heads fastest, last m-tile first for causal).
+                  `packed_tile` is the host model of the same algorithm.
+* `fmha_sm100.py` the host side (`FmhaSm100Config`, `build`, `dump`, `compiled` through lowbit's compile cache),
                   `emulate` (the whole algorithm tile by tile on the host), and an entry pair with the triton
                   backend's signatures for the lead to register after a hardware run: `supports_attention_prefill`
                   (returns HARDWARE_STATUS on a capable GPU: it is not offered yet) and `attention_prefill` (written
@@ -44,16 +47,17 @@ What lives where (FA4's layout: shared semantics once, kernels compose them):
                   softmax WG (LDTM S from TMEM -> mask -> exp2 -> STTM P into TMEM), correction WG (conditional
                   O rescale in TMEM, then O / l -> 16-bit -> STG.E.128 row-predicated, and lse), an MMA warp
                   (tcgen05.mma: S = Q K^T SS, O += P V TS with P from TMEM), a TMA load warp; mbarrier pipelines
-                  between them (see that module's docstring for the per-tile protocol and TMEM map).
+                  between them (see that module's docstring for the per-tile protocol and TMEM map). The kernel
+                  class is in `_fmha_sm100_kernel.py`.
 
 Supported (compiled): bf16 and fp16; head_dim 64 and 128 (Dqk = Dv); fp32 accumulation and LSE; causal,
 sliding window (left and/or right; sizes are runtime arguments, the flags are compile-time), causal + window,
 attention sinks, GQA/MQA (Hq % Hkv == 0, KV head h // (Hq / Hkv)), varlen batches through cu_seqlens (sequences
-with no queries, with no keys, with sk < sq, rows that see no key: out 0, lse -inf or the sink), both schedules,
-rescale threshold on or off (0.0). Requires: unit stride on D, 16-byte aligned token/head strides and base
-pointers (TMA), softmax_scale > 0 (the row max is taken before scaling), and a non-empty launch (total_q > 0:
-the caller skips empty batches). Rows just past a sequence are read by the TMA boxes (the next sequence's rows,
-or zeros past the tensor) and masked or never stored; they must be finite (as in FA4).
+with no queries, with no keys, with sk < sq, rows that see no key: out 0, lse -inf or the sink). Requires: unit
+stride on D, 16-byte aligned token/head strides and base pointers (TMA), softmax_scale > 0 (the row max is taken
+before scaling), and a non-empty launch (total_q > 0: the caller skips empty batches). Rows just past a sequence
+are read by the TMA boxes (the next sequence's rows, or zeros past the tensor) and masked or never stored; they
+must be finite (as in FA4).
 
 SASS checked (tests/test_cute_attention.py, sm_100a, cuobjdump from the Triton wheel), bf16 D=128 counts from
 nvidia-cutlass-dsl 4.8.1: UTCHMMA 24 (the SASS name of tcgen05.mma.cta_group::1.kind::f16: D/16 at each of the
@@ -66,8 +70,8 @@ D=64: UTCHMMA 16, LDTM 8, STTM 4, UTMALDG 3.
 A CuTeDSL pitfall (4.8.1, shown by running the mask on the host): inside
 `cutlass.range(..., unroll_full=True)`, an unsigned compare of a value derived from an identity-tensor coordinate
 at the loop index came out signed; the sm90 kernel's WGMMA accumulator coordinates showed the same even under
-range_constexpr, so mask.apply_row_bounds uses two signed compares; tests pin both.
-Also: the DSL evaluates kernel annotations, so fmha_sm100.py has no `from __future__ import annotations`; MMA
+range_constexpr, so mask.apply_row_bounds now uses two signed compares; tests pin both.
+Also: the DSL evaluates kernel annotations, so _fmha_sm100_kernel.py has no `from __future__ import annotations`; MMA
 objects whose ACCUMULATE field is set in one role's branch must not be reused by later branches (the MMA warp
 builds its own); values kept in registers across setmaxnreg were spilled by ptxas (the tile coordinates go through
 SMEM instead).

@@ -3,7 +3,7 @@
 Both kernels (fmha_sm90, fmha_sm100) take the same argument list, in this order:
 
     (q, k, v, o, lse | None, cu_seqlens_q, cu_seqlens_k, sinks | None, softmax_scale, window_left, window_right,
-     max_seqlen_q, stream)
+     stream)
 
 q/k/v/o (tokens, heads, D) with D contiguous and 16-byte aligned token/head strides (TMA), lse (total_q, Hq) fp32,
 cu_seqlens int32 (B + 1,), sinks (Hq,) fp32. Token counts, head counts and B are symbolic: one compiled object
@@ -17,8 +17,6 @@ import functools
 import hashlib
 import math
 from pathlib import Path
-
-from .softmax import DEFAULT_RESCALE_THRESHOLD
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 DTYPES = ("bf16", "fp16")
@@ -36,8 +34,6 @@ class AttentionConfig:
     has_window_right: bool = False
     has_sink: bool = False
     has_lse: bool = True
-    schedule: str = "packed"  # packed | grid (scheduler.py)
-    rescale_threshold: float = DEFAULT_RESCALE_THRESHOLD  # log2 units (softmax.py); 0: rescale O whenever the max grows
     arch: str = ""
 
     NAME = ""  # the kernel's name in the compile key
@@ -49,8 +45,6 @@ class AttentionConfig:
             raise ValueError(f"dtype {self.dtype!r} not in {DTYPES}")
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim {self.head_dim} not in {SUPPORTED_HEAD_DIMS}")
-        if self.schedule not in ("packed", "grid"):
-            raise ValueError(f"schedule {self.schedule!r}")
         if not self.arch.startswith(self.ARCH_PREFIX):
             raise ValueError(f"{self.ARCH_WHY}, not {self.arch}")
 
@@ -65,11 +59,11 @@ class AttentionConfig:
 
     @classmethod
     def for_call(cls, q, causal: bool, window_left: int, window_right: int, sinks, arch: str):
-        """The config of an `attention_prefill` call (PACKED schedule, lse always computed)."""
+        """The config of an `attention_prefill` call (lse always computed)."""
         import torch
 
         return cls({torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype], q.shape[-1], bool(causal),
-                   window_left >= 0, window_right >= 0, sinks is not None, True, "packed", arch=arch)
+                   window_left >= 0, window_right >= 0, sinks is not None, True, arch=arch)
 
 
 @functools.cache
@@ -107,8 +101,7 @@ def fake_args(dtype: str, head_dim: int, has_lse: bool, has_sink: bool):
     sinks = (cute.runtime.make_fake_tensor(cutlass.Float32, (hq,), stride=(1,), assumed_align=4)
              if has_sink else None)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return (q, k, v, o, lse, cu_q, cu_k, sinks, cutlass.Float32(1.0), cutlass.Int32(-1), cutlass.Int32(-1),
-            cutlass.Int32(0), stream)
+    return (q, k, v, o, lse, cu_q, cu_k, sinks, cutlass.Float32(1.0), cutlass.Int32(-1), cutlass.Int32(-1), stream)
 
 
 def build(kernel, cfg: AttentionConfig, extra_options: str = ""):
@@ -160,8 +153,7 @@ def check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale) -> str | No
     return None
 
 
-def run(compiled_fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_left, window_right,
-        sinks):
+def run(compiled_fn, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, window_left, window_right, sinks):
     """Allocate (out, lse) and call a compiled kernel with the shared argument list (through
     cute_ops._compile.launch: eager launch plans record it); lse is always computed."""
     import torch
@@ -176,7 +168,7 @@ def run(compiled_fn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_
     scale = default_softmax_scale(d) if softmax_scale is None else float(softmax_scale)
     sink_arg = None if sinks is None else sinks.to(torch.float32).contiguous()
     args = (q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), sink_arg, scale,
-            int(window_left), int(window_right), int(max_seqlen_q))
+            int(window_left), int(window_right))
     _compile.launch(compiled_fn, *args, device=q.device)
     return out, lse
 
@@ -191,7 +183,7 @@ def preparable(q, cu_seqlens_q, cu_seqlens_k, sinks) -> bool:
                                                                    and sinks.is_contiguous())))
 
 
-def prepared(compiled_fn, general, q, max_seqlen_q, softmax_scale, window_left, window_right):
+def prepared(compiled_fn, general, q, softmax_scale, window_left, window_right):
     """A launcher for repeated eager calls of `attention_prefill` with one call signature (dispatch/ops/_common.call
     keeps it per signature; `preparable` must hold): the compiled function, the softmax scale and the plain
     arguments are resolved once, and a call allocates out and lse and makes the TVM-FFI call (`run` without its
@@ -201,7 +193,7 @@ def prepared(compiled_fn, general, q, max_seqlen_q, softmax_scale, window_left, 
 
     total_q, hq, d = q.shape
     scale = default_softmax_scale(d) if softmax_scale is None else float(softmax_scale)
-    window_left, window_right, max_q = int(window_left), int(window_right), int(max_seqlen_q)
+    window_left, window_right = int(window_left), int(window_right)
     index, device, dtype = q.device.index, q.device, q.dtype
     get_device, empty, fp32 = torch._C._cuda_getDevice, torch.empty, torch.float32
 
@@ -210,7 +202,7 @@ def prepared(compiled_fn, general, q, max_seqlen_q, softmax_scale, window_left, 
             return general(q, k, v, cu_seqlens_q, cu_seqlens_k, *rest)
         out = empty((total_q, hq, d), dtype=dtype, device=device)
         lse = empty((total_q, hq), dtype=fp32, device=device)
-        compiled_fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rest[-2], scale, window_left, window_right, max_q)
+        compiled_fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rest[-2], scale, window_left, window_right)
         return out, lse
 
     return prefill

@@ -1,10 +1,7 @@
 """Varlen tile scheduling from cu_seqlens_q: which (batch, query tile, query head) a CTA works on.
 
-Two schedules, one CTA per tile, and a persistent form of PACKED (the sm90 kernel's `persistent` field):
+One CTA per tile (PACKED), and a persistent form of it (the sm90 kernel's `persistent` field):
 
-* GRID   grid = (ceil(max_seqlen_q / tile_m), Hq, B); CTA (x, y, z) takes query tile x of head y of sequence z,
-         and exits at once when tile x starts past that sequence's end. Needs max_seqlen_q on the host (the
-         prefill op takes it as an argument); with skewed lengths most CTAs of the grid exit immediately.
 * PACKED grid = (packed_grid_size(total_q, B, Hq, tile_m),), no CTA beyond the last real tile but the bound's
          slack: sum_b ceil(sq_b / tile_m) <= (total_q + B * (tile_m - 1)) // tile_m, so the host needs only
          total_q (= q.shape[0]) and B, never a copy of cu_seqlens. A CTA maps its linear index to a tile by a
@@ -39,10 +36,6 @@ def num_m_blocks(sq: int, tile_m: int) -> int:
 def packed_grid_size(total_q: int, batch: int, heads: int, tile_m: int) -> int:
     """Upper bound on the number of (tile, head) work items, from host-known sizes only."""
     return (max(total_q, 0) + batch * (tile_m - 1)) // tile_m * heads
-
-
-def grid_shape(max_seqlen_q: int, batch: int, heads: int, tile_m: int) -> tuple[int, int, int]:
-    return (max(num_m_blocks(max_seqlen_q, tile_m), 1), heads, max(batch, 1))
 
 
 def real_tiles(cu_seqlens_q: list[int], heads: int, tile_m: int) -> set[tuple[int, int, int]]:
@@ -135,22 +128,15 @@ if cutlass is not None:
         return b_found, m_block, h, b_found >= 0
 
     @cute.jit
-    def cta_tile(schedule: cutlass.Constexpr[str], cu_seqlens_q: cute.Tensor, num_batch: Int32, heads: Int32,
-                 tile_m: cutlass.Constexpr[int], reverse_m: cutlass.Constexpr[bool]):
-        """(b, m_block, h, valid) of the calling CTA under `schedule` (every lane of the calling warp takes part)."""
-        if cutlass.const_expr(schedule == "packed"):
-            bx, _, _ = cute.arch.block_idx()
-            b, m_block, h, valid = packed_tile_device(cu_seqlens_q, num_batch, bx, heads, tile_m, reverse_m)
-        else:
-            m_block, h, b = cute.arch.block_idx()
-            valid = m_block * tile_m < cu_seqlens_q[b + 1] - cu_seqlens_q[b]
-        return b, m_block, h, valid
+    def cta_tile(cu_seqlens_q: cute.Tensor, num_batch: Int32, heads: Int32, tile_m: cutlass.Constexpr[int],
+                 reverse_m: cutlass.Constexpr[bool]):
+        """(b, m_block, h, valid) of the calling CTA, PACKED (every lane of the calling warp takes part)."""
+        bx, _, _ = cute.arch.block_idx()
+        return packed_tile_device(cu_seqlens_q, num_batch, bx, heads, tile_m, reverse_m)
 
-    def launch_grid(schedule: str, total_q, num_batch, heads, max_seqlen_q, tile_m: int):
-        """The grid of `schedule` from traced host values (total_q = q.shape[0], B = len(cu_seqlens_q) - 1)."""
-        if schedule == "packed":
-            return ((total_q + num_batch * (tile_m - 1)) // tile_m * heads, 1, 1)
-        return ((max_seqlen_q + tile_m - 1) // tile_m, heads, num_batch)
+    def launch_grid(total_q, num_batch, heads, tile_m: int):
+        """The PACKED grid from traced host values (total_q = q.shape[0], B = len(cu_seqlens_q) - 1)."""
+        return ((total_q + num_batch * (tile_m - 1)) // tile_m * heads, 1, 1)
 
     def sequence_tiles(spec, cu_seqlens_q, cu_seqlens_k, b, m_block, left, right, tile_m: int, tile_n: int):
         """(q_start, sq, k_start, sk, n_lo, n_tiles, full_lo, full_hi): sequence b's rows and the key tiles query

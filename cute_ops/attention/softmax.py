@@ -6,12 +6,12 @@ scale_log2 = softmax_scale * log2(e)) and l (running sum of exp2(x - m)). Per ke
     m_cand  = max(m, max_j x_j)
     m_safe  = 0 if m_cand == -inf else m_cand          (a row that saw nothing yet: exp2(-inf - 0) = 0, no NaN)
     a       = exp2(m - m_safe)                          (the factor O and l are rescaled by)
-    if threshold > 0 and m - m_safe >= -threshold:      (the max grew by at most `threshold` (log2 units))
+    if m - m_safe >= -RESCALE_THRESHOLD:               (the max grew by at most RESCALE_THRESHOLD (log2 units))
         m_cand = m_safe = m;  a = 1                     (keep the old max: no rescale of O; P <= 2^threshold)
     p_j     = exp2(x_j - m_safe);   l = l * a + sum_j p_j;   m = m_cand
 
-O is rescaled by `a` only when some row of a warp has a != 1 (the correction warps vote), which with a threshold
-(FA4 uses 8.0) happens a few times per row instead of on every tile. Exactness: p and l are both relative to the
+O is rescaled by `a` only when some row of a warp has a != 1 (the correction warps vote), which with FA4's threshold
+of 8.0 happens a few times per row instead of on every tile. Exactness: p and l are both relative to the
 same m, so out = O / l and lse = (m + log2 l) * ln 2 are unchanged by the choice of m; P values up to 2^8 are
 well inside bf16/fp16 (and the fp32 accumulators).
 
@@ -27,7 +27,7 @@ import math
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
-DEFAULT_RESCALE_THRESHOLD = 8.0  # log2 units, FA4's value: rescale O only when the max grew by more than 2^8
+RESCALE_THRESHOLD = 8.0  # log2 units, FA4's value: rescale O only when the max grew by more than 2^8
 
 try:
     import cutlass
@@ -44,10 +44,10 @@ class OnlineSoftmaxModel:
     `step` takes raw scores s (q.k, -inf where masked) for one key tile and returns (p, a): the probabilities
     relative to the current max and the rescale factor of everything accumulated before."""
 
-    def __init__(self, rows: int, scale_log2: float, threshold: float = 0.0, sink: float | None = None):
+    def __init__(self, rows: int, scale_log2: float, sink: float | None = None):
         import torch
 
-        self.scale_log2, self.threshold = scale_log2, threshold
+        self.scale_log2 = scale_log2
         if sink is None:
             self.m = torch.full((rows,), -math.inf, dtype=torch.float32)
             self.l = torch.zeros(rows, dtype=torch.float32)
@@ -63,12 +63,10 @@ class OnlineSoftmaxModel:
         m_cand = torch.maximum(self.m, x.amax(dim=1)) if x.shape[1] else self.m.clone()
         m_safe = torch.where(m_cand == -math.inf, torch.zeros_like(m_cand), m_cand)
         delta = self.m - m_safe
-        a = torch.exp2(delta)
-        if self.threshold > 0:
-            keep = delta >= -self.threshold
-            m_cand = torch.where(keep, self.m, m_cand)
-            m_safe = torch.where(keep, self.m, m_safe)
-            a = torch.where(keep, torch.ones_like(a), a)
+        keep = delta >= -RESCALE_THRESHOLD
+        m_cand = torch.where(keep, self.m, m_cand)
+        m_safe = torch.where(keep, self.m, m_safe)
+        a = torch.where(keep, torch.ones_like(delta), torch.exp2(delta))
         p = torch.exp2(x - m_safe.unsqueeze(1))
         self.l = self.l * a + p.sum(dim=1)
         self.m = m_cand
@@ -123,7 +121,7 @@ if cutlass is not None:
         return _fmax(m0, m1, portable)
 
     @cute.jit
-    def update_max(m_old: Float32, raw_tile_max: Float32, scale_log2: Float32, threshold: cutlass.Constexpr[float],
+    def update_max(m_old: Float32, raw_tile_max: Float32, scale_log2: Float32,
                    portable: cutlass.Constexpr[bool] = False):
         """(m_new, m_safe, a) for one row and one tile (see the module docstring)."""
         m_new = _fmax(m_old, raw_tile_max * scale_log2, portable)
@@ -132,11 +130,10 @@ if cutlass is not None:
             m_safe = Float32(0.0)
         delta = m_old - m_safe
         a = cute.math.exp2(delta, fastmath=True)
-        if cutlass.const_expr(threshold > 0.0):
-            if delta >= -threshold:
-                m_new = m_old
-                m_safe = m_old
-                a = Float32(1.0)
+        if delta >= -RESCALE_THRESHOLD:
+            m_new = m_old
+            m_safe = m_old
+            a = Float32(1.0)
         return m_new, m_safe, a
 
     @cute.jit
