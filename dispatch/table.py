@@ -111,12 +111,16 @@ CUTE_DECODE_WHY = "CuTeDSL; bit-exact; auto takes it at decode only (Triton's tw
 CUTE_UNRUN_WHY = "CuTeDSL; compiled for sm_100a, never run on Blackwell: refused unless LOWBIT_CUTE_UNVERIFIED=1"
 
 # CuTeDSL grouped GEMM on sm_90, bf16 / fp16 and FP8 (cute_ops/gemm/grouped_sm90.py: WGMMA, TMA loads through
-# per-group descriptors rewritten on the device): GPU tests pass on the H100. Timed (docs/moe_gemm.md, measured
-# table): FP8 prefill 0.72-0.80x torch._scaled_grouped_mm, 1.5-1.7x Triton, so auto takes it
-# for FP8 at >= 128 rows per expert; bf16 0.92x torch._grouped_mm at 512 rows per expert (1.19x Triton), about
-# Triton's speed at 256, so auto takes it from 512. backend="cute" forces either.
+# per-group descriptors rewritten on the device): GPU tests pass on the H100 and the H200. Timed (cute_ops.gemm.
+# moe_sm90 cites the records): FP8 prefill 0.72-0.80x torch._scaled_grouped_mm, 1.5-1.7x Triton, so auto takes it
+# for FP8 at >= 128 rows per expert; bf16 0.92x torch._grouped_mm at 512 rows per expert (1.19x Triton: 1654 vs
+# 1966 us, perf/results/experiments/2026-11-25-h100-cute-gemm-tiles-76665c5.json), about Triton's speed at 256
+# (perf/results/nvidia-h100-80gb-hbm3.jsonl: 991 vs 945 us eager, 969 vs 983 us graph), so auto takes it from 512
+# (`auto_skip_bf16`). Both rows rank above Triton (CUTE_MEASURED_FASTER) so that their `auto_skip` decides: a row
+# ranked below Triton is never reached by auto. tests/test_auto_matches_records.py holds the table against the
+# records. backend="cute" forces either.
 CUTE_GEMM_FP8_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: FP8 prefill 1.5-1.7x Triton (H100)"
-CUTE_GEMM_BF16_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: bf16 from 512 rows/expert (H100)"
+CUTE_GEMM_BF16_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: bf16 from 512 rows/expert, 1.19x Triton"
 
 DECODE_ROWS = 64  # the benchmarks' decode bucket (M <= 64 tokens)
 
@@ -244,7 +248,7 @@ ROWS: tuple[Entry, ...] = (
     *triton_rows("moe_gemm_bf16", "triton_ops.moe_gemm.grouped:moe_gemm_bf16", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_bf16"),
     Entry("moe_gemm_bf16", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_bf16", TORCH_REF, REFERENCE_WHY),
-    Entry("moe_gemm_bf16", "cute", ("sm_90",), "cute_ops.gemm.moe_sm90:moe_gemm_bf16", CUTE_UNMEASURED,
+    Entry("moe_gemm_bf16", "cute", ("sm_90",), "cute_ops.gemm.moe_sm90:moe_gemm_bf16", CUTE_MEASURED_FASTER,
           CUTE_GEMM_BF16_WHY, supports="cute_ops.gemm.moe_sm90:supports_moe_gemm_bf16",
           auto_skip="cute_ops.gemm.moe_sm90:auto_skip_bf16"),
     Entry("moe_gemm_bf16", "cute", CUTE_BLACKWELL, "cute_ops.gemm.moe_sm100:moe_gemm_bf16", CUTE_UNMEASURED,

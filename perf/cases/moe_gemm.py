@@ -7,6 +7,7 @@ Shapes (balanced routing: every expert gets the same number of rows, so the peer
   K = 2048; bf16 and FP8 (1x128 activation / 128x128 weight scales), each:
   - prefill-like: 32 experts x 256 rows, contiguous layout (M = 8192). 32 of the model's 256 experts (an EP = 8
     shard) bound the memory: the runner holds ~3 copies of the inputs, and 256 bf16 GEMM1 experts are 15 GB each;
+    bf16 also at 512 rows per expert, where auto's rule moves from the Triton kernel to the CuTe one;
   - decode: all 256 experts x 16 rows, masked layout (E, max_m = 16, K) with masked_m = 16 (a 512-token batch at
     top-8): weight streaming, 15 / 7.5 GB of GEMM1 weights in bf16 / FP8 per call.
 * GPT-OSS-120b GEMM1 (hidden 2880, intermediate 2880): N = 5760, K = 2880, MXFP4 W4A16, NVFP4 W4A16 (K = 180 x 16)
@@ -646,6 +647,8 @@ def cases() -> list[BenchCase]:
         for gemm, (n, k) in DSV3.items():
             out.append(_case("dsv3", gemm, kind, 32, n, k, rows=256))
             out.append(_case("dsv3", gemm, kind, 256, n, k, rows=16, masked=True))
+            if kind == "bf16":  # the other side of the cute row's threshold (cute_ops.gemm.moe_sm90:auto_skip_bf16)
+                out.append(_case("dsv3", gemm, kind, 32, n, k, rows=512))
     n, k = GPT_OSS_GEMM1
     for kind in ("mxfp4", "bf16", "w4a4", "nvfp4"):
         out.append(_case("gpt-oss-120b", "gemm1", kind, 128, n, k, rows=16))
