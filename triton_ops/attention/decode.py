@@ -308,8 +308,8 @@ def split_buffers(out, lse, splits: int):
 
 
 # partial-output elements per program of the split reduction for 512-wide values (MLA): one row per program up to
-# 4 splits (S_P x 512), half a row at 8. H200: 2048 rows x 4 splits x 512 in 3.8 us against 14.2 us at 4096 (two
-# rows per program) (perf/results/experiments/2026-11-26-h200-attention-split-reduce-tiles-c37e38b.json).
+# 4 splits (S_P x 512), half a row at 8: two rows per program are slower at MLA's row counts (docs/attention.md,
+# alternatives measured).
 WIDE_REDUCE_ELEMS = 2048
 
 
@@ -344,7 +344,8 @@ class DecodeConfig:
     reduce_elems: int  # partial-output elements per program of the split reduction
     # FP8 caches on the GPU: V's codes converted to fp16 in the layout they are loaded in, then to the dot's operand
     # layout through shared memory as fp16 (else the codes go to the operand layout first: byte-wise shared loads).
-    # K keeps the codes-first order: its fp16 round trip through shared memory measured 0.89x (docs/attention.md)
+    # K keeps the codes-first order: its fp16 round trip through shared memory is slower (docs/attention.md,
+    # alternatives measured).
     v_f16_smem: bool = False
 
 
@@ -366,8 +367,8 @@ def decode_config(batch: int, sq: int, hq: int, hkv: int, max_ctx: int, d: int, 
     program, 4 warps (8 for the largest tiles). Interpreter: larger tiles (cost per program and per op).
     The key tile shrinks toward the per-split slice so that small contexts still get distinct splits.
     Page tiles (one table entry per key tile, where the tile divides the page: the launcher checks) everywhere:
-    on a 16-bit cache they take sm_90a's registers from 114 to 138 but were faster at every timed shape (H100,
-    e6c9d36, page 64: Llama 16 x 8k 190 vs 198 us, 64 x 8k 808 vs 902 us, GPT-OSS sinks 16 x 8k 119 vs 137 us).
+    on a 16-bit cache they cost registers but save a table lookup and a 64-bit address per key, which is faster at
+    every timed shape (docs/attention.md, alternatives measured).
     FP8 caches on the GPU (sm_89+, the e4m3x2 -> f16x2 convert): V converted to fp16 before its operand layout
     (`v_f16_smem`), 3 pipeline stages (the next tile's copies stay in flight while one is computed: a program's
     FP8 tiles are half a 16-bit tile's bytes), and twice the programs per SM from the split rule, for the same
