@@ -77,7 +77,7 @@ if want tests; then
   # (on the GPU image) spreads it over TEST_WORKERS processes sharing the one GPU and the on-disk compile caches.
   workers=()
   python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-12}" --dist worksteal)
-  timeout -s INT -k 30 "${TEST_TIME:-480}" python3 -m pytest ${TEST_ARGS:-tests} -m gpu -q --disable-warnings --maxfail=30 --no-header -rfE \
+  timeout -s INT -k 30 "${TEST_TIME:-480}" python3 -m pytest ${TEST_ARGS:-tests} -m gpu --run-slow -q --disable-warnings --maxfail=30 --no-header -rfE \
       "${workers[@]}" --durations=40 --junitxml="$OUT/pytest.xml" > "$OUT/pytest.log" 2>&1
   rc=$?
   wall=$(( $(date +%s) - t0 ))
