@@ -121,5 +121,5 @@ def test_gpu_paged_cache_generation_matches_unpaged(build):
     reference = build()
     lowbit_patch(reference)
     cache = LowbitPagedCache(reference.config, len(PROMPT_LENS), max(PROMPT_LENS) + NEW_TOKENS, page_size=16,
-                             kv_dtype=torch.bfloat16)
+                             kv_dtype=torch.bfloat16, device="cuda")
     assert_same_greedy_tokens(_generate(reference, cache), _generate(reference), f"{build.__name__} paged")
