@@ -36,7 +36,6 @@ _COMPILE = textwrap.dedent("""
     import triton
     from tests.helpers import sass_stats
     from triton_ops.attention import mla_sm90 as M
-from triton_ops.attention.mla_decode import mla_decode as portable_mla_decode
     res = {"triton": triton.__version__, "configs": []}
     for sq, h, causal, final in ((1, 128, True, False), (2, 128, True, True), (3, 16, False, False)):
         c = M.compile_sm90(sq, h, causal, final, any_version=True)
