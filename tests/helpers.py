@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 import pytest
@@ -16,6 +17,17 @@ DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=
 # Under the interpreter the Triton backend is the one to test; on a GPU, auto must pick it too.
 FLOAT_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 DISTRIBUTIONS = ("normal", "heavy_tail", "subnormal", "zero_blocks", "mixed_scale", "ties")
+
+
+# `--run-slow` (tests/conftest.py sets LOWBIT_SLOW=1 for it) or LOWBIT_SLOW=1: the long property runs.
+RUN_SLOW = os.environ.get("LOWBIT_SLOW") == "1"
+CI_EXAMPLES = 12
+
+
+def examples(long: int) -> int:
+    """A property test's example count: `long` on a GPU and in the slow runs; at most CI_EXAMPLES in the default
+    CPU run, where every example runs the Triton interpreter."""
+    return long if RUN_SLOW or ON_GPU else min(long, CI_EXAMPLES)
 
 
 def _host_bf16_reason() -> str | None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dispatch.reference.attention import attention_varlen, gather_paged
 from dispatch.reference.attention import merge_attn_states as merge_ref
-from tests.helpers import assert_attention_close, random_block_table
+from tests.helpers import assert_attention_close, examples, random_block_table
 from triton_ops.attention.decode import (
     MAX_SPLITS,
     attention_decode,
@@ -145,7 +145,7 @@ def decode_cases(draw):
 # ---------------------------------------------------------------------------------------------- decode
 
 
-@settings(max_examples=120)
+@settings(max_examples=examples(120))
 @given(case=decode_cases())
 def test_decode_matches_reference(case):
     c, splits, small_tiles, desc = case

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from dispatch import ops
 from dispatch.reference.attention import mla_decode as mla_reference
-from tests.helpers import assert_attention_close, random_block_table, run_compile_script
+from tests.helpers import assert_attention_close, examples, random_block_table, run_compile_script
 from triton_ops.attention.mla_decode import mla_config, mla_decode, supports_mla_decode
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.contract.kv_cache import DS_LAYOUTS
@@ -144,7 +144,7 @@ def mla_cases(draw):
     return c, splits, tiles, desc
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(case=mla_cases())
 def test_mla_matches_reference(case):
     c, splits, tiles, desc = case
@@ -154,7 +154,7 @@ def test_mla_matches_reference(case):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("topk", [0, 24])
-@pytest.mark.parametrize("sq", [1, 3])
+@pytest.mark.parametrize("sq", [1, pytest.param(3, marks=pytest.mark.slow)])  # Sq = 3: the interpreter's longest
 def test_mla_layouts_poisoned(layout, topk, sq):
     """Every layout, dense and sparse, one and several queries: several sequences (empty, one key, lengths ending
     mid-page, the table's capacity), 1 and 3 splits at the GPU's tile shapes, the value as the NoPE part and

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cute_ops.attention import scheduler as S
-from tests.helpers import assert_attention_close
+from tests.helpers import assert_attention_close, examples
 from tests.test_cute_attention_sm90 import (
     SM90_GPU_CASES,
     _case_id,
@@ -81,7 +81,7 @@ def test_o_tma_register_to_smem_mapping(d, tile_m):
         assert len({tuple(x) for x in src.tolist()}) == d // 2  # D / 2 distinct values per thread
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(lengths=st.lists(st.sampled_from([0, 1, 127, 128, 129, 300, 1000]), min_size=1, max_size=40),
        heads=st.sampled_from([1, 3, 8]), tile_m=st.sampled_from([128, 192]), reverse_m=st.booleans(),
        grid=st.sampled_from([1, 2, 7, 132]))
@@ -153,7 +153,7 @@ def test_gpu_sm90_persistent_gpt_oss_window_many_tiles(persistent):
 
 
 @pytest.mark.gpu
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(case=sm90_gpu_cases(), persistent=st.sampled_from([0, 1, 2, 5, 132]), o_tma=st.booleans())
 def test_gpu_sm90_persistent_drawn_cases_match_reference(case, persistent, o_tma):
     _need_sm90()

@@ -18,7 +18,7 @@ from dispatch.reference import moe_gemm as ref
 from dispatch.reference.formats import e4m3_encode
 from dispatch.reference.moe import moe_align
 from dispatch.reference.quant import fp8_group_quantize, mxfp4_quantize, nvfp4_quantize
-from tests.helpers import assert_close
+from tests.helpers import assert_close, examples
 from triton_ops.contract.checks import LowbitInputError
 from triton_ops.moe_gemm import grouped as tri
 from triton_ops.moe_gemm.config import MoeGemmConfig, pick_config, pick_config_for_arch
@@ -204,43 +204,43 @@ def _check(case: Case, **kw):
 # ---------------------------------------------------------------------------------------------- properties
 
 
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(case=cases("bf16"))
 def test_bf16_matches_reference(case):
     _check(case)
 
 
-@settings(max_examples=6)
+@settings(max_examples=examples(6))
 @given(case=cases("fp16"))
 def test_fp16_matches_reference(case):
     _check(case)
 
 
-@settings(max_examples=20)
+@settings(max_examples=examples(20))
 @given(case=cases("fp8"), column_major=st.booleans())
 def test_fp8_matches_reference(case, column_major):
     _check(case, column_major=column_major)
 
 
-@settings(max_examples=16)
+@settings(max_examples=examples(16))
 @given(case=cases("mxfp4"), dot_scaled=st.booleans())
 def test_mxfp4_matches_reference(case, dot_scaled):
     _check(case, dot_scaled=dot_scaled)
 
 
-@settings(max_examples=12)
+@settings(max_examples=examples(12))
 @given(case=cases("w4a8"), column_major=st.booleans())
 def test_w4a8_matches_reference(case, column_major):
     _check(case, column_major=column_major)
 
 
-@settings(max_examples=12)
+@settings(max_examples=examples(12))
 @given(case=cases("w4a4"))
 def test_w4a4_matches_reference(case):
     _check(case)
 
 
-@settings(max_examples=20)
+@settings(max_examples=examples(20))
 @given(case=cases("nvfp4"), fp16=st.booleans(), edit=st.sampled_from([None, "subnormal", "zero", "max"]),
        uint8_scales=st.booleans(), seed=st.integers(0, 2**16))
 def test_nvfp4_matches_reference(case, fp16, edit, uint8_scales, seed):

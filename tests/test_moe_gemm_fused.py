@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from dispatch.reference import moe_gemm as ref
 from dispatch.reference.moe import moe_align, moe_masked_layout
 from dispatch.reference.quant import fp8_group_dequantize
-from tests.helpers import DEVICES, assert_close, assert_same_bytes
+from tests.helpers import DEVICES, assert_close, assert_same_bytes, examples
 from tests.test_moe_gemm import quant_a_fp8, quant_w_fp8, quant_w_mxfp4, quant_w_nvfp4
 from triton_ops import swiglu as tsw
 from triton_ops.contract.checks import LowbitInputError
@@ -178,7 +178,7 @@ def _bytes_equal_chain(kind, e, i, k, interleave, activation, limit, quant, mask
     assert got[1].stride() == want[1].stride(), f"scale layout {desc}"
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(p=problems())
 def test_bytes_equal_the_unfused_chain(p):
     _bytes_equal_chain(*p)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from dispatch.reference import moe_gemm as ref
 from dispatch.reference import quant as rq
 from dispatch.reference.moe import moe_align
-from tests.helpers import DEVICES, assert_close, assert_same_bytes, run_compile_script
+from tests.helpers import DEVICES, assert_close, assert_same_bytes, examples, run_compile_script
 from tests.test_moe_gemm_fused import FUSED_KINDS, _chain_gemm, _exact_operands, _random_operands, _weights
 from triton_ops import swiglu as tsw
 from triton_ops.contract.checks import LowbitInputError
@@ -144,7 +144,7 @@ def problems(draw):
             draw(st.integers(0, 2**31 - 1)))
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=examples(12), deadline=None)
 @given(p=problems())
 def test_bytes_equal_the_unfused_chain_property(p):
     _bytes_equal_chain(*p)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from dispatch import ops
 from dispatch.reference import moe_gemm as ref
 from dispatch.reference.formats import e2m1_decode
-from tests.helpers import DEVICES, assert_close, assert_same_bytes, run_compile_script
+from tests.helpers import DEVICES, assert_close, assert_same_bytes, examples, run_compile_script
 from tests.test_moe_gemm import Case, _contig, _poison_rows, cases, quant_w_mxfp4
 from tests.test_moe_gemm_nvfp4 import quant_w_nvfp4
 from triton_ops.contract import fp4_prepack as FP
@@ -78,7 +78,7 @@ def _check(fmt, case, dtype=torch.bfloat16, device="cpu", config=None, weights=N
 # ---------------------------------------------------------------------------------------------- the layout
 
 
-@settings(max_examples=30)
+@settings(max_examples=examples(30))
 @given(fmt=st.sampled_from(["mxfp4", "nvfp4"]), e=st.integers(1, 3), n=st.integers(1, 9),
        chunks=st.integers(1, 20), seed=st.integers(0, 2**16))
 def test_prepack_round_trip_is_exact(fmt, e, n, chunks, seed):
@@ -172,7 +172,7 @@ def test_bit_trick_is_exact_for_every_code():
 # ---------------------------------------------------------------------------------------------- the kernel
 
 
-@settings(max_examples=8)
+@settings(max_examples=examples(8))
 @given(case=cases("mxfp4"), nvfp4=st.booleans(), fp16=st.booleans())
 def test_prepacked_matches_reference(case, nvfp4, fp16):
     """Interpreter: E 1-4, both layouts (padding, out-of-range ids, masked counts past max_m and negative), row
@@ -687,7 +687,7 @@ def test_variants_give_the_same_bytes(fmt, device):
         assert_same_bytes(got.cpu(), want.cpu(), f"{fmt} {case.desc} {cfg}")
 
 
-@settings(max_examples=6)
+@settings(max_examples=examples(6))
 @given(case=cases("mxfp4"), nvfp4=st.booleans())
 def test_fast_variants_match_reference(case, nvfp4):
     """Interpreter: the tokens by tensor descriptor (rows outside the tile's expert, NaN-poisoned dead rows and rows
