@@ -250,7 +250,8 @@ def gpu_like_config(c: DecodeCase, splits: int):
 
 
 @pytest.mark.parametrize("kind", ["fp8_head", "fp8_tensor", "u8_head", "bf16"])
-@pytest.mark.parametrize("sq,d", [(1, 64), (4, 64), (2, 96)])
+@pytest.mark.parametrize("sq,d", [(1, 64), pytest.param(4, 64, marks=pytest.mark.slow),
+                                  pytest.param(2, 96, marks=pytest.mark.slow)])  # the interpreter: slow run
 def test_large_decode_structure_poisoned(kind, sq, d):
     """CPU form of test_gpu_large_decode, small: several sequences (empty, one key, lengths ending mid-page, the
     table's capacity minus one, one whole page), GQA, sinks, causal (a window with Sq = 4), 1 and 3 splits, and

@@ -153,7 +153,7 @@ def test_mla_matches_reference(case):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("topk", [0, 24])
+@pytest.mark.parametrize("topk", [0, pytest.param(24, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("sq", [1, pytest.param(3, marks=pytest.mark.slow)])  # Sq = 3: the interpreter's longest
 def test_mla_layouts_poisoned(layout, topk, sq):
     """Every layout, dense and sparse, one and several queries: several sequences (empty, one key, lengths ending
@@ -430,6 +430,7 @@ _COMPILE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # sm_90 SASS properties of a kernel the GPU suite runs: the slow run
 def test_sm90_compile_no_spills():
     """Compile the kernel for sm_90 without a GPU (a fresh process: the interpreter's kernels cannot be compiled),
     through the launcher's own configs at the real shapes (H = 128 and 64, top-2048) and the former mma.sync

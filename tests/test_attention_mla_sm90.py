@@ -80,6 +80,7 @@ def test_sm90_compile_triton36():
     assert res["triton"].startswith("3.6."), res["triton"]
 
 
+@pytest.mark.slow  # the newest Triton: the slow run (3.6, the GPU image's, runs by default)
 def test_sm90_compile_installed_triton():
     """The same source compiles with the installed Triton when it is not 3.6 (runs stay refused there). Spills are
     not checked there: Triton 3.9 spills a few registers (22 stores at 244 + spill), 3.6 none."""

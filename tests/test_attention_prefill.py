@@ -352,6 +352,7 @@ _COMPILE = textwrap.dedent("""
 SM90_SHARED = 232448  # bytes of shared memory one CTA may use on an H100
 
 
+@pytest.mark.slow  # sm_90 SASS properties of a kernel the GPU suite runs: the slow run
 def test_sm90_compile_uses_tensor_cores():
     """Compile for sm_90 without a GPU (a fresh process: the interpreter's kernels cannot be compiled) and check
     each config: 16-bit matmuls on wgmma, K/V loads pipelined as async copies, shared memory within the SM's,

@@ -500,6 +500,7 @@ _COMPILE = textwrap.dedent("""
 SM90_SHARED = 232448  # bytes of shared memory one CTA may use on an H100
 
 
+@pytest.mark.slow  # sm_90 SASS properties of a kernel the GPU suite runs: the slow run
 def test_sm90_compile_uses_wgmma():
     """Compile the prefill configs for sm_90 without a GPU (a fresh process: the interpreter's kernels cannot be
     compiled): GEMM1 + SwiGLU (bf16 and FP8 outputs, interleaved gate/up rows) and the scattering GEMM2, every

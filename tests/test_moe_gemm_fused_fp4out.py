@@ -338,6 +338,7 @@ for kind, fmt in (("mxfp4", FMT_MX), ("bf16", FMT_NV)):
 """
 
 
+@pytest.mark.slow  # sm_90 SASS properties of a kernel the GPU suite runs: the slow run
 def test_sm90_compile_prefill_no_spills():
     """The GPT-OSS-120b prefill tile (4096 tokens x top-4 over 128 experts, I = K = 2880) of MXFP4 weights with an
     MXFP4 output and bf16 weights with an NVFP4 output, swizzled scales, compiled for sm_90 by Triton 3.6

@@ -580,6 +580,7 @@ def _triton36_env_set() -> bool:
     return bool(os.environ.get("LOWBIT_TRITON36_PATH")) or triton.__version__.startswith("3.6")
 
 
+@pytest.mark.slow  # sm_90 SASS properties of a kernel the GPU suite runs: the slow run
 def test_sm90_compile_register_a_wgmma():
     """sm_90a with Triton 3.6 (the GPU image's; LOWBIT_TRITON36_PATH points at an install elsewhere), the rule's
     decode tiles (MXFP4 bf16 contiguous, NVFP4 fp16 masked), its mid tile, its prefill tile (8 warps; MXFP4 and
@@ -644,7 +645,7 @@ def _variant_configs(fmt: str, base: MoeGemmConfig):
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.slow), *DEVICES[1:]])  # cpu: slow run
 def test_variants_give_the_same_bytes(fmt, device):
     """scale_words / a_tma / fold_scale against the default kernel: equal bytes (the same exact products, summed in
     the same order): one-hot rows (every code, the edge scales; <= 128 so every tile folds, then tiles with larger
