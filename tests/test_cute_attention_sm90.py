@@ -357,10 +357,7 @@ SM90_O_TMA_SASS = [
     ("bf16", 128, dict(has_window_left=True, o_tma=True, persistent=3))]
 
 
-@needs_dsl
-@pytest.mark.parametrize("dtype,d,extra", [
-    ("bf16", 128, dict(causal=True, has_window_left=True, has_sink=True)),
-    ("fp16", 64, dict(has_window_left=True, has_window_right=True)),
+SM90_SASS_MORE = [
     ("bf16", 128, dict(causal=True, has_sink=True, overlap=True)),
     ("fp16", 64, dict(has_window_left=True, overlap=True)),
     ("bf16", 64, dict(causal=True, has_sink=True)),  # GPT-OSS causal as for_call builds it, and with 192 rows
@@ -369,7 +366,15 @@ SM90_O_TMA_SASS = [
     *[("bf16", 64, dict(GPT_OSS_WINDOW, **v)) for v in SM90_HD64_VARIANTS],
     *[(dt, d, dict(extra, persistent=n)) for dt, d, extra, n in SM90_PERSISTENT_SASS],
     *SM90_O_TMA_SASS,
+]
+
+
+@pytest.mark.parametrize("dtype,d,extra", [
+    ("bf16", 128, dict(causal=True, has_window_left=True, has_sink=True)),
+    ("fp16", 64, dict(has_window_left=True, has_window_right=True)),
+    *[pytest.param(*case, marks=pytest.mark.slow) for case in SM90_SASS_MORE],  # the GPU suite runs each config
 ])
+@needs_dsl
 def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     """Record (nvidia-cutlass-dsl 4.8.1): bf16 D=128: HGMMA.64x128 16, UTMALDG.3D 6, MUFU.EX2 66, SHFL.BFLY 8,
     STG.E 34, USETMAXREG 2, no local memory; fp16 D=64: HGMMA 12, UTMALDG 3, STG.E 18. Ping-pong: BAR.SYNC 3

@@ -475,6 +475,7 @@ def test_descriptor_parameters_match_a_gluon_kernels_ptx():
     assert len(got["tma"]) == 5 and all(t[4:7] == [9, 3, 0] for t in got["tma"])
 
 
+@pytest.mark.slow  # a second full C++ build of the extension (the first is the fixture's): the slow run
 def test_the_extension_builds_without_ninja(monkeypatch, tmp_path):
     """The direct compiler call (machines without ninja) gives a working module."""
     from torch.utils import cpp_extension

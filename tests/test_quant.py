@@ -238,7 +238,7 @@ def test_computed_global_scale_sees_every_k_tile(device):
     assert torch.isnan(ops.nvfp4_quantize(x.to(device), backend="triton").global_scale).item()
 
 
-@pytest.mark.parametrize("tiles", [2, 4])
+@pytest.mark.parametrize("tiles", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4: the slow run
 @pytest.mark.parametrize("kind,layout", [("nvfp4", "swizzled"), ("nvfp4", "linear"), ("mxfp4", "linear"),
                                          ("nvfp4", "computed")])
 def test_fp4_quantize_row_tiles_per_program(monkeypatch, tiles, kind, layout):
