@@ -3,7 +3,7 @@
 * No GPU: Triton kernels run under the interpreter (TRITON_INTERPRET=1, set here before any kernel module
   is imported). Tests parametrized over `DEVICES` run on "cpu" by default; the "cuda" params carry the
   `gpu` marker (run them on the device machine with `-m gpu`).
-* Hypothesis profiles: "ci" (default; derandomized, 12 examples, sized for 2 CPU cores), "gpu" (sized for one device
+* Hypothesis profiles: "ci" (default; derandomized, 8 examples, sized for 2 CPU cores), "gpu" (sized for one device
   call), "gpu-exhaustive" (150 examples per test), "dev" (random, for local bug hunting). Select with
   HYPOTHESIS_PROFILE.
 * `slow`: long property runs, skipped unless `--run-slow` (or LOWBIT_SLOW=1); the default run keeps the pinned
@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 # interpreter take many minutes; the shrunk example and its reproduce blob are enough.
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
                print_blob=True, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
-settings.register_profile("ci", max_examples=12, derandomize=True, **_common)
+settings.register_profile("ci", max_examples=8, derandomize=True, **_common)
 # "gpu" is sized so the whole `-m gpu` suite runs in one 10-minute device call from a cold compile cache (most of
 # its time is Triton compiling one kernel per drawn constexpr combination); "gpu-exhaustive" is the long opt-in.
 settings.register_profile("gpu", max_examples=12, derandomize=True, **_common)

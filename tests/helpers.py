@@ -21,7 +21,7 @@ DISTRIBUTIONS = ("normal", "heavy_tail", "subnormal", "zero_blocks", "mixed_scal
 
 # `--run-slow` (tests/conftest.py sets LOWBIT_SLOW=1 for it) or LOWBIT_SLOW=1: the long property runs.
 RUN_SLOW = os.environ.get("LOWBIT_SLOW") == "1"
-CI_EXAMPLES = 12
+CI_EXAMPLES = 8
 
 
 def examples(long: int) -> int:

@@ -152,7 +152,7 @@ def test_mla_matches_reference(case):
     assert_attention_close(out, lse, *c.reference(), desc)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", [pytest.param(x, marks=pytest.mark.slow) if x != "v32" else x for x in LAYOUTS])
 @pytest.mark.parametrize("topk", [0, pytest.param(24, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("sq", [1, pytest.param(3, marks=pytest.mark.slow)])  # Sq = 3: the interpreter's longest
 def test_mla_layouts_poisoned(layout, topk, sq):
@@ -244,7 +244,7 @@ def test_sparse_index_semantics():
     assert_attention_close(out, lse, *c.reference(), "non-causal")
 
 
-@pytest.mark.parametrize("topk", [0, 32])
+@pytest.mark.parametrize("topk", [0, pytest.param(32, marks=pytest.mark.slow)])
 def test_new_lengths_in_place(topk):
     """CPU form of the CUDA-graph test: one set of argument tensors, lengths (and index lists) rewritten in place
     between calls, the result follows them, and the launches (grids and every non-tensor argument) are the same

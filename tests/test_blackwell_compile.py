@@ -35,8 +35,10 @@ from tests.helpers import RUN_SLOW
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRITON_VERSION = tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:2])
-# sm_103a and sm_121a compile as their family's sm_100a / sm_120a do (the same instructions checked): the slow run.
-ARCHS = (90, 100, 120) + ((103, 121) if RUN_SLOW else ())
+# The default run compiles for sm_100a and sm_120a, one chip of each Blackwell family; sm_103a and sm_121a compile as
+# their family's sm_100a / sm_120a do (the same instructions checked), and sm_90a's kernels run in the GPU suite: the
+# slow run adds all three.
+ARCHS = (100, 120) + ((90, 103, 121) if RUN_SLOW else ())
 SM100, SM120 = (100, 103), (120, 121)  # datacenter Blackwell (tcgen05) / consumer Blackwell (mma.sync)
 # Shared memory one CTA may use (cudaDevAttrMaxSharedMemoryPerBlockOptin): H100/B200/B300 227 KB; RTX 50xx / RTX PRO
 # 6000 / GB10 99 KB.

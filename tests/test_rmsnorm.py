@@ -135,8 +135,10 @@ def test_rms_norm_model_dims(device, n):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n,block_n,chunks", [(208, 64, 4), pytest.param(256, 128, 2, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("quant,layout,has_res", [("nvfp4", "swizzled", False), ("nvfp4", "linear", True),
-                                                  ("mxfp4", "swizzled", True), ("nvfp4", "swizzled", "gs")])
+@pytest.mark.parametrize("quant,layout,has_res", [("nvfp4", "swizzled", False),
+                                                  pytest.param("nvfp4", "linear", True, marks=pytest.mark.slow),
+                                                  ("mxfp4", "swizzled", True),
+                                                  pytest.param("nvfp4", "swizzled", "gs", marks=pytest.mark.slow)])
 def test_rms_norm_fp4_two_pass_kernel(device, n, block_n, chunks, quant, layout, has_res):
     """The two-pass chunked FP4 kernel (the GPU default for long batches without a residual: see
     triton_ops.rmsnorm.pick_chunked_config), forced here on small shapes: bytes equal the reference's, incl. the
