@@ -381,6 +381,7 @@ def test_hw_fp4_encode_only_from_sm_100(compiled, case, cc):
     assert _has(_ops(records), E2M1_ENCODE) == (cc >= 100), f"sm_{cc} {case}: E2M1 convert present: {cc < 100}"
 
 
+@pytest.mark.slow  # needs the sm_90a compile, which the slow run adds (ARCHS)
 def test_e2m1x2_hw_is_refused_before_blackwell(compiled):
     """ptxas has no E2M1 conversion for sm_90a: the helper must stay behind an arch constexpr."""
     (rec,) = compiled[90]["blackwell/e2m1x2_hw"]
