@@ -4,7 +4,8 @@ and a sliding window, DeepSeek-V3 MLA 192 / 128) with few, narrow layers and ran
 
 Greedy tokens: a batch of four left-padded prompts of different lengths, 32 new tokens. With random weights two
 logits can tie to within the rounding both stacks make, so a divergence is accepted only at a step where the
-unpatched model's own top-2 gap is at most `TIE_ULPS` bf16 spacings of its top logit (the logits are bf16);
+unpatched model's own top-2 gap is at most a few bf16 spacings of its top logit (the rule of
+dispatch/integrations/hf/check.py: compare_greedy);
 every other step must give the same token, and every step before the first divergence a logits cosine of at least
 0.9999 per sequence. Paged: the same model through LowbitPagedCache (the paged decode kernel) against itself
 unpaged."""
@@ -19,6 +20,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from dispatch.integrations.hf import LowbitPagedCache, lowbit_patch  # noqa: E402
+from dispatch.integrations.hf.check import compare_greedy, greedy, prompts  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -27,44 +29,16 @@ PAD = 0
 NEW_TOKENS = 32
 PROMPT_LENS = (29, 17, 8, 23)
 COSINE_MIN = 0.9999
-TIE_ULPS = 4
-
-
-def _prompts() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(5)
-    width = max(PROMPT_LENS)
-    ids = torch.randint(1, VOCAB, (len(PROMPT_LENS), width), generator=g)
-    mask = torch.zeros_like(ids)
-    for row, n in enumerate(PROMPT_LENS):
-        ids[row, : width - n] = PAD
-        mask[row, width - n:] = 1
-    return ids.cuda(), mask.cuda()
 
 
 def _generate(model, past_key_values=None):
-    ids, mask = _prompts()
-    with torch.no_grad():
-        return model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                              do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=PAD,
-                              past_key_values=past_key_values)
+    ids, mask = prompts(PROMPT_LENS, VOCAB, device="cuda")
+    return greedy(model, ids, mask, NEW_TOKENS, past_key_values=past_key_values)
 
 
 def assert_same_greedy_tokens(got, want, what: str) -> None:
-    width = want.sequences.shape[1] - NEW_TOKENS
-    for row in range(want.sequences.shape[0]):
-        for step in range(NEW_TOKENS):
-            a, b = got.logits[step][row].float(), want.logits[step][row].float()
-            tok_got, tok_want = got.sequences[row, width + step], want.sequences[row, width + step]
-            if tok_got != tok_want:
-                top2 = b.topk(2).values
-                gap = float(top2[0] - top2[1])
-                ulp = 2.0 ** (torch.frexp(top2[0].abs()).exponent.item() - 8)  # bf16: 8 significant bits
-                assert gap <= TIE_ULPS * ulp, (f"{what}: sequence {row} step {step}: token {int(tok_got)} != "
-                                               f"{int(tok_want)} with the unpatched model's top-2 gap {gap:.4f} "
-                                               f"({gap / ulp:.1f} bf16 spacings)")
-                break  # the sequences differ from here on: later logits are of different prefixes
-            cos = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
-            assert cos >= COSINE_MIN, f"{what}: sequence {row} step {step}: logits cosine {cos:.6f}"
+    check = compare_greedy(got, want, NEW_TOKENS, COSINE_MIN)
+    assert check.agree, f"{what}: {check.note}"
 
 
 def _build(model_cls, config):
