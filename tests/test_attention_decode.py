@@ -322,7 +322,8 @@ def test_split_rule():
 
 def test_config_rule_by_cache_dtype(monkeypatch):
     """The GPU's choices from static shapes (an H100 described, nothing launched): FP8 caches get V converted
-    before its operand layout, 3 stages and ~4 programs per SM; 16-bit caches 2 stages and ~2 programs per SM; both
+    before its operand layout, 3 stages and ~4 programs per SM; 16-bit caches ~2 programs per SM and, on sm_90 at
+    head dim <= 128, 4 stages with one split and 3 with splits (2 elsewhere); both
     64-key tiles (page tiles at page 64); before sm_89 (no e4m3x2 -> f16x2 convert) FP8 keeps the 16-bit choices.
     Llama 16 x 8k, page 64."""
     from triton_ops.attention import decode
@@ -333,10 +334,14 @@ def test_config_rule_by_cache_dtype(monkeypatch):
     f8 = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, True)
     bf = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, False)
     assert (f8.num_splits, f8.block_n, f8.num_stages, f8.v_f16_smem) == (4, 64, 3, True)
-    assert (bf.num_splits, bf.block_n, bf.num_stages, bf.v_f16_smem) == (2, 64, 2, False)
+    assert (bf.num_splits, bf.block_n, bf.num_stages, bf.v_f16_smem) == (2, 64, 3, False)
+    one_split = decode_config(64, 1, 32, 8, 8192, 128, gpu, 0, False)
+    assert (one_split.num_splits, one_split.num_stages) == (1, 4)
+    assert decode_config(16, 1, 32, 8, 8192, 256, gpu, 0, False).num_stages == 2  # hd 256: not measured deeper
     monkeypatch.setenv("LOWBIT_ARCH", "sm_80")
     old = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, True)
     assert (old.num_splits, old.num_stages, old.v_f16_smem) == (2, 2, False)
+    assert decode_config(64, 1, 32, 8, 8192, 128, gpu, 0, False).num_stages == 2
     assert choose_num_splits(128, 8192, 132, per_sm=4) == 4
 
 

@@ -385,8 +385,20 @@ def decode_config(batch: int, sq: int, hq: int, hkv: int, max_ctx: int, d: int, 
     per_split = cdiv(max(max_ctx, 1), num_splits)
     block_n = max(16, min(block_n, 1 << (per_split.bit_length() - 1)))
     big = block_m * max(d, 64) >= 8192
-    return DecodeConfig(num_splits, block_n, block_m, 8 if big and not cpu else 4, 3 if fp8_gpu else 2,
-                        32768 if cpu else 4096, v_f16_smem=fp8_gpu)
+    return DecodeConfig(num_splits, block_n, block_m, 8 if big and not cpu else 4,
+                        _pipeline_stages(device, fp8_gpu, d, num_splits), 32768 if cpu else 4096, v_f16_smem=fp8_gpu)
+
+
+def _pipeline_stages(device: torch.device, fp8_gpu: bool, d: int, num_splits: int) -> int:
+    """Key/value tiles in flight per program. FP8 caches: 3. 16-bit caches on sm_90 at head dim <= 128: 4 when one
+    program streams a whole context (one split), 3 with splits (more programs resident per SM share the shared
+    memory): measured across GQA 32/8 and 64/8, 1-256 sequences of 1k-128k keys, where 2 stages read the cache
+    10-25% slower (docs/attention.md, decode). Elsewhere 2 (the stage bytes of chips with less shared memory)."""
+    if fp8_gpu:
+        return 3
+    if device.type == "cuda" and d <= 128 and arch_of(device) == "sm_90":
+        return 4 if num_splits == 1 else 3
+    return 2
 
 
 # ---------------------------------------------------------------------------------------------- checks
