@@ -20,6 +20,8 @@ import math
 import torch
 from torch import Tensor
 
+from triton_ops.contract.kv_cache import DS_ROPE
+
 from ... import ops
 from .paged_cache import CacheLayerMixin, LowbitPagedCache, PagedCacheError, PagedLayer
 
@@ -79,6 +81,9 @@ class LowbitMlaCache(LowbitPagedCache):
             raise PagedCacheError(f"LowbitMlaCache: argument 'config': {config.model_type} has no MLA latent "
                                   "(kv_lora_rank); LowbitPagedCache is the cache of per-head K / V")
         dims = (config.kv_lora_rank, config.qk_rope_head_dim)
+        if dims[1] != DS_ROPE:
+            raise PagedCacheError(f"LowbitMlaCache: argument 'config': qk_rope_head_dim {dims[1]}; ops.mla_decode's "
+                                  f"rows end in {DS_ROPE} RoPE columns")
         if layout == "v32" and dims != V32_DIMS:
             raise PagedCacheError(f"LowbitMlaCache: argument 'layout': 'v32' holds a latent of {V32_DIMS[0]} and "
                                   f"RoPE of {V32_DIMS[1]}, the model's are {dims[0]} and {dims[1]}")
