@@ -130,6 +130,9 @@ def test_mla_cache_misuse_raises():
         LowbitMlaCache(model.config, 3, 32, layout="fp8")
     with pytest.raises(PagedCacheError, match="argument 'page_size'"):
         LowbitMlaCache(model.config, 3, 32, page_size=0)
+    with pytest.raises(PagedCacheError, match="argument 'rows': torch.float16"), torch.no_grad():
+        fp16 = copy.deepcopy(model).half()
+        fp16(ids, attention_mask=mask, past_key_values=LowbitMlaCache(model.config, 3, 32))
     dense = llama()
     with pytest.raises(PagedCacheError, match="argument 'config': llama has no MLA latent"):
         LowbitMlaCache(dense.config, 3, 32)

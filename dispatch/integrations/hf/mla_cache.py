@@ -111,6 +111,9 @@ class LowbitMlaCache(LowbitPagedCache):
                                   f"{self.max_cache_len_tokens}")
         if b != self.block_table.shape[0]:
             raise PagedCacheError(f"LowbitMlaCache: batch {b} != the cache's batch_size {self.block_table.shape[0]}")
+        if rows.dtype != torch.bfloat16:
+            raise PagedCacheError(f"LowbitMlaCache.append: argument 'rows': {rows.dtype}; the latent pages and "
+                                  "ops.mla_decode's queries are bf16 (a bf16 model)")
         if rows.shape[2] != layer.width:
             raise PagedCacheError(f"LowbitMlaCache.append: argument 'rows': width {rows.shape[2]} != the cache's "
                                   f"{layer.width}")
