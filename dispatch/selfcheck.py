@@ -318,8 +318,8 @@ def check_models(device: torch.device) -> bool:
           f"{len(PROMPT_LENS)} left-padded prompts against itself unpatched, under auto"
           + ("" if device.type == "cuda" else " (the torch references on a CPU)") + "; times of a second generate")
     rows = model_rows(device)
-    print(f"{'model':14} {'replaced':>8}  {'result':6}  {'unpatched ms':>12}  {'lowbit ms':>9}  tokens")
+    print(f"{'model':16} {'replaced':>8}  {'result':6}  {'unpatched ms':>12}  {'lowbit ms':>9}  tokens")
     for r in rows:
-        print(f"{r['model']:14} {r['replaced']:>8}  {'ok' if r['ok'] else 'FAIL':6}  {r['unpatched_ms']:>12.1f}  "
+        print(f"{r['model']:16} {r['replaced']:>8}  {'ok' if r['ok'] else 'FAIL':6}  {r['unpatched_ms']:>12.1f}  "
               f"{r['lowbit_ms']:>9.1f}  {r['tokens']}")
     return all(r["ok"] for r in rows)

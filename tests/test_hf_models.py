@@ -165,7 +165,7 @@ def deepseek_v3(dtype=torch.bfloat16, seed: int = 0, **overrides):
     return _build(transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config(**kw), dtype, seed)
 
 
-DEEPSEEK_V3_SWAPS = {"DeepseekV3RMSNorm": 9, "DeepseekV3MLP": 2, "DeepseekV3MoE": 1}
+DEEPSEEK_V3_SWAPS = {"DeepseekV3RMSNorm": 9, "DeepseekV3Attention": 2, "DeepseekV3MLP": 2, "DeepseekV3MoE": 1}
 
 
 def test_deepseek_v3_generate_matches_unpatched():

@@ -1,12 +1,13 @@
 """lowbit ops in transformers models: `lowbit_patch(model)` swaps them in, in place (docs/models.md).
 transformers is imported only when a patch registers the "lowbit" attention implementation, or when
-`LowbitPagedCache` (a transformers Cache subclass) is first looked up."""
+`LowbitPagedCache` / `LowbitMlaCache` (transformers Cache subclasses) are first looked up."""
 
 from .attention import UnsupportedMaskError, lowbit_attention_forward
 from .patch import PatchReport, UnsupportedModelError, lowbit_patch, patch_deepseek_v3, patch_gpt_oss, patch_llama
 
-__all__ = ["LowbitPagedCache", "PagedCacheError", "PatchReport", "UnsupportedMaskError", "UnsupportedModelError",
-           "lowbit_attention_forward", "lowbit_patch", "patch_deepseek_v3", "patch_gpt_oss", "patch_llama"]
+__all__ = ["LowbitMlaCache", "LowbitPagedCache", "PagedCacheError", "PatchReport", "UnsupportedMaskError",
+           "UnsupportedModelError", "lowbit_attention_forward", "lowbit_patch", "patch_deepseek_v3",
+           "patch_gpt_oss", "patch_llama"]
 
 
 def __getattr__(name: str):
@@ -14,4 +15,8 @@ def __getattr__(name: str):
         from . import paged_cache
 
         return getattr(paged_cache, name)
+    if name == "LowbitMlaCache":
+        from . import mla_cache
+
+        return mla_cache.LowbitMlaCache
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,6 +17,7 @@ from triton_ops.attention.prefill import MAX_HEAD_DIM
 
 from . import attention as attn
 from .experts import deepseek_v3_fp8_experts, gpt_oss_mxfp4_experts, plan_deepseek_v3, plan_gpt_oss
+from .mla import LowbitMlaAttention
 from .modules import LowbitAttention, LowbitRMSNorm, LowbitSwiGLUMLP
 from .moe import LowbitDeepseekV3MoE, LowbitGptOssMLP
 from .rope import cos_sin_cache, rope_problems
@@ -161,6 +162,7 @@ def _deepseek_v3_layer(i: int, layer: nn.Module, config, experts: str | None, pr
     swaps = _norm_swaps(layer, ("input_layernorm", "post_attention_layernorm"), eps)
     swaps += _norm_swaps(attention, tuple(n for n in ("q_a_layernorm", "kv_a_layernorm") if hasattr(attention, n)),
                          eps)
+    swaps.append(Swap(layer, "self_attn", LowbitMlaAttention))  # after its norms: it adopts the patched ones
     mlp = layer.mlp
     if not hasattr(mlp, "experts"):
         return swaps + [Swap(layer, "mlp", LowbitSwiGLUMLP)]
@@ -174,10 +176,12 @@ def _deepseek_v3_layer(i: int, layer: nn.Module, config, experts: str | None, pr
 
 def patch_deepseek_v3(model: nn.Module, experts: str | None = None, expert_weights: Mapping | None = None
                       ) -> PatchReport:
-    """DeepseekV3ForCausalLM / DeepseekV3Model: RMSNorm (the latent norms too), MLA attention through the
-    'lowbit' attention function (ops.attention / attention_prefill with the q/k 192 and v 128 head dims; the
-    projections and the interleaved RoPE stay transformers'), the dense and shared SwiGLU MLPs, and the routed
-    experts -> ops.moe_layer_routed (sigmoid + correction bias, grouped top-k).
+    """DeepseekV3ForCausalLM / DeepseekV3Model: RMSNorm (the latent norms too), MLA attention (`LowbitMlaAttention`:
+    the projections and the interleaved RoPE as transformers computes them; with a `LowbitMlaCache` the latent in
+    pages, the absorbed `ops.mla_decode` for decode and `ops.attention_prefill_paged` over the decompressed latent
+    for a prompt; otherwise transformers' cache and ops.attention / attention_prefill with the q/k 192 and v 128 head
+    dims), the dense and shared SwiGLU MLPs, and the routed experts -> ops.moe_layer_routed (sigmoid + correction
+    bias, grouped top-k).
 
     experts: None (as the model holds them: bf16 / fp16, or transformers' FP8Experts from an FP8 checkpoint, whose
     E4M3 weights and 128x128 `*_scale_inv` are used as they are), "bf16", or "fp8" (the bf16 weights quantized to
