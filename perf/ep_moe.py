@@ -1,15 +1,24 @@
 """Expert-parallel MoE benchmark (docs/ep.md), public API only. Launch on one host with two GPUs:
 
-    torchrun --nproc-per-node 2 perf/ep_moe.py [--out perf/results/experiments/ep_moe.jsonl]
+    torchrun --nproc-per-node 2 -m perf.ep_moe [--out perf/results/experiments/ep_moe.jsonl]
+
+and on the CPU (gloo, tiny dims, the Triton kernels under the interpreter; times mean nothing, every path runs):
+
+    torchrun --nproc-per-node 2 -m perf.ep_moe --smoke
 
 DeepSeek-V3 experts (hidden 7168, inner 2048, 256 experts split 128 / 128, top-8, bf16 weights). Records (rank 0
-writes them, one JSON line each, with device, versions, commit and date):
+writes them, one JSON line each, with device, versions, commit and date); a time is the median over iterations of
+the slowest rank's time (a collective ends when the last rank ends):
 
-* nccl_all_to_all: NCCL's own all_to_all_single on buffers the size of the layer's dispatch (bf16 and FP8 rows) and
-  combine messages: time and GB/s (bytes each rank sends, self included, per second);
-* ep_prefill (4096 tokens per rank, bf16 and FP8 dispatch) and ep_decode (64 tokens per rank, replayed from a CUDA
-  graph): the whole EP=2 layer, with the bytes its dispatch and combine move;
-* single_gpu: moe_layer with all 256 experts on one GPU, the same tokens (per rank's count, and both ranks' count).
+* ep_prefill (4096 tokens per rank; bf16 / FP8 dispatch x entry / rank combine): the whole EP=2 layer, and each of
+  its stages (PREFILL_STAGES) from events recorded by the layer's stage hook;
+* a2a_stage: each all_to_all stage of the layer (dispatch, combine) next to NCCL's bare all_to_all_single on
+  buffers of exactly the same bytes and splits: both times, GB/s (mean bytes each rank sends, self included, per
+  second) and nccl_us / stage_us (the bar: >= 0.8);
+* fp8_dispatch: FP8 against bf16 dispatch, bytes and times (dispatch stage, pack stage, whole layer);
+* single_gpu: moe_layer with all 256 experts on one GPU on one rank's and both ranks' token counts;
+* ep_decode (64 tokens per rank, capacity 64): the whole layer replayed from a CUDA graph, per combine, and its
+  stages timed eagerly (events cannot time inside a graph replay) with the same NCCL comparison.
 """
 
 from __future__ import annotations
@@ -21,133 +30,264 @@ import os
 import platform
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script by torchrun
-
-from dispatch.distributed import ep_moe_decode, ep_moe_prefill, exchange_rows  # noqa: E402
-from dispatch.ops import moe_layer  # noqa: E402
-
-H, INNER, E, K = 7168, 2048, 256, 8
-FP8_ROW = H + 4 * (H // 128)  # codes + fp32 1x128 scales
-ID_BYTES = 4 * K
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also runnable as a script by torchrun
 
 
-def _metadata(device: torch.device) -> dict:
+@dataclass(frozen=True)
+class Dims:
+    hidden: int
+    inner: int
+    experts: int
+    top_k: int
+    prefill_tokens: int
+    decode_tokens: int
+    iters: int
+    warmup: int
+    layer_timed_alone: bool  # also time the layer without the stage hook (False: the staged run's total)
+
+
+FULL = Dims(hidden=7168, inner=2048, experts=256, top_k=8, prefill_tokens=4096, decode_tokens=64, iters=20, warmup=3,
+            layer_timed_alone=True)
+SMOKE = Dims(hidden=256, inner=128, experts=8, top_k=4, prefill_tokens=16, decode_tokens=4, iters=1, warmup=0,
+             layer_timed_alone=False)
+
+
+class Clock:
+    """Timestamps on the device's own timeline: CUDA events on a GPU; on the CPU the host clock (gloo and the
+    CPU kernels run synchronously). `stage(name)` is the layer's stage hook; `stages()` the durations in us."""
+
+    def __init__(self, dev: torch.device):
+        self.cuda = dev.type == "cuda"
+        self.marks: list[tuple[str, object]] = []
+
+    def _now(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def start(self) -> None:
+        self.marks = [("start", self._now())]
+
+    def stage(self, name: str) -> None:
+        self.marks.append((name, self._now()))
+
+    def stages(self) -> dict[str, float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+        out = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:], strict=False):
+            out[name] = a.elapsed_time(b) * 1e3 if self.cuda else (b - a) * 1e6
+        return out
+
+
+def _slowest(values: list[float], dev: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _median(rows: list[list[float]]) -> list[float]:
+    return [sorted(col)[len(col) // 2] for col in zip(*rows, strict=True)]
+
+
+def _time_stages(fn, dev: torch.device, d: Dims) -> tuple[dict[str, float], object]:
+    """(per-stage and total us, the last call's output): fn(clock.stage) runs the layer with the hook; median
+    over iterations of the slowest rank."""
+    for _ in range(d.warmup):
+        fn(None)
+    rows, names, out = [], None, None
+    for _ in range(d.iters):
+        dist.barrier()
+        clock = Clock(dev)
+        clock.start()
+        out = fn(clock.stage)
+        clock.stage("total")
+        st = clock.stages()
+        total = sum(st.values())
+        st.pop("total")
+        names = list(st) + ["total"]
+        rows.append(_slowest(list(st.values()) + [total], dev))
+    return dict(zip(names, _median(rows), strict=True)), out
+
+
+def _time_us(fn, dev: torch.device, d: Dims) -> float:
+    return _time_stages(lambda hook: fn(), dev, d)[0]["total"]
+
+
+def _metadata(dev: torch.device, smoke: bool) -> dict:
     import triton
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent).stdout.strip() or None
-    return dict(device=torch.cuda.get_device_name(device), world=dist.get_world_size(),
-                versions=dict(torch=torch.__version__, triton=triton.__version__, nccl=".".join(
-                    map(str, torch.cuda.nccl.version())), python=platform.python_version()),
+    versions = dict(torch=torch.__version__, triton=triton.__version__, python=platform.python_version())
+    if dev.type == "cuda":
+        versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (gloo smoke run)",
+                world=dist.get_world_size(), smoke=smoke, versions=versions,
                 git_commit=os.environ.get("LOWBIT_GIT_COMMIT") or commit,
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
-def _time_us(fn, iters: int = 20, warmup: int = 3) -> float:
-    """Median over iterations of the slowest rank's time (a collective ends when the last rank ends)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        t = torch.tensor([start.elapsed_time(end) * 1e3], device="cuda")
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        times.append(float(t))
-    return sorted(times)[len(times) // 2]
-
-
-def _experts(dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _experts(dev: torch.device, d: Dims) -> tuple[torch.Tensor, torch.Tensor]:
     """The same bf16 experts on every rank: one seeded device generator, drawn one expert at a time (no fp32 copy
     of the whole set)."""
     g = torch.Generator(device=dev).manual_seed(0)
-    w1 = torch.empty(E, 2 * INNER, H, dtype=torch.bfloat16, device=dev)
-    w2 = torch.empty(E, H, INNER, dtype=torch.bfloat16, device=dev)
-    for e in range(E):
-        w1[e] = torch.randn(2 * INNER, H, generator=g, device=dev) / H ** 0.5
-        w2[e] = torch.randn(H, INNER, generator=g, device=dev) / INNER ** 0.5
+    w1 = torch.empty(d.experts, 2 * d.inner, d.hidden, dtype=torch.bfloat16, device=dev)
+    w2 = torch.empty(d.experts, d.hidden, d.inner, dtype=torch.bfloat16, device=dev)
+    for e in range(d.experts):
+        w1[e] = torch.randn(2 * d.inner, d.hidden, generator=g, device=dev) / d.hidden ** 0.5
+        w2[e] = torch.randn(d.hidden, d.inner, generator=g, device=dev) / d.inner ** 0.5
     return w1, w2
 
 
-def _routing(tokens: int, seed: int, dev: torch.device):
+def _routing(tokens: int, seed: int, dev: torch.device, d: Dims):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(tokens, H, generator=g).bfloat16().to(dev)
-    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(tokens)]).to(torch.int32).to(dev)
-    return x, ids, torch.rand(tokens, K, generator=g).to(dev)
+    x = torch.randn(tokens, d.hidden, generator=g).bfloat16().to(dev)
+    ids = torch.stack([torch.randperm(d.experts, generator=g)[:d.top_k] for _ in range(tokens)])
+    return x, ids.to(torch.int32).to(dev), torch.rand(tokens, d.top_k, generator=g).to(dev)
 
 
-def _message_rows(ids: torch.Tensor, world: int) -> tuple[int, int]:
-    """(tokens sent summed over destinations, entries returned) of one rank for this routing."""
-    dest = ids.long() // (E // world)
-    tokens = sum(int((dest == r).any(1).sum()) for r in range(world))
-    return tokens, ids.numel()
+def _bare_a2a(send_rows: list[int], recv_rows: list[int], row_bytes: int, dev: torch.device, d: Dims) -> dict:
+    """NCCL's (gloo's) own all_to_all_single on uint8 buffers of exactly these splits and row width."""
+    from dispatch.distributed import exchange_rows
+
+    send = torch.zeros(sum(send_rows), row_bytes, dtype=torch.uint8, device=dev)
+    recv = torch.empty(sum(recv_rows), row_bytes, dtype=torch.uint8, device=dev)
+    us = _time_us(lambda: exchange_rows(recv, send, recv_rows, send_rows, None), dev, d)
+    mean_bytes = _mean(float(send.numel()), dev)
+    return dict(bytes_per_rank=mean_bytes, nccl_us=us, nccl_gbs=mean_bytes / us / 1e3)
 
 
-def _nccl(rows: int, row_bytes: int, dev) -> tuple[float, float]:
-    world = dist.get_world_size()
-    rows -= rows % world
-    send = torch.empty(rows, row_bytes, dtype=torch.uint8, device=dev)
-    recv = torch.empty_like(send)
-    us = _time_us(lambda: exchange_rows(recv, send, None, None, None))
-    return us, send.numel() / us / 1e3
+def _mean(value: float, dev: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=dev)
+    dist.all_reduce(t)
+    return float(t) / dist.get_world_size()
+
+
+def _a2a_records(bench: str, stages: dict, splits: dict, dev: torch.device, d: Dims, **key) -> list[dict]:
+    """One a2a_stage record per all_to_all stage: the layer's stage time next to the bare call at its splits."""
+    out = []
+    for stage, (send_rows, recv_rows, row_bytes) in splits.items():
+        bare = _bare_a2a(send_rows, recv_rows, row_bytes, dev, d)
+        us = stages[stage]
+        out.append(dict(bench="a2a_stage", layer=bench, stage=stage, **key, row_bytes=row_bytes, stage_us=us,
+                        stage_gbs=bare["bytes_per_rank"] / us / 1e3, **bare, ratio=bare["nccl_us"] / us))
+    return out
+
+
+def _prefill(ctx: dict, d: Dims) -> list[dict]:
+    from dispatch.distributed import ep_moe_prefill, exchange_sizes, message_row_bytes
+
+    dev = ctx["dev"]
+    x, ids, w = _routing(d.prefill_tokens, 1 + dist.get_rank(), dev, d)
+    sizes = exchange_sizes(ids, d.experts)
+    records, by_fmt = [], {}
+    for fmt in ("bf16", "fp8"):
+        for combine in ("entry", "rank"):
+            fp8 = fmt == "fp8"
+            run = lambda hook, fp8=fp8, combine=combine: ep_moe_prefill(  # noqa: E731
+                x, ids, w, ctx["lw1"], ctx["lw2"], num_experts=d.experts, fp8_dispatch=fp8, combine=combine,
+                stage_hook=hook, backend=ctx["backend"])
+            stages, _ = _time_stages(run, dev, d)
+            layer_us = _time_us(lambda run=run: run(None), dev, d) if d.layer_timed_alone else stages["total"]
+            disp_row, comb_row = message_row_bytes(d.hidden, d.top_k, x.dtype, fp8_dispatch=fp8, combine=combine)
+            back = (sizes.tokens_recv, sizes.tokens_send) if combine == "rank" else (sizes.entries_recv,
+                                                                                     sizes.entries_send)
+            splits = dict(dispatch=(sizes.tokens_send, sizes.tokens_recv, disp_row), combine=(*back, comb_row))
+            key = dict(tokens=d.prefill_tokens, format=fmt, combine=combine)
+            records.append(dict(bench="ep_prefill", **key, us=layer_us, stages_us=stages,
+                                dispatch_bytes=sum(sizes.tokens_send) * disp_row,
+                                combine_bytes=sum(back[0]) * comb_row))
+            records += _a2a_records("ep_prefill", stages, splits, dev, d, **key)
+            by_fmt[fmt, combine] = records[-3:]
+    for combine in ("entry", "rank"):
+        (b_layer, b_disp, _), (f_layer, f_disp, _) = by_fmt["bf16", combine], by_fmt["fp8", combine]
+        records.append(dict(bench="fp8_dispatch", tokens=d.prefill_tokens, combine=combine,
+                            bytes_ratio=f_disp["bytes_per_rank"] / b_disp["bytes_per_rank"],
+                            dispatch_us=dict(bf16=b_disp["stage_us"], fp8=f_disp["stage_us"]),
+                            pack_us=dict(bf16=b_layer["stages_us"]["pack"], fp8=f_layer["stages_us"]["pack"]),
+                            experts_us=dict(bf16=b_layer["stages_us"]["experts"],
+                                            fp8=f_layer["stages_us"]["experts"]),
+                            layer_us=dict(bf16=b_layer["us"], fp8=f_layer["us"])))
+    return records
+
+
+def _decode(ctx: dict, d: Dims) -> list[dict]:
+    from dispatch.distributed import ep_moe_decode, message_row_bytes
+
+    dev, rank, world = ctx["dev"], dist.get_rank(), dist.get_world_size()
+    x, ids, w = _routing(d.decode_tokens, 50 + rank, dev, d)
+    cap = d.decode_tokens
+    records = []
+    for combine in ("entry", "rank"):
+        run = lambda hook, combine=combine: ep_moe_decode(  # noqa: E731
+            x, ids, w, ctx["lw1"], ctx["lw2"], num_experts=d.experts, capacity=cap, combine=combine,
+            stage_hook=hook, backend=ctx["backend"])
+        stages, captured = _time_stages(run, dev, d)
+        us = stages["total"]  # the CPU smoke: no graph, the staged run's total
+        if dev.type == "cuda":
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    run(None)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = run(None)
+            us = _time_us(graph.replay, dev, d)
+        disp_row, comb_row = message_row_bytes(d.hidden, d.top_k, x.dtype, combine=combine)
+        back_rows = world * cap * (d.top_k if combine == "entry" else 1)
+        equal = lambda rows: [rows // world] * world  # noqa: E731
+        splits = dict(dispatch=(equal(world * cap), equal(world * cap), disp_row),
+                      combine=(equal(back_rows), equal(back_rows), comb_row))
+        key = dict(tokens=d.decode_tokens, capacity=cap, combine=combine)
+        records.append(dict(bench="ep_decode", **key, graph=dev.type == "cuda", us=us, eager_stages_us=stages,
+                            dispatch_bytes=world * cap * disp_row, combine_bytes=back_rows * comb_row,
+                            dropped=captured.dropped.tolist()))
+        records += _a2a_records("ep_decode", stages, splits, dev, d, **key)
+    return records
+
+
+def _single_gpu(ctx: dict, d: Dims) -> list[dict]:
+    from dispatch.ops import moe_layer
+
+    records = []
+    for tokens in (d.prefill_tokens, dist.get_world_size() * d.prefill_tokens):
+        xs, ids_s, ws = _routing(tokens, 99, ctx["dev"], d)
+        us = _time_us(lambda xs=xs, ids_s=ids_s, ws=ws: moe_layer(xs, ids_s, ws, ctx["w1"], ctx["w2"],
+                                                                  backend=ctx["backend"]), ctx["dev"], d)
+        records.append(dict(bench="single_gpu", tokens=tokens, experts=d.experts, us=us))
+    return records
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "ep_moe.jsonl")
-    ap.add_argument("--prefill-tokens", type=int, default=4096)
-    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny dims, kernels under the interpreter")
     args = ap.parse_args()
-    dist.init_process_group("nccl")
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before the first kernel module is imported (dispatch is lazy here)
+        dist.init_process_group("gloo")
+        dev, d, backend = torch.device("cpu"), SMOKE, "triton"
+    else:
+        dist.init_process_group("nccl")
+        dev, d, backend = torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank()))), FULL, "auto"
+        torch.cuda.set_device(dev)
     rank, world = dist.get_rank(), dist.get_world_size()
-    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-    torch.cuda.set_device(dev)
-    meta = _metadata(dev)
-    records = []
-    w1, w2 = _experts(dev)  # all 256 experts on each GPU (the single-GPU comparison): 22.5 GB bf16
-    n = E // world
-    lw1, lw2 = w1[rank * n:(rank + 1) * n], w2[rank * n:(rank + 1) * n]
-
-    x, ids, w = _routing(args.prefill_tokens, 1 + rank, dev)
-    sent, entries = _message_rows(ids, world)
-    for fmt, row in (("bf16", 2 * H + ID_BYTES), ("fp8", FP8_ROW + ID_BYTES)):
-        us, gbs = _nccl(sent, row, dev)
-        records.append(dict(bench="nccl_all_to_all", stage="dispatch", format=fmt, bytes=sent * row, us=us, gbs=gbs))
-        fp8 = fmt == "fp8"
-        us = _time_us(lambda fp8=fp8: ep_moe_prefill(x, ids, w, lw1, lw2, num_experts=E, fp8_dispatch=fp8))
-        records.append(dict(bench="ep_prefill", tokens=args.prefill_tokens, format=fmt, dispatch_bytes=sent * row,
-                            combine_bytes=entries * 2 * H, us=us))
-    us, gbs = _nccl(entries, 2 * H, dev)
-    records.append(dict(bench="nccl_all_to_all", stage="combine", format="bf16", bytes=entries * 2 * H, us=us,
-                        gbs=gbs))
-
-    for tokens in (args.prefill_tokens, world * args.prefill_tokens):
-        xs, ids_s, ws = _routing(tokens, 99, dev)
-        us = _time_us(lambda xs=xs, ids_s=ids_s, ws=ws: moe_layer(xs, ids_s, ws, w1, w2))
-        records.append(dict(bench="single_gpu", tokens=tokens, experts=E, us=us))
-
-    xd, idd, wd = _routing(args.decode_tokens, 50 + rank, dev)
-    step = lambda: ep_moe_decode(xd, idd, wd, lw1, lw2, num_experts=E, capacity=args.decode_tokens)  # noqa: E731
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
-    us = _time_us(graph.replay)
-    records.append(dict(bench="ep_decode", tokens=args.decode_tokens, graph=True, us=us,
-                        dropped=captured.dropped.tolist()))
+    meta = _metadata(dev, args.smoke)
+    w1, w2 = _experts(dev, d)  # all experts on each device (the single-GPU comparison): 22.5 GB bf16 at full dims
+    n = d.experts // world
+    ctx = dict(dev=dev, backend=backend, w1=w1, w2=w2, lw1=w1[rank * n:(rank + 1) * n], lw2=w2[rank * n:(rank + 1) * n])
+    records = _prefill(ctx, d) + _single_gpu(ctx, d) + _decode(ctx, d)
     if rank == 0:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "a") as f:

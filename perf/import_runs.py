@@ -4,7 +4,7 @@ and `kind: "multi-gpu"`), appended to the device's results file:
     python -m perf.import_runs models perf/results/experiments/<date>-h200-models-*.json
     python -m perf.import_runs ep perf/results/experiments/<date>-h200x2-ep-moe-*.jsonl
 
-The inputs are what `python -m perf.models` and `torchrun ... perf/ep_moe.py` write on the GPU machine.
+The inputs are what `python -m perf.models` and `torchrun ... -m perf.ep_moe` write on the GPU machine.
 """
 
 from __future__ import annotations
@@ -47,23 +47,42 @@ def model_records(doc: dict) -> list[dict]:
     return out
 
 
+def _ep_case(r: dict) -> tuple[str, str, str, float, float | None]:
+    """(op, case, provider, median us, GB/s) of one benchmark line (layouts before and after the stage records)."""
+    combine = f" {r['combine']} combine" if "combine" in r else ""
+    if r["bench"] == "nccl_all_to_all":
+        return "all_to_all", f"{r['stage']} {r['format']} {r['bytes']} B", "nccl", r["us"], r["gbs"]
+    if r["bench"] == "single_gpu":
+        return "ep_moe_layer", f"prefill {r['tokens']} tokens, all experts on one GPU", "one-gpu", r["us"], None
+    what = "prefill" if r["bench"] == "ep_prefill" else "decode"
+    return ("ep_moe_layer", f"{what} {r['tokens']} tokens/rank {r.get('format', 'bf16')}{combine}", "lowbit", r["us"],
+            None)
+
+
+def _a2a_cases(r: dict) -> list[tuple[str, str, str, float, float | None]]:
+    """An a2a_stage line: the layer's stage and NCCL's bare call at the same splits, as two rows of one case."""
+    what = "prefill" if r["layer"] == "ep_prefill" else "decode"
+    case = (f"{what} {r['tokens']} tokens/rank {r['stage']} {r.get('format', 'bf16')} {r['combine']} combine "
+            f"{r['bytes_per_rank']:.0f} B/rank")
+    return [("all_to_all", case, "nccl", r["nccl_us"], r["nccl_gbs"]),
+            ("all_to_all", case, "lowbit", r["stage_us"], r["stage_gbs"])]
+
+
 def ep_records(lines: list[dict]) -> list[dict]:
     out = []
     for r in lines:
+        if r.get("smoke"):
+            raise SystemExit("import_runs ep: a --smoke line (CPU, tiny dims) is not a result")
+        if r["bench"] == "fp8_dispatch":
+            continue  # ratios of the ep_prefill / a2a_stage lines, which are imported themselves
         run = _run_id("ep", r["date"], r["git_commit"])
-        if r["bench"] == "nccl_all_to_all":
-            op, case, provider = "all_to_all", f"{r['stage']} {r['format']} {r['bytes']} B", "nccl"
-        elif r["bench"] == "single_gpu":
-            op, case, provider = "ep_moe_layer", f"prefill {r['tokens']} tokens, all experts on one GPU", "one-gpu"
-        else:
-            what = "prefill" if r["bench"] == "ep_prefill" else "decode"
-            op, case, provider = "ep_moe_layer", f"{what} {r['tokens']} tokens/rank {r.get('format', 'bf16')}", "lowbit"
-        out.append(dict(schema=1, run_id=run, timestamp=r["date"], git_commit=r["git_commit"], device=r["device"],
-                        device_slug=_slug(r["device"]) + f"-x{r['world']}", arch="sm_90", versions=r["versions"],
-                        kind="multi-gpu", op=op, case=case, bucket="decode" if "decode" in case else "prefill",
-                        params=dict(world_size=r["world"]), world_size=r["world"], provider=provider,
-                        timing="cuda-graph" if r.get("graph") else "events", status="ok", median_us=r["us"],
-                        gbps=r.get("gbs"), repro="torchrun --nproc-per-node 2 perf/ep_moe.py --out ep_moe.jsonl"))
+        for op, case, provider, us, gbs in (_a2a_cases(r) if r["bench"] == "a2a_stage" else [_ep_case(r)]):
+            out.append(dict(schema=1, run_id=run, timestamp=r["date"], git_commit=r["git_commit"], device=r["device"],
+                            device_slug=_slug(r["device"]) + f"-x{r['world']}", arch="sm_90", versions=r["versions"],
+                            kind="multi-gpu", op=op, case=case, bucket="decode" if "decode" in case else "prefill",
+                            params=dict(world_size=r["world"]), world_size=r["world"], provider=provider,
+                            timing="cuda-graph" if r.get("graph") else "events", status="ok", median_us=us,
+                            gbps=gbs, repro="torchrun --nproc-per-node 2 -m perf.ep_moe --out ep_moe.jsonl"))
     return out
 
 

@@ -105,6 +105,72 @@ def test_prefill_matches_single_rank_layer():
     _spawn(_prefill_worker)
 
 
+def _slot_rows(x, ids, w1, w2, backend="triton"):
+    """Each slot's unweighted expert row (T, k, H) fp32 from the single-rank layer (zeros where no expert)."""
+    from dispatch.ops import moe_layer
+
+    t, k = ids.shape
+    ones = torch.ones(t * k, 1, device=x.device)
+    rows = moe_layer(x.repeat_interleave(k, 0), ids.reshape(t * k, 1), ones, w1, w2, backend=backend)
+    return rows.float().view(t, k, -1)
+
+
+def _within_reordered_sum_bound(got, want, x, ids, w, w1, w2, backend="triton") -> float:
+    """Largest |got - want| past 2 (k - 1) 2^-24 sum_j |w_j v_j| + one bf16 ulp at |want| (<= 0: within)."""
+    k = ids.shape[1]
+    terms = (w.unsqueeze(2) * _slot_rows(x, ids, w1, w2, backend)).abs().sum(1)
+    ulp = want.float().abs().clamp(min=2.0 ** -126) * 2.0 ** -7  # 8-bit significand
+    return float(((got.float() - want.float()).abs() - (2 * (k - 1) * 2.0 ** -24 * terms + ulp)).max())
+
+
+def _rank_combine_exact_worker(rank, world):
+    from dispatch.distributed import ep_moe_decode, ep_moe_prefill
+    from dispatch.ops import moe_layer
+
+    g = torch.Generator().manual_seed(3)
+    w1, w2 = _experts(g, coarse=False)
+    lw1, lw2 = _local(w1, rank, world), _local(w2, rank, world)
+    x, ids, w = _tokens(torch.Generator().manual_seed(400 + rank), 12, False, skew=True)
+    ids[0] = -1
+    ids[1, 1] = E + 3
+    got = ep_moe_prefill(x, ids, w, lw1, lw2, num_experts=E, combine="rank", backend="triton")
+    assert _ulps_apart(got, moe_layer(x, ids, w, w1, w2, backend="triton")) == 0, f"rank {rank}: top-2"
+    dec = ep_moe_decode(x, ids, w, lw1, lw2, num_experts=E, capacity=12, combine="rank", backend="triton")
+    assert dec.dropped.tolist() == [0, 0]
+    assert _ulps_apart(dec.out, got) == 0, f"rank {rank}: decode != prefill (per-rank combine)"
+
+
+def test_rank_combine_top2_is_exact():
+    """combine="rank" at top-2: (0 + w0 v0) + w1 v1 in either order, so the single-rank bytes (on random values,
+    no exact-sum grid needed); decode gives prefill's bytes."""
+    _spawn(_rank_combine_exact_worker)
+
+
+def _rank_combine_bound_worker(rank, world):
+    from dispatch.distributed import ep_moe_prefill
+    from dispatch.ops import moe_layer
+
+    g = torch.Generator().manual_seed(3)
+    w1, w2 = _experts(g, coarse=False)
+    lw1, lw2 = _local(w1, rank, world), _local(w2, rank, world)
+    k = 4
+    x, ids, w = _tokens(torch.Generator().manual_seed(500 + rank), 16, False, skew=True, k=k)
+    ids[1] = torch.arange(k) + rank * (E // world)  # only this rank's experts: the slot order itself
+    ids[2, 0] = -1
+    got = ep_moe_prefill(x, ids, w, lw1, lw2, num_experts=E, combine="rank", backend="triton")
+    want = moe_layer(x, ids, w, w1, w2, backend="triton")
+    assert torch.equal(got[1].view(torch.int16), want[1].view(torch.int16)), f"rank {rank}: one rank's experts"
+    excess = _within_reordered_sum_bound(got, want, x, ids, w, w1, w2)
+    assert excess <= 0, f"rank {rank}: per-rank combine past its bound by {excess}"
+
+
+def test_rank_combine_top4_within_reordered_sum_bound():
+    """combine="rank" at top-4: the fp32 sum runs per rank, then over ranks: within 2 (k - 1) 2^-24 sum_j
+    |w_j v_j| + one bf16 ulp of the single-rank layer (docs/ep.md); a token whose experts all sit on one rank keeps
+    the exact bytes."""
+    _spawn(_rank_combine_bound_worker)
+
+
 def _fp8_worker(rank, world):
     from dispatch.distributed import ep_moe_prefill
     from dispatch.ops import fp8_group_dequantize, fp8_group_quantize, moe_layer
@@ -176,6 +242,8 @@ def _bad_inputs_worker(rank, world):
         ep_moe_prefill(x, ids, w, w1, w2, num_experts=E, expert_map=torch.zeros(E, dtype=torch.int32))
     with pytest.raises(LowbitInputError, match="ep_moe_decode: argument 'capacity'"):
         ep_moe_decode(x, ids, w, w1, w2, num_experts=E, capacity=0)
+    with pytest.raises(LowbitInputError, match="ep_moe_prefill: argument 'combine'"):
+        ep_moe_prefill(x, ids, w, w1, w2, num_experts=E, combine="token")
 
 
 def test_bad_arguments_are_named():
@@ -209,6 +277,11 @@ def _gpu_worker(rank, world, tokens):
     dec = ep_moe_decode(x, ids, w, lw1, lw2, num_experts=DSV3["e"], capacity=tokens)
     assert dec.dropped.tolist() == [0, 0]
     assert _ulps_apart(dec.out, got) <= 1, f"rank {rank} T={tokens}: decode"
+    got = ep_moe_prefill(x, ids, w, lw1, lw2, num_experts=DSV3["e"], combine="rank")
+    excess = _within_reordered_sum_bound(got, want, x, ids, w, w1, w2, backend="auto")
+    assert excess <= 0, f"rank {rank} T={tokens}: per-rank combine past its bound by {excess}"
+    dec = ep_moe_decode(x, ids, w, lw1, lw2, num_experts=DSV3["e"], capacity=tokens, combine="rank")
+    assert _ulps_apart(dec.out, got) <= 1, f"rank {rank} T={tokens}: decode, per-rank combine"
 
 
 @pytest.mark.gpu
