@@ -6,7 +6,8 @@ from .attention import UnsupportedMaskError, lowbit_attention_forward
 from .graph import GraphDecodeError, GraphedDecode
 from .patch import PatchReport, UnsupportedModelError, lowbit_patch, patch_deepseek_v3, patch_gpt_oss, patch_llama
 
-__all__ = ["GraphDecodeError", "GraphedDecode", "LowbitPagedCache", "PagedCacheError", "PatchReport", "UnsupportedMaskError", "UnsupportedModelError",
+__all__ = ["GraphDecodeError", "GraphedDecode", "LowbitPagedCache", "PagedCacheError", "PatchReport",
+           "UnsupportedMaskError", "UnsupportedModelError",
            "lowbit_attention_forward", "lowbit_patch", "patch_deepseek_v3", "patch_gpt_oss", "patch_llama"]
 
 
