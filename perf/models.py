@@ -1,133 +1,375 @@
 """Whole-model timing of `lowbit_patch` on transformers models: real per-layer dims, few layers, random weights.
 
-    python -m perf.models --out models.json [--models llama,gpt_oss,deepseek_v3] [--layers 2] [--no-compile]
+    python -m perf.models --out models.json [--models llama,gpt_oss] [--layers 2]
+    python -m perf.models --out smoke.json --models llama --smoke     # tiny dims, any device: the script's logic
 
-Per model and shape, the same model is timed unpatched in eager, unpatched under torch.compile, then patched
-(through the public API only: `dispatch.integrations.hf.lowbit_patch`). Shapes: prefill 4 x 2048 tokens (one
-forward, no cache) and decode at batch 1 / 16 / 64 (one token per sequence against a 1024-token DynamicCache,
-cropped back after every step). Records: model, shape, variant, ms (median of CUDA-event timed runs) and the
-patched model's speedup over eager and over compile. Sized to run within five minutes on one H200.
+Per model (the same random weights throughout; the unpatched variants first, then the model is patched in place
+through the public API, `dispatch.integrations.hf`):
+
+* prefill 4 x 2048 tokens (one forward, no cache): `eager` (unpatched), `compile` (unpatched under
+  torch.compile(fullgraph=True), default mode), `lowbit` (patched, eager);
+* decode, one token per sequence at batch 1 / 16 / 64 after a 4096-token context: `eager` (unpatched with
+  transformers' StaticCache, its layers filled with random keys / values and their lengths set: no prefill),
+  `compile` (the same under torch.compile(mode="reduce-overhead", fullgraph=True): transformers' static-cache decode
+  recipe, CUDA graphs through torch's cudagraph trees), `lowbit` (patched, `LowbitPagedCache` filled with random
+  keys / values to 4096 per sequence, the step captured in one CUDA graph by `GraphedDecode`). Before every timed
+  step the caches are set back to the context length (outside the timed region), so every step is the step at
+  4096 + 1. GPT-OSS's sliding layers in StaticCache are transformers' StaticSlidingWindowLayer (window-sized,
+  rolled when full).
+
+The unpatched model runs transformers' default attention (sdpa where the model supports it, else eager; the
+record's `attn`) and experts (`grouped_mm`). Records: model, shape, variant, ms (median of CUDA-event timed runs),
+the cache used, and on lowbit records the speedup over eager, over compile and over the better of the two. The
+JSON also holds, per model, the patched prefill's and the patched b16 decode step's GPU time per op family
+(torch.profiler kernel times, grouped by kernel name: attention (with the KV writes), gemm, moe, norm, rope,
+swiglu, other; the twelve longest kernels with their family, to check the grouping; the decode step profiled in
+GraphedDecode's eager mode, the kernels the graph replays) and the memory estimate and peak.
+
+DeepSeek-V3 (`--models deepseek_v3`, MLA): transformers caches the compressed latent (one head: kv_lora_rank
+normalized latent as "keys", the RoPE'd 64-dim key as "values") and expands it to 128 heads of 192 / 128 every
+step (counted in the memory estimate); its patched decode runs `LowbitMlaCache` (the paged latent, absorbed
+`mla_decode`) in the CUDA graph (the record's `cache` says which ran).
+
+Sized to run within about five minutes per model on one H200 (most of it torch.compile); variants that need CUDA
+are skipped with a printed reason on a CPU (`--smoke`: the timings are then meaningless, the run checks the script
+end to end).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import statistics
+import time
 
 import torch
 
-PREFILL = (4, 2048)
-DECODE_BATCHES = (1, 16, 64)
-DECODE_CONTEXT = 1024
 VOCAB = 32000  # the embedding and LM head are not what is measured: a small vocab keeps them out of the way
-RUNS = 10
+MEMORY_LIMIT_GB = 100
+FAMILIES = (  # first match wins: the KV writes and the split-KV reduce are attention, MoE GEMMs are MoE
+    ("attention", ("attn", "attention", "fmha", "flash", "decode", "paged", "split_reduce", "index_copy", "sdpa")),
+    ("moe", ("moe", "expert", "grouped", "route", "topk", "align", "gather", "combine")),
+    ("norm", ("norm",)),
+    ("rope", ("rope", "rotary")),
+    ("swiglu", ("swiglu", "silu", "glu")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "cublas", "aten::mm", "aten::addmm", "splitk")),
+)
 
 
-def configs(layers: int) -> dict:
-    """The per-layer dims of Llama-3.1-8B, GPT-OSS-20b and DeepSeek-V3 (one dense + MoE layers)."""
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    prefill: tuple[int, int]
+    batches: tuple[int, ...]
+    context: int
+    runs: int
+    warmup: int
+    page_size: int = 16
+
+
+FULL = Sizes(prefill=(4, 2048), batches=(1, 16, 64), context=4096, runs=20, warmup=3)
+SMOKE = Sizes(prefill=(2, 16), batches=(1, 2), context=32, runs=2, warmup=1, page_size=4)
+
+
+def cache_dims(config) -> tuple[int, int, int]:
+    """(heads, key dim, value dim) of what transformers' caches store per layer: MLA's latent and RoPE key as one
+    head, or the key / value heads."""
+    if hasattr(config, "kv_lora_rank"):
+        return 1, config.kv_lora_rank, config.qk_rope_head_dim
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_key_value_heads, head_dim, head_dim
+
+
+def configs(layers: int, smoke: bool) -> dict:
+    """Llama-3.1-8B, GPT-OSS-20b and DeepSeek-V3 per-layer dims (DeepSeek: one dense layer, then MoE), or tiny
+    dims of the same architectures (`smoke`)."""
     import transformers as tf
 
-    common = dict(num_hidden_layers=layers, vocab_size=VOCAB, max_position_embeddings=4096)
+    common = dict(num_hidden_layers=layers, vocab_size=256 if smoke else VOCAB, max_position_embeddings=8192)
+    llama = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8)
+    gpt_oss = dict(hidden_size=2880, intermediate_size=2880, num_attention_heads=64, num_key_value_heads=8,
+                   head_dim=64, num_local_experts=32, num_experts_per_tok=4, sliding_window=128)
+    deepseek = dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_attention_heads=128,
+                    num_key_value_heads=128, n_routed_experts=256, num_experts_per_tok=8, n_group=8, topk_group=4,
+                    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+    if smoke:
+        llama = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+        gpt_oss = dict(hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8)
+        deepseek = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=2,
+                        num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                        q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=32)
     return {
         "llama": (tf.LlamaForCausalLM, tf.LlamaConfig(
-            hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, **common)),
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, **llama, **common)),
         "gpt_oss": (tf.GptOssForCausalLM, tf.GptOssConfig(
-            hidden_size=2880, intermediate_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
-            num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
             layer_types=["sliding_attention", "full_attention"] * (layers // 2) + ["sliding_attention"] * (layers % 2),
             rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
                              "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": False},
-            **common)),
+            **gpt_oss, **common)),
         "deepseek_v3": (tf.DeepseekV3ForCausalLM, tf.DeepseekV3Config(
-            hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, first_k_dense_replace=1,
-            num_attention_heads=128, num_key_value_heads=128, n_routed_experts=256, num_experts_per_tok=8,
-            n_group=8, topk_group=4, n_shared_experts=1, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-            qk_rope_head_dim=64, v_head_dim=128, routed_scaling_factor=2.5, **common)),
+            first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=2.5, **deepseek, **common)),
     }
 
 
-def _ms(fn, runs: int = RUNS) -> float:
+def measure(fn, sizes: Sizes, device: torch.device, reset=None) -> float:
+    """Median ms of `sizes.runs` calls after `sizes.warmup`; `reset` runs before each call, outside the timing.
+    CUDA events on a GPU, the host clock on a CPU."""
     times = []
-    for _ in range(runs + 2):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times[2:])
+    for i in range(sizes.warmup + sizes.runs):
+        if reset is not None:
+            reset()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            elapsed = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            elapsed = (time.perf_counter() - t0) * 1e3
+        if i >= sizes.warmup:
+            times.append(elapsed)
+    return statistics.median(times)
 
 
-def _cases(model, forward):
-    """(shape name, timed callable) for the prefill and decode shapes, through `forward` (the model or its
-    compiled form)."""
-    from transformers import DynamicCache
-
-    b, s = PREFILL
-    ids = torch.randint(0, VOCAB, (b, s), device="cuda")
-    yield f"prefill {b}x{s}", lambda: forward(input_ids=ids, use_cache=False)
-    for batch in DECODE_BATCHES:
-        cache = DynamicCache(config=model.config)
-        context = torch.randint(0, VOCAB, (batch, DECODE_CONTEXT), device="cuda")
-        model(input_ids=context, past_key_values=cache, use_cache=True)
-        step = torch.randint(0, VOCAB, (batch, 1), device="cuda")
-        position = torch.full((batch, 1), DECODE_CONTEXT, device="cuda")
-
-        def decode(cache=cache, step=step, position=position):
-            forward(input_ids=step, past_key_values=cache, position_ids=position, use_cache=True)
-            cache.crop(DECODE_CONTEXT)
-
-        yield f"decode b{batch} ctx{DECODE_CONTEXT}", decode
+def family(name: str) -> str:
+    low = name.lower()
+    return next((fam for fam, keys in FAMILIES if any(k in low for k in keys)), "other")
 
 
-def run_model(name: str, model_cls, config, compile_: bool) -> list[dict]:
+def op_families(fn, steps: int, device: torch.device, reset=None) -> dict:
+    """GPU time per op family (us per call of fn, `reset` before each call) from torch.profiler's kernels; on a
+    CPU the CPU ops' self times (meaningless, but the same grouping)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    reset = reset or (lambda: None)
+    reset()
+    fn()
+    activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            reset()
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    split: dict[str, float] = {}
+    kernels = []
+    for event in prof.key_averages():
+        if device.type == "cuda":
+            if event.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            us = event.self_device_time_total / steps
+        else:
+            us = event.self_cpu_time_total / steps
+        split[family(event.key)] = split.get(family(event.key), 0.0) + us
+        kernels.append((us, event.key))
+    top = [dict(name=name[:120], family=family(name), us=us) for us, name in sorted(kernels, reverse=True)[:12]]
+    return dict(families_us=dict(sorted(split.items())), top=top)
+
+
+def static_cache(model, batch: int, context: int, device: torch.device):
+    """transformers' StaticCache for `context` + 1 positions, every layer filled with random keys / values, and a
+    reset that sets every layer back to `context` stored positions (no prefill)."""
+    from transformers import StaticCache
+
+    config = model.config
+    cache = StaticCache(config=config, max_cache_len=context + 1)
+    heads, k_dim, v_dim = cache_dims(config)
+    dtype = next(model.parameters()).dtype
+    for layer in cache.layers:
+        layer.lazy_initialization(torch.zeros(batch, heads, 0, k_dim, dtype=dtype, device=device),
+                                  torch.zeros(batch, heads, 0, v_dim, dtype=dtype, device=device))
+        layer.keys.normal_()
+        layer.values.normal_()
+
+    def reset():
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(context)
+            if hasattr(layer, "cumulative_length_int"):  # sliding layers keep a host count too
+                layer.cumulative_length_int = context
+
+    return cache, reset
+
+
+def paged_graph_decode(model, batch: int, sizes: Sizes, device: torch.device, latent: bool = False):
+    """LowbitPagedCache (latent: DeepSeek's LowbitMlaCache, page 64, the sm_90 MLA kernel's page) filled with random
+    contents, every sequence at `context`, the step in one CUDA graph (GraphedDecode's eager mode off CUDA, said on
+    stdout). Returns (step, reset, eager step, cache name)."""
+    from dispatch.integrations.hf import GraphedDecode, LowbitMlaCache, LowbitPagedCache
+
+    if latent:
+        cache = LowbitMlaCache(model.config, batch, sizes.context + 1, page_size=64, device=device)
+    else:
+        cache = LowbitPagedCache(model.config, batch, sizes.context + 1, page_size=sizes.page_size, device=device)
+    cache.fill_random()
+    lengths = [sizes.context] * batch
+    cache.set_lengths(lengths)
+    mode = "cuda_graph" if device.type == "cuda" else "eager"
+    if mode == "eager":
+        print("lowbit decode: no CUDA device, GraphedDecode runs its eager mode (no CUDA graph)")
+    graph = GraphedDecode(model, cache, mode=mode)
+    eager = graph if mode == "eager" else GraphedDecode(model, cache, mode="eager")
+    ids = torch.randint(0, model.config.vocab_size, (batch,), device=device)
+    return (lambda: graph.step(ids)), (lambda: cache.set_lengths(lengths)), (lambda: eager.step(ids)), \
+        f"{type(cache).__name__} + {mode}"
+
+
+def latent_graph_decode(model, batch: int, sizes: Sizes, device: torch.device):
+    return paged_graph_decode(model, batch, sizes, device, latent=True)
+
+
+# model -> the patched decode step's builder: (model, batch, sizes, device) -> (step, reset, eager step, cache name).
+PATCHED_DECODE = {"llama": paged_graph_decode, "gpt_oss": paged_graph_decode, "deepseek_v3": latent_graph_decode}
+
+
+def _unpatched_decode(forward, model, batch: int, context: int, device: torch.device):
+    cache, reset = static_cache(model, batch, context, device)
+    ids = torch.randint(0, model.config.vocab_size, (batch, 1), device=device)
+    pos = torch.full((batch, 1), context, device=device)
+    return (lambda: forward(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)), reset
+
+
+def memory_estimate_gb(model, sizes: Sizes) -> float:
+    """Weights plus the largest decode's cache (one cache is alive at a time; bf16: 2 bytes x layers x batch x
+    positions x heads x (k + v dims)), plus MLA's per-step expansion of one layer's latent to every head's key and
+    value; prefill activations are not counted."""
+    config = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    heads, k_dim, v_dim = cache_dims(config)
+    positions = max(sizes.batches) * (sizes.context + 1)
+    cache = 2 * config.num_hidden_layers * positions * heads * (k_dim + v_dim)
+    if hasattr(config, "kv_lora_rank"):
+        cache += 2 * positions * config.num_attention_heads * (config.qk_nope_head_dim + config.qk_rope_head_dim
+                                                              + config.v_head_dim)
+    return (weights + cache) / 2**30
+
+
+def _timed(record: dict, fn, sizes: Sizes, device: torch.device, reset=None) -> dict:
+    """The record with `ms`, or for a torch.compile variant that fails, with the `error` (printed, not raised:
+    the other variants still run)."""
+    try:
+        return {**record, "ms": measure(fn, sizes, device, reset)}
+    except Exception as err:  # compile failures come from torch / transformers internals, of any type
+        if record["variant"] != "compile":
+            raise
+        print(f"{record['model']} {record['shape']} compile: {type(err).__name__}: {str(err)[:300]}")
+        return {**record, "error": f"{type(err).__name__}: {str(err)[:300]}"}
+
+
+def _unpatched_records(name, model, sizes, batches, device, compile_) -> list[dict]:
+    b, s = sizes.prefill
+    prefill_ids = torch.randint(0, model.config.vocab_size, (b, s), device=device)
+    common = dict(model=name, shape=f"prefill {b}x{s}", attn=model.config._attn_implementation)
+    records = [_timed(dict(common, variant="eager"), lambda: model(input_ids=prefill_ids, use_cache=False), sizes,
+                      device)]
+    if compile_:
+        compiled = torch.compile(model, fullgraph=True, dynamic=False)
+        records.append(_timed(dict(common, variant="compile"),
+                              lambda: compiled(input_ids=prefill_ids, use_cache=False), sizes, device))
+    variants = [("eager", model)]
+    if compile_:
+        variants.append(("compile", torch.compile(model, mode="reduce-overhead", fullgraph=True, dynamic=False)))
+    for batch in batches:
+        for variant, forward in variants:
+            step, reset = _unpatched_decode(forward, model, batch, sizes.context, device)
+            records.append(_timed(dict(common, shape=f"decode b{batch} ctx{sizes.context}", variant=variant,
+                                       cache="StaticCache"), step, sizes, device, reset))
+            del step, reset
+    torch._dynamo.reset()  # drops the compiled graphs and their CUDA-graph pools before the patched runs
+    return records
+
+
+def _patched_records(name, model, sizes, batches, device) -> tuple[list[dict], dict]:
     from dispatch.integrations.hf import lowbit_patch
 
-    config._attn_implementation = "eager"
-    with torch.device("cuda"):
-        model = model_cls(config).to(torch.bfloat16).eval()
-    records = []
-    with torch.no_grad():
-        variants = [("eager", model)] + ([("compile", torch.compile(model))] if compile_ else [])
-        for variant, forward in variants:
-            records += [dict(model=name, shape=shape, variant=variant, ms=_ms(fn)) for shape, fn in
-                        _cases(model, forward)]
-        report = lowbit_patch(model)
-        records += [dict(model=name, shape=shape, variant="lowbit", ms=_ms(fn), replaced=report.replaced)
-                    for shape, fn in _cases(model, model)]
+    report = lowbit_patch(model)
+    b, s = sizes.prefill
+    prefill_ids = torch.randint(0, model.config.vocab_size, (b, s), device=device)
+    prefill = lambda: model(input_ids=prefill_ids, use_cache=False)  # noqa: E731
+    records = [dict(model=name, shape=f"prefill {b}x{s}", variant="lowbit", replaced=report.replaced,
+                    ms=measure(prefill, sizes, device))]
+    split = {f"prefill {b}x{s}": op_families(prefill, 2, device)}
+    profile_batch = 16 if 16 in batches else batches[-1]
+    for batch in batches:
+        step, reset, eager_step, cache_name = PATCHED_DECODE[name](model, batch, sizes, device)
+        shape = f"decode b{batch} ctx{sizes.context}"
+        records.append(dict(model=name, shape=shape, variant="lowbit", cache=cache_name,
+                            ms=measure(step, sizes, device, reset)))
+        if batch == profile_batch:
+            split[f"{shape} (eager step)"] = op_families(eager_step, 2, device, reset)
+        del step, reset, eager_step
+    return records, split
+
+
+def _speedups(records: list[dict]) -> None:
     for r in records:
-        if r["variant"] == "lowbit":
-            for base in ("eager", "compile"):
-                ref = next((x["ms"] for x in records if x["shape"] == r["shape"] and x["variant"] == base), None)
-                if ref is not None:
-                    r[f"speedup_vs_{base}"] = ref / r["ms"]
+        if r["variant"] != "lowbit":
+            continue
+        base = {x["variant"]: x["ms"] for x in records
+                if x["shape"] == r["shape"] and x["variant"] != "lowbit" and "ms" in x}
+        for variant, ms in base.items():
+            r[f"speedup_vs_{variant}"] = ms / r["ms"]
+        if base:
+            r["speedup_vs_best"] = min(base.values()) / r["ms"]
+
+
+def run_model(name: str, model_cls, config, sizes: Sizes, device: torch.device, compile_: bool) -> dict:
+    batches = sizes.batches
+    torch.manual_seed(0)
+    with device:
+        model = model_cls(config).to(torch.bfloat16).eval()
+    estimate = memory_estimate_gb(model, sizes)
+    if estimate > MEMORY_LIMIT_GB:
+        raise SystemExit(f"perf.models: {name} needs about {estimate:.0f} GB (limit {MEMORY_LIMIT_GB}): fewer layers")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        records = _unpatched_records(name, model, sizes, batches, device, compile_)
+        patched, split = _patched_records(name, model, sizes, batches, device)
+    records += patched
+    _speedups(records)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
     del model
-    torch.cuda.empty_cache()
-    return records
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return dict(records=records, op_families_us={name: split},
+                memory={name: dict(estimate_gb=estimate, peak_gb=peak, decode_batches=list(batches),
+                                   context=sizes.context)})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--models", default="llama,gpt_oss,deepseek_v3")
+    parser.add_argument("--models", default="llama,gpt_oss")
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="tiny dims and shapes: checks the script, not speed")
     parser.add_argument("--no-compile", action="store_true")
     args = parser.parse_args()
-    table = configs(args.layers)
-    records = []
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    sizes = SMOKE if args.smoke else FULL
+    compile_ = not args.no_compile and device.type == "cuda"
+    if device.type != "cuda" and not args.no_compile:
+        print("compile variants skipped: torch.compile's reduce-overhead mode and its CUDA graphs need a CUDA device")
+    table = configs(args.layers, args.smoke)
+    result = dict(records=[], op_families_us={}, memory={})
     for name in args.models.split(","):
         model_cls, config = table[name]
-        records += run_model(name, model_cls, config, not args.no_compile)
-        for r in records[-12:]:
+        out = run_model(name, model_cls, config, sizes, device, compile_)
+        for key in result:
+            result[key] = result[key] + out[key] if key == "records" else {**result[key], **out[key]}
+        for r in out["records"]:
             print(json.dumps(r))
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, layers=args.layers,
+        print(json.dumps(out["op_families_us"]))
+    meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
+                layers=args.layers, smoke=args.smoke, sizes=dataclasses.asdict(sizes),
                 date=datetime.date.today().isoformat())
     with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, records=records), f, indent=1)
+        json.dump(dict(meta=meta, **result), f, indent=1)
 
 
 if __name__ == "__main__":

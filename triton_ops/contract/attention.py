@@ -15,6 +15,9 @@ from .kv_cache import DS_LAYOUTS, DS_ROPE, check_ds_cache
 FLOAT16 = (torch.bfloat16, torch.float16)
 QUERY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP8_KV = (torch.float8_e4m3fn, torch.uint8)  # uint8: the same E4M3 bytes, as some caches store them
+# A sequence-length argument is an int, or a SymInt when torch.compile traces with dynamic shapes (prefill and
+# decode through one compiled model): the fake implementation runs these checks on it.
+SEQLEN_TYPES = (int, torch.SymInt)
 
 
 def _tensor(op, arg, t, ndim, dtypes=None, device=None):
@@ -153,7 +156,7 @@ def check_attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     if cu_seqlens_k.shape != cu_seqlens_q.shape:
         fail(op, "cu_seqlens_k", f"shape {tuple(cu_seqlens_k.shape)} != cu_seqlens_q's {tuple(cu_seqlens_q.shape)}")
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if not isinstance(n, int) or n < 0:
+        if not isinstance(n, SEQLEN_TYPES) or n < 0:
             fail(op, name, f"expected an int >= 0, got {n!r}")
     _scale(op, softmax_scale)
     _windows(op, window_left, window_right)
@@ -178,7 +181,7 @@ def check_attention_prefill_paged(q, k_cache, v_cache, cu_seqlens_q, block_table
         fail(op, "seqused_k", f"expected ({batch},), got {tuple(seqused_k.shape)}")
     if k_cache.shape[1] < 1:
         fail(op, "k_cache", "block_size must be >= 1")
-    if not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
+    if not isinstance(max_seqlen_q, SEQLEN_TYPES) or max_seqlen_q < 0:
         fail(op, "max_seqlen_q", f"expected an int >= 0, got {max_seqlen_q!r}")
     _scale(op, softmax_scale)
     _windows(op, window_left, window_right)

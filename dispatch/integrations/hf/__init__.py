@@ -3,11 +3,12 @@ transformers is imported only when a patch registers the "lowbit" attention impl
 `LowbitPagedCache` / `LowbitMlaCache` (transformers Cache subclasses) are first looked up."""
 
 from .attention import UnsupportedMaskError, lowbit_attention_forward
+from .graph import GraphDecodeError, GraphedDecode
 from .patch import PatchReport, UnsupportedModelError, lowbit_patch, patch_deepseek_v3, patch_gpt_oss, patch_llama
 
-__all__ = ["LowbitMlaCache", "LowbitPagedCache", "PagedCacheError", "PatchReport", "UnsupportedMaskError",
-           "UnsupportedModelError", "lowbit_attention_forward", "lowbit_patch", "patch_deepseek_v3",
-           "patch_gpt_oss", "patch_llama"]
+__all__ = ["GraphDecodeError", "GraphedDecode", "LowbitMlaCache", "LowbitPagedCache", "PagedCacheError",
+           "PatchReport", "UnsupportedMaskError", "UnsupportedModelError", "lowbit_attention_forward", "lowbit_patch",
+           "patch_deepseek_v3", "patch_gpt_oss", "patch_llama"]
 
 
 def __getattr__(name: str):

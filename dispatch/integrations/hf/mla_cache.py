@@ -97,6 +97,24 @@ class LowbitMlaCache(LowbitPagedCache):
                   for _ in range(config.num_hidden_layers)]
         super(LowbitPagedCache, self).__init__(layers=layers)
 
+    def write_prefix(self, *args, **kwargs) -> None:
+        raise PagedCacheError("LowbitMlaCache.write_prefix: the latent cache stores latent rows, not per-head keys "
+                              "and values (append, or fill_random for benchmarks)")
+
+    def fill_random(self, seed: int = 0, std: float = 1.0) -> None:
+        """Fill every page of every layer with normal(0, std) latent rows, stored as the layout stores them (the V3.2
+        FP8 rows through `ds_kv_write`): contents for decode benchmarks at long context without a prefill. Lengths
+        unchanged (`set_lengths`)."""
+        g = torch.Generator(device=self.block_table.device).manual_seed(seed)
+        for layer in self.layers:
+            if layer.layout == "bf16":
+                layer.latent.normal_(0.0, std, generator=g)
+                continue
+            slots = torch.arange(layer.latent.shape[0] * layer.latent.shape[1], device=layer.latent.device)
+            for chunk in slots.split(1 << 16):  # no full-size fp32 copy of the pages
+                rows = torch.randn(chunk.numel(), layer.width, generator=g, device=chunk.device) * std
+                layer.write(rows.to(torch.bfloat16), chunk)
+
     def attend(self, *args, **kwargs) -> Tensor:
         raise PagedCacheError("LowbitMlaCache.attend: the latent cache is read by the patched DeepSeek-V3 attention "
                               "only (models with per-head K / V take LowbitPagedCache)")

@@ -8,13 +8,17 @@ holds exactly its tokens at positions 0 .. len[b] - 1, the RoPE positions transf
 `ops.attention_decode` (one new token per sequence: paged split-KV decode) or `ops.attention_prefill_paged` (the
 prompt, or any chunk: every sequence has S query rows; a padding row sits before the sequence's first key and
 sees none, so its output is 0). Lengths stay on the device and grow in place; nothing is read back to the host,
-and a decode step has the same shapes and tensors every step (what a CUDA-graph capture needs; docs/models.md
-says what remains for one). transformers' own attention cannot read this cache: `update` raises.
+and a decode step has the same shapes and tensors every step: `GraphedDecode` (graph.py) captures one in a CUDA
+graph, advancing the host counters with `advance` outside it. `set_lengths` / `write_prefix` / `fill_random`
+give the sequences contents without a prefill (benchmarks, tests). transformers' own attention cannot read this
+cache: `update` raises.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -26,6 +30,14 @@ KV_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
 class PagedCacheError(ValueError):
     """A use of LowbitPagedCache it does not support (named argument, reason)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheState:
+    """What a step changes in a cache: every layer's device lengths (copies) and host timeline counter."""
+
+    lengths: tuple[Tensor, ...]
+    seen: tuple[int, ...]
 
 
 def _cache_base():
@@ -49,6 +61,7 @@ class PagedLayer(CacheLayerMixin):
         self.keys = torch.zeros(shape, dtype=kv_dtype, device=device)
         self.values = torch.zeros(shape, dtype=kv_dtype, device=device)
         self.lengths = torch.zeros(batch_size, dtype=torch.int32, device=device)
+        self.batch_size = batch_size  # transformers' Cache.batch_size reads it from the layers
         self.fp8 = kv_dtype == torch.float8_e4m3fn
         self.scale = torch.full((1,), kv_scale, dtype=torch.float32, device=device) if self.fp8 else None
         self.seen = 0  # transformers' (padded) timeline: prompt width + steps, a host int
@@ -125,6 +138,83 @@ class LowbitPagedCache(Cache):
                   for _ in range(config.num_hidden_layers)]
         super().__init__(layers=layers)
 
+    def _check_room(self, seen: int, s: int) -> None:
+        if seen + s > self.max_cache_len_tokens:
+            raise PagedCacheError(f"LowbitPagedCache: {seen} + {s} positions exceed max_cache_len "
+                                  f"{self.max_cache_len_tokens}")
+
+    def advance(self, s: int) -> None:
+        """The host side of a step of `s` positions whose device side ran without Python (a CUDA-graph replay):
+        the max_cache_len check, then every layer's timeline counter moves by s. The device lengths are not
+        touched (the replayed graph grows them)."""
+        for layer in self.layers:
+            self._check_room(layer.seen, s)
+        for layer in self.layers:
+            layer.seen += s
+
+    def snapshot(self) -> CacheState:
+        """The per-sequence lengths (device copies) and host counters, for `restore` (a capture's warm-up steps
+        write keys after each sequence's last one and grow the lengths; restoring undoes the growth, and the
+        written slots are past every length, so nothing reads them)."""
+        return CacheState(tuple(layer.lengths.clone() for layer in self.layers),
+                          tuple(layer.seen for layer in self.layers))
+
+    def restore(self, state: CacheState) -> None:
+        for layer, lengths, seen in zip(self.layers, state.lengths, state.seen, strict=True):
+            layer.lengths.copy_(lengths)
+            layer.seen = seen
+
+    def set_lengths(self, lengths: Sequence[int]) -> None:
+        """Make sequence b hold its first lengths[b] positions in every layer (whatever the pages hold there:
+        `write_prefix` or `fill_random` put keys in them). The host counter becomes max(lengths), the padded
+        timeline of a left-padded batch of these lengths; one host-to-device copy per layer."""
+        lengths = [int(n) for n in lengths]
+        if len(lengths) != self.batch_size or not all(0 <= n <= self.max_cache_len_tokens for n in lengths):
+            raise PagedCacheError(f"LowbitPagedCache.set_lengths: argument 'lengths': expected {self.batch_size} "
+                                  f"values in [0, {self.max_cache_len_tokens}], got {lengths}")
+        host = torch.tensor(lengths, dtype=torch.int32)
+        for layer in self.layers:
+            layer.lengths.copy_(host)
+            layer.seen = max(lengths)
+
+    def write_prefix(self, layer_idx: int, keys: Tensor, values: Tensor, lengths: Sequence[int]) -> None:
+        """Store given keys / values (B, L, Hkv, D), RoPE'd as the attention stores them, as positions 0 ..
+        lengths[b] - 1 of each sequence b of layer `layer_idx` (rows past lengths[b] are not stored). Does not
+        change the lengths: `set_lengths` after writing every layer."""
+        layer = self.layers[layer_idx]
+        b, width = keys.shape[:2]
+        if keys.shape != values.shape or b != self.batch_size or keys.shape[2:] != layer.keys.shape[2:] \
+                or width > self.max_cache_len_tokens or len(lengths) != b:
+            raise PagedCacheError(f"LowbitPagedCache.write_prefix: arguments 'keys' / 'values' / 'lengths': expected "
+                                  f"(B={self.batch_size}, L <= {self.max_cache_len_tokens}, "
+                                  f"{', '.join(map(str, layer.keys.shape[2:]))}) and B lengths, got "
+                                  f"{tuple(keys.shape)}, {tuple(values.shape)}, {len(lengths)} lengths")
+        device = self.block_table.device
+        pos = torch.arange(width, dtype=torch.int32, device=device)[None, :].expand(b, width)
+        page = self.block_table.gather(1, (pos // self.page_size).long())
+        real = pos < torch.tensor([int(n) for n in lengths], dtype=torch.int32, device=device)[:, None]
+        slots = torch.where(real, page * self.page_size + pos % self.page_size, self.spare_slot)
+        layer.write(keys.reshape(b * width, *keys.shape[2:]), values.reshape(b * width, *values.shape[2:]),
+                    slots.reshape(-1).long())
+
+    def fill_random(self, seed: int = 0, std: float = 1.0) -> None:
+        """Fill every page of every layer with normal(0, std) keys and values (stored as the cache stores them:
+        FP8 pages hold the codes of value / kv_scale): contents for decode benchmarks at long context without a
+        prefill. Lengths unchanged (`set_lengths`)."""
+        g = torch.Generator(device=self.block_table.device).manual_seed(seed)
+        for layer in self.layers:
+            for pages in (layer.keys, layer.values):
+                if layer.fp8:
+                    for chunk in pages.split(1024):  # no full-size fp32 copy of the pages
+                        chunk.copy_((torch.randn(chunk.shape, generator=g, device=chunk.device) * std
+                                     / layer.scale).to(pages.dtype))
+                else:
+                    pages.normal_(0.0, std, generator=g)
+
+    @property
+    def batch_size(self) -> int:
+        return self.block_table.shape[0]
+
     def crop(self, tokens_to_remove: int) -> None:
         raise PagedCacheError("LowbitPagedCache.crop: not supported (assisted / speculative generation)")
 
@@ -141,9 +231,7 @@ class LowbitPagedCache(Cache):
         (B, >= S) with 1 on real tokens (left padding only) or None; returns (B, S, Hq, Dv)."""
         layer = self.layers[layer_idx]
         b, s = q.shape[:2]
-        if layer.seen + s > self.max_cache_len_tokens:
-            raise PagedCacheError(f"LowbitPagedCache: {layer.seen} + {s} positions exceed max_cache_len "
-                                  f"{self.max_cache_len_tokens}")
+        self._check_room(layer.seen, s)
         if b != self.block_table.shape[0]:
             raise PagedCacheError(f"LowbitPagedCache: batch {b} != the cache's batch_size {self.block_table.shape[0]}")
         slots, new = self._slots(layer.lengths, attention_mask, b, s, q.device)

@@ -1,0 +1,90 @@
+"""CUDA-graph decode (`GraphedDecode`) on a GPU, patched models on lowbit's GPU kernels, random weights:
+
+* greedy decode: four left-padded prompts of different lengths prefilled through LowbitPagedCache, then 8 graph
+  replays (positions from the cache's lengths) give the tokens of the patched model's eager `generate` on the paged
+  cache and of the unpatched model's `generate` (the tie rule of dispatch/integrations/hf/check.py: a divergence
+  only at a step where the reference's top-2 logits are within a few bf16 spacings; logits cosine >= 0.9999
+  before it): Llama at tiny dims, Llama-3-8B's per-layer dims (hidden 4096, 32 / 8 heads of 128, MLP 14336) with
+  2 layers, GPT-OSS at its head dim 64 with sinks and a sliding window;
+* replay with new lengths: a cache filled by `fill_random`, lengths set, then set again to other lengths between
+  replays of the same graph: each replay's logits equal the eager step's (`mode="eager"`) on a copy of the cache
+  (same kernels, same inputs: bit-equal).
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from dispatch.integrations.hf import GraphedDecode, LowbitPagedCache, lowbit_patch  # noqa: E402
+from dispatch.integrations.hf.check import compare_greedy, greedy, prompts  # noqa: E402
+from tests.test_hf_graph import prefill  # noqa: E402
+from tests.test_hf_models_gpu import VOCAB, gpt_oss, llama  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+PROMPT_LENS = (29, 17, 8, 23)
+STEPS = 8
+COSINE_MIN = 0.9999
+
+
+def llama_8b_layers():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
+        num_key_value_heads=8, max_position_embeddings=256, pad_token_id=0,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    config._attn_implementation = "eager"
+    with torch.device("cuda"):
+        return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def _graph_greedy(model, ids, mask):
+    """Prefill, then STEPS graph replays: a generate-like result (sequences, per-step logits)."""
+    cache, first = prefill(model, ids, mask, ids.shape[1] + STEPS + 1, page_size=16)
+    decode = GraphedDecode(model, cache)
+    tokens, logits = decode.greedy(first.argmax(-1), STEPS)
+    sequences = torch.cat([ids, first.argmax(-1)[:, None], tokens], dim=1)
+    return types.SimpleNamespace(sequences=sequences, logits=[first.clone(), *logits]), cache
+
+
+@pytest.mark.parametrize("build", [llama, llama_8b_layers, gpt_oss], ids=["llama", "llama_8b_layers", "gpt_oss"])
+def test_gpu_graph_decode_matches_eager_and_unpatched(build):
+    reference = build()
+    model = copy.deepcopy(reference)
+    lowbit_patch(model)
+    ids, mask = prompts(PROMPT_LENS, VOCAB, device="cuda")
+    got, cache = _graph_greedy(model, ids, mask)
+    paged = LowbitPagedCache(model.config, len(PROMPT_LENS), ids.shape[1] + STEPS + 1, page_size=16, device="cuda")
+    for what, want in (("patched eager", greedy(model, ids, mask, STEPS + 1, past_key_values=paged)),
+                       ("unpatched", greedy(reference, ids, mask, STEPS + 1))):
+        check = compare_greedy(got, want, STEPS + 1, COSINE_MIN)
+        assert check.agree, f"{build.__name__} graph vs {what}: {check.note}"
+    assert [layer.seen for layer in cache.layers] == [ids.shape[1] + STEPS] * len(cache.layers)
+    assert cache.layers[-1].lengths.tolist() == [n + STEPS for n in PROMPT_LENS]
+
+
+@pytest.mark.parametrize("build", [llama, gpt_oss], ids=["llama", "gpt_oss"])
+def test_gpu_graph_replay_with_new_lengths(build):
+    model = build()
+    lowbit_patch(model)
+    cache = LowbitPagedCache(model.config, 4, 160, page_size=16, device="cuda")
+    cache.fill_random(seed=4, std=0.5)
+    cache.set_lengths([100, 3, 57, 16])
+    twin = copy.deepcopy(cache)
+    graph, eager = GraphedDecode(model, cache), GraphedDecode(model, twin, mode="eager")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for lengths in ([100, 3, 57, 16], [1, 140, 33, 64]):
+        cache.set_lengths(lengths)
+        twin.set_lengths(lengths)
+        for _ in range(3):
+            ids = torch.randint(1, VOCAB, (4,), device="cuda", generator=g)
+            assert torch.equal(graph.step(ids), eager.step(ids))
+        assert cache.layers[0].lengths.tolist() == [n + 3 for n in lengths]
+        assert cache.layers[0].seen == max(lengths) + 3
