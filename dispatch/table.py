@@ -112,7 +112,7 @@ CUTE_UNRUN_WHY = "CuTeDSL; compiled for sm_100a, never run on Blackwell: refused
 
 # CuTeDSL grouped GEMM on sm_90, bf16 / fp16 and FP8 (cute_ops/gemm/grouped_sm90.py: WGMMA, TMA loads through
 # per-group descriptors rewritten on the device): GPU tests pass on the H100 and the H200. Timed (cute_ops.gemm.
-# moe_sm90 cites the records): FP8 prefill 0.72-0.80x torch._scaled_grouped_mm, 1.5-1.7x Triton, so auto takes it
+# grouped_sm90 cites the records): FP8 prefill 0.72-0.80x torch._scaled_grouped_mm, 1.5-1.7x Triton, so auto takes it
 # for FP8 at >= 128 rows per expert; bf16 0.92x torch._grouped_mm at 512 rows per expert (1.19x Triton: 1654 vs
 # 1966 us, perf/results/experiments/2026-11-25-h100-cute-gemm-tiles-76665c5.json), about Triton's speed at 256
 # (perf/results/nvidia-h100-80gb-hbm3.jsonl: 991 vs 945 us eager, 969 vs 983 us graph), so auto takes it from 512
@@ -248,17 +248,17 @@ ROWS: tuple[Entry, ...] = (
     *triton_rows("moe_gemm_bf16", "triton_ops.moe_gemm.grouped:moe_gemm_bf16", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_bf16"),
     Entry("moe_gemm_bf16", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_bf16", TORCH_REF, REFERENCE_WHY),
-    Entry("moe_gemm_bf16", "cute", ("sm_90",), "cute_ops.gemm.moe_sm90:moe_gemm_bf16", CUTE_MEASURED_FASTER,
-          CUTE_GEMM_BF16_WHY, supports="cute_ops.gemm.moe_sm90:supports_moe_gemm_bf16",
-          auto_skip="cute_ops.gemm.moe_sm90:auto_skip_bf16"),
-    Entry("moe_gemm_bf16", "cute", CUTE_BLACKWELL, "cute_ops.gemm.moe_sm100:moe_gemm_bf16", CUTE_UNMEASURED,
-          CUTE_GEMM_BF16_SM100_WHY, supports="cute_ops.gemm.moe_sm100:supports_moe_gemm_bf16"),
+    Entry("moe_gemm_bf16", "cute", ("sm_90",), "cute_ops.gemm.grouped_sm90:moe_gemm_bf16", CUTE_MEASURED_FASTER,
+          CUTE_GEMM_BF16_WHY, supports="cute_ops.gemm.grouped_sm90:supports_moe_gemm_bf16",
+          auto_skip="cute_ops.gemm.grouped_sm90:auto_skip_bf16"),
+    Entry("moe_gemm_bf16", "cute", CUTE_BLACKWELL, "cute_ops.gemm.blockscaled_sm100:moe_gemm_bf16", CUTE_UNMEASURED,
+          CUTE_GEMM_BF16_SM100_WHY, supports="cute_ops.gemm.blockscaled_sm100:supports_moe_gemm_bf16"),
     *triton_rows("moe_gemm_fp8", "triton_ops.moe_gemm.grouped:moe_gemm_fp8", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_fp8"),
     Entry("moe_gemm_fp8", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_fp8", TORCH_REF, REFERENCE_WHY),
-    Entry("moe_gemm_fp8", "cute", ("sm_90",), "cute_ops.gemm.moe_sm90:moe_gemm_fp8", CUTE_MEASURED_FASTER,
-          CUTE_GEMM_FP8_WHY, supports="cute_ops.gemm.moe_sm90:supports_moe_gemm_fp8",
-          auto_skip="cute_ops.gemm.moe_sm90:auto_skip_fp8"),
+    Entry("moe_gemm_fp8", "cute", ("sm_90",), "cute_ops.gemm.grouped_sm90:moe_gemm_fp8", CUTE_MEASURED_FASTER,
+          CUTE_GEMM_FP8_WHY, supports="cute_ops.gemm.grouped_sm90:supports_moe_gemm_fp8",
+          auto_skip="cute_ops.gemm.grouped_sm90:auto_skip_fp8"),
     *triton_rows("moe_gemm_mxfp4", "triton_ops.moe_gemm.grouped:moe_gemm_mxfp4", GROUPED_GEMM,
                  supports="triton_ops.moe_gemm.grouped:supports_moe_gemm_mxfp4"),
     Entry("moe_gemm_mxfp4", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_mxfp4", TORCH_REF, REFERENCE_WHY),
@@ -269,13 +269,13 @@ ROWS: tuple[Entry, ...] = (
     # only: refused unless LOWBIT_CUTE_UNVERIFIED=1; swap-AB tiles for masked max_m <= 64) and the reference; the
     # moe_align-layout FP4 GEMMs with linear scales are the Triton dot_scaled rows of moe_gemm_w4a4 / moe_gemm_w4a8
     # (DOT_SCALED_WHY)
-    Entry("moe_gemm_blockscaled", "cute", CUTE_BLACKWELL, "cute_ops.gemm.moe_sm100:moe_gemm_blockscaled",
-          CUTE_UNMEASURED, CUTE_GEMM_SM100_WHY, "cute_ops.gemm.moe_sm100:supports_moe_gemm_blockscaled"),
+    Entry("moe_gemm_blockscaled", "cute", CUTE_BLACKWELL, "cute_ops.gemm.blockscaled_sm100:moe_gemm_blockscaled",
+          CUTE_UNMEASURED, CUTE_GEMM_SM100_WHY, "cute_ops.gemm.blockscaled_sm100:supports_moe_gemm_blockscaled"),
     Entry("moe_gemm_blockscaled", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_blockscaled", TORCH_REF,
           REFERENCE_WHY),
     Entry("moe_gemm_blockscaled_masked", "cute", CUTE_BLACKWELL,
-          "cute_ops.gemm.moe_sm100:moe_gemm_blockscaled_masked", CUTE_UNMEASURED, CUTE_GEMM_SM100_WHY,
-          "cute_ops.gemm.moe_sm100:supports_moe_gemm_blockscaled_masked"),
+          "cute_ops.gemm.blockscaled_sm100:moe_gemm_blockscaled_masked", CUTE_UNMEASURED, CUTE_GEMM_SM100_WHY,
+          "cute_ops.gemm.blockscaled_sm100:supports_moe_gemm_blockscaled_masked"),
     Entry("moe_gemm_blockscaled_masked", "torch", ALL, "dispatch.reference.moe_gemm:moe_gemm_blockscaled_masked",
           TORCH_REF, REFERENCE_WHY),
     # prepacked FP4 weights (moe_gemm_fp4_prepack's layout): the swap-AB decode kernel; the prepack is torch work

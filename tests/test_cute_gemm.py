@@ -233,7 +233,8 @@ def test_epilogue_thread_owns_one_accumulator_row(swap_ab, tile_n):
     thread t's registers of epilogue step s in C tile (i, j) are C[i * 128 + t, j * tile_n + s * 32 + r], r < 32.
     C is out (rows x columns) by default; with swap_ab it is out^T, so thread t holds output column i * 128 + t
     for 32 consecutive tokens, each stored to out[token, column] predicated on the token."""
-    from cute_ops.gemm.blockscaled_sm100 import BLOCK_M, GroupedBlockScaledGemmSm100, pick_config
+    from cute_ops.gemm._blockscaled_sm100_kernel import GroupedBlockScaledGemmSm100
+    from cute_ops.gemm.blockscaled_sm100 import BLOCK_M, pick_config
 
     cfg = pick_config("nvfp4", 512, 512, 2, tile_n=tile_n, swap_ab=swap_ab)
     kern = GroupedBlockScaledGemmSm100(cfg)
@@ -268,7 +269,8 @@ def test_swap_ab_token_scale_column_shift(fmt):
     whole 128-row atom) puts row 32 c + l of the atom at lane l, column c (4 bytes per column)."""
     import cutlass.utils.blockscaled_layout as bl
 
-    from cute_ops.gemm.blockscaled_sm100 import BLOCK_M, GroupedBlockScaledGemmSm100, pick_config
+    from cute_ops.gemm._blockscaled_sm100_kernel import GroupedBlockScaledGemmSm100
+    from cute_ops.gemm.blockscaled_sm100 import BLOCK_M, pick_config
 
     got = {}
     for tile_n in (32, 64, 128):
@@ -496,8 +498,8 @@ def test_sm100_dense_grouped_gemm_sass(case):
 
 
 def _dense_kernel_model(cfg):
-    """The dense kernel's contract in torch with its preconditions asserted (what moe_sm100.moe_gemm_bf16 must feed
-    it): tile-aligned spans (starts multiples of 128, same ends), rows written only in [lo, end) and, contiguous,
+    """The dense kernel's contract in torch with its preconditions asserted (what blockscaled_sm100.moe_gemm_bf16 must
+    feed it): tile-aligned spans (starts multiples of 128, same ends), rows written only in [lo, end) and, contiguous,
     where m_indices[row] == g."""
     def run(a, w, sfa, sfb, out, starts, counts, alpha, lo, m_indices, row_weights):
         rows, (e, n, k) = a.shape[0], w.shape
@@ -521,43 +523,43 @@ def _dense_kernel_model(cfg):
 
 @pytest.mark.parametrize("row_weights", [False, True])
 def test_dense_launcher_matches_reference_on_a_kernel_model(monkeypatch, row_weights):
-    """moe_sm100.moe_gemm_bf16 on CPU tensors with the compiled kernel replaced by the model above: unaligned
+    """blockscaled_sm100.moe_gemm_bf16 on CPU tensors with the compiled kernel replaced by the model above: unaligned
     contiguous groups (moe_align padding, an out-of-range id, interleaved experts) and masked max_m not a multiple
     of 128 (counts above max_m, negative) equal the reference; NaN rows no group owns are never written."""
-    from cute_ops.gemm import moe_sm100
+    from cute_ops.gemm import blockscaled_sm100
     from tests.test_cute_gemm_sm90 import _check, _contiguous_case, _masked_case, stub_cuda_launch
 
-    stub_cuda_launch(monkeypatch, moe_sm100, _dense_kernel_model, "sm_100a")
-    monkeypatch.setattr(moe_sm100, "sm_count", lambda index: 148)
+    stub_cuda_launch(monkeypatch, blockscaled_sm100, _dense_kernel_model, "sm_100a")
+    monkeypatch.setattr(blockscaled_sm100, "sm_count", lambda index: 148)
     a, w, mi, rw = _contiguous_case(5, 128, 64, [37, 0, 130, 1, 200], torch.bfloat16, 2, row_weights)
-    out = moe_sm100.moe_gemm_bf16(a, w, mi, None, rw)
+    out = blockscaled_sm100.moe_gemm_bf16(a, w, mi, None, rw)
     assert not torch.isnan(out).any()
     _check(out, a, w, mi, None, rw, "contiguous")
     a, w, mm, rw = _masked_case(6, 100, 256, 48, [0, 1, 99, 100, 500, -3], torch.float16, 1, row_weights)
-    out = moe_sm100.moe_gemm_bf16(a, w, None, mm, rw)
+    out = blockscaled_sm100.moe_gemm_bf16(a, w, None, mm, rw)
     assert not torch.isnan(out).any()
     _check(out, a, w, None, mm, rw, "masked")
     g = torch.Generator().manual_seed(5)  # interleaved experts: overlapping spans
     mi = torch.randint(-1, 4, (300,), generator=g, dtype=torch.int32)
     a, w = torch.randn(300, 32, generator=g).bfloat16(), torch.randn(4, 128, 32, generator=g).bfloat16()
-    _check(moe_sm100.moe_gemm_bf16(a, w, mi, None, None), a, w, mi, None, None, "interleaved")
+    _check(blockscaled_sm100.moe_gemm_bf16(a, w, mi, None, None), a, w, mi, None, None, "interleaved")
 
 
 def test_dense_bounds_and_refusals(monkeypatch):
-    from cute_ops.gemm import moe_sm100
+    from cute_ops.gemm import blockscaled_sm100
 
     starts, counts = torch.tensor([0, 130, 300, 5], dtype=torch.int32), torch.tensor([130, 0, 45, 0],
                                                                                      dtype=torch.int32)
-    s, c = moe_sm100.dense_bounds(starts, counts)
+    s, c = blockscaled_sm100.dense_bounds(starts, counts)
     assert s.tolist() == [0, 128, 256, 0] and c.tolist() == [130, 0, 89, 0]
     a, w = torch.zeros(64, 256, dtype=torch.bfloat16), torch.zeros(2, 256, 256, dtype=torch.bfloat16)
     mi = torch.zeros(64, dtype=torch.int32)
-    monkeypatch.delenv(moe_sm100.UNVERIFIED_ENV, raising=False)
-    assert "never run on a Blackwell chip" in moe_sm100.supports_moe_gemm_bf16(a, w, mi, None)
-    monkeypatch.setenv(moe_sm100.UNVERIFIED_ENV, "1")
-    assert "sm_100" in moe_sm100.supports_moe_gemm_bf16(a, w, mi, None)  # CPU tensors: not this kernel's device
-    assert moe_sm100.dense_tile_n(4096, 256) == 256 and moe_sm100.dense_tile_n(4096, 16) == 128
-    assert moe_sm100.dense_tile_n(384, 256) == 128
+    monkeypatch.delenv(blockscaled_sm100.UNVERIFIED_ENV, raising=False)
+    assert "never run on a Blackwell chip" in blockscaled_sm100.supports_moe_gemm_bf16(a, w, mi, None)
+    monkeypatch.setenv(blockscaled_sm100.UNVERIFIED_ENV, "1")
+    assert "sm_100" in blockscaled_sm100.supports_moe_gemm_bf16(a, w, mi, None)  # CPU tensors: not this kernel's device
+    assert blockscaled_sm100.dense_tile_n(4096, 256) == 256 and blockscaled_sm100.dense_tile_n(4096, 16) == 128
+    assert blockscaled_sm100.dense_tile_n(384, 256) == 128
 
 
 def test_dense_row_on_blackwell_fake_tensors(monkeypatch):
@@ -565,7 +567,7 @@ def test_dense_row_on_blackwell_fake_tensors(monkeypatch):
     takes both layouts with it, and `backend="cute"` selects the sm_100 row (not the sm_90 one)."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from cute_ops.gemm import moe_sm100
+    from cute_ops.gemm import blockscaled_sm100
     from dispatch.ops._common import backend_for
     from dispatch.registry import select
     from dispatch.table import TABLE
@@ -579,19 +581,19 @@ def test_dense_row_on_blackwell_fake_tensors(monkeypatch):
 
         a, w, mi = E(8192, 7168), E(256, 4096, 7168), E(8192, dt=i32)
         a3, w2, mm, rw = E(256, 64, 2048), E(256, 7168, 2048), E(256, dt=i32), E(256, 64, dt=torch.float32)
-        monkeypatch.delenv(moe_sm100.UNVERIFIED_ENV, raising=False)
-        assert moe_sm100.supports_moe_gemm_bf16(a, w, mi, None) == moe_sm100.DENSE_HARDWARE_STATUS
+        monkeypatch.delenv(blockscaled_sm100.UNVERIFIED_ENV, raising=False)
+        assert blockscaled_sm100.supports_moe_gemm_bf16(a, w, mi, None) == blockscaled_sm100.DENSE_HARDWARE_STATUS
         assert backend_for("moe_gemm_bf16", a, w, mi, None, None) == "triton"
-        monkeypatch.setenv(moe_sm100.UNVERIFIED_ENV, "1")
-        assert moe_sm100.supports_moe_gemm_bf16(a, w, mi, None) is None
-        assert moe_sm100.supports_moe_gemm_bf16(a3, w2, None, mm, rw) is None
-        assert "tile_n" in moe_sm100.supports_moe_gemm_bf16(E(64, 512), E(8, 200, 512), E(64, dt=i32), None)
-        assert "bf16 or fp16" in moe_sm100.supports_moe_gemm_bf16(a.float(), w.float(), mi, None)
+        monkeypatch.setenv(blockscaled_sm100.UNVERIFIED_ENV, "1")
+        assert blockscaled_sm100.supports_moe_gemm_bf16(a, w, mi, None) is None
+        assert blockscaled_sm100.supports_moe_gemm_bf16(a3, w2, None, mm, rw) is None
+        assert "tile_n" in blockscaled_sm100.supports_moe_gemm_bf16(E(64, 512), E(8, 200, 512), E(64, dt=i32), None)
+        assert "bf16 or fp16" in blockscaled_sm100.supports_moe_gemm_bf16(a.float(), w.float(), mi, None)
         strided = torch.empty_strided((8192, 7168), (1, 8192), dtype=bf, device="cuda")
-        assert "contiguous" in moe_sm100.supports_moe_gemm_bf16(strided, w, mi, None)
+        assert "contiguous" in blockscaled_sm100.supports_moe_gemm_bf16(strided, w, mi, None)
         assert backend_for("moe_gemm_bf16", a, w, mi, None, None) == "triton"  # below Triton's priority
         entry = select(TABLE["moe_gemm_bf16"], "moe_gemm_bf16", "cute", (a3, w2, None, mm, rw), {})
-        assert entry.impl == "cute_ops.gemm.moe_sm100:moe_gemm_bf16"
+        assert entry.impl == "cute_ops.gemm.blockscaled_sm100:moe_gemm_bf16"
 
 
 @pytest.mark.gpu
@@ -606,10 +608,10 @@ def test_gpu_blackwell_dense_matches_reference(monkeypatch, layout, dtype, row_w
         pytest.skip("needs an sm_100 GPU")
     pytest.importorskip("cutlass")
     import dispatch
-    from cute_ops.gemm import moe_sm100
+    from cute_ops.gemm import blockscaled_sm100
     from tests.test_cute_gemm_sm90 import _check, _contiguous_case, _masked_case
 
-    monkeypatch.setenv(moe_sm100.UNVERIFIED_ENV, "1")
+    monkeypatch.setenv(blockscaled_sm100.UNVERIFIED_ENV, "1")
     if layout == "masked":
         a, w, mm, rw = _masked_case(5, 100, 256, 200, [0, 100, 7, 300, 1], dtype, 3, row_weights)
         mi = None
@@ -619,7 +621,7 @@ def test_gpu_blackwell_dense_matches_reference(monkeypatch, layout, dtype, row_w
     else:
         a, w, mi, rw = _contiguous_case(4, 512, 256, [200, 0, 301, 250], dtype, 5, row_weights)
         mm = None
-        assert moe_sm100.dense_config(a, w, False, row_weights).tile_n == 256
+        assert blockscaled_sm100.dense_config(a, w, False, row_weights).tile_n == 256
     dev = [None if t is None else t.cuda() for t in (a, w, mi, mm, rw)]
     out = dispatch.moe_gemm_bf16(*dev, backend="cute")
     torch.cuda.synchronize()
@@ -634,13 +636,13 @@ def test_gpu_blackwell_dense_routing_and_graph(monkeypatch, layout):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 10:
         pytest.skip("needs an sm_100 GPU")
     pytest.importorskip("cutlass")
-    from cute_ops.gemm import moe_sm100
+    from cute_ops.gemm import blockscaled_sm100
     from tests.test_cute_gemm_sm90 import (
         check_graph_replays_with_new_group_sizes,
         check_routing_change_does_not_recompile,
     )
 
-    monkeypatch.setenv(moe_sm100.UNVERIFIED_ENV, "1")
+    monkeypatch.setenv(blockscaled_sm100.UNVERIFIED_ENV, "1")
     if layout == "masked":
-        check_routing_change_does_not_recompile(moe_sm100.moe_gemm_bf16)
-    check_graph_replays_with_new_group_sizes(moe_sm100.moe_gemm_bf16, layout)
+        check_routing_change_does_not_recompile(blockscaled_sm100.moe_gemm_bf16)
+    check_graph_replays_with_new_group_sizes(blockscaled_sm100.moe_gemm_bf16, layout)

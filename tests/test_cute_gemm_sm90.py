@@ -1,4 +1,4 @@
-"""cute_ops/gemm sm_90a grouped GEMM (grouped_sm90.py + its moe_gemm backends moe_sm90.py).
+"""cute_ops/gemm sm_90a grouped GEMM (grouped_sm90.py: its config, rule and moe_gemm backends; _grouped_sm90_kernel.py).
 
 CPU: the bounded group scheduler (Python model, and the device class's own seek / coords source run on Python
 ints), the contiguous layout's spans, the launchers against the reference through a torch model of the kernel's
@@ -66,6 +66,7 @@ def test_bounded_scheduler_equals_offsets_form():
             assert sch.cta_tiles(cta, grid, offs, 128, 3) == sch.cta_tiles_bounded(cta, grid, starts, counts, 128, 3)
 
 
+@needs_dsl  # the device class is defined only with the DSL
 @pytest.mark.parametrize("seed", range(4))
 def test_bounded_scheduler_device_code_matches_model(seed, monkeypatch):
     """BoundedTileScheduler's own seek / coords (the code the kernel traces) run on Python ints and lists, with
@@ -99,7 +100,7 @@ def test_bounded_scheduler_device_code_matches_model(seed, monkeypatch):
 @pytest.mark.parametrize("seed", range(5))
 def test_contiguous_bounds_are_each_experts_row_span(seed):
     """The launcher's (starts, counts) from m_indices (device ops only): first..last row of each expert."""
-    from cute_ops.gemm.moe_sm90 import contiguous_bounds
+    from cute_ops.gemm.grouped_sm90 import contiguous_bounds
 
     rng = random.Random(seed)
     e = rng.choice([1, 4, 9])
@@ -122,25 +123,25 @@ def test_contiguous_bounds_are_each_experts_row_span(seed):
 
 
 def test_sm90_backend_refusals_and_auto_skip(monkeypatch):
-    from cute_ops.gemm import moe_sm90
+    from cute_ops.gemm import grouped_sm90
 
     a, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
-    assert "CUDA" in moe_sm90.supports_moe_gemm_bf16(a, w, torch.zeros(4, dtype=torch.int32), None)
-    monkeypatch.delenv(moe_sm90.UNVERIFIED_ENV, raising=False)
-    assert "Triton kernel was as fast" in moe_sm90.auto_skip_bf16(a, w, None, None, None)
-    assert "decode" in moe_sm90.auto_skip_fp8(a, None, w, None, None, None)  # 2 rows per expert
+    assert "CUDA" in grouped_sm90.supports_moe_gemm_bf16(a, w, torch.zeros(4, dtype=torch.int32), None)
+    monkeypatch.delenv(grouped_sm90.UNVERIFIED_ENV, raising=False)
+    assert "Triton kernel was as fast" in grouped_sm90.auto_skip_bf16(a, w, None, None, None)
+    assert "decode" in grouped_sm90.auto_skip_fp8(a, None, w, None, None, None)  # 2 rows per expert
     big = torch.zeros(2 * 256, 64, dtype=torch.bfloat16)
-    assert moe_sm90.auto_skip_fp8(big, None, w, None, None, None) is None
-    assert moe_sm90.auto_skip_bf16(big, w, None, None, None) is not None  # 256 rows per expert: Triton
-    bigger = torch.zeros(2 * moe_sm90.BF16_ROWS_PER_EXPERT, 64, dtype=torch.bfloat16)
-    assert moe_sm90.auto_skip_bf16(bigger, w, None, None, None) is None
-    monkeypatch.setenv(moe_sm90.UNVERIFIED_ENV, "1")
-    assert moe_sm90.auto_skip_bf16(a, w, None, None, None) is None
+    assert grouped_sm90.auto_skip_fp8(big, None, w, None, None, None) is None
+    assert grouped_sm90.auto_skip_bf16(big, w, None, None, None) is not None  # 256 rows per expert: Triton
+    bigger = torch.zeros(2 * grouped_sm90.BF16_ROWS_PER_EXPERT, 64, dtype=torch.bfloat16)
+    assert grouped_sm90.auto_skip_bf16(bigger, w, None, None, None) is None
+    monkeypatch.setenv(grouped_sm90.UNVERIFIED_ENV, "1")
+    assert grouped_sm90.auto_skip_bf16(a, w, None, None, None) is None
 
 
 @needs_dsl
 def test_sm90_config_rules():
-    from cute_ops.gemm.grouped_sm90_config import can_implement, pick_config, stage_bytes
+    from cute_ops.gemm.grouped_sm90 import can_implement, pick_config, stage_bytes
 
     assert can_implement("bf16", 4096, 7168, 256) is None
     assert "multiple of 8" in can_implement("bf16", 4096, 7170, 8)
@@ -164,16 +165,16 @@ def test_sm90_config_rules():
 
 @needs_dsl
 def test_launcher_fp8_prefill_tile():
-    """moe_sm90.config_for: contiguous FP8 prefill with N a multiple of 256 takes the 128 x 256 wave tile with the
+    """grouped_sm90.config_for: contiguous FP8 prefill with N a multiple of 256 takes the 128 x 256 wave tile with the
     smem epilogue; N not a multiple of 256, decode sizes, the masked layout and any tiles override keep the rule's."""
-    from cute_ops.gemm import moe_sm90
+    from cute_ops.gemm import grouped_sm90
 
     def cfg(rows, n, layout="contiguous", tiles=None, k=7168, e=32):
         a = torch.empty(rows, k, dtype=torch.uint8, device="meta")
         if layout == "masked":
             a = torch.empty(e, rows, k, dtype=torch.uint8, device="meta")
         w = torch.empty(e, n, k, dtype=torch.uint8, device="meta")
-        return moe_sm90.config_for("fp8", a, w, layout, False, "sm_90a", 132, tiles)
+        return grouped_sm90.config_for("fp8", a, w, layout, False, "sm_90a", 132, tiles)
 
     wide = cfg(32 * 256, 4096)
     assert (wide.tile_m, wide.tile_n, wide.epilogue, wide.promote_run, wide.wide) == (128, 256, "smem", 0, True)
@@ -189,8 +190,7 @@ def test_launcher_fp8_prefill_tile():
 def test_sm90_disk_cache_round_trip(tmp_path, monkeypatch):
     """The compiled function exports to the disk cache and a fresh process-level lookup loads it back."""
     from cute_ops import _compile
-    from cute_ops.gemm.grouped_sm90 import build
-    from cute_ops.gemm.grouped_sm90_config import pick_config
+    from cute_ops.gemm.grouped_sm90 import build, pick_config
 
     monkeypatch.setenv("LOWBIT_CUTE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("LOWBIT_CUTE_DISK_CACHE", "1")
@@ -212,8 +212,7 @@ _SM90_DUMPS: dict = {}
 
 def compile_dump(shape, **overrides):
     """(config, PTX + SASS dump) of the sm_90 grouped GEMM for pick_config(*shape, **overrides), compiled on CPU."""
-    from cute_ops.gemm.grouped_sm90 import dump
-    from cute_ops.gemm.grouped_sm90_config import pick_config
+    from cute_ops.gemm.grouped_sm90 import dump, pick_config
 
     cfg = pick_config(*shape, **overrides)
     return cfg, dump(cfg)
@@ -331,12 +330,12 @@ def stub_cuda_launch(monkeypatch, module, model, arch: str):
 
 @pytest.fixture
 def modelled_kernel(monkeypatch):
-    """moe_sm90's launchers on CPU tensors, the compiled kernel replaced by _kernel_model."""
-    from cute_ops.gemm import moe_sm90
+    """grouped_sm90's launchers on CPU tensors, the compiled kernel replaced by _kernel_model."""
+    from cute_ops.gemm import grouped_sm90
 
-    stub_cuda_launch(monkeypatch, moe_sm90, _kernel_model, "sm_90a")
-    monkeypatch.setattr(moe_sm90, "_sm_count", lambda index: 132)
-    return moe_sm90
+    stub_cuda_launch(monkeypatch, grouped_sm90, _kernel_model, "sm_90a")
+    monkeypatch.setattr(grouped_sm90, "_sm_count", lambda index: 132)
+    return grouped_sm90
 
 
 @pytest.mark.parametrize("row_weights", [False, True])
@@ -433,7 +432,7 @@ def _check(out, a, w, m_indices, masked_m, rw, what):
 @pytest.mark.parametrize("row_weights", [False, True])
 def test_gpu_sm90_masked_matches_reference(dtype, row_weights):
     _sm90_gpu()
-    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+    from cute_ops.gemm.grouped_sm90 import moe_gemm_bf16
 
     # counts: empty, partial tiles, full, > max_m (clamped), negative (0)
     a, w, mm, rw = _masked_case(6, 80, 384, 320, [0, 1, 17, 80, 500, -3], dtype, 1, row_weights)
@@ -448,7 +447,7 @@ def test_gpu_sm90_masked_matches_reference(dtype, row_weights):
 @pytest.mark.parametrize("row_weights", [False, True])
 def test_gpu_sm90_contiguous_matches_reference(dtype, row_weights):
     _sm90_gpu()
-    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+    from cute_ops.gemm.grouped_sm90 import moe_gemm_bf16
 
     # unaligned group starts (pad 8 < tile_m), an empty expert, one expert over two row tiles
     a, w, mi, rw = _contiguous_case(5, 256, 192, [37, 0, 130, 1, 64], dtype, 2, row_weights)
@@ -463,7 +462,7 @@ def test_gpu_sm90_contiguous_interleaved_ids():
     """Rows of one expert not adjacent (the layout contract's worst case): spans overlap, still exact rows. Also a
     partial last K stage (K = 200: TMA zero-fills past K) and a partial last column tile (N = 136)."""
     _sm90_gpu()
-    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+    from cute_ops.gemm.grouped_sm90 import moe_gemm_bf16
 
     g = torch.Generator().manual_seed(5)
     m_indices = torch.randint(-1, 4, (200,), generator=g, dtype=torch.int32)
@@ -477,7 +476,7 @@ def test_gpu_sm90_contiguous_interleaved_ids():
 @pytest.mark.gpu
 def test_gpu_sm90_routing_change_does_not_recompile():
     _sm90_gpu()
-    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+    from cute_ops.gemm.grouped_sm90 import moe_gemm_bf16
 
     check_routing_change_does_not_recompile(moe_gemm_bf16)
 
@@ -512,7 +511,7 @@ def check_routing_change_does_not_recompile(moe_gemm_bf16):
 @pytest.mark.parametrize("layout", ["masked", "contiguous"])
 def test_gpu_sm90_cuda_graph_replays_with_new_group_sizes(layout):
     _sm90_gpu()
-    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+    from cute_ops.gemm.grouped_sm90 import moe_gemm_bf16
 
     check_graph_replays_with_new_group_sizes(moe_gemm_bf16, layout)
 
@@ -563,7 +562,7 @@ def check_graph_replays_with_new_group_sizes(moe_gemm_bf16, layout):
 def test_gpu_sm90_dispatch_row(monkeypatch):
     """backend='cute' runs it through the op; auto does not pick the bf16 row at decode sizes."""
     _sm90_gpu()
-    from cute_ops.gemm.moe_sm90 import UNVERIFIED_ENV
+    from cute_ops.gemm.grouped_sm90 import UNVERIFIED_ENV
 
     monkeypatch.delenv(UNVERIFIED_ENV, raising=False)
     from dispatch import ops, registry
@@ -584,7 +583,7 @@ def test_gpu_sm90_dispatch_row(monkeypatch):
 def test_gpu_sm90_fp8_matches_reference(layout, column_major, row_weights):
     """E4M3 with 1x128 activation scales (row- or column-major) and 128x128 weight scales, bf16 out."""
     _sm90_gpu()
-    from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
+    from cute_ops.gemm.grouped_sm90 import moe_gemm_fp8
 
     a, sa, w, ws, mi, mm, rw = _fp8_case(layout, column_major, row_weights)  # N = 320: a partial scale block
     dev = [None if t is None else t.cuda() for t in (a, sa, w, ws, mi, mm, rw)]
@@ -602,7 +601,7 @@ def test_gpu_sm90_tile_variants(tiles):
     """Every tile shape the config rule or an override can pick, both layouts (stages=2: the slot ring at its
     smallest, 3 descriptor slots, rewritten on nearly every tile)."""
     _sm90_gpu()
-    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+    from cute_ops.gemm.grouped_sm90 import moe_gemm_bf16
 
     a, w, mi, rw = _contiguous_case(7, 512, 256, [37, 0, 300, 1, 64, 129, 5], torch.bfloat16, 60, True)
     out = moe_gemm_bf16(a.cuda(), w.cuda(), mi.cuda(), None, rw.cuda(), tiles=tiles)

@@ -32,7 +32,7 @@ SCHEDULES = [(1, True, False, "direct"), (2, False, True, "smem"), (2, True, Fal
 
 @needs_dsl
 def test_fp8_schedule_config_rules():
-    from cute_ops.gemm.grouped_sm90_config import FP8_PREFILL_SCHEDULE, PLAIN_SCHEDULE, pick_config
+    from cute_ops.gemm.grouped_sm90 import FP8_PREFILL_SCHEDULE, PLAIN_SCHEDULE, pick_config
 
     def fields(cfg):
         return dict(promote_run=cfg.promote_run, scale_prefetch=cfg.scale_prefetch,
@@ -127,8 +127,7 @@ def _assert_smem_epilogue(cfg, d):
 @needs_dsl
 def test_smem_epilogue_config_and_sass_bf16():
     """The smem epilogue's staging tile costs stages (128 x 256 bf16: 3 instead of 4); its SASS at 128 x 256."""
-    from cute_ops.gemm.grouped_sm90 import dump
-    from cute_ops.gemm.grouped_sm90_config import pick_config
+    from cute_ops.gemm.grouped_sm90 import dump, pick_config
 
     assert pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, epilogue="smem").stages == 6
     assert pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, epilogue="smem", stages=6).stages == 6
@@ -185,7 +184,7 @@ def _case(layout: str, ue8m0: bool, column_major: bool, row_weights: bool, n=320
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["fp32", "ue8m0"])
 def test_gpu_fp8_schedules_match_reference_and_base(schedule, layout, ue8m0):
     _sm90_gpu()
-    from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
+    from cute_ops.gemm.grouped_sm90 import moe_gemm_fp8
 
     run, prefetch, epilogue_prefetch, epilogue = schedule
     column_major = layout == "masked"  # both scale layouts, across the two layouts
@@ -212,7 +211,7 @@ def test_gpu_fp8_schedules_deepseek_dims(schedule):
     """DeepSeek-V3 GEMM1 (N 4096, K 7168: 56 stages), 8 experts of uneven sizes, bit-equal to the base kernel
     (the schedules, the 7-stage ring and the smem epilogue the sweep times)."""
     _sm90_gpu()
-    from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
+    from cute_ops.gemm.grouped_sm90 import moe_gemm_fp8
 
     a, sa, w, sw, ids = deepseek_case(4096, 7168, 5)
     run, prefetch, epilogue_prefetch, stages, epilogue = schedule
@@ -263,7 +262,7 @@ def test_gpu_bf16_epilogue_variants(layout):
     """epilogue_prefetch and the smem epilogue on the bf16 kernel (both tile shapes the rule picks, and 64 x 64 / 64
     x 256), bit-equal to the kernel without them."""
     _sm90_gpu()
-    from cute_ops.gemm.moe_sm90 import moe_gemm_bf16
+    from cute_ops.gemm.grouped_sm90 import moe_gemm_bf16
 
     for tiles, extra in itertools.product(
             (dict(tile_m=128, tile_n=256), dict(tile_m=64, tile_n=128), dict(tile_m=64, tile_n=64),

@@ -37,7 +37,7 @@ def _vid(v: dict) -> str:
 
 @needs_dsl
 def test_fp8_wide_config_rules():
-    from cute_ops.gemm.grouped_sm90_config import can_implement, pick_config
+    from cute_ops.gemm.grouped_sm90 import can_implement, pick_config
 
     for (tm, tn), prefetch, stages, wave_n in (((256, 128), False, 4, 128), ((128, 256), True, 4, 128),
                                                ((128, 192), True, 5, 192)):
@@ -127,7 +127,7 @@ def test_fp8_wide_smem_epilogue_sass(tiles):
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["fp32", "ue8m0"])
 def test_gpu_fp8_wide_match_reference_and_base(tiles, layout, ue8m0):
     _sm90_gpu()
-    from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
+    from cute_ops.gemm.grouped_sm90 import moe_gemm_fp8
 
     host = _case(layout, ue8m0, column_major=layout == "masked", row_weights=ue8m0)
     dev = [None if t is None else t.cuda() for t in host]
@@ -144,7 +144,7 @@ def test_gpu_fp8_wide_match_reference_and_base(tiles, layout, ue8m0):
 def test_gpu_fp8_wide_deepseek_dims(tiles, dims):
     """DeepSeek-V3 GEMM1 / GEMM2 dimensions, 8 experts of uneven sizes: bit-equal to the default kernel."""
     _sm90_gpu()
-    from cute_ops.gemm.moe_sm90 import moe_gemm_fp8
+    from cute_ops.gemm.grouped_sm90 import moe_gemm_fp8
 
     a, sa, w, sw, ids = deepseek_case(*dims, 6)
     out = moe_gemm_fp8(a, sa, w, sw, ids, None, tiles=tiles)

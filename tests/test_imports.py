@@ -73,23 +73,27 @@ def test_dispatch_import_imports_no_triton():
 # ------------------------------------------------------------------------------ static scan of every import statement
 
 
+def _imported_names(node: ast.Import | ast.ImportFrom, here: tuple[str, ...]) -> list[str]:
+    """The absolute module names one import statement names (relative imports resolved against the package `here`;
+    `from X import y` gives X, and X.y as well where y may be a submodule)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        parent = here[:len(here) - node.level + 1]
+        base = ".".join((*parent, base) if base else parent)
+    return [base] + [f"{base}.{alias.name}" for alias in node.names if alias.name != "*"]
+
+
 def _imports(path: Path, package: str) -> list[tuple[int, str]]:
-    """(line, absolute module name) of every import statement in `path` (relative imports resolved against the
-    module's package; `from X import y` gives X, and X.y as well where y may be a submodule)."""
+    """(line, absolute module name) of every import statement in `path`, inside functions too."""
     tree = ast.parse(path.read_text(), str(path))
     rel = path.relative_to(ROOT).with_suffix("").parts
     here = rel[:-1]  # the package a relative import starts from (a module's or an __init__'s own)
     out = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = here[:len(here) - node.level + 1]
-                base = ".".join((*parent, base) if base else parent)
-            out.append((node.lineno, base))
-            out += [(node.lineno, f"{base}.{alias.name}") for alias in node.names if alias.name != "*"]
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out += [(node.lineno, name) for name in _imported_names(node, here)]
     assert package == rel[0]
     return out
 
@@ -136,3 +140,106 @@ def test_the_scan_sees_each_kind_of_import(tmp_path, monkeypatch):
     assert _foreign_imports("cute_ops", _contract) == ["cute_ops/sub/m.py:5 triton_ops.moe",
                                                       "cute_ops/sub/m.py:5 triton_ops.moe.align",
                                                       "cute_ops/sub/m.py:6 dispatch.ops"]
+
+
+# ------------------------------------------------------------------------------ the CuTe anatomy (docs/contributing.md)
+
+
+def _catches_import_error(node: ast.Try) -> bool:
+    return any(isinstance(h.type, ast.Name) and h.type.id == "ImportError" for h in node.handlers)
+
+
+def _cutlass_guard(node: ast.If) -> bool:
+    """`if cutlass is not None:`, the block of a device helper's DSL-only definitions."""
+    t = node.test
+    return (isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id == "cutlass"
+            and isinstance(t.ops[0], ast.IsNot) and isinstance(t.comparators[0], ast.Constant)
+            and t.comparators[0].value is None)
+
+
+def _scoped_imports(path: Path) -> list[tuple[int, str, str | None, bool]]:
+    """(line, absolute module name, enclosing function or None, runs unguarded on import) of every import statement
+    in `path`. Guarded: inside a function, in a `try` that catches ImportError, or under `if cutlass is not None:`."""
+    here = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    out = []
+
+    def visit(nodes, func, eager):
+        for node in nodes:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.extend((node.lineno, name, func, eager) for name in _imported_names(node, here))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(node.body, node.name, False)
+            elif isinstance(node, ast.Try) and _catches_import_error(node):
+                visit(node.body, func, False)
+                visit([*node.handlers, *node.orelse, *node.finalbody], func, eager)
+            elif isinstance(node, ast.If) and _cutlass_guard(node):
+                visit(node.body, func, False)
+                visit(node.orelse, func, eager)
+            else:
+                visit(ast.iter_child_nodes(node), func, eager)
+
+    visit(ast.parse(path.read_text(), str(path)).body, None, True)
+    return out
+
+
+def _cute_host_modules() -> list[Path]:
+    """Every CuTe module but the private ones (`_<kernel>_kernel.py`, `_compile.py`, `__init__.py`, ...)."""
+    return [p for p in sorted((ROOT / "cute_ops").rglob("*.py")) if not p.name.startswith("_")]
+
+
+def _unguarded_cutlass_imports(paths) -> list[str]:
+    return [f"{p.relative_to(ROOT)}:{line} {name}" for p in paths for line, name, _, eager in _scoped_imports(p)
+            if eager and name.split(".")[0] == "cutlass"]
+
+
+def _kernel_imports_outside_build(packages) -> list[str]:
+    """'file:line module (function)' for every import of a `_<kernel>_kernel` module that is not inside a function
+    named `build`."""
+    bad = []
+    for package in packages:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for line, name, func, _ in _scoped_imports(path):
+                kernel = any(part.startswith("_") and part.endswith("_kernel") for part in name.split("."))
+                if name.startswith("cute_ops.") and kernel and func != "build":
+                    bad.append(f"{path.relative_to(ROOT)}:{line} {name} ({func or 'module level'})")
+    return bad
+
+
+def test_cute_host_modules_import_no_cutlass_on_import():
+    """A CuTe host module (config, rule, build, supports, entry functions) and a shared device helper import
+    nvidia-cutlass-dsl only inside functions or guarded (try / `if cutlass is not None`), so `import dispatch`,
+    `python -m dispatch` and the table's supports functions work without it."""
+    hosts = _cute_host_modules()
+    assert {"cute_ops/gemm/grouped_sm90.py", "cute_ops/gemm/blockscaled_sm100.py", "cute_ops/gemm/scheduler.py",
+            "cute_ops/attention/fmha_sm90.py", "cute_ops/rmsnorm.py"} <= {str(p.relative_to(ROOT)) for p in hosts}
+    bad = _unguarded_cutlass_imports(hosts)
+    assert not bad, bad
+
+
+def test_cute_kernel_modules_are_imported_by_build_only():
+    kernels = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cute_ops").rglob("_*_kernel.py"))
+    assert {"cute_ops/gemm/_grouped_sm90_kernel.py", "cute_ops/gemm/_blockscaled_sm100_kernel.py"} <= set(kernels)
+    bad = _kernel_imports_outside_build(("cute_ops", "dispatch", "perf"))
+    assert not bad, bad
+
+
+def test_the_anatomy_scan_tells_guarded_imports_from_eager_ones(tmp_path, monkeypatch):
+    """The scan flags a module-level cutlass import and a kernel module imported outside `build`, and passes the
+    guarded forms (a scan that flagged nothing could not fail)."""
+    pkg = tmp_path / "cute_ops" / "fam"
+    pkg.mkdir(parents=True)
+    (pkg / "host.py").write_text(
+        "import cutlass.cute\ntry:\n    import cutlass\nexcept ImportError:\n    cutlass = None\n"
+        "if cutlass is not None:\n    from cutlass import Int32\nif True:\n    from cutlass import Float32\n\n"
+        "def build():\n    import cutlass\n    from ._k_kernel import K\n\n"
+        "def run():\n    from . import _k_kernel\n")
+    (pkg / "other.py").write_text("from cute_ops.fam._k_kernel import K\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    paths = sorted(pkg.glob("*.py"))
+    assert _unguarded_cutlass_imports(paths) == ["cute_ops/fam/host.py:1 cutlass.cute",
+                                                 "cute_ops/fam/host.py:9 cutlass",
+                                                 "cute_ops/fam/host.py:9 cutlass.Float32"]
+    assert _kernel_imports_outside_build(("cute_ops",)) == [
+        "cute_ops/fam/host.py:16 cute_ops.fam._k_kernel (run)",
+        "cute_ops/fam/other.py:1 cute_ops.fam._k_kernel (module level)",
+        "cute_ops/fam/other.py:1 cute_ops.fam._k_kernel.K (module level)"]

@@ -74,18 +74,18 @@ def test_masked_rows_past_the_count_are_zero_and_unread():
 def test_launcher_group_bounds_follow_the_contract():
     """The sm_100 launcher's (starts, counts), built with device ops: offsets clamped and made non-decreasing as
     the reference does; masked starts g * max_m."""
-    from cute_ops.gemm import moe_sm100
+    from cute_ops.gemm import blockscaled_sm100
 
     m = 512
     for offs in ([0, 128, 128, 512], [64, 32, 10_000], [-5, 256, 128, 384], [0, 0, 0]):
         t = torch.tensor(offs, dtype=torch.int32)
-        starts, counts = moe_sm100.offsets_bounds(t, m)
+        starts, counts = blockscaled_sm100.offsets_bounds(t, m)
         assert starts.dtype == counts.dtype == torch.int32
         want = [min(max(x, 0), m) for x in offs]
         want = [max(want[: i + 1]) for i in range(len(want))]
         assert starts.tolist() == want[:-1]
         assert counts.tolist() == [b - a for a, b in zip(want[:-1], want[1:], strict=True)]
-    assert moe_sm100.masked_starts(4, 64, torch.device("cpu")).tolist() == [0, 64, 128, 192]
+    assert blockscaled_sm100.masked_starts(4, 64, torch.device("cpu")).tolist() == [0, 64, 128, 192]
 
 
 def test_bad_inputs():
@@ -129,7 +129,7 @@ def test_masked_bad_inputs():
 def test_table_rows_and_refusal(monkeypatch):
     """sm_100 / sm_103: the CuTeDSL kernel's row (compiled only: refused unless LOWBIT_CUTE_UNVERIFIED=1), the
     reference everywhere; the listing says the kernel never ran there."""
-    from cute_ops.gemm import moe_sm100
+    from cute_ops.gemm import blockscaled_sm100
     from dispatch.describe import format_table
     from dispatch.table import TABLE
 
@@ -137,20 +137,20 @@ def test_table_rows_and_refusal(monkeypatch):
     assert ("cute", ("sm_100", "sm_103")) in rows and any(b == "torch" for b, _ in rows)
     a, sfa, b, sfb, _, _ = fp4_grouped_operands("nvfp4", 128, 2, 128, 256)
     args = (a, sfa, b, sfb, torch.tensor([0, 64, 128], dtype=torch.int32), torch.ones(2), "nvfp4")
-    monkeypatch.delenv(moe_sm100.UNVERIFIED_ENV, raising=False)
-    assert "never run on a Blackwell chip" in moe_sm100.supports_moe_gemm_blockscaled(*args)
-    monkeypatch.setenv(moe_sm100.UNVERIFIED_ENV, "1")
-    assert "sm_100" in moe_sm100.supports_moe_gemm_blockscaled(*args)  # CPU tensors: not this kernel's device
+    monkeypatch.delenv(blockscaled_sm100.UNVERIFIED_ENV, raising=False)
+    assert "never run on a Blackwell chip" in blockscaled_sm100.supports_moe_gemm_blockscaled(*args)
+    monkeypatch.setenv(blockscaled_sm100.UNVERIFIED_ENV, "1")
+    assert "sm_100" in blockscaled_sm100.supports_moe_gemm_blockscaled(*args)  # CPU tensors: not this kernel's device
     listing = format_table("sm_100")
     line = next(ln for ln in listing.splitlines() if ln.startswith("moe_gemm_blockscaled"))
     assert "never run on it" in line
     masked = {(e.backend, e.archs) for e in TABLE["moe_gemm_blockscaled_masked"]}
     assert masked == rows
     margs = (a.view(2, 64, -1), sfa, b, sfb, torch.tensor([3, 64], dtype=torch.int32), torch.ones(2), "nvfp4")
-    monkeypatch.delenv(moe_sm100.UNVERIFIED_ENV, raising=False)
-    assert "never run on a Blackwell chip" in moe_sm100.supports_moe_gemm_blockscaled_masked(*margs)
-    monkeypatch.setenv(moe_sm100.UNVERIFIED_ENV, "1")
-    assert "sm_100" in moe_sm100.supports_moe_gemm_blockscaled_masked(*margs)
+    monkeypatch.delenv(blockscaled_sm100.UNVERIFIED_ENV, raising=False)
+    assert "never run on a Blackwell chip" in blockscaled_sm100.supports_moe_gemm_blockscaled_masked(*margs)
+    monkeypatch.setenv(blockscaled_sm100.UNVERIFIED_ENV, "1")
+    assert "sm_100" in blockscaled_sm100.supports_moe_gemm_blockscaled_masked(*margs)
 
 
 @pytest.mark.gpu

@@ -320,24 +320,26 @@ def test_the_reference_row_is_never_recorded(monkeypatch):
     assert plan is None and why is None and len(outer) == 1
 
 
-def _moe_sm90_call():
-    from cute_ops.gemm import moe_sm90
+def _grouped_sm90_call():
+    from cute_ops.gemm import grouped_sm90
 
     e, n, k, rows = 2, 128, 64, 8
     a, w = torch.randn(rows, k, dtype=torch.bfloat16), torch.randn(e, n, k, dtype=torch.bfloat16)
     m_indices = torch.tensor([0, 0, 0, 1, 1, -1, 1, 1], dtype=torch.int32)
-    return moe_sm90, moe_sm90.moe_gemm_bf16, (a, w, m_indices, None, None)
+    return grouped_sm90, grouped_sm90.moe_gemm_bf16, (a, w, m_indices, None, None)
 
 
-def _moe_sm100_call():
-    from cute_ops.gemm import moe_sm100
+def _blockscaled_sm100_call():
+    from cute_ops.gemm import blockscaled_sm100
 
     e, n, k, max_m = 2, 128, 64, 8
     a, w = torch.randn(e, max_m, k, dtype=torch.bfloat16), torch.randn(e, n, k, dtype=torch.bfloat16)
-    return moe_sm100, moe_sm100.moe_gemm_bf16, (a, w, None, torch.tensor([3, 8], dtype=torch.int32), None)
+    masked_m = torch.tensor([3, 8], dtype=torch.int32)
+    return blockscaled_sm100, blockscaled_sm100.moe_gemm_bf16, (a, w, None, masked_m, None)
 
 
-@pytest.mark.parametrize("make", [_moe_sm90_call, _moe_sm100_call], ids=["moe_sm90", "moe_sm100"])
+@pytest.mark.parametrize("make", [_grouped_sm90_call, _blockscaled_sm100_call],
+                         ids=["grouped_sm90", "blockscaled_sm100"])
 def test_moe_gemm_entries_record_their_compiled_call(make, monkeypatch):
     """The MoE GEMM entries call their compiled function through cute_ops._compile.launch (a stand-in here, on host
     tensors): the recording sees it with the entry's output among its arguments. Their plans are refused today:

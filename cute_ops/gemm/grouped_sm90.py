@@ -5,8 +5,10 @@
 FP8 (E4M3 a and w, fp32 scales): sum_k becomes sum over 128-wide K blocks kb of
 (sum_{k in kb} a[r, k] * w[g, n, k]) * a_scale[r, kb] * w_scale[g, n // 128, kb]; out is bf16.
 
-Launchers: cute_ops/gemm/moe_sm90.py (the `moe_gemm_bf16` / `moe_gemm_fp8` backends of the table's "cute" rows).
-Compile key and tile rule (GemmConfig, can_implement, pick_config, the FP8 schedule constants): grouped_sm90_config.py.
+This module: the compile key and tile rule (GemmConfig, can_implement, pick_config, the FP8 schedule constants),
+build / compiled / dump, and the `moe_gemm_bf16` / `moe_gemm_fp8` backends of the table's "cute" rows
+("Backends" below). The kernel class is in _grouped_sm90_kernel.py (imported by `build` only: it imports
+nvidia-cutlass-dsl).
 
 Operands (K-major, contiguous):
 
@@ -62,445 +64,231 @@ loads the next stage's scales at the stage's start. A stage feeds 2 x the MMA wo
 bytes (192 columns: 1.5 x for 1.25 x). The direct epilogue when named; the smem one (128 rows; the rule's) spills ~20
 registers per tile, outside the K loop. Same WGMMA per 64 x 128 block and FFMA per element: bit-equal to the other FP8
 kernels (the 64 x 192 WGMMA sums each output over the same 4 K32 steps).
+
+Backends (contract: dispatch/reference/moe_gemm.py, docs/moe_gemm.md; same signatures as the ops minus `backend`):
+they run on the H100 and the H200 (HARDWARE_STATUS); `auto` takes them where they were timed faster than the Triton
+kernel (auto_skip_bf16 / auto_skip_fp8), backend="cute" forces them. Layouts -> the kernel's groups (starts[g],
+counts[g]), built on the device (no host sync; graph-safe):
+* masked (E, max_m, K): a viewed as (E * max_m, K); starts = g * max_m (a cached constant), counts =
+  clamp(masked_m, 0, max_m).
+* contiguous (M, K) with m_indices: group g spans [first row with id g, last row with id g]; the kernel writes a
+  row of that span only where m_indices[row] == g, so padding (-1), out-of-range ids and any interleaving stay
+  correct (an interleaved layout only costs MMA work on rows that are then not written).
+Rows no group writes are 0: the kernel writes them (the output is allocated uninitialized).
 """
 
 from __future__ import annotations
 
-import cutlass
-import cutlass.cute as cute
-import cutlass.pipeline as pipeline
-import cutlass.utils as utils
-import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import cpasync, warpgroup
+import dataclasses
+import os
 
+import torch
+
+from triton_ops.contract.arch import device_index
+from triton_ops.contract.arch import sm_count as _sm_count  # module attribute: tests stub it
 from triton_ops.contract.moe_gemm import FP8_BLOCK  # K elements per FP8 scale (= one K stage)
 
-from .grouped_sm90_config import DESC_BYTES, DTYPES, WG, GemmConfig, block_k, stage_bytes
-from .grouped_sm90_steps import ConsumerSteps
-from .scheduler import BoundedTileScheduler
+from .. import _compile
 
-LOAD_REGS, MMA_REGS = 40, 232
+WG = 128  # threads per warp group
+ROW_BYTES = 128  # bytes of one K stage per row: one 128B-swizzle row (64 bf16 / 128 E4M3 elements)
+SMEM_BYTES = 232448  # sm_90 per-CTA shared memory (227 KiB)
+SMEM_RESERVED = 1024  # mbarriers, alignment slack
+DESC_BYTES = 128  # one TMA descriptor
+DTYPES = {"bf16": "BFloat16", "fp16": "Float16", "fp8": "Float8E4M3FN"}  # operand type; fp8 writes bf16
+LAYOUTS = ("contiguous", "masked")
+# FP8 schedule the rule picks for prefill-sized groups (>= FP8_PREFILL_ROWS rows per group): promote_run (runs
+# of 8 stages, 4 for K <= FP8_SHORT_K), scale_prefetch, epilogue_prefetch, the smem epilogue: the promotion runs
+# under the next stage's WGMMAs, the fastest schedule of the sweep (docs/cute.md, alternatives measured).
+FP8_PREFILL_SCHEDULE = dict(promote_run=8, scale_prefetch=True, epilogue_prefetch=True, epilogue="smem")
+FP8_SHORT_K, FP8_SHORT_K_RUN = 2048, 4
+# the schedule of bf16 / fp16 and of FP8 groups under FP8_PREFILL_ROWS rows: no promotion overlap (bf16 has no
+# promotion; FP8 decode is at the copy roof), the direct epilogue
+PLAIN_SCHEDULE = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
+FP8_PREFILL_ROWS = 128
+# FP8 prefill from 256 rows per group, N a multiple of 256: 128 x 256 waves + smem epilogue, twice the MMA work per
+# stage for 1.5x its bytes, faster than 128 x 128 from 256 rows (slower at 128: docs/cute.md, alternatives
+# measured); config_for applies it
+FP8_PREFILL_WIDE = dict(tile_m=128, tile_n=256, epilogue="smem")
+FP8_PREFILL_WIDE_ROWS = 256
+FP8_WIDE = ((256, 128), (128, 256), (128, 192))  # FP8 tiles of the wave schedule (GemmConfig.wide)
 
 
-# ------------------------------------------------------------------------------------------------- kernel
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    """Everything static about one compiled kernel (the compile key). M and the group sizes are never here."""
+
+    dtype: str  # bf16 | fp16 (a, w and out) | fp8 (E4M3 a and w with fp32 1x128 / 128x128 scales, bf16 out)
+    n: int
+    k: int
+    num_groups: int
+    layout: str  # contiguous (m_indices row filter) | masked
+    row_weights: bool
+    tile_m: int  # 64 | 128 (one consumer warp group per 64 rows) | FP8 256 (a wide tile, see `wide`)
+    tile_n: int  # 64 | 128 | 256 (FP8: 128, or 192 / 256 as a wide tile)
+    stages: int  # smem ring depth
+    grid: int  # persistent CTAs (the SM count)
+    arch: str  # sm_90a
+    # FP8 promotion schedule. 0: each K stage's WGMMAs are waited for (wait_group 0) before its promotion
+    # acc += part * scale, scales loaded while they run (the kernel timed first). U >= 1: runs of U stages over two
+    # partial-sum buffers, stage i + 1's WGMMAs issued before stage i's promotion (wait_group 1), so the promotion
+    # overlaps the tensor cores (192 accumulator registers per thread at 64 x 128); U = 1 is the 0 schedule in
+    # this code path (a baseline for scale_prefetch).
+    promote_run: int = 0
+    # FP8, promote_run >= 1 or a wide tile: each stage's scales are loaded one stage ahead (during the previous
+    # stage's WGMMAs)
+    scale_prefetch: bool = False
+    # True: the epilogue's per-row values (m_indices, row weights) are loaded when the tile starts, not after its
+    # main loop (their latency, once per tile, hidden under the WGMMAs; K = 2048 has only 16 stages per tile)
+    epilogue_prefetch: bool = False
+    # direct: predicated 4-byte stores of column pairs from the accumulator registers. smem: each consumer warp group
+    # stages its 64 rows in shared memory (16-byte chunks XOR-swizzled by row: conflict-free) and writes them with
+    # coalesced predicated 16-byte stores (tile_m * tile_n * 2 bytes of smem: fewer stages may fit)
+    epilogue: str = "direct"
+
+    def key(self) -> tuple:
+        return ("grouped_gemm_sm90", *dataclasses.astuple(self))
+
+    @property
+    def desc_slots(self) -> int:
+        return self.stages + 1
+
+    @property
+    def workspace_words(self) -> int:
+        """int64 words of the descriptor workspace the launcher allocates."""
+        return self.grid * self.desc_slots * DESC_BYTES // 8
+
+    @property
+    def wide(self) -> bool:
+        """FP8 256 x 128, 128 x 256 (two consumer warp groups, each owning two 64 x 128 sub-tiles: waves) or 128 x 192
+        (one 64 x 192 wave per warp group, two weight-scale blocks per tile)."""
+        return self.dtype == "fp8" and (self.tile_m, self.tile_n) in FP8_WIDE
+
+    @property
+    def wave_n(self) -> int:
+        """Columns of one WGMMA (a wave's width)."""
+        return (self.tile_n if self.tile_n % FP8_BLOCK else FP8_BLOCK) if self.wide else self.tile_n
+
+    @property
+    def mma_wgs(self) -> int:
+        return min(self.tile_m // 64, 2)
+
+    @property
+    def threads(self) -> int:
+        return WG * (1 + self.mma_wgs)
 
 
-class GroupedGemmSm90(ConsumerSteps):
-    def __init__(self, cfg: GemmConfig):
-        self.cfg = cfg
-        self.fp8 = cfg.dtype == "fp8"
-        self.dtype = getattr(cutlass, DTYPES[cfg.dtype])
-        self.out_dtype = cutlass.BFloat16 if self.fp8 else self.dtype
-        self.bk = block_k(cfg.dtype)
-        self.k_tiles = -(-cfg.k // self.bk)
-        self.n_tiles = -(-cfg.n // cfg.tile_n)
-        self.mma_wgs = cfg.mma_wgs
-        self.mma_warps = 4 * self.mma_wgs
+def block_k(dtype: str) -> int:
+    return ROW_BYTES if dtype == "fp8" else ROW_BYTES // 2
 
-    @cute.jit
-    def __call__(self, a: cute.Tensor, w: cute.Tensor, out: cute.Tensor, starts: cute.Tensor, counts: cute.Tensor,
-                 m_indices, row_weights, workspace: cute.Tensor, a_scale, w_scale, stream):
-        cfg = self.cfg
-        m = a.shape[0]
-        n, k, groups = cfg.n, cfg.k, cfg.num_groups
-        # (rows, K, 1): the base descriptor; per group the load warp re-points it (address, rows)
-        # FP8 operands arrive as bytes: typed here
-        a_ptr = cute.recast_ptr(a.iterator, dtype=self.dtype) if cutlass.const_expr(self.fp8) else a.iterator
-        w_ptr = cute.recast_ptr(w.iterator, dtype=self.dtype) if cutlass.const_expr(self.fp8) else w.iterator
-        mA = cute.make_tensor(a_ptr, cute.make_layout((m, k, 1), stride=(k, 1, 0)))
-        mB = cute.make_tensor(w_ptr, cute.make_layout((n, k, groups), stride=(k, 1, n * k)))
 
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, cutlass.Float32,
-            (self.mma_wgs, 1, 1), tiler_mn=(64, cfg.wave_n))
-        a_smem = self._smem_layout(cfg.tile_m)
-        b_smem = self._smem_layout(cfg.tile_n)
-        g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_a, tma_mA = cpasync.make_tiled_tma_atom(g2s, mA, cute.slice_(a_smem, (None, None, 0)),
-                                                    (cfg.tile_m, self.bk))
-        tma_b, tma_mB = cpasync.make_tiled_tma_atom(g2s, mB, cute.slice_(b_smem, (None, None, 0)),
-                                                    (cfg.tile_n, self.bk))
-        self.tx_bytes = stage_bytes(cfg.tile_m, cfg.tile_n)
+def stage_bytes(tile_m: int, tile_n: int) -> int:
+    return (tile_m + tile_n) * ROW_BYTES
 
-        # the shared-memory struct: mbarriers, the A / B rings, and (epilogue="smem") the output staging tile
-        if cutlass.const_expr(cfg.epilogue == "smem"):
-            @cute.struct
-            class Storage:
-                bars: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
-                sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(a_smem)], 1024]
-                sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(b_smem)], 1024]
-                sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cfg.tile_m * cfg.tile_n], 1024]
-        else:
-            @cute.struct
-            class Storage:
-                bars: cute.struct.MemRange[cutlass.Int64, cfg.stages * 2]
-                sA: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(a_smem)], 1024]
-                sB: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(b_smem)], 1024]
 
-        self.storage = Storage
-        self.kernel(tiled_mma, tma_a, tma_mA, tma_b, tma_mB, mA, out, starts, counts, m_indices, row_weights,
-                    workspace, a_scale, w_scale, a_smem, b_smem).launch(
-            grid=(cfg.grid, 1, 1), block=(cfg.threads, 1, 1), stream=stream, min_blocks_per_mp=1)
+EPILOGUES = ("direct", "smem")
 
-    def _smem_layout(self, rows: int):
-        atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, self.dtype, self.bk), self.dtype)
-        return cute.tile_to_shape(atom, (rows, self.bk, self.cfg.stages), order=(0, 1, 2))
 
-    @cute.kernel
-    def kernel(self, tiled_mma: cute.TiledMma, tma_a: cute.CopyAtom, mA_tma: cute.Tensor, tma_b: cute.CopyAtom,
-               mB_tma: cute.Tensor, mA: cute.Tensor, out: cute.Tensor, starts: cute.Tensor, counts: cute.Tensor,
-               m_indices, row_weights, workspace: cute.Tensor, a_scale, w_scale, a_smem: cute.ComposedLayout,
-               b_smem: cute.ComposedLayout):
-        cfg = self.cfg
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+def epilogue_bytes(epilogue: str, tile_m: int, tile_n: int) -> int:
+    """Shared memory of the output staging tile (2-byte outputs)."""
+    return tile_m * tile_n * 2 if epilogue == "smem" else 0
 
-        if warp == 0:
-            cpasync.prefetch_descriptor(tma_a)
-            cpasync.prefetch_descriptor(tma_b)
 
-        smem = utils.SmemAllocator()
-        storage = smem.allocate(self.storage)
-        sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
-        sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
-        sC = (storage.sC.get_tensor(cute.make_layout(cfg.tile_m * cfg.tile_n))
-              if cutlass.const_expr(cfg.epilogue == "smem") else None)
-        ring = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.bars.data_ptr(), num_stages=cfg.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.mma_warps),
-            tx_count=self.tx_bytes)
+def can_implement(dtype: str, n: int, k: int, num_groups: int, tile_m: int = 128, tile_n: int = 128) -> str | None:
+    """Why this problem cannot compile (None when it can)."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype!r}: one of {sorted(DTYPES)}"
+    fp8 = dtype == "fp8"
+    if tile_m not in ((64, 128, 256) if fp8 else (64, 128)) or tile_n not in ((64, 128, 192, 256) if fp8 else
+                                                                             (64, 128, 256)):
+        return f"tile {tile_m}x{tile_n}: tile_m 64 / 128 (FP8 also 256), tile_n 64 / 128 / 256 (FP8 also 192)"
+    if k <= 0 or k % 8:
+        return f"K={k} must be a positive multiple of 8 (16-byte TMA row pitch)"
+    if fp8 and (k % FP8_BLOCK or (tile_m, tile_n) not in FP8_WIDE and (tile_n != FP8_BLOCK or tile_m == 256)):
+        return (f"FP8: K={k} must be a multiple of {FP8_BLOCK}; tiles 64 / 128 x {FP8_BLOCK} (one weight scale per "
+                f"tile) or the wide {' / '.join(f'{m} x {n}' for m, n in FP8_WIDE)} (not {tile_m}x{tile_n})")
+    if n <= 0 or n % 8:
+        return f"N={n} must be a positive multiple of 8 (16-byte weight rows)"
+    if num_groups < 1:
+        return "needs at least one group"
+    return None
 
-        sched = BoundedTileScheduler(starts, counts, cfg.num_groups, cfg.tile_m, self.n_tiles)
-        wg = cute.arch.make_warp_uniform(tidx // WG)
-        if wg == 0:
-            cute.arch.warpgroup_reg_dealloc(LOAD_REGS)
-            if warp == 0:
-                self.produce(sched, bidx, ring, tma_a, mA_tma, tma_b, mB_tma, mA, workspace, sA, sB)
-        else:
-            cute.arch.warpgroup_reg_alloc(MMA_REGS)
-            self.consume(sched, bidx, tidx - WG, ring, tiled_mma, sA, sB, sC, out, m_indices, row_weights, a_scale,
-                         w_scale)
 
-    # ------------------------------------------------------------------------------------ producer
+def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_weights: bool, rows_per_group: int,
+                *, sm_count: int = 132, arch: str = "sm_90a", tile_m: int | None = None,
+                tile_n: int | None = None, stages: int | None = None,
+                promote_run: int | None = None, scale_prefetch: bool | None = None,
+                epilogue_prefetch: bool | None = None, epilogue: str | None = None) -> GemmConfig:
+    """Analytical (not tuned): 64-row tiles when groups hold <= 64 rows (decode: weight streaming, half the
+    wasted MMA rows), else 128; tile_n 256 for 128-row tiles with N a multiple of 256 (the CUTLASS Hopper
+    default), else 128; as many stages as fit (at most 8); FP8 groups of >= FP8_PREFILL_ROWS rows: the
+    FP8_PREFILL_SCHEDULE fields (promote_run FP8_SHORT_K_RUN for K <= FP8_SHORT_K), else the plain kernel
+    (promote_run 0, direct epilogue). tile_m / tile_n / stages / promote_run / scale_prefetch / epilogue_prefetch /
+    epilogue override the rule field by field (scale_prefetch follows an overridden promote_run 0: off). An FP8 wide
+    tile (FP8_WIDE) runs its wave schedule (promote_run 0),
+    the direct epilogue unless `epilogue` says smem (128 rows only); config_for asks for FP8_PREFILL_WIDE."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: one of {LAYOUTS}")
+    tile_m = tile_m or (64 if rows_per_group <= 64 else 128)
+    tile_n = tile_n or (256 if tile_m == 128 and n % 256 == 0 and dtype != "fp8" else 128)
+    why = can_implement(dtype, n, k, num_groups, tile_m, tile_n)
+    if why:
+        raise ValueError(why)
+    rule = dict(PLAIN_SCHEDULE)
+    if dtype == "fp8" and rows_per_group >= FP8_PREFILL_ROWS:
+        rule = dict(FP8_PREFILL_SCHEDULE)
+        if k <= FP8_SHORT_K:
+            rule["promote_run"] = FP8_SHORT_K_RUN
+    wide = dtype == "fp8" and (tile_m, tile_n) in FP8_WIDE
+    if wide:  # the wave schedule, scales a stage ahead, the direct epilogue (smem: opt-in at 128 rows, see above)
+        rule.update(promote_run=0, scale_prefetch=True, epilogue="direct")
+        if tile_m == 256:
+            rule.update(epilogue_prefetch=False)
+    if promote_run is not None and scale_prefetch is None:
+        scale_prefetch = rule["scale_prefetch"] and (promote_run > 0 or wide)
+    promote_run = rule["promote_run"] if promote_run is None else promote_run
+    scale_prefetch = rule["scale_prefetch"] if scale_prefetch is None else bool(scale_prefetch)
+    epilogue_prefetch = rule["epilogue_prefetch"] if epilogue_prefetch is None else bool(epilogue_prefetch)
+    epilogue = epilogue or rule["epilogue"]
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"epilogue {epilogue!r}: one of {EPILOGUES}")
+    if wide and (promote_run or (tile_m == 256 and (epilogue_prefetch or epilogue != "direct"))):
+        raise ValueError(f"FP8 wide tile {tile_m}x{tile_n}: promote_run 0 (its own wave schedule); 256 rows: the "
+                         f"direct epilogue, no epilogue_prefetch")
+    fit = (SMEM_BYTES - SMEM_RESERVED - epilogue_bytes(epilogue, tile_m, tile_n)) // stage_bytes(tile_m, tile_n)
+    if stages is not None and not 2 <= stages <= fit:
+        raise ValueError(f"stages={stages}: 2 to {fit} fit in shared memory for a {tile_m}x{tile_n} tile")
+    # FP8 6 rather than the 7 that fit: the 7th stage was no faster (docs/cute.md, alternatives measured)
+    stages = stages or min(6 if dtype == "fp8" else 8, fit)
+    if (promote_run or scale_prefetch) and dtype != "fp8":
+        raise ValueError("promote_run / scale_prefetch: FP8 only (the bf16 / fp16 main loop has no promotion)")
+    if promote_run < 0 or (scale_prefetch and not promote_run and not wide):
+        raise ValueError(f"promote_run={promote_run} (>= 0), scale_prefetch={scale_prefetch} (needs promote_run >= 1)")
+    return GemmConfig(dtype, n, k, num_groups, layout, bool(row_weights), tile_m, tile_n, stages, sm_count, arch,
+                      promote_run=promote_run, scale_prefetch=scale_prefetch,
+                      epilogue_prefetch=bool(epilogue_prefetch), epilogue=epilogue)
 
-    def _slot_ptr(self, workspace, bidx, slot):
-        """Pointer (TMA-descriptor typed, 128-byte aligned, global) to this CTA's descriptor slot."""
-        ptr = workspace.iterator + (bidx * self.cfg.desc_slots + slot) * (DESC_BYTES // 8)
-        return utils.TensorMapManager(utils.TensorMapUpdateMode.GMEM, DESC_BYTES).get_tensormap_ptr(ptr)
 
-    @cute.jit
-    def produce(self, sched, bidx, ring, tma_a, mA_tma, tma_b, mB_tma, mA, workspace, sA, sB):
-        cfg = self.cfg
-        tmaps = utils.TensorMapManager(utils.TensorMapUpdateMode.GMEM, DESC_BYTES)
-        # Every slot of this CTA starts as a copy of the base descriptor (its fields other than address, extents
-        # and strides: box, swizzle, element type, are the ones every group uses)
-        with cute.arch.elect_one():
-            for s in cutlass.range_constexpr(cfg.desc_slots):
-                cpasync.copy_tensormap(tma_a, self._slot_ptr(workspace, bidx, s))
-        cute.arch.sync_warp()
-        tmaps.fence_tensormap_initialization()
-
-        gA = cute.local_tile(mA_tma, (cfg.tile_m, self.bk), (None, None, None))  # (bM, bK, RestM, RestK, 1)
-        gB = cute.local_tile(mB_tma, (cfg.tile_n, self.bk), (None, None, None))  # (bN, bK, RestN, RestK, G)
-        one = cute.make_layout(1)
-        tAsA, tAgA = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
-        tBsB, tBgB = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
-
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
-        nctas = cutlass.Int32(cfg.grid)
-        t = cutlass.Int32(bidx)
-        g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
-        last_g = cutlass.Int32(-1)
-        slot = cutlass.Int32(cfg.desc_slots - 1)
-        while g < sched.num_groups:
-            m_tile, n_tile, _, _ = sched.coords(t, g, base)
-            if g != last_g:
-                slot = self._point_a(tma_a, mA, workspace, bidx, sched, g, slot)
-                last_g = g
-            desc_a = tmaps.get_tensormap_ptr(self._slot_ptr(workspace, bidx, slot), cute.AddressSpace.generic)
-            a_src = tAgA[(None, m_tile, None, 0)]
-            b_src = tBgB[(None, n_tile, None, g)]
-            for kt in cutlass.range(self.k_tiles, unroll=1):
-                ring.producer_acquire(state)
-                bar = ring.producer_get_barrier(state)
-                cute.copy(tma_a, a_src[(None, kt)], tAsA[(None, state.index)], tma_bar_ptr=bar, tma_desc_ptr=desc_a)
-                cute.copy(tma_b, b_src[(None, kt)], tBsB[(None, state.index)], tma_bar_ptr=bar)
-                ring.producer_commit(state)
-                state.advance()
-            t = t + nctas
-            g, base = sched.seek(t, g, base)
-        ring.producer_tail(state)
-
-    @cute.jit
-    def _point_a(self, tma_a, mA, workspace, bidx, sched, g, slot):
-        """Re-point A at group g in the next descriptor slot (returned): base = its first row, rows = its count (TMA
-        zero-fills past it); published (release) and acquired for this thread's loads."""
-        cfg = self.cfg
-        slot = slot + 1
-        if slot == cfg.desc_slots:
-            slot = cutlass.Int32(0)
-        group_a = cute.make_tensor(mA.iterator + cutlass.Int64(sched.starts[g]) * cfg.k,
-                                   cute.make_layout((sched.counts[g], cfg.k, 1), stride=(cfg.k, 1, 0)))
-        desc = self._slot_ptr(workspace, bidx, slot)
-        cpasync.update_tma_descriptor(tma_a, group_a, desc)
-        cute.arch.sync_warp()
-        cpasync.fence_tma_desc_release()
-        cpasync.fence_tma_desc_acquire(desc)
-        return slot
-
-    # ------------------------------------------------------------------------------------ consumers
-
-    @cute.jit
-    def consume(self, sched, bidx, mma_tidx, ring, tiled_mma, sA, sB, sC, out, m_indices, row_weights, a_scale,
-                w_scale):
-        cfg = self.cfg
-        # A / B: the warp group's view (every thread of a warp group sees the same smem descriptors); C: this
-        # thread's accumulator elements
-        thr_wg = tiled_mma.get_slice((mma_tidx // WG) * WG)
-        thr_mma = tiled_mma.get_slice(mma_tidx)
-        tCrA = tiled_mma.make_fragment_A(thr_wg.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_wg.partition_B(sB))
-        tile_mn = (cfg.tile_m, cfg.tile_n)
-        tCcC = thr_mma.partition_C(cute.make_identity_tensor(tile_mn))
-        acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
-        part = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(self.fp8) else None
-        scale = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(self.fp8) else None
-        overlap = self.fp8 and cfg.promote_run > 0
-        # promote_run >= 1: the second partial-sum buffer; two scale slots: this thread's 2 distinct rows' a_scale
-        # (sa[2 * slot + half]) and the tile's w_scale (sw2[slot]); the thread's 2 rows (clamped into the group)
-        part2 = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) if cutlass.const_expr(overlap) else None
-        sa = cute.make_rmem_tensor(4, cutlass.Float32) if cutlass.const_expr(overlap) else None
-        sw2 = cute.make_rmem_tensor(2, cutlass.Float32) if cutlass.const_expr(overlap) else None
-        by_row = overlap or cfg.epilogue_prefetch
-        rows = cute.make_rmem_tensor(2, cutlass.Int32) if cutlass.const_expr(by_row) else None
-        # epilogue_prefetch: this thread's 2 rows' m_indices and row weights, loaded when the tile starts
-        row_ids = cute.make_rmem_tensor(2, cutlass.Int32) if cutlass.const_expr(
-            cfg.epilogue_prefetch and m_indices is not None) else None
-        row_ws = cute.make_rmem_tensor(2, cutlass.Float32) if cutlass.const_expr(
-            cfg.epilogue_prefetch and row_weights is not None) else None
-        if cutlass.const_expr(by_row):
-            # the fragment is ((2 columns, 2 row halves, tile_n / 8), 1, 1): element i is in row half (i // 2) % 2
-            assert cute.size(acc) == cfg.tile_n // 2 and cute.size(acc.shape[0][1]) == 2, acc.layout
-        res = cute.make_rmem_tensor(tCcC.shape, self.out_dtype)
-        keep = cute.make_rmem_tensor(tCcC.shape, cutlass.Boolean)
-        k_blocks = cute.size(tCrA, mode=[2])
-        if cutlass.const_expr(cfg.wide):
-            # waves: the warp group's 64 x wave_n sub-tiles (mw, nw) of the tile, in the full fragment's order
-            # (element i of wave w = mw + m_waves * nw is acc[size(part) * w + i]); A / B fragments of each
-            # sub-tile's smem rows. Weight scales per chunk of `chunk` columns (one 128-column block each: a 64 x 192
-            # wave at column 192 n_tile spans two blocks, split at a multiple of 64)
-            m_waves, n_waves = cfg.tile_m // 128, cfg.tile_n // cfg.wave_n
-            chunk = FP8_BLOCK if cfg.wave_n % FP8_BLOCK == 0 else 64
-            chunks = cfg.wave_n // chunk
-            tCrA_w = [tiled_mma.make_fragment_A(thr_wg.partition_A(
-                cute.local_tile(sA, (128, self.bk, cfg.stages), (mw, 0, 0)))) for mw in range(m_waves)]
-            tCrB_w = [tiled_mma.make_fragment_B(thr_wg.partition_B(
-                cute.local_tile(sB, (cfg.wave_n, self.bk, cfg.stages), (nw, 0, 0)))) for nw in range(n_waves)]
-            part = cute.make_rmem_tensor(thr_mma.partition_C(cute.make_identity_tensor((128, cfg.wave_n))).shape,
-                                         cutlass.Float32)
-            assert cute.size(part) * m_waves * n_waves == cute.size(acc), (part.layout, acc.layout)
-            # ((2 columns, 2 row halves, wave_n / 8 column groups of 8), 1, 1)
-            assert cute.size(part.shape[0][1]) == 2 and cute.size(part) == cfg.wave_n // 2, part.layout
-            wrows = cute.make_rmem_tensor(2 * m_waves, cutlass.Int32)  # the thread's rows, per wave and row half
-            wsa = cute.make_rmem_tensor(2 * m_waves, cutlass.Float32)  # the stage's scales (scale_prefetch:
-            wsw = cute.make_rmem_tensor(n_waves * chunks, cutlass.Float32)  # loaded into nsa / nsw a stage ahead)
-            nsa = cute.make_rmem_tensor(2 * m_waves, cutlass.Float32)
-            nsw = cute.make_rmem_tensor(n_waves * chunks, cutlass.Float32)
-            wf = cute.make_rmem_tensor(2 * chunks, cutlass.Float32)
-            last_nb = -(-cfg.n // FP8_BLOCK) - 1
-        ldc = cfg.n
-
-        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        nctas = cutlass.Int32(cfg.grid)
-        t = cutlass.Int32(bidx)
-        g, base = sched.seek(t, cutlass.Int32(0), cutlass.Int32(0))
-        while g < sched.num_groups:
-            _, n_tile, row_start, row_end = sched.coords(t, g, base)
-            acc.fill(0.0)
-            if cutlass.const_expr(by_row):
-                for h in cutlass.range_constexpr(2):
-                    rows[h] = cutlass.min(row_start + tCcC[2 * h][0], row_end - 1)
-                    if cutlass.const_expr(row_ids is not None):
-                        row_ids[h] = m_indices[rows[h]]
-                    if cutlass.const_expr(row_ws is not None):
-                        row_ws[h] = row_weights[rows[h]]
-            if cutlass.const_expr(overlap):
-                # Runs of U = promote_run stages: stage i of a run goes into buffer i % 2 (part / part2); once stage
-                # i + 1's WGMMAs are issued, wait_group(1) retires stage i's and its promotion runs while stage
-                # i + 1's are on the tensor cores; a run ends with wait_group(0) (nothing in flight across a loop
-                # edge: ptxas serializes every WGMMA of the kernel when an in-flight accumulator crosses one).
-                # Scale slot b (sa[2b + half], sw2[b]) holds the scales of the run's stages with i % 2 == b.
-                if cutlass.const_expr(cfg.scale_prefetch):
-                    self._load_scales(sa, sw2, 0, a_scale, w_scale, rows, g, n_tile, 0)
-                run = cfg.promote_run
-                for tail in cutlass.range_constexpr(2):  # the whole runs, then the rest (a shorter run)
-                    length = run if tail == 0 else self.k_tiles % run
-                    first = (self.k_tiles // run) * run
-                    if cutlass.const_expr(length > 0):
-                        for r in cutlass.range(self.k_tiles // run if tail == 0 else 1, unroll=1):
-                            kt0 = r * run if tail == 0 else first
-                            for i in cutlass.range_constexpr(length):
-                                cur, prev = (part, part2) if i % 2 == 0 else (part2, part)
-                                if cutlass.const_expr(i > 0):  # the previous stage's scale products (before a
-                                    f0 = sa[2 * (1 - i % 2)] * sw2[1 - i % 2]  # prefetch refills its slot)
-                                    f1 = sa[2 * (1 - i % 2) + 1] * sw2[1 - i % 2]
-                                if cutlass.const_expr(cfg.scale_prefetch):  # the next stage's (clamped at the last)
-                                    self._load_scales(sa, sw2, (i + 1) % 2, a_scale, w_scale, rows, g, n_tile,
-                                                      cutlass.min(kt0 + i + 1, self.k_tiles - 1))
-                                else:
-                                    self._load_scales(sa, sw2, i % 2, a_scale, w_scale, rows, g, n_tile, kt0 + i)
-                                ring.consumer_wait(read)
-                                warpgroup.fence()
-                                for kb in cutlass.range_constexpr(k_blocks):
-                                    tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                                    cute.gemm(tiled_mma, cur, tCrA[(None, None, kb, read.index)],
-                                              tCrB[(None, None, kb, read.index)], cur)
-                                warpgroup.commit_group()
-                                read.advance()
-                                if cutlass.const_expr(i > 0):
-                                    warpgroup.wait_group(1)
-                                    ring.consumer_release(release)
-                                    release.advance()
-                                    self._promote(acc, prev, f0, f1)
-                            last = (length - 1) % 2
-                            f0 = sa[2 * last] * sw2[last]
-                            f1 = sa[2 * last + 1] * sw2[last]
-                            warpgroup.wait_group(0)
-                            ring.consumer_release(release)
-                            release.advance()
-                            self._promote(acc, part2 if last else part, f0, f1)
-                            if cutlass.const_expr(cfg.scale_prefetch and length % 2 == 1):
-                                # the next run's first stage reads slot 0; an odd run prefetched it into slot 1
-                                for h in cutlass.range_constexpr(2):
-                                    sa[h] = sa[2 + h]
-                                sw2[0] = sw2[1]
-            elif cutlass.const_expr(cfg.wide):
-                # Per K stage, wave by wave: WGMMA 64 x 128 x 128 into `part`, wait, acc[wave] += part * a_scale[row] *
-                # w_scale[g, 128-column block of the wave, kt] (the other warp group's WGMMAs run meanwhile); the
-                # stage is released after its last wave. Same products and FFMAs as the 128 x 128 kernels.
-                for j in cutlass.range_constexpr(2 * m_waves):
-                    wrows[j] = cutlass.min(row_start + tCcC[cute.size(part) * (j // 2) + 2 * (j % 2)][0], row_end - 1)
-                scale_cols = [n_tile * cfg.tile_n + c * chunk for c in range(n_waves * chunks)]
-                if cutlass.const_expr(cfg.scale_prefetch):
-                    self._load_wave_scales(wsa, wsw, a_scale, w_scale, wrows, g, scale_cols, last_nb, 0)
-                for kt in cutlass.range(self.k_tiles, unroll=1):
-                    if cutlass.const_expr(cfg.scale_prefetch):  # the next stage's (clamped at the last)
-                        self._load_wave_scales(nsa, nsw, a_scale, w_scale, wrows, g, scale_cols, last_nb,
-                                               cutlass.min(kt + 1, self.k_tiles - 1))
-                    else:
-                        self._load_wave_scales(wsa, wsw, a_scale, w_scale, wrows, g, scale_cols, last_nb, kt)
-                    ring.consumer_wait(read)
-                    for w in cutlass.range_constexpr(m_waves * n_waves):
-                        mw, nw = w % m_waves, w // m_waves
-                        warpgroup.fence()
-                        for kb in cutlass.range_constexpr(k_blocks):
-                            tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                            cute.gemm(tiled_mma, part, tCrA_w[mw][(None, None, kb, read.index)],
-                                      tCrB_w[nw][(None, None, kb, read.index)], part)
-                        warpgroup.commit_group()
-                        warpgroup.wait_group(0)
-                        if cutlass.const_expr(w == m_waves * n_waves - 1):
-                            ring.consumer_release(read)
-                            read.advance()
-                        for c in cutlass.range_constexpr(chunks):
-                            for h in cutlass.range_constexpr(2):
-                                wf[2 * c + h] = wsa[2 * mw + h] * wsw[nw * chunks + c]
-                        for i in cutlass.range_constexpr(cute.size(part)):  # column 8 (i // 4) + ..., row half
-                            e = cute.size(part) * w + i
-                            acc[e] = acc[e] + part[i] * wf[2 * (8 * (i // 4) // chunk) + (i // 2) % 2]
-                    if cutlass.const_expr(cfg.scale_prefetch):
-                        wsa.store(nsa.load())
-                        wsw.store(nsw.load())
-            elif cutlass.const_expr(self.fp8):
-                # Per 128-wide K stage: WGMMA into `part` (fresh), then acc += part * a_scale[row] * w_scale[tile]
-                # in fp32 registers (the contract's per-block scaling; also bounds the FP8 WGMMA's reduced-precision
-                # accumulation to one block). Scale rows are clamped into the group (rows past it are not written).
-                for kt in cutlass.range(self.k_tiles, unroll=1):
-                    sw = w_scale[g, n_tile, kt]
-                    ring.consumer_wait(read)
-                    warpgroup.fence()
-                    # (the accumulate flag is set here, not in a helper: the tracer carries tiled_mma through the
-                    # loop only when it sees the assignment in this body)
-                    for kb in cutlass.range_constexpr(k_blocks):
-                        tiled_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                        cute.gemm(tiled_mma, part, tCrA[(None, None, kb, read.index)],
-                                  tCrB[(None, None, kb, read.index)], part)
-                    warpgroup.commit_group()
-                    # the scale loads go out while the WGMMAs run (one load per distinct row after CSE)
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        scale[i] = a_scale[cutlass.min(row_start + tCcC[i][0], row_end - 1), kt] * sw
-                    warpgroup.wait_group(0)
-                    ring.consumer_release(read)
-                    read.advance()
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        acc[i] = acc[i] + part[i] * scale[i]
-            else:
-                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-                warpgroup.fence()
-                # K tile 0: issue, keep one WGMMA batch in flight; then each next tile retires the previous one
-                ring.consumer_wait(read)
-                self._stage_mmas(tiled_mma, acc, tCrA, tCrB, read.index, k_blocks)
-                read.advance()
-                for _ in cutlass.range(1, self.k_tiles, unroll=1):
-                    ring.consumer_wait(read)
-                    self._stage_mmas(tiled_mma, acc, tCrA, tCrB, read.index, k_blocks)
-                    warpgroup.wait_group(1)
-                    ring.consumer_release(release)
-                    release.advance()
-                    read.advance()
-                warpgroup.wait_group(0)
-                ring.consumer_release(release)
-                release.advance()
-
-            # Epilogue: registers -> global, predicated per row (rows past the group's end belong to others)
-            col0 = n_tile * cfg.tile_n
-            gC = cute.make_tensor(out.iterator + (cutlass.Int64(row_start) * ldc + col0),
-                                  cute.make_layout(tile_mn, stride=(ldc, 1)))
-            tCgC = thr_mma.partition_C(gC)
-            assert cute.size(tCgC.shape[0][0]) == 2 and tCgC.layout.stride[0][0] == 1, tCgC.layout
-            # Per-row loads use the row clamped into the group: always in bounds, and unconditional, so the
-            # compiler keeps one load per distinct row of this thread (2 per 64-row warp group tile), not one per
-            # element
-            if cutlass.const_expr(row_ws is not None):
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    acc[i] = acc[i] * row_ws[(i // 2) % 2]
-            elif cutlass.const_expr(row_weights is not None):
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    acc[i] = acc[i] * row_weights[cutlass.min(row_start + tCcC[i][0], row_end - 1)]
-            res.store(acc.load().to(self.out_dtype))
-            if cutlass.const_expr(cfg.epilogue == "smem"):
-                self._smem_epilogue(sC, res, tCcC, mma_tidx, out, m_indices, g, row_start, row_end, col0)
-            else:
-                # every load before the first store (a store to `out` could alias them otherwise: no reuse)
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    r = row_start + tCcC[i][0]
-                    ok = (r < row_end) & (col0 + tCcC[i][1] < cfg.n)
-                    if cutlass.const_expr(row_ids is not None):
-                        ok = ok & (row_ids[(i // 2) % 2] == g)
-                    elif cutlass.const_expr(m_indices is not None):
-                        ok = ok & (m_indices[cutlass.min(r, row_end - 1)] == g)
-                    keep[i] = ok
-                # 4-byte stores of column pairs: the accumulator fragment's innermost mode is 2 adjacent columns
-                # (checked at compile time), at an even column of a row whose pitch N is a multiple of 8
-                for j in cutlass.range_constexpr(cute.size(acc) // 2):
-                    if keep[2 * j]:
-                        addr = (tCgC.iterator + tCgC.layout(2 * j)).toint()
-                        dst = cute.make_tensor(cute.make_ptr(self.out_dtype, addr, cute.AddressSpace.gmem,
-                                                             assumed_align=4), cute.make_layout(2))
-                        cute.autovec_copy(cute.make_tensor(res.iterator + 2 * j, cute.make_layout(2)), dst)
-            t = t + nctas
-            g, base = sched.seek(t, g, base)
-        self._zero_unowned_rows(out, m_indices, sched, bidx, mma_tidx)
+def config_for(kind: str, a, w, layout: str, row_weights: bool, arch: str, sm_count: int, tiles: dict | None = None):
+    """The kernel config for a call; `tiles` (tile_m / tile_n / stages / ...) overrides the analytical rule. With no
+    `tiles`, contiguous FP8 prefill (>= FP8_PREFILL_WIDE_ROWS rows per group, N a multiple of 256) takes
+    FP8_PREFILL_WIDE (the masked layout's rows per group is its capacity, not its rows: it keeps 128 x 128); any
+    `tiles` replaces that choice as a whole."""
+    e, n, k = w.shape
+    per_group = a.shape[1] if layout == "masked" else max(1, a.shape[0] // e)
+    wide_ok = per_group >= FP8_PREFILL_WIDE_ROWS and n % 256 == 0
+    if tiles is None and kind == "fp8" and layout == "contiguous" and wide_ok:
+        tiles = FP8_PREFILL_WIDE
+    return pick_config(kind, n, k, e, layout, row_weights, per_group, sm_count=sm_count, arch=arch, **(tiles or {}))
 
 
 # --------------------------------------------------------------------------------------------- compile
 
 
 def _fake_args(cfg: GemmConfig):
+    import cutlass
+    import cutlass.cute as cute
+
     fp8 = cfg.dtype == "fp8"
     dt = cutlass.Uint8 if fp8 else getattr(cutlass, DTYPES[cfg.dtype])  # E4M3 codes are passed as bytes
     out_dt = cutlass.BFloat16 if fp8 else dt
@@ -529,8 +317,17 @@ def _fake_args(cfg: GemmConfig):
 
 def build(cfg: GemmConfig, extra_options: str = ""):
     """cute.compile the kernel for `cfg` (uncached; `extra_options` e.g. keep/dump flags for SASS tests)."""
+    import cutlass.cute as cute
+
+    from ._grouped_sm90_kernel import GroupedGemmSm90  # imports nvidia-cutlass-dsl
+
     return cute.compile(GroupedGemmSm90(cfg), *_fake_args(cfg),
                         options=f"--enable-tvm-ffi --gpu-arch {cfg.arch} {extra_options}".strip())
+
+
+def compiled(cfg):
+    """The TVM-FFI callable for `cfg` (compiled once per process, loaded from disk when cached)."""
+    return _compile.get_or_compile(cfg.key(), lambda: build(cfg))
 
 
 def dump(cfg: GemmConfig):
@@ -538,3 +335,149 @@ def dump(cfg: GemmConfig):
     from .._sass import compile_and_dump
 
     return compile_and_dump(lambda extra: build(cfg, extra))
+
+
+# ------------------------------------------------------------------------------------- supports, auto_skip
+
+UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
+HARDWARE_STATUS = "CuTeDSL sm_90 grouped GEMM: its GPU tests pass on an H100 and an H200 (docs/cute.md)"
+# Where auto takes the kernel (docs/cute.md and docs/moe_gemm.md, Measured): FP8 prefill is well ahead of the
+# Triton kernel, whose per-K-step scaling drains the MMA pipeline; bf16 only pulls ahead at 512 rows per expert;
+# decode streams the weights, where Triton is at the copy roof.
+PREFILL_ROWS_PER_EXPERT = 128  # FP8: auto takes the cute kernel from here (timed at 256 and 512); below, Triton
+BF16_ROWS_PER_EXPERT = 512  # bf16: auto takes it from here (faster than Triton at 512; about even at 256)
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _rows_per_expert(a, masked_m, w) -> int:
+    return a.shape[1] if masked_m is not None else a.shape[0] // max(1, w.shape[0])
+
+
+def auto_skip_bf16(a, w, m_indices, masked_m, *rest) -> str | None:
+    """auto_skip of the bf16 row: auto takes it from BF16_ROWS_PER_EXPERT rows per expert (timed faster than
+    Triton there); below, the two were within a few percent of each other across runs, and Triton stays."""
+    if os.environ.get(UNVERIFIED_ENV) == "1" or _rows_per_expert(a, masked_m, w) >= BF16_ROWS_PER_EXPERT:
+        return None
+    return (f"cute moe_gemm_bf16: under {BF16_ROWS_PER_EXPERT} rows per expert the Triton kernel was as fast "
+            "(H100)")
+
+
+def auto_skip_fp8(a, a_scale, w, w_scale, m_indices, masked_m, *rest) -> str | None:
+    """auto_skip of the FP8 row: auto takes it for prefill-sized groups (faster than Triton there); decode sizes,
+    untimed for it, stay on Triton (at the copy roof there)."""
+    if os.environ.get(UNVERIFIED_ENV) == "1" or _rows_per_expert(a, masked_m, w) >= PREFILL_ROWS_PER_EXPERT:
+        return None
+    return (f"cute moe_gemm_fp8: under {PREFILL_ROWS_PER_EXPERT} rows per expert (decode), not timed; Triton is at "
+            "the copy roof there")
+
+
+def _supports(a, w) -> str | None:
+    if a.device.type != "cuda":
+        return "the cute backend runs on CUDA tensors only"
+    n, k = w.shape[1], w.shape[2]
+    if k == 0:
+        return "K = 0 (nothing to reduce; the TMA descriptors need a non-empty K)"
+    if k * a.element_size() % 16 or n % 8:
+        return f"N={n}, K={k}: rows of a and w must be multiples of 16 bytes (TMA), N a multiple of 8"
+    if not a.is_contiguous() or not w.is_contiguous():
+        return "a and w must be contiguous (one TMA descriptor pitch for every group)"
+    if a.data_ptr() % 16 or w.data_ptr() % 16:
+        return "a and w must be 16-byte aligned (TMA)"
+    if w.shape[0] < 1:
+        return "needs at least one expert"
+    return None
+
+
+def supports_moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None) -> str | None:
+    if a.dtype not in _DTYPES or w.dtype != a.dtype:
+        return f"a {a.dtype} / w {w.dtype}: bf16 or fp16, both the same"
+    return _supports(a, w)
+
+
+def supports_moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights=None) -> str | None:
+    if a.dtype != torch.float8_e4m3fn or w.dtype != torch.float8_e4m3fn:
+        return f"a {a.dtype} / w {w.dtype}: only E4M3 (float8_e4m3fn)"
+    if a.shape[-1] % FP8_BLOCK:
+        return f"K={a.shape[-1]} is not a multiple of {FP8_BLOCK}"
+    return _supports(a, w)
+
+
+# ------------------------------------------------------------------------- layouts and launcher
+
+
+_MASKED_STARTS: dict = {}
+
+
+def masked_starts(e: int, max_m: int, device: torch.device) -> torch.Tensor:
+    """g * max_m for g < E (int32), one cached constant per (E, max_m, device): never written, so graph-safe."""
+    key = (e, max_m, device)
+    t = _MASKED_STARTS.get(key)
+    if t is None:
+        t = torch.arange(e, dtype=torch.int32, device=device) * max_m
+        # never keep a tensor of a graph's private pool
+        if torch.device(device).type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            _MASKED_STARTS[key] = t
+    return t
+
+
+def contiguous_bounds(m_indices: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts, counts) int32 [E] of the contiguous layout: the span from the first to the last row of each expert
+    (an expert without rows: count 0). Device ops only (scatter_reduce), no host sync."""
+    ids = m_indices.reshape(-1).to(torch.int64)
+    rows = ids.numel()
+    slot = torch.where((ids >= 0) & (ids < e), ids, e)  # everything else lands in a dropped slot E
+    r = torch.arange(rows, dtype=torch.int64, device=ids.device)
+    first = torch.full((e + 1,), rows, dtype=torch.int64, device=ids.device).scatter_reduce_(0, slot, r, "amin")
+    last = torch.full((e + 1,), -1, dtype=torch.int64, device=ids.device).scatter_reduce_(0, slot, r, "amax")
+    counts = (last - first + 1).clamp_min_(0)[:e].to(torch.int32)
+    starts = first.clamp_max_(max(rows - 1, 0))[:e].to(torch.int32)
+    return starts, counts
+
+
+def layout_groups(a, w, m_indices, masked_m):
+    """(a as (rows, K), int32 row ids or None, group starts, group counts) of a contiguous (m_indices) or masked
+    (masked_m) layout, as the grouped kernels take them. Device ops only."""
+    e, k = w.shape[0], a.shape[-1]
+    if masked_m is not None:
+        max_m = a.shape[1]
+        return a.view(e * max_m, k), None, masked_starts(e, max_m, a.device), masked_m.to(torch.int32).clamp(0, max_m)
+    ids = m_indices.to(torch.int32).contiguous()
+    return (a, ids, *contiguous_bounds(ids, e))
+
+
+def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=None, out_dtype=None, tiles=None):
+    e, n, k = w.shape
+    dev = a.device
+    masked = masked_m is not None
+    a2, ids, starts, counts = layout_groups(a, w, m_indices, masked_m)
+    rows = a2.shape[0]
+    out = torch.empty(rows, n, dtype=out_dtype or a.dtype, device=dev)  # the kernel writes every row
+    if rows and n:
+        index = device_index(dev)
+        cfg = config_for(kind, a, w, "masked" if masked else "contiguous", row_weights is not None,
+                         _compile.target_arch(index), _sm_count(index), tiles)
+        fn = compiled(cfg)
+        rw = None if row_weights is None else row_weights.reshape(-1).contiguous()
+        if kind == "fp8":  # (rows, K/128) in whatever strides it has (a copy only for an unmergeable 3-D view)
+            a_scale = a_scale.reshape(rows, k // FP8_BLOCK)
+            w_scale = w_scale.contiguous()
+        # descriptor slots: rewritten by the kernel before use; zeroed so bytes past what the DSL copies (it copies
+        # the first 64 of each 128-byte descriptor) are defined
+        workspace = torch.zeros(cfg.workspace_words, dtype=torch.int64, device=dev)
+        _compile.launch(fn, a2, w, out, starts, counts.contiguous(), ids, rw, workspace, a_scale, w_scale, device=dev)
+    return out.view(*a.shape[:-1], n)
+
+
+# ------------------------------------------------------------------------- backend entry points
+# Same signatures as the torch ops in dispatch/ops/moe_gemm.py, minus `backend`.
+
+
+def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None, *, tiles: dict | None = None):
+    """tiles: {tile_m, tile_n, stages} overrides for tuning (the dispatcher never passes it)."""
+    return _run(_DTYPES[a.dtype], a, w, m_indices, masked_m, row_weights, tiles=tiles)
+
+
+def moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weights=None, *, tiles: dict | None = None):
+    # E4M3 codes travel as bytes (the kernel types them): TVM-FFI checks byte tensors like any other
+    return _run("fp8", a.view(torch.uint8), w.view(torch.uint8), m_indices, masked_m, row_weights, a_scale, w_scale,
+                torch.bfloat16, tiles)

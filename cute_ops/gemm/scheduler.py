@@ -27,16 +27,12 @@ kernel addresses a tile by its row tile row_start / block_m, so it needs every s
 from __future__ import annotations
 
 import dataclasses
-import types
 from collections.abc import Sequence
 
-try:
+try:  # the device twins need the DSL; the Python model does not
     import cutlass
-    import cutlass.cute as cute
-except Exception:  # noqa: BLE001 - optional: the Python model imports without nvidia-cutlass-dsl
+except ImportError:  # pragma: no cover - exercised only without nvidia-cutlass-dsl
     cutlass = None
-    # `@cute.jit` stays spelled out below (the DSL rewrites the dynamic `while` of functions it sees decorated so)
-    cute = types.SimpleNamespace(jit=lambda fn: fn)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,96 +99,98 @@ def _walk(t, g, base, starts, counts, block_m, n_tiles):
 # ----------------------------------------------------------------------------------------------- device
 
 
-class GroupedTileScheduler:
-    """Device twin of the model above; construct and call inside a @cute.kernel.
+if cutlass is not None:
+    import cutlass.cute as cute
 
-    offsets: int32 gmem tensor [num_groups + 1]; num_groups, block_m, n_tiles static. State is three Int32
-    values the caller carries through its persistent loop: t (linear tile), g (group cursor), base (index of g's
-    first tile); `g == num_groups` means done:
+    class GroupedTileScheduler:
+        """Device twin of the model above; construct and call inside a @cute.kernel.
 
-        t = Int32(bidx); g, base = sched.seek(t, Int32(0), Int32(0))
-        while g < sched.num_groups:
-            m_tile_global, n_tile, row_start, row_end = sched.coords(t, g, base)
-            ...
-            t += grid
-            g, base = sched.seek(t, g, base)
-    """
+        offsets: int32 gmem tensor [num_groups + 1]; num_groups, block_m, n_tiles static. State is three Int32
+        values the caller carries through its persistent loop: t (linear tile), g (group cursor), base (index of g's
+        first tile); `g == num_groups` means done:
 
-    def __init__(self, offsets, num_groups: int, block_m: int, n_tiles: int):
-        self.offsets = offsets
-        self.num_groups = num_groups
-        self.block_m = block_m
-        self.n_tiles = n_tiles
+            t = Int32(bidx); g, base = sched.seek(t, Int32(0), Int32(0))
+            while g < sched.num_groups:
+                m_tile_global, n_tile, row_start, row_end = sched.coords(t, g, base)
+                ...
+                t += grid
+                g, base = sched.seek(t, g, base)
+        """
 
-    # Loop-carried through the caller's dynamic `while` (it calls methods on it): the DSL rebuilds it from these
-    def __extract_mlir_values__(self):
-        return cutlass.extract_mlir_values(self.offsets)
+        def __init__(self, offsets, num_groups: int, block_m: int, n_tiles: int):
+            self.offsets = offsets
+            self.num_groups = num_groups
+            self.block_m = block_m
+            self.n_tiles = n_tiles
 
-    def __new_from_mlir_values__(self, values):
-        offsets = cutlass.new_from_mlir_values(self.offsets, values)
-        return GroupedTileScheduler(offsets, self.num_groups, self.block_m, self.n_tiles)
+        # Loop-carried through the caller's dynamic `while` (it calls methods on it): the DSL rebuilds it from these
+        def __extract_mlir_values__(self):
+            return cutlass.extract_mlir_values(self.offsets)
 
-    def _rows(self, g):
-        return self.offsets[g + 1] - self.offsets[g]
+        def __new_from_mlir_values__(self, values):
+            offsets = cutlass.new_from_mlir_values(self.offsets, values)
+            return GroupedTileScheduler(offsets, self.num_groups, self.block_m, self.n_tiles)
 
-    def _group_tiles(self, g):
-        return (self._rows(g) + (self.block_m - 1)) // self.block_m * self.n_tiles
+        def _rows(self, g):
+            return self.offsets[g + 1] - self.offsets[g]
 
-    def _in_later_group(self, t, g, base):
-        # g is clamped for the load only: once g == num_groups the first term is false anyway
-        gc = cutlass.min(g, cutlass.Int32(self.num_groups - 1))
-        return (g < self.num_groups) & (t >= base + self._group_tiles(gc))
+        def _group_tiles(self, g):
+            return (self._rows(g) + (self.block_m - 1)) // self.block_m * self.n_tiles
 
-    @cute.jit
-    def seek(self, t, g, base):
-        """Advance the cursor (g, base) until g holds tile t, or g == num_groups (t is past the last tile)."""
-        more = self._in_later_group(t, g, base)
-        while more:
-            base = base + self._group_tiles(g)
-            g = g + 1
+        def _in_later_group(self, t, g, base):
+            # g is clamped for the load only: once g == num_groups the first term is false anyway
+            gc = cutlass.min(g, cutlass.Int32(self.num_groups - 1))
+            return (g < self.num_groups) & (t >= base + self._group_tiles(gc))
+
+        @cute.jit
+        def seek(self, t, g, base):
+            """Advance the cursor (g, base) until g holds tile t, or g == num_groups (t is past the last tile)."""
             more = self._in_later_group(t, g, base)
-        return g, base
+            while more:
+                base = base + self._group_tiles(g)
+                g = g + 1
+                more = self._in_later_group(t, g, base)
+            return g, base
 
-    def coords(self, t, g, base):
-        """(row tile of A/out counted from row 0 = row_start // block_m, column tile, row_start, row_end) of
-        tile t, which lies in group g (whose first tile is `base`). Needs offsets[g] % block_m == 0 for the
-        first value to be the tile index of row_start."""
-        m_tiles = (self._rows(g) + (self.block_m - 1)) // self.block_m
-        local = t - base
-        m_tile = local % m_tiles
-        n_tile = local // m_tiles
-        row_start = self.offsets[g] + m_tile * self.block_m
-        return row_start // self.block_m, n_tile, row_start, self.offsets[g + 1]
+        def coords(self, t, g, base):
+            """(row tile of A/out counted from row 0 = row_start // block_m, column tile, row_start, row_end) of
+            tile t, which lies in group g (whose first tile is `base`). Needs offsets[g] % block_m == 0 for the
+            first value to be the tile index of row_start."""
+            m_tiles = (self._rows(g) + (self.block_m - 1)) // self.block_m
+            local = t - base
+            m_tile = local % m_tiles
+            n_tile = local // m_tiles
+            row_start = self.offsets[g] + m_tile * self.block_m
+            return row_start // self.block_m, n_tile, row_start, self.offsets[g + 1]
 
 
+    class BoundedTileScheduler(GroupedTileScheduler):
+        """GroupedTileScheduler over groups given as (starts, counts): int32 gmem tensors [num_groups], counts >= 0.
+        Same walk (`seek`); `coords` returns the row tile counted inside the group (the kernel's per-group TMA
+        descriptor starts at the group's first row), the column tile, row_start and row_end = starts[g] + counts[g]."""
 
-class BoundedTileScheduler(GroupedTileScheduler):
-    """GroupedTileScheduler over groups given as (starts, counts): int32 gmem tensors [num_groups], counts >= 0.
-    Same walk (`seek`); `coords` returns the row tile counted inside the group (the kernel's per-group TMA
-    descriptor starts at the group's first row), the column tile, row_start and row_end = starts[g] + counts[g]."""
+        def __init__(self, starts, counts, num_groups: int, block_m: int, n_tiles: int):
+            super().__init__(None, num_groups, block_m, n_tiles)
+            self.starts = starts
+            self.counts = counts
 
-    def __init__(self, starts, counts, num_groups: int, block_m: int, n_tiles: int):
-        super().__init__(None, num_groups, block_m, n_tiles)
-        self.starts = starts
-        self.counts = counts
+        def __extract_mlir_values__(self):
+            return cutlass.extract_mlir_values(self.starts) + cutlass.extract_mlir_values(self.counts)
 
-    def __extract_mlir_values__(self):
-        return cutlass.extract_mlir_values(self.starts) + cutlass.extract_mlir_values(self.counts)
+        def __new_from_mlir_values__(self, values):
+            n = len(cutlass.extract_mlir_values(self.starts))
+            starts = cutlass.new_from_mlir_values(self.starts, values[:n])
+            counts = cutlass.new_from_mlir_values(self.counts, values[n:])
+            return BoundedTileScheduler(starts, counts, self.num_groups, self.block_m, self.n_tiles)
 
-    def __new_from_mlir_values__(self, values):
-        n = len(cutlass.extract_mlir_values(self.starts))
-        starts = cutlass.new_from_mlir_values(self.starts, values[:n])
-        counts = cutlass.new_from_mlir_values(self.counts, values[n:])
-        return BoundedTileScheduler(starts, counts, self.num_groups, self.block_m, self.n_tiles)
+        def _rows(self, g):
+            return self.counts[g]
 
-    def _rows(self, g):
-        return self.counts[g]
-
-    def coords(self, t, g, base):
-        rows = self.counts[g]
-        start = self.starts[g]
-        m_tiles = (rows + (self.block_m - 1)) // self.block_m
-        local = t - base
-        m_tile = local % m_tiles
-        n_tile = local // m_tiles
-        return m_tile, n_tile, start + m_tile * self.block_m, start + rows
+        def coords(self, t, g, base):
+            rows = self.counts[g]
+            start = self.starts[g]
+            m_tiles = (rows + (self.block_m - 1)) // self.block_m
+            local = t - base
+            m_tile = local % m_tiles
+            n_tile = local // m_tiles
+            return m_tile, n_tile, start + m_tile * self.block_m, start + rows
