@@ -115,12 +115,14 @@ CUTE_UNRUN_WHY = "CuTeDSL; compiled for sm_100a, never run on Blackwell: refused
 # grouped_sm90 cites the records): FP8 prefill 0.72-0.80x torch._scaled_grouped_mm, 1.5-1.7x Triton, so auto takes it
 # for FP8 at >= 128 rows per expert; bf16 0.92x torch._grouped_mm at 512 rows per expert (1.19x Triton: 1654 vs
 # 1966 us, perf/results/experiments/2026-11-25-h100-cute-gemm-tiles-76665c5.json), about Triton's speed at 256
-# (perf/results/nvidia-h100-80gb-hbm3.jsonl: 991 vs 945 us eager, 969 vs 983 us graph), so auto takes it from 512
+# (perf/results/nvidia-h100-80gb-hbm3.jsonl: 991 vs 945 us eager, 969 vs 983 us graph) and faster at 256 with
+# K = 7168 on the H200 (perf/results/nvidia-h200.jsonl), so auto takes it from 512, and from 256 at K >= 4096
 # (`auto_skip_bf16`). Both rows rank above Triton (CUTE_MEASURED_FASTER) so that their `auto_skip` decides: a row
 # ranked below Triton is never reached by auto. tests/test_auto_matches_records.py holds the table against the
 # records. backend="cute" forces either.
 CUTE_GEMM_FP8_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: FP8 prefill 1.5-1.7x Triton (H100)"
-CUTE_GEMM_BF16_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: bf16 from 512 rows/expert, 1.19x Triton"
+CUTE_GEMM_BF16_WHY = ("CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: bf16 from 512 rows/expert, "
+                      "256 at K >= 4096")
 
 DECODE_ROWS = 64  # the benchmarks' decode bucket (M <= 64 tokens)
 

@@ -135,6 +135,11 @@ def test_sm90_backend_refusals_and_auto_skip(monkeypatch):
     assert grouped_sm90.auto_skip_bf16(big, w, None, None, None) is not None  # 256 rows per expert: Triton
     bigger = torch.zeros(2 * grouped_sm90.BF16_ROWS_PER_EXPERT, 64, dtype=torch.bfloat16)
     assert grouped_sm90.auto_skip_bf16(bigger, w, None, None, None) is None
+    deep_k = grouped_sm90.BF16_DEEP_K
+    deep, w_deep = torch.zeros(2 * 256, deep_k, dtype=torch.bfloat16), torch.zeros(2, 32, deep_k, dtype=torch.bfloat16)
+    assert grouped_sm90.auto_skip_bf16(deep, w_deep, None, None, None) is None  # 256 rows at K >= 4096: cute
+    shallow = torch.zeros(2 * 128, deep_k, dtype=torch.bfloat16)
+    assert "under 256 rows" in grouped_sm90.auto_skip_bf16(shallow, w_deep, None, None, None)
     monkeypatch.setenv(grouped_sm90.UNVERIFIED_ENV, "1")
     assert grouped_sm90.auto_skip_bf16(a, w, None, None, None) is None
 
