@@ -22,7 +22,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from dispatch.integrations.hf import GraphedDecode, LowbitPagedCache, lowbit_patch  # noqa: E402
-from dispatch.integrations.hf.check import compare_greedy, greedy, prompts  # noqa: E402
+from dispatch.integrations.hf.check import compare_greedy, fp32_logit_errors, greedy, prompts  # noqa: E402
 from tests.test_hf_graph import prefill  # noqa: E402
 from tests.test_hf_models_gpu import VOCAB, gpt_oss, llama  # noqa: E402
 
@@ -31,6 +31,11 @@ pytestmark = pytest.mark.gpu
 PROMPT_LENS = (29, 17, 8, 23)
 STEPS = 8
 COSINE_MIN = 0.9999
+# Llama-3-8B widths with random weights: nearly flat logits, where two correct bf16 stacks sit further apart than
+# 0.9999 (0.9997 measured); there the bar is the fp32 model: the patched logits' error against it at most
+# FP32_ERROR_FACTOR x the unpatched bf16 model's, with a cosine floor of WIDE_COSINE_MIN to the unpatched model.
+WIDE_COSINE_MIN = 0.999
+FP32_ERROR_FACTOR = 1.5
 
 
 def llama_8b_layers():
@@ -54,18 +59,23 @@ def _graph_greedy(model, ids, mask):
     return types.SimpleNamespace(sequences=sequences, logits=[first.clone(), *logits]), cache
 
 
-@pytest.mark.parametrize("build", [llama, llama_8b_layers, gpt_oss], ids=["llama", "llama_8b_layers", "gpt_oss"])
-def test_gpu_graph_decode_matches_eager_and_unpatched(build):
+@pytest.mark.parametrize("build,cosine_min", [(llama, COSINE_MIN), (llama_8b_layers, WIDE_COSINE_MIN),
+                                               (gpt_oss, COSINE_MIN)], ids=["llama", "llama_8b_layers", "gpt_oss"])
+def test_gpu_graph_decode_matches_eager_and_unpatched(build, cosine_min):
     reference = build()
     model = copy.deepcopy(reference)
     lowbit_patch(model)
     ids, mask = prompts(PROMPT_LENS, VOCAB, device="cuda")
     got, cache = _graph_greedy(model, ids, mask)
     paged = LowbitPagedCache(model.config, len(PROMPT_LENS), ids.shape[1] + STEPS + 1, page_size=16, device="cuda")
-    for what, want in (("patched eager", greedy(model, ids, mask, STEPS + 1, past_key_values=paged)),
-                       ("unpatched", greedy(reference, ids, mask, STEPS + 1))):
-        check = compare_greedy(got, want, STEPS + 1, COSINE_MIN)
+    unpatched = greedy(reference, ids, mask, STEPS + 1)
+    for what, want, floor in (("patched eager", greedy(model, ids, mask, STEPS + 1, past_key_values=paged),
+                               COSINE_MIN), ("unpatched", unpatched, cosine_min)):
+        check = compare_greedy(got, want, STEPS + 1, floor)
         assert check.agree, f"{build.__name__} graph vs {what}: {check.note}"
+    exact = copy.deepcopy(reference).float()
+    ours, theirs = (float(fp32_logit_errors(exact, r, mask, STEPS + 1).max()) for r in (got, unpatched))
+    assert ours <= FP32_ERROR_FACTOR * theirs, f"error vs fp32: graph {ours:.2e}, unpatched bf16 {theirs:.2e}"
     assert [layer.seen for layer in cache.layers] == [ids.shape[1] + STEPS] * len(cache.layers)
     assert cache.layers[-1].lengths.tolist() == [n + STEPS for n in PROMPT_LENS]
 

@@ -174,3 +174,20 @@ def test_deepseek_v3_generate_matches_unpatched():
 
 def test_deepseek_v3_fp32_experts_refused_unmodified():
     assert_refused_unmodified(deepseek_v3(torch.float32), "layer 1 experts: dtype torch.float32")
+
+
+def test_fp32_logit_errors_teacher_forcing_matches_generate():
+    """The fp32 yardstick of the GPU tests: the fp32 model's own greedy logits, recomputed by its one teacher-forced
+    forward over the left-padded sequences, have error ~0 (positions and steps line up); the bf16 model's are
+    larger, and a perturbed result's larger still."""
+    from dispatch.integrations.hf.check import fp32_logit_errors, greedy
+
+    exact = llama().float()
+    ids, mask = _prompts()
+    own = greedy(exact, ids, mask, 4)
+    assert float(fp32_logit_errors(exact, own, mask, 4).max()) < 1e-5
+    bf16 = greedy(copy.deepcopy(exact).to(torch.bfloat16), ids, mask, 4)
+    bf16_error = float(fp32_logit_errors(exact, bf16, mask, 4).max())
+    assert 1e-5 < bf16_error < 0.1
+    bf16.logits[2][1] += 0.05 * bf16.logits[2][1].abs().max()
+    assert float(fp32_logit_errors(exact, bf16, mask, 4).max()) > 2 * bf16_error

@@ -50,8 +50,11 @@ def greedy(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, **kwar
                               **kwargs)
 
 
-def compare_greedy(got, want, new_tokens: int, cosine_min: float = COSINE_MIN) -> TokenCheck:
-    """got / want: `generate(..., output_logits=True, return_dict_in_generate=True)` results of one prompt batch."""
+def compare_greedy(got, want, new_tokens: int, cosine_min: float = COSINE_MIN,
+                   tie_spacings: float = TIE_SPACINGS) -> TokenCheck:
+    """got / want: `generate(..., output_logits=True, return_dict_in_generate=True)` results of one prompt batch.
+    tie_spacings: how close (in bf16 spacings of the top logit) the reference's top-2 must be for a differing token
+    to count as a tie (wider for an FP8 KV cache, whose values carry 4 fewer significant bits than bf16's)."""
     width = want.sequences.shape[1] - new_tokens
     notes = []
     for row in range(want.sequences.shape[0]):
@@ -61,7 +64,7 @@ def compare_greedy(got, want, new_tokens: int, cosine_min: float = COSINE_MIN) -
                 top2 = b.topk(2).values
                 spacing = 2.0 ** (int(torch.frexp(top2[0].abs()).exponent) - 8)  # bf16: 8 significant bits
                 gap = float(top2[0] - top2[1]) / spacing
-                if gap > TIE_SPACINGS:
+                if gap > tie_spacings:
                     return TokenCheck(False, f"sequence {row} step {step}: tokens differ, top-2 gap {gap:.1f} "
                                              "bf16 spacings")
                 notes.append(f"tie at seq {row} step {step}")
@@ -70,6 +73,25 @@ def compare_greedy(got, want, new_tokens: int, cosine_min: float = COSINE_MIN) -
             if cos < cosine_min:
                 return TokenCheck(False, f"sequence {row} step {step}: logits cosine {cos:.6f}")
     return TokenCheck(True, "; ".join(notes) or "same tokens")
+
+
+def fp32_logit_errors(reference_fp32, result, mask: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """(rows, new_tokens) relative L2 error of a greedy result's per-step logits against the fp32 model's logits on
+    the same tokens: one teacher-forced forward of `result.sequences` (positions numbered as generate numbers a
+    left-padded batch). The error of a bf16 stack against its fp32 twin is the yardstick for another bf16 stack's:
+    at real model widths with random weights the logits are nearly flat, so a fixed cosine floor measures the width
+    more than the stack."""
+    width = result.sequences.shape[1] - new_tokens
+    full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], new_tokens)], dim=1)
+    positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = reference_fp32(input_ids=result.sequences, attention_mask=full_mask, position_ids=positions).logits
+    errors = torch.empty(mask.shape[0], new_tokens)
+    for step in range(new_tokens):
+        exact = logits[:, width - 1 + step].double()
+        got = result.logits[step].double()
+        errors[:, step] = ((got - exact).norm(dim=-1) / exact.norm(dim=-1)).cpu()
+    return errors
 
 
 def tiny_models() -> dict[str, Callable[[], torch.nn.Module]]:
