@@ -31,6 +31,8 @@ def model_records(doc: dict) -> list[dict]:
     run = _run_id("models", meta["date"], str(commit))
     out = []
     for r in doc["records"]:
+        if "ms" not in r:  # a variant that failed (its error is in the benchmark's own file)
+            continue
         prefill = r["shape"].startswith("prefill")
         dims = [int(x) for x in r["shape"].split()[1].strip("b").split("x")] if prefill else None
         batch = dims[0] if prefill else int(r["shape"].split()[1].lstrip("b"))
@@ -43,7 +45,8 @@ def model_records(doc: dict) -> list[dict]:
                         provider="lowbit" if r["variant"] == "lowbit" else r["variant"],
                         timing="events", status="ok", median_us=r["ms"] * 1e3,
                         tokens_per_s=tokens / (r["ms"] * 1e-3),
-                        repro=f"python -m perf.models --models {r['model']} --layers {meta['layers']} --no-compile"))
+                        repro=f"python -m perf.models --models {r['model']} --layers {meta['layers']} "
+                              "--out models.json"))
     return out
 
 

@@ -41,7 +41,9 @@ import argparse
 import dataclasses
 import datetime
 import json
+import os
 import statistics
+import subprocess
 import time
 
 import torch
@@ -342,10 +344,16 @@ def run_model(name: str, model_cls, config, sizes: Sizes, device: torch.device, 
                                    context=sizes.context)})
 
 
+def _git_commit() -> str | None:
+    """The measured commit (a copy of the tree without .git passes it in LOWBIT_GIT_COMMIT)."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--models", default="llama,gpt_oss")
+    parser.add_argument("--models", default="llama,gpt_oss,deepseek_v3")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="tiny dims and shapes: checks the script, not speed")
     parser.add_argument("--no-compile", action="store_true")
@@ -366,6 +374,7 @@ def main() -> None:
             print(json.dumps(r))
         print(json.dumps(out["op_families_us"]))
     meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
+                commit=os.environ.get("LOWBIT_GIT_COMMIT") or _git_commit(),
                 layers=args.layers, smoke=args.smoke, sizes=dataclasses.asdict(sizes),
                 date=datetime.date.today().isoformat())
     with open(args.out, "w") as f:
