@@ -232,7 +232,8 @@ def test_prepacked_layer_matches_the_linear_layer(device, weights, layout, fused
 @pytest.mark.parametrize("weights, prepacked, fused_ops", [("mxfp4", True, True), ("nvfp4", True, True),
                                                          ("mxfp4", False, False), ("fp8", False, True)])
 def test_default_fused_choice(monkeypatch, weights, prepacked, fused_ops):
-    """fused=None: the fused GEMM1 + SwiGLU for FP8 and prepacked FP4 weights, the chain for linear FP4 weights."""
+    """fused=None: the fused GEMM1 + SwiGLU for prepacked FP4 weights and for FP8 on the contiguous layout when the
+    chain's GEMM would run Triton (as on the CPU), the chain for linear FP4 weights."""
     import sys
 
     L = sys.modules[moe_layer.__module__]  # the module (dispatch.ops re-exports the function under its name)
@@ -254,6 +255,40 @@ def test_default_fused_choice(monkeypatch, weights, prepacked, fused_ops):
     except RuntimeError as exc:
         assert str(exc) == "stop"
     assert bool(calls) == fused_ops, calls
+
+
+@pytest.mark.parametrize("layout, chain_gemm, fused_ops", [("contiguous", "triton", True),
+                                                       ("contiguous", "cute", False), ("masked", "triton", False)])
+def test_default_fused_choice_fp8(monkeypatch, layout, chain_gemm, fused_ops):
+    """fused=None with FP8 weights: fused only on the contiguous layout where the chain's GEMM would not run the
+    CuTe kernel (the H200 layer timings: docs/moe_gemm.md)."""
+    import sys
+
+    L = sys.modules[moe_layer.__module__]
+    calls = []
+
+    def record(*args, **kw):
+        calls.append("moe_gemm_swiglu_fp8_group")
+        raise RuntimeError("stop")
+
+    asked = []
+
+    def chain_backend(op, *args, backend="auto"):
+        asked.append(op)
+        return chain_gemm
+
+    monkeypatch.setattr(L, "moe_gemm_swiglu_fp8_group", record)
+    monkeypatch.setattr(L, "backend_for", chain_backend)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(T, H, generator=g).bfloat16()
+    ids, w = _routing(g, "cpu")
+    w1, w2, scales = _quantized_experts("fp8", g, "cpu")
+    try:
+        moe_layer(x, ids, w, w1, w2, weights="fp8", **scales, layout=layout, max_m=T, backend=_backend("cpu"))
+    except RuntimeError as exc:
+        assert str(exc) == "stop"
+    assert bool(calls) == fused_ops, calls
+    assert asked == (["moe_gemm_fp8"] if layout == "contiguous" else [])
 
 
 def test_prepacked_bad_arguments_are_named():

@@ -3,7 +3,8 @@ GEMM2 into token order -> weighted combine, composed of the moe and moe_gemm ops
 
 No host sync and static shapes throughout (the layouts' capacities depend on shapes only), so the layer is
 CUDA-graph capturable and torch.compile sees one custom op per stage. fused=False runs the chain of separate ops
-(moe_gemm, swiglu, moe_combine); fused=True (the default for FP8 weights, where it is faster) has GEMM1
+(moe_gemm, swiglu, moe_combine); fused=True (the default for prepacked FP4 weights, and for FP8 weights where
+the chain's GEMMs would run the Triton kernel on the contiguous layout: there it is faster) has GEMM1
 apply SwiGLU (and the FP8 quantization) in its epilogue, so its (rows, 2I) output never goes to memory, and GEMM2
 scatter its rows into token order for the combine (the same bytes as the chain, on the CPU interpreter and on the
 H100: docs/moe_gemm.md). The activations between GEMM1 and GEMM2 are written once (FP8: as codes + scales).
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from triton_ops.contract import checks as C
 
+from ._common import backend_for
 from .moe import moe_align, moe_combine, moe_gather, moe_gather_fp8, moe_masked_layout, moe_route
 from .moe_gemm import (
     moe_gemm_bf16,
@@ -68,11 +70,12 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     for an expert are dropped, as moe_masked_layout defines).
     fused: GEMM1 with SwiGLU (+ quantization) in its epilogue and GEMM2 scattered into token order
     (moe_gemm_swiglu[_fp8_group], moe_gemm_combine: 4 launches + the align); False: the chain of separate ops
-    (moe_gemm_*, swiglu[_fp8_group], moe_combine). Same bytes given the same GEMM accumulators. None (default):
-    fused for FP8 weights (timed faster than the chain at prefill on an H100: GEMM1 + SwiGLU + FP8 1.08x, GEMM2 +
-    combine 1.23x; even at decode) and for prepacked FP4 weights (the one-pass GEMM1 + SwiGLU tile: the GPT-OSS-120b
-    layer 1.00-1.03x the chain at 64 / 4096 tokens, H100; docs/moe_gemm.md names the records), the chain otherwise
-    (linear-layout MXFP4 GEMM1 + SwiGLU timed 0.97-0.99x the chain, NVFP4 0.97-1.05x).
+    (moe_gemm_*, swiglu[_fp8_group], moe_combine). Same bytes given the same GEMM accumulators. None (default): for FP8
+    weights fused only on the contiguous layout where the chain's GEMMs would run the Triton kernel (there timed faster
+    than the chain on an H100: GEMM1 + SwiGLU + FP8 1.08x, GEMM2 + combine 1.23x), the chain where they run the CuTe
+    kernel and on the masked layout (`_fp8_fused_by_default`); fused for prepacked FP4 weights (the one-pass GEMM1 +
+    SwiGLU tile: the GPT-OSS-120b layer 1.00-1.03x the chain at 64 / 4096 tokens, H100; docs/moe_gemm.md names the
+    records), the chain otherwise (linear-layout MXFP4 GEMM1 + SwiGLU timed 0.97-0.99x the chain, NVFP4 0.97-1.05x).
     prepacked: w1 / w2 and w1_scale / w2_scale are `moe_gemm_fp4_prepack`'s output for weights "mxfp4" / "nvfp4"
     (int32 values (E, N, KP/8), uint8 scales (E, N, SP); globals as above), and both GEMMs run the prepacked kernel:
     the chain (`moe_gemm_fp4_prepacked`, swiglu, `moe_gemm_fp4_prepacked`, moe_combine), or with fused=True
@@ -100,8 +103,8 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
     if prepacked and weights not in ("mxfp4", "nvfp4"):
         C.fail(OP, "prepacked", f"only MXFP4 / NVFP4 weights have a prepacked layout (weights={weights!r})")
     num_experts, top_k = w1.shape[0], topk_ids.shape[1]
-    if fused is None:
-        fused = weights == "fp8" or prepacked
+    if fused is None and weights != "fp8":
+        fused = prepacked  # FP8: decided once the activations are gathered (`_fp8_fused_by_default`)
     act = dict(interleave=interleave, activation=activation, alpha=alpha, limit=limit)
     if layout == "contiguous":
         lay = moe_align(topk_ids, num_experts, _block_m(topk_ids.numel() / max(num_experts, 1)),
@@ -126,15 +129,22 @@ def moe_layer(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor
         a = swiglu(moe_gemm_fp4_prepacked(x, w1, w1_scale, w_global=w1_global, **pk), **act, **act_place,
                    backend=backend)
         out = moe_gemm_fp4_prepacked(a, w2, w2_scale, w_global=w2_global, **pk)
-    elif fused:
-        return _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, weights, w1_scale, w2_scale,
-                              act, shared, backend, w1_global, w2_global)
     elif weights in ("fp8", "w4a8"):
         gemm = moe_gemm_fp8 if weights == "fp8" else moe_gemm_w4a8
         g = moe_gather_fp8(hidden, rows, top_k, backend=backend)
+        if fused is None:
+            fused = _fp8_fused_by_default(g, w1, w1_scale, place, backend)
+        if fused:
+            a = moe_gemm_swiglu_fp8_group(g.codes, w1, a_scale=g.scales, w_scale=w1_scale, weights=weights, **place,
+                                          **act, backend=backend)
+            return moe_gemm_combine(a.codes, w2, rows, inv_rows, topk_weights, a_scale=a.scales, w_scale=w2_scale,
+                                    weights=weights, **place, shared=shared, out_dtype=hidden.dtype, backend=backend)
         h = gemm(g.codes, g.scales, w1, w1_scale, **place, backend=backend)
         a = swiglu_fp8_group(h, **act, **act_place, backend=backend)
         out = gemm(a.codes, a.scales, w2, w2_scale, **place, backend=backend)
+    elif fused:
+        return _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, weights, w1_scale, w2_scale,
+                              act, shared, backend, w1_global, w2_global)
     else:
         x = moe_gather(hidden, rows, top_k, backend=backend)
         gemm = {"bf16": moe_gemm_bf16, "mxfp4": moe_gemm_mxfp4, "nvfp4": moe_gemm_nvfp4}[weights]
@@ -163,22 +173,29 @@ def moe_layer_routed(hidden: Tensor, router_logits: Tensor, w1: Tensor, w2: Tens
     return moe_layer(hidden, routing.topk_ids, routing.topk_weights, w1, w2, backend=backend, **layer)
 
 
+def _fp8_fused_by_default(gathered, w1, w1_scale, place: dict, backend: str) -> bool:
+    """fused=None with FP8 weights: the fused GEMM1 + SwiGLU + FP8 quantize only on the contiguous layout where the
+    chain's GEMMs would run the Triton kernel (prefill without the CuTe FP8 GEMM: fused 1.12x / 1.16x the chain,
+    H100). The chain where they run the CuTe kernel (DeepSeek-V3 dims, 4096 tokens, H200: chain 6.21 ms, fused
+    10.15 ms) and on the masked layout (64 tokens: chain 3.28 ms, fused 5.47 ms; the fused GEMM1 runs at half the
+    plain GEMM's weight rate there): perf/results/experiments/2026-11-29-h200-moe-layer-6429f7b.json."""
+    if "m_indices" not in place:
+        return False
+    chain_gemm = backend_for("moe_gemm_fp8", gathered.codes, gathered.scales, w1, w1_scale, place["m_indices"], None,
+                             None, backend=backend)
+    return chain_gemm != "cute"
+
+
 def _fused_experts(hidden, rows, top_k, place, inv_rows, topk_weights, w1, w2, weights, w1_scale, w2_scale, act,
                    shared, backend, w1_global=None, w2_global=None):
-    """gather -> GEMM1 with SwiGLU (+ FP8 1x128 quantization) in its epilogue -> GEMM2 scattered into token order
-    -> slot-order combine: the same bytes as the unfused chain, without the (rows, 2I) GEMM1 output in memory."""
-    if weights in ("fp8", "w4a8"):
-        g = moe_gather_fp8(hidden, rows, top_k, backend=backend)
-        a = moe_gemm_swiglu_fp8_group(g.codes, w1, a_scale=g.scales, w_scale=w1_scale, weights=weights, **place,
-                                      **act, backend=backend)
-        x2, s2 = a.codes, a.scales
-    else:
-        x = moe_gather(hidden, rows, top_k, backend=backend)
-        x2 = moe_gemm_swiglu(x, w1, w_scale=w1_scale, weights=weights, **place, **act, backend=backend,
-                             w_global=w1_global)
-        s2 = None
-    return moe_gemm_combine(x2, w2, rows, inv_rows, topk_weights, a_scale=s2, w_scale=w2_scale, weights=weights,
-                            **place, shared=shared, out_dtype=hidden.dtype, backend=backend, w_global=w2_global)
+    """gather -> GEMM1 with SwiGLU in its epilogue -> GEMM2 scattered into token order -> slot-order combine (16-bit
+    activations; FP8 runs the same steps in `moe_layer`'s FP8 branch): the same bytes as the unfused chain, without
+    the (rows, 2I) GEMM1 output in memory."""
+    x = moe_gather(hidden, rows, top_k, backend=backend)
+    x2 = moe_gemm_swiglu(x, w1, w_scale=w1_scale, weights=weights, **place, **act, backend=backend,
+                         w_global=w1_global)
+    return moe_gemm_combine(x2, w2, rows, inv_rows, topk_weights, w_scale=w2_scale, weights=weights, **place,
+                            shared=shared, out_dtype=hidden.dtype, backend=backend, w_global=w2_global)
 
 
 def moe_layer_reference(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Tensor, w2: Tensor,
