@@ -226,6 +226,93 @@ def test_decode_equals_prefill_and_drops_past_capacity():
     _spawn(_decode_worker)
 
 
+class _Dispatched(Exception):
+    """Raised by the send-buffer spy in place of the dispatch exchange: carries the layer's send buffer."""
+
+    def __init__(self, send):
+        super().__init__("dispatch send buffer captured")
+        self.send = send
+
+
+def _old_payload(hidden, topk_ids, dest, world, local_experts, fp8, weights):
+    """The former construction, kept as the reference: (W, T, row_bytes), every token's message row once per rank
+    (the hidden bytes expanded W times)."""
+    from dispatch.ops import fp8_group_quantize
+
+    if fp8:
+        q = fp8_group_quantize(hidden, 128)
+        body = torch.cat([q.codes.view(torch.uint8), q.scales.contiguous().view(torch.uint8)], dim=1)
+    else:
+        body = hidden.contiguous().view(torch.uint8)
+    ranks = torch.arange(world).view(-1, 1, 1)
+    local = torch.where(dest.unsqueeze(0) == ranks, topk_ids.long().unsqueeze(0) - ranks * local_experts + 1, 0)
+    parts = [body.unsqueeze(0).expand(world, -1, -1), local.to(torch.int32).contiguous().view(torch.uint8)]
+    if weights is not None:
+        parts.append(weights.float().contiguous().view(torch.uint8).unsqueeze(0).expand(world, -1, -1))
+    return torch.cat(parts, dim=2)
+
+
+def _old_send(payload, dest, capacity=None):
+    """The reference send rows: per destination rank in order, the rows of the tokens travelling there in token
+    order; with a capacity, the first `capacity` of them padded with zero rows to `capacity`."""
+    blocks = []
+    for r in range(payload.shape[0]):
+        rows = payload[r][(dest == r).any(1)]
+        if capacity is not None:
+            rows = torch.cat([rows[:capacity], rows.new_zeros(max(capacity - rows.shape[0], 0), rows.shape[1])])
+        blocks.append(rows)
+    return torch.cat(blocks)
+
+
+def _send_buffer_worker(rank, world):
+    import dispatch.distributed.ep_moe as ep
+
+    def spy(recv, send, recv_splits, send_splits, group):
+        if send.dtype == torch.uint8:  # the dispatch (the count exchange is int64): stop on every rank alike
+            raise _Dispatched(send.clone())
+        return real(recv, send, recv_splits, send_splits, group)
+
+    def captured(fn, *args, **kw):
+        try:
+            fn(*args, **kw)
+        except _Dispatched as d:
+            return d.send
+        raise AssertionError("the layer returned without a dispatch exchange")
+
+    n = E // world
+    w1, w2 = torch.zeros(n, 2 * I, H).bfloat16(), torch.zeros(n, H, I).bfloat16()  # never run: stopped first
+    real, ep.exchange_rows = ep.exchange_rows, spy
+    try:
+        for tokens in ((12, 12), (0, 5)):
+            x, ids, w = _tokens(torch.Generator().manual_seed(600 + rank), tokens[rank], False, skew=True)
+            if ids.shape[0]:
+                ids[0] = -1  # no expert anywhere
+                ids[1, 1] = E + 3  # out of range
+                ids[2] = torch.tensor([rank * n, rank * n + 1])  # no expert on the other rank
+                ids[3] = torch.tensor([(1 - rank) * n + 1, (1 - rank) * n])  # none on this rank
+            dest = torch.where((ids >= 0) & (ids < E), ids.long() // n, -1)
+            for fp8 in (False, True):
+                for combine in ("entry", "rank"):
+                    payload = _old_payload(x, ids, dest, world, n, fp8, w if combine == "rank" else None)
+                    kw = dict(num_experts=E, fp8_dispatch=fp8, combine=combine, backend="triton")
+                    label = f"rank {rank} T={tokens[rank]} fp8={fp8} {combine}"
+                    got = captured(ep.ep_moe_prefill, x, ids, w, w1, w2, **kw)
+                    assert torch.equal(got, _old_send(payload, dest)), f"{label}: prefill"
+                    for cap in (3, 12):  # 3: the skewed rank overflows; 12: padding rows
+                        got = captured(ep.ep_moe_decode, x, ids, w, w1, w2, capacity=cap, **kw)
+                        assert torch.equal(got, _old_send(payload, dest, cap)), f"{label}: decode capacity {cap}"
+    finally:
+        ep.exchange_rows = real
+
+
+def test_send_buffer_bytes_equal_the_per_rank_payload_construction():
+    """The dispatch send buffer, built from each token's one body row, has the bytes of the former construction
+    (every token's row expanded per rank, then the sent rows picked): skewed routing, tokens with no expert on a
+    rank or anywhere, an out-of-range id, a rank with zero tokens; bf16 / FP8 dispatch, entry / rank combine,
+    prefill and decode (overflowing and padded capacities)."""
+    _spawn(_send_buffer_worker)
+
+
 def _bad_inputs_worker(rank, world):
     from dispatch.distributed import ep_moe_decode, ep_moe_prefill
     from triton_ops.contract.checks import LowbitInputError

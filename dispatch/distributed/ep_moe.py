@@ -108,23 +108,32 @@ def _destinations(topk_ids: Tensor, p: ExpertPlacement) -> Tensor:
     return torch.where(valid, ids // p.local_experts, torch.full_like(ids, -1))
 
 
-def _payload(hidden: Tensor, topk_ids: Tensor, dest: Tensor, p: ExpertPlacement, fp8: bool,
-             weights: Tensor | None) -> Tensor:
-    """(world, T, row_bytes) uint8: per destination rank, every token's message row (hidden bytes, local ids + 1,
-    then the fp32 router weights when given). FP8: the rows are quantized once, codes then scales (row-local, so
-    the same bytes as quantizing after sending)."""
+def _send_rows(hidden: Tensor, topk_ids: Tensor, dest: Tensor, send_src: Tensor, p: ExpertPlacement, fp8: bool,
+               weights: Tensor | None, backend: str) -> Tensor:
+    """The send buffer (len(send_src), row_bytes) uint8: row i is token t's message for rank r where send_src[i] =
+    r * T + t (hidden bytes, the ids local to r + 1, then the fp32 router weights when given), a zero row where
+    send_src[i] >= W * T (padding). Each sent row's body is gathered from the token's one body row and its ids /
+    weights are computed for the sent rows only: no (W, T, row) copy of the tokens. FP8: the rows are quantized
+    once, codes then scales (row-local, so the same bytes as quantizing after sending)."""
+    t, k = topk_ids.shape
     if fp8:
         q = fp8_group_quantize(hidden, FP8_GROUP)
         body = torch.cat([q.codes.view(torch.uint8), q.scales.contiguous().view(torch.uint8)], dim=1)
     else:
         body = hidden.contiguous().view(torch.uint8)
-    ranks = torch.arange(p.world_size, device=hidden.device).view(-1, 1, 1)
-    local = torch.where(dest.unsqueeze(0) == ranks, topk_ids.long().unsqueeze(0) - ranks * p.local_experts + 1, 0)
-    parts = [body.unsqueeze(0).expand(p.world_size, -1, -1), local.to(I32).contiguous().view(torch.uint8)]
-    if weights is not None:
-        w = weights.float().contiguous().view(torch.uint8)  # (T, 4k): an entry's weight travels with its row
-        parts.append(w.unsqueeze(0).expand(p.world_size, -1, -1))
-    return torch.cat(parts, dim=2)
+    src = send_src.long()
+    rank = torch.div(src, max(t, 1), rounding_mode="floor")  # padding rows: W (or 0 when T = 0), matched by no id
+    token = torch.where(src < p.world_size * t, src - rank * t, t)  # t: one past the tokens, a zero body row
+    rows = moe_gather(body, token.to(I32), 1, backend=backend)
+    no_expert = torch.full((1, k), -1, dtype=dest.dtype, device=dest.device)  # the padding row's destinations
+    mine = torch.cat([dest, no_expert])[token] == rank.unsqueeze(1)
+    ids = torch.cat([topk_ids.long(), no_expert.long()])[token]
+    local = torch.where(mine, ids - rank.unsqueeze(1) * p.local_experts + 1, 0).to(I32)
+    parts = [rows, local.view(torch.uint8)]
+    if weights is not None:  # an entry's weight travels with its row; padding rows carry zero bytes
+        w = torch.cat([weights.float(), weights.new_zeros(1, k, dtype=torch.float32)])[token]
+        parts.append(w.view(torch.uint8))
+    return torch.cat(parts, dim=1)
 
 
 def _unpack(recv: Tensor, h: int, k: int, dtype: torch.dtype, fp8: bool,
@@ -277,9 +286,8 @@ def ep_moe_prefill(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: T
     tok_rows = _token_rows(route.token_to, tok_offsets)  # (T, W)
     slot = tok_rows.t().reshape(-1).long()
     send_src = _scatter_rows(slot, route.token_to.t().reshape(-1), sum(sizes.tokens_send), p.world_size * t)
-    payload = _payload(hidden, topk_ids, route.dest, p, fp8_dispatch, topk_weights if per_rank else None)
-    payload = payload.reshape(p.world_size * t, payload.shape[2])  # explicit width: T may be 0
-    send = moe_gather(payload, send_src, 1, backend=backend)
+    send = _send_rows(hidden, topk_ids, route.dest, send_src, p, fp8_dispatch, topk_weights if per_rank else None,
+                      backend)
     mark("pack")
     recv = exchange_rows(send.new_empty(sum(sizes.tokens_recv), send.shape[1]), send, sizes.tokens_recv,
                          sizes.tokens_send, group)
@@ -348,9 +356,7 @@ def ep_moe_decode(hidden: Tensor, topk_ids: Tensor, topk_weights: Tensor, w1: Te
 
     slot = (torch.arange(w, device=dev) * cap + position).t().reshape(-1)
     send_src = _scatter_rows(slot, sent.t().reshape(-1), w * cap, w * t)  # sentinel rows: zero bytes, no ids
-    payload = _payload(hidden, topk_ids, dest, p, fp8_dispatch, topk_weights if per_rank else None)
-    payload = payload.reshape(w * t, payload.shape[2])
-    send = moe_gather(payload, send_src, 1, backend=backend)
+    send = _send_rows(hidden, topk_ids, dest, send_src, p, fp8_dispatch, topk_weights if per_rank else None, backend)
     mark("pack")
     recv = exchange_rows(torch.empty_like(send), send, None, None, group)
     mark("dispatch")
