@@ -6,9 +6,9 @@
   counter and device lengths advance one per step; refusals (`mode="cuda_graph"` off CUDA, other caches, shapes);
 * the cache without a prefill: `write_prefix` + `set_lengths` give the logits of the unpatched model over the
   same keys in a left-padded DynamicCache; `fill_random`'s values; `advance` / `snapshot` / `restore`;
-* `torch.compile(fullgraph=True, backend="eager")` of the patched model: a paged decode step (Llama, GPT-OSS, Qwen3-MoE), and
-  for Llama also a prefill and a DynamicCache decode through the same compiled model (dynamic shapes), equal to
-  the uncompiled patched model.
+* `torch.compile(fullgraph=True, backend="eager")` of the patched model: a paged decode step (Llama, GPT-OSS,
+  Qwen3-MoE), and for Llama also a prefill and a DynamicCache decode through the same compiled model (dynamic
+  shapes), equal to the uncompiled patched model.
 CUDA-graph replay itself is tests/test_hf_graph_gpu.py."""
 
 from __future__ import annotations
