@@ -226,6 +226,11 @@ def test_qwen3_moe_generate_matches_unpatched(rope):
     assert check.agree, check.note
 
 
+@pytest.mark.slow  # the Triton interpreter: the attention, norm, RoPE and MoE kernels, two steps
+def test_qwen3_moe_generate_matches_unpatched_triton():
+    assert_patched_generation_matches(qwen3_moe(), 2, "triton", QWEN3_MOE_SWAPS)
+
+
 def test_qwen3_moe_patch_adopts_parameters():
     """Same state-dict names; the router, experts, norms and attention projections are the same parameter objects
     (the dense MLP's gate / up become views of their fused weight)."""
