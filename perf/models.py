@@ -1,6 +1,6 @@
 """Whole-model timing of `lowbit_patch` on transformers models: real per-layer dims, few layers, random weights.
 
-    python -m perf.models --out models.json [--models llama,gpt_oss] [--layers 2]
+    python -m perf.models --out models.json [--models llama,gpt_oss,qwen3_moe] [--layers 2]
     python -m perf.models --out smoke.json --models llama --smoke     # tiny dims, any device: the script's logic
 
 Per model (the same random weights throughout; the unpatched variants first, then the model is patched in place
@@ -84,8 +84,8 @@ def cache_dims(config) -> tuple[int, int, int]:
 
 
 def configs(layers: int, smoke: bool) -> dict:
-    """Llama-3.1-8B, GPT-OSS-20b and DeepSeek-V3 per-layer dims (DeepSeek: one dense layer, then MoE), or tiny
-    dims of the same architectures (`smoke`)."""
+    """Llama-3.1-8B, GPT-OSS-20b, DeepSeek-V3 (one dense layer, then MoE) and Qwen3-30B-A3B (every layer MoE)
+    per-layer dims, or tiny dims of the same architectures (`smoke`)."""
     import transformers as tf
 
     common = dict(num_hidden_layers=layers, vocab_size=256 if smoke else VOCAB, max_position_embeddings=8192)
@@ -95,6 +95,8 @@ def configs(layers: int, smoke: bool) -> dict:
     deepseek = dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_attention_heads=128,
                     num_key_value_heads=128, n_routed_experts=256, num_experts_per_tok=8, n_group=8, topk_group=4,
                     q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+    qwen3_moe = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
+                     num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8)
     if smoke:
         llama = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
         gpt_oss = dict(hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -102,6 +104,8 @@ def configs(layers: int, smoke: bool) -> dict:
         deepseek = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=2,
                         num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
                         q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=32)
+        qwen3_moe = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2)
     return {
         "llama": (tf.LlamaForCausalLM, tf.LlamaConfig(
             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -113,6 +117,9 @@ def configs(layers: int, smoke: bool) -> dict:
             **gpt_oss, **common)),
         "deepseek_v3": (tf.DeepseekV3ForCausalLM, tf.DeepseekV3Config(
             first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=2.5, **deepseek, **common)),
+        "qwen3_moe": (tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(
+            norm_topk_prob=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **qwen3_moe,
+            **common)),
     }
 
 
@@ -226,7 +233,8 @@ def latent_graph_decode(model, batch: int, sizes: Sizes, device: torch.device):
 
 
 # model -> the patched decode step's builder: (model, batch, sizes, device) -> (step, reset, eager step, cache name).
-PATCHED_DECODE = {"llama": paged_graph_decode, "gpt_oss": paged_graph_decode, "deepseek_v3": latent_graph_decode}
+PATCHED_DECODE = {"llama": paged_graph_decode, "gpt_oss": paged_graph_decode, "deepseek_v3": latent_graph_decode,
+                  "qwen3_moe": paged_graph_decode}
 
 
 def _unpatched_decode(forward, model, batch: int, context: int, device: torch.device):
@@ -353,7 +361,7 @@ def _git_commit() -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--models", default="llama,gpt_oss,deepseek_v3")
+    parser.add_argument("--models", default="llama,gpt_oss,deepseek_v3,qwen3_moe")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="tiny dims and shapes: checks the script, not speed")
     parser.add_argument("--no-compile", action="store_true")

@@ -6,9 +6,9 @@
   counter and device lengths advance one per step; refusals (`mode="cuda_graph"` off CUDA, other caches, shapes);
 * the cache without a prefill: `write_prefix` + `set_lengths` give the logits of the unpatched model over the
   same keys in a left-padded DynamicCache; `fill_random`'s values; `advance` / `snapshot` / `restore`;
-* `torch.compile(fullgraph=True, backend="eager")` of the patched model: a paged decode step (Llama, GPT-OSS), and
-  for Llama also a prefill and a DynamicCache decode through the same compiled model (dynamic shapes), equal to
-  the uncompiled patched model.
+* `torch.compile(fullgraph=True, backend="eager")` of the patched model: a paged decode step (Llama, GPT-OSS,
+  Qwen3-MoE), and for Llama also a prefill and a DynamicCache decode through the same compiled model (dynamic
+  shapes), equal to the uncompiled patched model.
 CUDA-graph replay itself is tests/test_hf_graph_gpu.py."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import copy
 import pytest
 import torch
 
-from tests.test_hf_models import VOCAB, _prompts, gpt_oss, llama
+from tests.test_hf_models import VOCAB, _prompts, gpt_oss, llama, qwen3_moe
 
 transformers = pytest.importorskip("transformers")
 
@@ -58,7 +58,7 @@ def _generate(model, ids, mask, new_tokens, **kwargs):
                               **kwargs)
 
 
-@pytest.mark.parametrize("build", [llama, gpt_oss], ids=["llama", "gpt_oss"])
+@pytest.mark.parametrize("build", [llama, gpt_oss, qwen3_moe], ids=["llama", "gpt_oss", "qwen3_moe"])
 def test_eager_step_continues_prefill_like_generate(build):
     reference = build()
     model = _patched(reference)
@@ -159,7 +159,7 @@ def test_advance_snapshot_restore():
     assert [layer.lengths.tolist() for layer in cache.layers] == [[6, 2], [6, 2]]
 
 
-@pytest.mark.parametrize("build", [llama, gpt_oss], ids=["llama", "gpt_oss"])
+@pytest.mark.parametrize("build", [llama, gpt_oss, qwen3_moe], ids=["llama", "gpt_oss", "qwen3_moe"])
 def test_compile_fullgraph_paged_decode_step(build):
     model = _patched(build())
     ids, mask = _prompts()

@@ -5,7 +5,8 @@
   cache and of the unpatched model's `generate` (the tie rule of dispatch/integrations/hf/check.py: a divergence
   only at a step where the reference's top-2 logits are within a few bf16 spacings; logits cosine >= 0.9999
   before it): Llama at tiny dims, Llama-3-8B's per-layer dims (hidden 4096, 32 / 8 heads of 128, MLP 14336) with
-  2 layers, GPT-OSS at its head dim 64 with sinks and a sliding window;
+  2 layers, GPT-OSS at its head dim 64 with sinks and a sliding window, Qwen3-MoE at its head dim 128 and at
+  Qwen3-30B-A3B's attention and expert widths with 2 layers (the fp32 yardstick as at Llama-3-8B's);
 * replay with new lengths: a cache filled by `fill_random`, lengths set, then set again to other lengths between
   replays of the same graph: each replay's logits equal the eager step's (`mode="eager"`) on a copy of the cache
   (same kernels, same inputs: bit-equal).
@@ -24,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 from dispatch.integrations.hf import GraphedDecode, LowbitPagedCache, lowbit_patch  # noqa: E402
 from dispatch.integrations.hf.check import compare_greedy, fp32_logit_errors, greedy, prompts  # noqa: E402
 from tests.test_hf_graph import prefill  # noqa: E402
-from tests.test_hf_models_gpu import VOCAB, gpt_oss, llama  # noqa: E402
+from tests.test_hf_models_gpu import VOCAB, _build, gpt_oss, llama, qwen3_moe  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -39,15 +40,23 @@ FP32_ERROR_FACTOR = 1.5
 
 
 def llama_8b_layers():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
+    return _build(transformers.LlamaForCausalLM, transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
         num_key_value_heads=8, max_position_embeddings=256, pad_token_id=0,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
-    config._attn_implementation = "eager"
-    with torch.device("cuda"):
-        return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}))
+
+
+def qwen3_30b_a3b_layers():
+    """Qwen3-30B-A3B's attention and expert widths (hidden 2048, 32 / 4 heads of 128, experts of width 768, top-8)
+    with 2 sparse layers. 8 experts, all routed: the 8 experts a token runs are the real model's shapes, and a top-8
+    of 128 with random weights would flip on one rounding of a router logit, a discrete change no token, cosine or
+    error bound covers (the routing's bytes are tests/test_moe_routing.py's)."""
+    return _build(transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=2,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=8, num_experts_per_tok=8,
+        norm_topk_prob=True, max_position_embeddings=256, pad_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}))
 
 
 def _graph_greedy(model, ids, mask):
@@ -60,7 +69,9 @@ def _graph_greedy(model, ids, mask):
 
 
 @pytest.mark.parametrize("build,cosine_min", [(llama, COSINE_MIN), (llama_8b_layers, WIDE_COSINE_MIN),
-                                               (gpt_oss, COSINE_MIN)], ids=["llama", "llama_8b_layers", "gpt_oss"])
+                                               (gpt_oss, COSINE_MIN), (qwen3_moe, COSINE_MIN),
+                                               (qwen3_30b_a3b_layers, WIDE_COSINE_MIN)],
+                         ids=["llama", "llama_8b_layers", "gpt_oss", "qwen3_moe", "qwen3_30b_a3b_layers"])
 def test_gpu_graph_decode_matches_eager_and_unpatched(build, cosine_min):
     reference = build()
     model = copy.deepcopy(reference)
@@ -80,7 +91,7 @@ def test_gpu_graph_decode_matches_eager_and_unpatched(build, cosine_min):
     assert cache.layers[-1].lengths.tolist() == [n + STEPS for n in PROMPT_LENS]
 
 
-@pytest.mark.parametrize("build", [llama, gpt_oss], ids=["llama", "gpt_oss"])
+@pytest.mark.parametrize("build", [llama, gpt_oss, qwen3_moe], ids=["llama", "gpt_oss", "qwen3_moe"])
 def test_gpu_graph_replay_with_new_lengths(build):
     model = build()
     lowbit_patch(model)

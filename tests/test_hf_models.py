@@ -191,3 +191,87 @@ def test_fp32_logit_errors_teacher_forcing_matches_generate():
     assert 1e-5 < bf16_error < 0.1
     bf16.logits[2][1] += 0.05 * bf16.logits[2][1].abs().max()
     assert float(fp32_logit_errors(exact, bf16, mask, 4).max()) > 2 * bf16_error
+
+
+# -------------------------------------------------------------------------------------------- Qwen3-MoE
+
+
+def qwen3_moe(dtype=torch.bfloat16, **overrides):
+    """Layer 0 sparse, every token to all 4 experts (with random weights a router logit moved by one rounding can
+    flip a top-k choice, a discrete change no token or cosine bound covers: the routing itself is checked on the
+    block below), layer 1 dense (`mlp_only_layers`)."""
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=4,
+              norm_topk_prob=True, mlp_only_layers=[1], max_position_embeddings=64, pad_token_id=PAD)
+    kw.update(overrides)
+    return _build(transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(**kw), dtype)
+
+
+# Per layer: the two layer norms and the attention's q / k norms; plus the final norm.
+QWEN3_MOE_SWAPS = {"Qwen3MoeAttention": 2, "Qwen3MoeRMSNorm": 9, "Qwen3MoeSparseMoeBlock": 1, "Qwen3MoeMLP": 1}
+QWEN3_YARN = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 16}
+
+
+@pytest.mark.parametrize("rope", [None, QWEN3_YARN], ids=["default", "yarn"])
+def test_qwen3_moe_generate_matches_unpatched(rope):
+    from dispatch.integrations.hf.check import compare_greedy, greedy
+
+    reference = qwen3_moe(**({} if rope is None else dict(rope_parameters=rope)))
+    patched = copy.deepcopy(reference)
+    report = lowbit_patch(patched)
+    assert report.replaced == QWEN3_MOE_SWAPS and report.experts == "bf16"
+    assert report.replacements["Qwen3MoeSparseMoeBlock"] == "LowbitQwen3MoeBlock"
+    ids, mask = _prompts()
+    check = compare_greedy(greedy(patched, ids, mask, 12), greedy(reference, ids, mask, 12), 12, COSINE_MIN)
+    assert check.agree, check.note
+
+
+@pytest.mark.slow  # the Triton interpreter: the attention, norm, RoPE and MoE kernels, two steps
+def test_qwen3_moe_generate_matches_unpatched_triton():
+    assert_patched_generation_matches(qwen3_moe(), 2, "triton", QWEN3_MOE_SWAPS)
+
+
+def test_qwen3_moe_patch_adopts_parameters():
+    """Same state-dict names; the router, experts, norms and attention projections are the same parameter objects
+    (the dense MLP's gate / up become views of their fused weight)."""
+    model = qwen3_moe()
+    before = dict(model.named_parameters())
+    lowbit_patch(model)
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys() and model.state_dict().keys() == before.keys()
+    fused = {n for n in before if n.startswith("model.layers.1.mlp.") and ("gate_proj" in n or "up_proj" in n)}
+    assert len(fused) == 2
+    assert all(after[n] is before[n] for n in before.keys() - fused)
+    assert all(torch.equal(after[n], before[n]) for n in fused)
+
+
+@pytest.mark.parametrize("norm_topk_prob", [False, True])
+def test_qwen3_moe_block_top2_matches_fp32_block(norm_topk_prob):
+    """The sparse block alone, top-2 of 4 (the routing the generation test leaves out): the patched block's
+    output is as close to transformers' block in fp32 as transformers' bf16 block is (the same bf16 router logits
+    pick the same experts; the fp32 block's are checked to pick them too)."""
+    reference = qwen3_moe(num_experts_per_tok=2, norm_topk_prob=norm_topk_prob, mlp_only_layers=[])
+    block = reference.model.layers[0].mlp
+    exact = copy.deepcopy(block).float()
+    patched = copy.deepcopy(reference)
+    lowbit_patch(patched)
+    x = torch.randn(1, 24, 64, generator=torch.Generator().manual_seed(2)).bfloat16()
+    with torch.no_grad():
+        assert torch.equal(block.gate(x)[2], exact.gate(x.float())[2])
+        want = exact(x.float())
+        errors = [float((y.float() - want).norm() / want.norm()) for y in (patched.model.layers[0].mlp(x), block(x))]
+    assert errors[0] <= 1.5 * errors[1] and errors[0] < 1e-2, errors
+
+
+def test_qwen3_moe_unsupported_config_refused_unmodified():
+    model = qwen3_moe(hidden_act="gelu", use_sliding_window=True, sliding_window=8, output_router_logits=True,
+                      rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+    assert_refused_unmodified(model, "hidden_act 'gelu'", "use_sliding_window with sliding_window 8",
+                              "output_router_logits", "rope_type 'dynamic'")
+
+
+def test_qwen3_moe_fp32_experts_and_expert_formats_refused_unmodified():
+    assert_refused_unmodified(qwen3_moe(torch.float32, mlp_only_layers=[]), "layer 0 experts: dtype torch.float32",
+                              "layer 1 experts: dtype torch.float32")
+    assert_refused_unmodified(qwen3_moe(), "experts='fp8'", "expert_weights given", experts="fp8",
+                              expert_weights={})

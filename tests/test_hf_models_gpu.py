@@ -1,6 +1,7 @@
 """lowbit_patch on a GPU: the patched models run lowbit's GPU kernels (the backends `auto` picks on the card) and are
 compared with the unpatched eager model on the same card, at the real head dims (Llama 128, GPT-OSS 64 with sinks
-and a sliding window, DeepSeek-V3 MLA 192 / 128) with few, narrow layers and random weights.
+and a sliding window, DeepSeek-V3 MLA 192 / 128, Qwen3-MoE 128 with its q / k norms) with few, narrow layers and
+random weights.
 
 Greedy tokens: a batch of four left-padded prompts of different lengths, 32 new tokens. With random weights two
 logits can tie to within the rounding both stacks make, so a divergence is accepted only at a step where the
@@ -81,7 +82,18 @@ def deepseek_v3():
                          "beta_fast": 32.0, "beta_slow": 1.0}))
 
 
-@pytest.mark.parametrize("build", [llama, gpt_oss, deepseek_v3], ids=["llama", "gpt_oss", "deepseek_v3"])
+def qwen3_moe():
+    """Qwen3-MoE's head dim 128 with the per-head q / k norms, a sparse then a dense layer; every token to every
+    expert, for the reason given at gpt_oss."""
+    return _build(transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=128, num_experts=8, num_experts_per_tok=8,
+        norm_topk_prob=True, mlp_only_layers=[1], max_position_embeddings=256, pad_token_id=PAD,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}))
+
+
+@pytest.mark.parametrize("build", [llama, gpt_oss, deepseek_v3, qwen3_moe],
+                         ids=["llama", "gpt_oss", "deepseek_v3", "qwen3_moe"])
 def test_gpu_patched_generation_matches_unpatched(build):
     reference = build()
     patched = copy.deepcopy(reference)
@@ -90,7 +102,7 @@ def test_gpu_patched_generation_matches_unpatched(build):
     assert_same_greedy_tokens(_generate(patched), _generate(reference), f"{build.__name__} patched")
 
 
-@pytest.mark.parametrize("build", [llama, gpt_oss], ids=["llama", "gpt_oss"])
+@pytest.mark.parametrize("build", [llama, gpt_oss, qwen3_moe], ids=["llama", "gpt_oss", "qwen3_moe"])
 def test_gpu_paged_cache_generation_matches_unpaged(build):
     reference = build()
     lowbit_patch(reference)

@@ -4,11 +4,19 @@ transformers is imported only when a patch registers the "lowbit" attention impl
 
 from .attention import UnsupportedMaskError, lowbit_attention_forward
 from .graph import GraphDecodeError, GraphedDecode
-from .patch import PatchReport, UnsupportedModelError, lowbit_patch, patch_deepseek_v3, patch_gpt_oss, patch_llama
+from .patch import (
+    PatchReport,
+    UnsupportedModelError,
+    lowbit_patch,
+    patch_deepseek_v3,
+    patch_gpt_oss,
+    patch_llama,
+    patch_qwen3_moe,
+)
 
 __all__ = ["GraphDecodeError", "GraphedDecode", "LowbitMlaCache", "LowbitPagedCache", "PagedCacheError",
            "PatchReport", "UnsupportedMaskError", "UnsupportedModelError", "lowbit_attention_forward", "lowbit_patch",
-           "patch_deepseek_v3", "patch_gpt_oss", "patch_llama"]
+           "patch_deepseek_v3", "patch_gpt_oss", "patch_llama", "patch_qwen3_moe"]
 
 
 def __getattr__(name: str):

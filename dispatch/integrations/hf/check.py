@@ -124,6 +124,10 @@ def tiny_models() -> dict[str, Callable[[], torch.nn.Module]]:
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
                              "mscale_all_dim": 1.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
                              "beta_slow": 1.0}, **common)),
+        "qwen3_moe": lambda: build(tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(
+            hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=4, norm_topk_prob=True,
+            mlp_only_layers=[1], **common)),
     }
 
 

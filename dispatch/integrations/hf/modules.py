@@ -55,16 +55,19 @@ class LowbitSwiGLUMLP(nn.Module):
 
 
 class LowbitAttention(nn.Module):
-    """Llama / GPT-OSS attention: q/k/v projections, NeoX RoPE through `ops.rope` on the model's cos/sin cache
-    (shared by all layers), the transformers KV cache, then `lowbit_attention_forward` (causal, GQA, the layer's
-    sliding window, sinks if the layer has them) and the output projection. With a `LowbitPagedCache` the cache
-    stores the keys in its pages and runs the paged attention ops itself."""
+    """Llama / GPT-OSS / Qwen3-MoE attention: q/k/v projections, Qwen3's per-head q / k RMSNorms if the layer has
+    them (the original's `q_norm` / `k_norm`, adopted as they are: the patch swaps them for `LowbitRMSNorm`s
+    first), NeoX RoPE through `ops.rope` on the model's cos/sin cache (shared by all layers), the transformers KV
+    cache, then `lowbit_attention_forward` (causal, GQA, the layer's sliding window, sinks if the layer has them)
+    and the output projection. With a `LowbitPagedCache` the cache stores the keys in its pages and runs the paged
+    attention ops itself."""
 
     def __init__(self, original: nn.Module, cos_sin_cache: Tensor):
         super().__init__()
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             setattr(self, name, getattr(original, name))
         self.sinks = getattr(original, "sinks", None)
+        self.q_norm, self.k_norm = getattr(original, "q_norm", None), getattr(original, "k_norm", None)
         self.layer_idx, self.head_dim, self.scaling = original.layer_idx, original.head_dim, original.scaling
         self.sliding_window = getattr(original, "sliding_window", None)
         self.config = original.config
@@ -76,6 +79,8 @@ class LowbitAttention(nn.Module):
         q = self.q_proj(hidden_states).view(b * s, -1, self.head_dim)
         k = self.k_proj(hidden_states).view(b * s, -1, self.head_dim)
         v = self.v_proj(hidden_states).view(b, s, -1, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:  # Qwen3: each head's q and k normalized over head_dim, before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
         if position_ids is None:
             raise ValueError("lowbit attention: argument 'position_ids': the patched attention needs the positions "
                              "the model passes its layers")

@@ -9,6 +9,9 @@ experts (`LowbitMxfp4Experts`, W4A16) run the same chain with `moe_gemm_mxfp4` f
 
 DeepSeek-V3: `ops.moe_layer_routed` with bf16 experts, or FP8 block-scaled ones (`LowbitFp8Experts`, W8A8: the
 activations quantized per 1x128 group on the way, GEMM1 + SwiGLU + FP8 and GEMM2 + combine fused).
+
+Qwen3-MoE: `ops.moe_layer_routed` with the model's bf16 / fp16 experts as transformers stores them (no biases,
+[gate | up] rows, silu): softmax over every expert, top-k, renormalized when the config's `norm_topk_prob`.
 """
 
 from __future__ import annotations
@@ -85,4 +88,23 @@ class LowbitDeepseekV3MoE(nn.Module):
                                  routed_scaling=float(gate.routed_scaling_factor), num_groups=gate.num_group,
                                  topk_groups=gate.topk_group,
                                  shared=self.shared_experts(x), **self.quantized)
+        return y.view(shape)
+
+
+class LowbitQwen3MoeBlock(nn.Module):
+    """transformers' Qwen3MoeSparseMoeBlock: the router's logits (its linear in the model's dtype, as transformers
+    computes them) -> `ops.moe_layer_routed` (softmax over every expert in fp32, top-k, renormalized when
+    `norm_topk_prob`; [gate | up] rows, silu). The router and experts modules are kept: same parameters, same
+    state-dict names."""
+
+    def __init__(self, original: nn.Module):
+        super().__init__()
+        self.gate, self.experts = original.gate, original.experts
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        logits = nn.functional.linear(x, self.gate.weight)
+        y = ops.moe_layer_routed(x, logits, self.experts.gate_up_proj, self.experts.down_proj, top_k=self.gate.top_k,
+                                 scoring="softmax", renormalize=bool(self.gate.norm_topk_prob))
         return y.view(shape)

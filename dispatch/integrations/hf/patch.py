@@ -16,10 +16,10 @@ from torch import nn
 from triton_ops.attention.prefill import MAX_HEAD_DIM
 
 from . import attention as attn
-from .experts import deepseek_v3_fp8_experts, gpt_oss_mxfp4_experts, plan_deepseek_v3, plan_gpt_oss
+from .experts import deepseek_v3_fp8_experts, gpt_oss_mxfp4_experts, held_format, plan_deepseek_v3, plan_gpt_oss
 from .mla import LowbitMlaAttention
 from .modules import LowbitAttention, LowbitRMSNorm, LowbitSwiGLUMLP
-from .moe import LowbitDeepseekV3MoE, LowbitGptOssMLP
+from .moe import LowbitDeepseekV3MoE, LowbitGptOssMLP, LowbitQwen3MoeBlock
 from .rope import cos_sin_cache, rope_problems
 
 # The dtypes of the attention kernels (fp32 runs on the Triton kernel only; bf16 / fp16 on every GPU kernel).
@@ -205,14 +205,60 @@ def patch_deepseek_v3(model: nn.Module, experts: str | None = None, expert_weigh
     return _apply(model, "deepseek_v3", swaps, problems, _experts_format(plans))
 
 
+def _qwen3_moe_problems(config, experts: str | None, expert_weights: Mapping | None) -> list[str]:
+    problems = []
+    if experts not in (None, "bf16"):
+        problems.append(f"experts={experts!r} (Qwen3-MoE experts run as the model holds them: None or 'bf16')")
+    if expert_weights is not None:
+        problems.append("expert_weights given: Qwen3-MoE's experts are read from the loaded model")
+    if config.hidden_act != "silu":
+        problems.append(f"hidden_act {config.hidden_act!r} (the MLP and expert patches are SwiGLU with silu)")
+    if getattr(config, "use_sliding_window", False) or getattr(config, "sliding_window", None) is not None:
+        problems.append(f"use_sliding_window with sliding_window {config.sliding_window} (the Qwen3-MoE patch "
+                        "covers full attention only)")
+    if getattr(config, "output_router_logits", False):
+        problems.append("output_router_logits (the router logits for the auxiliary loss are a training output: "
+                        "the patched MoE blocks do not record them)")
+    return problems
+
+
+def patch_qwen3_moe(model: nn.Module, experts: str | None = None, expert_weights: Mapping | None = None
+                    ) -> PatchReport:
+    """Qwen3MoeForCausalLM / Qwen3MoeModel: RMSNorm -> ops.rms_norm (the per-head q / k norms too, applied before
+    RoPE), RoPE -> ops.rope, GQA attention as Llama's, the dense SwiGLU MLPs of `mlp_only_layers` /
+    `decoder_sparse_step` as Llama's, and the sparse MoE blocks -> ops.moe_layer_routed (softmax over every expert,
+    top-k, renormalized when `norm_topk_prob`). experts: None or "bf16" (as the model holds them: bf16 / fp16)."""
+    config = model.config
+    problems = _problems_common(model, config) + _qwen3_moe_problems(config, experts, expert_weights)
+    eps = config.rms_norm_eps
+    # The q / k norms first: the attention swaps adopt the patched ones.
+    swaps = [s for layer in model.model.layers for s in _norm_swaps(layer.self_attn, ("q_norm", "k_norm"), eps)]
+    swaps += _attention_swaps(model, config, problems)
+    sparse = False
+    for i, layer in enumerate(model.model.layers):
+        swaps += _norm_swaps(layer, ("input_layernorm", "post_attention_layernorm"), eps)
+        if not hasattr(layer.mlp, "experts"):
+            swaps.append(Swap(layer, "mlp", LowbitSwiGLUMLP))
+            continue
+        sparse = True
+        held = held_format(layer.mlp.experts)
+        if held != "bf16":
+            problems.append(f"layer {i} experts: dtype {held} (the expert GEMMs take bf16 / fp16 weights)")
+        swaps.append(Swap(layer, "mlp", LowbitQwen3MoeBlock))
+    swaps += _norm_swaps(model.model, ("norm",), eps)
+    return _apply(model, "qwen3_moe", swaps, problems, "bf16" if sparse else None)
+
+
 PATCHES: dict[str, Callable[..., PatchReport]] = {"llama": patch_llama, "gpt_oss": patch_gpt_oss,
-                                                          "deepseek_v3": patch_deepseek_v3}
+                                                          "deepseek_v3": patch_deepseek_v3,
+                                                          "qwen3_moe": patch_qwen3_moe}
 
 
 def lowbit_patch(model: nn.Module, experts: str | None = None, expert_weights: Mapping | None = None
                  ) -> PatchReport:
     """Patch a transformers model in place for its `config.model_type`; returns what was replaced. `experts` /
-    `expert_weights`: the MoE experts' format (GPT-OSS "mxfp4", DeepSeek-V3 "fp8"; see the patch functions)."""
+    `expert_weights`: the MoE experts' format (GPT-OSS "mxfp4", DeepSeek-V3 "fp8", Qwen3-MoE "bf16"; see the patch
+    functions)."""
     model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
     patch = PATCHES.get(model_type)
     if patch is None:
