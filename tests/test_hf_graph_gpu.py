@@ -1,11 +1,11 @@
 """CUDA-graph decode (`GraphedDecode`) on a GPU, patched models on lowbit's GPU kernels, random weights:
 
-* greedy decode: four left-padded prompts of different lengths prefilled through LowbitPagedCache, then 8 graph
-  replays (positions from the cache's lengths) give the tokens of the patched model's eager `generate` on the paged
-  cache and of the unpatched model's `generate` (the tie rule of dispatch/integrations/hf/check.py: a divergence
-  only at a step where the reference's top-2 logits are within a few bf16 spacings; logits cosine >= 0.9999
-  before it): Llama at tiny dims, Llama-3-8B's per-layer dims (hidden 4096, 32 / 8 heads of 128, MLP 14336) with
-  2 layers, GPT-OSS at its head dim 64 with sinks and a sliding window;
+* greedy decode: four left-padded prompts of different lengths prefilled through LowbitPagedCache, then 63 graph
+  replays (64 new tokens; positions from the cache's lengths) give the tokens of the patched model's eager
+  `generate` on the paged cache and of the unpatched model's `generate` (the tie rule of
+  dispatch/integrations/hf/check.py: a divergence only at a step where the reference's top-2 logits are within a
+  few bf16 spacings; logits cosine >= 0.9999 before it): Llama at tiny dims, Llama-3-8B's per-layer dims (hidden
+  4096, 32 / 8 heads of 128, MLP 14336) with 2 layers, GPT-OSS at its head dim 64 with sinks and a sliding window;
 * replay with new lengths: a cache filled by `fill_random`, lengths set, then set again to other lengths between
   replays of the same graph: each replay's logits equal the eager step's (`mode="eager"`) on a copy of the cache
   (same kernels, same inputs: bit-equal).
@@ -29,7 +29,7 @@ from tests.test_hf_models_gpu import VOCAB, gpt_oss, llama  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 PROMPT_LENS = (29, 17, 8, 23)
-STEPS = 8
+STEPS = 63  # replays after the prefill's token: 64 new tokens
 COSINE_MIN = 0.9999
 # Llama-3-8B widths with random weights: nearly flat logits, where two correct bf16 stacks sit further apart than
 # 0.9999 (0.9997 measured); there the bar is the fp32 model: the patched logits' error against it at most
