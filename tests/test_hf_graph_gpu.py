@@ -1,11 +1,11 @@
 """CUDA-graph decode (`GraphedDecode`) on a GPU, patched models on lowbit's GPU kernels, random weights:
 
-* greedy decode: four left-padded prompts of different lengths prefilled through LowbitPagedCache, then 8 graph
-  replays (positions from the cache's lengths) give the tokens of the patched model's eager `generate` on the paged
-  cache and of the unpatched model's `generate` (the tie rule of dispatch/integrations/hf/check.py: a divergence
-  only at a step where the reference's top-2 logits are within a few bf16 spacings; logits cosine >= 0.9999
-  before it): Llama at tiny dims, Llama-3-8B's per-layer dims (hidden 4096, 32 / 8 heads of 128, MLP 14336) with
-  2 layers, GPT-OSS at its head dim 64 with sinks and a sliding window, Qwen3-MoE at its head dim 128 and at
+* greedy decode: four left-padded prompts of different lengths prefilled through LowbitPagedCache, then 63 graph
+  replays (64 new tokens; positions from the cache's lengths) give the tokens of the patched model's eager `generate`
+  on the paged cache and of the unpatched model's `generate` (the tie rule of dispatch/integrations/hf/check.py: a
+  divergence only at a step where the reference's top-2 logits are within a few bf16 spacings; logits cosine >= 0.9999
+  before it): Llama at tiny dims, Llama-3-8B's per-layer dims (hidden 4096, 32 / 8 heads of 128, MLP 14336) with 2
+  layers, GPT-OSS at its head dim 64 with sinks and a sliding window, Qwen3-MoE at its head dim 128 and at
   Qwen3-30B-A3B's attention and expert widths with 2 layers (the fp32 yardstick as at Llama-3-8B's);
 * replay with new lengths: a cache filled by `fill_random`, lengths set, then set again to other lengths between
   replays of the same graph: each replay's logits equal the eager step's (`mode="eager"`) on a copy of the cache
@@ -25,12 +25,12 @@ transformers = pytest.importorskip("transformers")
 from dispatch.integrations.hf import GraphedDecode, LowbitPagedCache, lowbit_patch  # noqa: E402
 from dispatch.integrations.hf.check import compare_greedy, fp32_logit_errors, greedy, prompts  # noqa: E402
 from tests.test_hf_graph import prefill  # noqa: E402
-from tests.test_hf_models_gpu import VOCAB, _build, gpt_oss, llama, qwen3_moe  # noqa: E402
+from tests.test_hf_models_gpu import VOCAB, build_on_gpu, gpt_oss, llama, qwen3_moe  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 PROMPT_LENS = (29, 17, 8, 23)
-STEPS = 8
+STEPS = 63  # replays after the prefill's token: 64 new tokens
 COSINE_MIN = 0.9999
 # Llama-3-8B widths with random weights: nearly flat logits, where two correct bf16 stacks sit further apart than
 # 0.9999 (0.9997 measured); there the bar is the fp32 model: the patched logits' error against it at most
@@ -40,7 +40,7 @@ FP32_ERROR_FACTOR = 1.5
 
 
 def llama_8b_layers():
-    return _build(transformers.LlamaForCausalLM, transformers.LlamaConfig(
+    return build_on_gpu(transformers.LlamaForCausalLM, transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
         num_key_value_heads=8, max_position_embeddings=256, pad_token_id=0,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -52,7 +52,7 @@ def qwen3_30b_a3b_layers():
     with 2 sparse layers. 8 experts, all routed: the 8 experts a token runs are the real model's shapes, and a top-8
     of 128 with random weights would flip on one rounding of a router logit, a discrete change no token, cosine or
     error bound covers (the routing's bytes are tests/test_moe_routing.py's)."""
-    return _build(transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+    return build_on_gpu(transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
         vocab_size=VOCAB, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=2,
         num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=8, num_experts_per_tok=8,
         norm_topk_prob=True, max_position_embeddings=256, pad_token_id=0,

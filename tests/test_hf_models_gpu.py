@@ -3,13 +3,14 @@ compared with the unpatched eager model on the same card, at the real head dims 
 and a sliding window, DeepSeek-V3 MLA 192 / 128, Qwen3-MoE 128 with its q / k norms) with few, narrow layers and
 random weights.
 
-Greedy tokens: a batch of four left-padded prompts of different lengths, 32 new tokens. With random weights two
+Greedy tokens: a batch of four left-padded prompts of different lengths, 64 new tokens. With random weights two
 logits can tie to within the rounding both stacks make, so a divergence is accepted only at a step where the
 unpatched model's own top-2 gap is at most a few bf16 spacings of its top logit (the rule of
 dispatch/integrations/hf/check.py: compare_greedy);
 every other step must give the same token, and every step before the first divergence a logits cosine of at least
 0.9999 per sequence. Paged: the same model through LowbitPagedCache (the paged decode kernel) against itself
-unpaged."""
+unpaged (bf16 pages), and FP8 E4M3 pages against the unpatched model: the first 16 tokens, cosine >= 0.99, ties
+within FP8_TIE_SPACINGS (E4M3 carries 4 fewer significant bits than bf16)."""
 
 from __future__ import annotations
 
@@ -21,28 +22,31 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from dispatch.integrations.hf import LowbitPagedCache, lowbit_patch  # noqa: E402
-from dispatch.integrations.hf.check import compare_greedy, greedy, prompts  # noqa: E402
+from dispatch.integrations.hf.check import FP8_TIE_SPACINGS, TIE_SPACINGS, compare_greedy, greedy, prompts  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 VOCAB = 512
 PAD = 0
-NEW_TOKENS = 32
+NEW_TOKENS = 64
+QUANT_TOKENS = 16  # quantized experts and FP8 KV: the first 16 tokens, logits cosine >= QUANT_COSINE_MIN
 PROMPT_LENS = (29, 17, 8, 23)
 COSINE_MIN = 0.9999
+QUANT_COSINE_MIN = 0.99
 
 
-def _generate(model, past_key_values=None):
+def _generate(model, past_key_values=None, new_tokens: int = NEW_TOKENS):
     ids, mask = prompts(PROMPT_LENS, VOCAB, device="cuda")
-    return greedy(model, ids, mask, NEW_TOKENS, past_key_values=past_key_values)
+    return greedy(model, ids, mask, new_tokens, past_key_values=past_key_values)
 
 
-def assert_same_greedy_tokens(got, want, what: str) -> None:
-    check = compare_greedy(got, want, NEW_TOKENS, COSINE_MIN)
+def assert_same_greedy_tokens(got, want, what: str, new_tokens: int = NEW_TOKENS, cosine_min: float = COSINE_MIN,
+                              tie_spacings: float = TIE_SPACINGS) -> None:
+    check = compare_greedy(got, want, new_tokens, cosine_min, tie_spacings)
     assert check.agree, f"{what}: {check.note}"
 
 
-def _build(model_cls, config):
+def build_on_gpu(model_cls, config):
     torch.manual_seed(0)
     config._attn_implementation = "eager"
     with torch.device("cuda"):
@@ -50,7 +54,7 @@ def _build(model_cls, config):
 
 
 def llama():
-    return _build(transformers.LlamaForCausalLM, transformers.LlamaConfig(
+    return build_on_gpu(transformers.LlamaForCausalLM, transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
         num_key_value_heads=2, head_dim=128, max_position_embeddings=256, pad_token_id=PAD,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -61,7 +65,7 @@ def gpt_oss():
     """Every token to all 4 experts: with random weights a router logit moved by one rounding can flip a top-k
     choice, a discrete change no token or cosine bound covers (the router's own bytes are tested in
     tests/test_moe_routing.py)."""
-    return _build(transformers.GptOssForCausalLM, transformers.GptOssConfig(
+    return build_on_gpu(transformers.GptOssForCausalLM, transformers.GptOssConfig(
         vocab_size=VOCAB, hidden_size=512, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
         num_key_value_heads=2, head_dim=64, num_local_experts=4, num_experts_per_tok=4, sliding_window=16,
         layer_types=["sliding_attention", "full_attention"], max_position_embeddings=256, pad_token_id=PAD,
@@ -71,7 +75,7 @@ def gpt_oss():
 
 def deepseek_v3():
     """Every token to every expert, for the reason given at gpt_oss."""
-    return _build(transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config(
+    return build_on_gpu(transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config(
         vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256, num_hidden_layers=2,
         first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
         num_experts_per_tok=8, n_group=4, topk_group=4, n_shared_experts=1, q_lora_rank=128, kv_lora_rank=128,
@@ -85,7 +89,7 @@ def deepseek_v3():
 def qwen3_moe():
     """Qwen3-MoE's head dim 128 with the per-head q / k norms, a sparse then a dense layer; every token to every
     expert, for the reason given at gpt_oss."""
-    return _build(transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+    return build_on_gpu(transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
         vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=8, num_key_value_heads=2, head_dim=128, num_experts=8, num_experts_per_tok=8,
         norm_topk_prob=True, mlp_only_layers=[1], max_position_embeddings=256, pad_token_id=PAD,
@@ -109,3 +113,16 @@ def test_gpu_paged_cache_generation_matches_unpaged(build):
     cache = LowbitPagedCache(reference.config, len(PROMPT_LENS), max(PROMPT_LENS) + NEW_TOKENS, page_size=16,
                              kv_dtype=torch.bfloat16, device="cuda")
     assert_same_greedy_tokens(_generate(reference, cache), _generate(reference), f"{build.__name__} paged")
+
+
+@pytest.mark.parametrize("build", [llama, gpt_oss], ids=["llama", "gpt_oss"])
+def test_gpu_paged_fp8_cache_generation_close_to_unpatched(build):
+    reference = build()
+    want = _generate(reference, new_tokens=QUANT_TOKENS)
+    lowbit_patch(reference)  # in place: the unpatched result is taken
+    cache = LowbitPagedCache(reference.config, len(PROMPT_LENS), max(PROMPT_LENS) + QUANT_TOKENS, page_size=16,
+                             kv_dtype=torch.float8_e4m3fn, device="cuda")
+    got = _generate(reference, cache, new_tokens=QUANT_TOKENS)
+    assert_same_greedy_tokens(got, want, f"{build.__name__} FP8 pages", QUANT_TOKENS, QUANT_COSINE_MIN,
+                              FP8_TIE_SPACINGS)
+    assert cache.layers[0].keys.dtype == torch.float8_e4m3fn

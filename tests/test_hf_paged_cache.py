@@ -1,9 +1,10 @@
-"""LowbitPagedCache (lowbit's paged KV layout as a transformers Cache) with patched Llama, GPT-OSS and Qwen3-MoE on tiny
-configs: greedy generation of the left-padded batch (7 and 4 prompt tokens) over pages of 4 tokens interleaved
-across the sequences equals the unpatched model with transformers' DynamicCache (bf16 pages: tokens equal, logits
-cosine >= 0.9999; FP8 E4M3 pages: tokens equal, cosine >= 0.99); forced Triton (the interpreter, bf16) marked slow.
-GPT-OSS with FP8 pages routes every token to all 4 experts: with top-2 of 4 a logit moved by the KV rounding can
-flip an expert choice, a discrete change no cosine bound covers."""
+"""LowbitPagedCache (lowbit's paged KV layout as a transformers Cache) with patched Llama, GPT-OSS and Qwen3-MoE on
+tiny configs: greedy generation of the left-padded batch of four prompts of different lengths over pages of 4 tokens
+interleaved across the sequences equals the unpatched model with transformers' DynamicCache by the tie-aware rule
+of dispatch/integrations/hf/check.py (bf16 pages: 64 tokens, logits cosine >= 0.9999; FP8 E4M3 pages: the first 16
+tokens, cosine >= 0.99, ties within FP8_TIE_SPACINGS); forced Triton (the interpreter, bf16) marked slow. GPT-OSS
+routes every token to all 4 experts: with top-2 of 4 a logit moved by a rounding can flip an expert choice, a
+discrete change no cosine bound covers."""
 
 from __future__ import annotations
 
@@ -12,22 +13,35 @@ import copy
 import pytest
 import torch
 
-from tests.test_hf_models import _prompts, assert_generation_matches, gpt_oss, llama, qwen3_moe
+from tests.test_hf_models import (
+    NEW_TOKENS,
+    PROMPT_LENS,
+    QUANT_TOKENS,
+    _prompts,
+    assert_generation_matches,
+    generation_prompts,
+    gpt_oss,
+    llama,
+    qwen3_moe,
+)
 
 transformers = pytest.importorskip("transformers")
 
 from dispatch.integrations.hf import LowbitPagedCache, PagedCacheError, lowbit_patch  # noqa: E402
+from dispatch.integrations.hf.check import FP8_TIE_SPACINGS  # noqa: E402
 
-NEW_TOKENS = 12
-PROMPT = 7
 PAGE = 4
+
+
+def gpt_oss_all_experts():
+    return gpt_oss(num_experts_per_tok=4)
 
 
 class PagedModel(torch.nn.Module):
     """A patched model whose `generate` brings a fresh LowbitPagedCache (what a caller passes as
     past_key_values), so the shared generation check runs it unchanged."""
 
-    def __init__(self, model, kv_dtype, max_cache_len: int = PROMPT + NEW_TOKENS):
+    def __init__(self, model, kv_dtype, max_cache_len: int = max(PROMPT_LENS) + NEW_TOKENS):
         super().__init__()
         self.model, self.kv_dtype, self.max_cache_len = model, kv_dtype, max_cache_len
         self.cache = None
@@ -44,37 +58,22 @@ def _paged(reference, kv_dtype) -> PagedModel:
     return PagedModel(patched, kv_dtype)
 
 
-@pytest.mark.parametrize("build", [llama, gpt_oss, qwen3_moe], ids=["llama", "gpt_oss", "qwen3_moe"])
+@pytest.mark.parametrize("build", [llama, gpt_oss_all_experts, qwen3_moe], ids=["llama", "gpt_oss", "qwen3_moe"])
 def test_paged_bf16_generate_matches_unpatched(build):
     reference = build()
     paged = _paged(reference, torch.bfloat16)
     assert_generation_matches(paged, reference, NEW_TOKENS)
-    _, mask = _prompts()
+    _, mask = generation_prompts()
     # Each sequence holds its real tokens only: the prompt's (no padding) and every fed-back token.
     for layer in paged.cache.layers:
         assert layer.lengths.tolist() == (mask.sum(1) + NEW_TOKENS - 1).tolist()
 
 
-@pytest.mark.parametrize("build", [llama, lambda: gpt_oss(num_experts_per_tok=4)], ids=["llama", "gpt_oss"])
+@pytest.mark.parametrize("build", [llama, gpt_oss_all_experts, qwen3_moe], ids=["llama", "gpt_oss", "qwen3_moe"])
 def test_paged_fp8_generate_close_to_unpatched(build):
     reference = build()
     paged = _paged(reference, torch.float8_e4m3fn)
-    assert_generation_matches(paged, reference, NEW_TOKENS, cosine_min=0.99)
-    assert paged.cache.layers[0].keys.dtype == torch.float8_e4m3fn
-
-
-def test_paged_fp8_qwen3_moe_generate_close_to_unpatched():
-    """Qwen3-MoE's tiny model has a tie at its second step (top-2 logits one bf16 spacing apart) that the FP8 keys
-    and values break the other way: the tie rule of check.compare_greedy, with the window widened to 16 spacings
-    for the 4 fewer significant bits of E4M3 (as the GPU tests widen it for an FP8 cache)."""
-    from dispatch.integrations.hf.check import compare_greedy, greedy
-
-    reference = qwen3_moe()
-    paged = _paged(reference, torch.float8_e4m3fn)
-    ids, mask = _prompts()
-    check = compare_greedy(greedy(paged, ids, mask, NEW_TOKENS), greedy(reference, ids, mask, NEW_TOKENS),
-                           NEW_TOKENS, cosine_min=0.99, tie_spacings=16)
-    assert check.agree, check.note
+    assert_generation_matches(paged, reference, QUANT_TOKENS, cosine_min=0.99, tie_spacings=FP8_TIE_SPACINGS)
     assert paged.cache.layers[0].keys.dtype == torch.float8_e4m3fn
 
 

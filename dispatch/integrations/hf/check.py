@@ -23,6 +23,9 @@ NEW_TOKENS = 8
 PROMPT_LENS = (11, 6)
 COSINE_MIN = 0.9999
 TIE_SPACINGS = 4
+# The tie window where FP8 E4M3 values enter the logits (an FP8 KV cache, FP8 activations): E4M3 carries 4 fewer
+# significant bits than bf16, so its rounding moves a logit by up to 2^4 times as many bf16 spacings.
+FP8_TIE_SPACINGS = 16 * TIE_SPACINGS
 
 
 @dataclasses.dataclass(frozen=True)
