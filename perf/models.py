@@ -332,7 +332,7 @@ def run_model(name: str, model_cls, config, sizes: Sizes, device: torch.device, 
     batches = sizes.batches
     torch.manual_seed(0)
     with device:
-        model = model_cls(config).to(torch.bfloat16).eval()
+        model = model_cls._from_config(config, dtype=torch.bfloat16).eval()
     estimate = memory_estimate_gb(model, sizes)
     if estimate > MEMORY_LIMIT_GB:
         raise SystemExit(f"perf.models: {name} needs about {estimate:.0f} GB (limit {MEMORY_LIMIT_GB}): fewer layers")

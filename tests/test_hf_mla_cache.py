@@ -184,7 +184,7 @@ def deepseek_v3_real_attention(moe_intermediate_size: int = 256):
     torch.manual_seed(0)
     config._attn_implementation = "eager"
     with torch.device("cuda"):
-        return transformers.DeepseekV3ForCausalLM(config).to(torch.bfloat16).eval()
+        return transformers.DeepseekV3ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
 
 
 @pytest.mark.gpu

@@ -47,7 +47,9 @@ def _prompts(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 def _build(model_cls, config, dtype, seed: int = 0):
     torch.manual_seed(seed)
     config._attn_implementation = "eager"
-    return model_cls(config).to(dtype).eval()
+    # built in the dtype (as from_pretrained(dtype=...) builds): the rotary inverse frequencies stay fp32; a
+    # `.to(torch.bfloat16)` would round them and the unpatched RoPE would drift from the exact angles with position
+    return model_cls._from_config(config, dtype=dtype).eval()
 
 
 def generation_prompts() -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,8 +49,10 @@ def assert_same_greedy_tokens(got, want, what: str, new_tokens: int = NEW_TOKENS
 def build_on_gpu(model_cls, config):
     torch.manual_seed(0)
     config._attn_implementation = "eager"
+    # built in the dtype (as from_pretrained(dtype=...) builds): the rotary inverse frequencies stay fp32; a
+    # `.to(torch.bfloat16)` would round them and the unpatched RoPE would drift from the exact angles with position
     with torch.device("cuda"):
-        return model_cls(config).to(torch.bfloat16).eval()
+        return model_cls._from_config(config, dtype=torch.bfloat16).eval()
 
 
 def llama():

@@ -106,7 +106,9 @@ def tiny_models() -> dict[str, Callable[[], torch.nn.Module]]:
     def build(cls, config):
         torch.manual_seed(0)
         config._attn_implementation = "eager"
-        return cls(config).to(torch.bfloat16).eval()
+    # built in the dtype (as from_pretrained(dtype=...) builds): the rotary inverse frequencies stay fp32; a
+    # `.to(torch.bfloat16)` would round them and the unpatched RoPE would drift from the exact angles with position
+        return cls._from_config(config, dtype=torch.bfloat16).eval()
 
     common = dict(vocab_size=VOCAB, num_hidden_layers=2, max_position_embeddings=64, pad_token_id=PAD)
     return {
