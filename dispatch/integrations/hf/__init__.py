@@ -9,6 +9,7 @@ from .patch import (
     UnsupportedModelError,
     lowbit_patch,
     patch_deepseek_v3,
+    patch_deepseek_v32,
     patch_gpt_oss,
     patch_llama,
     patch_qwen3_moe,
@@ -16,7 +17,7 @@ from .patch import (
 
 __all__ = ["GraphDecodeError", "GraphedDecode", "LowbitMlaCache", "LowbitPagedCache", "PagedCacheError",
            "PatchReport", "UnsupportedMaskError", "UnsupportedModelError", "lowbit_attention_forward", "lowbit_patch",
-           "patch_deepseek_v3", "patch_gpt_oss", "patch_llama", "patch_qwen3_moe"]
+           "patch_deepseek_v3", "patch_deepseek_v32", "patch_gpt_oss", "patch_llama", "patch_qwen3_moe"]
 
 
 def __getattr__(name: str):

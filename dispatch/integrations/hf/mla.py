@@ -35,29 +35,44 @@ class LowbitMlaAttention(nn.Module):
     """DeepSeek-V3 MLA over lowbit's attention ops; adopts the original's submodules (same objects and state-dict
     names: q_a_proj, q_a_layernorm, q_b_proj or q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj)."""
 
-    def __init__(self, original: nn.Module):
+    def __init__(self, original: nn.Module, rope=None):
+        """rope: the model's RoPE function (q_rot, k_rot, cos, sin) -> (q_rot, k_rot); None picks DeepSeek-V3's by
+        the config's rope_interleave."""
         super().__init__()
-        from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
-
         for name in SUBMODULES:
             setattr(self, name, getattr(original, name))
         for name in DIMS:
             setattr(self, name, getattr(original, name))
-        self.rope = ds.apply_rotary_pos_emb_interleave if self.config.rope_interleave else ds.apply_rotary_pos_emb
+        if rope is None:
+            from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
 
-    def forward(self, hidden_states: Tensor, position_embeddings: tuple[Tensor, Tensor],
-                attention_mask: Tensor | None, past_key_values=None, **kwargs) -> tuple[Tensor, None]:
+            rope = ds.apply_rotary_pos_emb_interleave if self.config.rope_interleave else ds.apply_rotary_pos_emb
+        self.rope = rope
+
+    def _project(self, hidden_states: Tensor, position_embeddings: tuple[Tensor, Tensor]
+                 ) -> tuple[Tensor | None, Tensor, Tensor, Tensor, Tensor]:
+        """transformers' projections, latent norm and RoPE: q_resid (B, S, q_lora) (the normalized q latent, None
+        without q_lora_rank), q_pass (B, H, S, nope), q_rot (B, H, S, rope), kv_nope (B, 1, S, kv_lora), k_rot
+        (B, 1, S, rope)."""
         b, s, _ = hidden_states.shape
+        q_resid = None
         if self.q_lora_rank is None:
             q = self.q_proj(hidden_states)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+            q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
+            q = self.q_b_proj(q_resid)
         q_pass, q_rot = q.view(b, s, -1, self.qk_head_dim).transpose(1, 2).split(
             [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         kv_nope, k_rot = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.qk_rope_head_dim],
                                                                        dim=-1)
         kv_nope = self.kv_a_layernorm(kv_nope).view(b, 1, s, self.kv_lora_rank)
         q_rot, k_rot = self.rope(q_rot, k_rot.view(b, 1, s, self.qk_rope_head_dim), *position_embeddings)
+        return q_resid, q_pass, q_rot, kv_nope, k_rot
+
+    def forward(self, hidden_states: Tensor, position_embeddings: tuple[Tensor, Tensor],
+                attention_mask: Tensor | None, past_key_values=None, **kwargs) -> tuple[Tensor, None]:
+        b, s, _ = hidden_states.shape
+        _, q_pass, q_rot, kv_nope, k_rot = self._project(hidden_states, position_embeddings)
         if getattr(past_key_values, "lowbit_latent", False):
             rows = torch.cat([kv_nope, k_rot], dim=-1).view(b, s, -1)
             past_key_values.append(self.layer_idx, rows, attention_mask)
@@ -95,12 +110,14 @@ class LowbitMlaAttention(nn.Module):
         w = weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
         return w[:, : self.qk_nope_head_dim], w[:, self.qk_nope_head_dim:].transpose(1, 2)
 
-    def _absorbed_decode(self, cache, q_pass: Tensor, q_rot: Tensor) -> Tensor:
-        """q_pass (B, H, 1, nope), q_rot (B, H, 1, rope) -> (B, 1, H, v)."""
+    def _absorbed_decode(self, cache, q_pass: Tensor, q_rot: Tensor, timeline_indices: Tensor | None = None
+                         ) -> Tensor:
+        """q_pass (B, H, 1, nope), q_rot (B, H, 1, rope) -> (B, 1, H, v); timeline_indices (B, 1, topk): the keys
+        each query attends to (sparse MLA), as positions of transformers' left-padded timeline."""
         w_uk, w_uv_t = self._absorbed_weights()
         q_latent = torch.bmm(q_pass[:, :, 0].transpose(0, 1), w_uk)  # (H, B, kv_lora)
         q = torch.cat([q_latent.transpose(0, 1), q_rot[:, :, 0]], dim=-1)[:, None]  # (B, 1, H, kv_lora + rope)
-        out = cache.decode(self.layer_idx, q.contiguous(), self.scaling)  # (B, 1, H, kv_lora)
+        out = cache.decode(self.layer_idx, q.contiguous(), self.scaling, timeline_indices)  # (B, 1, H, kv_lora)
         return torch.bmm(out[:, 0].transpose(0, 1), w_uv_t).transpose(0, 1)[:, None]
 
     def _prefill(self, cache, q: Tensor) -> Tensor:

@@ -32,7 +32,8 @@ V32_DIMS = (512, 64)  # the V3.2 FP8 layout's (latent, RoPE) widths
 class LatentLayer(PagedLayer):
     """One attention layer's latent pages and per-sequence token counts (device int32, updated in place)."""
 
-    def __init__(self, pages: int, page_size: int, width: int, batch_size: int, layout: str, device):
+    def __init__(self, pages: int, page_size: int, width: int, batch_size: int, layout: str, device,
+                 max_cache_len: int):
         CacheLayerMixin.__init__(self)
         if layout == "bf16":
             self.latent = torch.zeros((pages, page_size, 1, width), dtype=torch.bfloat16, device=device)
@@ -41,6 +42,8 @@ class LatentLayer(PagedLayer):
         self.layout, self.width = layout, width
         self.lengths = torch.zeros(batch_size, dtype=torch.int32, device=device)
         self.seen = 0  # transformers' (padded) timeline: prompt width + steps, a host int
+        self.max_cache_len = max_cache_len
+        self.indexer_keys, self.indexer_seen = None, 0  # DeepSeek-V3.2's indexer keys: allocated by the first use
         self.is_initialized = True
 
     def write(self, rows: Tensor, slots: Tensor) -> None:
@@ -49,6 +52,20 @@ class LatentLayer(PagedLayer):
             self.latent.view(-1, self.width).index_copy_(0, slots, rows.to(torch.bfloat16))
         else:
             ops.ds_kv_write(rows, slots, self.latent, layout=self.layout)
+
+    def update_indexer(self, keys: Tensor) -> Tensor:
+        """DeepSeek-V3.2's indexer keys (B, S, index_head_dim) appended on transformers' (left-padded) timeline, as
+        transformers' DynamicIndexedLayer keeps them (the indexer scores and masks that timeline); returns every
+        key so far (B, T, index_head_dim)."""
+        end = self.indexer_seen + keys.shape[1]
+        if self.indexer_keys is None:
+            self.indexer_keys = keys.new_zeros(keys.shape[0], self.max_cache_len, keys.shape[2])
+        if end > self.indexer_keys.shape[1]:
+            raise PagedCacheError(f"LowbitMlaCache.update_indexer: {self.indexer_seen} + {keys.shape[1]} positions "
+                                  f"exceed max_cache_len {self.indexer_keys.shape[1]}")
+        self.indexer_keys[:, self.indexer_seen:end] = keys
+        self.indexer_seen = end
+        return self.indexer_keys[:, :end]
 
     def read(self, slots: Tensor) -> Tensor:
         """The rows at flat slots (N,) as bf16 (N, width) (FP8 rows dequantized as `mla_decode` reads them)."""
@@ -93,8 +110,8 @@ class LowbitMlaCache(LowbitPagedCache):
         self.spare_slot = pages_per_seq * batch_size * page_size  # the spare page's first slot
         order = torch.arange(pages_per_seq, dtype=torch.int32)[None, :] * batch_size
         self.block_table = (order + torch.arange(batch_size, dtype=torch.int32)[:, None]).contiguous().to(device)
-        layers = [LatentLayer(pages_per_seq * batch_size + 1, page_size, sum(dims), batch_size, layout, device)
-                  for _ in range(config.num_hidden_layers)]
+        layers = [LatentLayer(pages_per_seq * batch_size + 1, page_size, sum(dims), batch_size, layout, device,
+                              max_cache_len) for _ in range(config.num_hidden_layers)]
         super(LowbitPagedCache, self).__init__(layers=layers)
 
     def write_prefix(self, *args, **kwargs) -> None:
@@ -140,15 +157,23 @@ class LowbitMlaCache(LowbitPagedCache):
         layer.lengths.add_(new)
         layer.seen += s
 
-    def decode(self, layer_idx: int, q: Tensor, scaling: float) -> Tensor:
+    def decode(self, layer_idx: int, q: Tensor, scaling: float, timeline_indices: Tensor | None = None) -> Tensor:
         """Absorbed MLA over the layer's pages: q (B, 1, H, width) bf16 (the latent-space query, then the RoPE
-        part), keys the whole rows, values their first kv_lora_rank columns; returns (B, 1, H, kv_lora_rank)."""
+        part), keys the whole rows, values their first kv_lora_rank columns; returns (B, 1, H, kv_lora_rank).
+        timeline_indices (B, 1, topk) int: sparse MLA (DeepSeek-V3.2's indexer), the keys each query attends to as
+        positions of transformers' left-padded timeline; sequence b's padding is the first seen - lengths[b]
+        positions, never stored, so position p is stored key p - (seen - lengths[b]) and a padding position is
+        no key (-1, which `mla_decode` skips)."""
         if q.dtype != torch.bfloat16:
             raise PagedCacheError(f"LowbitMlaCache.decode: argument 'q': {q.dtype}; ops.mla_decode takes bf16 "
                                   "queries (a bf16 model)")
         layer = self.layers[layer_idx]
-        return ops.mla_decode(q, layer.latent, self.block_table, layer.lengths, layout=layer.layout,
-                              v_dim=self.kv_lora_rank, softmax_scale=scaling, causal=True)
+        indices = None
+        if timeline_indices is not None:
+            stored = timeline_indices - (layer.seen - layer.lengths)[:, None, None]
+            indices = torch.where(stored >= 0, stored, -1).to(torch.int32).contiguous()
+        return ops.mla_decode(q, layer.latent, self.block_table, layer.lengths, indices=indices,
+                              layout=layer.layout, v_dim=self.kv_lora_rank, softmax_scale=scaling, causal=True)
 
     def prefix(self, layer_idx: int) -> tuple[Tensor, Tensor]:
         """Every sequence's stored latent, bf16 (B, P * page_size, width) with P = the pages the timeline has

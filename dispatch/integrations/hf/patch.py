@@ -156,13 +156,13 @@ def patch_gpt_oss(model: nn.Module, experts: str | None = None, expert_weights: 
     return _apply(model, "gpt_oss", swaps, problems, _experts_format(plans))
 
 
-def _deepseek_v3_layer(i: int, layer: nn.Module, config, experts: str | None, problems: list[str],
-                       plans: list) -> list[Swap]:
-    attention, eps = layer.self_attn, config.rms_norm_eps
+def _deepseek_layer(i: int, layer: nn.Module, config, experts: str | None, problems: list[str], plans: list,
+                    attention: Callable[[nn.Module], nn.Module]) -> list[Swap]:
+    original, eps = layer.self_attn, config.rms_norm_eps
     swaps = _norm_swaps(layer, ("input_layernorm", "post_attention_layernorm"), eps)
-    swaps += _norm_swaps(attention, tuple(n for n in ("q_a_layernorm", "kv_a_layernorm") if hasattr(attention, n)),
+    swaps += _norm_swaps(original, tuple(n for n in ("q_a_layernorm", "kv_a_layernorm") if hasattr(original, n)),
                          eps)
-    swaps.append(Swap(layer, "self_attn", LowbitMlaAttention))  # after its norms: it adopts the patched ones
+    swaps.append(Swap(layer, "self_attn", attention))  # after its norms: it adopts the patched ones
     mlp = layer.mlp
     if not hasattr(mlp, "experts"):
         return swaps + [Swap(layer, "mlp", LowbitSwiGLUMLP)]
@@ -187,10 +187,28 @@ def patch_deepseek_v3(model: nn.Module, experts: str | None = None, expert_weigh
     E4M3 weights and 128x128 `*_scale_inv` are used as they are), "bf16", or "fp8" (the bf16 weights quantized to
     128x128 E4M3 blocks at patch time, the checkpoints' scale_inv convention). FP8 experts run W8A8 (activations
     quantized per 1x128 group)."""
+    return _patch_deepseek(model, "deepseek_v3", LowbitMlaAttention, experts, expert_weights)
+
+
+def patch_deepseek_v32(model: nn.Module, experts: str | None = None, expert_weights: Mapping | None = None
+                       ) -> PatchReport:
+    """DeepseekV32ForCausalLM / DeepseekV32Model: DeepSeek-V3's patch (norms, dense and shared MLPs, routed experts
+    bf16 or FP8, as `patch_deepseek_v3`) with the sparse MLA attention (`LowbitSparseMlaAttention`): transformers'
+    DSA indexer kept as it is picks each query's index_topk keys; with a `LowbitMlaCache` decode is the absorbed
+    `ops.mla_decode` with those keys as `indices`; a prompt, and every step without the latent cache, runs
+    transformers' masked dense attention over the decompressed latent (the prefill ops take no per-query key
+    set)."""
+    from .sparse_mla import LowbitSparseMlaAttention
+
+    return _patch_deepseek(model, "deepseek_v32", LowbitSparseMlaAttention, experts, expert_weights)
+
+
+def _patch_deepseek(model: nn.Module, model_type: str, attention: Callable[[nn.Module], nn.Module],
+                    experts: str | None, expert_weights: Mapping | None) -> PatchReport:
     config = model.config
     problems = _problems_common(model, config)
     if expert_weights is not None:
-        problems.append("expert_weights given: DeepSeek-V3's FP8 checkpoint tensors are read from the loaded "
+        problems.append("expert_weights given: DeepSeek's FP8 checkpoint tensors are read from the loaded "
                         "model's FP8Experts")
     head_dims = (config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim)
     if max(head_dims) > MAX_HEAD_DIM:
@@ -200,9 +218,9 @@ def patch_deepseek_v3(model: nn.Module, experts: str | None = None, expert_weigh
         problems.append(f"hidden_act {config.hidden_act!r} (the MLP patch is SwiGLU with silu)")
     swaps, plans = [], []
     for i, layer in enumerate(model.model.layers):
-        swaps += _deepseek_v3_layer(i, layer, config, experts, problems, plans)
+        swaps += _deepseek_layer(i, layer, config, experts, problems, plans, attention)
     swaps += _norm_swaps(model.model, ("norm",), config.rms_norm_eps)
-    return _apply(model, "deepseek_v3", swaps, problems, _experts_format(plans))
+    return _apply(model, model_type, swaps, problems, _experts_format(plans))
 
 
 def _qwen3_moe_problems(config, experts: str | None, expert_weights: Mapping | None) -> list[str]:
@@ -251,14 +269,15 @@ def patch_qwen3_moe(model: nn.Module, experts: str | None = None, expert_weights
 
 PATCHES: dict[str, Callable[..., PatchReport]] = {"llama": patch_llama, "gpt_oss": patch_gpt_oss,
                                                           "deepseek_v3": patch_deepseek_v3,
+                                                          "deepseek_v32": patch_deepseek_v32,
                                                           "qwen3_moe": patch_qwen3_moe}
 
 
 def lowbit_patch(model: nn.Module, experts: str | None = None, expert_weights: Mapping | None = None
                  ) -> PatchReport:
     """Patch a transformers model in place for its `config.model_type`; returns what was replaced. `experts` /
-    `expert_weights`: the MoE experts' format (GPT-OSS "mxfp4", DeepSeek-V3 "fp8", Qwen3-MoE "bf16"; see the patch
-    functions)."""
+    `expert_weights`: the MoE experts' format (GPT-OSS "mxfp4", DeepSeek-V3 / V3.2 "fp8", Qwen3-MoE "bf16"; see the
+    patch functions)."""
     model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
     patch = PATCHES.get(model_type)
     if patch is None:

@@ -1,0 +1,84 @@
+"""The DeepSeek-V3.2 attention (sparse MLA) that replaces transformers' `DeepseekV32Attention`: DeepSeek-V3's MLA
+(`LowbitMlaAttention`: the same projections, latent norms and interleaved RoPE) with transformers'
+`DeepseekV32Indexer` kept as it is (its projections, its own half-split RoPE, its keys in the cache's indexer
+store) choosing index_topk keys per query; every other key is masked.
+
+* with a `LowbitMlaCache`, one token per sequence (decode): the absorbed form through `ops.mla_decode` with the
+  indexer's top-k as `indices`; the indexer scores transformers' left-padded timeline, the cache maps its positions
+  onto each sequence's stored keys (`LowbitMlaCache.decode`).
+* a prompt (S > 1, with a `LowbitMlaCache` the first forward only), and every step with transformers' cache or
+  none: the decompressed K / V and transformers' own masked dense attention (`eager_attention_forward` of
+  modeling_deepseek_v32 with the causal, padding and top-k masks), since the prefill attention ops take no per-query
+  key set.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .mla import LowbitMlaAttention
+
+
+def visible_keys(padding_mask: Tensor | None, b: int, s: int, t: int, device) -> Tensor:
+    """(B, S, T) bool: the keys query row s (position t - s + s of transformers' timeline) may see: causal, and not
+    left padding. padding_mask: the "lowbit" mask function's 2-D mask (B, >= T), 1 on real tokens, or None."""
+    causal = torch.arange(t, device=device)[None, :] <= torch.arange(t - s, t, device=device)[:, None]
+    if padding_mask is None:
+        return causal[None].expand(b, s, t)
+    return causal[None] & padding_mask[:, -t:].bool()[:, None, :]
+
+
+class LowbitSparseMlaAttention(LowbitMlaAttention):
+    """DeepSeek-V3.2 sparse MLA; adopts the original's submodules (same objects and state-dict names, the indexer
+    included)."""
+
+    def __init__(self, original: nn.Module):
+        from transformers.models.deepseek_v32 import modeling_deepseek_v32 as ds
+
+        super().__init__(original, rope=ds.apply_rotary_pos_emb_interleave)
+        self.indexer = original.indexer
+        self.dense_masked = ds.eager_attention_forward
+        self.num_key_value_groups = 1  # the decompressed K / V have every query head (eager_attention_forward)
+
+    def forward(self, hidden_states: Tensor, position_embeddings: tuple[Tensor, Tensor],
+                attention_mask: Tensor | None, past_key_values=None, position_ids: Tensor | None = None,
+                **kwargs) -> tuple[Tensor, None]:
+        b, s, _ = hidden_states.shape
+        q_resid, q_pass, q_rot, kv_nope, k_rot = self._project(hidden_states, position_embeddings)
+        latent = getattr(past_key_values, "lowbit_latent", False)
+        if latent or getattr(past_key_values, "lowbit_paged", False):
+            from .paged_cache import PagedCacheError
+        if latent:
+            layer = past_key_values.layers[self.layer_idx]
+            if s > 1 and layer.seen:
+                raise PagedCacheError(f"LowbitMlaCache: DeepSeek-V3.2 takes its prompt in one forward ({s} tokens "
+                                      f"after {layer.seen}): the sparse prefill attends over this forward's keys")
+            past_key_values.append(self.layer_idx, torch.cat([kv_nope, k_rot], dim=-1).view(b, s, -1),
+                                   attention_mask)
+            t = layer.seen
+        elif getattr(past_key_values, "lowbit_paged", False):
+            raise PagedCacheError("LowbitPagedCache: DeepSeek-V3.2's attention stores MLA's latent: pass "
+                                  "LowbitMlaCache")
+        else:
+            if past_key_values is not None:
+                kv_nope, k_rot = past_key_values.update(kv_nope, k_rot, self.layer_idx)
+            t = kv_nope.shape[2]
+        visible = visible_keys(attention_mask, b, s, t, hidden_states.device)
+        topk = self.indexer(hidden_states, q_resid, position_embeddings, visible, position_ids,
+                            past_key_values=past_key_values)  # (B, S, topk) positions of the padded timeline
+        if latent and s == 1:
+            out = self._absorbed_decode(past_key_values, q_pass, q_rot, topk)
+        else:
+            out = self._masked_dense(torch.cat([q_pass, q_rot], dim=-1), kv_nope, k_rot, visible, topk)
+        return self.o_proj(out.reshape(b, s, -1)), None
+
+    def _masked_dense(self, q: Tensor, kv_nope: Tensor, k_rot: Tensor, visible: Tensor, topk: Tensor) -> Tensor:
+        """q (B, H, S, nope + rope) over the decompressed latent (B, 1, T, .) with the keys both visible and in the
+        indexer's top-k, transformers' masked dense attention -> (B, S, H, v)."""
+        k, v = self._expand(kv_nope.transpose(1, 2), k_rot.transpose(1, 2))
+        chosen = torch.zeros_like(visible).scatter_(-1, topk.long(), True)
+        mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill(
+            ~(visible & chosen), torch.finfo(q.dtype).min)[:, None]
+        out, _ = self.dense_masked(self, q, k.transpose(1, 2), v.transpose(1, 2), mask, scaling=self.scaling)
+        return out

@@ -1,0 +1,149 @@
+"""lowbit_patch on a tiny DeepSeek-V3.2 (sparse MLA: transformers' DSA indexer picks index_topk = 4 keys per query,
+fewer than every sequence's keys, so the sparsity decides each step): greedy generation of the four left-padded
+prompts (tests/test_hf_models.py) against the unpatched eager model, by the tie-aware rule of
+dispatch/integrations/hf/check.py, with transformers' cache and with `LowbitMlaCache` (bf16 pages, 64 tokens; the
+V3.2 FP8 656-byte rows, 16 tokens at cosine 0.99 with ties within FP8_TIE_SPACINGS), every decode step through
+`mla_decode` with the indexer's keys as `indices` (counted, and their positions checked against the stored keys).
+
+The generation model has one (MoE) layer: the indexer's top-k is a discrete choice, and from the second layer on its
+inputs carry the first layer's rounding, so with random weights a score moved by one rounding can swap a key in
+or out, a change no token or cosine bound covers (as a router's top-k, tests/test_hf_models.py ROUTED_TOKENS); the
+two-layer model generates ROUTED_TOKENS. Unsupported models raise before anything is modified."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.test_hf_models import (
+    MAX_POSITIONS,
+    NEW_TOKENS,
+    PAD,
+    PROMPT_LENS,
+    QUANT_TOKENS,
+    VOCAB,
+    _build,
+    assert_refused_unmodified,
+    generation_prompts,
+)
+
+transformers = pytest.importorskip("transformers")
+
+from dispatch import ops  # noqa: E402
+from dispatch.integrations.hf import LowbitMlaCache, LowbitPagedCache, PagedCacheError, lowbit_patch  # noqa: E402
+from dispatch.integrations.hf.check import FP8_TIE_SPACINGS, compare_greedy, greedy  # noqa: E402
+
+PAGE = 4
+INDEX_TOPK = 4
+# The two-layer model's generation (see the module docstring).
+TWO_LAYER_TOKENS = 8
+
+
+def deepseek_v32(dtype=torch.bfloat16, layers: int = 1, **overrides):
+    """Every token to all 8 routed experts (tests/test_hf_models.py says why); layer 0 MoE when one layer, dense
+    then MoE when two."""
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+              num_hidden_layers=layers, first_k_dense_replace=layers - 1, num_attention_heads=2,
+              num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=8, n_group=4, topk_group=4,
+              n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=128, qk_rope_head_dim=64,
+              v_head_dim=128, index_topk=INDEX_TOPK, index_n_heads=2 if layers == 1 else 4, index_head_dim=128,
+              max_position_embeddings=MAX_POSITIONS, pad_token_id=PAD, routed_scaling_factor=2.5,
+              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                               "original_max_position_embeddings": MAX_POSITIONS // 4, "mscale": 1.0,
+                               "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0})
+    kw.update(overrides)
+    return _build(transformers.DeepseekV32ForCausalLM, transformers.DeepseekV32Config(**kw), dtype)
+
+
+ONE_LAYER_SWAPS = {"DeepseekV32RMSNorm": 5, "DeepseekV32Attention": 1, "DeepseekV32MLP": 1, "DeepseekV32MoE": 1}
+TWO_LAYER_SWAPS = {"DeepseekV32RMSNorm": 9, "DeepseekV32Attention": 2, "DeepseekV32MLP": 2, "DeepseekV32MoE": 1}
+
+
+def _record_mla_decode(monkeypatch) -> list:
+    """Replace ops.mla_decode by a wrapper recording each call's indices and lengths (copies)."""
+    calls, op = [], ops.mla_decode
+
+    def recorded(q, kv_cache, block_table, seqused_k, **kwargs):
+        indices = kwargs.get("indices")
+        calls.append((None if indices is None else indices.clone(), seqused_k.clone()))
+        return op(q, kv_cache, block_table, seqused_k, **kwargs)
+
+    monkeypatch.setattr(ops, "mla_decode", recorded)
+    return calls
+
+
+def _generate(reference, new_tokens: int, layout: str | None):
+    """(patched greedy result, unpatched result, the LowbitMlaCache or None for transformers' cache, the report)."""
+    ids, mask = generation_prompts()
+    want = greedy(reference, ids, mask, new_tokens)
+    patched = copy.deepcopy(reference)
+    report = lowbit_patch(patched)
+    cache = None if layout is None else LowbitMlaCache(patched.config, len(PROMPT_LENS), max(PROMPT_LENS) + new_tokens,
+                                                       page_size=PAGE, layout=layout)
+    extra = {} if cache is None else {"past_key_values": cache}
+    return greedy(patched, ids, mask, new_tokens, **extra), want, cache, report
+
+
+def test_deepseek_v32_generate_matches_unpatched():
+    got, want, _, report = _generate(deepseek_v32(), NEW_TOKENS, None)
+    assert report.replaced == ONE_LAYER_SWAPS and report.model_type == "deepseek_v32"
+    assert report.replacements["DeepseekV32Attention"] == "LowbitSparseMlaAttention"
+    check = compare_greedy(got, want, NEW_TOKENS)
+    assert check.agree, check.note
+
+
+@pytest.mark.parametrize("layout", [None, "bf16"], ids=["transformers_cache", "mla_cache"])
+def test_deepseek_v32_two_layers_generate_matches_unpatched(layout):
+    got, want, _, report = _generate(deepseek_v32(layers=2), TWO_LAYER_TOKENS, layout)
+    assert report.replaced == TWO_LAYER_SWAPS
+    check = compare_greedy(got, want, TWO_LAYER_TOKENS)
+    assert check.agree, check.note
+
+
+def test_deepseek_v32_mla_cache_generate_matches_unpatched(monkeypatch):
+    """bf16 pages: every decode step is `mla_decode` with indices (B, 1, index_topk) of stored keys: each entry -1
+    (a padding key the indexer's top-k had to take: fewer real keys than index_topk) or below the sequence's length,
+    the shortest prompt (2 tokens) taking 3 real keys and one -1 at the first step."""
+    calls = _record_mla_decode(monkeypatch)
+    got, want, cache, _ = _generate(deepseek_v32(), NEW_TOKENS, "bf16")
+    check = compare_greedy(got, want, NEW_TOKENS)
+    assert check.agree, check.note
+    assert len(calls) == NEW_TOKENS - 1
+    for indices, lengths in calls:
+        assert indices is not None and indices.shape == (len(PROMPT_LENS), 1, INDEX_TOPK)
+        assert bool(((indices == -1) | ((indices >= 0) & (indices < lengths[:, None, None]))).all())
+    first, lengths = calls[0]
+    assert lengths.tolist() == [n + 1 for n in PROMPT_LENS]
+    assert sorted(first[3, 0].tolist()) == [-1, 0, 1, 2]
+    assert (first[:3] >= 0).all()
+    assert cache.layers[0].lengths.tolist() == [n + NEW_TOKENS - 1 for n in PROMPT_LENS]
+
+
+def test_deepseek_v32_mla_cache_v32_fp8_generate_close_to_unpatched(monkeypatch):
+    calls = _record_mla_decode(monkeypatch)
+    got, want, cache, _ = _generate(deepseek_v32(kv_lora_rank=512), QUANT_TOKENS, "v32")
+    check = compare_greedy(got, want, QUANT_TOKENS, cosine_min=0.99, tie_spacings=FP8_TIE_SPACINGS)
+    assert check.agree, check.note
+    assert cache.layers[0].latent.shape[-1] == 656
+    assert len(calls) == QUANT_TOKENS - 1 and all(indices is not None for indices, _ in calls)
+
+
+def test_deepseek_v32_mla_cache_misuse_raises():
+    model = deepseek_v32()
+    lowbit_patch(model)
+    ids, mask = generation_prompts()
+    cache = LowbitMlaCache(model.config, len(PROMPT_LENS), 64)
+    with torch.no_grad():
+        model(ids, attention_mask=mask, past_key_values=cache)
+        with pytest.raises(PagedCacheError, match="DeepSeek-V3.2 takes its prompt in one forward"):
+            model(ids[:, :2], attention_mask=torch.cat([mask, mask[:, :2]], dim=1), past_key_values=cache)
+        with pytest.raises(PagedCacheError, match="DeepSeek-V3.2's attention stores MLA's latent"):
+            model(ids, attention_mask=mask, past_key_values=LowbitPagedCache(model.config, len(PROMPT_LENS), 32))
+
+
+def test_deepseek_v32_unsupported_refused_unmodified():
+    assert_refused_unmodified(deepseek_v32(torch.float32), "layer 0 experts: dtype torch.float32")
+    assert_refused_unmodified(deepseek_v32(hidden_act="gelu"), "hidden_act 'gelu'", "experts='mxfp4'",
+                              "expert_weights given", experts="mxfp4", expert_weights={})
