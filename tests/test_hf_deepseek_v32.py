@@ -1,9 +1,10 @@
 """lowbit_patch on a tiny DeepSeek-V3.2 (sparse MLA: transformers' DSA indexer picks index_topk = 4 keys per query,
 fewer than every sequence's keys, so the sparsity decides each step): greedy generation of the four left-padded
 prompts (tests/test_hf_models.py) against the unpatched eager model, by the tie-aware rule of
-dispatch/integrations/hf/check.py, with transformers' cache and with `LowbitMlaCache` (bf16 pages, 64 tokens; the
-V3.2 FP8 656-byte rows, 16 tokens at cosine 0.99 with ties within FP8_TIE_SPACINGS), every decode step through
-`mla_decode` with the indexer's keys as `indices` (counted, and their positions checked against the stored keys).
+dispatch/integrations/hf/check.py, with transformers' cache (64 tokens) and with `LowbitMlaCache` (bf16 pages, 64
+tokens; the V3.2 FP8 656-byte rows, 16 tokens at cosine 0.99 with ties within FP8_TIE_SPACINGS), every decode step
+through `mla_decode` with the indexer's keys as `indices` (counted, and their positions checked against the keys
+each cache holds). The prompt runs transformers' masked dense attention (the prefill ops take no per-query key set).
 
 The generation model has one (MoE) layer: the indexer's top-k is a discrete choice, and from the second layer on its
 inputs carry the first layer's rounding, so with random weights a score moved by one rounding can swap a key in
@@ -86,12 +87,21 @@ def _generate(reference, new_tokens: int, layout: str | None):
     return greedy(patched, ids, mask, new_tokens, **extra), want, cache, report
 
 
-def test_deepseek_v32_generate_matches_unpatched():
+def test_deepseek_v32_generate_matches_unpatched(monkeypatch):
+    """transformers' cache: every decode step is `mla_decode` over the cached latent, one page per sequence of the
+    padded timeline, with the indexer's picks there: the shortest prompt (2 tokens after 9 of padding) takes its
+    3 keys, 9 .. 11, and one -1 at the first step."""
+    calls = _record_mla_decode(monkeypatch)
     got, want, _, report = _generate(deepseek_v32(), NEW_TOKENS, None)
     assert report.replaced == ONE_LAYER_SWAPS and report.model_type == "deepseek_v32"
     assert report.replacements["DeepseekV32Attention"] == "LowbitSparseMlaAttention"
     check = compare_greedy(got, want, NEW_TOKENS)
     assert check.agree, check.note
+    assert len(calls) == NEW_TOKENS - 1 and all(i is not None and i.shape == (4, 1, INDEX_TOPK) for i, _ in calls)
+    first, lengths = calls[0]
+    width = max(PROMPT_LENS) + 1
+    assert lengths.tolist() == [width] * len(PROMPT_LENS)
+    assert sorted(first[3, 0].tolist()) == [-1, width - 3, width - 2, width - 1]
 
 
 @pytest.mark.parametrize("layout", [None, "bf16"], ids=["transformers_cache", "mla_cache"])
@@ -144,6 +154,7 @@ def test_deepseek_v32_mla_cache_misuse_raises():
 
 
 def test_deepseek_v32_unsupported_refused_unmodified():
-    assert_refused_unmodified(deepseek_v32(torch.float32), "layer 0 experts: dtype torch.float32")
+    assert_refused_unmodified(deepseek_v32(torch.float32), "layer 0 experts: dtype torch.float32",
+                              "dtype torch.float32 (DeepSeek-V3.2's sparse decode runs ops.mla_decode")
     assert_refused_unmodified(deepseek_v32(hidden_act="gelu"), "hidden_act 'gelu'", "experts='mxfp4'",
                               "expert_weights given", experts="mxfp4", expert_weights={})

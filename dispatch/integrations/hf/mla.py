@@ -15,6 +15,8 @@ and interleaved RoPE as transformers computes them, then
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -77,7 +79,8 @@ class LowbitMlaAttention(nn.Module):
             rows = torch.cat([kv_nope, k_rot], dim=-1).view(b, s, -1)
             past_key_values.append(self.layer_idx, rows, attention_mask)
             if s == 1:
-                out = self._absorbed_decode(past_key_values, q_pass, q_rot)
+                out = self._absorbed_decode(q_pass, q_rot, lambda q: past_key_values.decode(self.layer_idx, q,
+                                                                                             self.scaling))
             else:
                 out = self._prefill(past_key_values, torch.cat([q_pass, q_rot], dim=-1))
             return self.o_proj(out.reshape(b, s, -1)), None
@@ -110,14 +113,13 @@ class LowbitMlaAttention(nn.Module):
         w = weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
         return w[:, : self.qk_nope_head_dim], w[:, self.qk_nope_head_dim:].transpose(1, 2)
 
-    def _absorbed_decode(self, cache, q_pass: Tensor, q_rot: Tensor, timeline_indices: Tensor | None = None
-                         ) -> Tensor:
-        """q_pass (B, H, 1, nope), q_rot (B, H, 1, rope) -> (B, 1, H, v); timeline_indices (B, 1, topk): the keys
-        each query attends to (sparse MLA), as positions of transformers' left-padded timeline."""
+    def _absorbed_decode(self, q_pass: Tensor, q_rot: Tensor, attend: Callable[[Tensor], Tensor]) -> Tensor:
+        """q_pass (B, H, 1, nope), q_rot (B, H, 1, rope) -> (B, 1, H, v); attend: the latent-space attention, the
+        query (B, 1, H, kv_lora + rope) bf16 -> (B, 1, H, kv_lora) (`ops.mla_decode` over some latent pages)."""
         w_uk, w_uv_t = self._absorbed_weights()
         q_latent = torch.bmm(q_pass[:, :, 0].transpose(0, 1), w_uk)  # (H, B, kv_lora)
         q = torch.cat([q_latent.transpose(0, 1), q_rot[:, :, 0]], dim=-1)[:, None]  # (B, 1, H, kv_lora + rope)
-        out = cache.decode(self.layer_idx, q.contiguous(), self.scaling, timeline_indices)  # (B, 1, H, kv_lora)
+        out = attend(q.contiguous())
         return torch.bmm(out[:, 0].transpose(0, 1), w_uv_t).transpose(0, 1)[:, None]
 
     def _prefill(self, cache, q: Tensor) -> Tensor:

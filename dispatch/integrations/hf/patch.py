@@ -194,19 +194,23 @@ def patch_deepseek_v32(model: nn.Module, experts: str | None = None, expert_weig
                        ) -> PatchReport:
     """DeepseekV32ForCausalLM / DeepseekV32Model: DeepSeek-V3's patch (norms, dense and shared MLPs, routed experts
     bf16 or FP8, as `patch_deepseek_v3`) with the sparse MLA attention (`LowbitSparseMlaAttention`): transformers'
-    DSA indexer kept as it is picks each query's index_topk keys; with a `LowbitMlaCache` decode is the absorbed
-    `ops.mla_decode` with those keys as `indices`; a prompt, and every step without the latent cache, runs
-    transformers' masked dense attention over the decompressed latent (the prefill ops take no per-query key
-    set)."""
+    DSA indexer kept as it is picks each query's index_topk keys; decode is the absorbed `ops.mla_decode` with those
+    keys as `indices` (over a `LowbitMlaCache`'s pages, or transformers' cached latent as one page per sequence);
+    a prompt runs transformers' masked dense attention over the decompressed latent (the prefill ops take no
+    per-query key set). A bf16 model: `mla_decode` takes bf16."""
     from .sparse_mla import LowbitSparseMlaAttention
 
-    return _patch_deepseek(model, "deepseek_v32", LowbitSparseMlaAttention, experts, expert_weights)
+    dtype = next(model.parameters()).dtype
+    problems = [] if dtype == torch.bfloat16 else [f"dtype {dtype} (DeepSeek-V3.2's sparse decode runs "
+                                                   "ops.mla_decode, which takes bf16)"]
+    return _patch_deepseek(model, "deepseek_v32", LowbitSparseMlaAttention, experts, expert_weights, problems)
 
 
 def _patch_deepseek(model: nn.Module, model_type: str, attention: Callable[[nn.Module], nn.Module],
-                    experts: str | None, expert_weights: Mapping | None) -> PatchReport:
+                    experts: str | None, expert_weights: Mapping | None, problems: list[str] | None = None
+                    ) -> PatchReport:
     config = model.config
-    problems = _problems_common(model, config)
+    problems = _problems_common(model, config) + (problems or [])
     if expert_weights is not None:
         problems.append("expert_weights given: DeepSeek's FP8 checkpoint tensors are read from the loaded "
                         "model's FP8Experts")

@@ -3,13 +3,13 @@
 `DeepseekV32Indexer` kept as it is (its projections, its own half-split RoPE, its keys in the cache's indexer
 store) choosing index_topk keys per query; every other key is masked.
 
-* with a `LowbitMlaCache`, one token per sequence (decode): the absorbed form through `ops.mla_decode` with the
-  indexer's top-k as `indices`; the indexer scores transformers' left-padded timeline, the cache maps its positions
-  onto each sequence's stored keys (`LowbitMlaCache.decode`).
-* a prompt (S > 1, with a `LowbitMlaCache` the first forward only), and every step with transformers' cache or
-  none: the decompressed K / V and transformers' own masked dense attention (`eager_attention_forward` of
-  modeling_deepseek_v32 with the causal, padding and top-k masks), since the prefill attention ops take no per-query
-  key set.
+* one token per sequence (decode): the absorbed form through `ops.mla_decode` with the indexer's top-k as
+  `indices`: over a `LowbitMlaCache`'s pages (the indexer scores transformers' left-padded timeline; the cache maps
+  its positions onto each sequence's stored keys, `LowbitMlaCache.decode`), or over transformers' cached latent,
+  each sequence's rows one page (the padded timeline itself; padding keys the top-k took become -1).
+* a prompt (S > 1; with a `LowbitMlaCache` the first forward only): the decompressed K / V and transformers' own
+  masked dense attention (`eager_attention_forward` of modeling_deepseek_v32 with the causal, padding and top-k
+  masks): the prefill attention ops take no per-query key set.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ... import ops
 from .mla import LowbitMlaAttention
 
 
@@ -68,7 +69,11 @@ class LowbitSparseMlaAttention(LowbitMlaAttention):
         topk = self.indexer(hidden_states, q_resid, position_embeddings, visible, position_ids,
                             past_key_values=past_key_values)  # (B, S, topk) positions of the padded timeline
         if latent and s == 1:
-            out = self._absorbed_decode(past_key_values, q_pass, q_rot, topk)
+            out = self._absorbed_decode(q_pass, q_rot, lambda q: past_key_values.decode(self.layer_idx, q,
+                                                                                         self.scaling, topk))
+        elif s == 1:
+            out = self._absorbed_decode(q_pass, q_rot, lambda q: self._one_page_decode(q, kv_nope, k_rot, visible,
+                                                                                        topk))
         else:
             out = self._masked_dense(torch.cat([q_pass, q_rot], dim=-1), kv_nope, k_rot, visible, topk)
         return self.o_proj(out.reshape(b, s, -1)), None
@@ -82,3 +87,15 @@ class LowbitSparseMlaAttention(LowbitMlaAttention):
             ~(visible & chosen), torch.finfo(q.dtype).min)[:, None]
         out, _ = self.dense_masked(self, q, k.transpose(1, 2), v.transpose(1, 2), mask, scaling=self.scaling)
         return out
+
+    def _one_page_decode(self, q: Tensor, kv_nope: Tensor, k_rot: Tensor, visible: Tensor, topk: Tensor) -> Tensor:
+        """`ops.mla_decode` over transformers' cached latent (B, 1, T, .), each sequence's rows one page of T (its
+        left padding included: the padded timeline is the pages'); the indexer's picks among keys not visible (a
+        padding key the top-k had to take) become -1. q (B, 1, H, kv_lora + rope) -> (B, 1, H, kv_lora)."""
+        b, t = kv_nope.shape[0], kv_nope.shape[2]
+        pages = torch.cat([kv_nope, k_rot], dim=-1).transpose(1, 2).contiguous()  # (B, T, 1, kv_lora + rope)
+        table = torch.arange(b, dtype=torch.int32, device=q.device)[:, None]
+        lengths = torch.full((b,), t, dtype=torch.int32, device=q.device)
+        indices = torch.where(visible.gather(-1, topk.long()), topk, -1).to(torch.int32).contiguous()
+        return ops.mla_decode(q, pages, table, lengths, indices=indices, layout="bf16", v_dim=self.kv_lora_rank,
+                              softmax_scale=self.scaling, causal=True)
