@@ -1,7 +1,8 @@
 """The models part of the main job (`python -m dispatch check`): each supported architecture, built small from a
 config with random weights (nothing downloads), generates greedily patched and unpatched on this machine's
 device; a row says what was replaced, whether the tokens agree and how long a generation took each way.
-DeepSeek-V3 has a second row generating with the paged latent cache (`LowbitMlaCache`: the absorbed MLA decode).
+DeepSeek-V3 and V3.2 have a second row generating with the paged latent cache (`LowbitMlaCache`: the absorbed MLA
+decode, sparse for V3.2).
 
 Tokens agree when every step gives the same token, or the first step that differs is a tie of the unpatched
 model: its top-2 logits within `TIE_SPACINGS` bf16 spacings of each other (random weights make such ties, and two
@@ -129,6 +130,17 @@ def tiny_models() -> dict[str, Callable[[], torch.nn.Module]]:
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
                              "mscale_all_dim": 1.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
                              "beta_slow": 1.0}, **common)),
+        # one (MoE) layer: the indexer's top-k (4 of up to 19 keys) is a discrete choice whose inputs, from a second
+        # layer on, carry the first layer's rounding (the router's case)
+        "deepseek_v32": lambda: build(tf.DeepseekV32ForCausalLM, tf.DeepseekV32Config(
+            hidden_size=64, intermediate_size=128, moe_intermediate_size=32, first_k_dense_replace=0,
+            num_attention_heads=2, num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=8, n_group=4,
+            topk_group=4, n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=128,
+            qk_rope_head_dim=64, v_head_dim=128, routed_scaling_factor=2.5, index_topk=4, index_n_heads=2,
+            index_head_dim=128,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+                             "mscale_all_dim": 1.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                             "beta_slow": 1.0}, **dict(common, num_hidden_layers=1))),
         "qwen3_moe": lambda: build(tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(
             hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=4, norm_topk_prob=True,
@@ -143,7 +155,7 @@ def _mla_cache(model, batch: int, max_len: int, device) -> object:
 
 
 # Models checked a second time with a lowbit cache passed to generate: model -> (row label, cache builder).
-CACHED_RUNS = {"deepseek_v3": ("deepseek_v3+mla", _mla_cache)}
+CACHED_RUNS = {"deepseek_v3": ("deepseek_v3+mla", _mla_cache), "deepseek_v32": ("deepseek_v32+mla", _mla_cache)}
 
 
 def _timed_greedy(model, ids, mask, device, cache=None) -> tuple[object, float]:

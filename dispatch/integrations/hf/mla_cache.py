@@ -9,7 +9,9 @@ spare page for the writes of padding tokens, left padding never stored (sequence
 0 .. len[b] - 1, the RoPE positions transformers gives them), per-sequence lengths on the device grown in place, a
 decode step with the same shapes and tensors every step and no host sync. The patched DeepSeek attention
 (`mla.LowbitMlaAttention`) appends the new latent rows, then decodes with `decode` (absorbed MLA over the pages) or
-reads the sequence's latent back with `prefix` to decompress it for the prompt. Nothing else reads this cache:
+reads the sequence's latent back with `prefix` to decompress it for the prompt; the patched DeepSeek-V3.2 attention
+decodes with the indexer's top-k (`decode`'s timeline_indices) and keeps the indexer's keys here (`update_indexer`,
+transformers' padded timeline, as its DynamicIndexedLayer). Nothing else reads this cache:
 `update` (transformers' attention) and `attend` (the Llama / GPT-OSS paged attention) raise.
 """
 
