@@ -9,7 +9,9 @@ each cache holds). The prompt runs transformers' masked dense attention (the pre
 The generation model has one (MoE) layer: the indexer's top-k is a discrete choice, and from the second layer on its
 inputs carry the first layer's rounding, so with random weights a score moved by one rounding can swap a key in
 or out, a change no token or cosine bound covers (as a router's top-k, tests/test_hf_models.py ROUTED_TOKENS); the
-two-layer model generates ROUTED_TOKENS. Unsupported models raise before anything is modified."""
+two-layer model generates TWO_LAYER_TOKENS. Unsupported models raise before anything is modified. The `gpu` test
+runs DeepSeek-V3.2's attention and indexer dims (one MoE layer) with pages of 64 and index_topk 16, with
+transformers' cache and with `LowbitMlaCache` (bf16, V3.2 FP8)."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ transformers = pytest.importorskip("transformers")
 
 from dispatch import ops  # noqa: E402
 from dispatch.integrations.hf import LowbitMlaCache, LowbitPagedCache, PagedCacheError, lowbit_patch  # noqa: E402
-from dispatch.integrations.hf.check import FP8_TIE_SPACINGS, compare_greedy, greedy  # noqa: E402
+from dispatch.integrations.hf.check import FP8_TIE_SPACINGS, TIE_SPACINGS, compare_greedy, greedy, prompts  # noqa: E402
 
 PAGE = 4
 INDEX_TOPK = 4
@@ -158,3 +160,53 @@ def test_deepseek_v32_unsupported_refused_unmodified():
                               "dtype torch.float32 (DeepSeek-V3.2's sparse decode runs ops.mla_decode")
     assert_refused_unmodified(deepseek_v32(hidden_act="gelu"), "hidden_act 'gelu'", "experts='mxfp4'",
                               "expert_weights given", experts="mxfp4", expert_weights={})
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+
+GPU_VOCAB = 512
+GPU_PROMPT_LENS = (29, 17, 8, 23)
+GPU_NEW_TOKENS = 64
+GPU_FP8_TOKENS = 32
+GPU_INDEX_TOPK = 16  # fewer keys than every sequence's after its first steps: the sparsity decides
+
+
+def deepseek_v32_real_attention():
+    """DeepSeek-V3.2's attention and indexer dims (128 heads, q_lora 1536, kv_lora 512, RoPE 64, NoPE 128, v 128,
+    hidden 7168; indexer 64 heads of 128) with one MoE layer of 8 experts of 256, every token to every expert (the
+    module docstring says why one layer)."""
+    config = transformers.DeepseekV32Config(
+        vocab_size=GPU_VOCAB, hidden_size=7168, intermediate_size=2048, moe_intermediate_size=256,
+        num_hidden_layers=1, first_k_dense_replace=0, num_attention_heads=128, num_key_value_heads=128,
+        n_routed_experts=8, num_experts_per_tok=8, n_group=4, topk_group=4, n_shared_experts=1, q_lora_rank=1536,
+        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, index_topk=GPU_INDEX_TOPK,
+        index_n_heads=64, index_head_dim=128, max_position_embeddings=256, pad_token_id=PAD, routed_scaling_factor=2.5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0})
+    torch.manual_seed(0)
+    config._attn_implementation = "eager"
+    with torch.device("cuda"):
+        return transformers.DeepseekV32ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout,new_tokens,cosine_min,tie_spacings",
+                         [(None, GPU_NEW_TOKENS, 0.999, TIE_SPACINGS), ("bf16", GPU_NEW_TOKENS, 0.999, TIE_SPACINGS),
+                          ("v32", GPU_FP8_TOKENS, 0.99, FP8_TIE_SPACINGS)],
+                         ids=["transformers_cache", "mla_cache_bf16", "mla_cache_v32"])
+def test_gpu_deepseek_v32_generation_matches_unpatched(monkeypatch, layout, new_tokens, cosine_min, tie_spacings):
+    """The patched model (sparse `mla_decode` on the GPU's portable MLA kernel) against the unpatched one at real
+    widths: the cosine floor 0.999 (bf16; random weights at these widths keep two correct stacks below 0.9999) or
+    0.99 (FP8 rows), every decode step with indices."""
+    calls = _record_mla_decode(monkeypatch)
+    model = deepseek_v32_real_attention()
+    ids, mask = prompts(GPU_PROMPT_LENS, GPU_VOCAB, device="cuda")
+    want = greedy(model, ids, mask, new_tokens)
+    lowbit_patch(model)  # in place: the unpatched result is taken (no second copy of the weights)
+    extra = {} if layout is None else {"past_key_values": LowbitMlaCache(
+        model.config, len(GPU_PROMPT_LENS), ids.shape[1] + new_tokens, page_size=64, layout=layout, device="cuda")}
+    got = greedy(model, ids, mask, new_tokens, **extra)
+    check = compare_greedy(got, want, new_tokens, cosine_min, tie_spacings)
+    assert check.agree, f"{layout}: {check.note}"
+    assert len(calls) == new_tokens - 1 and all(indices is not None for indices, _ in calls)
