@@ -34,6 +34,7 @@ from tests.test_hf_models import (
 
 transformers = pytest.importorskip("transformers")
 
+import dispatch  # noqa: E402
 from dispatch import ops  # noqa: E402
 from dispatch.integrations.hf import LowbitMlaCache, LowbitPagedCache, PagedCacheError, lowbit_patch  # noqa: E402
 from dispatch.integrations.hf.check import FP8_TIE_SPACINGS, TIE_SPACINGS, compare_greedy, greedy, prompts  # noqa: E402
@@ -133,6 +134,17 @@ def test_deepseek_v32_mla_cache_generate_matches_unpatched(monkeypatch):
     assert cache.layers[0].lengths.tolist() == [n + NEW_TOKENS - 1 for n in PROMPT_LENS]
 
 
+@pytest.mark.slow  # the Triton interpreter: the portable sparse MLA decode, norm and MoE kernels, two steps
+@pytest.mark.parametrize("layout", [None, "bf16"], ids=["transformers_cache", "mla_cache"])
+def test_deepseek_v32_generate_matches_unpatched_triton(monkeypatch, layout):
+    calls = _record_mla_decode(monkeypatch)
+    with dispatch.use_backend("triton"):
+        got, want, _, _ = _generate(deepseek_v32(), 2, layout)
+    check = compare_greedy(got, want, 2)
+    assert check.agree, check.note
+    assert len(calls) == 1 and calls[0][0] is not None
+
+
 def test_deepseek_v32_mla_cache_v32_fp8_generate_close_to_unpatched(monkeypatch):
     calls = _record_mla_decode(monkeypatch)
     got, want, cache, _ = _generate(deepseek_v32(kv_lora_rank=512), QUANT_TOKENS, "v32")
@@ -140,6 +152,9 @@ def test_deepseek_v32_mla_cache_v32_fp8_generate_close_to_unpatched(monkeypatch)
     assert check.agree, check.note
     assert cache.layers[0].latent.shape[-1] == 656
     assert len(calls) == QUANT_TOKENS - 1 and all(indices is not None for indices, _ in calls)
+    # the random model's attention at kv_lora 512 is near uniform, so the keys' positions are checked directly
+    assert sorted(calls[0][0][3, 0].tolist()) == [-1, 0, 1, 2]
+    assert all(bool(((i == -1) | ((i >= 0) & (i < n[:, None, None]))).all()) for i, n in calls)
 
 
 def test_deepseek_v32_mla_cache_misuse_raises():
