@@ -22,7 +22,7 @@ from .mla import LowbitMlaAttention
 
 
 def visible_keys(padding_mask: Tensor | None, b: int, s: int, t: int, device) -> Tensor:
-    """(B, S, T) bool: the keys query row s (position t - s + s of transformers' timeline) may see: causal, and not
+    """(B, S, T) bool: the keys query row i (position t - s + i of transformers' timeline) may see: causal, and not
     left padding. padding_mask: the "lowbit" mask function's 2-D mask (B, >= T), 1 on real tokens, or None."""
     causal = torch.arange(t, device=device)[None, :] <= torch.arange(t - s, t, device=device)[:, None]
     if padding_mask is None:
