@@ -23,6 +23,7 @@ import torch
 from dispatch import ops, variants
 
 from .cases.attention import _decode_case
+from .results import measured_commit
 from .runner import time_passes
 
 SHAPES = (  # (batch, context, Hq, Hkv, kv)
@@ -110,7 +111,8 @@ def main() -> None:
         best = min((r for r in records if r.get("shape") == records[-1]["shape"] and "us" in r and
                     r["provider"] != "sdpa-cudnn"), key=lambda r: r["us"])
         print(json.dumps(dict(best=best)))
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, date=datetime.date.today().isoformat(),
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, commit=measured_commit(),
+                date=datetime.date.today().isoformat(),
                 read_roof_gbs=round(roof, 1))
     with open(args.out, "w") as f:
         json.dump(dict(meta=meta, records=records), f, indent=1)

@@ -41,12 +41,12 @@ import argparse
 import dataclasses
 import datetime
 import json
-import os
 import statistics
-import subprocess
 import time
 
 import torch
+
+from .results import measured_commit
 
 VOCAB = 32000  # the embedding and LM head are not what is measured: a small vocab keeps them out of the way
 MEMORY_LIMIT_GB = 100
@@ -352,12 +352,6 @@ def run_model(name: str, model_cls, config, sizes: Sizes, device: torch.device, 
                                    context=sizes.context)})
 
 
-def _git_commit() -> str | None:
-    """The measured commit (a copy of the tree without .git passes it in LOWBIT_GIT_COMMIT)."""
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -382,7 +376,7 @@ def main() -> None:
             print(json.dumps(r))
         print(json.dumps(out["op_families_us"]))
     meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
-                commit=os.environ.get("LOWBIT_GIT_COMMIT") or _git_commit(),
+                commit=measured_commit(),
                 layers=args.layers, smoke=args.smoke, sizes=dataclasses.asdict(sizes),
                 date=datetime.date.today().isoformat())
     with open(args.out, "w") as f:

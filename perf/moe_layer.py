@@ -11,7 +11,8 @@ routing (distinct experts per token, softmax weights). Every variant is timed un
 `time_passes`, median over samples). The torch layer: a stable sort of the (token, slot) entries by expert, the
 rows gathered, `torch._grouped_mm` for both GEMMs with the SwiGLU in between, the weighted rows added back in
 token order with `index_add_` (bf16 only: torch's FP8 grouped GEMM takes rowwise scales, not 128x128 blocks).
-Stages: the kernels of one eager call of each variant under `torch.profiler`, their names and device time.
+Stages: the kernel time of one eager call of each variant under `torch.profiler`, per op family with the longest
+kernels by name (`perf.models.op_families`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import argparse
 import dataclasses
 import datetime
 import json
-import os
 
 import torch
 
 from dispatch import ops
 
+from .models import op_families
+from .results import measured_commit
 from .runner import time_passes
 
 FP8_BLOCK = 128
@@ -103,18 +105,6 @@ def variants(kind: str, phase: str, w: dict):
     return out
 
 
-def kernel_stages(fn, inputs, device) -> list[dict]:
-    """Device time per kernel name of one eager call (after a warm-up call)."""
-    fn(inputs)
-    torch.cuda.synchronize(device)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn(inputs)
-        torch.cuda.synchronize(device)
-    rows = [dict(kernel=e.key[:120], us=round(e.device_time_total, 1), calls=e.count)
-            for e in prof.key_averages() if e.device_time_total > 0]
-    return sorted(rows, key=lambda r: -r["us"])
-
-
 def run(models: dict, tokens: dict, device, stages: bool) -> list[dict]:
     records = []
     for model, shape in models.items():
@@ -130,8 +120,8 @@ def run(models: dict, tokens: dict, device, stages: bool) -> list[dict]:
                     try:
                         results[name] = fn(inputs).float()
                         rec["us"] = time_passes(fn, [inputs], device, graph=device.type == "cuda").median_us
-                        if stages and device.type == "cuda":
-                            rec["stages"] = kernel_stages(fn, inputs, device)
+                        if stages and device.type == "cuda":  # kernel time per family and the longest kernels
+                            rec["stages"] = op_families(lambda fn=fn, i=inputs: fn(i), 1, device)
                     except Exception as exc:  # a peer that cannot run this shape is recorded with its reason
                         rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                     records.append(rec)
@@ -163,7 +153,7 @@ def main() -> None:
     models = SMOKE if args.smoke else {m: MODELS[m] for m in args.models.split(",")}
     records = run(models, SMOKE_TOKENS if args.smoke else TOKENS, device, stages=not args.smoke)
     meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
-                commit=os.environ.get("LOWBIT_GIT_COMMIT"), date=datetime.date.today().isoformat(), smoke=args.smoke)
+                commit=measured_commit(), date=datetime.date.today().isoformat(), smoke=args.smoke)
     with open(args.out, "w") as f:
         json.dump(dict(meta=meta, records=records), f, indent=1)
 

@@ -103,6 +103,11 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def measured_commit() -> str | None:
+    """The commit a run measured: LOWBIT_GIT_COMMIT (a copy of the tree without .git), else HEAD."""
+    return os.environ.get("LOWBIT_GIT_COMMIT") or _git("rev-parse", "HEAD")
+
+
 def _flashmla_commit() -> str | None:
     from perf.peers import flashmla_version
 
@@ -113,7 +118,7 @@ def run_metadata(device: torch.device, roof, quick: bool) -> dict:
     """What every record of this run shares. LOWBIT_GIT_COMMIT overrides the commit (a copy without .git)."""
     import triton
 
-    commit = os.environ.get("LOWBIT_GIT_COMMIT") or _git("rev-parse", "HEAD")
+    commit = measured_commit()
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     arch = "cpu"
     if device.type == "cuda":

@@ -190,19 +190,12 @@ def deepseek_v32_real_attention():
     """DeepSeek-V3.2's attention and indexer dims (128 heads, q_lora 1536, kv_lora 512, RoPE 64, NoPE 128, v 128,
     hidden 7168; indexer 64 heads of 128) with one MoE layer of 8 experts of 256, every token to every expert (the
     module docstring says why one layer)."""
-    config = transformers.DeepseekV32Config(
-        vocab_size=GPU_VOCAB, hidden_size=7168, intermediate_size=2048, moe_intermediate_size=256,
-        num_hidden_layers=1, first_k_dense_replace=0, num_attention_heads=128, num_key_value_heads=128,
-        n_routed_experts=8, num_experts_per_tok=8, n_group=4, topk_group=4, n_shared_experts=1, q_lora_rank=1536,
-        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, index_topk=GPU_INDEX_TOPK,
-        index_n_heads=64, index_head_dim=128, max_position_embeddings=256, pad_token_id=PAD, routed_scaling_factor=2.5,
-        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                         "original_max_position_embeddings": 64, "mscale": 1.0, "mscale_all_dim": 1.0,
-                         "beta_fast": 32.0, "beta_slow": 1.0})
-    torch.manual_seed(0)
-    config._attn_implementation = "eager"
-    with torch.device("cuda"):
-        return transformers.DeepseekV32ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
+    from tests.test_hf_mla_cache import DEEPSEEK_ATTENTION
+    from tests.test_hf_models_gpu import build_on_gpu
+
+    return build_on_gpu(transformers.DeepseekV32ForCausalLM, transformers.DeepseekV32Config(
+        **DEEPSEEK_ATTENTION, moe_intermediate_size=256, num_hidden_layers=1, first_k_dense_replace=0,
+        index_topk=GPU_INDEX_TOPK, index_n_heads=64, index_head_dim=128))
 
 
 @pytest.mark.gpu

@@ -168,23 +168,26 @@ GPU_NEW_TOKENS = 64
 GPU_FP8_TOKENS = 32  # the V3.2 FP8 rows: the first 32 tokens (the FP8 bar asks for 16)
 
 
+# DeepSeek-V3's attention widths (128 heads, q_lora 1536, kv_lora 512, RoPE 64, NoPE 128, v 128, hidden 7168), shared
+# with the V3.2 GPU test.
+DEEPSEEK_ATTENTION = dict(
+    vocab_size=GPU_VOCAB, hidden_size=7168, intermediate_size=2048, num_attention_heads=128, num_key_value_heads=128,
+    n_routed_experts=8, num_experts_per_tok=8, n_group=4, topk_group=4, n_shared_experts=1, q_lora_rank=1536,
+    kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, max_position_embeddings=256,
+    pad_token_id=0, routed_scaling_factor=2.5,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+                     "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0})
+
+
 def deepseek_v3_real_attention(moe_intermediate_size: int = 256):
     """DeepSeek-V3's attention dims with 2 narrow-MoE layers (8 experts of `moe_intermediate_size`, 256 by default,
     2048 is DeepSeek-V3's; every token to every expert: with random weights a router logit moved by one rounding can
     flip a top-k choice)."""
-    config = transformers.DeepseekV3Config(
-        vocab_size=GPU_VOCAB, hidden_size=7168, intermediate_size=2048, moe_intermediate_size=moe_intermediate_size,
-        num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=128, num_key_value_heads=128,
-        n_routed_experts=8, num_experts_per_tok=8, n_group=4, topk_group=4, n_shared_experts=1, q_lora_rank=1536,
-        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, max_position_embeddings=256,
-        pad_token_id=0, routed_scaling_factor=2.5,
-        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                         "original_max_position_embeddings": 64, "mscale": 1.0, "mscale_all_dim": 1.0,
-                         "beta_fast": 32.0, "beta_slow": 1.0})
-    torch.manual_seed(0)
-    config._attn_implementation = "eager"
-    with torch.device("cuda"):
-        return transformers.DeepseekV3ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
+    from tests.test_hf_models_gpu import build_on_gpu
+
+    return build_on_gpu(transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config(
+        **DEEPSEEK_ATTENTION, moe_intermediate_size=moe_intermediate_size, num_hidden_layers=2,
+        first_k_dense_replace=1))
 
 
 @pytest.mark.gpu

@@ -148,6 +148,12 @@ def gpt_oss(dtype=torch.bfloat16, **overrides):
     return _build(transformers.GptOssForCausalLM, transformers.GptOssConfig(**kw), dtype)
 
 
+def gpt_oss_all_experts():
+    """GPT-OSS with every token routed to all 4 experts: with top-2 of 4 a logit moved by one rounding can flip an
+    expert choice, a discrete change no token or cosine bound covers."""
+    return gpt_oss(num_experts_per_tok=4)
+
+
 GPT_OSS_SWAPS = {"GptOssAttention": 2, "GptOssRMSNorm": 5, "GptOssMLP": 2}
 
 

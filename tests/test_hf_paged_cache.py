@@ -21,6 +21,7 @@ from tests.test_hf_models import (
     assert_generation_matches,
     generation_prompts,
     gpt_oss,
+    gpt_oss_all_experts,
     llama,
     qwen3_moe,
 )
@@ -31,10 +32,6 @@ from dispatch.integrations.hf import LowbitPagedCache, PagedCacheError, lowbit_p
 from dispatch.integrations.hf.check import FP8_TIE_SPACINGS  # noqa: E402
 
 PAGE = 4
-
-
-def gpt_oss_all_experts():
-    return gpt_oss(num_experts_per_tok=4)
 
 
 class PagedModel(torch.nn.Module):

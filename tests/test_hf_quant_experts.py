@@ -22,6 +22,7 @@ from tests.test_hf_models import (
     assert_refused_unmodified,
     deepseek_v3,
     gpt_oss,
+    gpt_oss_all_experts,
     llama,
 )
 
@@ -41,10 +42,6 @@ COSINE_MIN = 0.99
 def assert_quantized_generation_matches(patched, reference, tie_spacings: float = TIE_SPACINGS):
     """QUANT_TOKENS greedy tokens of the four prompts equal (tie-aware), every step's logits cosine >= COSINE_MIN."""
     assert_generation_matches(patched, reference, QUANT_TOKENS, cosine_min=COSINE_MIN, tie_spacings=tie_spacings)
-
-
-def gpt_oss_all_experts():
-    return gpt_oss(num_experts_per_tok=4)
 
 
 def _experts(model, cls_name: str) -> dict[str, torch.nn.Module]:

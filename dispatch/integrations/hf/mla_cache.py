@@ -107,13 +107,9 @@ class LowbitMlaCache(LowbitPagedCache):
             raise PagedCacheError(f"LowbitMlaCache: argument 'layout': 'v32' holds a latent of {V32_DIMS[0]} and "
                                   f"RoPE of {V32_DIMS[1]}, the model's are {dims[0]} and {dims[1]}")
         self.kv_lora_rank, self.layout = config.kv_lora_rank, layout
-        self.page_size, self.max_cache_len_tokens = page_size, max_cache_len
-        pages_per_seq = math.ceil(max_cache_len / page_size)
-        self.spare_slot = pages_per_seq * batch_size * page_size  # the spare page's first slot
-        order = torch.arange(pages_per_seq, dtype=torch.int32)[None, :] * batch_size
-        self.block_table = (order + torch.arange(batch_size, dtype=torch.int32)[:, None]).contiguous().to(device)
-        layers = [LatentLayer(pages_per_seq * batch_size + 1, page_size, sum(dims), batch_size, layout, device,
-                              max_cache_len) for _ in range(config.num_hidden_layers)]
+        pages = self._page_table(batch_size, max_cache_len, page_size, device)
+        layers = [LatentLayer(pages, page_size, sum(dims), batch_size, layout, device, max_cache_len)
+                  for _ in range(config.num_hidden_layers)]
         super(LowbitPagedCache, self).__init__(layers=layers)
 
     def write_prefix(self, *args, **kwargs) -> None:
@@ -143,11 +139,8 @@ class LowbitMlaCache(LowbitPagedCache):
         (B, >= S) has 1 on real tokens (left padding only) or is None (every token real)."""
         layer = self.layers[layer_idx]
         b, s = rows.shape[:2]
-        if layer.seen + s > self.max_cache_len_tokens:
-            raise PagedCacheError(f"LowbitMlaCache: {layer.seen} + {s} positions exceed max_cache_len "
-                                  f"{self.max_cache_len_tokens}")
-        if b != self.block_table.shape[0]:
-            raise PagedCacheError(f"LowbitMlaCache: batch {b} != the cache's batch_size {self.block_table.shape[0]}")
+        self._check_room(layer.seen, s)
+        self._check_batch(b)
         if rows.dtype != torch.bfloat16:
             raise PagedCacheError(f"LowbitMlaCache.append: argument 'rows': {rows.dtype}; the latent pages and "
                                   "ops.mla_decode's queries are bf16 (a bf16 model)")

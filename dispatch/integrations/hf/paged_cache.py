@@ -128,20 +128,30 @@ class LowbitPagedCache(Cache):
         config = config.get_text_config(decoder=True)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        self.page_size, self.max_cache_len_tokens = page_size, max_cache_len
-        pages_per_seq = math.ceil(max_cache_len / page_size)
-        self.spare_slot = pages_per_seq * batch_size * page_size  # the spare page's first slot
-        pages = pages_per_seq * batch_size + 1
-        order = torch.arange(pages_per_seq, dtype=torch.int32)[None, :] * batch_size
-        self.block_table = (order + torch.arange(batch_size, dtype=torch.int32)[:, None]).contiguous().to(device)
+        pages = self._page_table(batch_size, max_cache_len, page_size, device)
         layers = [PagedLayer(pages, page_size, kv_heads, head_dim, batch_size, kv_dtype, device, kv_scale)
                   for _ in range(config.num_hidden_layers)]
         super().__init__(layers=layers)
 
+    def _page_table(self, batch_size: int, max_cache_len: int, page_size: int, device) -> int:
+        """Sets the page size, the capacity, the block table (page i of sequence b is page i * batch_size + b) and
+        the spare page's first slot; returns the page count per layer (the sequences' pages and the spare one)."""
+        self.page_size, self.max_cache_len_tokens = page_size, max_cache_len
+        pages_per_seq = math.ceil(max_cache_len / page_size)
+        self.spare_slot = pages_per_seq * batch_size * page_size  # the spare page's first slot
+        order = torch.arange(pages_per_seq, dtype=torch.int32)[None, :] * batch_size
+        self.block_table = (order + torch.arange(batch_size, dtype=torch.int32)[:, None]).contiguous().to(device)
+        return pages_per_seq * batch_size + 1
+
     def _check_room(self, seen: int, s: int) -> None:
         if seen + s > self.max_cache_len_tokens:
-            raise PagedCacheError(f"LowbitPagedCache: {seen} + {s} positions exceed max_cache_len "
+            raise PagedCacheError(f"{type(self).__name__}: {seen} + {s} positions exceed max_cache_len "
                                   f"{self.max_cache_len_tokens}")
+
+    def _check_batch(self, b: int) -> None:
+        if b != self.block_table.shape[0]:
+            raise PagedCacheError(f"{type(self).__name__}: batch {b} != the cache's batch_size "
+                                  f"{self.block_table.shape[0]}")
 
     def advance(self, s: int) -> None:
         """The host side of a step of `s` positions whose device side ran without Python (a CUDA-graph replay):
@@ -232,8 +242,7 @@ class LowbitPagedCache(Cache):
         layer = self.layers[layer_idx]
         b, s = q.shape[:2]
         self._check_room(layer.seen, s)
-        if b != self.block_table.shape[0]:
-            raise PagedCacheError(f"LowbitPagedCache: batch {b} != the cache's batch_size {self.block_table.shape[0]}")
+        self._check_batch(b)
         slots, new = self._slots(layer.lengths, attention_mask, b, s, q.device)
         layer.write(k.reshape(b * s, *k.shape[2:]), v.reshape(b * s, *v.shape[2:]), slots)
         layer.lengths.add_(new)
