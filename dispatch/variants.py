@@ -43,19 +43,13 @@ def moe_gemm_mxfp4_dot_scaled(a, w_packed, w_scale, m_indices, masked_m):
     return moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, dot_scaled=True)
 
 
-def _decode_rule(q, k_cache, v_cache, block_table, num_splits: int = 0):
-    from triton_ops.attention.decode import FP8_KV, decode_config
-
-    max_ctx = block_table.shape[1] * k_cache.shape[1]
-    return decode_config(q.shape[0], q.shape[1], q.shape[2], k_cache.shape[2], max_ctx,
-                         max(q.shape[-1], v_cache.shape[-1]), q.device, num_splits, k_cache.dtype in FP8_KV)
-
-
 def attention_decode_rule(q, k_cache, v_cache, block_table) -> dict:
     """The configuration attention_decode's rule picks for these shapes (num_splits, block_n, num_warps, ...)."""
     import dataclasses
 
-    return dataclasses.asdict(_decode_rule(q, k_cache, v_cache, block_table))
+    from triton_ops.attention.decode import config_for_call
+
+    return dataclasses.asdict(config_for_call(q, k_cache, v_cache, block_table))
 
 
 def attention_decode_configured(q, k_cache, v_cache, block_table, seqused_k, softmax_scale: float, *,
@@ -66,9 +60,9 @@ def attention_decode_configured(q, k_cache, v_cache, block_table, seqused_k, sof
     choice (the packed-row tile and the FP8 value path stay the rule's)."""
     import dataclasses
 
-    from triton_ops.attention.decode import attention_decode
+    from triton_ops.attention.decode import attention_decode, config_for_call
 
-    cfg = dataclasses.replace(_decode_rule(q, k_cache, v_cache, block_table, num_splits), block_n=block_n,
+    cfg = dataclasses.replace(config_for_call(q, k_cache, v_cache, block_table, num_splits), block_n=block_n,
                               num_warps=num_warps, num_stages=num_stages)
     return attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, True, -1, -1, None,
                             k_scale, v_scale, num_splits, cfg=cfg)[0]

@@ -401,6 +401,14 @@ def _pipeline_stages(device: torch.device, fp8_gpu: bool, d: int, num_splits: in
     return 2
 
 
+def config_for_call(q, k_cache, v_cache, block_table, num_splits: int = 0) -> DecodeConfig:
+    """`decode_config` from a call's tensors (the table's capacity is the context every split rule reads)."""
+    bsz, sq, hq, d = q.shape
+    max_ctx = block_table.shape[1] * k_cache.shape[1]
+    return decode_config(bsz, sq, hq, k_cache.shape[2], max_ctx, max(d, v_cache.shape[-1]), q.device, num_splits,
+                         k_cache.dtype in FP8_KV)
+
+
 # ---------------------------------------------------------------------------------------------- checks
 
 
@@ -428,9 +436,6 @@ def attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale:
     picks the split count with `choose_num_splits`; cfg overrides the whole configuration."""
     check_attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, window_left,
                            window_right, sinks, k_scale, v_scale, num_splits)
-    bsz, sq, hq, d = q.shape
-    max_ctx = block_table.shape[1] * k_cache.shape[1]
-    cfg = cfg or decode_config(bsz, sq, hq, k_cache.shape[2], max_ctx, max(d, v_cache.shape[-1]), q.device,
-                               num_splits, k_cache.dtype in FP8_KV)
+    cfg = cfg or config_for_call(q, k_cache, v_cache, block_table, num_splits)
     return _launch(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, causal, window_left, window_right,
                    sinks, k_scale, v_scale, cfg)
