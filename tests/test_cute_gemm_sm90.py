@@ -122,6 +122,13 @@ def test_contiguous_bounds_are_each_experts_row_span(seed):
             assert int(counts[x]) == 0, x
 
 
+def test_contiguous_bounds_of_no_rows_are_empty_groups():
+    from cute_ops.gemm.grouped_sm90 import contiguous_bounds
+
+    starts, counts = contiguous_bounds(torch.empty(0, dtype=torch.int32), 3)
+    assert starts.tolist() == counts.tolist() == [0, 0, 0] and counts.dtype == torch.int32
+
+
 def test_sm90_backend_refusals_and_auto_skip(monkeypatch):
     from cute_ops.gemm import grouped_sm90
 

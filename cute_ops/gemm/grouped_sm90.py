@@ -429,15 +429,23 @@ def masked_starts(e: int, max_m: int, device: torch.device) -> torch.Tensor:
 
 def contiguous_bounds(m_indices: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(starts, counts) int32 [E] of the contiguous layout: the span from the first to the last row of each expert
-    (an expert without rows: count 0). Device ops only (scatter_reduce), no host sync."""
-    ids = m_indices.reshape(-1).to(torch.int64)
+    (an expert without rows: count 0, start the last row). Device ops only, no host sync: one stable sort of the
+    row ids, then each expert's first and last entry by binary search (a scatter_reduce min / max over every row
+    contends on E addresses: the longest MoE-family kernel but the GEMMs in a Qwen3-MoE prefill trace)."""
+    ids = m_indices.reshape(-1)
     rows = ids.numel()
-    slot = torch.where((ids >= 0) & (ids < e), ids, e)  # everything else lands in a dropped slot E
-    r = torch.arange(rows, dtype=torch.int64, device=ids.device)
-    first = torch.full((e + 1,), rows, dtype=torch.int64, device=ids.device).scatter_reduce_(0, slot, r, "amin")
-    last = torch.full((e + 1,), -1, dtype=torch.int64, device=ids.device).scatter_reduce_(0, slot, r, "amax")
-    counts = (last - first + 1).clamp_min_(0)[:e].to(torch.int32)
-    starts = first.clamp_max_(max(rows - 1, 0))[:e].to(torch.int32)
+    if rows == 0:
+        zeros = torch.zeros(e, dtype=torch.int32, device=ids.device)
+        return zeros, zeros.clone()
+    slot = torch.where((ids >= 0) & (ids < e), ids, e).to(torch.int32)  # anything else sorts past the experts
+    sorted_slot, order = torch.sort(slot, stable=True)  # stable: equal ids keep row order
+    experts = torch.arange(e, dtype=torch.int32, device=ids.device)
+    lo = torch.searchsorted(sorted_slot, experts, side="left")
+    hi = torch.searchsorted(sorted_slot, experts, side="right")
+    first, last = order[lo.clamp_max(rows - 1)], order[(hi - 1).clamp_min(0)]
+    present = hi > lo
+    counts = torch.where(present, last - first + 1, 0).to(torch.int32)
+    starts = torch.where(present, first, rows - 1).to(torch.int32)
     return starts, counts
 
 

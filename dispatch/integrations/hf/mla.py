@@ -52,10 +52,10 @@ class LowbitMlaAttention(nn.Module):
         self.rope = rope
 
     def _project(self, hidden_states: Tensor, position_embeddings: tuple[Tensor, Tensor]
-                 ) -> tuple[Tensor | None, Tensor, Tensor, Tensor, Tensor]:
+                 ) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
         """transformers' projections, latent norm and RoPE: q_resid (B, S, q_lora) (the normalized q latent, None
-        without q_lora_rank), q_pass (B, H, S, nope), q_rot (B, H, S, rope), kv_nope (B, 1, S, kv_lora), k_rot
-        (B, 1, S, rope)."""
+        without q_lora_rank), q (B, S, H, nope + rope) with its RoPE'd part written in place (the layout the
+        attention ops read: no concatenation), kv_nope (B, 1, S, kv_lora), k_rot (B, 1, S, rope)."""
         b, s, _ = hidden_states.shape
         q_resid = None
         if self.q_lora_rank is None:
@@ -63,26 +63,32 @@ class LowbitMlaAttention(nn.Module):
         else:
             q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
             q = self.q_b_proj(q_resid)
-        q_pass, q_rot = q.view(b, s, -1, self.qk_head_dim).transpose(1, 2).split(
-            [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        q = q.view(b, s, -1, self.qk_head_dim)
         kv_nope, k_rot = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.qk_rope_head_dim],
                                                                        dim=-1)
         kv_nope = self.kv_a_layernorm(kv_nope).view(b, 1, s, self.kv_lora_rank)
-        q_rot, k_rot = self.rope(q_rot, k_rot.view(b, 1, s, self.qk_rope_head_dim), *position_embeddings)
-        return q_resid, q_pass, q_rot, kv_nope, k_rot
+        q_rot, k_rot = self.rope(q[..., self.qk_nope_head_dim:].transpose(1, 2),
+                                 k_rot.view(b, 1, s, self.qk_rope_head_dim), *position_embeddings)
+        q[..., self.qk_nope_head_dim:] = q_rot.transpose(1, 2)
+        return q_resid, q, kv_nope, k_rot
+
+    def _split_q(self, q: Tensor) -> tuple[Tensor, Tensor]:
+        """q (B, S, H, nope + rope) -> views q_pass (B, H, S, nope), q_rot (B, H, S, rope)."""
+        q_pass, q_rot = q.transpose(1, 2).split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        return q_pass, q_rot
 
     def forward(self, hidden_states: Tensor, position_embeddings: tuple[Tensor, Tensor],
                 attention_mask: Tensor | None, past_key_values=None, **kwargs) -> tuple[Tensor, None]:
         b, s, _ = hidden_states.shape
-        _, q_pass, q_rot, kv_nope, k_rot = self._project(hidden_states, position_embeddings)
+        _, q, kv_nope, k_rot = self._project(hidden_states, position_embeddings)
         if getattr(past_key_values, "lowbit_latent", False):
             rows = torch.cat([kv_nope, k_rot], dim=-1).view(b, s, -1)
             past_key_values.append(self.layer_idx, rows, attention_mask)
             if s == 1:
-                out = self._absorbed_decode(q_pass, q_rot, lambda q: past_key_values.decode(self.layer_idx, q,
-                                                                                             self.scaling))
+                out = self._absorbed_decode(*self._split_q(q), lambda q_abs: past_key_values.decode(
+                    self.layer_idx, q_abs, self.scaling))
             else:
-                out = self._prefill(past_key_values, torch.cat([q_pass, q_rot], dim=-1))
+                out = self._prefill(past_key_values, q)
             return self.o_proj(out.reshape(b, s, -1)), None
         if getattr(past_key_values, "lowbit_paged", False):
             from .paged_cache import PagedCacheError
@@ -91,8 +97,8 @@ class LowbitMlaAttention(nn.Module):
         if past_key_values is not None:
             kv_nope, k_rot = past_key_values.update(kv_nope, k_rot, self.layer_idx)
         k, v = self._expand(kv_nope.transpose(1, 2), k_rot.transpose(1, 2))
-        out, _ = lowbit_attention_forward(self, torch.cat([q_pass, q_rot], dim=-1), k.transpose(1, 2),
-                                          v.transpose(1, 2), attention_mask, scaling=self.scaling)
+        out, _ = lowbit_attention_forward(self, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          attention_mask, scaling=self.scaling)
         return self.o_proj(out.reshape(b, s, -1)), None
 
     def _expand(self, latent: Tensor, k_pe: Tensor) -> tuple[Tensor, Tensor]:
@@ -100,9 +106,12 @@ class LowbitMlaAttention(nn.Module):
         kv_b_proj (transformers' `expand_kv`, sequence-major)."""
         b, t = latent.shape[:2]
         kv = self.kv_b_proj(latent.view(b, t, -1)).view(b, t, self.num_heads, -1)
-        k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
-        k = torch.cat([k_nope, k_pe.expand(b, t, self.num_heads, self.qk_rope_head_dim)], dim=-1)
-        return k, v.contiguous()
+        # two slice copies into one buffer, not torch.cat of the strided / broadcast parts: with the q concatenation
+        # that cat was the longest non-GEMM kernel of the DeepSeek-V3 prefill trace (docs/models.md)
+        k = kv.new_empty(b, t, self.num_heads, self.qk_head_dim)
+        k[..., : self.qk_nope_head_dim] = kv[..., : self.qk_nope_head_dim]
+        k[..., self.qk_nope_head_dim:] = k_pe
+        return k, kv[..., self.qk_nope_head_dim:].contiguous()
 
     def _absorbed_weights(self) -> tuple[Tensor, Tensor]:
         """Views of kv_b_proj's weight (H * (nope + v), kv_lora): W_UK (H, nope, kv_lora), W_UV^T (H, kv_lora, v)."""
@@ -123,14 +132,14 @@ class LowbitMlaAttention(nn.Module):
         return torch.bmm(out[:, 0].transpose(0, 1), w_uv_t).transpose(0, 1)[:, None]
 
     def _prefill(self, cache, q: Tensor) -> Tensor:
-        """q (B, H, S, nope + rope) over every sequence's stored latent, decompressed -> (B, S, H, v)."""
-        b, h, s, d = q.shape
+        """q (B, S, H, nope + rope) over every sequence's stored latent, decompressed -> (B, S, H, v)."""
+        b, s, h, d = q.shape
         rows, lengths = cache.prefix(self.layer_idx)
         t, page = rows.shape[1], cache.page_size
         k, v = self._expand(rows[..., None, : self.kv_lora_rank], rows[..., None, self.kv_lora_rank:])
         table = torch.arange(b * t // page, dtype=torch.int32, device=q.device).view(b, -1)
         cu_q = torch.arange(b + 1, dtype=torch.int32, device=q.device) * s
-        out = ops.attention_prefill_paged(q.transpose(1, 2).reshape(b * s, h, d), k.view(-1, page, h, d),
+        out = ops.attention_prefill_paged(q.reshape(b * s, h, d), k.view(-1, page, h, d),
                                           v.view(-1, page, h, self.v_head_dim), cu_q, table, lengths, s,
                                           softmax_scale=self.scaling, causal=True)
         return out.view(b, s, h, -1)

@@ -46,7 +46,8 @@ class LowbitSparseMlaAttention(LowbitMlaAttention):
                 attention_mask: Tensor | None, past_key_values=None, position_ids: Tensor | None = None,
                 **kwargs) -> tuple[Tensor, None]:
         b, s, _ = hidden_states.shape
-        q_resid, q_pass, q_rot, kv_nope, k_rot = self._project(hidden_states, position_embeddings)
+        q_resid, q, kv_nope, k_rot = self._project(hidden_states, position_embeddings)
+        q_pass, q_rot = self._split_q(q)
         latent = getattr(past_key_values, "lowbit_latent", False)
         if latent or getattr(past_key_values, "lowbit_paged", False):
             from .paged_cache import PagedCacheError
@@ -69,13 +70,13 @@ class LowbitSparseMlaAttention(LowbitMlaAttention):
         topk = self.indexer(hidden_states, q_resid, position_embeddings, visible, position_ids,
                             past_key_values=past_key_values)  # (B, S, topk) positions of the padded timeline
         if latent and s == 1:
-            out = self._absorbed_decode(q_pass, q_rot, lambda q: past_key_values.decode(self.layer_idx, q,
-                                                                                         self.scaling, topk))
+            out = self._absorbed_decode(q_pass, q_rot, lambda q_abs: past_key_values.decode(
+                self.layer_idx, q_abs, self.scaling, topk))
         elif s == 1:
-            out = self._absorbed_decode(q_pass, q_rot, lambda q: self._one_page_decode(q, kv_nope, k_rot, visible,
-                                                                                        topk))
+            out = self._absorbed_decode(q_pass, q_rot, lambda q_abs: self._one_page_decode(
+                q_abs, kv_nope, k_rot, visible, topk))
         else:
-            out = self._masked_dense(torch.cat([q_pass, q_rot], dim=-1), kv_nope, k_rot, visible, topk)
+            out = self._masked_dense(q.transpose(1, 2), kv_nope, k_rot, visible, topk)
         return self.o_proj(out.reshape(b, s, -1)), None
 
     def _masked_dense(self, q: Tensor, kv_nope: Tensor, k_rot: Tensor, visible: Tensor, topk: Tensor) -> Tensor:
