@@ -97,10 +97,16 @@ def test_bounded_scheduler_device_code_matches_model(seed, monkeypatch):
         assert got == sch.cta_tiles_bounded(cta, grid, starts, counts, block_m, n_tiles), cta
 
 
+@pytest.mark.parametrize("method", ["scatter", "sort"])
 @pytest.mark.parametrize("seed", range(5))
-def test_contiguous_bounds_are_each_experts_row_span(seed):
-    """The launcher's (starts, counts) from m_indices (device ops only): first..last row of each expert."""
+def test_contiguous_bounds_are_each_experts_row_span(monkeypatch, seed, method):
+    """The launcher's (starts, counts) from m_indices (device ops only): first..last row of each expert, by either
+    method (SORT_BOUNDS_ROWS lowered to 1 forces the sort)."""
+    from cute_ops.gemm import grouped_sm90
     from cute_ops.gemm.grouped_sm90 import contiguous_bounds
+
+    if method == "sort":
+        monkeypatch.setattr(grouped_sm90, "SORT_BOUNDS_ROWS", 1)
 
     rng = random.Random(seed)
     e = rng.choice([1, 4, 9])

@@ -427,21 +427,44 @@ def masked_starts(e: int, max_m: int, device: torch.device) -> torch.Tensor:
     return t
 
 
+# contiguous_bounds' method by row count (H200, eager, CUDA events; a Qwen3-MoE / DeepSeek-V3 prefill has 73k-82k
+# rows): a scatter_reduce min / max over every row contends on E addresses (~150 us of GPU time per call at 73k
+# rows, the largest MoE-family kernel after the GEMMs in a Qwen3-MoE prefill trace) but is the lighter host call
+# (~330 against ~560 us per call from 28k to 82k rows); one stable sort + binary search costs almost no GPU time.
+# Under SORT_BOUNDS_ROWS the GPU time is small next to the host time, so the scatter wins there.
+SORT_BOUNDS_ROWS = 32768
+
+
 def contiguous_bounds(m_indices: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(starts, counts) int32 [E] of the contiguous layout: the span from the first to the last row of each expert
-    (an expert without rows: count 0, start the last row). Device ops only, no host sync: one stable sort of the
-    row ids, then each expert's first and last entry by binary search (a scatter_reduce min / max over every row
-    contends on E addresses: the longest MoE-family kernel but the GEMMs in a Qwen3-MoE prefill trace)."""
+    (an expert without rows: count 0, start the last row). Device ops only, no host sync; the method by row count
+    (SORT_BOUNDS_ROWS), both giving the same tensors."""
     ids = m_indices.reshape(-1)
-    rows = ids.numel()
-    if rows == 0:
+    if ids.numel() == 0:
         zeros = torch.zeros(e, dtype=torch.int32, device=ids.device)
         return zeros, zeros.clone()
-    slot = torch.where((ids >= 0) & (ids < e), ids, e).to(torch.int32)  # anything else sorts past the experts
-    sorted_slot, order = torch.sort(slot, stable=True)  # stable: equal ids keep row order
-    experts = torch.arange(e, dtype=torch.int32, device=ids.device)
-    lo = torch.searchsorted(sorted_slot, experts, side="left")
-    hi = torch.searchsorted(sorted_slot, experts, side="right")
+    slot = torch.where((ids >= 0) & (ids < e), ids, e)  # anything else lands past the experts
+    if ids.numel() >= SORT_BOUNDS_ROWS:
+        return _bounds_by_sort(slot, e)
+    return _bounds_by_scatter(slot, e)
+
+
+def _bounds_by_scatter(slot: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = slot.numel()
+    slot = slot.to(torch.int64)
+    r = torch.arange(rows, dtype=torch.int64, device=slot.device)
+    first = torch.full((e + 1,), rows, dtype=torch.int64, device=slot.device).scatter_reduce_(0, slot, r, "amin")
+    last = torch.full((e + 1,), -1, dtype=torch.int64, device=slot.device).scatter_reduce_(0, slot, r, "amax")
+    counts = (last - first + 1).clamp_min_(0)[:e].to(torch.int32)
+    starts = first.clamp_max_(rows - 1)[:e].to(torch.int32)
+    return starts, counts
+
+
+def _bounds_by_sort(slot: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = slot.numel()
+    sorted_slot, order = torch.sort(slot.to(torch.int32), stable=True)  # stable: equal ids keep row order
+    edges = torch.searchsorted(sorted_slot, torch.arange(e + 1, dtype=torch.int32, device=slot.device))
+    lo, hi = edges[:e], edges[1:]  # expert g's entries: [lo[g], hi[g]) (ids are integers: left of g + 1)
     first, last = order[lo.clamp_max(rows - 1)], order[(hi - 1).clamp_min(0)]
     present = hi > lo
     counts = torch.where(present, last - first + 1, 0).to(torch.int32)
