@@ -7,7 +7,9 @@ Per model (the same random weights throughout; the unpatched variants first, the
 through the public API, `dispatch.integrations.hf`):
 
 * prefill 4 x 2048 tokens (one forward, no cache): `eager` (unpatched), `compile` (unpatched under
-  torch.compile(fullgraph=True), default mode), `lowbit` (patched, eager);
+  torch.compile(fullgraph=True), default mode), `compile-graphs` (the same with mode="reduce-overhead": its own
+  CUDA graphs), `lowbit` (patched, the forward captured in one CUDA graph; the record says whether the replay's
+  logits equal an eager call's) and `lowbit-eager` (patched, eager; not a baseline);
 * decode, one token per sequence at batch 1 / 16 / 64 after a 4096-token context: `eager` (unpatched with
   transformers' StaticCache, its layers filled with random keys / values and their lengths set: no prefill),
   `compile` (the same under torch.compile(mode="reduce-overhead", fullgraph=True): transformers' static-cache decode
@@ -237,6 +239,26 @@ PATCHED_DECODE = {"llama": paged_graph_decode, "gpt_oss": paged_graph_decode, "d
                   "qwen3_moe": paged_graph_decode}
 
 
+def graphed_prefill(prefill, device: torch.device):
+    """(replay, logits equal) of `prefill` captured in one CUDA graph after two warm-up calls on a side stream, the
+    replay's logits compared with an eager call's; (None, None) off CUDA (the record then times the eager call)."""
+    if device.type != "cuda":
+        print("lowbit prefill: no CUDA device, timed eagerly (no CUDA graph)")
+        return None, None
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        prefill()
+        prefill()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        logits = prefill()
+    want = prefill()
+    graph.replay()
+    return graph.replay, bool(torch.equal(logits, want))
+
+
 def _unpatched_decode(forward, model, batch: int, context: int, device: torch.device):
     cache, reset = static_cache(model, batch, context, device)
     ids = torch.randint(0, model.config.vocab_size, (batch, 1), device=device)
@@ -278,9 +300,11 @@ def _unpatched_records(name, model, sizes, batches, device, compile_) -> list[di
     records = [_timed(dict(common, variant="eager"), lambda: model(input_ids=prefill_ids, use_cache=False), sizes,
                       device)]
     if compile_:
-        compiled = torch.compile(model, fullgraph=True, dynamic=False)
-        records.append(_timed(dict(common, variant="compile"),
-                              lambda: compiled(input_ids=prefill_ids, use_cache=False), sizes, device))
+        for variant, mode in (("compile", "default"), ("compile-graphs", "reduce-overhead")):
+            compiled = torch.compile(model, mode=mode, fullgraph=True, dynamic=False)
+            records.append(_timed(dict(common, variant=variant),
+                                  lambda fn=compiled: fn(input_ids=prefill_ids, use_cache=False), sizes, device))
+            torch._dynamo.reset()
     variants = [("eager", model)]
     if compile_:
         variants.append(("compile", torch.compile(model, mode="reduce-overhead", fullgraph=True, dynamic=False)))
@@ -300,9 +324,14 @@ def _patched_records(name, model, sizes, batches, device) -> tuple[list[dict], d
     report = lowbit_patch(model)
     b, s = sizes.prefill
     prefill_ids = torch.randint(0, model.config.vocab_size, (b, s), device=device)
-    prefill = lambda: model(input_ids=prefill_ids, use_cache=False)  # noqa: E731
+    prefill = lambda: model(input_ids=prefill_ids, use_cache=False).logits  # noqa: E731
+    eager_ms = measure(prefill, sizes, device)
+    graphed, same = graphed_prefill(prefill, device)
     records = [dict(model=name, shape=f"prefill {b}x{s}", variant="lowbit", replaced=report.replaced,
-                    ms=measure(prefill, sizes, device))]
+                    ms=measure(graphed, sizes, device) if graphed else eager_ms,
+                    cuda_graph=graphed is not None, graph_logits_equal_eager=same),
+               dict(model=name, shape=f"prefill {b}x{s}", variant="lowbit-eager", ms=eager_ms)]
+    del graphed  # the graph's memory pool goes before the decode caches are built
     split = {f"prefill {b}x{s}": op_families(prefill, 2, device)}
     profile_batch = 16 if 16 in batches else batches[-1]
     for batch in batches:
@@ -321,7 +350,7 @@ def _speedups(records: list[dict]) -> None:
         if r["variant"] != "lowbit":
             continue
         base = {x["variant"]: x["ms"] for x in records
-                if x["shape"] == r["shape"] and x["variant"] != "lowbit" and "ms" in x}
+                if x["shape"] == r["shape"] and not x["variant"].startswith("lowbit") and "ms" in x}
         for variant, ms in base.items():
             r[f"speedup_vs_{variant}"] = ms / r["ms"]
         if base:
