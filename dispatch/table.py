@@ -46,7 +46,8 @@ ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.72-0.
 # CuTeDSL sm_90a forward (cute_ops/attention/fmha_sm90.py): GPU tests pass on the H100 and the H200; on the prefill
 # benchmark set (H200, persistent grid + O TMA store, fmha_sm90.FOR_CALL): hd128 0.84-1.0x FA4-sm90, GPT-OSS hd64
 # causal + sinks 0.91x, window (128, 0) + sinks 0.96x (docs/attention.md, measured table). auto takes it at hd64 and
-# hd128, the head dims it was timed at (`auto_skip` cute_ops.attention.fmha_sm90:auto_skip_untimed).
+# hd128, the head dims it was timed at (`auto_skip` cute_ops.attention.fmha_sm90:auto_skip_untimed, on the paged
+# row too); DeepSeek's (192, 128) runs with backend="cute" until timed.
 # Paged-prefix prefill on sm_90 (dispatch/composed/paged_prefill.py): one Triton gather of the used pages (FP8
 # dequantized) into contiguous K / V, the CuTeDSL forward above, and the plain paged kernel over the sequences with
 # an out-of-range page id (flagged by the gather). H200 (CUDA graph, same process): 0.88-0.92x FA4 with
@@ -335,6 +336,7 @@ ROWS: tuple[Entry, ...] = (
     Entry("attention_prefill_paged", "cute", ("sm_90",), "dispatch.composed.paged_prefill:attention_prefill_paged",
           CUTE_MEASURED_FASTER, ATTN_PAGED_GATHER_WHY,
           "dispatch.composed.paged_prefill:supports_attention_prefill_paged",
+          auto_skip="cute_ops.attention.fmha_sm90:auto_skip_untimed",  # the forward's timed head dims (q first)
           specialize="dispatch.composed.paged_prefill:specialize_attention_prefill_paged"),
     *triton_rows("attention_prefill_paged", "triton_ops.attention.prefill:attention_prefill_paged", ATTN_TL_WHY,
                  supports="triton_ops.attention.prefill:supports_attention_prefill_paged"),

@@ -414,6 +414,8 @@ def test_emulated_kernel_full_tiles_and_rescale():
 def test_config_rejects_what_the_kernel_does_not_build():
     with pytest.raises(ValueError, match="head_dim"):
         FmhaSm100Config("bf16", 96)
+    with pytest.raises(ValueError, match=r"\(192, 128\) not in \(\(64, 64\), \(128, 128\)\)"):  # sm_90's MLA dims
+        FmhaSm100Config("bf16", 192, 128)
     with pytest.raises(ValueError, match="dtype"):
         FmhaSm100Config("fp8", 128)
     with pytest.raises(ValueError, match="tcgen05"):
@@ -431,7 +433,9 @@ def test_entry_checks_reach_every_rule_on_cpu():
     q, k = torch.zeros(4, 4, 128, dtype=torch.bfloat16), torch.zeros(4, 2, 128, dtype=torch.bfloat16)
     assert "the cute backend runs on CUDA tensors only" == reason(q, k, k)
     assert "bf16 or fp16" in reason(q.float(), k.float(), k.float())
-    assert "Dqk = Dv" in reason(q[..., :96], k[..., :96], k[..., :96])
+    assert "q=96 k=96 v=96: needs k's = q's (Dqk)" in reason(q[..., :96], k[..., :96], k[..., :96])
+    mla = torch.zeros(4, 4, 192, dtype=torch.bfloat16), torch.zeros(4, 2, 192, dtype=torch.bfloat16)
+    assert "q=192 k=192 v=128: needs" in reason(*mla, k)  # the sm_90 kernel's (192, 128), not this one's
     assert "multiple" in reason(torch.zeros(4, 3, 128, dtype=torch.bfloat16), k, k)
     assert "TMA" in reason(q, k, torch.zeros(4, 2, 256, dtype=torch.bfloat16)[..., ::2])
     assert "row max" in reason(q, k, k, scale=-1.0)
@@ -493,24 +497,24 @@ def test_compile_cache_round_trip(tmp_path, monkeypatch):
 
 def test_prepared_launcher_passes_the_shared_argument_list(monkeypatch):
     """launch.prepared (the cute prefill rows' per-signature launcher): scale and plain arguments resolved once,
-    fresh out / lse per call, the kernels' argument order (module docstring of launch.py); on another current
-    device the general entry runs."""
+    fresh out / lse per call (out with v's head dim), the kernels' argument order (module docstring of launch.py); on
+    another current device the general entry runs."""
     from cute_ops.attention import launch
 
     calls, general = [], []
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: None, raising=False)  # q's device (CPU: index None)
-    q, k, v = torch.randn(5, 4, 64), torch.randn(7, 2, 64), torch.randn(7, 2, 64)
+    q, k, v = torch.randn(5, 4, 64), torch.randn(7, 2, 64), torch.randn(7, 2, 32)  # Dv != Dqk
     cu_q, cu_k, sinks = cu([2, 3]), cu([3, 4]), torch.randn(4)
     assert not launch.preparable(q, cu_q, cu_k, sinks)  # CPU tensors have no device index: the general entry
     assert not launch.preparable(q, cu_q, cu_k, sinks.double())
-    fn = launch.prepared(lambda *a: calls.append(a), lambda *a: general.append(a) or "general", q, None, 128, 0)
+    fn = launch.prepared(lambda *a: calls.append(a), lambda *a: general.append(a) or "general", q, v, None, 128, 0)
     args = (q, k, v, cu_q, cu_k, 3, 4, None, True, 128, 0, sinks, True)
     out, lse = fn(*args)
     got = calls[-1]
     assert got[:3] == (q, k, v) and got[3] is out and got[4] is lse and got[5] is cu_q and got[6] is cu_k
     assert got[7] is sinks and got[8:] == (0.125, 128, 0)
-    assert out.shape == (5, 4, 64) and out.dtype == q.dtype and lse.shape == (5, 4) and lse.dtype == torch.float32
+    assert out.shape == (5, 4, 32) and out.dtype == q.dtype and lse.shape == (5, 4) and lse.dtype == torch.float32
     assert fn(*args)[0].data_ptr() != out.data_ptr()  # fresh outputs each call
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 1, raising=False)
-    fn = launch.prepared(lambda *a: calls.append(a), lambda *a: general.append(a) or "general", q, None, 128, 0)
+    fn = launch.prepared(lambda *a: calls.append(a), lambda *a: general.append(a) or "general", q, v, None, 128, 0)
     assert fn(*args) == "general" and general[-1] == args

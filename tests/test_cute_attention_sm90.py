@@ -53,33 +53,52 @@ def test_sm90_config_rejects_what_the_kernel_does_not_build():
     with pytest.raises(ValueError, match="spills"):  # three consumer warpgroups have 160 registers each
         FmhaSm90Config("bf16", 128, tile_m=192)
     assert FmhaSm90Config("bf16", 128).smem_bytes() == 1024 + 32768 + 2 * 65536
+    # DeepSeek MLA prefill (192, 128): Dv = Dqk is not a pair the kernel builds, nor is Dv = 128 beside Dqk = 64
+    with pytest.raises(ValueError, match=r"\(head_dim, head_dim_v\) \(192, 192\)"):
+        FmhaSm90Config("bf16", 192)
+    with pytest.raises(ValueError, match="head_dim"):
+        FmhaSm90Config("bf16", 64, 128)
+    mla = FmhaSm90Config("bf16", 192, 128)  # Q 48 KiB + 2 x (K 48 KiB + V 32 KiB)
+    assert mla.smem_bytes() == 1024 + 2 * (192 * (128 + 2 * 128) + 128 * 2 * 128) == 214016
+    for more in (dict(o_tma=True), dict(persistent=132)):  # + 32 KiB O staging, + 48 KiB second Q buffer
+        with pytest.raises(ValueError, match=r"SMEM \d+ bytes > 232448 \(head dims \(192, 128\)"):
+            FmhaSm90Config("bf16", 192, 128, **more)
 
 
 def test_sm90_every_config_fits_shared_memory():
     """The largest SharedStorage a valid config builds (hd128 persistent with the O staging tile: 225 KiB) fits the
-    227 KiB an sm_90 CTA may use; the kernel asserts smem_bytes() against its SharedStorage when traced."""
+    227 KiB an sm_90 CTA may use, and every schedule field builds at hd64 / hd128; at (192, 128) only one CTA per
+    tile with register O stores fits (the config rejects the rest); the kernel asserts smem_bytes() against its
+    SharedStorage when traced."""
     from cute_ops.attention.fmha_sm90 import SMEM_BYTES, FmhaSm90Config
 
-    sizes = []
-    for d, tile_m in ((64, 128), (64, 192), (128, 128)):
+    sizes, rejected = [], []
+    for dims, tile_m in (((64, 64), 128), ((64, 64), 192), ((128, 128), 128), ((192, 128), 128)):
         for persistent in (0, 132):
             for o_tma in (False, True):
                 overlap = not (tile_m == 192 and persistent)  # 192 rows + overlap spills on the persistent grid
-                sizes.append(FmhaSm90Config("bf16", d, tile_m=tile_m, persistent=persistent, o_tma=o_tma,
-                                            overlap=overlap).smem_bytes())
+                try:
+                    sizes.append(FmhaSm90Config("bf16", *dims, tile_m=tile_m, persistent=persistent, o_tma=o_tma,
+                                                overlap=overlap).smem_bytes())
+                except ValueError as e:
+                    assert "SMEM" in str(e), e
+                    rejected.append((dims, persistent, o_tma))
     assert max(sizes) == 230400 <= SMEM_BYTES
+    assert rejected == [((192, 128), 0, True), ((192, 128), 132, False), ((192, 128), 132, True)]
 
 
 def test_sm90_for_call_picks_the_timed_tiles():
     """The entry's config from FOR_CALL: 128-row tiles (two consumer warpgroups);
     sliding windows and hd128 causal on the persistent grid (132 CTAs for host tensors); hd64 without a window:
-    the 192-row tile (three warpgroups), with overlap in bf16 only. Every row builds a valid config."""
+    the 192-row tile (three warpgroups), with overlap in bf16 only; (192, 128): one CTA per 128 x 128 tile with
+    overlap in bf16 only and register O stores. Every row builds a valid config with v's head dim."""
     from cute_ops.attention.fmha_sm90 import FOR_CALL, FmhaSm90Config
 
-    def tiles(d, window_left, dtype=torch.bfloat16, causal=True):
-        cfg = FmhaSm90Config.for_call(torch.zeros(4, 8, d, dtype=dtype), causal, window_left, 0, torch.zeros(8),
-                                      "sm_90a")
+    def tiles(d, window_left, dtype=torch.bfloat16, causal=True, d_v=None):
+        q, v = torch.zeros(4, 8, d, dtype=dtype), torch.zeros(4, 8, d_v or d, dtype=dtype)
+        cfg = FmhaSm90Config.for_call(q, v, causal, window_left, 0, torch.zeros(8), "sm_90a")
         assert cfg.has_sink and cfg.has_window_left == (window_left >= 0) and cfg.causal == causal
+        assert (cfg.head_dim, cfg.head_dim_v) == (d, d_v or d)
         return cfg.tile_m, cfg.overlap, cfg.persistent
 
     for d in (64, 128):  # a sliding window: the persistent grid, one CTA per SM (132 for host tensors)
@@ -87,10 +106,15 @@ def test_sm90_for_call_picks_the_timed_tiles():
     assert tiles(128, -1) == (128, False, 132)
     assert tiles(64, -1) == (192, True, 0)
     assert tiles(64, -1, torch.float16) == (192, False, 0)
-    assert sorted(FOR_CALL) == [(d, w, c) for d in (64, 128) for w in (False, True) for c in (False, True)]
+    for window_left, causal in ((-1, True), (-1, False), (128, True)):
+        assert tiles(192, window_left, causal=causal, d_v=128) == (128, True, 0)
+    assert tiles(192, -1, torch.float16, d_v=128) == (128, False, 0)
+    head_dims = dict(FmhaSm90Config.HEAD_DIMS)  # Dqk -> Dv
+    assert sorted(FOR_CALL) == [(d, w, c) for d in (64, 128, 192) for w in (False, True) for c in (False, True)]
     for (d, w, c), row in FOR_CALL.items():
         for dtype in (torch.bfloat16, torch.float16):
-            cfg = FmhaSm90Config.for_call(torch.zeros(4, 8, d, dtype=dtype), c, 64 if w else -1, -1, None, "sm_90a")
+            q, v = torch.zeros(4, 8, d, dtype=dtype), torch.zeros(4, 8, head_dims[d], dtype=dtype)
+            cfg = FmhaSm90Config.for_call(q, v, c, 64 if w else -1, -1, None, "sm_90a")
             assert (cfg.tile_m, cfg.o_tma, cfg.persistent > 0) == (row.tile_m, row.o_tma, row.persistent)
             assert cfg.overlap == (row.overlap and dtype == torch.bfloat16)
 
@@ -106,17 +130,25 @@ def test_sm90_entry_checks_and_auto_skip_on_cpu():
     q, k = torch.zeros(4, 4, 64, dtype=torch.float16), torch.zeros(4, 2, 64, dtype=torch.float16)
     assert reason(q, k, k) == "the cute backend runs on CUDA tensors only"
     assert "bf16 or fp16" in reason(q.float(), k.float(), k.float())
-    assert "Dqk = Dv" in reason(q[..., :32], k[..., :32], k[..., :32])
+    assert "q=32 k=32 v=32: needs k's = q's (Dqk) and (Dqk, Dv) in" in reason(q[..., :32], k[..., :32], k[..., :32])
+    q192, k192, v128 = (torch.zeros(4, h, d, dtype=torch.bfloat16) for h, d in ((4, 192), (2, 192), (2, 128)))
+    assert reason(q192, k192, v128) == "the cute backend runs on CUDA tensors only"  # DeepSeek MLA prefill
+    assert "q=192 k=192 v=192: needs" in reason(q192, k192, k192)
+    assert "q=192 k=128 v=128: needs" in reason(q192, v128, v128)
     assert "row max" in reason(q, k, k, scale=0.0)
     assert fmha_sm90.auto_skip_untimed(q, k, k) is None  # hd64 and hd128 were timed faster than Gluon
     assert fmha_sm90.auto_skip_untimed(torch.zeros(4, 4, 128), k, k) is None
     assert "head dim 96 not timed" in fmha_sm90.auto_skip_untimed(torch.zeros(4, 4, 96), k, k)
+    # (192, 128) runs with backend="cute" only until timed: auto keeps the Gluon kernel
+    assert "head dim 192 not timed" in fmha_sm90.auto_skip_untimed(q192, k192, v128)
     from dispatch.registry import _load
     from dispatch.table import TABLE
 
     row = next(e for e in TABLE["attention_prefill"] if e.backend == "cute")
     assert row.archs == ("sm_90",) and _load(row.impl) is fmha_sm90.attention_prefill
     assert _load(row.auto_skip) is fmha_sm90.auto_skip_untimed, "auto takes it only where it was timed"
+    paged = next(e for e in TABLE["attention_prefill_paged"] if e.backend == "cute")  # the gathered forward
+    assert _load(paged.auto_skip) is fmha_sm90.auto_skip_untimed
 
 
 @needs_dsl
@@ -357,6 +389,15 @@ SM90_O_TMA_SASS = [
     ("bf16", 128, dict(has_window_left=True, o_tma=True, persistent=3))]
 
 
+# DeepSeek MLA prefill (qk 192, v 128), as FOR_CALL builds it (one CTA per 128 x 128 tile, register O stores; overlap
+# in bf16 only): registers 192 of 240 causal with the overlap, no local memory
+MLA = (192, 128)
+SM90_MLA_SASS_MORE = [
+    ("bf16", MLA, dict(GPT_OSS_WINDOW, overlap=True)),  # the window and sink paths at Dqk != Dv
+    ("fp16", MLA, dict(causal=True)),
+]
+
+
 SM90_SASS_MORE = [
     ("bf16", 128, dict(causal=True, has_sink=True, overlap=True)),
     ("fp16", 64, dict(has_window_left=True, overlap=True)),
@@ -366,12 +407,14 @@ SM90_SASS_MORE = [
     *[("bf16", 64, dict(GPT_OSS_WINDOW, **v)) for v in SM90_HD64_VARIANTS],
     *[(dt, d, dict(extra, persistent=n)) for dt, d, extra, n in SM90_PERSISTENT_SASS],
     *SM90_O_TMA_SASS,
+    *SM90_MLA_SASS_MORE,
 ]
 
 
 @pytest.mark.parametrize("dtype,d,extra", [
     ("bf16", 128, dict(causal=True, has_window_left=True, has_sink=True)),
     ("fp16", 64, dict(has_window_left=True, has_window_right=True)),
+    ("bf16", MLA, dict(causal=True, overlap=True)),
     *[pytest.param(*case, marks=pytest.mark.slow) for case in SM90_SASS_MORE],  # the GPU suite runs each config
 ])
 @needs_dsl
@@ -383,36 +426,38 @@ def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     Overlap: two call sites of each GEMM (the first tile's QK and the last PV outside the loop), 4 waits.
     Registers (REG at launch; registers the SASS names): 128 x 128: 168, 142 of 240 at hd64 causal + sinks;
     192 x 128 (three consumer warpgroups, 512 threads): 128, 137 of 160; with the overlap 156 of 160. The launch
-    limit (65536 / threads) and setmaxnreg's split are checked."""
+    limit (65536 / threads) and setmaxnreg's split are checked. d: Dqk = Dv, or the pair (Dqk, Dv) (MLA: bf16
+    causal + overlap HGMMA 40 (2 x (192 / 16 + 128 / 16)), UTMALDG 8 (Q, K 3 boxes, V 2), STG.E 34)."""
     from cute_ops.attention.fmha_sm90 import REGS, TILE_N, FmhaSm90Config, dump
 
-    cfg = FmhaSm90Config(dtype, d, **extra)
+    d, d_v = d if isinstance(d, tuple) else (d, d)
+    cfg = FmhaSm90Config(dtype, d, d_v, **extra)
     d_ = dump(cfg)
     ops = d_.opcodes()
     assert "sm_90a" in d_.ptx.split(".target", 1)[1][:40]
-    # S = Q K^T: D / 16 k-steps of m64n{TILE_N}k16; O += P V: TILE_N / 16 k-steps of m64n{D}k16, A from registers
+    # S = Q K^T: Dqk / 16 k-steps of m64n{TILE_N}k16; O += P V: TILE_N / 16 k-steps of m64n{Dv}k16, A from registers
     tn = TILE_N
     sites = 2 if extra.get("overlap") else 1
     assert d_.count("HGMMA") == sites * (d // 16 + tn // 16), ops
     ab = "bf16.bf16" if dtype == "bf16" else "f16.f16"
     assert f"wgmma.mma_async.sync.aligned.m64n{tn}k16.f32.{ab}" in d_.ptx
-    assert f"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.{ab} {{" in d_.ptx.replace("\t", " ")
+    assert f"wgmma.mma_async.sync.aligned.m64n{d_v}k16.f32.{ab} {{" in d_.ptx.replace("\t", " ")
     assert any("wgmma.mma_async" in ln and "{%r" in ln.split("},", 1)[1][:8] for ln in d_.ptx.splitlines()
-               if "wgmma.mma_async" in ln and f"m64n{d}k16" in ln), "no WGMMA takes A (P) from registers"
+               if "wgmma.mma_async" in ln and f"m64n{d_v}k16" in ln), "no WGMMA takes A (P) from registers"
     # fp16 + overlap: ptxas serializes the WGMMAs (C7513: NVVM re-packs P's f16 halves into the RS operand registers
     # after QK_j is issued), one ARRIVE / DEPBAR per HGMMA; bf16 keeps P packed and is not serialized
     waits = d_.count("HGMMA") if (dtype == "fp16" and extra.get("overlap")) else 2 * sites
     assert d_.count("WARPGROUP.ARRIVE") == waits and d_.count("WARPGROUP.DEPBAR") == waits, ops
-    assert d_.count("UTMALDG") == 3 * d // 64, ops  # Q, K, V: boxes of 64 columns (128-byte swizzle)
+    assert d_.count("UTMALDG") == (2 * d + d_v) // 64, ops  # Q, K, V: boxes of 64 columns (128-byte swizzle)
     assert d_.count("SYNCS.ARRIVE.TRANS64") >= 3, ops  # expect-tx arrives of the TMA pipelines
     assert d_.count("USETMAXREG") == 2, ops  # producer down, consumers up
     assert d_.count("MUFU.EX2") >= tn // 2 * sites, ops  # 2 rows x TILE_N / 4 keys per thread and tile
     assert d_.count("SHFL.BFLY") >= 8, ops  # quad max and sum, 2 rows
     assert d_.count("F2FP") >= tn // 4, ops
-    # 2 rows x D / 8 column pairs, and 2 lse values (o_tma: the TMA branch's 2 lse values as well)
-    assert d_.count("STG.E") == 2 * d // 8 + 2 + 2 * cfg.o_tma, ops
+    # 2 rows x Dv / 8 column pairs, and 2 lse values (o_tma: the TMA branch's 2 lse values as well)
+    assert d_.count("STG.E") == 2 * d_v // 8 + 2 + 2 * cfg.o_tma, ops
     assert d_.count("STL") == 0 and d_.count("LDL") == 0, ops
-    assert (d_.count("UTMASTG"), d_.count("STSM")) == ((d // 64, d // 16) if cfg.o_tma else (0, 0)), ops
+    assert (d_.count("UTMASTG"), d_.count("STSM")) == ((d_v // 64, d_v // 16) if cfg.o_tma else (0, 0)), ops
     if cfg.o_tma:
         for op in ("cp.async.bulk.commit_group", "fence.proxy.async.shared::cta", "cp.async.bulk.wait_group.read"):
             assert op in d_.ptx, op
@@ -440,20 +485,22 @@ def _need_sm90():
 
 def _sm90_case(lq, lk, hq, hkv, d, dtype, causal, window, sink, seed=0, qkv_packed=False, variant=None):
     """(out, lse, want_out, want_lse) of the cute backend on the GPU (through dispatch; with `variant`, a dict of
-    schedule fields of FmhaSm90Config, the compiled kernel of that variant directly) and the fp64 reference."""
+    schedule fields of FmhaSm90Config, the compiled kernel of that variant directly) and the fp64 reference.
+    d: Dqk = Dv, or the pair (Dqk, Dv)."""
     import dispatch
     from cute_ops.attention import fmha_sm90, launch
 
+    d, d_v = d if isinstance(d, tuple) else (d, d)
     g = torch.Generator(device="cuda").manual_seed(seed)
     tq, tk = sum(lq), sum(lk)
     if qkv_packed:  # q, k, v as head slices of one (tokens, Hq + 2 Hkv, D) tensor: strided heads, as from a QKV GEMM
-        assert lq == lk
+        assert lq == lk and d == d_v
         qkv = torch.randn(tq, hq + 2 * hkv, d, device="cuda", generator=g).to(dtype)
         q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
     else:
         q = torch.randn(tq, hq, d, device="cuda", generator=g).to(dtype)
         k = torch.randn(tk, hkv, d, device="cuda", generator=g).to(dtype)
-        v = torch.randn(tk, hkv, d, device="cuda", generator=g).to(dtype)
+        v = torch.randn(tk, hkv, d_v, device="cuda", generator=g).to(dtype)
     sinks = torch.randn(hq, device="cuda", generator=g) * 2 if sink else None
     cu_q, cu_k = cu(lq).cuda(), cu(lk).cuda()
     scale = 1.0 / math.sqrt(d)
@@ -462,7 +509,7 @@ def _sm90_case(lq, lk, hq, hkv, d, dtype, causal, window, sink, seed=0, qkv_pack
                                                   causal=causal, window=window, sinks=sinks, return_lse=True,
                                                   backend="cute")
     else:
-        cfg = fmha_sm90.FmhaSm90Config.for_call(q, causal, *window, sinks, "sm_90a")
+        cfg = fmha_sm90.FmhaSm90Config.for_call(q, v, causal, *window, sinks, "sm_90a")
         fn = fmha_sm90.compiled(dataclasses.replace(cfg, **variant))
         out, lse = launch.run(fn, q, k, v, cu_q, cu_k, scale, *window, sinks)
     want_out, want_lse = attention_varlen(q, k, v, cu_q, cu_k, scale, causal, window, sinks)
@@ -485,13 +532,24 @@ SM90_GPU_CASES = [  # lq, lk, hq, hkv, d, dtype, causal, window, sink
 ]
 
 
+# DeepSeek MLA prefill head dims (qk 192, v 128): one CTA per 128 x 128 tile, register O stores (FOR_CALL)
+SM90_MLA_GPU_CASES = [  # lq, lk, hq, hkv, (Dqk, Dv), dtype, causal, window, sink
+    ([1000], [1000], 16, 16, MLA, torch.bfloat16, True, (-1, -1), False),
+    ([1000], [1000], 16, 16, MLA, torch.bfloat16, False, (-1, -1), False),
+    ([300, 0, 129, 1, 700], [300, 5, 129, 64, 700], 8, 8, MLA, torch.float16, True, (-1, -1), False),  # varlen
+    ([513, 64], [513, 900], 8, 2, MLA, torch.bfloat16, True, (100, -1), True),  # GQA, window, sinks, sk > sq
+    ([200, 3], [50, 0], 4, 4, MLA, torch.bfloat16, True, (-1, -1), False),  # sk < sq and sk = 0: empty rows
+]
+
+
 def _case_id(c) -> str:
-    return (f"q{c[0]}-k{c[1]}-h{c[2]}/{c[3]}-d{c[4]}-{str(c[5])[6:]}-causal{int(c[6])}-w{c[7][0]},{c[7][1]}-"
+    d = "/".join(map(str, c[4])) if isinstance(c[4], tuple) else c[4]
+    return (f"q{c[0]}-k{c[1]}-h{c[2]}/{c[3]}-d{d}-{str(c[5])[6:]}-causal{int(c[6])}-w{c[7][0]},{c[7][1]}-"
             f"sink{int(c[8])}").replace(" ", "")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", SM90_GPU_CASES, ids=_case_id)
+@pytest.mark.parametrize("case", SM90_GPU_CASES + SM90_MLA_GPU_CASES, ids=_case_id)
 def test_gpu_sm90_matches_reference(case):
     _need_sm90()
     out, lse, want_out, want_lse = _sm90_case(*case)
@@ -508,9 +566,10 @@ SM90_VARIANTS = [dict(overlap=False), dict(overlap=True)]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", SM90_VARIANTS, ids=_variant_id)
-@pytest.mark.parametrize("case", SM90_GPU_CASES[:3] + SM90_GPU_CASES[5:], ids=_case_id)
+@pytest.mark.parametrize("case", SM90_GPU_CASES[:3] + SM90_GPU_CASES[5:] + SM90_MLA_GPU_CASES[2:4], ids=_case_id)
 def test_gpu_sm90_schedule_variants_match_reference(case, variant):
-    """Both consumer schedules (for_call takes the overlap at hd64 bf16 without a window) on every case."""
+    """Both consumer schedules (for_call takes the overlap at hd64 bf16 without a window and at (192, 128) bf16) on
+    every case, (192, 128) with the varlen and the window + sinks case."""
     _need_sm90()
     out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
     assert_attention_close(out, lse, want_out, want_lse, f"sm90 {variant} {case}")
@@ -541,11 +600,12 @@ def test_gpu_sm90_strided_heads():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d,d_v", [(128, 128), MLA])
 @pytest.mark.parametrize("sink", [False, True])
-def test_gpu_sm90_eager_calls_take_the_prepared_launcher(sink, monkeypatch):
+def test_gpu_sm90_eager_calls_take_the_prepared_launcher(sink, d, d_v, monkeypatch):
     """From the second eager call of a signature on, `specialize_attention_prefill`'s launcher runs (config,
     compiled function, scale and checks resolved once) where the native replay is off (the Python path), and gives
-    the general entry's bytes."""
+    the general entry's bytes (out with v's head dim)."""
     _need_sm90()
     from cute_ops.attention import fmha_sm90
     from dispatch import native_replay
@@ -555,9 +615,9 @@ def test_gpu_sm90_eager_calls_take_the_prepared_launcher(sink, monkeypatch):
 
     g = torch.Generator(device="cuda").manual_seed(7)
     lq, lk = [130, 0, 257], [260, 7, 257]
-    q = torch.randn(sum(lq), 8, 128, device="cuda", generator=g).bfloat16()
-    k = torch.randn(sum(lk), 2, 128, device="cuda", generator=g).bfloat16()
-    v = torch.randn(sum(lk), 2, 128, device="cuda", generator=g).bfloat16()
+    q = torch.randn(sum(lq), 8, d, device="cuda", generator=g).bfloat16()
+    k = torch.randn(sum(lk), 2, d, device="cuda", generator=g).bfloat16()
+    v = torch.randn(sum(lk), 2, d_v, device="cuda", generator=g).bfloat16()
     sinks = torch.randn(8, device="cuda", generator=g) if sink else None
     args = (q, k, v, cu(lq).cuda(), cu(lk).cuda(), max(lq), max(lk), 0.1, True, -1, -1, sinks, True)
     _common._FAST.clear()
@@ -566,7 +626,7 @@ def test_gpu_sm90_eager_calls_take_the_prepared_launcher(sink, monkeypatch):
     assert getattr(fast, "__name__", None) == "prefill", f"no prepared launcher: {fast}"
     out, lse = _common.call("attention_prefill", *args, "cute")
     want_out, want_lse = fmha_sm90.attention_prefill(*args)
-    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    assert out.shape == (sum(lq), 8, d_v) and torch.equal(out, want_out) and torch.equal(lse, want_lse)
 
 
 @st.composite
@@ -590,12 +650,13 @@ def test_gpu_sm90_drawn_cases_match_reference(case):
     assert_attention_close(out, lse, want_out, want_lse, f"sm90 {case}")
 
 
-# (label, batch, seqlen, hq, hkv, head dim, window_left, sinks): the benchmark set's model shapes (perf/cases/
-# attention.py times them against FA4); GPT-OSS's sliding window of 128 is window (127, 0).
+# (label, batch, seqlen, hq, hkv, head dim (or (Dqk, Dv)), window_left, sinks): the benchmark set's model shapes
+# (perf/cases/attention.py times them against FA4); GPT-OSS's sliding window of 128 is window (127, 0).
 MODEL_SHAPES = [
     ("llama 4x4096 hd128 causal", 4, 4096, 32, 8, 128, -1, False),
     ("gpt-oss 2x8192 hd64 causal sinks", 2, 8192, 64, 8, 64, -1, True),
     ("gpt-oss 2x8192 hd64 window 127 sinks", 2, 8192, 64, 8, 64, 127, True),
+    ("deepseek mla 1x8192 hd192/128 causal", 1, 8192, 16, 16, MLA, -1, False),
 ]
 
 
@@ -609,15 +670,16 @@ def test_gpu_sm90_model_shapes_match_triton(case):
     from cute_ops.attention import fmha_sm90, launch
 
     label, b, s_, hq, hkv, d, wl, with_sinks = case
+    d, d_v = d if isinstance(d, tuple) else (d, d)
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(b * s_, hq, d, device="cuda", generator=g).bfloat16()
     k = torch.randn(b * s_, hkv, d, device="cuda", generator=g).bfloat16()
-    v = torch.randn(b * s_, hkv, d, device="cuda", generator=g).bfloat16()
+    v = torch.randn(b * s_, hkv, d_v, device="cuda", generator=g).bfloat16()
     sinks = torch.randn(hq, device="cuda", generator=g) if with_sinks else None
     cu_ = cu([s_] * b).cuda()
     scale = d ** -0.5
     window = (wl, 0) if wl >= 0 else (-1, -1)
-    cfg = fmha_sm90.FmhaSm90Config.for_call(q, True, window[0], window[1], sinks, "sm_90a")
+    cfg = fmha_sm90.FmhaSm90Config.for_call(q, v, True, window[0], window[1], sinks, "sm_90a")
     got = launch.run(fmha_sm90.compiled(cfg), q, k, v, cu_, cu_, scale, window[0], window[1], sinks)
     want = dispatch.ops.attention_prefill(q, k, v, cu_, cu_, s_, s_, softmax_scale=scale, causal=True, window=window,
                                           sinks=sinks, return_lse=True, backend="triton")

@@ -30,7 +30,7 @@ class FmhaSm90:
 
     def __init__(self, cfg: FmhaSm90Config):
         self.cfg = cfg
-        self.d = cfg.head_dim
+        self.d_qk, self.d_v = cfg.head_dim, cfg.head_dim_v  # Q, K, S = Q K^T | V, O += P V, out
         self.spec = cfg.mask
         self.stages = KV_STAGES
         self.tile_m, self.tile_n = cfg.tile_m, TILE_N
@@ -44,35 +44,37 @@ class FmhaSm90:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor | None, mCuQ: cute.Tensor, mCuK: cute.Tensor, mSink: cute.Tensor | None,
                  softmax_scale: Float32, window_left: Int32, window_right: Int32, stream):
-        d = self.d
+        d_qk, d_v = self.d_qk, self.d_v
         dt = mQ.element_type
         self.dtype = dt
         total_q, hq = mQ.shape[0], mQ.shape[1]
         total_k, hkv = mK.shape[0], mK.shape[1]
 
-        def seq_view(t, rows, heads):  # (tokens, D, heads): TMA boxes of (rows, D) per head
+        def seq_view(t, rows, heads, d):  # (tokens, D, heads): TMA boxes of (rows, D) per head
             return cute.make_tensor(t.iterator, cute.make_layout((rows, d, heads),
                                                                  stride=(t.stride[0], 1, t.stride[1])))
 
-        q, k, v, o = seq_view(mQ, total_q, hq), seq_view(mK, total_k, hkv), seq_view(mV, total_k, hkv), \
-            seq_view(mO, total_q, hq)
+        q, k = seq_view(mQ, total_q, hq, d_qk), seq_view(mK, total_k, hkv, d_qk)
+        v, o = seq_view(mV, total_k, hkv, d_v), seq_view(mO, total_q, hq, d_v)
         qk_mma, pv_mma = self.make_mmas()
         tm, tn = self.tile_m, self.tile_n
-        q_sl = wgmma.smem_layout(dt, tm, d, self.cfg.q_stages if self.cfg.persistent else None)
-        k_sl = wgmma.smem_layout(dt, tn, d, self.stages)
-        v_sl = wgmma.smem_layout(dt, tn, d, self.stages)
+        # D columns in 64-wide 128-byte swizzle atoms (D = 192: three); the TMA atom issues one box per atom
+        q_sl = wgmma.smem_layout(dt, tm, d_qk, self.cfg.q_stages if self.cfg.persistent else None)
+        k_sl = wgmma.smem_layout(dt, tn, d_qk, self.stages)
+        v_sl = wgmma.smem_layout(dt, tn, d_v, self.stages)
         op = cpasync.CopyBulkTensorTileG2SOp()
         q_box = cute.select(q_sl, mode=[0, 1]) if cutlass.const_expr(self.cfg.persistent) else q_sl
-        tma_q, tq_ = cpasync.make_tiled_tma_atom(op, q, q_box, (tm, d))
-        tma_k, tk_ = cpasync.make_tiled_tma_atom(op, k, cute.select(k_sl, mode=[0, 1]), (tn, d))
-        tma_v, tv_ = cpasync.make_tiled_tma_atom(op, v, cute.select(v_sl, mode=[0, 1]), (tn, d))
+        tma_q, tq_ = cpasync.make_tiled_tma_atom(op, q, q_box, (tm, d_qk))
+        tma_k, tk_ = cpasync.make_tiled_tma_atom(op, k, cute.select(k_sl, mode=[0, 1]), (tn, d_qk))
+        tma_v, tv_ = cpasync.make_tiled_tma_atom(op, v, cute.select(v_sl, mode=[0, 1]), (tn, d_v))
         self.q_bytes = cute.size_in_bytes(dt, q_box)
-        self.kv_bytes = cute.size_in_bytes(dt, cute.select(k_sl, mode=[0, 1]))
+        self.k_bytes = cute.size_in_bytes(dt, cute.select(k_sl, mode=[0, 1]))
+        self.v_bytes = cute.size_in_bytes(dt, cute.select(v_sl, mode=[0, 1]))
         tma_o, to_, o_sl = None, None, None
-        if cutlass.const_expr(self.cfg.o_tma):  # one (64, D) box per consumer warpgroup
-            o_sl = wgmma.smem_layout(dt, 64, d, self.wgs)
+        if cutlass.const_expr(self.cfg.o_tma):  # one (64, Dv) box per consumer warpgroup
+            o_sl = wgmma.smem_layout(dt, 64, d_v, self.wgs)
             tma_o, to_ = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), o,
-                                                     cute.select(o_sl, mode=[0, 1]), (64, d))
+                                                     cute.select(o_sl, mode=[0, 1]), (64, d_v))
         o_elems = cute.cosize(o_sl) if cutlass.const_expr(self.cfg.o_tma) else 0
 
         @cute.struct
@@ -105,7 +107,7 @@ class FmhaSm90:
         qk = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32,
                                                (self.wgs, 1, 1), (64, self.tile_n))
         pv = sm90_utils.make_trivial_tiled_mma(dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32,
-                                               (self.wgs, 1, 1), (64, self.d),
+                                               (self.wgs, 1, 1), (64, self.d_v),
                                                a_source=warpgroup.OperandSource.RMEM)
         return qk, pv
 
@@ -132,10 +134,10 @@ class FmhaSm90:
             num_stages=self.cfg.q_stages, producer_group=group(1), consumer_group=consumers, tx_count=self.q_bytes,
             barrier_storage=st.q_bar.data_ptr(), defer_sync=True)
         k_pipe = pipeline.PipelineTmaAsync.create(
-            num_stages=self.stages, producer_group=group(1), consumer_group=consumers, tx_count=self.kv_bytes,
+            num_stages=self.stages, producer_group=group(1), consumer_group=consumers, tx_count=self.k_bytes,
             barrier_storage=st.k_bar.data_ptr(), defer_sync=True)
         v_pipe = pipeline.PipelineTmaAsync.create(
-            num_stages=self.stages, producer_group=group(1), consumer_group=consumers, tx_count=self.kv_bytes,
+            num_stages=self.stages, producer_group=group(1), consumer_group=consumers, tx_count=self.v_bytes,
             barrier_storage=st.v_bar.data_ptr(), defer_sync=True)
         pipeline.pipeline_init_arrive(is_relaxed=True)
         sQ = st.sQ.get_tensor(q_sl.outer, swizzle=q_sl.inner)
@@ -229,11 +231,11 @@ class FmhaSm90:
         producer states of the Q and K / V rings."""
         if n_tiles > 0:
             one = cute.make_layout(1)
-            gQ = cute.local_tile(cute.domain_offset((q_start, 0), mQ[None, None, h]), (self.tile_m, self.d),
+            gQ = cute.local_tile(cute.domain_offset((q_start, 0), mQ[None, None, h]), (self.tile_m, self.d_qk),
                                  (m_block, 0))
-            gK = cute.local_tile(cute.domain_offset((k_start, 0), mK[None, None, hk]), (self.tile_n, self.d),
+            gK = cute.local_tile(cute.domain_offset((k_start, 0), mK[None, None, hk]), (self.tile_n, self.d_qk),
                                  (None, 0))
-            gV = cute.local_tile(cute.domain_offset((k_start, 0), mV[None, None, hk]), (self.tile_n, self.d),
+            gV = cute.local_tile(cute.domain_offset((k_start, 0), mV[None, None, hk]), (self.tile_n, self.d_v),
                                  (None, 0))
             tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2),
                                                cute.group_modes(gQ, 0, 2))
@@ -304,7 +306,7 @@ class FmhaSm90:
         tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
         tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(wgmma.transpose_view(sV)))
         tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((self.tile_m, self.tile_n)))
-        acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((self.tile_m, self.d)), Float32)
+        acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((self.tile_m, self.d_v)), Float32)
         acc_o.fill(0.0)
         o_mn = wgmma.acc_mn(acc_o)
         s_coords = wgmma.acc_mn(thr_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
@@ -460,10 +462,10 @@ class FmhaSm90:
         through the warpgroup's SMEM slice and a TMA store where the slice may be written whole: it lies inside
         the sequence, or the sequence ends the tensor (the box is clipped there). `portable`: a division for
         rcp.approx (host runs)."""
-        gO = cute.local_tile(cute.domain_offset((q_start, 0), mO[None, None, h]), (self.tile_m, self.d),
+        gO = cute.local_tile(cute.domain_offset((q_start, 0), mO[None, None, h]), (self.tile_m, self.d_v),
                              (m_block, 0))
         g_mn = wgmma.acc_mn(thr_pv.partition_C(gO))
-        c_mn = wgmma.acc_mn(thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.d))))
+        c_mn = wgmma.acc_mn(thr_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.d_v))))
         lse_row = cute.make_rmem_tensor(cute.make_layout(cute.size(o_mn, mode=[0])), Float32)
         for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
             inv_l, lse_row[r] = sm_mod.finalize(row_m[r], row_l[r], portable)
@@ -500,7 +502,7 @@ class FmhaSm90:
     @cute.jit
     def store_o_tma(self, r_o, tma_o, mO_tma, sO, t, q_start, m_block, h):
         """The warpgroup's 64 rows of O (16-bit, in the accumulator layout) into its SMEM slice (stmatrix), then
-        one TMA store of the (64, D) box by the warpgroup's first warp. The slice is reused only after that
+        one TMA store of the (64, Dv) box by the warpgroup's first warp. The slice is reused only after that
         warp has seen the previous store's SMEM reads complete (bulk wait_group.read) and the warpgroup has met
         on its epilogue barrier, so the store of tile i drains during tile i + 1."""
         wg = t // 128
@@ -514,7 +516,8 @@ class FmhaSm90:
         cute.arch.fence_view_async_shared()  # the generic-proxy writes, visible to the TMA (async proxy)
         cute.arch.barrier(barrier_id=bar, number_of_threads=128)
         if first_warp:
-            gO = cute.local_tile(cute.domain_offset((q_start, 0), mO_tma[None, None, h]), (64, self.d), (None, 0))
+            gO = cute.local_tile(cute.domain_offset((q_start, 0), mO_tma[None, None, h]), (64, self.d_v),
+                                 (None, 0))
             tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
                                                cute.group_modes(gO, 0, 2))
             with cute.arch.elect_one():  # one thread issues the store (its warp waits on its bulk group)
@@ -522,10 +525,10 @@ class FmhaSm90:
                 cute.arch.cp_async_bulk_commit_group()
 
     def o_smem_copy(self, t):
-        """(stmatrix.x4 atom, thread t's slice of its tiled copy) over one warpgroup's (64, D) accumulator: the
+        """(stmatrix.x4 atom, thread t's slice of its tiled copy) over one warpgroup's (64, Dv) accumulator: the
         thread's O fragment (the same per-thread layout in the 2- or 3-warpgroup MMA) retiled as its source."""
         one_wg = sm90_utils.make_trivial_tiled_mma(self.dtype, self.dtype, OperandMajorMode.K,
-                                                   OperandMajorMode.MN, Float32, (1, 1, 1), (64, self.d),
+                                                   OperandMajorMode.MN, Float32, (1, 1, 1), (64, self.d_v),
                                                    a_source=warpgroup.OperandSource.RMEM)
         st_atom = cute.make_copy_atom(StMatrix8x8x16bOp(False, 4), self.dtype)
         return st_atom, cute.make_tiled_copy_C(st_atom, one_wg).get_slice(t % 128)

@@ -53,7 +53,6 @@ from . import softmax as sm_mod
 
 TILE_M = 128
 TILE_N = 128
-SUPPORTED_HEAD_DIMS = launch.SUPPORTED_HEAD_DIMS
 DTYPES = launch.DTYPES
 
 
@@ -173,7 +172,7 @@ def supports_attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                causal, window_left, window_right, sinks, return_lse) -> str | None:
     """Why `attention_prefill` below cannot take these arguments (None: it can), same signature as the triton
     backend's check. Shape and layout rules first, the device last (so CPU tests reach the rest)."""
-    why = launch.check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale)
+    why = launch.check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, FmhaSm100Config.HEAD_DIMS)
     if why is not None:
         return why
     from .._compile import target_arch
@@ -192,7 +191,7 @@ def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
     computed (one fp32 per row and head)."""
     from .._compile import target_arch
 
-    cfg = FmhaSm100Config.for_call(q, causal, window_left, window_right, sinks, target_arch(q.device.index))
+    cfg = FmhaSm100Config.for_call(q, v, causal, window_left, window_right, sinks, target_arch(q.device.index))
     fn = compiled(cfg) if q.shape[0] else None
     return launch.run(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, window_left, window_right, sinks)
 

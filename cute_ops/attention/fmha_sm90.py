@@ -1,10 +1,15 @@
 """Hopper (sm_90a) forward attention in CuTeDSL: TMA loads, warpgroup MMA (WGMMA), online softmax in registers.
 
-Ran on an H100 and an H200 (HARDWARE_STATUS below): every config FOR_CALL builds, GPU tests and timings against
-FA4. The kernel class is in _fmha_sm90_kernel.py (imported by `build` only: it imports nvidia-cutlass-dsl).
+Ran on an H100 and an H200 (HARDWARE_STATUS below): every config FOR_CALL builds at head dims 64 and 128, GPU tests
+and timings against FA4; the (192, 128) rows are compiled and SASS-checked on a CPU, their GPU tests not yet run.
+The kernel class is in _fmha_sm90_kernel.py (imported by `build` only: it imports nvidia-cutlass-dsl).
 
 Contract: dispatch/reference/attention.py (varlen q/k/v, GQA, causal + window bottom-right, sinks, natural-log
-LSE); arguments as in launch.py. D = 64 or 128, bf16 or fp16.
+LSE); arguments as in launch.py. Head dims (Dqk, Dv) = (64, 64), (128, 128) or DeepSeek MLA prefill's (192, 128)
+(HEAD_DIMS), bf16 or fp16. Q, K and S = Q K^T take Dqk (192: three 64-column 128-byte swizzle atoms, one TMA box
+each); V, O += P V, out and lse take Dv. SMEM at (192, 128), tile_m 128: Q 48 KiB + 2 x (K 48 + V 32) KiB =
+208 KiB of the 227 KiB; the persistent grid's second Q buffer (+48 KiB) and the O staging tile (+32 KiB) do not
+fit, so these calls run one CTA per tile with register O stores (FmhaSm90Config rejects what does not fit).
 
 One CTA per (query tile of tile_m = 128 or 192 rows, query head), or a persistent grid (below); 1 + tile_m / 64
 warpgroups (registers split by setmaxnreg: 24 / 240 / 240 with two consumers, 24 / 160 / 160 / 160 with three):
@@ -31,10 +36,10 @@ the tile's last QK is done) and K / V as soon as the rings have room, so they ar
 it; the pipeline states and the ping-pong token carry over (warpgroup 0 pre-passes its first turn once per CTA), so
 one warpgroup's epilogue runs under the other's first GEMMs of the next tile.
 
-O epilogue (`o_tma`, on in every FOR_CALL row): per consumer warpgroup, out = O / l to 16-bit, stmatrix into the
-warpgroup's (64, D) SMEM slice, one TMA store, waited for (bulk read) only before the slice's next use, so on the
-persistent grid the store drains under the next tile; slices ending inside a sequence other than the last keep
-the register stores. Timings in FOR_CALL's comment.
+O epilogue (`o_tma`, on in every FOR_CALL row but (192, 128)'s): per consumer warpgroup, out = O / l to 16-bit,
+stmatrix into the warpgroup's (64, Dv) SMEM slice, one TMA store, waited for (bulk read) only before the slice's
+next use, so on the persistent grid the store drains under the next tile; slices ending inside a sequence other
+than the last keep the register stores. Timings in FOR_CALL's comment.
 
 Key tiles run from n_lo upwards (mask.tile_range); a tile is masked only when it is not inside every row's visible
 interval. Varlen: TMA boxes start at the sequence's first row; rows past the sequence are read (the next
@@ -52,7 +57,7 @@ SMEM_BYTES = 227 * 1024  # the most dynamic shared memory one sm_90 CTA may use
 # 128 * (1 + consumers) threads; 3 consumers: 24 * 128 + 160 * 384 <= 65536 (168 would not fit)
 REGS = {2: (24, 240), 3: (24, 160)}
 TILE_N = 128  # keys per K/V tile (WGMMA N of S = Q K^T, TMA box rows)
-KV_STAGES = 2  # K/V ring depth; SMEM at D=128: Q 32 KiB + 2 x (K 32 + V 32) KiB
+KV_STAGES = 2  # K/V ring depth; SMEM at D=128: Q 32 KiB + 2 x (K 32 + V 32) KiB; (192, 128): 48 + 2 x (48 + 32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +68,9 @@ class FmhaSm90Config(launch.AttentionConfig):
     NAME = "fmha_sm90"
     ARCH_PREFIX = "sm_90"
     ARCH_WHY = "WGMMA kernel needs sm_90a"
+    # DeepSeek MLA prefill's (qk 192, v 128) beside Dqk = Dv (head_dim is Dqk: Q, K and S = Q K^T; head_dim_v is
+    # Dv: V, O += P V, out)
+    HEAD_DIMS = (*launch.AttentionConfig.HEAD_DIMS, (192, 128))
     # FA3's intra-warpgroup overlap: QK_{j} issued together with PV_{j-1}, the softmax of tile j under PV_{j-1}.
     overlap: bool = False
     # Query rows per CTA: 64 per consumer warpgroup, 128 (two) or 192 (three; FA3 / FA4 use 192 x 128 at hd64,
@@ -77,11 +85,12 @@ class FmhaSm90Config(launch.AttentionConfig):
     # per-tile prologue / epilogue is not hidden: H200 GPT-OSS window 0.80x FA4 against 0.65x with one CTA per
     # tile (docs/attention.md).
     persistent: int = 0
-    # O epilogue through SMEM: each consumer warpgroup writes its 64 x D slice of out = O / l into its own SMEM
+    # O epilogue through SMEM: each consumer warpgroup writes its 64 x Dv slice of out = O / l into its own SMEM
     # buffer (stmatrix) and one warp issues a TMA store (UTMASTG) of it, waited for (bulk read done) only before
     # the warpgroup's next epilogue reuses the buffer, so the store drains while the next tile's GEMMs run. Slices
     # that end inside a sequence other than the last are stored from registers as without it (a TMA box would
-    # write into the next sequence's rows). SMEM: + tile_m x D 16-bit. Every FOR_CALL rule turns it on.
+    # write into the next sequence's rows). SMEM: + tile_m x Dv 16-bit. Every FOR_CALL rule but (192, 128)'s turns
+    # it on.
     o_tma: bool = False
 
     def __post_init__(self):
@@ -91,12 +100,16 @@ class FmhaSm90Config(launch.AttentionConfig):
         if self.persistent < 0:
             raise ValueError(f"persistent {self.persistent}: a CTA count >= 0")
         # ptxas spills at 160 registers with hd128 (nvidia-cutlass-dsl 4.8.1, sm_90a): S (TILE_N / 2 fp32 per
-        # thread) and O (head_dim / 2) live together. Compiled: hd64 137 registers, with the overlap 157.
+        # thread) and O (head_dim_v / 2) live together. Compiled: hd64 137 registers, with the overlap 157.
         if self.tile_m == 192 and self.head_dim > 64:
             raise ValueError(f"tile_m 192 (160 registers) with head_dim {self.head_dim}: spills (needs head_dim 64)")
         # with the persistent grid the tile loop's state adds registers: 192 x 128 with overlap spills (35 STL)
         if self.tile_m == 192 and self.overlap and self.persistent:
             raise ValueError("tile_m 192 with overlap on the persistent grid spills (160 registers)")
+        if self.smem_bytes() > SMEM_BYTES:  # (192, 128): Q 48 KiB + 2 x (K 48 + V 32) KiB leaves no room for more
+            raise ValueError(f"SMEM {self.smem_bytes()} bytes > {SMEM_BYTES} (head dims ({self.head_dim}, "
+                             f"{self.head_dim_v}), tile_m {self.tile_m}, persistent (2 Q stages) "
+                             f"{bool(self.persistent)}, o_tma {self.o_tma})")
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -109,16 +122,18 @@ class FmhaSm90Config(launch.AttentionConfig):
 
     def smem_bytes(self) -> int:
         """Dynamic SMEM of the kernel's SharedStorage: the mbarriers (padded to the 1024-byte alignment of the
-        swizzled tiles), q_stages of Q, KV_STAGES of K and V (16-bit), and the O staging tile with o_tma."""
-        rows = (self.q_stages + self.o_tma) * self.tile_m + 2 * KV_STAGES * TILE_N
-        tiles = 2 * self.head_dim * rows
-        return 1024 + tiles
+        swizzled tiles), q_stages of Q and KV_STAGES of K (Dqk columns), KV_STAGES of V and the O staging tile
+        with o_tma (Dv columns), 16-bit."""
+        qk_rows = self.q_stages * self.tile_m + KV_STAGES * TILE_N
+        v_rows = self.o_tma * self.tile_m + KV_STAGES * TILE_N
+        return 1024 + 2 * (self.head_dim * qk_rows + self.head_dim_v * v_rows)
 
     @classmethod
-    def for_call(cls, q, causal: bool, window_left: int, window_right: int, sinks, arch: str):
-        """The shared rule, then FOR_CALL's row for (head dim, sliding window, causal): tile_m, the overlap (bf16
-        only: with fp16 ptxas serializes its WGMMAs), the persistent grid (one CTA per SM) and the O epilogue."""
-        cfg = super().for_call(q, causal, window_left, window_right, sinks, arch)
+    def for_call(cls, q, v, causal: bool, window_left: int, window_right: int, sinks, arch: str):
+        """The shared rule, then FOR_CALL's row for (qk head dim, sliding window, causal): tile_m, the overlap
+        (bf16 only: with fp16 ptxas serializes its WGMMAs), the persistent grid (one CTA per SM) and the O
+        epilogue."""
+        cfg = super().for_call(q, v, causal, window_left, window_right, sinks, arch)
         row = FOR_CALL[cfg.head_dim, window_left >= 0, bool(causal)]
         return dataclasses.replace(cfg, tile_m=row.tile_m, overlap=row.overlap and cfg.dtype == "bf16",
                                    persistent=_sm_count(q) if row.persistent else 0, o_tma=row.o_tma)
@@ -131,8 +146,9 @@ class CallRule(typing.NamedTuple):
     o_tma: bool = False
 
 
-# for_call's rule per (head dim, sliding window (window_left >= 0), causal): the fastest variant on the H200 prefill
-# case set beside FA4 in one process (CUDA events; docs/attention.md names the record):
+# for_call's rule per (qk head dim (HEAD_DIMS pairs each with one v head dim), sliding window (window_left >= 0),
+# causal): the fastest variant on the H200 prefill case set beside FA4 in one process (CUDA events;
+# docs/attention.md names the record):
 #   hd64 no window: FA3 / FA4's 192-row tile with overlap and the O TMA store: GPT-OSS causal + sinks 2 x 8192 0.912x
 #     FA4 (0.868x with register stores; the persistent grid does not fit 192 x 128 + overlap in 160 registers).
 #   windows: the persistent grid + O TMA store: GPT-OSS hd64 64 / 8 window (128, 0) + sinks 2 x 8192 0.961x FA4
@@ -140,6 +156,10 @@ class CallRule(typing.NamedTuple):
 #   hd128: the persistent grid + O TMA store: Llama 32 / 8 causal 8 x 2048 1.004x (0.884x one CTA per tile),
 #     4 x 4096 0.929x, 2 x 8192 0.932x, 1 x 16384 0.886x (0.914x one CTA per tile), varlen 0.836x; non-causal
 #     8 x 2048 0.976x (0.895x), 1 x 16384 0.874x (0.880x). hd128 with a window takes the hd64 window rule.
+#   (192, 128), not timed: FA3's design for it, 128 x 128 with overlap (bf16); one CTA per tile and register O
+#     stores, as the 2-stage Q ring and the O staging tile do not fit in SMEM beside Q and the K / V ring. The
+#     overlap compiles without spills there (S and O are 64 fp32 each per thread, as at hd128): 192 of 240
+#     registers causal, 216 with window + sinks.
 FOR_CALL = {
     (64, False, False): CallRule(tile_m=192, overlap=True, o_tma=True),  # as causal
     (64, False, True): CallRule(tile_m=192, overlap=True, o_tma=True),
@@ -149,6 +169,10 @@ FOR_CALL = {
     (128, False, True): CallRule(persistent=True, o_tma=True),
     (128, True, False): CallRule(persistent=True, o_tma=True),  # as hd64
     (128, True, True): CallRule(persistent=True, o_tma=True),  # as hd64
+    (192, False, False): CallRule(overlap=True),
+    (192, False, True): CallRule(overlap=True),
+    (192, True, False): CallRule(overlap=True),
+    (192, True, True): CallRule(overlap=True),
 }
 
 
@@ -186,7 +210,7 @@ def dump(cfg: FmhaSm90Config):
 # ------------------------------------------------------------------------------------------ backend entry
 
 HARDWARE_STATUS = ("runs on the H100 and the H200: the shared attention GPU tests (causal, windows, sinks, GQA, "
-                   "varlen, LSE; every schedule variant) pass")
+                   "varlen, LSE; every schedule variant) pass at head dims 64 and 128; (192, 128) compiled on a CPU")
 # The head dims auto takes this kernel at: the ones timed against FA4 and the Gluon kernel (docs/attention.md).
 MEASURED_HEAD_DIMS = (64, 128)
 
@@ -194,7 +218,7 @@ MEASURED_HEAD_DIMS = (64, 128)
 def supports_attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                                causal, window_left, window_right, sinks, return_lse) -> str | None:
     """Why `attention_prefill` below cannot take these arguments (None: it can); the triton backend's signature."""
-    why = launch.check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale)
+    why = launch.check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, FmhaSm90Config.HEAD_DIMS)
     if why is not None:
         return why
     from .._compile import target_arch
@@ -216,11 +240,11 @@ def auto_skip_untimed(q, *args, **kwargs) -> str | None:
 def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                       softmax_scale: float | None, causal: bool, window_left: int, window_right: int, sinks,
                       return_lse: bool):
-    """(out (total_q, Hq, D) in q's dtype, lse (total_q, Hq) fp32): the triton backend's signature and contract.
+    """(out (total_q, Hq, Dv) in q's dtype, lse (total_q, Hq) fp32): the triton backend's signature and contract.
     lse is always computed."""
     from .._compile import target_arch
 
-    cfg = FmhaSm90Config.for_call(q, causal, window_left, window_right, sinks, target_arch(q.device.index))
+    cfg = FmhaSm90Config.for_call(q, v, causal, window_left, window_right, sinks, target_arch(q.device.index))
     fn = compiled(cfg) if q.shape[0] else None
     return launch.run(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, window_left, window_right, sinks)
 
@@ -234,5 +258,6 @@ def specialize_attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen
 
     if not launch.preparable(q, cu_seqlens_q, cu_seqlens_k, sinks):
         return None
-    fn = compiled(FmhaSm90Config.for_call(q, causal, window_left, window_right, sinks, target_arch(q.device.index)))
-    return launch.prepared(fn, attention_prefill, q, softmax_scale, window_left, window_right)
+    fn = compiled(FmhaSm90Config.for_call(q, v, causal, window_left, window_right, sinks,
+                                          target_arch(q.device.index)))
+    return launch.prepared(fn, attention_prefill, q, v, softmax_scale, window_left, window_right)

@@ -5,9 +5,9 @@ Both kernels (fmha_sm90, fmha_sm100) take the same argument list, in this order:
     (q, k, v, o, lse | None, cu_seqlens_q, cu_seqlens_k, sinks | None, softmax_scale, window_left, window_right,
      stream)
 
-q/k/v/o (tokens, heads, D) with D contiguous and 16-byte aligned token/head strides (TMA), lse (total_q, Hq) fp32,
-cu_seqlens int32 (B + 1,), sinks (Hq,) fp32. Token counts, head counts and B are symbolic: one compiled object
-serves every batch.
+q/k (tokens, heads, Dqk), v/o (tokens, heads, Dv) with D contiguous and 16-byte aligned token/head strides (TMA),
+lse (total_q, Hq) fp32, cu_seqlens int32 (B + 1,), sinks (Hq,) fp32. Token counts, head counts and B are symbolic:
+one compiled object serves every batch. The (Dqk, Dv) pairs a kernel builds are its config's HEAD_DIMS.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import hashlib
 import math
 from pathlib import Path
 
-SUPPORTED_HEAD_DIMS = (64, 128)
 DTYPES = ("bf16", "fp16")
 
 
@@ -28,7 +27,8 @@ class AttentionConfig:
     counts and the window sizes are runtime values. Each kernel subclasses it with its arch rule and name."""
 
     dtype: str  # bf16 | fp16: q, k, v and o
-    head_dim: int  # 64 | 128 (Dqk = Dv)
+    head_dim: int  # Dqk: q and k (and the softmax scale's default)
+    head_dim_v: int | None = None  # Dv: v and o; None: Dv = Dqk (set so by __post_init__)
     causal: bool = False
     has_window_left: bool = False  # window_left >= 0 (its value is a runtime argument)
     has_window_right: bool = False
@@ -36,15 +36,18 @@ class AttentionConfig:
     has_lse: bool = True
     arch: str = ""
 
+    HEAD_DIMS = ((64, 64), (128, 128))  # the (Dqk, Dv) pairs the kernel builds
     NAME = ""  # the kernel's name in the compile key
     ARCH_PREFIX = ""  # the arch must start with it
     ARCH_WHY = ""  # the error for another arch
 
     def __post_init__(self):
+        if self.head_dim_v is None:  # the frozen dataclass's one derived default
+            object.__setattr__(self, "head_dim_v", self.head_dim)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} not in {DTYPES}")
-        if self.head_dim not in SUPPORTED_HEAD_DIMS:
-            raise ValueError(f"head_dim {self.head_dim} not in {SUPPORTED_HEAD_DIMS}")
+        if (self.head_dim, self.head_dim_v) not in self.HEAD_DIMS:
+            raise ValueError(f"(head_dim, head_dim_v) ({self.head_dim}, {self.head_dim_v}) not in {self.HEAD_DIMS}")
         if not self.arch.startswith(self.ARCH_PREFIX):
             raise ValueError(f"{self.ARCH_WHY}, not {self.arch}")
 
@@ -58,12 +61,13 @@ class AttentionConfig:
         return (self.NAME, source_hash(), *dataclasses.astuple(self))
 
     @classmethod
-    def for_call(cls, q, causal: bool, window_left: int, window_right: int, sinks, arch: str):
+    def for_call(cls, q, v, causal: bool, window_left: int, window_right: int, sinks, arch: str):
         """The config of an `attention_prefill` call (lse always computed)."""
         import torch
 
-        return cls({torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype], q.shape[-1], bool(causal),
-                   window_left >= 0, window_right >= 0, sinks is not None, True, arch=arch)
+        return cls({torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype], q.shape[-1], v.shape[-1],
+                   causal=bool(causal), has_window_left=window_left >= 0, has_window_right=window_right >= 0,
+                   has_sink=sinks is not None, has_lse=True, arch=arch)
 
 
 @functools.cache
@@ -76,24 +80,26 @@ def source_hash() -> str:
 
 
 def default_softmax_scale(head_dim: int) -> float:
+    """1 / sqrt(Dqk): the scale of q . k (the qk head dim, not v's)."""
     return 1.0 / math.sqrt(head_dim)
 
 
-def fake_args(dtype: str, head_dim: int, has_lse: bool, has_sink: bool):
-    """Symbolic compile-time arguments in the kernels' order (see the module docstring)."""
+def fake_args(dtype: str, head_dim: int, head_dim_v: int, has_lse: bool, has_sink: bool):
+    """Symbolic compile-time arguments in the kernels' order (see the module docstring): q, k with head_dim
+    columns, v, o with head_dim_v."""
     import cutlass
     import cutlass.cute as cute
 
     dt = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[dtype]
-    d = head_dim
     total_q, total_k, hq, hkv, nb1 = (cute.sym_int() for _ in range(5))
 
-    def tokens(rows, heads):  # (tokens, heads, D): D contiguous, token/head strides in 16-byte units
+    def tokens(rows, heads, d):  # (tokens, heads, D): D contiguous, token/head strides in 16-byte units
         return cute.runtime.make_fake_tensor(dt, (rows, heads, d), stride=(cute.sym_int64(divisibility=8),
                                                                            cute.sym_int64(divisibility=8), 1),
                                              assumed_align=16)
 
-    q, k, v, o = tokens(total_q, hq), tokens(total_k, hkv), tokens(total_k, hkv), tokens(total_q, hq)
+    q, k = tokens(total_q, hq, head_dim), tokens(total_k, hkv, head_dim)
+    v, o = tokens(total_k, hkv, head_dim_v), tokens(total_q, hq, head_dim_v)
     lse = (cute.runtime.make_fake_tensor(cutlass.Float32, (total_q, hq), stride=(cute.sym_int64(), 1),
                                          assumed_align=4) if has_lse else None)
     cu_q = cute.runtime.make_fake_tensor(cutlass.Int32, (nb1,), stride=(1,), assumed_align=4)
@@ -109,7 +115,8 @@ def build(kernel, cfg: AttentionConfig, extra_options: str = ""):
     keep/dump flags for the SASS tests)."""
     import cutlass.cute as cute
 
-    return cute.compile(kernel, *fake_args(cfg.dtype, cfg.head_dim, cfg.has_lse, cfg.has_sink),
+    return cute.compile(kernel, *fake_args(cfg.dtype, cfg.head_dim, cfg.head_dim_v, cfg.has_lse,
+                                                       cfg.has_sink),
                         options=f"--enable-tvm-ffi --gpu-arch {cfg.arch} {extra_options}".strip())
 
 
@@ -128,17 +135,19 @@ def dump(build_fn, cfg: AttentionConfig):
     return compile_and_dump(lambda extra: build_fn(cfg, extra))
 
 
-def check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale) -> str | None:
-    """Why the kernels cannot take these tensors (None: they can), device aside: dtypes, head dims, GQA ratio,
-    TMA layout rules, softmax_scale > 0 (the row max is taken before scaling), int32 cu_seqlens."""
+def check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, head_dims) -> str | None:
+    """Why the kernels cannot take these tensors (None: they can), device aside: dtypes, head dims ((Dqk, Dv) in
+    `head_dims`, the kernel config's HEAD_DIMS), GQA ratio, TMA layout rules, softmax_scale > 0 (the row max is
+    taken before scaling), int32 cu_seqlens."""
     import torch
 
     names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
     if q.dtype not in names or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"dtypes q={q.dtype} k={k.dtype} v={v.dtype}: needs bf16 or fp16, all the same"
     d = q.shape[-1]
-    if d not in SUPPORTED_HEAD_DIMS or k.shape[-1] != d or v.shape[-1] != d:
-        return f"head dims q={d} k={k.shape[-1]} v={v.shape[-1]}: needs Dqk = Dv in {SUPPORTED_HEAD_DIMS}"
+    if k.shape[-1] != d or (d, v.shape[-1]) not in head_dims:
+        return (f"head dims q={d} k={k.shape[-1]} v={v.shape[-1]}: needs k's = q's (Dqk) and (Dqk, Dv) in "
+                f"{head_dims}")
     if q.shape[1] % k.shape[1]:
         return f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} KV heads"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -161,7 +170,7 @@ def run(compiled_fn, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, window_
     from .. import _compile
 
     total_q, hq, d = q.shape
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = torch.empty(total_q, hq, v.shape[-1], dtype=q.dtype, device=q.device)  # Dv columns
     lse = torch.empty(total_q, hq, dtype=torch.float32, device=q.device)
     if total_q == 0:  # a grid of zero CTAs is a launch error
         return out, lse
@@ -183,7 +192,7 @@ def preparable(q, cu_seqlens_q, cu_seqlens_k, sinks) -> bool:
                                                                    and sinks.is_contiguous())))
 
 
-def prepared(compiled_fn, general, q, softmax_scale, window_left, window_right):
+def prepared(compiled_fn, general, q, v, softmax_scale, window_left, window_right):
     """A launcher for repeated eager calls of `attention_prefill` with one call signature (dispatch/ops/_common.call
     keeps it per signature; `preparable` must hold): the compiled function, the softmax scale and the plain
     arguments are resolved once, and a call allocates out and lse and makes the TVM-FFI call (`run` without its
@@ -192,6 +201,7 @@ def prepared(compiled_fn, general, q, softmax_scale, window_left, window_right):
     import torch
 
     total_q, hq, d = q.shape
+    d_v = v.shape[-1]
     scale = default_softmax_scale(d) if softmax_scale is None else float(softmax_scale)
     window_left, window_right = int(window_left), int(window_right)
     index, device, dtype = q.device.index, q.device, q.dtype
@@ -200,7 +210,7 @@ def prepared(compiled_fn, general, q, softmax_scale, window_left, window_right):
     def prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, *rest):
         if get_device() != index:
             return general(q, k, v, cu_seqlens_q, cu_seqlens_k, *rest)
-        out = empty((total_q, hq, d), dtype=dtype, device=device)
+        out = empty((total_q, hq, d_v), dtype=dtype, device=device)
         lse = empty((total_q, hq), dtype=fp32, device=device)
         compiled_fn(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rest[-2], scale, window_left, window_right)
         return out, lse
