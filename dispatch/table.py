@@ -45,9 +45,9 @@ ATTN_TL_WHY = "plain Triton FA2-style forward: every arch, masked tiles skipped 
 ATTN_SM90_WHY = "Gluon TMA + warpgroup-MMA forward (sm_90a, Triton 3.6): 0.72-0.81x FA4 hd128, 0.78x (192, 128) (H100)"
 # CuTeDSL sm_90a forward (cute_ops/attention/fmha_sm90.py): GPU tests pass on the H100 and the H200; on the prefill
 # benchmark set (H200, persistent grid + O TMA store, fmha_sm90.FOR_CALL): hd128 0.84-1.0x FA4-sm90, GPT-OSS hd64
-# causal + sinks 0.91x, window (128, 0) + sinks 0.96x (docs/attention.md, measured table). auto takes it at hd64 and
-# hd128, the head dims it was timed at (`auto_skip` cute_ops.attention.fmha_sm90:auto_skip_untimed, on the paged
-# row too); DeepSeek's (192, 128) runs with backend="cute" until timed.
+# causal + sinks 0.91x, window (128, 0) + sinks 0.96x, DeepSeek (192, 128) 0.93x against the Gluon row's 0.68x
+# (docs/attention.md, measured table). auto takes it at the head dims it was timed at, 64, 128 and 192 (`auto_skip`
+# cute_ops.attention.fmha_sm90:auto_skip_untimed, on the paged row too).
 # Paged-prefix prefill on sm_90 (dispatch/composed/paged_prefill.py): one Triton gather of the used pages (FP8
 # dequantized) into contiguous K / V, the CuTeDSL forward above, and the plain paged kernel over the sequences with
 # an out-of-range page id (flagged by the gather). H200 (CUDA graph, same process): 0.88-0.92x FA4 with
