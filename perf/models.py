@@ -1,6 +1,7 @@
 """Whole-model timing of `lowbit_patch` on transformers models: real per-layer dims, few layers, random weights.
 
     python -m perf.models --out models.json [--models llama,gpt_oss,qwen3_moe] [--layers 2]
+    python -m perf.models --out v32.json --models deepseek_v32      # DeepSeek-V3.2: not in the default list
     python -m perf.models --out smoke.json --models llama --smoke     # tiny dims, any device: the script's logic
 
 Per model (the same random weights throughout; the unpatched variants first, then the model is patched in place
@@ -23,14 +24,26 @@ The unpatched model runs transformers' default attention (sdpa where the model s
 record's `attn`) and experts (`grouped_mm`). Records: model, shape, variant, ms (median of CUDA-event timed runs),
 the cache used, and on lowbit records the speedup over eager, over compile and over the better of the two. The
 JSON also holds, per model, the patched prefill's and the patched b16 decode step's GPU time per op family
-(torch.profiler kernel times, grouped by kernel name: attention (with the KV writes), gemm, moe, norm, rope,
-swiglu, other; the twelve longest kernels with their family, to check the grouping; the decode step profiled in
-GraphedDecode's eager mode, the kernels the graph replays) and the memory estimate and peak.
+(torch.profiler kernel times, grouped by kernel name: attention (with the KV writes), indexer (torch.topk's
+kernels: DeepSeek-V3.2's selection), gemm, moe, norm, rope, swiglu, other; the twelve longest kernels with their
+family, to check the grouping; the decode step profiled in GraphedDecode's eager mode, the kernels the graph
+replays) and the memory estimate and peak.
 
 DeepSeek-V3 (`--models deepseek_v3`, MLA): transformers caches the compressed latent (one head: kv_lora_rank
 normalized latent as "keys", the RoPE'd 64-dim key as "values") and expands it to 128 heads of 192 / 128 every
 step (counted in the memory estimate); its patched decode runs `LowbitMlaCache` (the paged latent, absorbed
 `mla_decode`) in the CUDA graph (the record's `cache` says which ran).
+
+DeepSeek-V3.2 (`--models deepseek_v32`, DeepSeek-V3's dims plus its indexer: 64 heads of 128, index_topk 2048):
+transformers caches the expanded keys and values (128 heads of 192 / 128) and the indexer's keys
+(StaticIndexedLayer, filled at random like the rest), and folds the indexer's top-2048 into the attention mask
+(sdpa); the patched decode (`lowbit`) runs `LowbitMlaCache` with the V3.2 FP8 656-byte rows (layout "v32"), the
+indexer's top-2048 as `mla_decode`'s indices, the step in the CUDA graph; `lowbit-bf16-cache` the same on bf16
+latent pages. Every V3.2 decode record but compile's (the same code, where forward hooks do not fire) says how
+many keys the first indexer picked (`index_topk`) among how many it scored (`keys_scored`, the 4097 positions: the
+selection is active). The patched prefill is transformers' masked dense attention over the decompressed latent
+(the prefill ops take no per-query key set); at 2048 tokens the top-2048 keeps every causal key, as in the model.
+Not in the default `--models`: its run time on the H200 is not yet measured.
 
 Sized to run within about five minutes per model on one H200 (most of it torch.compile); variants that need CUDA
 are skipped with a printed reason on a CPU (`--smoke`: the timings are then meaningless, the run checks the script
@@ -54,6 +67,8 @@ VOCAB = 32000  # the embedding and LM head are not what is measured: a small voc
 MEMORY_LIMIT_GB = 100
 FAMILIES = (  # first match wins: the KV writes and the split-KV reduce are attention, MoE GEMMs are MoE
     ("attention", ("attn", "attention", "fmha", "flash", "decode", "paged", "split_reduce", "index_copy", "sdpa")),
+    # torch.topk's kernels: in a patched model only DeepSeek-V3.2's indexer calls it (lowbit's routers are its own)
+    ("indexer", ("sbtopk", "mbtopk", "radixfindkth", "computeblockwise", "sortkv")),
     ("moe", ("moe", "expert", "grouped", "route", "topk", "align", "gather", "combine")),
     ("norm", ("norm",)),
     ("rope", ("rope", "rotary")),
@@ -77,8 +92,10 @@ SMOKE = Sizes(prefill=(2, 16), batches=(1, 2), context=32, runs=2, warmup=1, pag
 
 
 def cache_dims(config) -> tuple[int, int, int]:
-    """(heads, key dim, value dim) of what transformers' caches store per layer: MLA's latent and RoPE key as one
-    head, or the key / value heads."""
+    """(heads, key dim, value dim) of what transformers' caches store per layer: DeepSeek-V3.2's expanded keys and
+    values (every head, q/k 192, v 128), MLA's latent and RoPE key as one head, or the key / value heads."""
+    if hasattr(config, "index_topk"):
+        return config.num_attention_heads, config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim
     if hasattr(config, "kv_lora_rank"):
         return 1, config.kv_lora_rank, config.qk_rope_head_dim
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -86,8 +103,10 @@ def cache_dims(config) -> tuple[int, int, int]:
 
 
 def configs(layers: int, smoke: bool) -> dict:
-    """Llama-3.1-8B, GPT-OSS-20b, DeepSeek-V3 (one dense layer, then MoE) and Qwen3-30B-A3B (every layer MoE)
-    per-layer dims, or tiny dims of the same architectures (`smoke`)."""
+    """Llama-3.1-8B, GPT-OSS-20b, DeepSeek-V3 (one dense layer, then MoE), Qwen3-30B-A3B (every layer MoE) and
+    DeepSeek-V3.2 (DeepSeek-V3's and its indexer's: 64 heads of 128, top-2048) per-layer dims, or tiny dims of the
+    same architectures (`smoke`; V3.2's latent at the real 512, the FP8 cache's width, and top-8 of fewer keys than
+    the smoke context)."""
     import transformers as tf
 
     common = dict(num_hidden_layers=layers, vocab_size=256 if smoke else VOCAB, max_position_embeddings=8192)
@@ -99,6 +118,7 @@ def configs(layers: int, smoke: bool) -> dict:
                     q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
     qwen3_moe = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
                      num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8)
+    indexer = dict(index_topk=2048, index_n_heads=64, index_head_dim=128)
     if smoke:
         llama = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
         gpt_oss = dict(hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
@@ -108,6 +128,8 @@ def configs(layers: int, smoke: bool) -> dict:
                         q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=32)
         qwen3_moe = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2)
+        indexer = dict(index_topk=8, index_n_heads=4, index_head_dim=128)
+    deepseek_v32 = dict(deepseek, **indexer, kv_lora_rank=512) if smoke else dict(deepseek, **indexer)
     return {
         "llama": (tf.LlamaForCausalLM, tf.LlamaConfig(
             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -122,6 +144,8 @@ def configs(layers: int, smoke: bool) -> dict:
         "qwen3_moe": (tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(
             norm_topk_prob=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **qwen3_moe,
             **common)),
+        "deepseek_v32": (tf.DeepseekV32ForCausalLM, tf.DeepseekV32Config(
+            first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=2.5, **deepseek_v32, **common)),
     }
 
 
@@ -184,8 +208,9 @@ def op_families(fn, steps: int, device: torch.device, reset=None) -> dict:
 
 
 def static_cache(model, batch: int, context: int, device: torch.device):
-    """transformers' StaticCache for `context` + 1 positions, every layer filled with random keys / values, and a
-    reset that sets every layer back to `context` stored positions (no prefill)."""
+    """transformers' StaticCache for `context` + 1 positions, every layer filled with random keys / values (and
+    DeepSeek-V3.2's indexer keys: StaticIndexedLayer), and a reset that sets every layer back to `context` stored
+    positions (no prefill)."""
     from transformers import StaticCache
 
     config = model.config
@@ -197,24 +222,31 @@ def static_cache(model, batch: int, context: int, device: torch.device):
                                   torch.zeros(batch, heads, 0, v_dim, dtype=dtype, device=device))
         layer.keys.normal_()
         layer.values.normal_()
+        if hasattr(layer, "lazy_initialization_indexer"):
+            layer.lazy_initialization_indexer(torch.zeros(batch, 0, config.index_head_dim, dtype=dtype, device=device))
+            layer.indexer_keys.normal_()
 
     def reset():
         for layer in cache.layers:
             layer.cumulative_length.fill_(context)
+            if hasattr(layer, "indexer_cumulative_length"):  # the indexer's keys keep a count of their own
+                layer.indexer_cumulative_length.fill_(context)
             if hasattr(layer, "cumulative_length_int"):  # sliding layers keep a host count too
                 layer.cumulative_length_int = context
 
     return cache, reset
 
 
-def paged_graph_decode(model, batch: int, sizes: Sizes, device: torch.device, latent: bool = False):
-    """LowbitPagedCache (latent: DeepSeek's LowbitMlaCache, page 64, the sm_90 MLA kernel's page) filled with random
-    contents, every sequence at `context`, the step in one CUDA graph (GraphedDecode's eager mode off CUDA, said on
-    stdout). Returns (step, reset, eager step, cache name)."""
+def paged_graph_decode(model, batch: int, sizes: Sizes, device: torch.device, latent_layout: str | None = None):
+    """LowbitPagedCache (latent_layout: DeepSeek's LowbitMlaCache of that layout, page 64, the sm_90 MLA kernel's
+    page) filled with random contents (DeepSeek-V3.2's indexer keys too), every sequence at `context`, the step in
+    one CUDA graph (GraphedDecode's eager mode off CUDA, said on stdout). Returns (step, reset, eager step, cache
+    name)."""
     from dispatch.integrations.hf import GraphedDecode, LowbitMlaCache, LowbitPagedCache
 
-    if latent:
-        cache = LowbitMlaCache(model.config, batch, sizes.context + 1, page_size=64, device=device)
+    if latent_layout is not None:
+        cache = LowbitMlaCache(model.config, batch, sizes.context + 1, page_size=64, layout=latent_layout,
+                               device=device)
     else:
         cache = LowbitPagedCache(model.config, batch, sizes.context + 1, page_size=sizes.page_size, device=device)
     cache.fill_random()
@@ -226,17 +258,41 @@ def paged_graph_decode(model, batch: int, sizes: Sizes, device: torch.device, la
     graph = GraphedDecode(model, cache, mode=mode)
     eager = graph if mode == "eager" else GraphedDecode(model, cache, mode="eager")
     ids = torch.randint(0, model.config.vocab_size, (batch,), device=device)
+    layout = "" if latent_layout is None else f" {latent_layout}"
     return (lambda: graph.step(ids)), (lambda: cache.set_lengths(lengths)), (lambda: eager.step(ids)), \
-        f"{type(cache).__name__} + {mode}"
+        f"{type(cache).__name__}{layout} + {mode}"
 
 
 def latent_graph_decode(model, batch: int, sizes: Sizes, device: torch.device):
-    return paged_graph_decode(model, batch, sizes, device, latent=True)
+    return paged_graph_decode(model, batch, sizes, device, latent_layout="bf16")
 
 
-# model -> the patched decode step's builder: (model, batch, sizes, device) -> (step, reset, eager step, cache name).
-PATCHED_DECODE = {"llama": paged_graph_decode, "gpt_oss": paged_graph_decode, "deepseek_v3": latent_graph_decode,
-                  "qwen3_moe": paged_graph_decode}
+def v32_graph_decode(model, batch: int, sizes: Sizes, device: torch.device):
+    """DeepSeek-V3.2's FP8 656-byte latent rows, what the V3.2 checkpoints' own inference stores."""
+    return paged_graph_decode(model, batch, sizes, device, latent_layout="v32")
+
+
+# model -> its patched decode variants, (variant, builder) with builder (model, batch, sizes, device) -> (step,
+# reset, eager step, cache name); the first is the model's "lowbit" record and the one profiled.
+PATCHED_DECODE = {"llama": (("lowbit", paged_graph_decode),), "gpt_oss": (("lowbit", paged_graph_decode),),
+                  "deepseek_v3": (("lowbit", latent_graph_decode),), "qwen3_moe": (("lowbit", paged_graph_decode),),
+                  "deepseek_v32": (("lowbit", v32_graph_decode), ("lowbit-bf16-cache", latent_graph_decode))}
+
+
+def indexer_selection(model, fn, reset) -> dict | None:
+    """For DeepSeek-V3.2 (None for other models): one call of fn after reset, the first layer's indexer watched:
+    how many keys it picks per query and among how many it scored (topk < keys: the sparse selection is active)."""
+    indexer = getattr(model.model.layers[0].self_attn, "indexer", None)
+    if indexer is None:
+        return None
+    seen = []  # its positional arguments: hidden states, q latent, RoPE, the visible keys (B, S, keys), positions
+    handle = indexer.register_forward_hook(lambda module, args, out: seen.append((out.shape[-1], args[3].shape[-1])))
+    try:
+        reset()
+        fn()
+    finally:
+        handle.remove()
+    return dict(topk=seen[0][0], keys=seen[0][1])
 
 
 def graphed_prefill(prefill, device: torch.device):
@@ -268,14 +324,16 @@ def _unpatched_decode(forward, model, batch: int, context: int, device: torch.de
 
 def memory_estimate_gb(model, sizes: Sizes) -> float:
     """Weights plus the largest decode's cache (one cache is alive at a time; bf16: 2 bytes x layers x batch x
-    positions x heads x (k + v dims)), plus MLA's per-step expansion of one layer's latent to every head's key and
-    value; prefill activations are not counted."""
+    positions x heads x (k + v dims)), plus DeepSeek-V3.2's indexer keys, or DeepSeek-V3's per-step expansion of
+    one layer's latent to every head's key and value; prefill activations are not counted."""
     config = model.config
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     heads, k_dim, v_dim = cache_dims(config)
     positions = max(sizes.batches) * (sizes.context + 1)
     cache = 2 * config.num_hidden_layers * positions * heads * (k_dim + v_dim)
-    if hasattr(config, "kv_lora_rank"):
+    if hasattr(config, "index_topk"):
+        cache += 2 * config.num_hidden_layers * positions * config.index_head_dim
+    elif hasattr(config, "kv_lora_rank"):
         cache += 2 * positions * config.num_attention_heads * (config.qk_nope_head_dim + config.qk_rope_head_dim
                                                               + config.v_head_dim)
     return (weights + cache) / 2**30
@@ -311,8 +369,10 @@ def _unpatched_records(name, model, sizes, batches, device, compile_) -> list[di
     for batch in batches:
         for variant, forward in variants:
             step, reset = _unpatched_decode(forward, model, batch, sizes.context, device)
-            records.append(_timed(dict(common, shape=f"decode b{batch} ctx{sizes.context}", variant=variant,
-                                       cache="StaticCache"), step, sizes, device, reset))
+            record = dict(common, shape=f"decode b{batch} ctx{sizes.context}", variant=variant, cache="StaticCache")
+            if variant == "eager":  # the compiled model runs the same code, where forward hooks do not fire
+                record = _with_selection(record, indexer_selection(model, step, reset))
+            records.append(_timed(record, step, sizes, device, reset))
             del step, reset
     torch._dynamo.reset()  # drops the compiled graphs and their CUDA-graph pools before the patched runs
     return records
@@ -335,19 +395,26 @@ def _patched_records(name, model, sizes, batches, device) -> tuple[list[dict], d
     split = {f"prefill {b}x{s}": op_families(prefill, 2, device)}
     profile_batch = 16 if 16 in batches else batches[-1]
     for batch in batches:
-        step, reset, eager_step, cache_name = PATCHED_DECODE[name](model, batch, sizes, device)
         shape = f"decode b{batch} ctx{sizes.context}"
-        records.append(dict(model=name, shape=shape, variant="lowbit", cache=cache_name,
-                            ms=measure(step, sizes, device, reset)))
-        if batch == profile_batch:
-            split[f"{shape} (eager step)"] = op_families(eager_step, 2, device, reset)
-        del step, reset, eager_step
+        for i, (variant, build) in enumerate(PATCHED_DECODE[name]):
+            step, reset, eager_step, cache_name = build(model, batch, sizes, device)
+            record = _with_selection(dict(model=name, shape=shape, variant=variant, cache=cache_name),
+                                     indexer_selection(model, eager_step, reset))
+            records.append(dict(record, ms=measure(step, sizes, device, reset)))
+            if batch == profile_batch and i == 0:
+                split[f"{shape} (eager step)"] = op_families(eager_step, 2, device, reset)
+            del step, reset, eager_step
     return records, split
 
 
+def _with_selection(record: dict, selection: dict | None) -> dict:
+    return record if selection is None else dict(record, index_topk=selection["topk"], keys_scored=selection["keys"])
+
+
 def _speedups(records: list[dict]) -> None:
+    """Each lowbit variant's ("lowbit", "lowbit-bf16-cache") speedup over each unpatched one of its shape."""
     for r in records:
-        if r["variant"] != "lowbit":
+        if not r["variant"].startswith("lowbit"):
             continue
         base = {x["variant"]: x["ms"] for x in records
                 if x["shape"] == r["shape"] and not x["variant"].startswith("lowbit") and "ms" in x}

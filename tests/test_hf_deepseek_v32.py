@@ -9,9 +9,15 @@ each cache holds). The prompt runs transformers' masked dense attention (the pre
 The generation model has one (MoE) layer: the indexer's top-k is a discrete choice, and from the second layer on its
 inputs carry the first layer's rounding, so with random weights a score moved by one rounding can swap a key in
 or out, a change no token or cosine bound covers (as a router's top-k, tests/test_hf_models.py ROUTED_TOKENS); the
-two-layer model generates TWO_LAYER_TOKENS. Unsupported models raise before anything is modified. The `gpu` test
-runs DeepSeek-V3.2's attention and indexer dims (one MoE layer) with pages of 64 and index_topk 16, with
-transformers' cache and with `LowbitMlaCache` (bf16, V3.2 FP8)."""
+two-layer model generates TWO_LAYER_TOKENS. The models have the real model's 64 indexer heads: the index score of a
+key is a weighted sum of per-head ReLU'd products, exactly 0 when every head's product is negative (1 key in 2^heads)
+and such exact ties are broken by torch.topk in an order that depends on the width scored (transformers' cache
+scores its padded timeline, `LowbitMlaCache` its max_cache_len columns), so a model with few heads would pick
+different keys among equals. `GraphedDecode`'s eager step over `LowbitMlaCache` continues the prompt as `generate`
+does, its indexer scoring the same width every step (what lets a CUDA graph replay it). Unsupported models raise
+before anything is modified. The `gpu` tests run DeepSeek-V3.2's attention and indexer dims (one MoE layer) with
+pages of 64 and index_topk 16, with transformers' cache and with `LowbitMlaCache` (bf16, V3.2 FP8), and the V3.2 FP8
+cache's decode steps replayed in one CUDA graph against the eager steps."""
 
 from __future__ import annotations
 
@@ -36,11 +42,18 @@ transformers = pytest.importorskip("transformers")
 
 import dispatch  # noqa: E402
 from dispatch import ops  # noqa: E402
-from dispatch.integrations.hf import LowbitMlaCache, LowbitPagedCache, PagedCacheError, lowbit_patch  # noqa: E402
+from dispatch.integrations.hf import (  # noqa: E402
+    GraphedDecode,
+    LowbitMlaCache,
+    LowbitPagedCache,
+    PagedCacheError,
+    lowbit_patch,
+)
 from dispatch.integrations.hf.check import FP8_TIE_SPACINGS, TIE_SPACINGS, compare_greedy, greedy, prompts  # noqa: E402
 
 PAGE = 4
 INDEX_TOPK = 4
+INDEX_HEADS = 64  # DeepSeek-V3.2's: see the module docstring
 # The two-layer model's generation (see the module docstring).
 TWO_LAYER_TOKENS = 8
 
@@ -52,7 +65,7 @@ def deepseek_v32(dtype=torch.bfloat16, layers: int = 1, **overrides):
               num_hidden_layers=layers, first_k_dense_replace=layers - 1, num_attention_heads=2,
               num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=8, n_group=4, topk_group=4,
               n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=128, qk_rope_head_dim=64,
-              v_head_dim=128, index_topk=INDEX_TOPK, index_n_heads=2 if layers == 1 else 4, index_head_dim=128,
+              v_head_dim=128, index_topk=INDEX_TOPK, index_n_heads=INDEX_HEADS, index_head_dim=128,
               max_position_embeddings=MAX_POSITIONS, pad_token_id=PAD, routed_scaling_factor=2.5,
               rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                "original_max_position_embeddings": MAX_POSITIONS // 4, "mscale": 1.0,
@@ -157,6 +170,34 @@ def test_deepseek_v32_mla_cache_v32_fp8_generate_close_to_unpatched(monkeypatch)
     assert all(bool(((i == -1) | ((i >= 0) & (i < n[:, None, None]))).all()) for i, n in calls)
 
 
+def _prefilled(model, ids, mask, max_len: int, layout: str, page_size: int = PAGE):
+    """The prompt through a fresh LowbitMlaCache (positions as `generate` numbers a left-padded batch); returns the
+    cache and the last position's logits."""
+    cache = LowbitMlaCache(model.config, ids.shape[0], max_len, page_size=page_size, layout=layout, device=ids.device)
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    return cache, out.logits[:, -1]
+
+
+def test_deepseek_v32_graphed_decode_eager_step_like_generate():
+    model = deepseek_v32()
+    lowbit_patch(model)
+    ids, mask = generation_prompts()
+    width, steps = ids.shape[1], 4
+    cache, first = _prefilled(model, ids, mask, width + steps, "bf16")
+    widths = []
+    hook = model.model.layers[0].self_attn.indexer.register_forward_hook(
+        lambda module, args, out: widths.append(args[3].shape[-1]))  # the visible keys (B, S, keys scored)
+    tokens, _ = GraphedDecode(model, cache, mode="eager").greedy(first.argmax(-1), steps - 1)
+    hook.remove()
+    want = greedy(model, ids, mask, steps, past_key_values=LowbitMlaCache(model.config, len(PROMPT_LENS),
+                                                                          width + steps, page_size=PAGE))
+    assert torch.equal(tokens, want.sequences[:, width + 1:])
+    assert widths == [width + steps] * (steps - 1)
+    assert cache.layers[0].lengths.tolist() == [n + steps - 1 for n in PROMPT_LENS]
+
+
 def test_deepseek_v32_mla_cache_misuse_raises():
     model = deepseek_v32()
     lowbit_patch(model)
@@ -218,3 +259,19 @@ def test_gpu_deepseek_v32_generation_matches_unpatched(monkeypatch, layout, new_
     check = compare_greedy(got, want, new_tokens, cosine_min, tie_spacings)
     assert check.agree, f"{layout}: {check.note}"
     assert len(calls) == new_tokens - 1 and all(indices is not None for indices, _ in calls)
+
+
+@pytest.mark.gpu
+def test_gpu_deepseek_v32_graphed_decode_matches_eager():
+    """The V3.2 FP8 cache's decode step (indexer, sparse `mla_decode`) replayed in one CUDA graph: the tokens and
+    logits of the eager steps from the same prompt (the same kernels: bit-equal logits)."""
+    model = deepseek_v32_real_attention()
+    lowbit_patch(model)
+    ids, mask = prompts(GPU_PROMPT_LENS, GPU_VOCAB, device="cuda")
+    runs = []
+    for mode in ("eager", "cuda_graph"):
+        cache, first = _prefilled(model, ids, mask, ids.shape[1] + GPU_FP8_TOKENS, "v32", page_size=64)
+        runs.append(GraphedDecode(model, cache, mode=mode).greedy(first.argmax(-1), GPU_FP8_TOKENS - 1))
+    (eager_tokens, eager_logits), (graph_tokens, graph_logits) = runs
+    assert torch.equal(graph_tokens, eager_tokens)
+    assert all(torch.equal(a, b) for a, b in zip(graph_logits, eager_logits, strict=True))

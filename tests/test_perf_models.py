@@ -1,5 +1,7 @@
 """perf/models.py end to end at tiny dims on the CPU (`--smoke`): every shape has its eager and lowbit records with
-times and speedups, the op-family split and the memory record are written; kernel names map to their families."""
+times and speedups, the op-family split and the memory record are written (Llama; DeepSeek-V3.2 with its two latent
+cache layouts, the indexer's selection recorded and active, and its dashboard records one per provider and case);
+kernel names map to their families."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from perf import models  # noqa: E402
+from perf import import_runs, models  # noqa: E402
 
 
 def test_smoke_run_writes_every_record(tmp_path, monkeypatch):
@@ -30,10 +32,41 @@ def test_smoke_run_writes_every_record(tmp_path, monkeypatch):
     assert result["memory"]["llama"]["decode_batches"] == [1, 2]
 
 
+def test_smoke_run_deepseek_v32(tmp_path, monkeypatch):
+    out = tmp_path / "models.json"
+    monkeypatch.setattr(sys, "argv", ["perf.models", "--out", str(out), "--models", "deepseek_v32", "--smoke",
+                                      "--no-compile"])
+    models.main()
+    result = json.loads(out.read_text())
+    records = result["records"]
+    assert {r["shape"] for r in records} == {"prefill 2x16", "decode b1 ctx32", "decode b2 ctx32"}
+    for shape in ("decode b1 ctx32", "decode b2 ctx32"):
+        variants = {r["variant"]: r for r in records if r["shape"] == shape}
+        assert set(variants) == {"eager", "lowbit", "lowbit-bf16-cache"}
+        assert all(r["ms"] > 0 for r in variants.values())
+        assert variants["eager"]["cache"] == "StaticCache"
+        assert variants["lowbit"]["cache"] == "LowbitMlaCache v32 + eager"
+        assert variants["lowbit-bf16-cache"]["cache"] == "LowbitMlaCache bf16 + eager"
+        for r in variants.values():  # top-8 of the 33 positions: the sparse selection decides
+            assert (r["index_topk"], r["keys_scored"]) == (8, 33)
+        for name in ("lowbit", "lowbit-bf16-cache"):
+            assert variants[name]["speedup_vs_best"] == variants["eager"]["ms"] / variants[name]["ms"]
+    prefill = {r["variant"]: r for r in records if r["shape"] == "prefill 2x16"}
+    assert set(prefill) == {"eager", "lowbit"} and prefill["lowbit"]["replaced"]["DeepseekV32Attention"] == 2
+    assert set(result["op_families_us"]["deepseek_v32"]) == {"prefill 2x16", "decode b2 ctx32 (eager step)"}
+    assert 0 < result["memory"]["deepseek_v32"]["estimate_gb"]
+    dashboard = import_runs.model_records(result)
+    assert len(dashboard) == len(records)
+    assert len({(r["op"], r["case"], r["provider"]) for r in dashboard}) == len(records)
+    assert {r["op"] for r in dashboard} == {"model:deepseek_v32"}
+
+
 @pytest.mark.parametrize("name, fam", [
     ("_decode_kernel", "attention"), ("_paged_write_kernel", "attention"), ("_moe_gemm_kernel", "moe"),
     ("_align_count_kernel", "moe"), ("_rms_norm_kernel", "norm"), ("_rope_kernel", "rope"),
     ("_swiglu_kernel", "swiglu"), ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", "gemm"),
-    ("sm90_xmma_gemm_bf16bf16_bf16f32", "gemm"), ("void at::native::elementwise_kernel", "other")])
+    ("sm90_xmma_gemm_bf16bf16_bf16f32", "gemm"), ("void at::native::elementwise_kernel", "other"),
+    ("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>", "indexer"),
+    ("void at::native::bitonicSortKVInPlace<-2, -1, 16, 16, float, long>", "indexer")])
 def test_kernel_families(name, fam):
     assert models.family(name) == fam

@@ -131,12 +131,14 @@ def tiny_models() -> dict[str, Callable[[], torch.nn.Module]]:
                              "mscale_all_dim": 1.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
                              "beta_slow": 1.0}, **common)),
         # one (MoE) layer: the indexer's top-k (4 of up to 19 keys) is a discrete choice whose inputs, from a second
-        # layer on, carry the first layer's rounding (the router's case)
+        # layer on, carry the first layer's rounding (the router's case); the real model's 64 indexer heads: a key
+        # scores exactly 0 when every head's ReLU'd product is 0 (1 in 2^heads), and torch.topk breaks such ties by
+        # the width scored, which differs between transformers' cache and LowbitMlaCache
         "deepseek_v32": lambda: build(tf.DeepseekV32ForCausalLM, tf.DeepseekV32Config(
             hidden_size=64, intermediate_size=128, moe_intermediate_size=32, first_k_dense_replace=0,
             num_attention_heads=2, num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=8, n_group=4,
             topk_group=4, n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=128,
-            qk_rope_head_dim=64, v_head_dim=128, routed_scaling_factor=2.5, index_topk=4, index_n_heads=2,
+            qk_rope_head_dim=64, v_head_dim=128, routed_scaling_factor=2.5, index_topk=4, index_n_heads=64,
             index_head_dim=128,
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
                              "mscale_all_dim": 1.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,

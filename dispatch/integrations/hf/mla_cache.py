@@ -10,8 +10,10 @@ spare page for the writes of padding tokens, left padding never stored (sequence
 decode step with the same shapes and tensors every step and no host sync. The patched DeepSeek attention
 (`mla.LowbitMlaAttention`) appends the new latent rows, then decodes with `decode` (absorbed MLA over the pages) or
 reads the sequence's latent back with `prefix` to decompress it for the prompt; the patched DeepSeek-V3.2 attention
-decodes with the indexer's top-k (`decode`'s timeline_indices) and keeps the indexer's keys here (`update_indexer`,
-transformers' padded timeline, as its DynamicIndexedLayer). Nothing else reads this cache:
+decodes with the indexer's top-k (`decode`'s indices) and keeps the indexer's keys here (`update_indexer`), numbered as
+the latent rows are (sequence b's key i in column i, left padding not stored), so that a decode step scores every
+column with the same shapes whatever the step and masks by the device lengths: no host counter shapes the step, and
+`GraphedDecode` replays it. Nothing else reads this cache:
 `update` (transformers' attention) and `attend` (the Llama / GPT-OSS paged attention) raise.
 """
 
@@ -35,7 +37,7 @@ class LatentLayer(PagedLayer):
     """One attention layer's latent pages and per-sequence token counts (device int32, updated in place)."""
 
     def __init__(self, pages: int, page_size: int, width: int, batch_size: int, layout: str, device,
-                 max_cache_len: int):
+                 max_cache_len: int, indexer_dim: int | None):
         CacheLayerMixin.__init__(self)
         if layout == "bf16":
             self.latent = torch.zeros((pages, page_size, 1, width), dtype=torch.bfloat16, device=device)
@@ -45,7 +47,9 @@ class LatentLayer(PagedLayer):
         self.lengths = torch.zeros(batch_size, dtype=torch.int32, device=device)
         self.seen = 0  # transformers' (padded) timeline: prompt width + steps, a host int
         self.max_cache_len = max_cache_len
-        self.indexer_keys, self.indexer_seen = None, 0  # DeepSeek-V3.2's indexer keys: allocated by the first use
+        # DeepSeek-V3.2's indexer keys (None without an indexer), one spare column for the writes of padding tokens
+        self.indexer_keys = None if indexer_dim is None else torch.zeros(
+            (batch_size, max_cache_len + 1, indexer_dim), dtype=torch.bfloat16, device=device)
         self.is_initialized = True
 
     def write(self, rows: Tensor, slots: Tensor) -> None:
@@ -56,18 +60,24 @@ class LatentLayer(PagedLayer):
             ops.ds_kv_write(rows, slots, self.latent, layout=self.layout)
 
     def update_indexer(self, keys: Tensor) -> Tensor:
-        """DeepSeek-V3.2's indexer keys (B, S, index_head_dim) appended on transformers' (left-padded) timeline, as
-        transformers' DynamicIndexedLayer keeps them (the indexer scores and masks that timeline); returns every
-        key so far (B, T, index_head_dim)."""
-        end = self.indexer_seen + keys.shape[1]
+        """DeepSeek-V3.2's indexer keys (B, S, index_head_dim) of the S tokens `append` has just stored (it runs
+        first: the lengths count them), kept as the latent rows are: token i of the forward is sequence b's key
+        i - S + lengths[b], a padding token's (< 0) goes to the spare column. Returns what the indexer scores: a
+        prompt (S > 1, the first forward) its own keys on transformers' padded timeline, as given; a decode step
+        every column (B, max_cache_len, index_head_dim), the same tensor each step, the columns at or past each
+        sequence's length for the caller to mask (`LowbitSparseMlaAttention`)."""
         if self.indexer_keys is None:
-            self.indexer_keys = keys.new_zeros(keys.shape[0], self.max_cache_len, keys.shape[2])
-        if end > self.indexer_keys.shape[1]:
-            raise PagedCacheError(f"LowbitMlaCache.update_indexer: {self.indexer_seen} + {keys.shape[1]} positions "
-                                  f"exceed max_cache_len {self.indexer_keys.shape[1]}")
-        self.indexer_keys[:, self.indexer_seen:end] = keys
-        self.indexer_seen = end
-        return self.indexer_keys[:, :end]
+            raise PagedCacheError("LowbitMlaCache.update_indexer: the cache's config has no index_head_dim "
+                                  "(DeepSeek-V3.2's indexer): build the cache from the DeepSeek-V3.2 model's config")
+        b, s, d = keys.shape
+        batch, _, width = self.indexer_keys.shape
+        if (b, d) != (batch, width):
+            raise PagedCacheError(f"LowbitMlaCache.update_indexer: argument 'keys': expected ({batch}, S, {width}), "
+                                  f"got {tuple(keys.shape)}")
+        column = torch.arange(s, device=keys.device)[None, :] - s + self.lengths[:, None]
+        column = torch.where(column >= 0, column, self.max_cache_len).long()
+        self.indexer_keys.scatter_(1, column[..., None].expand(b, s, d), keys.to(self.indexer_keys.dtype))
+        return keys if s > 1 else self.indexer_keys[:, : self.max_cache_len]
 
     def read(self, slots: Tensor) -> Tensor:
         """The rows at flat slots (N,) as bf16 (N, width) (FP8 rows dequantized as `mla_decode` reads them)."""
@@ -108,7 +118,8 @@ class LowbitMlaCache(LowbitPagedCache):
                                   f"RoPE of {V32_DIMS[1]}, the model's are {dims[0]} and {dims[1]}")
         self.kv_lora_rank, self.layout = config.kv_lora_rank, layout
         pages = self._page_table(batch_size, max_cache_len, page_size, device)
-        layers = [LatentLayer(pages, page_size, sum(dims), batch_size, layout, device, max_cache_len)
+        indexer_dim = getattr(config, "index_head_dim", None)  # DeepSeek-V3.2's indexer
+        layers = [LatentLayer(pages, page_size, sum(dims), batch_size, layout, device, max_cache_len, indexer_dim)
                   for _ in range(config.num_hidden_layers)]
         super(LowbitPagedCache, self).__init__(layers=layers)
 
@@ -118,10 +129,12 @@ class LowbitMlaCache(LowbitPagedCache):
 
     def fill_random(self, seed: int = 0, std: float = 1.0) -> None:
         """Fill every page of every layer with normal(0, std) latent rows, stored as the layout stores them (the V3.2
-        FP8 rows through `ds_kv_write`): contents for decode benchmarks at long context without a prefill. Lengths
-        unchanged (`set_lengths`)."""
+        FP8 rows through `ds_kv_write`), and DeepSeek-V3.2's indexer keys likewise: contents for decode benchmarks
+        at long context without a prefill. Lengths unchanged (`set_lengths`)."""
         g = torch.Generator(device=self.block_table.device).manual_seed(seed)
         for layer in self.layers:
+            if layer.indexer_keys is not None:
+                layer.indexer_keys.normal_(0.0, std, generator=g)
             if layer.layout == "bf16":
                 layer.latent.normal_(0.0, std, generator=g)
                 continue
@@ -152,21 +165,15 @@ class LowbitMlaCache(LowbitPagedCache):
         layer.lengths.add_(new)
         layer.seen += s
 
-    def decode(self, layer_idx: int, q: Tensor, scaling: float, timeline_indices: Tensor | None = None) -> Tensor:
+    def decode(self, layer_idx: int, q: Tensor, scaling: float, indices: Tensor | None = None) -> Tensor:
         """Absorbed MLA over the layer's pages: q (B, 1, H, width) bf16 (the latent-space query, then the RoPE
         part), keys the whole rows, values their first kv_lora_rank columns; returns (B, 1, H, kv_lora_rank).
-        timeline_indices (B, 1, topk) int: sparse MLA (DeepSeek-V3.2's indexer), the keys each query attends to as
-        positions of transformers' left-padded timeline; sequence b's padding is the first seen - lengths[b]
-        positions, never stored, so position p is stored key p - (seen - lengths[b]) and a padding position is
-        no key (-1, which `mla_decode` skips)."""
+        indices (B, 1, topk) int32: sparse MLA (DeepSeek-V3.2's indexer), the stored keys each query attends to
+        (-1: none, which `mla_decode` skips)."""
         if q.dtype != torch.bfloat16:
             raise PagedCacheError(f"LowbitMlaCache.decode: argument 'q': {q.dtype}; ops.mla_decode takes bf16 "
                                   "queries (a bf16 model)")
         layer = self.layers[layer_idx]
-        indices = None
-        if timeline_indices is not None:
-            stored = timeline_indices - (layer.seen - layer.lengths)[:, None, None]
-            indices = torch.where(stored >= 0, stored, -1).to(torch.int32).contiguous()
         return ops.mla_decode(q, layer.latent, self.block_table, layer.lengths, indices=indices,
                               layout=layer.layout, v_dim=self.kv_lora_rank, softmax_scale=scaling, causal=True)
 

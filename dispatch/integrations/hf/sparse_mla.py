@@ -4,9 +4,11 @@
 store) choosing index_topk keys per query; every other key is masked.
 
 * one token per sequence (decode): the absorbed form through `ops.mla_decode` with the indexer's top-k as
-  `indices`: over a `LowbitMlaCache`'s pages (the indexer scores transformers' left-padded timeline; the cache maps
-  its positions onto each sequence's stored keys, `LowbitMlaCache.decode`), or over transformers' cached latent,
-  each sequence's rows one page (the padded timeline itself; padding keys the top-k took become -1).
+  `indices`: over a `LowbitMlaCache`'s pages (the indexer scores every column of the cache's indexer keys, numbered
+  as the stored latent rows, those at or past each sequence's device length masked: the step's shapes do not
+  change with the step, so `GraphedDecode` captures it), or over transformers' cached latent, each sequence's rows
+  one page (the padded timeline itself). Keys the top-k had to take among masked ones (fewer keys than index_topk)
+  become -1.
 * a prompt (S > 1; with a `LowbitMlaCache` the first forward only): the decompressed K / V and transformers' own
   masked dense attention (`eager_attention_forward` of modeling_deepseek_v32 with the causal, padding and top-k
   masks): the prefill attention ops take no per-query key set.
@@ -28,6 +30,12 @@ def visible_keys(padding_mask: Tensor | None, b: int, s: int, t: int, device) ->
     if padding_mask is None:
         return causal[None].expand(b, s, t)
     return causal[None] & padding_mask[:, -t:].bool()[:, None, :]
+
+
+def picked(visible: Tensor, topk: Tensor) -> Tensor:
+    """The indexer's top-k (B, S, topk) as `mla_decode`'s indices: a key not visible (taken when fewer keys than
+    index_topk are) becomes -1."""
+    return torch.where(visible.gather(-1, topk.long()), topk, -1).to(torch.int32).contiguous()
 
 
 class LowbitSparseMlaAttention(LowbitMlaAttention):
@@ -58,20 +66,22 @@ class LowbitSparseMlaAttention(LowbitMlaAttention):
                                       f"after {layer.seen}): the sparse prefill attends over this forward's keys")
             past_key_values.append(self.layer_idx, torch.cat([kv_nope, k_rot], dim=-1).view(b, s, -1),
                                    attention_mask)
-            t = layer.seen
         elif getattr(past_key_values, "lowbit_paged", False):
             raise PagedCacheError("LowbitPagedCache: DeepSeek-V3.2's attention stores MLA's latent: pass "
                                   "LowbitMlaCache")
         else:
             if past_key_values is not None:
                 kv_nope, k_rot = past_key_values.update(kv_nope, k_rot, self.layer_idx)
-            t = kv_nope.shape[2]
-        visible = visible_keys(attention_mask, b, s, t, hidden_states.device)
+        if latent and s == 1:  # the cache's indexer columns, sequence b's first lengths[b] its keys
+            columns = torch.arange(layer.max_cache_len, device=hidden_states.device)
+            visible = columns[None, None, :] < layer.lengths[:, None, None]
+        else:  # transformers' padded timeline: this forward's keys (a prompt), or every cached key
+            visible = visible_keys(attention_mask, b, s, s if latent else kv_nope.shape[2], hidden_states.device)
         topk = self.indexer(hidden_states, q_resid, position_embeddings, visible, position_ids,
-                            past_key_values=past_key_values)  # (B, S, topk) positions of the padded timeline
+                            past_key_values=past_key_values)  # (B, S, topk) key positions
         if latent and s == 1:
             out = self._absorbed_decode(q_pass, q_rot, lambda q_abs: past_key_values.decode(
-                self.layer_idx, q_abs, self.scaling, topk))
+                self.layer_idx, q_abs, self.scaling, picked(visible, topk)))
         elif s == 1:
             out = self._absorbed_decode(q_pass, q_rot, lambda q_abs: self._one_page_decode(
                 q_abs, kv_nope, k_rot, visible, topk))
@@ -97,6 +107,5 @@ class LowbitSparseMlaAttention(LowbitMlaAttention):
         pages = torch.cat([kv_nope, k_rot], dim=-1).transpose(1, 2).contiguous()  # (B, T, 1, kv_lora + rope)
         table = torch.arange(b, dtype=torch.int32, device=q.device)[:, None]
         lengths = torch.full((b,), t, dtype=torch.int32, device=q.device)
-        indices = torch.where(visible.gather(-1, topk.long()), topk, -1).to(torch.int32).contiguous()
-        return ops.mla_decode(q, pages, table, lengths, indices=indices, layout="bf16", v_dim=self.kv_lora_rank,
-                              softmax_scale=self.scaling, causal=True)
+        return ops.mla_decode(q, pages, table, lengths, indices=picked(visible, topk), layout="bf16",
+                              v_dim=self.kv_lora_rank, softmax_scale=self.scaling, causal=True)
