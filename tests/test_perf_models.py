@@ -52,7 +52,8 @@ def test_smoke_run_deepseek_v32(tmp_path, monkeypatch):
         for name in ("lowbit", "lowbit-bf16-cache"):
             assert variants[name]["speedup_vs_best"] == variants["eager"]["ms"] / variants[name]["ms"]
     prefill = {r["variant"]: r for r in records if r["shape"] == "prefill 2x16"}
-    assert set(prefill) == {"eager", "lowbit"} and prefill["lowbit"]["replaced"]["DeepseekV32Attention"] == 2
+    assert set(prefill) == {"eager", "lowbit", "lowbit-eager"}
+    assert prefill["lowbit"]["replaced"]["DeepseekV32Attention"] == 2
     assert set(result["op_families_us"]["deepseek_v32"]) == {"prefill 2x16", "decode b2 ctx32 (eager step)"}
     assert 0 < result["memory"]["deepseek_v32"]["estimate_gb"]
     dashboard = import_runs.model_records(result)
