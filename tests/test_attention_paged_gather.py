@@ -149,6 +149,18 @@ def test_gathered_composition_matches_reference(page, kv_kind, causal, window, s
     assert_attention_close(out, lse, want_out, want_lse, f"page={page} {kv_kind} window={window}")
 
 
+def test_gathered_composition_mla_widths_match_reference():
+    # DeepSeek MLA prefill over pages: keys wider than values (q/k 192, v 128 in the model; 48 / 32 here)
+    lq, lk = [3, 16, 1], [40, 16, 70]
+    q, kc, vc, cq, table, used, ks, vs, _, _, _ = make_paged(lq, lk, 2, 2, 48, 16, torch.bfloat16, "16bit", 3)
+    vc = vc[..., :32].contiguous()
+    args = (q, kc, vc, cq, table, used, max(lq), 0.15, True, -1, -1, None, ks, vs)
+    out, lse = gathered_prefill_paged(attention_prefill, *args)
+    want_out, want_lse = ref_paged(*args)
+    assert out.shape[-1] == 32
+    assert_attention_close(out, lse, want_out, want_lse, "mla widths")
+
+
 @st.composite
 def paged_cases(draw):
     """Small chunked-prefill batches: per sequence keys 0..40 with 0..keys new queries (sq <= sk, as a chunked
@@ -356,6 +368,25 @@ def test_gpu_gathered_paged_prefill_matches_reference(page, kv_kind, hq, hkv, d,
         rows = slice(0, cq[4].item())
         out, lse, want_out, want_lse = out[rows], lse[rows], want_out[rows], want_lse[rows]
     assert_attention_close(out, lse, want_out, want_lse, f"gathered paged {page} {kv_kind} d={d}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cute", "auto"])
+def test_gpu_gathered_paged_prefill_mla_dims(backend):
+    """DeepSeek MLA prefill's (192, 128) over pages (the hf latent cache's prompt path; auto takes the gathered cute
+    path there)."""
+    from dispatch import ops
+
+    lq, lk = [300, 1, 128, 77], [1000, 77, 128, 77]
+    q, kc, vc, cq, table, used, _, _, _, _, _ = make_paged(lq, lk, 8, 8, 192, 64, torch.bfloat16, "16bit", 9,
+                                                           device="cuda")
+    vc = vc[..., :128].contiguous()
+    out, lse = ops.attention_prefill_paged(q, kc, vc, cq, table, used, max(lq), softmax_scale=0.07, causal=True,
+                                           return_lse=True, backend=backend)
+    torch.cuda.synchronize()
+    want_out, want_lse = ref_paged(q.cpu(), kc.cpu(), vc.cpu(), cq.cpu(), table.cpu(), used.cpu(), max(lq), 0.07,
+                                   True, -1, -1, None, None, None)
+    assert_attention_close(out, lse, want_out, want_lse, f"gathered paged (192, 128) {backend}")
 
 
 @pytest.mark.gpu
