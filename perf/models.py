@@ -3,6 +3,7 @@
     python -m perf.models --out models.json [--models llama,gpt_oss,qwen3_moe] [--layers 2]
     python -m perf.models --out v32.json --models deepseek_v32      # DeepSeek-V3.2: not in the default list
     python -m perf.models --out smoke.json --models llama --smoke     # tiny dims, any device: the script's logic
+    python -m perf.models --out prefill.json --batches ''                  # prefill only (no decode variants)
 
 Per model (the same random weights throughout; the unpatched variants first, then the model is patched in place
 through the public API, `dispatch.integrations.hf`):
@@ -329,7 +330,7 @@ def memory_estimate_gb(model, sizes: Sizes) -> float:
     config = model.config
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     heads, k_dim, v_dim = cache_dims(config)
-    positions = max(sizes.batches) * (sizes.context + 1)
+    positions = max(sizes.batches, default=0) * (sizes.context + 1)
     cache = 2 * config.num_hidden_layers * positions * heads * (k_dim + v_dim)
     if hasattr(config, "index_topk"):
         cache += 2 * config.num_hidden_layers * positions * config.index_head_dim
@@ -393,7 +394,7 @@ def _patched_records(name, model, sizes, batches, device) -> tuple[list[dict], d
                dict(model=name, shape=f"prefill {b}x{s}", variant="lowbit-eager", ms=eager_ms)]
     del graphed  # the graph's memory pool goes before the decode caches are built
     split = {f"prefill {b}x{s}": op_families(prefill, 2, device)}
-    profile_batch = 16 if 16 in batches else batches[-1]
+    profile_batch = 16 if 16 in batches or not batches else batches[-1]
     for batch in batches:
         shape = f"decode b{batch} ctx{sizes.context}"
         for i, (variant, build) in enumerate(PATCHED_DECODE[name]):
@@ -455,13 +456,21 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="tiny dims and shapes: checks the script, not speed")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--batches", default=None,
+                        help="decode batch sizes, comma separated (default: the sizes' 1,16,64); '' for prefill only")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sizes = SMOKE if args.smoke else FULL
+    if args.batches is not None:
+        sizes = dataclasses.replace(sizes, batches=tuple(int(b) for b in args.batches.split(",") if b.strip()))
     compile_ = not args.no_compile and device.type == "cuda"
     if device.type != "cuda" and not args.no_compile:
         print("compile variants skipped: torch.compile's reduce-overhead mode and its CUDA graphs need a CUDA device")
     table = configs(args.layers, args.smoke)
+    meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
+                commit=measured_commit(),
+                layers=args.layers, smoke=args.smoke, sizes=dataclasses.asdict(sizes),
+                date=datetime.date.today().isoformat())
     result = dict(records=[], op_families_us={}, memory={})
     for name in args.models.split(","):
         model_cls, config = table[name]
@@ -471,12 +480,8 @@ def main() -> None:
         for r in out["records"]:
             print(json.dumps(r))
         print(json.dumps(out["op_families_us"]))
-    meta = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
-                commit=measured_commit(),
-                layers=args.layers, smoke=args.smoke, sizes=dataclasses.asdict(sizes),
-                date=datetime.date.today().isoformat())
-    with open(args.out, "w") as f:
-        json.dump(dict(meta=meta, **result), f, indent=1)
+        with open(args.out, "w") as f:  # after every model: a run cut short keeps the models it finished
+            json.dump(dict(meta=meta, **result), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,26 @@ def test_smoke_run_writes_every_record(tmp_path, monkeypatch):
     assert result["memory"]["llama"]["decode_batches"] == [1, 2]
 
 
+def test_smoke_run_prefill_only_and_written_per_model(tmp_path, monkeypatch):
+    out = tmp_path / "models.json"
+    monkeypatch.setattr(sys, "argv", ["perf.models", "--out", str(out), "--models", "llama,qwen3_moe", "--smoke",
+                                      "--batches", ""])
+    written = []
+    run_model = models.run_model
+
+    def run_and_look(name, *args):  # the file holds every model finished before this one
+        written.append(json.loads(out.read_text())["memory"].keys() if out.exists() else set())
+        return run_model(name, *args)
+
+    monkeypatch.setattr(models, "run_model", run_and_look)
+    models.main()
+    result = json.loads(out.read_text())
+    assert {r["shape"] for r in result["records"]} == {"prefill 2x16"}
+    assert {r["model"] for r in result["records"]} == {"llama", "qwen3_moe"}
+    assert [set(w) for w in written] == [set(), {"llama"}]
+    assert result["meta"]["sizes"]["batches"] == []
+
+
 def test_smoke_run_deepseek_v32(tmp_path, monkeypatch):
     out = tmp_path / "models.json"
     monkeypatch.setattr(sys, "argv", ["perf.models", "--out", str(out), "--models", "deepseek_v32", "--smoke",
