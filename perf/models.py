@@ -46,8 +46,9 @@ selection is active). The patched prefill is transformers' masked dense attentio
 (the prefill ops take no per-query key set); at 2048 tokens the top-2048 keeps every causal key, as in the model.
 Not in the default `--models`: its run time on the H200 is not yet measured.
 
-Sized to run within about five minutes per model on one H200 (most of it torch.compile); variants that need CUDA
-are skipped with a printed reason on a CPU (`--smoke`: the timings are then meaningless, the run checks the script
+Most of a model's time on one H200 goes to torch.compile: with every variant DeepSeek-V3 (2 layers) took more than
+eight minutes, so a 10-minute device call takes one model, or the prefill (`--batches ''`) and the decode batches
+(`--batches 16`) of a large one in two calls. Variants that need CUDA are skipped with a printed reason on a CPU (`--smoke`: the timings are then meaningless, the run checks the script
 end to end).
 """
 
