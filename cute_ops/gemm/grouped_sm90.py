@@ -428,10 +428,11 @@ def masked_starts(e: int, max_m: int, device: torch.device) -> torch.Tensor:
 
 
 # contiguous_bounds' method by row count (H200, eager, CUDA events; a Qwen3-MoE / DeepSeek-V3 prefill has 73k-82k
-# rows): a scatter_reduce min / max over every row contends on E addresses (~150 us of GPU time per call at 73k
-# rows, the largest MoE-family kernel after the GEMMs in a Qwen3-MoE prefill trace) but is the lighter host call
-# (~330 against ~560 us per call from 28k to 82k rows); one stable sort + binary search costs almost no GPU time.
-# Under SORT_BOUNDS_ROWS the GPU time is small next to the host time, so the scatter wins there.
+# rows): a scatter_reduce min / max over every row contends on E addresses (~200 us of GPU time per call at 73k
+# rows: 780 us over a Qwen3-MoE prefill's four calls, its largest MoE kernel after the GEMMs) but is the lighter
+# host call (~330 against ~560 us per call from 28k to 82k rows); one stable sort + binary search costs almost no
+# GPU time. Under SORT_BOUNDS_ROWS the GPU time is small next to the host time, so the scatter wins there
+# (perf/results/experiments/2026-11-29-h200-moe-bounds-prefill-graph-edd7e79.json).
 SORT_BOUNDS_ROWS = 32768
 
 
