@@ -18,9 +18,10 @@ error, timing, vs) and get sections of their own on the dashboard, never an op s
 
 * `kind: "model"` (op "model:<model>", e.g. "model:llama"): one step of a whole model. case: the shape ("decode b=16
   ctx=1024", "prefill 4x2048"); bucket: "decode" (one new token per sequence against a cache) or "prefill";
-  params{model, layers, batch, tokens, context}; provider: "lowbit" (the model patched with lowbit's ops), another
-  patched variant ("lowbit-bf16-cache": DeepSeek-V3.2 on bf16 latent pages instead of its FP8 rows) or the stack it
-  replaces, timed in the same process ("eager", "torch.compile"); tokens_per_s.
+  params{model, layers, batch, tokens, context}; provider: "lowbit" (the model patched with lowbit's ops, its step
+  in one CUDA graph), another patched variant ("lowbit-bf16-cache": DeepSeek-V3.2 on bf16 latent pages instead of
+  its FP8 rows; "lowbit-eager": the patched prefill without the graph) or the stack it replaces, timed in the same
+  process ("eager", "compile", "compile-graphs": torch.compile's reduce-overhead mode); tokens_per_s.
 * `kind: "multi-gpu"` (op e.g. "ep_moe_layer", "all_to_all"): one step over several GPUs of one host. params{
   world_size, ...}; world_size; provider: "lowbit" or the library it is held against ("nccl": torch.distributed over
   NCCL); gbps for transfers (bytes each rank sends and receives / median time).
