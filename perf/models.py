@@ -48,8 +48,8 @@ Not in the default `--models`: its run time on the H200 is not yet measured.
 
 Most of a model's time on one H200 goes to torch.compile: with every variant DeepSeek-V3 (2 layers) took more than
 eight minutes, so a 10-minute device call takes one model, or the prefill (`--batches ''`) and the decode batches
-(`--batches 16`) of a large one in two calls. Variants that need CUDA are skipped with a printed reason on a CPU (`--smoke`: the timings are then meaningless, the run checks the script
-end to end).
+(`--batches 16`) of a large one in two calls. Variants that need CUDA are skipped with a printed reason on a CPU
+(`--smoke`: the timings are then meaningless, the run checks the script end to end).
 """
 
 from __future__ import annotations
