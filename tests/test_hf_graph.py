@@ -8,7 +8,8 @@
   same keys in a left-padded DynamicCache; `fill_random`'s values; `advance` / `snapshot` / `restore`;
 * `torch.compile(fullgraph=True, backend="eager")` of the patched model: a paged decode step (Llama, GPT-OSS,
   Qwen3-MoE), and for Llama also a prefill and a DynamicCache decode through the same compiled model (dynamic
-  shapes), equal to the uncompiled patched model.
+  shapes), equal to the uncompiled patched model; with inductor (the default backend) a Llama paged decode step
+  within the bf16 tolerance, same greedy tokens.
 CUDA-graph replay itself is tests/test_hf_graph_gpu.py."""
 
 from __future__ import annotations
@@ -172,6 +173,29 @@ def test_compile_fullgraph_paged_decode_step(build):
         want = model(input_ids=token, position_ids=positions, past_key_values=caches[1][0], use_cache=True).logits
     assert torch.equal(got, want)
     for cache, _ in caches:  # the compiled step made the host and device updates the eager one did
+        assert [layer.seen for layer in cache.layers] == [ids.shape[1] + 1] * 2
+        assert cache.layers[1].lengths.tolist() == (mask.sum(1) + 1).tolist()
+
+
+def test_compile_inductor_paged_decode_step():
+    """torch.compile's default backend (inductor; C++ on the CPU) of the patched Llama's paged decode step: lowbit's
+    ops stay opaque custom ops and inductor fuses the rest (embedding, residual adds, LM head) with its own
+    rounding, so the logits are held to the bf16 tolerance, the greedy tokens to equality and the cache to the
+    eager step's updates."""
+    from tests.helpers import assert_close
+
+    model = _patched(llama())
+    ids, mask = _prompts()
+    caches = [prefill(model, ids, mask, 12) for _ in range(2)]
+    token = caches[0][1].argmax(-1)[:, None]
+    positions = caches[0][0].layers[0].lengths.long()[:, None]
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        got = compiled(input_ids=token, position_ids=positions, past_key_values=caches[0][0], use_cache=True).logits
+        want = model(input_ids=token, position_ids=positions, past_key_values=caches[1][0], use_cache=True).logits
+    assert_close(got, want, "inductor-compiled patched decode step")
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    for cache, _ in caches:
         assert [layer.seen for layer in cache.layers] == [ids.shape[1] + 1] * 2
         assert cache.layers[1].lengths.tolist() == (mask.sum(1) + 1).tolist()
 
