@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -223,6 +224,7 @@ def _prefill(ctx: dict, d: Dims) -> list[dict]:
 
 def _decode(ctx: dict, d: Dims) -> list[dict]:
     from dispatch.distributed import ep_moe_decode, message_row_bytes
+    from perf.runner import capture_graph
 
     dev, rank, world = ctx["dev"], dist.get_rank(), dist.get_world_size()
     x, ids, w = _routing(d.decode_tokens, 50 + rank, dev, d)
@@ -235,14 +237,7 @@ def _decode(ctx: dict, d: Dims) -> list[dict]:
         stages, captured = _time_stages(run, dev, d)
         us = stages["total"]  # the CPU smoke: no graph, the staged run's total
         if dev.type == "cuda":
-            stream = torch.cuda.Stream()
-            with torch.cuda.stream(stream):
-                for _ in range(3):
-                    run(None)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                captured = run(None)
+            graph, captured = capture_graph(functools.partial(run, None), dev, warmup=3)
             us = _time_us(graph.replay, dev, d)
         disp_row, comb_row = message_row_bytes(d.hidden, d.top_k, x.dtype, combine=combine)
         back_rows = world * cap * (d.top_k if combine == "entry" else 1)

@@ -303,15 +303,9 @@ def graphed_prefill(prefill, device: torch.device):
     if device.type != "cuda":
         print("lowbit prefill: no CUDA device, timed eagerly (no CUDA graph)")
         return None, None
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        prefill()
-        prefill()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        logits = prefill()
+    from .runner import capture_graph
+
+    graph, logits = capture_graph(prefill, device, warmup=2)
     want = prefill()
     graph.replay()
     return graph.replay, bool(torch.equal(logits, want))

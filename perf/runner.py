@@ -119,6 +119,22 @@ def _clear_capture_state(device: torch.device) -> None:
     torch.cuda.synchronize(device)
 
 
+def capture_graph(fn: Callable[[], Any], device: torch.device, warmup: int = 1) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """(graph, what the captured call returned): `fn` called `warmup` times on a side stream (the capture rules:
+    first launches, compiles and allocator growth happen outside the graph), then captured once."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    _sync(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def time_passes(fn: Callable[[Any], Any], arg_sets: list, device: torch.device, graph: bool = False,
                 budget_s: float | None = None) -> Timing:
     """Time `fn` over one pass of `arg_sets` per sample (see module docstring). Raises if capture fails."""
@@ -129,18 +145,8 @@ def time_passes(fn: Callable[[Any], Any], arg_sets: list, device: torch.device, 
             fn(a)
 
     run = one_pass
-    if device.type == "cuda" and graph:
-        # Warm up on a side stream (the capture rules), then capture the whole pass as one graph.
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            one_pass()
-        torch.cuda.current_stream(device).wait_stream(side)
-        _sync(device)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            one_pass()
-        run = g.replay
+    if device.type == "cuda" and graph:  # the whole pass as one graph
+        run = capture_graph(one_pass, device)[0].replay
 
     if device.type == "cuda":
         run()  # warm-up (first launches, autotuning, allocator growth): excluded

@@ -73,6 +73,12 @@ def _local(w, rank, world):
     return w[rank * n:(rank + 1) * n].contiguous()
 
 
+def _rank_experts(seed, coarse, rank, world):
+    """(w1, w2, this rank's w1, w2): every rank draws the same experts from `seed` and keeps its share."""
+    w1, w2 = _experts(torch.Generator().manual_seed(seed), coarse)
+    return w1, w2, _local(w1, rank, world), _local(w2, rank, world)
+
+
 def _prefill_worker(rank, world):
     from dispatch.distributed import ep_moe_prefill
     from dispatch.ops import moe_layer
@@ -127,9 +133,7 @@ def _rank_combine_exact_worker(rank, world):
     from dispatch.distributed import ep_moe_decode, ep_moe_prefill
     from dispatch.ops import moe_layer
 
-    g = torch.Generator().manual_seed(3)
-    w1, w2 = _experts(g, coarse=False)
-    lw1, lw2 = _local(w1, rank, world), _local(w2, rank, world)
+    w1, w2, lw1, lw2 = _rank_experts(3, False, rank, world)
     x, ids, w = _tokens(torch.Generator().manual_seed(400 + rank), 12, False, skew=True)
     ids[0] = -1
     ids[1, 1] = E + 3
@@ -150,9 +154,7 @@ def _rank_combine_bound_worker(rank, world):
     from dispatch.distributed import ep_moe_prefill
     from dispatch.ops import moe_layer
 
-    g = torch.Generator().manual_seed(3)
-    w1, w2 = _experts(g, coarse=False)
-    lw1, lw2 = _local(w1, rank, world), _local(w2, rank, world)
+    w1, w2, lw1, lw2 = _rank_experts(3, False, rank, world)
     k = 4
     x, ids, w = _tokens(torch.Generator().manual_seed(500 + rank), 16, False, skew=True, k=k)
     ids[1] = torch.arange(k) + rank * (E // world)  # only this rank's experts: the slot order itself
@@ -176,10 +178,8 @@ def _fp8_worker(rank, world):
     from dispatch.distributed import ep_moe_prefill
     from dispatch.ops import fp8_group_dequantize, fp8_group_quantize, moe_layer
 
-    g = torch.Generator().manual_seed(1)
-    w1, w2 = _experts(g, coarse=False)
+    w1, w2, lw1, lw2 = _rank_experts(1, False, rank, world)
     x, ids, w = _tokens(torch.Generator().manual_seed(200 + rank), 16, False, skew=True)
-    lw1, lw2 = _local(w1, rank, world), _local(w2, rank, world)
     got = ep_moe_prefill(x, ids, w, lw1, lw2, num_experts=E, fp8_dispatch=True, backend="triton")
     # FP8 dispatch = the layer on the dequantized 1x128 codes (dequantized on arrival, then the same chain)
     q = fp8_group_quantize(x, 128, backend="torch")
@@ -199,9 +199,7 @@ def test_fp8_dispatch_equals_the_layer_on_dequantized_tokens():
 def _decode_worker(rank, world):
     from dispatch.distributed import ep_moe_decode, ep_moe_prefill
 
-    g = torch.Generator().manual_seed(2)
-    w1, w2 = _experts(g, coarse=True)
-    lw1, lw2 = _local(w1, rank, world), _local(w2, rank, world)
+    w1, w2, lw1, lw2 = _rank_experts(2, True, rank, world)
     x, ids, w = _tokens(torch.Generator().manual_seed(300 + rank), 8, True, skew=True)
     ids[0] = -1
     want = ep_moe_prefill(x, ids, w, lw1, lw2, num_experts=E, backend="triton")
