@@ -50,7 +50,13 @@ class LatentLayer(PagedLayer):
         # DeepSeek-V3.2's indexer keys (None without an indexer), one spare column for the writes of padding tokens
         self.indexer_keys = None if indexer_dim is None else torch.zeros(
             (batch_size, max_cache_len + 1, indexer_dim), dtype=torch.bfloat16, device=device)
+        self._columns = torch.arange(max_cache_len, device=device)  # never written: a decode step's column ids
         self.is_initialized = True
+
+    def indexer_visible(self) -> Tensor:
+        """(B, 1, max_cache_len) bool: the indexer columns a decode step may pick, each sequence's first
+        lengths[b] (its stored keys, numbered as `update_indexer` stores them)."""
+        return self._columns[None, None, :] < self.lengths[:, None, None]
 
     def write(self, rows: Tensor, slots: Tensor) -> None:
         """rows (T, width) at flat slots (T,) (the spare page's slot for tokens not stored)."""

@@ -73,8 +73,7 @@ class LowbitSparseMlaAttention(LowbitMlaAttention):
             if past_key_values is not None:
                 kv_nope, k_rot = past_key_values.update(kv_nope, k_rot, self.layer_idx)
         if latent and s == 1:  # the cache's indexer columns, sequence b's first lengths[b] its keys
-            columns = torch.arange(layer.max_cache_len, device=hidden_states.device)
-            visible = columns[None, None, :] < layer.lengths[:, None, None]
+            visible = layer.indexer_visible()
         else:  # transformers' padded timeline: this forward's keys (a prompt), or every cached key
             visible = visible_keys(attention_mask, b, s, s if latent else kv_nope.shape[2], hidden_states.device)
         topk = self.indexer(hidden_states, q_resid, position_embeddings, visible, position_ids,
