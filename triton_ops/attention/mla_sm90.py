@@ -245,17 +245,17 @@ def _qk_parts(t, W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, full_n, ful
     """Warpgroup W's own tile t (slot W): issue S_t = Q K_t^T part by part as the parts land (the own NoPE half
     first, then the other, then the RoPE part). Returns S's token (async)."""
     ph = (t // 2) & 1
-    # Q's buffer index (t >> 30 = 0) is opaque to the compiler: the Q descriptors are rebuilt per tile instead
-    # of being hoisted out of the loop (36 64-bit values: spills)
+    # The buffer indices' offset qz = t >> 30 (0) is opaque to the compiler: the Q and key descriptors are
+    # rebuilt per tile instead of being hoisted out of the loop (36 64-bit values per tile: spills)
     qz = t >> 30
     s = gl.zeros([BLOCK_M, PAGE], gl.float32, s_layout)
     for k in gl.static_range(2):  # the own half first
         hk = (W + k) % 2
         mbarrier.wait(full_n.index(2 * W + hk), ph)
-        s = warpgroup_mma(q_smem.index(hk + qz), kn_smem.index(2 * W + hk).permute((1, 0)), s, use_acc=k > 0,
-                          is_async=True)
+        s = warpgroup_mma(q_smem.index(hk + qz), kn_smem.index(2 * W + hk + qz).permute((1, 0)), s,
+                          use_acc=k > 0, is_async=True)
     mbarrier.wait(full_r.index(W), ph)
-    return warpgroup_mma(qr_smem.index(qz), kr_smem.index(W).permute((1, 0)), s, is_async=True)
+    return warpgroup_mma(qr_smem.index(qz), kr_smem.index(W + qz).permute((1, 0)), s, is_async=True)
 
 
 @gluon.jit
