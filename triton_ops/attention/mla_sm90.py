@@ -229,27 +229,33 @@ def _free(slot, empty_n, empty_r, W: gl.constexpr):
 
 @gluon.jit
 def _issue_s(t, W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, p0, sk, s_layout: gl.constexpr):
-    """Warpgroup W's own tile t (slot W): issue S_t = Q K_t^T part by part as the parts land (the own NoPE half
-    first, then the other, then the RoPE part); the sequence's last page first has its rows past sk zeroed (before
-    any P V reads them). Returns S's token (async)."""
+    """Warpgroup W's own tile t (slot W): the sequence's last page first has its rows past sk zeroed (before any
+    P V reads them), then `_qk_parts`. Returns S's token (async)."""
     k0 = (p0 + t) * PAGE
-    ph = (t // 2) & 1
     if k0 + PAGE > sk:  # the sequence's last page: its rows past sk are zeroed before any P V
         for h in gl.static_range(2):
-            mbarrier.wait(full_n.index(2 * W + h), ph)
+            mbarrier.wait(full_n.index(2 * W + h), (t // 2) & 1)
         _zero_rows_from(kn_smem.index(2 * W), sk - k0)
         _zero_rows_from(kn_smem.index(2 * W + 1), sk - k0)
-    # Q's buffer index (t >> 30 = 0) is opaque to the compiler: the Q descriptors are rebuilt per tile instead
-    # of being hoisted out of the loop (36 64-bit values: spills)
+    return _qk_parts(t, W, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, s_layout)
+
+
+@gluon.jit
+def _qk_parts(t, W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, s_layout: gl.constexpr):
+    """Warpgroup W's own tile t (slot W): issue S_t = Q K_t^T part by part as the parts land (the own NoPE half
+    first, then the other, then the RoPE part). Returns S's token (async)."""
+    ph = (t // 2) & 1
+    # The buffer indices' offset qz = t >> 30 (0) is opaque to the compiler: the Q and key descriptors are
+    # rebuilt per tile instead of being hoisted out of the loop (36 64-bit values per tile: spills)
     qz = t >> 30
     s = gl.zeros([BLOCK_M, PAGE], gl.float32, s_layout)
     for k in gl.static_range(2):  # the own half first
         hk = (W + k) % 2
         mbarrier.wait(full_n.index(2 * W + hk), ph)
-        s = warpgroup_mma(q_smem.index(hk + qz), kn_smem.index(2 * W + hk).permute((1, 0)), s, use_acc=k > 0,
-                          is_async=True)
+        s = warpgroup_mma(q_smem.index(hk + qz), kn_smem.index(2 * W + hk + qz).permute((1, 0)), s,
+                          use_acc=k > 0, is_async=True)
     mbarrier.wait(full_r.index(W), ph)
-    return warpgroup_mma(qr_smem.index(qz), kr_smem.index(W).permute((1, 0)), s, is_async=True)
+    return warpgroup_mma(qr_smem.index(qz), kr_smem.index(W + qz).permute((1, 0)), s, is_async=True)
 
 
 @gluon.jit
@@ -271,15 +277,10 @@ def _start(r0, sk, SQ: gl.constexpr, H: gl.constexpr):
 def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem,
                full_n, full_r, mx_bar, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi, sk, q_pos, qk_scale,
                CAUSAL: gl.constexpr, s_layout: gl.constexpr):
-    """Warpgroup W's share of the tile pair (a, a + 1) (HAS_B: tile a + 1 exists; warpgroup 1 owns it).
-    m_i: the running max before the pair (O and l are at it); returns (O, m, l) at the pair's max. Only the row
-    max crosses between the softmaxes: warpgroup 0 publishes m_a = max(m_i, rowmax S_a) as soon as it has it,
-    warpgroup 1 folds it into m_b, publishes m_b; warpgroup 0 then rescales its P_a (exponentials already taken
-    against m_a) to m_b before publishing it, so both P of the pair are at m_b. l: each warpgroup sums its own
-    tiles only (reconciled at the end). Each warpgroup rescales O once per pair and issues P_a V_a, P_b V_b back
-    to back (P from shared memory)."""
+    """Warpgroup W's share of the tile pair (a, a + 1) (HAS_B: tile a + 1 exists; warpgroup 1 owns it): S of its
+    own tile, masked (`_mask_tile`), then `_pair_softmax` (or `_pair_lone`) and `_pair_pv`. m_i: the running max
+    before the pair (O and l are at it); returns (O, m, l) at the pair's max."""
     ph = (a // 2) & 1  # both slots' phase in this pair
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     if W == 0 or HAS_B:
         t = a + W
         k0 = (p0 + t) * PAGE
@@ -287,42 +288,69 @@ def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_
         page = gl.load(bt_row + p0 + t)
         s = warpgroup_mma_wait(0, deps=(s, ))
         s = _mask_tile(s, k0, lo, hi, (page >= 0) & (page < num_blocks), q_pos, CAUSAL)
-        m_own = gl.max(s, 1) * qk_scale
-        if W == 0:
-            m_a = gl.maximum(m_i, m_own)
-            ml_smem[0].store(m_a)
-            _cta_barrier()
-            mbarrier.arrive(mx_bar.index(0))  # m_a: warpgroup 1's softmax needs no more than this
-            p = gl.exp2(s * qk_scale - gl.expand_dims(_nz(m_a), 1))
-            rs = gl.sum(p, 1)
-            if HAS_B:
-                mbarrier.wait(mx_bar.index(1), ph)
-                m_new = ml_smem[1].load(row_layout)
-                c = gl.exp2(m_a - _nz(m_new))  # P_a from m_a to the pair's max
-                p = p * gl.expand_dims(c, 1)
-                rs = rs * c
-            else:
-                m_new = m_a
-        else:
-            mbarrier.wait(mx_bar.index(0), ph)
-            m_new = gl.maximum(ml_smem[0].load(row_layout), m_own)
-            ml_smem[1].store(m_new)
-            _cta_barrier()
-            mbarrier.arrive(mx_bar.index(1))
-            p = gl.exp2(s * qk_scale - gl.expand_dims(_nz(m_new), 1))
-            rs = gl.sum(p, 1)
-        alpha = gl.exp2(m_i - _nz(m_new))
-        l_i = l_i * alpha + rs
-        kr_smem.index(W).store(p.to(gl.bfloat16))  # P over the RoPE part of the own tile (its S is done)
-        fence_async_shared()
+        m_new, l_i, alpha = _pair_softmax(s, W, HAS_B, m_i, l_i, ml_smem, kr_smem, mx_bar, sm_bar, ph, qk_scale)
+    else:
+        m_new, l_i, alpha = _pair_lone(m_i, l_i, ml_smem, mx_bar, ph, s_layout)
+    o, m_new = _pair_pv(o, alpha, m_new, W, HAS_B, kn_smem, kr_smem, sm_bar, empty_n, empty_r, ph)
+    return o, m_new, l_i
+
+
+@gluon.jit
+def _pair_softmax(s, W: gl.constexpr, HAS_B: gl.constexpr, m_i, l_i, ml_smem, kr_smem, mx_bar, sm_bar, ph, qk_scale):
+    """The softmax of warpgroup W's own tile of the pair (masked raw logits s). Only the row max crosses between
+    the softmaxes: warpgroup 0 publishes m_a = max(m_i, rowmax S_a) as soon as it has it, warpgroup 1 folds it
+    into m_b, publishes m_b; warpgroup 0 then rescales its P_a (exponentials already taken against m_a) to m_b
+    before publishing it, so both P of the pair are at m_b. l: each warpgroup sums its own tiles only
+    (reconciled at the end). P (bf16) goes over the RoPE part of the own slot. Returns (m, l, alpha = the factor
+    O is rescaled by)."""
+    row_layout: gl.constexpr = m_i.type.layout
+    m_own = gl.max(s, 1) * qk_scale
+    if W == 0:
+        m_a = gl.maximum(m_i, m_own)
+        ml_smem[0].store(m_a)
         _cta_barrier()
-        mbarrier.arrive(sm_bar.index(W))
-    else:  # warpgroup 1, a lone last tile a: O and l to m_a
+        mbarrier.arrive(mx_bar.index(0))  # m_a: warpgroup 1's softmax needs no more than this
+        p = gl.exp2(s * qk_scale - gl.expand_dims(_nz(m_a), 1))
+        rs = gl.sum(p, 1)
+        if HAS_B:
+            mbarrier.wait(mx_bar.index(1), ph)
+            m_new = ml_smem[1].load(row_layout)
+            c = gl.exp2(m_a - _nz(m_new))  # P_a from m_a to the pair's max
+            p = p * gl.expand_dims(c, 1)
+            rs = rs * c
+        else:
+            m_new = m_a
+    else:
         mbarrier.wait(mx_bar.index(0), ph)
-        m_new = ml_smem[0].load(row_layout)
-        alpha = gl.exp2(m_i - _nz(m_new))
-        l_i = l_i * alpha
-    # P_a V_a, then P_b V_b on this warpgroup's 256 columns, back to back; each slot released once its MMA is done
+        m_new = gl.maximum(ml_smem[0].load(row_layout), m_own)
+        ml_smem[1].store(m_new)
+        _cta_barrier()
+        mbarrier.arrive(mx_bar.index(1))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(_nz(m_new), 1))
+        rs = gl.sum(p, 1)
+    alpha = gl.exp2(m_i - _nz(m_new))
+    l_i = l_i * alpha + rs
+    kr_smem.index(W).store(p.to(gl.bfloat16))  # P over the RoPE part of the own tile (its S is done)
+    fence_async_shared()
+    _cta_barrier()
+    mbarrier.arrive(sm_bar.index(W))
+    return m_new, l_i, alpha
+
+
+@gluon.jit
+def _pair_lone(m_i, l_i, ml_smem, mx_bar, ph, s_layout: gl.constexpr):
+    """Warpgroup 1 with a lone last tile a (warpgroup 0's): O and l to m_a. Returns (m, l, alpha)."""
+    mbarrier.wait(mx_bar.index(0), ph)
+    m_new = ml_smem[0].load(gl.SliceLayout(1, s_layout))
+    alpha = gl.exp2(m_i - _nz(m_new))
+    return m_new, l_i * alpha, alpha
+
+
+@gluon.jit
+def _pair_pv(o, alpha, m_new, W: gl.constexpr, HAS_B: gl.constexpr, kn_smem, kr_smem, sm_bar, empty_n, empty_r, ph):
+    """O rescaled by alpha, then P_a V_a and P_b V_b on warpgroup W's 256 columns, back to back (P from shared
+    memory); each slot released once its MMA is done. Returns (O, m) (m passes the wait that releases slot 0).
+    """
     o = _scale_rows(o, alpha)
     if W == 1:
         mbarrier.wait(sm_bar.index(0), ph)
@@ -337,7 +365,17 @@ def _pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_
         o = _release(o, 1, empty_n, empty_r, W)
     else:
         o = _release(o, 0, empty_n, empty_r, W)
-    return o, m_new, l_i
+    return o, m_new
+
+
+@gluon.jit
+def _sum_l(l_i, W: gl.constexpr, ml_smem, fin_bar):
+    """Both warpgroups' l (each over its own tiles, both at the final max): the row sum is theirs added."""
+    ml_smem[2 + W].store(l_i)
+    _cta_barrier()
+    mbarrier.arrive(fin_bar)
+    mbarrier.wait(fin_bar, 0)
+    return l_i + ml_smem[3 - W].load(l_i.type.layout)
 
 
 @gluon.jit
@@ -359,12 +397,7 @@ def _compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar,
             o, m_i, l_i = _pair_step(n_tiles - 1, False, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, ml_smem,
                                      full_n, full_r, mx_bar, sm_bar, empty_n, empty_r, bt_row, p0, num_blocks, lo, hi,
                                      sk, q_pos, qk_scale, CAUSAL, s_layout)
-        # both l at the final max: the row sum is theirs added
-        ml_smem[2 + W].store(l_i)
-        _cta_barrier()
-        mbarrier.arrive(fin_bar)
-        mbarrier.wait(fin_bar, 0)
-        l_i = l_i + ml_smem[3 - W].load(m_i.type.layout)
+        l_i = _sum_l(l_i, W, ml_smem, fin_bar)
     # Epilogue: this warpgroup's 256 columns; warpgroup 0 writes the LSE.
     _store_out(o, m_i, l_i, rows, W * HALF, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh,
                l_sp, SQ, H, FINAL, W == 0)
