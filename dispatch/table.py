@@ -64,6 +64,11 @@ MLA_DECODE_WHY = "heads sharing keys packed per tile (wgmma on sm_90); FP8 dequa
 # partition loading page tiles that serve K and V, two compute warpgroups handing the row max over within tile
 # pairs); bf16 dense cache, D 576, page 64 only. H200 (CUDA graph, docs/attention.md): 0.85-0.93x FlashMLA.
 MLA_SM90_WHY = "Gluon TMA page tiles + warpgroup MMA, Q resident (sm_90a, Triton 3.6): bf16 dense; 0.85-0.93x FlashMLA"
+# sm_90 Gluon sparse FP8 MLA decode (triton_ops/attention/mla_sm90_fp8.py): a gather / dequantization partition feeding
+# the bf16 kernel's two compute warpgroups. H200 (CUDA graph, docs/attention.md): 287-292 TFLOP/s, 2.0-2.3x the
+# portable kernel.
+MLA_SM90_FP8_WHY = ("Gluon gather + in-SMEM E4M3 dequant feeding warpgroup MMA (sm_90a, Triton 3.6): v32 sparse; "
+                    "2.0-2.3x the portable kernel")
 # H100 (docs/moe_gemm.md, measured table): decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped
 # GEMMs; prefill (256 rows / expert) 0.47-0.69x them (tiles not tuned for prefill).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
@@ -348,6 +353,8 @@ ROWS: tuple[Entry, ...] = (
           REFERENCE_WHY),
     Entry("mla_decode", "triton", ("sm_90",), "triton_ops.attention.mla_sm90:mla_decode", TRITON_SM90_GLUON,
           MLA_SM90_WHY, "triton_ops.attention.mla_sm90:supports_mla_decode_sm90"),
+    Entry("mla_decode", "triton", ("sm_90",), "triton_ops.attention.mla_sm90_fp8:mla_decode", TRITON_SM90_GLUON,
+          MLA_SM90_FP8_WHY, "triton_ops.attention.mla_sm90_fp8:supports_mla_decode_sparse_fp8_sm90"),
     *triton_rows("mla_decode", "triton_ops.attention.mla_decode:mla_decode", MLA_DECODE_WHY,
                  supports="triton_ops.attention.mla_decode:supports_mla_decode"),
     Entry("mla_decode", "torch", ALL, "dispatch.reference.attention:mla_decode", TORCH_REF, REFERENCE_WHY),

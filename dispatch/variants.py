@@ -68,17 +68,6 @@ def attention_decode_configured(q, k_cache, v_cache, block_table, seqused_k, sof
                             k_scale, v_scale, num_splits, cfg=cfg)[0]
 
 
-def mla_decode_sparse_fp8_sm90(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim: int,
-                               softmax_scale: float, causal: bool, window_left: int, num_splits: int):
-    """mla_decode's sparse FP8 ("v32") calls on the Hopper Gluon kernel (gather / dequantization partition + two
-    compute warpgroups) instead of the portable kernel the table runs for them; returns (out, lse). Refuses,
-    with the reason, what that kernel does not take (not sm_90, Triton not 3.6, other layouts or shapes)."""
-    from triton_ops.attention.mla_sm90_fp8 import mla_decode
-
-    return mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal,
-                      window_left, num_splits)
-
-
-__all__ = ["attention_decode_configured", "attention_decode_rule", "mla_decode_sparse_fp8_sm90",
+__all__ = ["attention_decode_configured", "attention_decode_rule",
            "moe_align_three_launch", "moe_gemm_mxfp4_dot_scaled", "moe_masked_layout_three_launch",
            "moe_route_tiled"]

@@ -13,6 +13,7 @@ dispatch/reference/attention.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import textwrap
 
@@ -225,3 +226,24 @@ def test_gpu_cuda_graph_new_lengths_and_indices(splits):
         torch.cuda.synchronize()
         assert_attention_close(out, lse, *c.reference(), f"graph replay lens={lens} splits={splits}")
     assert math.isfinite(float(out.float().abs().max()))
+
+
+@pytest.mark.gpu
+def test_gpu_dispatch_routes_sparse_v32_here():
+    """auto takes this kernel's row for a sparse v32 call on sm_90 and the portable kernel for the dense v32 call it
+    refuses; the public op's answer matches the reference."""
+    if not _sm90():
+        pytest.skip("needs an sm_90 GPU")
+    from dispatch import ops
+    from dispatch.registry import select
+    from dispatch.table import TABLE
+
+    c = _v32_case(44, [4096, 2500], 1, 128, 2048)
+    entry = select(TABLE["mla_decode"], "mla_decode", "auto", c.args(), {})
+    assert entry.impl.endswith("mla_sm90_fp8:mla_decode"), entry
+    out, lse = ops.mla_decode(c.q, c.kv_cache, c.block_table, c.seqused_k, indices=c.indices, layout="v32",
+                              softmax_scale=c.scale, return_lse=True)
+    assert_attention_close(out, lse, *c.reference(), "ops.mla_decode auto, sparse v32 on sm_90")
+    dense = dataclasses.replace(c, indices=None)
+    entry = select(TABLE["mla_decode"], "mla_decode", "auto", dense.args(), {})
+    assert entry.impl.endswith("mla_decode:mla_decode") and "sm90" not in entry.impl, entry

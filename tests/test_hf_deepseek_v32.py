@@ -4,7 +4,8 @@ prompts (tests/test_hf_models.py) against the unpatched eager model, by the tie-
 dispatch/integrations/hf/check.py, with transformers' cache (64 tokens) and with `LowbitMlaCache` (bf16 pages, 64
 tokens; the V3.2 FP8 656-byte rows, 16 tokens at cosine 0.99 with ties within FP8_TIE_SPACINGS), every decode step
 through `mla_decode` with the indexer's keys as `indices` (counted, and their positions checked against the keys
-each cache holds). The prompt runs transformers' masked dense attention (the prefill ops take no per-query key set).
+each cache holds). The prompt runs transformers' masked dense attention (the prefill ops take no per-query key set);
+with index_topk at least the prompt's width it runs the dense causal prefill.
 
 The generation model has one (MoE) layer: the indexer's top-k is a discrete choice, and from the second layer on its
 inputs carry the first layer's rounding, so with random weights a score moved by one rounding can swap a key in
@@ -118,6 +119,33 @@ def test_deepseek_v32_generate_matches_unpatched(monkeypatch):
     width = max(PROMPT_LENS) + 1
     assert lengths.tolist() == [width] * len(PROMPT_LENS)
     assert sorted(first[3, 0].tolist()) == [-1, width - 3, width - 2, width - 1]
+
+
+@pytest.mark.parametrize("layout", [None, "bf16"], ids=["transformers_cache", "mla_cache"])
+def test_deepseek_v32_prompt_within_topk_runs_dense_prefill(monkeypatch, layout):
+    """index_topk at least the padded prompt width: the indexer picks every key, so the prompt runs the dense causal
+    prefill (the "lowbit" attention function), never the masked dense form, and generation matches the unpatched
+    model (whose decode steps then attend over more keys than index_topk: the sparse decode path)."""
+    from dispatch.integrations.hf import sparse_mla
+
+    def no_masked(*args, **kwargs):
+        raise AssertionError("the prompt took the masked dense form")
+
+    monkeypatch.setattr(sparse_mla.LowbitSparseMlaAttention, "_masked_dense", no_masked)
+    prefill_calls = []
+    forward = sparse_mla.lowbit_attention_forward
+
+    def counted(module, query, *args, **kwargs):
+        prefill_calls.append(query.shape)
+        return forward(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(sparse_mla, "lowbit_attention_forward", counted)
+    decode = _record_mla_decode(monkeypatch)
+    got, want, _, _ = _generate(deepseek_v32(index_topk=max(PROMPT_LENS)), NEW_TOKENS, layout)
+    check = compare_greedy(got, want, NEW_TOKENS)
+    assert check.agree, check.note
+    assert prefill_calls == [(len(PROMPT_LENS), 2, max(PROMPT_LENS), 192)]
+    assert len(decode) == NEW_TOKENS - 1 and all(i.shape == (4, 1, max(PROMPT_LENS)) for i, _ in decode)
 
 
 @pytest.mark.parametrize("layout", [None, "bf16"], ids=["transformers_cache", "mla_cache"])

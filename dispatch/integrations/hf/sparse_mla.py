@@ -9,9 +9,11 @@ store) choosing index_topk keys per query; every other key is masked.
   change with the step, so `GraphedDecode` captures it), or over transformers' cached latent, each sequence's rows
   one page (the padded timeline itself). Keys the top-k had to take among masked ones (fewer keys than index_topk)
   become -1.
-* a prompt (S > 1; with a `LowbitMlaCache` the first forward only): the decompressed K / V and transformers' own
-  masked dense attention (`eager_attention_forward` of modeling_deepseek_v32 with the causal, padding and top-k
-  masks): the prefill attention ops take no per-query key set.
+* a prompt (S > 1; with a `LowbitMlaCache` the first forward only) over no more keys than index_topk: the indexer
+  picks every key, so the causal prefill over the decompressed K / V (the "lowbit" attention function:
+  `attention_prefill` at q/k 192, v 128) is the same attention. Over more keys: the decompressed K / V and
+  transformers' own masked dense attention (`eager_attention_forward` of modeling_deepseek_v32 with the causal,
+  padding and top-k masks): the prefill attention ops take no per-query key set.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ... import ops
+from .attention import lowbit_attention_forward
 from .mla import LowbitMlaAttention
 
 
@@ -84,6 +87,12 @@ class LowbitSparseMlaAttention(LowbitMlaAttention):
         elif s == 1:
             out = self._absorbed_decode(q_pass, q_rot, lambda q_abs: self._one_page_decode(
                 q_abs, kv_nope, k_rot, visible, topk))
+        elif visible.shape[-1] <= self.indexer.index_topk:
+            # no more keys than the top-k: the indexer picks every key, so the selection is the causal and padding
+            # mask itself and the dense causal prefill (attention_prefill at q/k 192, v 128) is the same attention
+            k, v = self._expand(kv_nope.transpose(1, 2), k_rot.transpose(1, 2))
+            out, _ = lowbit_attention_forward(self, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              attention_mask, scaling=self.scaling)
         else:
             out = self._masked_dense(q.transpose(1, 2), kv_nope, k_rot, visible, topk)
         return self.o_proj(out.reshape(b, s, -1)), None
