@@ -303,3 +303,35 @@ def test_gpu_deepseek_v32_graphed_decode_matches_eager():
     (eager_tokens, eager_logits), (graph_tokens, graph_logits) = runs
     assert torch.equal(graph_tokens, eager_tokens)
     assert all(torch.equal(a, b) for a, b in zip(graph_logits, eager_logits, strict=True))
+
+
+@pytest.mark.parametrize("s,past", [(11, 0), (1, 10)], ids=["prompt", "decode"])
+def test_indexer_topk_picks_what_transformers_indexer_picks(s, past):
+    """`LowbitIndexer` (the scores as one batched GEMM per sequence) against transformers' `DeepseekV32Indexer` on the
+    same inputs and cache: the same keys, in the same order, with a causal and left-padding mask (fewer visible keys
+    than index_topk in some rows)."""
+    from dispatch.integrations.hf.sparse_mla import LowbitIndexer, visible_keys
+
+    torch.manual_seed(5)
+    model = deepseek_v32(dtype=torch.float32, index_topk=6)
+    attn = model.model.layers[0].self_attn
+    b, t = 3, past + s
+    hidden = torch.randn(b, t, 64)
+    q_resid = torch.randn(b, t, 32)
+    positions = torch.arange(t)[None].expand(b, t)
+    cos, sin = model.model.rotary_emb(hidden, positions)
+    padding = torch.ones(b, t, dtype=torch.long)
+    padding[1, :3] = 0
+    padding[2, : t - 2] = 0
+    caches = [transformers.DynamicCache(config=model.config) for _ in range(2)]
+    picks = []
+    for cache, indexer in zip(caches, (attn.indexer, LowbitIndexer(attn.indexer)), strict=True):
+        if past:  # the earlier keys in the cache first
+            pre = visible_keys(padding[:, :past], b, past, past, "cpu")
+            indexer(hidden[:, :past], q_resid[:, :past], (cos[:, :past], sin[:, :past]), pre, None,
+                    past_key_values=cache)
+        vis = visible_keys(padding, b, s, t, "cpu")
+        picks.append(indexer(hidden[:, past:], q_resid[:, past:], (cos[:, past:], sin[:, past:]), vis, None,
+                             past_key_values=cache))
+    assert picks[0].dtype == picks[1].dtype == torch.int32
+    assert torch.equal(picks[0], picks[1])

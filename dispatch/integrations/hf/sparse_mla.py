@@ -1,7 +1,8 @@
 """The DeepSeek-V3.2 attention (sparse MLA) that replaces transformers' `DeepseekV32Attention`: DeepSeek-V3's MLA
 (`LowbitMlaAttention`: the same projections, latent norms and interleaved RoPE) with transformers'
-`DeepseekV32Indexer` kept as it is (its projections, its own half-split RoPE, its keys in the cache's indexer
-store) choosing index_topk keys per query; every other key is masked.
+`DeepseekV32Indexer` kept (its projections, its own half-split RoPE, its keys in the cache's indexer store; its
+scores computed without the key copy of its broadcast product: `LowbitIndexer`) choosing index_topk keys per query;
+every other key is masked.
 
 * one token per sequence (decode): the absorbed form through `ops.mla_decode` with the indexer's top-k as
   `indices`: over a `LowbitMlaCache`'s pages (the indexer scores every column of the cache's indexer keys, numbered
@@ -41,6 +42,46 @@ def picked(visible: Tensor, topk: Tensor) -> Tensor:
     return torch.where(visible.gather(-1, topk.long()), topk, -1).to(torch.int32).contiguous()
 
 
+class LowbitIndexer(nn.Module):
+    """transformers' `DeepseekV32Indexer` (adopts its submodules: the same objects and state-dict names) with one
+    change in its forward: the scores are one batched GEMM per sequence, (S x H query rows) x (T keys).
+    transformers' `torch.matmul` of q (B, S, H, D) with k (B, 1, D, T) broadcasts the keys over the S queries and
+    so first copies the transposed keys into a (B, S, D, T) fp32 buffer: at 4 x 2048 tokens the longest kernel of
+    the V3.2 prefill (docs/models.md). Everything else is its forward in its order: projections, half-split RoPE,
+    key store, fp32 scores, ReLU, head weights, mask, top-k."""
+
+    def __init__(self, original: nn.Module):
+        super().__init__()
+        for name in ("layer_idx", "n_heads", "head_dim", "qk_rope_head_dim", "index_topk", "softmax_scale"):
+            setattr(self, name, getattr(original, name))
+        self.wq_b, self.wk, self.k_norm, self.weights_proj = (original.wq_b, original.wk, original.k_norm,
+                                                              original.weights_proj)
+
+    @torch.no_grad()
+    def forward(self, hidden_states: Tensor, q_resid: Tensor, position_embeddings: tuple[Tensor, Tensor],
+                attention_mask: Tensor, position_ids: Tensor | None = None, past_key_values=None) -> Tensor:
+        """attention_mask: the visible keys (B, S, T) bool. -> (B, S, topk) int32 key positions."""
+        from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
+
+        b, s, _ = hidden_states.shape
+        h, d, rope = self.n_heads, self.head_dim, self.qk_rope_head_dim
+        cos, sin = position_embeddings
+        q_rot, q_pass = self.wq_b(q_resid).view(b, s, h, d).split([rope, d - rope], dim=-1)
+        k_rot, k_pass = self.k_norm(self.wk(hidden_states)).unsqueeze(2).split([rope, d - rope], dim=-1)
+        q_rot, k_rot = apply_rotary_pos_emb(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+        q = torch.cat([q_rot, q_pass], dim=-1)
+        k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
+        if past_key_values is not None:
+            k = past_key_values.update_indexer(k, self.layer_idx)
+        t = k.shape[1]
+        scores = torch.bmm(q.float().view(b, s * h, d), k.float().transpose(1, 2)).view(b, s, h, t)
+        scores = torch.relu(scores * self.softmax_scale)
+        weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float() * (h ** -0.5)
+        index_scores = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)
+        index_scores = index_scores.masked_fill(~attention_mask, float("-inf"))
+        return index_scores.topk(min(self.index_topk, t), dim=-1).indices.to(torch.int32)
+
+
 class LowbitSparseMlaAttention(LowbitMlaAttention):
     """DeepSeek-V3.2 sparse MLA; adopts the original's submodules (same objects and state-dict names, the indexer
     included)."""
@@ -49,7 +90,7 @@ class LowbitSparseMlaAttention(LowbitMlaAttention):
         from transformers.models.deepseek_v32 import modeling_deepseek_v32 as ds
 
         super().__init__(original, rope=ds.apply_rotary_pos_emb_interleave)
-        self.indexer = original.indexer
+        self.indexer = LowbitIndexer(original.indexer)
         self.dense_masked = ds.eager_attention_forward
         self.num_key_value_groups = 1  # the decompressed K / V have every query head (eager_attention_forward)
 
