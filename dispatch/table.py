@@ -67,7 +67,7 @@ MLA_SM90_WHY = "Gluon TMA page tiles + warpgroup MMA, Q resident (sm_90a, Triton
 # sm_90 Gluon sparse FP8 MLA decode (triton_ops/attention/mla_sm90_fp8.py): a gather / dequantization partition feeding
 # the bf16 kernel's two compute warpgroups. H200 (CUDA graph, docs/attention.md): 287-292 TFLOP/s, 2.0-2.3x the
 # portable kernel.
-MLA_SM90_FP8_WHY = ("Gluon gather + in-SMEM E4M3 dequant feeding warpgroup MMA (sm_90a, Triton 3.6): v32 sparse; "
+MLA_SM90_FP8_WHY = ("Gluon gather, E4M3 dequant in registers, warpgroup MMA (sm_90a, Triton 3.6): v32 sparse; "
                     "2.0-2.3x the portable kernel")
 # H100 (docs/moe_gemm.md, measured table): decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped
 # GEMMs; prefill (256 rows / expert) 0.47-0.69x them (tiles not tuned for prefill).

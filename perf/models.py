@@ -71,7 +71,8 @@ FAMILIES = (  # first match wins: the KV writes and the split-KV reduce are atte
     ("attention", ("attn", "attention", "fmha", "flash", "decode", "paged", "split_reduce", "index_copy", "sdpa")),
     # torch.topk's kernels: in a patched model only DeepSeek-V3.2's indexer calls it (lowbit's routers are its own)
     ("indexer", ("sbtopk", "mbtopk", "radixfindkth", "computeblockwise", "sortkv")),
-    ("moe", ("moe", "expert", "grouped", "route", "topk", "align", "gather", "combine")),
+    # "_align_", not "align": cuBLAS names its fp32 kernels "..._ffma_aligna4_..." (V3.2's indexer scores)
+    ("moe", ("moe", "expert", "grouped", "route", "topk", "_align_", "gather", "combine")),
     ("norm", ("norm",)),
     ("rope", ("rope", "rotary")),
     ("swiglu", ("swiglu", "silu", "glu")),
