@@ -5,6 +5,8 @@ dense bf16 and sparse V3.2 / V4 FP8 outputs and LSE against the fp64 contract re
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -85,6 +87,41 @@ def test_library_loads_and_rejects_without_crashing(monkeypatch):
     rc = lib.flashmla_decode_sparse_fp8(*([None] * 5), 2, 1, 128, 576, 512, 4, 64, 100, 656 * 64, 656, 0.1, None,
                                         None, 66, None, None, None)
     assert rc != 0 and b"multiple of 64" in lib.flashmla_last_error()
+
+
+def test_library_abi_and_partitions(monkeypatch):
+    """The built library (perf/peers_src/build_flashmla.sh) through peers.py: ABI 1, 8-int scheduler rows, a positive
+    partition count for every shape the mla_decode cases use and 0 with a message for a head count it lacks."""
+    _library_or_skip()
+    monkeypatch.setattr(peers, "_FLASHMLA", {})
+    lib = peers._flashmla_lib()
+    assert lib is not None, peers.unavailable_reasons()
+    assert lib.flashmla_abi_version() == 1
+    assert lib.flashmla_sched_meta_ints() == 8
+    for sq in (1, 2, 4):
+        for sms in (78, 132):
+            assert lib.flashmla_dense_num_sm_parts(sq, 128, 1, sms) > 0
+            assert lib.flashmla_sparse_num_sm_parts(sq, 128, sms) > 0
+    assert lib.flashmla_sparse_num_sm_parts(1, 64, 132) == 0
+    assert b"h must be 128" in lib.flashmla_last_error()
+
+
+def _dynamic_symbols(path, *flags) -> set[str]:
+    out = subprocess.run(["nm", "-D", *flags, str(path)], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def test_library_exports_the_c_abi_and_hides_its_cuda_runtime():
+    """Exactly the functions peers.py binds are exported under their C names; the CUDA runtime is linked in and
+    hidden (no cuda* symbol exported or imported), so it cannot bind to another runtime loaded in the process."""
+    _library_or_skip()
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) not installed")
+    path = peers.flashmla_library_path()
+    defined = _dynamic_symbols(path, "--defined-only")
+    assert {s for s in defined if s.startswith("flashmla_")} == set(peers._FLASHMLA_SIGS)
+    undefined = _dynamic_symbols(path, "--undefined-only")
+    assert not {s for s in defined | undefined if s.startswith(("cuda", "__cuda"))}
 
 
 # ------------------------------------------------------------------------------------------------------ GPU

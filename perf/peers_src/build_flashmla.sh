@@ -46,9 +46,15 @@ KERNELS=(smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu
          sm90/decode/sparse_fp8/instantiations/v32_persistent_h128.cu
          sm90/decode/sparse_fp8/instantiations/model1_persistent_h128.cu)
 
-compile() {  # source object: skipped when the object is newer than the source, the checks header and this script
+# The compile flags, kept in a stamp file that is rewritten only when they change: an object newer than its source,
+# the checks header and the stamp is reused.
+STAMP=$OUT/obj/compile-flags
+printf '%s\n' "$NVCC" "${FLAGS[@]}" >"$STAMP.new"
+if cmp -s "$STAMP.new" "$STAMP"; then rm "$STAMP.new"; else mv "$STAMP.new" "$STAMP"; fi
+
+compile() {  # source object
     local log=$2.log
-    if [[ $2 -nt $1 && $2 -nt $HERE/flashmla_host_checks.h && $2 -nt ${BASH_SOURCE[0]} ]]; then
+    if [[ $2 -nt $1 && $2 -nt $HERE/flashmla_host_checks.h && $2 -nt $STAMP ]]; then
         echo "up to date $2"
         return 0
     fi
@@ -76,7 +82,9 @@ for obj in "${OBJS[@]}"; do
     [[ -f $obj ]] || { echo "compilation failed: $obj missing" >&2; exit 1; }
 done
 
-"$NVCC" -arch=sm_90a --shared -cudart static -Xcompiler -fPIC -Xlinker -z,defs \
+# --exclude-libs: the static CUDA runtime's symbols stay inside the library (not exported), so its calls cannot bind
+# to another CUDA runtime already loaded in the process (torch's libcudart) and that one is not shadowed either.
+"$NVCC" -arch=sm_90a --shared -cudart static -Xcompiler -fPIC -Xlinker -z,defs -Xlinker --exclude-libs,ALL \
     -o "$OUT/libflashmla_lowbit.so" "${OBJS[@]}"
 echo "$COMMIT" >"$OUT/COMMIT"
 echo "built $OUT/libflashmla_lowbit.so (FlashMLA $COMMIT)"
