@@ -106,6 +106,23 @@ def test_library_abi_and_partitions(monkeypatch):
     assert b"h must be 128" in lib.flashmla_last_error()
 
 
+def test_library_without_a_gpu_reports_the_device(monkeypatch):
+    """Arguments that pass every check reach the device check: without a GPU that is an error code and a message,
+    never a launch (the pointers are placeholders the library must not touch)."""
+    _library_or_skip()
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: these placeholder pointers would be launched on")
+    monkeypatch.setattr(peers, "_FLASHMLA", {})
+    lib = peers._flashmla_lib()
+    assert lib is not None, peers.unavailable_reasons()
+    fake = 256
+    assert lib.flashmla_get_metadata(2, 1, 128, None, fake, fake, 66, None) != 0
+    assert b"CUDA device" in lib.flashmla_last_error()
+    rc = lib.flashmla_decode_sparse_fp8(*([fake] * 5), 2, 1, 128, 512, 512, 4, 64, 128, 584 * 64, 584, 0.1, fake,
+                                        fake, 66, fake, fake, None)
+    assert rc != 0 and b"CUDA device" in lib.flashmla_last_error()
+
+
 def _dynamic_symbols(path, *flags) -> set[str]:
     out = subprocess.run(["nm", "-D", *flags, str(path)], capture_output=True, text=True, check=True).stdout
     return {line.split()[-1] for line in out.splitlines() if line.strip()}
