@@ -53,36 +53,25 @@ import triton.language as tl
 
 from triton_ops._launch import launch
 from triton_ops.attention.decode import MAX_Q, WIDE_REDUCE_ELEMS, reduce_splits, split_buffers
+from triton_ops.attention.gluon_hopper import (
+    GLUON_IMPORT_ERROR,
+    TensorDescriptor,
+    cta_barrier,
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    tma_load,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton_ops.attention.mask import key_range
 from triton_ops.attention.prefill_sm90 import LOG2E, _version_reason, compile_gluon_sm90, sm90_gluon_reason
 from triton_ops.contract.arch import device_index, sm_count
 from triton_ops.contract.attention import check_mla_decode
 from triton_ops.contract.kv_cache import DS_ROPE
 
-try:  # Gluon's Hopper API (see prefill_sm90.py for the version notes)
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-    _cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
-    _GLUON_OK = True
-except Exception:  # pragma: no cover - refused through prefill_sm90._version_reason
-
-    class _NoGluon:
-        @staticmethod
-        def jit(fn=None, **_):
-            return fn if fn is not None else (lambda f: f)
-
-    gluon = _NoGluon()
-    _GLUON_OK = False
+_GLUON_OK = GLUON_IMPORT_ERROR is None
 
 OP = "mla_decode"
 PAGE_SIZE = 64  # tokens per cache page = keys per tile
@@ -113,7 +102,7 @@ def _zero_rows_from(kn_smem, valid):
         x = part.load(blk)
         part.store(gl.where(keep, x, gl.zeros_like(x)))
     fence_async_shared()
-    _cta_barrier()
+    cta_barrier()
 
 
 @gluon.jit
@@ -192,8 +181,8 @@ def _producer(q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_sm
     if n_tiles > 0:
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
         for h in gl.static_range(2):
-            _tma_load(q_desc, [q_row, h * HALF], q_bar, q_smem.index(h))
-        _tma_load(qr_desc, [q_row, D_NOPE], q_bar, qr_smem.index(0))
+            tma_load(q_desc, [q_row, h * HALF], q_bar, q_smem.index(h))
+        tma_load(qr_desc, [q_row, D_NOPE], q_bar, qr_smem.index(0))
     for t in range(n_tiles):
         s = t % 2
         page = gl.load(bt_row + p0 + t)
@@ -203,11 +192,11 @@ def _producer(q_desc, qr_desc, kn_desc, kr_desc, q_smem, qr_smem, kn_smem, kr_sm
             if t >= 2:
                 mbarrier.wait(empty_n.index(2 * s + h), (t // 2 - 1) & 1)
             mbarrier.expect(full_n.index(2 * s + h), kn_desc.block_type.nbytes)
-            _tma_load(kn_desc, [row, h * HALF], full_n.index(2 * s + h), kn_smem.index(2 * s + h))
+            tma_load(kn_desc, [row, h * HALF], full_n.index(2 * s + h), kn_smem.index(2 * s + h))
         if t >= 2:
             mbarrier.wait(empty_r.index(s), (t // 2 - 1) & 1)
         mbarrier.expect(full_r.index(s), kr_desc.block_type.nbytes)
-        _tma_load(kr_desc, [row, D_NOPE], full_r.index(s), kr_smem.index(s))
+        tma_load(kr_desc, [row, D_NOPE], full_r.index(s), kr_smem.index(s))
 
 
 @gluon.jit
@@ -222,7 +211,7 @@ def _release(o, slot, empty_n, empty_r, W: gl.constexpr):
 @gluon.jit
 def _free(slot, empty_n, empty_r, W: gl.constexpr):
     """`_release` after the caller's own wait for the MMAs that read buffer `slot`."""
-    _cta_barrier()
+    cta_barrier()
     mbarrier.arrive(empty_n.index(2 * slot + W))
     mbarrier.arrive(empty_r.index(slot))
 
@@ -308,7 +297,7 @@ def _pair_softmax(s, W: gl.constexpr, HAS_B: gl.constexpr, m_i, l_i, ml_smem, kr
     if W == 0:
         m_a = gl.maximum(m_i, m_own)
         ml_smem[0].store(m_a)
-        _cta_barrier()
+        cta_barrier()
         mbarrier.arrive(mx_bar.index(0))  # m_a: warpgroup 1's softmax needs no more than this
         p = gl.exp2(s * qk_scale - gl.expand_dims(_nz(m_a), 1))
         rs = gl.sum(p, 1)
@@ -324,7 +313,7 @@ def _pair_softmax(s, W: gl.constexpr, HAS_B: gl.constexpr, m_i, l_i, ml_smem, kr
         mbarrier.wait(mx_bar.index(0), ph)
         m_new = gl.maximum(ml_smem[0].load(row_layout), m_own)
         ml_smem[1].store(m_new)
-        _cta_barrier()
+        cta_barrier()
         mbarrier.arrive(mx_bar.index(1))
         p = gl.exp2(s * qk_scale - gl.expand_dims(_nz(m_new), 1))
         rs = gl.sum(p, 1)
@@ -332,7 +321,7 @@ def _pair_softmax(s, W: gl.constexpr, HAS_B: gl.constexpr, m_i, l_i, ml_smem, kr
     l_i = l_i * alpha + rs
     kr_smem.index(W).store(p.to(gl.bfloat16))  # P over the RoPE part of the own tile (its S is done)
     fence_async_shared()
-    _cta_barrier()
+    cta_barrier()
     mbarrier.arrive(sm_bar.index(W))
     return m_new, l_i, alpha
 
@@ -372,7 +361,7 @@ def _pair_pv(o, alpha, m_new, W: gl.constexpr, HAS_B: gl.constexpr, kn_smem, kr_
 def _sum_l(l_i, W: gl.constexpr, ml_smem, fin_bar):
     """Both warpgroups' l (each over its own tiles, both at the final max): the row sum is theirs added."""
     ml_smem[2 + W].store(l_i)
-    _cta_barrier()
+    cta_barrier()
     mbarrier.arrive(fin_bar)
     mbarrier.wait(fin_bar, 0)
     return l_i + ml_smem[3 - W].load(l_i.type.layout)

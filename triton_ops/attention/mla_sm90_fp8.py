@@ -57,6 +57,18 @@ import triton.language as tl
 
 from triton_ops._launch import cdiv, launch
 from triton_ops.attention.decode import WIDE_REDUCE_ELEMS, reduce_splits, split_buffers
+from triton_ops.attention.gluon_hopper import (
+    GLUON_IMPORT_ERROR,
+    TensorDescriptor,
+    async_copy,
+    cta_barrier,
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    tma_load,
+    warpgroup_mma_wait,
+)
 from triton_ops.attention.mla_sm90 import (
     BLOCK_M,
     HALF,
@@ -79,30 +91,7 @@ from triton_ops.contract.arch import device_index, sm_count
 from triton_ops.contract.attention import check_mla_decode
 from triton_ops.contract.kv_cache import DS_LAYOUTS, DS_ROPE
 
-try:  # Gluon's Hopper API (see prefill_sm90.py for the version notes)
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        async_copy,
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-    _cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
-    _GLUON_OK = True
-except Exception:  # pragma: no cover - refused through prefill_sm90._version_reason
-
-    class _NoGluon:
-        @staticmethod
-        def jit(fn=None, **_):
-            return fn if fn is not None else (lambda f: f)
-
-    gluon = _NoGluon()
-    _GLUON_OK = False
+_GLUON_OK = GLUON_IMPORT_ERROR is None
 
 OP = "mla_decode"
 V32 = DS_LAYOUTS["v32"]
@@ -161,7 +150,7 @@ def _dequant_store(codes, scale, dst):
 def _publish(bar):
     """Make this partition's shared-memory writes visible to wgmma (async proxy) and to every warp, then arrive."""
     fence_async_shared()
-    _cta_barrier()
+    cta_barrier()
     mbarrier.arrive(bar)
 
 
@@ -179,8 +168,8 @@ def _gather(q_desc, qr_desc, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, q_bar
     if n_tiles > 0:
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes + qr_desc.block_type.nbytes)
         for h in gl.static_range(2):
-            _tma_load(q_desc, [q_row, h * HALF], q_bar, q_smem.index(h))
-        _tma_load(qr_desc, [q_row, 2 * HALF], q_bar, qr_smem.index(0))
+            tma_load(q_desc, [q_row, h * HALF], q_bar, q_smem.index(h))
+        tma_load(qr_desc, [q_row, 2 * HALF], q_bar, qr_smem.index(0))
     base16, ok = _tile_rows(0, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, bstride16, BS, CAUSAL,
                             row_layout)
     rope_cols = gl.arange(0, ROPE_W, layout=gl.SliceLayout(0, rope_layout))

@@ -51,29 +51,19 @@ import torch
 import triton
 
 from triton_ops._launch import launch
+from triton_ops.attention.gluon_hopper import (
+    GLUON_IMPORT_ERROR,
+    TensorDescriptor,
+    cta_barrier,
+    gl,
+    gluon,
+    mbarrier,
+    tma_load,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton_ops.attention.mask import full_key_range, key_range, visible
 from triton_ops.contract.arch import arch_of
-
-try:  # Gluon's Hopper API; absent or different in other Triton versions (refused in `supports_*`)
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    # TMA load: `async_copy_global_to_shared` in 3.6, renamed `async_load` later (same leading arguments).
-    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-    # CTA-wide bar.sync: `thread_barrier` in 3.6, `barrier` later.
-    _cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
-    _GLUON_IMPORT_ERROR = None
-except Exception as exc:  # pragma: no cover - depends on the installed Triton
-    _GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
-
-    class _NoGluon:
-        @staticmethod
-        def jit(fn=None, **_):
-            return fn if fn is not None else (lambda f: f)
-
-    gluon = _NoGluon()
 
 OP = "attention_prefill"
 TRITON_VERSIONS = ("3.6.",)  # the Gluon API this kernel was written and compile-checked against
@@ -87,7 +77,7 @@ LN2 = 0.6931471805599453
 def _issue_load(desc, row, col, bar, smem, pred):
     """TMA of one [rows, D] tile into `smem`, completing on `bar` (skipped, with its byte count, unless pred)."""
     mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
-    _tma_load(desc, [row, col], bar, smem, pred=pred)
+    tma_load(desc, [row, col], bar, smem, pred=pred)
 
 
 @gluon.jit
@@ -96,8 +86,8 @@ def _issue_qk_load(desc, desc2, row, col, bar, smem, smem2, pred, SPLIT: gl.cons
     col and desc2 at col + desc's width, completing on one barrier."""
     if SPLIT:
         mbarrier.expect(bar, desc.block_type.nbytes + desc2.block_type.nbytes, pred=pred)
-        _tma_load(desc, [row, col], bar, smem, pred=pred)
-        _tma_load(desc2, [row, col + desc.block_type.shape[1]], bar, smem2, pred=pred)
+        tma_load(desc, [row, col], bar, smem, pred=pred)
+        tma_load(desc2, [row, col + desc.block_type.shape[1]], bar, smem2, pred=pred)
     else:
         _issue_load(desc, row, col, bar, smem, pred)
 
@@ -154,14 +144,14 @@ def _tile_step(t, p, o, m_i, l_i, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem
     mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)
     o_tok = warpgroup_mma(p, v_smem.index(prev), o, is_async=True)
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # S_t done; P_{t-1} V_{t-1} may still run
-    _cta_barrier()  # K slot `slot` is read in every warpgroup: refill it
+    cta_barrier()  # K slot `slot` is read in every warpgroup: refill it
     _issue_qk_load(k_desc, k2_desc, k_row + n_start + (t + STAGES) * BLOCK_N, k_col, k_bars.index(slot),
                    k_smem.index(slot), k2_smem.index(slot), t + STAGES < n_tiles, SPLIT)
     p_new, m_i, l_i, alpha = _softmax_tile(s, n_start + t * BLOCK_N, m_i, l_i, q_pos, sk, qk_scale, MASK, CAUSAL,
                                            WINDOW_LEFT, WINDOW_RIGHT, p_layout, DTYPE)
     # P_{t-1} is a register operand of the MMA in flight: keep it alive through the wait.
     o, p = warpgroup_mma_wait(0, deps=(o_tok, p))
-    _cta_barrier()  # V slot `prev` is read in every warpgroup: refill it
+    cta_barrier()  # V slot `prev` is read in every warpgroup: refill it
     _issue_load(v_desc, k_row + n_start + (t - 1 + STAGES) * BLOCK_N, v_col, v_bars.index(prev), v_smem.index(prev),
                 t - 1 + STAGES < n_tiles)
     o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True), 1)
@@ -192,7 +182,7 @@ def _attend(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bar
     s_tok = _qk_mma(q_smem, q2_smem, k_smem.index(0), k2_smem.index(0),
                     gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), SPLIT)
     s = warpgroup_mma_wait(0, deps=(s_tok, ))
-    _cta_barrier()  # every warpgroup is done reading K slot 0: refill it
+    cta_barrier()  # every warpgroup is done reading K slot 0: refill it
     _issue_qk_load(k_desc, k2_desc, k_row + n_start + STAGES * BLOCK_N, k_col, k_bars.index(0), k_smem.index(0),
                    k2_smem.index(0), STAGES < n_tiles, SPLIT)
     p, m_i, l_i, alpha = _softmax_tile(s, n_start, m_i, l_i, q_pos, sk, qk_scale, True, CAUSAL, WINDOW_LEFT,
@@ -394,8 +384,8 @@ def _qk_descriptors(q, k, cfg):
 
 @functools.cache
 def _version_reason() -> str | None:
-    if _GLUON_IMPORT_ERROR is not None:
-        return f"Gluon's Hopper API is not importable from triton {triton.__version__} ({_GLUON_IMPORT_ERROR})"
+    if GLUON_IMPORT_ERROR is not None:
+        return f"Gluon's Hopper API is not importable from triton {triton.__version__} ({GLUON_IMPORT_ERROR})"
     if not triton.__version__.startswith(TRITON_VERSIONS):
         return (f"written for the Gluon API of triton {' / '.join(v + 'x' for v in TRITON_VERSIONS)}; "
                 f"found triton {triton.__version__}")
