@@ -155,6 +155,23 @@ def test_config_rule_and_refusal():
     assert supports_mla_index_scores(torch.empty(1, 1, 1, 128), None, None, 1.0, None) is None
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_opcheck_and_compile(backend):
+    """The torch op's schema, fake and real implementations agree (opcheck), with and without a mask, and a
+    torch.compile'd call gives the eager result (the integration's indexer runs inside compiled models)."""
+    q, k, w = _inputs(np.random.default_rng(4), 2, 7, 12, 3, 16, torch.bfloat16, False)
+    visible = torch.rand(2, 7, 12) < 0.6
+    op = torch.ops.lowbit.mla_index_scores.default
+    torch.library.opcheck(op, (q, k, w, 0.25, visible, backend))
+    torch.library.opcheck(op, (q, k, w, 0.25, None, backend))
+
+    def step(q, k, w, visible):
+        return ops.mla_index_scores(q, k, w, softmax_scale=0.25, visible=visible, backend=backend).topk(4).indices
+
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, w, visible)
+    assert torch.equal(got, step(q, k, w, visible))
+
+
 # ------------------------------------------------------------------------------------------------- GPU
 
 
