@@ -144,12 +144,14 @@ def test_bad_inputs_name_op_and_argument(i):
 
 def test_config_rule_and_refusal():
     gpu, cpu = torch.device("cuda"), torch.device("cpu")
-    assert index_scores_config(2048, 2048, gpu) == index_scores_config(4096, 8192, gpu)
-    big = index_scores_config(2048, 2048, gpu)
+    assert index_scores_config(2048, 2048, 2, gpu) == index_scores_config(4096, 8192, 2, gpu)
+    big = index_scores_config(2048, 2048, 2, gpu)
     assert (big.block_s, big.block_t, big.num_warps, big.num_stages) == (64, 128, 8, 2)
-    small = index_scores_config(1, 5, gpu)
+    wide = index_scores_config(2048, 2048, 4, gpu)  # fp32 operands: half the keys (no spill on sm_90a)
+    assert (wide.block_s, wide.block_t, wide.num_warps) == (64, 64, 8)
+    small = index_scores_config(1, 5, 2, gpu)
     assert (small.block_s, small.block_t, small.num_warps) == (16, 16, 4)
-    assert index_scores_config(3000, 3000, cpu).block_t == 256
+    assert index_scores_config(3000, 3000, 2, cpu).block_t == 256
     q = torch.empty(1, 1, 1, 512)
     assert "head dim 512" in supports_mla_index_scores(q, None, None, 1.0, None)
     assert supports_mla_index_scores(torch.empty(1, 1, 1, 128), None, None, 1.0, None) is None

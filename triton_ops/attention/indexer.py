@@ -84,16 +84,18 @@ class IndexScoresConfig:
     num_stages: int  # software pipelining of the head loop's q / weight loads
 
 
-def index_scores_config(s: int, t: int, device: torch.device) -> IndexScoresConfig:
+def index_scores_config(s: int, t: int, itemsize: int, device: torch.device) -> IndexScoresConfig:
     """GPU: 64 query rows x 128 keys per program, 8 warps: the fp32 score and dot accumulators (2 x 32 KB) spread
     over 256 threads (64 registers each), the key tile (128 x 128 bf16, 32 KB) read once for all H heads, so a
     program does H x 64 x 128 x D x 2 flops per 32 KB of keys. Two stages overlap the next head's q slice with
     this head's dot. Short sequences take the smallest power-of-two tiles that cover them (16 at least: the dot's
-    minimum). Interpreter: up to 64 x 256 (it pays per program and per loop step, not per element)."""
-    cap_s, cap_t = (64, 256) if device.type == "cpu" else (64, 128)
+    minimum) and 4 warps. fp32 inputs (FFMA dots, operands twice as wide) take 64 keys: at 128 the sm_90a compile
+    spills (8 warps: 8 bytes; 64 keys at 4 warps: 280 bytes; 64 keys at 8 warps: none, 158 registers).
+    Interpreter: up to 64 x 256 (it pays per program and per loop step, not per element)."""
+    cap_s, cap_t = (64, 256) if device.type == "cpu" else (64, 128 if itemsize <= 2 else 64)
     block_s = min(max(16, next_pow2(s)), cap_s)
     block_t = min(max(16, next_pow2(t)), cap_t)
-    num_warps = 8 if block_s * block_t >= 64 * 128 else 4
+    num_warps = 8 if (block_s, block_t) == (64, cap_t) and device.type != "cpu" else 4
     return IndexScoresConfig(block_s, block_t, num_warps, 2)
 
 
@@ -121,7 +123,7 @@ def mla_index_scores(q, k, weights, softmax_scale, visible, cfg: IndexScoresConf
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     vis = out if visible is None else visible.view(torch.uint8)  # (not read without HAS_VISIBLE)
-    cfg = cfg or index_scores_config(s, t, q.device)
+    cfg = cfg or index_scores_config(s, t, q.element_size(), q.device)
     launch(_index_scores_kernel, (cdiv(t, cfg.block_t), cdiv(s, cfg.block_s), bsz),
         q, k, weights, vis, out, s, t, h, d, float(softmax_scale),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
