@@ -130,6 +130,11 @@ CUTE_GEMM_FP8_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: FP
 CUTE_GEMM_BF16_WHY = ("CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: bf16 from 512 rows/expert, "
                       "256 at K >= 4096")
 
+# DeepSeek-V3.2 indexer scores (triton_ops/attention/indexer.py): not yet run on a GPU (tests and the benchmark case
+# perf/cases/attention_mla.py wait for one); ranked as every Triton row so that GPUs take it.
+INDEX_SCORES_WHY = ("per-head scores kept in registers, key tile reused for every head, fully masked tiles "
+                    "skipped; unmeasured: never run on a GPU yet")
+
 DECODE_ROWS = 64  # the benchmarks' decode bucket (M <= 64 tokens)
 
 
@@ -358,6 +363,10 @@ ROWS: tuple[Entry, ...] = (
     *triton_rows("mla_decode", "triton_ops.attention.mla_decode:mla_decode", MLA_DECODE_WHY,
                  supports="triton_ops.attention.mla_decode:supports_mla_decode"),
     Entry("mla_decode", "torch", ALL, "dispatch.reference.attention:mla_decode", TORCH_REF, REFERENCE_WHY),
+    *triton_rows("mla_index_scores", "triton_ops.attention.indexer:mla_index_scores", INDEX_SCORES_WHY,
+                 supports="triton_ops.attention.indexer:supports_mla_index_scores"),
+    Entry("mla_index_scores", "torch", ALL, "dispatch.reference.attention:mla_index_scores", TORCH_REF,
+          REFERENCE_WHY),
     *triton_rows("merge_attn_states", "triton_ops.attention.merge:merge_attn_states", ONE_PASS,
                  supports="triton_ops.attention.merge:supports_merge_attn_states"),
     Entry("merge_attn_states", "torch", ALL, "dispatch.reference.attention:merge_attn_states", TORCH_REF,

@@ -107,7 +107,7 @@ _COMPILE = textwrap.dedent("""
     FakeTensor.data_ptr = lambda self: (1 << 20) + self.storage_offset() * self.element_size()
 
     from triton_ops import blackwell, kv_cache, quant, rmsnorm, rope, swiglu
-    from triton_ops.attention import decode, mla_decode, prefill
+    from triton_ops.attention import decode, indexer, mla_decode, prefill
     from triton_ops.moe import align, routing
     from triton_ops.moe_gemm import fused, grouped
     from tests.test_blackwell_compile import launch_native_dot_scaled
@@ -164,6 +164,9 @@ _COMPILE = textwrap.dedent("""
                                                                 E(2048, 64, 8, 128, dt=e4m3), E(16, 128, dt=i32),
                                                                 E(16, dt=i32), 0.088, True, -1, -1, None, E(8, dt=f32),
                                                                 E(8, dt=f32), 0),
+        "attention/indexer": lambda: indexer.mla_index_scores(E(4, 2048, 64, 128), E(4, 2048, 128),
+                                                              E(4, 2048, 64, dt=f32), 0.088,
+                                                              E(4, 2048, 2048, dt=torch.bool)),
         "blackwell/e2m1x2_hw": lambda: blackwell.e2m1x2_pack_hw(E(1 << 20, dt=f32)),
         "probe/dot_scaled_mxfp4": lambda: launch_native_dot_scaled("e2m1", False),
         "probe/dot_scaled_nvfp4": lambda: launch_native_dot_scaled("e2m1", True),
@@ -311,6 +314,9 @@ EXPECT: dict[str, list[tuple[tuple[int, ...], tuple[str, ...]]]] = {
     # ldmatrix, never byte-wise shared loads: asserted below), 16-byte copies
     "attention/decode_fp8": [(_ALL, (r"HMMA\.16816\.F32$", r"F2FP\.F16\.E4M3\.UNPACK_B$", r"LDGSTS\.E\.BYPASS\.128$",
                                      r"LDSM\.16\.MT88\.4$"))],
+    # V3.2 indexer scores: one 16-bit dot per head against the resident key tile (wgmma / tcgen05 / mma.sync)
+    "attention/indexer": [(_ALL, (r"LDGSTS\.E\.BYPASS\.128$",)), ((90,), (r"HGMMA\.64",)), (SM100, (r"UTCHMMA$",)),
+                          (SM120, (r"HMMA\.16816\.F32\.BF16$",))],
     "blackwell/e2m1x2_hw": [(SM100 + SM120, (r"F2FP\.SATFINITE\.E2M1\.F32\.PACK_AB_MERGE_C$",))],
     # tl.dot_scaled with both operands narrow: native block-scaled MMA on Blackwell (UTCOMMA / UTCQMMA =
     # tcgen05.mma.kind::mxf4(nvf4) / mxf8f6f4; OMMA.SF = mma.sync.kind::mxf4(nvf4).block_scale), upcast + 16-bit MMA

@@ -307,7 +307,7 @@ def test_gpu_deepseek_v32_graphed_decode_matches_eager():
 
 @pytest.mark.parametrize("s,past", [(11, 0), (1, 10)], ids=["prompt", "decode"])
 def test_indexer_topk_picks_what_transformers_indexer_picks(s, past):
-    """`LowbitIndexer` (the scores as one batched GEMM per sequence) against transformers' `DeepseekV32Indexer` on the
+    """`LowbitIndexer` (the scores through `ops.mla_index_scores`) against transformers' `DeepseekV32Indexer` on the
     same inputs and cache: the same keys, in the same order, with a causal and left-padding mask (fewer visible keys
     than index_topk in some rows)."""
     from dispatch.integrations.hf.sparse_mla import LowbitIndexer, visible_keys

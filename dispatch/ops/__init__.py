@@ -13,6 +13,7 @@ from .attention import (
     attention_prefill_paged,
     merge_attn_states,
     mla_decode,
+    mla_index_scores,
 )
 from .kv_cache import (
     ds_kv_gather,
@@ -98,7 +99,7 @@ __all__ = [
     "moe_gather_fp8", "moe_hash_route", "moe_masked_layout", "moe_route",
     # attention
     "attention", "attention_decode", "attention_prefill", "attention_prefill_paged", "merge_attn_states",
-    "mla_decode",
+    "mla_decode", "mla_index_scores",
     # moe_gemm
     "moe_gemm_bf16", "moe_gemm_blockscaled", "moe_gemm_blockscaled_masked", "moe_gemm_fp4_prepack",
     "moe_gemm_fp4_prepacked", "moe_gemm_fp8", "moe_gemm_mxfp4",

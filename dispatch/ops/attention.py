@@ -1,4 +1,5 @@
-"""Attention ops (prefill, paged prefill, paged decode with split-KV, DeepSeek MLA decode, LSE merge):
+"""Attention ops (prefill, paged prefill, paged decode with split-KV, DeepSeek MLA decode, DeepSeek-V3.2 indexer
+scores, LSE merge):
 torch.library registration, fakes, typed public API. Contract: dispatch/reference/attention.py; docs: docs/attention.md.
 
 Semantics shared by every op and backend: bottom-right aligned causal masks, sliding windows (left, right; -1 =
@@ -22,6 +23,7 @@ from triton_ops.contract.attention import (
     check_cu_seqlens_values,
     check_merge_attn_states,
     check_mla_decode,
+    check_mla_index_scores,
     window_bound,
     window_pair,
 )
@@ -72,6 +74,12 @@ def _mla_decode(q: Tensor, kv_cache: Tensor, block_table: Tensor, seqused_k: Ten
 def _merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor,
                        backend: str) -> tuple[Tensor, Tensor]:
     return out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
+
+
+@lowbit_op("mla_index_scores", mutates_args=(), check=check_mla_index_scores)
+def _mla_index_scores(q: Tensor, k: Tensor, weights: Tensor, softmax_scale: float, visible: Tensor | None,
+                      backend: str) -> Tensor:
+    return q.new_empty((q.shape[0], q.shape[1], k.shape[1]), dtype=torch.float32)
 
 
 def _check_offsets(op, q, *checks) -> None:
@@ -203,6 +211,21 @@ def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
     return call("merge_attn_states", out_a, lse_a, out_b, lse_b, backend)
 
 
+def mla_index_scores(q: Tensor, k: Tensor, weights: Tensor, *, softmax_scale: float | None = None,
+                     visible: Tensor | None = None, backend: str = "auto") -> Tensor:
+    """DeepSeek-V3.2 sparse-attention indexer scores (transformers' `DeepseekV32Indexer` before its top-k): q (B, S,
+    H, D) and k (B, T, D) bf16 / fp16 / fp32 (the indexer's RoPE'd queries and keys), weights (B, S, H) fp32 (its
+    head weights, already times H ** -0.5) -> (B, S, T) fp32
+    out[b, s, t] = sum_h weights[b, s, h] * relu(softmax_scale * q[b, s, h] . k[b, t]), -inf where visible (B, S, T)
+    bool is False (None: every key visible). softmax_scale defaults to 1/sqrt(D). The per-head scores (B, S, H, T)
+    are never materialized on the Triton backend."""
+    if isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool):
+        softmax_scale = float(softmax_scale)  # anything else reaches the check as given, to be named there
+    elif softmax_scale is None:
+        softmax_scale = _scale(None, q)
+    return call("mla_index_scores", q, k, weights, softmax_scale, visible, backend)
+
+
 # ------------------------------------------------------------------------------------------ self-check
 
 
@@ -287,6 +310,24 @@ def self_check_cases() -> list:
             not finite.any() or float((out[1][finite] - ref[1][finite]).abs().max()) <= 1e-2)
         return err <= 2e-2 and lse_ok, f"normalized error {err:.2e}, lse {'ok' if lse_ok else 'differs'}"
 
+    def index_scores(dev, small):
+        from ..reference.attention import visible_keys
+
+        g = gen(9)
+        b, s, t, h, d = (2, 5, 9, 4, 32) if small else (2, 1024, 1024, 64, 128)
+        q = torch.randn(b, s, h, d, generator=g).bfloat16()
+        k = torch.randn(b, t, d, generator=g).bfloat16()
+        w = torch.randn(b, s, h, generator=g) * h ** -0.5
+        visible = visible_keys(s, t, True, (-1, -1))[None].repeat(b, 1, 1)
+        visible[1, 0] = False  # a row with no visible key
+        return q.to(dev), k.to(dev), w.to(dev), d ** -0.5, visible.to(dev)
+
+    def index_close(out, ref):
+        finite = torch.isfinite(ref)
+        same_inf = bool(torch.equal(torch.isneginf(out), ~finite))
+        err = normalized_error(out[finite], ref[finite])
+        return same_inf and err <= 1e-4, f"normalized error {err:.2e}, -inf {'same' if same_inf else 'differs'}"
+
     return [
         Case("attention_prefill", prefill, close, label="varlen hd64 GQA 8, causal, window 128, sinks"),
         Case("attention_prefill_paged", lambda dev, small: paged(dev, small, False), close,
@@ -294,6 +335,7 @@ def self_check_cases() -> list:
         Case("attention_decode", lambda dev, small: paged(dev, small, True), close,
              label="paged bf16, Sq=2, sinks, auto splits"),
         Case("merge_attn_states", merge, close, label="bf16, a -inf row"),
+        Case("mla_index_scores", index_scores, index_close, label="V3.2 indexer, causal, an all-masked row"),
         Case("mla_decode", mla("bf16", False), close, label="bf16 576, Sq=2, dense (sm_90: the Gluon kernel)"),
         Case("mla_decode", mla("v32", False), close, label="V3.2 FP8 656 B, Sq=2, dense"),
         Case("mla_decode", mla("v4", True), close, label="V4 FP8 584 B, Sq=2, sparse top-k"),

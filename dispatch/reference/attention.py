@@ -262,3 +262,25 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, soft
                                     softmax_scale, False, (-1, -1), None, ok)
             out[b, s], lse[b, s] = o[0].to(q.dtype), l[0]
     return out, lse
+
+
+INDEX_CHUNK_ELEMS = 1 << 26  # fp64 per-head scores held at a time (512 MB): V3.2 prompts of 8k keys fit
+
+
+def mla_index_scores(q, k, weights, softmax_scale, visible):
+    """DeepSeek-V3.2 indexer scores (transformers' `DeepseekV32Indexer`): q (B, S, H, D), k (B, T, D), weights
+    (B, S, H) fp32 (the indexer's head weights, already times H ** -0.5) ->
+    out[b, s, t] = sum_h weights[b, s, h] * relu(softmax_scale * (q[b, s, h] . k[b, t])), -inf where visible (B, S,
+    T) bool is False (None: every key visible). In float64 in that order (dot, scale, ReLU, weight, sum over heads),
+    rounded once to fp32; query rows in chunks so the per-head scores stay bounded."""
+    bsz, s, h, _ = q.shape
+    t = k.shape[1]
+    out = torch.empty(bsz, s, t, dtype=torch.float32, device=q.device)
+    rows = max(1, INDEX_CHUNK_ELEMS // max(1, h * t))
+    for b in range(bsz):
+        kb = k[b].to(torch.float64)
+        for i in range(0, s, rows):
+            qb, wb = q[b, i:i + rows].to(torch.float64), weights[b, i:i + rows].to(torch.float64)
+            per_head = torch.relu(torch.einsum("shd,td->sht", qb, kb) * softmax_scale) * wb[..., None]
+            out[b, i:i + rows] = per_head.sum(1).to(torch.float32)
+    return out if visible is None else out.masked_fill(~visible, -math.inf)

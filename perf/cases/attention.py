@@ -18,7 +18,8 @@ Shapes (bf16 activations; docs/attention.md):
   serving engine reuses the pages a window has left), so the cache holds only the pages a kernel reads and the
   runner's L2 rotation makes enough copies of those (one 268 MB cache would keep the 4.5 MB window in L2).
 * `merge_attn_states`: T = 16384, H = 32, D = 128 bf16 (bytes-bound).
-* `mla_decode` (DeepSeek MLA, H = 128, bf16 / V3.2 / V4 latent caches, dense and top-k sparse):
+* `mla_decode` (DeepSeek MLA, H = 128, bf16 / V3.2 / V4 latent caches, dense and top-k sparse) and
+  `mla_index_scores` (DeepSeek-V3.2's indexer scores, H = 64, D = 128, a causal 4 x 2048 prompt):
   perf/cases/attention_mla.py.
 Each op also has a "quick" case (tiny shapes for the CPU interpreter: GQA, sinks, windows, sq < sk, FP8 cache,
 an out-of-range page id, -inf LSE rows).

@@ -1,5 +1,6 @@
-"""Benchmark cases for DeepSeek MLA decode (`mla_decode`, bucket "decode"), part of the attention family
-(perf/cases/attention.py adds them to its case list).
+"""Benchmark cases for DeepSeek MLA decode (`mla_decode`, bucket "decode") and DeepSeek-V3.2's indexer scores
+(`mla_index_scores`, bucket "prefill"), part of the attention family (perf/cases/attention.py adds them to its case
+list).
 
 Shapes: H = 128 query heads, one query per sequence (Sq = 1), page 64, every sequence at the full context; the
 latent cache in the three layouts lowbit writes: "bf16" (576 bf16 per token, 1152 B), "v32" (DeepSeek V3.2 FP8,
@@ -23,6 +24,17 @@ dequantized latents, enable_gqa, V = its first 512 columns), dense cases only; `
 through the C-ABI library of perf/peers.py, where it is present): the bf16 dense cases (its dense decode has no FP8
 cache on sm90) and the V3.2 / V4 sparse cases (its sparse FP8 decode; our logical index lists turned into its
 physical slots at make time), checked against `eager_mla` in its probe.
+
+`mla_index_scores` (the V3.2 indexer before its top-k): H = 64 indexer heads, D = 128, a causal prompt of B = 4 x
+S = T = 2048 tokens (the mask a (B, S, T) bool tensor, as `LowbitIndexer` passes it); q and k bf16, weights fp32.
+Bytes model: q, k, the weights and the mask read once, the fp32 scores written once (the torch forms' (B, S, H, T)
+fp32 intermediate is not counted: the kernel never writes it). FLOPs: 2 x H x D per visible (query, key) pair (the
+attention cases' rule: masked pairs are not useful work). Check: -inf exactly where the reference has it, the
+finite scores within a normalized error of INDEX_TOL of `bmm_index_scores` (fp32; the fp64 contract reference in
+the quick case). Peers (torch eager, fp32 as transformers computes them): `hf-matmul`, transformers'
+`DeepseekV32Indexer` form (the broadcast `torch.matmul` of q (B, S, H, D) with k (B, 1, D, T), ReLU, head-weight
+matmul, masked_fill); `hf-bmm`, the same with the scores as one batched GEMM per sequence (the form `LowbitIndexer`
+used before the op). The reference (timed as "torch") is the bmm form.
 """
 
 from __future__ import annotations
@@ -139,4 +151,72 @@ def mla_cases() -> list[BenchCase]:
     out += [_mla_case("v32", 32, 8192, topk=2048), _mla_case("v32", 64, 8192, topk=2048),
             _mla_case("v4", 64, 8192, topk=1024)]
     out += [_mla_case("v32", 2, 128, h=16, tier="quick"), _mla_case("v4", 2, 128, topk=32, h=16, tier="quick")]
-    return out
+    return out + index_cases()
+
+
+# ------------------------------------------------------------------------------------------------ indexer scores
+
+INDEX_TOL = 1e-4  # normalized error of fp32 scores: the same products summed in another order
+
+
+def matmul_index_scores(q, k, weights, scale, visible):
+    """transformers' `DeepseekV32Indexer` scores: the broadcast matmul (a (B, S, D, T) fp32 copy of the keys),
+    ReLU, the head weights as a matmul over the (B, S, H, T) scores, the mask."""
+    scores = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * scale)
+    return torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2).masked_fill(~visible, -math.inf)
+
+
+def bmm_index_scores(q, k, weights, scale, visible):
+    """The same scores with one batched GEMM per sequence, (S x H query rows) x (T keys): no copy of the keys."""
+    b, s, h, d = q.shape
+    scores = torch.bmm(q.float().view(b, s * h, d), k.float().transpose(1, 2)).view(b, s, h, k.shape[1])
+    scores = torch.relu(scores * scale)
+    return torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2).masked_fill(~visible, -math.inf)
+
+
+def check_index_scores(got, want) -> None:
+    if got.shape != want.shape or got.dtype != torch.float32:
+        raise AssertionError(f"{got.dtype} {tuple(got.shape)}, expected float32 {tuple(want.shape)}")
+    finite = torch.isfinite(want)
+    if not torch.equal(torch.isneginf(got), ~finite):
+        raise AssertionError("-inf at other places than the reference's")
+    if finite.any():
+        g, w = got[finite].double(), want[finite].double()
+        err = float((g - w).abs().max()) / max(float(w.abs().max()), 1e-30)
+        if not err <= INDEX_TOL:
+            raise AssertionError(f"normalized max error {err:.3e} > {INDEX_TOL}")
+
+
+def _index_case(b: int, s: int, h: int, d: int, tier: str = "full") -> BenchCase:
+    full = tier == "full"
+    scale = d ** -0.5
+
+    def make(device):
+        visible = ref.visible_keys(s, s, True, (-1, -1), device)[None].repeat(b, 1, 1)
+        return {"q": torch.randn(b, s, h, d, device=device, dtype=BF16),
+                "k": torch.randn(b, s, d, device=device, dtype=BF16),
+                "w": torch.randn(b, s, h, device=device) * h ** -0.5, "visible": visible}
+
+    def call(i, backend):
+        return ops.mla_index_scores(i["q"], i["k"], i["w"], softmax_scale=scale, visible=i["visible"],
+                                    backend=backend)
+
+    def reference(i):
+        if full:
+            return bmm_index_scores(i["q"], i["k"], i["w"], scale, i["visible"])
+        return ref.mla_index_scores(i["q"], i["k"], i["w"], scale, i["visible"])
+
+    peers = {}
+    if full:
+        peers = {"hf-matmul": lambda i: matmul_index_scores(i["q"], i["k"], i["w"], scale, i["visible"]),
+                 "hf-bmm": lambda i: bmm_index_scores(i["q"], i["k"], i["w"], scale, i["visible"])}
+    pairs = b * s * (s + 1) // 2
+    nbytes = b * s * h * d * 2 + b * s * d * 2 + b * s * h * 4 + b * s * s * (1 + 4)
+    params = dict(B=b, S=s, T=s, H=h, D=d, mask="causal", dtype="bf16")
+    return BenchCase("mla_index_scores", f"V3.2 B={b} S=T={s} H={h} D={d} causal", "prefill", params, make, call,
+                     reference, check_index_scores, bytes_moved=nbytes, flops=2 * pairs * h * d, peers=peers,
+                     compile_reference=False, tier=tier, max_copies=4)
+
+
+def index_cases() -> list[BenchCase]:
+    return [_index_case(4, 2048, 64, 128), _index_case(2, 40, 8, 32, tier="quick")]

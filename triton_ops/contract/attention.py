@@ -7,6 +7,8 @@ the op and the argument (contract.checks.fail).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .checks import check_no_grad, fail
@@ -264,3 +266,25 @@ def check_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim
     _scale(op, softmax_scale)
     _windows(op, window_left, -1)
     check_no_grad(op, q)
+
+
+def check_mla_index_scores(q, k, weights, softmax_scale, visible) -> None:
+    """DeepSeek-V3.2 indexer scores: q (B, S, H, D), k (B, T, D) in q's dtype, weights (B, S, H) fp32, visible
+    (B, S, T) bool or None, softmax_scale a finite float > 0."""
+    op = "mla_index_scores"
+    _tensor(op, "q", q, 4, QUERY_DTYPES)
+    bsz, s, h, d = q.shape
+    _tensor(op, "k", k, 3, (q.dtype,), q.device)
+    if k.shape[0] != bsz or k.shape[2] != d:
+        fail(op, "k", f"expected ({bsz}, T, {d}) (q's batch and head dim), got {tuple(k.shape)}")
+    _tensor(op, "weights", weights, 3, (torch.float32,), q.device)
+    if weights.shape != (bsz, s, h):
+        fail(op, "weights", f"expected one fp32 weight per query head {(bsz, s, h)}, got {tuple(weights.shape)}")
+    if visible is not None:
+        _tensor(op, "visible", visible, 3, (torch.bool,), q.device)
+        if visible.shape != (bsz, s, k.shape[1]):
+            fail(op, "visible", f"expected (B, S, T) = {(bsz, s, k.shape[1])}, got {tuple(visible.shape)}")
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
+            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        fail(op, "softmax_scale", f"expected a finite float > 0, got {softmax_scale!r}")
+    check_no_grad(op, q=q, k=k, weights=weights)

@@ -1,7 +1,7 @@
 """The DeepSeek-V3.2 attention (sparse MLA) that replaces transformers' `DeepseekV32Attention`: DeepSeek-V3's MLA
 (`LowbitMlaAttention`: the same projections, latent norms and interleaved RoPE) with transformers'
 `DeepseekV32Indexer` kept (its projections, its own half-split RoPE, its keys in the cache's indexer store; its
-scores computed without the key copy of its broadcast product: `LowbitIndexer`) choosing index_topk keys per query;
+scores computed by `ops.mla_index_scores`: `LowbitIndexer`) choosing index_topk keys per query;
 every other key is masked.
 
 * one token per sequence (decode): the absorbed form through `ops.mla_decode` with the indexer's top-k as
@@ -44,11 +44,11 @@ def picked(visible: Tensor, topk: Tensor) -> Tensor:
 
 class LowbitIndexer(nn.Module):
     """transformers' `DeepseekV32Indexer` (adopts its submodules: the same objects and state-dict names) with one
-    change in its forward: the scores are one batched GEMM per sequence, (S x H query rows) x (T keys).
-    transformers' `torch.matmul` of q (B, S, H, D) with k (B, 1, D, T) broadcasts the keys over the S queries and
-    so first copies the transposed keys into a (B, S, D, T) fp32 buffer: at 4 x 2048 tokens the longest kernel of
-    the V3.2 prefill (docs/models.md). Everything else is its forward in its order: projections, half-split RoPE,
-    key store, fp32 scores, ReLU, head weights, mask, top-k."""
+    change in its forward: the scores, ReLU, head weights and mask are one `ops.mla_index_scores` call. transformers'
+    `torch.matmul` of q (B, S, H, D) with k (B, 1, D, T) broadcasts the keys over the S queries (a (B, S, D, T) fp32
+    copy of them) and materializes the per-head scores (B, S, H, T) in fp32 before the ReLU and the weighted sum
+    over heads; the op's Triton kernel keeps them in registers. Everything else is its forward in its order:
+    projections, half-split RoPE, key store, scores, top-k."""
 
     def __init__(self, original: nn.Module):
         super().__init__()
@@ -74,11 +74,9 @@ class LowbitIndexer(nn.Module):
         if past_key_values is not None:
             k = past_key_values.update_indexer(k, self.layer_idx)
         t = k.shape[1]
-        scores = torch.bmm(q.float().view(b, s * h, d), k.float().transpose(1, 2)).view(b, s, h, t)
-        scores = torch.relu(scores * self.softmax_scale)
         weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float() * (h ** -0.5)
-        index_scores = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)
-        index_scores = index_scores.masked_fill(~attention_mask, float("-inf"))
+        index_scores = ops.mla_index_scores(q, k, weights, softmax_scale=self.softmax_scale,
+                                            visible=attention_mask)
         return index_scores.topk(min(self.index_topk, t), dim=-1).indices.to(torch.int32)
 
 
