@@ -16,12 +16,16 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cute_ops import unavailable_reason
 from dispatch.composed.paged_prefill import gathered_prefill_paged, prepare_gathered_prefill_paged
 from dispatch.reference.attention import attention_prefill_paged as ref_paged
 from tests.helpers import assert_attention_close, run_compile_script
 from tests.test_attention_prefill import make_paged
 from triton_ops.attention.paged_gather import PAD_ROWS, gather_paged_kv, gather_reason
 from triton_ops.attention.prefill import attention_prefill, attention_prefill_paged, attention_prefill_paged_flagged
+
+# the GPU tests that force the gathered cute row (a GPU without nvidia-cutlass-dsl skips them, as the cute tests do)
+needs_dsl = pytest.mark.skipif(unavailable_reason() is not None, reason=f"cute backend: {unavailable_reason()}")
 
 
 def torch_gather(cache, table, used, scale, dtype):
@@ -339,6 +343,7 @@ def test_sm90_compile_copies_16_bytes_per_access():
 
 
 @pytest.mark.gpu
+@needs_dsl
 @pytest.mark.parametrize("page,kv_kind,hq,hkv,d,causal,window,sink,bad", [
     (64, "16bit", 8, 2, 128, True, (-1, -1), False, False),
     (16, "16bit", 8, 8, 64, True, (100, 0), True, False),
@@ -371,7 +376,7 @@ def test_gpu_gathered_paged_prefill_matches_reference(page, kv_kind, hq, hkv, d,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cute", "auto"])
+@pytest.mark.parametrize("backend", [pytest.param("cute", marks=needs_dsl), "auto"])
 def test_gpu_gathered_paged_prefill_mla_dims(backend):
     """DeepSeek MLA prefill's (192, 128) over pages (the hf latent cache's prompt path; auto takes the gathered cute
     path there)."""
@@ -390,6 +395,7 @@ def test_gpu_gathered_paged_prefill_mla_dims(backend):
 
 
 @pytest.mark.gpu
+@needs_dsl
 def test_gpu_gathered_paged_prefill_graph_replays_new_lengths():
     # no host read of a device value: a CUDA graph captured once replays with new seqused_k
     from dispatch import ops
@@ -414,6 +420,7 @@ def test_gpu_gathered_paged_prefill_graph_replays_new_lengths():
 
 
 @pytest.mark.gpu
+@needs_dsl
 @pytest.mark.parametrize("kv_kind,window,sink", [("16bit", (-1, -1), True), ("fp8", (100, 0), False)])
 def test_gpu_repeated_calls_take_the_prepared_launcher(kv_kind, window, sink, monkeypatch):
     # from the second eager call of a signature on, the launcher specialize_attention_prefill_paged prepared runs
