@@ -46,7 +46,13 @@ def test_fp8_schedule_config_rules():
     decode = pick_config("fp8", 4096, 7168, 256, "masked", False, 16)
     assert fields(decode) == PLAIN_SCHEDULE == dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False,
                                                     epilogue="direct")
-    assert fields(pick_config("bf16", 4096, 7168, 32, "contiguous", False, 512)) == PLAIN_SCHEDULE
+    # bf16 / fp16: the plain schedule; at the 128 x 256 tile the smem epilogue (3 stages), other tiles direct
+    wide_bf16 = pick_config("bf16", 4096, 7168, 32, "contiguous", False, 512)
+    assert fields(wide_bf16) == dict(PLAIN_SCHEDULE, epilogue="smem") and wide_bf16.stages == 3
+    assert pick_config("fp16", 7168, 2048, 32, "masked", True, 256).epilogue == "smem"
+    assert fields(pick_config("bf16", 4224, 7168, 32, "contiguous", False, 512)) == PLAIN_SCHEDULE  # 128 x 128
+    assert fields(pick_config("bf16", 4096, 7168, 256, "masked", False, 16)) == PLAIN_SCHEDULE  # 64 x 128
+    assert pick_config("bf16", 4096, 7168, 32, "contiguous", False, 512, epilogue="direct").stages == 4
     plain = pick_config("fp8", 4096, 7168, 32, "contiguous", False, 512, **PLAIN_SCHEDULE)
     assert fields(plain) == PLAIN_SCHEDULE and plain.stages == 6 and plain.key() != base.key()
     # field by field: an overridden promote_run 0 turns the rule's scale_prefetch off; the rest stays the rule's
@@ -249,7 +255,8 @@ def deepseek_sampled_reference(a, sa, w, sw, ids):
 def test_epilogue_prefetch_sass_bf16():
     """epilogue_prefetch on the bf16 kernel (128 x 256 tile, contiguous, row weights): compiles without spills, the
     same stores."""
-    cfg, d = compile_dump(("bf16", 4096, 7168, 32, "contiguous", True, 256), epilogue_prefetch=True)
+    cfg, d = compile_dump(("bf16", 4096, 7168, 32, "contiguous", True, 256), epilogue_prefetch=True,
+                          epilogue="direct")
     ops = d.opcodes()
     assert re.findall(r"\bHGMMA\.[0-9x]+\.F32\S*", d.sass) == ["HGMMA.64x256x16.F32.BF16"] * 8, ops
     assert d.count("LDL") == 0 and d.count("STL") == 0, ops
@@ -275,6 +282,6 @@ def test_gpu_bf16_epilogue_variants(layout):
             a, w, mm, rw = _masked_case(5, 160, 512, 256, [0, 160, 3, 65, 129], torch.bfloat16, 63, True)
             args = (a.cuda(), w.cuda(), None, mm.cuda(), rw.cuda())
         out = moe_gemm_bf16(*args, tiles=dict(tiles, **extra))
-        base = moe_gemm_bf16(*args, tiles=tiles)
+        base = moe_gemm_bf16(*args, tiles=dict(tiles, epilogue="direct"))
         torch.cuda.synchronize()
         assert torch.equal(out, base), (tiles, extra, (out.float() - base.float()).abs().max())

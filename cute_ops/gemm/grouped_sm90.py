@@ -105,6 +105,9 @@ FP8_SHORT_K, FP8_SHORT_K_RUN = 2048, 4
 # the schedule of bf16 / fp16 and of FP8 groups under FP8_PREFILL_ROWS rows: no promotion overlap (bf16 has no
 # promotion; FP8 decode is at the copy roof), the direct epilogue
 PLAIN_SCHEDULE = dict(promote_run=0, scale_prefetch=False, epilogue_prefetch=False, epilogue="direct")
+# bf16 / fp16 at 128 x 256 stage the output in smem (3 stages instead of 4): at DeepSeek-V3 dims on the H200,
+# 1.02-1.10x the direct epilogue (GEMM1 / GEMM2 at 256 and 512 rows per expert, docs/cute.md, Measured)
+BF16_SMEM_EPILOGUE_TILE = (128, 256)
 FP8_PREFILL_ROWS = 128
 # FP8 prefill from 256 rows per group, N a multiple of 256: 128 x 256 waves + smem epilogue, twice the MMA work per
 # stage for 1.5x its bytes, faster than 128 x 128 from 256 rows (slower at 128: docs/cute.md, alternatives
@@ -235,6 +238,8 @@ def pick_config(dtype: str, n: int, k: int, num_groups: int, layout: str, row_we
     if why:
         raise ValueError(why)
     rule = dict(PLAIN_SCHEDULE)
+    if dtype != "fp8" and (tile_m, tile_n) == BF16_SMEM_EPILOGUE_TILE:
+        rule["epilogue"] = "smem"
     if dtype == "fp8" and rows_per_group >= FP8_PREFILL_ROWS:
         rule = dict(FP8_PREFILL_SCHEDULE)
         if k <= FP8_SHORT_K:
