@@ -130,10 +130,10 @@ CUTE_GEMM_FP8_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: FP
 CUTE_GEMM_BF16_WHY = ("CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: bf16 from 512 rows/expert, "
                       "256 at K >= 4096")
 
-# DeepSeek-V3.2 indexer scores (triton_ops/attention/indexer.py): not yet run on a GPU (tests and the benchmark case
-# perf/cases/attention_mla.py wait for one); ranked as every Triton row so that GPUs take it.
+# DeepSeek-V3.2 indexer scores (triton_ops/attention/indexer.py): 29x the bmm form at V3.2 dims on the H200
+# (docs/attention.md, Measured).
 INDEX_SCORES_WHY = ("per-head scores kept in registers, key tile reused for every head, fully masked tiles "
-                    "skipped; unmeasured: never run on a GPU yet")
+                    "skipped: 29x the bmm form at V3.2 prefill dims (H200)")
 
 DECODE_ROWS = 64  # the benchmarks' decode bucket (M <= 64 tokens)
 
