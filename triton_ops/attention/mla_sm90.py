@@ -226,13 +226,16 @@ def _issue_s(t, W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, full_n, full
             mbarrier.wait(full_n.index(2 * W + h), (t // 2) & 1)
         _zero_rows_from(kn_smem.index(2 * W), sk - k0)
         _zero_rows_from(kn_smem.index(2 * W + 1), sk - k0)
-    return _qk_parts(t, W, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, s_layout)
+    return _qk_parts(t, W, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, True, s_layout)
 
 
 @gluon.jit
-def _qk_parts(t, W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, s_layout: gl.constexpr):
+def _qk_parts(t, W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, ROPE_PART: gl.constexpr,
+              s_layout: gl.constexpr):
     """Warpgroup W's own tile t (slot W): issue S_t = Q K_t^T part by part as the parts land (the own NoPE half
-    first, then the other, then the RoPE part). Returns S's token (async)."""
+    first, then the other, then the RoPE part). ROPE_PART False (a 512-column key whose two halves hold the whole
+    row, RoPE included: mla_sm90_fp8.py's v4 cache): S is the two halves; full_r is still waited, since what the
+    caller reads after S (that kernel's bias row) is published with it. Returns S's token (async)."""
     ph = (t // 2) & 1
     # The buffer indices' offset qz = t >> 30 (0) is opaque to the compiler: the Q and key descriptors are
     # rebuilt per tile instead of being hoisted out of the loop (36 64-bit values per tile: spills)
@@ -244,7 +247,9 @@ def _qk_parts(t, W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, full_n, ful
         s = warpgroup_mma(q_smem.index(hk + qz), kn_smem.index(2 * W + hk + qz).permute((1, 0)), s,
                           use_acc=k > 0, is_async=True)
     mbarrier.wait(full_r.index(W), ph)
-    return warpgroup_mma(qr_smem.index(qz), kr_smem.index(W + qz).permute((1, 0)), s, is_async=True)
+    if ROPE_PART:
+        s = warpgroup_mma(qr_smem.index(qz), kr_smem.index(W + qz).permute((1, 0)), s, is_async=True)
+    return s
 
 
 @gluon.jit
