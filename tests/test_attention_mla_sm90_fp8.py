@@ -32,6 +32,9 @@ from triton_ops.contract.kv_cache import DS_LAYOUTS
 LAYOUTS = ("v32", "v4")
 TMA_Q_BOXES = {"v32": 3, "v4": 2}  # Q by TMA: two 256-column halves (+ v32's 64-column RoPE part)
 V_DIM = 512  # both layouts' value: v32's NoPE part, v4's whole row (RoPE columns included)
+# every (layout, value width) the kernel takes: v4 also with its 448-column NoPE part as the value (the op's default)
+LAYOUT_VDIMS = [pytest.param(layout, v_dim, id=f"{layout}-v{v_dim}") for layout in LAYOUTS
+                for v_dim in M.V_DIMS[layout]]
 
 # ------------------------------------------------------------------------------------------- compile-only (CPU)
 
@@ -43,11 +46,12 @@ _COMPILE = textwrap.dedent("""
     from cute_ops._sass import disassemble
     from triton_ops.attention import mla_sm90_fp8 as M
     res = {"triton": triton.__version__, "configs": []}
-    shapes = ((1, 128, True, False), (2, 128, True, True), (1, 64, False, False))
-    for layout, (sq, h, causal, final) in itertools.product(M.LAYOUTS, shapes):
-        c = M.compile_sm90(sq, h, causal, final, any_version=True, layout=layout)
+    shapes = ((1, 128, True, False, 512), (2, 128, True, True, 512), (1, 64, False, False, 512))
+    configs = [*itertools.product(M.LAYOUTS, shapes), ("v4", (1, 128, True, True, 448))]
+    for layout, (sq, h, causal, final, v_dim) in configs:
+        c = M.compile_sm90(sq, h, causal, final, any_version=True, layout=layout, v_dim=v_dim)
         ptx = c.asm["ptx"]
-        res["configs"].append({"layout": layout, "cfg": [sq, h, causal, final],
+        res["configs"].append({"layout": layout, "cfg": [sq, h, causal, final, v_dim],
                                "wgmma": ptx.count("wgmma.mma_async"),
                                "tma": ptx.count("cp.async.bulk.tensor"), "setmaxnreg": ptx.count("setmaxnreg"),
                                "cp_async16": ptx.count("cp.async.cg.shared.global"),
@@ -67,7 +71,7 @@ def test_sm90_compile_triton36():
     assert res["triton"].startswith("3.6."), res["triton"]
     assert sorted({r["layout"] for r in res["configs"]}) == sorted(LAYOUTS), res["configs"]
     for r in res["configs"]:
-        what = f"triton {res['triton']} {r['layout']} (Sq, H, causal, final) = {r['cfg']}"
+        what = f"triton {res['triton']} {r['layout']} (Sq, H, causal, final, v_dim) = {r['cfg']}"
         assert r["wgmma"] > 0 and r["tma"] == TMA_Q_BOXES[r["layout"]], f"{what}: {r}"  # Q by TMA, keys gathered
         assert r["cp_async16"] > 0 and r["e4m3"] > 0, f"{what}: no cp.async gather / E4M3 unpacking: {r}"
         assert r["setmaxnreg"] > 0, f"{what}: no register reallocation between the partitions"
@@ -105,11 +109,15 @@ def test_refusals_name_the_reason(monkeypatch, layout):
     other = "v4" if layout == "v32" else "v32"  # the other FP8 layout: q's width is not its D
     a = list(c.args())
     for i, value, expect in ((4, None, "sparse"), (5, "bf16", "layout 'bf16'"), (5, other, f"layout {other!r}"),
-                             (6, 448, "v_dim 448"), (9, 128, "window_left 128"), (7, float("inf"), "softmax_scale")):
+                             (6, 300, "v_dim 300"), (9, 128, "window_left 128"), (7, float("inf"), "softmax_scale")):
         b = list(a)
         b[i] = value
         why = M.supports_mla_decode_sparse_fp8_sm90(*b)
         assert why and expect in why, (i, why)
+    b = list(a)
+    b[6] = 448  # the NoPE part as the value: v4's (O's RoPE columns not stored), not v32's (448 of its 512)
+    why = M.supports_mla_decode_sparse_fp8_sm90(*b)
+    assert (why is None) if layout == "v4" else (why and "v_dim 448" in why), why
     for kw, expect in ((dict(h=32), "32 query heads"), (dict(sq=3), "3 queries"),
                        (dict(layout="bf16", v_dim=None), "layout")):
         ci = _case(np.random.default_rng(1), **{"layout": layout, **kw})
@@ -143,18 +151,18 @@ def test_split_rule():
         assert cfg.num_splits * cfg.tiles_per_split >= tiles > (cfg.num_splits - 1) * cfg.tiles_per_split, cfg
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_launcher_dry_run(monkeypatch, layout):
+@pytest.mark.parametrize("layout,v_dim", LAYOUT_VDIMS)
+def test_launcher_dry_run(monkeypatch, layout, v_dim):
     """The host side on CPU tensors up to the launch (the kernel itself is stubbed): grid, the Q descriptors, the
-    cache's byte views and block stride (v4: blocks padded to a multiple of 576 bytes), the split buffers, the
-    constexprs."""
+    cache's byte views and block stride (v4: blocks padded to a multiple of 576 bytes), the split buffers (the
+    value's width), the constexprs."""
     seen = []
     monkeypatch.setattr(M, "supports_mla_decode_sparse_fp8_sm90", lambda *a: None)
     monkeypatch.setattr(M, "sm_count", lambda dev: 132)
     monkeypatch.setattr(M, "device_index", lambda dev: 0)
     monkeypatch.setattr(M, "launch", lambda kernel, grid, *args, **kw: seen.append((grid, args, kw)))
     monkeypatch.setattr(M, "reduce_splits", lambda o_buf, l_buf, out, lse, n: o_buf is out or seen.append("reduce"))
-    c = _case(np.random.default_rng(2), layout=layout, batch=3, lens=[300, 5, 64], sq=2, topk=200)
+    c = _case(np.random.default_rng(2), layout=layout, batch=3, lens=[300, 5, 64], sq=2, topk=200, v_dim=v_dim)
     M.mla_decode(*c.args(2))
     (grid, args, kw), red = seen
     assert grid == (2, 3 * 2, 2) and red == "reduce"  # H / 64 head blocks, B x Sq, splits
@@ -169,18 +177,19 @@ def test_launcher_dry_run(monkeypatch, layout):
     assert kv8.data_ptr() == kvb.data_ptr() == kv32.data_ptr() == c.kv_cache.data_ptr()
     bt, seq, idx, o_buf, l_buf = args[5:10]
     assert bt is c.block_table and seq is c.seqused_k and idx is c.indices
-    assert o_buf.shape == (3, 2, 128, 2, 512) and o_buf.dtype == torch.float32 and l_buf.shape == (3, 2, 128, 2)
+    assert o_buf.shape == (3, 2, 128, 2, v_dim) and o_buf.dtype == torch.float32 and l_buf.shape == (3, 2, 128, 2)
     nb = c.kv_cache.shape[0]
     block_bytes = DS_LAYOUTS[layout].padded_block_bytes(64)
     assert c.kv_cache.stride(0) == block_bytes and (layout == "v32") == (block_bytes == 64 * 656)
     # num_blocks, capacity, tiles per split, topk, its tiles, block stride / 16
     assert args[11:17] == (nb, 6 * 64, 2, 200, 4, block_bytes // 16)
     assert kw == dict(SQ=2, H=128, BS=64, CAUSAL=True, FINAL=False, WS_REGS=M.COMPUTE_REGS[layout],
-                      V4=layout == "v4", num_warps=4)
+                      V4=layout == "v4", DV=v_dim, num_warps=4)
     seen.clear()
     M.mla_decode(*c.args(1))
     (grid, args, kw), = seen  # one split: bf16 straight into out, no reduction
     assert grid == (2, 6, 1) and kw["FINAL"] is True and args[8].dtype == torch.bfloat16
+    assert args[8].shape == (3, 2, 128, v_dim)
 
 
 # ------------------------------------------------------------------------------------------------- GPU
@@ -190,13 +199,13 @@ def _sm90():
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-def _gpu_case(seed, layout, lens, sq, h, topk, causal=True, bad_entries=(), bs=64):
-    """A DeepSeek decode batch on the layout's cache (value: 512 columns): random top-k lists over
+def _gpu_case(seed, layout, lens, sq, h, topk, causal=True, bad_entries=(), bs=64, v_dim=V_DIM):
+    """A DeepSeek decode batch on the layout's cache (value: v_dim columns): random top-k lists over
     [-1, max len + 3) (so -1 and out-of-range entries), a quarter of each list pointing at the last 64 keys (the
     recent window an indexer keeps), NaN in every slot no sequence writes."""
     g = np.random.default_rng(seed)
     c = make_case(g, layout=layout, batch=len(lens), lens=lens, sq=sq, h=h, bs=bs,
-                  max_blocks=-(-max(lens) // bs) + 1, topk=topk, v_dim=V_DIM, causal=causal, device="cuda",
+                  max_blocks=-(-max(lens) // bs) + 1, topk=topk, v_dim=v_dim, causal=causal, device="cuda",
                   bad_entries=bad_entries)
     recent = torch.tensor([max(n - 64, 0) for n in lens], dtype=torch.int32, device="cuda").view(-1, 1, 1)
     c.indices[:, :, : topk // 4] = recent + torch.randint(0, 64, (len(lens), sq, topk // 4), device="cuda",
@@ -214,34 +223,34 @@ GPU_CASES = [  # (lens, sq, h, causal, splits, block size)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout,v_dim", LAYOUT_VDIMS)
 @pytest.mark.parametrize("lens,sq,h,causal,splits,bs", GPU_CASES)
-def test_gpu_matches_reference(lens, sq, h, causal, splits, bs, layout):
+def test_gpu_matches_reference(lens, sq, h, causal, splits, bs, layout, v_dim):
     if not _sm90():
         pytest.skip("needs an sm_90 GPU")
-    c = _gpu_case(41, layout, lens, sq, h, 2048, causal, bs=bs)
+    c = _gpu_case(41, layout, lens, sq, h, 2048, causal, bs=bs, v_dim=v_dim)
     assert M.supports_mla_decode_sparse_fp8_sm90(*c.args()) is None, M.supports_mla_decode_sparse_fp8_sm90(*c.args())
     want = c.reference()
     for s in splits:
         out, lse = M.mla_decode(*c.args(s))
-        assert_attention_close(out, lse, *want, f"sparse fp8 sm90 {layout} lens={lens} Sq={sq} H={h} "
-                                                f"causal={causal} splits={s} bs={bs}")
+        assert_attention_close(out, lse, *want, f"sparse fp8 sm90 {layout} v_dim={v_dim} lens={lens} Sq={sq} "
+                                                f"H={h} causal={causal} splits={s} bs={bs}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_gpu_empty_lists_bad_pages_and_short_topk(layout):
+@pytest.mark.parametrize("layout,v_dim", LAYOUT_VDIMS)
+def test_gpu_empty_lists_bad_pages_and_short_topk(layout, v_dim):
     """A sequence of length 0 (every entry unused: out 0, lse -inf), one whose list is all -1, bad page ids inside
     the used range (masked keys, never read), a top-k that is not a multiple of 64."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU")
     lens = [2048, 0, 3000]
-    c = _gpu_case(42, layout, lens, 2, 128, 1000, bad_entries=[(0, 3, -1), (2, 7, 2**30)])
+    c = _gpu_case(42, layout, lens, 2, 128, 1000, bad_entries=[(0, 3, -1), (2, 7, 2**30)], v_dim=v_dim)
     c.indices[2, 1].fill_(-1)
     want = c.reference()
     for s in (0, 1, 3):
         out, lse = M.mla_decode(*c.args(s))
-        assert_attention_close(out, lse, *want, f"{layout} empty lists / bad pages, splits={s}")
+        assert_attention_close(out, lse, *want, f"{layout} v_dim={v_dim} empty lists / bad pages, splits={s}")
         assert bool((out[1] == 0).all()) and bool(torch.isneginf(lse[1]).all())
         assert bool(torch.isneginf(lse[2, 1]).all())  # the all -1 list
 
@@ -271,22 +280,25 @@ def test_gpu_cuda_graph_new_lengths_and_indices(splits, layout):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_gpu_dispatch_routes_sparse_fp8_here(layout):
+@pytest.mark.parametrize("layout,v_dim", LAYOUT_VDIMS)
+def test_gpu_dispatch_routes_sparse_fp8_here(layout, v_dim):
     """auto takes this kernel's row for a sparse call on the layout's cache on sm_90 and the portable kernel for
-    the dense call it refuses; the public op's answer matches the reference."""
+    the dense call it refuses; the public op's answer matches the reference (v4's 448-column value: the op's
+    default v_dim)."""
     if not _sm90():
         pytest.skip("needs an sm_90 GPU")
     from dispatch import ops
     from dispatch.registry import select
     from dispatch.table import TABLE
 
-    c = _gpu_case(44, layout, [4096, 2500], 1, 128, 2048)
+    c = _gpu_case(44, layout, [4096, 2500], 1, 128, 2048, v_dim=v_dim)
     entry = select(TABLE["mla_decode"], "mla_decode", "auto", c.args(), {})
     assert entry.impl.endswith("mla_sm90_fp8:mla_decode"), entry
     out, lse = ops.mla_decode(c.q, c.kv_cache, c.block_table, c.seqused_k, indices=c.indices, layout=layout,
-                              v_dim=V_DIM, softmax_scale=c.scale, return_lse=True)
-    assert_attention_close(out, lse, *c.reference(), f"ops.mla_decode auto, sparse {layout} on sm_90")
+                              v_dim=None if v_dim == c.q.shape[-1] - 64 else v_dim, softmax_scale=c.scale,
+                              return_lse=True)
+    assert out.shape[-1] == v_dim, out.shape
+    assert_attention_close(out, lse, *c.reference(), f"ops.mla_decode auto, sparse {layout} v_dim={v_dim} on sm_90")
     dense = dataclasses.replace(c, indices=None)
     entry = select(TABLE["mla_decode"], "mla_decode", "auto", dense.args(), {})
     assert entry.impl.endswith("mla_decode:mla_decode") and "sm90" not in entry.impl, entry

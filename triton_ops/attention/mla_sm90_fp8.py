@@ -1,10 +1,10 @@
 """DeepSeek sparse MLA decode over the FP8 latent caches "v32" (V3.2) and "v4" (V4) for Hopper (sm_90a) in Gluon:
 FlashMLA's sm90 sparse FP8 structure (a gather / dequantization partition and two compute warpgroups, Gluon's
 warp_specialize). Contract: dispatch/reference/attention.py:mla_decode, the sparse "v32" and "v4" calls with H = 64
-or 128 query heads, Sq 1 or 2, v_dim 512 and no window (`supports_mla_decode_sparse_fp8_sm90` names what it
-refuses; the portable triton_ops/attention/mla_decode.py serves the rest). The v32 path has run on an H200 (its GPU
-tests and timings, docs/attention.md); the v4 path is compiled and checked on the CPU only (SASS, no spills), its
-GPU tests not yet run.
+or 128 query heads, Sq 1 or 2, v_dim 512 (v4 also 448) and no window (`supports_mla_decode_sparse_fp8_sm90` names
+what it refuses; the portable triton_ops/attention/mla_decode.py serves the rest). The v32 path has run on an
+H200 (its GPU tests and timings, docs/attention.md); the v4 path is compiled and checked on the CPU only (SASS, no
+spills), its GPU tests not yet run.
 
 Written for Triton 3.6 (the GPU image's) Gluon API, like mla_sm90.py, whose compute schedule (the tile pair
 hand-off of the row max, P over the RoPE part of the slot, the released slots) it reuses function for function;
@@ -17,7 +17,8 @@ list, x one KV split of that list (grid (H / 64, B x Sq, splits)). A cache token
     value is the 512 NoPE columns.
   v4 (per block: block_size x 576 data bytes, then block_size x 8 scale bytes; the block padded to a multiple of
     576 bytes): 448 E4M3 codes | 64 bf16 RoPE, and 7 E8M0 scales (one per 64 columns) | 1 pad; D = 512, the value
-    is the whole 512-column row, RoPE columns included.
+    is the whole 512-column row, RoPE columns included (v_dim 512), or its NoPE part (448: the same O, its last 64
+    columns not stored).
 
 * Q is loaded once by TMA and stays in shared memory: v32 (64 x 576 bf16, 72 KB) as two 256-column NoPE halves and
   the 64-column RoPE part, as in mla_sm90.py; v4 (64 x 512, 64 KB) as two 256-column halves (the RoPE columns are
@@ -112,6 +113,8 @@ OP = "mla_decode"
 V32 = DS_LAYOUTS["v32"]
 V4 = DS_LAYOUTS["v4"]
 LAYOUTS = ("v32", "v4")
+# value widths per layout: v32's NoPE part; v4's NoPE part (O's last 64 columns not stored) or its whole row
+V_DIMS = {"v32": (NOPE,), "v4": (V4.d_nope, NOPE)}
 TILE_KEYS = PAGE_SIZE  # index entries per key tile (the compute schedule's 64-key tiles)
 HEAD_COUNTS = (64, 128)
 QUERY_COUNTS = (1, 2)
@@ -363,9 +366,10 @@ def _sparse_pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_sm
 def _sparse_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, ml_smem, q_bar, full_n, full_r,
                     mx_bar, sm_bar, fin_bar, empty_n, empty_r, n_tiles, sk, r0, b, split, qk_scale, out_ptr, lse_ptr,
                     o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr,
-                    FINAL: gl.constexpr, ROPE_PART: gl.constexpr):
+                    FINAL: gl.constexpr, ROPE_PART: gl.constexpr, DV: gl.constexpr):
     """Compute warpgroup W: S and softmax of tiles t = W (mod 2), O columns [256 W, 256 W + 256) of every tile,
-    then l summed over both warpgroups and its half of the epilogue (rows r0.. = s x H + heads)."""
+    then l summed over both warpgroups and its half of the epilogue (rows r0.. = s x H + heads; the output's DV
+    columns: v4's 448-column value drops O's last 64)."""
     rows, _, m_i, l_i, o = _start(r0, sk, SQ, H)
     s_layout: gl.constexpr = m_i.type.layout.parent
     if n_tiles > 0:
@@ -380,7 +384,7 @@ def _sparse_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, bias_sme
                                             qk_scale, ROPE_PART, s_layout)
         l_i = _sum_l(l_i, W, ml_smem, fin_bar)
     _store_out(o, m_i, l_i, rows, W * HALF, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh,
-               l_sp, SQ, H, FINAL, W == 0)
+               l_sp, SQ, H, FINAL, W == 0, DV)
 
 
 @gluon.jit(do_not_specialize=["num_blocks", "max_ctx", "tiles_per_split", "topk", "topk_tiles"])
@@ -388,9 +392,9 @@ def _mla_sparse_fp8_kernel(q_desc, qr_desc, kv8, kvb, kv32, bt_ptr, seq_ptr, idx
                            num_blocks, max_ctx, tiles_per_split, topk, topk_tiles, bstride16, bt_sb, i_sb, i_ss, o_sb,
                            o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr,
                            BS: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr, WS_REGS: gl.constexpr,
-                           V4: gl.constexpr, num_warps: gl.constexpr):
+                           V4: gl.constexpr, DV: gl.constexpr, num_warps: gl.constexpr):
     """The gather / dequantization partition (this one, 4 warps) and the two compute warpgroups (workers). V4:
-    the v4 cache (qr_desc is q_desc: Q has no separate RoPE part), else v32."""
+    the v4 cache (qr_desc is q_desc: Q has no separate RoPE part), else v32. DV: the output's value columns."""
     bq = gl.program_id(1)  # b x SQ + s: the (sequence, query) whose index list the CTA reads
     split = gl.program_id(2)
     b = bq // SQ
@@ -450,11 +454,11 @@ def _mla_sparse_fp8_kernel(q_desc, qr_desc, kv8, kvb, kv32, bt_ptr, seq_ptr, idx
                         (_sparse_compute, (0, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, ml_smem, q_bar, full_n,
                                            full_r, mx_bar, sm_bar, fin_bar, empty_n, empty_r, n_tiles, sk, r0, b,
                                            split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
-                                           l_sh, l_sp, SQ, H, FINAL, ROPE_PART)),
+                                           l_sh, l_sp, SQ, H, FINAL, ROPE_PART, DV)),
                         (_sparse_compute, (1, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, ml_smem, q_bar, full_n,
                                            full_r, mx_bar, sm_bar, fin_bar, empty_n, empty_r, n_tiles, sk, r0, b,
                                            split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
-                                           l_sh, l_sp, SQ, H, FINAL, ROPE_PART))],
+                                           l_sh, l_sp, SQ, H, FINAL, ROPE_PART, DV))],
                        [4, 4], [WS_REGS, WS_REGS])
 
 
@@ -497,8 +501,9 @@ def supports_mla_decode_sparse_fp8_sm90(q, kv_cache, block_table, seqused_k, ind
     if q.dtype != torch.bfloat16:
         return f"q dtype {q.dtype} is not bf16"
     bsz, sq, h, d = q.shape
-    if d != cache.d or v_dim != NOPE:
-        return f"D {d}, v_dim {v_dim}: with layout {layout!r} this kernel is for D = {cache.d}, v_dim = {NOPE}"
+    if d != cache.d or v_dim not in V_DIMS[layout]:
+        return (f"D {d}, v_dim {v_dim}: with layout {layout!r} this kernel is for D = {cache.d}, v_dim "
+                f"{' or '.join(map(str, V_DIMS[layout]))}")
     if h not in HEAD_COUNTS:
         return f"{h} query heads: this kernel takes {' or '.join(map(str, HEAD_COUNTS))} (64-row blocks of heads)"
     if sq not in QUERY_COUNTS:
@@ -522,9 +527,10 @@ def supports_mla_decode_sparse_fp8_sm90(q, kv_cache, block_table, seqused_k, ind
 
 
 @functools.lru_cache(maxsize=256)
-def _consts(sq: int, h: int, bs: int, causal: bool, final: bool, compute_regs: int, layout: str) -> dict:
+def _consts(sq: int, h: int, bs: int, causal: bool, final: bool, compute_regs: int, layout: str,
+            v_dim: int) -> dict:
     """The kernel's constexprs, cached per call shape (callers only read the dict)."""
-    return dict(SQ=sq, H=h, BS=bs, CAUSAL=causal, FINAL=final, WS_REGS=compute_regs, V4=layout == "v4",
+    return dict(SQ=sq, H=h, BS=bs, CAUSAL=causal, FINAL=final, WS_REGS=compute_regs, V4=layout == "v4", DV=v_dim,
                 num_warps=TMA_WARPS)
 
 
@@ -547,7 +553,7 @@ def _cache_views(kv_cache: torch.Tensor, layout: str):
 
 def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim: int, softmax_scale: float,
                causal: bool, window_left: int, num_splits: int, cfg: SparseFp8Sm90Config | None = None):
-    """(out (B, Sq, H, 512) bf16, lse (B, Sq, H) fp32); see the module docstring. num_splits <= 0 picks the split
+    """(out (B, Sq, H, v_dim) bf16, lse (B, Sq, H) fp32); see the module docstring. num_splits <= 0 picks the split
     count from static sizes; cfg overrides the configuration."""
     check_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal,
                      window_left, num_splits)
@@ -559,7 +565,7 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
     topk = indices.shape[2]
     cfg = cfg or sparse_fp8_sm90_config(bsz, sq, h, topk, sm_count(device_index(q.device)), num_splits,
                                         layout=layout)
-    out = torch.empty(bsz, sq, h, NOPE, dtype=q.dtype, device=q.device)
+    out = torch.empty(bsz, sq, h, v_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(bsz, sq, h, dtype=torch.float32, device=q.device)
     o_buf, l_buf, o_sp, l_sp = split_buffers(out, lse, cfg.num_splits)
     q2d = q.reshape(bsz * sq * h, d)
@@ -575,7 +581,7 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
         cdiv(topk, TILE_KEYS), bstride16, block_table.stride(0), indices.stride(0), indices.stride(1),
         o_buf.stride(0), o_buf.stride(1), o_buf.stride(2), o_sp, l_buf.stride(0), l_buf.stride(1),
         l_buf.stride(2), l_sp,
-        **_consts(sq, h, bs, bool(causal), cfg.num_splits == 1, cfg.compute_regs, layout))
+        **_consts(sq, h, bs, bool(causal), cfg.num_splits == 1, cfg.compute_regs, layout, v_dim))
     reduce_splits(o_buf, l_buf, out, lse, WIDE_REDUCE_ELEMS)
     return out, lse
 
@@ -584,12 +590,13 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
 
 
 def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = False, bs: int = 64,
-                 compute_regs: int | None = None, any_version: bool = False, layout: str = "v32"):
+                 compute_regs: int | None = None, any_version: bool = False, layout: str = "v32",
+                 v_dim: int = NOPE):
     """Compile the kernel for sm_90a without a GPU (host tensors only describe the arguments); returns Triton's
     compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`, `.metadata`). For tests and inspection. any_version: compile
     with a Triton other than the one the kernel is run with (3.6), as a check of the source's portability.
     layout: "v32" or "v4" (a cache shaped as FlashMLA allocates it: v4 blocks padded to a multiple of 576 bytes);
-    compute_regs: the layout's COMPUTE_REGS unless given."""
+    compute_regs: the layout's COMPUTE_REGS unless given; v_dim: one of the layout's V_DIMS."""
     reason = _version_reason()
     if reason and not (any_version and _GLUON_OK):
         raise RuntimeError(reason)
@@ -602,7 +609,7 @@ def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = F
     bt = torch.empty(bsz, max_pages, dtype=torch.int32)
     seq = torch.empty(bsz, dtype=torch.int32)
     idx = torch.empty(bsz, sq, topk, dtype=torch.int32)
-    out = torch.empty(bsz, sq, h, 2, NOPE)
+    out = torch.empty(bsz, sq, h, 2, v_dim)
     lse = torch.empty(bsz, sq, h, 2)
     qd, qrd = _q_descriptors(q, layout)
     args = dict(q_desc=qd, qr_desc=qrd, kv8=kv8, kvb=kvb, kv32=kv32, bt_ptr=bt, seq_ptr=seq, idx_ptr=idx,
@@ -612,5 +619,5 @@ def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = F
                 o_sb=out.stride(0), o_ss=out.stride(1), o_sh=out.stride(2), o_sp=out.stride(3), l_sb=lse.stride(0),
                 l_ss=lse.stride(1), l_sh=lse.stride(2), l_sp=lse.stride(3))
     regs = COMPUTE_REGS[layout] if compute_regs is None else compute_regs
-    return compile_gluon_sm90(_mla_sparse_fp8_kernel, args, _consts(sq, h, bs, causal, final, regs, layout),
+    return compile_gluon_sm90(_mla_sparse_fp8_kernel, args, _consts(sq, h, bs, causal, final, regs, layout, v_dim),
                               ("num_blocks", "max_ctx", "tiles_per_split", "topk", "topk_tiles"))
