@@ -128,10 +128,11 @@ def _scale_rows(o, f):
     return o * gl.expand_dims(gl.convert_layout(f, gl.SliceLayout(1, o.type.layout), assert_trivial=True), 1)
 @gluon.jit
 def _store_out(o, m_i, l_i, rows, col0, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp,
-               SQ: gl.constexpr, H: gl.constexpr, FINAL: gl.constexpr, LSE: gl.constexpr):
+               SQ: gl.constexpr, H: gl.constexpr, FINAL: gl.constexpr, LSE: gl.constexpr, DV: gl.constexpr):
     """Epilogue: O / l into columns col0.. of the output (bf16 when FINAL, else the fp32 split partial) and (LSE)
     the log-sum-exp; l = 0 where no key was seen (O is 0 there too): out 0, lse -inf. Stores straight from the
-    wgmma layout with a row mask (rows past Sq * H belong to the next sequence, or nothing)."""
+    wgmma layout with a row mask (rows past Sq * H belong to the next sequence, or nothing) and, where the output
+    has fewer than 512 columns (DV), a column mask."""
     o_layout: gl.constexpr = o.type.layout
     seen = l_i > 0.0
     inv = gl.convert_layout(gl.where(seen, 1.0 / l_i, 0.0), gl.SliceLayout(1, o_layout), assert_trivial=True)
@@ -141,6 +142,8 @@ def _store_out(o, m_i, l_i, rows, col0, b, split, out_ptr, lse_ptr, o_sb, o_ss, 
     o_off = (b.to(gl.int64) * o_sb + (o_rows // H) * o_ss + (o_rows % H) * o_sh + split * o_sp)
     o_ptrs = out_ptr + gl.expand_dims(o_off, 1) + gl.expand_dims(o_cols, 0)
     o_mask = gl.expand_dims(o_rows < SQ * H, 1)
+    if DV < 2 * HALF:
+        o_mask = o_mask & gl.expand_dims(o_cols < DV, 0)
     if FINAL:
         gl.store(o_ptrs, o.to(gl.bfloat16), mask=o_mask)
     else:
@@ -226,13 +229,16 @@ def _issue_s(t, W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, full_n, full
             mbarrier.wait(full_n.index(2 * W + h), (t // 2) & 1)
         _zero_rows_from(kn_smem.index(2 * W), sk - k0)
         _zero_rows_from(kn_smem.index(2 * W + 1), sk - k0)
-    return _qk_parts(t, W, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, s_layout)
+    return _qk_parts(t, W, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, True, s_layout)
 
 
 @gluon.jit
-def _qk_parts(t, W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, s_layout: gl.constexpr):
+def _qk_parts(t, W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, full_n, full_r, ROPE_PART: gl.constexpr,
+              s_layout: gl.constexpr):
     """Warpgroup W's own tile t (slot W): issue S_t = Q K_t^T part by part as the parts land (the own NoPE half
-    first, then the other, then the RoPE part). Returns S's token (async)."""
+    first, then the other, then the RoPE part). ROPE_PART False (a 512-column key whose two halves hold the whole
+    row, RoPE included: mla_sm90_fp8.py's v4 cache): S is the two halves; full_r is still waited, since what the
+    caller reads after S (that kernel's bias row) is published with it. Returns S's token (async)."""
     ph = (t // 2) & 1
     # The buffer indices' offset qz = t >> 30 (0) is opaque to the compiler: the Q and key descriptors are
     # rebuilt per tile instead of being hoisted out of the loop (36 64-bit values per tile: spills)
@@ -244,7 +250,9 @@ def _qk_parts(t, W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, full_n, ful
         s = warpgroup_mma(q_smem.index(hk + qz), kn_smem.index(2 * W + hk + qz).permute((1, 0)), s,
                           use_acc=k > 0, is_async=True)
     mbarrier.wait(full_r.index(W), ph)
-    return warpgroup_mma(qr_smem.index(qz), kr_smem.index(W + qz).permute((1, 0)), s, is_async=True)
+    if ROPE_PART:
+        s = warpgroup_mma(qr_smem.index(qz), kr_smem.index(W + qz).permute((1, 0)), s, is_async=True)
+    return s
 
 
 @gluon.jit
@@ -389,7 +397,7 @@ def _compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, ml_smem, q_bar,
         l_i = _sum_l(l_i, W, ml_smem, fin_bar)
     # Epilogue: this warpgroup's 256 columns; warpgroup 0 writes the LSE.
     _store_out(o, m_i, l_i, rows, W * HALF, b, split, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh,
-               l_sp, SQ, H, FINAL, W == 0)
+               l_sp, SQ, H, FINAL, W == 0, D_NOPE)
 
 
 @gluon.jit(do_not_specialize=["num_blocks", "pages_per_split"])
