@@ -2,9 +2,8 @@
 FlashMLA's sm90 sparse FP8 structure (a gather / dequantization partition and two compute warpgroups, Gluon's
 warp_specialize). Contract: dispatch/reference/attention.py:mla_decode, the sparse "v32" and "v4" calls with H = 64
 or 128 query heads, Sq 1 or 2, v_dim 512 (v4 also 448) and no window (`supports_mla_decode_sparse_fp8_sm90` names
-what it refuses; the portable triton_ops/attention/mla_decode.py serves the rest). The v32 path has run on an
-H200 (its GPU tests and timings, docs/attention.md); the v4 path is compiled and checked on the CPU only (SASS, no
-spills), its GPU tests not yet run.
+what it refuses; the portable triton_ops/attention/mla_decode.py serves the rest). Both paths pass their GPU tests
+on an H200 and are timed there (docs/attention.md).
 
 Written for Triton 3.6 (the GPU image's) Gluon API, like mla_sm90.py, whose compute schedule (the tile pair
 hand-off of the row max, P over the RoPE part of the slot, the released slots) it reuses function for function;
