@@ -1,9 +1,9 @@
 """Kernel variants that benchmarks time beside the table's choice (the `triton-*` peers of perf/cases/moe.py and
-perf/cases/moe_gemm.py): a Triton entry run with a setting the dispatcher never picks, named here so that the
-benchmarks reach kernels through dispatch only. Not table rows and not torch ops: each calls its kernel entry
-directly, with that entry's own argument checks; the arguments are the op's backend arguments (its public
-wrapper's defaults filled in) plus the forced setting. The kernel modules are imported on first use, as the
-table's are (importing this module imports no Triton)."""
+perf/cases/moe_gemm.py, the tile sweeps of perf/scripts): a Triton or CuTe entry run with a setting the dispatcher
+never picks, named here so that the benchmarks reach kernels through dispatch only. Not table rows and not torch
+ops: each calls its kernel entry directly, with that entry's own argument checks; the arguments are the op's
+backend arguments (its public wrapper's defaults filled in) plus the forced setting. The kernel modules are
+imported on first use, as the table's are (importing this module imports no Triton)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,14 @@ def moe_masked_layout_three_launch(topk_ids, expert_map, num_experts: int, max_m
     from triton_ops.moe.align import moe_masked_layout
 
     return moe_masked_layout(topk_ids, expert_map, num_experts, max_m, path="general")
+
+
+def moe_gemm_bf16_cute_tiled(a, w, m_indices, masked_m, *, tiles: dict):
+    """moe_gemm_bf16's sm_90 CuTe grouped GEMM with `tiles` (tile_m / tile_n / stages / epilogue ...) overriding
+    `pick_config`'s rule field by field."""
+    from cute_ops.gemm.grouped_sm90 import moe_gemm_bf16
+
+    return moe_gemm_bf16(a, w, m_indices, masked_m, tiles=dict(tiles))
 
 
 def moe_gemm_mxfp4_dot_scaled(a, w_packed, w_scale, m_indices, masked_m):

@@ -54,3 +54,22 @@ def test_gpu_mxfp4_dot_scaled_matches_the_table_row():
     want = ops.moe_gemm_mxfp4(a, w, ws, m_indices=m_indices, backend="torch")
     live = m_indices >= 0
     assert_close(got[live], want[live], "tl.dot_scaled MXFP4 against the reference")
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_cute_tiled_matches_the_table_row():
+    # the sweep's tile overrides run the same grouped GEMM: the same bytes as the table's cute row (every epilogue
+    # stores the same fp32 accumulators once)
+    from cute_ops import unavailable_reason
+
+    if unavailable_reason() is not None or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"the sm_90 CuTe grouped GEMM: {unavailable_reason() or 'not an sm_90 GPU'}")
+    g = torch.Generator().manual_seed(3)
+    e, n, k, rows = 4, 256, 512, 512
+    w = (torch.randn(e, n, k, generator=g) * k ** -0.5).to(torch.bfloat16).cuda()
+    a = torch.randn(rows, k, generator=g).to(torch.bfloat16).cuda()
+    m_indices = torch.arange(e, dtype=torch.int32).repeat_interleave(rows // e).cuda()
+    want = ops.moe_gemm_bf16(a, w, m_indices=m_indices, backend="cute")
+    for tiles in (dict(tile_n=128), dict(tile_n=256, epilogue="direct"), dict(tile_n=256, epilogue="smem")):
+        got = variants.moe_gemm_bf16_cute_tiled(a, w, m_indices, None, tiles=tiles)
+        assert torch.equal(got, want), tiles

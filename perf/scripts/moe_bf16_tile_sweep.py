@@ -15,7 +15,7 @@ import json
 import torch
 import triton.testing
 
-from dispatch import ops
+from dispatch import ops, variants
 
 CASES = {  # name: (N, K)
     "GEMM1": (4096, 7168),
@@ -29,8 +29,6 @@ def _time(fn) -> float:
 
 
 def sweep_case(name: str, n: int, k: int, e: int, rows: int) -> list[dict]:
-    from cute_ops.gemm import grouped_sm90
-
     a = torch.randn(e * rows, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
     m_indices = torch.arange(e, device="cuda", dtype=torch.int32).repeat_interleave(rows)
@@ -44,7 +42,7 @@ def sweep_case(name: str, n: int, k: int, e: int, rows: int) -> list[dict]:
     }
     for t in CUTE_TILES:
         label = "cute " + " ".join(f"{key}={val}" for key, val in t.items())
-        providers[label] = (lambda t=t: grouped_sm90.moe_gemm_bf16(a, w, m_indices, None, tiles=dict(t)))
+        providers[label] = (lambda t=t: variants.moe_gemm_bf16_cute_tiled(a, w, m_indices, None, tiles=t))
     want = providers["torch._grouped_mm"]().float()
     flops = 2 * e * rows * n * k
     base, out = None, []
