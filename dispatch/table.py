@@ -58,17 +58,18 @@ ATTN_CUTE_WHY = "CuTeDSL TMA + WGMMA forward, ping-pong warpgroups, persistent g
 # our bf16 path and 1.62x cuDNN's bf16 at 16 x 8k (page tiles, V converted to fp16 before its operand layout).
 ATTN_DECODE_WHY = "GQA heads packed per KV head; page tiles; split-KV, LSE-merged; 0.88-0.97x cuDNN, FP8 1.7x (H100)"
 # H100: the sm_90 wgmma tiles 4.5-7.4x the mma tiles, 0.33-0.45x FlashMLA (docs/attention.md).
-# The GPU backend of mla_decode for every call the sm_90 Gluon row (MLA_SM90_WHY) refuses.
+# The GPU backend of mla_decode for every call the sm_90 Gluon rows (MLA_SM90_WHY, MLA_SM90_FP8_WHY) refuse.
 MLA_DECODE_WHY = "heads sharing keys packed per tile (wgmma on sm_90); FP8 dequant in registers; 0.33-0.45x FlashMLA"
 # sm_90 Gluon MLA decode (triton_ops/attention/mla_sm90.py): FlashMLA's structure (Q resident in shared memory, a TMA
 # partition loading page tiles that serve K and V, two compute warpgroups handing the row max over within tile
 # pairs); bf16 dense cache, D 576, page 64 only. H200 (CUDA graph, docs/attention.md): 0.85-0.93x FlashMLA.
 MLA_SM90_WHY = "Gluon TMA page tiles + warpgroup MMA, Q resident (sm_90a, Triton 3.6): bf16 dense; 0.85-0.93x FlashMLA"
-# sm_90 Gluon sparse FP8 MLA decode (triton_ops/attention/mla_sm90_fp8.py): a gather / dequantization partition feeding
-# the bf16 kernel's two compute warpgroups; the sparse calls on the V3.2 "v32" and V4 "v4" caches. H200 (CUDA graph,
-# docs/attention.md), v32: 287-292 TFLOP/s, 2.0-2.3x the portable kernel; v4: 2.2x the portable kernel.
-MLA_SM90_FP8_WHY = ("Gluon gather, E4M3 dequant in registers, warpgroup MMA (sm_90a, Triton 3.6): v32 / v4 sparse; "
-                    "2.0-2.3x the portable kernel (H200)")
+# sm_90 Gluon FP8 MLA decode (triton_ops/attention/mla_sm90_fp8.py): a gather / dequantization partition feeding
+# the bf16 kernel's two compute warpgroups; the sparse and dense calls on the V3.2 "v32" and V4 "v4" caches. H200
+# (CUDA graph, docs/attention.md), sparse v32: 287-292 TFLOP/s, 2.0-2.3x the portable kernel; sparse v4: 2.2x the
+# portable kernel. Dense (the list 0 .. capacity - 1, tiles past seqused_k skipped): not yet run on a GPU.
+MLA_SM90_FP8_WHY = ("Gluon gather, E4M3 dequant in registers, warpgroup MMA (sm_90a, Triton 3.6): v32 / v4 sparse "
+                    "and dense; sparse 2.0-2.3x the portable kernel (H200), dense not yet timed")
 # H100 (docs/moe_gemm.md, measured table): decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped
 # GEMMs; prefill (256 rows / expert) 0.47-0.69x them (tiles not tuned for prefill).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"
@@ -359,7 +360,7 @@ ROWS: tuple[Entry, ...] = (
     Entry("mla_decode", "triton", ("sm_90",), "triton_ops.attention.mla_sm90:mla_decode", TRITON_SM90_GLUON,
           MLA_SM90_WHY, "triton_ops.attention.mla_sm90:supports_mla_decode_sm90"),
     Entry("mla_decode", "triton", ("sm_90",), "triton_ops.attention.mla_sm90_fp8:mla_decode", TRITON_SM90_GLUON,
-          MLA_SM90_FP8_WHY, "triton_ops.attention.mla_sm90_fp8:supports_mla_decode_sparse_fp8_sm90"),
+          MLA_SM90_FP8_WHY, "triton_ops.attention.mla_sm90_fp8:supports_mla_decode_fp8_sm90"),
     *triton_rows("mla_decode", "triton_ops.attention.mla_decode:mla_decode", MLA_DECODE_WHY,
                  supports="triton_ops.attention.mla_decode:supports_mla_decode"),
     Entry("mla_decode", "torch", ALL, "dispatch.reference.attention:mla_decode", TORCH_REF, REFERENCE_WHY),

@@ -1,9 +1,16 @@
-"""DeepSeek sparse MLA decode over the FP8 latent caches "v32" (V3.2) and "v4" (V4) for Hopper (sm_90a) in Gluon:
-FlashMLA's sm90 sparse FP8 structure (a gather / dequantization partition and two compute warpgroups, Gluon's
-warp_specialize). Contract: dispatch/reference/attention.py:mla_decode, the sparse "v32" and "v4" calls with H = 64
-or 128 query heads, Sq 1 or 2, v_dim 512 (v4 also 448) and no window (`supports_mla_decode_sparse_fp8_sm90` names
-what it refuses; the portable triton_ops/attention/mla_decode.py serves the rest). Both paths pass their GPU tests
-on an H200 and are timed there (docs/attention.md).
+"""DeepSeek MLA decode over the FP8 latent caches "v32" (V3.2) and "v4" (V4) for Hopper (sm_90a) in Gluon, sparse
+(an index list per query) and dense (every key below seqused_k): FlashMLA's sm90 sparse FP8 structure (a gather /
+dequantization partition and two compute warpgroups, Gluon's warp_specialize). Contract:
+dispatch/reference/attention.py:mla_decode, the "v32" and "v4" calls with H = 64 or 128 query heads, Sq 1 or 2,
+v_dim 512 (v4 also 448) and no window (`supports_mla_decode_fp8_sm90` names what it refuses; the portable
+triton_ops/attention/mla_decode.py serves the rest). Both sparse paths pass their GPU tests on an H200 and are timed
+there (docs/attention.md); the dense calls (constexpr DENSE) have not yet run on a GPU.
+
+Dense = sparse with the implicit list 0 .. capacity - 1 (capacity = block_table.shape[1] x block_size): list entry
+e is position e (no index list is read), masked as in sparse mode (past min(seqused_k, capacity), causal, bad page
+ids). The split rule takes the capacity in place of topk (static); each split's tile count is dynamic: both
+partitions take only the split's tiles below the sequence's end (and, causal, the query's position), so a 1k-token
+sequence in a 128k-capacity table costs 16 tiles, and a split past the end takes none (out 0, lse -inf partials).
 
 Written for Triton 3.6 (the GPU image's) Gluon API, like mla_sm90.py, whose compute schedule (the tile pair
 hand-off of the row max, P over the RoPE part of the slot, the released slots) it reuses function for function;
@@ -46,8 +53,8 @@ list, x one KV split of that list (grid (H / 64, B x Sq, splits)). A cache token
   to S (no positions needed in the compute warpgroups). P goes over v32's RoPE part of the slot; v4 keeps a
   64 x 64 P buffer per slot in its place.
 * Split-KV: split j covers index entries [j x tps x 64, (j + 1) x tps x 64) (tps tiles per split) with the split
-  count from static sizes only (B, Sq, H, topk: CUDA-graph safe); fp32 partials and LSEs go through decode.py's
-  split reduction. One split writes bf16 directly. A row that sees no key: out 0, lse -inf.
+  count from static sizes only (B, Sq, H, topk or the dense capacity: CUDA-graph safe); fp32 partials and LSEs go
+  through decode.py's split reduction. One split writes bf16 directly. A row that sees no key: out 0, lse -inf.
 
 Budgets. Shared memory (v32): Q 72 KB + 2 slots x (64 x 576 bf16) = 144 KB -> 216 KB, + 512 B of bias, the row-max
 / row-sum hand-off (1 KB) and the mbarriers: 223216 B compiled, of the 232448 an H100 / H200 CTA may use; an FP8
@@ -58,7 +65,9 @@ one CTA per SM): the two compute warpgroups take COMPUTE_REGS (v32 192, v4 200) 
 (v32: 65536 - 2 x 128 x 192 = 16384 -> 120 per thread after Triton's reserve: 64 for a tile's codes in flight, 16
 for their scales, the row offsets of this tile and the next; v4: 104, with 56 for the codes and 4 for the scale
 words, carrying the next tile's pages and slots rather than its offsets). Triton 3.6 compiles both without spills
-(the compile test checks the SASS).
+(the compile test checks the SASS). Dense v32 (a tile count from seqused_k, a per-thread value where sparse's is
+uniform) spills 2-3 values per compute warpgroup, stored before the pair loop and reloaded for the lone last tile:
+once per CTA, never inside the loop (the compile test bounds them); dense v4 compiles without spills.
 """
 
 from __future__ import annotations
@@ -143,13 +152,20 @@ V4_CHUNK: tl.constexpr = tl.constexpr(V4.tile)  # NoPE columns per E8M0 scale
 
 @gluon.jit
 def _tile_slots(t, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, BS: gl.constexpr, CAUSAL: gl.constexpr,
-                row_layout: gl.constexpr):
-    """Index entries lo + 64 t .. of the query's list: (each token's page, slot in the page, used). Unused:
-    an entry past hi (the split's end), < 0, >= min(seqused_k, capacity) (n_valid), after the query (causal), or
-    behind a page id outside [0, num_blocks); its page and slot are 0 (never read: every load of it is masked)."""
+                DENSE: gl.constexpr, row_layout: gl.constexpr):
+    """Index entries lo + 64 t .. of the query's list: (each token's page, slot in the page, used). DENSE: the
+    implicit list 0 .. capacity - 1 (entry e is position e; i_row is not read). Unused: an entry past hi (the
+    split's end), < 0, >= min(seqused_k, capacity) (n_valid), after the query (causal), or behind a page id outside
+    [0, num_blocks); its page and slot are 0 (never read: every load of it is masked)."""
     e = lo + t * TILE + gl.arange(0, TILE, layout=row_layout)
-    pos = gl.load(i_row + e, mask=e < hi, other=-1)
-    ok = (pos >= 0) & (pos < n_valid)
+    if DENSE:
+        # hi >= 0, so pos = e; an offset the compiler cannot fold keeps it from hoisting the rows' tile-invariant
+        # slot and offset parts out of the gather loop (live across it, they spill the gather's 120 registers)
+        pos = e + (hi >> 31)
+        ok = (e < hi) & (pos < n_valid)
+    else:
+        pos = gl.load(i_row + e, mask=e < hi, other=-1)
+        ok = (pos >= 0) & (pos < n_valid)
     if CAUSAL:
         ok = ok & (pos <= pos_hi)
     pos = gl.where(ok, pos, 0)
@@ -160,9 +176,10 @@ def _tile_slots(t, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, BS: gl.co
 
 @gluon.jit
 def _tile_rows(t, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, bstride16, BS: gl.constexpr,
-               CAUSAL: gl.constexpr, row_layout: gl.constexpr):
+               CAUSAL: gl.constexpr, DENSE: gl.constexpr, row_layout: gl.constexpr):
     """v32: (each token's offset in 16-byte units, used) of `_tile_slots`' entries."""
-    page, slot, ok = _tile_slots(t, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, BS, CAUSAL, row_layout)
+    page, slot, ok = _tile_slots(t, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, BS, CAUSAL, DENSE,
+                                 row_layout)
     return page.to(gl.int64) * bstride16 + slot * TOKEN16, ok
 
 
@@ -209,21 +226,21 @@ def _e8m0(word, k: gl.constexpr):
 @gluon.jit
 def _gather(q_desc, qr_desc, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, q_bar, full_n, full_r, empty_n, empty_r,
             kv8, kvb, kv32, i_row, bt_row, q_row, lo, hi, n_tiles, n_valid, pos_hi, num_blocks, bstride16,
-            BS: gl.constexpr, CAUSAL: gl.constexpr, V4: gl.constexpr):
-    """The gather partition of the cache layout (V4: the v4 cache, else v32)."""
+            BS: gl.constexpr, CAUSAL: gl.constexpr, V4: gl.constexpr, DENSE: gl.constexpr):
+    """The gather partition of the cache layout (V4: the v4 cache, else v32); DENSE: no index list."""
     if V4:
         _gather_v4(q_desc, q_smem, kn_smem, bias_smem, q_bar, full_n, full_r, empty_n, empty_r, kv8, kvb, kv32, i_row,
-                   bt_row, q_row, lo, hi, n_tiles, n_valid, pos_hi, num_blocks, bstride16, BS, CAUSAL)
+                   bt_row, q_row, lo, hi, n_tiles, n_valid, pos_hi, num_blocks, bstride16, BS, CAUSAL, DENSE)
     else:
         _gather_v32(q_desc, qr_desc, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, q_bar, full_n, full_r, empty_n,
                     empty_r, kv8, kvb, kv32, i_row, bt_row, q_row, lo, hi, n_tiles, n_valid, pos_hi, num_blocks,
-                    bstride16, BS, CAUSAL)
+                    bstride16, BS, CAUSAL, DENSE)
 
 
 @gluon.jit
 def _gather_v32(q_desc, qr_desc, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, q_bar, full_n, full_r, empty_n,
                 empty_r, kv8, kvb, kv32, i_row, bt_row, q_row, lo, hi, n_tiles, n_valid, pos_hi, num_blocks, bstride16,
-                BS: gl.constexpr, CAUSAL: gl.constexpr):
+                BS: gl.constexpr, CAUSAL: gl.constexpr, DENSE: gl.constexpr):
     """The v32 gather partition: Q once (TMA), then key tile t into slot s = t % 2: the RoPE part by cp.async and the
     bias once the warpgroups are done with tile t - 2's RoPE part (which held its P), NoPE half h dequantized once
     warpgroup h is done with tile t - 2's. Tile t's codes and scales are loaded (registers) before those waits,
@@ -236,7 +253,7 @@ def _gather_v32(q_desc, qr_desc, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, q
         for h in gl.static_range(2):
             tma_load(q_desc, [q_row, h * HALF], q_bar, q_smem.index(h))
         tma_load(qr_desc, [q_row, 2 * HALF], q_bar, qr_smem.index(0))
-    base16, ok = _tile_rows(0, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, bstride16, BS, CAUSAL,
+    base16, ok = _tile_rows(0, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, bstride16, BS, CAUSAL, DENSE,
                             row_layout)
     rope_cols = gl.arange(0, ROPE_W, layout=gl.SliceLayout(0, rope_layout))
     for t in range(n_tiles):
@@ -250,7 +267,7 @@ def _gather_v32(q_desc, qr_desc, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, q
         s0, s1, s2, s3 = (gl.load(sc, mask=ok, other=0.0), gl.load(sc + 1, mask=ok, other=0.0),
                           gl.load(sc + 2, mask=ok, other=0.0), gl.load(sc + 3, mask=ok, other=0.0))
         next16, next_ok = _tile_rows(t + 1, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, bstride16, BS,
-                                     CAUSAL, row_layout)
+                                     CAUSAL, DENSE, row_layout)
         if t >= 2:
             mbarrier.wait(empty_r.index(s), ph)
         bias_smem.index(s).store(gl.where(ok, 0.0, float("-inf")))
@@ -278,7 +295,7 @@ def _gather_v32(q_desc, qr_desc, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, q
 @gluon.jit
 def _gather_v4(q_desc, q_smem, kn_smem, bias_smem, q_bar, full_n, full_r, empty_n, empty_r, kv8, kvb, kv32, i_row,
                bt_row, q_row, lo, hi, n_tiles, n_valid, pos_hi, num_blocks, bstride16, BS: gl.constexpr,
-               CAUSAL: gl.constexpr):
+               CAUSAL: gl.constexpr, DENSE: gl.constexpr):
     """The v4 gather partition: Q once (TMA, its two 256-column halves: the RoPE columns are half 1's last 64),
     then key tile t into slot s = t % 2: the bias once the warpgroups are done with tile t - 2's P (full_r guards
     the bias alone here: there is no separate RoPE part); NoPE half 0 (E8M0 chunks 0-3) dequantized once
@@ -291,7 +308,8 @@ def _gather_v4(q_desc, q_smem, kn_smem, bias_smem, q_bar, full_n, full_r, empty_
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
         for h in gl.static_range(2):
             tma_load(q_desc, [q_row, h * HALF], q_bar, q_smem.index(h))
-    page, slot, ok = _tile_slots(0, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, BS, CAUSAL, row_layout)
+    page, slot, ok = _tile_slots(0, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, BS, CAUSAL, DENSE,
+                                 row_layout)
     rope_cols = gl.arange(0, ROPE_W, layout=gl.SliceLayout(0, code_layout))
     for t in range(n_tiles):
         s = t % 2
@@ -307,7 +325,7 @@ def _gather_v4(q_desc, q_smem, kn_smem, bias_smem, q_bar, full_n, full_r, empty_
         # (unused rows: the words are 0, so the scales are 2^-127 and the codes 0: zeros, never NaN)
         w0, w1 = gl.load(kv32 + sc4, mask=ok, other=0), gl.load(kv32 + sc4 + 1, mask=ok, other=0)
         page, slot, next_ok = _tile_slots(t + 1, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, BS, CAUSAL,
-                                          row_layout)
+                                          DENSE, row_layout)
         if t >= 2:
             mbarrier.wait(empty_r.index(s), ph)
         bias_smem.index(s).store(gl.where(ok, 0.0, float("-inf")))
@@ -340,7 +358,7 @@ def _gather_v4(q_desc, q_smem, kn_smem, bias_smem, q_bar, full_n, full_r, empty_
 
 
 @gluon.jit
-def _sparse_pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
+def _biased_pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
                       bias_smem, ml_smem, full_n, full_r, mx_bar, sm_bar, empty_n, empty_r, qk_scale,
                       ROPE_PART: gl.constexpr, s_layout: gl.constexpr):
     """Warpgroup W's share of the tile pair (a, a + 1) (HAS_B: tile a + 1 exists; warpgroup 1 owns it): S of its
@@ -362,7 +380,7 @@ def _sparse_pair_step(a, HAS_B: gl.constexpr, W: gl.constexpr, o, m_i, l_i, q_sm
 
 
 @gluon.jit
-def _sparse_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, ml_smem, q_bar, full_n, full_r,
+def _fp8_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, ml_smem, q_bar, full_n, full_r,
                     mx_bar, sm_bar, fin_bar, empty_n, empty_r, n_tiles, sk, r0, b, split, qk_scale, out_ptr, lse_ptr,
                     o_sb, o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr,
                     FINAL: gl.constexpr, ROPE_PART: gl.constexpr, DV: gl.constexpr):
@@ -374,11 +392,11 @@ def _sparse_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, bias_sme
     if n_tiles > 0:
         mbarrier.wait(q_bar, 0)
         for i in range(n_tiles // 2):
-            o, m_i, l_i = _sparse_pair_step(2 * i, True, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, bias_smem,
+            o, m_i, l_i = _biased_pair_step(2 * i, True, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem, bias_smem,
                                             ml_smem, full_n, full_r, mx_bar, sm_bar, empty_n, empty_r, qk_scale,
                                             ROPE_PART, s_layout)
         if n_tiles % 2 == 1:
-            o, m_i, l_i = _sparse_pair_step(n_tiles - 1, False, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
+            o, m_i, l_i = _biased_pair_step(n_tiles - 1, False, W, o, m_i, l_i, q_smem, qr_smem, kn_smem, kr_smem,
                                             bias_smem, ml_smem, full_n, full_r, mx_bar, sm_bar, empty_n, empty_r,
                                             qk_scale, ROPE_PART, s_layout)
         l_i = _sum_l(l_i, W, ml_smem, fin_bar)
@@ -386,14 +404,28 @@ def _sparse_compute(W: gl.constexpr, q_smem, qr_smem, kn_smem, kr_smem, bias_sme
                l_sp, SQ, H, FINAL, W == 0, DV)
 
 
+@gluon.jit
+def _dense_tiles(sk, split, tiles_per_split, max_ctx, sq_i, SQ: gl.constexpr, CAUSAL: gl.constexpr):
+    """A dense split's tile count: its tiles that hold a key the query can see, i.e. positions below
+    min(seqused_k, capacity) and (causal) not after the query's own position sk - SQ + sq_i; 0 .. tiles_per_split
+    (0: the split sees no key). Both partitions take this count, so no tile past the sequence is gathered."""
+    end = gl.minimum(sk, max_ctx)
+    if CAUSAL:
+        end = gl.minimum(end, sk - SQ + sq_i + 1)
+    used = (gl.maximum(end, 0) + TILE - 1) // TILE
+    return gl.minimum(gl.maximum(used - split * tiles_per_split, 0), tiles_per_split)
+
+
 @gluon.jit(do_not_specialize=["num_blocks", "max_ctx", "tiles_per_split", "topk", "topk_tiles"])
-def _mla_sparse_fp8_kernel(q_desc, qr_desc, kv8, kvb, kv32, bt_ptr, seq_ptr, idx_ptr, out_ptr, lse_ptr, qk_scale,
+def _mla_fp8_kernel(q_desc, qr_desc, kv8, kvb, kv32, bt_ptr, seq_ptr, idx_ptr, out_ptr, lse_ptr, qk_scale,
                            num_blocks, max_ctx, tiles_per_split, topk, topk_tiles, bstride16, bt_sb, i_sb, i_ss, o_sb,
                            o_ss, o_sh, o_sp, l_sb, l_ss, l_sh, l_sp, SQ: gl.constexpr, H: gl.constexpr,
                            BS: gl.constexpr, CAUSAL: gl.constexpr, FINAL: gl.constexpr, WS_REGS: gl.constexpr,
-                           V4: gl.constexpr, DV: gl.constexpr, num_warps: gl.constexpr):
+                           V4: gl.constexpr, DV: gl.constexpr, DENSE: gl.constexpr, num_warps: gl.constexpr):
     """The gather / dequantization partition (this one, 4 warps) and the two compute warpgroups (workers). V4:
-    the v4 cache (qr_desc is q_desc: Q has no separate RoPE part), else v32. DV: the output's value columns."""
+    the v4 cache (qr_desc is q_desc: Q has no separate RoPE part), else v32. DV: the output's value columns.
+    DENSE: no index list (idx_ptr is not read): the list is 0 .. capacity - 1 (topk = capacity), and a split takes
+    only its tiles below the sequence's end (`_dense_tiles`)."""
     bq = gl.program_id(1)  # b x SQ + s: the (sequence, query) whose index list the CTA reads
     split = gl.program_id(2)
     b = bq // SQ
@@ -401,9 +433,12 @@ def _mla_sparse_fp8_kernel(q_desc, qr_desc, kv8, kvb, kv32, bt_ptr, seq_ptr, idx
     sk = gl.maximum(gl.load(seq_ptr + b), 0)
     lo = split * tiles_per_split * TILE
     hi = gl.minimum(lo + tiles_per_split * TILE, topk)
-    # no division here: a tile count the compiler can bound lets it prove _qk_parts' opaque Q index zero for the
-    # lone last tile and hoist that tile's 36 wgmma descriptors to the top (spills)
-    n_tiles = gl.minimum(gl.maximum(topk_tiles - split * tiles_per_split, 0), tiles_per_split)
+    if DENSE:
+        n_tiles = _dense_tiles(sk, split, tiles_per_split, max_ctx, sq_i, SQ, CAUSAL)
+    else:
+        # no division here: a tile count the compiler can bound lets it prove _qk_parts' opaque Q index zero for the
+        # lone last tile and hoist that tile's 36 wgmma descriptors to the top (spills)
+        n_tiles = gl.minimum(gl.maximum(topk_tiles - split * tiles_per_split, 0), tiles_per_split)
     # Q, key slots (NoPE half h of slot s at 2 s + h, the RoPE part later P), as in mla_sm90.py; the bias rows.
     # v4: Q and the key tile are two 512-column halves (RoPE in half 1's last 64 columns); kr_smem holds P only
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, HALF], q_desc.layout)
@@ -449,12 +484,12 @@ def _mla_sparse_fp8_kernel(q_desc, qr_desc, kv8, kvb, kv32, bt_ptr, seq_ptr, idx
     # (The argument tuples are written out: a tuple assigned to a variable turns its constexprs into tensors.)
     gl.warp_specialize([(_gather, (q_desc, qr_desc, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, q_bar, full_n,
                                    full_r, empty_n, empty_r, kv8, kvb, kv32, i_row, bt_row, q_row, lo, hi, n_tiles,
-                                   n_valid, pos_hi, num_blocks, bstride16, BS, CAUSAL, V4)),
-                        (_sparse_compute, (0, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, ml_smem, q_bar, full_n,
+                                   n_valid, pos_hi, num_blocks, bstride16, BS, CAUSAL, V4, DENSE)),
+                        (_fp8_compute, (0, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, ml_smem, q_bar, full_n,
                                            full_r, mx_bar, sm_bar, fin_bar, empty_n, empty_r, n_tiles, sk, r0, b,
                                            split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
                                            l_sh, l_sp, SQ, H, FINAL, ROPE_PART, DV)),
-                        (_sparse_compute, (1, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, ml_smem, q_bar, full_n,
+                        (_fp8_compute, (1, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, ml_smem, q_bar, full_n,
                                            full_r, mx_bar, sm_bar, fin_bar, empty_n, empty_r, n_tiles, sk, r0, b,
                                            split, qk_scale, out_ptr, lse_ptr, o_sb, o_ss, o_sh, o_sp, l_sb, l_ss,
                                            l_sh, l_sp, SQ, H, FINAL, ROPE_PART, DV))],
@@ -465,28 +500,30 @@ def _mla_sparse_fp8_kernel(q_desc, qr_desc, kv8, kvb, kv32, bt_ptr, seq_ptr, idx
 
 
 @dataclasses.dataclass(frozen=True)
-class SparseFp8Sm90Config:
+class Fp8Sm90Config:
     num_splits: int  # KV splits of each (sequence, query)'s index list: the grid's third axis; 1 writes bf16
-    tiles_per_split: int  # 64-entry key tiles per split (num_splits x tiles_per_split covers topk)
+    tiles_per_split: int  # 64-entry key tiles per split (num_splits x tiles_per_split covers the list)
     compute_regs: int  # registers per thread of each compute warpgroup (setmaxnreg); the gather partition: the rest
 
 
-def sparse_fp8_sm90_config(batch: int, sq: int, h: int, topk: int, sm: int | None, num_splits: int = 0, *,
-                           layout: str) -> SparseFp8Sm90Config:
-    """From static sizes only (CUDA-graph safe). num_splits <= 0: mla_sm90.choose_splits over the CTAs
+def fp8_sm90_config(batch: int, sq: int, h: int, keys: int, sm: int | None, num_splits: int = 0, *,
+                    layout: str) -> Fp8Sm90Config:
+    """From static sizes only (CUDA-graph safe). keys: the list's length (sparse: topk; dense: the table's
+    capacity, block_table.shape[1] x block_size). num_splits <= 0: mla_sm90.choose_splits over the CTAs
     (B x Sq x H / 64, one 210-218 KB CTA per SM) and the list's tiles; a forced count is clamped to the tiles. The
-    split count is then trimmed so that no split is empty. The compute warpgroups' registers: the layout's."""
-    tiles = cdiv(max(topk, 1), TILE_KEYS)
+    split count is then trimmed so that no split of the list is empty (a dense split past its sequence's end takes
+    no tile: out 0, lse -inf partials). The compute warpgroups' registers: the layout's."""
+    tiles = cdiv(max(keys, 1), TILE_KEYS)
     programs = batch * sq * (h // ROWS)
     splits = num_splits if num_splits > 0 else choose_splits(programs, tiles, sm)
     tps = cdiv(tiles, max(1, min(splits, tiles)))
-    return SparseFp8Sm90Config(cdiv(tiles, tps), tps, COMPUTE_REGS[layout])
+    return Fp8Sm90Config(cdiv(tiles, tps), tps, COMPUTE_REGS[layout])
 
 
 # ------------------------------------------------------------------------------------------- checks
 
 
-def supports_mla_decode_sparse_fp8_sm90(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale,
+def supports_mla_decode_fp8_sm90(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale,
                                         causal, window_left, num_splits) -> str | None:
     """None when this kernel takes the call, else why not."""
     reason = sm90_gluon_reason(q)
@@ -495,8 +532,6 @@ def supports_mla_decode_sparse_fp8_sm90(q, kv_cache, block_table, seqused_k, ind
     if layout not in LAYOUTS:
         return f"layout {layout!r}: this kernel reads the DeepSeek FP8 caches {' and '.join(map(repr, LAYOUTS))} only"
     cache = DS_LAYOUTS[layout]
-    if indices is None:
-        return "sparse calls only (an index list per query)"
     if q.dtype != torch.bfloat16:
         return f"q dtype {q.dtype} is not bf16"
     bsz, sq, h, d = q.shape
@@ -527,10 +562,10 @@ def supports_mla_decode_sparse_fp8_sm90(q, kv_cache, block_table, seqused_k, ind
 
 @functools.lru_cache(maxsize=256)
 def _consts(sq: int, h: int, bs: int, causal: bool, final: bool, compute_regs: int, layout: str,
-            v_dim: int) -> dict:
+            v_dim: int, dense: bool) -> dict:
     """The kernel's constexprs, cached per call shape (callers only read the dict)."""
     return dict(SQ=sq, H=h, BS=bs, CAUSAL=causal, FINAL=final, WS_REGS=compute_regs, V4=layout == "v4", DV=v_dim,
-                num_warps=TMA_WARPS)
+                DENSE=dense, num_warps=TMA_WARPS)
 
 
 def _q_descriptors(q2d: torch.Tensor, layout: str):
@@ -551,19 +586,25 @@ def _cache_views(kv_cache: torch.Tensor, layout: str):
 
 
 def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim: int, softmax_scale: float,
-               causal: bool, window_left: int, num_splits: int, cfg: SparseFp8Sm90Config | None = None):
-    """(out (B, Sq, H, v_dim) bf16, lse (B, Sq, H) fp32); see the module docstring. num_splits <= 0 picks the split
-    count from static sizes; cfg overrides the configuration."""
+               causal: bool, window_left: int, num_splits: int, cfg: Fp8Sm90Config | None = None):
+    """(out (B, Sq, H, v_dim) bf16, lse (B, Sq, H) fp32); see the module docstring. indices None: the dense call
+    (every position below seqused_k). num_splits <= 0 picks the split count from static sizes; cfg overrides the
+    configuration."""
     check_mla_decode(q, kv_cache, block_table, seqused_k, indices, layout, v_dim, softmax_scale, causal,
                      window_left, num_splits)
-    reason = supports_mla_decode_sparse_fp8_sm90(q, kv_cache, block_table, seqused_k, indices, layout, v_dim,
+    reason = supports_mla_decode_fp8_sm90(q, kv_cache, block_table, seqused_k, indices, layout, v_dim,
                                                  softmax_scale, causal, window_left, num_splits)
     if reason:
-        raise ValueError(f"lowbit.{OP} (sparse FP8 sm_90 Gluon): {reason}")
+        raise ValueError(f"lowbit.{OP} (FP8 sm_90 Gluon): {reason}")
     bsz, sq, h, d = q.shape
-    topk = indices.shape[2]
-    cfg = cfg or sparse_fp8_sm90_config(bsz, sq, h, topk, sm_count(device_index(q.device)), num_splits,
-                                        layout=layout)
+    nb, bs = kv_cache.shape[:2]
+    capacity = block_table.shape[1] * bs
+    dense = indices is None
+    # the list's length (dense: every position the table can hold); a dense call passes the table as the index
+    # pointer with zero strides (never read)
+    keys = capacity if dense else indices.shape[2]
+    idx, i_sb, i_ss = (block_table, 0, 0) if dense else (indices, indices.stride(0), indices.stride(1))
+    cfg = cfg or fp8_sm90_config(bsz, sq, h, keys, sm_count(device_index(q.device)), num_splits, layout=layout)
     out = torch.empty(bsz, sq, h, v_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(bsz, sq, h, dtype=torch.float32, device=q.device)
     o_buf, l_buf, o_sp, l_sp = split_buffers(out, lse, cfg.num_splits)
@@ -573,14 +614,12 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
     if block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
     kv8, kvb, kv32, bstride16 = _cache_views(kv_cache, layout)
-    nb, bs = kv_cache.shape[:2]
-    launch(_mla_sparse_fp8_kernel, (h // ROWS, bsz * sq, cfg.num_splits),
-        *_q_descriptors(q2d, layout), kv8, kvb, kv32, block_table, seqused_k, indices, o_buf, l_buf,
-        float(softmax_scale) * LOG2E, nb, block_table.shape[1] * bs, cfg.tiles_per_split, topk,
-        cdiv(topk, TILE_KEYS), bstride16, block_table.stride(0), indices.stride(0), indices.stride(1),
-        o_buf.stride(0), o_buf.stride(1), o_buf.stride(2), o_sp, l_buf.stride(0), l_buf.stride(1),
-        l_buf.stride(2), l_sp,
-        **_consts(sq, h, bs, bool(causal), cfg.num_splits == 1, cfg.compute_regs, layout, v_dim))
+    launch(_mla_fp8_kernel, (h // ROWS, bsz * sq, cfg.num_splits),
+        *_q_descriptors(q2d, layout), kv8, kvb, kv32, block_table, seqused_k, idx, o_buf, l_buf,
+        float(softmax_scale) * LOG2E, nb, capacity, cfg.tiles_per_split, keys, cdiv(keys, TILE_KEYS), bstride16,
+        block_table.stride(0), i_sb, i_ss, o_buf.stride(0), o_buf.stride(1), o_buf.stride(2), o_sp,
+        l_buf.stride(0), l_buf.stride(1), l_buf.stride(2), l_sp,
+        **_consts(sq, h, bs, bool(causal), cfg.num_splits == 1, cfg.compute_regs, layout, v_dim, dense))
     reduce_splits(o_buf, l_buf, out, lse, WIDE_REDUCE_ELEMS)
     return out, lse
 
@@ -590,12 +629,13 @@ def mla_decode(q, kv_cache, block_table, seqused_k, indices, layout: str, v_dim:
 
 def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = False, bs: int = 64,
                  compute_regs: int | None = None, any_version: bool = False, layout: str = "v32",
-                 v_dim: int = NOPE):
+                 v_dim: int = NOPE, dense: bool = False):
     """Compile the kernel for sm_90a without a GPU (host tensors only describe the arguments); returns Triton's
     compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`, `.metadata`). For tests and inspection. any_version: compile
     with a Triton other than the one the kernel is run with (3.6), as a check of the source's portability.
     layout: "v32" or "v4" (a cache shaped as FlashMLA allocates it: v4 blocks padded to a multiple of 576 bytes);
-    compute_regs: the layout's COMPUTE_REGS unless given; v_dim: one of the layout's V_DIMS."""
+    compute_regs: the layout's COMPUTE_REGS unless given; v_dim: one of the layout's V_DIMS; dense: the call without
+    an index list (the list is the table's capacity)."""
     reason = _version_reason()
     if reason and not (any_version and _GLUON_OK):
         raise RuntimeError(reason)
@@ -618,5 +658,5 @@ def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = F
                 o_sb=out.stride(0), o_ss=out.stride(1), o_sh=out.stride(2), o_sp=out.stride(3), l_sb=lse.stride(0),
                 l_ss=lse.stride(1), l_sh=lse.stride(2), l_sp=lse.stride(3))
     regs = COMPUTE_REGS[layout] if compute_regs is None else compute_regs
-    return compile_gluon_sm90(_mla_sparse_fp8_kernel, args, _consts(sq, h, bs, causal, final, regs, layout, v_dim),
+    return compile_gluon_sm90(_mla_fp8_kernel, args, _consts(sq, h, bs, causal, final, regs, layout, v_dim, dense),
                               ("num_blocks", "max_ctx", "tiles_per_split", "topk", "topk_tiles"))
