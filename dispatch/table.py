@@ -67,9 +67,9 @@ MLA_SM90_WHY = "Gluon TMA page tiles + warpgroup MMA, Q resident (sm_90a, Triton
 # sm_90 Gluon FP8 MLA decode (triton_ops/attention/mla_sm90_fp8.py): a gather / dequantization partition feeding
 # the bf16 kernel's two compute warpgroups; the sparse and dense calls on the V3.2 "v32" and V4 "v4" caches. H200
 # (CUDA graph, docs/attention.md), sparse v32: 287-292 TFLOP/s, 2.0-2.3x the portable kernel; sparse v4: 2.2x the
-# portable kernel. Dense (the list 0 .. capacity - 1, tiles past seqused_k skipped): not yet run on a GPU.
+# portable kernel. Dense (the list 0 .. capacity - 1, tiles past seqused_k skipped): 1.5-2.3x the portable kernel.
 MLA_SM90_FP8_WHY = ("Gluon gather, E4M3 dequant in registers, warpgroup MMA (sm_90a, Triton 3.6): v32 / v4 sparse "
-                    "and dense; sparse 2.0-2.3x the portable kernel (H200), dense not yet timed")
+                    "and dense; 1.5-2.3x the portable kernel (H200)")
 # H100 (docs/moe_gemm.md, measured table): decode (16 rows / expert) at the copy roof, 1.06-1.11x torch's grouped
 # GEMMs; prefill (256 rows / expert) 0.47-0.69x them (tiles not tuned for prefill).
 GROUPED_GEMM = "one launch over every expert; padding rows skipped; decode at the copy roof (H100)"

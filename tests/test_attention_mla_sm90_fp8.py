@@ -161,6 +161,14 @@ def test_split_rule():
         assert cfg.num_splits * cfg.tiles_per_split >= tiles > (cfg.num_splits - 1) * cfg.tiles_per_split, cfg
 
 
+def _stub_launch(monkeypatch, seen):
+    monkeypatch.setattr(M, "supports_mla_decode_fp8_sm90", lambda *a: None)
+    monkeypatch.setattr(M, "sm_count", lambda dev: 132)
+    monkeypatch.setattr(M, "device_index", lambda dev: 0)
+    monkeypatch.setattr(M, "launch", lambda kernel, grid, *args, **kw: seen.append((grid, args, kw)))
+    monkeypatch.setattr(M, "reduce_splits", lambda o_buf, l_buf, out, lse, n: o_buf is out or seen.append("reduce"))
+
+
 @pytest.mark.parametrize("layout,v_dim", LAYOUT_VDIMS)
 def test_launcher_dry_run(monkeypatch, layout, v_dim):
     """The host side on CPU tensors up to the launch (the kernel itself is stubbed): grid, the Q descriptors, the
@@ -196,14 +204,6 @@ def test_launcher_dry_run(monkeypatch, layout, v_dim):
     (grid, args, kw), = seen  # one split: bf16 straight into out, no reduction
     assert grid == (2, 6, 1) and kw["FINAL"] is True and args[8].dtype == torch.bfloat16
     assert args[8].shape == (3, 2, 128, v_dim)
-
-
-def _stub_launch(monkeypatch, seen):
-    monkeypatch.setattr(M, "supports_mla_decode_fp8_sm90", lambda *a: None)
-    monkeypatch.setattr(M, "sm_count", lambda dev: 132)
-    monkeypatch.setattr(M, "device_index", lambda dev: 0)
-    monkeypatch.setattr(M, "launch", lambda kernel, grid, *args, **kw: seen.append((grid, args, kw)))
-    monkeypatch.setattr(M, "reduce_splits", lambda o_buf, l_buf, out, lse, n: o_buf is out or seen.append("reduce"))
 
 
 @pytest.mark.parametrize("layout,v_dim", LAYOUT_VDIMS)

@@ -3,8 +3,8 @@
 dequantization partition and two compute warpgroups, Gluon's warp_specialize). Contract:
 dispatch/reference/attention.py:mla_decode, the "v32" and "v4" calls with H = 64 or 128 query heads, Sq 1 or 2,
 v_dim 512 (v4 also 448) and no window (`supports_mla_decode_fp8_sm90` names what it refuses; the portable
-triton_ops/attention/mla_decode.py serves the rest). Both sparse paths pass their GPU tests on an H200 and are timed
-there (docs/attention.md); the dense calls (constexpr DENSE) have not yet run on a GPU.
+triton_ops/attention/mla_decode.py serves the rest). The sparse and dense calls (constexpr DENSE) of both layouts
+pass their GPU tests on an H200 and are timed there (docs/attention.md).
 
 Dense = sparse with the implicit list 0 .. capacity - 1 (capacity = block_table.shape[1] x block_size): list entry
 e is position e (no index list is read), masked as in sparse mode (past min(seqused_k, capacity), causal, bad page
