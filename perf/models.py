@@ -26,7 +26,7 @@ record's `attn`) and experts (`grouped_mm`). Records: model, shape, variant, ms 
 the cache used, and on lowbit records the speedup over eager, over compile and over the better of the two. The
 JSON also holds, per model, the patched prefill's and the patched b16 decode step's GPU time per op family
 (torch.profiler kernel times, grouped by kernel name: attention (with the KV writes), indexer (torch.topk's
-kernels: DeepSeek-V3.2's selection), gemm, moe, norm, rope, swiglu, other; the twelve longest kernels with their
+kernels: DeepSeek-V3.2's selection; and its scores), gemm, moe, norm, rope, swiglu, other; the twelve longest kernels with their
 family, to check the grouping; the decode step profiled in GraphedDecode's eager mode, the kernels the graph
 replays) and the memory estimate and peak.
 
@@ -68,9 +68,11 @@ from .results import measured_commit
 VOCAB = 32000  # the embedding and LM head are not what is measured: a small vocab keeps them out of the way
 MEMORY_LIMIT_GB = 100
 FAMILIES = (  # first match wins: the KV writes and the split-KV reduce are attention, MoE GEMMs are MoE
-    ("attention", ("attn", "attention", "fmha", "flash", "decode", "paged", "split_reduce", "index_copy", "sdpa")),
-    # torch.topk's kernels: in a patched model only DeepSeek-V3.2's indexer calls it (lowbit's routers are its own)
-    ("indexer", ("sbtopk", "mbtopk", "radixfindkth", "computeblockwise", "sortkv")),
+    ("attention", ("attn", "attention", "fmha", "flash", "decode", "paged", "split_reduce", "index_copy", "sdpa",
+                   "_mla_")),
+    # torch.topk's kernels: in a patched model only DeepSeek-V3.2's indexer calls it (lowbit's routers are its own);
+    # the indexer's scores (ops.mla_index_scores)
+    ("indexer", ("sbtopk", "mbtopk", "radixfindkth", "computeblockwise", "sortkv", "index_scores")),
     # "_align_", not "align": cuBLAS names its fp32 kernels "..._ffma_aligna4_..." (V3.2's indexer scores)
     ("moe", ("moe", "expert", "grouped", "route", "topk", "_align_", "gather", "combine")),
     ("norm", ("norm",)),

@@ -84,7 +84,8 @@ def test_smoke_run_deepseek_v32(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name, fam", [
     ("_decode_kernel", "attention"), ("_paged_write_kernel", "attention"), ("_moe_gemm_kernel", "moe"),
-    ("_align_count_kernel", "moe"), ("_rms_norm_kernel", "norm"), ("_rope_kernel", "rope"),
+    ("_mla_fp8_kernel", "attention"), ("_index_scores_kernel", "indexer"), ("_align_count_kernel", "moe"),
+    ("_rms_norm_kernel", "norm"), ("_rope_kernel", "rope"),
     ("_swiglu_kernel", "swiglu"), ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", "gemm"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32", "gemm"), ("void at::native::elementwise_kernel", "other"),
     ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4", "gemm"),
