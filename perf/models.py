@@ -25,8 +25,8 @@ The unpatched model runs transformers' default attention (sdpa where the model s
 record's `attn`) and experts (`grouped_mm`). Records: model, shape, variant, ms (median of CUDA-event timed runs),
 the cache used, and on lowbit records the speedup over eager, over compile and over the better of the two. The
 JSON also holds, per model, the patched prefill's and the patched b16 decode step's GPU time per op family
-(torch.profiler kernel times, grouped by kernel name: attention (with the KV writes), indexer (torch.topk's
-kernels: DeepSeek-V3.2's selection; and its scores), gemm, moe, norm, rope, swiglu, other; the twelve longest kernels with their
+(torch.profiler kernel times, grouped by kernel name: attention (with the KV writes), indexer (DeepSeek-V3.2's
+scores and torch.topk's selection), gemm, moe, norm, rope, swiglu, other; the twelve longest kernels with their
 family, to check the grouping; the decode step profiled in GraphedDecode's eager mode, the kernels the graph
 replays) and the memory estimate and peak.
 
