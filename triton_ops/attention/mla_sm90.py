@@ -54,7 +54,6 @@ import triton.language as tl
 from triton_ops._launch import launch
 from triton_ops.attention.decode import MAX_Q, WIDE_REDUCE_ELEMS, reduce_splits, split_buffers
 from triton_ops.attention.gluon_hopper import (
-    GLUON_IMPORT_ERROR,
     TensorDescriptor,
     cta_barrier,
     fence_async_shared,
@@ -66,12 +65,10 @@ from triton_ops.attention.gluon_hopper import (
     warpgroup_mma_wait,
 )
 from triton_ops.attention.mask import key_range
-from triton_ops.attention.prefill_sm90 import LOG2E, _version_reason, compile_gluon_sm90, sm90_gluon_reason
+from triton_ops.attention.prefill_sm90 import LOG2E, compile_gluon_sm90, require_gluon_compile, sm90_gluon_reason
 from triton_ops.contract.arch import device_index, sm_count
 from triton_ops.contract.attention import check_mla_decode
 from triton_ops.contract.kv_cache import DS_ROPE
-
-_GLUON_OK = GLUON_IMPORT_ERROR is None
 
 OP = "mla_decode"
 PAGE_SIZE = 64  # tokens per cache page = keys per tile
@@ -593,9 +590,7 @@ def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = F
     """Compile the kernel for sm_90a without a GPU (host tensors only describe the arguments); returns Triton's
     compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`, `.metadata`). For tests and inspection. any_version: compile
     with a Triton other than the one the kernel is run with (3.6), as a check of the source's portability."""
-    reason = _version_reason()
-    if reason and not (any_version and _GLUON_OK):
-        raise RuntimeError(reason)
+    require_gluon_compile(any_version)
     bsz, nb, max_pages = 2, 8, 4
     q = torch.empty(bsz * sq * h, NOPE + DS_ROPE, dtype=torch.bfloat16)
     kv = torch.empty(nb * PAGE_SIZE, NOPE + DS_ROPE, dtype=torch.bfloat16)

@@ -82,7 +82,6 @@ import triton.language as tl
 from triton_ops._launch import cdiv, launch
 from triton_ops.attention.decode import WIDE_REDUCE_ELEMS, reduce_splits, split_buffers
 from triton_ops.attention.gluon_hopper import (
-    GLUON_IMPORT_ERROR,
     TensorDescriptor,
     async_copy,
     cta_barrier,
@@ -110,12 +109,10 @@ from triton_ops.attention.mla_sm90 import (
     _sum_l,
     choose_splits,
 )
-from triton_ops.attention.prefill_sm90 import LOG2E, _version_reason, compile_gluon_sm90, sm90_gluon_reason
+from triton_ops.attention.prefill_sm90 import LOG2E, compile_gluon_sm90, require_gluon_compile, sm90_gluon_reason
 from triton_ops.contract.arch import device_index, sm_count
 from triton_ops.contract.attention import check_mla_decode
 from triton_ops.contract.kv_cache import DS_LAYOUTS, DS_ROPE
-
-_GLUON_OK = GLUON_IMPORT_ERROR is None
 
 OP = "mla_decode"
 V32 = DS_LAYOUTS["v32"]
@@ -636,9 +633,7 @@ def compile_sm90(sq: int = 1, h: int = 128, causal: bool = True, final: bool = F
     layout: "v32" or "v4" (a cache shaped as FlashMLA allocates it: v4 blocks padded to a multiple of 576 bytes);
     compute_regs: the layout's COMPUTE_REGS unless given; v_dim: one of the layout's V_DIMS; dense: the call without
     an index list (the list is the table's capacity)."""
-    reason = _version_reason()
-    if reason and not (any_version and _GLUON_OK):
-        raise RuntimeError(reason)
+    require_gluon_compile(any_version)
     bsz, nb, max_pages, topk = 2, 8, 4, 256
     cache = DS_LAYOUTS[layout]
     q = torch.empty(bsz * sq * h, cache.d, dtype=torch.bfloat16)

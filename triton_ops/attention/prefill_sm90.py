@@ -392,6 +392,14 @@ def _version_reason() -> str | None:
     return None
 
 
+def require_gluon_compile(any_version: bool = False) -> None:
+    """The compile-only entries' gate: this Triton's Gluon is the one the kernels are written for, or (any_version)
+    at least importable, to check the source's portability to another Triton; else RuntimeError with the reason."""
+    reason = _version_reason()
+    if reason and not (any_version and GLUON_IMPORT_ERROR is None):
+        raise RuntimeError(reason)
+
+
 def sm90_gluon_reason(t: torch.Tensor) -> str | None:
     """Why a Gluon sm_90 kernel cannot run on t's device with this Triton, or None."""
     reason = _version_reason()
@@ -497,9 +505,7 @@ def compile_sm90(dqk: int = 128, dv: int = 128, dtype: torch.dtype = torch.bfloa
                  cfg: Sm90PrefillConfig | None = None):
     """Compile the kernel for sm_90a without a GPU (host tensors only describe the arguments); returns Triton's
     compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`, `.metadata`). For tests and inspection."""
-    reason = _version_reason()
-    if reason:
-        raise RuntimeError(reason)
+    require_gluon_compile()
     cfg = cfg or sm90_prefill_config(dqk, dv)
     total = 256
     q = torch.empty(total, hq, dqk, dtype=dtype)
