@@ -4,6 +4,7 @@
     python -m perf.models --out v32.json --models deepseek_v32      # DeepSeek-V3.2: not in the default list
     python -m perf.models --out smoke.json --models llama --smoke     # tiny dims, any device: the script's logic
     python -m perf.models --out prefill.json --batches ''                  # prefill only (no decode variants)
+    python -m perf.models --out decode.json --batches 16 --no-prefill      # decode only (no prefill variants)
 
 Per model (the same random weights throughout; the unpatched variants first, then the model is patched in place
 through the public API, `dispatch.integrations.hf`):
@@ -90,6 +91,7 @@ class Sizes:
     runs: int
     warmup: int
     page_size: int = 16
+    prefill_runs: bool = True  # False: decode variants only (--no-prefill)
 
 
 FULL = Sizes(prefill=(4, 2048), batches=(1, 16, 64), context=4096, runs=20, warmup=3)
@@ -354,10 +356,11 @@ def _unpatched_records(name, model, sizes, batches, device, compile_) -> list[di
     b, s = sizes.prefill
     prefill_ids = torch.randint(0, model.config.vocab_size, (b, s), device=device)
     common = dict(model=name, shape=f"prefill {b}x{s}", attn=model.config._attn_implementation)
-    records = [_timed(dict(common, variant="eager"), lambda: model(input_ids=prefill_ids, use_cache=False), sizes,
-                      device)]
-    if compile_:
-        for variant, mode in (("compile", "default"), ("compile-graphs", "reduce-overhead")):
+    records = []
+    if sizes.prefill_runs:
+        records.append(_timed(dict(common, variant="eager"), lambda: model(input_ids=prefill_ids, use_cache=False),
+                              sizes, device))
+        for variant, mode in (("compile", "default"), ("compile-graphs", "reduce-overhead")) if compile_ else ():
             compiled = torch.compile(model, mode=mode, fullgraph=True, dynamic=False)
             records.append(_timed(dict(common, variant=variant),
                                   lambda fn=compiled: fn(input_ids=prefill_ids, use_cache=False), sizes, device))
@@ -381,17 +384,7 @@ def _patched_records(name, model, sizes, batches, device) -> tuple[list[dict], d
     from dispatch.integrations.hf import lowbit_patch
 
     report = lowbit_patch(model)
-    b, s = sizes.prefill
-    prefill_ids = torch.randint(0, model.config.vocab_size, (b, s), device=device)
-    prefill = lambda: model(input_ids=prefill_ids, use_cache=False).logits  # noqa: E731
-    eager_ms = measure(prefill, sizes, device)
-    graphed, same = graphed_prefill(prefill, device)
-    records = [dict(model=name, shape=f"prefill {b}x{s}", variant="lowbit", replaced=report.replaced,
-                    ms=measure(graphed, sizes, device) if graphed else eager_ms,
-                    cuda_graph=graphed is not None, graph_logits_equal_eager=same),
-               dict(model=name, shape=f"prefill {b}x{s}", variant="lowbit-eager", ms=eager_ms)]
-    del graphed  # the graph's memory pool goes before the decode caches are built
-    split = {f"prefill {b}x{s}": op_families(prefill, 2, device)}
+    records, split = _patched_prefill(name, model, report, sizes, device) if sizes.prefill_runs else ([], {})
     profile_batch = 16 if 16 in batches or not batches else batches[-1]
     for batch in batches:
         shape = f"decode b{batch} ctx{sizes.context}"
@@ -404,6 +397,20 @@ def _patched_records(name, model, sizes, batches, device) -> tuple[list[dict], d
                 split[f"{shape} (eager step)"] = op_families(eager_step, 2, device, reset)
             del step, reset, eager_step
     return records, split
+
+
+def _patched_prefill(name, model, report, sizes, device) -> tuple[list[dict], dict]:
+    b, s = sizes.prefill
+    prefill_ids = torch.randint(0, model.config.vocab_size, (b, s), device=device)
+    prefill = lambda: model(input_ids=prefill_ids, use_cache=False).logits  # noqa: E731
+    eager_ms = measure(prefill, sizes, device)
+    graphed, same = graphed_prefill(prefill, device)
+    records = [dict(model=name, shape=f"prefill {b}x{s}", variant="lowbit", replaced=report.replaced,
+                    ms=measure(graphed, sizes, device) if graphed else eager_ms,
+                    cuda_graph=graphed is not None, graph_logits_equal_eager=same),
+               dict(model=name, shape=f"prefill {b}x{s}", variant="lowbit-eager", ms=eager_ms)]
+    del graphed  # the graph's memory pool goes before the decode caches are built
+    return records, {f"prefill {b}x{s}": op_families(prefill, 2, device)}
 
 
 def _with_selection(record: dict, selection: dict | None) -> dict:
@@ -454,6 +461,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="tiny dims and shapes: checks the script, not speed")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--no-prefill", action="store_true", help="decode variants only")
     parser.add_argument("--batches", default=None,
                         help="decode batch sizes, comma separated (default: the sizes' 1,16,64); '' for prefill only")
     args = parser.parse_args()
@@ -461,6 +469,8 @@ def main() -> None:
     sizes = SMOKE if args.smoke else FULL
     if args.batches is not None:
         sizes = dataclasses.replace(sizes, batches=tuple(int(b) for b in args.batches.split(",") if b.strip()))
+    if args.no_prefill:
+        sizes = dataclasses.replace(sizes, prefill_runs=False)
     compile_ = not args.no_compile and device.type == "cuda"
     if device.type != "cuda" and not args.no_compile:
         print("compile variants skipped: torch.compile's reduce-overhead mode and its CUDA graphs need a CUDA device")
