@@ -5,6 +5,7 @@
     python -m perf.models --out smoke.json --models llama --smoke     # tiny dims, any device: the script's logic
     python -m perf.models --out prefill.json --batches ''                  # prefill only (no decode variants)
     python -m perf.models --out decode.json --batches 16 --no-prefill      # decode only (no prefill variants)
+    python -m perf.models --out mx.json --models gpt_oss --experts mxfp4    # patched with MXFP4 experts
 
 Per model (the same random weights throughout; the unpatched variants first, then the model is patched in place
 through the public API, `dispatch.integrations.hf`):
@@ -380,17 +381,19 @@ def _unpatched_records(name, model, sizes, batches, device, compile_) -> list[di
     return records
 
 
-def _patched_records(name, model, sizes, batches, device) -> tuple[list[dict], dict]:
+def _patched_records(name, model, sizes, batches, device, experts) -> tuple[list[dict], dict]:
     from dispatch.integrations.hf import lowbit_patch
 
-    report = lowbit_patch(model)
-    records, split = _patched_prefill(name, model, report, sizes, device) if sizes.prefill_runs else ([], {})
+    report = lowbit_patch(model, experts=experts)
+    tag = f"-{experts}" if experts else ""  # "lowbit-mxfp4": quantized experts, not the baselines' weights
+    records, split = _patched_prefill(name, model, report, sizes, device, tag) if sizes.prefill_runs else ([], {})
     profile_batch = 16 if 16 in batches or not batches else batches[-1]
     for batch in batches:
         shape = f"decode b{batch} ctx{sizes.context}"
         for i, (variant, build) in enumerate(PATCHED_DECODE[name]):
             step, reset, eager_step, cache_name = build(model, batch, sizes, device)
-            record = _with_selection(dict(model=name, shape=shape, variant=variant, cache=cache_name),
+            record = _with_selection(dict(model=name, shape=shape, variant=variant + tag, cache=cache_name,
+                                          experts=report.experts),
                                      indexer_selection(model, eager_step, reset))
             records.append(dict(record, ms=measure(step, sizes, device, reset)))
             if batch == profile_batch and i == 0:
@@ -399,16 +402,17 @@ def _patched_records(name, model, sizes, batches, device) -> tuple[list[dict], d
     return records, split
 
 
-def _patched_prefill(name, model, report, sizes, device) -> tuple[list[dict], dict]:
+def _patched_prefill(name, model, report, sizes, device, tag) -> tuple[list[dict], dict]:
     b, s = sizes.prefill
     prefill_ids = torch.randint(0, model.config.vocab_size, (b, s), device=device)
     prefill = lambda: model(input_ids=prefill_ids, use_cache=False).logits  # noqa: E731
     eager_ms = measure(prefill, sizes, device)
     graphed, same = graphed_prefill(prefill, device)
-    records = [dict(model=name, shape=f"prefill {b}x{s}", variant="lowbit", replaced=report.replaced,
+    records = [dict(model=name, shape=f"prefill {b}x{s}", variant=f"lowbit{tag}", replaced=report.replaced,
+                    experts=report.experts,
                     ms=measure(graphed, sizes, device) if graphed else eager_ms,
                     cuda_graph=graphed is not None, graph_logits_equal_eager=same),
-               dict(model=name, shape=f"prefill {b}x{s}", variant="lowbit-eager", ms=eager_ms)]
+               dict(model=name, shape=f"prefill {b}x{s}", variant=f"lowbit{tag}-eager", ms=eager_ms)]
     del graphed  # the graph's memory pool goes before the decode caches are built
     return records, {f"prefill {b}x{s}": op_families(prefill, 2, device)}
 
@@ -430,7 +434,8 @@ def _speedups(records: list[dict]) -> None:
             r["speedup_vs_best"] = min(base.values()) / r["ms"]
 
 
-def run_model(name: str, model_cls, config, sizes: Sizes, device: torch.device, compile_: bool) -> dict:
+def run_model(name: str, model_cls, config, sizes: Sizes, device: torch.device, compile_: bool,
+              experts: str | None = None) -> dict:
     batches = sizes.batches
     torch.manual_seed(0)
     with device:
@@ -442,7 +447,7 @@ def run_model(name: str, model_cls, config, sizes: Sizes, device: torch.device, 
         torch.cuda.reset_peak_memory_stats()
     with torch.no_grad():
         records = _unpatched_records(name, model, sizes, batches, device, compile_)
-        patched, split = _patched_records(name, model, sizes, batches, device)
+        patched, split = _patched_records(name, model, sizes, batches, device, experts)
     records += patched
     _speedups(records)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
@@ -462,6 +467,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny dims and shapes: checks the script, not speed")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--no-prefill", action="store_true", help="decode variants only")
+    parser.add_argument("--experts", default=None,
+                        help="lowbit_patch's experts= for the patched variants (GPT-OSS 'mxfp4', DeepSeek 'fp8'); "
+                             "the unpatched baselines keep the bf16 weights")
     parser.add_argument("--batches", default=None,
                         help="decode batch sizes, comma separated (default: the sizes' 1,16,64); '' for prefill only")
     args = parser.parse_args()
@@ -482,7 +490,7 @@ def main() -> None:
     result = dict(records=[], op_families_us={}, memory={})
     for name in args.models.split(","):
         model_cls, config = table[name]
-        out = run_model(name, model_cls, config, sizes, device, compile_)
+        out = run_model(name, model_cls, config, sizes, device, compile_, args.experts)
         for key in result:
             result[key] = result[key] + out[key] if key == "records" else {**result[key], **out[key]}
         for r in out["records"]:

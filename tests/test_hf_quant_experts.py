@@ -102,6 +102,30 @@ def test_gpt_oss_mxfp4_checkpoint_tensors_as_they_are():
     assert_quantized_generation_matches(patched, reference)
 
 
+def test_gpt_oss_mxfp4_state_dict_loads_back():
+    """The patched experts' state dict (the checkpoint's keys and layout) loads into another patched model, whose
+    prepacked weights then equal the first's; blocks of the wrong shape are refused by load_state_dict."""
+    reference = gpt_oss_all_experts()
+    state = _mxfp4_checkpoint(reference)
+    source, target = copy.deepcopy(reference), copy.deepcopy(reference)
+    lowbit_patch(source, experts="mxfp4", expert_weights=state)
+    lowbit_patch(target, experts="mxfp4")  # quantized at patch time: other bytes until the load
+    pairs = [(m, target.get_submodule(name)) for name, m in _experts(source, "LowbitMxfp4Experts").items()]
+    assert pairs
+
+    def same() -> bool:
+        return all(torch.equal(x, y) for a, b in pairs for proj in ("gate_up_proj", "down_proj")
+                   for x, y in zip(a.prepacked(proj), b.prepacked(proj), strict=True))
+
+    assert not same()
+    saved = source.state_dict()
+    target.load_state_dict(saved)
+    assert same()
+    key = next(k for k in saved if k.endswith("down_proj_blocks"))
+    with pytest.raises(RuntimeError, match="down_proj: blocks / scales"):
+        target.load_state_dict(saved | {key: saved[key][:, :, :1]})
+
+
 def test_gpt_oss_mxfp4_quantized_at_patch_time():
     reference = gpt_oss_all_experts()
     patched = copy.deepcopy(reference)

@@ -4,7 +4,8 @@ checkpoint) holds: planned first (every problem collected, nothing touched), con
 GPT-OSS MXFP4 (transformers' checkpoint format, `integrations/mxfp4.py`): per projection `<proj>_blocks` uint8
 (E, N, K/32, 16), element 2i of a 32-block in the low nibble of byte i, and `<proj>_scales` uint8 E8M0 (E, N, K/32)
 (value = e2m1 * 2^(s - 127)); rows N are the output features (gate_up: 2I rows, gate and up interleaved; down: H
-rows), K the input features. That is `moe_gemm_mxfp4`'s layout as it is: (E, N, K/2) codes is a view of the blocks.
+rows), K the input features. That is `moe_gemm_mxfp4`'s linear layout ((E, N, K/2) codes is a view of the blocks);
+the patched experts hold it prepacked once for `moe_gemm_fp4_prepacked` (a byte permutation, values unchanged).
 Loaded with `Mxfp4Config(dequantize=True)` (and on every machine without the GPT-OSS Triton kernels, which
 transformers then falls back to) the model holds bf16 `GptOssExperts` (E, K, N) parameters, the checkpoint's values
 exactly; with `dequantize=False` it holds `Mxfp4GptOssExperts`, whose weights are the Triton kernels' swizzled
@@ -28,6 +29,7 @@ from triton_ops.contract.formats import MXFP4_BLOCK
 from triton_ops.contract.moe_gemm import FP8_BLOCK
 
 from ... import ops
+from ...reference.moe_gemm import moe_gemm_fp4_unpack
 
 E4M3_MAX = 448.0
 # The checkpoint's blocks hold a 32-element MXFP4 block as 16 bytes.
@@ -125,19 +127,65 @@ def mxfp4_quantize_experts(w: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class LowbitMxfp4Experts(nn.Module):
-    """GPT-OSS experts as MXFP4 with the checkpoint's tensor names (`<proj>_blocks`, `<proj>_scales`,
-    `<proj>_bias`), so the patched model's state dict reads like the checkpoint's; `w1` / `w2` (E, N, K/2) and
-    `s1` / `s2` (E, N, K/32) are the views `moe_gemm_mxfp4` takes."""
+    """GPT-OSS experts as MXFP4 in the layout `moe_gemm_fp4_prepacked` takes: `<proj>_values` int32 (E, N, KP/8)
+    and `<proj>_packed_scales` uint8 (E, N, SP), prepacked once here from the checkpoint's tensors (a byte
+    permutation: `moe_gemm_fp4_prepack`). The state dict keeps the checkpoint's keys: `state_dict()` writes
+    `<proj>_blocks` / `<proj>_scales` (the exact inverse permutation) beside `<proj>_bias`, and `load_state_dict`
+    takes them and prepacks them again. One copy of the weights is held, the prepacked one."""
 
     def __init__(self, tensors: dict[str, Tensor], alpha: float, limit: float):
         super().__init__()
-        for name, t in tensors.items():
-            self.register_parameter(name, nn.Parameter(t, requires_grad=False))
+        self.in_features = {}  # proj -> K, what the inverse permutation needs (the values are padded to KP)
+        for proj in GPT_OSS_PROJECTIONS:
+            blocks = tensors[f"{proj}_blocks"]
+            self.in_features[proj] = blocks.shape[-2] * MXFP4_BLOCK
+            values, scales = _prepack(blocks, tensors[f"{proj}_scales"])
+            self.register_buffer(f"{proj}_values", values, persistent=False)
+            self.register_buffer(f"{proj}_packed_scales", scales, persistent=False)
+            self.register_parameter(f"{proj}_bias", nn.Parameter(tensors[f"{proj}_bias"], requires_grad=False))
         self.alpha, self.limit = alpha, limit
 
-    def operands(self, proj: str) -> tuple[Tensor, Tensor]:
-        blocks = getattr(self, f"{proj}_blocks")
-        return blocks.flatten(-2), getattr(self, f"{proj}_scales")
+    def prepacked(self, proj: str) -> tuple[Tensor, Tensor]:
+        return getattr(self, f"{proj}_values"), getattr(self, f"{proj}_packed_scales")
+
+    def checkpoint_tensors(self, proj: str) -> tuple[Tensor, Tensor]:
+        """The projection's weights in the checkpoint's layout: (blocks (E, N, K/32, 16), scales (E, N, K/32))."""
+        k = self.in_features[proj]
+        codes, scales = moe_gemm_fp4_unpack(*self.prepacked(proj), k, "mxfp4")
+        return codes.view(*codes.shape[:-1], k // MXFP4_BLOCK, MXFP4_BLOCK_BYTES), scales
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)  # the biases
+        for proj in GPT_OSS_PROJECTIONS:
+            blocks, scales = self.checkpoint_tensors(proj)
+            destination[f"{prefix}{proj}_blocks"], destination[f"{prefix}{proj}_scales"] = blocks, scales
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        ours = set()
+        for proj in GPT_OSS_PROJECTIONS:
+            keys = (f"{prefix}{proj}_blocks", f"{prefix}{proj}_scales")
+            if not all(key in state_dict for key in keys):
+                missing_keys.extend(key for key in keys if key not in state_dict)
+                continue
+            ours.update(keys)
+            e, n, blocks = *self.prepacked(proj)[0].shape[:2], self.in_features[proj] // MXFP4_BLOCK
+            want = [(e, n, blocks, MXFP4_BLOCK_BYTES), (e, n, blocks)]
+            got = [state_dict[key] for key in keys]
+            if [tuple(t.shape) for t in got] != want:
+                error_msgs.append(f"{prefix}{proj}: blocks / scales {[tuple(t.shape) for t in got]}, the module's "
+                                  f"are {want}")
+                continue
+            for buffer, packed in zip(self.prepacked(proj), _prepack(*got), strict=True):
+                buffer.copy_(packed)
+        rest = {key: value for key, value in state_dict.items() if key not in ours}
+        super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+
+def _prepack(blocks: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+    """Checkpoint blocks (E, N, K/32, 16) and E8M0 scales (E, N, K/32) -> `moe_gemm_fp4_prepack`'s layout."""
+    return ops.moe_gemm_fp4_prepack(blocks.flatten(-2), scales, "mxfp4")
 
 
 def gpt_oss_mxfp4_experts(plan: ExpertsPlan, experts: nn.Module, expert_weights: Mapping | None

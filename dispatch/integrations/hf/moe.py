@@ -5,7 +5,7 @@ over the top-k logits, transformers' GptOssTopKRouter) -> `moe_align` -> `moe_ga
 expert's gate_up bias) -> `ops.swiglu` (GPT-OSS variant, interleaved gate/up, alpha 1.702, limit 7.0) ->
 `moe_gemm_bf16` (+ the down bias) -> `moe_combine`. The biases are why this is the op chain and not
 `moe_layer`, which has none: each bias is added to the GEMM's rounded output, as transformers adds it. MXFP4
-experts (`LowbitMxfp4Experts`, W4A16) run the same chain with `moe_gemm_mxfp4` for the two GEMMs.
+experts (`LowbitMxfp4Experts`, W4A16) run the same chain with `moe_gemm_fp4_prepacked` for the two GEMMs.
 
 DeepSeek-V3: `ops.moe_layer_routed` with bf16 experts, or FP8 block-scaled ones (`LowbitFp8Experts`, W8A8: the
 activations quantized per 1x128 group on the way, GEMM1 + SwiGLU + FP8 and GEMM2 + combine fused).
@@ -33,7 +33,7 @@ def _transposed_storage(param: nn.Parameter) -> Tensor:
 
 class LowbitGptOssMLP(nn.Module):
     """transformers' GptOssMLP (router + experts with biases) through lowbit's MoE ops; returns (out, None).
-    `mxfp4` replaces the experts by MXFP4 ones (`moe_gemm_mxfp4`); without it the bf16 / fp16 experts stay."""
+    `mxfp4` replaces the experts by MXFP4 ones (`moe_gemm_fp4_prepacked`); without it the bf16 / fp16 experts stay."""
 
     def __init__(self, original: nn.Module, mxfp4: LowbitMxfp4Experts | None = None):
         super().__init__()
@@ -46,7 +46,7 @@ class LowbitGptOssMLP(nn.Module):
 
     def _gemm(self, x: Tensor, proj: str, rows: Tensor) -> Tensor:
         if isinstance(self.experts, LowbitMxfp4Experts):
-            return ops.moe_gemm_mxfp4(x, *self.experts.operands(proj), m_indices=rows)
+            return ops.moe_gemm_fp4_prepacked(x, *self.experts.prepacked(proj), fmt="mxfp4", m_indices=rows)
         return ops.moe_gemm_bf16(x, self.w1 if proj == "gate_up_proj" else self.w2, m_indices=rows)
 
     def forward(self, hidden_states: Tensor) -> tuple[Tensor, None]:

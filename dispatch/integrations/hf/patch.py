@@ -132,10 +132,11 @@ def patch_gpt_oss(model: nn.Module, experts: str | None = None, expert_weights: 
     """GptOssForCausalLM / GptOssModel: RMSNorm, RoPE (YaRN), attention with sinks and the alternating sliding /
     full layers, the router -> ops.moe_route and the experts -> lowbit's MoE op chain.
 
-    experts: None (as the model holds them: bf16 / fp16), "bf16", or "mxfp4" (W4A16 through `moe_gemm_mxfp4`: the
-    checkpoint's MXFP4 tensors in `expert_weights` (a state dict with `<experts path>.gate_up_proj_blocks`,
-    `_scales`, `down_proj_blocks`, `_scales`, as the GPT-OSS checkpoint names them) used as they are, or without
-    them the bf16 weights quantized at patch time). The replaced bf16 experts are released."""
+    experts: None (as the model holds them: bf16 / fp16), "bf16", or "mxfp4" (W4A16 through
+    `moe_gemm_fp4_prepacked`: the checkpoint's MXFP4 tensors in `expert_weights` (a state dict with `<experts
+    path>.gate_up_proj_blocks`, `_scales`, `down_proj_blocks`, `_scales`, as the GPT-OSS checkpoint names them)
+    prepacked once, values unchanged, or without them the bf16 weights quantized at patch time). The replaced bf16
+    experts are released."""
     config = model.config
     problems = _problems_common(model, config)
     swaps = _attention_swaps(model, config, problems)
