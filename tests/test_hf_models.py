@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 import dispatch  # noqa: E402
 from dispatch.integrations.hf import UnsupportedModelError, lowbit_patch  # noqa: E402
-from dispatch.integrations.hf.check import TIE_SPACINGS, compare_greedy, greedy, prompts  # noqa: E402
+from dispatch.integrations.hf.check import TIE_SPACINGS, build_model, compare_greedy, greedy, prompts  # noqa: E402
 
 VOCAB = 128
 PAD = 0
@@ -45,11 +45,7 @@ def _prompts(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _build(model_cls, config, dtype, seed: int = 0):
-    torch.manual_seed(seed)
-    config._attn_implementation = "eager"
-    # built in the dtype (as from_pretrained(dtype=...) builds): the rotary inverse frequencies stay fp32; a
-    # `.to(torch.bfloat16)` would round them and the unpatched RoPE would drift from the exact angles with position
-    return model_cls._from_config(config, dtype=dtype).eval()
+    return build_model(model_cls, config, seed=seed, dtype=dtype)
 
 
 def generation_prompts() -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,7 +22,14 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from dispatch.integrations.hf import LowbitPagedCache, lowbit_patch  # noqa: E402
-from dispatch.integrations.hf.check import FP8_TIE_SPACINGS, TIE_SPACINGS, compare_greedy, greedy, prompts  # noqa: E402
+from dispatch.integrations.hf.check import (  # noqa: E402
+    FP8_TIE_SPACINGS,
+    TIE_SPACINGS,
+    build_model,
+    compare_greedy,
+    greedy,
+    prompts,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -47,12 +54,7 @@ def assert_same_greedy_tokens(got, want, what: str, new_tokens: int = NEW_TOKENS
 
 
 def build_on_gpu(model_cls, config):
-    torch.manual_seed(0)
-    config._attn_implementation = "eager"
-    # built in the dtype (as from_pretrained(dtype=...) builds): the rotary inverse frequencies stay fp32; a
-    # `.to(torch.bfloat16)` would round them and the unpatched RoPE would drift from the exact angles with position
-    with torch.device("cuda"):
-        return model_cls._from_config(config, dtype=torch.bfloat16).eval()
+    return build_model(model_cls, config, device="cuda")
 
 
 def llama():

@@ -98,19 +98,40 @@ def fp32_logit_errors(reference_fp32, result, mask: torch.Tensor, new_tokens: in
     return errors
 
 
+# Zero-initialized parameters (GPT-OSS's attention and expert biases) take values of this scale in `build_model`.
+ZERO_INIT_STD = 0.1
+
+
+def build_model(cls, config, device: torch.device | str | None = None, seed: int = 0,
+                dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+    """A transformers model with random weights (bf16 unless `dtype`) and eager attention, for checks against the
+    unpatched model.
+    Built in the dtype (as from_pretrained(dtype=...) builds): the rotary inverse frequencies stay fp32; a
+    `.to(torch.bfloat16)` would round them and the unpatched RoPE would drift from the exact angles with position.
+    Parameters transformers initializes to zero (GPT-OSS's projection and expert biases) are drawn too, so every
+    weight a patched module reads takes part in the comparison; normalization layers keep their initialization (a
+    LayerNorm bias moves every key of DeepSeek-V3.2's indexer alike, crowding its top-k scores into ties)."""
+    torch.manual_seed(seed)
+    config._attn_implementation = "eager"
+    with torch.device(device or "cpu"):
+        model = cls._from_config(config, dtype=dtype).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if "Norm" in type(module).__name__:
+                continue
+            for param in module.parameters(recurse=False):
+                if param.is_floating_point() and not param.any():
+                    param.normal_(std=ZERO_INIT_STD)
+    return model
+
+
 def tiny_models() -> dict[str, Callable[[], torch.nn.Module]]:
     """Builders of each supported architecture at a few narrow layers (the CPU main job's size). The MoE models
     route every token to every expert: with random weights a router logit moved by one rounding can flip a top-k
     choice, a discrete change no token or cosine bound covers (the routers' bytes are checked by the op rows)."""
     import transformers as tf
 
-    def build(cls, config):
-        torch.manual_seed(0)
-        config._attn_implementation = "eager"
-    # built in the dtype (as from_pretrained(dtype=...) builds): the rotary inverse frequencies stay fp32; a
-    # `.to(torch.bfloat16)` would round them and the unpatched RoPE would drift from the exact angles with position
-        return cls._from_config(config, dtype=torch.bfloat16).eval()
-
+    build = build_model
     common = dict(vocab_size=VOCAB, num_hidden_layers=2, max_position_embeddings=64, pad_token_id=PAD)
     return {
         "llama": lambda: build(tf.LlamaForCausalLM, tf.LlamaConfig(
