@@ -31,13 +31,6 @@ def _transposed_storage(param: nn.Parameter) -> Tensor:
     return data
 
 
-def _add_block_bias(x: Tensor, bias: Tensor, block_expert: Tensor) -> Tensor:
-    """x (rows, N) + bias[expert of the row], the rows in blocks of one expert each (block_expert: one id per
-    block); the same bf16 sums as adding the gathered (rows, N) biases."""
-    blocks = block_expert.shape[0]
-    return (x.view(blocks, -1, x.shape[-1]) + bias[block_expert.long()].unsqueeze(1)).view(x.shape)
-
-
 class LowbitGptOssMLP(nn.Module):
     """transformers' GptOssMLP (router + experts with biases) through lowbit's MoE ops; returns (out, None).
     `mxfp4` replaces the experts by MXFP4 ones (`moe_gemm_fp4_prepacked`); without it the bf16 / fp16 experts stay."""
@@ -61,17 +54,14 @@ class LowbitGptOssMLP(nn.Module):
         x = hidden_states.reshape(-1, shape[-1])
         logits = nn.functional.linear(x, self.router.weight, self.router.bias)
         routing = ops.moe_route(logits, self.top_k, scoring="softmax", renormalize=True)
-        block_m = _block_m(routing.topk_ids.numel() / self.num_experts)
-        layout = ops.moe_align(routing.topk_ids, self.num_experts, block_m)
+        layout = ops.moe_align(routing.topk_ids, self.num_experts, _block_m(routing.topk_ids.numel() /
+                                                                              self.num_experts))
         rows = layout.m_indices
-        # Each block of block_m rows holds one expert's rows (moe_align pads every expert to block_m) or only
-        # padding (-1, never combined: any expert's bias will do), so the biases are added per block, broadcast
-        # over its rows: no (rows, N) copy of the biases.
-        block_expert = rows.view(-1, block_m).amax(dim=1).clamp(min=0)
+        expert_of_row = rows.clamp(min=0).long()  # padding rows (-1) are never combined: any expert's bias will do
         h = self._gemm(ops.moe_gather(x, layout.sorted_token_ids, self.top_k), "gate_up_proj", rows)
-        h = _add_block_bias(h, self.experts.gate_up_proj_bias, block_expert)
+        h = h + self.experts.gate_up_proj_bias[expert_of_row]
         a = ops.swiglu(h, interleave=1, activation="gptoss", alpha=self.alpha, limit=self.limit, expert_ids=rows)
-        out = _add_block_bias(self._gemm(a, "down_proj", rows), self.experts.down_proj_bias, block_expert)
+        out = self._gemm(a, "down_proj", rows) + self.experts.down_proj_bias[expert_of_row]
         y = ops.moe_combine(out, layout.inv_rows, routing.topk_weights, out_dtype=x.dtype)
         return y.view(shape), None
 
