@@ -76,7 +76,7 @@ FAMILIES = (  # first match wins: the KV writes and the split-KV reduce are atte
     # the indexer's scores (ops.mla_index_scores)
     ("indexer", ("sbtopk", "mbtopk", "radixfindkth", "computeblockwise", "sortkv", "index_scores")),
     # "_align_", not "align": cuBLAS names its fp32 kernels "..._ffma_aligna4_..." (V3.2's indexer scores)
-    ("moe", ("moe", "expert", "grouped", "route", "topk", "_align_", "gather", "combine")),
+    ("moe", ("moe", "expert", "grouped", "route", "topk", "_align_", "gather", "combine", "fp4_prepacked")),
     ("norm", ("norm",)),
     ("rope", ("rope", "rotary")),
     ("swiglu", ("swiglu", "silu", "glu")),

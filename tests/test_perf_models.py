@@ -84,6 +84,7 @@ def test_smoke_run_deepseek_v32(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name, fam", [
     ("_decode_kernel", "attention"), ("_paged_write_kernel", "attention"), ("_moe_gemm_kernel", "moe"),
+    ("_fp4_prepacked_kernel", "moe"),
     ("_mla_fp8_kernel", "attention"), ("_index_scores_kernel", "indexer"), ("_align_count_kernel", "moe"),
     ("_rms_norm_kernel", "norm"), ("_rope_kernel", "rope"),
     ("_swiglu_kernel", "swiglu"), ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", "gemm"),
