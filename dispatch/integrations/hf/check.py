@@ -131,19 +131,18 @@ def tiny_models() -> dict[str, Callable[[], torch.nn.Module]]:
     choice, a discrete change no token or cosine bound covers (the routers' bytes are checked by the op rows)."""
     import transformers as tf
 
-    build = build_model
     common = dict(vocab_size=VOCAB, num_hidden_layers=2, max_position_embeddings=64, pad_token_id=PAD)
     return {
-        "llama": lambda: build(tf.LlamaForCausalLM, tf.LlamaConfig(
+        "llama": lambda: build_model(tf.LlamaForCausalLM, tf.LlamaConfig(
             hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, **common)),
-        "gpt_oss": lambda: build(tf.GptOssForCausalLM, tf.GptOssConfig(
+        "gpt_oss": lambda: build_model(tf.GptOssForCausalLM, tf.GptOssConfig(
             hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
             num_local_experts=4, num_experts_per_tok=4, sliding_window=4,
             layer_types=["sliding_attention", "full_attention"],
             rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
                              "beta_slow": 1.0, "original_max_position_embeddings": 16, "truncate": False},
             **common)),
-        "deepseek_v3": lambda: build(tf.DeepseekV3ForCausalLM, tf.DeepseekV3Config(
+        "deepseek_v3": lambda: build_model(tf.DeepseekV3ForCausalLM, tf.DeepseekV3Config(
             hidden_size=64, intermediate_size=128, moe_intermediate_size=32, first_k_dense_replace=1,
             num_attention_heads=2, num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=8, n_group=4,
             topk_group=4, n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=128,
@@ -155,7 +154,7 @@ def tiny_models() -> dict[str, Callable[[], torch.nn.Module]]:
         # layer on, carry the first layer's rounding (the router's case); the real model's 64 indexer heads: a key
         # scores exactly 0 when every head's ReLU'd product is 0 (1 in 2^heads), and torch.topk breaks such ties by
         # the width scored, which differs between transformers' cache and LowbitMlaCache
-        "deepseek_v32": lambda: build(tf.DeepseekV32ForCausalLM, tf.DeepseekV32Config(
+        "deepseek_v32": lambda: build_model(tf.DeepseekV32ForCausalLM, tf.DeepseekV32Config(
             hidden_size=64, intermediate_size=128, moe_intermediate_size=32, first_k_dense_replace=0,
             num_attention_heads=2, num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=8, n_group=4,
             topk_group=4, n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=128,
@@ -164,7 +163,7 @@ def tiny_models() -> dict[str, Callable[[], torch.nn.Module]]:
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
                              "mscale_all_dim": 1.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
                              "beta_slow": 1.0}, **dict(common, num_hidden_layers=1))),
-        "qwen3_moe": lambda: build(tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(
+        "qwen3_moe": lambda: build_model(tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(
             hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=4, norm_topk_prob=True,
             mlp_only_layers=[1], **common)),
