@@ -437,9 +437,10 @@ def _speedups(records: list[dict]) -> None:
 def run_model(name: str, model_cls, config, sizes: Sizes, device: torch.device, compile_: bool,
               experts: str | None = None) -> dict:
     batches = sizes.batches
-    torch.manual_seed(0)
-    with device:
-        model = model_cls._from_config(config, dtype=torch.bfloat16).eval()
+    from dispatch.integrations.hf.check import build_model
+
+    # the seed's random weights, transformers' zero-initialized biases drawn too; transformers' default attention
+    model = build_model(model_cls, config, device=device, attn_implementation=None)
     estimate = memory_estimate_gb(model, sizes)
     if estimate > MEMORY_LIMIT_GB:
         raise SystemExit(f"perf.models: {name} needs about {estimate:.0f} GB (limit {MEMORY_LIMIT_GB}): fewer layers")

@@ -103,16 +103,17 @@ ZERO_INIT_STD = 0.1
 
 
 def build_model(cls, config, device: torch.device | str | None = None, seed: int = 0,
-                dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
-    """A transformers model with random weights (bf16 unless `dtype`) and eager attention, for checks against the
-    unpatched model.
+                dtype: torch.dtype = torch.bfloat16, attn_implementation: str | None = "eager") -> torch.nn.Module:
+    """A transformers model with random weights (bf16 unless `dtype`) and eager attention (None: transformers'
+    default for the model), for checks against the unpatched model and for timing it.
     Built in the dtype (as from_pretrained(dtype=...) builds): the rotary inverse frequencies stay fp32; a
     `.to(torch.bfloat16)` would round them and the unpatched RoPE would drift from the exact angles with position.
     Parameters transformers initializes to zero (GPT-OSS's projection and expert biases) are drawn too, so every
     weight a patched module reads takes part in the comparison; normalization layers keep their initialization (a
     LayerNorm bias moves every key of DeepSeek-V3.2's indexer alike, crowding its top-k scores into ties)."""
     torch.manual_seed(seed)
-    config._attn_implementation = "eager"
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
     with torch.device(device or "cpu"):
         model = cls._from_config(config, dtype=dtype).eval()
     with torch.no_grad():
