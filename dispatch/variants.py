@@ -43,6 +43,16 @@ def moe_gemm_bf16_cute_tiled(a, w, m_indices, masked_m, *, tiles: dict):
     return moe_gemm_bf16(a, w, m_indices, masked_m, tiles=dict(tiles))
 
 
+def attention_prefill_cute_sm90_tiled(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                                      softmax_scale: float, causal: bool, *, tiles: dict):
+    """attention_prefill's sm_90 CuTe kernel (no window, no sinks) with `tiles` (FmhaSm90Config fields: tile_m,
+    overlap, persistent, o_tma) overriding `FmhaSm90Config.for_call`'s rule field by field."""
+    from cute_ops.attention.fmha_sm90 import attention_prefill
+
+    return attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                             -1, -1, None, True, tiles=dict(tiles))
+
+
 def moe_gemm_mxfp4_dot_scaled(a, w_packed, w_scale, m_indices, masked_m):
     """moe_gemm_mxfp4's Triton kernel through tl.dot_scaled (lhs bf16, rhs E2M1 + E8M0 scales) instead of the
     in-register dequantization the table's row runs."""

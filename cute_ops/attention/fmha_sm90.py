@@ -240,12 +240,13 @@ def auto_skip_untimed(q, *args, **kwargs) -> str | None:
 
 def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                       softmax_scale: float | None, causal: bool, window_left: int, window_right: int, sinks,
-                      return_lse: bool):
+                      return_lse: bool, *, tiles: dict | None = None):
     """(out (total_q, Hq, Dv) in q's dtype, lse (total_q, Hq) fp32): the triton backend's signature and contract.
-    lse is always computed."""
+    lse is always computed. tiles: FmhaSm90Config fields overriding for_call's rule (tile sweeps)."""
     from .._compile import target_arch
 
     cfg = FmhaSm90Config.for_call(q, v, causal, window_left, window_right, sinks, target_arch(q.device.index))
+    cfg = dataclasses.replace(cfg, **(tiles or {}))
     fn = compiled(cfg) if q.shape[0] else None
     return launch.run(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, window_left, window_right, sinks)
 
