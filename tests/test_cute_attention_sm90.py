@@ -89,10 +89,11 @@ def test_sm90_every_config_fits_shared_memory():
 
 def test_sm90_for_call_picks_the_timed_tiles():
     """The entry's config from FOR_CALL: 128-row tiles (two consumer warpgroups);
-    sliding windows and hd128 causal on the persistent grid (132 CTAs for host tensors); hd64 without a window:
+    sliding windows and hd128 on the persistent grid (132 CTAs for host tensors; hd128 without a window with the
+    overlap in bf16, and from LONG_QUERY_ROWS queries one CTA per tile with it); hd64 without a window:
     the 192-row tile (three warpgroups), with overlap in bf16 only; (192, 128): one CTA per 128 x 128 tile with
     overlap in bf16 only and register O stores. Every row builds a valid config with v's head dim."""
-    from cute_ops.attention.fmha_sm90 import FOR_CALL, FmhaSm90Config
+    from cute_ops.attention.fmha_sm90 import FOR_CALL, LONG_QUERY_ROWS, LONG_QUERY_RULE, FmhaSm90Config
 
     def tiles(d, window_left, dtype=torch.bfloat16, causal=True, d_v=None):
         q, v = torch.zeros(4, 8, d, dtype=dtype), torch.zeros(4, 8, d_v or d, dtype=dtype)
@@ -103,7 +104,8 @@ def test_sm90_for_call_picks_the_timed_tiles():
 
     for d in (64, 128):  # a sliding window: the persistent grid, one CTA per SM (132 for host tensors)
         assert tiles(d, 128) == (128, False, 132)
-    assert tiles(128, -1) == (128, False, 132)
+    assert tiles(128, -1) == (128, True, 132)
+    assert tiles(128, -1, torch.float16) == (128, False, 132)
     assert tiles(64, -1) == (192, True, 0)
     assert tiles(64, -1, torch.float16) == (192, False, 0)
     for window_left, causal in ((-1, True), (-1, False), (128, True)):
@@ -117,6 +119,14 @@ def test_sm90_for_call_picks_the_timed_tiles():
             cfg = FmhaSm90Config.for_call(q, v, c, 64 if w else -1, -1, None, "sm_90a")
             assert (cfg.tile_m, cfg.o_tma, cfg.persistent > 0) == (row.tile_m, row.o_tma, row.persistent)
             assert cfg.overlap == (row.overlap and dtype == torch.bfloat16)
+            # from LONG_QUERY_ROWS queries, bf16 calls take LONG_QUERY_RULE's row where it has one
+            long = FmhaSm90Config.for_call(q, v, c, 64 if w else -1, -1, None, "sm_90a", LONG_QUERY_ROWS)
+            short = FmhaSm90Config.for_call(q, v, c, 64 if w else -1, -1, None, "sm_90a", LONG_QUERY_ROWS - 1)
+            assert short == cfg
+            want = LONG_QUERY_RULE.get((d, w, c), row) if dtype == torch.bfloat16 else row
+            assert (long.tile_m, long.o_tma, long.persistent > 0, long.overlap) == (
+                want.tile_m, want.o_tma, want.persistent, want.overlap and dtype == torch.bfloat16)
+    assert set(LONG_QUERY_RULE) == {(128, False, False), (128, False, True)}
 
 
 def test_sm90_entry_checks_and_auto_skip_on_cpu():

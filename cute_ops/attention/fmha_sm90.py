@@ -129,12 +129,15 @@ class FmhaSm90Config(launch.AttentionConfig):
         return 1024 + 2 * (self.head_dim * qk_rows + self.head_dim_v * v_rows)
 
     @classmethod
-    def for_call(cls, q, v, causal: bool, window_left: int, window_right: int, sinks, arch: str):
-        """The shared rule, then FOR_CALL's row for (qk head dim, sliding window, causal): tile_m, the overlap
-        (bf16 only: with fp16 ptxas serializes its WGMMAs), the persistent grid (one CTA per SM) and the O
-        epilogue."""
+    def for_call(cls, q, v, causal: bool, window_left: int, window_right: int, sinks, arch: str,
+                 max_seqlen_q: int = 0):
+        """The shared rule, then FOR_CALL's row for (qk head dim, sliding window, causal), or LONG_QUERY_RULE's
+        where it has one, for bf16 calls with max_seqlen_q >= LONG_QUERY_ROWS: tile_m, the overlap (bf16 only:
+        with fp16 ptxas serializes its WGMMAs), the persistent grid (one CTA per SM) and the O epilogue."""
         cfg = super().for_call(q, v, causal, window_left, window_right, sinks, arch)
-        row = FOR_CALL[cfg.head_dim, window_left >= 0, bool(causal)]
+        key = (cfg.head_dim, window_left >= 0, bool(causal))
+        long_query = max_seqlen_q >= LONG_QUERY_ROWS and cfg.dtype == "bf16"  # measured in bf16, the overlap's
+        row = LONG_QUERY_RULE.get(key, FOR_CALL[key]) if long_query else FOR_CALL[key]
         return dataclasses.replace(cfg, tile_m=row.tile_m, overlap=row.overlap and cfg.dtype == "bf16",
                                    persistent=_sm_count(q) if row.persistent else 0, o_tma=row.o_tma)
 
@@ -153,9 +156,13 @@ class CallRule(typing.NamedTuple):
 #     FA4 (0.868x with register stores; the persistent grid does not fit 192 x 128 + overlap in 160 registers).
 #   windows: the persistent grid + O TMA store: GPT-OSS hd64 64 / 8 window (128, 0) + sinks 2 x 8192 0.961x FA4
 #     against 0.799x persistent alone, 0.644x one CTA per tile (192 rows 0.846x, with overlap 0.918x).
-#   hd128: the persistent grid + O TMA store: Llama 32 / 8 causal 8 x 2048 1.004x (0.884x one CTA per tile),
-#     4 x 4096 0.929x, 2 x 8192 0.932x, 1 x 16384 0.886x (0.914x one CTA per tile), varlen 0.836x; non-causal
-#     8 x 2048 0.976x (0.895x), 1 x 16384 0.874x (0.880x). hd128 with a window takes the hd64 window rule.
+#   hd128: the persistent grid + O TMA store with the overlap: Llama 32 / 8 causal 4 x 4096 0.954x FA4 (0.945x
+#     without the overlap), non-causal 8 x 2048 0.922x (0.918x) (CUDA graph, tile sweep; earlier, without the
+#     overlap: causal 8 x 2048 1.004x (0.884x one CTA per tile), 2 x 8192 0.932x, varlen 0.836x). hd128 with a
+#     window takes the hd64 window rule.
+#   hd128 from LONG_QUERY_ROWS queries (LONG_QUERY_RULE): one CTA per tile with the overlap and register O stores:
+#     1 x 16384 causal 0.905x, non-causal 0.894x, against the persistent grid's 0.894x / 0.862x with the overlap
+#     and 0.883x / 0.860x without (tile sweep, `perf/scripts/attention_sm90_tile_sweep.py`).
 #   (192, 128): FA3's design for it, 128 x 128 with overlap (bf16): DeepSeek 16 heads 1 x 8192 causal 0.93x FA4
 #     (events; 0.90x CUDA graph), 1.37x the Gluon kernel auto took before (H200); one CTA per tile and register O
 #     stores, as the 2-stage Q ring and the O staging tile do not fit in SMEM beside Q and the K / V ring. The
@@ -166,14 +173,22 @@ FOR_CALL = {
     (64, False, True): CallRule(tile_m=192, overlap=True, o_tma=True),
     (64, True, False): CallRule(persistent=True, o_tma=True),  # as causal
     (64, True, True): CallRule(persistent=True, o_tma=True),
-    (128, False, False): CallRule(persistent=True, o_tma=True),
-    (128, False, True): CallRule(persistent=True, o_tma=True),
+    (128, False, False): CallRule(overlap=True, persistent=True, o_tma=True),
+    (128, False, True): CallRule(overlap=True, persistent=True, o_tma=True),
     (128, True, False): CallRule(persistent=True, o_tma=True),  # as hd64
     (128, True, True): CallRule(persistent=True, o_tma=True),  # as hd64
     (192, False, False): CallRule(overlap=True),
     (192, False, True): CallRule(overlap=True),
     (192, True, False): CallRule(overlap=True),
     (192, True, True): CallRule(overlap=True),
+}
+
+
+# Query rows (max_seqlen_q) from which LONG_QUERY_RULE's rows replace FOR_CALL's (measured at 16384, below).
+LONG_QUERY_ROWS = 16384
+LONG_QUERY_RULE = {
+    (128, False, False): CallRule(overlap=True),
+    (128, False, True): CallRule(overlap=True),
 }
 
 
@@ -245,7 +260,8 @@ def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
     lse is always computed. tiles: FmhaSm90Config fields overriding for_call's rule (tile sweeps)."""
     from .._compile import target_arch
 
-    cfg = FmhaSm90Config.for_call(q, v, causal, window_left, window_right, sinks, target_arch(q.device.index))
+    cfg = FmhaSm90Config.for_call(q, v, causal, window_left, window_right, sinks, target_arch(q.device.index),
+                                  max_seqlen_q)
     cfg = dataclasses.replace(cfg, **(tiles or {}))
     fn = compiled(cfg) if q.shape[0] else None
     return launch.run(fn, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, window_left, window_right, sinks)
@@ -261,5 +277,5 @@ def specialize_attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen
     if not launch.preparable(q, cu_seqlens_q, cu_seqlens_k, sinks):
         return None
     fn = compiled(FmhaSm90Config.for_call(q, v, causal, window_left, window_right, sinks,
-                                          target_arch(q.device.index)))
+                                          target_arch(q.device.index), max_seqlen_q))
     return launch.prepared(fn, attention_prefill, q, v, softmax_scale, window_left, window_right)
