@@ -157,8 +157,8 @@ class CallRule(typing.NamedTuple):
 #   windows: the persistent grid + O TMA store: GPT-OSS hd64 64 / 8 window (128, 0) + sinks 2 x 8192 0.961x FA4
 #     against 0.799x persistent alone, 0.644x one CTA per tile (192 rows 0.846x, with overlap 0.918x).
 #   hd128: the persistent grid + O TMA store with the overlap: Llama 32 / 8 causal 4 x 4096 0.954x FA4 (0.945x
-#     without the overlap), non-causal 8 x 2048 0.922x (0.918x) (CUDA graph, tile sweep; earlier, without the
-#     overlap: causal 8 x 2048 1.004x (0.884x one CTA per tile), 2 x 8192 0.932x, varlen 0.836x). hd128 with a
+#     without the overlap), non-causal 8 x 2048 0.922x (0.918x) (CUDA graph, tile sweep); without the overlap,
+#     CUDA events: causal 8 x 2048 1.004x (0.884x one CTA per tile), 2 x 8192 0.932x, varlen 0.836x. hd128 with a
 #     window takes the hd64 window rule.
 #   hd128 from LONG_QUERY_ROWS queries (LONG_QUERY_RULE): one CTA per tile with the overlap and register O stores:
 #     1 x 16384 causal 0.905x, non-causal 0.894x, against the persistent grid's 0.894x / 0.862x with the overlap
