@@ -18,6 +18,8 @@ import triton.testing
 
 from dispatch import ops, variants
 
+from .sweep import checked_timings
+
 CASES = {  # name: (batch, sequence length, causal); Llama-3-8B heads: 32 query / 8 KV heads of 128
     "1x16384 causal": (1, 16384, True),
     "1x16384 non-causal": (1, 16384, False),
@@ -33,10 +35,6 @@ def variant_tiles(sms: int) -> dict[str, dict]:
         "overlap o_tma": dict(overlap=True, persistent=0, o_tma=True),
         "overlap": dict(overlap=True, persistent=0, o_tma=False),
     }
-
-
-def _time(fn) -> float:
-    return triton.testing.do_bench_cudagraph(fn, rep=200) * 1e3
 
 
 def _fa4():
@@ -68,17 +66,14 @@ def sweep_case(name: str, b: int, s: int, causal: bool, out_file) -> None:
     want = next(iter(providers.values()))().float()  # FA4's output, else for_call's
     flops = 4 * b * HQ * D * s * s / (2 if causal else 1)
     base = None
-    for label, fn in providers.items():
-        try:
-            got = fn().float()
-            err = float((got - want).abs().max() / want.abs().max())
-            us = _time(fn)
-        except Exception as exc:  # a variant that does not build is a result, not a stop
-            rec = dict(case=name, provider=label, error=repr(exc)[:300])
+    for label, result in checked_timings(providers, want):
+        if "error" in result:
+            rec = dict(case=name, provider=label, error=result["error"])
         else:
+            us = result["us"]
             base = us if label == "fa4" else base
             rec = dict(case=name, provider=label, us=round(us, 1), tflops=round(flops / us / 1e6, 1),
-                       vs_fa4=round(base / us, 3) if base else None, err=err)
+                       vs_fa4=round(base / us, 3) if base else None, err=result["err"])
         print(json.dumps(rec), flush=True)
         out_file.write(json.dumps(rec) + "\n")
         out_file.flush()

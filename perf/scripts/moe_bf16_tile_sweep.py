@@ -17,15 +17,13 @@ import triton.testing
 
 from dispatch import ops, variants
 
+from .sweep import checked_timings
+
 CASES = {  # name: (N, K)
     "GEMM1": (4096, 7168),
     "GEMM2": (7168, 2048),
 }
 CUTE_TILES = [dict(tile_n=128), dict(tile_n=256), dict(tile_n=128, epilogue="smem"), dict(tile_n=256, epilogue="smem")]
-
-
-def _time(fn) -> float:
-    return triton.testing.do_bench_cudagraph(fn, rep=200) * 1e3
 
 
 def sweep_case(name: str, n: int, k: int, e: int, rows: int) -> list[dict]:
@@ -46,17 +44,14 @@ def sweep_case(name: str, n: int, k: int, e: int, rows: int) -> list[dict]:
     want = providers["torch._grouped_mm"]().float()
     flops = 2 * e * rows * n * k
     base, out = None, []
-    for label, fn in providers.items():
-        try:
-            got = fn().float()
-            err = float((got - want).abs().max() / want.abs().max())
-            us = _time(fn)
-        except Exception as exc:  # a tile that does not compile is a result, not a stop
-            print(json.dumps(dict(case=f"{name} {e}x{rows}", provider=label, error=repr(exc)[:200])))
+    for label, result in checked_timings(providers, want):
+        if "error" in result:
+            print(json.dumps(dict(case=f"{name} {e}x{rows}", provider=label, error=result["error"])))
             continue
+        us = result["us"]
         base = us if label == "torch._grouped_mm" else base
         rec = dict(case=f"{name} {e}x{rows}", n=n, k=k, experts=e, rows=rows, provider=label, us=round(us, 2),
-                   tflops=round(flops / us / 1e6, 1), vs_grouped_mm=round(base / us, 3), err=err)
+                   tflops=round(flops / us / 1e6, 1), vs_grouped_mm=round(base / us, 3), err=result["err"])
         print(json.dumps(rec))
         out.append(rec)
     return out
