@@ -60,12 +60,21 @@ SMOKE = Dims(hidden=256, inner=128, experts=8, top_k=4, prefill_tokens=16, decod
              layer_timed_alone=False)
 
 
+# The stages issued right before an all_to_all: a settled run waits there until every rank has finished them.
+BEFORE_EXCHANGE = ("pack", "experts")
+
+
 class Clock:
     """Timestamps on the device's own timeline: CUDA events on a GPU; on the CPU the host clock (gloo and the
-    CPU kernels run synchronously). `stage(name)` is the layer's stage hook; `stages()` the durations in us."""
+    CPU kernels run synchronously). `stage(name)` is the layer's stage hook; `stages()` the durations in us.
 
-    def __init__(self, dev: torch.device):
+    settle: before the mark that starts an exchange (BEFORE_EXCHANGE), drain the device and meet the other
+    ranks at a barrier, so the exchange's time is its own (issue and transfer), as the bare call's is, and not
+    the wait for the slowest rank's previous stage."""
+
+    def __init__(self, dev: torch.device, settle: bool = False):
         self.cuda = dev.type == "cuda"
+        self.settle = settle
         self.marks: list[tuple[str, object]] = []
 
     def _now(self):
@@ -79,6 +88,10 @@ class Clock:
         self.marks = [("start", self._now())]
 
     def stage(self, name: str) -> None:
+        if self.settle and name in BEFORE_EXCHANGE:
+            if self.cuda:
+                torch.cuda.synchronize()
+            dist.barrier()
         self.marks.append((name, self._now()))
 
     def stages(self) -> dict[str, float]:
@@ -100,15 +113,15 @@ def _median(rows: list[list[float]]) -> list[float]:
     return [sorted(col)[len(col) // 2] for col in zip(*rows, strict=True)]
 
 
-def _time_stages(fn, dev: torch.device, d: Dims) -> tuple[dict[str, float], object]:
+def _time_stages(fn, dev: torch.device, d: Dims, settle: bool = False) -> tuple[dict[str, float], object]:
     """(per-stage and total us, the last call's output): fn(clock.stage) runs the layer with the hook; median
-    over iterations of the slowest rank."""
+    over iterations of the slowest rank. settle: see Clock."""
     for _ in range(d.warmup):
         fn(None)
     rows, names, out = [], None, None
     for _ in range(d.iters):
         dist.barrier()
-        clock = Clock(dev)
+        clock = Clock(dev, settle)
         clock.start()
         out = fn(clock.stage)
         clock.stage("total")
@@ -174,14 +187,18 @@ def _mean(value: float, dev: torch.device) -> float:
     return float(t) / dist.get_world_size()
 
 
-def _a2a_records(bench: str, stages: dict, splits: dict, dev: torch.device, d: Dims, **key) -> list[dict]:
-    """One a2a_stage record per all_to_all stage: the layer's stage time next to the bare call at its splits."""
+def _a2a_records(bench: str, stages: dict, settled: dict, splits: dict, dev: torch.device, d: Dims,
+                 **key) -> list[dict]:
+    """One a2a_stage record per all_to_all stage: the layer's stage time next to the bare call at its splits.
+    stage_us: the settled run's (the exchange alone, as the bare call is timed); in_flow_us: the unsettled
+    run's, which also holds the wait for the slowest rank's previous stage."""
     out = []
     for stage, (send_rows, recv_rows, row_bytes) in splits.items():
         bare = _bare_a2a(send_rows, recv_rows, row_bytes, dev, d)
-        us = stages[stage]
+        us, flow = settled[stage], stages[stage]
         out.append(dict(bench="a2a_stage", layer=bench, stage=stage, **key, row_bytes=row_bytes, stage_us=us,
-                        stage_gbs=bare["bytes_per_rank"] / us / 1e3, **bare, ratio=bare["nccl_us"] / us))
+                        stage_gbs=bare["bytes_per_rank"] / us / 1e3, **bare, ratio=bare["nccl_us"] / us,
+                        in_flow_us=flow, in_flow_ratio=bare["nccl_us"] / flow))
     return out
 
 
@@ -199,16 +216,17 @@ def _prefill(ctx: dict, d: Dims) -> list[dict]:
                 x, ids, w, ctx["lw1"], ctx["lw2"], num_experts=d.experts, fp8_dispatch=fp8, combine=combine,
                 stage_hook=hook, backend=ctx["backend"])
             stages, _ = _time_stages(run, dev, d)
+            settled, _ = _time_stages(run, dev, d, settle=True)
             layer_us = _time_us(lambda run=run: run(None), dev, d) if d.layer_timed_alone else stages["total"]
             disp_row, comb_row = message_row_bytes(d.hidden, d.top_k, x.dtype, fp8_dispatch=fp8, combine=combine)
             back = (sizes.tokens_recv, sizes.tokens_send) if combine == "rank" else (sizes.entries_recv,
                                                                                      sizes.entries_send)
             splits = dict(dispatch=(sizes.tokens_send, sizes.tokens_recv, disp_row), combine=(*back, comb_row))
             key = dict(tokens=d.prefill_tokens, format=fmt, combine=combine)
-            records.append(dict(bench="ep_prefill", **key, us=layer_us, stages_us=stages,
+            records.append(dict(bench="ep_prefill", **key, us=layer_us, stages_us=stages, settled_stages_us=settled,
                                 dispatch_bytes=sum(sizes.tokens_send) * disp_row,
                                 combine_bytes=sum(back[0]) * comb_row))
-            records += _a2a_records("ep_prefill", stages, splits, dev, d, **key)
+            records += _a2a_records("ep_prefill", stages, settled, splits, dev, d, **key)
             by_fmt[fmt, combine] = records[-3:]
     for combine in ("entry", "rank"):
         (b_layer, b_disp, _), (f_layer, f_disp, _) = by_fmt["bf16", combine], by_fmt["fp8", combine]
@@ -235,6 +253,7 @@ def _decode(ctx: dict, d: Dims) -> list[dict]:
             x, ids, w, ctx["lw1"], ctx["lw2"], num_experts=d.experts, capacity=cap, combine=combine,
             stage_hook=hook, backend=ctx["backend"])
         stages, captured = _time_stages(run, dev, d)
+        settled, _ = _time_stages(run, dev, d, settle=True)
         us = stages["total"]  # the CPU smoke: no graph, the staged run's total
         if dev.type == "cuda":
             graph, captured = capture_graph(functools.partial(run, None), dev, warmup=3)
@@ -246,9 +265,10 @@ def _decode(ctx: dict, d: Dims) -> list[dict]:
                       combine=(equal(back_rows), equal(back_rows), comb_row))
         key = dict(tokens=d.decode_tokens, capacity=cap, combine=combine)
         records.append(dict(bench="ep_decode", **key, graph=dev.type == "cuda", us=us, eager_stages_us=stages,
+                            settled_stages_us=settled,
                             dispatch_bytes=world * cap * disp_row, combine_bytes=back_rows * comb_row,
                             dropped=captured.dropped.tolist()))
-        records += _a2a_records("ep_decode", stages, splits, dev, d, **key)
+        records += _a2a_records("ep_decode", stages, settled, splits, dev, d, **key)
     return records
 
 
@@ -282,14 +302,16 @@ def main() -> None:
     w1, w2 = _experts(dev, d)  # all experts on each device (the single-GPU comparison): 22.5 GB bf16 at full dims
     n = d.experts // world
     ctx = dict(dev=dev, backend=backend, w1=w1, w2=w2, lw1=w1[rank * n:(rank + 1) * n], lw2=w2[rank * n:(rank + 1) * n])
-    records = _prefill(ctx, d) + _single_gpu(ctx, d) + _decode(ctx, d)
     if rank == 0:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "a") as f:
+    for part in (_prefill, _single_gpu, _decode):
+        records = part(ctx, d)
+        if rank == 0:  # each part's records as soon as they exist: a run cut short keeps what it measured
+            with open(args.out, "a") as f:
+                for r in records:
+                    f.write(json.dumps({**meta, **r}) + "\n")
             for r in records:
-                f.write(json.dumps({**meta, **r}) + "\n")
-        for r in records:
-            print(json.dumps(r))
+                print(json.dumps(r), flush=True)
     dist.destroy_process_group()
 
 
