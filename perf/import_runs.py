@@ -67,8 +67,12 @@ def _a2a_cases(r: dict) -> list[tuple[str, str, str, float, float | None]]:
     what = "prefill" if r["layer"] == "ep_prefill" else "decode"
     case = (f"{what} {r['tokens']} tokens/rank {r['stage']} {r.get('format', 'bf16')} {r['combine']} combine "
             f"{r['bytes_per_rank']:.0f} B/rank")
-    return [("all_to_all", case, "nccl", r["nccl_us"], r["nccl_gbs"]),
+    rows = [("all_to_all", case, "nccl", r["nccl_us"], r["nccl_gbs"]),
             ("all_to_all", case, "lowbit", r["stage_us"], r["stage_gbs"])]
+    if "in_flow_us" in r:  # the same stage inside the running layer: it also waits for the slowest rank
+        flow = r["in_flow_us"]
+        rows.append(("all_to_all", case, "lowbit-in-flow", flow, r["bytes_per_rank"] / flow / 1e3))
+    return rows
 
 
 def ep_records(lines: list[dict]) -> list[dict]:
