@@ -1,7 +1,7 @@
 """Paged decode configurations against cuDNN SDPA, under CUDA graphs, on one GPU: which split count, key tile,
 warp count and pipeline depth read the KV cache fastest at each shape, and how far each is from the read roof.
 
-    python -m perf.decode_sweep --out sweep.json [--budget-s 200]
+    python -m perf.decode_sweep --out sweep.json [--budget-s 200] [--kv fp8] [--grid '{"num_warps": [2, 4]}']
 
 Shapes: the Llama GQA decode shapes of docs/attention.md (32/8 and 64/8 heads, hd 128, page 64), bf16 and FP8 E4M3
 caches. Per shape: the rule's configuration (`ops.attention_decode`, backend "triton"), then every configuration
@@ -49,7 +49,7 @@ def read_roof_gbs(device) -> float:
     return x.numel() * 2 / best / 1e9
 
 
-def sweep_shape(shape, device, roof_gbs: float, deadline: float) -> list[dict]:
+def sweep_shape(shape, device, roof_gbs: float, deadline: float, grid: dict, split_factors) -> list[dict]:
     bsz, ctx, hq, hkv, kv = shape
     case = _decode_case("llama", bsz, ctx, hq, hkv, 128, kv=kv)
     i = case.make(device)
@@ -72,8 +72,8 @@ def sweep_shape(shape, device, roof_gbs: float, deadline: float) -> list[dict]:
     add("lowbit", rule, timed(lambda a: ops.attention_decode(
         a["q"], a["k_cache"], a["v_cache"], a["table"], a["seqused"], k_scale=a["k_scale"], v_scale=a["v_scale"],
         backend="triton")))
-    splits = sorted({max(1, int(rule["num_splits"] * f)) for f in SPLIT_FACTORS} | {1})
-    for ns, bn, nw, st in itertools.product(splits, *GRID.values()):
+    splits = sorted({max(1, int(rule["num_splits"] * f)) for f in split_factors} | {1})
+    for ns, bn, nw, st in itertools.product(splits, *(grid[key] for key in GRID)):
         if time.monotonic() > deadline:
             print(f"decode_sweep: {label}: budget spent, grid cut")
             break
@@ -99,21 +99,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--budget-s", type=float, default=200.0)
+    parser.add_argument("--kv", choices=("bf16", "fp8"), help="only the shapes with this cache dtype")
+    parser.add_argument("--grid", type=json.loads, default={},
+                        help="JSON: replaces GRID's lists (block_n, num_warps, num_stages) and split_factors")
     args = parser.parse_args()
+    grid = {**GRID, **{key: val for key, val in args.grid.items() if key in GRID}}
+    split_factors = args.grid.get("split_factors", SPLIT_FACTORS)
+    shapes = [shape for shape in SHAPES if args.kv in (None, shape[-1])]
     device = torch.device("cuda")
     roof = read_roof_gbs(device)
     print(f"decode_sweep: read roof {roof:.0f} GB/s")
     deadline = time.monotonic() + args.budget_s
-    per_shape = args.budget_s / len(SHAPES)
+    per_shape = args.budget_s / len(shapes)
     records = []
-    for shape in SHAPES:
-        records += sweep_shape(shape, device, roof, min(deadline, time.monotonic() + per_shape * 1.5))
+    for shape in shapes:
+        records += sweep_shape(shape, device, roof, min(deadline, time.monotonic() + per_shape * 1.5), grid,
+                               split_factors)
         best = min((r for r in records if r.get("shape") == records[-1]["shape"] and "us" in r and
                     r["provider"] != "sdpa-cudnn"), key=lambda r: r["us"])
         print(json.dumps(dict(best=best)))
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, commit=measured_commit(),
                 date=datetime.date.today().isoformat(),
-                read_roof_gbs=round(roof, 1))
+                read_roof_gbs=round(roof, 1), grid=grid, split_factors=list(split_factors))
     with open(args.out, "w") as f:
         json.dump(dict(meta=meta, records=records), f, indent=1)
 
