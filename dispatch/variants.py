@@ -72,16 +72,18 @@ def attention_decode_rule(q, k_cache, v_cache, block_table) -> dict:
 
 def attention_decode_configured(q, k_cache, v_cache, block_table, seqused_k, softmax_scale: float, *,
                                 k_scale=None, v_scale=None, num_splits: int, block_n: int, num_warps: int,
-                                num_stages: int):
+                                num_stages: int, v_f16_smem: bool | None = None):
     """attention_decode's Triton kernel (causal, no window, no sinks) with a forced configuration: `num_splits` key
-    slices per (sequence, KV head), `block_n` keys per step, `num_warps`, `num_stages`, instead of `decode_config`'s
-    choice (the packed-row tile and the FP8 value path stay the rule's)."""
+    slices per (sequence, KV head), `block_n` keys per step, `num_warps`, `num_stages` and (FP8 caches, not None)
+    `v_f16_smem`, instead of `decode_config`'s choice (the packed-row tile stays the rule's)."""
     import dataclasses
 
     from triton_ops.attention.decode import attention_decode, config_for_call
 
     cfg = dataclasses.replace(config_for_call(q, k_cache, v_cache, block_table, num_splits), block_n=block_n,
                               num_warps=num_warps, num_stages=num_stages)
+    if v_f16_smem is not None:
+        cfg = dataclasses.replace(cfg, v_f16_smem=v_f16_smem)
     return attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, True, -1, -1, None,
                             k_scale, v_scale, num_splits, cfg=cfg)[0]
 

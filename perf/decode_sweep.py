@@ -31,7 +31,7 @@ SHAPES = (  # (batch, context, Hq, Hkv, kv)
     (16, 8192, 64, 8, "bf16"), (64, 8192, 64, 8, "bf16"),
     (16, 8192, 32, 8, "fp8"), (64, 8192, 32, 8, "fp8"),
 )
-GRID = dict(block_n=(64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
+GRID = dict(block_n=(64, 128), num_warps=(4, 8), num_stages=(2, 3, 4), v_f16_smem=(None,))  # None: the rule's
 SPLIT_FACTORS = (0.5, 1, 2, 4)  # times the rule's split count
 
 
@@ -73,11 +73,11 @@ def sweep_shape(shape, device, roof_gbs: float, deadline: float, grid: dict, spl
         a["q"], a["k_cache"], a["v_cache"], a["table"], a["seqused"], k_scale=a["k_scale"], v_scale=a["v_scale"],
         backend="triton")))
     splits = sorted({max(1, int(rule["num_splits"] * f)) for f in split_factors} | {1})
-    for ns, bn, nw, st in itertools.product(splits, *(grid[key] for key in GRID)):
+    for ns, *values in itertools.product(splits, *(grid[key] for key in GRID)):
         if time.monotonic() > deadline:
             print(f"decode_sweep: {label}: budget spent, grid cut")
             break
-        config = dict(num_splits=ns, block_n=bn, num_warps=nw, num_stages=st)
+        config = dict(num_splits=ns, **dict(zip(GRID, values, strict=True)))
         try:
             us = timed(lambda a, c=config: variants.attention_decode_configured(
                 a["q"], a["k_cache"], a["v_cache"], a["table"], a["seqused"], scale, k_scale=a["k_scale"],
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=200.0)
     parser.add_argument("--kv", choices=("bf16", "fp8"), help="only the shapes with this cache dtype")
     parser.add_argument("--grid", type=json.loads, default={},
-                        help="JSON: replaces GRID's lists (block_n, num_warps, num_stages) and split_factors")
+                        help="JSON: replaces lists of GRID (its keys) and split_factors")
     args = parser.parse_args()
     grid = {**GRID, **{key: val for key, val in args.grid.items() if key in GRID}}
     split_factors = args.grid.get("split_factors", SPLIT_FACTORS)
