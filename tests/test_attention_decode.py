@@ -322,9 +322,10 @@ def test_split_rule():
 
 def test_config_rule_by_cache_dtype(monkeypatch):
     """The GPU's choices from static shapes (an H100 described, nothing launched): FP8 caches get V converted
-    before its operand layout, 3 stages and ~4 programs per SM; 16-bit caches ~2 programs per SM and, on sm_90 at
-    head dim <= 128, 4 stages with one split and 3 with splits (2 elsewhere); both
-    64-key tiles (page tiles at page 64); before sm_89 (no e4m3x2 -> f16x2 convert) FP8 keeps the 16-bit choices.
+    before its operand layout, 3 stages, ~4 programs per SM and 2 warps for a 16-row tile; 16-bit caches ~2
+    programs per SM, 4 warps and, on sm_90 at head dim <= 128, 4 stages with one split and 3 with splits (2
+    elsewhere); both 64-key tiles (page tiles at page 64); before sm_89 (no e4m3x2 -> f16x2 convert) FP8 keeps the
+    16-bit choices.
     Llama 16 x 8k, page 64."""
     from triton_ops.attention import decode
 
@@ -333,8 +334,10 @@ def test_config_rule_by_cache_dtype(monkeypatch):
     monkeypatch.setenv("LOWBIT_ARCH", "sm_90")
     f8 = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, True)
     bf = decode_config(16, 1, 32, 8, 8192, 128, gpu, 0, False)
-    assert (f8.num_splits, f8.block_n, f8.num_stages, f8.v_f16_smem) == (4, 64, 3, True)
-    assert (bf.num_splits, bf.block_n, bf.num_stages, bf.v_f16_smem) == (2, 64, 3, False)
+    assert (f8.num_splits, f8.block_n, f8.num_stages, f8.v_f16_smem, f8.num_warps) == (4, 64, 3, True, 2)
+    assert (bf.num_splits, bf.block_n, bf.num_stages, bf.v_f16_smem, bf.num_warps) == (2, 64, 3, False, 4)
+    spec = decode_config(16, 8, 32, 8, 8192, 128, gpu, 0, True)  # 32 packed rows: the 4-warp tile
+    assert (spec.block_m, spec.num_warps) == (32, 4)
     one_split = decode_config(64, 1, 32, 8, 8192, 128, gpu, 0, False)
     assert (one_split.num_splits, one_split.num_stages) == (1, 4)
     assert decode_config(16, 1, 32, 8, 8192, 256, gpu, 0, False).num_stages == 2  # hd 256: not measured deeper
