@@ -1,6 +1,6 @@
-"""One bf16 MoE grouped GEMM shape timed two ways, per provider (Triton, CuTe, `torch._grouped_mm`): back to back
-(the benchmark's regime) and one call after a 50 ms idle gap (a cool, boosted GPU), with the SM clock and the
-board power read after each timed call (NVML through torch.cuda).
+"""One bf16 MoE grouped GEMM shape timed per provider (Triton, CuTe, `torch._grouped_mm`): eager calls back to
+back, CUDA-graph replays back to back, one eager call after a 50 ms idle gap, each with the SM clock and board
+power (NVML through torch.cuda); and each kernel's mean time per call (torch.profiler, 16 eager calls).
 
     python perf/scripts/moe_gemm_clocks.py --n 7168 --k 2048 --rows 256
 """
@@ -69,8 +69,19 @@ def main() -> None:
     for fn in providers.values():
         fn()
     for label, fn in providers.items():
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(16):
+                fn()
+            torch.cuda.synchronize()
+        kernels = {}
+        for ev in prof.key_averages():
+            if ev.device_type == torch.autograd.DeviceType.CUDA and ev.count:
+                kernels[ev.key[:60]] = [ev.count, round(ev.device_time_total / ev.count, 1)]
         rec = dict(case=f"{e}x{rows} N={n} K={k}", provider=label, back_to_back=timed(fn, 64, 0.0),
-                   after_idle=timed(fn, 12, 0.05))
+                   graph=timed(graph.replay, 64, 0.0), after_idle=timed(fn, 12, 0.05), kernels_us=kernels)
         print(json.dumps(rec), flush=True)
 
 
