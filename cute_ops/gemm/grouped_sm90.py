@@ -432,49 +432,31 @@ def masked_starts(e: int, max_m: int, device: torch.device) -> torch.Tensor:
     return t
 
 
-# contiguous_bounds' method by row count (H200, eager, CUDA events; a Qwen3-MoE / DeepSeek-V3 prefill has 73k-82k
-# rows): a scatter_reduce min / max over every row contends on E addresses (~200 us of GPU time per call at 73k
-# rows: 780 us over a Qwen3-MoE prefill's four calls, its largest MoE kernel after the GEMMs) but is the lighter
-# host call (~330 against ~560 us per call from 28k to 82k rows); one stable sort + binary search costs almost no
-# GPU time. Under SORT_BOUNDS_ROWS the GPU time is small next to the host time, so the scatter wins there
-# (perf/results/experiments/2026-11-29-h200-moe-bounds-prefill-graph-edd7e79.json).
-SORT_BOUNDS_ROWS = 32768
-
-
 def contiguous_bounds(m_indices: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(starts, counts) int32 [E] of the contiguous layout: the span from the first to the last row of each expert
-    (an expert without rows: count 0, start the last row). Device ops only, no host sync; the method by row count
-    (SORT_BOUNDS_ROWS), both giving the same tensors."""
+    (an expert without rows: count 0, start the last row). Device ops only, no host sync, no sort.
+
+    An expert's first row starts a run of equal ids and its last row ends one, so only run edges are reduced into
+    the expert's slot (min of starts, max of ends); every other row goes to a slot of its own past the experts. A
+    scatter of every row onto E slots instead serializes the atomics of a sorted layout's runs: 136 us of GPU time
+    per call at 32 x 256 rows on the H200, a third of the GEMM it feeds
+    (perf/results/experiments/2026-11-29-h200-moe-gemm-bounds-8e47b8d.jsonl)."""
     ids = m_indices.reshape(-1)
-    if ids.numel() == 0:
+    rows = ids.numel()
+    if rows == 0:
         zeros = torch.zeros(e, dtype=torch.int32, device=ids.device)
         return zeros, zeros.clone()
-    slot = torch.where((ids >= 0) & (ids < e), ids, e)  # anything else lands past the experts
-    if ids.numel() >= SORT_BOUNDS_ROWS:
-        return _bounds_by_sort(slot, e)
-    return _bounds_by_scatter(slot, e)
-
-
-def _bounds_by_scatter(slot: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = slot.numel()
-    slot = slot.to(torch.int64)
+    slot = torch.where((ids >= 0) & (ids < e), ids, e).to(torch.int64)  # anything else lands past the experts
+    edge = torch.diff(slot, prepend=slot.new_full((1,), -1), append=slot.new_full((1,), -1)) != 0
     r = torch.arange(rows, dtype=torch.int64, device=slot.device)
-    first = torch.full((e + 1,), rows, dtype=torch.int64, device=slot.device).scatter_reduce_(0, slot, r, "amin")
-    last = torch.full((e + 1,), -1, dtype=torch.int64, device=slot.device).scatter_reduce_(0, slot, r, "amax")
-    counts = (last - first + 1).clamp_min_(0)[:e].to(torch.int32)
-    starts = first.clamp_max_(rows - 1)[:e].to(torch.int32)
-    return starts, counts
-
-
-def _bounds_by_sort(slot: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = slot.numel()
-    sorted_slot, order = torch.sort(slot.to(torch.int32), stable=True)  # stable: equal ids keep row order
-    edges = torch.searchsorted(sorted_slot, torch.arange(e + 1, dtype=torch.int32, device=slot.device))
-    lo, hi = edges[:e], edges[1:]  # expert g's entries: [lo[g], hi[g]) (ids are integers: left of g + 1)
-    first, last = order[lo.clamp_max(rows - 1)], order[(hi - 1).clamp_min(0)]
-    present = hi > lo
-    counts = torch.where(present, last - first + 1, 0).to(torch.int32)
-    starts = torch.where(present, first, rows - 1).to(torch.int32)
+    own = e + 1 + r  # a row that is not an edge: its own slot
+    size = e + 1 + rows
+    first = torch.full((size,), rows, dtype=torch.int64, device=slot.device).scatter_reduce_(
+        0, torch.where(edge[:-1], slot, own), r, "amin")
+    last = torch.full((size,), -1, dtype=torch.int64, device=slot.device).scatter_reduce_(
+        0, torch.where(edge[1:], slot, own), r, "amax")
+    counts = (last[:e] - first[:e] + 1).clamp_min_(0).to(torch.int32)
+    starts = first[:e].clamp_max_(rows - 1).to(torch.int32)
     return starts, counts
 
 
