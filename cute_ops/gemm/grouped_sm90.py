@@ -350,12 +350,9 @@ HARDWARE_STATUS = "CuTeDSL sm_90 grouped GEMM: its GPU tests pass on an H100 and
 # Triton kernel, whose per-K-step scaling drains the MMA pipeline; bf16 only pulls ahead at 512 rows per expert;
 # decode streams the weights, where Triton is at the copy roof.
 PREFILL_ROWS_PER_EXPERT = 128  # FP8: auto takes the cute kernel from here (timed at 256 and 512); below, Triton
-BF16_ROWS_PER_EXPERT = 512  # bf16: auto takes it from here (faster than Triton at 512 on the H100 and the H200)
-# ... and from 256 rows where K is deep (DeepSeek-V3 GEMM1, K = 7168): faster than Triton at 256 on the H200 under
-# both timings (837 vs 876 us eager, 887 vs 990 us graph), and within 5% either way on the H100 (991 vs 945 eager,
-# 969 vs 983 graph); at K = 2048 / 2880 the two trade places between the timings, and Triton stays
-BF16_DEEP_K = 4096
-BF16_DEEP_K_ROWS_PER_EXPERT = 256
+# bf16: auto takes it from here: faster than Triton at 256 and 512 rows per expert at every timed K (DeepSeek-V3 GEMM1
+# and GEMM2, GPT-OSS-120b GEMM1) on the H200 under both timings (docs/moe_gemm.md, Measured); under 256, not timed
+BF16_ROWS_PER_EXPERT = 256
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -364,14 +361,12 @@ def _rows_per_expert(a, masked_m, w) -> int:
 
 
 def auto_skip_bf16(a, w, m_indices, masked_m, *rest) -> str | None:
-    """auto_skip of the bf16 row: auto takes it from BF16_ROWS_PER_EXPERT rows per expert, or from
-    BF16_DEEP_K_ROWS_PER_EXPERT at K >= BF16_DEEP_K (timed faster than Triton there); below, the two were within a
-    few percent of each other across runs, and Triton stays."""
-    rows = _rows_per_expert(a, masked_m, w)
-    least = BF16_DEEP_K_ROWS_PER_EXPERT if a.shape[-1] >= BF16_DEEP_K else BF16_ROWS_PER_EXPERT
-    if os.environ.get(UNVERIFIED_ENV) == "1" or rows >= least:
+    """auto_skip of the bf16 row: auto takes it from BF16_ROWS_PER_EXPERT rows per expert (timed faster than Triton
+    there); below, Triton stays."""
+    if os.environ.get(UNVERIFIED_ENV) == "1" or _rows_per_expert(a, masked_m, w) >= BF16_ROWS_PER_EXPERT:
         return None
-    return f"cute moe_gemm_bf16: under {least} rows per expert at K = {a.shape[-1]} the Triton kernel was as fast"
+    return (f"cute moe_gemm_bf16: under {BF16_ROWS_PER_EXPERT} rows per expert the Triton kernel stays (the cute "
+            "kernel was not timed faster there)")
 
 
 def auto_skip_fp8(a, a_scale, w, w_scale, m_indices, masked_m, *rest) -> str | None:
