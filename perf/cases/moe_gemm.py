@@ -647,7 +647,9 @@ def cases() -> list[BenchCase]:
         for gemm, (n, k) in DSV3.items():
             out.append(_case("dsv3", gemm, kind, 32, n, k, rows=256))
             out.append(_case("dsv3", gemm, kind, 256, n, k, rows=16, masked=True))
-            if kind == "bf16":  # the other side of the cute row's threshold (cute_ops.gemm.grouped_sm90:auto_skip_bf16)
+            # under the cute rows' thresholds (cute_ops.gemm.grouped_sm90:auto_skip_bf16 / auto_skip_fp8: 256 / 128)
+            out.append(_case("dsv3", gemm, kind, 32, n, k, rows=128))
+            if kind == "bf16":
                 out.append(_case("dsv3", gemm, kind, 32, n, k, rows=512))
     n, k = GPT_OSS_GEMM1
     for kind in ("mxfp4", "bf16", "w4a4", "nvfp4"):
