@@ -347,11 +347,11 @@ def dump(cfg: GemmConfig):
 UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
 HARDWARE_STATUS = "CuTeDSL sm_90 grouped GEMM: its GPU tests pass on an H100 and an H200 (docs/cute.md)"
 # Where auto takes the kernel (docs/cute.md and docs/moe_gemm.md, Measured): FP8 prefill is well ahead of the
-# Triton kernel, whose per-K-step scaling drains the MMA pipeline; bf16 only pulls ahead at 512 rows per expert;
+# Triton kernel, whose per-K-step scaling drains the MMA pipeline; bf16 pulls ahead from 256 rows per expert;
 # decode streams the weights, where Triton is at the copy roof.
-PREFILL_ROWS_PER_EXPERT = 128  # FP8: auto takes the cute kernel from here (timed at 256 and 512); below, Triton
+PREFILL_ROWS_PER_EXPERT = 128  # FP8: auto takes the cute kernel from here (timed at 128, 256 and 512); below, Triton
 # bf16: auto takes it from here: faster than Triton at 256 and 512 rows per expert at every timed K (DeepSeek-V3 GEMM1
-# and GEMM2, GPT-OSS-120b GEMM1) on the H200 under both timings (docs/moe_gemm.md, Measured); under 256, not timed
+# and GEMM2, GPT-OSS-120b GEMM1) on the H200 under both timings; at 128 Triton was 1-9% faster (docs/moe_gemm.md)
 BF16_ROWS_PER_EXPERT = 256
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
