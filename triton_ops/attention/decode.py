@@ -330,10 +330,11 @@ def reduce_splits(o_buf, l_buf, out, lse, reduce_elems: int) -> None:
 
 
 TARGET_PROGRAMS_PER_SM = 2  # a decode program streams one KV head's keys; ~2 resident per SM keep HBM busy
-# FP8 caches with one 16-row tile (up to 16 packed rows: GQA <= 16 at Sq = 1): 2 warps. With 4, each warp holds 16
-# of the tile's 64 keys, so every tile's row max and sum and P's operand layout cross warps through shared memory,
-# which is what the FP8 tile stalls on (its 16-bit twin has twice the bytes per tile to hide it): 2 warps read
-# 1.10x / 1.11x faster at Llama 16 x 8k / 64 x 8k on the H200, 1 warp 1.08x / 1.06x (docs/attention.md).
+# FP8 caches with one 16-row tile (up to 16 packed rows: GQA <= 16 at Sq = 1): 2 warps. The 4-warp tile waits on
+# shared memory for 4.0 of its 9.0 cycles per instruction (Nsight Compute, H200): the tile's keys split across more
+# warps send its row max and sum and P's operand layout through shared memory, and an FP8 tile has half a 16-bit
+# tile's bytes to hide that behind. 2 warps read 1.10x / 1.11x faster than 4 at Llama 16 x 8k / 64 x 8k on the
+# H200, 1 warp 1.08x / 1.06x (docs/attention.md).
 FP8_ONE_TILE_WARPS = 2
 MIN_SPLIT_KEYS = 256  # below this a split's keys no longer pay for its share of the partials and the merge
 MAX_SPLITS = 64
