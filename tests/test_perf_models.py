@@ -94,3 +94,20 @@ def test_smoke_run_deepseek_v32(tmp_path, monkeypatch):
     ("void at::native::bitonicSortKVInPlace<-2, -1, 16, 16, float, long>", "indexer")])
 def test_kernel_families(name, fam):
     assert models.family(name) == fam
+
+
+def test_ep_records_import_the_exchange_three_ways():
+    """An a2a_stage line of `perf.ep_moe` becomes NCCL's bare call, the settled stage and the in-flow stage of one
+    case, each with its own time and GB/s; a --smoke line is refused."""
+    line = dict(bench="a2a_stage", layer="ep_prefill", stage="dispatch", tokens=4096, format="bf16", combine="entry",
+                row_bytes=14368, stage_us=340.0, stage_gbs=345.0, bytes_per_rank=117300352.0, nccl_us=296.0,
+                nccl_gbs=396.0, ratio=296.0 / 340.0, in_flow_us=383.0, in_flow_ratio=296.0 / 383.0,
+                device="NVIDIA H200", world=2, smoke=False, versions={"torch": "2.11"}, git_commit="abc1234",
+                date="2026-11-29T13:25:00+00:00")
+    recs = import_runs.ep_records([line])
+    assert [(r["provider"], r["median_us"]) for r in recs] == [("nccl", 296.0), ("lowbit", 340.0),
+                                                               ("lowbit-in-flow", 383.0)]
+    assert len({r["case"] for r in recs}) == 1 and recs[2]["gbps"] == pytest.approx(117300352.0 / 383.0 / 1e3)
+    assert {r["device_slug"] for r in recs} == {"nvidia-h200-x2"}
+    with pytest.raises(SystemExit, match="smoke"):
+        import_runs.ep_records([{**line, "smoke": True}])
