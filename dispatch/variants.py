@@ -80,10 +80,10 @@ def attention_decode_configured(q, k_cache, v_cache, block_table, seqused_k, sof
 
     from triton_ops.attention.decode import attention_decode, config_for_call
 
-    cfg = dataclasses.replace(config_for_call(q, k_cache, v_cache, block_table, num_splits), block_n=block_n,
-                              num_warps=num_warps, num_stages=num_stages)
+    forced = dict(block_n=block_n, num_warps=num_warps, num_stages=num_stages)
     if v_f16_smem is not None:
-        cfg = dataclasses.replace(cfg, v_f16_smem=v_f16_smem)
+        forced["v_f16_smem"] = v_f16_smem
+    cfg = dataclasses.replace(config_for_call(q, k_cache, v_cache, block_table, num_splits), **forced)
     return attention_decode(q, k_cache, v_cache, block_table, seqused_k, softmax_scale, True, -1, -1, None,
                             k_scale, v_scale, num_splits, cfg=cfg)[0]
 

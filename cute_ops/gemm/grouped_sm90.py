@@ -442,7 +442,8 @@ def contiguous_bounds(m_indices: torch.Tensor, e: int) -> tuple[torch.Tensor, to
         zeros = torch.zeros(e, dtype=torch.int32, device=ids.device)
         return zeros, zeros.clone()
     slot = torch.where((ids >= 0) & (ids < e), ids, e).to(torch.int64)  # anything else lands past the experts
-    edge = torch.diff(slot, prepend=slot.new_full((1,), -1), append=slot.new_full((1,), -1)) != 0
+    outside = slot.new_full((1,), -1)  # no row's slot: the first row starts a run and the last ends one
+    edge = torch.diff(slot, prepend=outside, append=outside) != 0
     r = torch.arange(rows, dtype=torch.int64, device=slot.device)
     own = e + 1 + r  # a row that is not an edge: its own slot
     size = e + 1 + rows

@@ -2,19 +2,18 @@
 dense bf16 copy, at one shape (Llama 32/8 heads, hd 128, page 64). Run under ncu, e.g.
 
     ncu --csv --page details --section SpeedOfLight --section WarpStateStats ... \
-        python perf/scripts/decode_ncu.py --batch 16 --context 8192
+        python -m perf.scripts.decode_ncu --batch 16 --context 8192
 """
 
+from __future__ import annotations
+
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from dispatch import ops
 
-from dispatch import ops  # noqa: E402
-from perf.cases.attention import _decode_case  # noqa: E402
+from ..cases.attention import _decode_case
 
 
 def main() -> None:

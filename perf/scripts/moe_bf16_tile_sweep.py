@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 
 import torch
 import triton.testing
@@ -26,7 +27,9 @@ CASES = {  # name: (N, K)
 CUTE_TILES = [dict(tile_n=128), dict(tile_n=256), dict(tile_n=128, epilogue="smem"), dict(tile_n=256, epilogue="smem")]
 
 
-def sweep_case(name: str, n: int, k: int, e: int, rows: int) -> list[dict]:
+def grouped_providers(n: int, k: int, e: int, rows: int) -> tuple[dict[str, Callable[[], torch.Tensor]], tuple]:
+    """({label: call} for `torch._grouped_mm`, auto and the forced Triton / CuTe backends on one set of operands,
+    the operands (a, w, m_indices)): e experts of `rows` rows each, contiguous layout, bf16."""
     a = torch.randn(e * rows, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
     m_indices = torch.arange(e, device="cuda", dtype=torch.int32).repeat_interleave(rows)
@@ -38,6 +41,11 @@ def sweep_case(name: str, n: int, k: int, e: int, rows: int) -> list[dict]:
         "triton": lambda: ops.moe_gemm_bf16(a, w, m_indices=m_indices, backend="triton"),
         "cute": lambda: ops.moe_gemm_bf16(a, w, m_indices=m_indices, backend="cute"),
     }
+    return providers, (a, w, m_indices)
+
+
+def sweep_case(name: str, n: int, k: int, e: int, rows: int) -> list[dict]:
+    providers, (a, w, m_indices) = grouped_providers(n, k, e, rows)
     for t in CUTE_TILES:
         label = "cute " + " ".join(f"{key}={val}" for key, val in t.items())
         providers[label] = (lambda t=t: variants.moe_gemm_bf16_cute_tiled(a, w, m_indices, None, tiles=t))

@@ -2,21 +2,24 @@
 back, CUDA-graph replays back to back, one eager call after a 50 ms idle gap, each with the SM clock and board
 power (NVML through torch.cuda); and each kernel's mean time per call (torch.profiler, 16 eager calls).
 
-    python perf/scripts/moe_gemm_clocks.py --n 7168 --k 2048 --rows 256
+    python -m perf.scripts.moe_gemm_clocks --n 7168 --k 2048 --rows 256
+    ncu --csv --page details --section SpeedOfLight ... python -m perf.scripts.moe_gemm_clocks --ncu
+
+--ncu: each provider called twice and nothing timed (the kernels for Nsight Compute).
 """
+
+from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from .moe_bf16_tile_sweep import grouped_providers
 
-from dispatch import ops  # noqa: E402
+PROVIDERS = ("torch._grouped_mm", "triton", "cute")
 
 
 def timed(fn, calls: int, gap_s: float) -> dict:
@@ -55,19 +58,17 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--experts", type=int, default=32)
     ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--ncu", action="store_true", help="call each provider twice, time nothing")
     args = ap.parse_args()
     e, rows, n, k = args.experts, args.rows, args.n, args.k
-    a = torch.randn(e * rows, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
-    m_indices = torch.arange(e, device="cuda", dtype=torch.int32).repeat_interleave(rows)
-    offs = torch.arange(1, e + 1, device="cuda", dtype=torch.int32) * rows
-    providers = {
-        "torch._grouped_mm": lambda: torch._grouped_mm(a, w.transpose(1, 2), offs, out_dtype=torch.bfloat16),
-        "triton": lambda: ops.moe_gemm_bf16(a, w, m_indices=m_indices, backend="triton"),
-        "cute": lambda: ops.moe_gemm_bf16(a, w, m_indices=m_indices, backend="cute"),
-    }
-    for fn in providers.values():
-        fn()
+    every, _ = grouped_providers(n, k, e, rows)
+    providers = {label: every[label] for label in PROVIDERS}
+    for _ in range(2 if args.ncu else 1):
+        for fn in providers.values():
+            fn()
+    if args.ncu:
+        torch.cuda.synchronize()
+        return
     for label, fn in providers.items():
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
