@@ -1,11 +1,12 @@
 """cute_ops/gemm sm_90a grouped GEMM (grouped_sm90.py: its config, rule and moe_gemm backends; _grouped_sm90_kernel.py).
 
 CPU: the bounded group scheduler (Python model, and the device class's own seek / coords source run on Python
-ints), the contiguous layout's spans, the launchers against the reference through a torch model of the kernel's
-contract, configs, the disk cache round trip, and (nvidia-cutlass-dsl) the kernel compiled for sm_90a with its
-SASS / PTX checked: WGMMA, TMA loads, the in-kernel descriptor rewrite and its proxy fences.
-GPU (`-m gpu`, sm_90): the backends vs dispatch/reference/moe_gemm.py, routing changes without a recompile, CUDA-graph
-replays with new group sizes, the dispatch row. NOT YET RUN ON A GPU.
+ints), the group-bounds kernel's model (and the kernel compiled), the launchers against the reference through a
+torch model of the kernel's contract, configs, the disk cache round trip, and (nvidia-cutlass-dsl) the kernel
+compiled for sm_90a with its SASS / PTX checked: WGMMA, TMA loads, the in-kernel descriptor rewrite and its proxy
+fences.
+GPU (`-m gpu`, sm_90): the group-bounds kernel vs its model, the backends vs dispatch/reference/moe_gemm.py, routing
+changes without a recompile, CUDA-graph replays with new group sizes, the dispatch row.
 """
 
 from __future__ import annotations
@@ -97,15 +98,10 @@ def test_bounded_scheduler_device_code_matches_model(seed, monkeypatch):
         assert got == sch.cta_tiles_bounded(cta, grid, starts, counts, block_m, n_tiles), cta
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_contiguous_bounds_are_each_experts_row_span(seed):
-    """The launcher's (starts, counts) from m_indices (device ops only): first..last row of each expert, for
-    grouped, interleaved and single-expert layouts (the run-edge reduction sees every expert's first and last
-    row whatever the order)."""
-    from cute_ops.gemm.grouped_sm90 import contiguous_bounds
-
+def _bounds_layout(seed):
+    """(m_indices as a list, E): moe_align-like padded runs with an out-of-range id, a split expert, or anything."""
     rng = random.Random(seed)
-    e = rng.choice([1, 4, 9])
+    e = rng.choice([1, 4, 9, 300])
     if seed % 4 == 1:  # moe_align-like: experts in order, padded with -1, an out-of-range id at the end
         ids = []
         for x in range(e):
@@ -114,23 +110,93 @@ def test_contiguous_bounds_are_each_experts_row_span(seed):
         ids += [e + 2, -1]
     elif seed % 4 == 3:  # one expert's run, then the same expert again after others (a split span)
         ids = [0] * 30 + [e - 1] * 5 + [-1] * 3 + [0] * 2
-    else:  # anything: interleaved experts and junk ids
-        ids = [rng.randrange(-2, e + 2) for _ in range(rng.choice([1, 50, 300]))]
-    starts, counts = contiguous_bounds(torch.tensor(ids, dtype=torch.int32), e)
-    assert starts.dtype == counts.dtype == torch.int32
+    else:  # anything: interleaved experts and junk ids, more rows than the kernel's threads
+        ids = [rng.randrange(-2, e + 2) for _ in range(rng.choice([1, 50, 300, 5000]))]
+    return ids, e
+
+
+def bounds_model(cfg):
+    """Python model of group_bounds' kernel (its contract), run on CPU tensors: contiguous, each expert's first row
+    and the rows up to its last (none: start max(rows - 1, 0), count 0); masked, g * max_m and the clamped count;
+    the workspace zeroed."""
+    def run(src, starts, counts, workspace, max_m):
+        if workspace is not None:
+            workspace.zero_()
+        ids = src.tolist()
+        for g in range(starts.numel()):
+            if cfg.layout == "masked":
+                starts[g], counts[g] = g * max_m, min(max(ids[g], 0), max_m)
+                continue
+            own = [r for r, v in enumerate(ids) if v == g]
+            starts[g] = own[0] if own else max(len(ids) - 1, 0)
+            counts[g] = own[-1] - own[0] + 1 if own else 0
+
+    return run
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bounds_model_is_each_experts_row_span(seed):
+    """The model the launcher tests and the GPU test rely on: first..last row of each expert."""
+    from cute_ops.gemm.group_bounds import BoundsConfig
+
+    ids, e = _bounds_layout(seed)
+    starts, counts = torch.full((e,), -7, dtype=torch.int32), torch.full((e,), -7, dtype=torch.int32)
+    bounds_model(BoundsConfig("contiguous", False, "sm_90a"))(torch.tensor(ids), starts, counts, None, 0)
     for x in range(e):
         rows = [r for r, v in enumerate(ids) if v == x]
-        if rows:
-            assert (int(starts[x]), int(counts[x])) == (rows[0], rows[-1] - rows[0] + 1), x
-        else:
-            assert int(counts[x]) == 0, x
+        want = (rows[0], rows[-1] - rows[0] + 1) if rows else (len(ids) - 1, 0)
+        assert (int(starts[x]), int(counts[x])) == want, x
 
 
-def test_contiguous_bounds_of_no_rows_are_empty_groups():
-    from cute_ops.gemm.grouped_sm90 import contiguous_bounds
+@needs_dsl
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_group_bounds_kernel_compiles(arch):
+    """The bounds kernel for both layouts, with and without the workspace: atomics only at run edges (RED min / max),
+    two CTA barriers, reads of the final values through atomics."""
+    from cute_ops.gemm import group_bounds as gb
 
-    starts, counts = contiguous_bounds(torch.empty(0, dtype=torch.int32), 3)
-    assert starts.tolist() == counts.tolist() == [0, 0, 0] and counts.dtype == torch.int32
+    d = gb.dump(gb.BoundsConfig("contiguous", True, arch))
+    assert d.count("REDG.E.MIN.S32") >= 1 and d.count("REDG.E.MAX.S32") >= 1, d.opcodes
+    assert d.count("BAR.SYNC") == 2 and d.count("ATOMG.E.ADD") == 2
+    m = gb.dump(gb.BoundsConfig("masked", False, arch))
+    assert m.count("BAR.SYNC") == 0 and m.count("REDG") == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(8))
+def test_gpu_group_bounds_match_model(seed):
+    """group_bounds.layout_groups on the GPU equals the model: contiguous layouts of every kind (padding,
+    out-of-range ids, interleaved and split runs, up to 5000 rows over 1024 threads), masked counts (negative,
+    above max_m), the workspace zeroed from garbage."""
+    _sm90_gpu()
+    from cute_ops.gemm.group_bounds import BoundsConfig, layout_groups
+
+    ids, e = _bounds_layout(seed)
+    w = torch.empty(e, 8, 16, device="cuda")
+    mi = torch.tensor(ids, dtype=torch.int64 if seed % 2 else torch.int32)
+    a = torch.empty(len(ids), 16, device="cuda")
+    _, got_ids, starts, counts, ws = layout_groups(a, w, mi.cuda(), None, workspace_words=37 + seed)
+    want_s, want_c = torch.empty(e, dtype=torch.int32), torch.empty(e, dtype=torch.int32)
+    bounds_model(BoundsConfig("contiguous", True, "sm_90a"))(mi, want_s, want_c, None, 0)
+    assert got_ids.dtype == torch.int32 and got_ids.cpu().tolist() == ids
+    assert starts.cpu().tolist() == want_s.tolist() and counts.cpu().tolist() == want_c.tolist()
+    assert ws.numel() == 37 + seed and not ws.any()
+    rng = random.Random(seed)
+    max_m = rng.choice([1, 16, 100])
+    mm = torch.tensor([rng.randrange(-3, 2 * max_m) for _ in range(e)], dtype=torch.int32)
+    _, _, starts, counts, ws = layout_groups(torch.empty(e, max_m, 16, device="cuda"), w, None, mm.cuda())
+    assert ws is None and starts.cpu().tolist() == [g * max_m for g in range(e)]
+    assert counts.cpu().tolist() == mm.clamp(0, max_m).tolist()
+
+
+@pytest.mark.gpu
+def test_gpu_group_bounds_of_no_rows():
+    _sm90_gpu()
+    from cute_ops.gemm.group_bounds import layout_groups
+
+    _, _, starts, counts, ws = layout_groups(torch.empty(0, 16, device="cuda"), torch.empty(3, 8, 16, device="cuda"),
+                                             torch.empty(0, dtype=torch.int32, device="cuda"), None, 5)
+    assert starts.tolist() == counts.tolist() == [0, 0, 0] and not ws.any()
 
 
 def test_sm90_backend_refusals_and_auto_skip(monkeypatch):
@@ -333,7 +399,10 @@ def stub_cuda_launch(monkeypatch, module, model, arch: str):
     arch queries it makes stubbed."""
     import contextlib
 
+    from cute_ops.gemm import group_bounds
+
     monkeypatch.setattr(module, "compiled", model)
+    monkeypatch.setattr(group_bounds, "compiled", bounds_model)
     monkeypatch.setattr(module._compile, "target_arch", lambda index=None: arch)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())

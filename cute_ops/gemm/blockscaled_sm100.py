@@ -77,11 +77,11 @@ Layouts -> the kernel's groups (starts[g], counts[g]), built on the device (no h
 backends (grouped_sm90.py) build them:
 * offsets [G + 1]: clamped to [0, M] and made non-decreasing (the contract), starts = offsets[:-1], counts = the
   differences.
-* masked (E, max_m, K/2): a viewed as (E * max_m, K/2); starts = g * max_m (a cached constant), counts =
-  clamp(masked_m, 0, max_m). max_m a multiple of the tile's rows, so no tile reads past its group's rows.
+* masked (E, max_m, K/2): a viewed as (E * max_m, K/2); starts = g * max_m, counts = clamp(masked_m, 0, max_m)
+  (group_bounds.py's kernel). max_m a multiple of the tile's rows, so no tile reads past its group's rows.
 The config (pick_config) takes the swap-AB variant when a group holds at most 64 rows (masked max_m, or M / G).
 `moe_gemm_bf16` (the contract of dispatch/reference/moe_gemm.py: contiguous m_indices or masked masked_m, optional
-row_weights): groups as grouped_sm90 builds them (contiguous_bounds / masked_starts), which start on any row; the
+row_weights): groups as group_bounds.py builds them, which start on any row; the
 kernel is given each span aligned down to its 128-row tile (dense_bounds) and the group's own first row (`lo`), and
 writes a row only inside [lo, end) and, contiguous, where m_indices[row] == g; rows are scaled by row_weights in the
 epilogue. Anatomy: checks (triton_ops/contract/moe_gemm.py, run by the op) -> supports -> config and compile cache
@@ -100,7 +100,7 @@ from triton_ops.contract.moe_gemm import blockscaled_views
 
 from .. import _compile
 from . import scale_layout
-from .grouped_sm90 import layout_groups, masked_starts
+from .group_bounds import layout_groups
 
 BLOCK_M = 128  # UMMA M (cta_group::1) = the scale atom's rows
 MMA_K = 64  # K of one FP4 UMMA instruction
@@ -388,11 +388,11 @@ def moe_gemm_blockscaled(a, a_scale, b, b_scale, offsets, alpha, fmt):
 
 def moe_gemm_blockscaled_masked(a, a_scale, b, b_scale, masked_m, alpha, fmt):
     """out [E, max_m, N] bf16: rows r < clamp(masked_m[e], 0, max_m) of expert e = alpha[e] * dec(a[e, r]) @
-    dec(b[e]).T; other rows 0. Groups: starts = e * max_m (a cached constant), counts = the clamped masked_m."""
+    dec(b[e]).T; other rows 0. Groups: starts = e * max_m, counts = the clamped masked_m (group_bounds.py)."""
     e, max_m, kh = a.shape
+    _, _, starts, counts, _ = layout_groups(a, b, None, masked_m)
     a2, a_scale, b, b_scale = blockscaled_views(a.reshape(e * max_m, kh), a_scale, b, b_scale)
-    counts = masked_m.to(torch.int32).clamp(0, max_m).contiguous()
-    out = _launch(a2, a_scale, b, b_scale, masked_starts(e, max_m, a.device), counts, alpha, fmt, max_m)
+    out = _launch(a2, a_scale, b, b_scale, starts, counts, alpha, fmt, max_m)
     return out.view(e, max_m, b.shape[1])
 
 
@@ -438,7 +438,7 @@ def moe_gemm_bf16(a, w, m_indices, masked_m, row_weights=None):
     (M, K) with m_indices or masked (E, max_m, K) with masked_m; rows no group writes are 0."""
     e, n, k = w.shape
     masked = masked_m is not None
-    a2, ids, starts, counts = layout_groups(a, w, m_indices, masked_m)
+    a2, ids, starts, counts, _ = layout_groups(a, w, m_indices, masked_m)
     out = torch.zeros(a2.shape[0], n, dtype=a.dtype, device=a.device)
     if a2.shape[0] and n:
         index = device_index(a.device)

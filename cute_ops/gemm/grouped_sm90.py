@@ -68,9 +68,9 @@ kernels (the 64 x 192 WGMMA sums each output over the same 4 K32 steps).
 Backends (contract: dispatch/reference/moe_gemm.py, docs/moe_gemm.md; same signatures as the ops minus `backend`):
 they run on the H100 and the H200 (HARDWARE_STATUS); `auto` takes them where they were timed faster than the Triton
 kernel (auto_skip_bf16 / auto_skip_fp8), backend="cute" forces them. Layouts -> the kernel's groups (starts[g],
-counts[g]), built on the device (no host sync; graph-safe):
-* masked (E, max_m, K): a viewed as (E * max_m, K); starts = g * max_m (a cached constant), counts =
-  clamp(masked_m, 0, max_m).
+counts[g]), built on the device by group_bounds.py's kernel (no host sync; graph-safe), which also zeroes the
+descriptor workspace:
+* masked (E, max_m, K): a viewed as (E * max_m, K); starts = g * max_m, counts = clamp(masked_m, 0, max_m).
 * contiguous (M, K) with m_indices: group g spans [first row with id g, last row with id g]; the kernel writes a
   row of that span only where m_indices[row] == g, so padding (-1), out-of-range ids and any interleaving stay
   correct (an interleaved layout only costs MMA work on rows that are then not written).
@@ -89,6 +89,7 @@ from triton_ops.contract.arch import sm_count as _sm_count  # module attribute: 
 from triton_ops.contract.moe_gemm import FP8_BLOCK  # K elements per FP8 scale (= one K stage)
 
 from .. import _compile
+from . import group_bounds
 
 WG = 128  # threads per warp group
 ROW_BYTES = 128  # bytes of one K stage per row: one 128B-swizzle row (64 bf16 / 128 E4M3 elements)
@@ -409,84 +410,28 @@ def supports_moe_gemm_fp8(a, a_scale, w, w_scale, m_indices, masked_m, row_weigh
     return _supports(a, w)
 
 
-# ------------------------------------------------------------------------- layouts and launcher
-
-
-_MASKED_STARTS: dict = {}
-
-
-def masked_starts(e: int, max_m: int, device: torch.device) -> torch.Tensor:
-    """g * max_m for g < E (int32), one cached constant per (E, max_m, device): never written, so graph-safe."""
-    key = (e, max_m, device)
-    t = _MASKED_STARTS.get(key)
-    if t is None:
-        t = torch.arange(e, dtype=torch.int32, device=device) * max_m
-        # never keep a tensor of a graph's private pool
-        if torch.device(device).type != "cuda" or not torch.cuda.is_current_stream_capturing():
-            _MASKED_STARTS[key] = t
-    return t
-
-
-def contiguous_bounds(m_indices: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(starts, counts) int32 [E] of the contiguous layout: the span from the first to the last row of each expert
-    (an expert without rows: count 0, start the last row). Device ops only, no host sync, no sort.
-
-    An expert's first row starts a run of equal ids and its last row ends one, so only run edges are reduced into
-    the expert's slot (min of starts, max of ends); every other row goes to a slot of its own past the experts. A
-    scatter of every row onto E slots instead serializes the atomics of a sorted layout's runs: 136 us of GPU time
-    per call at 32 x 256 rows on the H200, a third of the GEMM it feeds
-    (perf/results/experiments/2026-11-29-h200-moe-gemm-bounds-8e47b8d.jsonl)."""
-    ids = m_indices.reshape(-1)
-    rows = ids.numel()
-    if rows == 0:
-        zeros = torch.zeros(e, dtype=torch.int32, device=ids.device)
-        return zeros, zeros.clone()
-    slot = torch.where((ids >= 0) & (ids < e), ids, e).to(torch.int64)  # anything else lands past the experts
-    outside = slot.new_full((1,), -1)  # no row's slot: the first row starts a run and the last ends one
-    edge = torch.diff(slot, prepend=outside, append=outside) != 0
-    r = torch.arange(rows, dtype=torch.int64, device=slot.device)
-    own = e + 1 + r  # a row that is not an edge: its own slot
-    size = e + 1 + rows
-    first = torch.full((size,), rows, dtype=torch.int64, device=slot.device).scatter_reduce_(
-        0, torch.where(edge[:-1], slot, own), r, "amin")
-    last = torch.full((size,), -1, dtype=torch.int64, device=slot.device).scatter_reduce_(
-        0, torch.where(edge[1:], slot, own), r, "amax")
-    counts = (last[:e] - first[:e] + 1).clamp_min_(0).to(torch.int32)
-    starts = first[:e].clamp_max_(rows - 1).to(torch.int32)
-    return starts, counts
-
-
-def layout_groups(a, w, m_indices, masked_m):
-    """(a as (rows, K), int32 row ids or None, group starts, group counts) of a contiguous (m_indices) or masked
-    (masked_m) layout, as the grouped kernels take them. Device ops only."""
-    e, k = w.shape[0], a.shape[-1]
-    if masked_m is not None:
-        max_m = a.shape[1]
-        return a.view(e * max_m, k), None, masked_starts(e, max_m, a.device), masked_m.to(torch.int32).clamp(0, max_m)
-    ids = m_indices.to(torch.int32).contiguous()
-    return (a, ids, *contiguous_bounds(ids, e))
+# ------------------------------------------------------------------------- launcher
 
 
 def _run(kind, a, w, m_indices, masked_m, row_weights, a_scale=None, w_scale=None, out_dtype=None, tiles=None):
     e, n, k = w.shape
     dev = a.device
     masked = masked_m is not None
-    a2, ids, starts, counts = layout_groups(a, w, m_indices, masked_m)
-    rows = a2.shape[0]
+    rows = e * a.shape[1] if masked else a.shape[0]
     out = torch.empty(rows, n, dtype=out_dtype or a.dtype, device=dev)  # the kernel writes every row
     if rows and n:
         index = device_index(dev)
         cfg = config_for(kind, a, w, "masked" if masked else "contiguous", row_weights is not None,
                          _compile.target_arch(index), _sm_count(index), tiles)
-        fn = compiled(cfg)
+        # the descriptor slots are rewritten by the kernel before use; zeroed (by the bounds kernel) so bytes past
+        # what the DSL copies (it copies the first 64 of each 128-byte descriptor) are defined
+        a2, ids, starts, counts, workspace = group_bounds.layout_groups(a, w, m_indices, masked_m,
+                                                                        cfg.workspace_words)
         rw = None if row_weights is None else row_weights.reshape(-1).contiguous()
         if kind == "fp8":  # (rows, K/128) in whatever strides it has (a copy only for an unmergeable 3-D view)
             a_scale = a_scale.reshape(rows, k // FP8_BLOCK)
             w_scale = w_scale.contiguous()
-        # descriptor slots: rewritten by the kernel before use; zeroed so bytes past what the DSL copies (it copies
-        # the first 64 of each 128-byte descriptor) are defined
-        workspace = torch.zeros(cfg.workspace_words, dtype=torch.int64, device=dev)
-        _compile.launch(fn, a2, w, out, starts, counts.contiguous(), ids, rw, workspace, a_scale, w_scale, device=dev)
+        _compile.launch(compiled(cfg), a2, w, out, starts, counts, ids, rw, workspace, a_scale, w_scale, device=dev)
     return out.view(*a.shape[:-1], n)
 
 
