@@ -78,11 +78,13 @@ def test_verdict_flags_only_a_choice_slower_under_every_timing():
     ("dsv3 gemm1 E=32 256 rows/expert N=4096 K=7168 bf16 contiguous", "cute"),
     ("dsv3 gemm2 E=32 256 rows/expert N=7168 K=2048 bf16 contiguous", "cute"),
     ("gpt-oss-120b gemm1 E=32 256 rows/expert N=5760 K=2880 bf16 contiguous", "cute"),
+    ("dsv3 gemm1 E=32 128 rows/expert N=4096 K=7168 bf16 contiguous", "cute"),
+    ("dsv3 gemm2 E=32 128 rows/expert N=7168 K=2048 bf16 contiguous", "cute"),
     ("dsv3 gemm1 E=256 16 rows/expert N=4096 K=7168 bf16 masked max_m=16", "triton"),
 ])
 def test_moe_gemm_bf16_rule_on_sm90(label, want):
-    """The bf16 rule through the real selection at the benchmark shapes: the CuTe kernel from 256 rows per expert
+    """The bf16 rule through the real selection at the benchmark shapes: the CuTe kernel from 128 rows per expert
     at every K (faster than Triton under both timings on the H200, perf/results/nvidia-h200.jsonl), Triton
-    below."""
+    at decode sizes."""
     auto, same_row = choices(case_index()[("moe_gemm_bf16", label)], "sm_90", {"triton", "cute"})
     assert auto == want and same_row == {"triton": want == "triton", "cute": want == "cute"}

@@ -205,12 +205,12 @@ def test_sm90_backend_refusals_and_auto_skip(monkeypatch):
     a, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16)
     assert "CUDA" in grouped_sm90.supports_moe_gemm_bf16(a, w, torch.zeros(4, dtype=torch.int32), None)
     monkeypatch.delenv(grouped_sm90.UNVERIFIED_ENV, raising=False)
-    assert "under 256 rows per expert the Triton kernel stays" in grouped_sm90.auto_skip_bf16(a, w, None, None, None)
+    assert "under 128 rows per expert (decode) the Triton" in grouped_sm90.auto_skip_bf16(a, w, None, None, None)
     assert "decode" in grouped_sm90.auto_skip_fp8(a, None, w, None, None, None)  # 2 rows per expert
-    big = torch.zeros(2 * 256, 64, dtype=torch.bfloat16)
+    big = torch.zeros(2 * 128, 64, dtype=torch.bfloat16)
     assert grouped_sm90.auto_skip_fp8(big, None, w, None, None, None) is None
-    assert grouped_sm90.auto_skip_bf16(big, w, None, None, None) is None  # 256 rows per expert: cute, any K
-    under = torch.zeros(2 * 255, 64, dtype=torch.bfloat16)
+    assert grouped_sm90.auto_skip_bf16(big, w, None, None, None) is None  # 128 rows per expert: cute, any K
+    under = torch.zeros(2 * 127, 64, dtype=torch.bfloat16)
     assert grouped_sm90.auto_skip_bf16(under, w, None, None, None) is not None
     monkeypatch.setenv(grouped_sm90.UNVERIFIED_ENV, "1")
     assert grouped_sm90.auto_skip_bf16(a, w, None, None, None) is None

@@ -347,13 +347,12 @@ def dump(cfg: GemmConfig):
 
 UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
 HARDWARE_STATUS = "CuTeDSL sm_90 grouped GEMM: its GPU tests pass on an H100 and an H200 (docs/cute.md)"
-# Where auto takes the kernel (docs/cute.md and docs/moe_gemm.md, Measured): FP8 prefill is well ahead of the
-# Triton kernel, whose per-K-step scaling drains the MMA pipeline; bf16 pulls ahead from 256 rows per expert;
-# decode streams the weights, where Triton is at the copy roof.
-PREFILL_ROWS_PER_EXPERT = 128  # FP8: auto takes the cute kernel from here (timed at 128, 256 and 512); below, Triton
-# bf16: auto takes it from here: faster than Triton at 256 and 512 rows per expert at every timed K (DeepSeek-V3 GEMM1
-# and GEMM2, GPT-OSS-120b GEMM1) on the H200 under both timings; at 128 Triton was 1-9% faster (docs/moe_gemm.md)
-BF16_ROWS_PER_EXPERT = 256
+# Where auto takes the kernel (docs/cute.md and docs/moe_gemm.md, Measured), for both dtypes: from 128 rows per
+# expert, the smallest timed prefill size. FP8 is 1.7-2.5x the Triton kernel there (whose per-K-step scaling drains
+# the MMA pipeline); bf16 1.07-1.38x at 128-512 rows per expert at every timed K on the H200 under both timings, once
+# the group bounds became one small kernel (as torch ops they had cost 4-136 us of GPU time per call). Below, decode
+# streams the weights, where Triton is at the copy roof.
+PREFILL_ROWS_PER_EXPERT = 128
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -362,12 +361,12 @@ def _rows_per_expert(a, masked_m, w) -> int:
 
 
 def auto_skip_bf16(a, w, m_indices, masked_m, *rest) -> str | None:
-    """auto_skip of the bf16 row: auto takes it from BF16_ROWS_PER_EXPERT rows per expert (timed faster than Triton
-    there); below, Triton stays."""
-    if os.environ.get(UNVERIFIED_ENV) == "1" or _rows_per_expert(a, masked_m, w) >= BF16_ROWS_PER_EXPERT:
+    """auto_skip of the bf16 row: auto takes it from PREFILL_ROWS_PER_EXPERT rows per expert (timed faster than
+    Triton there); decode sizes stay on Triton (at the copy roof there)."""
+    if os.environ.get(UNVERIFIED_ENV) == "1" or _rows_per_expert(a, masked_m, w) >= PREFILL_ROWS_PER_EXPERT:
         return None
-    return (f"cute moe_gemm_bf16: under {BF16_ROWS_PER_EXPERT} rows per expert the Triton kernel stays (the cute "
-            "kernel was not timed faster there)")
+    return (f"cute moe_gemm_bf16: under {PREFILL_ROWS_PER_EXPERT} rows per expert (decode) the Triton kernel stays "
+            "(at the copy roof there)")
 
 
 def auto_skip_fp8(a, a_scale, w, w_scale, m_indices, masked_m, *rest) -> str | None:
