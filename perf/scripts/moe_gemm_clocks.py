@@ -24,8 +24,10 @@ PROVIDERS = ("torch._grouped_mm", "triton", "cute")
 
 def timed(fn, calls: int, gap_s: float) -> dict:
     """Median us per call; the SM clock (MHz) and board power (W) sampled while the calls run (back to back: five
-    samples while the queued calls execute; with a gap: one right after each call)."""
+    samples while the queued calls execute; with a gap: one right after each call). Back to back also the host's
+    submit time per call (`submit_us`: the loop's wall time, no synchronization inside it)."""
     events, clocks, watts = [], [], []
+    t0 = time.perf_counter()
 
     def sample():
         clocks.append(torch.cuda.clock_rate())
@@ -42,6 +44,7 @@ def timed(fn, calls: int, gap_s: float) -> dict:
         events.append((start, end))
         if gap_s:
             sample()
+    submit_us = (time.perf_counter() - t0) / calls * 1e6
     if not gap_s:
         for _ in range(5):
             time.sleep(0.003)
@@ -49,7 +52,7 @@ def timed(fn, calls: int, gap_s: float) -> dict:
     torch.cuda.synchronize()
     times = [a.elapsed_time(b) * 1e3 for a, b in events]
     return dict(us=round(statistics.median(times), 1), mhz=round(statistics.mean(clocks)),
-                watts=round(statistics.mean(watts)))
+                watts=round(statistics.mean(watts)), **({} if gap_s else {"submit_us": round(submit_us, 1)}))
 
 
 def main() -> None:
