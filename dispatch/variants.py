@@ -61,6 +61,24 @@ def moe_gemm_mxfp4_dot_scaled(a, w_packed, w_scale, m_indices, masked_m):
     return moe_gemm_mxfp4(a, w_packed, w_scale, m_indices, masked_m, dot_scaled=True)
 
 
+def moe_gemm_fp4_prepacked_configured(a, w_values, w_scales, w_global, fmt: str, m_indices, masked_m, *,
+                                      config: dict):
+    """moe_gemm_fp4_prepacked's Triton kernel with `config` (MoeGemmConfig fields: block_m tokens, block_n weight
+    rows, block_k, num_warps, num_stages, scale_words, fold_scale, a_tma) overriding the rule's config field by
+    field."""
+    import dataclasses
+
+    from triton_ops.moe_gemm.config import pick_prepacked_config, rows_per_expert
+    from triton_ops.moe_gemm.prepacked import moe_gemm_fp4_prepacked
+
+    masked = masked_m is not None
+    rows = a.shape[1] if masked else a.shape[0]
+    rule = pick_prepacked_config(rows_per_expert(rows, w_values.shape[0], masked), w_values.shape[1], a.shape[-1],
+                                 a.device, fmt)
+    return moe_gemm_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m,
+                                  config=dataclasses.replace(rule, **config))
+
+
 def attention_decode_rule(q, k_cache, v_cache, block_table) -> dict:
     """The configuration attention_decode's rule picks for these shapes (num_splits, block_n, num_warps, ...)."""
     import dataclasses
@@ -89,5 +107,6 @@ def attention_decode_configured(q, k_cache, v_cache, block_table, seqused_k, sof
 
 
 __all__ = ["attention_decode_configured", "attention_decode_rule",
-           "moe_align_three_launch", "moe_gemm_mxfp4_dot_scaled", "moe_masked_layout_three_launch",
+           "moe_align_three_launch", "moe_gemm_fp4_prepacked_configured", "moe_gemm_mxfp4_dot_scaled",
+           "moe_masked_layout_three_launch",
            "moe_route_tiled"]

@@ -1,7 +1,7 @@
 """One benchmark case's providers called a few times each, nothing timed: the kernels for Nsight Compute.
 
-    ncu --csv --page details --section SpeedOfLight ... \
-        python -m perf.scripts.case_calls --op moe_gemm_fp4_prepacked --case "<label>" [--providers triton,triton_kernels]
+    ncu --csv --page details --section SpeedOfLight ... python -m perf.scripts.case_calls \
+        --op moe_gemm_fp4_prepacked --case "<label>" [--providers triton,triton_kernels]
 
 Providers: lowbit backends by name (triton, cute, ...) and the case's peers by their benchmark names. Each provider's
 calls are bracketed by an NVTX range named after it (ncu --nvtx --nvtx-include "<provider>/").
