@@ -1,6 +1,6 @@
 """dispatch/variants.py, the kernel variants the benchmarks time as peers: each gives the reference's answer (the
-router with forced tiles and the align's three-launch path on the interpreter; tl.dot_scaled MXFP4 on a GPU) and a
-bad tile is a named error."""
+router with forced tiles, the align's three-launch path and the prepacked FP4 kernel's forced configs on the
+interpreter; tl.dot_scaled MXFP4 on a GPU) and a bad tile is a named error."""
 
 from __future__ import annotations
 
@@ -39,6 +39,25 @@ def test_align_three_launch_matches_reference():
                              ref.moe_masked_layout(ids, None, 16, 6), "moe_masked_layout")):
         for i, (a, b) in enumerate(zip(got, want, strict=True)):
             assert_same_bytes(a, b, f"{what} output {i}")
+
+
+def test_fp4_prepacked_configured_gives_the_rule_bytes():
+    """The prepacked FP4 kernel with forced tiles and scale options (interpreter): the same bytes as the rule's
+    config (every configuration computes the same sums in the same order per element); a bad tile is named."""
+    g = torch.Generator().manual_seed(11)
+    e, n, k = 3, 64, 256
+    codes, scales = ops.mxfp4_quantize(torch.randn(e * n, k, generator=g) * 0.1)
+    values, w_scales = ops.moe_gemm_fp4_prepack(codes.view(e, n, k // 2), scales.view(e, n, k // 32), "mxfp4")
+    m_indices = torch.tensor([0, 0, 1, -1, 2, 2, 2], dtype=torch.int32)
+    a = torch.randn(m_indices.numel(), k, generator=g).to(torch.bfloat16)
+    want = ops.moe_gemm_fp4_prepacked(a, values, w_scales, fmt="mxfp4", m_indices=m_indices, backend="triton")
+    for config in (dict(block_n=32, block_k=256), dict(fold_scale=True, scale_words=True)):
+        got = variants.moe_gemm_fp4_prepacked_configured(a, values, w_scales, None, "mxfp4", m_indices, None,
+                                                         config=config)
+        assert_same_bytes(got, want, f"config {config}")
+    with pytest.raises(ValueError, match="moe_gemm_fp4_prepacked: config .*block_n=48"):
+        variants.moe_gemm_fp4_prepacked_configured(a, values, w_scales, None, "mxfp4", m_indices, None,
+                                                   config=dict(block_n=48))
 
 
 @pytest.mark.gpu
