@@ -247,7 +247,7 @@ def test_configs():
             cfg = pick_prepacked_config_for_arch(m, 5760, 2880, arch, fmt)
             assert tri.prepacked_refusal(cfg) is None, (arch, m, cfg)
             assert cfg.block_m >= min(m, 64), (arch, m, cfg)
-    assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(16, 128, 256, 1, 4, 3)
+    assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 3)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
     fast = dict(scale_words=True, fold_scale=True, a_tma=True)
     assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3,

@@ -120,10 +120,10 @@ def prepacked_swiglu_config(cfg: MoeGemmConfig) -> MoeGemmConfig:
 @functools.lru_cache(maxsize=4096)
 def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str = "mxfp4") -> MoeGemmConfig:
     """Decode (<= 32 tokens per expert): the tokens rounded up to 16 / 32 (the MMA's N side), 128 weight rows (two
-    64-row warpgroup-MMA blocks of one warpgroup), 4 warps. K step: MXFP4 at <= 16 tokens 256 with 3 stages (an
-    8-byte scale load per row and step), else 128 with 4 stages: each the faster of the two K steps for its format
-    at GPT-OSS decode; 32-token tiles, 256 weight rows and 8 warps were slower (docs/moe_gemm.md, alternatives
-    measured).
+    64-row warpgroup-MMA blocks of one warpgroup), 4 warps, 128 K per step. MXFP4 at <= 16 tokens: 3 stages, the
+    fastest of a 36-configuration sweep at GPT-OSS-20b / 120b decode on the H200 (1.08x / 1.10x the 256-K step it
+    replaced, whose 248 registers allow 2 CTAs per SM against 3); else 4 stages. 32-token tiles, 64 and 256 weight
+    rows, 8 warps and the scale options were slower (docs/moe_gemm.md, alternatives measured).
     Mid (<= 64): 64 tokens x 128 rows, 8 warps (two warpgroups of 64 weight rows; 4 warps spill, ptxas sm_90).
     Prefill: 128 tokens x 128 weight rows, 8 warps (each warpgroup a 64 x 128 fp32 accumulator), 128 K, 3 stages
     (~115 KB of shared memory; 2 on ~100 KB parts): at least as fast as 4 stages; 256-token tiles spill (ptxas,
@@ -140,9 +140,8 @@ def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str =
         bt = 16 if m <= 16 else 32 if m <= 32 else 64
         return MoeGemmConfig(bt, min(128, max(16, next_pow2(n))), 128, group_m=1, num_warps=4, num_stages=1)
     if m <= 32:
-        if m <= 16 and fmt == "mxfp4":
-            return MoeGemmConfig(16, 128, 256, group_m=1, num_warps=4, num_stages=3)
-        return MoeGemmConfig(16 if m <= 16 else 32, 128, 128, group_m=1, num_warps=4, num_stages=4)
+        stages = 3 if m <= 16 and fmt == "mxfp4" else 4
+        return MoeGemmConfig(16 if m <= 16 else 32, 128, 128, group_m=1, num_warps=4, num_stages=stages)
     if m <= 64:
         return MoeGemmConfig(64, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 4)
     return MoeGemmConfig(128, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 3,
