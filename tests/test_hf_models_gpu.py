@@ -100,6 +100,19 @@ def qwen3_moe():
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}))
 
 
+def test_gpu_main_job_models_are_built_on_the_callers_device():
+    """The main job's tiny models (check.tiny_models: build_model with no device) follow the default device of the
+    caller's `with torch.device(...)`, as check_models builds them on a GPU; a builder that fell back to the CPU
+    sent the GPU rows CUDA prompts for a CPU model."""
+    from dispatch.integrations.hf.check import tiny_models
+
+    for name, build in tiny_models().items():
+        with torch.device("cuda"):
+            model = build()
+        assert all(p.is_cuda for p in model.parameters()), name
+    assert all(p.device.type == "cpu" for p in tiny_models()["llama"]().parameters())
+
+
 @pytest.mark.parametrize("build", [llama, gpt_oss, deepseek_v3, qwen3_moe],
                          ids=["llama", "gpt_oss", "deepseek_v3", "qwen3_moe"])
 def test_gpu_patched_generation_matches_unpatched(build):

@@ -11,6 +11,7 @@ correct stacks may round them either way); steps before the first difference mus
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import time
@@ -114,7 +115,8 @@ def build_model(cls, config, device: torch.device | str | None = None, seed: int
     torch.manual_seed(seed)
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation
-    with torch.device(device or "cpu"):
+    # device None: the current default device (a caller's `with torch.device(...)` holds)
+    with torch.device(device) if device is not None else contextlib.nullcontext():
         model = cls._from_config(config, dtype=dtype).eval()
     with torch.no_grad():
         for module in model.modules():
