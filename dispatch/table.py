@@ -120,14 +120,14 @@ CUTE_UNRUN_WHY = "CuTeDSL; compiled for sm_100a, never run on Blackwell: refused
 # CuTeDSL grouped GEMM on sm_90, bf16 / fp16 and FP8 (cute_ops/gemm/grouped_sm90.py: WGMMA, TMA loads through
 # per-group descriptors rewritten on the device): GPU tests pass on the H100 and the H200. Timed on the H200 at 128,
 # 256 and 512 rows per expert (perf/results/nvidia-h200.jsonl; docs/moe_gemm.md, Measured): FP8 1.06-1.31x
-# torch._scaled_grouped_mm (graph) and 2.1-2.5x Triton; bf16 0.95-1.14x torch._grouped_mm (graph) and 1.07-1.38x
+# torch._scaled_grouped_mm (graph) and 2.1-2.5x Triton; bf16 0.97-1.14x torch._grouped_mm (graph) and 1.08-1.42x
 # Triton at every timed K, so auto takes both from 128 rows per expert (`auto_skip_fp8`, `auto_skip_bf16`). Both rows
 # rank above Triton (CUTE_MEASURED_FASTER) so that their `auto_skip` decides: a row ranked below Triton is never
 # reached by auto. tests/test_auto_matches_records.py holds the table against the
 # records. backend="cute" forces either.
 CUTE_GEMM_FP8_WHY = "CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: FP8 prefill 2.1-2.5x Triton (H200)"
 CUTE_GEMM_BF16_WHY = ("CuTeDSL WGMMA grouped GEMM, device-side TMA descriptors: bf16 from 128 rows/expert, "
-                      "1.07-1.38x Triton (H200)")
+                      "1.08-1.42x Triton (H200)")
 
 # DeepSeek-V3.2 indexer scores (triton_ops/attention/indexer.py): 29x the bmm form at V3.2 dims on the H200
 # (docs/attention.md, Measured).
