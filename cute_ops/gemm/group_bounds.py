@@ -84,6 +84,7 @@ def layout_groups(a, w, m_indices, masked_m, workspace_words: int = 0):
         ids = m_indices.to(torch.int32).contiguous()
         a2, src, layout = a, ids, "contiguous"
     bounds = torch.empty(2, e, dtype=torch.int32, device=dev)
+    starts, counts = bounds
     workspace = torch.empty(workspace_words, dtype=torch.int64, device=dev) if workspace_words else None
     if src.numel() == 0:  # no rows: every group empty (nothing to launch on an empty tensor)
         bounds.zero_()
@@ -91,5 +92,5 @@ def layout_groups(a, w, m_indices, masked_m, workspace_words: int = 0):
             workspace.zero_()
     else:
         cfg = BoundsConfig(layout, workspace is not None, _compile.target_arch(device_index(dev)))
-        _compile.launch(compiled(cfg), src, bounds[0], bounds[1], workspace, max_m, device=dev)
-    return a2, ids, bounds[0], bounds[1], workspace
+        _compile.launch(compiled(cfg), src, starts, counts, workspace, max_m, device=dev)
+    return a2, ids, starts, counts, workspace

@@ -348,7 +348,7 @@ def dump(cfg: GemmConfig):
 UNVERIFIED_ENV = "LOWBIT_CUTE_UNVERIFIED"
 HARDWARE_STATUS = "CuTeDSL sm_90 grouped GEMM: its GPU tests pass on an H100 and an H200 (docs/cute.md)"
 # Where auto takes the kernel (docs/cute.md and docs/moe_gemm.md, Measured), for both dtypes: from 128 rows per
-# expert, the smallest timed prefill size. FP8 is 1.7-2.5x the Triton kernel there (whose per-K-step scaling drains
+# expert, the smallest timed prefill size. FP8 is 2.1-2.5x the Triton kernel there (whose per-K-step scaling drains
 # the MMA pipeline); bf16 1.08-1.42x at 128-512 rows per expert at every timed K on the H200 under both timings, once
 # the group bounds became one small kernel (as torch ops they had cost 4-136 us of GPU time per call). Below, decode
 # streams the weights, where Triton is at the copy roof.
