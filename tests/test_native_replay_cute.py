@@ -341,24 +341,64 @@ def _blockscaled_sm100_call():
 @pytest.mark.parametrize("make", [_grouped_sm90_call, _blockscaled_sm100_call],
                          ids=["grouped_sm90", "blockscaled_sm100"])
 def test_moe_gemm_entries_record_their_compiled_call(make, monkeypatch):
-    """The MoE GEMM entries call their compiled function through cute_ops._compile.launch (a stand-in here, on host
-    tensors): the recording sees it with the entry's output among its arguments. Their plans are refused today:
-    the group bounds are computed by torch ops on every call, which a plan does not replay."""
+    """The MoE GEMM entries call their compiled functions through cute_ops._compile.launch (stand-ins here, on host
+    tensors): the recording sees the group-bounds kernel, then the GEMM with the entry's output among its arguments.
+    The sm_90 entry is allocations, views and the two calls: a plan (replayed natively only: CuTe calls); the sm_100
+    entry still runs aten ops (its tile bounds, a zero fill of a non-output), so its plan is refused."""
+    from cute_ops.gemm import group_bounds
     from triton_ops.contract.recording import CuteCall, recording_launches
 
     module, entry, args = make()
-    stand_in = StandIn()
+    stand_in, bounds = StandIn(), StandIn()
     monkeypatch.setattr(module, "compiled", lambda cfg: stand_in.fn)
+    monkeypatch.setattr(group_bounds, "compiled", lambda cfg: bounds.fn)
+    monkeypatch.setattr(group_bounds, "device_index", lambda device: 0)
     monkeypatch.setattr(module, "device_index", lambda device: 0)
     monkeypatch.setattr(module, "_sm_count" if hasattr(module, "_sm_count") else "sm_count", lambda index: 132)
     monkeypatch.setattr(_compile, "target_arch", lambda index=None: "sm_100a" if "sm100" in module.__name__
                         else "sm_90a")
     with recording_launches() as records, launch_plan._OpLog(records) as log:
         out = entry(*args)
-    assert len(stand_in.calls) == 1 and [type(r) for r in records] == [CuteCall] and records[0].fn is stand_in.fn
-    assert any(isinstance(v, torch.Tensor) and v.data_ptr() == out.data_ptr() for v in records[0].args)
-    with pytest.raises(launch_plan.NoPlan, match="runs aten"):
-        launch_plan._derive(out, args, records, log.ops, NO_HOOKS, device_type="cpu")
+    assert len(stand_in.calls) == len(bounds.calls) == 1 and [type(r) for r in records] == [CuteCall, CuteCall]
+    assert records[0].fn is bounds.fn and records[1].fn is stand_in.fn
+    assert any(isinstance(v, torch.Tensor) and v.data_ptr() == out.data_ptr() for v in records[1].args)
+    if "sm100" in module.__name__:
+        with pytest.raises(launch_plan.NoPlan, match="runs aten"):
+            launch_plan._derive(out, args, records, log.ops, NO_HOOKS, device_type="cpu")
+    else:
+        plan = launch_plan._derive(out, args, records, log.ops, NO_HOOKS, device_type="cpu")
+        assert plan.native_only and plan.census()["launches"] == 2
+
+
+def test_grouped_sm90_entry_is_replayed_with_the_same_arguments(native, monkeypatch):
+    """cute_ops.gemm.grouped_sm90's contiguous bf16 entry with stand-in compiled functions, replayed natively for new
+    tensors of the same signature: the bounds kernel and the GEMM get what the entry itself passes (the new call's
+    tensors, one fresh (2, E) bounds buffer whose two rows both calls share, the new output)."""
+    from cute_ops.gemm import group_bounds
+
+    module, entry, args = _grouped_sm90_call()
+    stand_in, bounds = StandIn(), StandIn()
+    monkeypatch.setattr(module, "compiled", lambda cfg: stand_in.fn)
+    monkeypatch.setattr(group_bounds, "compiled", lambda cfg: bounds.fn)
+    monkeypatch.setattr(_compile, "target_arch", lambda index=None: "sm_90a")
+    monkeypatch.setattr(module, "_sm_count", lambda index: 132)
+    for m in (module, group_bounds):
+        monkeypatch.setattr(m, "device_index", lambda device: 0)
+    _, plan = _recorded(entry, args)
+    assert native.register("toy_grouped_sm90", (*args, "auto"), native_replay.describe(plan))
+    a = torch.randn_like(args[0])
+    m_indices = args[2].clone()
+    got = native.call("toy_grouped_sm90", (a, args[1], m_indices, None, None, "auto"))
+    replayed = bounds.calls[-1], stand_in.calls[-1]
+    entry(a, args[1], m_indices, None, None)
+    direct = bounds.calls[-1], stand_in.calls[-1]
+    for rep, dir_ in zip(replayed, direct, strict=True):
+        assert [type(x) for x in rep] == [type(x) for x in dir_]
+        for x, y in zip(rep, dir_, strict=True):  # same metadata; the buffers' pointers are each call's own
+            assert x[:4] == y[:4] if isinstance(x, tuple) else x == y
+    (b_src, b_starts, b_counts, b_ws, _), g = replayed
+    assert b_src[4] == m_indices.data_ptr() and g[0][4] == a.data_ptr() and g[2][4] == got.data_ptr()
+    assert (g[3][4], g[4][4], g[7][4]) == (b_starts[4], b_counts[4], b_ws[4])  # the bounds kernel's outputs
 
 
 def test_rmsnorm_general_entry_is_replayed_with_the_same_arguments(native, monkeypatch):

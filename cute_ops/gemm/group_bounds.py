@@ -84,7 +84,7 @@ def layout_groups(a, w, m_indices, masked_m, workspace_words: int = 0):
         ids = m_indices.to(torch.int32).contiguous()
         a2, src, layout = a, ids, "contiguous"
     bounds = torch.empty(2, e, dtype=torch.int32, device=dev)
-    starts, counts = bounds
+    starts, counts = bounds[0], bounds[1]  # views by select (a launch plan replays views, not unbind)
     workspace = torch.empty(workspace_words, dtype=torch.int64, device=dev) if workspace_words else None
     if src.numel() == 0:  # no rows: every group empty (nothing to launch on an empty tensor)
         bounds.zero_()
