@@ -68,13 +68,9 @@ def moe_gemm_fp4_prepacked_configured(a, w_values, w_scales, w_global, fmt: str,
     field."""
     import dataclasses
 
-    from triton_ops.moe_gemm.config import pick_prepacked_config, rows_per_expert
-    from triton_ops.moe_gemm.prepacked import moe_gemm_fp4_prepacked
+    from triton_ops.moe_gemm.prepacked import config_for_call, moe_gemm_fp4_prepacked
 
-    masked = masked_m is not None
-    rows = a.shape[1] if masked else a.shape[0]
-    rule = pick_prepacked_config(rows_per_expert(rows, w_values.shape[0], masked), w_values.shape[1], a.shape[-1],
-                                 a.device, fmt)
+    rule = config_for_call(a, w_values, masked_m, fmt)
     return moe_gemm_fp4_prepacked(a, w_values, w_scales, w_global, fmt, m_indices, masked_m,
                                   config=dataclasses.replace(rule, **config))
 

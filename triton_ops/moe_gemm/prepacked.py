@@ -418,8 +418,7 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
     if out.numel() == 0 or a.shape[:-1].numel() == 0:
         return out  # scatter with no layout row: nothing is written (the combine reads no slot)
     # GEMM1 + SwiGLU: the plain GEMM's tile over the 2I weight rows (one pass; block_n // 2 output columns)
-    cfg = config or pick_prepacked_config(rows_per_expert(rows, e, masked), values.shape[1], k, a.device, fmt,
-                                          bool(swiglu))
+    cfg = config or config_for_call(a, values, masked_m, fmt, bool(swiglu))
     reason = prepacked_refusal(cfg)
     if cfg.fold_scale and fmt != "mxfp4":
         reason = "fold_scale is for MXFP4 weights (NVFP4's scale words always hold the bias)"
@@ -442,6 +441,14 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
            BLOCK_K=cfg.block_k, SCALES_AS_WORDS=cfg.scale_words, FOLD_MX=cfg.fold_scale, A_DESC=a_src is not None,
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
+
+
+def config_for_call(a, values, masked_m, fmt: str, swiglu: bool = False) -> MoeGemmConfig:
+    """The rule's config for these operands (pick_prepacked_config at their rows per expert, weight rows and K)."""
+    masked = masked_m is not None
+    rows = a.shape[1] if masked else a.shape[0]
+    return pick_prepacked_config(rows_per_expert(rows, values.shape[0], masked), values.shape[1], a.shape[-1],
+                                 a.device, fmt, swiglu)
 
 
 def _tokens_descriptor(a: torch.Tensor, cfg: MoeGemmConfig):
