@@ -232,6 +232,42 @@ def test_nan_scales_and_tiles_spanning_experts(fmt):
     assert_close(got, want, f"{fmt} NaN scale")
 
 
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_expert_slots(fmt):
+    """expert_slots: a contiguous 16-row tile holding experts 0, 2, (padding), 1 and 0 again (a second run of 0) and
+    a tile of one expert: with 2, 3 and 5 slots (fewer, as many and more slots than experts in the tile) the same
+    bytes as one slot, the padding rows 0 and the row weights applied once; GEMM1 + SwiGLU and the scatter of the
+    combine too; refused on the masked layout and below 1."""
+    case = _contig_case(3, [0] * 3 + [2] * 5 + [-1] * 2 + [1] * 4 + [0] * 2 + [1] * 16, k=256, n=64,
+                        row_weights=True)
+    weights = _linear_weights(fmt, case.w32)
+    base = MoeGemmConfig(16, 32, 128, 1, 4, 1)
+    want, _ = _run(fmt, case, config=base, weights=weights)
+    for slots in (2, 3, 5):
+        got = _check(fmt, case, config=dataclasses.replace(base, expert_slots=slots), weights=weights)
+        assert_same_bytes(got, want, f"{fmt} expert_slots={slots}")
+    wp, ws, wg = weights
+    vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, fmt)
+    a = _poison_rows(case.x.bfloat16(), case.dead)
+    swiglu = lambda cfg: tri.moe_gemm_swiglu_fp4_prepacked(a, vals, scales, wg, fmt, case.m_indices, None, False,
+                                                           "silu", 1.0, None, config=cfg)
+    assert_same_bytes(swiglu(dataclasses.replace(base, expert_slots=3)), swiglu(base), f"{fmt} swiglu slots")
+    rows = len(case.m_indices)  # each layout row to a slot of 16 tokens x top-2, in a shuffled order
+    src = torch.randperm(rows, generator=torch.Generator().manual_seed(1)).int()
+    inv = torch.empty(rows, dtype=torch.int32)
+    inv[src.long()] = torch.arange(rows, dtype=torch.int32)
+    topk = torch.rand(rows // 2, 2)
+    combine = lambda cfg: tri.moe_gemm_combine_fp4_prepacked(a, vals, scales, wg, fmt, case.m_indices, None, src,
+                                                             inv.view(rows // 2, 2), topk, None, torch.float32,
+                                                             config=cfg)
+    assert_same_bytes(combine(dataclasses.replace(base, expert_slots=2)), combine(base), f"{fmt} combine slots")
+    masked = _gpu_decode_case(True, e=4, rows=4, n=32, k=256)
+    with pytest.raises(ValueError, match="expert_slots > 1 is for the contiguous layout"):
+        _run(fmt, masked, config=dataclasses.replace(base, expert_slots=2))
+    with pytest.raises(ValueError, match="expert_slots=0 < 1"):
+        _run(fmt, case, config=dataclasses.replace(base, expert_slots=0))
+
+
 def test_configs():
     """Larger K steps (a step past the row's last chunk: masked) and token tiles than the default, a partial last
     weight tile (N = 144: rows past N read clamped, never stored): the same results; configs the layout cannot run
@@ -427,6 +463,21 @@ def test_gpu_nvfp4_fp16_and_tiles():
     for cfg in (MoeGemmConfig(16, 64, 128, 1, 4, 4), MoeGemmConfig(32, 128, 256, 1, 4, 3),
                 MoeGemmConfig(16, 256, 128, 1, 8, 4), MoeGemmConfig(64, 128, 128, 1, 4, 3)):
         _check("mxfp4", case, device="cuda", config=cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_gpu_expert_slots(fmt):
+    """Decode tiles of 16 tokens over experts of 8 rows (two experts a tile), one padding row: 2 and 3 expert slots
+    give the bytes of one slot and match the contract."""
+    case = _gpu_decode_case(False, e=16, rows=8)
+    weights = _linear_weights(fmt, case.w32)
+    base = MoeGemmConfig(16, 128, 128, 1, 4, 3)
+    want, _ = _run(fmt, case, device="cuda", config=base, weights=weights)
+    for slots in (2, 3):
+        got = _check(fmt, case, device="cuda", config=dataclasses.replace(base, expert_slots=slots),
+                     weights=weights)
+        assert_same_bytes(got.cpu(), want.cpu(), f"{fmt} expert_slots={slots}")
 
 
 PREFILL_TILES = [MoeGemmConfig(128, 128, 128, 1, 8, 4), MoeGemmConfig(128, 128, 128, 1, 8, 3),

@@ -41,6 +41,9 @@ class MoeGemmConfig:
                               # are <= 128, runs the K loop with one multiply per pair (the bit trick's bias folded
                               # into the scale); else the two-multiply loop (no host sync)
     a_tma: bool = False  # prepacked FP4 only: the tokens by TMA (a tensor descriptor; a layout that allows one)
+    expert_slots: int = 1  # prepacked FP4, contiguous layout only: programs per tile, slot s running the K loop of
+                           # the s-th expert present in the tile (the last slot those from there on), so the experts
+                           # of a decode tile that spans several run in parallel instead of one after another
 
     def refusal(self, kind: str) -> str | None:
         """Why this config cannot run weight kind `kind` (None: it can)."""
@@ -54,6 +57,8 @@ class MoeGemmConfig:
             return f"{kind} needs block_k a multiple of {MXFP4_BLOCK}, got {self.block_k}"
         if self.group_m < 1:
             return f"group_m={self.group_m} < 1"
+        if self.expert_slots != 1:
+            return f"expert_slots={self.expert_slots}: more than one slot is the prepacked FP4 kernel's option"
         return None
 
 

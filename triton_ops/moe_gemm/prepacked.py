@@ -340,12 +340,13 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
                           INTERLEAVE: tl.constexpr, GPTOSS: tl.constexpr, CLAMP: tl.constexpr, DIV_RN: tl.constexpr,
                           SCATTER: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
                           BLOCK_K: tl.constexpr, SCALES_AS_WORDS: tl.constexpr, FOLD_MX: tl.constexpr,
-                          A_DESC: tl.constexpr):
+                          A_DESC: tl.constexpr, SLOTS: tl.constexpr):
     """Program (axis 0) = one [BLOCK_T tokens, BLOCK_C output columns] tile (BLOCK_W weight rows: the columns, or
     with SWIGLU the gate and up rows of BLOCK_W // 2 columns of the I outputs, _swiglu_rows), the column tiles of one
-    token tile adjacent (activations reused from L2); masked layout: axis 1 = expert. Every output element in range
-    is written once: computed rows by their expert's pass, the others as zeros (SwiGLU of gate = up = 0 is 0 for both
-    activations). SCATTER: layout row r goes to output row dst[r] of an (n_dst, N) output (grouped._destination;
+    token tile adjacent (activations reused from L2); masked layout: axis 1 = expert; contiguous layout: axis 1 = the
+    SLOTS expert slots (slot s runs the s-th expert present in the tile, the last slot every expert from there on).
+    Every output element in range is written once: computed rows by their expert's pass, the others as zeros by slot
+    0 (SwiGLU of gate = up = 0 is 0 for both activations). SCATTER: layout row r goes to output row dst[r] of an (n_dst, N) output (grouped._destination;
     rows outside [0, n_dst) unwritten)."""
     BLOCK_C: tl.constexpr = BLOCK_W // 2 if SWIGLU else BLOCK_W
     pid = tl.program_id(0)
@@ -386,17 +387,21 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
         done = (mi >= 0) & (mi < E)
         mi = tl.where(done, mi, E)
         e = tl.min(mi, 0)
+        slot = tl.program_id(1)
+        for _ in range(slot):  # this slot's first expert: the slot-th present (E: none)
+            e = tl.min(tl.where(mi > e, mi, E), 0)
         if A_DESC:
             a_off = pid_t * BLOCK_T
         else:
             a_off = rows64 * stride_am
-        while e < E:  # one pass per expert present in the tile, in increasing id order
+        while e < E:  # one pass per expert of this slot, in increasing id order
             sel = _kept(mi == e, dst_ok, SCATTER)
             _expert_tile(a_ptr, a_off, sel, v_ptr, s_ptr, g_ptr, rw_ptr + rows64, out_t,
                          e.to(tl.int64), w_rows, cmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW, DTYPE, F32_DOT,
                          EMULATE, SWIGLU, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K, SCALES_AS_WORDS,
                          FOLD_MX, A_DESC)
-            e = tl.min(tl.where(mi > e, mi, E), 0)
+            e = tl.where(slot == SLOTS - 1, tl.min(tl.where(mi > e, mi, E), 0), E)
+        done = done | (tl.full([BLOCK_T], 0, tl.int32) != slot)  # the zeros below are slot 0's
     zero = tl.zeros([BLOCK_C, BLOCK_T], out_ptr.dtype.element_ty)
     tl.store(out_t, zero, mask=cmask[:, None] & _kept(rmask & ~done, dst_ok, SCATTER)[None, :])
 
@@ -422,10 +427,13 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
     reason = prepacked_refusal(cfg)
     if cfg.fold_scale and fmt != "mxfp4":
         reason = "fold_scale is for MXFP4 weights (NVFP4's scale words always hold the bias)"
+    if masked and cfg.expert_slots != 1:
+        reason = "expert_slots > 1 is for the contiguous layout (a masked tile holds one expert)"
     if reason:
         raise ValueError(f"moe_gemm_fp4_prepacked: config {cfg}: {reason}")
     interleave, activation, alpha, limit = swiglu or (0, "silu", 0.0, None)
-    grid = (cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n // 2 if swiglu else cfg.block_n), e if masked else 1)
+    grid = (cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n // 2 if swiglu else cfg.block_n),
+            e if masked else cfg.expert_slots)
     dummy = scales
     a_src = _tokens_descriptor(a, cfg) if cfg.a_tma else None
     launch(_fp4_prepacked_kernel, grid,
@@ -439,7 +447,7 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
            INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
            DIV_RN=silu_div_rn(a.dtype), SCATTER=dst_rows is not None, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m,
            BLOCK_K=cfg.block_k, SCALES_AS_WORDS=cfg.scale_words, FOLD_MX=cfg.fold_scale, A_DESC=a_src is not None,
-           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+           SLOTS=cfg.expert_slots, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 
@@ -473,6 +481,8 @@ def prepacked_refusal(cfg: MoeGemmConfig) -> str | None:
             return f"{name}={v} is not a power of two >= 16 (tl.dot)"
     if cfg.block_k % CHUNK:
         return f"block_k={cfg.block_k} is not a multiple of the layout's {CHUNK}-element chunk"
+    if cfg.expert_slots < 1:
+        return f"expert_slots={cfg.expert_slots} < 1"
     return None
 
 
