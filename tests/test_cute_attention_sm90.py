@@ -407,7 +407,12 @@ SM90_MLA_SASS_MORE = [
 ]
 
 
+# FA3's 176-key tile at hd128 (one CTA per 128-row tile, register O stores): 220 of 240 registers with the overlap,
+# no local memory
+TILE_N_176 = dict(tile_m=128, overlap=True, persistent=0, o_tma=False, tile_n=176)
+
 SM90_SASS_MORE = [
+    ("bf16", 128, dict(TILE_N_176, causal=True, has_sink=True)),
     ("bf16", 128, dict(causal=True, has_sink=True, overlap=True)),
     ("fp16", 64, dict(has_window_left=True, overlap=True)),
     ("bf16", 64, dict(causal=True, has_sink=True)),  # GPT-OSS causal as for_call builds it, and with 192 rows
@@ -424,6 +429,7 @@ SM90_SASS_MORE = [
     ("bf16", 128, dict(causal=True, has_window_left=True, has_sink=True)),
     ("fp16", 64, dict(has_window_left=True, has_window_right=True)),
     ("bf16", MLA, dict(causal=True, overlap=True)),
+    ("bf16", 128, TILE_N_176),
     *[pytest.param(*case, marks=pytest.mark.slow) for case in SM90_SASS_MORE],  # the GPU suite runs each config
 ])
 @needs_dsl
@@ -437,15 +443,15 @@ def test_sm90_sass_has_wgmma_and_tma(dtype, d, extra):
     192 x 128 (three consumer warpgroups, 512 threads): 128, 137 of 160; with the overlap 156 of 160. The launch
     limit (65536 / threads) and setmaxnreg's split are checked. d: Dqk = Dv, or the pair (Dqk, Dv) (MLA: bf16
     causal + overlap HGMMA 40 (2 x (192 / 16 + 128 / 16)), UTMALDG 8 (Q, K 3 boxes, V 2), STG.E 34)."""
-    from cute_ops.attention.fmha_sm90 import REGS, TILE_N, FmhaSm90Config, dump
+    from cute_ops.attention.fmha_sm90 import REGS, FmhaSm90Config, dump
 
     d, d_v = d if isinstance(d, tuple) else (d, d)
     cfg = FmhaSm90Config(dtype, d, d_v, **extra)
     d_ = dump(cfg)
     ops = d_.opcodes()
     assert "sm_90a" in d_.ptx.split(".target", 1)[1][:40]
-    # S = Q K^T: Dqk / 16 k-steps of m64n{TILE_N}k16; O += P V: TILE_N / 16 k-steps of m64n{Dv}k16, A from registers
-    tn = TILE_N
+    # S = Q K^T: Dqk / 16 k-steps of m64n{tile_n}k16; O += P V: tile_n / 16 k-steps of m64n{Dv}k16, A from registers
+    tn = cfg.tile_n
     sites = 2 if extra.get("overlap") else 1
     assert d_.count("HGMMA") == sites * (d // 16 + tn // 16), ops
     ab = "bf16.bf16" if dtype == "bf16" else "f16.f16"
@@ -582,6 +588,16 @@ def test_gpu_sm90_schedule_variants_match_reference(case, variant):
     _need_sm90()
     out, lse, want_out, want_lse = _sm90_case(*case, variant=variant)
     assert_attention_close(out, lse, want_out, want_lse, f"sm90 {variant} {case}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", SM90_GPU_CASES, ids=_case_id)
+def test_gpu_sm90_tile_n_176_matches_reference(case):
+    """The 176-key tile (with the overlap, one CTA per 128-row tile) on every case: key counts that are not
+    multiples of 176, windows, sinks, varlen with empty sequences, sk < sq."""
+    _need_sm90()
+    out, lse, want_out, want_lse = _sm90_case(*case, variant=TILE_N_176)
+    assert_attention_close(out, lse, want_out, want_lse, f"sm90 tile_n 176 {case}")
 
 
 SM90_HD64_CASES = [SM90_GPU_CASES[2], *SM90_GPU_CASES[-3:-1]]  # varlen GQA fp16 with empty sequences; GPT-OSS

@@ -285,6 +285,10 @@ def test_configs():
             assert cfg.block_m >= min(m, 64), (arch, m, cfg)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 3)
     assert pick_prepacked_config_for_arch(16, 5760, 2880, "sm_90", "nvfp4") == MoeGemmConfig(16, 128, 128, 1, 4, 4)
+    # expert slots: as many as the 16-token tile is expected to hold experts (contiguous layout, up to 4)
+    for m, slots in ((1, 4), (4, 4), (5, 3), (8, 2), (9, 1), (24, 1)):
+        assert pick_prepacked_config_for_arch(m, 5760, 2880, "sm_90", "mxfp4").expert_slots == slots, m
+        assert pick_prepacked_config_for_arch(m, 5760, 2880, "sm_90", "mxfp4", masked=True).expert_slots == 1, m
     fast = dict(scale_words=True, fold_scale=True, a_tma=True)
     assert pick_prepacked_config_for_arch(255, 5760, 2880, "sm_90", "mxfp4") == MoeGemmConfig(128, 128, 128, 1, 8, 3,
                                                                                               **fast)

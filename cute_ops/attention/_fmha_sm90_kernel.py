@@ -16,7 +16,7 @@ from . import mask as mask_mod
 from . import scheduler as sched_mod
 from . import softmax as sm_mod
 from . import wgmma
-from .fmha_sm90 import KV_STAGES, REGS, TILE_N, FmhaSm90Config
+from .fmha_sm90 import KV_STAGES, REGS, FmhaSm90Config
 
 
 def group(n):
@@ -33,7 +33,7 @@ class FmhaSm90:
         self.d_qk, self.d_v = cfg.head_dim, cfg.head_dim_v  # Q, K, S = Q K^T | V, O += P V, out
         self.spec = cfg.mask
         self.stages = KV_STAGES
-        self.tile_m, self.tile_n = cfg.tile_m, TILE_N
+        self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.wgs = cfg.consumer_warpgroups
         self.threads = 128 * (1 + self.wgs)
         self.regs_producer, self.regs_consumer = REGS[self.wgs]

@@ -56,7 +56,8 @@ SMEM_BYTES = 227 * 1024  # the most dynamic shared memory one sm_90 CTA may use
 # setmaxnreg limits per consumer warpgroup count (producer, consumers): 65536 registers per SM, one CTA of
 # 128 * (1 + consumers) threads; 3 consumers: 24 * 128 + 160 * 384 <= 65536 (168 would not fit)
 REGS = {2: (24, 240), 3: (24, 160)}
-TILE_N = 128  # keys per K/V tile (WGMMA N of S = Q K^T, TMA box rows)
+TILE_N = 128  # keys per K/V tile (WGMMA N of S = Q K^T, TMA box rows) unless a rule sets FmhaSm90Config.tile_n
+TILE_NS = (128, 176)
 KV_STAGES = 2  # K/V ring depth; SMEM at D=128: Q 32 KiB + 2 x (K 32 + V 32) KiB; (192, 128): 48 + 2 x (48 + 32)
 
 
@@ -92,11 +93,16 @@ class FmhaSm90Config(launch.AttentionConfig):
     # write into the next sequence's rows). SMEM: + tile_m x Dv 16-bit. Every FOR_CALL rule but (192, 128)'s turns
     # it on.
     o_tma: bool = False
+    # Keys per K / V tile (the WGMMA N of S = Q K^T, the K step of O += P V, the TMA box rows): 128, or FA3's 176 for
+    # hd128 without a mask (more MMA work per softmax row pass and per pipeline turn).
+    tile_n: int = TILE_N
 
     def __post_init__(self):
         super().__post_init__()
         if self.tile_m not in (128, 192):
             raise ValueError(f"tile_m {self.tile_m} not in (128, 192) (64 rows per consumer warpgroup)")
+        if self.tile_n not in TILE_NS:
+            raise ValueError(f"tile_n {self.tile_n} not in {TILE_NS}")
         if self.persistent < 0:
             raise ValueError(f"persistent {self.persistent}: a CTA count >= 0")
         # ptxas spills at 160 registers with hd128 (nvidia-cutlass-dsl 4.8.1, sm_90a): S (TILE_N / 2 fp32 per
@@ -124,8 +130,8 @@ class FmhaSm90Config(launch.AttentionConfig):
         """Dynamic SMEM of the kernel's SharedStorage: the mbarriers (padded to the 1024-byte alignment of the
         swizzled tiles), q_stages of Q and KV_STAGES of K (Dqk columns), KV_STAGES of V and the O staging tile
         with o_tma (Dv columns), 16-bit."""
-        qk_rows = self.q_stages * self.tile_m + KV_STAGES * TILE_N
-        v_rows = self.o_tma * self.tile_m + KV_STAGES * TILE_N
+        qk_rows = self.q_stages * self.tile_m + KV_STAGES * self.tile_n
+        v_rows = self.o_tma * self.tile_m + KV_STAGES * self.tile_n
         return 1024 + 2 * (self.head_dim * qk_rows + self.head_dim_v * v_rows)
 
     @classmethod

@@ -1,5 +1,5 @@
 """Llama hd128 prefill on the sm_90 CuTe forward: for_call's rule, FmhaSm90Config variants (the intra-warpgroup
-overlap with and without the persistent grid and the O TMA store) and FA4 (`flash_attn.cute`, when installed) on
+overlap with and without the persistent grid and the O TMA store, 128- and 176-key tiles) and FA4 (`flash_attn.cute`, when installed) on
 the same inputs, one process.
 
     python -m perf.scripts.attention_sm90_tile_sweep --out sweep.jsonl
@@ -34,6 +34,8 @@ def variant_tiles(sms: int) -> dict[str, dict]:
         "overlap persistent o_tma": dict(overlap=True, persistent=sms, o_tma=True),
         "overlap o_tma": dict(overlap=True, persistent=0, o_tma=True),
         "overlap": dict(overlap=True, persistent=0, o_tma=False),
+        "overlap tile_n 176": dict(overlap=True, persistent=0, o_tma=False, tile_n=176),
+        "tile_n 176": dict(overlap=False, persistent=0, o_tma=False, tile_n=176),
     }
 
 

@@ -106,11 +106,12 @@ def pick_config_for_arch(kind: str, m: int, n: int, k: int, arch: str) -> MoeGem
 
 
 def pick_prepacked_config(m_per_expert: int, n: int, k: int, device: torch.device, fmt: str = "mxfp4",
-                          swiglu: bool = False) -> MoeGemmConfig:
+                          swiglu: bool = False, masked: bool = False) -> MoeGemmConfig:
     """The config of the prepacked FP4 kernel (prepacked.py; swap-AB: block_m = tokens, block_n = weight rows) for
-    `fmt` ("mxfp4" / "nvfp4") weights; n: the weight rows (GEMM1 + SwiGLU: 2I, its tile the plain GEMM's, holding
-    the gate and up rows of block_n // 2 output columns in one accumulator)."""
-    cfg = pick_prepacked_config_for_arch(m_per_expert, n, k, arch_of(device), fmt)
+    `fmt` ("mxfp4" / "nvfp4") weights over the contiguous or the masked layout; n: the weight rows (GEMM1 + SwiGLU:
+    2I, its tile the plain GEMM's, holding the gate and up rows of block_n // 2 output columns in one
+    accumulator)."""
+    cfg = pick_prepacked_config_for_arch(m_per_expert, n, k, arch_of(device), fmt, masked)
     return prepacked_swiglu_config(cfg) if swiglu else cfg
 
 
@@ -123,12 +124,16 @@ def prepacked_swiglu_config(cfg: MoeGemmConfig) -> MoeGemmConfig:
 
 
 @functools.lru_cache(maxsize=4096)
-def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str = "mxfp4") -> MoeGemmConfig:
+def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str = "mxfp4",
+                                   masked: bool = False) -> MoeGemmConfig:
     """Decode (<= 32 tokens per expert): the tokens rounded up to 16 / 32 (the MMA's N side), 128 weight rows (two
     64-row warpgroup-MMA blocks of one warpgroup), 4 warps, 128 K per step. MXFP4 at <= 16 tokens: 3 stages, the
     fastest of a 36-configuration sweep at GPT-OSS-20b / 120b decode on the H200 (1.08x / 1.10x the 256-K step it
     replaced, whose 248 registers allow 2 CTAs per SM against 3); else 4 stages. 32-token tiles, 64 and 256 weight
-    rows, 8 warps and the scale options were slower (docs/moe_gemm.md, alternatives measured).
+    rows, 8 warps and the scale options were slower (docs/moe_gemm.md, alternatives measured). Contiguous layout
+    with fewer expected rows per expert than the tile holds: one expert slot per expert a tile is expected to hold
+    (up to 4), so a 16-token tile of two 8-row experts runs them in two programs (1.05x MXFP4, 1.04x NVFP4 at
+    GPT-OSS-20b decode on the H200; 2-4 slots alike there, and no change at 16 rows per expert).
     Mid (<= 64): 64 tokens x 128 rows, 8 warps (two warpgroups of 64 weight rows; 4 warps spill, ptxas sm_90).
     Prefill: 128 tokens x 128 weight rows, 8 warps (each warpgroup a 64 x 128 fp32 accumulator), 128 K, 3 stages
     (~115 KB of shared memory; 2 on ~100 KB parts): at least as fast as 4 stages; 256-token tiles spill (ptxas,
@@ -146,7 +151,9 @@ def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str =
         return MoeGemmConfig(bt, min(128, max(16, next_pow2(n))), 128, group_m=1, num_warps=4, num_stages=1)
     if m <= 32:
         stages = 3 if m <= 16 and fmt == "mxfp4" else 4
-        return MoeGemmConfig(16 if m <= 16 else 32, 128, 128, group_m=1, num_warps=4, num_stages=stages)
+        block_t = 16 if m <= 16 else 32
+        slots = 1 if masked else min(4, block_t // max(m, 1))
+        return MoeGemmConfig(block_t, 128, 128, group_m=1, num_warps=4, num_stages=stages, expert_slots=slots)
     if m <= 64:
         return MoeGemmConfig(64, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 4)
     return MoeGemmConfig(128, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 3,

@@ -456,7 +456,7 @@ def config_for_call(a, values, masked_m, fmt: str, swiglu: bool = False) -> MoeG
     masked = masked_m is not None
     rows = a.shape[1] if masked else a.shape[0]
     return pick_prepacked_config(rows_per_expert(rows, values.shape[0], masked), values.shape[1], a.shape[-1],
-                                 a.device, fmt, swiglu)
+                                 a.device, fmt, swiglu, masked)
 
 
 def _tokens_descriptor(a: torch.Tensor, cfg: MoeGemmConfig):
