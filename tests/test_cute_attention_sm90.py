@@ -90,7 +90,7 @@ def test_sm90_every_config_fits_shared_memory():
 def test_sm90_for_call_picks_the_timed_tiles():
     """The entry's config from FOR_CALL: 128-row tiles (two consumer warpgroups);
     sliding windows and hd128 on the persistent grid (132 CTAs for host tensors; hd128 without a window with the
-    overlap in bf16, and from LONG_QUERY_ROWS queries one CTA per tile with it); hd64 without a window:
+    overlap in bf16, and from LONG_QUERY_ROWS queries one CTA per 176-key tile); hd64 without a window:
     the 192-row tile (three warpgroups), with overlap in bf16 only; (192, 128): one CTA per 128 x 128 tile with
     overlap in bf16 only and register O stores. Every row builds a valid config with v's head dim."""
     from cute_ops.attention.fmha_sm90 import FOR_CALL, LONG_QUERY_ROWS, LONG_QUERY_RULE, FmhaSm90Config
@@ -124,9 +124,11 @@ def test_sm90_for_call_picks_the_timed_tiles():
             short = FmhaSm90Config.for_call(q, v, c, 64 if w else -1, -1, None, "sm_90a", LONG_QUERY_ROWS - 1)
             assert short == cfg
             want = LONG_QUERY_RULE.get((d, w, c), row) if dtype == torch.bfloat16 else row
-            assert (long.tile_m, long.o_tma, long.persistent > 0, long.overlap) == (
-                want.tile_m, want.o_tma, want.persistent, want.overlap and dtype == torch.bfloat16)
+            assert (long.tile_m, long.o_tma, long.persistent > 0, long.overlap, long.tile_n) == (
+                want.tile_m, want.o_tma, want.persistent, want.overlap and dtype == torch.bfloat16, want.tile_n)
+            assert cfg.tile_n == row.tile_n == 128
     assert set(LONG_QUERY_RULE) == {(128, False, False), (128, False, True)}
+    assert {row.tile_n for row in LONG_QUERY_RULE.values()} == {176}
 
 
 def test_sm90_entry_checks_and_auto_skip_on_cpu():
@@ -407,9 +409,9 @@ SM90_MLA_SASS_MORE = [
 ]
 
 
-# FA3's 176-key tile at hd128 (one CTA per 128-row tile, register O stores): 220 of 240 registers with the overlap,
-# no local memory
-TILE_N_176 = dict(tile_m=128, overlap=True, persistent=0, o_tma=False, tile_n=176)
+# FA3's 176-key tile at hd128, as LONG_QUERY_RULE builds it (one CTA per 128-row tile, register O stores, no
+# overlap): 205 of 240 registers, no local memory
+TILE_N_176 = dict(tile_m=128, overlap=False, persistent=0, o_tma=False, tile_n=176)
 
 SM90_SASS_MORE = [
     ("bf16", 128, dict(TILE_N_176, causal=True, has_sink=True)),
@@ -593,8 +595,8 @@ def test_gpu_sm90_schedule_variants_match_reference(case, variant):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", SM90_GPU_CASES, ids=_case_id)
 def test_gpu_sm90_tile_n_176_matches_reference(case):
-    """The 176-key tile (with the overlap, one CTA per 128-row tile) on every case: key counts that are not
-    multiples of 176, windows, sinks, varlen with empty sequences, sk < sq."""
+    """The 176-key tile (LONG_QUERY_RULE's: one CTA per 128-row tile, no overlap) on every case: key counts that
+    are not multiples of 176, windows, sinks, varlen with empty sequences, sk < sq, fp16."""
     _need_sm90()
     out, lse, want_out, want_lse = _sm90_case(*case, variant=TILE_N_176)
     assert_attention_close(out, lse, want_out, want_lse, f"sm90 tile_n 176 {case}")

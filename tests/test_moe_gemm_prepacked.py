@@ -594,7 +594,8 @@ _COMPILE = textwrap.dedent("""
         consts = dict(NVFP4=nv, MASKED=masked, HAS_RW=False, DTYPE=tl.bfloat16 if dt == "bf16" else tl.float16,
                       F32_DOT=False, EMULATE=False, SWIGLU=sw, INTERLEAVE=1 if sw else 0, GPTOSS=sw, CLAMP=sw,
                       DIV_RN=False, SCATTER=scatter, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m, BLOCK_K=cfg.block_k,
-                      SCALES_AS_WORDS=cfg.scale_words, FOLD_MX=cfg.fold_scale, A_DESC=cfg.a_tma)
+                      SCALES_AS_WORDS=cfg.scale_words, FOLD_MX=cfg.fold_scale, A_DESC=cfg.a_tma,
+                      SLOTS=cfg.expert_slots)
         sig.update(dict.fromkeys(consts, "constexpr"))
         if cfg.a_tma:  # the tokens through a host tensor descriptor, as the launcher passes them
             sig["a_ptr"] = f"tensordesc<{dt}[{cfg.block_m},{cfg.block_k}]>"

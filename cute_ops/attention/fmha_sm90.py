@@ -93,8 +93,9 @@ class FmhaSm90Config(launch.AttentionConfig):
     # write into the next sequence's rows). SMEM: + tile_m x Dv 16-bit. Every FOR_CALL rule but (192, 128)'s turns
     # it on.
     o_tma: bool = False
-    # Keys per K / V tile (the WGMMA N of S = Q K^T, the K step of O += P V, the TMA box rows): 128, or FA3's 176 for
-    # hd128 without a mask (more MMA work per softmax row pass and per pipeline turn).
+    # Keys per K / V tile (the WGMMA N of S = Q K^T, the K step of O += P V, the TMA box rows): 128, or FA3's 176 at
+    # hd128 (more MMA work per softmax pass and per pipeline turn; LONG_QUERY_RULE). Key counts that are not a
+    # multiple of it end in a masked partial tile, as with 128.
     tile_n: int = TILE_N
 
     def __post_init__(self):
@@ -145,7 +146,8 @@ class FmhaSm90Config(launch.AttentionConfig):
         long_query = max_seqlen_q >= LONG_QUERY_ROWS and cfg.dtype == "bf16"  # measured in bf16, the overlap's
         row = LONG_QUERY_RULE.get(key, FOR_CALL[key]) if long_query else FOR_CALL[key]
         return dataclasses.replace(cfg, tile_m=row.tile_m, overlap=row.overlap and cfg.dtype == "bf16",
-                                   persistent=_sm_count(q) if row.persistent else 0, o_tma=row.o_tma)
+                                   persistent=_sm_count(q) if row.persistent else 0, o_tma=row.o_tma,
+                                   tile_n=row.tile_n)
 
 
 class CallRule(typing.NamedTuple):
@@ -153,6 +155,7 @@ class CallRule(typing.NamedTuple):
     overlap: bool = False  # bf16 only
     persistent: bool = False  # one CTA per SM
     o_tma: bool = False
+    tile_n: int = TILE_N
 
 
 # for_call's rule per (qk head dim (HEAD_DIMS pairs each with one v head dim), sliding window (window_left >= 0),
@@ -166,9 +169,12 @@ class CallRule(typing.NamedTuple):
 #     without the overlap), non-causal 8 x 2048 0.922x (0.918x) (CUDA graph, tile sweep); without the overlap,
 #     CUDA events: causal 8 x 2048 1.004x (0.884x one CTA per tile), 2 x 8192 0.932x, varlen 0.836x. hd128 with a
 #     window takes the hd64 window rule.
-#   hd128 from LONG_QUERY_ROWS queries (LONG_QUERY_RULE): one CTA per tile with the overlap and register O stores:
-#     1 x 16384 causal 0.905x, non-causal 0.894x, against the persistent grid's 0.894x / 0.862x with the overlap
-#     and 0.883x / 0.860x without (tile sweep, `perf/scripts/attention_sm90_tile_sweep.py`).
+#   hd128 from LONG_QUERY_ROWS queries (LONG_QUERY_RULE): FA3's 176-key tile, one CTA per tile, register O stores,
+#     no overlap: 1 x 16384 causal 0.923-0.929x FA4, non-causal 0.892-0.905x (three runs), against 0.904-0.907x /
+#     0.882-0.891x with 128-key tiles and the overlap, 0.896-0.898x / 0.896x for the 176-key tile with the overlap
+#     (ptxas adds a warpgroup arrive before 22 of its 38 WGMMAs), and the persistent grid's 0.895-0.897x /
+#     0.862-0.863x; at 4 x 4096 causal and 8 x 2048 the 176-key tile is 0.86-0.90x, below FOR_CALL's rows
+#     (tile sweep, `perf/scripts/attention_sm90_tile_sweep.py`).
 #   (192, 128): FA3's design for it, 128 x 128 with overlap (bf16): DeepSeek 16 heads 1 x 8192 causal 0.93x FA4
 #     (events; 0.90x CUDA graph), 1.37x the Gluon kernel auto took before (H200); one CTA per tile and register O
 #     stores, as the 2-stage Q ring and the O staging tile do not fit in SMEM beside Q and the K / V ring. The
@@ -193,8 +199,8 @@ FOR_CALL = {
 # Query rows (max_seqlen_q) from which LONG_QUERY_RULE's rows replace FOR_CALL's (measured at 16384, below).
 LONG_QUERY_ROWS = 16384
 LONG_QUERY_RULE = {
-    (128, False, False): CallRule(overlap=True),
-    (128, False, True): CallRule(overlap=True),
+    (128, False, False): CallRule(tile_n=176),
+    (128, False, True): CallRule(tile_n=176),
 }
 
 

@@ -1,6 +1,6 @@
 """Llama hd128 prefill on the sm_90 CuTe forward: for_call's rule, FmhaSm90Config variants (the intra-warpgroup
-overlap with and without the persistent grid and the O TMA store, 128- and 176-key tiles) and FA4 (`flash_attn.cute`, when installed) on
-the same inputs, one process.
+overlap with and without the persistent grid and the O TMA store, 128- and 176-key tiles) and FA4
+(`flash_attn.cute`, when installed) on the same inputs, one process.
 
     python -m perf.scripts.attention_sm90_tile_sweep --out sweep.jsonl
 

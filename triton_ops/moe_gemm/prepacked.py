@@ -346,8 +346,8 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
     token tile adjacent (activations reused from L2); masked layout: axis 1 = expert; contiguous layout: axis 1 = the
     SLOTS expert slots (slot s runs the s-th expert present in the tile, the last slot every expert from there on).
     Every output element in range is written once: computed rows by their expert's pass, the others as zeros by slot
-    0 (SwiGLU of gate = up = 0 is 0 for both activations). SCATTER: layout row r goes to output row dst[r] of an (n_dst, N) output (grouped._destination;
-    rows outside [0, n_dst) unwritten)."""
+    0 (SwiGLU of gate = up = 0 is 0 for both activations). SCATTER: layout row r goes to output row dst[r] of an
+    (n_dst, N) output (grouped._destination; rows outside [0, n_dst) unwritten)."""
     BLOCK_C: tl.constexpr = BLOCK_W // 2 if SWIGLU else BLOCK_W
     pid = tl.program_id(0)
     num_c = tl.cdiv(N, BLOCK_C)
