@@ -14,6 +14,8 @@ Shapes (balanced routing: every expert gets the same number of rows, so the peer
   and bf16, contiguous layout: decode 128 experts x 16 rows, prefill-like 32 experts x 256 rows.
 * GPT-OSS-20b GEMM1 (the same expert dims, 32 experts, top-4), prepacked MXFP4 / NVFP4: decode 64 tokens (8 rows
   per expert), prefill 4096 tokens (512 rows per expert), contiguous.
+* GPT-OSS GEMM2 (N = 2880, K = 2880), prepacked MXFP4: 120b decode 128 x 16 and prefill 32 x 256, 20b decode 32 x 8
+  and prefill 32 x 512, contiguous.
 Fused epilogues (`fused_cases`, below): GEMM1 + SwiGLU (+ FP8 1x128) and GEMM2 + combine against the unfused
 chain of separate ops, at DeepSeek-V3 / GPT-OSS decode (64 tokens) and prefill (4096 tokens) routings.
 Each op also has a "quick" case (tiny shapes for the CPU interpreter) with padding rows (id -1), an out-of-range
@@ -81,6 +83,7 @@ FULL_TORCH_BACKEND = ("full-size case: the contract reference (dispatch/referenc
 
 DSV3 = {"gemm1": (4096, 7168), "gemm2": (7168, 2048)}  # (N, K) per DeepSeek-V3 expert GEMM
 GPT_OSS_GEMM1 = (5760, 2880)
+GPT_OSS_GEMM2 = (2880, 2880)
 
 
 # ---------------------------------------------------------------------------------------------------- models
@@ -661,6 +664,10 @@ def cases() -> list[BenchCase]:
     for kind in ("mxfp4", "nvfp4"):  # GPT-OSS-20b: all 32 experts, top-4 of 64 / 4096 tokens
         out.append(_case("gpt-oss-20b", "gemm1", kind, 32, n, k, rows=8, prepacked=True))
         out.append(_case("gpt-oss-20b", "gemm1", kind, 32, n, k, rows=512, prepacked=True))
+    n, k = GPT_OSS_GEMM2
+    for model, experts, rows in (("gpt-oss-120b", 128, 16), ("gpt-oss-120b", 32, 256), ("gpt-oss-20b", 32, 8),
+                                 ("gpt-oss-20b", 32, 512)):
+        out.append(_case(model, "gemm2", "mxfp4", experts, n, k, rows=rows, prepacked=True))
     n, k = DSV3["gemm1"]  # W4A8 needs K % 128 (1x128 activation scales): DeepSeek dims
     out.append(_case("dsv3", "gemm1", "w4a8", 256, n, k, rows=16, masked=True))
     out.append(_case("dsv3", "gemm1", "w4a8", 32, n, k, rows=256))

@@ -388,8 +388,9 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
         mi = tl.where(done, mi, E)
         e = tl.min(mi, 0)
         slot = tl.program_id(1)
-        for _ in range(slot):  # this slot's first expert: the slot-th present (E: none)
-            e = tl.min(tl.where(mi > e, mi, E), 0)
+        if SLOTS > 1:  # this slot's first expert: the slot-th present (E: none)
+            for _ in range(slot):
+                e = tl.min(tl.where(mi > e, mi, E), 0)
         if A_DESC:
             a_off = pid_t * BLOCK_T
         else:
@@ -400,8 +401,12 @@ def _fp4_prepacked_kernel(a_ptr, v_ptr, s_ptr, g_ptr, ids_ptr, rw_ptr, out_ptr, 
                          e.to(tl.int64), w_rows, cmask, N, K, KW, KS, alpha, limit, NVFP4, HAS_RW, DTYPE, F32_DOT,
                          EMULATE, SWIGLU, GPTOSS, CLAMP, DIV_RN, BLOCK_W, BLOCK_T, BLOCK_K, SCALES_AS_WORDS,
                          FOLD_MX, A_DESC)
-            e = tl.where(slot == SLOTS - 1, tl.min(tl.where(mi > e, mi, E), 0), E)
-        done = done | (tl.full([BLOCK_T], 0, tl.int32) != slot)  # the zeros below are slot 0's
+            if SLOTS > 1:
+                e = tl.where(slot == SLOTS - 1, tl.min(tl.where(mi > e, mi, E), 0), E)
+            else:
+                e = tl.min(tl.where(mi > e, mi, E), 0)
+        if SLOTS > 1:
+            done = done | (tl.full([BLOCK_T], 0, tl.int32) != slot)  # the zeros below are slot 0's
     zero = tl.zeros([BLOCK_C, BLOCK_T], out_ptr.dtype.element_ty)
     tl.store(out_t, zero, mask=cmask[:, None] & _kept(rmask & ~done, dst_ok, SCATTER)[None, :])
 
