@@ -133,7 +133,8 @@ def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str =
     rows, 8 warps and the scale options were slower (docs/moe_gemm.md, alternatives measured). Contiguous layout
     with fewer expected rows per expert than the tile holds: one expert slot per expert a tile is expected to hold
     (up to 4), so a 16-token tile of two 8-row experts runs them in two programs (1.05x MXFP4, 1.04x NVFP4 at
-    GPT-OSS-20b decode on the H200; 2-4 slots alike there, and no change at 16 rows per expert).
+    GPT-OSS-20b GEMM1 decode on the H200; 2-4 slots alike there, no change at 16 rows per expert; GEMM2 (N = 2880,
+    half the programs) 0.97x one slot, within the spread between runs).
     Mid (<= 64): 64 tokens x 128 rows, 8 warps (two warpgroups of 64 weight rows; 4 warps spill, ptxas sm_90).
     Prefill: 128 tokens x 128 weight rows, 8 warps (each warpgroup a 64 x 128 fp32 accumulator), 128 K, 3 stages
     (~115 KB of shared memory; 2 on ~100 KB parts): at least as fast as 4 stages; 256-token tiles spill (ptxas,
