@@ -46,7 +46,7 @@ def moe_gemm_bf16_cute_tiled(a, w, m_indices, masked_m, *, tiles: dict):
 def attention_prefill_cute_sm90_tiled(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                                       softmax_scale: float, causal: bool, *, tiles: dict):
     """attention_prefill's sm_90 CuTe kernel (no window, no sinks) with `tiles` (FmhaSm90Config fields: tile_m,
-    overlap, persistent, o_tma) overriding `FmhaSm90Config.for_call`'s rule field by field."""
+    overlap, persistent, o_tma, tile_n) overriding `FmhaSm90Config.for_call`'s rule field by field."""
     from cute_ops.attention.fmha_sm90 import attention_prefill
 
     return attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
@@ -64,8 +64,8 @@ def moe_gemm_mxfp4_dot_scaled(a, w_packed, w_scale, m_indices, masked_m):
 def moe_gemm_fp4_prepacked_configured(a, w_values, w_scales, w_global, fmt: str, m_indices, masked_m, *,
                                       config: dict):
     """moe_gemm_fp4_prepacked's Triton kernel with `config` (MoeGemmConfig fields: block_m tokens, block_n weight
-    rows, block_k, num_warps, num_stages, scale_words, fold_scale, a_tma) overriding the rule's config field by
-    field."""
+    rows, block_k, num_warps, num_stages, scale_words, fold_scale, a_tma, expert_slots) overriding the rule's
+    config field by field."""
     import dataclasses
 
     from triton_ops.moe_gemm.prepacked import config_for_call, moe_gemm_fp4_prepacked

@@ -237,7 +237,7 @@ def test_expert_slots(fmt):
     """expert_slots: a contiguous 16-row tile holding experts 0, 2, (padding), 1 and 0 again (a second run of 0) and
     a tile of one expert: with 2, 3 and 5 slots (fewer, as many and more slots than experts in the tile) the same
     bytes as one slot, the padding rows 0 and the row weights applied once; GEMM1 + SwiGLU and the scatter of the
-    combine too; refused on the masked layout and below 1."""
+    combine too; refused on the masked layout, below 1 and by the linear-layout kernels' config check."""
     case = _contig_case(3, [0] * 3 + [2] * 5 + [-1] * 2 + [1] * 4 + [0] * 2 + [1] * 16, k=256, n=64,
                         row_weights=True)
     weights = _linear_weights(fmt, case.w32)
@@ -266,6 +266,8 @@ def test_expert_slots(fmt):
         _run(fmt, masked, config=dataclasses.replace(base, expert_slots=2))
     with pytest.raises(ValueError, match="expert_slots=0 < 1"):
         _run(fmt, case, config=dataclasses.replace(base, expert_slots=0))
+    # the linear-layout kernels have no slots: their config check refuses them
+    assert "prepacked FP4 kernel's option" in dataclasses.replace(base, expert_slots=2).refusal(fmt)
 
 
 def test_configs():
