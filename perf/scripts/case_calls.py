@@ -28,15 +28,15 @@ def main() -> None:
     dev = torch.device(args.device)
     i = case.make(dev)
     names = [p for p in args.providers.split(",") if p] or ["auto", *case.peers]
+    cuda = dev.type == "cuda"
     for name in names:
         fn = case.peers[name] if name in case.peers else (lambda x, b=name: case.lowbit(x, b))
-        if dev.type == "cuda":
+        if cuda:
             torch.cuda.nvtx.range_push(name)
         for _ in range(args.calls):
             fn(i)
-        if dev.type == "cuda":
+        if cuda:
             torch.cuda.nvtx.range_pop()
-        if dev.type == "cuda":
             torch.cuda.synchronize()
         print(f"{name}: {args.calls} calls", flush=True)
 
