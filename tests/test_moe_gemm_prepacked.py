@@ -697,8 +697,8 @@ def _variant_configs(fmt: str, base: MoeGemmConfig):
     per-tile folded multiply."""
     out = [dataclasses.replace(base, scale_words=True), dataclasses.replace(base, a_tma=True)]
     if fmt == "mxfp4":
-        out += [dataclasses.replace(base, fold_scale=True, scale_words=w, a_tma=t)
-                for w, t in ((False, False), (True, False), (False, True))]
+        out += [dataclasses.replace(base, fold_scale=f, scale_words=w, a_tma=t)
+                for w, t in ((False, False), (True, False), (False, True)) for f in (True, "loop")]
     return out
 
 
@@ -732,8 +732,7 @@ def test_variants_give_the_same_bytes(fmt, device):
             dev(a), dev(vals), dev(scales), None, fmt, dev(mi), None, config=cfg).cpu()
         base = MoeGemmConfig(16, 32, 128, 1, 4, 1)
         want = run(base)
-        for cfg in (dataclasses.replace(base, fold_scale=True),
-                    dataclasses.replace(base, fold_scale=True, scale_words=True)):
+        for cfg in (dataclasses.replace(base, fold_scale=f, scale_words=w) for f in (True, "loop") for w in (0, 1)):
             assert_same_bytes(run(cfg), want, f"{fmt} one-hot, scales > 128 in some tiles, {cfg}")
     case = _contig_case(2, [0] * 20 + [1] * 12, k=160, n=80, row_weights=True)
     weights = _linear_weights(fmt, case.w32)
@@ -744,6 +743,26 @@ def test_variants_give_the_same_bytes(fmt, device):
     for cfg in _variant_configs(fmt, base):
         got = _check(fmt, case, device=device, config=cfg, weights=weights)
         assert_same_bytes(got.cpu(), want.cpu(), f"{fmt} {case.desc} {cfg}")
+
+
+def test_fold_in_loop_redoes_the_tiles_past_128():
+    """fold_scale="loop" (interpreter): one-hot rows whose scale bytes reach 255 in some tiles (those tiles' folded
+    sums are not finite and are redone with two multiplies; NaN scales included) give the default kernel's bytes;
+    so do tiles whose tokens hold inf (their redo gives the same inf / NaN)."""
+    e, n, k = 2, 32, 128
+    wp, ws, _ = _edge_weights("mxfp4", e, n, k, "cpu")
+    ws[0, :16] = ws[0, :16].clamp(max=FP.FOLD_MAX_SCALE)
+    ws[1, 20, 2] = 255  # NaN
+    assert int(ws.max()) > FP.FOLD_MAX_SCALE
+    vals, scales = ref.moe_gemm_fp4_prepack(wp, ws, "mxfp4")
+    a = (torch.eye(k) * 2.0 ** 20).repeat(e, 1).bfloat16()
+    a[3, 5] = float("inf")
+    mi = torch.arange(e, dtype=torch.int32).repeat_interleave(k)
+    base = MoeGemmConfig(16, 16, 128, 1, 4, 1)
+    run = lambda cfg: tri.moe_gemm_fp4_prepacked(a, vals, scales, None, "mxfp4", mi, None, config=cfg)
+    want = run(base)
+    assert not want.isfinite().all()
+    assert_same_bytes(run(dataclasses.replace(base, fold_scale="loop")), want, "fold in the loop, scales past 128")
 
 
 @settings(max_examples=examples(6))

@@ -33,7 +33,10 @@ OPTIONS = {"plain": dict(scale_words=False, fold_scale=False), "fold": dict(scal
            "words_fold": dict(scale_words=True, fold_scale=True)}
 
 
-def configs(grid: dict) -> list[dict]:
+def configs(grid: dict | list) -> list[dict]:
+    """The grid's product (a dict of value lists), or a list of configs as given (each with its options name)."""
+    if isinstance(grid, list):
+        return [{**OPTIONS.get(c.get("options"), {}), **{k: v for k, v in c.items() if k != "options"}} for c in grid]
     keys = list(grid)
     out = []
     for values in itertools.product(*(grid[k] for k in keys)):

@@ -44,6 +44,8 @@ class MoeGemmConfig:
     expert_slots: int = 1  # prepacked FP4, contiguous layout only: programs per tile, slot s running the K loop of
                            # the s-th expert present in the tile (the last slot those from there on), so the experts
                            # of a decode tile that spans several run in parallel instead of one after another
+    max_registers: int = 0  # prepacked FP4 only (GPU): registers per thread the compiler may use (Triton's maxnreg;
+                            # 0: its own choice), so that a tile just past a CTA-count boundary keeps the CTAs
 
     def refusal(self, kind: str) -> str | None:
         """Why this config cannot run weight kind `kind` (None: it can)."""
@@ -59,6 +61,8 @@ class MoeGemmConfig:
             return f"group_m={self.group_m} < 1"
         if self.expert_slots != 1:
             return f"expert_slots={self.expert_slots}: more than one slot is the prepacked FP4 kernel's option"
+        if self.max_registers:
+            return f"max_registers={self.max_registers}: a register cap is the prepacked FP4 kernel's option"
         return None
 
 

@@ -48,6 +48,7 @@ from .grouped import _destination, _grid_refusal
 
 _BIAS_F32 = tl.constexpr(8.507059173023462e37)  # 2^126 (the bf16 bit trick's bias), fp32
 _FOLD_MAX_SCALE = tl.constexpr(FOLD_MAX_SCALE)
+_FOLD_MODES = {False: 0, True: 1, "loop": 2}  # MoeGemmConfig.fold_scale -> the kernel's FOLD_MX
 
 
 # 0x81C081C0 as int32: per 16-bit half, bf16's sign bit and the code's 3 magnitude bits (exponent 8 7, mantissa 6)
@@ -140,6 +141,11 @@ def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.const
                 return e8m0_to_f32(sb) * _BIAS_F32
             return e8m0_to_f32(sb)
         b = sb.to(tl.int32)
+        if FOLD_MX == 2:  # 2^(s - 1) up to s = 128; +inf from s = 129 on (the loop's result is then not finite)
+            # (inline: Triton vectorizes a plain minimum into 16-bit pairs, twice the instructions)
+            return tl.inline_asm_elementwise(
+                "{ .reg .u32 t; min.u32 t, $1, 129; mad.lo.u32 $0, t, 0x800080, 0x3F003F00; }", "=r,r", [b],
+                dtype=tl.int32, is_pure=True, pack=1)
         if FOLD_MX:
             return ((b + 126) << 7) * 0x10001
         # bf16 2^(b - 127) in both halves; b = 0: the subnormal 2^-127 (0x0040, above 0 and below every b << 7)
@@ -238,6 +244,14 @@ def _tile_foldable(s_rows, KS, BLOCK_W: tl.constexpr):
 
 
 @triton.jit
+def _sums_finite(acc, sel):
+    """Whether every sum of the tokens in `sel` is finite (NaN counts as not). Reduced over the weight rows first:
+    the other order makes ptxas compute the K loop's shared-memory descriptors in vector registers."""
+    worst = tl.max(tl.where(acc == acc, tl.abs(acc), float("inf")), 0)
+    return tl.max(tl.where(sel, worst, 0.0), 0) < float("inf")
+
+
+@triton.jit
 def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
                     NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.constexpr, EMULATE: tl.constexpr,
                     BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -248,7 +262,15 @@ def _prepacked_pass(a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
     step is one 128-K chunk (K <= KP: the chunk is in the row). Longer steps mask the words and scales past the row
     (a zero code with a NaN scale byte of the next row would make NaN)."""
     acc = tl.zeros([BLOCK_W, BLOCK_T], tl.float32)
-    if FOLD_MX:  # per tile: the folded loop where every scale byte of the tile's rows allows it, else the unfolded
+    if FOLD_MX == 2:  # the folded loop, its factors +inf past scale byte 128; a tile whose sums are not all finite is
+        # redone with two multiplies (exact: the sums are those of the unfolded loop; never for real weights, whose
+        # scales sit far below 2^1, unless the tokens themselves hold inf / NaN)
+        acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
+                      BLOCK_K, SCALES_AS_WORDS, 2, 0, A_DESC)
+        if not _sums_finite(acc, sel):
+            acc = _k_loop(tl.zeros([BLOCK_W, BLOCK_T], tl.float32), a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS,
+                          NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W, BLOCK_K, SCALES_AS_WORDS, False, 1, A_DESC)
+    elif FOLD_MX:  # per tile: the folded loop where every scale byte of the tile's rows allows it, else the unfolded
         # one at 2 stages (Triton gives each loop its own pipeline buffers: both within an SM's shared memory)
         if _tile_foldable(s_rows, KS, BLOCK_W):
             acc = _k_loop(acc, a_ptr, a_off, sel, v_rows, s_rows, K, KW, KS, NVFP4, DTYPE, F32_DOT, EMULATE, BLOCK_W,
@@ -451,8 +473,10 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
            F32_DOT=a.device.type != "cuda", EMULATE=emulate_formats(a.device), SWIGLU=bool(swiglu),
            INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
            DIV_RN=silu_div_rn(a.dtype), SCATTER=dst_rows is not None, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m,
-           BLOCK_K=cfg.block_k, SCALES_AS_WORDS=cfg.scale_words, FOLD_MX=cfg.fold_scale, A_DESC=a_src is not None,
-           SLOTS=cfg.expert_slots, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+           BLOCK_K=cfg.block_k, SCALES_AS_WORDS=cfg.scale_words, FOLD_MX=_FOLD_MODES[cfg.fold_scale],
+           A_DESC=a_src is not None,
+           SLOTS=cfg.expert_slots, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+           **({"maxnreg": cfg.max_registers} if cfg.max_registers and a.device.type == "cuda" else {}))
     return out
 
 
