@@ -78,7 +78,8 @@ def main() -> None:
     ap.add_argument("--cases", default="", help="'|'-separated labels (default: CASES)")
     ap.add_argument("--budget-s", type=float, default=300.0)
     args = ap.parse_args()
-    grid = {**GRID, **(json.loads(args.grid) if args.grid else {})}
+    given = json.loads(args.grid) if args.grid else {}
+    grid = given if isinstance(given, list) else {**GRID, **given}
     labels = [x for x in args.cases.split("|") if x] or list(CASES)
     by_label = {c.label: c for c in load_cases(["moe_gemm_fp4_prepacked"])}
     device = torch.device("cuda")
