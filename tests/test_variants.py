@@ -51,7 +51,7 @@ def test_fp4_prepacked_configured_gives_the_rule_bytes():
     m_indices = torch.tensor([0, 0, 1, -1, 2, 2, 2], dtype=torch.int32)
     a = torch.randn(m_indices.numel(), k, generator=g).to(torch.bfloat16)
     want = ops.moe_gemm_fp4_prepacked(a, values, w_scales, fmt="mxfp4", m_indices=m_indices, backend="triton")
-    for config in (dict(block_n=32, block_k=256), dict(fold_scale=True, scale_words=True)):
+    for config in (dict(block_n=32, block_k=256), dict(fold_scale="tile", scale_words=True)):
         got = variants.moe_gemm_fp4_prepacked_configured(a, values, w_scales, None, "mxfp4", m_indices, None,
                                                          config=config)
         assert_same_bytes(got, want, f"config {config}")

@@ -29,8 +29,9 @@ CASES = ("gpt-oss-20b gemm1 E=32 8 rows/expert N=5760 K=2880 mxfp4 prepacked con
          "gpt-oss-120b gemm1 E=128 16 rows/expert N=5760 K=2880 mxfp4 prepacked contiguous")
 GRID = dict(block_n=(64, 128), block_k=(128, 256), num_warps=(4,), num_stages=(3, 4, 5),
             options=("plain", "fold", "words_fold"))
-OPTIONS = {"plain": dict(scale_words=False, fold_scale=False), "fold": dict(scale_words=False, fold_scale=True),
-           "words_fold": dict(scale_words=True, fold_scale=True)}
+OPTIONS = {"plain": dict(scale_words=False, fold_scale="off"), "fold": dict(scale_words=False, fold_scale="tile"),
+           "fold_loop": dict(scale_words=False, fold_scale="loop"),
+           "words_fold": dict(scale_words=True, fold_scale="tile")}
 
 
 def configs(grid: dict | list) -> list[dict]:

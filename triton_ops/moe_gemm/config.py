@@ -23,6 +23,10 @@ _K128_KINDS = ("fp8", "w4a8")
 
 # archs with ~100 KB of shared memory per SM (consumer parts): one pipeline stage fewer on big tiles
 _SMALL_SMEM_ARCHS = ("sm_86", "sm_89", "sm_120", "sm_121")  # ~100 KB of shared memory per SM
+# the MXFP4 decode tile's register cap: the folded loop compiles to 171-176 registers (ptxas sm_90, Triton 3.6), two
+# CTAs per SM; at 168, three (as the two-multiply tile it replaced), with no spills
+DECODE_FOLD_REGISTERS = 168
+FOLD_MODES = ("off", "tile", "loop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +41,10 @@ class MoeGemmConfig:
     # The prepacked FP4 kernel's prefill options (pick_prepacked_config_for_arch sets them)
     scale_words: bool = False  # prepacked FP4 only: the scale bytes loaded in the shape (and thread mapping) of the
                                # value words, no layout conversion of the scales (prepacked.py: _weight_tile)
-    fold_scale: bool = False  # prepacked MXFP4 only: each program checks its rows' scale bytes once and, where all
-                              # are <= 128, runs the K loop with one multiply per pair (the bit trick's bias folded
-                              # into the scale); else the two-multiply loop (no host sync)
+    fold_scale: str = "off"  # prepacked MXFP4 only: the K loop with one multiply per pair (the bit trick's bias
+                             # folded into the scale) where every scale byte is <= 128, else two (no host sync).
+                             # "tile": each program checks its rows' scale bytes first and runs one of the loops;
+                             # "loop": the folded loop (factors +inf past 128), a tile with a non-finite sum redone
     a_tma: bool = False  # prepacked FP4 only: the tokens by TMA (a tensor descriptor; a layout that allows one)
     expert_slots: int = 1  # prepacked FP4, contiguous layout only: programs per tile, slot s running the K loop of
                            # the s-th expert present in the tile (the last slot those from there on), so the experts
@@ -61,6 +66,8 @@ class MoeGemmConfig:
             return f"group_m={self.group_m} < 1"
         if self.expert_slots != 1:
             return f"expert_slots={self.expert_slots}: more than one slot is the prepacked FP4 kernel's option"
+        if self.fold_scale != "off":
+            return f"fold_scale={self.fold_scale!r}: the folded conversion is the prepacked MXFP4 kernel's option"
         if self.max_registers:
             return f"max_registers={self.max_registers}: a register cap is the prepacked FP4 kernel's option"
         return None
@@ -131,14 +138,16 @@ def prepacked_swiglu_config(cfg: MoeGemmConfig) -> MoeGemmConfig:
 def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str = "mxfp4",
                                    masked: bool = False) -> MoeGemmConfig:
     """Decode (<= 32 tokens per expert): the tokens rounded up to 16 / 32 (the MMA's N side), 128 weight rows (two
-    64-row warpgroup-MMA blocks of one warpgroup), 4 warps, 128 K per step. MXFP4 at <= 16 tokens: 3 stages, the
-    fastest of a 36-configuration sweep at GPT-OSS-20b / 120b decode on the H200 (1.08x / 1.10x the 256-K step it
-    replaced, whose 248 registers allow 2 CTAs per SM against 3); else 4 stages. 32-token tiles, 64 and 256 weight
-    rows, 8 warps and the scale options were slower (docs/moe_gemm.md, alternatives measured). Contiguous layout
-    with fewer expected rows per expert than the tile holds: one expert slot per expert a tile is expected to hold
-    (up to 4), so a 16-token tile of two 8-row experts runs them in two programs (1.05x MXFP4, 1.04x NVFP4 at
-    GPT-OSS-20b GEMM1 decode on the H200; 2-4 slots alike there, no change at 16 rows per expert; GEMM2 (N = 2880,
-    half the programs) 0.97x one slot, within the spread between runs).
+    64-row warpgroup-MMA blocks of one warpgroup), 4 warps, 128 K per step, 4 stages. MXFP4 at <= 16 tokens: the
+    folded loop checked by its sums (fold_scale "loop": 438 SASS instructions per 128-K step against the
+    two-multiply loop's 526) under a 168-register cap (3 CTAs per SM; uncapped it takes 171-176, 2 CTAs): 1.08-1.10x
+    the two-multiply tile at GPT-OSS-20b / 120b GEMM1 and GEMM2 decode on the H200; the per-tile pre-pass ("tile")
+    compiles to 207 registers there and was slower (0.63-0.85x triton_kernels). 32-token tiles, 64 and 256 weight
+    rows, 256-K steps, 8 warps and the other scale options were slower (docs/moe_gemm.md, alternatives measured).
+    Contiguous layout with fewer expected rows per expert than the tile holds: one expert slot per expert a tile is
+    expected to hold (up to 4), so a 16-token tile of two 8-row experts runs them in two programs (1.05x MXFP4, 1.04x
+    NVFP4 at GPT-OSS-20b GEMM1 decode on the H200; 2-4 slots alike there, no change at 16 rows per expert; GEMM2 (N =
+    2880, half the programs) 0.97x one slot, within the spread between runs).
     Mid (<= 64): 64 tokens x 128 rows, 8 warps (two warpgroups of 64 weight rows; 4 warps spill, ptxas sm_90).
     Prefill: 128 tokens x 128 weight rows, 8 warps (each warpgroup a 64 x 128 fp32 accumulator), 128 K, 3 stages
     (~115 KB of shared memory; 2 on ~100 KB parts): at least as fast as 4 stages; 256-token tiles spill (ptxas,
@@ -155,14 +164,16 @@ def pick_prepacked_config_for_arch(m: int, n: int, k: int, arch: str, fmt: str =
         bt = 16 if m <= 16 else 32 if m <= 32 else 64
         return MoeGemmConfig(bt, min(128, max(16, next_pow2(n))), 128, group_m=1, num_warps=4, num_stages=1)
     if m <= 32:
-        stages = 3 if m <= 16 and fmt == "mxfp4" else 4
         block_t = 16 if m <= 16 else 32
         slots = 1 if masked else min(4, block_t // max(m, 1))
-        return MoeGemmConfig(block_t, 128, 128, group_m=1, num_warps=4, num_stages=stages, expert_slots=slots)
+        if m <= 16 and fmt == "mxfp4":
+            return MoeGemmConfig(block_t, 128, 128, group_m=1, num_warps=4, num_stages=4, expert_slots=slots,
+                                 fold_scale="loop", max_registers=DECODE_FOLD_REGISTERS)
+        return MoeGemmConfig(block_t, 128, 128, group_m=1, num_warps=4, num_stages=4, expert_slots=slots)
     if m <= 64:
         return MoeGemmConfig(64, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 4)
     return MoeGemmConfig(128, 128, 128, group_m=1, num_warps=8, num_stages=2 if arch in _SMALL_SMEM_ARCHS else 3,
-                         scale_words=fmt == "mxfp4", fold_scale=fmt == "mxfp4", a_tma=True)
+                         scale_words=fmt == "mxfp4", fold_scale="tile" if fmt == "mxfp4" else "off", a_tma=True)
 
 
 _FUSED_SMEM_BUDGET = 200 * 1024  # operand pipeline bytes of a fused GEMM1 tile (an H100 CTA may use 227 KB)

@@ -18,8 +18,10 @@ accumulator in the TTGIR, no added shared-memory traffic in the SASS); the tile 
 E2M1 -> bf16 on packed words: a code's sign lands on bf16's sign bit and its 3 magnitude bits on bf16's two lowest
 exponent bits and top mantissa bit, which is the code's value times 2^-126 (code 1 = 0.5 becomes the subnormal 2^-127,
 exact). MXFP4: one packed multiply by 2^126 (exact: subnormal inputs are kept) and one by the block scale 2^(s - 127)
-give the operand (folded into one multiply by 2^(s - 1) only where s <= 128: MoeGemmConfig.fold_scale, each program
-checking its rows' scale bytes once and running the folded K loop or the two-multiply one; the same bytes). NVFP4: one
+give the operand (folded into one multiply by 2^(s - 1) only where s <= 128: MoeGemmConfig.fold_scale; "tile": each
+program checks its rows' scale bytes once and runs the folded K loop or the two-multiply one; "loop": the folded loop
+with the factor +inf from s = 129 on, so a tile with such a byte has a sum that is not finite and is redone with two
+multiplies, as is a tile whose tokens hold inf / NaN; the same bytes either way). NVFP4: one
 multiply by the scale word e4m3 * 2^119 (the bias folded in, less 2^7, which the fp32 sums get back after the K loop);
 exact (e2m1 has <= 2 significant bits, E4M3 <= 4). The multiplies are `fma.rn.bf16x2` with a -0 addend (an exact
 multiply, sm_80+; `mul.bf16x2` needs sm_90). fp16 (NVFP4 with fp16 activations): the magnitude 3 bits higher (the
@@ -41,14 +43,14 @@ from triton_ops.contract.moe_gemm import check_combine_args, check_row_weights, 
 from triton_ops.moe.align import moe_combine
 from triton_ops.swiglu import silu_div_rn, swiglu_act
 
-from .config import MoeGemmConfig, pick_prepacked_config, rows_per_expert
+from .config import FOLD_MODES, MoeGemmConfig, pick_prepacked_config, rows_per_expert
 from .dequant import e8m0_to_f32, mma
 from .fused import _gate_up_rows
 from .grouped import _destination, _grid_refusal
 
 _BIAS_F32 = tl.constexpr(8.507059173023462e37)  # 2^126 (the bf16 bit trick's bias), fp32
 _FOLD_MAX_SCALE = tl.constexpr(FOLD_MAX_SCALE)
-_FOLD_MODES = {False: 0, True: 1, "loop": 2}  # MoeGemmConfig.fold_scale -> the kernel's FOLD_MX
+_FOLD_MX = {"off": 0, "tile": 1, "loop": 2}  # MoeGemmConfig.fold_scale -> the kernel's FOLD_MX
 
 
 # 0x81C081C0 as int32: per 16-bit half, bf16's sign bit and the code's 3 magnitude bits (exponent 8 7, mantissa 6)
@@ -452,7 +454,7 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
     # GEMM1 + SwiGLU: the plain GEMM's tile over the 2I weight rows (one pass; block_n // 2 output columns)
     cfg = config or config_for_call(a, values, masked_m, fmt, bool(swiglu))
     reason = prepacked_refusal(cfg)
-    if cfg.fold_scale and fmt != "mxfp4":
+    if cfg.fold_scale != "off" and fmt != "mxfp4":
         reason = "fold_scale is for MXFP4 weights (NVFP4's scale words always hold the bias)"
     if masked and cfg.expert_slots != 1:
         reason = "expert_slots > 1 is for the contiguous layout (a masked tile holds one expert)"
@@ -473,7 +475,7 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
            F32_DOT=a.device.type != "cuda", EMULATE=emulate_formats(a.device), SWIGLU=bool(swiglu),
            INTERLEAVE=interleave, GPTOSS=activation == "gptoss", CLAMP=limit is not None,
            DIV_RN=silu_div_rn(a.dtype), SCATTER=dst_rows is not None, BLOCK_W=cfg.block_n, BLOCK_T=cfg.block_m,
-           BLOCK_K=cfg.block_k, SCALES_AS_WORDS=cfg.scale_words, FOLD_MX=_FOLD_MODES[cfg.fold_scale],
+           BLOCK_K=cfg.block_k, SCALES_AS_WORDS=cfg.scale_words, FOLD_MX=_FOLD_MX[cfg.fold_scale],
            A_DESC=a_src is not None,
            SLOTS=cfg.expert_slots, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
            **({"maxnreg": cfg.max_registers} if cfg.max_registers and a.device.type == "cuda" else {}))
@@ -512,6 +514,10 @@ def prepacked_refusal(cfg: MoeGemmConfig) -> str | None:
         return f"block_k={cfg.block_k} is not a multiple of the layout's {CHUNK}-element chunk"
     if cfg.expert_slots < 1:
         return f"expert_slots={cfg.expert_slots} < 1"
+    if cfg.fold_scale not in FOLD_MODES:
+        return f"fold_scale={cfg.fold_scale!r} is none of {FOLD_MODES}"
+    if cfg.max_registers < 0:
+        return f"max_registers={cfg.max_registers} < 0"
     return None
 
 
