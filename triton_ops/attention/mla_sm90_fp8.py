@@ -148,27 +148,52 @@ V4_CHUNK: tl.constexpr = tl.constexpr(V4.tile)  # NoPE columns per E8M0 scale
 
 
 @gluon.jit
-def _tile_slots(t, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, BS: gl.constexpr, CAUSAL: gl.constexpr,
-                DENSE: gl.constexpr, row_layout: gl.constexpr):
-    """Index entries lo + 64 t .. of the query's list: (each token's page, slot in the page, used). DENSE: the
-    implicit list 0 .. capacity - 1 (entry e is position e; i_row is not read). Unused: an entry past hi (the
-    split's end), < 0, >= min(seqused_k, capacity) (n_valid), after the query (causal), or behind a page id outside
-    [0, num_blocks); its page and slot are 0 (never read: every load of it is masked)."""
+def _tile_entries(t, i_row, lo, hi, DENSE: gl.constexpr, row_layout: gl.constexpr):
+    """The positions of index entries lo + 64 t .. of the query's list, as loaded (-1 past hi, the split's end);
+    DENSE: the implicit list 0 .. capacity - 1 (entry e is position e; i_row is not read). The gather loads them a
+    tile before it needs their pages (`_tile_slots_of`), so neither load's latency is waited on in the loop."""
     e = lo + t * TILE + gl.arange(0, TILE, layout=row_layout)
     if DENSE:
         # hi >= 0, so pos = e; an offset the compiler cannot fold keeps it from hoisting the rows' tile-invariant
         # slot and offset parts out of the gather loop (live across it, they spill the gather's 120 registers)
-        pos = e + (hi >> 31)
+        return e + (hi >> 31)
+    else:
+        return gl.load(i_row + e, mask=e < hi, other=-1)
+
+
+@gluon.jit
+def _tile_slots(t, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, BS: gl.constexpr, CAUSAL: gl.constexpr,
+                DENSE: gl.constexpr, row_layout: gl.constexpr):
+    """Index entries lo + 64 t .. of the query's list: (each token's page, slot in the page, used). Unused: an
+    entry past hi (the split's end), < 0, >= min(seqused_k, capacity) (n_valid), after the query (causal), or
+    behind a page id outside [0, num_blocks); its page and slot are 0 (never read: every load of it is masked)."""
+    pos = _tile_entries(t, i_row, lo, hi, DENSE, row_layout)
+    page, slot, ok = _tile_pages(pos, t, lo, hi, n_valid, pos_hi, bt_row, BS, CAUSAL, DENSE, row_layout)
+    page, ok = _page_checked(page, ok, num_blocks)
+    return page, slot, ok
+
+
+@gluon.jit
+def _tile_pages(pos, t, lo, hi, n_valid, pos_hi, bt_row, BS: gl.constexpr, CAUSAL: gl.constexpr,
+                DENSE: gl.constexpr, row_layout: gl.constexpr):
+    """The positions `pos` of tile t's entries -> (their page ids as loaded, slots, used so far): the block-table
+    load is issued here and its value first used by `_page_checked`."""
+    if DENSE:
+        e = lo + t * TILE + gl.arange(0, TILE, layout=row_layout)
         ok = (e < hi) & (pos < n_valid)
     else:
-        pos = gl.load(i_row + e, mask=e < hi, other=-1)
         ok = (pos >= 0) & (pos < n_valid)
     if CAUSAL:
         ok = ok & (pos <= pos_hi)
     pos = gl.where(ok, pos, 0)
-    page = gl.load(bt_row + pos // BS, mask=ok, other=-1)
+    return gl.load(bt_row + pos // BS, mask=ok, other=-1), pos % BS, ok
+
+
+@gluon.jit
+def _page_checked(page, ok, num_blocks):
+    """(page, used) with page ids outside [0, num_blocks) unused (page 0: never read)."""
     ok = ok & (page >= 0) & (page < num_blocks)
-    return gl.where(ok, page, 0), pos % BS, ok
+    return gl.where(ok, page, 0), ok
 
 
 @gluon.jit
@@ -252,6 +277,7 @@ def _gather_v32(q_desc, qr_desc, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, q
         tma_load(qr_desc, [q_row, 2 * HALF], q_bar, qr_smem.index(0))
     base16, ok = _tile_rows(0, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, bstride16, BS, CAUSAL, DENSE,
                             row_layout)
+    pos = _tile_entries(1, i_row, lo, hi, DENSE, row_layout)
     rope_cols = gl.arange(0, ROPE_W, layout=gl.SliceLayout(0, rope_layout))
     for t in range(n_tiles):
         s = t % 2
@@ -263,8 +289,10 @@ def _gather_v32(q_desc, qr_desc, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, q
         sc = kv32 + base16 * 4 + SCALE_AT_F32
         s0, s1, s2, s3 = (gl.load(sc, mask=ok, other=0.0), gl.load(sc + 1, mask=ok, other=0.0),
                           gl.load(sc + 2, mask=ok, other=0.0), gl.load(sc + 3, mask=ok, other=0.0))
-        next16, next_ok = _tile_rows(t + 1, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, bstride16, BS,
-                                     CAUSAL, DENSE, row_layout)
+        # tile t + 1's pages (its entries were loaded a tile ago), tile t + 2's entries: both used a tile later
+        page, slot, page_ok = _tile_pages(pos, t + 1, lo, hi, n_valid, pos_hi, bt_row, BS, CAUSAL, DENSE,
+                                          row_layout)
+        pos = _tile_entries(t + 2, i_row, lo, hi, DENSE, row_layout)
         if t >= 2:
             mbarrier.wait(empty_r.index(s), ph)
         bias_smem.index(s).store(gl.where(ok, 0.0, float("-inf")))
@@ -286,7 +314,8 @@ def _gather_v32(q_desc, qr_desc, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, q
         _publish(full_n.index(2 * s + 1))
         async_copy.wait_group(0)
         _publish(full_r.index(s))
-        base16, ok = next16, next_ok
+        page, ok = _page_checked(page, page_ok, num_blocks)
+        base16 = page.to(gl.int64) * bstride16 + slot * TOKEN16
 
 
 @gluon.jit
@@ -307,6 +336,7 @@ def _gather_v4(q_desc, q_smem, kn_smem, bias_smem, q_bar, full_n, full_r, empty_
             tma_load(q_desc, [q_row, h * HALF], q_bar, q_smem.index(h))
     page, slot, ok = _tile_slots(0, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, BS, CAUSAL, DENSE,
                                  row_layout)
+    pos = _tile_entries(1, i_row, lo, hi, DENSE, row_layout)
     rope_cols = gl.arange(0, ROPE_W, layout=gl.SliceLayout(0, code_layout))
     for t in range(n_tiles):
         s = t % 2
@@ -321,8 +351,10 @@ def _gather_v4(q_desc, q_smem, kn_smem, bias_smem, q_bar, full_n, full_r, empty_
                                       _codes(kv8, base16, ok, 6, V4_CHUNK, code_layout))
         # (unused rows: the words are 0, so the scales are 2^-127 and the codes 0: zeros, never NaN)
         w0, w1 = gl.load(kv32 + sc4, mask=ok, other=0), gl.load(kv32 + sc4 + 1, mask=ok, other=0)
-        page, slot, next_ok = _tile_slots(t + 1, i_row, lo, hi, n_valid, pos_hi, bt_row, num_blocks, BS, CAUSAL,
-                                          DENSE, row_layout)
+        # tile t + 1's pages (its entries were loaded a tile ago), tile t + 2's entries: both used a tile later
+        page, slot, page_ok = _tile_pages(pos, t + 1, lo, hi, n_valid, pos_hi, bt_row, BS, CAUSAL, DENSE,
+                                          row_layout)
+        pos = _tile_entries(t + 2, i_row, lo, hi, DENSE, row_layout)
         if t >= 2:
             mbarrier.wait(empty_r.index(s), ph)
         bias_smem.index(s).store(gl.where(ok, 0.0, float("-inf")))
@@ -347,7 +379,7 @@ def _gather_v4(q_desc, q_smem, kn_smem, bias_smem, q_bar, full_n, full_r, empty_
         _dequant_store(c6, _e8m0(w1, 2), half.slice(2 * V4_CHUNK, V4_CHUNK, dim=1))
         async_copy.wait_group(0)
         _publish(full_n.index(2 * s + 1))
-        ok = next_ok
+        page, ok = _page_checked(page, page_ok, num_blocks)
 
 
 
