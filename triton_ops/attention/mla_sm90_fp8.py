@@ -37,12 +37,13 @@ list, x one KV split of that list (grid (H / 64, B x Sq, splits)). A cache token
   - the RoPE columns (64 x 64 bf16) by cp.async (Gluon's ampere async_copy with a pointer tensor: a true gather,
     zero filled where masked, straight into the NVMMA-swizzled tile: no registers): v32 into the slot's RoPE part,
     v4 into columns 192..255 of the slot's half 1;
-  - the NoPE part dequantized: E4M3 codes by plain 16-byte loads into registers (a whole tile's codes, 64 x 512
-    or 64 x 448, are issued before the slot's empty barriers are waited on, so their latency overlaps the wait and
-    the next tile's index / page loads), code x the row's scale (v32: the fp32 scale of 128 columns; v4: the E8M0
-    scale of 64 columns, 2^(e - 127) as the reference decodes it: e = 0 is 2^-127, 0xFF NaN; exact either way
-    while the product is a normal number: a power of two times an E4M3 value is a bf16 value), stored as bf16
-    into the two 256-column halves (warpgroup h's O columns, mla_sm90's buffers);
+  - the NoPE part dequantized: E4M3 codes by plain 16-byte loads into registers (a whole tile's codes, 64 x 512 or 64 x
+    448, are issued before the slot's empty barriers are waited on, so their latency overlaps the wait; the index
+    entries are loaded two tiles ahead and the block-table pages one tile ahead, each first used a tile later, so the
+    gather loop waits on no load but the codes'), code x the row's scale (v32: the fp32 scale of 128 columns; v4: the
+    E8M0 scale of 64 columns, 2^(e - 127) as the reference decodes it: e = 0 is 2^-127, 0xFF NaN; exact either way while
+    the product is a normal number: a power of two times an E4M3 value is a bf16 value), stored as bf16 into the two
+    256-column halves (warpgroup h's O columns, mla_sm90's buffers);
   - the tile's logit bias (64 fp32: 0 or -inf).
   The codes go through registers rather than a cp.async FP8 staging ring because shared memory has no room for
   one (below) and because they have to pass through registers for the dequantization anyway.
@@ -63,8 +64,9 @@ tiles in flight). v4: Q 64 KB + 2 slots x 64 KB + 2 P buffers x 8 KB -> 215008 B
 one CTA per SM): the two compute warpgroups take COMPUTE_REGS (v32 192, v4 200) each by setmaxnreg (O 64 x 256 fp32
 = 128 per thread, S 32, the rest bookkeeping; v32 spills at 176, v4 at 192), the gather partition keeps the rest
 (v32: 65536 - 2 x 128 x 192 = 16384 -> 120 per thread after Triton's reserve: 64 for a tile's codes in flight, 16
-for their scales, the row offsets of this tile and the next; v4: 104, with 56 for the codes and 4 for the scale
-words, carrying the next tile's pages and slots rather than its offsets). Triton 3.6 compiles both without spills
+for their scales, the row offsets of this tile, the next tile's pages and slots and the entries of the one after;
+v4: 104, with 56 for the codes and 4 for the scale words, carrying the next tile's pages and slots rather than its
+offsets). Triton 3.6 compiles both without spills
 (the compile test checks the SASS). Dense v32 (a tile count from seqused_k, a per-thread value where sparse's is
 uniform) spills 2-3 values per compute warpgroup, stored before the pair loop and reloaded for the lone last tile:
 once per CTA, never inside the loop (the compile test bounds them); dense v4 compiles without spills.
@@ -265,8 +267,9 @@ def _gather_v32(q_desc, qr_desc, q_smem, qr_smem, kn_smem, kr_smem, bias_smem, q
                 BS: gl.constexpr, CAUSAL: gl.constexpr, DENSE: gl.constexpr):
     """The v32 gather partition: Q once (TMA), then key tile t into slot s = t % 2: the RoPE part by cp.async and the
     bias once the warpgroups are done with tile t - 2's RoPE part (which held its P), NoPE half h dequantized once
-    warpgroup h is done with tile t - 2's. Tile t's codes and scales are loaded (registers) before those waits,
-    tile t + 1's offsets right after."""
+    warpgroup h is done with tile t - 2's. Tile t's codes and scales are loaded (registers) before those waits, tile
+    t + 1's pages and tile t + 2's entries right after (`_tile_pages`, `_tile_entries`), tile t + 1's offsets at
+    the end."""
     code_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])  # 16 B per load, 128 columns
     rope_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 16 B per cp.async, 64 columns
     row_layout: gl.constexpr = gl.SliceLayout(1, code_layout)
@@ -327,7 +330,8 @@ def _gather_v4(q_desc, q_smem, kn_smem, bias_smem, q_bar, full_n, full_r, empty_
     the bias alone here: there is no separate RoPE part); NoPE half 0 (E8M0 chunks 0-3) dequantized once
     warpgroup 0 is done with tile t - 2's half 0; half 1 once warpgroup 1 is done with its: chunks 4-6 dequantized
     into its columns 0..191 and the bf16 RoPE by cp.async into its columns 192..255. Tile t's codes and scale
-    words are loaded (registers) before those waits, tile t + 1's offsets right after."""
+    words are loaded (registers) before those waits, tile t + 1's pages and tile t + 2's entries right after, tile
+    t + 1's page checks at the end."""
     code_layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 B per load, 64 columns
     row_layout: gl.constexpr = gl.SliceLayout(1, code_layout)
     if n_tiles > 0:
