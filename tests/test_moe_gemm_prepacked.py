@@ -266,8 +266,12 @@ def test_expert_slots(fmt):
         _run(fmt, masked, config=dataclasses.replace(base, expert_slots=2))
     with pytest.raises(ValueError, match="expert_slots=0 < 1"):
         _run(fmt, case, config=dataclasses.replace(base, expert_slots=0))
-    # the linear-layout kernels have no slots: their config check refuses them
+    # the linear-layout kernels have no slots, fold or register cap: their config check refuses them
     assert "prepacked FP4 kernel's option" in dataclasses.replace(base, expert_slots=2).refusal(fmt)
+    assert "prepacked MXFP4 kernel's option" in dataclasses.replace(base, fold_scale="loop").refusal(fmt)
+    assert "prepacked FP4 kernel's option" in dataclasses.replace(base, max_registers=168).refusal(fmt)
+    with pytest.raises(ValueError, match="fold_scale='on' is none of"):
+        _run(fmt, case, config=dataclasses.replace(base, fold_scale="on"))
 
 
 def test_configs():

@@ -50,7 +50,7 @@ from .grouped import _destination, _grid_refusal
 
 _BIAS_F32 = tl.constexpr(8.507059173023462e37)  # 2^126 (the bf16 bit trick's bias), fp32
 _FOLD_MAX_SCALE = tl.constexpr(FOLD_MAX_SCALE)
-_FOLD_MX = {"off": 0, "tile": 1, "loop": 2}  # MoeGemmConfig.fold_scale -> the kernel's FOLD_MX
+_FOLD_MX = {mode: i for i, mode in enumerate(FOLD_MODES)}  # MoeGemmConfig.fold_scale -> the kernel's FOLD_MX (0 off)
 
 
 # 0x81C081C0 as int32: per 16-bit half, bf16's sign bit and the code's 3 magnitude bits (exponent 8 7, mantissa 6)
@@ -454,9 +454,9 @@ def _launch(fmt, a, values, scales, w_global, m_indices, masked_m, row_weights, 
     # GEMM1 + SwiGLU: the plain GEMM's tile over the 2I weight rows (one pass; block_n // 2 output columns)
     cfg = config or config_for_call(a, values, masked_m, fmt, bool(swiglu))
     reason = prepacked_refusal(cfg)
-    if cfg.fold_scale != "off" and fmt != "mxfp4":
+    if not reason and cfg.fold_scale != "off" and fmt != "mxfp4":
         reason = "fold_scale is for MXFP4 weights (NVFP4's scale words always hold the bias)"
-    if masked and cfg.expert_slots != 1:
+    if not reason and masked and cfg.expert_slots != 1:
         reason = "expert_slots > 1 is for the contiguous layout (a masked tile holds one expert)"
     if reason:
         raise ValueError(f"moe_gemm_fp4_prepacked: config {cfg}: {reason}")
