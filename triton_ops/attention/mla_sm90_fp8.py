@@ -153,7 +153,7 @@ V4_CHUNK: tl.constexpr = tl.constexpr(V4.tile)  # NoPE columns per E8M0 scale
 def _tile_entries(t, i_row, lo, hi, DENSE: gl.constexpr, row_layout: gl.constexpr):
     """The positions of index entries lo + 64 t .. of the query's list, as loaded (-1 past hi, the split's end);
     DENSE: the implicit list 0 .. capacity - 1 (entry e is position e; i_row is not read). The gather loads them a
-    tile before it needs their pages (`_tile_slots_of`), so neither load's latency is waited on in the loop."""
+    tile before it loads their pages (`_tile_pages`), so neither load's latency is waited on in the loop."""
     e = lo + t * TILE + gl.arange(0, TILE, layout=row_layout)
     if DENSE:
         # hi >= 0, so pos = e; an offset the compiler cannot fold keeps it from hoisting the rows' tile-invariant
