@@ -51,6 +51,10 @@ from .grouped import _destination, _grid_refusal
 _BIAS_F32 = tl.constexpr(8.507059173023462e37)  # 2^126 (the bf16 bit trick's bias), fp32
 _FOLD_MAX_SCALE = tl.constexpr(FOLD_MAX_SCALE)
 _FOLD_MX = {mode: i for i, mode in enumerate(FOLD_MODES)}  # MoeGemmConfig.fold_scale -> the kernel's FOLD_MX (0 off)
+# fold "loop": scale byte s -> the bf16 pair of 2^(min(s, FOLD_MAX_SCALE + 1) - 1), +inf past FOLD_MAX_SCALE
+# ((s + 126) * 0x800080 puts s + 126 in both halves' exponent fields)
+_FOLD_LOOP_ASM = tl.constexpr(f"{{ .reg .u32 t; min.u32 t, $1, {FOLD_MAX_SCALE + 1}; "
+                              f"mad.lo.u32 $0, t, 0x800080, 0x{126 * 0x800080:08X}; }}")
 
 
 # 0x81C081C0 as int32: per 16-bit half, bf16's sign bit and the code's 3 magnitude bits (exponent 8 7, mantissa 6)
@@ -145,9 +149,7 @@ def _scale_words(sb, NVFP4: tl.constexpr, DTYPE: tl.constexpr, F32_DOT: tl.const
         b = sb.to(tl.int32)
         if FOLD_MX == 2:  # 2^(s - 1) up to s = 128; +inf from s = 129 on (the loop's result is then not finite)
             # (inline: Triton vectorizes a plain minimum into 16-bit pairs, twice the instructions)
-            return tl.inline_asm_elementwise(
-                "{ .reg .u32 t; min.u32 t, $1, 129; mad.lo.u32 $0, t, 0x800080, 0x3F003F00; }", "=r,r", [b],
-                dtype=tl.int32, is_pure=True, pack=1)
+            return tl.inline_asm_elementwise(_FOLD_LOOP_ASM, "=r,r", [b], dtype=tl.int32, is_pure=True, pack=1)
         if FOLD_MX:
             return ((b + 126) << 7) * 0x10001
         # bf16 2^(b - 127) in both halves; b = 0: the subnormal 2^-127 (0x0040, above 0 and below every b << 7)
